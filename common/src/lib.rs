@@ -1,0 +1,1 @@
+//! zr-common: types shared by every zrecord process.

@@ -1,0 +1,215 @@
+//! `Batch`: the result of a gather — per selected field, one payload per requested index, in
+//! the caller's order.
+//!
+//! Raw fields are spans into the mapped chunks (zero-copy); flate fields are decompressed into
+//! one buffer the batch owns. The batch holds the mappings it points into, so it stays valid
+//! while writes continue and after the store is dropped. A field can be materialized into the
+//! columnar shape consumers want: one contiguous buffer plus N+1 offsets.
+
+use std::sync::Arc;
+
+use crate::map::Mapped;
+
+/// The mappings a view of the dataset reads through, shared by every batch made from it.
+#[derive(Clone)]
+pub(crate) struct Maps {
+    /// Offset table of each field, by field position. `None` only for an empty file.
+    pub(crate) offsets: Vec<Option<Arc<Mapped>>>,
+    /// Chunk mappings by chunk id; `None` for ids with no chunk or an empty one.
+    pub(crate) chunks: Vec<Option<Arc<Mapped>>>,
+}
+
+impl Maps {
+    #[inline]
+    pub(crate) fn chunk(&self, id: u32) -> Option<&Mapped> {
+        self.chunks.get(id as usize)?.as_deref()
+    }
+}
+
+/// Where one raw payload lies: `len` bytes at `start` of chunk `chunk`. `len == 0` is absent.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Span {
+    pub(crate) start: u64,
+    pub(crate) chunk: u32,
+    pub(crate) len: u32,
+}
+
+pub(crate) enum ColumnData {
+    /// Zero-copy spans into the mapped chunks.
+    Mapped(Vec<Span>),
+    /// Payloads back to back in `bytes`; record i is `bytes[offsets[i]..offsets[i + 1]]`.
+    Owned { bytes: Vec<u8>, offsets: Vec<u64> },
+}
+
+pub(crate) struct Column {
+    pub(crate) name: String,
+    pub(crate) data: ColumnData,
+}
+
+/// The records of one gather. See the module documentation.
+pub struct Batch {
+    pub(crate) maps: Arc<Maps>,
+    pub(crate) len: usize,
+    pub(crate) columns: Vec<Column>,
+}
+
+/// One field of a batch materialized: record i is `data[offsets[i]..offsets[i + 1]]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Contiguous {
+    /// All payloads back to back.
+    pub data: Vec<u8>,
+    /// `len + 1` byte offsets into `data`, starting at 0.
+    pub offsets: Vec<u64>,
+}
+
+impl Contiguous {
+    /// Record `i`'s bytes.
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        let start = *self.offsets.get(i)? as usize;
+        let end = *self.offsets.get(i + 1)? as usize;
+        self.data.get(start..end)
+    }
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("len", &self.len)
+            .field(
+                "fields",
+                &self
+                    .columns
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Batch {
+    /// Number of records (the number of indices gathered).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if no indices were gathered.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The gathered fields, in the order requested.
+    pub fn fields(&self) -> impl Iterator<Item = FieldView<'_>> {
+        self.columns.iter().map(|column| FieldView {
+            batch: self,
+            column,
+        })
+    }
+
+    /// The gathered field called `name`.
+    pub fn field(&self, name: &str) -> Option<FieldView<'_>> {
+        self.fields().find(|f| f.name() == name)
+    }
+}
+
+/// One field of a [`Batch`].
+#[derive(Clone, Copy)]
+pub struct FieldView<'a> {
+    batch: &'a Batch,
+    column: &'a Column,
+}
+
+impl<'a> FieldView<'a> {
+    /// The field's name.
+    pub fn name(&self) -> &'a str {
+        &self.column.name
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.batch.len
+    }
+
+    /// True if the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.batch.len == 0
+    }
+
+    /// Record `i`'s payload (empty if the record lacks the field); `None` if `i >= len()`.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<&'a [u8]> {
+        match &self.column.data {
+            ColumnData::Mapped(spans) => {
+                let span = spans.get(i)?;
+                if span.len == 0 {
+                    return Some(&[]);
+                }
+                // The gather checked every span against its chunk's mapping.
+                self.batch
+                    .maps
+                    .chunk(span.chunk)?
+                    .bytes(span.start, span.len as u64)
+            }
+            ColumnData::Owned { bytes, offsets } => {
+                let start = *offsets.get(i)? as usize;
+                let end = *offsets.get(i + 1)? as usize;
+                bytes.get(start..end)
+            }
+        }
+    }
+
+    /// The payloads in order.
+    pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let this = *self;
+        (0..this.len()).map(move |i| this.get(i).unwrap_or_default())
+    }
+
+    /// Sum of the payload lengths.
+    pub fn total_bytes(&self) -> u64 {
+        match &self.column.data {
+            ColumnData::Mapped(spans) => spans.iter().map(|s| s.len as u64).sum(),
+            ColumnData::Owned { bytes, .. } => bytes.len() as u64,
+        }
+    }
+
+    /// Copies the payloads into `data` (cleared first) and their `len + 1` offsets into
+    /// `offsets`, reusing both buffers' memory.
+    pub fn write_contiguous(&self, data: &mut Vec<u8>, offsets: &mut Vec<u64>) {
+        data.clear();
+        offsets.clear();
+        match &self.column.data {
+            ColumnData::Mapped(spans) => {
+                let total: u64 = spans.iter().map(|s| s.len as u64).sum();
+                data.reserve(total as usize);
+                offsets.reserve(spans.len() + 1);
+                offsets.push(0);
+                let maps = &*self.batch.maps;
+                for span in spans {
+                    if span.len > 0 {
+                        if let Some(bytes) = maps
+                            .chunk(span.chunk)
+                            .and_then(|c| c.bytes(span.start, span.len as u64))
+                        {
+                            data.extend_from_slice(bytes);
+                        }
+                    }
+                    offsets.push(data.len() as u64);
+                }
+            }
+            ColumnData::Owned {
+                bytes,
+                offsets: own,
+            } => {
+                data.extend_from_slice(bytes);
+                offsets.extend_from_slice(own);
+            }
+        }
+    }
+
+    /// The payloads as one contiguous buffer plus offsets.
+    pub fn to_contiguous(&self) -> Contiguous {
+        let mut out = Contiguous::default();
+        self.write_contiguous(&mut out.data, &mut out.offsets);
+        out
+    }
+}

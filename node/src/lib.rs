@@ -1,0 +1,34 @@
+//! zr-node: the single-host zrecord engine.
+//!
+//! A dataset is a directory holding N records, each with the same named fields:
+//!
+//! ```text
+//! dataset/
+//! ├── meta.json      format version, N, chunk parameters, chunks, fields — the commit point
+//! ├── <field>.offset one 16-byte entry per record: offset u64, chunk_id u32, len u32
+//! └── chunk/<id>.zr  append-only frames (header + payload), shared by all fields
+//! ```
+//!
+//! [`Store`] appends, modifies (append + repoint) and deletes (swap-remove) records, commits
+//! them durably, and gathers any list of indices: raw fields as zero-copy slices of the mapped
+//! chunks, flate fields decompressed into the [`Batch`]. Guarantees:
+//! - After a crash, a reopen yields exactly the last committed state.
+//! - A gather never sees a torn entry, whatever writes run at the same time.
+//! - A [`Batch`] keeps what it points at alive; it is valid as long as it is held.
+//! - Bad indices, unknown fields and damaged files are errors naming what is wrong.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod batch;
+mod error;
+pub mod frame;
+mod map;
+pub mod meta;
+pub mod offset;
+mod redo;
+mod store;
+mod writer;
+
+pub use batch::{Batch, Contiguous, FieldView};
+pub use error::{Error, Result};
+pub use meta::{Compression, FieldSpec, Meta};
+pub use store::{chunk_path, CreateOptions, GatherOptions, Record, Store, CHUNK_DIR, LOCK_FILE};

@@ -1,0 +1,316 @@
+//! `meta.json`: the dataset's global metadata and its commit point.
+//!
+//! Everything a reopen trusts comes from here: the length N, the fields, and for every chunk
+//! the number of bytes and records committed. Bytes in any file past what this file commits
+//! are ignored. It is replaced atomically (temp file, fsync, rename, fsync directory), so a
+//! crash leaves either the old or the new version, whole.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, IoContext, Result};
+
+/// The `format` key every dataset carries.
+pub const FORMAT_NAME: &str = "zrecord";
+/// The on-disk format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// File name of the metadata inside a dataset directory.
+pub const META_FILE: &str = "meta.json";
+/// Longest field name accepted (names become file names).
+pub const FIELD_NAME_MAX: usize = 128;
+
+/// How a field's payloads are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// Stored as given; gathers return zero-copy slices of the mapped chunk.
+    Raw,
+    /// Deflate per record; gathers decompress into buffers owned by the batch.
+    Flate,
+}
+
+impl std::str::FromStr for Compression {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "raw" => Ok(Compression::Raw),
+            "flate" => Ok(Compression::Flate),
+            other => Err(format!(
+                "unknown compression '{other}' (expected raw or flate)"
+            )),
+        }
+    }
+}
+
+/// One named field of the schema.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldSpec {
+    /// Name: 1–128 characters of `[A-Za-z0-9_.-]`, not starting with '.'.
+    pub name: String,
+    /// Storage of the field's payloads.
+    pub compress: Compression,
+    /// NumPy type string of the elements (e.g. `<f4`, `|u1`), for typed views.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    /// Per-record shape, for typed views. With a dtype, it fixes every record's length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<u64>>,
+}
+
+impl FieldSpec {
+    /// An untyped field.
+    pub fn new(name: impl Into<String>, compress: Compression) -> FieldSpec {
+        FieldSpec {
+            name: name.into(),
+            compress,
+            dtype: None,
+            shape: None,
+        }
+    }
+
+    /// A raw, untyped field.
+    pub fn raw(name: impl Into<String>) -> FieldSpec {
+        FieldSpec::new(name, Compression::Raw)
+    }
+
+    /// A Deflate-compressed, untyped field.
+    pub fn flate(name: impl Into<String>) -> FieldSpec {
+        FieldSpec::new(name, Compression::Flate)
+    }
+
+    /// Adds a dtype and per-record shape.
+    pub fn typed(mut self, dtype: impl Into<String>, shape: Vec<u64>) -> FieldSpec {
+        self.dtype = Some(dtype.into());
+        self.shape = Some(shape);
+        self
+    }
+
+    /// Bytes every present record must have, when dtype and shape fix it.
+    pub fn record_bytes(&self) -> Option<u64> {
+        let item = dtype_itemsize(self.dtype.as_deref()?).ok()?;
+        self.shape
+            .as_ref()?
+            .iter()
+            .try_fold(item, |acc, &d| acc.checked_mul(d))
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let name = &self.name;
+        let valid_chars = name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if name.is_empty() || name.len() > FIELD_NAME_MAX || !valid_chars || name.starts_with('.') {
+            return Err(format!(
+                "field name '{name}' must be 1-{FIELD_NAME_MAX} characters of [A-Za-z0-9_.-], not starting with '.'"
+            ));
+        }
+        if let Some(dtype) = &self.dtype {
+            dtype_itemsize(dtype).map_err(|e| format!("field '{name}': {e}"))?;
+        }
+        if self.shape.is_some() && self.record_bytes().is_none() && self.dtype.is_some() {
+            return Err(format!(
+                "field '{name}': shape {:?} overflows a record length",
+                self.shape
+            ));
+        }
+        if let Some(bytes) = self.record_bytes() {
+            if bytes > u32::MAX as u64 {
+                return Err(format!(
+                    "field '{name}': records of {bytes} bytes exceed the 4 GiB record limit"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Element size of a NumPy type string such as `<f4`, `|u1`, `>i8`, `<c16`, `|b1`, `|S10`.
+pub fn dtype_itemsize(dtype: &str) -> Result<u64, String> {
+    let bad = || format!("dtype '{dtype}' is not a NumPy type string (e.g. <f4, |u1, <i8)");
+    let rest = dtype.strip_prefix(['<', '>', '|', '=']).unwrap_or(dtype);
+    let mut chars = rest.chars();
+    let kind = chars.next().ok_or_else(bad)?;
+    if !"biufcSUV".contains(kind) {
+        return Err(bad());
+    }
+    let size: u64 = chars.as_str().parse().map_err(|_| bad())?;
+    if size == 0 {
+        return Err(bad());
+    }
+    Ok(if kind == 'U' { size * 4 } else { size })
+}
+
+/// Committed state of one chunk file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkMeta {
+    /// Chunk id: the file is `chunk/<id>.zr`.
+    pub id: u32,
+    /// Bytes committed (the write position).
+    pub bytes: u64,
+    /// Records committed into it.
+    pub records: u32,
+    /// A sealed chunk is full and never written again; an unfull one is some writer's.
+    pub sealed: bool,
+}
+
+/// The contents of `meta.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    /// Always [`FORMAT_NAME`].
+    pub format: String,
+    /// On-disk format version.
+    pub version: u32,
+    /// Incremented by every commit; ties `redo.log` to the commit that wrote it.
+    pub generation: u64,
+    /// Number of records N.
+    pub length: u64,
+    /// Records per chunk before a writer seals it.
+    pub chunk_records: u32,
+    /// Chunk files grow by this many bytes at a time.
+    pub chunk_grow_bytes: u64,
+    /// Offset tables grow by this many entries at a time.
+    pub offset_grow_entries: u64,
+    /// The schema.
+    pub fields: Vec<FieldSpec>,
+    /// Every chunk, sealed or unfull, ordered by id.
+    pub chunks: Vec<ChunkMeta>,
+}
+
+impl Meta {
+    /// Checks everything that does not need the other files.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.fields.is_empty() {
+            return Err("a dataset needs at least one field".into());
+        }
+        for (i, field) in self.fields.iter().enumerate() {
+            field.validate()?;
+            if self.fields[..i].iter().any(|f| f.name == field.name) {
+                return Err(format!("field '{}' is given twice", field.name));
+            }
+        }
+        if self.chunk_records == 0 {
+            return Err("chunk_records must be at least 1".into());
+        }
+        if self.chunk_grow_bytes < 4096 {
+            return Err("chunk_grow_bytes must be at least 4096".into());
+        }
+        if self.offset_grow_entries == 0 {
+            return Err("offset_grow_entries must be at least 1".into());
+        }
+        for pair in self.chunks.windows(2) {
+            if pair[0].id >= pair[1].id {
+                return Err(format!(
+                    "chunk ids not strictly increasing ({} then {})",
+                    pair[0].id, pair[1].id
+                ));
+            }
+        }
+        for chunk in &self.chunks {
+            if chunk.records > self.chunk_records {
+                return Err(format!(
+                    "chunk {} holds {} records, more than chunk_records {}",
+                    chunk.id, chunk.records, self.chunk_records
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and validates `dir/meta.json`.
+    pub fn load(dir: &Path) -> Result<Meta> {
+        let path = dir.join(META_FILE);
+        let not_dataset = |reason: String| Error::NotADataset {
+            path: dir.to_path_buf(),
+            reason,
+        };
+        let text = match fs::read(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(not_dataset(format!("{META_FILE} not found")))
+            }
+            Err(e) => return Err(e).ctx("read", &path),
+        };
+        // Check the format and version before the rest, so a newer format gets a clear error
+        // rather than a complaint about some field it added.
+        let value: serde_json::Value = serde_json::from_slice(&text)
+            .map_err(|e| not_dataset(format!("{META_FILE} is not valid JSON: {e}")))?;
+        if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT_NAME) {
+            return Err(not_dataset(format!(
+                "{META_FILE} has no \"format\": \"{FORMAT_NAME}\" key"
+            )));
+        }
+        let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
+        if version != FORMAT_VERSION as u64 {
+            return Err(Error::UnsupportedVersion {
+                path: dir.to_path_buf(),
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let meta: Meta = serde_json::from_value(value).map_err(|e| Error::Corrupt {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        meta.validate()
+            .map_err(|reason| Error::Corrupt { path, reason })?;
+        Ok(meta)
+    }
+
+    /// Replaces `dir/meta.json` atomically and durably.
+    pub fn store(&self, dir: &Path) -> Result<()> {
+        let text = serde_json::to_vec_pretty(self).map_err(|e| Error::Corrupt {
+            path: dir.join(META_FILE),
+            reason: format!("cannot serialize metadata: {e}"),
+        })?;
+        write_atomically(dir, META_FILE, &text)
+    }
+}
+
+/// Writes `dir/name` as a whole or not at all: temp file, fsync, rename, fsync directory.
+pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let tmp: PathBuf = dir.join(format!("{name}.tmp"));
+    let path = dir.join(name);
+    let mut file = File::create(&tmp).ctx("create", &tmp)?;
+    file.write_all(bytes).ctx("write", &tmp)?;
+    file.sync_all().ctx("fsync", &tmp)?;
+    drop(file);
+    fs::rename(&tmp, &path).ctx("rename into place", &path)?;
+    sync_dir(dir)
+}
+
+/// Makes renames and creations inside `dir` durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .ctx("fsync directory", dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_sizes() {
+        assert_eq!(dtype_itemsize("<f4"), Ok(4));
+        assert_eq!(dtype_itemsize("|u1"), Ok(1));
+        assert_eq!(dtype_itemsize("<U3"), Ok(12));
+        assert_eq!(dtype_itemsize("f8"), Ok(8));
+        assert!(dtype_itemsize("float").is_err());
+        assert!(dtype_itemsize("<f0").is_err());
+        assert_eq!(
+            FieldSpec::raw("x").typed("<f4", vec![3, 4]).record_bytes(),
+            Some(48)
+        );
+    }
+
+    #[test]
+    fn field_names() {
+        assert!(FieldSpec::raw("image.jpg_2-a").validate().is_ok());
+        for bad in ["", ".hidden", "a/b", "a b", &"x".repeat(200)] {
+            assert!(FieldSpec::raw(bad).validate().is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Behaviour a user relies on, one property per test: round trips, errors that name what is
+//! wrong, reopen, locking.
+
+use zr_node::{CreateOptions, Error, FieldSpec, GatherOptions, Record, Store};
+
+fn small() -> CreateOptions {
+    CreateOptions {
+        chunk_records: 4,
+        chunk_grow_bytes: 4096,
+        offset_grow_entries: 3,
+    }
+}
+
+fn schema() -> Vec<FieldSpec> {
+    vec![FieldSpec::raw("a"), FieldSpec::flate("b")]
+}
+
+#[test]
+fn append_gather_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ds");
+    let store = Store::create(&path, schema(), small()).unwrap();
+    let payloads: Vec<Vec<u8>> = (0..20u32)
+        .map(|i| vec![i as u8; (i * 37 % 300) as usize + 1])
+        .collect();
+    for (i, p) in payloads.iter().enumerate() {
+        let mut r = Record::new().with("a", p);
+        if i % 3 != 0 {
+            r.set("b", p);
+        }
+        assert_eq!(store.append(&r).unwrap(), i as u64);
+    }
+    store.commit().unwrap();
+    let indices = [5u64, 0, 19, 5, 7];
+    let check = |store: &Store| {
+        let batch = store.gather(&indices, &[]).unwrap();
+        let a = batch.field("a").unwrap();
+        let b = batch.field("b").unwrap();
+        for (pos, &i) in indices.iter().enumerate() {
+            assert_eq!(a.get(pos).unwrap(), &payloads[i as usize][..]);
+            let want_b: &[u8] = if i % 3 != 0 {
+                &payloads[i as usize]
+            } else {
+                &[]
+            };
+            assert_eq!(b.get(pos).unwrap(), want_b);
+        }
+        let c = b.to_contiguous();
+        assert_eq!(c.offsets.len(), indices.len() + 1);
+        assert_eq!(c.get(1).unwrap(), b.get(1).unwrap());
+    };
+    check(&store);
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.len(), 20);
+    check(&store);
+    store
+        .gather_with(&indices, &[], GatherOptions { verify: true })
+        .unwrap();
+}
+
+#[test]
+fn errors_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ds");
+    let store = Store::create(&path, schema(), small()).unwrap();
+    store.append(&Record::new().with("a", b"x")).unwrap();
+    let err = store.gather(&[0, 7], &[]).unwrap_err();
+    assert!(
+        matches!(err, Error::IndexOutOfRange { index: 7, len: 1 }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("index 7") && err.to_string().contains("1 records"));
+    let err = store.gather(&[0], &["nope"]).unwrap_err();
+    assert!(
+        err.to_string().contains("'nope'") && err.to_string().contains("a, b"),
+        "{err}"
+    );
+    let err = store.append(&Record::new().with("zz", b"x")).unwrap_err();
+    assert!(matches!(err, Error::UnknownField { .. }), "{err}");
+    let err = store
+        .append(&Record::new().with("a", b"x").with("a", b"y"))
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidRecord(_)), "{err}");
+    assert!(matches!(
+        store.delete(1),
+        Err(Error::IndexOutOfRange { index: 1, len: 1 })
+    ));
+    assert!(matches!(
+        store.modify(3, &Record::new()),
+        Err(Error::IndexOutOfRange { .. })
+    ));
+    // A second writer is refused while the first holds the dataset.
+    assert!(matches!(Store::open(&path), Err(Error::Locked { .. })));
+    assert!(matches!(
+        Store::open_read_only(&path),
+        Err(Error::Locked { .. })
+    ));
+    assert!(matches!(
+        Store::create(&path, schema(), small()),
+        Err(Error::AlreadyExists { .. })
+    ));
+    drop(store);
+    // Not a dataset.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    assert!(matches!(
+        Store::open(&empty),
+        Err(Error::NotADataset { .. })
+    ));
+    // Unknown format version.
+    let meta = std::fs::read_to_string(path.join("meta.json")).unwrap();
+    std::fs::write(
+        path.join("meta.json"),
+        meta.replace("\"version\": 1", "\"version\": 99"),
+    )
+    .unwrap();
+    let err = Store::open(&path).unwrap_err();
+    assert!(
+        matches!(err, Error::UnsupportedVersion { found: 99, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_schemas_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for fields in [
+        vec![],
+        vec![FieldSpec::raw("a"), FieldSpec::raw("a")],
+        vec![FieldSpec::raw("a/b")],
+        vec![FieldSpec::raw("x").typed("float", vec![2])],
+    ] {
+        let err = Store::create(dir.path().join("x"), fields, small()).unwrap_err();
+        assert!(matches!(err, Error::InvalidSchema(_)), "{err}");
+    }
+}
+
+#[test]
+fn typed_fields_check_record_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(
+        dir.path().join("t"),
+        vec![FieldSpec::raw("v").typed("<f4", vec![2, 3])],
+        small(),
+    )
+    .unwrap();
+    store.append(&Record::new().with("v", &[0u8; 24])).unwrap();
+    let err = store
+        .append(&Record::new().with("v", &[0u8; 20]))
+        .unwrap_err();
+    assert!(err.to_string().contains("24 bytes per record"), "{err}");
+}
+
+#[test]
+fn read_only_stores_refuse_writes_and_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ds");
+    let store = Store::create(&path, schema(), small()).unwrap();
+    store.append(&Record::new().with("a", b"hello")).unwrap();
+    store.commit().unwrap();
+    drop(store);
+    let r1 = Store::open_read_only(&path).unwrap();
+    let r2 = Store::open_read_only(&path).unwrap();
+    assert!(matches!(
+        r1.append(&Record::new()),
+        Err(Error::ReadOnly { .. })
+    ));
+    assert_eq!(
+        r2.gather(&[0], &["a"])
+            .unwrap()
+            .field("a")
+            .unwrap()
+            .get(0)
+            .unwrap(),
+        b"hello"
+    );
+    assert!(matches!(Store::open(&path), Err(Error::Locked { .. })));
+}
+
+#[test]
+fn corruption_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ds");
+    let store = Store::create(&path, schema(), small()).unwrap();
+    for i in 0..6u8 {
+        store
+            .append(&Record::new().with("a", &[i; 100]).with("b", &[i; 100]))
+            .unwrap();
+    }
+    store.commit().unwrap();
+    drop(store);
+    // Flip one payload bit of record 2 of field a, found through its offset entry.
+    let entries = std::fs::read(path.join("a.offset")).unwrap();
+    let entry = zr_node::offset::Entry::decode(entries[32..48].try_into().unwrap());
+    assert_eq!((entry.chunk_id, entry.len), (0, 100));
+    let chunk = path.join("chunk/0.zr");
+    let mut bytes = std::fs::read(&chunk).unwrap();
+    bytes[entry.offset as usize + 16 + 5] ^= 1;
+    std::fs::write(&chunk, &bytes).unwrap();
+    let store = Store::open(&path).unwrap();
+    store.gather(&[2], &["a"]).unwrap(); // unverified raw gathers do not read the frame
+    let err = store
+        .gather_with(&[2], &["a"], GatherOptions { verify: true })
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::BadRecord { field, index: 2, .. } if field == "a"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("CRC"), "{err}");
+    drop(store);
+    // An offset entry pointing past the chunk's end.
+    let table = path.join("a.offset");
+    let mut bytes = std::fs::read(&table).unwrap();
+    bytes[16 * 3..16 * 3 + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    std::fs::write(&table, &bytes).unwrap();
+    let store = Store::open(&path).unwrap();
+    let err = store.gather(&[3], &["a"]).unwrap_err();
+    assert!(err.to_string().contains("past the chunk's end"), "{err}");
+    drop(store);
+    // A truncated offset table.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&table)
+        .unwrap()
+        .set_len(16 * 2)
+        .unwrap();
+    let err = Store::open(&path).unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+    // A truncated chunk.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&table)
+        .unwrap()
+        .set_len(16 * 8)
+        .unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&chunk)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    let err = Store::open(&path).unwrap_err();
+    assert!(
+        err.to_string().contains("chunk file has 100 bytes"),
+        "{err}"
+    );
+}

@@ -1,0 +1,1 @@
+//! zr-sim: the in-process cluster simulator (not built yet).
