@@ -49,12 +49,11 @@ pub(crate) fn write(
     write_atomically(dir, REDO_FILE, &out)
 }
 
+/// Entry changes of one commit: record index → one entry per field.
+pub(crate) type Changes = Vec<(u64, Vec<Entry>)>;
+
 /// Reads the log if it belongs to commit `generation`; `None` if there is none or it is stale.
-pub(crate) fn read(
-    dir: &Path,
-    generation: u64,
-    fields: usize,
-) -> Result<Option<Vec<(u64, Vec<Entry>)>>> {
+pub(crate) fn read(dir: &Path, generation: u64, fields: usize) -> Result<Option<Changes>> {
     let path = dir.join(REDO_FILE);
     let bytes = match std::fs::read(&path) {
         Ok(bytes) => bytes,
