@@ -10,6 +10,9 @@ use std::sync::Arc;
 
 use crate::map::Mapped;
 
+/// How many records ahead of the copy `write_contiguous` prefetches.
+const PREFETCH_RECORDS_AHEAD: usize = 4;
+
 /// The mappings a view of the dataset reads through, shared by every batch made from it.
 #[derive(Clone)]
 pub(crate) struct Maps {
@@ -184,7 +187,12 @@ impl<'a> FieldView<'a> {
                 offsets.reserve(spans.len() + 1);
                 offsets.push(0);
                 let maps = &*self.batch.maps;
-                for span in spans {
+                for (k, span) in spans.iter().enumerate() {
+                    if let Some(ahead) = spans.get(k + PREFETCH_RECORDS_AHEAD) {
+                        if let Some(chunk) = maps.chunk(ahead.chunk) {
+                            chunk.prefetch(ahead.start, ahead.len as u64);
+                        }
+                    }
                     if span.len > 0 {
                         if let Some(bytes) = maps
                             .chunk(span.chunk)

@@ -12,13 +12,12 @@
 //! (the commit point) → redo applied in place.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write as _;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, MutexGuard};
 
-use flate2::write::DeflateEncoder;
+use flate2::{Compress, FlushCompress, Status};
 
 use crate::batch::Maps;
 use crate::error::{Error, IoContext, Result};
@@ -62,6 +61,9 @@ pub(crate) struct Writer {
     generation: u64,
     /// Frames encoded but not yet written to the open chunk.
     frames: Vec<u8>,
+    /// Reused Deflate state and output buffer for flate fields.
+    compressor: Compress,
+    compressed: Vec<u8>,
     /// Set when a commit failed after its commit point: reopening is the way back.
     failed: Option<String>,
 }
@@ -98,6 +100,8 @@ impl Writer {
             offsets_dirty: false,
             generation: meta.generation,
             frames: Vec::new(),
+            compressor: Compress::new(flate2::Compression::default(), false),
+            compressed: Vec::new(),
             failed: None,
         })
     }
@@ -215,7 +219,7 @@ impl Writer {
         let Some(open) = self.open.as_mut() else {
             return Err(internal(&self.dir, "no open chunk after opening one"));
         };
-        let mut compressed = Vec::new();
+        let compressed = &mut self.compressed;
         for (field, payload) in payloads.iter().enumerate() {
             let entry = match payload {
                 Some(payload) if !payload.is_empty() => {
@@ -223,14 +227,13 @@ impl Writer {
                     let stored: &[u8] = match spec.compress {
                         Compression::Raw => payload,
                         Compression::Flate => {
-                            compressed = deflate(payload, std::mem::take(&mut compressed))
-                                .map_err(|e| {
-                                    Error::InvalidRecord(format!(
-                                        "field '{}': cannot deflate: {e}",
-                                        spec.name
-                                    ))
-                                })?;
-                            &compressed
+                            deflate(&mut self.compressor, payload, compressed).map_err(|e| {
+                                Error::InvalidRecord(format!(
+                                    "field '{}': cannot deflate: {e}",
+                                    spec.name
+                                ))
+                            })?;
+                            compressed
                         }
                     };
                     let len = u32::try_from(stored.len()).map_err(|_| {
@@ -240,13 +243,13 @@ impl Writer {
                             stored.len()
                         ))
                     })?;
-                    let entry = Entry {
-                        offset: open.pos + self.frames.len() as u64,
+                    let offset =
+                        encode_frame(&mut self.frames, open.pos, stored, payload.len() as u32);
+                    Entry {
+                        offset,
                         chunk_id: open.id,
                         len,
-                    };
-                    encode_frame(&mut self.frames, stored, payload.len() as u32);
-                    entry
+                    }
                 }
                 _ => Entry::ABSENT,
             };
@@ -439,11 +442,22 @@ fn set_chunk_map(maps: &mut Maps, id: u32, map: Option<Arc<Mapped>>) {
     maps.chunks[slot] = map;
 }
 
-fn deflate(payload: &[u8], mut out: Vec<u8>) -> std::io::Result<Vec<u8>> {
+/// Deflates `payload` into `out` (cleared first) with a reused compressor: a fresh one per
+/// record would allocate and clear ~300 KiB of state each time.
+fn deflate(compressor: &mut Compress, payload: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    compressor.reset();
     out.clear();
-    let mut encoder = DeflateEncoder::new(out, flate2::Compression::default());
-    encoder.write_all(payload)?;
-    encoder.finish()
+    out.reserve(payload.len() + payload.len() / 16 + 64);
+    loop {
+        let consumed = compressor.total_in() as usize;
+        let status = compressor
+            .compress_vec(&payload[consumed..], out, FlushCompress::Finish)
+            .map_err(|e| e.to_string())?;
+        match status {
+            Status::StreamEnd => return Ok(()),
+            Status::Ok | Status::BufError => out.reserve(out.capacity().max(64)),
+        }
+    }
 }
 
 fn internal(dir: &Path, what: &str) -> Error {
