@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+use zr_common::Contiguous;
+
 use crate::map::Mapped;
 
 /// How many records ahead of the copy `write_contiguous` prefetches.
@@ -54,24 +56,6 @@ pub struct Batch {
     pub(crate) maps: Arc<Maps>,
     pub(crate) len: usize,
     pub(crate) columns: Vec<Column>,
-}
-
-/// One field of a batch materialized: record i is `data[offsets[i]..offsets[i + 1]]`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Contiguous {
-    /// All payloads back to back.
-    pub data: Vec<u8>,
-    /// `len + 1` byte offsets into `data`, starting at 0.
-    pub offsets: Vec<u64>,
-}
-
-impl Contiguous {
-    /// Record `i`'s bytes.
-    pub fn get(&self, i: usize) -> Option<&[u8]> {
-        let start = *self.offsets.get(i)? as usize;
-        let end = *self.offsets.get(i + 1)? as usize;
-        self.data.get(start..end)
-    }
 }
 
 impl std::fmt::Debug for Batch {

@@ -25,10 +25,12 @@ mod map;
 pub mod meta;
 pub mod offset;
 mod redo;
+mod source;
 mod store;
 mod writer;
 
-pub use batch::{Batch, Contiguous, FieldView};
+pub use batch::{Batch, FieldView};
 pub use error::{Error, Result};
 pub use meta::{Compression, FieldSpec, Meta};
 pub use store::{chunk_path, CreateOptions, GatherOptions, Record, Store, CHUNK_DIR, LOCK_FILE};
+pub use zr_common::Contiguous;

@@ -1,0 +1,241 @@
+//! The loader: sampler → gather → batch, prepared ahead of the training loop on background
+//! threads, handed out strictly in sampler order, resumable exactly.
+//!
+//! Worker `w` of `W` prepares batches `w, w+W, w+2W, …` of the run and sends each into its
+//! own bounded channel; the consumer takes from channel `seq % W`, so order needs no
+//! reordering and the queue bound is the channels' capacity. [`Loader::state`] counts only
+//! batches handed to the caller, so a loader rebuilt from it yields exactly the batches the
+//! caller had not yet received, whatever was prefetched. Dropping the loader closes the
+//! channels and joins the workers (each finishes at most the gather it is in).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::columns::Contiguous;
+use crate::error::{BoxError, Error};
+use crate::sampler::{Sampler, SamplerState};
+
+/// Anything that can gather records into columns: a local store, a cluster client.
+pub trait GatherSource: Send + Sync + 'static {
+    /// Gathers `indices` for `fields` (empty = all, in schema order), one column per field.
+    fn gather_columns(
+        &self,
+        indices: &[u64],
+        fields: &[String],
+    ) -> Result<Vec<Contiguous>, BoxError>;
+}
+
+/// Loader settings.
+#[derive(Clone, Debug)]
+pub struct LoaderOptions {
+    /// Fields to load (empty = all).
+    pub fields: Vec<String>,
+    /// Batches prepared ahead of the caller (default 4). With 0, each worker still prepares
+    /// the one batch it hands over next.
+    pub prefetch: usize,
+    /// Background threads gathering batches (default 2).
+    pub workers: usize,
+    /// Stop when this epoch would begin (`None`: run until dropped). Absolute, so a loader
+    /// resumed from a checkpoint stops where the original would have.
+    pub end_epoch: Option<u64>,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        LoaderOptions {
+            fields: Vec::new(),
+            prefetch: 4,
+            workers: 2,
+            end_epoch: None,
+        }
+    }
+}
+
+/// Upper bound on loader threads: more only adds contention.
+pub const LOADER_WORKERS_MAX: usize = 64;
+
+/// One batch as the training loop receives it.
+#[derive(Debug)]
+pub struct LoadedBatch {
+    /// Epoch it belongs to.
+    pub epoch: u64,
+    /// Position of its first index in the rank's epoch.
+    pub position: u64,
+    /// The record indices, in order.
+    pub indices: Vec<u64>,
+    /// One column per loaded field, in the order of `LoaderOptions::fields` (or schema order).
+    pub columns: Vec<Contiguous>,
+}
+
+/// Which batch the loader's `seq`-th batch is.
+#[derive(Clone, Debug)]
+struct Plan {
+    sampler: Arc<Sampler>,
+    start: SamplerState,
+    end_epoch: Option<u64>,
+}
+
+impl Plan {
+    /// (epoch, start, end) of batch `seq` counted from the start state; `None` past the end.
+    fn batch(&self, seq: u64) -> Option<(u64, u64, u64)> {
+        let s = &self.sampler;
+        let (items, batch) = (s.items_per_epoch(), s.config().batch);
+        let first_epoch_batches = (items - self.start.position).div_ceil(batch);
+        let (epoch, start) = if seq < first_epoch_batches {
+            (self.start.epoch, self.start.position + seq * batch)
+        } else {
+            let rest = seq - first_epoch_batches;
+            let per_epoch = s.batches_per_epoch();
+            (
+                self.start.epoch + 1 + rest / per_epoch,
+                (rest % per_epoch) * batch,
+            )
+        };
+        if self.end_epoch.is_some_and(|end| epoch >= end) {
+            return None;
+        }
+        Some((epoch, start, (start + batch).min(items)))
+    }
+}
+
+/// A prefetching, resumable batch iterator. See the module documentation.
+pub struct Loader {
+    plan: Plan,
+    receivers: Vec<Receiver<Result<LoadedBatch, Error>>>,
+    workers: Vec<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    /// Batches handed to the caller.
+    delivered: u64,
+    finished: bool,
+}
+
+impl Loader {
+    /// A loader over `source` starting at `state` (e.g. `sampler.start(0)` or a checkpoint).
+    pub fn new<S: GatherSource>(
+        source: Arc<S>,
+        sampler: Sampler,
+        state: SamplerState,
+        options: LoaderOptions,
+    ) -> Result<Loader, Error> {
+        sampler.check_state(&state)?;
+        let sampler = Arc::new(sampler);
+        let plan = Plan {
+            start: sampler.state_at(state.epoch, state.position),
+            sampler,
+            end_epoch: options.end_epoch,
+        };
+        let workers = options.workers.clamp(1, LOADER_WORKERS_MAX);
+        let capacity = options.prefetch.div_ceil(workers);
+        let stop = Arc::new(AtomicBool::new(false));
+        let fields: Arc<[String]> = options.fields.into();
+        let mut receivers = Vec::with_capacity(workers);
+        let mut handles = Vec::with_capacity(workers);
+        for worker in 0..workers {
+            let (tx, rx) = sync_channel(capacity);
+            receivers.push(rx);
+            let (plan, source, stop, fields) = (
+                plan.clone(),
+                Arc::clone(&source),
+                Arc::clone(&stop),
+                Arc::clone(&fields),
+            );
+            let handle = std::thread::Builder::new()
+                .name(format!("zr-loader-{worker}"))
+                .spawn(move || {
+                    let mut seq = worker as u64;
+                    let mut indices = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let Some((epoch, start, end)) = plan.batch(seq) else {
+                            break;
+                        };
+                        indices.clear();
+                        plan.sampler.epoch(epoch).fill(start, end, &mut indices);
+                        let result = source
+                            .gather_columns(&indices, &fields)
+                            .map(|columns| LoadedBatch {
+                                epoch,
+                                position: start,
+                                indices: indices.clone(),
+                                columns,
+                            })
+                            .map_err(|source| Error::Gather {
+                                epoch,
+                                start,
+                                end,
+                                source,
+                            });
+                        let failed = result.is_err();
+                        if tx.send(result).is_err() || failed {
+                            break; // the loader is gone, or the error ends the run
+                        }
+                        seq += workers as u64;
+                    }
+                })
+                .map_err(|e| Error::Sampler(format!("cannot start a loader thread: {e}")))?;
+            handles.push(handle);
+        }
+        Ok(Loader {
+            plan,
+            receivers,
+            workers: handles,
+            stop,
+            delivered: 0,
+            finished: false,
+        })
+    }
+
+    /// The checkpoint after the last batch handed to the caller.
+    pub fn state(&self) -> SamplerState {
+        if self.delivered == 0 {
+            return self.plan.start;
+        }
+        match self.plan.batch(self.delivered - 1) {
+            Some((epoch, _, end)) => self.plan.sampler.state_at(epoch, end),
+            None => self.plan.start,
+        }
+    }
+
+    /// The sampler driving the loader.
+    pub fn sampler(&self) -> &Sampler {
+        &self.plan.sampler
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<LoadedBatch, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.finished {
+            return None;
+        }
+        let channel = &self.receivers[(self.delivered % self.receivers.len() as u64) as usize];
+        match channel.recv() {
+            Ok(Ok(batch)) => {
+                self.delivered += 1;
+                Some(Ok(batch))
+            }
+            Ok(Err(e)) => {
+                self.finished = true;
+                Some(Err(e))
+            }
+            // The worker stopped: the run's last epoch is done.
+            Err(_) => {
+                self.finished = true;
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Closing the channels wakes workers blocked on a full one.
+        self.receivers.clear();
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}

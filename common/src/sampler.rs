@@ -1,0 +1,445 @@
+//! Index generators for training: which record each position of an epoch reads, as a pure
+//! function of (seed, epoch, position), split across ranks with no communication.
+//!
+//! An epoch is a sequence of *units* — single indices, or whole windows for `Sliding` — and
+//! rank `r` of `R` takes units `r, r+R, r+2R, …`. The tail that does not divide evenly is
+//! dropped by default (every rank sees the same count); `Tail::Pad` instead wraps around to
+//! the epoch's first units. A rank's epoch is `items_per_epoch()` indices, cut into batches
+//! of `batch` (the last batch may be shorter). A checkpoint is a [`SamplerState`]: the
+//! position in that sequence, from which [`Sampler::index`] recomputes everything.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::feistel::Feistel;
+use crate::hash::{mix2, reduce};
+
+/// The order in which an epoch visits the index space `[0, len)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Order {
+    /// 0, 1, 2, …, len−1.
+    Sequential,
+    /// Windows of `window` consecutive indices whose starts advance by `stride`, around the
+    /// index space as a circular queue: a window running past the end wraps to 0, and each
+    /// epoch continues where the previous one stopped. The seed plays no part.
+    Sliding { window: u64, stride: u64 },
+    /// Uniform random indices with replacement; an epoch has `len` of them.
+    Random,
+    /// A seeded permutation of `[0, len)` (global random without replacement), new for
+    /// every (seed, epoch).
+    Shuffle,
+}
+
+/// What happens to the units that do not divide evenly among ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tail {
+    /// Drop them: every rank sees `⌊units / ranks⌋` units (the default).
+    #[default]
+    Drop,
+    /// Pad: every rank sees `⌈units / ranks⌉` units, the extra ones taken from the epoch's start.
+    Pad,
+}
+
+/// Everything that fixes a sampler's output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplerConfig {
+    /// Records in the dataset.
+    pub len: u64,
+    /// Visiting order.
+    pub order: Order,
+    /// Seed of the random orders.
+    pub seed: u64,
+    /// This rank, `0 ≤ rank < ranks`.
+    pub rank: u64,
+    /// Number of ranks sharing the epoch.
+    pub ranks: u64,
+    /// Indices per batch.
+    pub batch: u64,
+    /// Handling of the uneven tail.
+    pub tail: Tail,
+}
+
+/// Where a rank is in its stream of batches: enough to resume exactly. `len`, `rank` and
+/// `ranks` are kept to refuse a resume under a different configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplerState {
+    /// Seed of the run.
+    pub seed: u64,
+    /// Current epoch.
+    pub epoch: u64,
+    /// Indices of this epoch already handed out to the caller.
+    pub position: u64,
+    /// Dataset length the state was taken with.
+    pub len: u64,
+    /// Rank the state belongs to.
+    pub rank: u64,
+    /// Ranks of the run.
+    pub ranks: u64,
+}
+
+/// A configured sampler. Cheap to share; all methods are pure.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    config: SamplerConfig,
+    /// Indices per unit: `window` for sliding, else 1.
+    unit: u64,
+    /// Units in a whole epoch, before the split across ranks.
+    epoch_units: u64,
+    /// Units this rank sees per epoch.
+    rank_units: u64,
+}
+
+impl Sampler {
+    /// Checks `config` and builds the sampler.
+    pub fn new(config: SamplerConfig) -> Result<Sampler, Error> {
+        let bad = |why: String| Err(Error::Sampler(why));
+        if config.len == 0 {
+            return bad("the dataset is empty: there is nothing to sample".into());
+        }
+        if config.ranks == 0 || config.rank >= config.ranks {
+            return bad(format!(
+                "rank {} is not in 0..{} ranks",
+                config.rank, config.ranks
+            ));
+        }
+        if config.batch == 0 {
+            return bad("batch size must be at least 1".into());
+        }
+        let (unit, epoch_units) = match config.order {
+            Order::Sliding { window, stride } => {
+                if window == 0 || stride == 0 {
+                    return bad(format!(
+                        "sliding window {window} and stride {stride} must both be at least 1"
+                    ));
+                }
+                (window, config.len.div_ceil(stride))
+            }
+            _ => (1, config.len),
+        };
+        let rank_units = match config.tail {
+            Tail::Drop => epoch_units / config.ranks,
+            Tail::Pad => epoch_units.div_ceil(config.ranks),
+        };
+        if rank_units == 0 {
+            return bad(format!(
+                "{epoch_units} units per epoch split over {} ranks leave none for each rank (use tail padding or fewer ranks)",
+                config.ranks
+            ));
+        }
+        if rank_units.checked_mul(unit).is_none() {
+            return bad("window times units per epoch overflows".into());
+        }
+        Ok(Sampler {
+            config,
+            unit,
+            epoch_units,
+            rank_units,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.config
+    }
+
+    /// Indices this rank reads per epoch.
+    pub fn items_per_epoch(&self) -> u64 {
+        self.rank_units * self.unit
+    }
+
+    /// Batches this rank reads per epoch (the last may be short).
+    pub fn batches_per_epoch(&self) -> u64 {
+        self.items_per_epoch().div_ceil(self.config.batch)
+    }
+
+    /// The sampler for one epoch, with its per-epoch keys prepared.
+    pub fn epoch(&self, epoch: u64) -> EpochSampler<'_> {
+        let key = mix2(self.config.seed, epoch);
+        let permutation =
+            matches!(self.config.order, Order::Shuffle).then(|| Feistel::new(self.config.len, key));
+        EpochSampler {
+            sampler: self,
+            epoch,
+            key,
+            permutation,
+        }
+    }
+
+    /// Index at `position` (< `items_per_epoch()`) of this rank's `epoch`.
+    pub fn index(&self, epoch: u64, position: u64) -> u64 {
+        self.epoch(epoch).index(position)
+    }
+
+    /// The state at the start of `epoch`.
+    pub fn start(&self, epoch: u64) -> SamplerState {
+        self.state_at(epoch, 0)
+    }
+
+    /// The state at `position` of `epoch`, normalized so the end of an epoch is the start of
+    /// the next.
+    pub fn state_at(&self, epoch: u64, position: u64) -> SamplerState {
+        let (epoch, position) = if position >= self.items_per_epoch() {
+            (epoch + 1, 0)
+        } else {
+            (epoch, position)
+        };
+        SamplerState {
+            seed: self.config.seed,
+            epoch,
+            position,
+            len: self.config.len,
+            rank: self.config.rank,
+            ranks: self.config.ranks,
+        }
+    }
+
+    /// Checks that `state` was taken under this configuration.
+    pub fn check_state(&self, state: &SamplerState) -> Result<(), Error> {
+        let c = &self.config;
+        let mismatch = |what: &str, theirs: u64, ours: u64| {
+            Err(Error::Sampler(format!(
+                "the checkpoint was taken with {what} {theirs}, this sampler has {ours}"
+            )))
+        };
+        if state.seed != c.seed {
+            return mismatch("seed", state.seed, c.seed);
+        }
+        if state.len != c.len {
+            return mismatch("dataset length", state.len, c.len);
+        }
+        if state.rank != c.rank {
+            return mismatch("rank", state.rank, c.rank);
+        }
+        if state.ranks != c.ranks {
+            return mismatch("ranks", state.ranks, c.ranks);
+        }
+        if state.position > self.items_per_epoch() {
+            return mismatch("position", state.position, self.items_per_epoch());
+        }
+        Ok(())
+    }
+}
+
+/// A [`Sampler`] fixed to one epoch. See [`Sampler::epoch`].
+#[derive(Clone, Debug)]
+pub struct EpochSampler<'a> {
+    sampler: &'a Sampler,
+    epoch: u64,
+    key: u64,
+    permutation: Option<Feistel>,
+}
+
+impl EpochSampler<'_> {
+    /// Index at `position` (< `items_per_epoch()`) of this rank's epoch.
+    #[inline]
+    pub fn index(&self, position: u64) -> u64 {
+        let s = self.sampler;
+        let c = &s.config;
+        let (unit, within) = (position / s.unit, position % s.unit);
+        // This rank's unit → the epoch's unit; padding wraps past the end to the start.
+        let global_unit = (unit * c.ranks + c.rank) % s.epoch_units;
+        let global = global_unit * s.unit + within;
+        match c.order {
+            Order::Sequential => global,
+            Order::Random => reduce(mix2(self.key, global), c.len),
+            Order::Shuffle => match &self.permutation {
+                Some(p) => p.apply(global),
+                None => global,
+            },
+            Order::Sliding { stride, .. } => {
+                // Window number counted from the first epoch, so epochs continue round the circle.
+                let window = self.epoch as u128 * s.epoch_units as u128 + global_unit as u128;
+                ((window * stride as u128 + within as u128) % c.len as u128) as u64
+            }
+        }
+    }
+
+    /// Appends the indices at positions `[start, end)` to `out`.
+    pub fn fill(&self, start: u64, end: u64, out: &mut Vec<u64>) {
+        out.extend((start..end).map(|p| self.index(p)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(len: u64, order: Order) -> SamplerConfig {
+        SamplerConfig {
+            len,
+            order,
+            seed: 7,
+            rank: 0,
+            ranks: 1,
+            batch: 4,
+            tail: Tail::Drop,
+        }
+    }
+
+    fn epoch_of(c: SamplerConfig, epoch: u64) -> Vec<u64> {
+        let s = Sampler::new(c).unwrap();
+        (0..s.items_per_epoch())
+            .map(|p| s.index(epoch, p))
+            .collect()
+    }
+
+    #[test]
+    fn sequential_and_random() {
+        assert_eq!(
+            epoch_of(config(5, Order::Sequential), 3),
+            vec![0, 1, 2, 3, 4]
+        );
+        let r = epoch_of(config(100, Order::Random), 0);
+        assert_eq!(r.len(), 100);
+        assert!(r.iter().all(|&i| i < 100));
+        assert_ne!(r, epoch_of(config(100, Order::Random), 1));
+        let distinct: std::collections::HashSet<_> = r.iter().collect();
+        assert!(
+            distinct.len() < 100,
+            "with replacement, 100 draws of 100 repeat some"
+        );
+    }
+
+    #[test]
+    fn sliding_wraps_and_continues() {
+        let c = config(
+            10,
+            Order::Sliding {
+                window: 4,
+                stride: 4,
+            },
+        );
+        // 3 windows per epoch: starts 0, 4, 8 — the last wraps round to 0 and 1.
+        assert_eq!(epoch_of(c, 0), vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]);
+        // The next epoch continues the circle: starts 12, 16, 20 (mod 10).
+        assert_eq!(epoch_of(c, 1), vec![2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3]);
+        let overlapping = config(
+            5,
+            Order::Sliding {
+                window: 3,
+                stride: 1,
+            },
+        );
+        assert_eq!(&epoch_of(overlapping, 0)[..6], &[0, 1, 2, 1, 2, 3]);
+    }
+
+    #[test]
+    fn ranks_split_without_overlap() {
+        for order in [
+            Order::Sequential,
+            Order::Shuffle,
+            Order::Sliding {
+                window: 3,
+                stride: 3,
+            },
+        ] {
+            for ranks in [1u64, 2, 3, 7] {
+                let len = 103;
+                let mut all = Vec::new();
+                for rank in 0..ranks {
+                    let s = Sampler::new(SamplerConfig {
+                        rank,
+                        ranks,
+                        ..config(len, order)
+                    })
+                    .unwrap();
+                    all.push(
+                        (0..s.items_per_epoch())
+                            .map(|p| s.index(2, p))
+                            .collect::<Vec<_>>(),
+                    );
+                }
+                assert!(
+                    all.windows(2).all(|w| w[0].len() == w[1].len()),
+                    "ranks see different counts"
+                );
+                let units = match order {
+                    Order::Sliding { .. } => len.div_ceil(3),
+                    _ => len,
+                };
+                let per_rank = units / ranks;
+                assert_eq!(
+                    all[0].len() as u64,
+                    per_rank
+                        * if matches!(order, Order::Sliding { .. }) {
+                            3
+                        } else {
+                            1
+                        }
+                );
+                if order == Order::Shuffle {
+                    let mut union: Vec<u64> = all.concat();
+                    union.sort_unstable();
+                    union.dedup();
+                    assert_eq!(union.len() as u64, per_rank * ranks, "ranks overlap");
+                    // Exactly the dropped tail is missing: the whole epoch minus its last units.
+                    let whole = epoch_of(config(len, order), 2);
+                    let mut kept: Vec<u64> = whole[..(per_rank * ranks) as usize].to_vec();
+                    kept.sort_unstable();
+                    assert_eq!(union, kept);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn padding_gives_every_rank_the_ceiling() {
+        let s = Sampler::new(SamplerConfig {
+            rank: 2,
+            ranks: 3,
+            tail: Tail::Pad,
+            ..config(10, Order::Sequential)
+        })
+        .unwrap();
+        assert_eq!(s.items_per_epoch(), 4);
+        assert_eq!(
+            (0..4).map(|p| s.index(0, p)).collect::<Vec<_>>(),
+            vec![2, 5, 8, 1]
+        );
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        assert!(Sampler::new(config(0, Order::Sequential)).is_err());
+        assert!(Sampler::new(SamplerConfig {
+            rank: 3,
+            ranks: 3,
+            ..config(10, Order::Sequential)
+        })
+        .is_err());
+        assert!(Sampler::new(SamplerConfig {
+            ranks: 11,
+            ..config(10, Order::Sequential)
+        })
+        .is_err());
+        assert!(Sampler::new(SamplerConfig {
+            batch: 0,
+            ..config(10, Order::Sequential)
+        })
+        .is_err());
+        assert!(Sampler::new(config(
+            10,
+            Order::Sliding {
+                window: 0,
+                stride: 1
+            }
+        ))
+        .is_err());
+    }
+
+    #[test]
+    fn states_normalize_and_check() {
+        let s = Sampler::new(config(10, Order::Shuffle)).unwrap();
+        assert_eq!(s.state_at(0, 10), s.start(1));
+        let mut other = s.state_at(1, 3);
+        s.check_state(&other).unwrap();
+        other.len = 11;
+        assert!(s
+            .check_state(&other)
+            .unwrap_err()
+            .to_string()
+            .contains("dataset length 11"));
+    }
+}

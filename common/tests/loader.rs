@@ -1,0 +1,310 @@
+//! Loader and sampler properties: exact resume with prefetch in flight, order, errors, and
+//! the statistical quality of the shuffle.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use zr_common::feistel::Feistel;
+use zr_common::{
+    BoxError, Contiguous, GatherSource, Loader, LoaderOptions, Order, Sampler, SamplerConfig, Tail,
+};
+
+/// A source whose record i is `i` as 8 little-endian bytes; fails on `fail_at`.
+struct Echo {
+    fail_at: Option<u64>,
+    gathers: AtomicU64,
+}
+
+impl Echo {
+    fn new() -> Arc<Echo> {
+        Arc::new(Echo {
+            fail_at: None,
+            gathers: AtomicU64::new(0),
+        })
+    }
+}
+
+impl GatherSource for Echo {
+    fn gather_columns(
+        &self,
+        indices: &[u64],
+        _fields: &[String],
+    ) -> Result<Vec<Contiguous>, BoxError> {
+        self.gathers.fetch_add(1, Ordering::Relaxed);
+        if let Some(bad) = self.fail_at {
+            if indices.contains(&bad) {
+                return Err(format!("record {bad} is unreadable").into());
+            }
+        }
+        let mut column = Contiguous {
+            data: Vec::new(),
+            offsets: vec![0],
+        };
+        for &i in indices {
+            column.data.extend_from_slice(&i.to_le_bytes());
+            column.offsets.push(column.data.len() as u64);
+        }
+        Ok(vec![column])
+    }
+}
+
+type Seen = Vec<(u64, u64, Vec<u64>)>;
+
+fn collect(loader: &mut Loader, limit: usize) -> Seen {
+    let mut out = Vec::new();
+    for batch in loader.by_ref().take(limit) {
+        let batch = batch.unwrap();
+        // The column matches the indices: the batch is the one its header says.
+        for (k, &i) in batch.indices.iter().enumerate() {
+            assert_eq!(batch.columns[0].get(k).unwrap(), &i.to_le_bytes());
+        }
+        out.push((batch.epoch, batch.position, batch.indices));
+    }
+    out
+}
+
+fn order_strategy() -> impl Strategy<Value = Order> {
+    prop_oneof![
+        Just(Order::Sequential),
+        Just(Order::Random),
+        Just(Order::Shuffle),
+        (1u64..6, 1u64..6).prop_map(|(window, stride)| Order::Sliding { window, stride }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Cut a run anywhere, resume from `state()`: the concatenation is the uninterrupted run.
+    #[test]
+    fn resume_is_exact(
+        len in 1u64..300,
+        order in order_strategy(),
+        ranks in 1u64..4,
+        rank_pick in 0u64..4,
+        batch in 1u64..17,
+        pad in any::<bool>(),
+        seed in any::<u64>(),
+        prefetch in 1usize..6,
+        workers in 1usize..4,
+        cut_a in 0usize..40,
+        cut_b in 0usize..40,
+    ) {
+        let config = SamplerConfig {
+            len, order, seed, rank: rank_pick % ranks, ranks, batch,
+            tail: if pad { Tail::Pad } else { Tail::Drop },
+        };
+        let Ok(sampler) = Sampler::new(config) else { return Ok(()) };
+        let options = LoaderOptions { prefetch, workers, end_epoch: Some(3), ..LoaderOptions::default() };
+        let start = sampler.start(0);
+
+        let mut whole = Loader::new(Echo::new(), sampler.clone(), start, options.clone()).unwrap();
+        let expected = collect(&mut whole, usize::MAX);
+        prop_assert_eq!(expected.len() as u64, 3 * sampler.batches_per_epoch());
+
+        let mut got = Vec::new();
+        let mut state = start;
+        for cut in [cut_a, cut_b, usize::MAX] {
+            let mut part = Loader::new(Echo::new(), sampler.clone(), state, options.clone()).unwrap();
+            got.extend(collect(&mut part, cut));
+            state = part.state();
+            // `part` is dropped here with prefetched batches still queued.
+        }
+        prop_assert_eq!(got, expected);
+    }
+}
+
+#[test]
+fn batches_follow_the_sampler() {
+    let sampler = Sampler::new(SamplerConfig {
+        len: 10,
+        order: Order::Sequential,
+        seed: 0,
+        rank: 1,
+        ranks: 2,
+        batch: 2,
+        tail: Tail::Drop,
+    })
+    .unwrap();
+    let options = LoaderOptions {
+        end_epoch: Some(2),
+        ..LoaderOptions::default()
+    };
+    let mut loader = Loader::new(Echo::new(), sampler.clone(), sampler.start(0), options).unwrap();
+    let seen = collect(&mut loader, usize::MAX);
+    let indices: Vec<Vec<u64>> = seen.iter().map(|s| s.2.clone()).collect();
+    assert_eq!(
+        indices,
+        vec![
+            vec![1, 3],
+            vec![5, 7],
+            vec![9],
+            vec![1, 3],
+            vec![5, 7],
+            vec![9]
+        ]
+    );
+    assert_eq!(loader.state(), sampler.start(2));
+}
+
+#[test]
+fn a_failed_gather_ends_the_run_with_its_error() {
+    let sampler = Sampler::new(SamplerConfig {
+        len: 100,
+        order: Order::Sequential,
+        seed: 0,
+        rank: 0,
+        ranks: 1,
+        batch: 10,
+        tail: Tail::Drop,
+    })
+    .unwrap();
+    let source = Arc::new(Echo {
+        fail_at: Some(35),
+        gathers: AtomicU64::new(0),
+    });
+    let mut loader = Loader::new(
+        source,
+        sampler.clone(),
+        sampler.start(0),
+        LoaderOptions::default(),
+    )
+    .unwrap();
+    for _ in 0..3 {
+        loader.next().unwrap().unwrap();
+    }
+    let err = loader.next().unwrap().unwrap_err();
+    assert!(
+        err.to_string().contains("positions 30..40") && err.to_string().contains("record 35"),
+        "{err}"
+    );
+    assert!(loader.next().is_none());
+    assert_eq!(
+        loader.state(),
+        sampler.state_at(0, 30),
+        "the failed batch is not consumed"
+    );
+}
+
+#[test]
+fn dropping_stops_the_workers() {
+    let sampler = Sampler::new(SamplerConfig {
+        len: 1000,
+        order: Order::Shuffle,
+        seed: 1,
+        rank: 0,
+        ranks: 1,
+        batch: 10,
+        tail: Tail::Drop,
+    })
+    .unwrap();
+    let source = Echo::new();
+    let loader = Loader::new(
+        Arc::clone(&source),
+        sampler.clone(),
+        sampler.start(0),
+        LoaderOptions::default(),
+    )
+    .unwrap();
+    drop(loader); // unbounded run: returns only if the workers stop
+    let after = source.gathers.load(Ordering::Relaxed);
+    assert!(
+        after <= 2 * 4,
+        "workers kept gathering ({after} gathers) past the queue bound"
+    );
+    assert_eq!(
+        Arc::strong_count(&source),
+        1,
+        "a worker still holds the source"
+    );
+}
+
+#[test]
+fn resume_rejects_a_foreign_checkpoint() {
+    let config = SamplerConfig {
+        len: 50,
+        order: Order::Shuffle,
+        seed: 3,
+        rank: 0,
+        ranks: 2,
+        batch: 4,
+        tail: Tail::Drop,
+    };
+    let a = Sampler::new(config).unwrap();
+    let b = Sampler::new(SamplerConfig { rank: 1, ..config }).unwrap();
+    let err = Loader::new(Echo::new(), b, a.state_at(0, 8), LoaderOptions::default())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("rank 0"), "{err}");
+}
+
+#[test]
+fn shuffle_is_a_bijection_at_scale() {
+    // ~10^7: a large prime-free size, every index checked once.
+    let n = 10_000_019u64;
+    let p = Feistel::new(n, 42);
+    let mut seen = vec![0u64; n.div_ceil(64) as usize];
+    for x in 0..n {
+        let y = p.apply(x);
+        assert!(y < n);
+        let (word, bit) = ((y / 64) as usize, y % 64);
+        assert!(seen[word] & (1 << bit) == 0, "{y} hit twice");
+        seen[word] |= 1 << bit;
+    }
+}
+
+#[test]
+fn shuffle_is_well_mixed() {
+    let n = 100_000u64;
+    for seed in [0u64, 1, 99] {
+        for epoch in [0u64, 5] {
+            let sampler = Sampler::new(SamplerConfig {
+                len: n,
+                order: Order::Shuffle,
+                seed,
+                rank: 0,
+                ranks: 1,
+                batch: 1,
+                tail: Tail::Drop,
+            })
+            .unwrap();
+            let e = sampler.epoch(epoch);
+            let perm: Vec<f64> = (0..n).map(|p| e.index(p) as f64).collect();
+            // Mean displacement |π(i) − i| of a uniform permutation is n/3.
+            let displacement: f64 = perm
+                .iter()
+                .enumerate()
+                .map(|(i, &y)| (y - i as f64).abs())
+                .sum::<f64>()
+                / n as f64;
+            assert!(
+                (displacement / (n as f64 / 3.0) - 1.0).abs() < 0.02,
+                "mean displacement {displacement}"
+            );
+            // Consecutive outputs are uncorrelated, and neither are outputs with their inputs.
+            let corr = |xs: &[f64], ys: &[f64]| {
+                let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+                let (mx, my) = (mean(xs), mean(ys));
+                let cov: f64 = xs.iter().zip(ys).map(|(x, y)| (x - mx) * (y - my)).sum();
+                let vx: f64 = xs.iter().map(|x| (x - mx).powi(2)).sum();
+                let vy: f64 = ys.iter().map(|y| (y - my).powi(2)).sum();
+                cov / (vx * vy).sqrt()
+            };
+            let adjacent = corr(&perm[..n as usize - 1], &perm[1..]);
+            assert!(
+                adjacent.abs() < 0.02,
+                "adjacent-pair correlation {adjacent}"
+            );
+            let identity: Vec<f64> = (0..n).map(|i| i as f64).collect();
+            let with_input = corr(&identity, &perm);
+            assert!(
+                with_input.abs() < 0.02,
+                "input-output correlation {with_input}"
+            );
+            // Runs of consecutive values (π(i+1) = π(i) + 1) are as rare as chance makes them.
+            let runs = perm.windows(2).filter(|w| w[1] == w[0] + 1.0).count();
+            assert!(runs < 10, "{runs} consecutive pairs");
+        }
+    }
+}
