@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::columns::Contiguous;
@@ -19,12 +19,39 @@ use crate::sampler::{Sampler, SamplerState};
 
 /// Anything that can gather records into columns: a local store, a cluster client.
 pub trait GatherSource: Send + Sync + 'static {
-    /// Gathers `indices` for `fields` (empty = all, in schema order), one column per field.
-    fn gather_columns(
+    /// Gathers `indices` for `fields` (empty = all, in schema order) into `columns`, one
+    /// column per field. `columns` may arrive holding buffers of an earlier batch: reuse
+    /// their memory (fresh buffers would page-fault on every batch).
+    fn gather_into(
         &self,
         indices: &[u64],
         fields: &[String],
-    ) -> Result<Vec<Contiguous>, BoxError>;
+        columns: &mut Vec<Contiguous>,
+    ) -> Result<(), BoxError>;
+}
+
+/// Buffers of dropped batches, waiting to be filled again.
+struct Pool {
+    free: Mutex<Vec<Vec<Contiguous>>>,
+    capacity: usize,
+}
+
+impl Pool {
+    fn take(&self) -> Vec<Contiguous> {
+        self.free
+            .lock()
+            .ok()
+            .and_then(|mut free| free.pop())
+            .unwrap_or_default()
+    }
+
+    fn give(&self, columns: Vec<Contiguous>) {
+        if let Ok(mut free) = self.free.lock() {
+            if free.len() < self.capacity {
+                free.push(columns);
+            }
+        }
+    }
 }
 
 /// Loader settings.
@@ -57,7 +84,6 @@ impl Default for LoaderOptions {
 pub const LOADER_WORKERS_MAX: usize = 64;
 
 /// One batch as the training loop receives it.
-#[derive(Debug)]
 pub struct LoadedBatch {
     /// Epoch it belongs to.
     pub epoch: u64,
@@ -66,7 +92,29 @@ pub struct LoadedBatch {
     /// The record indices, in order.
     pub indices: Vec<u64>,
     /// One column per loaded field, in the order of `LoaderOptions::fields` (or schema order).
+    /// Dropping the batch hands these buffers back to the loader for reuse; `mem::take` them
+    /// to keep them.
     pub columns: Vec<Contiguous>,
+    pool: Option<Arc<Pool>>,
+}
+
+impl std::fmt::Debug for LoadedBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedBatch")
+            .field("epoch", &self.epoch)
+            .field("position", &self.position)
+            .field("indices", &self.indices.len())
+            .field("columns", &self.columns.len())
+            .finish()
+    }
+}
+
+impl Drop for LoadedBatch {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.give(std::mem::take(&mut self.columns));
+        }
+    }
 }
 
 /// Which batch the loader's `seq`-th batch is.
@@ -130,16 +178,21 @@ impl Loader {
         let capacity = options.prefetch.div_ceil(workers);
         let stop = Arc::new(AtomicBool::new(false));
         let fields: Arc<[String]> = options.fields.into();
+        let pool = Arc::new(Pool {
+            free: Mutex::new(Vec::new()),
+            capacity: options.prefetch + 2 * workers,
+        });
         let mut receivers = Vec::with_capacity(workers);
         let mut handles = Vec::with_capacity(workers);
         for worker in 0..workers {
             let (tx, rx) = sync_channel(capacity);
             receivers.push(rx);
-            let (plan, source, stop, fields) = (
+            let (plan, source, stop, fields, pool) = (
                 plan.clone(),
                 Arc::clone(&source),
                 Arc::clone(&stop),
                 Arc::clone(&fields),
+                Arc::clone(&pool),
             );
             let handle = std::thread::Builder::new()
                 .name(format!("zr-loader-{worker}"))
@@ -152,20 +205,22 @@ impl Loader {
                         };
                         indices.clear();
                         plan.sampler.epoch(epoch).fill(start, end, &mut indices);
-                        let result = source
-                            .gather_columns(&indices, &fields)
-                            .map(|columns| LoadedBatch {
+                        let mut columns = pool.take();
+                        let result = match source.gather_into(&indices, &fields, &mut columns) {
+                            Ok(()) => Ok(LoadedBatch {
                                 epoch,
                                 position: start,
                                 indices: indices.clone(),
                                 columns,
-                            })
-                            .map_err(|source| Error::Gather {
+                                pool: Some(Arc::clone(&pool)),
+                            }),
+                            Err(source) => Err(Error::Gather {
                                 epoch,
                                 start,
                                 end,
                                 source,
-                            });
+                            }),
+                        };
                         let failed = result.is_err();
                         if tx.send(result).is_err() || failed {
                             break; // the loader is gone, or the error ends the run

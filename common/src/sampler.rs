@@ -237,9 +237,16 @@ impl EpochSampler<'_> {
     pub fn index(&self, position: u64) -> u64 {
         let s = self.sampler;
         let c = &s.config;
-        let (unit, within) = (position / s.unit, position % s.unit);
+        let (unit, within) = if s.unit == 1 {
+            (position, 0)
+        } else {
+            (position / s.unit, position % s.unit)
+        };
         // This rank's unit → the epoch's unit; padding wraps past the end to the start.
-        let global_unit = (unit * c.ranks + c.rank) % s.epoch_units;
+        let mut global_unit = unit * c.ranks + c.rank;
+        if global_unit >= s.epoch_units {
+            global_unit %= s.epoch_units;
+        }
         let global = global_unit * s.unit + within;
         match c.order {
             Order::Sequential => global,

@@ -26,26 +26,28 @@ impl Echo {
 }
 
 impl GatherSource for Echo {
-    fn gather_columns(
+    fn gather_into(
         &self,
         indices: &[u64],
         _fields: &[String],
-    ) -> Result<Vec<Contiguous>, BoxError> {
+        columns: &mut Vec<Contiguous>,
+    ) -> Result<(), BoxError> {
         self.gathers.fetch_add(1, Ordering::Relaxed);
         if let Some(bad) = self.fail_at {
             if indices.contains(&bad) {
                 return Err(format!("record {bad} is unreadable").into());
             }
         }
-        let mut column = Contiguous {
-            data: Vec::new(),
-            offsets: vec![0],
-        };
+        columns.resize_with(1, Contiguous::default);
+        let column = &mut columns[0];
+        column.data.clear();
+        column.offsets.clear();
+        column.offsets.push(0);
         for &i in indices {
             column.data.extend_from_slice(&i.to_le_bytes());
             column.offsets.push(column.data.len() as u64);
         }
-        Ok(vec![column])
+        Ok(())
     }
 }
 
@@ -59,7 +61,7 @@ fn collect(loader: &mut Loader, limit: usize) -> Seen {
         for (k, &i) in batch.indices.iter().enumerate() {
             assert_eq!(batch.columns[0].get(k).unwrap(), &i.to_le_bytes());
         }
-        out.push((batch.epoch, batch.position, batch.indices));
+        out.push((batch.epoch, batch.position, batch.indices.clone()));
     }
     out
 }

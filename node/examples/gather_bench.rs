@@ -15,10 +15,8 @@ use std::fs::File;
 use std::hint::black_box;
 use std::io::{BufWriter, Write};
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use clap::Parser;
-use zr_node::{CreateOptions, FieldSpec, Record, Store};
 
 #[derive(Parser)]
 #[command(about = "Random-batch gather throughput of zrecord vs a plain mmap'd row file")]
@@ -40,39 +38,12 @@ struct Args {
     dir: Option<std::path::PathBuf>,
 }
 
+#[path = "bench_util/mod.rs"]
+mod bench_util;
+
+use bench_util::{build_dataset, median, time_batches, Rng};
+
 const ROUNDS: usize = 5;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn fill(&mut self, out: &mut [u8]) {
-        for chunk in out.chunks_mut(8) {
-            let word = self.next().to_le_bytes();
-            chunk.copy_from_slice(&word[..chunk.len()]);
-        }
-    }
-}
-
-/// Runs `step` (one batch) repeatedly for about `seconds`; returns batches per second.
-fn time_batches(seconds: f64, mut step: impl FnMut(usize)) -> f64 {
-    let budget = Duration::from_secs_f64(seconds);
-    let start = Instant::now();
-    let mut batches = 0usize;
-    while start.elapsed() < budget {
-        for _ in 0..16 {
-            step(batches);
-            batches += 1;
-        }
-    }
-    batches as f64 / start.elapsed().as_secs_f64()
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
@@ -96,38 +67,19 @@ fn run_size(args: &Args, dir: &Path, size: usize) -> Result<(), Box<dyn std::err
     let n = ((args.gib * (1u64 << 30) as f64) / size as f64).ceil() as u64;
     std::fs::create_dir_all(dir)?;
     let rows_path = dir.join("rows.bin");
-    let store = Store::create(
-        dir.join("dataset"),
-        vec![FieldSpec::raw("data")],
-        CreateOptions::default(),
-    )?;
-
-    // Build: the same random bytes into the dataset and the row file.
-    let build = Instant::now();
     let mut rows = BufWriter::with_capacity(8 << 20, File::create(&rows_path)?);
-    let mut rng = Rng(size as u64);
-    let per_call = 1024usize;
-    let mut buf = vec![0u8; per_call * size];
-    let mut written = 0u64;
-    while written < n {
-        let count = per_call.min((n - written) as usize);
-        rng.fill(&mut buf[..count * size]);
-        rows.write_all(&buf[..count * size])?;
-        let records: Vec<Record> = buf[..count * size]
-            .chunks(size)
-            .map(|r| Record::new().with("data", r))
-            .collect();
-        store.append_many(&records)?;
-        written += count as u64;
+    let mut row_error = None;
+    let store = build_dataset(&dir.join("dataset"), n, size, |bytes| {
+        if let Err(e) = rows.write_all(bytes) {
+            row_error.get_or_insert(e);
+        }
+    })?;
+    if let Some(e) = row_error {
+        return Err(e.into());
     }
     rows.flush()?;
     drop(rows);
-    store.commit()?;
-    eprintln!(
-        "built {n} records of {size} B ({:.2} GiB) in {:.1} s",
-        (n * size as u64) as f64 / (1u64 << 30) as f64,
-        build.elapsed().as_secs_f64()
-    );
+    let mut rng = Rng(!(size as u64));
 
     let rows_file = File::open(&rows_path)?;
     // SAFETY: the row file is private to this benchmark and not modified while mapped.
@@ -192,10 +144,7 @@ fn run_size(args: &Args, dir: &Path, size: usize) -> Result<(), Box<dyn std::err
             black_box(&data);
         });
     }
-    let [baseline, zero_copy, materialized] = rates.map(|mut r| {
-        r.sort_by(f64::total_cmp);
-        r[ROUNDS / 2]
-    });
+    let [baseline, zero_copy, materialized] = rates.map(|r| median(r.to_vec()));
 
     let report = |method: &str, batches_per_s: f64| {
         let records = batches_per_s * args.batch as f64;

@@ -1,0 +1,104 @@
+//! `zr sample` as a script uses it: batches per line, checkpoint, resume, errors.
+
+use std::process::Command;
+
+fn zr(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_zr"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn batches(stdout: &str) -> Vec<Vec<u64>> {
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with("state "))
+        .map(|l| l.split(' ').map(|x| x.parse().unwrap()).collect())
+        .collect()
+}
+
+#[test]
+fn resume_continues_exactly() {
+    let common = [
+        "sample", "--len", "37", "--kind", "shuffle", "--seed", "9", "--batch", "5", "--rank", "1",
+        "--ranks", "2",
+    ];
+    let (ok, whole, _) = zr(&[&common[..], &["--count", "9"]].concat());
+    assert!(ok);
+    let whole = batches(&whole);
+    assert_eq!(whole.len(), 9, "runs on into the next epoch");
+    assert_eq!(
+        whole[..4].concat().len(),
+        18,
+        "37 records over 2 ranks: 18 each, tail dropped"
+    );
+
+    let (ok, first, _) = zr(&[&common[..], &["--count", "2", "--state"]].concat());
+    assert!(ok);
+    let state = first.lines().last().unwrap().to_string();
+    assert!(state.starts_with("state {"), "{state}");
+    let (ok, rest, stderr) = zr(&[&common[..], &["--count", "7", "--resume", &state]].concat());
+    assert!(ok, "{stderr}");
+    assert_eq!([batches(&first), batches(&rest)].concat(), whole);
+
+    // A state from another rank is refused with a reason.
+    let other = [
+        "sample", "--len", "37", "--kind", "shuffle", "--seed", "9", "--batch", "5", "--rank", "0",
+        "--ranks", "2",
+    ];
+    let (ok, _, stderr) = zr(&[&other[..], &["--resume", &state]].concat());
+    assert!(!ok && stderr.contains("rank 1"), "{stderr}");
+}
+
+#[test]
+fn ranks_partition_an_epoch() {
+    let mut all = Vec::new();
+    for rank in 0..3 {
+        let rank = rank.to_string();
+        let (ok, out, _) = zr(&[
+            "sample", "--len", "30", "--kind", "shuffle", "--seed", "4", "--batch", "4", "--rank",
+            &rank, "--ranks", "3",
+        ]);
+        assert!(ok);
+        all.extend(batches(&out).concat());
+    }
+    all.sort_unstable();
+    assert_eq!(all, (0..30).collect::<Vec<u64>>());
+}
+
+#[test]
+fn sliding_batches_are_windows() {
+    let (ok, out, _) = zr(&[
+        "sample", "--len", "10", "--kind", "sliding", "--window", "4",
+    ]);
+    assert!(ok);
+    assert_eq!(
+        batches(&out),
+        vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9, 0, 1]]
+    );
+}
+
+#[test]
+fn bad_arguments_fail_with_a_reason() {
+    for (args, needle) in [
+        (vec!["sample", "--len", "0"], "empty"),
+        (
+            vec!["sample", "--len", "5", "--rank", "2", "--ranks", "2"],
+            "rank 2",
+        ),
+        (
+            vec!["sample", "--len", "5", "--resume", "{nonsense"],
+            "not a sampler state",
+        ),
+        (vec!["sample", "--len", "5", "--from", "9"], "past the end"),
+    ] {
+        let (ok, _, stderr) = zr(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
