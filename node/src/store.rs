@@ -10,7 +10,7 @@
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use ahash::AHashMap;
 use flate2::{Decompress, FlushDecompress, Status};
@@ -22,7 +22,8 @@ use crate::map::Mapped;
 use crate::meta::{sync_dir, Compression, FieldSpec, Meta, FORMAT_NAME, FORMAT_VERSION, META_FILE};
 use crate::offset::{offset_file_name, Entry, ENTRY_BYTES};
 use crate::redo;
-use crate::writer::Writer;
+use crate::runtime::{Runtime, RuntimeOptions};
+use crate::writer::Writers;
 
 /// Name of the lock file inside a dataset directory.
 pub const LOCK_FILE: &str = "lock";
@@ -119,8 +120,11 @@ pub(crate) struct Inner {
     pub(crate) dir: PathBuf,
     pub(crate) fields: Vec<FieldSpec>,
     field_ids: AHashMap<String, usize>,
+    pub(crate) chunk_records: u32,
+    pub(crate) chunk_grow_bytes: u64,
     pub(crate) view: RwLock<View>,
-    pub(crate) writer: Option<Mutex<Writer>>,
+    pub(crate) writers: Option<Writers>,
+    pub(crate) runtime: Arc<Runtime>,
     _lock: File,
 }
 
@@ -146,6 +150,16 @@ impl Store {
         dir: impl AsRef<Path>,
         fields: Vec<FieldSpec>,
         options: CreateOptions,
+    ) -> Result<Store> {
+        Store::create_with(dir, fields, options, RuntimeOptions::default())
+    }
+
+    /// [`Store::create`] with thread-pool sizes.
+    pub fn create_with(
+        dir: impl AsRef<Path>,
+        fields: Vec<FieldSpec>,
+        options: CreateOptions,
+        runtime: RuntimeOptions,
     ) -> Result<Store> {
         let dir = dir.as_ref();
         let meta = Meta {
@@ -185,28 +199,44 @@ impl Store {
         sync_dir(&dir.join(CHUNK_DIR))?;
         // meta.json last: a directory without it is not a dataset yet.
         meta.store(dir)?;
-        Store::open_locked(dir, lock, false)
+        Store::open_locked(dir, lock, false, runtime)
     }
 
     /// Opens the dataset in `dir` for reading and writing. Fails if another process has it
     /// open (for reading or writing).
     pub fn open(dir: impl AsRef<Path>) -> Result<Store> {
+        Store::open_with(dir, RuntimeOptions::default())
+    }
+
+    /// [`Store::open`] with thread-pool sizes.
+    pub fn open_with(dir: impl AsRef<Path>, runtime: RuntimeOptions) -> Result<Store> {
         let dir = dir.as_ref();
         Meta::load(dir)?; // a clear "not a dataset" before any lock file is created
         let lock = lock_dir(dir, true)?;
-        Store::open_locked(dir, lock, false)
+        Store::open_locked(dir, lock, false, runtime)
     }
 
     /// Opens the dataset in `dir` for gathers only. Several processes may do so at once;
     /// none may while a process has it open for writing.
     pub fn open_read_only(dir: impl AsRef<Path>) -> Result<Store> {
+        Store::open_read_only_with(dir, RuntimeOptions::default())
+    }
+
+    /// [`Store::open_read_only`] with thread-pool sizes.
+    pub fn open_read_only_with(dir: impl AsRef<Path>, runtime: RuntimeOptions) -> Result<Store> {
         let dir = dir.as_ref();
         Meta::load(dir)?;
         let lock = lock_dir(dir, false)?;
-        Store::open_locked(dir, lock, true)
+        Store::open_locked(dir, lock, true, runtime)
     }
 
-    fn open_locked(dir: &Path, lock: File, read_only: bool) -> Result<Store> {
+    fn open_locked(
+        dir: &Path,
+        lock: File,
+        read_only: bool,
+        runtime: RuntimeOptions,
+    ) -> Result<Store> {
+        let runtime = Runtime::new(runtime);
         let meta = Meta::load(dir)?;
         let corrupt = |path: &Path, reason: String| Error::Corrupt {
             path: path.to_path_buf(),
@@ -242,15 +272,9 @@ impl Store {
         // Chunks: each must hold at least the bytes meta.json commits.
         let chunk_slots = meta.chunks.last().map_or(0, |c| c.id as usize + 1);
         let mut chunk_maps: Vec<Option<Arc<Mapped>>> = vec![None; chunk_slots];
-        let mut open_chunk = None;
         for chunk in &meta.chunks {
             let path = chunk_path(dir, chunk.id);
-            let writable = !read_only && !chunk.sealed && open_chunk.is_none();
-            let file = OpenOptions::new()
-                .read(true)
-                .write(writable)
-                .open(&path)
-                .ctx("open chunk", &path)?;
+            let file = File::open(&path).ctx("open chunk", &path)?;
             let bytes = file.metadata().ctx("stat", &path)?.len();
             if bytes < chunk.bytes {
                 return Err(corrupt(
@@ -262,9 +286,6 @@ impl Store {
                 ));
             }
             chunk_maps[chunk.id as usize] = Mapped::new(&file, &path)?;
-            if writable {
-                open_chunk = Some((chunk.id, file, path, bytes));
-            }
         }
 
         let maps = Arc::new(Maps {
@@ -285,13 +306,22 @@ impl Store {
             }
         }
 
-        let writer = if read_only {
+        let writers = if read_only {
             None
         } else {
-            let mut writer = Writer::new(dir, &meta, offset_files, offset_capacity, open_chunk)?;
-            writer.settle_redo(dir, &mut view)?;
-            writer.remove_uncommitted_chunks(dir, &meta)?;
-            Some(Mutex::new(writer))
+            let writers = Writers::new(
+                dir,
+                &meta,
+                offset_files,
+                offset_capacity,
+                runtime.options.writers,
+            )?;
+            {
+                let mut shared = writers.shared();
+                shared.settle_redo(&mut view)?;
+                shared.remove_uncommitted_chunks()?;
+            }
+            Some(writers)
         };
 
         let field_ids = meta
@@ -305,8 +335,11 @@ impl Store {
                 dir: dir.to_path_buf(),
                 fields: meta.fields,
                 field_ids,
+                chunk_records: meta.chunk_records,
+                chunk_grow_bytes: meta.chunk_grow_bytes,
                 view: RwLock::new(view),
-                writer,
+                writers,
+                runtime,
                 _lock: lock,
             }),
         })

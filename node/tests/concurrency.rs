@@ -140,3 +140,66 @@ fn batches_outlive_growth_and_the_store() {
         assert_eq!(field.get(i).unwrap(), &row[..]);
     }
 }
+
+#[test]
+fn parallel_appenders_get_disjoint_ordered_ranges() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = zr_node::RuntimeOptions {
+        writers: 3,
+        ..Default::default()
+    };
+    let store = Store::create_with(
+        dir.path().join("ds"),
+        vec![FieldSpec::raw("a"), FieldSpec::flate("b")],
+        options(),
+        runtime,
+    )
+    .unwrap();
+    let threads: Vec<_> = (0..3u64)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut ranges = Vec::new();
+                for round in 0..20u64 {
+                    // Alternate small appends (one writer) and large ones (split across writers).
+                    let count = if round % 2 == 0 { 3 } else { 100 };
+                    let ids: Vec<u64> = (0..count).map(|k| t << 40 | round << 20 | k).collect();
+                    let rows: Vec<(Vec<u8>, Vec<u8>)> = ids
+                        .iter()
+                        .map(|&id| (payload(id, 1), payload(id, 2)))
+                        .collect();
+                    let records: Vec<Record> = rows
+                        .iter()
+                        .map(|(a, b)| Record::new().with("a", a).with("b", b))
+                        .collect();
+                    ranges.push((store.append_many(&records).unwrap(), ids));
+                }
+                ranges
+            })
+        })
+        .collect();
+    let mut all: Vec<(std::ops::Range<u64>, Vec<u64>)> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    all.sort_by_key(|(range, _)| range.start);
+    let mut expected_start = 0;
+    for (range, ids) in &all {
+        assert_eq!(range.start, expected_start, "ranges leave a gap or overlap");
+        expected_start = range.end;
+        let indices: Vec<u64> = range.clone().collect();
+        let batch = store.gather(&indices, &[]).unwrap();
+        for (pos, &id) in ids.iter().enumerate() {
+            assert_eq!(
+                check(batch.field("a").unwrap().get(pos).unwrap(), 1),
+                Some(id)
+            );
+            assert_eq!(
+                check(batch.field("b").unwrap().get(pos).unwrap(), 2),
+                Some(id)
+            );
+        }
+    }
+    assert_eq!(store.len(), expected_start);
+    store.commit().unwrap();
+}

@@ -24,6 +24,8 @@ fn record_strategy() -> impl Strategy<Value = (u8, u16, u8)> {
 fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => prop::collection::vec(record_strategy(), 1..8).prop_map(Op::Append),
+        // Large enough to be split across the writers.
+        1 => prop::collection::vec(record_strategy(), 64..90).prop_map(Op::Append),
         2 => (any::<usize>(), record_strategy()).prop_map(|(i, r)| Op::Modify(i, r)),
         2 => any::<usize>().prop_map(Op::Delete),
         1 => Just(Op::Commit),
