@@ -6,14 +6,23 @@
 //! while writes continue and after the store is dropped. A field can be materialized into the
 //! columnar shape consumers want: one contiguous buffer plus N+1 offsets.
 
+use std::mem::MaybeUninit;
 use std::sync::Arc;
+
+use rayon::prelude::*;
 
 use zr_common::Contiguous;
 
+use crate::gather::part_len;
 use crate::map::Mapped;
+use crate::runtime::Runtime;
 
 /// How many records ahead of the copy `write_contiguous` prefetches.
 const PREFETCH_RECORDS_AHEAD: usize = 4;
+/// Materializations smaller than this stay on the calling thread.
+const PARALLEL_COPY_MIN_BYTES: usize = 256 << 10;
+/// Fewest records per part of a parallel materialization.
+const PARALLEL_COPY_PART_MIN: usize = 64;
 
 /// The mappings a view of the dataset reads through, shared by every batch made from it.
 #[derive(Clone)]
@@ -54,6 +63,8 @@ pub(crate) struct Column {
 /// The records of one gather. See the module documentation.
 pub struct Batch {
     pub(crate) maps: Arc<Maps>,
+    /// Pools: the readers split large copies, the cleaners free owned buffers on drop.
+    pub(crate) runtime: Arc<Runtime>,
     pub(crate) len: usize,
     pub(crate) columns: Vec<Column>,
 }
@@ -166,27 +177,44 @@ impl<'a> FieldView<'a> {
         offsets.clear();
         match &self.column.data {
             ColumnData::Mapped(spans) => {
-                let total: u64 = spans.iter().map(|s| s.len as u64).sum();
-                data.reserve(total as usize);
                 offsets.reserve(spans.len() + 1);
                 offsets.push(0);
-                let maps = &*self.batch.maps;
-                for (k, span) in spans.iter().enumerate() {
-                    if let Some(ahead) = spans.get(k + PREFETCH_RECORDS_AHEAD) {
-                        if let Some(chunk) = maps.chunk(ahead.chunk) {
-                            chunk.prefetch(ahead.start, ahead.len as u64);
-                        }
-                    }
-                    if span.len > 0 {
-                        if let Some(bytes) = maps
-                            .chunk(span.chunk)
-                            .and_then(|c| c.bytes(span.start, span.len as u64))
-                        {
-                            data.extend_from_slice(bytes);
-                        }
-                    }
-                    offsets.push(data.len() as u64);
+                let mut total = 0u64;
+                for span in spans {
+                    total += span.len as u64;
+                    offsets.push(total);
                 }
+                let total = total as usize;
+                data.reserve(total);
+                let out = &mut data.spare_capacity_mut()[..total];
+                let maps = &*self.batch.maps;
+                let runtime = &self.batch.runtime;
+                let parallel = (total >= PARALLEL_COPY_MIN_BYTES)
+                    .then(|| part_len(runtime, spans.len(), PARALLEL_COPY_PART_MIN))
+                    .flatten()
+                    .zip(runtime.readers());
+                match parallel {
+                    Some((part, pool)) => {
+                        let mut pieces = Vec::with_capacity(spans.len().div_ceil(part));
+                        let mut rest = out;
+                        for first in (0..spans.len()).step_by(part) {
+                            let last = (first + part).min(spans.len());
+                            let bytes = (offsets[last] - offsets[first]) as usize;
+                            let (piece, tail) = rest.split_at_mut(bytes);
+                            pieces.push((&spans[first..last], piece));
+                            rest = tail;
+                        }
+                        pool.install(|| {
+                            pieces
+                                .into_par_iter()
+                                .for_each(|(spans, piece)| copy_spans(maps, spans, piece))
+                        });
+                    }
+                    None => copy_spans(maps, spans, out),
+                }
+                // SAFETY: `copy_spans` wrote every byte of `out`, which is the first `total`
+                // bytes of `data`'s spare capacity: the pieces are disjoint and cover it.
+                unsafe { data.set_len(total) };
             }
             ColumnData::Owned {
                 bytes,
@@ -203,5 +231,46 @@ impl<'a> FieldView<'a> {
         let mut out = Contiguous::default();
         self.write_contiguous(&mut out.data, &mut out.offsets);
         out
+    }
+}
+
+/// Copies the spans' payloads back to back into `out` (exactly their total length),
+/// prefetching a few records ahead so that their cache misses overlap. Writes every byte.
+fn copy_spans(maps: &Maps, spans: &[Span], out: &mut [MaybeUninit<u8>]) {
+    let mut at = 0;
+    for (k, span) in spans.iter().enumerate() {
+        if let Some(ahead) = spans.get(k + PREFETCH_RECORDS_AHEAD) {
+            if let Some(chunk) = maps.chunk(ahead.chunk) {
+                chunk.prefetch(ahead.start, ahead.len as u64);
+            }
+        }
+        let len = span.len as usize;
+        if len == 0 {
+            continue;
+        }
+        let slot = &mut out[at..at + len];
+        match maps
+            .chunk(span.chunk)
+            .and_then(|c| c.bytes(span.start, len as u64))
+        {
+            Some(bytes) => {
+                slot.write_copy_of_slice(bytes);
+            }
+            // Unreachable: the gather checked every span. Zeros keep `out` initialized.
+            None => slot.fill(MaybeUninit::new(0)),
+        }
+        at += len;
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // Large decompressed buffers are freed on a cleaner thread: unmapping them here would
+        // stall the training loop that dropped the batch.
+        for column in &mut self.columns {
+            if let ColumnData::Owned { bytes, .. } = &mut column.data {
+                self.runtime.discard(std::mem::take(bytes));
+            }
+        }
     }
 }

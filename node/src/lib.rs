@@ -21,6 +21,7 @@
 mod batch;
 mod error;
 pub mod frame;
+mod gather;
 mod map;
 pub mod meta;
 pub mod offset;

@@ -1,0 +1,364 @@
+//! Gathers: indices → spans (under the view's read lock) → a `Batch`.
+//!
+//! Large gathers are cut into parts that the reader pool handles in parallel, each part
+//! writing its own slice of the result, so the caller's order holds without reordering.
+//! Resolution prefetches offset entries a few indices ahead: random entries are cache misses,
+//! and overlapping them is most of a zero-copy gather's speed.
+
+use std::sync::Arc;
+
+use flate2::{Decompress, FlushDecompress, Status};
+use rayon::prelude::*;
+
+use crate::batch::{Batch, Column, ColumnData, Maps, Span};
+use crate::error::{Error, Result};
+use crate::frame::{frame_crc, FrameHeader, FRAME_HEADER_BYTES};
+use crate::meta::Compression;
+use crate::offset::ENTRY_BYTES;
+use crate::runtime::Runtime;
+use crate::store::{GatherOptions, Store, View};
+
+/// How many indices ahead of the one being resolved a gather prefetches offset entries.
+const ENTRY_PREFETCH_AHEAD: usize = 16;
+/// Fewest indices per part when resolving in parallel (resolving is cheap).
+const RESOLVE_PART_MIN: usize = 8192;
+/// Fewest records per part when decompressing in parallel.
+const INFLATE_PART_MIN: usize = 64;
+
+/// Part length for `n` items split over the reader pool, or `None` to stay on this thread.
+pub(crate) fn part_len(runtime: &Runtime, n: usize, part_min: usize) -> Option<usize> {
+    let readers = runtime.options.readers;
+    if readers <= 1 || n < 2 * part_min {
+        return None;
+    }
+    Some(n.div_ceil(readers).max(part_min))
+}
+
+impl Store {
+    /// Gathers records `indices` (any order, repeats allowed) for `fields` (empty = all
+    /// fields, in schema order).
+    pub fn gather(&self, indices: &[u64], fields: &[&str]) -> Result<Batch> {
+        self.gather_with(indices, fields, GatherOptions::default())
+    }
+
+    /// [`Store::gather`] with options.
+    pub fn gather_with(
+        &self,
+        indices: &[u64],
+        fields: &[&str],
+        options: GatherOptions,
+    ) -> Result<Batch> {
+        let inner = &*self.inner;
+        let field_ids: Vec<usize> = if fields.is_empty() {
+            (0..inner.fields.len()).collect()
+        } else {
+            fields
+                .iter()
+                .map(|name| self.field_id(name))
+                .collect::<Result<_>>()?
+        };
+
+        // Resolve indices to spans under the read lock: entries cannot change meanwhile.
+        let view = inner.read_view();
+        if let Some(&index) = indices.iter().find(|&&i| i >= view.len) {
+            return Err(Error::IndexOutOfRange {
+                index,
+                len: view.len,
+            });
+        }
+        let maps = Arc::clone(&view.maps);
+        let mut resolved = Vec::with_capacity(field_ids.len());
+        for &field in &field_ids {
+            let mut spans = vec![Span::default(); indices.len()];
+            match (
+                part_len(&inner.runtime, indices.len(), RESOLVE_PART_MIN),
+                inner.runtime.readers(),
+            ) {
+                (Some(part), Some(pool)) => pool.install(|| {
+                    indices
+                        .par_chunks(part)
+                        .zip(spans.par_chunks_mut(part))
+                        .try_for_each(|(indices, spans)| self.resolve(&view, field, indices, spans))
+                })?,
+                _ => self.resolve(&view, field, indices, &mut spans)?,
+            }
+            resolved.push(spans);
+        }
+        drop(view);
+
+        let mut columns = Vec::with_capacity(field_ids.len());
+        for (field, spans) in field_ids.into_iter().zip(resolved) {
+            let spec = &inner.fields[field];
+            let data = match spec.compress {
+                Compression::Raw => {
+                    if options.verify {
+                        self.for_parts(indices, &spans, INFLATE_PART_MIN, |indices, spans| {
+                            for (&index, span) in indices.iter().zip(spans) {
+                                if let Some(header) =
+                                    self.frame_header(&maps, field, index, span)?
+                                {
+                                    self.check_crc(&maps, field, index, span, header)?;
+                                }
+                            }
+                            Ok(())
+                        })?;
+                    }
+                    ColumnData::Mapped(spans)
+                }
+                Compression::Flate => {
+                    self.inflate(&maps, field, indices, &spans, options.verify)?
+                }
+            };
+            columns.push(Column {
+                name: spec.name.clone(),
+                data,
+            });
+        }
+        Ok(Batch {
+            maps,
+            runtime: Arc::clone(&inner.runtime),
+            len: indices.len(),
+            columns,
+        })
+    }
+
+    /// Runs `work` over aligned parts of `indices` and `spans`, in parallel when large.
+    fn for_parts(
+        &self,
+        indices: &[u64],
+        spans: &[Span],
+        part_min: usize,
+        work: impl Fn(&[u64], &[Span]) -> Result<()> + Sync,
+    ) -> Result<()> {
+        let runtime = &self.inner.runtime;
+        match (
+            part_len(runtime, indices.len(), part_min),
+            runtime.readers(),
+        ) {
+            (Some(part), Some(pool)) => pool.install(|| {
+                indices
+                    .par_chunks(part)
+                    .zip(spans.par_chunks(part))
+                    .try_for_each(|(indices, spans)| work(indices, spans))
+            }),
+            _ => work(indices, spans),
+        }
+    }
+
+    /// Turns `indices` into checked spans of `field`, written to `out` (same length).
+    fn resolve(&self, view: &View, field: usize, indices: &[u64], out: &mut [Span]) -> Result<()> {
+        let table = view.maps.offsets.get(field).and_then(|t| t.as_deref());
+        for (k, (&index, slot)) in indices.iter().zip(out.iter_mut()).enumerate() {
+            if let (Some(table), Some(&ahead)) = (table, indices.get(k + ENTRY_PREFETCH_AHEAD)) {
+                table.prefetch(ahead.wrapping_mul(ENTRY_BYTES), ENTRY_BYTES);
+            }
+            let entry = view.entry(field, index).ok_or_else(|| {
+                self.bad(field, index, "offset table ends before this entry".into())
+            })?;
+            if entry.is_absent() {
+                *slot = Span::default();
+                continue;
+            }
+            let chunk = view.maps.chunk(entry.chunk_id).ok_or_else(|| {
+                self.bad(
+                    field,
+                    index,
+                    format!(
+                        "entry points to chunk {}, which does not exist",
+                        entry.chunk_id
+                    ),
+                )
+            })?;
+            let start = entry.offset.saturating_add(FRAME_HEADER_BYTES);
+            if start.saturating_add(entry.len as u64) > chunk.len() {
+                return Err(self.bad(
+                    field,
+                    index,
+                    format!(
+                        "entry (chunk {}, offset {}, length {}) points past the chunk's end ({} bytes)",
+                        entry.chunk_id,
+                        entry.offset,
+                        entry.len,
+                        chunk.len()
+                    ),
+                ));
+            }
+            *slot = Span {
+                start,
+                chunk: entry.chunk_id,
+                len: entry.len,
+            };
+        }
+        Ok(())
+    }
+
+    /// Reads and checks the frame header in front of `span` (`None` for an absent record).
+    pub(crate) fn frame_header(
+        &self,
+        maps: &Maps,
+        field: usize,
+        index: u64,
+        span: &Span,
+    ) -> Result<Option<FrameHeader>> {
+        if span.len == 0 {
+            return Ok(None);
+        }
+        let bytes = maps
+            .chunk(span.chunk)
+            .and_then(|c| c.read16(span.start - FRAME_HEADER_BYTES))
+            .ok_or_else(|| self.bad(field, index, "frame header lies outside the chunk".into()))?;
+        let header = FrameHeader::decode(bytes).map_err(|reason| self.bad(field, index, reason))?;
+        if header.stored_len != span.len {
+            return Err(self.bad(
+                field,
+                index,
+                format!(
+                    "frame holds {} bytes but the offset entry says {}",
+                    header.stored_len, span.len
+                ),
+            ));
+        }
+        if self.inner.fields[field].compress == Compression::Raw
+            && header.logical_len != header.stored_len
+        {
+            return Err(self.bad(
+                field,
+                index,
+                "raw frame has a logical length unequal to its stored length".into(),
+            ));
+        }
+        Ok(Some(header))
+    }
+
+    pub(crate) fn check_crc(
+        &self,
+        maps: &Maps,
+        field: usize,
+        index: u64,
+        span: &Span,
+        header: FrameHeader,
+    ) -> Result<()> {
+        let payload = maps
+            .chunk(span.chunk)
+            .and_then(|c| c.bytes(span.start, span.len as u64))
+            .unwrap_or_default();
+        let crc = frame_crc(header.stored_len, header.logical_len, payload);
+        if crc != header.crc {
+            return Err(self.bad(
+                field,
+                index,
+                format!(
+                    "CRC mismatch (stored {:08x}, computed {crc:08x})",
+                    header.crc
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Decompresses the records of a flate field into one owned buffer.
+    fn inflate(
+        &self,
+        maps: &Maps,
+        field: usize,
+        indices: &[u64],
+        spans: &[Span],
+        verify: bool,
+    ) -> Result<ColumnData> {
+        // Logical lengths from the frame headers (checked, and CRC-verified if asked).
+        let mut lens = vec![0u64; spans.len()];
+        let runtime = &self.inner.runtime;
+        let headers = |indices: &[u64], spans: &[Span], lens: &mut [u64]| -> Result<()> {
+            for ((&index, span), len) in indices.iter().zip(spans).zip(lens.iter_mut()) {
+                if let Some(header) = self.frame_header(maps, field, index, span)? {
+                    if verify {
+                        self.check_crc(maps, field, index, span, header)?;
+                    }
+                    *len = header.logical_len as u64;
+                }
+            }
+            Ok(())
+        };
+        let parallel = part_len(runtime, indices.len(), INFLATE_PART_MIN).zip(runtime.readers());
+        match parallel {
+            Some((part, pool)) => pool.install(|| {
+                indices
+                    .par_chunks(part)
+                    .zip(spans.par_chunks(part))
+                    .zip(lens.par_chunks_mut(part))
+                    .try_for_each(|((indices, spans), lens)| headers(indices, spans, lens))
+            })?,
+            None => headers(indices, spans, &mut lens)?,
+        }
+        let mut offsets = Vec::with_capacity(spans.len() + 1);
+        offsets.push(0u64);
+        let mut total = 0u64;
+        for len in &lens {
+            total += len;
+            offsets.push(total);
+        }
+        let mut bytes = vec![0u8; total as usize];
+
+        // Decompress each record into its slot; parts own disjoint slices of `bytes`.
+        let inflate_part =
+            |first: usize, indices: &[u64], spans: &[Span], out: &mut [u8]| -> Result<()> {
+                let mut inflater = Decompress::new(false);
+                let base = offsets[first];
+                for (k, (&index, span)) in indices.iter().zip(spans).enumerate() {
+                    let (start, end) = (offsets[first + k] - base, offsets[first + k + 1] - base);
+                    if span.len == 0 {
+                        continue;
+                    }
+                    let input = maps
+                        .chunk(span.chunk)
+                        .and_then(|c| c.bytes(span.start, span.len as u64))
+                        .unwrap_or_default();
+                    inflater.reset(false);
+                    let status = inflater
+                        .decompress(
+                            input,
+                            &mut out[start as usize..end as usize],
+                            FlushDecompress::Finish,
+                        )
+                        .map_err(|e| self.bad(field, index, format!("cannot inflate: {e}")))?;
+                    if status != Status::StreamEnd || inflater.total_out() != end - start {
+                        return Err(self.bad(
+                            field,
+                            index,
+                            format!(
+                                "inflates to {} bytes (stream {}), frame says {}",
+                                inflater.total_out(),
+                                if status == Status::StreamEnd {
+                                    "complete"
+                                } else {
+                                    "incomplete"
+                                },
+                                end - start
+                            ),
+                        ));
+                    }
+                }
+                Ok(())
+            };
+        match parallel {
+            Some((part, pool)) => {
+                let mut pieces = Vec::with_capacity(indices.len().div_ceil(part));
+                let mut rest: &mut [u8] = &mut bytes;
+                for first in (0..indices.len()).step_by(part) {
+                    let last = (first + part).min(indices.len());
+                    let (piece, tail) =
+                        rest.split_at_mut((offsets[last] - offsets[first]) as usize);
+                    pieces.push((first, last, piece));
+                    rest = tail;
+                }
+                pool.install(|| {
+                    pieces.into_par_iter().try_for_each(|(first, last, piece)| {
+                        inflate_part(first, &indices[first..last], &spans[first..last], piece)
+                    })
+                })?;
+            }
+            None => inflate_part(0, indices, spans, &mut bytes)?,
+        }
+        Ok(ColumnData::Owned { bytes, offsets })
+    }
+}
