@@ -27,6 +27,10 @@ pub enum Error {
     #[error("{path}: not a zrecord dataset: {reason}")]
     NotADataset { path: PathBuf, reason: String },
 
+    /// An input file (for conversion) is malformed.
+    #[error("{path}: {reason}")]
+    InvalidInput { path: PathBuf, reason: String },
+
     /// The dataset was written by a format version this build cannot read.
     #[error("{path}: unsupported format version {found} (this build reads version {supported})")]
     UnsupportedVersion {

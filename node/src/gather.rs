@@ -145,6 +145,17 @@ impl Store {
         }
     }
 
+    /// Resolves one index (for `verify`, which reports records one by one).
+    pub(crate) fn resolve_one(
+        &self,
+        view: &View,
+        field: usize,
+        index: u64,
+        out: &mut [Span; 1],
+    ) -> Result<()> {
+        self.resolve(view, field, &[index], out)
+    }
+
     /// Turns `indices` into checked spans of `field`, written to `out` (same length).
     fn resolve(&self, view: &View, field: usize, indices: &[u64], out: &mut [Span]) -> Result<()> {
         let table = view.maps.offsets.get(field).and_then(|t| t.as_deref());

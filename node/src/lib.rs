@@ -19,16 +19,19 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod batch;
+pub mod convert;
 mod error;
 pub mod frame;
 mod gather;
 mod map;
 pub mod meta;
 pub mod offset;
+pub mod rebalance;
 mod redo;
 mod runtime;
 mod source;
 mod store;
+mod verify;
 mod writer;
 
 pub use batch::{Batch, FieldView};
@@ -36,4 +39,5 @@ pub use error::{Error, Result};
 pub use meta::{Compression, FieldSpec, Meta};
 pub use runtime::{RuntimeOptions, CLEANERS_MAX, READERS_MAX, WRITERS_MAX};
 pub use store::{chunk_path, CreateOptions, GatherOptions, Record, Store, CHUNK_DIR, LOCK_FILE};
+pub use verify::{Problem, Utilization, VerifyReport};
 pub use zr_common::Contiguous;

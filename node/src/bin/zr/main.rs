@@ -1,17 +1,17 @@
 //! `zr`: the zrecord command line.
 
+mod bench;
+mod convert;
+mod dataset;
 mod sample;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
-#[command(
-    name = "zr",
-    version,
-    about = "zrecord: a record store for ML training data"
-)]
+#[command(name = "zr", version, about = "zrecord: a record store for ML training data", long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -19,12 +19,24 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    Convert(convert::ConvertArgs),
+    Info(dataset::InfoArgs),
+    Gather(dataset::GatherArgs),
+    Verify(dataset::VerifyArgs),
+    Rebalance(dataset::RebalanceArgs),
+    Bench(bench::BenchArgs),
     Sample(sample::SampleArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Convert(args) => convert::run(args),
+        Command::Info(args) => dataset::info(args),
+        Command::Gather(args) => dataset::gather(args),
+        Command::Verify(args) => dataset::verify(args),
+        Command::Rebalance(args) => dataset::rebalance(args),
+        Command::Bench(args) => bench::run(args),
         Command::Sample(args) => sample::run(args),
     };
     match result {
@@ -38,3 +50,33 @@ fn main() -> ExitCode {
 
 /// Errors of the command line: a message for the user.
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A progress bar on stderr (hidden when stderr is not a terminal) with rate and ETA.
+pub fn progress_bar(total: u64, bytes: bool) -> ProgressBar {
+    let template = if bytes {
+        "{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}"
+    } else {
+        "{msg} [{bar:30}] {human_pos}/{human_len} {per_sec} eta {eta}"
+    };
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// `n` bytes in the unit that reads best.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}

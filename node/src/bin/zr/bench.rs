@@ -1,0 +1,87 @@
+//! `zr bench`: random-batch gather throughput on the user's own dataset.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use zr_common::hash::{mix2, reduce};
+use zr_node::{RuntimeOptions, Store};
+
+use crate::CliResult;
+
+/// Measure random-batch gathers on a dataset: records/s, GiB/s, p50/p99 batch latency.
+///
+/// Each batch gathers uniformly random indices and materializes every selected field into
+/// one contiguous buffer, as a training loader would.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Dataset directory.
+    dir: PathBuf,
+    /// Indices per batch.
+    #[arg(long, default_value_t = 1024)]
+    batch: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Fields to read (default: all).
+    #[arg(long, value_delimiter = ',')]
+    field: Vec<String>,
+    /// Reader threads sharing each batch.
+    #[arg(long, default_value_t = RuntimeOptions::default().readers)]
+    readers: usize,
+}
+
+pub fn run(args: BenchArgs) -> CliResult {
+    if args.batch == 0 {
+        return Err("--batch must be at least 1".into());
+    }
+    let runtime = RuntimeOptions {
+        readers: args.readers,
+        ..RuntimeOptions::default()
+    };
+    let store = Store::open_read_only_with(&args.dir, runtime)?;
+    let len = store.len();
+    if len == 0 {
+        return Err(format!("{} holds no records", args.dir.display()).into());
+    }
+    let fields: Vec<&str> = args.field.iter().map(String::as_str).collect();
+    let (mut data, mut offsets) = (Vec::new(), Vec::new());
+    let mut indices = vec![0u64; args.batch];
+    let mut latencies = Vec::new();
+    let (mut records, mut bytes) = (0u64, 0u64);
+    let budget = Duration::from_secs_f64(args.seconds.max(0.0));
+    let started = Instant::now();
+    let mut batch_no = 0u64;
+    while started.elapsed() < budget || batch_no == 0 {
+        for (k, index) in indices.iter_mut().enumerate() {
+            *index = reduce(mix2(batch_no, k as u64), len);
+        }
+        let t = Instant::now();
+        let batch = store.gather(&indices, &fields)?;
+        for field in batch.fields() {
+            field.write_contiguous(&mut data, &mut offsets);
+            bytes += data.len() as u64;
+        }
+        latencies.push(t.elapsed());
+        records += indices.len() as u64;
+        batch_no += 1;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let pick = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "{} batches of {} random records from {} records, {} reader(s):",
+        batch_no, args.batch, len, args.readers
+    );
+    println!(
+        "  {:.0} records/s, {:.2} GiB/s",
+        records as f64 / elapsed,
+        bytes as f64 / elapsed / (1u64 << 30) as f64
+    );
+    println!(
+        "  batch latency p50 {:.3} ms, p99 {:.3} ms",
+        pick(0.5).as_secs_f64() * 1e3,
+        pick(0.99).as_secs_f64() * 1e3
+    );
+    Ok(())
+}

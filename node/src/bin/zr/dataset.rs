@@ -1,0 +1,229 @@
+//! `zr info`, `zr gather`, `zr verify`, `zr rebalance`: one dataset directory each.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+use zr_node::meta::Meta;
+use zr_node::{rebalance, Compression, Store};
+
+use crate::{human_bytes, progress_bar, CliResult};
+
+/// Show a dataset: length, fields, chunks, bytes on disk, utilization.
+#[derive(Args)]
+pub struct InfoArgs {
+    /// Dataset directory.
+    dir: PathBuf,
+}
+
+pub fn info(args: InfoArgs) -> CliResult {
+    let store = Store::open_read_only(&args.dir)?;
+    let meta = Meta::load(&args.dir)?;
+    println!("dataset      {}", args.dir.display());
+    println!(
+        "format       {} v{} (generation {})",
+        meta.format, meta.version, meta.generation
+    );
+    println!("records      {}", store.len());
+    println!("fields       {}", meta.fields.len());
+    for field in &meta.fields {
+        let compress = match field.compress {
+            Compression::Raw => "raw",
+            Compression::Flate => "flate",
+        };
+        let typed = match (&field.dtype, &field.shape) {
+            (Some(dtype), Some(shape)) => format!(" dtype {dtype} shape {shape:?}"),
+            (Some(dtype), None) => format!(" dtype {dtype}"),
+            _ => String::new(),
+        };
+        println!("  {:<20} {compress}{typed}", field.name);
+    }
+    let sealed = meta.chunks.iter().filter(|c| c.sealed).count();
+    println!(
+        "chunks       {} ({sealed} sealed, {} unfull; {} records each)",
+        meta.chunks.len(),
+        meta.chunks.len() - sealed,
+        meta.chunk_records
+    );
+    println!("on disk      {}", human_bytes(disk_usage(&args.dir)?));
+    let u = store.utilization()?;
+    println!(
+        "utilization  {:.3} ({} live of {} in chunks)",
+        u.ratio(),
+        human_bytes(u.live_bytes),
+        human_bytes(u.allocated_bytes)
+    );
+    Ok(())
+}
+
+/// Bytes the directory's files occupy on disk (allocated blocks, not apparent sizes).
+fn disk_usage(dir: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            disk_usage(&entry.path())?
+        } else {
+            meta.blocks() * 512
+        };
+    }
+    Ok(total)
+}
+
+/// Write the payloads of records to a file, back to back in the given order.
+///
+/// Prints the payload lengths (space-separated, in order), so a script can cut the file.
+#[derive(Args)]
+pub struct GatherArgs {
+    /// Dataset directory.
+    dir: PathBuf,
+    /// Record indices, comma-separated (any order, repeats allowed).
+    #[arg(long, value_delimiter = ',', required_unless_present = "indices_file")]
+    indices: Vec<u64>,
+    /// A file with one index per line, for long lists.
+    #[arg(long, conflicts_with = "indices")]
+    indices_file: Option<PathBuf>,
+    /// Field to read (needed when the dataset has several).
+    #[arg(long)]
+    field: Option<String>,
+    /// Output file.
+    #[arg(long)]
+    out: PathBuf,
+    /// Check every record's CRC32 while reading.
+    #[arg(long)]
+    verify: bool,
+}
+
+pub fn gather(args: GatherArgs) -> CliResult {
+    let store = Store::open_read_only(&args.dir)?;
+    let field = match (&args.field, store.fields()) {
+        (Some(name), _) => name.clone(),
+        (None, [only]) => only.name.clone(),
+        (None, fields) => {
+            let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
+            return Err(format!(
+                "the dataset has several fields ({}); choose one with --field",
+                names.join(", ")
+            )
+            .into());
+        }
+    };
+    let indices = match &args.indices_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            text.lines()
+                .enumerate()
+                .filter(|(_, line)| !line.trim().is_empty())
+                .map(|(n, line)| {
+                    line.trim().parse::<u64>().map_err(|_| {
+                        format!(
+                            "{} line {}: '{}' is not an index",
+                            path.display(),
+                            n + 1,
+                            line.trim()
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        None => args.indices.clone(),
+    };
+    let batch = store.gather_with(
+        &indices,
+        &[&field],
+        zr_node::GatherOptions {
+            verify: args.verify,
+        },
+    )?;
+    let column = batch.field(&field).ok_or("field missing from the batch")?;
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(&args.out)
+            .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?,
+    );
+    let mut lengths = Vec::with_capacity(indices.len());
+    for payload in column.iter() {
+        out.write_all(payload)?;
+        lengths.push(payload.len().to_string());
+    }
+    out.flush()?;
+    println!("{}", lengths.join(" "));
+    Ok(())
+}
+
+/// Check every record's CRC32 and every offset entry's bounds; report, never repair.
+///
+/// Prints each bad record as `field index reason` and exits non-zero if there is any.
+#[derive(Args)]
+pub struct VerifyArgs {
+    /// Dataset directory.
+    dir: PathBuf,
+}
+
+pub fn verify(args: VerifyArgs) -> CliResult {
+    let store = Store::open_read_only(&args.dir)?;
+    let bar = progress_bar(store.len(), false);
+    bar.set_message("verifying");
+    let report = store.verify(|done| bar.set_position(done))?;
+    bar.finish_and_clear();
+    for problem in &report.problems {
+        println!(
+            "bad record: field '{}' index {}: {}",
+            problem.field, problem.index, problem.reason
+        );
+    }
+    if report.problems.is_empty() {
+        println!(
+            "ok: {} records, {} fields, {} of payload verified",
+            report.records,
+            store.fields().len(),
+            human_bytes(report.bytes)
+        );
+        Ok(())
+    } else {
+        Err(format!(
+            "{} bad record(s) in {}",
+            report.problems.len(),
+            args.dir.display()
+        )
+        .into())
+    }
+}
+
+/// Rewrite the live records into fresh chunks and switch to them atomically.
+///
+/// Modifies and deletes leave dead payloads behind; this reclaims them. It prints the
+/// utilization (live bytes / bytes in chunks) before and after. It needs the dataset to
+/// itself and free space for a second copy of the live records; a crash at any moment leaves
+/// either the old or the new dataset, whole.
+#[derive(Args)]
+pub struct RebalanceArgs {
+    /// Dataset directory.
+    dir: PathBuf,
+}
+
+pub fn rebalance(args: RebalanceArgs) -> CliResult {
+    let bar = progress_bar(0, false);
+    bar.set_message("rebalancing");
+    let report = rebalance::rebalance(&args.dir, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    println!(
+        "utilization before {:.3} ({} live of {})",
+        report.before.ratio(),
+        human_bytes(report.before.live_bytes),
+        human_bytes(report.before.allocated_bytes)
+    );
+    println!(
+        "utilization after  {:.3} ({} live of {}); {} records rewritten",
+        report.after.ratio(),
+        human_bytes(report.after.live_bytes),
+        human_bytes(report.after.allocated_bytes),
+        report.records
+    );
+    Ok(())
+}

@@ -1,0 +1,326 @@
+//! Building datasets from NumPy files: one record per row of a `.npy` array, or
+//! variable-length records from `values.bin` + `offsets.npy` (N+1 u64 byte offsets).
+//!
+//! Inputs are memory-mapped and appended in slices of a few MiB, so files larger than memory
+//! convert in bounded memory. Everything is checked before the first record is written, and
+//! the dataset is committed once at the end: a failed conversion leaves the dataset as it was.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use crate::error::{Error, IoContext, Result};
+use crate::meta::{dtype_itemsize, Compression, FieldSpec};
+use crate::store::{CreateOptions, Record, Store};
+
+/// Bytes appended per `append_many` call.
+const SLICE_BYTES: u64 = 8 << 20;
+/// Longest `.npy` header accepted.
+const NPY_HEADER_MAX: usize = 1 << 20;
+
+/// What a `.npy` header says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NpyHeader {
+    /// NumPy type string, e.g. `<f4`.
+    pub descr: String,
+    /// Column-major data (refused by the converters).
+    pub fortran_order: bool,
+    /// Array shape.
+    pub shape: Vec<u64>,
+    /// Offset of the data in the file.
+    pub data_offset: u64,
+}
+
+impl NpyHeader {
+    /// Parses the header at the start of `bytes`; `path` names the file in errors.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<NpyHeader> {
+        let bad = |reason: String| Error::InvalidInput {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+            return Err(bad("not a .npy file (no \\x93NUMPY magic)".into()));
+        }
+        let (len, start) = match bytes[6] {
+            1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+            2 | 3 if bytes.len() >= 12 => (
+                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+                12,
+            ),
+            major => {
+                return Err(bad(format!(
+                    "unsupported .npy format version {major}.{}",
+                    bytes[7]
+                )))
+            }
+        };
+        if len > NPY_HEADER_MAX || bytes.len() < start + len {
+            return Err(bad(format!(
+                "header of {len} bytes is truncated or too long"
+            )));
+        }
+        let text = std::str::from_utf8(&bytes[start..start + len])
+            .map_err(|_| bad("header is not text".into()))?;
+        let descr = dict_value(text, "descr").ok_or_else(|| bad("header has no 'descr'".into()))?;
+        if descr.starts_with('[') {
+            return Err(bad(
+                "structured dtypes are not supported; convert one field at a time".into(),
+            ));
+        }
+        let descr = descr.trim_matches(|c| c == '\'' || c == '"').to_string();
+        dtype_itemsize(&descr).map_err(|e| {
+            bad(format!(
+                "{e} (object and datetime arrays are not supported)"
+            ))
+        })?;
+        let fortran_order = match dict_value(text, "fortran_order") {
+            Some("True") => true,
+            Some("False") => false,
+            _ => return Err(bad("header has no valid 'fortran_order'".into())),
+        };
+        let shape_text =
+            dict_value(text, "shape").ok_or_else(|| bad("header has no 'shape'".into()))?;
+        let inner = shape_text
+            .strip_prefix('(')
+            .and_then(|s| s.strip_suffix(')'))
+            .ok_or_else(|| bad(format!("shape {shape_text} is not a tuple")))?;
+        let shape = inner
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.trim_end_matches('L').parse::<u64>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| bad(format!("shape {shape_text} is not a tuple of integers")))?;
+        Ok(NpyHeader {
+            descr,
+            fortran_order,
+            shape,
+            data_offset: (start + len) as u64,
+        })
+    }
+}
+
+/// The text of `key`'s value in a Python dict literal such as NumPy writes.
+fn dict_value<'a>(dict: &'a str, key: &str) -> Option<&'a str> {
+    let at = dict.find(&format!("'{key}'"))? + key.len() + 2;
+    let rest = dict[at..].trim_start().strip_prefix(':')?.trim_start();
+    let end = match rest.chars().next()? {
+        '(' => rest.find(')')? + 1,
+        '[' => rest.find(']')? + 1,
+        q @ ('\'' | '"') => rest[1..].find(q)? + 2,
+        _ => rest.find([',', '}'])?,
+    };
+    Some(rest[..end].trim())
+}
+
+/// A memory-mapped input file.
+struct Input {
+    path: PathBuf,
+    map: Option<Mmap>,
+}
+
+impl Input {
+    fn open(path: &Path) -> Result<Input> {
+        let file = File::open(path).ctx("open", path)?;
+        let len = file.metadata().ctx("stat", path)?.len();
+        let map = if len == 0 {
+            None
+        } else {
+            // SAFETY: the input is only read; a file changed by another process while we
+            // convert it gives wrong bytes (caught by nothing) or a fault, as with any reader.
+            Some(unsafe { Mmap::map(&file) }.ctx("mmap", path)?)
+        };
+        Ok(Input {
+            path: path.to_path_buf(),
+            map,
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or_default()
+    }
+}
+
+/// Where converted records go.
+pub struct Target<'a> {
+    /// Dataset directory.
+    pub dir: &'a Path,
+    /// Field to fill.
+    pub field: &'a str,
+    /// Its storage.
+    pub compress: Compression,
+    /// Add to an existing dataset instead of creating one.
+    pub append: bool,
+}
+
+/// Opens or creates the dataset for `target` with the field's spec.
+fn open_target(target: &Target, spec: FieldSpec) -> Result<Store> {
+    if target.append {
+        let store = Store::open(target.dir)?;
+        let existing = &store.fields()[store.field_id(target.field)?];
+        let types_differ =
+            spec.dtype.is_some() && (existing.dtype != spec.dtype || existing.shape != spec.shape);
+        if types_differ {
+            return Err(Error::InvalidRecord(format!(
+                "field '{}' holds dtype {:?} shape {:?}; the input has dtype {:?} shape {:?}",
+                target.field, existing.dtype, existing.shape, spec.dtype, spec.shape
+            )));
+        }
+        return Ok(store);
+    }
+    Store::create(target.dir, vec![spec], CreateOptions::default())
+}
+
+/// Appends `count` records cut from `record(i)`, committing once at the end.
+fn append_all<'a>(
+    store: &Store,
+    field: &str,
+    count: u64,
+    bytes_of: impl Fn(u64, u64) -> u64,
+    record: impl Fn(u64) -> &'a [u8],
+    mut progress: impl FnMut(u64),
+) -> Result<u64> {
+    let mut first = 0;
+    let mut done_bytes = 0;
+    while first < count {
+        // As many records as fit in a slice (at least one).
+        let mut last = first + 1;
+        let mut step = 1;
+        while last < count && bytes_of(first, (last + step).min(count)) <= SLICE_BYTES {
+            last = (last + step).min(count);
+            step *= 2;
+        }
+        let records: Vec<Record> = (first..last)
+            .map(|i| Record::new().with(field, record(i)))
+            .collect();
+        store.append_many(&records)?;
+        done_bytes += bytes_of(first, last);
+        progress(done_bytes);
+        first = last;
+    }
+    store.commit()?;
+    Ok(count)
+}
+
+/// `zr convert --npy`: one record per row of `npy` into `target`. `progress` gets bytes
+/// converted so far; returns the number of records.
+pub fn convert_npy(npy: &Path, target: &Target, progress: impl FnMut(u64)) -> Result<u64> {
+    let input = Input::open(npy)?;
+    let bytes = input.bytes();
+    let header = NpyHeader::parse(bytes, npy)?;
+    let bad = |reason: String| Error::InvalidInput {
+        path: input.path.clone(),
+        reason,
+    };
+    if header.fortran_order {
+        return Err(bad(
+            "Fortran-order arrays are not supported; save it C-contiguous (np.ascontiguousarray)"
+                .into(),
+        ));
+    }
+    let Some((&rows, row_shape)) = header.shape.split_first() else {
+        return Err(bad("a 0-dimensional array has no rows".into()));
+    };
+    let itemsize = dtype_itemsize(&header.descr).map_err(bad)?;
+    let row_bytes = row_shape
+        .iter()
+        .try_fold(itemsize, |acc, &d| acc.checked_mul(d))
+        .filter(|&b| b <= u32::MAX as u64)
+        .ok_or_else(|| {
+            bad(format!(
+                "rows of shape {row_shape:?} exceed the 4 GiB record limit"
+            ))
+        })?;
+    let data_bytes = rows
+        .checked_mul(row_bytes)
+        .ok_or_else(|| bad("array size overflows".into()))?;
+    let have = bytes.len() as u64 - header.data_offset;
+    if have != data_bytes {
+        return Err(bad(format!(
+            "holds {have} data bytes but its header ({rows} rows of {row_bytes} bytes) needs {data_bytes}: truncated or not a plain array"
+        )));
+    }
+    let spec = FieldSpec::new(target.field, target.compress)
+        .typed(header.descr.clone(), row_shape.to_vec());
+    let store = open_target(target, spec)?;
+    let data = &bytes[header.data_offset as usize..];
+    append_all(
+        &store,
+        target.field,
+        rows,
+        |a, b| (b - a) * row_bytes,
+        |i| &data[(i * row_bytes) as usize..((i + 1) * row_bytes) as usize],
+        progress,
+    )
+}
+
+/// `zr convert --values --offsets`: record i is `values[offsets[i]..offsets[i + 1]]`.
+pub fn convert_values(
+    values: &Path,
+    offsets: &Path,
+    target: &Target,
+    progress: impl FnMut(u64),
+) -> Result<u64> {
+    let values_input = Input::open(values)?;
+    let offsets_input = Input::open(offsets)?;
+    let header = NpyHeader::parse(offsets_input.bytes(), offsets)?;
+    let bad = |reason: String| Error::InvalidInput {
+        path: offsets.to_path_buf(),
+        reason,
+    };
+    if !matches!(header.descr.as_str(), "<u8" | "<i8") || header.shape.len() != 1 {
+        return Err(bad(format!(
+            "offsets must be a 1-D array of little-endian 64-bit integers (<u8); found dtype {} shape {:?}",
+            header.descr, header.shape
+        )));
+    }
+    let count = header.shape[0];
+    let raw = &offsets_input.bytes()[header.data_offset as usize..];
+    if raw.len() as u64 != count * 8 || count == 0 {
+        return Err(bad(format!(
+            "holds {} data bytes for {count} offsets (need N+1 ≥ 1 of 8 bytes)",
+            raw.len()
+        )));
+    }
+    let at = |i: u64| {
+        u64::from_le_bytes(
+            raw[(i * 8) as usize..(i * 8 + 8) as usize]
+                .try_into()
+                .unwrap_or_default(),
+        )
+    };
+    let values_len = values_input.bytes().len() as u64;
+    for i in 0..count {
+        let offset = at(i);
+        if i > 0 && offset < at(i - 1) {
+            return Err(bad(format!(
+                "offsets are not monotonic: offsets[{i}] = {offset} < offsets[{}] = {}",
+                i - 1,
+                at(i - 1)
+            )));
+        }
+        if offset > values_len {
+            return Err(bad(format!(
+                "offsets[{i}] = {offset} points past the end of {} ({values_len} bytes)",
+                values.display()
+            )));
+        }
+        if i > 0 && offset - at(i - 1) > u32::MAX as u64 {
+            return Err(bad(format!(
+                "record {} is longer than the 4 GiB record limit",
+                i - 1
+            )));
+        }
+    }
+    let store = open_target(target, FieldSpec::new(target.field, target.compress))?;
+    let data = values_input.bytes();
+    append_all(
+        &store,
+        target.field,
+        count - 1,
+        |a, b| at(b) - at(a),
+        |i| &data[at(i) as usize..at(i + 1) as usize],
+        progress,
+    )
+}

@@ -1,0 +1,427 @@
+//! The `zr` dataset commands as a user runs them: convert, info, gather, verify, rebalance.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use zr_node::{CreateOptions, FieldSpec, Record, Store};
+
+fn zr(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_zr"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// Writes a .npy file (format 1.0) of `descr` and `shape` holding `data`.
+fn write_npy(path: &Path, descr: &str, shape: &[u64], data: &[u8]) {
+    let shape_text = match shape {
+        [one] => format!("({one},)"),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i / 251) as u8)
+        .collect()
+}
+
+fn all_records(dir: &Path, field: &str) -> Vec<Vec<u8>> {
+    let store = Store::open_read_only(dir).unwrap();
+    let indices: Vec<u64> = (0..store.len()).collect();
+    let batch = store
+        .gather_with(&indices, &[field], zr_node::GatherOptions { verify: true })
+        .unwrap();
+    batch
+        .field(field)
+        .unwrap()
+        .iter()
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+#[test]
+fn convert_npy_round_trips() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (descr, shape, itemsize) in [
+        ("<f4", vec![50u64, 3, 4], 4usize),
+        ("|u1", vec![7, 1000], 1),
+        ("<i8", vec![33], 8),
+        ("<c16", vec![5, 2], 16),
+    ] {
+        for compress in ["raw", "flate"] {
+            let rows = shape[0] as usize;
+            let row_bytes = itemsize * shape[1..].iter().product::<u64>() as usize;
+            let data = pattern(rows * row_bytes, shape.len() as u8);
+            let npy = tmp
+                .path()
+                .join(format!("{}-{compress}.npy", descr.replace(['<', '|'], "")));
+            write_npy(&npy, descr, &shape, &data);
+            let dir = tmp
+                .path()
+                .join(format!("ds-{}-{compress}", descr.replace(['<', '|'], "")));
+            let (ok, out, err) = zr(&[
+                "convert",
+                "--npy",
+                p(&npy),
+                p(&dir),
+                "--compress",
+                compress,
+                "--field",
+                "x",
+            ]);
+            assert!(ok, "{err}");
+            assert!(out.contains(&format!("converted {rows} records")), "{out}");
+            let records = all_records(&dir, "x");
+            assert_eq!(records.len(), rows);
+            for (i, record) in records.iter().enumerate() {
+                assert_eq!(
+                    &record[..],
+                    &data[i * row_bytes..(i + 1) * row_bytes],
+                    "{descr} {compress} row {i}"
+                );
+            }
+            let meta = std::fs::read_to_string(dir.join("meta.json")).unwrap();
+            assert!(meta.contains(&format!("\"dtype\": \"{descr}\"")), "{meta}");
+            let (ok, info, _) = zr(&["info", p(&dir)]);
+            assert!(
+                ok && info.contains(&format!("records      {rows}")) && info.contains(descr),
+                "{info}"
+            );
+        }
+    }
+}
+
+#[test]
+fn convert_variable_layout_round_trips_and_appends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lengths = [0usize, 5, 1000, 1, 0, 70_000, 3];
+    let values = pattern(lengths.iter().sum(), 9);
+    let mut offsets = vec![0u64];
+    for len in lengths {
+        offsets.push(offsets.last().unwrap() + len as u64);
+    }
+    let values_path = tmp.path().join("values.bin");
+    let offsets_path = tmp.path().join("offsets.npy");
+    std::fs::write(&values_path, &values).unwrap();
+    let raw: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+    write_npy(&offsets_path, "<u8", &[offsets.len() as u64], &raw);
+    let dir = tmp.path().join("var");
+    let (ok, _, err) = zr(&[
+        "convert",
+        "--values",
+        p(&values_path),
+        "--offsets",
+        p(&offsets_path),
+        p(&dir),
+        "--compress",
+        "flate",
+    ]);
+    assert!(ok, "{err}");
+    let expect: Vec<Vec<u8>> = offsets
+        .windows(2)
+        .map(|w| values[w[0] as usize..w[1] as usize].to_vec())
+        .collect();
+    assert_eq!(all_records(&dir, "data"), expect);
+
+    // A second conversion into the same directory is refused, unless --append.
+    let (ok, _, err) = zr(&[
+        "convert",
+        "--values",
+        p(&values_path),
+        "--offsets",
+        p(&offsets_path),
+        p(&dir),
+    ]);
+    assert!(!ok && err.contains("already exists"), "{err}");
+    let (ok, _, err) = zr(&[
+        "convert",
+        "--values",
+        p(&values_path),
+        "--offsets",
+        p(&offsets_path),
+        p(&dir),
+        "--append",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(all_records(&dir, "data"), [expect.clone(), expect].concat());
+
+    // gather writes the payloads back to back and prints their lengths.
+    let out = tmp.path().join("out.bin");
+    let (ok, stdout, err) = zr(&["gather", p(&dir), "--indices", "2,1,2,0", "--out", p(&out)]);
+    assert!(ok, "{err}");
+    assert_eq!(stdout.trim(), "1000 5 1000 0");
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        [&values[5..1005], &values[0..5], &values[5..1005]].concat()
+    );
+    let (ok, _, err) = zr(&["gather", p(&dir), "--indices", "99", "--out", p(&out)]);
+    assert!(
+        !ok && err.contains("index 99") && err.contains("14 records"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_inputs_are_refused_with_reasons() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = |name: &str| tmp.path().join(name);
+    std::fs::write(t("junk.npy"), b"this is not numpy").unwrap();
+    write_npy(&t("short.npy"), "<f4", &[10, 2], &[0u8; 50]);
+    write_npy(&t("object.npy"), "|O", &[3], &[0u8; 24]);
+    let mut bad_header = std::fs::read(t("short.npy")).unwrap();
+    bad_header[8] = 0xff; // header length far past the file
+    std::fs::write(t("bad-header.npy"), bad_header).unwrap();
+    std::fs::write(t("values.bin"), [1u8; 10]).unwrap();
+    let encode = |offsets: &[u64]| {
+        offsets
+            .iter()
+            .flat_map(|o| o.to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    write_npy(&t("backwards.npy"), "<u8", &[3], &encode(&[0, 6, 4]));
+    write_npy(&t("past.npy"), "<u8", &[3], &encode(&[0, 6, 11]));
+    write_npy(&t("floats.npy"), "<f8", &[2], &encode(&[0, 1]));
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["--npy".into(), p(&t("junk.npy")).into()],
+            "not a .npy file",
+        ),
+        (vec!["--npy".into(), p(&t("short.npy")).into()], "truncated"),
+        (
+            vec!["--npy".into(), p(&t("object.npy")).into()],
+            "not supported",
+        ),
+        (
+            vec!["--npy".into(), p(&t("bad-header.npy")).into()],
+            "header",
+        ),
+        (
+            vec!["--npy".into(), p(&t("missing.npy")).into()],
+            "missing.npy",
+        ),
+        (
+            vec![
+                "--values".into(),
+                p(&t("values.bin")).into(),
+                "--offsets".into(),
+                p(&t("backwards.npy")).into(),
+            ],
+            "not monotonic",
+        ),
+        (
+            vec![
+                "--values".into(),
+                p(&t("values.bin")).into(),
+                "--offsets".into(),
+                p(&t("past.npy")).into(),
+            ],
+            "past the end",
+        ),
+        (
+            vec![
+                "--values".into(),
+                p(&t("values.bin")).into(),
+                "--offsets".into(),
+                p(&t("floats.npy")).into(),
+            ],
+            "64-bit integers",
+        ),
+    ];
+    for (mut args, needle) in cases {
+        let dir = tmp.path().join("never");
+        args.insert(0, "convert".into());
+        args.push(p(&dir).into());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ok, _, err) = zr(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(
+            err.contains(needle) && err.lines().count() == 1,
+            "{args:?}: {err}"
+        );
+        assert!(
+            !dir.join("meta.json").exists(),
+            "{args:?} created a dataset"
+        );
+    }
+}
+
+fn sample_dataset(dir: &Path, n: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let store = Store::create(
+        dir,
+        vec![FieldSpec::raw("a"), FieldSpec::flate("b")],
+        CreateOptions {
+            chunk_records: 50,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let rows: Vec<(Vec<u8>, Vec<u8>)> = (0..n)
+        .map(|i| {
+            (
+                pattern(100 + (i % 300) as usize, i as u8),
+                format!("row {i}").repeat(1 + i as usize % 5).into_bytes(),
+            )
+        })
+        .collect();
+    let records: Vec<Record> = rows
+        .iter()
+        .map(|(a, b)| Record::new().with("a", a).with("b", b))
+        .collect();
+    store.append_many(&records).unwrap();
+    store.commit().unwrap();
+    rows
+}
+
+#[test]
+fn verify_reports_a_bit_flip_and_a_truncated_chunk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    sample_dataset(&dir, 200);
+    let (ok, out, _) = zr(&["verify", p(&dir)]);
+    assert!(ok && out.starts_with("ok: 200 records"), "{out}");
+
+    // Flip one bit inside record 7's payload of field a.
+    let entry = zr_node::offset::Entry::decode(
+        std::fs::read(dir.join("a.offset")).unwrap()[7 * 16..8 * 16]
+            .try_into()
+            .unwrap(),
+    );
+    let chunk = zr_node::chunk_path(&dir, entry.chunk_id);
+    let mut bytes = std::fs::read(&chunk).unwrap();
+    bytes[entry.offset as usize + 16 + 3] ^= 0x10;
+    std::fs::write(&chunk, &bytes).unwrap();
+    let (ok, out, err) = zr(&["verify", p(&dir)]);
+    assert!(!ok, "verify passed a flipped bit");
+    assert!(
+        out.contains("field 'a' index 7: CRC mismatch") && out.lines().count() == 1,
+        "{out}"
+    );
+    assert!(err.contains("1 bad record"), "{err}");
+
+    // Truncate the last chunk.
+    let last = std::fs::read_dir(dir.join("chunk")).unwrap().count() as u32 - 1;
+    let path = zr_node::chunk_path(&dir, last);
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let (ok, _, err) = zr(&["verify", p(&dir)]);
+    assert!(
+        !ok && err.contains(&format!("{last}.zr")) && err.contains("commits"),
+        "{err}"
+    );
+}
+
+#[test]
+fn rebalance_reclaims_dead_space_and_keeps_every_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let mut model = sample_dataset(&dir, 600);
+    let store = Store::open(&dir).unwrap();
+    for i in 0..400u32 {
+        let index = (i * 7919) as usize % model.len();
+        if i % 3 == 0 {
+            store.delete(index as u64).unwrap();
+            model.swap_remove(index);
+        } else {
+            let row = (pattern(200, i as u8), format!("modified {i}").into_bytes());
+            store
+                .modify(
+                    index as u64,
+                    &Record::new().with("a", &row.0).with("b", &row.1),
+                )
+                .unwrap();
+            model[index] = row;
+        }
+    }
+    store.commit().unwrap();
+    let before = store.utilization().unwrap().ratio();
+    drop(store);
+    assert!(before < 0.8, "the test should leave dead space: {before}");
+
+    let (ok, out, err) = zr(&["rebalance", p(&dir)]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("utilization before") && out.contains("utilization after"),
+        "{out}"
+    );
+    let store = Store::open(&dir).unwrap();
+    let after = store.utilization().unwrap().ratio();
+    assert!(after >= 0.99, "utilization after rebalance {after}");
+    drop(store);
+    let a: Vec<Vec<u8>> = model.iter().map(|r| r.0.clone()).collect();
+    let b: Vec<Vec<u8>> = model.iter().map(|r| r.1.clone()).collect();
+    assert_eq!(all_records(&dir, "a"), a);
+    assert_eq!(all_records(&dir, "b"), b);
+    assert!(
+        !tmp.path().join(".ds.rebalance").exists(),
+        "scratch directory left behind"
+    );
+}
+
+#[test]
+fn a_killed_rebalance_leaves_a_whole_dataset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let rows = sample_dataset(&dir, 3000);
+    let store = Store::open(&dir).unwrap();
+    for i in 0..1000u64 {
+        store
+            .modify(
+                i * 3 % 3000,
+                &Record::new()
+                    .with("a", &rows[(i * 3 % 3000) as usize].0)
+                    .with("b", &rows[(i * 3 % 3000) as usize].1),
+            )
+            .unwrap();
+    }
+    store.commit().unwrap();
+    drop(store);
+    let a: Vec<Vec<u8>> = rows.iter().map(|r| r.0.clone()).collect();
+    for (round, delay_ms) in [0u64, 3, 10, 25, 60, 150].into_iter().enumerate() {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_zr"))
+            .args(["rebalance", p(&dir)])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = child.kill();
+        child.wait().unwrap();
+        let (ok, out, err) = zr(&["verify", p(&dir)]);
+        assert!(ok, "round {round}: {out}{err}");
+        assert_eq!(all_records(&dir, "a"), a, "round {round}");
+    }
+}
