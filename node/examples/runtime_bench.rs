@@ -50,13 +50,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let tmp = tempfile::tempdir()?;
     println!("gathers: batches of {BATCH} random records, materialized; baseline = plain mmap rows, 1 thread");
-    println!("{:>16} {:<22} {:>12} {:>8} {:>12}", "records", "method", "records/s", "GiB/s", "vs baseline");
-    for (size, compress) in [(1024, Compression::Raw), (16384, Compression::Raw), (4096, Compression::Flate)] {
+    println!(
+        "{:>16} {:<22} {:>12} {:>8} {:>12}",
+        "records", "method", "records/s", "GiB/s", "vs baseline"
+    );
+    for (size, compress) in [
+        (1024, Compression::Raw),
+        (16384, Compression::Raw),
+        (4096, Compression::Flate),
+    ] {
         gathers(&args, &tmp.path().join(format!("g{size}")), size, compress)?;
     }
     println!();
     println!("appends: calls of {BATCH} records, one commit; baseline = write + fdatasync of the same bytes");
-    println!("{:>16} {:<22} {:>12} {:>12}", "records", "method", "MiB/s", "vs baseline");
+    println!(
+        "{:>16} {:<22} {:>12} {:>12}",
+        "records", "method", "MiB/s", "vs baseline"
+    );
     for (size, compress) in [(1024, Compression::Raw), (4096, Compression::Flate)] {
         appends(&args, &tmp.path().join(format!("a{size}")), size, compress)?;
     }
@@ -64,16 +74,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn label(size: usize, compress: Compression) -> String {
-    format!("{} KiB {}", size / 1024, if compress == Compression::Raw { "raw" } else { "flate" })
+    format!(
+        "{} KiB {}",
+        size / 1024,
+        if compress == Compression::Raw {
+            "raw"
+        } else {
+            "flate"
+        }
+    )
 }
 
-fn gathers(args: &Args, dir: &Path, size: usize, compress: Compression) -> Result<(), Box<dyn std::error::Error>> {
+fn gathers(
+    args: &Args,
+    dir: &Path,
+    size: usize,
+    compress: Compression,
+) -> Result<(), Box<dyn std::error::Error>> {
     let n = ((args.gib * (1u64 << 30) as f64) / size as f64).ceil() as u64;
     std::fs::create_dir_all(dir)?;
     let rows_path = dir.join("rows.bin");
     let mut rows = std::io::BufWriter::new(File::create(&rows_path)?);
     {
-        let store = Store::create(dir.join("ds"), vec![FieldSpec::new("data", compress)], CreateOptions::default())?;
+        let store = Store::create(
+            dir.join("ds"),
+            vec![FieldSpec::new("data", compress)],
+            CreateOptions::default(),
+        )?;
         let mut rng = Rng(size as u64);
         let mut buf = vec![0u8; BATCH * size];
         let mut written = 0;
@@ -81,7 +108,10 @@ fn gathers(args: &Args, dir: &Path, size: usize, compress: Compression) -> Resul
             let count = BATCH.min((n - written) as usize);
             fill(&mut rng, &mut buf[..count * size], compress);
             rows.write_all(&buf[..count * size])?;
-            let records: Vec<Record> = buf[..count * size].chunks(size).map(|r| Record::new().with("data", r)).collect();
+            let records: Vec<Record> = buf[..count * size]
+                .chunks(size)
+                .map(|r| Record::new().with("data", r))
+                .collect();
             store.append_many(&records)?;
             written += count as u64;
         }
@@ -93,11 +123,16 @@ fn gathers(args: &Args, dir: &Path, size: usize, compress: Compression) -> Resul
     // SAFETY: the row file is private to this benchmark and not modified while mapped.
     let rows_map = unsafe { memmap2::Mmap::map(&rows_file)? };
     let mut rng = Rng(!(size as u64));
-    let batches: Vec<Vec<u64>> = (0..128).map(|_| (0..BATCH).map(|_| rng.next() % n).collect()).collect();
+    let batches: Vec<Vec<u64>> = (0..128)
+        .map(|_| (0..BATCH).map(|_| rng.next() % n).collect())
+        .collect();
     let stores: Vec<(usize, Store)> = [1, 2, 4]
         .into_iter()
         .map(|readers| {
-            let runtime = RuntimeOptions { readers, ..RuntimeOptions::default() };
+            let runtime = RuntimeOptions {
+                readers,
+                ..RuntimeOptions::default()
+            };
             Store::open_read_only_with(dir.join("ds"), runtime).map(|s| (readers, s))
         })
         .collect::<Result<_, _>>()?;
@@ -106,7 +141,11 @@ fn gathers(args: &Args, dir: &Path, size: usize, compress: Compression) -> Resul
     let all: Vec<u64> = (0..n).collect();
     for (_, store) in &stores {
         for part in all.chunks(4096) {
-            store.gather(part, &[])?.field("data").ok_or("no field")?.write_contiguous(&mut data, &mut offsets);
+            store
+                .gather(part, &[])?
+                .field("data")
+                .ok_or("no field")?
+                .write_contiguous(&mut data, &mut offsets);
         }
     }
     black_box(rows_map.chunks(4096).map(|p| p[0] as u64).sum::<u64>());
@@ -126,14 +165,20 @@ fn gathers(args: &Args, dir: &Path, size: usize, compress: Compression) -> Resul
         }));
         for (k, (_, store)) in stores.iter().enumerate() {
             rates[k + 1].push(time_batches(round_seconds, |b| {
-                let batch = store.gather(&batches[b % batches.len()], &[]).expect("gather");
-                batch.field("data").expect("field").write_contiguous(&mut data, &mut offsets);
+                let batch = store
+                    .gather(&batches[b % batches.len()], &[])
+                    .expect("gather");
+                batch
+                    .field("data")
+                    .expect("field")
+                    .write_contiguous(&mut data, &mut offsets);
                 black_box(&data);
             }));
         }
     }
     let rates: Vec<f64> = rates.into_iter().map(median).collect();
-    let names = std::iter::once("baseline mmap rows".to_string()).chain(stores.iter().map(|(r, _)| format!("gather, {r} reader(s)")));
+    let names = std::iter::once("baseline mmap rows".to_string())
+        .chain(stores.iter().map(|(r, _)| format!("gather, {r} reader(s)")));
     for (name, rate) in names.zip(&rates) {
         let records = rate * BATCH as f64;
         println!(
@@ -150,7 +195,12 @@ fn gathers(args: &Args, dir: &Path, size: usize, compress: Compression) -> Resul
     Ok(())
 }
 
-fn appends(args: &Args, dir: &Path, size: usize, compress: Compression) -> Result<(), Box<dyn std::error::Error>> {
+fn appends(
+    args: &Args,
+    dir: &Path,
+    size: usize,
+    compress: Compression,
+) -> Result<(), Box<dyn std::error::Error>> {
     let n = ((args.gib / 2.0 * (1u64 << 30) as f64) / size as f64).ceil() as u64;
     std::fs::create_dir_all(dir)?;
     let mut rng = Rng(size as u64 + 1);
@@ -186,13 +236,23 @@ fn appends(args: &Args, dir: &Path, size: usize, compress: Compression) -> Resul
     );
     for writers in [1, 2] {
         let path = dir.join(format!("w{writers}"));
-        let runtime = RuntimeOptions { writers, ..RuntimeOptions::default() };
-        let store = Store::create_with(&path, vec![FieldSpec::new("data", compress)], CreateOptions::default(), runtime)?;
+        let runtime = RuntimeOptions {
+            writers,
+            ..RuntimeOptions::default()
+        };
+        let store = Store::create_with(
+            &path,
+            vec![FieldSpec::new("data", compress)],
+            CreateOptions::default(),
+            runtime,
+        )?;
         let started = Instant::now();
         let mut i = 0;
         while i < n {
             let count = BATCH.min((n - i) as usize) as u64;
-            let records: Vec<Record> = (i..i + count).map(|k| Record::new().with("data", slice(k))).collect();
+            let records: Vec<Record> = (i..i + count)
+                .map(|k| Record::new().with("data", slice(k)))
+                .collect();
             store.append_many(&records)?;
             i += count;
         }

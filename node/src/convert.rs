@@ -12,7 +12,8 @@ use memmap2::Mmap;
 
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{dtype_itemsize, Compression, FieldSpec};
-use crate::store::{CreateOptions, Record, Store};
+use crate::store::{CreateOptions, Store};
+use zr_common::Record;
 
 /// Bytes appended per `append_many` call.
 const SLICE_BYTES: u64 = 8 << 20;

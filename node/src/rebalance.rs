@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, Meta};
 use crate::runtime::RuntimeOptions;
-use crate::store::{CreateOptions, Record, Store};
+use crate::store::{CreateOptions, Store};
 use crate::verify::Utilization;
+use zr_common::Record;
 
 /// Records copied per step.
 const STEP_RECORDS: u64 = 1024;

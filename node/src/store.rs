@@ -61,31 +61,6 @@ pub struct GatherOptions {
     pub verify: bool,
 }
 
-/// One record to append or to write over an existing one: field name → payload. Fields the
-/// record does not name are absent (stored as a zero entry). An empty payload is absent too.
-#[derive(Clone, Debug, Default)]
-pub struct Record<'a> {
-    pub(crate) values: Vec<(&'a str, &'a [u8])>,
-}
-
-impl<'a> Record<'a> {
-    /// A record with no fields yet.
-    pub fn new() -> Record<'a> {
-        Record { values: Vec::new() }
-    }
-
-    /// Sets `field` to `payload`.
-    pub fn with(mut self, field: &'a str, payload: &'a [u8]) -> Record<'a> {
-        self.values.push((field, payload));
-        self
-    }
-
-    /// Sets `field` to `payload`.
-    pub fn set(&mut self, field: &'a str, payload: &'a [u8]) {
-        self.values.push((field, payload));
-    }
-}
-
 /// What readers see. See the module documentation.
 pub(crate) struct View {
     pub(crate) len: u64,

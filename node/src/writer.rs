@@ -35,7 +35,8 @@ use crate::map::Mapped;
 use crate::meta::{sync_dir, ChunkMeta, Compression, FieldSpec, Meta};
 use crate::offset::{write_entries, Entry, ENTRY_BYTES};
 use crate::redo;
-use crate::store::{chunk_path, Inner, Record, Store, View, CHUNK_DIR};
+use crate::store::{chunk_path, Inner, Store, View, CHUNK_DIR};
+use zr_common::Record;
 
 /// Appends of fewer records than this stay on one writer.
 const PARALLEL_APPEND_MIN: usize = 64;
@@ -599,7 +600,7 @@ impl Store {
     /// Checks `record` against the schema and orders its payloads by field position.
     fn payloads<'r>(&self, record: &Record<'r>) -> Result<Vec<Option<&'r [u8]>>> {
         let mut out = vec![None; self.inner.fields.len()];
-        for &(name, payload) in &record.values {
+        for &(name, payload) in record.values() {
             let id = self.field_id(name)?;
             if out[id].is_some() {
                 return Err(Error::InvalidRecord(format!(

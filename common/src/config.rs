@@ -1,0 +1,246 @@
+//! `nodes.toml`: the cluster's shape — shards and their addresses and data directories, the
+//! dataset's fields, placement parameters, the router's address and timeouts.
+//!
+//! ```toml
+//! [cluster]
+//! shards = 2
+//! extent_records = 64        # optional: consecutive records per extent
+//! seed = 0                   # optional: placement seed
+//!
+//! [[field]]
+//! name = "image"
+//! compress = "raw"           # or "flate"
+//!
+//! [[shard]]
+//! id = 0
+//! addr = "127.0.0.1:7100"
+//! data = "zr-data/shard-0"   # optional, default ./zr-data/shard-<id>
+//!
+//! [router]
+//! listen = "127.0.0.1:7000"
+//! timeout_ms = 10000         # optional: every network wait
+//! ```
+//! A malformed or inconsistent file is refused with a message naming the problem.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::placement::{ClusterMap, Placement, EXTENT_RECORDS_DEFAULT, SHARDS_MAX};
+
+/// Default for every network wait.
+pub const TIMEOUT_MS_DEFAULT: u64 = 10_000;
+
+/// The whole file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    pub cluster: ClusterSection,
+    #[serde(default, rename = "field")]
+    pub fields: Vec<FieldConfig>,
+    #[serde(default, rename = "shard")]
+    pub shards: Vec<ShardConfig>,
+    pub router: RouterConfig,
+}
+
+/// `[cluster]`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    pub shards: u32,
+    #[serde(default = "default_extent")]
+    pub extent_records: u64,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_extent() -> u64 {
+    EXTENT_RECORDS_DEFAULT
+}
+
+/// `[[field]]`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldConfig {
+    pub name: String,
+    #[serde(default = "default_compress")]
+    pub compress: String,
+}
+
+fn default_compress() -> String {
+    "raw".into()
+}
+
+/// `[[shard]]`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardConfig {
+    pub id: u32,
+    pub addr: SocketAddr,
+    #[serde(default)]
+    pub data: Option<PathBuf>,
+}
+
+/// `[router]`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouterConfig {
+    pub listen: SocketAddr,
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn default_timeout() -> u64 {
+    TIMEOUT_MS_DEFAULT
+}
+
+impl ClusterConfig {
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> Result<ClusterConfig, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
+            path: path.display().to_string(),
+            reason: format!("cannot read: {e}"),
+        })?;
+        ClusterConfig::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and checks `text` (`origin` names it in errors).
+    pub fn parse(text: &str, origin: &str) -> Result<ClusterConfig, Error> {
+        let bad = |reason: String| Error::Config {
+            path: origin.to_string(),
+            reason,
+        };
+        let config: ClusterConfig =
+            toml::from_str(text).map_err(|e| bad(e.to_string().trim().replace('\n', " ")))?;
+        let n = config.cluster.shards;
+        if n == 0 || n > SHARDS_MAX {
+            return Err(bad(format!(
+                "cluster.shards is {n}; it must be 1..={SHARDS_MAX}"
+            )));
+        }
+        if config.shards.len() != n as usize {
+            return Err(bad(format!(
+                "cluster.shards is {n} but {} [[shard]] entries are given",
+                config.shards.len()
+            )));
+        }
+        let mut addrs = HashSet::new();
+        for id in 0..n {
+            let entries: Vec<_> = config.shards.iter().filter(|s| s.id == id).collect();
+            match entries.len() {
+                0 => return Err(bad(format!("shard {id} is missing (ids must be 0..{n})"))),
+                1 => {}
+                _ => return Err(bad(format!("shard {id} is given {} times", entries.len()))),
+            }
+        }
+        for shard in &config.shards {
+            if !addrs.insert(shard.addr) {
+                return Err(bad(format!("address {} is used by two shards", shard.addr)));
+            }
+        }
+        if addrs.contains(&config.router.listen) {
+            return Err(bad(format!(
+                "router.listen {} is also a shard's address",
+                config.router.listen
+            )));
+        }
+        if config.fields.is_empty() {
+            return Err(bad(
+                "no [[field]] given: the dataset needs at least one".into()
+            ));
+        }
+        for field in &config.fields {
+            if field.compress != "raw" && field.compress != "flate" {
+                return Err(bad(format!(
+                    "field '{}': compress must be raw or flate, not '{}'",
+                    field.name, field.compress
+                )));
+            }
+        }
+        if config.router.timeout_ms == 0 {
+            return Err(bad("router.timeout_ms must be at least 1".into()));
+        }
+        config.placement().map_err(|e| bad(e.to_string()))?;
+        Ok(config)
+    }
+
+    /// The placement this configuration describes.
+    pub fn placement(&self) -> Result<Placement, Error> {
+        Placement::new(ClusterMap::balanced(
+            self.cluster.shards,
+            self.cluster.extent_records,
+            self.cluster.seed,
+        )?)
+    }
+
+    /// Shard `id`'s entry.
+    pub fn shard(&self, id: u32) -> Option<&ShardConfig> {
+        self.shards.iter().find(|s| s.id == id)
+    }
+
+    /// Shard `id`'s data directory.
+    pub fn data_dir(&self, id: u32) -> PathBuf {
+        self.shard(id)
+            .and_then(|s| s.data.clone())
+            .unwrap_or_else(|| PathBuf::from(format!("zr-data/shard-{id}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        [cluster]
+        shards = 2
+        [[field]]
+        name = "x"
+        [[shard]]
+        id = 0
+        addr = "127.0.0.1:7100"
+        [[shard]]
+        id = 1
+        addr = "127.0.0.1:7101"
+        data = "/tmp/s1"
+        [router]
+        listen = "127.0.0.1:7000"
+    "#;
+
+    #[test]
+    fn parses_and_defaults() {
+        let c = ClusterConfig::parse(GOOD, "nodes.toml").unwrap();
+        assert_eq!(c.cluster.extent_records, EXTENT_RECORDS_DEFAULT);
+        assert_eq!(c.router.timeout_ms, TIMEOUT_MS_DEFAULT);
+        assert_eq!(c.data_dir(0), PathBuf::from("zr-data/shard-0"));
+        assert_eq!(c.data_dir(1), PathBuf::from("/tmp/s1"));
+    }
+
+    #[test]
+    fn problems_are_named() {
+        for (edit, needle) in [
+            (
+                GOOD.replace("shards = 2", "shards = 3"),
+                "3 but 2 [[shard]]",
+            ),
+            (GOOD.replace("id = 1", "id = 0"), "shard 0 is given 2 times"),
+            (GOOD.replace("7101", "7100"), "used by two shards"),
+            (
+                GOOD.replace("[[field]]\n        name = \"x\"", ""),
+                "no [[field]]",
+            ),
+            (GOOD.replace("127.0.0.1:7000", "nowhere"), "listen"),
+            (GOOD.replace("[router]", "[routr]"), "routr"),
+        ] {
+            let err = ClusterConfig::parse(&edit, "nodes.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(needle) && err.starts_with("nodes.toml"),
+                "{needle}: {err}"
+            );
+        }
+    }
+}

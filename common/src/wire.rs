@@ -1,0 +1,386 @@
+//! The wire protocol between clients, routers and nodes: one request and one reply per QUIC
+//! bidirectional stream.
+//!
+//! ```text
+//! message = "ZRW1" | version u16 | kind u16 | header_len u32 | header (bincode) | body
+//! ```
+//! The body carries payloads columnar: for each field, that field's payloads back to back
+//! (F pieces after one header holding every length), never one message per record. Every
+//! decode is bounded — header size, counts and lengths checked against limits and against the
+//! body before anything is allocated from them — so a hostile or corrupt message is an error,
+//! not a panic or an allocation bomb.
+
+use bincode::Options;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+/// Protocol version spoken by this build.
+pub const WIRE_VERSION: u16 = 1;
+const MAGIC: [u8; 4] = *b"ZRW1";
+const PREFIX_BYTES: usize = 12;
+/// Longest header accepted.
+pub const HEADER_BYTES_MAX: usize = 64 << 20;
+/// Longest message accepted (header and body).
+pub const MESSAGE_BYTES_MAX: usize = 1 << 30;
+/// Most records one gather or append may carry.
+pub const RECORDS_MAX: usize = 1 << 20;
+/// Most fields one message may name.
+pub const FIELDS_MAX: usize = 256;
+
+const KIND_REQUEST: u16 = 1;
+const KIND_REPLY: u16 = 2;
+
+/// What a client (or the router) asks of a router (or a node).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Length and schema.
+    Info,
+    /// Records `indices` of `fields` (empty = all). Reply: `Gather`.
+    Gather {
+        indices: Vec<u64>,
+        fields: Vec<String>,
+    },
+    /// Append records; body: per field of `fields`, the payloads (`lengths[f][k]` bytes each).
+    /// `at`: the index the first record must get (the router's check that a node is in step).
+    Append {
+        at: Option<u64>,
+        fields: Vec<String>,
+        lengths: Vec<Vec<u32>>,
+    },
+    /// Replace record `index`; body: per field, its payload. Fields not named become absent.
+    Modify {
+        index: u64,
+        fields: Vec<String>,
+        lengths: Vec<u32>,
+    },
+    /// Swap-remove record `index` (the last record takes its place).
+    Delete { index: u64 },
+    /// Drop records from the end until `len` remain (router → node repair and global delete).
+    Truncate { len: u64 },
+    /// Make every write so far durable.
+    Commit,
+}
+
+/// A field as the wire describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldInfo {
+    pub name: String,
+    /// `raw` or `flate`.
+    pub compress: String,
+    pub dtype: Option<String>,
+    pub shape: Option<Vec<u64>>,
+}
+
+/// Stable error codes: a caller can act on these without parsing messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// The request is malformed or breaks a limit.
+    BadRequest,
+    /// An index is out of range.
+    IndexOutOfRange,
+    /// A field name is unknown.
+    UnknownField,
+    /// The storage failed (I/O, corruption).
+    Storage,
+    /// A shard could not be reached or did not answer in time.
+    Unavailable,
+    /// The request conflicts with the current state (e.g. a node out of step).
+    Conflict,
+    /// The peer speaks another protocol version.
+    Version,
+}
+
+/// What comes back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    Info {
+        len: u64,
+        fields: Vec<FieldInfo>,
+    },
+    /// Body: per field, the payloads back to back; `lengths[f][k]` is record k's length.
+    Gather {
+        lengths: Vec<Vec<u32>>,
+    },
+    Appended {
+        start: u64,
+        count: u64,
+    },
+    Done,
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+fn options() -> impl Options {
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_little_endian()
+        .with_limit(HEADER_BYTES_MAX as u64)
+        .reject_trailing_bytes()
+}
+
+/// Encodes a message prefix and header; the body pieces follow it on the stream.
+fn encode(kind: u16, header: &impl Serialize) -> Result<Vec<u8>, Error> {
+    let header = options()
+        .serialize(header)
+        .map_err(|e| Error::Protocol(format!("cannot encode header: {e}")))?;
+    let mut out = Vec::with_capacity(PREFIX_BYTES + header.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&WIRE_VERSION.to_le_bytes());
+    out.extend_from_slice(&kind.to_le_bytes());
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    Ok(out)
+}
+
+/// Splits a message into its decoded header and its body.
+fn decode<'a, T: serde::de::DeserializeOwned>(
+    bytes: &'a [u8],
+    kind: u16,
+) -> Result<(T, &'a [u8]), Error> {
+    let bad = |why: String| Err(Error::Protocol(why));
+    if bytes.len() < PREFIX_BYTES {
+        return bad(format!(
+            "message of {} bytes is shorter than its {PREFIX_BYTES}-byte prefix",
+            bytes.len()
+        ));
+    }
+    if bytes[0..4] != MAGIC {
+        return bad("message does not start with ZRW1".into());
+    }
+    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+    if version != WIRE_VERSION {
+        return Err(Error::Protocol(format!(
+            "unsupported protocol version {version} (this build speaks {WIRE_VERSION})"
+        )));
+    }
+    let found = u16::from_le_bytes([bytes[6], bytes[7]]);
+    if found != kind {
+        return bad(format!("unexpected message kind {found}"));
+    }
+    let header_len = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
+    if header_len > HEADER_BYTES_MAX || header_len > bytes.len() - PREFIX_BYTES {
+        return bad(format!(
+            "header length {header_len} exceeds the message ({} bytes)",
+            bytes.len()
+        ));
+    }
+    let (header, body) = bytes[PREFIX_BYTES..].split_at(header_len);
+    let value = options()
+        .deserialize(header)
+        .map_err(|e| Error::Protocol(format!("malformed header: {e}")))?;
+    Ok((value, body))
+}
+
+/// Encodes a request's prefix and header (its body pieces are sent after it).
+pub fn encode_request(request: &Request) -> Result<Vec<u8>, Error> {
+    encode(KIND_REQUEST, request)
+}
+
+/// Encodes a reply's prefix and header (its body pieces are sent after it).
+pub fn encode_reply(reply: &Reply) -> Result<Vec<u8>, Error> {
+    encode(KIND_REPLY, reply)
+}
+
+/// Decodes and checks a request; returns it with its body.
+pub fn decode_request(bytes: &[u8]) -> Result<(Request, &[u8]), Error> {
+    let (request, body): (Request, &[u8]) = decode(bytes, KIND_REQUEST)?;
+    check_request(&request, body.len())?;
+    Ok((request, body))
+}
+
+/// Decodes and checks a reply; returns it with its body.
+pub fn decode_reply(bytes: &[u8]) -> Result<(Reply, &[u8]), Error> {
+    let (reply, body): (Reply, &[u8]) = decode(bytes, KIND_REPLY)?;
+    if let Reply::Gather { lengths } = &reply {
+        check_columns(lengths, body.len())?;
+    }
+    Ok((reply, body))
+}
+
+fn check_fields(fields: &[String]) -> Result<(), Error> {
+    if fields.len() > FIELDS_MAX {
+        return Err(Error::Protocol(format!(
+            "{} fields exceed the limit of {FIELDS_MAX}",
+            fields.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks per-field length lists against each other and against the body size.
+fn check_columns(lengths: &[Vec<u32>], body: usize) -> Result<(), Error> {
+    if lengths.len() > FIELDS_MAX {
+        return Err(Error::Protocol(format!(
+            "{} columns exceed the limit of {FIELDS_MAX}",
+            lengths.len()
+        )));
+    }
+    let records = lengths.first().map_or(0, Vec::len);
+    if records > RECORDS_MAX || lengths.iter().any(|l| l.len() != records) {
+        return Err(Error::Protocol(format!(
+            "columns must all hold the same number (≤ {RECORDS_MAX}) of records"
+        )));
+    }
+    let total: u64 = lengths.iter().flatten().map(|&l| l as u64).sum();
+    if total != body as u64 {
+        return Err(Error::Protocol(format!(
+            "lengths add up to {total} bytes but the body has {body}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_request(request: &Request, body: usize) -> Result<(), Error> {
+    match request {
+        Request::Gather { indices, fields } => {
+            check_fields(fields)?;
+            if indices.len() > RECORDS_MAX {
+                return Err(Error::Protocol(format!(
+                    "{} indices exceed the limit of {RECORDS_MAX}",
+                    indices.len()
+                )));
+            }
+            expect_empty(body)
+        }
+        Request::Append {
+            fields, lengths, ..
+        } => {
+            check_fields(fields)?;
+            if lengths.len() != fields.len() {
+                return Err(Error::Protocol(format!(
+                    "{} fields but {} length lists",
+                    fields.len(),
+                    lengths.len()
+                )));
+            }
+            check_columns(lengths, body)
+        }
+        Request::Modify {
+            fields, lengths, ..
+        } => {
+            check_fields(fields)?;
+            if lengths.len() != fields.len() {
+                return Err(Error::Protocol(format!(
+                    "{} fields but {} lengths",
+                    fields.len(),
+                    lengths.len()
+                )));
+            }
+            let total: u64 = lengths.iter().map(|&l| l as u64).sum();
+            if total != body as u64 {
+                return Err(Error::Protocol(format!(
+                    "lengths add up to {total} bytes but the body has {body}"
+                )));
+            }
+            Ok(())
+        }
+        Request::Info | Request::Delete { .. } | Request::Truncate { .. } | Request::Commit => {
+            expect_empty(body)
+        }
+    }
+}
+
+fn expect_empty(body: usize) -> Result<(), Error> {
+    if body != 0 {
+        return Err(Error::Protocol(format!("unexpected body of {body} bytes")));
+    }
+    Ok(())
+}
+
+/// Cuts a checked body into per-field, per-record slices: `columns[f][k]`.
+pub fn split_columns<'a>(lengths: &[Vec<u32>], mut body: &'a [u8]) -> Vec<Vec<&'a [u8]>> {
+    lengths
+        .iter()
+        .map(|column| {
+            column
+                .iter()
+                .map(|&len| {
+                    let (record, rest) = body.split_at((len as usize).min(body.len()));
+                    body = rest;
+                    record
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(prefix: Vec<u8>, body: &[u8]) -> Vec<u8> {
+        [prefix, body.to_vec()].concat()
+    }
+
+    #[test]
+    fn round_trips() {
+        let request = Request::Append {
+            at: Some(5),
+            fields: vec!["a".into(), "b".into()],
+            lengths: vec![vec![1, 2], vec![0, 3]],
+        };
+        let bytes = message(encode_request(&request).unwrap(), b"xyy___");
+        let (back, body) = decode_request(&bytes).unwrap();
+        assert_eq!(back, request);
+        let Request::Append { lengths, .. } = back else {
+            unreachable!()
+        };
+        assert_eq!(
+            split_columns(&lengths, body),
+            vec![vec![&b"x"[..], b"yy"], vec![&b""[..], b"___"]]
+        );
+        let reply = Reply::Error {
+            code: ErrorCode::IndexOutOfRange,
+            message: "index 9".into(),
+        };
+        assert_eq!(
+            decode_reply(&encode_reply(&reply).unwrap()).unwrap().0,
+            reply
+        );
+    }
+
+    #[test]
+    fn hostile_messages_are_errors() {
+        let good = encode_request(&Request::Gather {
+            indices: vec![1, 2, 3],
+            fields: vec![],
+        })
+        .unwrap();
+        // Every truncation, and every single-byte corruption, decodes to an error or to a
+        // valid request — never a panic.
+        for cut in 0..good.len() {
+            assert!(decode_request(&good[..cut]).is_err());
+        }
+        for i in 0..good.len() {
+            for flip in [1u8, 0x80, 0xff] {
+                let mut bad = good.clone();
+                bad[i] ^= flip;
+                let _ = decode_request(&bad);
+            }
+        }
+        // A length prefix claiming 2^60 indices is refused without allocating them.
+        let mut bomb = good.clone();
+        let at = PREFIX_BYTES + 4; // after the enum tag
+        bomb[at..at + 8].copy_from_slice(&(1u64 << 60).to_le_bytes());
+        assert!(decode_request(&bomb).is_err());
+        // Body sizes must match the lengths.
+        let append = encode_request(&Request::Append {
+            at: None,
+            fields: vec!["a".into()],
+            lengths: vec![vec![4]],
+        })
+        .unwrap();
+        assert!(decode_request(&message(append.clone(), b"abc")).is_err());
+        assert!(decode_request(&message(append, b"abcd")).is_ok());
+        // Another version is named in the error.
+        let mut other = good;
+        other[4] = 9;
+        assert!(decode_request(&other)
+            .unwrap_err()
+            .to_string()
+            .contains("version 9"));
+    }
+}

@@ -1,0 +1,73 @@
+//! `zr-node`: serves one shard of a zrecord cluster.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use zr_common::config::ClusterConfig;
+
+/// Serve shard K of the cluster described by nodes.toml over QUIC.
+///
+/// The shard's store lives in --data, else in the directory nodes.toml gives for it, else in
+/// ./zr-data/shard-K; it is created with the configured fields if it does not exist. SIGINT or
+/// SIGTERM stops accepting, finishes requests in flight, commits and exits 0.
+#[derive(Parser)]
+#[command(name = "zr-node", version)]
+struct Args {
+    /// The shard to serve.
+    #[arg(long)]
+    shard: u32,
+    /// The cluster configuration.
+    #[arg(long, default_value = "nodes.toml")]
+    nodes: PathBuf,
+    /// Data directory (overrides nodes.toml).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Log level: error, warn, info, debug, trace.
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
+        .with_writer(std::io::stderr)
+        .init();
+    let config = match ClusterConfig::load(&args.nodes) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("zr-node: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("zr-node: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(zr_node::server::run_shard(
+        &config,
+        args.shard,
+        args.data.as_deref(),
+        shutdown_signal(),
+    ));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("zr-node: shard {}: {e}", args.shard);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
+}

@@ -1,0 +1,316 @@
+//! The shard server: one `Store` served over QUIC with the `zr_common::wire` protocol.
+//!
+//! Protocol handling (`execute`) is a plain function from a request to a reply, testable
+//! without a network; the async part only moves bytes. Store calls run on blocking threads.
+//! Connections are capped; each request is one stream; a malformed request gets an error
+//! reply and a log line and affects nothing else.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use quinn::Endpoint;
+use tokio::sync::Semaphore;
+use zr_common::config::ClusterConfig;
+use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request, MESSAGE_BYTES_MAX};
+use zr_common::{net, Record};
+
+use crate::meta::{Compression, FieldSpec};
+use crate::store::{CreateOptions, Store};
+use crate::Error;
+
+/// Most client connections (routers) a node serves at once.
+pub const CONNECTIONS_MAX: usize = 64;
+/// How long a shutdown waits for requests in flight.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens shard `shard`'s store at `dir`, creating it with the cluster's fields if it does not
+/// exist yet; refuses a store whose fields differ from the configuration.
+pub fn open_shard_store(config: &ClusterConfig, dir: &Path) -> Result<Store, Error> {
+    let fields: Vec<FieldSpec> = config
+        .fields
+        .iter()
+        .map(|f| {
+            let compress = f
+                .compress
+                .parse::<Compression>()
+                .map_err(Error::InvalidSchema)?;
+            Ok(FieldSpec::new(f.name.clone(), compress))
+        })
+        .collect::<Result<_, Error>>()?;
+    if !dir.join(crate::meta::META_FILE).exists() {
+        return Store::create(dir, fields, CreateOptions::default());
+    }
+    let store = Store::open(dir)?;
+    let names = |fs: &[FieldSpec]| {
+        fs.iter()
+            .map(|f| format!("{}:{:?}", f.name, f.compress))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let have: Vec<(String, Compression)> = store
+        .fields()
+        .iter()
+        .map(|f| (f.name.clone(), f.compress))
+        .collect();
+    let want: Vec<(String, Compression)> = fields
+        .iter()
+        .map(|f| (f.name.clone(), f.compress))
+        .collect();
+    if have != want {
+        return Err(Error::InvalidSchema(format!(
+            "{} holds fields [{}] but the configuration says [{}]",
+            dir.display(),
+            names(store.fields()),
+            names(&fields)
+        )));
+    }
+    Ok(store)
+}
+
+/// Serves `store` on `endpoint` until `shutdown` resolves; then stops accepting, lets
+/// requests in flight finish (up to [`DRAIN_TIMEOUT`]) and commits.
+pub async fn serve(
+    endpoint: Endpoint,
+    store: Store,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            incoming = endpoint.accept() => {
+                let Some(incoming) = incoming else { break };
+                let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                    tracing::warn!("refusing a connection from {}: {CONNECTIONS_MAX} already open", incoming.remote_address());
+                    incoming.refuse();
+                    continue;
+                };
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    if let Err(e) = connection(incoming, store).await {
+                        tracing::debug!("connection ended: {e}");
+                    }
+                });
+            }
+        }
+    }
+    endpoint.close(0u32.into(), b"shutting down");
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, endpoint.wait_idle()).await;
+    let committed = tokio::task::spawn_blocking(move || store.commit()).await;
+    match committed {
+        Ok(Err(Error::ReadOnly { .. })) | Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e),
+        Err(e) => Err(Error::InvalidRecord(format!(
+            "commit at shutdown panicked: {e}"
+        ))),
+    }
+}
+
+async fn connection(incoming: quinn::Incoming, store: Store) -> Result<(), quinn::ConnectionError> {
+    let connection = incoming.await?;
+    loop {
+        let (mut send, mut recv) = connection.accept_bi().await?;
+        let store = store.clone();
+        tokio::spawn(async move {
+            let bytes = match recv.read_to_end(MESSAGE_BYTES_MAX).await {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::debug!("request not read: {e}");
+                    return;
+                }
+            };
+            let answer = tokio::task::spawn_blocking(move || handle(&store, &bytes)).await;
+            let (header, body) = answer.unwrap_or_else(|e| {
+                error_reply(ErrorCode::Storage, format!("request handler failed: {e}"))
+            });
+            if let Err(e) = net::respond(&mut send, header, body).await {
+                tracing::debug!("{e}");
+            }
+        });
+    }
+}
+
+/// Decodes, executes and encodes one request: the whole protocol, without I/O.
+pub fn handle(store: &Store, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
+    let (request, body) = match wire::decode_request(bytes) {
+        Ok(decoded) => decoded,
+        Err(e) => {
+            tracing::warn!("bad request: {e}");
+            let code = if e.to_string().contains("version") {
+                ErrorCode::Version
+            } else {
+                ErrorCode::BadRequest
+            };
+            return error_reply(code, e.to_string());
+        }
+    };
+    match execute(store, request, body) {
+        Ok((reply, body)) => match wire::encode_reply(&reply) {
+            Ok(header) => (header, body),
+            Err(e) => error_reply(ErrorCode::Storage, e.to_string()),
+        },
+        Err((code, message)) => error_reply(code, message),
+    }
+}
+
+fn error_reply(code: ErrorCode, message: String) -> (Vec<u8>, Vec<Bytes>) {
+    let reply = Reply::Error { code, message };
+    (wire::encode_reply(&reply).unwrap_or_default(), Vec::new())
+}
+
+fn code_of(e: &Error) -> ErrorCode {
+    match e {
+        Error::IndexOutOfRange { .. } => ErrorCode::IndexOutOfRange,
+        Error::UnknownField { .. } => ErrorCode::UnknownField,
+        Error::InvalidRecord(_) => ErrorCode::BadRequest,
+        _ => ErrorCode::Storage,
+    }
+}
+
+type Outcome = Result<(Reply, Vec<Bytes>), (ErrorCode, String)>;
+
+fn execute(store: &Store, request: Request, body: &[u8]) -> Outcome {
+    let fail = |e: Error| (code_of(&e), e.to_string());
+    match request {
+        Request::Info => Ok((
+            Reply::Info {
+                len: store.len(),
+                fields: store.fields().iter().map(field_info).collect(),
+            },
+            Vec::new(),
+        )),
+        Request::Gather { indices, fields } => {
+            let names: Vec<&str> = fields.iter().map(String::as_str).collect();
+            let batch = store.gather(&indices, &names).map_err(fail)?;
+            let mut lengths = Vec::new();
+            let mut pieces = Vec::new();
+            for field in batch.fields() {
+                let column = field.to_contiguous();
+                lengths.push(
+                    column
+                        .offsets
+                        .windows(2)
+                        .map(|w| (w[1] - w[0]) as u32)
+                        .collect(),
+                );
+                pieces.push(Bytes::from(column.data));
+            }
+            Ok((Reply::Gather { lengths }, pieces))
+        }
+        Request::Append {
+            at,
+            fields,
+            lengths,
+        } => {
+            if let Some(at) = at {
+                if at != store.len() {
+                    return Err((
+                        ErrorCode::Conflict,
+                        format!(
+                            "append expected to start at {at} but the shard holds {} records",
+                            store.len()
+                        ),
+                    ));
+                }
+            }
+            let columns = wire::split_columns(&lengths, body);
+            let count = lengths.first().map_or(0, Vec::len);
+            let records: Vec<Record> = (0..count)
+                .map(|k| {
+                    let mut record = Record::new();
+                    for (name, column) in fields.iter().zip(&columns) {
+                        record.set(name, column[k]);
+                    }
+                    record
+                })
+                .collect();
+            let range = store.append_many(&records).map_err(fail)?;
+            Ok((
+                Reply::Appended {
+                    start: range.start,
+                    count: range.end - range.start,
+                },
+                Vec::new(),
+            ))
+        }
+        Request::Modify {
+            index,
+            fields,
+            lengths,
+        } => {
+            let columns =
+                wire::split_columns(&lengths.iter().map(|&l| vec![l]).collect::<Vec<_>>(), body);
+            let mut record = Record::new();
+            for (name, column) in fields.iter().zip(&columns) {
+                record.set(name, column[0]);
+            }
+            store.modify(index, &record).map_err(fail)?;
+            Ok((Reply::Done, Vec::new()))
+        }
+        Request::Delete { index } => {
+            store.delete(index).map_err(fail)?;
+            Ok((Reply::Done, Vec::new()))
+        }
+        Request::Truncate { len } => {
+            while store.len() > len {
+                store.delete(store.len() - 1).map_err(fail)?;
+            }
+            Ok((Reply::Done, Vec::new()))
+        }
+        Request::Commit => {
+            store.commit().map_err(fail)?;
+            Ok((Reply::Done, Vec::new()))
+        }
+    }
+}
+
+fn field_info(spec: &FieldSpec) -> FieldInfo {
+    FieldInfo {
+        name: spec.name.clone(),
+        compress: match spec.compress {
+            Compression::Raw => "raw".into(),
+            Compression::Flate => "flate".into(),
+        },
+        dtype: spec.dtype.clone(),
+        shape: spec.shape.clone(),
+    }
+}
+
+/// Binds shard `shard`'s address from `config` and serves its store (the binary's path).
+pub async fn run_shard(
+    config: &ClusterConfig,
+    shard: u32,
+    data: Option<&Path>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let entry = config.shard(shard).ok_or_else(|| {
+        format!(
+            "shard {shard} is not in the configuration (shards 0..{})",
+            config.cluster.shards
+        )
+    })?;
+    let dir = data
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| config.data_dir(shard));
+    let store = {
+        let config = config.clone();
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || open_shard_store(&config, &dir)).await??
+    };
+    let addr: SocketAddr = entry.addr;
+    let endpoint = net::server_endpoint(addr)?;
+    tracing::info!(
+        "shard {shard} serving {} records from {} on {addr}",
+        store.len(),
+        dir.display()
+    );
+    serve(endpoint, store, shutdown).await?;
+    tracing::info!("shard {shard} stopped");
+    Ok(())
+}
