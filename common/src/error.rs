@@ -18,6 +18,12 @@ pub enum Error {
     /// A network operation failed; the message names the peer.
     #[error("network: {0}")]
     Net(String),
+    /// The router or a node answered with an error.
+    #[error("{message}")]
+    Remote {
+        code: crate::wire::ErrorCode,
+        message: String,
+    },
     /// A gather behind the loader failed.
     #[error("loader: gather of epoch {epoch} positions {start}..{end} failed: {source}")]
     Gather {

@@ -136,10 +136,7 @@ fn encode(kind: u16, header: &impl Serialize) -> Result<Vec<u8>, Error> {
 }
 
 /// Splits a message into its decoded header and its body.
-fn decode<'a, T: serde::de::DeserializeOwned>(
-    bytes: &'a [u8],
-    kind: u16,
-) -> Result<(T, &'a [u8]), Error> {
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], kind: u16) -> Result<(T, &[u8]), Error> {
     let bad = |why: String| Err(Error::Protocol(why));
     if bytes.len() < PREFIX_BYTES {
         return bad(format!(

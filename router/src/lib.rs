@@ -1,1 +1,12 @@
-//! zr-router: placement, scatter/gather over QUIC and the client library (not built yet).
+//! zr-router: the cluster's router and its client library.
+//!
+//! - [`plan`] — pure planning: split a gather or an append by shard, reassemble in order.
+//! - [`server`] — the router: placement snapshot, scatter/gather over QUIC, writes.
+//! - [`client`] — [`Client`]: the store's operations against a router.
+
+pub mod client;
+pub mod plan;
+pub mod server;
+
+pub use client::Client;
+pub use server::Router;

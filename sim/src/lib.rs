@@ -1,1 +1,252 @@
-//! zr-sim: the in-process cluster simulator (not built yet).
+//! `SimCluster`: S shard servers and a router in one process, on 127.0.0.1 with temporary
+//! data directories, running exactly the code the `zr-node` and `zr-router` binaries run.
+//! Nodes can be stopped (gracefully: finish requests, commit), crashed (dropped without a
+//! commit), and started again on the same address with their data; routers can be restarted
+//! or added.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use zr_common::config::{ClusterConfig, ClusterSection, FieldConfig, RouterConfig, ShardConfig};
+use zr_common::net;
+use zr_common::placement::EXTENT_RECORDS_DEFAULT;
+use zr_router::{Client, Router};
+
+/// Errors of the simulator: a message.
+pub type SimError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How to build a cluster.
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    /// (name, "raw" | "flate") of each field.
+    pub fields: Vec<(String, String)>,
+    /// Records per placement extent.
+    pub extent_records: u64,
+    /// Every network wait, in milliseconds.
+    pub timeout_ms: u64,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            fields: vec![("data".into(), "raw".into())],
+            extent_records: EXTENT_RECORDS_DEFAULT,
+            timeout_ms: 5_000,
+        }
+    }
+}
+
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), String>>,
+}
+
+/// An in-process cluster. See the module documentation.
+pub struct SimCluster {
+    runtime: tokio::runtime::Runtime,
+    _data: tempfile::TempDir,
+    config: ClusterConfig,
+    nodes: Vec<Option<Running>>,
+    routers: Vec<(SocketAddr, Running)>,
+}
+
+impl SimCluster {
+    /// Starts `shards` nodes and one router.
+    pub fn start(shards: u32, options: SimOptions) -> Result<SimCluster, SimError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("zr-sim")
+            .enable_all()
+            .build()?;
+        let data = tempfile::tempdir()?;
+        let loopback: SocketAddr = "127.0.0.1:0".parse()?;
+        // Bind every node first: the configuration needs their ports.
+        let endpoints = {
+            let _guard = runtime.enter();
+            (0..shards)
+                .map(|_| net::server_endpoint(loopback))
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        let shard_configs = endpoints
+            .iter()
+            .enumerate()
+            .map(|(id, e)| {
+                Ok(ShardConfig {
+                    id: id as u32,
+                    addr: e.local_addr()?,
+                    data: Some(data.path().join(format!("shard-{id}"))),
+                })
+            })
+            .collect::<Result<Vec<_>, std::io::Error>>()?;
+        let config = ClusterConfig {
+            cluster: ClusterSection {
+                shards,
+                extent_records: options.extent_records,
+                seed: 0,
+            },
+            fields: options
+                .fields
+                .iter()
+                .map(|(name, compress)| FieldConfig {
+                    name: name.clone(),
+                    compress: compress.clone(),
+                })
+                .collect(),
+            shards: shard_configs,
+            router: RouterConfig {
+                listen: loopback,
+                timeout_ms: options.timeout_ms,
+            },
+        };
+        let mut cluster = SimCluster {
+            runtime,
+            _data: data,
+            config,
+            nodes: Vec::new(),
+            routers: Vec::new(),
+        };
+        for (shard, endpoint) in endpoints.into_iter().enumerate() {
+            let running = cluster.run_node(shard as u32, endpoint)?;
+            cluster.nodes.push(Some(running));
+        }
+        cluster.add_router()?;
+        Ok(cluster)
+    }
+
+    /// The cluster's configuration (with the ports actually bound).
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// Shard `shard`'s data directory.
+    pub fn data_dir(&self, shard: u32) -> PathBuf {
+        self.config.data_dir(shard)
+    }
+
+    fn run_node(&self, shard: u32, endpoint: quinn::Endpoint) -> Result<Running, SimError> {
+        let store = zr_node::server::open_shard_store(&self.config, &self.config.data_dir(shard))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = self.runtime.spawn(async move {
+            zr_node::server::serve(endpoint, store, async {
+                let _ = stopped.await;
+            })
+            .await
+            .map_err(|e| e.to_string())
+        });
+        Ok(Running { stop, task })
+    }
+
+    /// The first router's address.
+    pub fn router_addr(&self) -> SocketAddr {
+        self.routers[0].0
+    }
+
+    /// Every router's address.
+    pub fn router_addrs(&self) -> Vec<SocketAddr> {
+        self.routers.iter().map(|(addr, _)| *addr).collect()
+    }
+
+    /// A client of the first router.
+    pub fn client(&self) -> Result<Client, SimError> {
+        Ok(Client::connect_with_timeout(
+            self.router_addr(),
+            Duration::from_millis(self.config.router.timeout_ms),
+        )?)
+    }
+
+    /// Starts another router over the same nodes; returns its address.
+    pub fn add_router(&mut self) -> Result<SocketAddr, SimError> {
+        let config = self.config.clone();
+        let (addr, running) = self.runtime.block_on(async {
+            let endpoint = net::server_endpoint(config.router.listen)?;
+            let addr = endpoint.local_addr()?;
+            let router: Arc<Router> = Router::start(&config, endpoint.clone()).await?;
+            let (stop, stopped) = oneshot::channel::<()>();
+            let task = tokio::spawn(async move {
+                router
+                    .serve(endpoint, async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+                Ok(())
+            });
+            Ok::<_, SimError>((addr, Running { stop, task }))
+        })?;
+        self.routers.push((addr, running));
+        Ok(addr)
+    }
+
+    /// Stops the first router and starts a fresh one (a new address); returns it.
+    pub fn restart_router(&mut self) -> Result<SocketAddr, SimError> {
+        let (_, running) = self.routers.remove(0);
+        self.finish(running)?;
+        let addr = self.add_router()?;
+        let last = self.routers.len() - 1;
+        self.routers.swap(0, last);
+        Ok(addr)
+    }
+
+    /// Stops shard `shard` gracefully: no new requests, requests in flight finish, commit.
+    pub fn stop_node(&mut self, shard: u32) -> Result<(), SimError> {
+        match self.nodes[shard as usize].take() {
+            Some(running) => self.finish(running),
+            None => Ok(()),
+        }
+    }
+
+    /// Crashes shard `shard`: its task is dropped mid-flight, without a commit.
+    pub fn crash_node(&mut self, shard: u32) {
+        if let Some(running) = self.nodes[shard as usize].take() {
+            running.task.abort();
+            let _ = self.runtime.block_on(running.task);
+        }
+    }
+
+    /// Starts shard `shard` again on its address, from its data directory.
+    pub fn start_node(&mut self, shard: u32) -> Result<(), SimError> {
+        if self.nodes[shard as usize].is_some() {
+            return Ok(());
+        }
+        let addr = self.config.shard(shard).ok_or("no such shard")?.addr;
+        // The old socket closes once its last handle is gone; retry the bind briefly.
+        let mut attempt = 0;
+        let endpoint = loop {
+            let bound = {
+                let _guard = self.runtime.enter();
+                net::server_endpoint(addr)
+            };
+            match bound {
+                Ok(endpoint) => break endpoint,
+                Err(e) if attempt < 50 => {
+                    attempt += 1;
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let running = self.run_node(shard, endpoint)?;
+        self.nodes[shard as usize] = Some(running);
+        Ok(())
+    }
+
+    fn finish(&self, running: Running) -> Result<(), SimError> {
+        let _ = running.stop.send(());
+        self.runtime.block_on(running.task)?.map_err(SimError::from)
+    }
+}
+
+impl Drop for SimCluster {
+    fn drop(&mut self) {
+        for (_, running) in std::mem::take(&mut self.routers) {
+            let _ = self.finish(running);
+        }
+        for shard in 0..self.nodes.len() {
+            let _ = self.stop_node(shard as u32);
+        }
+    }
+}

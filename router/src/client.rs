@@ -1,0 +1,235 @@
+//! `Client`: the store's operations against a router, with a blocking API (it runs its own
+//! small tokio runtime), so training code and the loader use it like a local `Store`.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::time::Duration;
+
+use bytes::Bytes;
+use quinn::{Connection, Endpoint};
+use zr_common::config::TIMEOUT_MS_DEFAULT;
+use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
+use zr_common::{net, BoxError, Contiguous, Error, GatherSource, Record};
+
+/// Records encoded for the wire: field names, `lengths[f][k]`, one body piece per field.
+type Encoded = (Vec<String>, Vec<Vec<u32>>, Vec<Bytes>);
+
+/// A connection to a router.
+pub struct Client {
+    runtime: tokio::runtime::Runtime,
+    _endpoint: Endpoint,
+    connection: Connection,
+    fields: Vec<FieldInfo>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("router", &self.connection.remote_address())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Connects to the router at `addr` (default timeout for every wait).
+    pub fn connect(addr: SocketAddr) -> Result<Client, Error> {
+        Client::connect_with_timeout(addr, Duration::from_millis(TIMEOUT_MS_DEFAULT))
+    }
+
+    /// Connects with `timeout` for every network wait.
+    pub fn connect_with_timeout(addr: SocketAddr, timeout: Duration) -> Result<Client, Error> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("zr-client")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Net(format!("cannot start the client runtime: {e}")))?;
+        let bind: SocketAddr = if addr.is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        }
+        .parse()
+        .map_err(|_| Error::Net("bad bind address".into()))?;
+        let (endpoint, connection) = runtime.block_on(async {
+            let endpoint = net::client_endpoint(bind)?;
+            let connection = net::connect(&endpoint, addr, timeout).await?;
+            Ok::<_, Error>((endpoint, connection))
+        })?;
+        let mut client = Client {
+            runtime,
+            _endpoint: endpoint,
+            connection,
+            fields: Vec::new(),
+            timeout,
+        };
+        let (_, fields) = client.info()?;
+        client.fields = fields;
+        Ok(client)
+    }
+
+    fn call(&self, request: &Request, body: Vec<Bytes>) -> Result<(Reply, Vec<u8>, usize), Error> {
+        let header = wire::encode_request(request)?;
+        let bytes =
+            self.runtime
+                .block_on(net::call(&self.connection, header, body, self.timeout))?;
+        let (reply, body_len) = {
+            let (reply, body) = wire::decode_reply(&bytes)?;
+            (reply, body.len())
+        };
+        if let Reply::Error { code, message } = reply {
+            return Err(Error::Remote { code, message });
+        }
+        let start = bytes.len() - body_len;
+        Ok((reply, bytes, start))
+    }
+
+    /// Length and fields.
+    pub fn info(&self) -> Result<(u64, Vec<FieldInfo>), Error> {
+        match self.call(&Request::Info, Vec::new())?.0 {
+            Reply::Info { len, fields } => Ok((len, fields)),
+            other => Err(unexpected("info", &other)),
+        }
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> Result<u64, Error> {
+        Ok(self.info()?.0)
+    }
+
+    /// True if the cluster holds no records.
+    pub fn is_empty(&self) -> Result<bool, Error> {
+        Ok(self.len()? == 0)
+    }
+
+    /// The dataset's fields (as of connecting).
+    pub fn fields(&self) -> &[FieldInfo] {
+        &self.fields
+    }
+
+    /// Gathers `indices` for `fields` (empty = all): one column per field, in caller order.
+    pub fn gather(&self, indices: &[u64], fields: &[&str]) -> Result<Vec<Contiguous>, Error> {
+        let request = Request::Gather {
+            indices: indices.to_vec(),
+            fields: fields.iter().map(|f| f.to_string()).collect(),
+        };
+        let (reply, bytes, start) = self.call(&request, Vec::new())?;
+        let Reply::Gather { lengths } = reply else {
+            return Err(unexpected("gather", &reply));
+        };
+        let mut body = &bytes[start..];
+        let mut columns = Vec::with_capacity(lengths.len());
+        for column in &lengths {
+            let mut offsets = Vec::with_capacity(column.len() + 1);
+            let mut total = 0u64;
+            offsets.push(0);
+            for &len in column {
+                total += len as u64;
+                offsets.push(total);
+            }
+            let (data, rest) = body.split_at(total as usize);
+            columns.push(Contiguous {
+                data: data.to_vec(),
+                offsets,
+            });
+            body = rest;
+        }
+        Ok(columns)
+    }
+
+    fn encode_records(&self, records: &[Record]) -> Result<Encoded, Error> {
+        let names: Vec<String> = self.fields.iter().map(|f| f.name.clone()).collect();
+        for record in records {
+            for (name, _) in record.values() {
+                if !names.iter().any(|n| n == name) {
+                    return Err(Error::Remote {
+                        code: ErrorCode::UnknownField,
+                        message: format!(
+                            "unknown field '{name}' (the dataset has: {})",
+                            names.join(", ")
+                        ),
+                    });
+                }
+            }
+        }
+        let mut lengths = Vec::with_capacity(names.len());
+        let mut body = Vec::with_capacity(names.len());
+        for name in &names {
+            let payloads: Vec<&[u8]> = records
+                .iter()
+                .map(|r| r.get(name).unwrap_or_default())
+                .collect();
+            lengths.push(payloads.iter().map(|p| p.len() as u32).collect());
+            body.push(Bytes::from(payloads.concat()));
+        }
+        Ok((names, lengths, body))
+    }
+
+    /// Appends records; returns their global index range.
+    pub fn append_many(&self, records: &[Record]) -> Result<Range<u64>, Error> {
+        let (fields, lengths, body) = self.encode_records(records)?;
+        match self
+            .call(
+                &Request::Append {
+                    at: None,
+                    fields,
+                    lengths,
+                },
+                body,
+            )?
+            .0
+        {
+            Reply::Appended { start, count } => Ok(start..start + count),
+            other => Err(unexpected("append", &other)),
+        }
+    }
+
+    /// Appends one record; returns its index.
+    pub fn append(&self, record: &Record) -> Result<u64, Error> {
+        Ok(self.append_many(std::slice::from_ref(record))?.start)
+    }
+
+    /// Replaces record `index` (fields the record does not name become absent).
+    pub fn modify(&self, index: u64, record: &Record) -> Result<(), Error> {
+        let (fields, lengths, body) = self.encode_records(std::slice::from_ref(record))?;
+        let lengths = lengths.into_iter().map(|l| l[0]).collect();
+        self.call(
+            &Request::Modify {
+                index,
+                fields,
+                lengths,
+            },
+            body,
+        )
+        .map(|_| ())
+    }
+
+    /// Swap-removes record `index`: the last record takes its index.
+    pub fn delete(&self, index: u64) -> Result<(), Error> {
+        self.call(&Request::Delete { index }, Vec::new())
+            .map(|_| ())
+    }
+
+    /// Commits every shard; returns once all have.
+    pub fn commit(&self) -> Result<(), Error> {
+        self.call(&Request::Commit, Vec::new()).map(|_| ())
+    }
+}
+
+fn unexpected(what: &str, reply: &Reply) -> Error {
+    Error::Protocol(format!("the router answered {what} with {reply:?}"))
+}
+
+impl GatherSource for Client {
+    fn gather_into(
+        &self,
+        indices: &[u64],
+        fields: &[String],
+        columns: &mut Vec<Contiguous>,
+    ) -> Result<(), BoxError> {
+        let names: Vec<&str> = fields.iter().map(String::as_str).collect();
+        *columns = self.gather(indices, &names)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,70 @@
+//! `zr-router`: the cluster's front door.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use zr_common::config::ClusterConfig;
+
+/// Route a zrecord cluster: accept clients over QUIC, scatter gathers to the shards named in
+/// nodes.toml, reassemble them in order, and route writes.
+///
+/// The router keeps no per-record state; at start it recovers the cluster's length from the
+/// nodes, so it can be restarted, or run twice, at any time. SIGINT or SIGTERM stops
+/// accepting and finishes requests in flight.
+#[derive(Parser)]
+#[command(name = "zr-router", version)]
+struct Args {
+    /// The cluster configuration.
+    #[arg(long, default_value = "nodes.toml")]
+    nodes: PathBuf,
+    /// Address to listen on (overrides router.listen in nodes.toml).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Log level: error, warn, info, debug, trace.
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
+        .with_writer(std::io::stderr)
+        .init();
+    let config = match ClusterConfig::load(&args.nodes) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("zr-router: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listen = args.listen.unwrap_or(config.router.listen);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("zr-router: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(zr_router::server::run_router(
+        &config,
+        listen,
+        shutdown_signal(),
+    )) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("zr-router: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
+}

@@ -1,0 +1,144 @@
+//! The cluster through the simulator, as a client sees it: every gather equals an in-memory
+//! model after random appends, modifies, deletes and commits; nodes and routers restart
+//! without changing an answer.
+
+use zr_common::hash::mix2;
+use zr_common::Record;
+use zr_router::Client;
+use zr_sim::{SimCluster, SimOptions};
+
+type Row = [Vec<u8>; 2];
+
+fn options() -> SimOptions {
+    SimOptions {
+        fields: vec![("a".into(), "raw".into()), ("b".into(), "flate".into())],
+        // Small extents: a few hundred records already spread over every shard.
+        extent_records: 3,
+        timeout_ms: 5_000,
+    }
+}
+
+fn row(seed: u64) -> Row {
+    let len = (mix2(seed, 1) % 600) as usize;
+    let a: Vec<u8> = (0..len).map(|i| mix2(seed, i as u64) as u8).collect();
+    let b: Vec<u8> = if seed.is_multiple_of(4) {
+        Vec::new()
+    } else {
+        format!("record {seed} ").repeat(1 + len / 40).into_bytes()
+    };
+    [a, b]
+}
+
+fn record(row: &Row) -> Record<'_> {
+    Record::new().with("a", &row[0]).with("b", &row[1])
+}
+
+fn check(client: &Client, model: &[Row], indices: &[u64]) {
+    let columns = client.gather(indices, &[]).unwrap();
+    assert_eq!(columns.len(), 2);
+    for (pos, &i) in indices.iter().enumerate() {
+        for f in 0..2 {
+            assert!(
+                columns[f].get(pos).unwrap() == &model[i as usize][f][..],
+                "field {f} of record {i} differs"
+            );
+        }
+    }
+}
+
+fn check_all(client: &Client, model: &[Row]) {
+    assert_eq!(client.len().unwrap(), model.len() as u64);
+    let all: Vec<u64> = (0..model.len() as u64).collect();
+    check(client, model, &all);
+}
+
+#[test]
+fn cluster_matches_a_model_through_random_operations() {
+    let mut cluster = SimCluster::start(3, options()).unwrap();
+    let client = cluster.client().unwrap();
+    let mut model: Vec<Row> = Vec::new();
+    let mut committed: Vec<Row> = Vec::new();
+    for step in 0..300u64 {
+        let r = mix2(0xc1u64, step);
+        match r % 10 {
+            0..=3 => {
+                let rows: Vec<Row> = (0..1 + r % 40).map(|k| row(r ^ k)).collect();
+                let records: Vec<Record> = rows.iter().map(record).collect();
+                let range = client.append_many(&records).unwrap();
+                assert_eq!(range.start, model.len() as u64);
+                model.extend(rows);
+            }
+            4 if !model.is_empty() => {
+                let i = mix2(r, 2) % model.len() as u64;
+                let new = row(r);
+                client.modify(i, &record(&new)).unwrap();
+                model[i as usize] = new;
+            }
+            5 if !model.is_empty() => {
+                let i = mix2(r, 3) % model.len() as u64;
+                client.delete(i).unwrap();
+                model.swap_remove(i as usize);
+            }
+            6 => {
+                client.commit().unwrap();
+                committed = model.clone();
+            }
+            _ if !model.is_empty() => {
+                // Random, repeated, cross-shard.
+                let indices: Vec<u64> = (0..1 + r % 50)
+                    .map(|k| mix2(r, k) % model.len() as u64)
+                    .collect();
+                check(&client, &model, &indices);
+            }
+            _ => {}
+        }
+    }
+    check_all(&client, &model);
+    client.commit().unwrap();
+    committed.clone_from(&model);
+
+    // Errors name what is wrong.
+    let err = client
+        .gather(&[model.len() as u64 + 5], &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("index {}", model.len() + 5))
+            && err.contains(&format!("holds {} records", model.len())),
+        "{err}"
+    );
+    let err = client.gather(&[0], &["nope"]).unwrap_err().to_string();
+    assert!(err.contains("'nope'"), "{err}");
+
+    // A node stopped and started again serves its committed data.
+    cluster.stop_node(1).unwrap();
+    cluster.start_node(1).unwrap();
+    let client = cluster.client().unwrap();
+    check_all(&client, &committed);
+}
+
+#[test]
+fn restarted_and_second_routers_answer_identically() {
+    let mut cluster = SimCluster::start(4, options()).unwrap();
+    let client = cluster.client().unwrap();
+    let rows: Vec<Row> = (0..500).map(row).collect();
+    let records: Vec<Record> = rows.iter().map(record).collect();
+    client.append_many(&records).unwrap();
+    client.commit().unwrap();
+    let indices: Vec<u64> = (0..700u64).map(|k| mix2(9, k) % 500).collect();
+    let before = client.gather(&indices, &[]).unwrap();
+    drop(client);
+
+    cluster.restart_router().unwrap();
+    let second = cluster.add_router().unwrap();
+    let after = cluster.client().unwrap().gather(&indices, &[]).unwrap();
+    let other = Client::connect(second)
+        .unwrap()
+        .gather(&indices, &[])
+        .unwrap();
+    assert_eq!(before, after);
+    assert_eq!(before, other);
+    let client = cluster.client().unwrap();
+    assert_eq!(client.len().unwrap(), 500);
+    check_all(&client, &rows);
+}
