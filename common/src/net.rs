@@ -33,8 +33,13 @@ const MTU_MAX: u16 = 6500;
 /// Most concurrent requests (streams) one connection may have open.
 pub const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
 
-fn transport() -> Arc<TransportConfig> {
+/// Transport settings; on loopback the first packets already use the large MTU (discovery
+/// would get there anyway, a few round trips later).
+fn transport(loopback: bool) -> Arc<TransportConfig> {
     let mut t = TransportConfig::default();
+    if loopback {
+        t.initial_mtu(MTU_MAX);
+    }
     let mut mtu = MtuDiscoveryConfig::default();
     mtu.upper_bound(MTU_MAX);
     t.mtu_discovery_config(Some(mtu))
@@ -72,7 +77,7 @@ pub fn server_endpoint(addr: SocketAddr) -> Result<Endpoint, Error> {
     let key = PrivatePkcs8KeyDer::from(certified.key_pair.serialize_der());
     let mut server = ServerConfig::with_single_cert(vec![cert], key.into())
         .map_err(|e| Error::Net(format!("cannot configure TLS: {e}")))?;
-    server.transport_config(transport());
+    server.transport_config(transport(addr.ip().is_loopback()));
     let mut endpoint = Endpoint::new(
         EndpointConfig::default(),
         Some(server),
@@ -80,7 +85,7 @@ pub fn server_endpoint(addr: SocketAddr) -> Result<Endpoint, Error> {
         Arc::new(quinn::TokioRuntime),
     )
     .map_err(|e| Error::Net(format!("cannot start an endpoint on {addr}: {e}")))?;
-    endpoint.set_default_client_config(client_config()?);
+    endpoint.set_default_client_config(client_config(false)?);
     Ok(endpoint)
 }
 
@@ -93,11 +98,11 @@ pub fn client_endpoint(bind: SocketAddr) -> Result<Endpoint, Error> {
         Arc::new(quinn::TokioRuntime),
     )
     .map_err(|e| Error::Net(format!("cannot start a client endpoint: {e}")))?;
-    endpoint.set_default_client_config(client_config()?);
+    endpoint.set_default_client_config(client_config(false)?);
     Ok(endpoint)
 }
 
-fn client_config() -> Result<ClientConfig, Error> {
+fn client_config(loopback: bool) -> Result<ClientConfig, Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let tls = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -108,7 +113,7 @@ fn client_config() -> Result<ClientConfig, Error> {
     let quic = QuicClientConfig::try_from(tls)
         .map_err(|e| Error::Net(format!("cannot configure QUIC: {e}")))?;
     let mut config = ClientConfig::new(Arc::new(quic));
-    config.transport_config(transport());
+    config.transport_config(transport(loopback));
     Ok(config)
 }
 
@@ -169,7 +174,7 @@ pub async fn connect(
     timeout: Duration,
 ) -> Result<Connection, Error> {
     let connecting = endpoint
-        .connect(addr, SERVER_NAME)
+        .connect_with(client_config(addr.ip().is_loopback())?, addr, SERVER_NAME)
         .map_err(|e| Error::Net(format!("cannot connect to {addr}: {e}")))?;
     match tokio::time::timeout(timeout, connecting).await {
         Ok(Ok(connection)) => Ok(connection),

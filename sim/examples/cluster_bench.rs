@@ -1,0 +1,248 @@
+//! Cluster benchmark on loopback, all in one run: router gathers vs the same gathers sent
+//! straight to the nodes vs a plain single-stream quinn transfer of the same bytes vs plain
+//! TCP.
+//!
+//! ```text
+//! cargo run --release -p zr-sim --example cluster_bench -- [--seconds 3] [--shards 4]
+//! ```
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use zr_common::hash::{mix2, reduce};
+use zr_common::net;
+use zr_common::wire::{self, Reply, Request};
+use zr_common::Record;
+use zr_router::plan::plan_gather;
+use zr_sim::{SimCluster, SimOptions};
+
+#[derive(Parser)]
+struct Args {
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Shards.
+    #[arg(long, default_value_t = 4)]
+    shards: u32,
+    /// Records per batch.
+    #[arg(long, default_value_t = 1024)]
+    batch: usize,
+}
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+struct Figures {
+    batches: usize,
+    seconds: f64,
+    latencies: Vec<Duration>,
+}
+
+impl Figures {
+    fn measure(seconds: f64, mut step: impl FnMut(usize) -> Result<()>) -> Result<Figures> {
+        let mut latencies = Vec::new();
+        let started = Instant::now();
+        while started.elapsed().as_secs_f64() < seconds {
+            let t = Instant::now();
+            step(latencies.len())?;
+            latencies.push(t.elapsed());
+        }
+        latencies.sort_unstable();
+        Ok(Figures {
+            batches: latencies.len(),
+            seconds: started.elapsed().as_secs_f64(),
+            latencies,
+        })
+    }
+
+    fn quantile_ms(&self, q: f64) -> f64 {
+        self.latencies[((self.latencies.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    println!(
+        "loopback, batches of {} random records, {} shards; ratios against plain quinn",
+        args.batch, args.shards
+    );
+    println!(
+        "{:>8} {:<30} {:>11} {:>8} {:>9} {:>9} {:>9}",
+        "record", "method", "records/s", "GiB/s", "p50 ms", "p99 ms", "vs quinn"
+    );
+    for size in [1024usize, 16384] {
+        run(&args, size)?;
+    }
+    Ok(())
+}
+
+fn run(args: &Args, size: usize) -> Result<()> {
+    let records = (256u64 << 20) / size as u64;
+    let cluster = SimCluster::start(args.shards, SimOptions::default())?;
+    let client = cluster.client()?;
+    let mut payload = vec![0u8; size * 1024];
+    for (k, b) in payload.iter_mut().enumerate() {
+        *b = mix2(size as u64, k as u64) as u8;
+    }
+    let mut loaded = 0;
+    while loaded < records {
+        let count = 1024.min(records - loaded) as usize;
+        let batch: Vec<Record> = payload
+            .chunks(size)
+            .take(count)
+            .map(|p| Record::new().with("data", p))
+            .collect();
+        client.append_many(&batch)?;
+        loaded += count as u64;
+    }
+    client.commit()?;
+    let batch_bytes = args.batch * size;
+    let indices = |b: usize| -> Vec<u64> {
+        (0..args.batch as u64)
+            .map(|k| reduce(mix2(b as u64, k), records))
+            .collect()
+    };
+
+    // 1. Through the router (two QUIC hops).
+    let router = Figures::measure(args.seconds, |b| {
+        client.gather(&indices(b), &[])?;
+        Ok(())
+    })?;
+
+    // 2. Straight to the nodes: what the router does, from here (one hop).
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let placement = cluster.config().placement()?;
+    let timeout = Duration::from_secs(10);
+    let connections = runtime.block_on(async {
+        let endpoint = net::client_endpoint("127.0.0.1:0".parse()?)?;
+        let mut connections = Vec::new();
+        for shard in &cluster.config().shards {
+            connections.push(net::connect(&endpoint, shard.addr, timeout).await?);
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>((endpoint, connections))
+    })?;
+    let direct = Figures::measure(args.seconds, |b| {
+        let parts = plan_gather(&placement, &indices(b));
+        runtime.block_on(async {
+            let calls = parts.iter().map(|part| {
+                let request = Request::Gather {
+                    indices: part.local.clone(),
+                    fields: Vec::new(),
+                };
+                let connection = &connections.1[part.shard as usize];
+                async move {
+                    let header = wire::encode_request(&request)?;
+                    let bytes = net::call(connection, header, Vec::new(), timeout).await?;
+                    match wire::decode_reply(&bytes)?.0 {
+                        Reply::Gather { .. } => {
+                            Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+                        }
+                        other => Err(format!("unexpected {other:?}").into()),
+                    }
+                }
+            });
+            for result in futures::future::join_all(calls).await {
+                result?;
+            }
+            Ok(())
+        })
+    })?;
+
+    // 3. Plain quinn: one stream per batch, the server answers with `batch_bytes`.
+    let quinn = runtime.block_on(async {
+        let server = net::server_endpoint("127.0.0.1:0".parse()?)?;
+        let addr = server.local_addr()?;
+        let reply = Bytes::from(vec![7u8; batch_bytes]);
+        tokio::spawn(async move {
+            while let Some(incoming) = server.accept().await {
+                let reply = reply.clone();
+                tokio::spawn(async move {
+                    let Ok(connection) = incoming.await else {
+                        return;
+                    };
+                    while let Ok((mut send, mut recv)) = connection.accept_bi().await {
+                        let _ = recv.read_to_end(1024).await;
+                        let _ = send.write_chunk(reply.clone()).await;
+                        let _ = send.finish();
+                    }
+                });
+            }
+        });
+        let endpoint = net::client_endpoint("127.0.0.1:0".parse()?)?;
+        let connection = net::connect(&endpoint, addr, timeout).await?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>((endpoint, connection))
+    })?;
+    let plain_quinn = Figures::measure(args.seconds, |_| {
+        runtime.block_on(async {
+            let bytes = net::call(&quinn.1, vec![0u8; 16], Vec::new(), timeout).await?;
+            if bytes.len() != batch_bytes {
+                return Err("short transfer".into());
+            }
+            Ok(())
+        })
+    })?;
+
+    // 4. Plain TCP: request a batch, read `batch_bytes`.
+    let tcp_addr: SocketAddr = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let reply = Arc::new(vec![7u8; batch_bytes]);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let reply = Arc::clone(&reply);
+                tokio::spawn(async move {
+                    let mut request = [0u8; 1];
+                    while socket.read_exact(&mut request).await.is_ok() {
+                        if socket.write_all(&reply).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Ok::<_, std::io::Error>(addr)
+    })?;
+    let mut socket = runtime.block_on(tokio::net::TcpStream::connect(tcp_addr))?;
+    let mut buffer = vec![0u8; batch_bytes];
+    let tcp = Figures::measure(args.seconds, |_| {
+        runtime.block_on(async {
+            socket.write_all(&[1]).await?;
+            socket.read_exact(&mut buffer).await?;
+            Ok(())
+        })
+    })?;
+
+    let quinn_rate = plain_quinn.batches as f64 / plain_quinn.seconds;
+    for (name, f) in [
+        ("router gather (2 hops)", &router),
+        ("direct node gather (1 hop)", &direct),
+        ("plain quinn, same bytes", &plain_quinn),
+        ("plain TCP, same bytes", &tcp),
+    ] {
+        let rate = f.batches as f64 / f.seconds;
+        println!(
+            "{:>8} {:<30} {:>11.0} {:>8.3} {:>9.2} {:>9.2} {:>8.2}x",
+            size,
+            name,
+            rate * args.batch as f64,
+            rate * batch_bytes as f64 / (1u64 << 30) as f64,
+            f.quantile_ms(0.5),
+            f.quantile_ms(0.99),
+            rate / quinn_rate
+        );
+    }
+    println!(
+        "{:>8} router p99 / direct p99 = {:.2}",
+        size,
+        router.quantile_ms(0.99) / direct.quantile_ms(0.99)
+    );
+    drop(quinn);
+    drop(connections);
+    Ok(())
+}
