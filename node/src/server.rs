@@ -18,6 +18,7 @@ use zr_common::config::ClusterConfig;
 use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request, MESSAGE_BYTES_MAX};
 use zr_common::{net, Record};
 
+use crate::batch::Batch;
 use crate::meta::{Compression, FieldSpec};
 use crate::store::{CreateOptions, Store};
 use crate::Error;
@@ -187,19 +188,23 @@ fn execute(store: &Store, request: Request, body: &[u8]) -> Outcome {
         )),
         Request::Gather { indices, fields } => {
             let names: Vec<&str> = fields.iter().map(String::as_str).collect();
-            let batch = store.gather(&indices, &names).map_err(fail)?;
+            let batch = Arc::new(store.gather(&indices, &names).map_err(fail)?);
+            // The reply's body is sent straight from the batch: raw payloads from the mapped
+            // chunks, flate ones from the batch's buffers; no copy into a reply buffer.
             let mut lengths = Vec::new();
             let mut pieces = Vec::new();
-            for field in batch.fields() {
-                let column = field.to_contiguous();
-                lengths.push(
-                    column
-                        .offsets
-                        .windows(2)
-                        .map(|w| (w[1] - w[0]) as u32)
-                        .collect(),
-                );
-                pieces.push(Bytes::from(column.data));
+            for (field, view) in batch.fields().enumerate() {
+                let column: Vec<u32> = view.iter().map(|p| p.len() as u32).collect();
+                for (record, &len) in column.iter().enumerate() {
+                    if len > 0 {
+                        pieces.push(Bytes::from_owner(RecordBytes {
+                            batch: Arc::clone(&batch),
+                            field,
+                            record,
+                        }));
+                    }
+                }
+                lengths.push(column);
             }
             Ok((Reply::Gather { lengths }, pieces))
         }
@@ -267,6 +272,23 @@ fn execute(store: &Store, request: Request, body: &[u8]) -> Outcome {
             store.commit().map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }
+    }
+}
+
+/// One gathered payload as a `Bytes` that keeps its batch (and so its mapping) alive.
+struct RecordBytes {
+    batch: Arc<Batch>,
+    field: usize,
+    record: usize,
+}
+
+impl AsRef<[u8]> for RecordBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.batch
+            .fields()
+            .nth(self.field)
+            .and_then(|f| f.get(self.record))
+            .unwrap_or_default()
     }
 }
 
