@@ -238,3 +238,19 @@ pub async fn respond(
         .map_err(|e| Error::Net(format!("finishing a reply failed: {e}")))?;
     Ok(())
 }
+
+/// Resolves on SIGINT or SIGTERM: the binaries' signal to shut down gracefully.
+pub async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async {
+            match term.as_mut() {
+                Some(t) => {
+                    t.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        } => {}
+    }
+}

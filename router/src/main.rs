@@ -51,20 +51,12 @@ fn main() -> ExitCode {
     match runtime.block_on(zr_router::server::run_router(
         &config,
         listen,
-        shutdown_signal(),
+        zr_common::net::shutdown_signal(),
     )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("zr-router: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
     }
 }

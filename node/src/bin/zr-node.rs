@@ -52,7 +52,7 @@ fn main() -> ExitCode {
         &config,
         args.shard,
         args.data.as_deref(),
-        shutdown_signal(),
+        zr_common::net::shutdown_signal(),
     ));
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -60,14 +60,5 @@ fn main() -> ExitCode {
             eprintln!("zr-node: shard {}: {e}", args.shard);
             ExitCode::FAILURE
         }
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
     }
 }
