@@ -254,3 +254,73 @@ pub async fn shutdown_signal() {
         } => {}
     }
 }
+
+/// How long a shutdown waits for requests in flight.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves requests on `endpoint` until `shutdown` resolves: at most `connections_max`
+/// connections (more are refused), each request a stream whose bytes go to `handler` and
+/// whose reply is written back. On shutdown it stops accepting and lets requests in flight
+/// finish (up to [`DRAIN_TIMEOUT`]). The one accept loop of nodes and routers.
+pub async fn serve<H, F>(
+    endpoint: &Endpoint,
+    connections_max: usize,
+    shutdown: impl std::future::Future<Output = ()>,
+    handler: H,
+) where
+    H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = (Vec<u8>, Vec<Bytes>)> + Send + 'static,
+{
+    let connections = Arc::new(tokio::sync::Semaphore::new(connections_max));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            incoming = endpoint.accept() => {
+                let Some(incoming) = incoming else { break };
+                let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                    tracing::warn!("refusing a connection from {}: {connections_max} already open", incoming.remote_address());
+                    incoming.refuse();
+                    continue;
+                };
+                let handler = handler.clone();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    if let Err(e) = connection(incoming, handler).await {
+                        tracing::debug!("connection ended: {e}");
+                    }
+                });
+            }
+        }
+    }
+    endpoint.close(0u32.into(), b"shutting down");
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, endpoint.wait_idle()).await;
+}
+
+async fn connection<H, F>(
+    incoming: quinn::Incoming,
+    handler: H,
+) -> Result<(), quinn::ConnectionError>
+where
+    H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = (Vec<u8>, Vec<Bytes>)> + Send + 'static,
+{
+    let connection = incoming.await?;
+    loop {
+        let (mut send, mut recv) = connection.accept_bi().await?;
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let bytes = match recv.read_to_end(MESSAGE_BYTES_MAX).await {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::debug!("request not read: {e}");
+                    return;
+                }
+            };
+            let (header, body) = handler(bytes).await;
+            if let Err(e) = respond(&mut send, header, body).await {
+                tracing::debug!("{e}");
+            }
+        });
+    }
+}

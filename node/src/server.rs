@@ -9,13 +9,11 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::Endpoint;
-use tokio::sync::Semaphore;
 use zr_common::config::ClusterConfig;
-use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request, MESSAGE_BYTES_MAX};
+use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
 use zr_common::{net, Record};
 
 use crate::batch::Batch;
@@ -30,9 +28,6 @@ const ZERO_COPY_MEAN_BYTES: u64 = 4096;
 
 /// Most client connections (routers) a node serves at once.
 pub const CONNECTIONS_MAX: usize = 64;
-/// How long a shutdown waits for requests in flight.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Opens shard `shard`'s store at `dir`, creating it with the cluster's fields if it does not
 /// exist yet; refuses a store whose fields differ from the configuration.
 pub fn open_shard_store(config: &ClusterConfig, dir: &Path) -> Result<Store, Error> {
@@ -78,36 +73,24 @@ pub fn open_shard_store(config: &ClusterConfig, dir: &Path) -> Result<Store, Err
 }
 
 /// Serves `store` on `endpoint` until `shutdown` resolves; then stops accepting, lets
-/// requests in flight finish (up to [`DRAIN_TIMEOUT`]) and commits.
+/// requests in flight finish and commits.
 pub async fn serve(
     endpoint: Endpoint,
     store: Store,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            incoming = endpoint.accept() => {
-                let Some(incoming) = incoming else { break };
-                let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
-                    tracing::warn!("refusing a connection from {}: {CONNECTIONS_MAX} already open", incoming.remote_address());
-                    incoming.refuse();
-                    continue;
-                };
-                let store = store.clone();
-                tokio::spawn(async move {
-                    let _permit = permit;
-                    if let Err(e) = connection(incoming, store).await {
-                        tracing::debug!("connection ended: {e}");
-                    }
-                });
-            }
+    let handler_store = store.clone();
+    let handler = move |bytes: Vec<u8>| {
+        let store = handler_store.clone();
+        async move {
+            // Store calls block (disk, CPU): off the async workers.
+            let answer = tokio::task::spawn_blocking(move || handle(&store, &bytes)).await;
+            answer.unwrap_or_else(|e| {
+                error_reply(ErrorCode::Storage, format!("request handler failed: {e}"))
+            })
         }
-    }
-    endpoint.close(0u32.into(), b"shutting down");
-    let _ = tokio::time::timeout(DRAIN_TIMEOUT, endpoint.wait_idle()).await;
+    };
+    net::serve(&endpoint, CONNECTIONS_MAX, shutdown, handler).await;
     let committed = tokio::task::spawn_blocking(move || store.commit()).await;
     match committed {
         Ok(Err(Error::ReadOnly { .. })) | Ok(Ok(())) => Ok(()),
@@ -115,30 +98,6 @@ pub async fn serve(
         Err(e) => Err(Error::InvalidRecord(format!(
             "commit at shutdown panicked: {e}"
         ))),
-    }
-}
-
-async fn connection(incoming: quinn::Incoming, store: Store) -> Result<(), quinn::ConnectionError> {
-    let connection = incoming.await?;
-    loop {
-        let (mut send, mut recv) = connection.accept_bi().await?;
-        let store = store.clone();
-        tokio::spawn(async move {
-            let bytes = match recv.read_to_end(MESSAGE_BYTES_MAX).await {
-                Ok(bytes) => bytes,
-                Err(e) => {
-                    tracing::debug!("request not read: {e}");
-                    return;
-                }
-            };
-            let answer = tokio::task::spawn_blocking(move || handle(&store, &bytes)).await;
-            let (header, body) = answer.unwrap_or_else(|e| {
-                error_reply(ErrorCode::Storage, format!("request handler failed: {e}"))
-            });
-            if let Err(e) = net::respond(&mut send, header, body).await {
-                tracing::debug!("{e}");
-            }
-        });
     }
 }
 

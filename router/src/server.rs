@@ -15,10 +15,10 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use quinn::{Connection, Endpoint};
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Mutex;
 use zr_common::config::ClusterConfig;
 use zr_common::placement::Placement;
-use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request, MESSAGE_BYTES_MAX};
+use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
 use zr_common::{net, Error};
 
 use crate::plan::{plan_append, plan_gather, reassemble, PartReply};
@@ -148,54 +148,11 @@ impl Router {
     /// Accepts clients on `endpoint` until `shutdown`; then stops accepting and lets requests
     /// in flight finish.
     pub async fn serve(self: Arc<Self>, endpoint: Endpoint, shutdown: impl Future<Output = ()>) {
-        let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => break,
-                incoming = endpoint.accept() => {
-                    let Some(incoming) = incoming else { break };
-                    let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
-                        tracing::warn!("refusing a client from {}: {CONNECTIONS_MAX} connected", incoming.remote_address());
-                        incoming.refuse();
-                        continue;
-                    };
-                    let router = Arc::clone(&self);
-                    tokio::spawn(async move {
-                        let _permit = permit;
-                        if let Err(e) = router.client(incoming).await {
-                            tracing::debug!("client connection ended: {e}");
-                        }
-                    });
-                }
-            }
-        }
-        endpoint.close(0u32.into(), b"shutting down");
-        let _ = tokio::time::timeout(Duration::from_secs(10), endpoint.wait_idle()).await;
-    }
-
-    async fn client(
-        self: Arc<Self>,
-        incoming: quinn::Incoming,
-    ) -> Result<(), quinn::ConnectionError> {
-        let connection = incoming.await?;
-        loop {
-            let (mut send, mut recv) = connection.accept_bi().await?;
+        let handler = move |bytes: Vec<u8>| {
             let router = Arc::clone(&self);
-            tokio::spawn(async move {
-                let bytes = match recv.read_to_end(MESSAGE_BYTES_MAX).await {
-                    Ok(bytes) => bytes,
-                    Err(e) => {
-                        tracing::debug!("request not read: {e}");
-                        return;
-                    }
-                };
-                let (header, body) = router.handle(&bytes).await;
-                if let Err(e) = net::respond(&mut send, header, body).await {
-                    tracing::debug!("{e}");
-                }
-            });
-        }
+            async move { router.handle(&bytes).await }
+        };
+        net::serve(&endpoint, CONNECTIONS_MAX, shutdown, handler).await;
     }
 
     /// Decodes, executes and encodes one client request.
