@@ -19,8 +19,13 @@
 //! [router]
 //! listen = "127.0.0.1:7000"
 //! timeout_ms = 10000         # optional: every network wait
+//!
+//! [tls]
+//! certs = "certs"            # the directory `zr cluster-init` made: ca.pem, node.pem, ...
 //! ```
-//! A malformed or inconsistent file is refused with a message naming the problem.
+//! A malformed or inconsistent file is refused with a message naming the problem. Relative
+//! paths are relative to the working directory. Without `[tls]` the binaries refuse to start
+//! unless given `--insecure-dev`.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -29,6 +34,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
+use crate::net::Security;
 use crate::placement::{ClusterMap, Placement, EXTENT_RECORDS_DEFAULT, SHARDS_MAX};
 
 /// Default for every network wait.
@@ -44,6 +50,19 @@ pub struct ClusterConfig {
     #[serde(default, rename = "shard")]
     pub shards: Vec<ShardConfig>,
     pub router: RouterConfig,
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// Where the configuration came from (for messages).
+    #[serde(skip)]
+    pub origin: String,
+}
+
+/// `[tls]`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Certificate directory: `ca.pem` and each role's `.pem` and `.key`.
+    pub certs: PathBuf,
 }
 
 /// `[cluster]`.
@@ -113,8 +132,9 @@ impl ClusterConfig {
             path: origin.to_string(),
             reason,
         };
-        let config: ClusterConfig =
+        let mut config: ClusterConfig =
             toml::from_str(text).map_err(|e| bad(e.to_string().trim().replace('\n', " ")))?;
+        config.origin = origin.to_string();
         let n = config.cluster.shards;
         if n == 0 || n > SHARDS_MAX {
             return Err(bad(format!(
@@ -176,6 +196,21 @@ impl ClusterConfig {
         )?)
     }
 
+    /// How a process of `role` secures its connections: the `[tls]` certificates, or no
+    /// authentication at all if `insecure_dev` (the binaries' `--insecure-dev`).
+    pub fn security(&self, role: crate::tls::Role, insecure_dev: bool) -> Result<Security, Error> {
+        if insecure_dev {
+            return Ok(Security::InsecureDev);
+        }
+        match &self.tls {
+            Some(tls) => Security::load(&tls.certs, role),
+            None => Err(Error::Config {
+                path: self.origin.clone(),
+                reason: "no [tls] section: create certificates with `zr cluster-init --shards S --dir DIR` (it writes a nodes.toml with [tls]), or pass --insecure-dev to run without authentication".into(),
+            }),
+        }
+    }
+
     /// Shard `id`'s entry.
     pub fn shard(&self, id: u32) -> Option<&ShardConfig> {
         self.shards.iter().find(|s| s.id == id)
@@ -187,6 +222,51 @@ impl ClusterConfig {
             .and_then(|s| s.data.clone())
             .unwrap_or_else(|| PathBuf::from(format!("zr-data/shard-{id}")))
     }
+}
+
+/// The nodes.toml `zr cluster-init` writes: `shards` shards on 127.0.0.1, the router on
+/// `base_port` and shard K on `base_port + 1 + K`, data in `dir/data/shard-K`, certificates in
+/// `certs`, and `fields` as (name, "raw" | "flate"). Paths are written as given (make them
+/// absolute so the file works from any directory).
+pub fn cluster_toml(
+    shards: u32,
+    base_port: u16,
+    dir: &Path,
+    certs: &Path,
+    fields: &[(String, String)],
+) -> String {
+    let mut text = format!(
+        "# A zrecord cluster made by `zr cluster-init`: {shards} shard(s) and a router on this\n\
+         # machine. For real hosts, change the addresses and copy each process its files:\n\
+         # ca.pem plus node.pem/node.key to nodes, router.pem/router.key to routers,\n\
+         # client.pem/client.key to clients. Keep ca.key off the cluster.\n\n\
+         [cluster]\nshards = {shards}\nextent_records = {EXTENT_RECORDS_DEFAULT}\nseed = 0\n\n"
+    );
+    for (name, compress) in fields {
+        text.push_str(&format!(
+            "[[field]]\nname = {}\ncompress = {}\n\n",
+            toml_string(name),
+            toml_string(compress)
+        ));
+    }
+    for id in 0..shards {
+        let data = dir.join("data").join(format!("shard-{id}"));
+        text.push_str(&format!(
+            "[[shard]]\nid = {id}\naddr = \"127.0.0.1:{}\"\ndata = {}\n\n",
+            base_port as u32 + 1 + id,
+            toml_string(&data.display().to_string())
+        ));
+    }
+    text.push_str(&format!(
+        "[router]\nlisten = \"127.0.0.1:{base_port}\"\ntimeout_ms = {TIMEOUT_MS_DEFAULT}\n\n\
+         [tls]\ncerts = {}\n",
+        toml_string(&certs.display().to_string())
+    ));
+    text
+}
+
+fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
 }
 
 #[cfg(test)]
@@ -216,6 +296,41 @@ mod tests {
         assert_eq!(c.router.timeout_ms, TIMEOUT_MS_DEFAULT);
         assert_eq!(c.data_dir(0), PathBuf::from("zr-data/shard-0"));
         assert_eq!(c.data_dir(1), PathBuf::from("/tmp/s1"));
+    }
+
+    #[test]
+    fn cluster_init_file_parses_and_needs_certificates() {
+        let fields = vec![("image".to_string(), "raw".to_string())];
+        let text = cluster_toml(
+            3,
+            7300,
+            Path::new("/srv/zr"),
+            Path::new("/srv/zr/certs"),
+            &fields,
+        );
+        let c = ClusterConfig::parse(&text, "nodes.toml").unwrap();
+        assert_eq!(c.cluster.shards, 3);
+        assert_eq!(c.router.listen.port(), 7300);
+        assert_eq!(c.shard(2).unwrap().addr.port(), 7303);
+        assert_eq!(c.data_dir(1), PathBuf::from("/srv/zr/data/shard-1"));
+        assert_eq!(
+            c.tls.as_ref().unwrap().certs,
+            PathBuf::from("/srv/zr/certs")
+        );
+        // No [tls]: refused unless insecure on purpose.
+        let bare = ClusterConfig::parse(GOOD, "nodes.toml").unwrap();
+        let err = bare
+            .security(crate::tls::Role::Node, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("[tls]") && err.contains("--insecure-dev"),
+            "{err}"
+        );
+        assert!(matches!(
+            bare.security(crate::tls::Role::Node, true),
+            Ok(Security::InsecureDev)
+        ));
     }
 
     #[test]

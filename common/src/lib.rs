@@ -1,5 +1,6 @@
 //! zr-common: what every zrecord process shares — samplers and the loader, the columnar batch
-//! shape, and keyed hashing (placement and the wire protocol will join them).
+//! shape, keyed hashing, placement, the wire protocol, the cluster configuration, the QUIC
+//! transport and the cluster's TLS identities.
 
 pub mod columns;
 pub mod config;
@@ -11,6 +12,7 @@ pub mod net;
 pub mod placement;
 pub mod record;
 pub mod sampler;
+pub mod tls;
 pub mod wire;
 
 pub use columns::Contiguous;

@@ -1,8 +1,9 @@
 //! QUIC transport: endpoint setup and one request / one reply per bidirectional stream.
 //!
-//! All connection setup lives here. For now every server presents a self-signed certificate
-//! generated at start-up and clients do not verify it: traffic is encrypted but peers are not
-//! authenticated. Certificates from a cluster CA replace this in one place, here.
+//! All connection setup lives here. By default every connection is mutual TLS against the
+//! cluster CA ([`Security::Tls`], see [`crate::tls`]): nodes accept only routers, routers
+//! only clients, and each side checks the other's role. [`Security::InsecureDev`] (the
+//! binaries' `--insecure-dev`) keeps encryption but authenticates nobody.
 //!
 //! Tuning for loopback and LANs, measured on a 2-core machine: 4 MiB UDP socket buffers
 //! (default buffers drop packets under scatter/gather), GSO/GRO left on, MTU discovery up to
@@ -14,24 +15,134 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use quinn::crypto::rustls::QuicClientConfig;
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{
-    ClientConfig, Connection, Endpoint, EndpointConfig, MtuDiscoveryConfig, ServerConfig,
-    TransportConfig, VarInt,
+    ClientConfig, Connection, ConnectionError, Endpoint, EndpointConfig, MtuDiscoveryConfig,
+    SendStream, ServerConfig, TransportConfig, VarInt,
 };
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
 use crate::error::Error;
-use crate::wire::MESSAGE_BYTES_MAX;
+use crate::tls::{Identity, Role, RoleVerifier};
+use crate::wire::{self, MESSAGE_BYTES_MAX};
 
-/// Server name every endpoint's certificate carries.
-pub const SERVER_NAME: &str = "zrecord";
+/// Server name of the throwaway certificates of `--insecure-dev` endpoints.
+const INSECURE_SERVER_NAME: &str = "zrecord";
 const SOCKET_BUFFER_BYTES: usize = 4 << 20;
 const MTU_MAX: u16 = 6500;
 /// Most concurrent requests (streams) one connection may have open.
 pub const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
+/// Stream reset code: the sender gave up on the message (timeout, shutdown); it is not whole.
+pub const ABANDONED: u32 = 1;
+/// Connection close code: the peer broke the protocol.
+pub const PROTOCOL_VIOLATION: u32 = 2;
+
+/// How an endpoint proves who it is and checks its peers.
+#[derive(Clone, Debug)]
+pub enum Security {
+    /// Mutual TLS against the cluster CA, with this process's identity (the default).
+    Tls(Arc<Identity>),
+    /// Development only: a throwaway self-signed certificate; peers are neither checked nor
+    /// checking. Traffic is encrypted, but anyone who can reach the port gets in.
+    InsecureDev,
+}
+
+impl Security {
+    /// `role`'s credentials from certificate directory `dir`.
+    pub fn load(dir: &std::path::Path, role: Role) -> Result<Security, Error> {
+        Ok(Security::Tls(Arc::new(Identity::load(dir, role)?)))
+    }
+
+    /// Logs the warning every `--insecure-dev` process gives, once at start.
+    pub fn warn_if_insecure(&self, process: &str) {
+        if matches!(self, Security::InsecureDev) {
+            tracing::warn!(
+                "{process} runs with --insecure-dev: connections are encrypted but NOT authenticated; anyone who can reach it can read and change the data"
+            );
+        }
+    }
+
+    fn server_config(&self, loopback: bool) -> Result<ServerConfig, Error> {
+        let tls_error = |e: rustls::Error| Error::Net(format!("cannot configure TLS: {e}"));
+        let mut server = match self {
+            Security::Tls(identity) => {
+                let accepts = identity.role.accepts().ok_or_else(|| {
+                    Error::Net(format!(
+                        "a {} certificate cannot serve connections",
+                        identity.role
+                    ))
+                })?;
+                let provider = Arc::new(rustls::crypto::ring::default_provider());
+                let verifier = RoleVerifier::new(identity.roots(), Arc::clone(&provider), accepts)?;
+                let tls = rustls::ServerConfig::builder_with_provider(provider)
+                    .with_protocol_versions(&[&rustls::version::TLS13])
+                    .map_err(tls_error)?
+                    .with_client_cert_verifier(Arc::new(verifier))
+                    .with_single_cert(identity.chain(), identity.key())
+                    .map_err(|e| {
+                        Error::Net(format!(
+                            "{}: the {} certificate and key do not go together: {e}",
+                            identity.dir.display(),
+                            identity.role
+                        ))
+                    })?;
+                let quic = QuicServerConfig::try_from(tls)
+                    .map_err(|e| Error::Net(format!("cannot configure QUIC: {e}")))?;
+                ServerConfig::with_crypto(Arc::new(quic))
+            }
+            Security::InsecureDev => {
+                let certified =
+                    rcgen::generate_simple_self_signed(vec![INSECURE_SERVER_NAME.into()])
+                        .map_err(|e| Error::Net(format!("cannot generate a certificate: {e}")))?;
+                let cert = CertificateDer::from(certified.cert);
+                let key = PrivatePkcs8KeyDer::from(certified.key_pair.serialize_der());
+                ServerConfig::with_single_cert(vec![cert], key.into()).map_err(tls_error)?
+            }
+        };
+        server.transport_config(transport(loopback));
+        Ok(server)
+    }
+
+    /// The client configuration for connecting to a server, and the name to ask it for.
+    fn client_config(&self, loopback: bool) -> Result<(ClientConfig, &'static str), Error> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| Error::Net(format!("cannot configure TLS: {e}")))?;
+        let (tls, name) = match self {
+            Security::Tls(identity) => {
+                let target = identity.role.connects_to().ok_or_else(|| {
+                    Error::Net(format!("a {} certificate cannot connect", identity.role))
+                })?;
+                let tls = builder
+                    .with_root_certificates(identity.roots())
+                    .with_client_auth_cert(identity.chain(), identity.key())
+                    .map_err(|e| {
+                        Error::Net(format!(
+                            "{}: the {} certificate and key do not go together: {e}",
+                            identity.dir.display(),
+                            identity.role
+                        ))
+                    })?;
+                (tls, target.dns_name())
+            }
+            Security::InsecureDev => (
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
+                    .with_no_client_auth(),
+                INSECURE_SERVER_NAME,
+            ),
+        };
+        let quic = QuicClientConfig::try_from(tls)
+            .map_err(|e| Error::Net(format!("cannot configure QUIC: {e}")))?;
+        let mut config = ClientConfig::new(Arc::new(quic));
+        config.transport_config(transport(loopback));
+        Ok((config, name))
+    }
+}
 
 /// Transport settings; on loopback the first packets already use the large MTU (discovery
 /// would get there anyway, a few round trips later).
@@ -70,58 +181,32 @@ fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket, Error> {
 }
 
 /// A server endpoint on `addr` (which may also open client connections).
-pub fn server_endpoint(addr: SocketAddr) -> Result<Endpoint, Error> {
-    let certified = rcgen::generate_simple_self_signed(vec![SERVER_NAME.into()])
-        .map_err(|e| Error::Net(format!("cannot generate a certificate: {e}")))?;
-    let cert = CertificateDer::from(certified.cert);
-    let key = PrivatePkcs8KeyDer::from(certified.key_pair.serialize_der());
-    let mut server = ServerConfig::with_single_cert(vec![cert], key.into())
-        .map_err(|e| Error::Net(format!("cannot configure TLS: {e}")))?;
-    server.transport_config(transport(addr.ip().is_loopback()));
-    let mut endpoint = Endpoint::new(
+pub fn server_endpoint(addr: SocketAddr, security: &Security) -> Result<Endpoint, Error> {
+    let server = security.server_config(addr.ip().is_loopback())?;
+    Endpoint::new(
         EndpointConfig::default(),
         Some(server),
         udp_socket(addr)?,
         Arc::new(quinn::TokioRuntime),
     )
-    .map_err(|e| Error::Net(format!("cannot start an endpoint on {addr}: {e}")))?;
-    endpoint.set_default_client_config(client_config(false)?);
-    Ok(endpoint)
+    .map_err(|e| Error::Net(format!("cannot start an endpoint on {addr}: {e}")))
 }
 
 /// A client-only endpoint on an ephemeral port of `bind` (e.g. 127.0.0.1:0 or 0.0.0.0:0).
 pub fn client_endpoint(bind: SocketAddr) -> Result<Endpoint, Error> {
-    let mut endpoint = Endpoint::new(
+    Endpoint::new(
         EndpointConfig::default(),
         None,
         udp_socket(bind)?,
         Arc::new(quinn::TokioRuntime),
     )
-    .map_err(|e| Error::Net(format!("cannot start a client endpoint: {e}")))?;
-    endpoint.set_default_client_config(client_config(false)?);
-    Ok(endpoint)
-}
-
-fn client_config(loopback: bool) -> Result<ClientConfig, Error> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| Error::Net(format!("cannot configure TLS: {e}")))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
-        .with_no_client_auth();
-    let quic = QuicClientConfig::try_from(tls)
-        .map_err(|e| Error::Net(format!("cannot configure QUIC: {e}")))?;
-    let mut config = ClientConfig::new(Arc::new(quic));
-    config.transport_config(transport(loopback));
-    Ok(config)
+    .map_err(|e| Error::Net(format!("cannot start a client endpoint: {e}")))
 }
 
 /// Accepts any server certificate (but still checks the handshake signatures): the
-/// start-up-generated certificates cannot be known in advance. Replaced by a cluster CA.
+/// `--insecure-dev` path, whose throwaway certificates cannot be known in advance.
 #[derive(Debug)]
 struct AcceptAnyCertificate(Arc<rustls::crypto::CryptoProvider>);
-
 impl ServerCertVerifier for AcceptAnyCertificate {
     fn verify_server_cert(
         &self,
@@ -167,28 +252,97 @@ impl ServerCertVerifier for AcceptAnyCertificate {
     }
 }
 
-/// Connects to `addr` within `timeout`.
+/// Connects to `addr` within `timeout`, as `security` says. The connecting side's role
+/// decides whom it expects: a router expects a node, a client a router.
 pub async fn connect(
     endpoint: &Endpoint,
+    security: &Security,
     addr: SocketAddr,
     timeout: Duration,
 ) -> Result<Connection, Error> {
+    let (config, name) = security.client_config(addr.ip().is_loopback())?;
     let connecting = endpoint
-        .connect_with(client_config(addr.ip().is_loopback())?, addr, SERVER_NAME)
+        .connect_with(config, addr, name)
         .map_err(|e| Error::Net(format!("cannot connect to {addr}: {e}")))?;
     match tokio::time::timeout(timeout, connecting).await {
         Ok(Ok(connection)) => Ok(connection),
-        Ok(Err(e)) => Err(Error::Net(format!("cannot connect to {addr}: {e}"))),
+        Ok(Err(e)) => Err(Error::Net(format!(
+            "cannot connect to {addr}: {}",
+            describe(&e)
+        ))),
         Err(_) => Err(Error::Net(format!(
-            "connecting to {addr} timed out after {} ms",
+            "no answer from {addr} within {} ms (wrong address, or nothing listening there?)",
             timeout.as_millis()
         ))),
     }
 }
 
+/// A connection error in words a user can act on: TLS refusals say which side refused what.
+pub fn describe(e: &ConnectionError) -> String {
+    let (code, reason) = match e {
+        ConnectionError::ConnectionClosed(close) => (u64::from(close.error_code), None),
+        ConnectionError::TransportError(t) => (u64::from(t.code), Some(t.reason.clone())),
+        ConnectionError::ApplicationClosed(close)
+            if close.error_code == PROTOCOL_VIOLATION.into() =>
+        {
+            return "the peer closed the connection: this side broke the protocol".into()
+        }
+        other => return other.to_string(),
+    };
+    // QUIC carries TLS alerts as transport codes 0x100 + alert.
+    let alert = code.checked_sub(0x100).filter(|&a| a < 0x100);
+    match (alert, reason) {
+        (Some(_), Some(reason)) if reason.contains("UnknownIssuer") => format!(
+            "the peer's certificate is not from this cluster's CA ({reason}); a certificate directory of another cluster, or a peer running --insecure-dev?"
+        ),
+        (Some(_), Some(reason)) if reason.contains("NotValidForName") => format!(
+            "the peer's certificate is for another role ({reason}); is the address right?"
+        ),
+        (Some(_), Some(reason)) if reason.contains("UnknownCA") || reason.contains("BadCertificate") => format!(
+            "the peer refused the certificate this side presented ({reason})"
+        ),
+        (Some(116), _) => "the peer requires a certificate and this side presented none (give it the cluster's certificates, or run both sides with --insecure-dev)".into(),
+        (Some(42 | 48), _) => "the peer refused the certificate this side presented: it is from another cluster's CA, or for the wrong role".into(),
+        (Some(alert), reason) => format!(
+            "TLS handshake failed (alert {alert}{})",
+            reason.map(|r| format!(": {r}")).unwrap_or_default()
+        ),
+        (None, _) => e.to_string(),
+    }
+}
+
+/// A send stream that is reset, not finished, if dropped before [`Outgoing::finish`]: a
+/// message cut off midway (a timeout, a shutdown) can never look complete to the receiver.
+/// (quinn finishes a dropped stream, which would make a truncated message look whole.)
+struct Outgoing(Option<SendStream>);
+
+impl Outgoing {
+    async fn send(&mut self, header: Vec<u8>, body: Vec<Bytes>) -> Result<(), String> {
+        let Some(stream) = self.0.as_mut() else {
+            return Err("stream already finished".into());
+        };
+        let mut pieces: Vec<Bytes> = std::iter::once(Bytes::from(header)).chain(body).collect();
+        stream
+            .write_all_chunks(&mut pieces)
+            .await
+            .map_err(|e| e.to_string())?;
+        stream.finish().map_err(|e| e.to_string())?;
+        self.0 = None;
+        Ok(())
+    }
+}
+
+impl Drop for Outgoing {
+    fn drop(&mut self) {
+        if let Some(mut stream) = self.0.take() {
+            let _ = stream.reset(VarInt::from_u32(ABANDONED));
+        }
+    }
+}
+
 /// Sends one request (`header` then the `body` pieces) on a new stream of `connection` and
-/// returns the whole reply, all within `timeout`. On timeout the streams are reset, so a
-/// reply cut off midway can never look complete.
+/// returns the whole reply, all within `timeout`. On timeout the request stream is reset and
+/// the reply stream stopped, so neither side can take a cut-off message for a whole one.
 pub async fn call(
     connection: &Connection,
     header: Vec<u8>,
@@ -196,47 +350,33 @@ pub async fn call(
     timeout: Duration,
 ) -> Result<Vec<u8>, Error> {
     let peer = connection.remote_address();
+    let lost = |what: &str, e: String| {
+        // A closed connection explains itself better than the stream error.
+        let why = connection
+            .close_reason()
+            .map(|reason| describe(&reason))
+            .unwrap_or(e);
+        Error::Net(format!("{peer}: {what}: {why}"))
+    };
     let exchange = async {
-        let (mut send, mut recv) = connection
+        let (send, mut recv) = connection
             .open_bi()
             .await
-            .map_err(|e| Error::Net(format!("{peer}: cannot open a stream: {e}")))?;
-        let mut pieces: Vec<Bytes> = std::iter::once(Bytes::from(header)).chain(body).collect();
-        let sent = async {
-            send.write_all_chunks(&mut pieces).await?;
-            send.finish()?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-        };
-        if let Err(e) = sent.await {
-            return Err(Error::Net(format!("{peer}: sending failed: {e}")));
-        }
+            .map_err(|e| lost("cannot open a stream", describe(&e)))?;
+        Outgoing(Some(send))
+            .send(header, body)
+            .await
+            .map_err(|e| lost("sending failed", e))?;
         let reply = recv.read_to_end(MESSAGE_BYTES_MAX).await;
-        reply.map_err(|e| Error::Net(format!("{peer}: receiving failed: {e}")))
+        reply.map_err(|e| lost("receiving failed", e.to_string()))
     };
     match tokio::time::timeout(timeout, exchange).await {
         Ok(result) => result,
-        // Dropping the exchange drops its streams, which resets them (quinn resets a send
-        // stream dropped unfinished and stops a receive stream dropped early).
         Err(_) => Err(Error::Net(format!(
             "{peer}: no reply within {} ms",
             timeout.as_millis()
         ))),
     }
-}
-
-/// Writes a reply (`header` then `body` pieces) to a request's stream and finishes it.
-pub async fn respond(
-    send: &mut quinn::SendStream,
-    header: Vec<u8>,
-    body: Vec<Bytes>,
-) -> Result<(), Error> {
-    let mut pieces: Vec<Bytes> = std::iter::once(Bytes::from(header)).chain(body).collect();
-    send.write_all_chunks(&mut pieces)
-        .await
-        .map_err(|e| Error::Net(format!("sending a reply failed: {e}")))?;
-    send.finish()
-        .map_err(|e| Error::Net(format!("finishing a reply failed: {e}")))?;
-    Ok(())
 }
 
 /// Resolves on SIGINT or SIGTERM: the binaries' signal to shut down gracefully.
@@ -260,8 +400,11 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves requests on `endpoint` until `shutdown` resolves: at most `connections_max`
 /// connections (more are refused), each request a stream whose bytes go to `handler` and
-/// whose reply is written back. On shutdown it stops accepting and lets requests in flight
-/// finish (up to [`DRAIN_TIMEOUT`]). The one accept loop of nodes and routers.
+/// whose reply is written back. A stream that is not a protocol message at all closes its
+/// connection (other connections are unaffected); a malformed message gets the handler's
+/// error reply. On shutdown it stops accepting connections and requests, lets requests in
+/// flight finish (up to [`DRAIN_TIMEOUT`]; replies still unsent then are reset), and closes.
+/// The one accept loop of nodes and routers.
 pub async fn serve<H, F>(
     endpoint: &Endpoint,
     connections_max: usize,
@@ -272,6 +415,9 @@ pub async fn serve<H, F>(
     F: std::future::Future<Output = (Vec<u8>, Vec<Bytes>)> + Send + 'static,
 {
     let connections = Arc::new(tokio::sync::Semaphore::new(connections_max));
+    // Every request holds a read guard; draining takes the write guard.
+    let in_flight = Arc::new(tokio::sync::RwLock::new(()));
+    let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -284,42 +430,79 @@ pub async fn serve<H, F>(
                     continue;
                 };
                 let handler = handler.clone();
-                tokio::spawn(async move {
+                let in_flight = Arc::clone(&in_flight);
+                tasks.spawn(async move {
                     let _permit = permit;
-                    if let Err(e) = connection(incoming, handler).await {
-                        tracing::debug!("connection ended: {e}");
+                    let peer = incoming.remote_address();
+                    if let Err(e) = connection(incoming, handler, in_flight).await {
+                        tracing::debug!("connection from {peer} ended: {}", describe(&e));
                     }
                 });
             }
         }
     }
+    // Refuse new connections; finish what is in flight; then close everything.
+    endpoint.set_server_config(None);
+    // Holding the write guard keeps requests that arrived meanwhile from starting.
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, in_flight.write()).await;
+    if drained.is_err() {
+        tracing::warn!(
+            "requests still running after {} s; their replies are abandoned",
+            DRAIN_TIMEOUT.as_secs()
+        );
+    }
+    tasks.shutdown().await;
+    drop(drained);
     endpoint.close(0u32.into(), b"shutting down");
-    let _ = tokio::time::timeout(DRAIN_TIMEOUT, endpoint.wait_idle()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
 }
 
 async fn connection<H, F>(
     incoming: quinn::Incoming,
     handler: H,
-) -> Result<(), quinn::ConnectionError>
+    in_flight: Arc<tokio::sync::RwLock<()>>,
+) -> Result<(), ConnectionError>
 where
     H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
     F: std::future::Future<Output = (Vec<u8>, Vec<Bytes>)> + Send + 'static,
 {
     let connection = incoming.await?;
+    let peer = connection.remote_address();
+    let mut requests = tokio::task::JoinSet::new();
     loop {
-        let (mut send, mut recv) = connection.accept_bi().await?;
+        let (send, mut recv) = tokio::select! {
+            stream = connection.accept_bi() => stream?,
+            // Reap finished requests so the set stays small on long-lived connections.
+            Some(_) = requests.join_next(), if !requests.is_empty() => continue,
+        };
         let handler = handler.clone();
-        tokio::spawn(async move {
+        let in_flight = Arc::clone(&in_flight);
+        let connection = connection.clone();
+        requests.spawn(async move {
+            let mut reply = Outgoing(Some(send));
             let bytes = match recv.read_to_end(MESSAGE_BYTES_MAX).await {
                 Ok(bytes) => bytes,
                 Err(e) => {
-                    tracing::debug!("request not read: {e}");
+                    tracing::debug!("request from {peer} not read: {e}");
                     return;
                 }
             };
+            if !wire::is_message(&bytes) {
+                tracing::warn!(
+                    "closing the connection from {peer}: it sent {} bytes that are not a zrecord message",
+                    bytes.len()
+                );
+                connection.close(
+                    VarInt::from_u32(PROTOCOL_VIOLATION),
+                    b"not a zrecord message",
+                );
+                return;
+            }
+            // A request that arrives while draining waits here and is reset at shutdown.
+            let _guard = in_flight.read().await;
             let (header, body) = handler(bytes).await;
-            if let Err(e) = respond(&mut send, header, body).await {
-                tracing::debug!("{e}");
+            if let Err(e) = reply.send(header, body).await {
+                tracing::debug!("reply to {peer} not sent: {e}");
             }
         });
     }

@@ -171,6 +171,12 @@ fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], kind: u16) -> Result<(T,
     Ok((value, body))
 }
 
+/// True if `bytes` start like a zrecord message (of any version or kind). Anything else is
+/// not a malformed request but another protocol, or garbage.
+pub fn is_message(bytes: &[u8]) -> bool {
+    bytes.len() >= MAGIC.len() && bytes[..MAGIC.len()] == MAGIC
+}
+
 /// Encodes a request's prefix and header (its body pieces are sent after it).
 pub fn encode_request(request: &Request) -> Result<Vec<u8>, Error> {
     encode(KIND_REQUEST, request)

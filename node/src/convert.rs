@@ -143,10 +143,8 @@ impl Input {
     }
 }
 
-/// Where converted records go.
+/// What to fill: one field, its storage, and whether records are added to existing ones.
 pub struct Target<'a> {
-    /// Dataset directory.
-    pub dir: &'a Path,
     /// Field to fill.
     pub field: &'a str,
     /// Its storage.
@@ -155,27 +153,74 @@ pub struct Target<'a> {
     pub append: bool,
 }
 
-/// Opens or creates the dataset for `target` with the field's spec.
-fn open_target(target: &Target, spec: FieldSpec) -> Result<Store> {
-    if target.append {
-        let store = Store::open(target.dir)?;
-        let existing = &store.fields()[store.field_id(target.field)?];
-        let types_differ =
-            spec.dtype.is_some() && (existing.dtype != spec.dtype || existing.shape != spec.shape);
-        if types_differ {
-            return Err(Error::InvalidRecord(format!(
-                "field '{}' holds dtype {:?} shape {:?}; the input has dtype {:?} shape {:?}",
-                target.field, existing.dtype, existing.shape, spec.dtype, spec.shape
-            )));
+/// Where converted records go: a dataset directory ([`LocalDataset`]), or a cluster through
+/// its router (the `zr` command implements that one with the client library).
+pub trait Destination {
+    /// Gets ready for `target`'s records, described by `spec` (dtype and shape included):
+    /// creates the dataset, or checks that the existing one fits.
+    fn open(&mut self, target: &Target, spec: FieldSpec) -> Result<()>;
+    /// Appends records (each names only the target field).
+    fn append_many(&mut self, records: &[Record]) -> Result<()>;
+    /// Makes everything appended durable.
+    fn commit(&mut self) -> Result<()>;
+}
+
+/// A dataset directory as a conversion's destination.
+pub struct LocalDataset {
+    dir: PathBuf,
+    store: Option<Store>,
+}
+
+impl LocalDataset {
+    /// The dataset at `dir` (created by `open` unless the target appends).
+    pub fn new(dir: &Path) -> LocalDataset {
+        LocalDataset {
+            dir: dir.to_path_buf(),
+            store: None,
         }
-        return Ok(store);
     }
-    Store::create(target.dir, vec![spec], CreateOptions::default())
+
+    fn store(&self) -> Result<&Store> {
+        self.store.as_ref().ok_or_else(|| Error::NotADataset {
+            path: self.dir.clone(),
+            reason: "not opened for conversion".into(),
+        })
+    }
+}
+
+impl Destination for LocalDataset {
+    fn open(&mut self, target: &Target, spec: FieldSpec) -> Result<()> {
+        let store = if target.append {
+            let store = Store::open(&self.dir)?;
+            let existing = &store.fields()[store.field_id(target.field)?];
+            let types_differ = spec.dtype.is_some()
+                && (existing.dtype != spec.dtype || existing.shape != spec.shape);
+            if types_differ {
+                return Err(Error::InvalidRecord(format!(
+                    "field '{}' holds dtype {:?} shape {:?}; the input has dtype {:?} shape {:?}",
+                    target.field, existing.dtype, existing.shape, spec.dtype, spec.shape
+                )));
+            }
+            store
+        } else {
+            Store::create(&self.dir, vec![spec], CreateOptions::default())?
+        };
+        self.store = Some(store);
+        Ok(())
+    }
+
+    fn append_many(&mut self, records: &[Record]) -> Result<()> {
+        self.store()?.append_many(records).map(|_| ())
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        self.store()?.commit()
+    }
 }
 
 /// Appends `count` records cut from `record(i)`, committing once at the end.
 fn append_all<'a>(
-    store: &Store,
+    dest: &mut dyn Destination,
     field: &str,
     count: u64,
     bytes_of: impl Fn(u64, u64) -> u64,
@@ -195,18 +240,23 @@ fn append_all<'a>(
         let records: Vec<Record> = (first..last)
             .map(|i| Record::new().with(field, record(i)))
             .collect();
-        store.append_many(&records)?;
+        dest.append_many(&records)?;
         done_bytes += bytes_of(first, last);
         progress(done_bytes);
         first = last;
     }
-    store.commit()?;
+    dest.commit()?;
     Ok(count)
 }
 
 /// `zr convert --npy`: one record per row of `npy` into `target`. `progress` gets bytes
 /// converted so far; returns the number of records.
-pub fn convert_npy(npy: &Path, target: &Target, progress: impl FnMut(u64)) -> Result<u64> {
+pub fn convert_npy(
+    npy: &Path,
+    target: &Target,
+    dest: &mut dyn Destination,
+    progress: impl FnMut(u64),
+) -> Result<u64> {
     let input = Input::open(npy)?;
     let bytes = input.bytes();
     let header = NpyHeader::parse(bytes, npy)?;
@@ -244,10 +294,10 @@ pub fn convert_npy(npy: &Path, target: &Target, progress: impl FnMut(u64)) -> Re
     }
     let spec = FieldSpec::new(target.field, target.compress)
         .typed(header.descr.clone(), row_shape.to_vec());
-    let store = open_target(target, spec)?;
+    dest.open(target, spec)?;
     let data = &bytes[header.data_offset as usize..];
     append_all(
-        &store,
+        dest,
         target.field,
         rows,
         |a, b| (b - a) * row_bytes,
@@ -261,6 +311,7 @@ pub fn convert_values(
     values: &Path,
     offsets: &Path,
     target: &Target,
+    dest: &mut dyn Destination,
     progress: impl FnMut(u64),
 ) -> Result<u64> {
     let values_input = Input::open(values)?;
@@ -314,10 +365,10 @@ pub fn convert_values(
             )));
         }
     }
-    let store = open_target(target, FieldSpec::new(target.field, target.compress))?;
+    dest.open(target, FieldSpec::new(target.field, target.compress))?;
     let data = values_input.bytes();
     append_all(
-        &store,
+        dest,
         target.field,
         count - 1,
         |a, b| at(b) - at(a),

@@ -63,6 +63,10 @@ pub enum Error {
     #[error("{path}: the dataset is open read-only")]
     ReadOnly { path: PathBuf },
 
+    /// A cluster (through its router) refused or failed an operation.
+    #[error("cluster: {0}")]
+    Cluster(String),
+
     /// An operating-system call failed; `op` says what was being done to `path`.
     #[error("{op} {path}: {source}")]
     Io {

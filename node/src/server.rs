@@ -277,6 +277,7 @@ fn field_info(spec: &FieldSpec) -> FieldInfo {
 /// Binds shard `shard`'s address from `config` and serves its store (the binary's path).
 pub async fn run_shard(
     config: &ClusterConfig,
+    security: &net::Security,
     shard: u32,
     data: Option<&Path>,
     shutdown: impl Future<Output = ()>,
@@ -296,7 +297,7 @@ pub async fn run_shard(
         tokio::task::spawn_blocking(move || open_shard_store(&config, &dir)).await??
     };
     let addr: SocketAddr = entry.addr;
-    let endpoint = net::server_endpoint(addr)?;
+    let endpoint = net::server_endpoint(addr, security)?;
     tracing::info!(
         "shard {shard} serving {} records from {} on {addr}",
         store.len(),

@@ -8,17 +8,22 @@ use std::time::Duration;
 use bytes::Bytes;
 use quinn::{Connection, Endpoint};
 use zr_common::config::TIMEOUT_MS_DEFAULT;
+use zr_common::net::{self, Security};
 use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
-use zr_common::{net, BoxError, Contiguous, Error, GatherSource, Record};
+use zr_common::{BoxError, Contiguous, Error, GatherSource, Record};
 
 /// Records encoded for the wire: field names, `lengths[f][k]`, one body piece per field.
 type Encoded = (Vec<String>, Vec<Vec<u32>>, Vec<Bytes>);
 
-/// A connection to a router.
+/// A connection to a router. A connection the router closed (a restart, an idle timeout) is
+/// reopened before the next call; a call that fails midway is not retried (an append might
+/// have landed), its error is returned.
 pub struct Client {
     runtime: tokio::runtime::Runtime,
-    _endpoint: Endpoint,
-    connection: Connection,
+    endpoint: Endpoint,
+    security: Security,
+    addr: SocketAddr,
+    connection: std::sync::Mutex<Connection>,
     fields: Vec<FieldInfo>,
     timeout: Duration,
 }
@@ -26,19 +31,25 @@ pub struct Client {
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("router", &self.connection.remote_address())
+            .field("router", &self.addr)
             .finish()
     }
 }
 
 impl Client {
-    /// Connects to the router at `addr` (default timeout for every wait).
-    pub fn connect(addr: SocketAddr) -> Result<Client, Error> {
-        Client::connect_with_timeout(addr, Duration::from_millis(TIMEOUT_MS_DEFAULT))
+    /// Connects to the router at `addr` with `security` (a client identity from the
+    /// cluster's certificate directory: `Security::load(dir, Role::Client)`), with the
+    /// default timeout for every wait.
+    pub fn connect(addr: SocketAddr, security: Security) -> Result<Client, Error> {
+        Client::connect_with_timeout(addr, security, Duration::from_millis(TIMEOUT_MS_DEFAULT))
     }
 
     /// Connects with `timeout` for every network wait.
-    pub fn connect_with_timeout(addr: SocketAddr, timeout: Duration) -> Result<Client, Error> {
+    pub fn connect_with_timeout(
+        addr: SocketAddr,
+        security: Security,
+        timeout: Duration,
+    ) -> Result<Client, Error> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("zr-client")
@@ -54,26 +65,57 @@ impl Client {
         .map_err(|_| Error::Net("bad bind address".into()))?;
         let (endpoint, connection) = runtime.block_on(async {
             let endpoint = net::client_endpoint(bind)?;
-            let connection = net::connect(&endpoint, addr, timeout).await?;
+            let connection = net::connect(&endpoint, &security, addr, timeout).await?;
             Ok::<_, Error>((endpoint, connection))
         })?;
         let mut client = Client {
             runtime,
-            _endpoint: endpoint,
-            connection,
+            endpoint,
+            security,
+            addr,
+            connection: std::sync::Mutex::new(connection),
             fields: Vec::new(),
             timeout,
         };
+        // The first request also completes authentication: a router that refuses this
+        // client's certificate says so here.
         let (_, fields) = client.info()?;
         client.fields = fields;
         Ok(client)
     }
 
+    /// The router's address.
+    pub fn router(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The open connection, reopened first if the router closed it.
+    fn connection(&self) -> Result<Connection, Error> {
+        let mut connection = self
+            .connection
+            .lock()
+            .map_err(|_| Error::Net("the client's connection lock is poisoned".into()))?;
+        if connection.close_reason().is_some() {
+            *connection = self.runtime.block_on(net::connect(
+                &self.endpoint,
+                &self.security,
+                self.addr,
+                self.timeout,
+            ))?;
+        }
+        Ok(connection.clone())
+    }
+
     fn call(&self, request: &Request, body: Vec<Bytes>) -> Result<(Reply, Vec<u8>, usize), Error> {
         let header = wire::encode_request(request)?;
-        let bytes =
-            self.runtime
-                .block_on(net::call(&self.connection, header, body, self.timeout))?;
+        let connection = self.connection()?;
+        let bytes = self
+            .runtime
+            .block_on(net::call(&connection, header, body, self.timeout))
+            .map_err(|e| match e {
+                Error::Net(message) => Error::Net(format!("router {message}")),
+                other => other,
+            })?;
         let (reply, body_len) = {
             let (reply, body) = wire::decode_reply(&bytes)?;
             (reply, body.len())

@@ -13,6 +13,10 @@ use zr_common::config::ClusterConfig;
 /// The router keeps no per-record state; at start it recovers the cluster's length from the
 /// nodes, so it can be restarted, or run twice, at any time. SIGINT or SIGTERM stops
 /// accepting and finishes requests in flight.
+///
+/// Connections are mutual TLS from the cluster CA named in nodes.toml's [tls] section (made
+/// by `zr cluster-init`): clients must present a client certificate, nodes a node
+/// certificate; the router presents router.pem to both.
 #[derive(Parser)]
 #[command(name = "zr-router", version)]
 struct Args {
@@ -22,6 +26,10 @@ struct Args {
     /// Address to listen on (overrides router.listen in nodes.toml).
     #[arg(long)]
     listen: Option<SocketAddr>,
+    /// Run without certificates: encrypted, but anyone who can reach the port gets in.
+    /// For development on a trusted machine only; nodes must run with it too.
+    #[arg(long)]
+    insecure_dev: bool,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, default_value = "info")]
     log: String,
@@ -40,6 +48,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let security = match config.security(zr_common::tls::Role::Router, args.insecure_dev) {
+        Ok(security) => security,
+        Err(e) => {
+            eprintln!("zr-router: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    security.warn_if_insecure("zr-router");
     let listen = args.listen.unwrap_or(config.router.listen);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
@@ -50,6 +66,7 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(zr_router::server::run_router(
         &config,
+        &security,
         listen,
         zr_common::net::shutdown_signal(),
     )) {

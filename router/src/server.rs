@@ -54,6 +54,7 @@ pub struct Router {
     placement: ArcSwap<Placement>,
     nodes: Vec<NodeLink>,
     endpoint: Endpoint,
+    security: net::Security,
     len: AtomicU64,
     writes: Mutex<()>,
     fields: Vec<FieldInfo>,
@@ -65,7 +66,11 @@ impl Router {
     /// fields, and recovers the global length from their lengths. Shards holding records past
     /// the longest consistent length (an append that did not reach every shard) are cut back
     /// to it, with a warning naming them.
-    pub async fn start(config: &ClusterConfig, endpoint: Endpoint) -> Result<Arc<Router>, Error> {
+    pub async fn start(
+        config: &ClusterConfig,
+        security: net::Security,
+        endpoint: Endpoint,
+    ) -> Result<Arc<Router>, Error> {
         let placement = config.placement()?;
         let mut nodes: Vec<NodeLink> = config
             .shards
@@ -81,6 +86,7 @@ impl Router {
             placement: ArcSwap::from_pointee(placement),
             nodes,
             endpoint,
+            security,
             len: AtomicU64::new(0),
             writes: Mutex::new(()),
             fields: Vec::new(),
@@ -426,31 +432,46 @@ impl Router {
         };
         let header =
             wire::encode_request(request).map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
-        let connection = {
-            let mut cached = node.connection.lock().await;
-            match cached.as_ref().filter(|c| c.close_reason().is_none()) {
-                Some(c) => c.clone(),
-                None => {
-                    let c = net::connect(&self.endpoint, node.addr, self.timeout)
-                        .await
-                        .map_err(|e| unavailable(e.to_string()))?;
-                    *cached = Some(c.clone());
-                    c
+        // One deadline covers waiting for the link, connecting and the exchange, so callers
+        // queued behind a dead node's connect also fail within the timeout.
+        let exchange = async {
+            let connection = {
+                let mut cached = node.connection.lock().await;
+                match cached.as_ref().filter(|c| c.close_reason().is_none()) {
+                    Some(c) => c.clone(),
+                    None => {
+                        let c =
+                            net::connect(&self.endpoint, &self.security, node.addr, self.timeout)
+                                .await
+                                .map_err(|e| e.to_string())?;
+                        *cached = Some(c.clone());
+                        c
+                    }
+                }
+            };
+            match net::call(&connection, header, body, self.timeout).await {
+                Ok(bytes) => Ok(bytes),
+                Err(e) => {
+                    // Forget the connection: the next call reconnects.
+                    let mut cached = node.connection.lock().await;
+                    if cached
+                        .as_ref()
+                        .is_some_and(|c| c.stable_id() == connection.stable_id())
+                    {
+                        *cached = None;
+                    }
+                    Err(e.to_string())
                 }
             }
         };
-        let bytes = match net::call(&connection, header, body, self.timeout).await {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                // Forget the connection: the next call reconnects.
-                let mut cached = node.connection.lock().await;
-                if cached
-                    .as_ref()
-                    .is_some_and(|c| c.stable_id() == connection.stable_id())
-                {
-                    *cached = None;
-                }
-                return Err(unavailable(e.to_string()));
+        let bytes = match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(e)) => return Err(unavailable(e)),
+            Err(_) => {
+                return Err(unavailable(format!(
+                    "no reply within {} ms",
+                    self.timeout.as_millis()
+                )))
             }
         };
         let (reply, body_start) = {
@@ -476,11 +497,12 @@ fn remote((code, message): Failure) -> Error {
 /// Starts a router for `config` listening on `listen` (the binary's path).
 pub async fn run_router(
     config: &ClusterConfig,
+    security: &net::Security,
     listen: SocketAddr,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let endpoint = net::server_endpoint(listen)?;
-    let router = Router::start(config, endpoint.clone()).await?;
+    let endpoint = net::server_endpoint(listen, security)?;
+    let router = Router::start(config, security.clone(), endpoint.clone()).await?;
     tracing::info!(
         "router on {listen}: {} shards, {} records",
         config.cluster.shards,

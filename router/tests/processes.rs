@@ -1,11 +1,14 @@
-//! The binaries as a user runs them: two `zr-node`s and a `zr-router` from one nodes.toml,
-//! a client loading and gathering through them, SIGTERM shutting them down cleanly, and the
-//! data there again after a restart.
+//! The binaries as a user runs them: `zr cluster-init` makes certificates and nodes.toml, two
+//! `zr-node`s and a `zr-router` serve it, an authenticated client loads and gathers through
+//! them while one without credentials is refused, SIGTERM shuts them down cleanly, and the
+//! data is there again after a restart. Without certificates the binaries refuse to start.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use zr_common::net::Security;
+use zr_common::tls::Role;
 use zr_common::Record;
 use zr_router::Client;
 
@@ -21,40 +24,51 @@ fn binary(name: &str) -> PathBuf {
     path
 }
 
-fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A port P with P, P+1 and P+2 free (the router and two shards of `cluster-init`).
+fn free_ports() -> u16 {
+    loop {
+        let base = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if base < 60000
+            && (0..3).all(|k| std::net::UdpSocket::bind(("127.0.0.1", base + k)).is_ok())
+        {
+            return base;
+        }
+    }
 }
 
-fn write_config(dir: &Path) -> (PathBuf, String) {
-    let (n0, n1, router) = (free_port(), free_port(), free_port());
-    let text = format!(
-        r#"
-[cluster]
-shards = 2
-[[field]]
-name = "x"
-[[shard]]
-id = 0
-addr = "127.0.0.1:{n0}"
-data = "{d0}"
-[[shard]]
-id = 1
-addr = "127.0.0.1:{n1}"
-data = "{d1}"
-[router]
-listen = "127.0.0.1:{router}"
-timeout_ms = 3000
-"#,
-        d0 = dir.join("s0").display(),
-        d1 = dir.join("s1").display()
+/// `zr cluster-init` for two shards in `dir`; returns nodes.toml, the router's address and
+/// the certificate directory.
+fn cluster_init(dir: &Path) -> (PathBuf, String, PathBuf) {
+    let base = free_ports();
+    let out = Command::new(binary("zr"))
+        .args([
+            "cluster-init",
+            "--shards",
+            "2",
+            "--field",
+            "x",
+            "--base-port",
+        ])
+        .arg(base.to_string())
+        .arg("--dir")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster-init failed: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    let path = dir.join("nodes.toml");
-    std::fs::write(&path, text).unwrap();
-    (path, format!("127.0.0.1:{router}"))
+    let dir = dir.canonicalize().unwrap();
+    (
+        dir.join("nodes.toml"),
+        format!("127.0.0.1:{base}"),
+        dir.join("certs"),
+    )
 }
 
 fn spawn(binary: &Path, args: &[&str]) -> Child {
@@ -85,10 +99,12 @@ fn terminate(mut child: Child) {
 }
 
 /// Connects once the router is up (it starts after the nodes answer).
-fn connect(addr: &str) -> Client {
+fn connect(addr: &str, certs: &Path) -> Client {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match Client::connect_with_timeout(addr.parse().unwrap(), Duration::from_secs(2)) {
+        let security = Security::load(certs, Role::Client).unwrap();
+        match Client::connect_with_timeout(addr.parse().unwrap(), security, Duration::from_secs(2))
+        {
             Ok(client) => return client,
             Err(e) => {
                 assert!(Instant::now() < deadline, "router never came up: {e}");
@@ -121,11 +137,20 @@ fn start(node: &Path, router: &Path, config: &Path) -> Vec<Child> {
 #[test]
 fn binaries_serve_a_cluster_and_stop_cleanly() {
     let (node, router) = (binary("zr-node"), binary("zr-router"));
-    let tmp = tempfile_dir();
-    let (config, addr) = write_config(&tmp);
+    let tmp = tempfile_dir("secure");
+    let (config, addr, certs) = cluster_init(&tmp);
 
     let processes = start(&node, &router, &config);
-    let client = connect(&addr);
+    let client = connect(&addr, &certs);
+    // No certificate: refused, and told why.
+    let refused = Client::connect_with_timeout(
+        addr.parse().unwrap(),
+        Security::InsecureDev,
+        Duration::from_secs(2),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(refused.contains("certificate"), "{refused}");
     let rows: Vec<Vec<u8>> = (0..300u32)
         .map(|i| format!("row {i}").repeat(1 + i as usize % 7).into_bytes())
         .collect();
@@ -147,7 +172,7 @@ fn binaries_serve_a_cluster_and_stop_cleanly() {
 
     // Everything again from the data directories.
     let processes = start(&node, &router, &config);
-    let client = connect(&addr);
+    let client = connect(&addr, &certs);
     assert_eq!(client.len().unwrap(), 300);
     let columns = client.gather(&[299, 0], &["x"]).unwrap();
     assert_eq!(columns[0].get(0).unwrap(), &rows[299][..]);
@@ -158,8 +183,41 @@ fn binaries_serve_a_cluster_and_stop_cleanly() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
-fn tempfile_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("zr-processes-{}", std::process::id()));
+#[test]
+fn binaries_refuse_to_start_without_certificates() {
+    let tmp = tempfile_dir("bare");
+    let config = tmp.join("nodes.toml");
+    std::fs::write(
+        &config,
+        "[cluster]\nshards = 1\n[[field]]\nname = \"x\"\n[[shard]]\nid = 0\naddr = \"127.0.0.1:1\"\n[router]\nlisten = \"127.0.0.1:2\"\n",
+    )
+    .unwrap();
+    for (binary, args) in [
+        (binary("zr-node"), vec!["--shard", "0"]),
+        (binary("zr-router"), vec![]),
+    ] {
+        let out = Command::new(&binary)
+            .args(args)
+            .arg("--nodes")
+            .arg(&config)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{} started without certificates",
+            binary.display()
+        );
+        assert!(
+            stderr.contains("[tls]") && stderr.contains("--insecure-dev"),
+            "{stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+fn tempfile_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("zr-processes-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir

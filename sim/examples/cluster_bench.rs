@@ -15,6 +15,7 @@ use clap::Parser;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zr_common::hash::{mix2, reduce};
 use zr_common::net;
+use zr_common::tls::Role;
 use zr_common::wire::{self, Reply, Request};
 use zr_common::Record;
 use zr_router::plan::plan_gather;
@@ -119,11 +120,14 @@ fn run(args: &Args, size: usize) -> Result<()> {
         .build()?;
     let placement = cluster.config().placement()?;
     let timeout = Duration::from_secs(10);
+    // Direct and plain-quinn transfers use the cluster's TLS, as the router does.
+    let as_router = cluster.security(Role::Router)?;
+    let as_node = cluster.security(Role::Node)?;
     let connections = runtime.block_on(async {
         let endpoint = net::client_endpoint("127.0.0.1:0".parse()?)?;
         let mut connections = Vec::new();
         for shard in &cluster.config().shards {
-            connections.push(net::connect(&endpoint, shard.addr, timeout).await?);
+            connections.push(net::connect(&endpoint, &as_router, shard.addr, timeout).await?);
         }
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>((endpoint, connections))
     })?;
@@ -156,7 +160,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
 
     // 3. Plain quinn: one stream per batch, the server answers with `batch_bytes`.
     let quinn = runtime.block_on(async {
-        let server = net::server_endpoint("127.0.0.1:0".parse()?)?;
+        let server = net::server_endpoint("127.0.0.1:0".parse()?, &as_node)?;
         let addr = server.local_addr()?;
         let reply = Bytes::from(vec![7u8; batch_bytes]);
         tokio::spawn(async move {
@@ -175,7 +179,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
             }
         });
         let endpoint = net::client_endpoint("127.0.0.1:0".parse()?)?;
-        let connection = net::connect(&endpoint, addr, timeout).await?;
+        let connection = net::connect(&endpoint, &as_router, addr, timeout).await?;
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>((endpoint, connection))
     })?;
     let plain_quinn = Figures::measure(args.seconds, |_| {

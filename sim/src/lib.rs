@@ -1,8 +1,11 @@
 //! `SimCluster`: S shard servers and a router in one process, on 127.0.0.1 with temporary
 //! data directories, running exactly the code the `zr-node` and `zr-router` binaries run.
 //! Nodes can be stopped (gracefully: finish requests, commit), crashed (dropped without a
-//! commit), and started again on the same address with their data; routers can be restarted
-//! or added.
+//! commit), stalled (the address accepts connections but never answers), and started again
+//! on the same address with their data; routers can be restarted or added.
+//!
+//! By default the cluster is secured as a real one is: `zr cluster-init`'s CA and
+//! certificates in the temporary directory, mutual TLS on every connection.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,9 +14,12 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use zr_common::config::{ClusterConfig, ClusterSection, FieldConfig, RouterConfig, ShardConfig};
-use zr_common::net;
+use zr_common::config::{
+    ClusterConfig, ClusterSection, FieldConfig, RouterConfig, ShardConfig, TlsConfig,
+};
+use zr_common::net::{self, Security};
 use zr_common::placement::EXTENT_RECORDS_DEFAULT;
+use zr_common::tls::{self, Role};
 use zr_router::{Client, Router};
 
 /// Errors of the simulator: a message.
@@ -28,6 +34,8 @@ pub struct SimOptions {
     pub extent_records: u64,
     /// Every network wait, in milliseconds.
     pub timeout_ms: u64,
+    /// Mutual TLS from a generated cluster CA (true), or `--insecure-dev` (false).
+    pub secure: bool,
 }
 
 impl Default for SimOptions {
@@ -36,6 +44,7 @@ impl Default for SimOptions {
             fields: vec![("data".into(), "raw".into())],
             extent_records: EXTENT_RECORDS_DEFAULT,
             timeout_ms: 5_000,
+            secure: true,
         }
     }
 }
@@ -51,6 +60,7 @@ pub struct SimCluster {
     _data: tempfile::TempDir,
     config: ClusterConfig,
     nodes: Vec<Option<Running>>,
+    stalled: Vec<Option<Running>>,
     routers: Vec<(SocketAddr, Running)>,
 }
 
@@ -64,11 +74,22 @@ impl SimCluster {
             .build()?;
         let data = tempfile::tempdir()?;
         let loopback: SocketAddr = "127.0.0.1:0".parse()?;
+        let tls = if options.secure {
+            let certs = data.path().join("certs");
+            tls::init_certs(&certs)?;
+            Some(TlsConfig { certs })
+        } else {
+            None
+        };
+        let node_security = match &tls {
+            Some(tls) => Security::load(&tls.certs, Role::Node)?,
+            None => Security::InsecureDev,
+        };
         // Bind every node first: the configuration needs their ports.
         let endpoints = {
             let _guard = runtime.enter();
             (0..shards)
-                .map(|_| net::server_endpoint(loopback))
+                .map(|_| net::server_endpoint(loopback, &node_security))
                 .collect::<Result<Vec<_>, _>>()?
         };
         let shard_configs = endpoints
@@ -101,12 +122,15 @@ impl SimCluster {
                 listen: loopback,
                 timeout_ms: options.timeout_ms,
             },
+            tls,
+            origin: "simulated cluster".into(),
         };
         let mut cluster = SimCluster {
             runtime,
             _data: data,
             config,
             nodes: Vec::new(),
+            stalled: (0..shards).map(|_| None).collect(),
             routers: Vec::new(),
         };
         for (shard, endpoint) in endpoints.into_iter().enumerate() {
@@ -120,6 +144,16 @@ impl SimCluster {
     /// The cluster's configuration (with the ports actually bound).
     pub fn config(&self) -> &ClusterConfig {
         &self.config
+    }
+
+    /// Credentials for `role` (as the binaries load them from nodes.toml).
+    pub fn security(&self, role: Role) -> Result<Security, SimError> {
+        Ok(self.config.security(role, self.config.tls.is_none())?)
+    }
+
+    /// The certificate directory (`None` for an insecure cluster).
+    pub fn certs_dir(&self) -> Option<PathBuf> {
+        self.config.tls.as_ref().map(|t| t.certs.clone())
     }
 
     /// Shard `shard`'s data directory.
@@ -154,6 +188,7 @@ impl SimCluster {
     pub fn client(&self) -> Result<Client, SimError> {
         Ok(Client::connect_with_timeout(
             self.router_addr(),
+            self.security(Role::Client)?,
             Duration::from_millis(self.config.router.timeout_ms),
         )?)
     }
@@ -161,10 +196,11 @@ impl SimCluster {
     /// Starts another router over the same nodes; returns its address.
     pub fn add_router(&mut self) -> Result<SocketAddr, SimError> {
         let config = self.config.clone();
+        let security = self.security(Role::Router)?;
         let (addr, running) = self.runtime.block_on(async {
-            let endpoint = net::server_endpoint(config.router.listen)?;
+            let endpoint = net::server_endpoint(config.router.listen, &security)?;
             let addr = endpoint.local_addr()?;
-            let router: Arc<Router> = Router::start(&config, endpoint.clone()).await?;
+            let router: Arc<Router> = Router::start(&config, security, endpoint.clone()).await?;
             let (stop, stopped) = oneshot::channel::<()>();
             let task = tokio::spawn(async move {
                 router
@@ -206,18 +242,47 @@ impl SimCluster {
         }
     }
 
+    /// Stalls shard `shard`: it stops (gracefully) and its address is taken by a server that
+    /// accepts connections and requests but never answers. `start_node` ends the stall.
+    pub fn stall_node(&mut self, shard: u32) -> Result<(), SimError> {
+        self.stop_node(shard)?;
+        let endpoint = self.bind_node(shard)?;
+        let task = self.runtime.spawn(async move {
+            net::serve(&endpoint, 64, std::future::pending(), |_| {
+                std::future::pending::<(Vec<u8>, Vec<bytes::Bytes>)>()
+            })
+            .await;
+            Ok(())
+        });
+        let (stop, _) = oneshot::channel();
+        self.stalled[shard as usize] = Some(Running { stop, task });
+        Ok(())
+    }
+
     /// Starts shard `shard` again on its address, from its data directory.
     pub fn start_node(&mut self, shard: u32) -> Result<(), SimError> {
+        if let Some(stalled) = self.stalled[shard as usize].take() {
+            stalled.task.abort();
+            let _ = self.runtime.block_on(stalled.task);
+        }
         if self.nodes[shard as usize].is_some() {
             return Ok(());
         }
+        let endpoint = self.bind_node(shard)?;
+        let running = self.run_node(shard, endpoint)?;
+        self.nodes[shard as usize] = Some(running);
+        Ok(())
+    }
+
+    /// Binds shard `shard`'s address again (its old socket may take a moment to close).
+    fn bind_node(&self, shard: u32) -> Result<quinn::Endpoint, SimError> {
         let addr = self.config.shard(shard).ok_or("no such shard")?.addr;
-        // The old socket closes once its last handle is gone; retry the bind briefly.
+        let security = self.security(Role::Node)?;
         let mut attempt = 0;
         let endpoint = loop {
             let bound = {
                 let _guard = self.runtime.enter();
-                net::server_endpoint(addr)
+                net::server_endpoint(addr, &security)
             };
             match bound {
                 Ok(endpoint) => break endpoint,
@@ -229,9 +294,7 @@ impl SimCluster {
                 Err(e) => return Err(e.into()),
             }
         };
-        let running = self.run_node(shard, endpoint)?;
-        self.nodes[shard as usize] = Some(running);
-        Ok(())
+        Ok(endpoint)
     }
 
     fn finish(&self, running: Running) -> Result<(), SimError> {
@@ -247,6 +310,9 @@ impl Drop for SimCluster {
         }
         for shard in 0..self.nodes.len() {
             let _ = self.stop_node(shard as u32);
+            if let Some(stalled) = self.stalled[shard].take() {
+                stalled.task.abort();
+            }
         }
     }
 }

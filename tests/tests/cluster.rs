@@ -3,6 +3,7 @@
 //! without changing an answer.
 
 use zr_common::hash::mix2;
+use zr_common::tls::Role;
 use zr_common::Record;
 use zr_router::Client;
 use zr_sim::{SimCluster, SimOptions};
@@ -15,6 +16,7 @@ fn options() -> SimOptions {
         // Small extents: a few hundred records already spread over every shard.
         extent_records: 3,
         timeout_ms: 5_000,
+        secure: true,
     }
 }
 
@@ -132,7 +134,7 @@ fn restarted_and_second_routers_answer_identically() {
     cluster.restart_router().unwrap();
     let second = cluster.add_router().unwrap();
     let after = cluster.client().unwrap().gather(&indices, &[]).unwrap();
-    let other = Client::connect(second)
+    let other = Client::connect(second, cluster.security(Role::Client).unwrap())
         .unwrap()
         .gather(&indices, &[])
         .unwrap();

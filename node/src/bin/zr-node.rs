@@ -11,6 +11,10 @@ use zr_common::config::ClusterConfig;
 /// The shard's store lives in --data, else in the directory nodes.toml gives for it, else in
 /// ./zr-data/shard-K; it is created with the configured fields if it does not exist. SIGINT or
 /// SIGTERM stops accepting, finishes requests in flight, commits and exits 0.
+///
+/// Connections are mutual TLS from the cluster CA named in nodes.toml's [tls] section (made
+/// by `zr cluster-init`): the node presents node.pem and accepts only peers with a router
+/// certificate.
 #[derive(Parser)]
 #[command(name = "zr-node", version)]
 struct Args {
@@ -23,6 +27,10 @@ struct Args {
     /// Data directory (overrides nodes.toml).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Run without certificates: encrypted, but anyone who can reach the port gets in.
+    /// For development on a trusted machine only; the router must run with it too.
+    #[arg(long)]
+    insecure_dev: bool,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, default_value = "info")]
     log: String,
@@ -41,6 +49,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let security = match config.security(zr_common::tls::Role::Node, args.insecure_dev) {
+        Ok(security) => security,
+        Err(e) => {
+            eprintln!("zr-node: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    security.warn_if_insecure("zr-node");
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -50,6 +66,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(zr_node::server::run_shard(
         &config,
+        &security,
         args.shard,
         args.data.as_deref(),
         zr_common::net::shutdown_signal(),

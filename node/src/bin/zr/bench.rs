@@ -7,16 +7,20 @@ use clap::Args;
 use zr_common::hash::{mix2, reduce};
 use zr_node::{RuntimeOptions, Store};
 
+use crate::cluster::{target_dir, RouterArgs};
 use crate::CliResult;
 
 /// Measure random-batch gathers on a dataset: records/s, GiB/s, p50/p99 batch latency.
 ///
 /// Each batch gathers uniformly random indices and materializes every selected field into
-/// one contiguous buffer, as a training loader would.
+/// one contiguous buffer, as a training loader would. With --router, the batches are
+/// gathered from a cluster through its router (each batch one request).
 #[derive(Args)]
 pub struct BenchArgs {
     /// Dataset directory.
-    dir: PathBuf,
+    dir: Option<PathBuf>,
+    #[command(flatten)]
+    remote: RouterArgs,
     /// Indices per batch.
     #[arg(long, default_value_t = 1024)]
     batch: usize,
@@ -35,17 +39,32 @@ pub fn run(args: BenchArgs) -> CliResult {
     if args.batch == 0 {
         return Err("--batch must be at least 1".into());
     }
-    let runtime = RuntimeOptions {
-        readers: args.readers,
-        ..RuntimeOptions::default()
-    };
-    let store = Store::open_read_only_with(&args.dir, runtime)?;
-    let len = store.len();
-    if len == 0 {
-        return Err(format!("{} holds no records", args.dir.display()).into());
-    }
     let fields: Vec<&str> = args.field.iter().map(String::as_str).collect();
     let (mut data, mut offsets) = (Vec::new(), Vec::new());
+    let source = match target_dir(&args.dir, &args.remote)? {
+        Some(dir) => {
+            let runtime = RuntimeOptions {
+                readers: args.readers,
+                ..RuntimeOptions::default()
+            };
+            Source::Local(
+                Store::open_read_only_with(dir, runtime)?,
+                dir.display().to_string(),
+            )
+        }
+        None => {
+            let client = args.remote.client()?.ok_or("--router is missing")?;
+            let name = format!("the cluster at {}", client.router());
+            Source::Cluster(Box::new(client), name)
+        }
+    };
+    let (len, name) = match &source {
+        Source::Local(store, name) => (store.len(), name),
+        Source::Cluster(client, name) => (client.len()?, name),
+    };
+    if len == 0 {
+        return Err(format!("{name} holds no records").into());
+    }
     let mut indices = vec![0u64; args.batch];
     let mut latencies = Vec::new();
     let (mut records, mut bytes) = (0u64, 0u64);
@@ -57,10 +76,19 @@ pub fn run(args: BenchArgs) -> CliResult {
             *index = reduce(mix2(batch_no, k as u64), len);
         }
         let t = Instant::now();
-        let batch = store.gather(&indices, &fields)?;
-        for field in batch.fields() {
-            field.write_contiguous(&mut data, &mut offsets);
-            bytes += data.len() as u64;
+        match &source {
+            Source::Local(store, _) => {
+                let batch = store.gather(&indices, &fields)?;
+                for field in batch.fields() {
+                    field.write_contiguous(&mut data, &mut offsets);
+                    bytes += data.len() as u64;
+                }
+            }
+            Source::Cluster(client, _) => {
+                for column in client.gather(&indices, &fields)? {
+                    bytes += column.data.len() as u64;
+                }
+            }
         }
         latencies.push(t.elapsed());
         records += indices.len() as u64;
@@ -69,10 +97,16 @@ pub fn run(args: BenchArgs) -> CliResult {
     let elapsed = started.elapsed().as_secs_f64();
     latencies.sort_unstable();
     let pick = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
-    println!(
-        "{} batches of {} random records from {} records, {} reader(s):",
-        batch_no, args.batch, len, args.readers
-    );
+    match &source {
+        Source::Local(..) => println!(
+            "{} batches of {} random records from {} records, {} reader(s):",
+            batch_no, args.batch, len, args.readers
+        ),
+        Source::Cluster(..) => println!(
+            "{} batches of {} random records from {} records in {name}:",
+            batch_no, args.batch, len
+        ),
+    }
     println!(
         "  {:.0} records/s, {:.2} GiB/s",
         records as f64 / elapsed,
@@ -84,4 +118,10 @@ pub fn run(args: BenchArgs) -> CliResult {
         pick(0.99).as_secs_f64() * 1e3
     );
     Ok(())
+}
+
+/// What the benchmark gathers from.
+enum Source {
+    Local(Store, String),
+    Cluster(Box<zr_router::Client>, String),
 }

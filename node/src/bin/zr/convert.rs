@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use zr_node::convert::{convert_npy, convert_values, Target};
+use zr_node::convert::{convert_npy, convert_values, Destination, LocalDataset, Target};
 use zr_node::Compression;
 
+use crate::cluster::{target_dir, ClusterDestination, RouterArgs};
 use crate::{progress_bar, CliResult};
 
 /// Build a dataset from a NumPy .npy (one record per row) or from values.bin + offsets.npy.
@@ -15,10 +16,17 @@ use crate::{progress_bar, CliResult};
 /// (offsets.npy: N+1 little-endian u64). The target must not exist or be empty, unless
 /// --append adds the records to an existing dataset. The dataset is committed once, at the
 /// end: if the conversion fails, it is left as it was.
+///
+/// With --router instead of a directory, the records are bulk-loaded into a cluster through
+/// its router (the field must be one of the cluster's; an empty cluster unless --append).
+/// A cluster shows appended records at once, so a conversion that fails midway leaves the
+/// records appended so far in place; the error says where it stopped.
 #[derive(Args)]
 pub struct ConvertArgs {
     /// Dataset directory to create (or extend, with --append).
-    dir: PathBuf,
+    dir: Option<PathBuf>,
+    #[command(flatten)]
+    remote: RouterArgs,
     /// A .npy array: one record per row (C order, any fixed-size dtype).
     #[arg(long, conflicts_with_all = ["values", "offsets"], required_unless_present = "values")]
     npy: Option<PathBuf>,
@@ -31,9 +39,9 @@ pub struct ConvertArgs {
     /// Field to fill.
     #[arg(long, default_value = "data")]
     field: String,
-    /// Storage of the field.
-    #[arg(long, default_value = "raw", value_parser = parse_compression)]
-    compress: Compression,
+    /// Storage of the field: raw or flate (default raw; a cluster's is set in nodes.toml).
+    #[arg(long, value_parser = parse_compression)]
+    compress: Option<Compression>,
     /// Add to an existing dataset instead of creating a new one.
     #[arg(long)]
     append: bool,
@@ -44,10 +52,33 @@ fn parse_compression(s: &str) -> Result<Compression, String> {
 }
 
 pub fn run(args: ConvertArgs) -> CliResult {
+    let dir = target_dir(&args.dir, &args.remote)?;
+    let (mut dest, compress, name): (Box<dyn Destination>, Compression, String) = match dir {
+        Some(dir) => (
+            Box::new(LocalDataset::new(dir)),
+            args.compress.unwrap_or(Compression::Raw),
+            dir.display().to_string(),
+        ),
+        None => {
+            let client = args.remote.client()?.ok_or("--router is missing")?;
+            let cluster_compress = client
+                .fields()
+                .iter()
+                .find(|f| f.name == args.field)
+                .and_then(|f| f.compress.parse().ok());
+            let name = format!("the cluster at {}", client.router());
+            (
+                Box::new(ClusterDestination { client }),
+                args.compress
+                    .or(cluster_compress)
+                    .unwrap_or(Compression::Raw),
+                name,
+            )
+        }
+    };
     let target = Target {
-        dir: &args.dir,
         field: &args.field,
-        compress: args.compress,
+        compress,
         append: args.append,
     };
     let (input_bytes, source) = match (&args.npy, &args.values) {
@@ -65,18 +96,22 @@ pub fn run(args: ConvertArgs) -> CliResult {
     bar.set_message("converting");
     let started = std::time::Instant::now();
     let records = match (&args.npy, &args.values, &args.offsets) {
-        (Some(npy), _, _) => convert_npy(npy, &target, |done| bar.set_position(done))?,
+        (Some(npy), _, _) => {
+            convert_npy(npy, &target, dest.as_mut(), |done| bar.set_position(done))?
+        }
         (None, Some(values), Some(offsets)) => {
-            convert_values(values, offsets, &target, |done| bar.set_position(done))?
+            convert_values(values, offsets, &target, dest.as_mut(), |done| {
+                bar.set_position(done)
+            })?
         }
         _ => return Err("--values needs --offsets".into()),
     };
     bar.finish_and_clear();
     println!(
         "converted {records} records from {source} into {} (field '{}', {}) in {:.1} s",
-        args.dir.display(),
+        name,
         args.field,
-        match args.compress {
+        match compress {
             Compression::Raw => "raw",
             Compression::Flate => "flate",
         },

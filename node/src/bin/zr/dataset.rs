@@ -7,19 +7,35 @@ use clap::Args;
 use zr_node::meta::Meta;
 use zr_node::{rebalance, Compression, Store};
 
+use crate::cluster::{target_dir, RouterArgs};
 use crate::{human_bytes, progress_bar, CliResult};
 
 /// Show a dataset: length, fields, chunks, bytes on disk, utilization.
+///
+/// With --router, a cluster's length and fields as its router reports them.
 #[derive(Args)]
 pub struct InfoArgs {
     /// Dataset directory.
-    dir: PathBuf,
+    dir: Option<PathBuf>,
+    #[command(flatten)]
+    remote: RouterArgs,
 }
 
 pub fn info(args: InfoArgs) -> CliResult {
-    let store = Store::open_read_only(&args.dir)?;
-    let meta = Meta::load(&args.dir)?;
-    println!("dataset      {}", args.dir.display());
+    let Some(dir) = target_dir(&args.dir, &args.remote)? else {
+        let client = args.remote.client()?.ok_or("--router is missing")?;
+        let (len, fields) = client.info()?;
+        println!("cluster      router {}", client.router());
+        println!("records      {len}");
+        println!("fields       {}", fields.len());
+        for field in &fields {
+            println!("  {:<20} {}", field.name, field.compress);
+        }
+        return Ok(());
+    };
+    let store = Store::open_read_only(dir)?;
+    let meta = Meta::load(dir)?;
+    println!("dataset      {}", dir.display());
     println!(
         "format       {} v{} (generation {})",
         meta.format, meta.version, meta.generation
@@ -45,7 +61,7 @@ pub fn info(args: InfoArgs) -> CliResult {
         meta.chunks.len() - sealed,
         meta.chunk_records
     );
-    println!("on disk      {}", human_bytes(disk_usage(&args.dir)?));
+    println!("on disk      {}", human_bytes(disk_usage(dir)?));
     let u = store.utilization()?;
     println!(
         "utilization  {:.3} ({} live of {} in chunks)",
@@ -75,10 +91,13 @@ fn disk_usage(dir: &std::path::Path) -> std::io::Result<u64> {
 /// Write the payloads of records to a file, back to back in the given order.
 ///
 /// Prints the payload lengths (space-separated, in order), so a script can cut the file.
+/// With --router, the records come from a cluster.
 #[derive(Args)]
 pub struct GatherArgs {
     /// Dataset directory.
-    dir: PathBuf,
+    dir: Option<PathBuf>,
+    #[command(flatten)]
+    remote: RouterArgs,
     /// Record indices, comma-separated (any order, repeats allowed).
     #[arg(long, value_delimiter = ',', required_unless_present = "indices_file")]
     indices: Vec<u64>,
@@ -91,25 +110,25 @@ pub struct GatherArgs {
     /// Output file.
     #[arg(long)]
     out: PathBuf,
-    /// Check every record's CRC32 while reading.
-    #[arg(long)]
+    /// Check every record's CRC32 while reading (dataset directories only).
+    #[arg(long, conflicts_with = "router")]
     verify: bool,
 }
 
+/// The field to read: the one named, or the only one there is.
+fn one_field(chosen: &Option<String>, names: Vec<&str>) -> Result<String, String> {
+    match (chosen, names.as_slice()) {
+        (Some(name), _) => Ok(name.clone()),
+        (None, [only]) => Ok(only.to_string()),
+        (None, names) => Err(format!(
+            "the dataset has several fields ({}); choose one with --field",
+            names.join(", ")
+        )),
+    }
+}
+
 pub fn gather(args: GatherArgs) -> CliResult {
-    let store = Store::open_read_only(&args.dir)?;
-    let field = match (&args.field, store.fields()) {
-        (Some(name), _) => name.clone(),
-        (None, [only]) => only.name.clone(),
-        (None, fields) => {
-            let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
-            return Err(format!(
-                "the dataset has several fields ({}); choose one with --field",
-                names.join(", ")
-            )
-            .into());
-        }
-    };
+    let dir = target_dir(&args.dir, &args.remote)?;
     let indices = match &args.indices_file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -131,22 +150,45 @@ pub fn gather(args: GatherArgs) -> CliResult {
         }
         None => args.indices.clone(),
     };
-    let batch = store.gather_with(
-        &indices,
-        &[&field],
-        zr_node::GatherOptions {
-            verify: args.verify,
-        },
-    )?;
-    let column = batch.field(&field).ok_or("field missing from the batch")?;
+    let mut lengths = Vec::with_capacity(indices.len());
     let mut out = std::io::BufWriter::new(
         std::fs::File::create(&args.out)
             .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?,
     );
-    let mut lengths = Vec::with_capacity(indices.len());
-    for payload in column.iter() {
-        out.write_all(payload)?;
-        lengths.push(payload.len().to_string());
+    match dir {
+        Some(dir) => {
+            let store = Store::open_read_only(dir)?;
+            let field = one_field(
+                &args.field,
+                store.fields().iter().map(|f| f.name.as_str()).collect(),
+            )?;
+            let batch = store.gather_with(
+                &indices,
+                &[&field],
+                zr_node::GatherOptions {
+                    verify: args.verify,
+                },
+            )?;
+            let column = batch.field(&field).ok_or("field missing from the batch")?;
+            for payload in column.iter() {
+                out.write_all(payload)?;
+                lengths.push(payload.len().to_string());
+            }
+        }
+        None => {
+            let client = args.remote.client()?.ok_or("--router is missing")?;
+            let field = one_field(
+                &args.field,
+                client.fields().iter().map(|f| f.name.as_str()).collect(),
+            )?;
+            let columns = client.gather(&indices, &[&field])?;
+            let column = columns.first().ok_or("the router sent no column")?;
+            for k in 0..indices.len() {
+                let payload = column.get(k).ok_or("the router sent a short column")?;
+                out.write_all(payload)?;
+                lengths.push(payload.len().to_string());
+            }
+        }
     }
     out.flush()?;
     println!("{}", lengths.join(" "));

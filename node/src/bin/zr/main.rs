@@ -1,6 +1,7 @@
 //! `zr`: the zrecord command line.
 
 mod bench;
+mod cluster;
 mod convert;
 mod dataset;
 mod sample;
@@ -19,6 +20,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    ClusterInit(cluster::ClusterInitArgs),
     Convert(convert::ConvertArgs),
     Info(dataset::InfoArgs),
     Gather(dataset::GatherArgs),
@@ -31,6 +33,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::ClusterInit(args) => cluster::init(args),
         Command::Convert(args) => convert::run(args),
         Command::Info(args) => dataset::info(args),
         Command::Gather(args) => dataset::gather(args),

@@ -1,0 +1,369 @@
+//! Cluster identities: one CA per cluster signs a certificate for each role — nodes, routers,
+//! clients — and every connection is mutual TLS against that CA.
+//!
+//! A role is the certificate's DNS name (`node.zrecord`, `router.zrecord`,
+//! `client.zrecord`): a server proves its role by the name the connecting side asks for, a
+//! connecting peer by the name its client certificate carries. Nodes accept only routers;
+//! routers accept only clients. The name is a role, not a host, so the same files serve any
+//! address. A certificate directory (made by `zr cluster-init`) holds:
+//!
+//! ```text
+//! ca.pem                          the cluster CA: every process needs it
+//! ca.key                          the CA's key: keep it off the cluster (it mints identities)
+//! node.pem node.key               for zr-node
+//! router.pem router.key           for zr-router
+//! client.pem client.key           for clients (zr --router, the client library)
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+
+use crate::error::Error;
+
+/// The cluster CA's certificate file in a certificate directory.
+pub const CA_FILE: &str = "ca.pem";
+/// The CA's private key (only `cluster-init` writes it; no process reads it).
+pub const CA_KEY_FILE: &str = "ca.key";
+
+/// What a certificate entitles its holder to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Serves a shard; accepts only routers.
+    Node,
+    /// Serves clients and connects to nodes.
+    Router,
+    /// Connects to routers.
+    Client,
+}
+
+impl Role {
+    /// Every role, in file order.
+    pub const ALL: [Role; 3] = [Role::Node, Role::Router, Role::Client];
+
+    /// The role's file stem: `node`, `router`, `client`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Node => "node",
+            Role::Router => "router",
+            Role::Client => "client",
+        }
+    }
+
+    /// The DNS name its certificate carries.
+    pub fn dns_name(self) -> &'static str {
+        match self {
+            Role::Node => "node.zrecord",
+            Role::Router => "router.zrecord",
+            Role::Client => "client.zrecord",
+        }
+    }
+
+    /// The role a server of this role accepts as peers (`None`: it serves nobody).
+    pub fn accepts(self) -> Option<Role> {
+        match self {
+            Role::Node => Some(Role::Router),
+            Role::Router => Some(Role::Client),
+            Role::Client => None,
+        }
+    }
+
+    /// The role this one connects to (`None`: it connects to nobody).
+    pub fn connects_to(self) -> Option<Role> {
+        match self {
+            Role::Node => None,
+            Role::Router => Some(Role::Node),
+            Role::Client => Some(Role::Router),
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A process's credentials: the cluster CA and its own certificate chain and key.
+pub struct Identity {
+    /// The role the certificate is for.
+    pub role: Role,
+    /// Where the files came from (for messages).
+    pub dir: PathBuf,
+    roots: Arc<RootCertStore>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Identity")
+            .field("role", &self.role)
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+fn cert_error(path: &Path, reason: impl fmt::Display) -> Error {
+    Error::Config {
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+impl Identity {
+    /// Loads `role`'s credentials from certificate directory `dir`; a missing or unreadable
+    /// file is named in the error.
+    pub fn load(dir: &Path, role: Role) -> Result<Identity, Error> {
+        let hint = "(create the certificates with `zr cluster-init`)";
+        let ca_path = dir.join(CA_FILE);
+        let ca = CertificateDer::pem_file_iter(&ca_path)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| cert_error(&ca_path, format!("cannot read the cluster CA: {e} {hint}")))?;
+        let mut roots = RootCertStore::empty();
+        for cert in ca {
+            roots
+                .add(cert)
+                .map_err(|e| cert_error(&ca_path, format!("not a usable CA certificate: {e}")))?;
+        }
+        if roots.is_empty() {
+            return Err(cert_error(&ca_path, "holds no certificate"));
+        }
+        let cert_path = dir.join(format!("{}.pem", role.name()));
+        let chain = CertificateDer::pem_file_iter(&cert_path)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| {
+                cert_error(
+                    &cert_path,
+                    format!("cannot read the {role} certificate: {e} {hint}"),
+                )
+            })?;
+        if chain.is_empty() {
+            return Err(cert_error(&cert_path, "holds no certificate"));
+        }
+        let key_path = dir.join(format!("{}.key", role.name()));
+        let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| {
+            cert_error(&key_path, format!("cannot read the {role} key: {e} {hint}"))
+        })?;
+        Ok(Identity {
+            role,
+            dir: dir.to_path_buf(),
+            roots: Arc::new(roots),
+            chain,
+            key,
+        })
+    }
+
+    /// The CA roots peers are checked against.
+    pub fn roots(&self) -> Arc<RootCertStore> {
+        Arc::clone(&self.roots)
+    }
+
+    /// This process's certificate chain.
+    pub fn chain(&self) -> Vec<CertificateDer<'static>> {
+        self.chain.clone()
+    }
+
+    /// This process's private key.
+    pub fn key(&self) -> PrivateKeyDer<'static> {
+        self.key.clone_key()
+    }
+}
+
+/// Creates a cluster CA in `dir` and a certificate and key for every role, signed by it.
+/// Refuses to overwrite an existing CA (that would orphan every certificate it signed).
+/// Key files are readable by their owner only.
+pub fn init_certs(dir: &Path) -> Result<(), Error> {
+    let io = |path: &Path, e: std::io::Error| cert_error(path, e);
+    let gen = |what: &str, e: rcgen::Error| cert_error(dir, format!("cannot create {what}: {e}"));
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let ca_path = dir.join(CA_FILE);
+    if ca_path.exists() {
+        return Err(cert_error(
+            &ca_path,
+            "a cluster CA already exists here; choose another directory (replacing it would invalidate every certificate it signed)",
+        ));
+    }
+    let ca_key = KeyPair::generate().map_err(|e| gen("the CA key", e))?;
+    let mut ca_params =
+        CertificateParams::new(Vec::<String>::new()).map_err(|e| gen("the CA", e))?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "zrecord cluster CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = ca_params
+        .self_signed(&ca_key)
+        .map_err(|e| gen("the CA", e))?;
+    let mut files = vec![
+        (ca_path, ca.pem(), false),
+        (dir.join(CA_KEY_FILE), ca_key.serialize_pem(), true),
+    ];
+    for role in Role::ALL {
+        let key = KeyPair::generate().map_err(|e| gen(role.name(), e))?;
+        let mut params = CertificateParams::new(vec![role.dns_name().to_string()])
+            .map_err(|e| gen(role.name(), e))?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, role.dns_name());
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = match role {
+            Role::Node => vec![ExtendedKeyUsagePurpose::ServerAuth],
+            Role::Router => vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            Role::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+        };
+        let cert = params
+            .signed_by(&key, &ca, &ca_key)
+            .map_err(|e| gen(role.name(), e))?;
+        files.push((dir.join(format!("{}.pem", role.name())), cert.pem(), false));
+        files.push((
+            dir.join(format!("{}.key", role.name())),
+            key.serialize_pem(),
+            true,
+        ));
+    }
+    for (path, text, secret) in files {
+        write_file(&path, text.as_bytes(), secret).map_err(|e| io(&path, e))?;
+    }
+    Ok(())
+}
+
+fn write_file(path: &Path, bytes: &[u8], secret: bool) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    if secret {
+        options.mode(0o600);
+    }
+    let mut file = options.open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+/// Accepts a client certificate only if it chains to the cluster CA *and* is for `role`.
+#[derive(Debug)]
+pub(crate) struct RoleVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    role: Role,
+}
+
+impl RoleVerifier {
+    pub(crate) fn new(
+        roots: Arc<RootCertStore>,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+        role: Role,
+    ) -> Result<RoleVerifier, Error> {
+        let inner = WebPkiClientVerifier::builder_with_provider(roots, provider)
+            .build()
+            .map_err(|e| Error::Net(format!("cannot configure client authentication: {e}")))?;
+        Ok(RoleVerifier { inner, role })
+    }
+}
+
+impl ClientCertVerifier for RoleVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)
+            .inspect_err(|e| tracing::warn!("refused a peer's certificate: {e}"))?;
+        let name = ServerName::try_from(self.role.dns_name())
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        let cert = webpki::EndEntityCert::try_from(end_entity)
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        if cert.verify_is_valid_for_subject_name(&name).is_err() {
+            tracing::warn!(
+                "refused a peer whose certificate is not for the {} role",
+                self.role
+            );
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName,
+            ));
+        }
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_then_load_every_role_and_refuse_to_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        init_certs(dir.path()).unwrap();
+        for role in Role::ALL {
+            let identity = Identity::load(dir.path(), role).unwrap();
+            assert_eq!(identity.role, role);
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("client.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let again = init_certs(dir.path()).unwrap_err().to_string();
+        assert!(again.contains("already exists"), "{again}");
+        std::fs::remove_file(dir.path().join("router.key")).unwrap();
+        let missing = Identity::load(dir.path(), Role::Router)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("router.key") && missing.contains("cluster-init"),
+            "{missing}"
+        );
+    }
+}

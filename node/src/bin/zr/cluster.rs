@@ -1,0 +1,212 @@
+//! `zr cluster-init`, and the `--router ADDR --certs DIR` options with which `convert`,
+//! `info`, `gather` and `bench` act on a cluster instead of a dataset directory.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use zr_common::config::{cluster_toml, TIMEOUT_MS_DEFAULT};
+use zr_common::net::Security;
+use zr_common::tls::{self, Role};
+use zr_common::Record;
+use zr_node::convert::{Destination, Target};
+use zr_node::meta::FieldSpec;
+use zr_node::{Compression, Error};
+use zr_router::Client;
+
+use crate::CliResult;
+
+/// Where a command reads or writes: a dataset directory, or a cluster through its router.
+#[derive(Args, Clone, Debug)]
+pub struct RouterArgs {
+    /// Act on a cluster through the router at ADDR instead of a dataset directory.
+    #[arg(long, value_name = "ADDR")]
+    pub router: Option<SocketAddr>,
+    /// The cluster's certificate directory (ca.pem, client.pem, client.key; made by
+    /// `zr cluster-init`).
+    #[arg(long, value_name = "DIR", requires = "router")]
+    pub certs: Option<PathBuf>,
+    /// Connect without a certificate (only a router run with --insecure-dev accepts it).
+    #[arg(long, requires = "router", conflicts_with = "certs")]
+    pub insecure_dev: bool,
+    /// Milliseconds for every network wait.
+    #[arg(long, value_name = "MS", default_value_t = TIMEOUT_MS_DEFAULT)]
+    pub timeout_ms: u64,
+}
+
+impl RouterArgs {
+    /// A client of the router, if `--router` was given.
+    pub fn client(&self) -> Result<Option<Client>, Box<dyn std::error::Error>> {
+        let Some(addr) = self.router else {
+            return Ok(None);
+        };
+        let security = match (&self.certs, self.insecure_dev) {
+            (Some(dir), _) => Security::load(dir, Role::Client)?,
+            (None, true) => Security::InsecureDev,
+            (None, false) => {
+                return Err(
+                    "--router needs --certs DIR (the cluster's certificates from `zr cluster-init`), or --insecure-dev for a development cluster"
+                        .into(),
+                )
+            }
+        };
+        let timeout = Duration::from_millis(self.timeout_ms.max(1));
+        Ok(Some(Client::connect_with_timeout(addr, security, timeout)?))
+    }
+}
+
+/// The dataset directory or the router: exactly one must be given.
+pub fn target_dir<'a>(
+    dir: &'a Option<PathBuf>,
+    router: &RouterArgs,
+) -> Result<Option<&'a Path>, String> {
+    match (dir, router.router) {
+        (Some(dir), None) => Ok(Some(dir)),
+        (None, Some(_)) => Ok(None),
+        (Some(_), Some(_)) => Err("give a dataset directory or --router, not both".into()),
+        (None, None) => Err("give a dataset directory, or --router ADDR --certs DIR".into()),
+    }
+}
+
+/// Create a cluster's CA, certificates and a ready nodes.toml, for S shards on this machine.
+///
+/// DIR gets nodes.toml, certs/ (ca.pem, ca.key, and node, router and client certificates
+/// with their keys, keys readable by the owner only) and data/ (the shards' stores, created
+/// when the nodes first start). The router listens on --base-port and shard K on
+/// base-port + 1 + K, all on 127.0.0.1; edit nodes.toml for real hosts and copy each process
+/// its files (see ops/README.md). Refuses a DIR that already holds a cluster.
+#[derive(Args)]
+pub struct ClusterInitArgs {
+    /// Number of shards.
+    #[arg(long)]
+    shards: u32,
+    /// Directory for nodes.toml, certs/ and data/.
+    #[arg(long)]
+    dir: PathBuf,
+    /// The router's port; shards take the next ones.
+    #[arg(long, default_value_t = 7000)]
+    base_port: u16,
+    /// A field of the dataset, as NAME or NAME:flate (repeat for several; default data).
+    #[arg(long = "field", value_name = "NAME[:raw|flate]")]
+    fields: Vec<String>,
+}
+
+pub fn init(args: ClusterInitArgs) -> CliResult {
+    if args.shards == 0 {
+        return Err("--shards must be at least 1".into());
+    }
+    if args.base_port as u32 + args.shards > u16::MAX as u32 {
+        return Err(format!(
+            "--base-port {} leaves no room for {} shard ports",
+            args.base_port, args.shards
+        )
+        .into());
+    }
+    let fields: Vec<(String, String)> = if args.fields.is_empty() {
+        vec![("data".into(), "raw".into())]
+    } else {
+        args.fields
+            .iter()
+            .map(|f| match f.split_once(':') {
+                Some((name, compress)) => (name.to_string(), compress.to_string()),
+                None => (f.clone(), "raw".to_string()),
+            })
+            .collect()
+    };
+    std::fs::create_dir_all(&args.dir)
+        .map_err(|e| format!("cannot create {}: {e}", args.dir.display()))?;
+    let dir = args
+        .dir
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", args.dir.display()))?;
+    let config_path = dir.join("nodes.toml");
+    if config_path.exists() {
+        return Err(format!(
+            "{} already exists: this directory holds a cluster; choose another --dir",
+            config_path.display()
+        )
+        .into());
+    }
+    let certs = dir.join("certs");
+    let text = cluster_toml(args.shards, args.base_port, &dir, &certs, &fields);
+    // Check the file before writing anything (bad field names, compressions).
+    zr_common::config::ClusterConfig::parse(&text, &config_path.display().to_string())?;
+    tls::init_certs(&certs)?;
+    std::fs::write(&config_path, text)
+        .map_err(|e| format!("cannot write {}: {e}", config_path.display()))?;
+    let nodes = config_path.display();
+    println!("created {nodes}");
+    println!("created {} (CA, node, router, client)", certs.display());
+    println!("start the cluster:");
+    for shard in 0..args.shards {
+        println!("  zr-node --shard {shard} --nodes {nodes} &");
+    }
+    println!("  zr-router --nodes {nodes} &");
+    println!(
+        "then, e.g.: zr info --router 127.0.0.1:{} --certs {}",
+        args.base_port,
+        certs.display()
+    );
+    Ok(())
+}
+
+/// A cluster as a conversion's destination: records are appended through the router.
+pub struct ClusterDestination {
+    pub client: Client,
+}
+
+fn cluster_error(e: zr_common::Error) -> Error {
+    Error::Cluster(e.to_string())
+}
+
+impl Destination for ClusterDestination {
+    fn open(&mut self, target: &Target, _spec: FieldSpec) -> zr_node::Result<()> {
+        let field = self
+            .client
+            .fields()
+            .iter()
+            .find(|f| f.name == target.field)
+            .ok_or_else(|| {
+                let names: Vec<&str> = self
+                    .client
+                    .fields()
+                    .iter()
+                    .map(|f| f.name.as_str())
+                    .collect();
+                Error::Cluster(format!(
+                    "the cluster has no field '{}' (it has: {}); its fields are set in nodes.toml",
+                    target.field,
+                    names.join(", ")
+                ))
+            })?;
+        let compress = match target.compress {
+            Compression::Raw => "raw",
+            Compression::Flate => "flate",
+        };
+        if field.compress != compress {
+            return Err(Error::Cluster(format!(
+                "the cluster stores field '{}' as {}, not {compress} (drop --compress or match nodes.toml)",
+                field.name, field.compress
+            )));
+        }
+        let len = self.client.len().map_err(cluster_error)?;
+        if !target.append && len > 0 {
+            return Err(Error::Cluster(format!(
+                "the cluster already holds {len} records; pass --append to add to them"
+            )));
+        }
+        Ok(())
+    }
+
+    fn append_many(&mut self, records: &[Record]) -> zr_node::Result<()> {
+        self.client
+            .append_many(records)
+            .map(|_| ())
+            .map_err(cluster_error)
+    }
+
+    fn commit(&mut self) -> zr_node::Result<()> {
+        self.client.commit().map_err(cluster_error)
+    }
+}
