@@ -37,8 +37,11 @@ use crate::error::Error;
 use crate::net::Security;
 use crate::placement::{ClusterMap, Placement, EXTENT_RECORDS_DEFAULT, SHARDS_MAX};
 
-/// Default for every network wait.
+/// Default for every network wait of the router (and of nodes' peers).
 pub const TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Default for a client's waits: longer than the router's, so that when a node fails the
+/// router's answer naming the shard arrives before the client gives up.
+pub const CLIENT_TIMEOUT_MS_DEFAULT: u64 = 3 * TIMEOUT_MS_DEFAULT;
 
 /// The whole file.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -292,9 +292,13 @@ pub fn describe(e: &ConnectionError) -> String {
     // QUIC carries TLS alerts as transport codes 0x100 + alert.
     let alert = code.checked_sub(0x100).filter(|&a| a < 0x100);
     match (alert, reason) {
-        (Some(_), Some(reason)) if reason.contains("UnknownIssuer") => format!(
-            "the peer's certificate is not from this cluster's CA ({reason}); a certificate directory of another cluster, or a peer running --insecure-dev?"
-        ),
+        (Some(_), Some(reason))
+            if reason.contains("UnknownIssuer") || reason.contains("BadSignature") =>
+        {
+            format!(
+                "the peer's certificate is not from this cluster's CA ({reason}); a certificate directory of another cluster, or a peer running --insecure-dev?"
+            )
+        }
         (Some(_), Some(reason)) if reason.contains("NotValidForName") => format!(
             "the peer's certificate is for another role ({reason}); is the address right?"
         ),

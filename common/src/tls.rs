@@ -198,9 +198,22 @@ pub fn init_certs(dir: &Path) -> Result<(), Error> {
     let ca_key = KeyPair::generate().map_err(|e| gen("the CA key", e))?;
     let mut ca_params =
         CertificateParams::new(Vec::<String>::new()).map_err(|e| gen("the CA", e))?;
+    // A name of its own, so another cluster's certificates are told apart by issuer.
+    let id = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default(),
+        );
+        h.write_u32(std::process::id());
+        h.finish()
+    };
     ca_params
         .distinguished_name
-        .push(DnType::CommonName, "zrecord cluster CA");
+        .push(DnType::CommonName, format!("zrecord cluster CA {id:016x}"));
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let ca = ca_params

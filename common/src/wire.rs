@@ -386,4 +386,106 @@ mod tests {
             .to_string()
             .contains("version 9"));
     }
+
+    use proptest::prelude::*;
+
+    fn request() -> impl Strategy<Value = (Request, Vec<u8>)> {
+        let names = proptest::collection::vec("[a-z]{0,8}", 0..4);
+        prop_oneof![
+            Just((Request::Info, Vec::new())),
+            Just((Request::Commit, Vec::new())),
+            any::<u64>().prop_map(|index| (Request::Delete { index }, Vec::new())),
+            any::<u64>().prop_map(|len| (Request::Truncate { len }, Vec::new())),
+            (
+                proptest::collection::vec(any::<u64>(), 0..64),
+                names.clone()
+            )
+                .prop_map(|(indices, fields)| (Request::Gather { indices, fields }, Vec::new())),
+            (
+                names,
+                proptest::collection::vec(0u32..40, 0..20),
+                any::<Option<u64>>()
+            )
+                .prop_map(|(fields, lens, at)| {
+                    let lengths: Vec<Vec<u32>> = fields.iter().map(|_| lens.clone()).collect();
+                    let total: u32 = lengths.iter().flatten().sum();
+                    let body = vec![0xab; total as usize];
+                    (
+                        Request::Append {
+                            at,
+                            fields,
+                            lengths,
+                        },
+                        body,
+                    )
+                }),
+        ]
+    }
+
+    /// What a decoded request promises its user: bodies that match their lengths.
+    fn consistent(request: &Request, body: &[u8]) {
+        if let Request::Append { lengths, .. } = request {
+            let columns = split_columns(lengths, body);
+            for (column, lens) in columns.iter().zip(lengths) {
+                for (payload, &len) in column.iter().zip(lens) {
+                    assert_eq!(payload.len(), len as usize);
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        // Fuzz targets: arbitrary bytes never panic any decoder.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            if let Ok((request, body)) = decode_request(&bytes) {
+                consistent(&request, body);
+            }
+            let _ = decode_reply(&bytes);
+            let mut framed = [MAGIC.to_vec(), WIRE_VERSION.to_le_bytes().to_vec()].concat();
+            framed.extend_from_slice(&bytes);
+            let _ = decode_request(&framed);
+            let _ = decode_reply(&framed);
+        }
+
+        // Valid messages round-trip; every truncation is an error; any corruption is an error
+        // or a request whose body matches its lengths.
+        #[test]
+        fn valid_messages_round_trip_and_damage_is_caught(
+            (request, body) in request(),
+            at in any::<prop::sample::Index>(),
+            flip in 1u8..,
+        ) {
+            let message = [encode_request(&request).unwrap(), body.clone()].concat();
+            let (back, back_body) = decode_request(&message).unwrap();
+            prop_assert_eq!(&back, &request);
+            prop_assert_eq!(back_body, &body[..]);
+            let cut = at.index(message.len());
+            prop_assert!(decode_request(&message[..cut]).is_err());
+            let mut damaged = message.clone();
+            damaged[cut] ^= flip;
+            if let Ok((request, body)) = decode_request(&damaged) {
+                consistent(&request, body);
+            }
+        }
+
+        #[test]
+        fn gather_replies_check_their_bodies(
+            lens in proptest::collection::vec(0u32..50, 0..30),
+            extra in 0usize..3,
+        ) {
+            let header = encode_reply(&Reply::Gather { lengths: vec![lens.clone()] }).unwrap();
+            let total: usize = lens.iter().map(|&l| l as usize).sum();
+            let ok = [header.clone(), vec![1; total]].concat();
+            prop_assert!(decode_reply(&ok).is_ok());
+            let long = [header.clone(), vec![1; total + 1 + extra]].concat();
+            prop_assert!(decode_reply(&long).is_err());
+            if total > 0 {
+                let short = [header, vec![1; total - 1]].concat();
+                prop_assert!(decode_reply(&short).is_err());
+            }
+        }
+    }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::{Connection, Endpoint};
-use zr_common::config::TIMEOUT_MS_DEFAULT;
+use zr_common::config::CLIENT_TIMEOUT_MS_DEFAULT;
 use zr_common::net::{self, Security};
 use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
 use zr_common::{BoxError, Contiguous, Error, GatherSource, Record};
@@ -41,10 +41,16 @@ impl Client {
     /// cluster's certificate directory: `Security::load(dir, Role::Client)`), with the
     /// default timeout for every wait.
     pub fn connect(addr: SocketAddr, security: Security) -> Result<Client, Error> {
-        Client::connect_with_timeout(addr, security, Duration::from_millis(TIMEOUT_MS_DEFAULT))
+        Client::connect_with_timeout(
+            addr,
+            security,
+            Duration::from_millis(CLIENT_TIMEOUT_MS_DEFAULT),
+        )
     }
 
-    /// Connects with `timeout` for every network wait.
+    /// Connects with `timeout` for every network wait. Make it longer than the router's
+    /// `timeout_ms`, so that a failed node is reported by the router (naming the shard)
+    /// rather than by this client's own timeout.
     pub fn connect_with_timeout(
         addr: SocketAddr,
         security: Security,

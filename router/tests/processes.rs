@@ -177,10 +177,80 @@ fn binaries_serve_a_cluster_and_stop_cleanly() {
     let columns = client.gather(&[299, 0], &["x"]).unwrap();
     assert_eq!(columns[0].get(0).unwrap(), &rows[299][..]);
     drop(client);
+
+    // The `zr` command on the cluster: bulk load, info, gather, bench.
+    let certs_arg = certs.to_str().unwrap();
+    let remote = ["--router", addr.as_str(), "--certs", certs_arg];
+    let npy = tmp.join("rows.npy");
+    let width = 24usize;
+    let data: Vec<u8> = (0..40 * width).map(|i| (i * 7 % 251) as u8).collect();
+    write_npy(&npy, 40, width, &data);
+    let npy_arg = npy.to_str().unwrap();
+    zr(&[
+        &["convert", "--npy", npy_arg, "--field", "x", "--append"],
+        &remote[..],
+    ]
+    .concat());
+    let info = zr(&[&["info"], &remote[..]].concat());
+    assert!(info.contains("records      340"), "{info}");
+    let out = tmp.join("gathered.bin");
+    let out_arg = out.to_str().unwrap();
+    let lengths = zr(&[
+        &["gather", "--indices", "339,300,5", "--out", out_arg],
+        &remote[..],
+    ]
+    .concat());
+    assert_eq!(lengths.trim(), format!("{width} {width} {}", rows[5].len()));
+    let gathered = std::fs::read(&out).unwrap();
+    assert_eq!(&gathered[..width], &data[39 * width..]);
+    assert_eq!(&gathered[width..2 * width], &data[..width]);
+    assert_eq!(&gathered[2 * width..], &rows[5][..]);
+    let bench = zr(&[&["bench", "--seconds", "0.2", "--batch", "64"], &remote[..]].concat());
+    assert!(bench.contains("records/s"), "{bench}");
+    // Without credentials, a one-line reason.
+    let refused = zr_fails(&["info", "--router", addr.as_str()]);
+    assert!(refused.contains("--certs"), "{refused}");
+    let refused = zr_fails(&["info", "--router", addr.as_str(), "--insecure-dev"]);
+    assert!(refused.contains("presented none"), "{refused}");
     for p in processes.into_iter().rev() {
         terminate(p);
     }
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Runs `zr args`, expecting success; returns its stdout.
+fn zr(args: &[&str]) -> String {
+    let out = Command::new(binary("zr")).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "zr {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `zr args`, expecting a failure with a one-line message; returns it.
+fn zr_fails(args: &[&str]) -> String {
+    let out = Command::new(binary("zr")).args(args).output().unwrap();
+    assert!(!out.status.success(), "zr {args:?} succeeded");
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    stderr
+}
+
+/// A `.npy` of `rows` x `width` unsigned bytes.
+fn write_npy(path: &Path, rows: usize, width: usize, data: &[u8]) {
+    let mut header =
+        format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({rows}, {width}), }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    std::fs::write(path, bytes).unwrap();
 }
 
 #[test]

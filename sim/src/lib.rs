@@ -184,12 +184,18 @@ impl SimCluster {
         self.routers.iter().map(|(addr, _)| *addr).collect()
     }
 
+    /// A client timeout fitting the router's: long enough for the router's own timeout to
+    /// fire first and name the failed shard.
+    pub fn client_timeout(&self) -> Duration {
+        Duration::from_millis(3 * self.config.router.timeout_ms + 1000)
+    }
+
     /// A client of the first router.
     pub fn client(&self) -> Result<Client, SimError> {
         Ok(Client::connect_with_timeout(
             self.router_addr(),
             self.security(Role::Client)?,
-            Duration::from_millis(self.config.router.timeout_ms),
+            self.client_timeout(),
         )?)
     }
 

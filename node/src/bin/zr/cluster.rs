@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use zr_common::config::{cluster_toml, TIMEOUT_MS_DEFAULT};
+use zr_common::config::{cluster_toml, CLIENT_TIMEOUT_MS_DEFAULT};
 use zr_common::net::Security;
 use zr_common::tls::{self, Role};
 use zr_common::Record;
@@ -30,8 +30,8 @@ pub struct RouterArgs {
     /// Connect without a certificate (only a router run with --insecure-dev accepts it).
     #[arg(long, requires = "router", conflicts_with = "certs")]
     pub insecure_dev: bool,
-    /// Milliseconds for every network wait.
-    #[arg(long, value_name = "MS", default_value_t = TIMEOUT_MS_DEFAULT)]
+    /// Milliseconds for every network wait (longer than the router's own timeout).
+    #[arg(long, value_name = "MS", default_value_t = CLIENT_TIMEOUT_MS_DEFAULT)]
     pub timeout_ms: u64,
 }
 

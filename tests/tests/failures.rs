@@ -1,0 +1,296 @@
+//! A secured cluster under failure and attack, through the simulator: dead and stalled nodes
+//! fail only the requests that need them, within the timeout and naming the shard; nobody
+//! without the right certificate gets in; garbage on the wire is refused without disturbing a
+//! client that keeps gathering.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use zr_common::hash::mix2;
+use zr_common::net::{self, Security};
+use zr_common::tls::{self, Role};
+use zr_common::wire::{self, ErrorCode, Reply, Request};
+use zr_common::Record;
+use zr_router::Client;
+use zr_sim::{SimCluster, SimOptions};
+
+const TIMEOUT_MS: u64 = 800;
+const RECORDS: u64 = 400;
+
+fn payload(i: u64) -> Vec<u8> {
+    format!("record {i} ")
+        .repeat(1 + (mix2(i, 7) % 30) as usize)
+        .into_bytes()
+}
+
+/// A 4-shard cluster holding RECORDS committed records.
+fn loaded_cluster() -> SimCluster {
+    let cluster = SimCluster::start(
+        4,
+        SimOptions {
+            extent_records: 4,
+            timeout_ms: TIMEOUT_MS,
+            ..SimOptions::default()
+        },
+    )
+    .unwrap();
+    let client = cluster.client().unwrap();
+    let rows: Vec<Vec<u8>> = (0..RECORDS).map(payload).collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
+    client.append_many(&records).unwrap();
+    client.commit().unwrap();
+    cluster
+}
+
+/// Indices held by `shard`, and indices held by any other shard.
+fn split_by_shard(cluster: &SimCluster, shard: u32) -> (Vec<u64>, Vec<u64>) {
+    let placement = cluster.config().placement().unwrap();
+    (0..RECORDS).partition(|&i| placement.locate(i).0 == shard)
+}
+
+fn check(client: &Client, indices: &[u64]) {
+    let columns = client.gather(indices, &[]).unwrap();
+    for (pos, &i) in indices.iter().enumerate() {
+        assert_eq!(columns[0].get(pos).unwrap(), &payload(i)[..], "record {i}");
+    }
+}
+
+/// Gathers `indices`, expecting a failure that names `shard` and its address, well within a
+/// bound that only a hang would break.
+fn expect_unavailable(
+    cluster: &SimCluster,
+    client: &Client,
+    shard: u32,
+    indices: &[u64],
+) -> String {
+    let started = Instant::now();
+    let err = client.gather(indices, &[]).unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "a gather waited {:?} for a dead node",
+        started.elapsed()
+    );
+    let addr = cluster.config().shard(shard).unwrap().addr;
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("shard {shard}")) && text.contains(&addr.to_string()),
+        "{text}"
+    );
+    assert!(
+        matches!(
+            err,
+            zr_common::Error::Remote {
+                code: ErrorCode::Unavailable,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    text
+}
+
+#[test]
+fn a_stopped_node_fails_only_the_gathers_that_need_it() {
+    let mut cluster = loaded_cluster();
+    let client = cluster.client().unwrap();
+    let (on_two, elsewhere) = split_by_shard(&cluster, 2);
+    assert!(!on_two.is_empty() && !elsewhere.is_empty());
+
+    cluster.stop_node(2).unwrap();
+    expect_unavailable(&cluster, &client, 2, &on_two[..3]);
+    // A batch mixing shards is refused whole, never passed off partially.
+    expect_unavailable(&cluster, &client, 2, &[elsewhere[0], on_two[0]]);
+    check(&client, &elsewhere);
+
+    cluster.start_node(2).unwrap();
+    let all: Vec<u64> = (0..RECORDS).collect();
+    check(&client, &all);
+}
+
+#[test]
+fn a_stalled_node_is_detected_by_the_timeout() {
+    let mut cluster = loaded_cluster();
+    let client = cluster.client().unwrap();
+    let (on_one, elsewhere) = split_by_shard(&cluster, 1);
+
+    cluster.stall_node(1).unwrap();
+    let text = expect_unavailable(&cluster, &client, 1, &on_one);
+    assert!(text.contains(&format!("{TIMEOUT_MS} ms")), "{text}");
+    check(&client, &elsewhere);
+
+    cluster.start_node(1).unwrap();
+    check(&client, &on_one);
+}
+
+/// Copies `from`'s CA and `as_role`'s files under `claimed`'s file names: a peer presenting
+/// a genuine cluster certificate for the wrong role.
+fn impersonate(from: &Path, to: &Path, as_role: Role, claimed: Role) {
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::copy(from.join(tls::CA_FILE), to.join(tls::CA_FILE)).unwrap();
+    for ext in ["pem", "key"] {
+        std::fs::copy(
+            from.join(format!("{}.{ext}", as_role.name())),
+            to.join(format!("{}.{ext}", claimed.name())),
+        )
+        .unwrap();
+    }
+}
+
+/// One raw request to `addr` as `security`: the connection error or the reply's bytes.
+fn raw_call(security: &Security, addr: SocketAddr, message: Vec<u8>) -> Result<Vec<u8>, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let endpoint = net::client_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+        let timeout = Duration::from_secs(5);
+        let connection = net::connect(&endpoint, security, addr, timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        net::call(&connection, message, Vec::new(), timeout)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+#[test]
+fn only_the_right_certificates_get_in() {
+    let cluster = loaded_cluster();
+    let certs = cluster.certs_dir().unwrap();
+    let router = cluster.router_addr();
+    let node = cluster.config().shard(0).unwrap().addr;
+    let timeout = Duration::from_secs(3);
+    let scratch = tempfile::tempdir().unwrap();
+
+    // A client without a certificate.
+    let err = Client::connect_with_timeout(router, Security::InsecureDev, timeout)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("presented none"), "{err}");
+
+    // A client whose certificates come from another cluster's CA.
+    let other = scratch.path().join("other");
+    tls::init_certs(&other).unwrap();
+    let err = Client::connect_with_timeout(
+        router,
+        Security::load(&other, Role::Client).unwrap(),
+        timeout,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("not from this cluster's CA"), "{err}");
+
+    // A client pointed at a wrong address.
+    let nobody: SocketAddr = {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap()
+    };
+    let err = Client::connect_with_timeout(
+        nobody,
+        Security::load(&certs, Role::Client).unwrap(),
+        Duration::from_millis(500),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains(&format!("no answer from {nobody}")), "{err}");
+
+    // A node refuses a peer that is not a router, even with a genuine client certificate.
+    let rogue = scratch.path().join("rogue");
+    impersonate(&certs, &rogue, Role::Client, Role::Router);
+    let info = wire::encode_request(&Request::Info).unwrap();
+    let err = raw_call(
+        &Security::load(&rogue, Role::Router).unwrap(),
+        node,
+        info.clone(),
+    )
+    .unwrap_err();
+    assert!(err.contains("refused the certificate"), "{err}");
+    // ... and a router certificate gets in.
+    let reply = raw_call(&Security::load(&certs, Role::Router).unwrap(), node, info).unwrap();
+    assert!(matches!(
+        wire::decode_reply(&reply).unwrap().0,
+        Reply::Info { .. }
+    ));
+
+    // The cluster still serves its own client.
+    let client = cluster.client().unwrap();
+    check(&client, &[0, RECORDS - 1]);
+}
+
+/// Hostile messages: garbage, truncations, lies about lengths, other versions.
+fn hostile_messages() -> Vec<Vec<u8>> {
+    let good = wire::encode_request(&Request::Gather {
+        indices: vec![1, 2, 3],
+        fields: vec![],
+    })
+    .unwrap();
+    let mut messages: Vec<Vec<u8>> = (0..good.len())
+        .step_by(3)
+        .map(|n| good[..n].to_vec())
+        .collect();
+    messages.push((0..200u64).map(|k| mix2(5, k) as u8).collect());
+    let mut huge = good.clone();
+    huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    messages.push(huge);
+    let mut version = good.clone();
+    version[4] = 77;
+    messages.push(version);
+    let mut kind = good.clone();
+    kind[6] = 9;
+    messages.push(kind);
+    let mut count = good;
+    count[16..24].copy_from_slice(&(1u64 << 58).to_le_bytes());
+    messages.push(count);
+    messages
+}
+
+#[test]
+fn garbage_is_refused_while_a_client_keeps_gathering() {
+    let cluster = loaded_cluster();
+    let certs = cluster.certs_dir().unwrap();
+    let client = cluster.client().unwrap();
+    let targets = [
+        (
+            Security::load(&certs, Role::Router).unwrap(),
+            cluster.config().shard(1).unwrap().addr,
+        ),
+        (
+            Security::load(&certs, Role::Client).unwrap(),
+            cluster.router_addr(),
+        ),
+    ];
+    for (security, addr) in &targets {
+        for (n, message) in hostile_messages().into_iter().enumerate() {
+            let is_message = wire::is_message(&message);
+            match raw_call(security, *addr, message) {
+                // A zrecord message, however broken, gets an error reply.
+                Ok(reply) => {
+                    assert!(is_message, "garbage #{n} got a reply");
+                    let Reply::Error { code, message } = wire::decode_reply(&reply).unwrap().0
+                    else {
+                        panic!("hostile message #{n} was accepted");
+                    };
+                    assert!(
+                        matches!(code, ErrorCode::BadRequest | ErrorCode::Version),
+                        "{message}"
+                    );
+                }
+                // Anything else loses its connection.
+                Err(e) => assert!(!is_message, "message #{n} to {addr}: {e}"),
+            }
+            let indices: Vec<u64> = (0..32).map(|k| mix2(n as u64, k) % RECORDS).collect();
+            check(&client, &indices);
+        }
+        // Raw datagrams that are not QUIC at all.
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for k in 0..50u64 {
+            let junk: Vec<u8> = (0..(mix2(k, 1) % 1400) as usize)
+                .map(|i| mix2(k, i as u64) as u8)
+                .collect();
+            let _ = socket.send_to(&junk, addr);
+        }
+        check(&client, &[0, 1, RECORDS - 1]);
+    }
+}
