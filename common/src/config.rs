@@ -337,6 +337,13 @@ mod tests {
     }
 
     #[test]
+    fn the_ops_example_is_valid() {
+        let c =
+            ClusterConfig::parse(include_str!("../../ops/nodes.toml"), "ops/nodes.toml").unwrap();
+        assert_eq!(c.tls.unwrap().certs, PathBuf::from("certs"));
+    }
+
+    #[test]
     fn problems_are_named() {
         for (edit, needle) in [
             (

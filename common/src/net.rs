@@ -404,7 +404,8 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves requests on `endpoint` until `shutdown` resolves: at most `connections_max`
 /// connections (more are refused), each request a stream whose bytes go to `handler` and
-/// whose reply is written back. A stream that is not a protocol message at all closes its
+/// whose reply is written back; reading a request and writing its reply each get `timeout`
+/// (a peer that stalls midway is reset). A stream that is not a protocol message at all closes its
 /// connection (other connections are unaffected); a malformed message gets the handler's
 /// error reply. On shutdown it stops accepting connections and requests, lets requests in
 /// flight finish (up to [`DRAIN_TIMEOUT`]; replies still unsent then are reset), and closes.
@@ -412,6 +413,7 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn serve<H, F>(
     endpoint: &Endpoint,
     connections_max: usize,
+    timeout: Duration,
     shutdown: impl std::future::Future<Output = ()>,
     handler: H,
 ) where
@@ -438,7 +440,7 @@ pub async fn serve<H, F>(
                 tasks.spawn(async move {
                     let _permit = permit;
                     let peer = incoming.remote_address();
-                    if let Err(e) = connection(incoming, handler, in_flight).await {
+                    if let Err(e) = connection(incoming, handler, in_flight, timeout).await {
                         tracing::debug!("connection from {peer} ended: {}", describe(&e));
                     }
                 });
@@ -465,6 +467,7 @@ async fn connection<H, F>(
     incoming: quinn::Incoming,
     handler: H,
     in_flight: Arc<tokio::sync::RwLock<()>>,
+    timeout: Duration,
 ) -> Result<(), ConnectionError>
 where
     H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
@@ -484,10 +487,14 @@ where
         let connection = connection.clone();
         requests.spawn(async move {
             let mut reply = Outgoing(Some(send));
-            let bytes = match recv.read_to_end(MESSAGE_BYTES_MAX).await {
-                Ok(bytes) => bytes,
-                Err(e) => {
+            let bytes = match tokio::time::timeout(timeout, recv.read_to_end(MESSAGE_BYTES_MAX)).await {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(e)) => {
                     tracing::debug!("request from {peer} not read: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!("request from {peer} not complete within {} ms; dropped", timeout.as_millis());
                     return;
                 }
             };
@@ -505,8 +512,11 @@ where
             // A request that arrives while draining waits here and is reset at shutdown.
             let _guard = in_flight.read().await;
             let (header, body) = handler(bytes).await;
-            if let Err(e) = reply.send(header, body).await {
-                tracing::debug!("reply to {peer} not sent: {e}");
+            match tokio::time::timeout(timeout, reply.send(header, body)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!("reply to {peer} not sent: {e}"),
+                // Dropping `reply` resets the stream.
+                Err(_) => tracing::warn!("reply to {peer} not taken within {} ms; reset", timeout.as_millis()),
             }
         });
     }

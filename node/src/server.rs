@@ -73,10 +73,12 @@ pub fn open_shard_store(config: &ClusterConfig, dir: &Path) -> Result<Store, Err
 }
 
 /// Serves `store` on `endpoint` until `shutdown` resolves; then stops accepting, lets
-/// requests in flight finish and commits.
+/// requests in flight finish and commits. `timeout` bounds reading each request and sending
+/// each reply.
 pub async fn serve(
     endpoint: Endpoint,
     store: Store,
+    timeout: std::time::Duration,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let handler_store = store.clone();
@@ -90,7 +92,7 @@ pub async fn serve(
             })
         }
     };
-    net::serve(&endpoint, CONNECTIONS_MAX, shutdown, handler).await;
+    net::serve(&endpoint, CONNECTIONS_MAX, timeout, shutdown, handler).await;
     let committed = tokio::task::spawn_blocking(move || store.commit()).await;
     match committed {
         Ok(Err(Error::ReadOnly { .. })) | Ok(Ok(())) => Ok(()),
@@ -303,7 +305,8 @@ pub async fn run_shard(
         store.len(),
         dir.display()
     );
-    serve(endpoint, store, shutdown).await?;
+    let timeout = std::time::Duration::from_millis(config.router.timeout_ms);
+    serve(endpoint, store, timeout, shutdown).await?;
     tracing::info!("shard {shard} stopped");
     Ok(())
 }

@@ -154,11 +154,12 @@ impl Router {
     /// Accepts clients on `endpoint` until `shutdown`; then stops accepting and lets requests
     /// in flight finish.
     pub async fn serve(self: Arc<Self>, endpoint: Endpoint, shutdown: impl Future<Output = ()>) {
+        let timeout = self.timeout;
         let handler = move |bytes: Vec<u8>| {
             let router = Arc::clone(&self);
             async move { router.handle(&bytes).await }
         };
-        net::serve(&endpoint, CONNECTIONS_MAX, shutdown, handler).await;
+        net::serve(&endpoint, CONNECTIONS_MAX, timeout, shutdown, handler).await;
     }
 
     /// Decodes, executes and encodes one client request.

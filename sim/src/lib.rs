@@ -164,8 +164,9 @@ impl SimCluster {
     fn run_node(&self, shard: u32, endpoint: quinn::Endpoint) -> Result<Running, SimError> {
         let store = zr_node::server::open_shard_store(&self.config, &self.config.data_dir(shard))?;
         let (stop, stopped) = oneshot::channel::<()>();
+        let timeout = Duration::from_millis(self.config.router.timeout_ms);
         let task = self.runtime.spawn(async move {
-            zr_node::server::serve(endpoint, store, async {
+            zr_node::server::serve(endpoint, store, timeout, async {
                 let _ = stopped.await;
             })
             .await
@@ -254,9 +255,13 @@ impl SimCluster {
         self.stop_node(shard)?;
         let endpoint = self.bind_node(shard)?;
         let task = self.runtime.spawn(async move {
-            net::serve(&endpoint, 64, std::future::pending(), |_| {
-                std::future::pending::<(Vec<u8>, Vec<bytes::Bytes>)>()
-            })
+            net::serve(
+                &endpoint,
+                64,
+                Duration::from_secs(3600),
+                std::future::pending(),
+                |_| std::future::pending::<(Vec<u8>, Vec<bytes::Bytes>)>(),
+            )
             .await;
             Ok(())
         });

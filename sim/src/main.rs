@@ -58,7 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let cluster = SimCluster::start(args.shards, options)?;
     let client = cluster.client()?;
     println!(
-        "cluster: {} shards and a router on {} (QUIC), started in {:.2} s",
+        "cluster: {} shards and a router on {} (QUIC, mutual TLS from a generated cluster CA), started in {:.2} s",
         args.shards,
         cluster.router_addr(),
         started.elapsed().as_secs_f64()

@@ -294,3 +294,33 @@ fn garbage_is_refused_while_a_client_keeps_gathering() {
         check(&client, &[0, 1, RECORDS - 1]);
     }
 }
+
+#[test]
+fn an_insecure_dev_cluster_works_and_refuses_certificate_clients() {
+    let cluster = SimCluster::start(
+        2,
+        SimOptions {
+            secure: false,
+            ..SimOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(cluster.certs_dir().is_none());
+    let client = cluster.client().unwrap();
+    let rows: Vec<Vec<u8>> = (0..50).map(payload).collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
+    assert_eq!(client.append_many(&records).unwrap(), 0..50);
+    let columns = client.gather(&[49, 0], &[]).unwrap();
+    assert_eq!(columns[0].get(0).unwrap(), &rows[49][..]);
+    // A client holding real certificates will not trust a throwaway one.
+    let certs = tempfile::tempdir().unwrap();
+    tls::init_certs(certs.path()).unwrap();
+    let err = Client::connect_with_timeout(
+        cluster.router_addr(),
+        Security::load(certs.path(), Role::Client).unwrap(),
+        Duration::from_secs(3),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("not from this cluster's CA"), "{err}");
+}
