@@ -521,3 +521,118 @@ where
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// Shutdown lets a request in flight finish, then refuses new connections.
+    #[test]
+    fn shutdown_drains_requests_in_flight() {
+        runtime().block_on(async {
+            let security = Security::InsecureDev;
+            let server = server_endpoint("127.0.0.1:0".parse().unwrap(), &security).unwrap();
+            let addr = server.local_addr().unwrap();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let served = tokio::spawn(async move {
+                let handler = |bytes: Vec<u8>| async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    (bytes, Vec::new())
+                };
+                serve(
+                    &server,
+                    4,
+                    Duration::from_secs(5),
+                    async {
+                        let _ = stopped.await;
+                    },
+                    handler,
+                )
+                .await;
+            });
+            let client = client_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+            let timeout = Duration::from_secs(5);
+            let connection = connect(&client, &security, addr, timeout).await.unwrap();
+            let message = b"ZRW1 echo".to_vec();
+            let call = tokio::spawn({
+                let connection = connection.clone();
+                let message = message.clone();
+                async move { super::call(&connection, message, Vec::new(), timeout).await }
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _ = stop.send(());
+            // The request in flight is answered in full.
+            assert_eq!(call.await.unwrap().unwrap(), message);
+            served.await.unwrap();
+            // The server is gone: new connections get no answer.
+            assert!(
+                connect(&client, &security, addr, Duration::from_millis(300))
+                    .await
+                    .is_err()
+            );
+        });
+    }
+
+    /// A request cut off by the caller's timeout is reset, never finished: the server never
+    /// mistakes its first part for a whole message.
+    #[test]
+    fn a_request_cut_off_by_a_timeout_never_reaches_the_handler() {
+        runtime().block_on(async {
+            let security = Security::InsecureDev;
+            let server = server_endpoint("127.0.0.1:0".parse().unwrap(), &security).unwrap();
+            let addr = server.local_addr().unwrap();
+            let seen = Arc::new(std::sync::Mutex::new(Vec::<usize>::new()));
+            let handler = {
+                let seen = Arc::clone(&seen);
+                move |bytes: Vec<u8>| {
+                    seen.lock().unwrap().push(bytes.len());
+                    async move { (Vec::new(), Vec::new()) }
+                }
+            };
+            let served = tokio::spawn(async move {
+                serve(
+                    &server,
+                    4,
+                    Duration::from_secs(5),
+                    std::future::pending(),
+                    handler,
+                )
+                .await;
+            });
+            let client = client_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+            let connection = connect(&client, &security, addr, Duration::from_secs(5))
+                .await
+                .unwrap();
+            // Larger than the stream's flow-control window: the send is cut off midway.
+            let body = vec![Bytes::from(vec![7u8; 160 << 20])];
+            let header = b"ZRW1".to_vec();
+            let cut = call(&connection, header, body, Duration::from_millis(20)).await;
+            assert!(cut.unwrap_err().to_string().contains("no reply within"));
+            // A whole request afterwards still goes through on the same connection.
+            call(
+                &connection,
+                b"ZRW1 small".to_vec(),
+                Vec::new(),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+            // Give a (wrongly) finished stream time to arrive: most of it was buffered.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            assert_eq!(
+                *seen.lock().unwrap(),
+                vec![10],
+                "the handler saw a cut-off request"
+            );
+            served.abort();
+        });
+    }
+}
