@@ -180,11 +180,22 @@ fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket, Error> {
     Ok(socket.into())
 }
 
+/// Endpoint settings: accept datagrams up to the MTU we aim for (quinn's default, 1,472
+/// bytes, is also what it tells peers it accepts, which would cap every path at 1,472
+/// whatever the transport's MTU settings say).
+fn endpoint_config() -> Result<EndpointConfig, Error> {
+    let mut config = EndpointConfig::default();
+    config
+        .max_udp_payload_size(MTU_MAX)
+        .map_err(|e| Error::Net(format!("cannot configure the endpoint: {e}")))?;
+    Ok(config)
+}
+
 /// A server endpoint on `addr` (which may also open client connections).
 pub fn server_endpoint(addr: SocketAddr, security: &Security) -> Result<Endpoint, Error> {
     let server = security.server_config(addr.ip().is_loopback())?;
     Endpoint::new(
-        EndpointConfig::default(),
+        endpoint_config()?,
         Some(server),
         udp_socket(addr)?,
         Arc::new(quinn::TokioRuntime),
@@ -195,7 +206,7 @@ pub fn server_endpoint(addr: SocketAddr, security: &Security) -> Result<Endpoint
 /// A client-only endpoint on an ephemeral port of `bind` (e.g. 127.0.0.1:0 or 0.0.0.0:0).
 pub fn client_endpoint(bind: SocketAddr) -> Result<Endpoint, Error> {
     Endpoint::new(
-        EndpointConfig::default(),
+        endpoint_config()?,
         None,
         udp_socket(bind)?,
         Arc::new(quinn::TokioRuntime),
@@ -315,21 +326,65 @@ pub fn describe(e: &ConnectionError) -> String {
     }
 }
 
-/// A send stream that is reset, not finished, if dropped before [`Outgoing::finish`]: a
+/// A reply's body: pieces ready now, or pieces a producer is still making (the router's
+/// streamed gathers). A streamed body ends with `None`; a channel that closes without it
+/// was abandoned, and the reply is reset.
+pub enum Body {
+    Ready(Vec<Bytes>),
+    Streamed(tokio::sync::mpsc::Receiver<Option<Bytes>>),
+}
+
+/// A send stream that is reset, not finished, if dropped before it is sent whole: a
 /// message cut off midway (a timeout, a shutdown) can never look complete to the receiver.
 /// (quinn finishes a dropped stream, which would make a truncated message look whole.)
 struct Outgoing(Option<SendStream>);
 
 impl Outgoing {
     async fn send(&mut self, header: Vec<u8>, body: Vec<Bytes>) -> Result<(), String> {
+        self.send_body(header, Body::Ready(body), None).await
+    }
+
+    /// Sends `header` and `body`, then finishes. With `timeout`, each write must make
+    /// progress within it (waiting for a streamed body's producer is not bounded here).
+    async fn send_body(
+        &mut self,
+        header: Vec<u8>,
+        body: Body,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
         let Some(stream) = self.0.as_mut() else {
             return Err("stream already finished".into());
         };
-        let mut pieces: Vec<Bytes> = std::iter::once(Bytes::from(header)).chain(body).collect();
-        stream
-            .write_all_chunks(&mut pieces)
-            .await
-            .map_err(|e| e.to_string())?;
+        async fn write(
+            stream: &mut SendStream,
+            mut pieces: Vec<Bytes>,
+            timeout: Option<Duration>,
+        ) -> Result<(), String> {
+            let written = stream.write_all_chunks(&mut pieces);
+            match timeout {
+                None => written.await.map_err(|e| e.to_string()),
+                Some(t) => match tokio::time::timeout(t, written).await {
+                    Ok(result) => result.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!("the peer took nothing for {} ms", t.as_millis())),
+                },
+            }
+        }
+        match body {
+            Body::Ready(body) => {
+                let pieces = std::iter::once(Bytes::from(header)).chain(body).collect();
+                write(stream, pieces, timeout).await?;
+            }
+            Body::Streamed(mut pieces) => {
+                write(stream, vec![Bytes::from(header)], timeout).await?;
+                loop {
+                    match pieces.recv().await {
+                        Some(Some(piece)) => write(stream, vec![piece], timeout).await?,
+                        Some(None) => break,
+                        None => return Err("the reply's producer gave up".into()),
+                    }
+                }
+            }
+        }
         stream.finish().map_err(|e| e.to_string())?;
         self.0 = None;
         Ok(())
@@ -404,8 +459,8 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves requests on `endpoint` until `shutdown` resolves: at most `connections_max`
 /// connections (more are refused), each request a stream whose bytes go to `handler` and
-/// whose reply is written back; reading a request and writing its reply each get `timeout`
-/// (a peer that stalls midway is reset). A stream that is not a protocol message at all closes its
+/// whose reply is written back; reading a request, and each write of its reply, get
+/// `timeout` (a peer that stalls midway is reset). A stream that is not a protocol message at all closes its
 /// connection (other connections are unaffected); a malformed message gets the handler's
 /// error reply. On shutdown it stops accepting connections and requests, lets requests in
 /// flight finish (up to [`DRAIN_TIMEOUT`]; replies still unsent then are reset), and closes.
@@ -418,7 +473,7 @@ pub async fn serve<H, F>(
     handler: H,
 ) where
     H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
-    F: std::future::Future<Output = (Vec<u8>, Vec<Bytes>)> + Send + 'static,
+    F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
 {
     let connections = Arc::new(tokio::sync::Semaphore::new(connections_max));
     // Every request holds a read guard; draining takes the write guard.
@@ -471,7 +526,7 @@ async fn connection<H, F>(
 ) -> Result<(), ConnectionError>
 where
     H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
-    F: std::future::Future<Output = (Vec<u8>, Vec<Bytes>)> + Send + 'static,
+    F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
 {
     let connection = incoming.await?;
     let peer = connection.remote_address();
@@ -512,11 +567,9 @@ where
             // A request that arrives while draining waits here and is reset at shutdown.
             let _guard = in_flight.read().await;
             let (header, body) = handler(bytes).await;
-            match tokio::time::timeout(timeout, reply.send(header, body)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!("reply to {peer} not sent: {e}"),
-                // Dropping `reply` resets the stream.
-                Err(_) => tracing::warn!("reply to {peer} not taken within {} ms; reset", timeout.as_millis()),
+            // On error `reply` is dropped unfinished, which resets the stream.
+            if let Err(e) = reply.send_body(header, body, Some(timeout)).await {
+                tracing::warn!("reply to {peer} not sent whole, reset: {e}");
             }
         });
     }
@@ -545,7 +598,7 @@ mod tests {
             let served = tokio::spawn(async move {
                 let handler = |bytes: Vec<u8>| async move {
                     tokio::time::sleep(Duration::from_millis(300)).await;
-                    (bytes, Vec::new())
+                    (bytes, Body::Ready(Vec::new()))
                 };
                 serve(
                     &server,
@@ -594,7 +647,7 @@ mod tests {
                 let seen = Arc::clone(&seen);
                 move |bytes: Vec<u8>| {
                     seen.lock().unwrap().push(bytes.len());
-                    async move { (Vec::new(), Vec::new()) }
+                    async move { (Vec::new(), Body::Ready(Vec::new())) }
                 }
             };
             let served = tokio::spawn(async move {

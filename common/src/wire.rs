@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Error;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 1;
+pub const WIRE_VERSION: u16 = 2;
 const MAGIC: [u8; 4] = *b"ZRW1";
 const PREFIX_BYTES: usize = 12;
 /// Longest header accepted.
@@ -111,6 +111,17 @@ pub enum Reply {
         code: ErrorCode,
         message: String,
     },
+    /// The router's gather reply, streamed as the shards answer: the body is `parts` frames
+    /// pairs (a `Part`, then that shard's `Gather`), or an `Error` frame; see
+    /// [`crate::assemble`]. `records` is the batch's size.
+    GatherParts {
+        records: u32,
+        parts: u32,
+    },
+    /// Inside `GatherParts`: where the next frame's records go in the caller's batch.
+    Part {
+        positions: Vec<u32>,
+    },
 }
 
 fn options() -> impl Options {
@@ -197,8 +208,11 @@ pub fn decode_request(bytes: &[u8]) -> Result<(Request, &[u8]), Error> {
 /// Decodes and checks a reply; returns it with its body.
 pub fn decode_reply(bytes: &[u8]) -> Result<(Reply, &[u8]), Error> {
     let (reply, body): (Reply, &[u8]) = decode(bytes, KIND_REPLY)?;
-    if let Reply::Gather { lengths } = &reply {
-        check_columns(lengths, body.len())?;
+    match &reply {
+        Reply::Gather { lengths } => check_columns(lengths, body.len())?,
+        // Frames, checked as they are taken apart (crate::assemble).
+        Reply::GatherParts { .. } => {}
+        _ => expect_empty(body.len())?,
     }
     Ok((reply, body))
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::{Connection, Endpoint};
+use zr_common::assemble::{decode_gather_parts, reassemble, PartReply};
 use zr_common::config::CLIENT_TIMEOUT_MS_DEFAULT;
 use zr_common::net::{self, Security};
 use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
@@ -163,27 +164,35 @@ impl Client {
             fields: fields.iter().map(|f| f.to_string()).collect(),
         };
         let (reply, bytes, start) = self.call(&request, Vec::new())?;
-        let Reply::Gather { lengths } = reply else {
-            return Err(unexpected("gather", &reply));
-        };
-        let mut body = &bytes[start..];
-        let mut columns = Vec::with_capacity(lengths.len());
-        for column in &lengths {
-            let mut offsets = Vec::with_capacity(column.len() + 1);
-            let mut total = 0u64;
-            offsets.push(0);
-            for &len in column {
-                total += len as u64;
-                offsets.push(total);
+        let body = &bytes[start..];
+        match reply {
+            // Streamed as the shards answered: put the parts in order here.
+            Reply::GatherParts { records, parts } => {
+                if records as usize != indices.len() {
+                    return Err(Error::Protocol(format!(
+                        "the router answered a gather of {} records with {records}",
+                        indices.len()
+                    )));
+                }
+                let fields = if fields.is_empty() {
+                    self.fields.len()
+                } else {
+                    fields.len()
+                };
+                decode_gather_parts(records, parts, fields, body)
             }
-            let (data, rest) = body.split_at(total as usize);
-            columns.push(Contiguous {
-                data: data.to_vec(),
-                offsets,
-            });
-            body = rest;
+            Reply::Gather { lengths } => {
+                let positions: Vec<u32> = (0..indices.len() as u32).collect();
+                let whole = PartReply {
+                    positions: &positions,
+                    lengths: &lengths,
+                    body,
+                };
+                let parts: &[PartReply] = if lengths.is_empty() { &[] } else { &[whole] };
+                reassemble(indices.len(), lengths.len(), parts).map_err(Error::Protocol)
+            }
+            other => Err(unexpected("gather", &other)),
         }
-        Ok(columns)
     }
 
     fn encode_records(&self, records: &[Record]) -> Result<Encoded, Error> {

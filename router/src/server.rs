@@ -14,14 +14,17 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
 use quinn::{Connection, Endpoint};
 use tokio::sync::Mutex;
+use zr_common::assemble::push_frame;
 use zr_common::config::ClusterConfig;
+use zr_common::net::Body;
 use zr_common::placement::Placement;
 use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
 use zr_common::{net, Error};
 
-use crate::plan::{plan_append, plan_gather, reassemble, PartReply};
+use crate::plan::{plan_append, plan_gather, Part};
 
 /// Most client connections a router serves at once.
 pub const CONNECTIONS_MAX: usize = 256;
@@ -29,10 +32,12 @@ pub const CONNECTIONS_MAX: usize = 256;
 /// A failed operation: the stable code and a message naming the shard where one is involved.
 type Failure = (ErrorCode, String);
 
-/// One node, reconnected on demand.
+/// One node, reconnected on demand, through an endpoint (a UDP socket) of its own: replies
+/// from several nodes are then received in parallel, not by one socket's driver in turn.
 struct NodeLink {
     shard: u32,
     addr: SocketAddr,
+    endpoint: Endpoint,
     connection: Mutex<Option<Connection>>,
 }
 
@@ -53,7 +58,6 @@ impl NodeReply {
 pub struct Router {
     placement: ArcSwap<Placement>,
     nodes: Vec<NodeLink>,
-    endpoint: Endpoint,
     security: net::Security,
     len: AtomicU64,
     writes: Mutex<()>,
@@ -62,30 +66,36 @@ pub struct Router {
 }
 
 impl Router {
-    /// Connects to every node of `config` through `endpoint`, checks they agree on the
+    /// Connects to every node of `config`, checks they agree on the
     /// fields, and recovers the global length from their lengths. Shards holding records past
     /// the longest consistent length (an append that did not reach every shard) are cut back
     /// to it, with a warning naming them.
     pub async fn start(
         config: &ClusterConfig,
         security: net::Security,
-        endpoint: Endpoint,
     ) -> Result<Arc<Router>, Error> {
         let placement = config.placement()?;
         let mut nodes: Vec<NodeLink> = config
             .shards
             .iter()
-            .map(|s| NodeLink {
-                shard: s.id,
-                addr: s.addr,
-                connection: Mutex::new(None),
+            .map(|s| {
+                let bind: SocketAddr = if s.addr.is_ipv4() {
+                    (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+                } else {
+                    (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+                };
+                Ok(NodeLink {
+                    shard: s.id,
+                    addr: s.addr,
+                    endpoint: net::client_endpoint(bind)?,
+                    connection: Mutex::new(None),
+                })
             })
-            .collect();
+            .collect::<Result<_, Error>>()?;
         nodes.sort_by_key(|n| n.shard);
         let mut router = Router {
             placement: ArcSwap::from_pointee(placement),
             nodes,
-            endpoint,
             security,
             len: AtomicU64::new(0),
             writes: Mutex::new(()),
@@ -163,7 +173,7 @@ impl Router {
     }
 
     /// Decodes, executes and encodes one client request.
-    pub async fn handle(&self, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
+    pub async fn handle(self: &Arc<Self>, bytes: &[u8]) -> (Vec<u8>, Body) {
         let outcome = match wire::decode_request(bytes) {
             Ok((request, body)) => self.execute(request, body).await,
             Err(e) => {
@@ -176,8 +186,9 @@ impl Router {
                 Err((code, e.to_string()))
             }
         };
-        let (reply, body) =
-            outcome.unwrap_or_else(|(code, message)| (Reply::Error { code, message }, Vec::new()));
+        let (reply, body) = outcome.unwrap_or_else(|(code, message)| {
+            (Reply::Error { code, message }, Body::Ready(Vec::new()))
+        });
         match wire::encode_reply(&reply) {
             Ok(header) => (header, body),
             Err(e) => (
@@ -186,24 +197,27 @@ impl Router {
                     message: e.to_string(),
                 })
                 .unwrap_or_default(),
-                Vec::new(),
+                Body::Ready(Vec::new()),
             ),
         }
     }
 
-    async fn execute(&self, request: Request, body: &[u8]) -> Result<(Reply, Vec<Bytes>), Failure> {
+    async fn execute(
+        self: &Arc<Self>,
+        request: Request,
+        body: &[u8],
+    ) -> Result<(Reply, Body), Failure> {
+        let ready = |reply: Reply| (reply, Body::Ready(Vec::new()));
+        let ready_body = |(reply, body): (Reply, Vec<Bytes>)| (reply, Body::Ready(body));
         match request {
-            Request::Info => Ok((
-                Reply::Info {
-                    len: self.len(),
-                    fields: self.fields.clone(),
-                },
-                Vec::new(),
-            )),
-            Request::Gather { indices, fields } => self.gather(&indices, fields).await,
+            Request::Info => Ok(ready(Reply::Info {
+                len: self.len(),
+                fields: self.fields.clone(),
+            })),
+            Request::Gather { indices, fields } => self.gather(&indices, fields),
             Request::Append {
                 fields, lengths, ..
-            } => self.append(fields, lengths, body).await,
+            } => self.append(fields, lengths, body).await.map(ready_body),
             Request::Modify {
                 index,
                 fields,
@@ -219,9 +233,9 @@ impl Router {
                 };
                 self.call(shard, &request, vec![Bytes::copy_from_slice(body)])
                     .await?;
-                Ok((Reply::Done, Vec::new()))
+                Ok(ready(Reply::Done))
             }
-            Request::Delete { index } => self.delete(index).await,
+            Request::Delete { index } => self.delete(index).await.map(ready_body),
             Request::Truncate { .. } => Err((
                 ErrorCode::BadRequest,
                 "truncate is for nodes; delete records one by one".into(),
@@ -232,7 +246,7 @@ impl Router {
                 for result in futures::future::join_all(calls).await {
                     result?;
                 }
-                Ok((Reply::Done, Vec::new()))
+                Ok(ready(Reply::Done))
             }
         }
     }
@@ -248,11 +262,14 @@ impl Router {
         Ok(())
     }
 
-    async fn gather(
-        &self,
+    /// Scatters a gather, one sub-request per involved shard, and streams the shards'
+    /// replies to the client as they arrive (`Reply::GatherParts`; the client reassembles).
+    /// A failed shard ends the stream with an error frame and abandons the others.
+    fn gather(
+        self: &Arc<Self>,
         indices: &[u64],
         fields: Vec<String>,
-    ) -> Result<(Reply, Vec<Bytes>), Failure> {
+    ) -> Result<(Reply, Body), Failure> {
         let len = self.len();
         if let Some(&index) = indices.iter().find(|&&i| i >= len) {
             return Err((
@@ -260,50 +277,94 @@ impl Router {
                 format!("index {index} is out of range: the dataset holds {len} records"),
             ));
         }
-        let placement = self.placement.load();
-        let parts = plan_gather(&placement, indices);
-        let calls = parts.iter().map(|part| {
-            let request = Request::Gather {
-                indices: part.local.clone(),
-                fields: fields.clone(),
-            };
-            async move { self.call(part.shard, &request, Vec::new()).await }
-        });
-        let replies: Vec<NodeReply> = futures::future::join_all(calls)
-            .await
-            .into_iter()
-            .collect::<Result<_, _>>()?;
-        let mut views = Vec::with_capacity(replies.len());
-        for (part, reply) in parts.iter().zip(&replies) {
-            match &reply.reply {
-                Reply::Gather { lengths } => views.push(PartReply {
-                    lengths,
-                    body: reply.body(),
-                }),
-                other => {
-                    return Err((
-                        ErrorCode::Unavailable,
-                        format!("shard {} answered a gather with {other:?}", part.shard),
-                    ))
-                }
-            }
-        }
-        let columns = if parts.is_empty() {
+        let parts = plan_gather(&self.placement.load(), indices);
+        if parts.is_empty() {
             // No index: an empty column per requested field.
             let count = if fields.is_empty() {
                 self.fields.len()
             } else {
                 fields.len()
             };
-            (vec![Vec::new(); count], vec![Vec::new(); count])
-        } else {
-            reassemble(indices.len(), &parts, &views).map_err(|e| (ErrorCode::Unavailable, e))?
+            let lengths = vec![Vec::new(); count];
+            return Ok((Reply::Gather { lengths }, Body::Ready(Vec::new())));
+        }
+        let reply = Reply::GatherParts {
+            records: indices.len() as u32,
+            parts: parts.len() as u32,
         };
-        let (lengths, bodies) = columns;
-        Ok((
-            Reply::Gather { lengths },
-            bodies.into_iter().map(Bytes::from).collect(),
-        ))
+        let (frames, body) = tokio::sync::mpsc::channel(2 * parts.len() + 1);
+        tokio::spawn(Arc::clone(self).forward_parts(parts, fields, frames));
+        Ok((reply, Body::Streamed(body)))
+    }
+
+    /// Sends each shard's reply on as a `Part` frame and the shard's own message (forwarded
+    /// as received, not re-encoded), in the order the shards answer.
+    async fn forward_parts(
+        self: Arc<Self>,
+        parts: Vec<Part>,
+        fields: Vec<String>,
+        frames: tokio::sync::mpsc::Sender<Option<Bytes>>,
+    ) {
+        let mut pending: FuturesUnordered<_> = parts
+            .into_iter()
+            .map(|part| {
+                let request = Request::Gather {
+                    indices: part.local,
+                    fields: fields.clone(),
+                };
+                let router = &self;
+                async move {
+                    let result = router.call(part.shard, &request, Vec::new()).await;
+                    (part.shard, part.positions, result)
+                }
+            })
+            .collect();
+        while let Some((shard, positions, result)) = pending.next().await {
+            let mut out = Vec::with_capacity(4);
+            let fits = |reply: &NodeReply| match &reply.reply {
+                Reply::Gather { lengths } if lengths.iter().all(|l| l.len() == positions.len()) => {
+                    Ok(())
+                }
+                other => Err((
+                    ErrorCode::Unavailable,
+                    format!(
+                        "shard {shard} answered a gather of {} records with {other:?}",
+                        positions.len()
+                    ),
+                )),
+            };
+            let failed = match result.and_then(|reply| fits(&reply).map(|()| reply)) {
+                Ok(reply) => {
+                    let part = wire::encode_reply(&Reply::Part { positions })
+                        .map_err(|e| (ErrorCode::BadRequest, e.to_string()));
+                    match part {
+                        Ok(part) => {
+                            push_frame(&mut out, vec![Bytes::from(part)]);
+                            push_frame(&mut out, vec![Bytes::from(reply.bytes)]);
+                            false
+                        }
+                        Err((code, message)) => {
+                            push_error(&mut out, code, message);
+                            true
+                        }
+                    }
+                }
+                Err((code, message)) => {
+                    push_error(&mut out, code, message);
+                    true
+                }
+            };
+            for frame in out {
+                if frames.send(Some(frame)).await.is_err() {
+                    // The client is gone: dropping `pending` abandons the other shards.
+                    return;
+                }
+            }
+            if failed {
+                break;
+            }
+        }
+        let _ = frames.send(None).await;
     }
 
     async fn append(
@@ -442,7 +503,7 @@ impl Router {
                     Some(c) => c.clone(),
                     None => {
                         let c =
-                            net::connect(&self.endpoint, &self.security, node.addr, self.timeout)
+                            net::connect(&node.endpoint, &self.security, node.addr, self.timeout)
                                 .await
                                 .map_err(|e| e.to_string())?;
                         *cached = Some(c.clone());
@@ -491,6 +552,12 @@ impl Router {
     }
 }
 
+/// Appends an error frame: it fails the client's whole gather with `message`.
+fn push_error(out: &mut Vec<Bytes>, code: ErrorCode, message: String) {
+    let error = wire::encode_reply(&Reply::Error { code, message }).unwrap_or_default();
+    push_frame(out, vec![Bytes::from(error)]);
+}
+
 fn remote((code, message): Failure) -> Error {
     Error::Remote { code, message }
 }
@@ -503,7 +570,7 @@ pub async fn run_router(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let endpoint = net::server_endpoint(listen, security)?;
-    let router = Router::start(config, security.clone(), endpoint.clone()).await?;
+    let router = Router::start(config, security.clone()).await?;
     tracing::info!(
         "router on {listen}: {} shards, {} records",
         config.cluster.shards,

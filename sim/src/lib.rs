@@ -207,7 +207,7 @@ impl SimCluster {
         let (addr, running) = self.runtime.block_on(async {
             let endpoint = net::server_endpoint(config.router.listen, &security)?;
             let addr = endpoint.local_addr()?;
-            let router: Arc<Router> = Router::start(&config, security, endpoint.clone()).await?;
+            let router: Arc<Router> = Router::start(&config, security).await?;
             let (stop, stopped) = oneshot::channel::<()>();
             let task = tokio::spawn(async move {
                 router
@@ -260,7 +260,7 @@ impl SimCluster {
                 64,
                 Duration::from_secs(3600),
                 std::future::pending(),
-                |_| std::future::pending::<(Vec<u8>, Vec<bytes::Bytes>)>(),
+                |_| std::future::pending::<(Vec<u8>, net::Body)>(),
             )
             .await;
             Ok(())

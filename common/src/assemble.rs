@@ -1,0 +1,272 @@
+//! Putting a scattered gather back together: each shard's columnar reply holds its records in
+//! its own order, with the caller's positions beside them; this builds one contiguous column
+//! per field in the caller's order, after checking that the parts fit — every position
+//! covered exactly once, every part with the same fields, bodies as long as their lengths.
+//!
+//! The router streams a gather's parts to the client as the shards answer
+//! ([`Reply::GatherParts`]): the body is a sequence of frames, each a `u64` little-endian
+//! length and one wire message — per part a [`Reply::Part`] with its positions followed by
+//! the shard's [`Reply::Gather`], or a single [`Reply::Error`] that fails the whole gather.
+//! Reassembly happens at the client, so the router forwards shard replies as they arrive
+//! instead of storing and copying the whole batch.
+
+use crate::columns::Contiguous;
+use crate::error::Error;
+use crate::placement::SHARDS_MAX;
+use crate::wire::{self, Reply, RECORDS_MAX};
+
+/// One shard's share of a gather: where its records go, their lengths per field
+/// (`lengths[f][k]`), and its body (field 0's payloads back to back, then field 1's, ...).
+pub struct PartReply<'a> {
+    pub positions: &'a [u32],
+    pub lengths: &'a [Vec<u32>],
+    pub body: &'a [u8],
+}
+
+/// The columns of `records` records from `parts`, in position order. `fields` is the number
+/// of columns to return when there are no parts (an empty gather).
+pub fn reassemble(
+    records: usize,
+    fields: usize,
+    parts: &[PartReply],
+) -> Result<Vec<Contiguous>, String> {
+    let fields = parts.first().map_or(fields, |p| p.lengths.len());
+    let mut covered = vec![false; records];
+    for part in parts {
+        if part.lengths.len() != fields {
+            return Err(format!(
+                "a part has {} columns, another {fields}",
+                part.lengths.len()
+            ));
+        }
+        if part.lengths.iter().any(|l| l.len() != part.positions.len()) {
+            return Err(format!(
+                "a part lists {} positions but columns of {:?} records",
+                part.positions.len(),
+                part.lengths.iter().map(Vec::len).collect::<Vec<_>>()
+            ));
+        }
+        let total: u64 = part.lengths.iter().flatten().map(|&l| l as u64).sum();
+        if total != part.body.len() as u64 {
+            return Err(format!(
+                "a part's lengths add up to {total} bytes but its body has {}",
+                part.body.len()
+            ));
+        }
+        for &pos in part.positions {
+            match covered.get_mut(pos as usize) {
+                Some(seen) if !*seen => *seen = true,
+                Some(_) => return Err(format!("position {pos} is filled twice")),
+                None => return Err(format!("position {pos} is outside a batch of {records}")),
+            }
+        }
+    }
+    if let Some(missing) = covered.iter().position(|&c| !c) {
+        return Err(format!("position {missing} of {records} is missing"));
+    }
+    let mut columns = Vec::with_capacity(fields);
+    // Each part's body holds field 0's payloads, then field 1's, ...: walk them in step.
+    let mut cursors = vec![0usize; parts.len()];
+    for f in 0..fields {
+        let mut lengths = vec![0u32; records];
+        for part in parts {
+            for (&pos, &len) in part.positions.iter().zip(&part.lengths[f]) {
+                lengths[pos as usize] = len;
+            }
+        }
+        let mut offsets = Vec::with_capacity(records + 1);
+        let mut total = 0u64;
+        offsets.push(0);
+        for &len in &lengths {
+            total += len as u64;
+            offsets.push(total);
+        }
+        let mut data = vec![0u8; total as usize];
+        for (part, cursor) in parts.iter().zip(cursors.iter_mut()) {
+            for (&pos, &len) in part.positions.iter().zip(&part.lengths[f]) {
+                let len = len as usize;
+                let at = offsets[pos as usize] as usize;
+                data[at..at + len].copy_from_slice(&part.body[*cursor..*cursor + len]);
+                *cursor += len;
+            }
+        }
+        columns.push(Contiguous { data, offsets });
+    }
+    Ok(columns)
+}
+
+/// Appends one frame (length, then the message pieces) to `out`.
+pub fn push_frame(out: &mut Vec<bytes::Bytes>, message: Vec<bytes::Bytes>) {
+    let len: usize = message.iter().map(|b| b.len()).sum();
+    out.push(bytes::Bytes::copy_from_slice(&(len as u64).to_le_bytes()));
+    out.extend(message);
+}
+
+/// Splits a `GatherParts` body into its frames' messages, each decoded and checked.
+fn frames(mut body: &[u8]) -> impl Iterator<Item = Result<(Reply, &[u8]), Error>> {
+    std::iter::from_fn(move || {
+        if body.is_empty() {
+            return None;
+        }
+        let Some((len, rest)) = body.split_first_chunk::<8>() else {
+            body = &[];
+            return Some(Err(Error::Protocol("a frame's length is cut off".into())));
+        };
+        let len = u64::from_le_bytes(*len);
+        if len > rest.len() as u64 {
+            body = &[];
+            return Some(Err(Error::Protocol(format!(
+                "a frame of {len} bytes overruns the {} left",
+                rest.len()
+            ))));
+        }
+        let (message, after) = rest.split_at(len as usize);
+        body = after;
+        Some(wire::decode_reply(message))
+    })
+}
+
+/// A part as taken off the wire: positions, `lengths[f][k]`, body.
+type DecodedPart<'a> = (Vec<u32>, Vec<Vec<u32>>, &'a [u8]);
+
+/// Decodes a router's streamed gather reply (`Reply::GatherParts { records, parts }` with
+/// `body`) into one column per field, in the caller's order. An error frame from any shard
+/// fails the whole gather with that error; a batch with a part missing, doubled, or not
+/// fitting is refused, never returned partially.
+pub fn decode_gather_parts(
+    records: u32,
+    parts: u32,
+    fields: usize,
+    body: &[u8],
+) -> Result<Vec<Contiguous>, Error> {
+    let bad = |why: String| Error::Protocol(format!("gather reply: {why}"));
+    if records as usize > RECORDS_MAX || parts > SHARDS_MAX {
+        return Err(bad(format!(
+            "{records} records in {parts} parts exceed the limits"
+        )));
+    }
+    let mut decoded: Vec<DecodedPart> = Vec::with_capacity(parts as usize);
+    let mut frames = frames(body);
+    while let Some(frame) = frames.next() {
+        match frame? {
+            (Reply::Error { code, message }, _) => return Err(Error::Remote { code, message }),
+            (Reply::Part { positions }, _) => match frames.next() {
+                Some(Ok((Reply::Gather { lengths }, part_body))) => {
+                    decoded.push((positions, lengths, part_body));
+                }
+                Some(Ok((Reply::Error { code, message }, _))) => {
+                    return Err(Error::Remote { code, message })
+                }
+                Some(Ok((other, _))) => {
+                    return Err(bad(format!("a part is followed by {other:?}")))
+                }
+                Some(Err(e)) => return Err(e),
+                None => return Err(bad("the last part has no records".into())),
+            },
+            (other, _) => return Err(bad(format!("unexpected frame {other:?}"))),
+        }
+        if decoded.len() > parts as usize {
+            return Err(bad(format!("more than the {parts} parts announced")));
+        }
+    }
+    if decoded.len() != parts as usize {
+        return Err(bad(format!("{} of {parts} parts arrived", decoded.len())));
+    }
+    let views: Vec<PartReply> = decoded
+        .iter()
+        .map(|(positions, lengths, body)| PartReply {
+            positions,
+            lengths,
+            body,
+        })
+        .collect();
+    reassemble(records as usize, fields, &views).map_err(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    /// Record g's payload in field f: g and f as text.
+    fn payload(g: u64, f: usize) -> String {
+        format!("{g}/{f};")
+    }
+
+    /// A streamed reply for `indices` split over parts by `shard_of`, frames in `order`.
+    fn streamed(indices: &[u64], shards: u32, fields: usize, order: &[u32]) -> Vec<u8> {
+        let mut frames = Vec::new();
+        for &shard in order {
+            let positions: Vec<u32> = (0..indices.len() as u32)
+                .filter(|&p| indices[p as usize] % shards as u64 == shard as u64)
+                .collect();
+            if positions.is_empty() {
+                continue;
+            }
+            let lengths: Vec<Vec<u32>> = (0..fields)
+                .map(|f| {
+                    positions
+                        .iter()
+                        .map(|&p| payload(indices[p as usize], f).len() as u32)
+                        .collect()
+                })
+                .collect();
+            let body: String = (0..fields)
+                .flat_map(|f| positions.iter().map(move |&p| (p, f)))
+                .map(|(p, f)| payload(indices[p as usize], f))
+                .collect();
+            let part = wire::encode_reply(&Reply::Part { positions }).unwrap();
+            push_frame(&mut frames, vec![Bytes::from(part)]);
+            let header = wire::encode_reply(&Reply::Gather { lengths }).unwrap();
+            push_frame(&mut frames, vec![Bytes::from(header), Bytes::from(body)]);
+        }
+        frames.concat()
+    }
+
+    #[test]
+    fn parts_in_any_order_reassemble_in_caller_order() {
+        let indices = [5u64, 0, 9, 5, 3000, 1, 2, 7];
+        for order in [[0u32, 1, 2], [2, 0, 1], [1, 2, 0]] {
+            let body = streamed(&indices, 3, 2, &order);
+            let columns = decode_gather_parts(8, 3, 2, &body).unwrap();
+            for (f, column) in columns.iter().enumerate() {
+                for (pos, &g) in indices.iter().enumerate() {
+                    assert_eq!(column.get(pos).unwrap(), payload(g, f).as_bytes());
+                }
+            }
+        }
+        // No parts: empty columns of the requested fields.
+        let columns = decode_gather_parts(0, 0, 3, &[]).unwrap();
+        assert_eq!(columns.len(), 3);
+    }
+
+    #[test]
+    fn broken_replies_are_refused_never_partial() {
+        let indices = [1u64, 2, 3, 4];
+        let body = streamed(&indices, 2, 1, &[0, 1]);
+        // A part missing, or announced parts that never come.
+        let half = streamed(&indices, 2, 1, &[0]);
+        assert!(decode_gather_parts(4, 2, 1, &half).is_err());
+        assert!(decode_gather_parts(4, 3, 1, &body).is_err());
+        // A part doubled.
+        let doubled = [half.clone(), half].concat();
+        assert!(decode_gather_parts(4, 2, 1, &doubled).is_err());
+        // Any truncation.
+        for cut in 0..body.len() {
+            assert!(
+                decode_gather_parts(4, 2, 1, &body[..cut]).is_err(),
+                "cut {cut}"
+            );
+        }
+        // An error frame anywhere fails the gather with its message.
+        let mut with_error = vec![Bytes::from(streamed(&indices, 2, 1, &[0]))];
+        let error = wire::encode_reply(&Reply::Error {
+            code: wire::ErrorCode::Unavailable,
+            message: "shard 1 at 127.0.0.1:9: no reply".into(),
+        })
+        .unwrap();
+        push_frame(&mut with_error, vec![Bytes::from(error)]);
+        let err = decode_gather_parts(4, 2, 1, &with_error.concat()).unwrap_err();
+        assert!(err.to_string().contains("shard 1"), "{err}");
+    }
+}
