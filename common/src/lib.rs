@@ -2,6 +2,7 @@
 //! shape, keyed hashing, placement, the wire protocol, the cluster configuration, the QUIC
 //! transport and the cluster's TLS identities.
 
+pub mod alloc;
 pub mod assemble;
 pub mod columns;
 pub mod config;

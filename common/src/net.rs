@@ -326,12 +326,12 @@ pub fn describe(e: &ConnectionError) -> String {
     }
 }
 
-/// A reply's body: pieces ready now, or pieces a producer is still making (the router's
-/// streamed gathers). A streamed body ends with `None`; a channel that closes without it
-/// was abandoned, and the reply is reset.
+/// A reply's body: pieces ready now, or batches of pieces a producer is still making (the
+/// router's streamed gathers). A streamed body ends with `None`; a channel that closes
+/// without it was abandoned, and the reply is reset.
 pub enum Body {
     Ready(Vec<Bytes>),
-    Streamed(tokio::sync::mpsc::Receiver<Option<Bytes>>),
+    Streamed(tokio::sync::mpsc::Receiver<Option<Vec<Bytes>>>),
 }
 
 /// A send stream that is reset, not finished, if dropped before it is sent whole: a
@@ -378,7 +378,7 @@ impl Outgoing {
                 write(stream, vec![Bytes::from(header)], timeout).await?;
                 loop {
                     match pieces.recv().await {
-                        Some(Some(piece)) => write(stream, vec![piece], timeout).await?,
+                        Some(Some(batch)) => write(stream, batch, timeout).await?,
                         Some(None) => break,
                         None => return Err("the reply's producer gave up".into()),
                     }
@@ -408,6 +408,22 @@ pub async fn call(
     body: Vec<Bytes>,
     timeout: Duration,
 ) -> Result<Vec<u8>, Error> {
+    let chunks = call_chunks(connection, header, body, timeout).await?;
+    let mut reply = Vec::with_capacity(chunks.iter().map(Bytes::len).sum());
+    for chunk in &chunks {
+        reply.extend_from_slice(chunk);
+    }
+    Ok(reply)
+}
+
+/// [`call`], returning the reply as the chunks it arrived in (no copy: each is a piece of a
+/// received packet), for replies that are forwarded rather than read.
+pub async fn call_chunks(
+    connection: &Connection,
+    header: Vec<u8>,
+    body: Vec<Bytes>,
+    timeout: Duration,
+) -> Result<Vec<Bytes>, Error> {
     let peer = connection.remote_address();
     let lost = |what: &str, e: String| {
         // A closed connection explains itself better than the stream error.
@@ -426,8 +442,23 @@ pub async fn call(
             .send(header, body)
             .await
             .map_err(|e| lost("sending failed", e))?;
-        let reply = recv.read_to_end(MESSAGE_BYTES_MAX).await;
-        reply.map_err(|e| lost("receiving failed", e.to_string()))
+        let mut chunks = Vec::new();
+        let mut total = 0usize;
+        while let Some(chunk) = recv
+            .read_chunk(usize::MAX, true)
+            .await
+            .map_err(|e| lost("receiving failed", e.to_string()))?
+        {
+            total += chunk.bytes.len();
+            if total > MESSAGE_BYTES_MAX {
+                return Err(lost(
+                    "receiving failed",
+                    format!("the reply exceeds {MESSAGE_BYTES_MAX} bytes"),
+                ));
+            }
+            chunks.push(chunk.bytes);
+        }
+        Ok(chunks)
     };
     match tokio::time::timeout(timeout, exchange).await {
         Ok(result) => result,

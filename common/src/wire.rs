@@ -146,8 +146,9 @@ fn encode(kind: u16, header: &impl Serialize) -> Result<Vec<u8>, Error> {
     Ok(out)
 }
 
-/// Splits a message into its decoded header and its body.
-fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], kind: u16) -> Result<(T, &[u8]), Error> {
+/// The length of a message's prefix and header, from at least its first [`PREFIX_BYTES`]
+/// bytes: the magic, version, kind and header length are checked.
+pub fn head_len(bytes: &[u8], kind: u16) -> Result<usize, Error> {
     let bad = |why: String| Err(Error::Protocol(why));
     if bytes.len() < PREFIX_BYTES {
         return bad(format!(
@@ -160,22 +161,34 @@ fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], kind: u16) -> Result<(T,
     }
     let version = u16::from_le_bytes([bytes[4], bytes[5]]);
     if version != WIRE_VERSION {
-        return Err(Error::Protocol(format!(
+        return bad(format!(
             "unsupported protocol version {version} (this build speaks {WIRE_VERSION})"
-        )));
+        ));
     }
     let found = u16::from_le_bytes([bytes[6], bytes[7]]);
     if found != kind {
         return bad(format!("unexpected message kind {found}"));
     }
     let header_len = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
-    if header_len > HEADER_BYTES_MAX || header_len > bytes.len() - PREFIX_BYTES {
+    if header_len > HEADER_BYTES_MAX {
         return bad(format!(
-            "header length {header_len} exceeds the message ({} bytes)",
-            bytes.len()
+            "header length {header_len} exceeds the limit of {HEADER_BYTES_MAX}"
         ));
     }
-    let (header, body) = bytes[PREFIX_BYTES..].split_at(header_len);
+    Ok(PREFIX_BYTES + header_len)
+}
+
+/// Splits a message into its decoded header and its body.
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], kind: u16) -> Result<(T, &[u8]), Error> {
+    let head = head_len(bytes, kind)?;
+    if head > bytes.len() {
+        return Err(Error::Protocol(format!(
+            "header length {} exceeds the message ({} bytes)",
+            head - PREFIX_BYTES,
+            bytes.len()
+        )));
+    }
+    let (header, body) = bytes[PREFIX_BYTES..].split_at(head - PREFIX_BYTES);
     let value = options()
         .deserialize(header)
         .map_err(|e| Error::Protocol(format!("malformed header: {e}")))?;
@@ -208,13 +221,52 @@ pub fn decode_request(bytes: &[u8]) -> Result<(Request, &[u8]), Error> {
 /// Decodes and checks a reply; returns it with its body.
 pub fn decode_reply(bytes: &[u8]) -> Result<(Reply, &[u8]), Error> {
     let (reply, body): (Reply, &[u8]) = decode(bytes, KIND_REPLY)?;
-    match &reply {
-        Reply::Gather { lengths } => check_columns(lengths, body.len())?,
-        // Frames, checked as they are taken apart (crate::assemble).
-        Reply::GatherParts { .. } => {}
-        _ => expect_empty(body.len())?,
-    }
+    check_reply(&reply, body.len())?;
     Ok((reply, body))
+}
+
+/// Decodes and checks a reply that arrived in `chunks` (copying only its head); returns it
+/// with the length of its head, where the body starts.
+pub fn decode_reply_chunks(chunks: &[bytes::Bytes]) -> Result<(Reply, usize), Error> {
+    let total: usize = chunks.iter().map(|c| c.len()).sum();
+    let mut head = Vec::new();
+    let mut want = None;
+    'chunks: for chunk in chunks {
+        let mut rest = &chunk[..];
+        while !rest.is_empty() {
+            let target = want.unwrap_or(PREFIX_BYTES);
+            if head.len() >= target {
+                break 'chunks;
+            }
+            let take = (target - head.len()).min(rest.len());
+            head.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if want.is_none() && head.len() == PREFIX_BYTES {
+                want = Some(head_len(&head, KIND_REPLY)?);
+            }
+        }
+    }
+    let want = match want {
+        Some(want) if head.len() >= want => want,
+        _ => {
+            return Err(Error::Protocol(format!(
+                "message of {total} bytes ends inside its head"
+            )))
+        }
+    };
+    let (reply, rest): (Reply, &[u8]) = decode(&head, KIND_REPLY)?;
+    debug_assert!(rest.is_empty());
+    check_reply(&reply, total - want)?;
+    Ok((reply, want))
+}
+
+fn check_reply(reply: &Reply, body: usize) -> Result<(), Error> {
+    match reply {
+        Reply::Gather { lengths } => check_columns(lengths, body),
+        // Frames, checked as they are taken apart (crate::assemble).
+        Reply::GatherParts { .. } => Ok(()),
+        _ => expect_empty(body),
+    }
 }
 
 fn check_fields(fields: &[String]) -> Result<(), Error> {
@@ -357,6 +409,30 @@ mod tests {
             decode_reply(&encode_reply(&reply).unwrap()).unwrap().0,
             reply
         );
+    }
+
+    #[test]
+    fn replies_decode_the_same_from_any_chunking() {
+        let reply = Reply::Gather {
+            lengths: vec![vec![3, 0, 5], vec![1, 1, 1]],
+        };
+        let whole = [encode_reply(&reply).unwrap(), b"abcdefgh123".to_vec()].concat();
+        for cut in [1, 5, 12, 13, whole.len() - 1] {
+            for step in [cut, 1] {
+                let chunks: Vec<bytes::Bytes> = whole
+                    .chunks(step)
+                    .map(bytes::Bytes::copy_from_slice)
+                    .collect();
+                let (back, body_start) = decode_reply_chunks(&chunks).unwrap();
+                assert_eq!(back, reply);
+                assert_eq!(&whole[body_start..], b"abcdefgh123");
+            }
+        }
+        // Truncated anywhere: an error.
+        for cut in 0..whole.len() {
+            let chunks = vec![bytes::Bytes::copy_from_slice(&whole[..cut])];
+            assert!(decode_reply_chunks(&chunks).is_err(), "cut {cut}");
+        }
     }
 
     #[test]

@@ -36,6 +36,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    zr_common::alloc::tune();
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))

@@ -41,16 +41,25 @@ struct NodeLink {
     connection: Mutex<Option<Connection>>,
 }
 
-/// A node's reply with its raw bytes (the body is a slice of them).
+/// A node's reply, decoded, with the message as it arrived (chunks of received packets,
+/// forwarded to clients without a copy); its body starts `body_start` bytes in.
 struct NodeReply {
     reply: Reply,
-    bytes: Vec<u8>,
+    chunks: Vec<Bytes>,
     body_start: usize,
 }
 
 impl NodeReply {
-    fn body(&self) -> &[u8] {
-        &self.bytes[self.body_start..]
+    /// The body, in one piece.
+    fn body(&self) -> Vec<u8> {
+        let mut body = Vec::new();
+        let mut skip = self.body_start;
+        for chunk in &self.chunks {
+            let from = skip.min(chunk.len());
+            body.extend_from_slice(&chunk[from..]);
+            skip -= from;
+        }
+        body
     }
 }
 
@@ -303,7 +312,7 @@ impl Router {
         self: Arc<Self>,
         parts: Vec<Part>,
         fields: Vec<String>,
-        frames: tokio::sync::mpsc::Sender<Option<Bytes>>,
+        frames: tokio::sync::mpsc::Sender<Option<Vec<Bytes>>>,
     ) {
         let mut pending: FuturesUnordered<_> = parts
             .into_iter()
@@ -320,7 +329,7 @@ impl Router {
             })
             .collect();
         while let Some((shard, positions, result)) = pending.next().await {
-            let mut out = Vec::with_capacity(4);
+            let mut out = Vec::new();
             let fits = |reply: &NodeReply| match &reply.reply {
                 Reply::Gather { lengths } if lengths.iter().all(|l| l.len() == positions.len()) => {
                     Ok(())
@@ -340,7 +349,7 @@ impl Router {
                     match part {
                         Ok(part) => {
                             push_frame(&mut out, vec![Bytes::from(part)]);
-                            push_frame(&mut out, vec![Bytes::from(reply.bytes)]);
+                            push_frame(&mut out, reply.chunks);
                             false
                         }
                         Err((code, message)) => {
@@ -354,11 +363,9 @@ impl Router {
                     true
                 }
             };
-            for frame in out {
-                if frames.send(Some(frame)).await.is_err() {
-                    // The client is gone: dropping `pending` abandons the other shards.
-                    return;
-                }
+            if frames.send(Some(out)).await.is_err() {
+                // The client is gone: dropping `pending` abandons the other shards.
+                return;
             }
             if failed {
                 break;
@@ -465,7 +472,7 @@ impl Router {
                 fields,
                 lengths,
             };
-            self.call(shard, &request, vec![Bytes::copy_from_slice(moved.body())])
+            self.call(shard, &request, vec![Bytes::from(moved.body())])
                 .await?;
         }
         self.call(
@@ -511,7 +518,7 @@ impl Router {
                     }
                 }
             };
-            match net::call(&connection, header, body, self.timeout).await {
+            match net::call_chunks(&connection, header, body, self.timeout).await {
                 Ok(bytes) => Ok(bytes),
                 Err(e) => {
                     // Forget the connection: the next call reconnects.
@@ -526,8 +533,8 @@ impl Router {
                 }
             }
         };
-        let bytes = match tokio::time::timeout(self.timeout, exchange).await {
-            Ok(Ok(bytes)) => bytes,
+        let chunks = match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok(chunks)) => chunks,
             Ok(Err(e)) => return Err(unavailable(e)),
             Err(_) => {
                 return Err(unavailable(format!(
@@ -536,17 +543,14 @@ impl Router {
                 )))
             }
         };
-        let (reply, body_start) = {
-            let (reply, body) =
-                wire::decode_reply(&bytes).map_err(|e| unavailable(e.to_string()))?;
-            (reply, bytes.len() - body.len())
-        };
+        let (reply, body_start) =
+            wire::decode_reply_chunks(&chunks).map_err(|e| unavailable(e.to_string()))?;
         if let Reply::Error { code, message } = reply {
             return Err((code, format!("shard {shard}: {message}")));
         }
         Ok(NodeReply {
             reply,
-            bytes,
+            chunks,
             body_start,
         })
     }

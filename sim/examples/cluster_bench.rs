@@ -65,6 +65,7 @@ impl Figures {
 }
 
 fn main() -> Result<()> {
+    zr_common::alloc::tune();
     let args = Args::parse();
     println!(
         "loopback, batches of {} random records, {} shards; ratios against plain quinn",

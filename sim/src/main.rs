@@ -46,6 +46,7 @@ fn sample(i: u64, image: &mut [u8]) -> String {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    zr_common::alloc::tune();
     let args = Args::parse();
     let options = SimOptions {
         fields: vec![

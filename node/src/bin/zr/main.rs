@@ -31,6 +31,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    zr_common::alloc::tune();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::ClusterInit(args) => cluster::init(args),
