@@ -269,4 +269,38 @@ mod tests {
         let err = decode_gather_parts(4, 2, 1, &with_error.concat()).unwrap_err();
         assert!(err.to_string().contains("shard 1"), "{err}");
     }
+
+    proptest::proptest! {
+        // Fuzz target: any body, any announced shape, never a panic or a partial batch.
+        #[test]
+        fn arbitrary_gather_bodies_never_panic(
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+            records in 0u32..64,
+            parts in 0u32..8,
+            fields in 0usize..4,
+        ) {
+            if let Ok(columns) = decode_gather_parts(records, parts, fields, &body) {
+                for column in &columns {
+                    proptest::prop_assert_eq!(column.offsets.len(), records as usize + 1);
+                }
+            }
+        }
+
+        // Damage to a valid reply is an error or the same batch, never another batch.
+        #[test]
+        fn damaged_replies_never_decode_to_other_data(at in proptest::prelude::any::<proptest::sample::Index>(), flip in 1u8..) {
+            let indices = [3u64, 1, 4, 1, 5, 9, 2, 6];
+            let mut body = streamed(&indices, 3, 2, &[2, 0, 1]);
+            let whole = decode_gather_parts(8, 3, 2, &body).unwrap();
+            let i = at.index(body.len());
+            body[i] ^= flip;
+            if let Ok(columns) = decode_gather_parts(8, 3, 2, &body) {
+                // Only payload bytes can change undetected (there is no checksum on the wire
+                // beyond QUIC's own); the shape must not.
+                for (a, b) in columns.iter().zip(&whole) {
+                    proptest::prop_assert_eq!(&a.offsets, &b.offsets);
+                }
+            }
+        }
+    }
 }
