@@ -199,6 +199,20 @@ impl ClusterConfig {
         )?)
     }
 
+    /// What a cluster process of `role` (named `process` in the log) needs to start: the
+    /// configuration at `path` and its security. Logs the `--insecure-dev` warning.
+    pub fn load_for(
+        path: &Path,
+        role: crate::tls::Role,
+        insecure_dev: bool,
+        process: &str,
+    ) -> Result<(ClusterConfig, Security), Error> {
+        let config = ClusterConfig::load(path)?;
+        let security = config.security(role, insecure_dev)?;
+        security.warn_if_insecure(process);
+        Ok((config, security))
+    }
+
     /// How a process of `role` secures its connections: the `[tls]` certificates, or no
     /// authentication at all if `insecure_dev` (the binaries' `--insecure-dev`).
     pub fn security(&self, role: crate::tls::Role, insecure_dev: bool) -> Result<Security, Error> {

@@ -42,21 +42,15 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
         .with_writer(std::io::stderr)
         .init();
-    let config = match ClusterConfig::load(&args.nodes) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("zr-router: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let security = match config.security(zr_common::tls::Role::Router, args.insecure_dev) {
-        Ok(security) => security,
-        Err(e) => {
-            eprintln!("zr-router: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    security.warn_if_insecure("zr-router");
+    let role = zr_common::tls::Role::Router;
+    let (config, security) =
+        match ClusterConfig::load_for(&args.nodes, role, args.insecure_dev, "zr-router") {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                eprintln!("zr-router: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
     let listen = args.listen.unwrap_or(config.router.listen);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

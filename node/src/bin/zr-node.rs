@@ -43,21 +43,15 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
         .with_writer(std::io::stderr)
         .init();
-    let config = match ClusterConfig::load(&args.nodes) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("zr-node: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let security = match config.security(zr_common::tls::Role::Node, args.insecure_dev) {
-        Ok(security) => security,
-        Err(e) => {
-            eprintln!("zr-node: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    security.warn_if_insecure("zr-node");
+    let role = zr_common::tls::Role::Node;
+    let (config, security) =
+        match ClusterConfig::load_for(&args.nodes, role, args.insecure_dev, "zr-node") {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                eprintln!("zr-node: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
