@@ -719,4 +719,48 @@ mod tests {
             served.abort();
         });
     }
+
+    /// Connections beyond the cap are refused; those within it keep working.
+    #[test]
+    fn connections_beyond_the_cap_are_refused() {
+        runtime().block_on(async {
+            let security = Security::InsecureDev;
+            let server = server_endpoint("127.0.0.1:0".parse().unwrap(), &security).unwrap();
+            let addr = server.local_addr().unwrap();
+            let served = tokio::spawn(async move {
+                let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
+                serve(
+                    &server,
+                    2,
+                    Duration::from_secs(5),
+                    std::future::pending(),
+                    echo,
+                )
+                .await;
+            });
+            let client = client_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+            let timeout = Duration::from_secs(5);
+            let message = b"ZRW1 hello".to_vec();
+            let mut open = Vec::new();
+            for _ in 0..2 {
+                let c = connect(&client, &security, addr, timeout).await.unwrap();
+                call(&c, message.clone(), Vec::new(), timeout)
+                    .await
+                    .unwrap();
+                open.push(c);
+            }
+            let third = match connect(&client, &security, addr, timeout).await {
+                Ok(c) => call(&c, message.clone(), Vec::new(), timeout).await.err(),
+                Err(e) => Some(e),
+            };
+            assert!(third.is_some(), "a third connection was served");
+            for c in &open {
+                assert_eq!(
+                    call(c, message.clone(), Vec::new(), timeout).await.unwrap(),
+                    message
+                );
+            }
+            served.abort();
+        });
+    }
 }
