@@ -301,7 +301,8 @@ impl Router {
             records: indices.len() as u32,
             parts: parts.len() as u32,
         };
-        let (frames, body) = tokio::sync::mpsc::channel(2 * parts.len() + 1);
+        // One message per part, then the end: the producer never waits on the writer.
+        let (frames, body) = tokio::sync::mpsc::channel(parts.len() + 1);
         tokio::spawn(Arc::clone(self).forward_parts(parts, fields, frames));
         Ok((reply, Body::Streamed(body)))
     }
@@ -329,38 +330,32 @@ impl Router {
             })
             .collect();
         while let Some((shard, positions, result)) = pending.next().await {
-            let mut out = Vec::new();
-            let fits = |reply: &NodeReply| match &reply.reply {
-                Reply::Gather { lengths } if lengths.iter().all(|l| l.len() == positions.len()) => {
-                    Ok(())
+            let forwarded = result.and_then(|reply| {
+                let fits = matches!(&reply.reply, Reply::Gather { lengths }
+                    if lengths.iter().all(|l| l.len() == positions.len()));
+                if !fits {
+                    return Err((
+                        ErrorCode::Unavailable,
+                        format!(
+                            "shard {shard} answered a gather of {} records with {:?}",
+                            positions.len(),
+                            reply.reply
+                        ),
+                    ));
                 }
-                other => Err((
-                    ErrorCode::Unavailable,
-                    format!(
-                        "shard {shard} answered a gather of {} records with {other:?}",
-                        positions.len()
-                    ),
-                )),
-            };
-            let failed = match result.and_then(|reply| fits(&reply).map(|()| reply)) {
-                Ok(reply) => {
-                    let part = wire::encode_reply(&Reply::Part { positions })
-                        .map_err(|e| (ErrorCode::BadRequest, e.to_string()));
-                    match part {
-                        Ok(part) => {
-                            push_frame(&mut out, vec![Bytes::from(part)]);
-                            push_frame(&mut out, reply.chunks);
-                            false
-                        }
-                        Err((code, message)) => {
-                            push_error(&mut out, code, message);
-                            true
-                        }
-                    }
-                }
+                let part = wire::encode_reply(&Reply::Part { positions })
+                    .map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
+                let mut out = Vec::with_capacity(reply.chunks.len() + 3);
+                push_frame(&mut out, vec![Bytes::from(part)]);
+                push_frame(&mut out, reply.chunks);
+                Ok(out)
+            });
+            let (out, failed) = match forwarded {
+                Ok(out) => (out, false),
                 Err((code, message)) => {
+                    let mut out = Vec::new();
                     push_error(&mut out, code, message);
-                    true
+                    (out, true)
                 }
             };
             if frames.send(Some(out)).await.is_err() {
