@@ -219,11 +219,22 @@ impl Router {
         let ready = |reply: Reply| (reply, Body::Ready(Vec::new()));
         let ready_body = |(reply, body): (Reply, Vec<Bytes>)| (reply, Body::Ready(body));
         match request {
-            Request::Info => Ok(ready(Reply::Info {
-                len: self.len(),
-                fields: self.fields.clone(),
-            })),
-            Request::Gather { indices, fields } => self.gather(&indices, fields),
+            Request::Info => {
+                // Fresh from the nodes (another router may have written); the cached length
+                // if a node cannot answer, so a client can still connect.
+                let len = match self.refresh_len().await {
+                    Ok(len) => len,
+                    Err((_, e)) => {
+                        tracing::debug!("cannot refresh the length: {e}");
+                        self.len()
+                    }
+                };
+                Ok(ready(Reply::Info {
+                    len,
+                    fields: self.fields.clone(),
+                }))
+            }
+            Request::Gather { indices, fields } => self.gather(&indices, fields).await,
             Request::Append {
                 fields, lengths, ..
             } => self.append(fields, lengths, body).await.map(ready_body),
@@ -233,7 +244,7 @@ impl Router {
                 lengths,
             } => {
                 let _writes = self.writes.lock().await;
-                self.check_index(index)?;
+                self.check_index(index).await?;
                 let (shard, local) = self.placement.load().locate(index);
                 let request = Request::Modify {
                     index: local,
@@ -260,8 +271,10 @@ impl Router {
         }
     }
 
-    fn check_index(&self, index: u64) -> Result<(), Failure> {
-        let len = self.len();
+    /// Refuses an index past the end (refreshing the length first). The caller holds the
+    /// write lock.
+    async fn check_index(&self, index: u64) -> Result<(), Failure> {
+        let len = self.len_covering(index, true).await;
         if index >= len {
             return Err((
                 ErrorCode::IndexOutOfRange,
@@ -274,12 +287,14 @@ impl Router {
     /// Scatters a gather, one sub-request per involved shard, and streams the shards'
     /// replies to the client as they arrive (`Reply::GatherParts`; the client reassembles).
     /// A failed shard ends the stream with an error frame and abandons the others.
-    fn gather(
+    async fn gather(
         self: &Arc<Self>,
         indices: &[u64],
         fields: Vec<String>,
     ) -> Result<(Reply, Body), Failure> {
-        let len = self.len();
+        let len = self
+            .len_covering(indices.iter().copied().max().unwrap_or(0), false)
+            .await;
         if let Some(&index) = indices.iter().find(|&&i| i >= len) {
             return Err((
                 ErrorCode::IndexOutOfRange,
@@ -369,6 +384,8 @@ impl Router {
         let _ = frames.send(None).await;
     }
 
+    /// Appends through the nodes under the write lock. If a node is out of step (another
+    /// router appended meanwhile), learns the length from the nodes and tries once more.
     async fn append(
         &self,
         fields: Vec<String>,
@@ -378,7 +395,33 @@ impl Router {
         let count = lengths.first().map_or(0, Vec::len);
         let columns = wire::split_columns(&lengths, body);
         let _writes = self.writes.lock().await;
-        let start = self.len();
+        let mut start = self.len();
+        let mut attempt = self.append_at(start, &fields, &lengths, &columns).await;
+        if matches!(attempt, Err((ErrorCode::Conflict, _))) {
+            start = self.refresh_len_locked().await?;
+            attempt = self.append_at(start, &fields, &lengths, &columns).await;
+        }
+        attempt?;
+        self.len.store(start + count as u64, Ordering::SeqCst);
+        Ok((
+            Reply::Appended {
+                start,
+                count: count as u64,
+            },
+            Vec::new(),
+        ))
+    }
+
+    /// One attempt at appending `columns` as global records `start..`; on failure, undoes
+    /// what reached some shards so the cluster stays consistent.
+    async fn append_at(
+        &self,
+        start: u64,
+        fields: &[String],
+        lengths: &[Vec<u32>],
+        columns: &[Vec<&[u8]>],
+    ) -> Result<(), Failure> {
+        let count = lengths.first().map_or(0, Vec::len);
         let placement = self.placement.load();
         let parts = plan_append(&placement, start, count);
         let calls = parts.iter().map(|part| {
@@ -399,14 +442,13 @@ impl Router {
                 .collect();
             let request = Request::Append {
                 at: Some(part.local_start),
-                fields: fields.clone(),
+                fields: fields.to_vec(),
                 lengths,
             };
             async move { self.call(part.shard, &request, body).await }
         });
         let results = futures::future::join_all(calls).await;
         if let Some(failure) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
-            // Undo what reached some shards, so the cluster stays consistent.
             for (part, result) in parts.iter().zip(&results) {
                 if result.is_ok() {
                     let undo = Request::Truncate {
@@ -419,20 +461,69 @@ impl Router {
             }
             return Err(failure);
         }
-        self.len.store(start + count as u64, Ordering::SeqCst);
-        Ok((
-            Reply::Appended {
-                start,
-                count: count as u64,
-            },
-            Vec::new(),
-        ))
+        Ok(())
+    }
+
+    /// [`Self::refresh_len_locked`] for callers not holding the write lock: waits for this
+    /// router's writes in flight, so a length read before them cannot overwrite theirs.
+    async fn refresh_len(&self) -> Result<u64, Failure> {
+        let _writes = self.writes.lock().await;
+        self.refresh_len_locked().await
+    }
+
+    /// Re-reads the global length from the nodes (another router may have written): the
+    /// longest length every shard agrees with. Repairs nothing — another router's append
+    /// may be in flight. The caller holds the write lock.
+    async fn refresh_len_locked(&self) -> Result<u64, Failure> {
+        let calls =
+            (0..self.nodes.len() as u32).map(|shard| self.call(shard, &Request::Info, Vec::new()));
+        let mut lens = Vec::with_capacity(self.nodes.len());
+        for (shard, result) in futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            match result?.reply {
+                Reply::Info { len, .. } => lens.push(len),
+                other => {
+                    return Err((
+                        ErrorCode::Unavailable,
+                        format!("shard {shard} answered Info with {other:?}"),
+                    ))
+                }
+            }
+        }
+        let len = self.placement.load().consistent_len(&lens);
+        self.len.store(len, Ordering::SeqCst);
+        Ok(len)
+    }
+
+    /// The global length as the nodes have it now if `index` is past the cached one (another
+    /// router may have appended); the cached one otherwise, or if a node cannot say.
+    /// `locked`: the caller holds the write lock.
+    async fn len_covering(&self, index: u64, locked: bool) -> u64 {
+        let len = self.len();
+        if index < len {
+            return len;
+        }
+        let fresh = if locked {
+            self.refresh_len_locked().await
+        } else {
+            self.refresh_len().await
+        };
+        match fresh {
+            Ok(len) => len,
+            Err((_, e)) => {
+                tracing::debug!("cannot refresh the length: {e}");
+                len
+            }
+        }
     }
 
     /// Global swap-remove: the last record moves into the hole, across shards if needed.
     async fn delete(&self, index: u64) -> Result<(Reply, Vec<Bytes>), Failure> {
         let _writes = self.writes.lock().await;
-        self.check_index(index)?;
+        self.check_index(index).await?;
         let last = self.len() - 1;
         let placement = self.placement.load();
         let (last_shard, last_local) = placement.locate(last);
