@@ -378,6 +378,10 @@ impl Inner {
     }
 }
 
+/// Retries of a contended lock, [`LOCK_RETRY_WAIT`] apart.
+const LOCK_RETRIES: u32 = 20;
+const LOCK_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Takes the dataset's lock file: exclusive for a writer, shared for a reader.
 fn lock_dir(dir: &Path, exclusive: bool) -> Result<File> {
     let path = dir.join(LOCK_FILE);
@@ -388,11 +392,24 @@ fn lock_dir(dir: &Path, exclusive: bool) -> Result<File> {
         .truncate(false)
         .open(&path)
         .ctx("open lock file", &path)?;
-    let taken = if exclusive {
-        file.try_lock()
-    } else {
-        file.try_lock_shared()
+    let try_lock = || {
+        if exclusive {
+            file.try_lock()
+        } else {
+            file.try_lock_shared()
+        }
     };
+    // A lock just released can linger for a moment: a process that forks (any program
+    // spawning a subprocess) shares the lock's file description with the child until the
+    // child execs. So a contended lock is retried briefly before it counts as taken.
+    let mut taken = try_lock();
+    for _ in 0..LOCK_RETRIES {
+        if !matches!(taken, Err(TryLockError::WouldBlock)) {
+            break;
+        }
+        std::thread::sleep(LOCK_RETRY_WAIT);
+        taken = try_lock();
+    }
     match taken {
         Ok(()) => Ok(file),
         Err(TryLockError::WouldBlock) => Err(Error::Locked {

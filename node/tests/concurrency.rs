@@ -203,3 +203,37 @@ fn parallel_appenders_get_disjoint_ordered_ranges() {
     assert_eq!(store.len(), expected_start);
     store.commit().unwrap();
 }
+
+/// A dataset closed by one thread can be reopened at once even while other threads spawn
+/// processes: a forked child briefly shares the lock file's description (until it execs),
+/// which used to make most such reopens fail with "locked by another process".
+#[test]
+fn reopening_while_other_threads_spawn_processes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    drop(Store::create(&dir, vec![FieldSpec::raw("a")], CreateOptions::default()).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let spawners: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = std::process::Command::new("true").status();
+                }
+            })
+        })
+        .collect();
+    let failures: Vec<String> = (0..300)
+        .filter_map(|_| Store::open(&dir).map(drop).err().map(|e| e.to_string()))
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    for spawner in spawners {
+        spawner.join().unwrap();
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 300 reopens failed: {:?}",
+        failures.len(),
+        failures.first()
+    );
+}
