@@ -485,6 +485,79 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// What one serving endpoint allows.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections open at once; more are refused.
+    pub connections: usize,
+    /// Bytes of requests being read or handled at once, over all connections: a request
+    /// that would exceed it waits (and QUIC flow control slows its sender) until others are
+    /// answered. A single request larger than this (or than [`MESSAGE_BYTES_MAX`]) is
+    /// refused.
+    pub request_bytes: usize,
+    /// Bound on reading a request (including waiting for budget) and on each reply write.
+    pub timeout: Duration,
+}
+
+impl Limits {
+    /// `connections` and `timeout` with the default request budget (2 GiB).
+    pub fn new(connections: usize, timeout: Duration) -> Limits {
+        Limits {
+            connections,
+            request_bytes: 2 * MESSAGE_BYTES_MAX,
+            timeout,
+        }
+    }
+}
+
+/// Granularity of the request budget.
+const BUDGET_UNIT: usize = 64 << 10;
+
+/// Reads a whole request of at most `max` bytes, taking its size from `budget` as it
+/// arrives.
+async fn read_request(
+    recv: &mut quinn::RecvStream,
+    budget: &Arc<tokio::sync::Semaphore>,
+    max: usize,
+) -> Result<(Vec<u8>, Option<tokio::sync::OwnedSemaphorePermit>), String> {
+    let mut bytes = Vec::new();
+    let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
+    let mut reserved = 0usize;
+    while let Some(chunk) = recv
+        .read_chunk(usize::MAX, true)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        let need = bytes.len() + chunk.bytes.len();
+        if need > max {
+            return Err(format!("request exceeds the limit of {max} bytes"));
+        }
+        if need > reserved {
+            let more = (need - reserved).div_ceil(BUDGET_UNIT) as u32;
+            match Arc::clone(budget).try_acquire_many_owned(more) {
+                Ok(permit) => match held.as_mut() {
+                    Some(held) => held.merge(permit),
+                    None => held = Some(permit),
+                },
+                Err(_) => {
+                    // Waiting while holding a share could deadlock with other half-read
+                    // requests: give the share back, then wait for the whole amount.
+                    drop(held.take());
+                    let all = need.div_ceil(BUDGET_UNIT) as u32;
+                    let permit = Arc::clone(budget)
+                        .acquire_many_owned(all)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    held = Some(permit);
+                }
+            }
+            reserved = held.as_ref().map_or(0, |p| p.num_permits() * BUDGET_UNIT);
+        }
+        bytes.extend_from_slice(&chunk.bytes);
+    }
+    Ok((bytes, held))
+}
+
 /// How long a shutdown waits for requests in flight.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -498,15 +571,23 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The one accept loop of nodes and routers.
 pub async fn serve<H, F>(
     endpoint: &Endpoint,
-    connections_max: usize,
-    timeout: Duration,
+    limits: Limits,
     shutdown: impl std::future::Future<Output = ()>,
     handler: H,
 ) where
     H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
     F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
 {
+    let Limits {
+        connections: connections_max,
+        request_bytes,
+        timeout,
+    } = limits;
     let connections = Arc::new(tokio::sync::Semaphore::new(connections_max));
+    let units = request_bytes.div_ceil(BUDGET_UNIT).max(1);
+    let budget = Arc::new(tokio::sync::Semaphore::new(units));
+    // No single request may need more than the whole budget.
+    let request_max = MESSAGE_BYTES_MAX.min(units * BUDGET_UNIT);
     // Every request holds a read guard; draining takes the write guard.
     let in_flight = Arc::new(tokio::sync::RwLock::new(()));
     let mut tasks = tokio::task::JoinSet::new();
@@ -523,10 +604,11 @@ pub async fn serve<H, F>(
                 };
                 let handler = handler.clone();
                 let in_flight = Arc::clone(&in_flight);
+                let budget = Arc::clone(&budget);
                 tasks.spawn(async move {
                     let _permit = permit;
                     let peer = incoming.remote_address();
-                    if let Err(e) = connection(incoming, handler, in_flight, timeout).await {
+                    if let Err(e) = connection(incoming, handler, in_flight, budget, request_max, timeout).await {
                         tracing::debug!("connection from {peer} ended: {}", describe(&e));
                     }
                 });
@@ -553,6 +635,8 @@ async fn connection<H, F>(
     incoming: quinn::Incoming,
     handler: H,
     in_flight: Arc<tokio::sync::RwLock<()>>,
+    budget: Arc<tokio::sync::Semaphore>,
+    request_max: usize,
     timeout: Duration,
 ) -> Result<(), ConnectionError>
 where
@@ -570,11 +654,13 @@ where
         };
         let handler = handler.clone();
         let in_flight = Arc::clone(&in_flight);
+        let budget = Arc::clone(&budget);
         let connection = connection.clone();
         requests.spawn(async move {
             let mut reply = Outgoing(Some(send));
-            let bytes = match tokio::time::timeout(timeout, recv.read_to_end(MESSAGE_BYTES_MAX)).await {
-                Ok(Ok(bytes)) => bytes,
+            // The request's bytes hold their share of the budget until it is answered.
+            let (bytes, _held) = match tokio::time::timeout(timeout, read_request(&mut recv, &budget, request_max)).await {
+                Ok(Ok(read)) => read,
                 Ok(Err(e)) => {
                     tracing::debug!("request from {peer} not read: {e}");
                     return;
@@ -633,8 +719,7 @@ mod tests {
                 };
                 serve(
                     &server,
-                    4,
-                    Duration::from_secs(5),
+                    Limits::new(4, Duration::from_secs(5)),
                     async {
                         let _ = stopped.await;
                     },
@@ -684,8 +769,7 @@ mod tests {
             let served = tokio::spawn(async move {
                 serve(
                     &server,
-                    4,
-                    Duration::from_secs(5),
+                    Limits::new(4, Duration::from_secs(5)),
                     std::future::pending(),
                     handler,
                 )
@@ -731,8 +815,7 @@ mod tests {
                 let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
                 serve(
                     &server,
-                    2,
-                    Duration::from_secs(5),
+                    Limits::new(2, Duration::from_secs(5)),
                     std::future::pending(),
                     echo,
                 )
@@ -759,6 +842,48 @@ mod tests {
                     call(c, message.clone(), Vec::new(), timeout).await.unwrap(),
                     message
                 );
+            }
+            served.abort();
+        });
+    }
+
+    /// Requests share a byte budget: a request larger than the whole budget is refused
+    /// (reset), requests that fit together all get through, and the endpoint keeps serving.
+    #[test]
+    fn requests_share_a_byte_budget() {
+        runtime().block_on(async {
+            let security = Security::InsecureDev;
+            let server = server_endpoint("127.0.0.1:0".parse().unwrap(), &security).unwrap();
+            let addr = server.local_addr().unwrap();
+            let served = tokio::spawn(async move {
+                let slow_len = |bytes: Vec<u8>| async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    (bytes.len().to_le_bytes().to_vec(), Body::Ready(Vec::new()))
+                };
+                let limits = Limits {
+                    connections: 4,
+                    request_bytes: 256 << 10,
+                    timeout: Duration::from_secs(5),
+                };
+                serve(&server, limits, std::future::pending(), slow_len).await;
+            });
+            let client = client_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+            let timeout = Duration::from_secs(5);
+            let c = connect(&client, &security, addr, timeout).await.unwrap();
+            let request = |len: usize| {
+                let c = c.clone();
+                async move {
+                    let body = vec![Bytes::from(vec![1u8; len])];
+                    call(&c, b"ZRW1".to_vec(), body, timeout).await
+                }
+            };
+            // Too big for the whole budget: refused.
+            assert!(request(300 << 10).await.is_err());
+            // Four of 100 KiB, twice the budget together: they take turns, all answered.
+            let tasks: Vec<_> = (0..4).map(|_| tokio::spawn(request(100 << 10))).collect();
+            for task in tasks {
+                let reply = task.await.unwrap().unwrap();
+                assert_eq!(reply, (4 + (100usize << 10)).to_le_bytes().to_vec());
             }
             served.abort();
         });

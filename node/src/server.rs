@@ -101,7 +101,13 @@ pub async fn serve(
             (header, net::Body::Ready(body))
         }
     };
-    net::serve(&endpoint, CONNECTIONS_MAX, timeout, shutdown, handler).await;
+    net::serve(
+        &endpoint,
+        net::Limits::new(CONNECTIONS_MAX, timeout),
+        shutdown,
+        handler,
+    )
+    .await;
     let committed = tokio::task::spawn_blocking(move || store.commit()).await;
     match committed {
         Ok(Err(Error::ReadOnly { .. })) | Ok(Ok(())) => Ok(()),

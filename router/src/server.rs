@@ -178,7 +178,13 @@ impl Router {
             let router = Arc::clone(&self);
             async move { router.handle(&bytes).await }
         };
-        net::serve(&endpoint, CONNECTIONS_MAX, timeout, shutdown, handler).await;
+        net::serve(
+            &endpoint,
+            net::Limits::new(CONNECTIONS_MAX, timeout),
+            shutdown,
+            handler,
+        )
+        .await;
     }
 
     /// Decodes, executes and encodes one client request.

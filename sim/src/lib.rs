@@ -257,8 +257,7 @@ impl SimCluster {
         let task = self.runtime.spawn(async move {
             net::serve(
                 &endpoint,
-                64,
-                Duration::from_secs(3600),
+                net::Limits::new(64, Duration::from_secs(3600)),
                 std::future::pending(),
                 |_| std::future::pending::<(Vec<u8>, net::Body)>(),
             )
