@@ -696,6 +696,9 @@ where
 mod tests {
     use super::*;
 
+    const SECURITY: Security = Security::InsecureDev;
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -704,37 +707,42 @@ mod tests {
             .unwrap()
     }
 
+    /// A loopback server running `handler` under `limits` until `shutdown`, and a client
+    /// endpoint: (the server's address, the client endpoint, the server's task).
+    fn start<H, F>(
+        limits: Limits,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+        handler: H,
+    ) -> (SocketAddr, Endpoint, tokio::task::JoinHandle<()>)
+    where
+        H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
+        F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
+    {
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let server = server_endpoint(loopback, &SECURITY).unwrap();
+        let addr = server.local_addr().unwrap();
+        let served = tokio::spawn(async move { serve(&server, limits, shutdown, handler).await });
+        (addr, client_endpoint(loopback).unwrap(), served)
+    }
+
     /// Shutdown lets a request in flight finish, then refuses new connections.
     #[test]
     fn shutdown_drains_requests_in_flight() {
         runtime().block_on(async {
-            let security = Security::InsecureDev;
-            let server = server_endpoint("127.0.0.1:0".parse().unwrap(), &security).unwrap();
-            let addr = server.local_addr().unwrap();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let served = tokio::spawn(async move {
-                let handler = |bytes: Vec<u8>| async move {
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    (bytes, Body::Ready(Vec::new()))
-                };
-                serve(
-                    &server,
-                    Limits::new(4, Duration::from_secs(5)),
-                    async {
-                        let _ = stopped.await;
-                    },
-                    handler,
-                )
-                .await;
-            });
-            let client = client_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
-            let timeout = Duration::from_secs(5);
-            let connection = connect(&client, &security, addr, timeout).await.unwrap();
+            let slow_echo = |bytes: Vec<u8>| async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                (bytes, Body::Ready(Vec::new()))
+            };
+            let stopped = async {
+                let _ = stopped.await;
+            };
+            let (addr, client, served) = start(Limits::new(4, TIMEOUT), stopped, slow_echo);
+            let connection = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
             let message = b"ZRW1 echo".to_vec();
             let call = tokio::spawn({
-                let connection = connection.clone();
                 let message = message.clone();
-                async move { super::call(&connection, message, Vec::new(), timeout).await }
+                async move { super::call(&connection, message, Vec::new(), TIMEOUT).await }
             });
             tokio::time::sleep(Duration::from_millis(100)).await;
             let _ = stop.send(());
@@ -742,11 +750,8 @@ mod tests {
             assert_eq!(call.await.unwrap().unwrap(), message);
             served.await.unwrap();
             // The server is gone: new connections get no answer.
-            assert!(
-                connect(&client, &security, addr, Duration::from_millis(300))
-                    .await
-                    .is_err()
-            );
+            let again = connect(&client, &SECURITY, addr, Duration::from_millis(300)).await;
+            assert!(again.is_err());
         });
     }
 
@@ -755,44 +760,31 @@ mod tests {
     #[test]
     fn a_request_cut_off_by_a_timeout_never_reaches_the_handler() {
         runtime().block_on(async {
-            let security = Security::InsecureDev;
-            let server = server_endpoint("127.0.0.1:0".parse().unwrap(), &security).unwrap();
-            let addr = server.local_addr().unwrap();
             let seen = Arc::new(std::sync::Mutex::new(Vec::<usize>::new()));
-            let handler = {
+            let record_len = {
                 let seen = Arc::clone(&seen);
                 move |bytes: Vec<u8>| {
                     seen.lock().unwrap().push(bytes.len());
                     async move { (Vec::new(), Body::Ready(Vec::new())) }
                 }
             };
-            let served = tokio::spawn(async move {
-                serve(
-                    &server,
-                    Limits::new(4, Duration::from_secs(5)),
-                    std::future::pending(),
-                    handler,
-                )
-                .await;
-            });
-            let client = client_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
-            let connection = connect(&client, &security, addr, Duration::from_secs(5))
-                .await
-                .unwrap();
+            let limits = Limits::new(4, TIMEOUT);
+            let (addr, client, served) = start(limits, std::future::pending(), record_len);
+            let connection = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
             // Larger than the stream's flow-control window: the send is cut off midway.
             let body = vec![Bytes::from(vec![7u8; 160 << 20])];
-            let header = b"ZRW1".to_vec();
-            let cut = call(&connection, header, body, Duration::from_millis(20)).await;
+            let cut = call(
+                &connection,
+                b"ZRW1".to_vec(),
+                body,
+                Duration::from_millis(20),
+            )
+            .await;
             assert!(cut.unwrap_err().to_string().contains("no reply within"));
             // A whole request afterwards still goes through on the same connection.
-            call(
-                &connection,
-                b"ZRW1 small".to_vec(),
-                Vec::new(),
-                Duration::from_secs(5),
-            )
-            .await
-            .unwrap();
+            call(&connection, b"ZRW1 small".to_vec(), Vec::new(), TIMEOUT)
+                .await
+                .unwrap();
             // Give a (wrongly) finished stream time to arrive: most of it was buffered.
             tokio::time::sleep(Duration::from_secs(2)).await;
             assert_eq!(
@@ -808,40 +800,26 @@ mod tests {
     #[test]
     fn connections_beyond_the_cap_are_refused() {
         runtime().block_on(async {
-            let security = Security::InsecureDev;
-            let server = server_endpoint("127.0.0.1:0".parse().unwrap(), &security).unwrap();
-            let addr = server.local_addr().unwrap();
-            let served = tokio::spawn(async move {
-                let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
-                serve(
-                    &server,
-                    Limits::new(2, Duration::from_secs(5)),
-                    std::future::pending(),
-                    echo,
-                )
-                .await;
-            });
-            let client = client_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
-            let timeout = Duration::from_secs(5);
+            let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
+            let (addr, client, served) =
+                start(Limits::new(2, TIMEOUT), std::future::pending(), echo);
             let message = b"ZRW1 hello".to_vec();
             let mut open = Vec::new();
             for _ in 0..2 {
-                let c = connect(&client, &security, addr, timeout).await.unwrap();
-                call(&c, message.clone(), Vec::new(), timeout)
+                let c = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+                call(&c, message.clone(), Vec::new(), TIMEOUT)
                     .await
                     .unwrap();
                 open.push(c);
             }
-            let third = match connect(&client, &security, addr, timeout).await {
-                Ok(c) => call(&c, message.clone(), Vec::new(), timeout).await.err(),
+            let third = match connect(&client, &SECURITY, addr, TIMEOUT).await {
+                Ok(c) => call(&c, message.clone(), Vec::new(), TIMEOUT).await.err(),
                 Err(e) => Some(e),
             };
             assert!(third.is_some(), "a third connection was served");
             for c in &open {
-                assert_eq!(
-                    call(c, message.clone(), Vec::new(), timeout).await.unwrap(),
-                    message
-                );
+                let reply = call(c, message.clone(), Vec::new(), TIMEOUT).await.unwrap();
+                assert_eq!(reply, message);
             }
             served.abort();
         });
@@ -852,29 +830,22 @@ mod tests {
     #[test]
     fn requests_share_a_byte_budget() {
         runtime().block_on(async {
-            let security = Security::InsecureDev;
-            let server = server_endpoint("127.0.0.1:0".parse().unwrap(), &security).unwrap();
-            let addr = server.local_addr().unwrap();
-            let served = tokio::spawn(async move {
-                let slow_len = |bytes: Vec<u8>| async move {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    (bytes.len().to_le_bytes().to_vec(), Body::Ready(Vec::new()))
-                };
-                let limits = Limits {
-                    connections: 4,
-                    request_bytes: 256 << 10,
-                    timeout: Duration::from_secs(5),
-                };
-                serve(&server, limits, std::future::pending(), slow_len).await;
-            });
-            let client = client_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
-            let timeout = Duration::from_secs(5);
-            let c = connect(&client, &security, addr, timeout).await.unwrap();
+            let slow_len = |bytes: Vec<u8>| async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                (bytes.len().to_le_bytes().to_vec(), Body::Ready(Vec::new()))
+            };
+            let limits = Limits {
+                connections: 4,
+                request_bytes: 256 << 10,
+                timeout: TIMEOUT,
+            };
+            let (addr, client, served) = start(limits, std::future::pending(), slow_len);
+            let c = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
             let request = |len: usize| {
                 let c = c.clone();
                 async move {
                     let body = vec![Bytes::from(vec![1u8; len])];
-                    call(&c, b"ZRW1".to_vec(), body, timeout).await
+                    call(&c, b"ZRW1".to_vec(), body, TIMEOUT).await
                 }
             };
             // Too big for the whole budget: refused.
