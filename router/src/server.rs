@@ -111,36 +111,22 @@ impl Router {
             fields: Vec::new(),
             timeout: Duration::from_millis(config.router.timeout_ms),
         };
-        let mut lens = Vec::new();
-        let mut fields: Option<(u32, Vec<FieldInfo>)> = None;
-        for shard in 0..router.nodes.len() as u32 {
-            let reply = router
-                .call(shard, &Request::Info, Vec::new())
-                .await
-                .map_err(remote)?;
-            let Reply::Info {
-                len,
-                fields: theirs,
-            } = reply.reply
-            else {
-                return Err(Error::Protocol(format!(
-                    "shard {shard} answered Info with {:?}",
-                    reply.reply
-                )));
-            };
-            match &fields {
-                Some((first, ours)) if *ours != theirs => {
+        let infos = router.node_infos().await.map_err(remote)?;
+        let mut fields: Option<(u32, &Vec<FieldInfo>)> = None;
+        for (shard, (_, theirs)) in infos.iter().enumerate() {
+            match fields {
+                Some((first, ours)) if ours != theirs => {
                     return Err(Error::Config {
                         path: format!("shard {shard}"),
                         reason: format!("its fields differ from shard {first}'s"),
                     })
                 }
                 Some(_) => {}
-                None => fields = Some((shard, theirs)),
+                None => fields = Some((shard as u32, theirs)),
             }
-            lens.push(len);
         }
-        router.fields = fields.map(|(_, f)| f).unwrap_or_default();
+        router.fields = fields.map(|(_, f)| f.clone()).unwrap_or_default();
+        let lens: Vec<u64> = infos.iter().map(|(len, _)| *len).collect();
         let placement = router.placement.load_full();
         let len = placement.consistent_len(&lens);
         for (shard, &have) in lens.iter().enumerate() {
@@ -470,6 +456,29 @@ impl Router {
         Ok(())
     }
 
+    /// Every node's length and fields, asked concurrently, in shard order.
+    async fn node_infos(&self) -> Result<Vec<(u64, Vec<FieldInfo>)>, Failure> {
+        let calls =
+            (0..self.nodes.len() as u32).map(|shard| self.call(shard, &Request::Info, Vec::new()));
+        let mut infos = Vec::with_capacity(self.nodes.len());
+        for (shard, result) in futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            match result?.reply {
+                Reply::Info { len, fields } => infos.push((len, fields)),
+                other => {
+                    return Err((
+                        ErrorCode::Unavailable,
+                        format!("shard {shard} answered Info with {other:?}"),
+                    ))
+                }
+            }
+        }
+        Ok(infos)
+    }
+
     /// [`Self::refresh_len_locked`] for callers not holding the write lock: waits for this
     /// router's writes in flight, so a length read before them cannot overwrite theirs.
     async fn refresh_len(&self) -> Result<u64, Failure> {
@@ -481,24 +490,12 @@ impl Router {
     /// longest length every shard agrees with. Repairs nothing — another router's append
     /// may be in flight. The caller holds the write lock.
     async fn refresh_len_locked(&self) -> Result<u64, Failure> {
-        let calls =
-            (0..self.nodes.len() as u32).map(|shard| self.call(shard, &Request::Info, Vec::new()));
-        let mut lens = Vec::with_capacity(self.nodes.len());
-        for (shard, result) in futures::future::join_all(calls)
-            .await
+        let lens: Vec<u64> = self
+            .node_infos()
+            .await?
             .into_iter()
-            .enumerate()
-        {
-            match result?.reply {
-                Reply::Info { len, .. } => lens.push(len),
-                other => {
-                    return Err((
-                        ErrorCode::Unavailable,
-                        format!("shard {shard} answered Info with {other:?}"),
-                    ))
-                }
-            }
-        }
+            .map(|(len, _)| len)
+            .collect();
         let len = self.placement.load().consistent_len(&lens);
         self.len.store(len, Ordering::SeqCst);
         Ok(len)
