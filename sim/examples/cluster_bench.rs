@@ -3,7 +3,7 @@
 //! TCP.
 //!
 //! ```text
-//! cargo run --release -p zr-sim --example cluster_bench -- [--seconds 3] [--shards 4]
+//! cargo run --release -p zr-sim --example cluster_bench -- [--seconds 3] [--shards 4] [--sizes 1024,16384]
 //! ```
 
 use std::net::SocketAddr;
@@ -32,35 +32,48 @@ struct Args {
     /// Records per batch.
     #[arg(long, default_value_t = 1024)]
     batch: usize,
+    /// Record sizes to measure, in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "1024,16384")]
+    sizes: Vec<usize>,
+    /// Rounds: the methods take turns this many times, each for seconds / rounds, so that
+    /// the machine's changing load weighs on all of them alike.
+    #[arg(long, default_value_t = 10)]
+    rounds: u32,
 }
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
+/// One batch of a method; its argument numbers the batch.
+type Step<'a> = &'a mut dyn FnMut(usize) -> Result<()>;
+
+/// One method's batch latencies, gathered over its turns.
+#[derive(Default)]
 struct Figures {
-    batches: usize,
     seconds: f64,
     latencies: Vec<Duration>,
 }
 
 impl Figures {
-    fn measure(seconds: f64, mut step: impl FnMut(usize) -> Result<()>) -> Result<Figures> {
-        let mut latencies = Vec::new();
+    /// Runs `step` (one batch) for `seconds` more, adding its latencies.
+    fn measure(&mut self, seconds: f64, step: Step) -> Result<()> {
         let started = Instant::now();
         while started.elapsed().as_secs_f64() < seconds {
             let t = Instant::now();
-            step(latencies.len())?;
-            latencies.push(t.elapsed());
+            step(self.latencies.len())?;
+            self.latencies.push(t.elapsed());
         }
-        latencies.sort_unstable();
-        Ok(Figures {
-            batches: latencies.len(),
-            seconds: started.elapsed().as_secs_f64(),
-            latencies,
-        })
+        self.seconds += started.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn batches_per_second(&self) -> f64 {
+        self.latencies.len() as f64 / self.seconds
     }
 
     fn quantile_ms(&self, q: f64) -> f64 {
-        self.latencies[((self.latencies.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3
+        let mut sorted = self.latencies.clone();
+        sorted.sort_unstable();
+        sorted[((sorted.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3
     }
 }
 
@@ -75,7 +88,7 @@ fn main() -> Result<()> {
         "{:>8} {:<30} {:>11} {:>8} {:>9} {:>9} {:>9}",
         "record", "method", "records/s", "GiB/s", "p50 ms", "p99 ms", "vs quinn"
     );
-    for size in [1024usize, 16384] {
+    for &size in &args.sizes {
         run(&args, size)?;
     }
     Ok(())
@@ -109,10 +122,10 @@ fn run(args: &Args, size: usize) -> Result<()> {
     };
 
     // 1. Through the router (two QUIC hops).
-    let router = Figures::measure(args.seconds, |b| {
+    let mut router = |b: usize| -> Result<()> {
         client.gather(&indices(b), &[])?;
         Ok(())
-    })?;
+    };
 
     // 2. Straight to the nodes: what the router does, from here (one hop).
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -132,7 +145,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
         }
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>((endpoint, connections))
     })?;
-    let direct = Figures::measure(args.seconds, |b| {
+    let mut direct = |b: usize| -> Result<()> {
         let parts = plan_gather(&placement, &indices(b));
         runtime.block_on(async {
             let calls = parts.iter().map(|part| {
@@ -157,7 +170,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
             }
             Ok(())
         })
-    })?;
+    };
 
     // 3. Plain quinn: one stream per batch, the server answers with `batch_bytes`.
     let quinn = runtime.block_on(async {
@@ -183,7 +196,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
         let connection = net::connect(&endpoint, &as_router, addr, timeout).await?;
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>((endpoint, connection))
     })?;
-    let plain_quinn = Figures::measure(args.seconds, |_| {
+    let mut plain_quinn = |_: usize| -> Result<()> {
         runtime.block_on(async {
             let bytes = net::call(&quinn.1, vec![0u8; 16], Vec::new(), timeout).await?;
             if bytes.len() != batch_bytes {
@@ -191,7 +204,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
             }
             Ok(())
         })
-    })?;
+    };
 
     // 4. Plain TCP: request a batch, read `batch_bytes`.
     let tcp_addr: SocketAddr = runtime.block_on(async {
@@ -215,22 +228,38 @@ fn run(args: &Args, size: usize) -> Result<()> {
     })?;
     let mut socket = runtime.block_on(tokio::net::TcpStream::connect(tcp_addr))?;
     let mut buffer = vec![0u8; batch_bytes];
-    let tcp = Figures::measure(args.seconds, |_| {
+    let mut tcp = |_: usize| -> Result<()> {
         runtime.block_on(async {
             socket.write_all(&[1]).await?;
             socket.read_exact(&mut buffer).await?;
             Ok(())
         })
-    })?;
+    };
 
-    let quinn_rate = plain_quinn.batches as f64 / plain_quinn.seconds;
-    for (name, f) in [
-        ("router gather (2 hops)", &router),
-        ("direct node gather (1 hop)", &direct),
-        ("plain quinn, same bytes", &plain_quinn),
-        ("plain TCP, same bytes", &tcp),
-    ] {
-        let rate = f.batches as f64 / f.seconds;
+    // The methods take turns, so that the machine's changing load weighs on all alike.
+    let mut methods: [(&str, Step, Figures); 4] = [
+        ("router gather (2 hops)", &mut router, Figures::default()),
+        (
+            "direct node gather (1 hop)",
+            &mut direct,
+            Figures::default(),
+        ),
+        (
+            "plain quinn, same bytes",
+            &mut plain_quinn,
+            Figures::default(),
+        ),
+        ("plain TCP, same bytes", &mut tcp, Figures::default()),
+    ];
+    let turn = args.seconds / args.rounds.max(1) as f64;
+    for _ in 0..args.rounds.max(1) {
+        for (_, step, figures) in methods.iter_mut() {
+            figures.measure(turn, *step)?;
+        }
+    }
+    let quinn_rate = methods[2].2.batches_per_second();
+    for (name, _, f) in &methods {
+        let rate = f.batches_per_second();
         println!(
             "{:>8} {:<30} {:>11.0} {:>8.3} {:>9.2} {:>9.2} {:>8.2}x",
             size,
@@ -245,7 +274,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
     println!(
         "{:>8} router p99 / direct p99 = {:.2}",
         size,
-        router.quantile_ms(0.99) / direct.quantile_ms(0.99)
+        methods[0].2.quantile_ms(0.99) / methods[1].2.quantile_ms(0.99)
     );
     drop(quinn);
     drop(connections);
