@@ -10,17 +10,19 @@
 //! Reassembly happens at the client, so the router forwards shard replies as they arrive
 //! instead of storing and copying the whole batch.
 
+use crate::chunks::Chunks;
 use crate::columns::Contiguous;
 use crate::error::Error;
 use crate::placement::SHARDS_MAX;
 use crate::wire::{self, Reply, RECORDS_MAX};
 
 /// One shard's share of a gather: where its records go, their lengths per field
-/// (`lengths[f][k]`), and its body (field 0's payloads back to back, then field 1's, ...).
+/// (`lengths[f][k]`), and its body (field 0's payloads back to back, then field 1's, ...),
+/// still in the chunks it arrived in: payloads are copied once, into the columns.
 pub struct PartReply<'a> {
     pub positions: &'a [u32],
     pub lengths: &'a [Vec<u32>],
-    pub body: &'a [u8],
+    pub body: Chunks<'a>,
 }
 
 /// The columns of `records` records from `parts`, in position order. `fields` is the number
@@ -66,7 +68,7 @@ pub fn reassemble(
     }
     let mut columns = Vec::with_capacity(fields);
     // Each part's body holds field 0's payloads, then field 1's, ...: walk them in step.
-    let mut cursors = vec![0usize; parts.len()];
+    let mut cursors: Vec<Chunks> = parts.iter().map(|p| p.body.clone()).collect();
     for f in 0..fields {
         let mut lengths = vec![0u32; records];
         for part in parts {
@@ -84,10 +86,11 @@ pub fn reassemble(
         let mut data = vec![0u8; total as usize];
         for (part, cursor) in parts.iter().zip(cursors.iter_mut()) {
             for (&pos, &len) in part.positions.iter().zip(&part.lengths[f]) {
-                let len = len as usize;
                 let at = offsets[pos as usize] as usize;
-                data[at..at + len].copy_from_slice(&part.body[*cursor..*cursor + len]);
-                *cursor += len;
+                if !cursor.read_into(&mut data[at..at + len as usize]) {
+                    // Unreachable: each body's length was checked against its lengths.
+                    return Err("a part's body ends early".into());
+                }
             }
         }
         columns.push(Contiguous { data, offsets });
@@ -103,31 +106,30 @@ pub fn push_frame(out: &mut Vec<bytes::Bytes>, message: Vec<bytes::Bytes>) {
 }
 
 /// Splits a `GatherParts` body into its frames' messages, each decoded and checked.
-fn frames(mut body: &[u8]) -> impl Iterator<Item = Result<(Reply, &[u8]), Error>> {
+fn frames(mut body: Chunks<'_>) -> impl Iterator<Item = Result<(Reply, Chunks<'_>), Error>> {
     std::iter::from_fn(move || {
         if body.is_empty() {
             return None;
         }
-        let Some((len, rest)) = body.split_first_chunk::<8>() else {
-            body = &[];
+        let mut len = [0u8; 8];
+        if !body.read_into(&mut len) {
+            body = Chunks::new(&[]);
             return Some(Err(Error::Protocol("a frame's length is cut off".into())));
-        };
-        let len = u64::from_le_bytes(*len);
-        if len > rest.len() as u64 {
-            body = &[];
-            return Some(Err(Error::Protocol(format!(
-                "a frame of {len} bytes overruns the {} left",
-                rest.len()
-            ))));
         }
-        let (message, after) = rest.split_at(len as usize);
-        body = after;
-        Some(wire::decode_reply(message))
+        let len = u64::from_le_bytes(len);
+        let Some(message) = usize::try_from(len).ok().and_then(|n| body.split_to(n)) else {
+            let left = body.len();
+            body = Chunks::new(&[]);
+            return Some(Err(Error::Protocol(format!(
+                "a frame of {len} bytes overruns the {left} left"
+            ))));
+        };
+        Some(wire::decode_reply_from(message))
     })
 }
 
 /// A part as taken off the wire: positions, `lengths[f][k]`, body.
-type DecodedPart<'a> = (Vec<u32>, Vec<Vec<u32>>, &'a [u8]);
+type DecodedPart<'a> = (Vec<u32>, Vec<Vec<u32>>, Chunks<'a>);
 
 /// Decodes a router's streamed gather reply (`Reply::GatherParts { records, parts }` with
 /// `body`) into one column per field, in the caller's order. An error frame from any shard
@@ -137,7 +139,7 @@ pub fn decode_gather_parts(
     records: u32,
     parts: u32,
     fields: usize,
-    body: &[u8],
+    body: Chunks<'_>,
 ) -> Result<Vec<Contiguous>, Error> {
     let bad = |why: String| Error::Protocol(format!("gather reply: {why}"));
     if records as usize > RECORDS_MAX || parts > SHARDS_MAX {
@@ -177,7 +179,7 @@ pub fn decode_gather_parts(
         .map(|(positions, lengths, body)| PartReply {
             positions,
             lengths,
-            body,
+            body: body.clone(),
         })
         .collect();
     reassemble(records as usize, fields, &views).map_err(bad)
@@ -187,6 +189,26 @@ pub fn decode_gather_parts(
 mod tests {
     use super::*;
     use bytes::Bytes;
+
+    /// Decodes `body` arriving in chunks of uneven sizes, as packets do.
+    fn decode(
+        records: u32,
+        parts: u32,
+        fields: usize,
+        body: &[u8],
+    ) -> Result<Vec<Contiguous>, Error> {
+        let mut chunks = Vec::new();
+        let mut rest = body;
+        for step in [1usize, 7, 64, 5, 300].iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (chunk, after) = rest.split_at((*step).min(rest.len()));
+            chunks.push(Bytes::copy_from_slice(chunk));
+            rest = after;
+        }
+        decode_gather_parts(records, parts, fields, Chunks::new(&chunks))
+    }
 
     /// Record g's payload in field f: g and f as text.
     fn payload(g: u64, f: usize) -> String {
@@ -228,7 +250,7 @@ mod tests {
         let indices = [5u64, 0, 9, 5, 3000, 1, 2, 7];
         for order in [[0u32, 1, 2], [2, 0, 1], [1, 2, 0]] {
             let body = streamed(&indices, 3, 2, &order);
-            let columns = decode_gather_parts(8, 3, 2, &body).unwrap();
+            let columns = decode(8, 3, 2, &body).unwrap();
             for (f, column) in columns.iter().enumerate() {
                 for (pos, &g) in indices.iter().enumerate() {
                     assert_eq!(column.get(pos).unwrap(), payload(g, f).as_bytes());
@@ -236,7 +258,7 @@ mod tests {
             }
         }
         // No parts: empty columns of the requested fields.
-        let columns = decode_gather_parts(0, 0, 3, &[]).unwrap();
+        let columns = decode(0, 0, 3, &[]).unwrap();
         assert_eq!(columns.len(), 3);
     }
 
@@ -246,17 +268,14 @@ mod tests {
         let body = streamed(&indices, 2, 1, &[0, 1]);
         // A part missing, or announced parts that never come.
         let half = streamed(&indices, 2, 1, &[0]);
-        assert!(decode_gather_parts(4, 2, 1, &half).is_err());
-        assert!(decode_gather_parts(4, 3, 1, &body).is_err());
+        assert!(decode(4, 2, 1, &half).is_err());
+        assert!(decode(4, 3, 1, &body).is_err());
         // A part doubled.
         let doubled = [half.clone(), half].concat();
-        assert!(decode_gather_parts(4, 2, 1, &doubled).is_err());
+        assert!(decode(4, 2, 1, &doubled).is_err());
         // Any truncation.
         for cut in 0..body.len() {
-            assert!(
-                decode_gather_parts(4, 2, 1, &body[..cut]).is_err(),
-                "cut {cut}"
-            );
+            assert!(decode(4, 2, 1, &body[..cut]).is_err(), "cut {cut}");
         }
         // An error frame anywhere fails the gather with its message.
         let mut with_error = vec![Bytes::from(streamed(&indices, 2, 1, &[0]))];
@@ -266,7 +285,7 @@ mod tests {
         })
         .unwrap();
         push_frame(&mut with_error, vec![Bytes::from(error)]);
-        let err = decode_gather_parts(4, 2, 1, &with_error.concat()).unwrap_err();
+        let err = decode(4, 2, 1, &with_error.concat()).unwrap_err();
         assert!(err.to_string().contains("shard 1"), "{err}");
     }
 
@@ -279,7 +298,7 @@ mod tests {
             parts in 0u32..8,
             fields in 0usize..4,
         ) {
-            if let Ok(columns) = decode_gather_parts(records, parts, fields, &body) {
+            if let Ok(columns) = decode(records, parts, fields, &body) {
                 for column in &columns {
                     proptest::prop_assert_eq!(column.offsets.len(), records as usize + 1);
                 }
@@ -291,10 +310,10 @@ mod tests {
         fn damaged_replies_never_decode_to_other_data(at in proptest::prelude::any::<proptest::sample::Index>(), flip in 1u8..) {
             let indices = [3u64, 1, 4, 1, 5, 9, 2, 6];
             let mut body = streamed(&indices, 3, 2, &[2, 0, 1]);
-            let whole = decode_gather_parts(8, 3, 2, &body).unwrap();
+            let whole = decode(8, 3, 2, &body).unwrap();
             let i = at.index(body.len());
             body[i] ^= flip;
-            if let Ok(columns) = decode_gather_parts(8, 3, 2, &body) {
+            if let Ok(columns) = decode(8, 3, 2, &body) {
                 // Only payload bytes can change undetected (there is no checksum on the wire
                 // beyond QUIC's own); the shape must not.
                 for (a, b) in columns.iter().zip(&whole) {

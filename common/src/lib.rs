@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod assemble;
+pub mod chunks;
 pub mod columns;
 pub mod config;
 pub mod error;

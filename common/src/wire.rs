@@ -13,6 +13,7 @@
 use bincode::Options;
 use serde::{Deserialize, Serialize};
 
+use crate::chunks::Chunks;
 use crate::error::Error;
 
 /// Protocol version spoken by this build.
@@ -228,36 +229,24 @@ pub fn decode_reply(bytes: &[u8]) -> Result<(Reply, &[u8]), Error> {
 /// Decodes and checks a reply that arrived in `chunks` (copying only its head); returns it
 /// with the length of its head, where the body starts.
 pub fn decode_reply_chunks(chunks: &[bytes::Bytes]) -> Result<(Reply, usize), Error> {
-    let total: usize = chunks.iter().map(|c| c.len()).sum();
-    let mut head = Vec::new();
-    let mut want = None;
-    'chunks: for chunk in chunks {
-        let mut rest = &chunk[..];
-        while !rest.is_empty() {
-            let target = want.unwrap_or(PREFIX_BYTES);
-            if head.len() >= target {
-                break 'chunks;
-            }
-            let take = (target - head.len()).min(rest.len());
-            head.extend_from_slice(&rest[..take]);
-            rest = &rest[take..];
-            if want.is_none() && head.len() == PREFIX_BYTES {
-                want = Some(head_len(&head, KIND_REPLY)?);
-            }
-        }
-    }
-    let want = match want {
-        Some(want) if head.len() >= want => want,
-        _ => {
-            return Err(Error::Protocol(format!(
-                "message of {total} bytes ends inside its head"
-            )))
-        }
-    };
+    let message = Chunks::new(chunks);
+    let total = message.len();
+    let (reply, body) = decode_reply_from(message)?;
+    Ok((reply, total - body.len()))
+}
+
+/// Decodes and checks a reply read from `message` (copying only its head); returns it with
+/// its body, still in the chunks it arrived in.
+pub fn decode_reply_from(mut message: Chunks<'_>) -> Result<(Reply, Chunks<'_>), Error> {
+    let total = message.len();
+    let cut = || Error::Protocol(format!("message of {total} bytes ends inside its head"));
+    let mut head = message.read_vec(PREFIX_BYTES).ok_or_else(cut)?;
+    let want = head_len(&head, KIND_REPLY)?;
+    head.extend(message.read_vec(want - PREFIX_BYTES).ok_or_else(cut)?);
     let (reply, rest): (Reply, &[u8]) = decode(&head, KIND_REPLY)?;
     debug_assert!(rest.is_empty());
-    check_reply(&reply, total - want)?;
-    Ok((reply, want))
+    check_reply(&reply, message.len())?;
+    Ok((reply, message))
 }
 
 fn check_reply(reply: &Reply, body: usize) -> Result<(), Error> {

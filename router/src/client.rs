@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use quinn::{Connection, Endpoint};
 use zr_common::assemble::{decode_gather_parts, reassemble, PartReply};
+use zr_common::chunks::Chunks;
 use zr_common::config::CLIENT_TIMEOUT_MS_DEFAULT;
 use zr_common::net::{self, Security};
 use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
@@ -113,25 +114,27 @@ impl Client {
         Ok(connection.clone())
     }
 
-    fn call(&self, request: &Request, body: Vec<Bytes>) -> Result<(Reply, Vec<u8>, usize), Error> {
+    /// Sends `request` and returns the reply with the chunks it arrived in (no copy) and
+    /// where its body starts in them.
+    fn call(
+        &self,
+        request: &Request,
+        body: Vec<Bytes>,
+    ) -> Result<(Reply, Vec<Bytes>, usize), Error> {
         let header = wire::encode_request(request)?;
         let connection = self.connection()?;
-        let bytes = self
+        let chunks = self
             .runtime
-            .block_on(net::call(&connection, header, body, self.timeout))
+            .block_on(net::call_chunks(&connection, header, body, self.timeout))
             .map_err(|e| match e {
                 Error::Net(message) => Error::Net(format!("router {message}")),
                 other => other,
             })?;
-        let (reply, body_len) = {
-            let (reply, body) = wire::decode_reply(&bytes)?;
-            (reply, body.len())
-        };
+        let (reply, body_start) = wire::decode_reply_chunks(&chunks)?;
         if let Reply::Error { code, message } = reply {
             return Err(Error::Remote { code, message });
         }
-        let start = bytes.len() - body_len;
-        Ok((reply, bytes, start))
+        Ok((reply, chunks, body_start))
     }
 
     /// Length and fields.
@@ -163,8 +166,10 @@ impl Client {
             indices: indices.to_vec(),
             fields: fields.iter().map(|f| f.to_string()).collect(),
         };
-        let (reply, bytes, start) = self.call(&request, Vec::new())?;
-        let body = &bytes[start..];
+        let (reply, chunks, body_start) = self.call(&request, Vec::new())?;
+        let mut body = Chunks::new(&chunks);
+        // The head was decoded already: the body is what follows it.
+        body.skip(body_start);
         match reply {
             // Streamed as the shards answered: put the parts in order here.
             Reply::GatherParts { records, parts } => {

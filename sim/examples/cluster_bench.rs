@@ -77,6 +77,51 @@ impl Figures {
     }
 }
 
+/// A plain quinn server on `runtime`: every stream it accepts is answered with `reply`.
+fn quinn_server(
+    runtime: &tokio::runtime::Runtime,
+    security: &net::Security,
+    reply: Bytes,
+) -> Result<SocketAddr> {
+    let server = {
+        let _guard = runtime.enter();
+        net::server_endpoint("127.0.0.1:0".parse()?, security)?
+    };
+    let addr = server.local_addr()?;
+    runtime.spawn(async move {
+        while let Some(incoming) = server.accept().await {
+            let reply = reply.clone();
+            tokio::spawn(async move {
+                let Ok(connection) = incoming.await else {
+                    return;
+                };
+                while let Ok((mut send, mut recv)) = connection.accept_bi().await {
+                    let _ = recv.read_to_end(1024).await;
+                    let _ = send.write_chunk(reply.clone()).await;
+                    let _ = send.finish();
+                }
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// A connection to each of `addrs`, each through an endpoint (UDP socket) of its own, as
+/// the router links its nodes.
+async fn connect_all(
+    addrs: &[SocketAddr],
+    security: &net::Security,
+    timeout: Duration,
+) -> Result<Vec<(quinn::Endpoint, quinn::Connection)>> {
+    let mut links = Vec::new();
+    for &addr in addrs {
+        let endpoint = net::client_endpoint("127.0.0.1:0".parse()?)?;
+        let connection = net::connect(&endpoint, security, addr, timeout).await?;
+        links.push((endpoint, connection));
+    }
+    Ok(links)
+}
+
 fn main() -> Result<()> {
     zr_common::alloc::tune();
     let args = Args::parse();
@@ -137,14 +182,8 @@ fn run(args: &Args, size: usize) -> Result<()> {
     // Direct and plain-quinn transfers use the cluster's TLS, as the router does.
     let as_router = cluster.security(Role::Router)?;
     let as_node = cluster.security(Role::Node)?;
-    let connections = runtime.block_on(async {
-        let endpoint = net::client_endpoint("127.0.0.1:0".parse()?)?;
-        let mut connections = Vec::new();
-        for shard in &cluster.config().shards {
-            connections.push(net::connect(&endpoint, &as_router, shard.addr, timeout).await?);
-        }
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>((endpoint, connections))
-    })?;
+    let shard_addrs: Vec<SocketAddr> = cluster.config().shards.iter().map(|s| s.addr).collect();
+    let connections = runtime.block_on(connect_all(&shard_addrs, &as_router, timeout))?;
     let mut direct = |b: usize| -> Result<()> {
         let parts = plan_gather(&placement, &indices(b));
         runtime.block_on(async {
@@ -153,7 +192,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
                     indices: part.local.clone(),
                     fields: Vec::new(),
                 };
-                let connection = &connections.1[part.shard as usize];
+                let connection = &connections[part.shard as usize].1;
                 async move {
                     let header = wire::encode_request(&request)?;
                     let bytes = net::call(connection, header, Vec::new(), timeout).await?;
@@ -172,39 +211,46 @@ fn run(args: &Args, size: usize) -> Result<()> {
         })
     };
 
-    // 3. Plain quinn: one stream per batch, the server answers with `batch_bytes`.
-    let quinn = runtime.block_on(async {
-        let server = net::server_endpoint("127.0.0.1:0".parse()?, &as_node)?;
-        let addr = server.local_addr()?;
-        let reply = Bytes::from(vec![7u8; batch_bytes]);
-        tokio::spawn(async move {
-            while let Some(incoming) = server.accept().await {
-                let reply = reply.clone();
-                tokio::spawn(async move {
-                    let Ok(connection) = incoming.await else {
-                        return;
-                    };
-                    while let Ok((mut send, mut recv)) = connection.accept_bi().await {
-                        let _ = recv.read_to_end(1024).await;
-                        let _ = send.write_chunk(reply.clone()).await;
-                        let _ = send.finish();
-                    }
-                });
-            }
-        });
-        let endpoint = net::client_endpoint("127.0.0.1:0".parse()?)?;
-        let connection = net::connect(&endpoint, &as_router, addr, timeout).await?;
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>((endpoint, connection))
-    })?;
-    let mut plain_quinn = |_: usize| -> Result<()> {
+    // 3. Plain quinn: one stream per batch, the server answers with `batch_bytes`; then the
+    // same from 4 servers, a quarter each: what the transport alone costs a 4-way gather.
+    // The servers run on a runtime of their own, as the nodes do on the cluster's.
+    let servers = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let whole = Bytes::from(vec![7u8; batch_bytes]);
+    let one = [quinn_server(&servers, &as_node, whole)?];
+    let one = runtime.block_on(connect_all(&one, &as_router, timeout))?;
+    let quarter = Bytes::from(vec![7u8; batch_bytes / 4]);
+    let four = (0..4)
+        .map(|_| quinn_server(&servers, &as_node, quarter.clone()))
+        .collect::<Result<Vec<_>>>()?;
+    let four = runtime.block_on(connect_all(&four, &as_router, timeout))?;
+    let transfer = |links: &[(quinn::Endpoint, quinn::Connection)]| -> Result<()> {
         runtime.block_on(async {
-            let bytes = net::call(&quinn.1, vec![0u8; 16], Vec::new(), timeout).await?;
-            if bytes.len() != batch_bytes {
+            let calls = links
+                .iter()
+                .map(|(_, connection)| net::call(connection, vec![0u8; 16], Vec::new(), timeout));
+            let mut total = 0;
+            for reply in futures::future::join_all(calls).await {
+                total += reply?.len();
+            }
+            if total != batch_bytes / links.len() * links.len() {
                 return Err("short transfer".into());
             }
             Ok(())
         })
     };
+    let mut plain_quinn = |_: usize| transfer(&one);
+    // For reference: server and client sharing one runtime (fewer threads on the 2 cores).
+    let shared = [quinn_server(
+        &runtime,
+        &as_node,
+        Bytes::from(vec![7u8; batch_bytes]),
+    )?];
+    let shared = runtime.block_on(connect_all(&shared, &as_router, timeout))?;
+    let mut shared_quinn = |_: usize| transfer(&shared);
+    let mut four_quinn = |_: usize| transfer(&four);
 
     // 4. Plain TCP: request a batch, read `batch_bytes`.
     let tcp_addr: SocketAddr = runtime.block_on(async {
@@ -237,7 +283,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
     };
 
     // The methods take turns, so that the machine's changing load weighs on all alike.
-    let mut methods: [(&str, Step, Figures); 4] = [
+    let mut methods: [(&str, Step, Figures); 6] = [
         ("router gather (2 hops)", &mut router, Figures::default()),
         (
             "direct node gather (1 hop)",
@@ -249,7 +295,17 @@ fn run(args: &Args, size: usize) -> Result<()> {
             &mut plain_quinn,
             Figures::default(),
         ),
+        (
+            "plain quinn, 4 servers x 1/4",
+            &mut four_quinn,
+            Figures::default(),
+        ),
         ("plain TCP, same bytes", &mut tcp, Figures::default()),
+        (
+            "plain quinn, one runtime",
+            &mut shared_quinn,
+            Figures::default(),
+        ),
     ];
     let turn = args.seconds / args.rounds.max(1) as f64;
     for _ in 0..args.rounds.max(1) {
@@ -276,7 +332,8 @@ fn run(args: &Args, size: usize) -> Result<()> {
         size,
         methods[0].2.quantile_ms(0.99) / methods[1].2.quantile_ms(0.99)
     );
-    drop(quinn);
-    drop(connections);
+    drop(methods);
+    drop((one, four, shared, connections));
+    servers.shutdown_background();
     Ok(())
 }

@@ -1,0 +1,142 @@
+//! A message as it came off the network: the chunks it arrived in (pieces of received
+//! packets), read front to back without first joining them into one buffer.
+
+use bytes::Bytes;
+
+/// `len` bytes of `chunks`, starting `offset` bytes into the first chunk. Cloning gives a
+/// second reader over the same bytes; reading advances only the reader read from.
+#[derive(Clone, Debug)]
+pub struct Chunks<'a> {
+    chunks: &'a [Bytes],
+    offset: usize,
+    len: usize,
+}
+
+impl<'a> Chunks<'a> {
+    /// All of `chunks`, in order.
+    pub fn new(chunks: &'a [Bytes]) -> Chunks<'a> {
+        Chunks {
+            chunks,
+            offset: 0,
+            len: chunks.iter().map(Bytes::len).sum(),
+        }
+    }
+
+    /// Bytes left.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if no bytes are left.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Takes the next `n` bytes off as a reader of their own; `None` (taking nothing) if
+    /// fewer are left.
+    pub fn split_to(&mut self, n: usize) -> Option<Chunks<'a>> {
+        if n > self.len {
+            return None;
+        }
+        let front = Chunks {
+            chunks: self.chunks,
+            offset: self.offset,
+            len: n,
+        };
+        self.skip(n);
+        Some(front)
+    }
+
+    /// Fills `out` with the next bytes; `false` (reading nothing) if fewer are left.
+    pub fn read_into(&mut self, out: &mut [u8]) -> bool {
+        if out.len() > self.len {
+            return false;
+        }
+        let mut done = 0;
+        while done < out.len() {
+            let front = self.front();
+            if front.is_empty() {
+                // Unreachable: `len` never exceeds what the chunks hold.
+                self.len = 0;
+                return false;
+            }
+            let take = front.len().min(out.len() - done);
+            out[done..done + take].copy_from_slice(&front[..take]);
+            self.offset += take;
+            done += take;
+        }
+        self.len -= out.len();
+        true
+    }
+
+    /// The next `n` bytes, copied; `None` if fewer are left.
+    pub fn read_vec(&mut self, n: usize) -> Option<Vec<u8>> {
+        if n > self.len {
+            return None;
+        }
+        let mut out = vec![0u8; n];
+        self.read_into(&mut out).then_some(out)
+    }
+
+    /// Skips `n` bytes (at most what is left).
+    pub fn skip(&mut self, n: usize) {
+        let mut n = n.min(self.len);
+        self.len -= n;
+        while n > 0 {
+            let take = self.front().len().min(n);
+            if take == 0 {
+                break;
+            }
+            self.offset += take;
+            n -= take;
+        }
+    }
+
+    /// The rest of the current chunk, moving on to the next non-empty chunk first if the
+    /// current one is used up. Only called while bytes are left, so a chunk remains.
+    fn front(&mut self) -> &'a [u8] {
+        while let Some((first, rest)) = self.chunks.split_first() {
+            if self.offset < first.len() {
+                return &first[self.offset..];
+            }
+            self.chunks = rest;
+            self.offset = 0;
+        }
+        &[]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunked(bytes: &[u8], step: usize) -> Vec<Bytes> {
+        let mut chunks: Vec<Bytes> = bytes.chunks(step).map(Bytes::copy_from_slice).collect();
+        // Empty chunks anywhere change nothing.
+        chunks.insert(chunks.len() / 2, Bytes::new());
+        chunks.push(Bytes::new());
+        chunks
+    }
+
+    #[test]
+    fn reads_the_same_bytes_from_any_chunking() {
+        let bytes: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        for step in [1, 3, 7, 64, 999, 1000, 5000] {
+            let chunks = chunked(&bytes, step);
+            let mut all = Chunks::new(&chunks);
+            assert_eq!(all.len(), bytes.len());
+            let mut front = all.split_to(10).unwrap();
+            assert_eq!(front.read_vec(10).unwrap(), &bytes[..10]);
+            assert!(front.is_empty());
+            assert!(front.read_vec(1).is_none());
+            let mut middle = all.split_to(500).unwrap();
+            let again = middle.clone();
+            assert_eq!(middle.read_vec(300).unwrap(), &bytes[10..310]);
+            assert_eq!(middle.read_vec(200).unwrap(), &bytes[310..510]);
+            assert_eq!(again.len(), 500);
+            assert!(all.split_to(491).is_none(), "step {step}");
+            assert_eq!(all.read_vec(490).unwrap(), &bytes[510..]);
+            assert!(all.is_empty());
+        }
+    }
+}
