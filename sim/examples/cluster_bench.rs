@@ -1,10 +1,15 @@
 //! Cluster benchmark on loopback, all in one run: router gathers vs the same gathers sent
-//! straight to the nodes vs a plain single-stream quinn transfer of the same bytes vs plain
-//! TCP.
+//! straight to the nodes vs a plain single-stream quinn transfer of the same bytes (the
+//! baseline of every ratio) vs plain TCP.
 //!
 //! ```text
 //! cargo run --release -p zr-sim --example cluster_bench -- [--seconds 3] [--shards 4] [--sizes 1024,16384]
 //! ```
+//! All transfers use the cluster's mutual TLS. The methods take turns (`--rounds`), so the
+//! load of a shared machine weighs on all of them alike. For reference it also measures plain
+//! quinn from 4 servers a quarter each (what the transport alone costs a 4-way gather) and
+//! with server and client on one runtime (fewer threads than separate processes have); the
+//! baseline's server runs on a runtime of its own, as the nodes do.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,9 +26,10 @@ use zr_common::Record;
 use zr_router::plan::plan_gather;
 use zr_sim::{SimCluster, SimOptions};
 
+/// Router gathers vs direct-to-node gathers vs plain quinn and TCP transfers on loopback.
 #[derive(Parser)]
 struct Args {
-    /// Seconds per measurement.
+    /// Seconds of measurement per method and record size (split over the rounds).
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
     /// Shards.
@@ -35,8 +41,7 @@ struct Args {
     /// Record sizes to measure, in bytes.
     #[arg(long, value_delimiter = ',', default_value = "1024,16384")]
     sizes: Vec<usize>,
-    /// Rounds: the methods take turns this many times, each for seconds / rounds, so that
-    /// the machine's changing load weighs on all of them alike.
+    /// Turns each method takes, each of seconds / rounds.
     #[arg(long, default_value_t = 10)]
     rounds: u32,
 }
