@@ -20,7 +20,7 @@ use crate::runtime::Runtime;
 /// How many records ahead of the copy `write_contiguous` prefetches.
 const PREFETCH_RECORDS_AHEAD: usize = 4;
 /// Materializations smaller than this stay on the calling thread.
-const PARALLEL_COPY_MIN_BYTES: usize = 256 << 10;
+const PARALLEL_COPY_MIN_BYTES: usize = 1 << 20;
 /// Fewest records per part of a parallel materialization.
 const PARALLEL_COPY_PART_MIN: usize = 64;
 
