@@ -78,6 +78,13 @@ impl<'a> Chunks<'a> {
         self.read_into(&mut out).then_some(out)
     }
 
+    /// The bytes left, copied into one buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.len];
+        self.clone().read_into(&mut out);
+        out
+    }
+
     /// Skips `n` bytes (at most what is left).
     pub fn skip(&mut self, n: usize) {
         let mut n = n.min(self.len);
@@ -133,7 +140,7 @@ mod tests {
             let again = middle.clone();
             assert_eq!(middle.read_vec(300).unwrap(), &bytes[10..310]);
             assert_eq!(middle.read_vec(200).unwrap(), &bytes[310..510]);
-            assert_eq!(again.len(), 500);
+            assert_eq!(again.to_vec(), &bytes[10..510]);
             assert!(all.split_to(491).is_none(), "step {step}");
             assert_eq!(all.read_vec(490).unwrap(), &bytes[510..]);
             assert!(all.is_empty());

@@ -18,6 +18,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use quinn::{Connection, Endpoint};
 use tokio::sync::Mutex;
 use zr_common::assemble::push_frame;
+use zr_common::chunks::Chunks;
 use zr_common::config::ClusterConfig;
 use zr_common::net::Body;
 use zr_common::placement::Placement;
@@ -52,14 +53,9 @@ struct NodeReply {
 impl NodeReply {
     /// The body, in one piece.
     fn body(&self) -> Vec<u8> {
-        let mut body = Vec::new();
-        let mut skip = self.body_start;
-        for chunk in &self.chunks {
-            let from = skip.min(chunk.len());
-            body.extend_from_slice(&chunk[from..]);
-            skip -= from;
-        }
-        body
+        let mut body = Chunks::new(&self.chunks);
+        body.skip(self.body_start);
+        body.to_vec()
     }
 }
 
