@@ -146,4 +146,49 @@ mod tests {
             assert!(all.is_empty());
         }
     }
+
+    proptest::proptest! {
+        // Any chunking, any sequence of takes: the same bytes as slicing one buffer.
+        #[test]
+        fn reads_match_one_buffer(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+            cuts in proptest::collection::vec(0usize..700, 0..12),
+            takes in proptest::collection::vec((0usize..200, proptest::prelude::any::<bool>()), 0..12),
+        ) {
+            let mut bounds: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
+            bounds.push(0);
+            bounds.push(bytes.len());
+            bounds.sort_unstable();
+            let chunks: Vec<Bytes> = bounds
+                .windows(2)
+                .map(|w| Bytes::copy_from_slice(&bytes[w[0]..w[1]]))
+                .collect();
+            let mut reader = Chunks::new(&chunks);
+            let mut at = 0;
+            for (n, split) in takes {
+                let fits = at + n <= bytes.len();
+                if split {
+                    match reader.split_to(n) {
+                        Some(front) => {
+                            proptest::prop_assert!(fits);
+                            proptest::prop_assert_eq!(front.to_vec(), &bytes[at..at + n]);
+                            at += n;
+                        }
+                        None => proptest::prop_assert!(!fits),
+                    }
+                } else {
+                    match reader.read_vec(n) {
+                        Some(read) => {
+                            proptest::prop_assert!(fits);
+                            proptest::prop_assert_eq!(read, &bytes[at..at + n]);
+                            at += n;
+                        }
+                        None => proptest::prop_assert!(!fits),
+                    }
+                }
+                proptest::prop_assert_eq!(reader.len(), bytes.len() - at);
+            }
+            proptest::prop_assert_eq!(reader.to_vec(), &bytes[at..]);
+        }
+    }
 }
