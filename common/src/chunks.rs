@@ -80,8 +80,17 @@ impl<'a> Chunks<'a> {
 
     /// The bytes left, copied into one buffer.
     pub fn to_vec(&self) -> Vec<u8> {
-        let mut out = vec![0u8; self.len];
-        self.clone().read_into(&mut out);
+        let mut rest = self.clone();
+        let mut out = Vec::with_capacity(self.len);
+        while out.len() < self.len {
+            let front = rest.front();
+            if front.is_empty() {
+                break; // Unreachable: `len` never exceeds what the chunks hold.
+            }
+            let take = front.len().min(self.len - out.len());
+            out.extend_from_slice(&front[..take]);
+            rest.offset += take;
+        }
         out
     }
 

@@ -27,6 +27,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
+use crate::chunks::Chunks;
 use crate::error::Error;
 use crate::tls::{Identity, Role, RoleVerifier};
 use crate::wire::{self, MESSAGE_BYTES_MAX};
@@ -415,11 +416,7 @@ pub async fn call(
     timeout: Duration,
 ) -> Result<Vec<u8>, Error> {
     let chunks = call_chunks(connection, header, body, timeout).await?;
-    let mut reply = Vec::with_capacity(chunks.iter().map(Bytes::len).sum());
-    for chunk in &chunks {
-        reply.extend_from_slice(chunk);
-    }
-    Ok(reply)
+    Ok(Chunks::new(&chunks).to_vec())
 }
 
 /// [`call`], returning the reply as the chunks it arrived in (no copy: each is a piece of a
