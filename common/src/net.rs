@@ -428,38 +428,18 @@ pub async fn call_chunks(
     timeout: Duration,
 ) -> Result<Vec<Bytes>, Error> {
     let peer = connection.remote_address();
-    let lost = |what: &str, e: String| {
-        // A closed connection explains itself better than the stream error.
-        let why = connection
-            .close_reason()
-            .map(|reason| describe(&reason))
-            .unwrap_or(e);
-        Error::Net(format!("{peer}: {what}: {why}"))
-    };
     let exchange = async {
-        let (send, mut recv) = connection
-            .open_bi()
-            .await
-            .map_err(|e| lost("cannot open a stream", describe(&e)))?;
-        Outgoing(Some(send))
-            .send(header, body)
-            .await
-            .map_err(|e| lost("sending failed", e))?;
+        let mut recv = send_request(connection, header, body).await?;
         let mut chunks = Vec::new();
         let mut total = 0usize;
-        while let Some(chunk) = recv
-            .read_chunk(usize::MAX, true)
-            .await
-            .map_err(|e| lost("receiving failed", e.to_string()))?
-        {
-            total += chunk.bytes.len();
+        while let Some(chunk) = read_chunk(connection, &mut recv).await? {
+            total += chunk.len();
             if total > MESSAGE_BYTES_MAX {
-                return Err(lost(
-                    "receiving failed",
-                    format!("the reply exceeds {MESSAGE_BYTES_MAX} bytes"),
-                ));
+                return Err(Error::Net(format!(
+                    "{peer}: receiving failed: the reply exceeds {MESSAGE_BYTES_MAX} bytes"
+                )));
             }
-            chunks.push(chunk.bytes);
+            chunks.push(chunk);
         }
         Ok(chunks)
     };
@@ -470,6 +450,52 @@ pub async fn call_chunks(
             timeout.as_millis()
         ))),
     }
+}
+
+/// Opens a stream on `connection` and sends one request on it (`header`, then the `body`
+/// pieces); the reply is to be read from the stream returned. Not bounded in time: callers
+/// put their deadline around the whole exchange.
+pub async fn send_request(
+    connection: &Connection,
+    header: Vec<u8>,
+    body: Vec<Bytes>,
+) -> Result<quinn::RecvStream, Error> {
+    let (send, recv) = connection
+        .open_bi()
+        .await
+        .map_err(|e| lost(connection, "cannot open a stream", describe(&e)))?;
+    Outgoing(Some(send))
+        .send(header, body)
+        .await
+        .map_err(|e| lost(connection, "sending failed", e))?;
+    Ok(recv)
+}
+
+/// The next piece of a reply arriving on `recv` (a piece of a received packet, not copied),
+/// or `None` once it is whole. A reply its sender abandoned midway is an error saying so.
+pub async fn read_chunk(
+    connection: &Connection,
+    recv: &mut quinn::RecvStream,
+) -> Result<Option<Bytes>, Error> {
+    match recv.read_chunk(usize::MAX, true).await {
+        Ok(chunk) => Ok(chunk.map(|c| c.bytes)),
+        Err(quinn::ReadError::Reset(code)) if code == VarInt::from_u32(ABANDONED) => Err(lost(
+            connection,
+            "receiving failed",
+            "the peer abandoned the reply midway (its log says why)".into(),
+        )),
+        Err(e) => Err(lost(connection, "receiving failed", e.to_string())),
+    }
+}
+
+/// An exchange with `connection`'s peer failed at `what`: a closed connection explains
+/// itself better than the stream error `e`.
+fn lost(connection: &Connection, what: &str, e: String) -> Error {
+    let why = connection
+        .close_reason()
+        .map(|reason| describe(&reason))
+        .unwrap_or(e);
+    Error::Net(format!("{}: {what}: {why}", connection.remote_address()))
 }
 
 /// Resolves on SIGINT or SIGTERM: the binaries' signal to shut down gracefully.

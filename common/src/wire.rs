@@ -235,6 +235,32 @@ pub fn decode_reply_chunks(chunks: &[bytes::Bytes]) -> Result<(Reply, usize), Er
     Ok((reply, total - body.len()))
 }
 
+/// Decodes the head of a reply still arriving in `chunks` (its first pieces): `None` until the
+/// whole head is there, then the reply and the length of the whole message — the head plus
+/// the body its header announces. What the header says is checked as in a whole message,
+/// except the body, which has not arrived yet: the caller checks it as it comes.
+pub fn decode_reply_head(chunks: &[bytes::Bytes]) -> Result<Option<(Reply, u64)>, Error> {
+    let Some(prefix) = Chunks::new(chunks).read_vec(PREFIX_BYTES) else {
+        return Ok(None);
+    };
+    let want = head_len(&prefix, KIND_REPLY)?;
+    let Some(head) = Chunks::new(chunks).read_vec(want) else {
+        return Ok(None);
+    };
+    let (reply, _): (Reply, &[u8]) = decode(&head, KIND_REPLY)?;
+    let body = match &reply {
+        Reply::Gather { lengths } => column_bytes(lengths)?,
+        // Frames whose length only their producer knows: never announced ahead.
+        Reply::GatherParts { .. } => {
+            return Err(Error::Protocol(
+                "a streamed gather cannot be forwarded again".into(),
+            ))
+        }
+        _ => 0,
+    };
+    Ok(Some((reply, want as u64 + body)))
+}
+
 /// Decodes and checks a reply read from `message` (copying only its head); returns it with
 /// its body, still in the chunks it arrived in.
 pub fn decode_reply_from(mut message: Chunks<'_>) -> Result<(Reply, Chunks<'_>), Error> {
@@ -270,6 +296,17 @@ fn check_fields(fields: &[String]) -> Result<(), Error> {
 
 /// Checks per-field length lists against each other and against the body size.
 fn check_columns(lengths: &[Vec<u32>], body: usize) -> Result<(), Error> {
+    let total = column_bytes(lengths)?;
+    if total != body as u64 {
+        return Err(Error::Protocol(format!(
+            "lengths add up to {total} bytes but the body has {body}"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks per-field length lists against each other and the limits; returns their total.
+fn column_bytes(lengths: &[Vec<u32>]) -> Result<u64, Error> {
     if lengths.len() > FIELDS_MAX {
         return Err(Error::Protocol(format!(
             "{} columns exceed the limit of {FIELDS_MAX}",
@@ -282,13 +319,7 @@ fn check_columns(lengths: &[Vec<u32>], body: usize) -> Result<(), Error> {
             "columns must all hold the same number (≤ {RECORDS_MAX}) of records"
         )));
     }
-    let total: u64 = lengths.iter().flatten().map(|&l| l as u64).sum();
-    if total != body as u64 {
-        return Err(Error::Protocol(format!(
-            "lengths add up to {total} bytes but the body has {body}"
-        )));
-    }
-    Ok(())
+    Ok(lengths.iter().flatten().map(|&l| l as u64).sum())
 }
 
 fn check_request(request: &Request, body: usize) -> Result<(), Error> {
@@ -398,6 +429,39 @@ mod tests {
             decode_reply(&encode_reply(&reply).unwrap()).unwrap().0,
             reply
         );
+    }
+
+    /// A reply's head is known once its first bytes arrive, with the length of the whole
+    /// message; before that there is nothing to know, and a bad head is an error at once.
+    #[test]
+    fn heads_decode_from_the_first_chunks() {
+        let reply = Reply::Gather {
+            lengths: vec![vec![3, 0, 5], vec![1, 1, 1]],
+        };
+        let head = encode_reply(&reply).unwrap();
+        let whole = [head.clone(), b"abcdefgh123".to_vec()].concat();
+        for arrived in 0..=whole.len() {
+            let chunks: Vec<bytes::Bytes> = whole[..arrived]
+                .chunks(5)
+                .map(bytes::Bytes::copy_from_slice)
+                .collect();
+            match decode_reply_head(&chunks).unwrap() {
+                Some((back, len)) => {
+                    assert!(arrived >= head.len(), "decoded from {arrived} bytes");
+                    assert_eq!(back, reply);
+                    assert_eq!(len, whole.len() as u64);
+                }
+                None => assert!(arrived < head.len(), "not decoded from {arrived} bytes"),
+            }
+        }
+        let mut bad = head.clone();
+        bad[0] = b'X';
+        assert!(decode_reply_head(&[bytes::Bytes::from(bad)]).is_err());
+        let uneven = encode_reply(&Reply::Gather {
+            lengths: vec![vec![1, 2], vec![3]],
+        })
+        .unwrap();
+        assert!(decode_reply_head(&[bytes::Bytes::from(uneven)]).is_err());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! - [`client`] — [`Client`]: the store's operations against a router.
 
 pub mod client;
+mod forward;
 pub mod plan;
 pub mod server;
 

@@ -14,10 +14,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use futures::stream::{FuturesUnordered, StreamExt};
 use quinn::{Connection, Endpoint};
 use tokio::sync::Mutex;
-use zr_common::assemble::push_frame;
 use zr_common::chunks::Chunks;
 use zr_common::config::ClusterConfig;
 use zr_common::net::Body;
@@ -25,10 +23,13 @@ use zr_common::placement::Placement;
 use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
 use zr_common::{net, Error};
 
-use crate::plan::{plan_append, plan_gather, Part};
+use crate::plan::{plan_append, plan_gather};
 
 /// Most client connections a router serves at once.
 pub const CONNECTIONS_MAX: usize = 256;
+
+/// Writes of a streamed gather queued for the client's stream.
+const FRAMES_QUEUED: usize = 8;
 
 /// A failed operation: the stable code and a message naming the shard where one is involved.
 type Failure = (ErrorCode, String);
@@ -304,72 +305,15 @@ impl Router {
             records: indices.len() as u32,
             parts: parts.len() as u32,
         };
-        // One message per part, then the end: the producer never waits on the writer.
-        let (frames, body) = tokio::sync::mpsc::channel(parts.len() + 1);
-        tokio::spawn(Arc::clone(self).forward_parts(parts, fields, frames));
+        // A few writes' worth queued: the shards' readers keep receiving meanwhile.
+        let (frames, body) = tokio::sync::mpsc::channel(FRAMES_QUEUED);
+        tokio::spawn(crate::forward::forward_parts(
+            Arc::clone(self),
+            parts,
+            fields,
+            frames,
+        ));
         Ok((reply, Body::Streamed(body)))
-    }
-
-    /// Sends each shard's reply on as a `Part` frame and the shard's own message (forwarded
-    /// as received, not re-encoded), in the order the shards answer.
-    async fn forward_parts(
-        self: Arc<Self>,
-        parts: Vec<Part>,
-        fields: Vec<String>,
-        frames: tokio::sync::mpsc::Sender<Option<Vec<Bytes>>>,
-    ) {
-        let mut pending: FuturesUnordered<_> = parts
-            .into_iter()
-            .map(|part| {
-                let request = Request::Gather {
-                    indices: part.local,
-                    fields: fields.clone(),
-                };
-                let router = &self;
-                async move {
-                    let result = router.call(part.shard, &request, Vec::new()).await;
-                    (part.shard, part.positions, result)
-                }
-            })
-            .collect();
-        while let Some((shard, positions, result)) = pending.next().await {
-            let forwarded = result.and_then(|reply| {
-                let fits = matches!(&reply.reply, Reply::Gather { lengths }
-                    if lengths.iter().all(|l| l.len() == positions.len()));
-                if !fits {
-                    return Err((
-                        ErrorCode::Unavailable,
-                        format!(
-                            "shard {shard} answered a gather of {} records with {:?}",
-                            positions.len(),
-                            reply.reply
-                        ),
-                    ));
-                }
-                let part = wire::encode_reply(&Reply::Part { positions })
-                    .map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
-                let mut out = Vec::with_capacity(reply.chunks.len() + 3);
-                push_frame(&mut out, vec![Bytes::from(part)]);
-                push_frame(&mut out, reply.chunks);
-                Ok(out)
-            });
-            let (out, failed) = match forwarded {
-                Ok(out) => (out, false),
-                Err((code, message)) => {
-                    let mut out = Vec::new();
-                    push_error(&mut out, code, message);
-                    (out, true)
-                }
-            };
-            if frames.send(Some(out)).await.is_err() {
-                // The client is gone: dropping `pending` abandons the other shards.
-                return;
-            }
-            if failed {
-                break;
-            }
-        }
-        let _ = frames.send(None).await;
     }
 
     /// Appends through the nodes under the write lock. If a node is out of step (another
@@ -570,6 +514,43 @@ impl Router {
         Ok((Reply::Done, Vec::new()))
     }
 
+    /// The open connection to shard `shard`'s node, connected first if there is none.
+    pub(crate) async fn link(&self, shard: u32) -> Result<Connection, Error> {
+        let node = &self.nodes[shard as usize];
+        let mut cached = node.connection.lock().await;
+        match cached.as_ref().filter(|c| c.close_reason().is_none()) {
+            Some(c) => Ok(c.clone()),
+            None => {
+                let c =
+                    net::connect(&node.endpoint, &self.security, node.addr, self.timeout).await?;
+                *cached = Some(c.clone());
+                Ok(c)
+            }
+        }
+    }
+
+    /// Forgets `connection` to shard `shard` after an exchange on it failed: the next call
+    /// reconnects.
+    pub(crate) async fn forget(&self, shard: u32, connection: &Connection) {
+        let mut cached = self.nodes[shard as usize].connection.lock().await;
+        if cached
+            .as_ref()
+            .is_some_and(|c| c.stable_id() == connection.stable_id())
+        {
+            *cached = None;
+        }
+    }
+
+    /// Shard `shard`'s address, for errors.
+    pub(crate) fn node_addr(&self, shard: u32) -> SocketAddr {
+        self.nodes[shard as usize].addr
+    }
+
+    /// Every network wait's bound.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// One request to shard `shard`; errors name the shard and its address.
     async fn call(
         &self,
@@ -589,34 +570,12 @@ impl Router {
         // One deadline covers waiting for the link, connecting and the exchange, so callers
         // queued behind a dead node's connect also fail within the timeout.
         let exchange = async {
-            let connection = {
-                let mut cached = node.connection.lock().await;
-                match cached.as_ref().filter(|c| c.close_reason().is_none()) {
-                    Some(c) => c.clone(),
-                    None => {
-                        let c =
-                            net::connect(&node.endpoint, &self.security, node.addr, self.timeout)
-                                .await
-                                .map_err(|e| e.to_string())?;
-                        *cached = Some(c.clone());
-                        c
-                    }
-                }
-            };
-            match net::call_chunks(&connection, header, body, self.timeout).await {
-                Ok(bytes) => Ok(bytes),
-                Err(e) => {
-                    // Forget the connection: the next call reconnects.
-                    let mut cached = node.connection.lock().await;
-                    if cached
-                        .as_ref()
-                        .is_some_and(|c| c.stable_id() == connection.stable_id())
-                    {
-                        *cached = None;
-                    }
-                    Err(e.to_string())
-                }
+            let connection = self.link(shard).await.map_err(|e| e.to_string())?;
+            let called = net::call_chunks(&connection, header, body, self.timeout).await;
+            if called.is_err() {
+                self.forget(shard, &connection).await;
             }
+            called.map_err(|e| e.to_string())
         };
         let chunks = match tokio::time::timeout(self.timeout, exchange).await {
             Ok(Ok(chunks)) => chunks,
@@ -639,12 +598,6 @@ impl Router {
             body_start,
         })
     }
-}
-
-/// Appends an error frame: it fails the client's whole gather with `message`.
-fn push_error(out: &mut Vec<Bytes>, code: ErrorCode, message: String) {
-    let error = wire::encode_reply(&Reply::Error { code, message }).unwrap_or_default();
-    push_frame(out, vec![Bytes::from(error)]);
 }
 
 fn remote((code, message): Failure) -> Error {

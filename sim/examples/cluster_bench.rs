@@ -44,7 +44,14 @@ struct Args {
     /// Turns each method takes, each of seconds / rounds.
     #[arg(long, default_value_t = 10)]
     rounds: u32,
+    /// Measure only the methods whose names contain one of these words (plain quinn, the
+    /// baseline, always runs), e.g. `--only direct` to profile one path.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
+
+/// The method every ratio is against.
+const BASELINE: &str = "plain quinn, same bytes";
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -295,11 +302,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
             &mut direct,
             Figures::default(),
         ),
-        (
-            "plain quinn, same bytes",
-            &mut plain_quinn,
-            Figures::default(),
-        ),
+        (BASELINE, &mut plain_quinn, Figures::default()),
         (
             "plain quinn, 4 servers x 1/4",
             &mut four_quinn,
@@ -312,14 +315,19 @@ fn run(args: &Args, size: usize) -> Result<()> {
             Figures::default(),
         ),
     ];
+    let chosen = |name: &str| {
+        name == BASELINE || args.only.is_empty() || args.only.iter().any(|w| name.contains(w))
+    };
     let turn = args.seconds / args.rounds.max(1) as f64;
     for _ in 0..args.rounds.max(1) {
-        for (_, step, figures) in methods.iter_mut() {
-            figures.measure(turn, *step)?;
+        for (name, step, figures) in methods.iter_mut() {
+            if chosen(name) {
+                figures.measure(turn, *step)?;
+            }
         }
     }
     let quinn_rate = methods[2].2.batches_per_second();
-    for (name, _, f) in &methods {
+    for (name, _, f) in methods.iter().filter(|(name, _, _)| chosen(name)) {
         let rate = f.batches_per_second();
         println!(
             "{:>8} {:<30} {:>11.0} {:>8.3} {:>9.2} {:>9.2} {:>8.2}x",
@@ -332,11 +340,13 @@ fn run(args: &Args, size: usize) -> Result<()> {
             rate / quinn_rate
         );
     }
-    println!(
-        "{:>8} router p99 / direct p99 = {:.2}",
-        size,
-        methods[0].2.quantile_ms(0.99) / methods[1].2.quantile_ms(0.99)
-    );
+    if chosen(methods[0].0) && chosen(methods[1].0) {
+        println!(
+            "{:>8} router p99 / direct p99 = {:.2}",
+            size,
+            methods[0].2.quantile_ms(0.99) / methods[1].2.quantile_ms(0.99)
+        );
+    }
     drop(methods);
     drop((one, four, shared, connections));
     servers.shutdown_background();

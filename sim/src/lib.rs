@@ -1,7 +1,8 @@
 //! `SimCluster`: S shard servers and a router in one process, on 127.0.0.1 with temporary
 //! data directories, running exactly the code the `zr-node` and `zr-router` binaries run.
 //! Nodes can be stopped (gracefully: finish requests, commit), crashed (dropped without a
-//! commit), stalled (the address accepts connections but never answers), and started again
+//! commit), stalled (the address accepts connections but never answers) or replaced by an
+//! impostor answering as a test says (`fake_node`), and started again
 //! on the same address with their data; routers can be restarted or added.
 //!
 //! By default the cluster is secured as a real one is: `zr cluster-init`'s CA and
@@ -60,7 +61,7 @@ pub struct SimCluster {
     _data: tempfile::TempDir,
     config: ClusterConfig,
     nodes: Vec<Option<Running>>,
-    stalled: Vec<Option<Running>>,
+    impostors: Vec<Option<Running>>,
     routers: Vec<(SocketAddr, Running)>,
 }
 
@@ -130,7 +131,7 @@ impl SimCluster {
             _data: data,
             config,
             nodes: Vec::new(),
-            stalled: (0..shards).map(|_| None).collect(),
+            impostors: (0..shards).map(|_| None).collect(),
             routers: Vec::new(),
         };
         for (shard, endpoint) in endpoints.into_iter().enumerate() {
@@ -252,6 +253,17 @@ impl SimCluster {
     /// Stalls shard `shard`: it stops (gracefully) and its address is taken by a server that
     /// accepts connections and requests but never answers. `start_node` ends the stall.
     pub fn stall_node(&mut self, shard: u32) -> Result<(), SimError> {
+        self.fake_node(shard, |_| std::future::pending::<(Vec<u8>, net::Body)>())
+    }
+
+    /// Replaces shard `shard` with an impostor: the node stops (gracefully) and its address
+    /// is taken by a server with the node's certificate that answers every request with
+    /// `handler` (a faulty or hostile node). `start_node` brings the real one back.
+    pub fn fake_node<H, F>(&mut self, shard: u32, handler: H) -> Result<(), SimError>
+    where
+        H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
+        F: std::future::Future<Output = (Vec<u8>, net::Body)> + Send + 'static,
+    {
         self.stop_node(shard)?;
         let endpoint = self.bind_node(shard)?;
         let task = self.runtime.spawn(async move {
@@ -259,19 +271,19 @@ impl SimCluster {
                 &endpoint,
                 net::Limits::new(64, Duration::from_secs(3600)),
                 std::future::pending(),
-                |_| std::future::pending::<(Vec<u8>, net::Body)>(),
+                handler,
             )
             .await;
             Ok(())
         });
         let (stop, _) = oneshot::channel();
-        self.stalled[shard as usize] = Some(Running { stop, task });
+        self.impostors[shard as usize] = Some(Running { stop, task });
         Ok(())
     }
 
     /// Starts shard `shard` again on its address, from its data directory.
     pub fn start_node(&mut self, shard: u32) -> Result<(), SimError> {
-        if let Some(stalled) = self.stalled[shard as usize].take() {
+        if let Some(stalled) = self.impostors[shard as usize].take() {
             stalled.task.abort();
             let _ = self.runtime.block_on(stalled.task);
         }
@@ -320,7 +332,7 @@ impl Drop for SimCluster {
         }
         for shard in 0..self.nodes.len() {
             let _ = self.stop_node(shard as u32);
-            if let Some(stalled) = self.stalled[shard].take() {
+            if let Some(stalled) = self.impostors[shard].take() {
                 stalled.task.abort();
             }
         }

@@ -324,3 +324,50 @@ fn an_insecure_dev_cluster_works_and_refuses_certificate_clients() {
     .to_string();
     assert!(err.contains("not from this cluster's CA"), "{err}");
 }
+
+/// An impostor for a shard whose gather replies announce 1,000 bytes a record and then break
+/// that promise as `fault` says: (bytes more or fewer than announced, abandon the stream
+/// instead of finishing it).
+async fn break_gathers(request: Vec<u8>, (extra, abandon): (i64, bool)) -> (Vec<u8>, net::Body) {
+    let Ok((Request::Gather { indices, .. }, _)) = wire::decode_request(&request) else {
+        panic!("the router sent the impostor something other than a gather");
+    };
+    let lengths = vec![vec![1000u32; indices.len()]];
+    let header = wire::encode_reply(&Reply::Gather { lengths }).unwrap();
+    let sent = (1000 * indices.len() as i64 + extra).max(0) as usize;
+    let body = vec![bytes::Bytes::from(vec![7u8; sent])];
+    if !abandon {
+        return (header, net::Body::Ready(body));
+    }
+    // The body's producer gives up after its first piece: the stream is reset.
+    let (pieces, streamed) = tokio::sync::mpsc::channel(1);
+    pieces.send(Some(body)).await.unwrap();
+    (header, net::Body::Streamed(streamed))
+}
+
+/// A shard whose reply breaks off midway, or runs short or long of what its head announced,
+/// fails every gather that needs it — the router forwards replies as they arrive, so it
+/// resets the client's stream rather than finish a batch it cannot complete — and the
+/// client's other gathers go on.
+#[test]
+fn a_reply_broken_midway_fails_the_whole_gather() {
+    let mut cluster = loaded_cluster();
+    let client = cluster.client().unwrap();
+    let (on_three, elsewhere) = split_by_shard(&cluster, 3);
+    let mixed = [elsewhere[0], on_three[0], elsewhere[1], on_three[1]];
+    for fault in [(-500, true), (-500, false), (10, false), (0, true)] {
+        cluster
+            .fake_node(3, move |request| break_gathers(request, fault))
+            .unwrap();
+        for indices in [&mixed[..], &on_three[..]] {
+            let err = client.gather(indices, &[]).unwrap_err().to_string();
+            assert!(
+                err.contains("abandoned the reply midway") || err.contains("shard 3"),
+                "{fault:?}: {err}"
+            );
+        }
+        check(&client, &elsewhere);
+        cluster.start_node(3).unwrap();
+        check(&client, &mixed);
+    }
+}

@@ -1,0 +1,278 @@
+//! Streamed gathers: each shard's reply goes on to the client as its packets arrive, not once
+//! it is whole, so the router's two hops (nodes → router → client) overlap instead of taking
+//! turns, and the router holds only what is received but not yet forwarded.
+//!
+//! The client's stream carries one frame after another ([`zr_common::assemble`]): per shard
+//! a `Part` frame with the caller's positions, then the shard's own message. Frames cannot
+//! interleave, so the shards take turns: the first whose reply head arrives is forwarded to
+//! its end while the others keep receiving into their queues, then the next. A frame's
+//! length is known from the shard's head (its header announces every length), and the shard's
+//! message is checked to be exactly that long. A shard that fails before its frame has begun
+//! fails the gather with an error frame naming it; one that fails midway leaves nothing
+//! well-formed to add, so the client's stream is reset (never passed off as complete) and the
+//! reason is logged here.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::mpsc;
+use zr_common::assemble::push_frame;
+use zr_common::net;
+use zr_common::wire::{self, ErrorCode, Reply, Request};
+
+use crate::plan::Part;
+use crate::server::Router;
+
+/// A failed operation: the stable code and a message naming the shard.
+type Failure = (ErrorCode, String);
+
+/// Most pieces handed to the client's stream in one write.
+const PIECES_PER_WRITE_MAX: usize = 256;
+
+/// What a shard's reader passes on, in order: its head, then the rest of its message, then
+/// the end — or a failure at any point.
+enum Piece {
+    /// The message's first chunks (holding its head) and its whole length.
+    Head {
+        chunks: Vec<Bytes>,
+        message_len: u64,
+    },
+    Chunk(Bytes),
+    End,
+    Failed(Failure),
+}
+
+/// Sends each shard's reply on as a `Part` frame and the shard's own message (forwarded as
+/// received, not re-encoded), shard after shard in the order their replies begin. Ends the
+/// body with `None` when all are sent, after an error frame when a shard failed before its
+/// frame began, and without it (the client's stream is reset) when one failed midway.
+pub(crate) async fn forward_parts(
+    router: Arc<Router>,
+    parts: Vec<Part>,
+    fields: Vec<String>,
+    frames: mpsc::Sender<Option<Vec<Bytes>>>,
+) {
+    // Readers run on their own so every shard keeps receiving while one is forwarded;
+    // dropping the set (the client went away, a shard failed) abandons them.
+    let mut readers = tokio::task::JoinSet::new();
+    let mut starting: FuturesUnordered<_> = parts
+        .into_iter()
+        .map(|part| {
+            let (pieces, mut queue) = mpsc::unbounded_channel();
+            let request = Request::Gather {
+                indices: part.local,
+                fields: fields.clone(),
+            };
+            let records = part.positions.len();
+            readers.spawn(read_part(
+                Arc::clone(&router),
+                part.shard,
+                request,
+                records,
+                pieces,
+            ));
+            let positions = part.positions;
+            async move {
+                let first = queue.recv().await;
+                (part.shard, positions, first, queue)
+            }
+        })
+        .collect();
+    while let Some((shard, positions, first, mut queue)) = starting.next().await {
+        let (chunks, message_len) = match first {
+            Some(Piece::Head {
+                chunks,
+                message_len,
+            }) => (chunks, message_len),
+            Some(Piece::Failed((code, message))) => return fail(&frames, code, message).await,
+            Some(Piece::Chunk(_) | Piece::End) | None => {
+                let message = format!("shard {shard}: its reader stopped before the reply");
+                return fail(&frames, ErrorCode::Unavailable, message).await;
+            }
+        };
+        let mut out = Vec::with_capacity(chunks.len() + 3);
+        match wire::encode_reply(&Reply::Part { positions }) {
+            Ok(part) => push_frame(&mut out, vec![Bytes::from(part)]),
+            Err(e) => return fail(&frames, ErrorCode::BadRequest, e.to_string()).await,
+        }
+        out.push(Bytes::copy_from_slice(&message_len.to_le_bytes()));
+        out.extend(chunks);
+        // The rest of the shard's message as it arrives; whatever has queued up meanwhile
+        // goes in one write.
+        loop {
+            if !out.is_empty() && frames.send(Some(std::mem::take(&mut out))).await.is_err() {
+                // The client is gone: dropping the readers abandons the shards.
+                return;
+            }
+            let mut next = queue.recv().await;
+            let ended = loop {
+                match next {
+                    Some(Piece::Chunk(chunk)) => out.push(chunk),
+                    Some(Piece::End) => break true,
+                    Some(Piece::Failed((_, message))) => {
+                        tracing::warn!("gather abandoned midway, its reply is reset: {message}");
+                        return;
+                    }
+                    Some(Piece::Head { .. }) | None => {
+                        tracing::warn!(
+                            "gather abandoned midway, its reply is reset: shard {shard}'s reader stopped"
+                        );
+                        return;
+                    }
+                }
+                if out.len() >= PIECES_PER_WRITE_MAX {
+                    break false;
+                }
+                match queue.try_recv() {
+                    Ok(piece) => next = Some(piece),
+                    Err(_) => break false,
+                }
+            };
+            if ended {
+                if !out.is_empty() && frames.send(Some(out)).await.is_err() {
+                    return;
+                }
+                break;
+            }
+        }
+    }
+    let _ = frames.send(None).await;
+}
+
+/// Ends the body with an error frame: it fails the client's whole gather with `message`.
+async fn fail(frames: &mpsc::Sender<Option<Vec<Bytes>>>, code: ErrorCode, message: String) {
+    let mut out = Vec::new();
+    let error = wire::encode_reply(&Reply::Error { code, message }).unwrap_or_default();
+    push_frame(&mut out, vec![Bytes::from(error)]);
+    if frames.send(Some(out)).await.is_ok() {
+        let _ = frames.send(None).await;
+    }
+}
+
+/// Sends `request` to shard `shard` and passes its reply on to `pieces` as it arrives, the
+/// whole exchange within the router's timeout. The reply must be a gather of `records`
+/// records, exactly as long as its head announces.
+async fn read_part(
+    router: Arc<Router>,
+    shard: u32,
+    request: Request,
+    records: usize,
+    pieces: mpsc::UnboundedSender<Piece>,
+) {
+    let addr = router.node_addr(shard);
+    let unavailable = |e: String| {
+        (
+            ErrorCode::Unavailable,
+            format!("shard {shard} at {addr}: {e}"),
+        )
+    };
+    let exchange = async {
+        let header =
+            wire::encode_request(&request).map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
+        let connection = router
+            .link(shard)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        let received = receive(&connection, header, shard, records, &pieces).await;
+        if let Err(Received::Net(_)) = &received {
+            router.forget(shard, &connection).await;
+        }
+        received.map_err(|e| match e {
+            Received::Net(e) | Received::Protocol(e) => unavailable(e),
+            Received::Refused(failure) => failure,
+        })
+    };
+    let outcome = match tokio::time::timeout(router.timeout(), exchange).await {
+        Ok(Ok(())) => Piece::End,
+        Ok(Err(failure)) => Piece::Failed(failure),
+        Err(_) => Piece::Failed(unavailable(format!(
+            "no reply within {} ms",
+            router.timeout().as_millis()
+        ))),
+    };
+    let _ = pieces.send(outcome);
+}
+
+/// Why a shard's reply did not come through.
+enum Received {
+    /// The connection or stream failed.
+    Net(String),
+    /// The reply is not what was asked for.
+    Protocol(String),
+    /// The node answered with an error of its own.
+    Refused(Failure),
+}
+
+/// The exchange of [`read_part`], without its deadline.
+async fn receive(
+    connection: &quinn::Connection,
+    header: Vec<u8>,
+    shard: u32,
+    records: usize,
+    pieces: &mpsc::UnboundedSender<Piece>,
+) -> Result<(), Received> {
+    let net = |e: zr_common::Error| Received::Net(e.to_string());
+    let mut recv = net::send_request(connection, header, Vec::new())
+        .await
+        .map_err(net)?;
+    // Until the head is whole.
+    let mut chunks = Vec::new();
+    let mut received = 0u64;
+    let (reply, message_len) = loop {
+        let Some(chunk) = net::read_chunk(connection, &mut recv).await.map_err(net)? else {
+            return Err(Received::Protocol(format!(
+                "the reply ends inside its head, after {received} bytes"
+            )));
+        };
+        received += chunk.len() as u64;
+        chunks.push(chunk);
+        match wire::decode_reply_head(&chunks) {
+            Ok(Some(head)) => break head,
+            Ok(None) => continue,
+            Err(e) => return Err(Received::Protocol(e.to_string())),
+        }
+    };
+    match reply {
+        Reply::Gather { lengths } if lengths.iter().all(|l| l.len() == records) => {}
+        Reply::Error { code, message } => {
+            return Err(Received::Refused((
+                code,
+                format!("shard {shard}: {message}"),
+            )))
+        }
+        other => {
+            return Err(Received::Protocol(format!(
+                "answered a gather of {records} records with {other:?}"
+            )))
+        }
+    }
+    let too_long = || {
+        Received::Protocol(format!(
+            "the reply runs past the {message_len} bytes its head announces"
+        ))
+    };
+    if received > message_len {
+        return Err(too_long());
+    }
+    let _ = pieces.send(Piece::Head {
+        chunks,
+        message_len,
+    });
+    while let Some(chunk) = net::read_chunk(connection, &mut recv).await.map_err(net)? {
+        received += chunk.len() as u64;
+        if received > message_len {
+            return Err(too_long());
+        }
+        if pieces.send(Piece::Chunk(chunk)).is_err() {
+            // The gather was abandoned: nobody reads on.
+            return Ok(());
+        }
+    }
+    if received != message_len {
+        return Err(Received::Protocol(format!(
+            "the reply ends after {received} of the {message_len} bytes its head announces"
+        )));
+    }
+    Ok(())
+}
