@@ -252,6 +252,12 @@ async fn receive(
             "the reply runs past the {message_len} bytes its head announces"
         ))
     };
+    if message_len > wire::MESSAGE_BYTES_MAX as u64 {
+        return Err(Received::Protocol(format!(
+            "the reply announces {message_len} bytes, over the limit of {}",
+            wire::MESSAGE_BYTES_MAX
+        )));
+    }
     if received > message_len {
         return Err(too_long());
     }

@@ -325,17 +325,23 @@ fn an_insecure_dev_cluster_works_and_refuses_certificate_clients() {
     assert!(err.contains("not from this cluster's CA"), "{err}");
 }
 
-/// An impostor for a shard whose gather replies announce 1,000 bytes a record and then break
-/// that promise as `fault` says: (bytes more or fewer than announced, abandon the stream
+/// An impostor for a shard whose gather replies announce `record_len` bytes a record and then
+/// break that promise as `fault` says: (bytes more or fewer than announced, abandon the stream
 /// instead of finishing it).
-async fn break_gathers(request: Vec<u8>, (extra, abandon): (i64, bool)) -> (Vec<u8>, net::Body) {
+async fn break_gathers(
+    request: Vec<u8>,
+    (record_len, extra, abandon): (u32, i64, bool),
+) -> (Vec<u8>, net::Body) {
     let Ok((Request::Gather { indices, .. }, _)) = wire::decode_request(&request) else {
         panic!("the router sent the impostor something other than a gather");
     };
-    let lengths = vec![vec![1000u32; indices.len()]];
+    let lengths = vec![vec![record_len; indices.len()]];
     let header = wire::encode_reply(&Reply::Gather { lengths }).unwrap();
-    let sent = (1000 * indices.len() as i64 + extra).max(0) as usize;
-    let body = vec![bytes::Bytes::from(vec![7u8; sent])];
+    let announced = (record_len as i64 * indices.len() as i64).min(1 << 20);
+    let body = vec![bytes::Bytes::from(vec![
+        7u8;
+        (announced + extra).max(0) as usize
+    ])];
     if !abandon {
         return (header, net::Body::Ready(body));
     }
@@ -355,7 +361,16 @@ fn a_reply_broken_midway_fails_the_whole_gather() {
     let client = cluster.client().unwrap();
     let (on_three, elsewhere) = split_by_shard(&cluster, 3);
     let mixed = [elsewhere[0], on_three[0], elsewhere[1], on_three[1]];
-    for fault in [(-500, true), (-500, false), (10, false), (0, true)] {
+    // Cut off and abandoned, short, long, abandoned at the end, and announcing more than any
+    // message may hold (4 GiB a record).
+    let faults = [
+        (1000, -500, true),
+        (1000, -500, false),
+        (1000, 10, false),
+        (1000, 0, true),
+        (u32::MAX, 0, false),
+    ];
+    for fault in faults {
         cluster
             .fake_node(3, move |request| break_gathers(request, fault))
             .unwrap();
@@ -365,6 +380,10 @@ fn a_reply_broken_midway_fails_the_whole_gather() {
                 err.contains("abandoned the reply midway") || err.contains("shard 3"),
                 "{fault:?}: {err}"
             );
+            // An impossible length is refused before anything is forwarded.
+            if fault.0 == u32::MAX {
+                assert!(err.contains("over the limit"), "{err}");
+            }
         }
         check(&client, &elsewhere);
         cluster.start_node(3).unwrap();
