@@ -17,7 +17,7 @@ use crate::chunks::Chunks;
 use crate::error::Error;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 2;
+pub const WIRE_VERSION: u16 = 3;
 const MAGIC: [u8; 4] = *b"ZRW1";
 const PREFIX_BYTES: usize = 12;
 /// Longest header accepted.
@@ -61,6 +61,12 @@ pub enum Request {
     Truncate { len: u64 },
     /// Make every write so far durable.
     Commit,
+    /// Router → the write-lease node (shard 0): take the cluster's write lease for
+    /// `lease_ms`, or renew it. Reply: `Done`, or `Conflict` while another router holds it.
+    Acquire { holder: u64, lease_ms: u64 },
+    /// Router → the write-lease node: give the lease back. `Conflict` if `holder` no longer
+    /// holds it.
+    Release { holder: u64 },
 }
 
 /// A field as the wire describes it.
@@ -366,9 +372,12 @@ fn check_request(request: &Request, body: usize) -> Result<(), Error> {
             }
             Ok(())
         }
-        Request::Info | Request::Delete { .. } | Request::Truncate { .. } | Request::Commit => {
-            expect_empty(body)
-        }
+        Request::Info
+        | Request::Delete { .. }
+        | Request::Truncate { .. }
+        | Request::Commit
+        | Request::Acquire { .. }
+        | Request::Release { .. } => expect_empty(body),
     }
 }
 
@@ -539,6 +548,9 @@ mod tests {
             Just((Request::Commit, Vec::new())),
             any::<u64>().prop_map(|index| (Request::Delete { index }, Vec::new())),
             any::<u64>().prop_map(|len| (Request::Truncate { len }, Vec::new())),
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(holder, lease_ms)| (Request::Acquire { holder, lease_ms }, Vec::new())),
+            any::<u64>().prop_map(|holder| (Request::Release { holder }, Vec::new())),
             (
                 proptest::collection::vec(any::<u64>(), 0..64),
                 names.clone()

@@ -23,6 +23,7 @@ pub mod convert;
 mod error;
 pub mod frame;
 mod gather;
+pub mod lease;
 mod map;
 pub mod meta;
 pub mod offset;

@@ -17,6 +17,7 @@ use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
 use zr_common::{net, Record};
 
 use crate::batch::Batch;
+use crate::lease::WriteLease;
 use crate::meta::{Compression, FieldSpec};
 use crate::runtime::RuntimeOptions;
 use crate::store::{CreateOptions, Store};
@@ -90,11 +91,13 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let handler_store = store.clone();
+    let lease = Arc::new(WriteLease::default());
     let handler = move |bytes: Vec<u8>| {
         let store = handler_store.clone();
+        let lease = Arc::clone(&lease);
         async move {
             // Store calls block (disk, CPU): off the async workers.
-            let answer = tokio::task::spawn_blocking(move || handle(&store, &bytes)).await;
+            let answer = tokio::task::spawn_blocking(move || handle(&store, &lease, &bytes)).await;
             let (header, body) = answer.unwrap_or_else(|e| {
                 error_reply(ErrorCode::Storage, format!("request handler failed: {e}"))
             });
@@ -119,7 +122,8 @@ pub async fn serve(
 }
 
 /// Decodes, executes and encodes one request: the whole protocol, without I/O.
-pub fn handle(store: &Store, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
+/// `lease` is the cluster's write lease, which routers take from shard 0's node.
+pub fn handle(store: &Store, lease: &WriteLease, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
     let (request, body) = match wire::decode_request(bytes) {
         Ok(decoded) => decoded,
         Err(e) => {
@@ -132,7 +136,7 @@ pub fn handle(store: &Store, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
             return error_reply(code, e.to_string());
         }
     };
-    match execute(store, request, body) {
+    match execute(store, lease, request, body) {
         Ok((reply, body)) => match wire::encode_reply(&reply) {
             Ok(header) => (header, body),
             Err(e) => error_reply(ErrorCode::Storage, e.to_string()),
@@ -157,7 +161,7 @@ fn code_of(e: &Error) -> ErrorCode {
 
 type Outcome = Result<(Reply, Vec<Bytes>), (ErrorCode, String)>;
 
-fn execute(store: &Store, request: Request, body: &[u8]) -> Outcome {
+fn execute(store: &Store, lease: &WriteLease, request: Request, body: &[u8]) -> Outcome {
     let fail = |e: Error| (code_of(&e), e.to_string());
     match request {
         Request::Info => Ok((
@@ -259,6 +263,23 @@ fn execute(store: &Store, request: Request, body: &[u8]) -> Outcome {
             store.commit().map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }
+        Request::Acquire { holder, lease_ms } => {
+            let lease_for = std::time::Duration::from_millis(lease_ms);
+            match lease.acquire(holder, lease_for, std::time::Instant::now()) {
+                Ok(()) => Ok((Reply::Done, Vec::new())),
+                Err(left) => Err((
+                    ErrorCode::Conflict,
+                    format!(
+                        "another router holds the write lease for {} ms more",
+                        left.as_millis()
+                    ),
+                )),
+            }
+        }
+        Request::Release { holder } => match lease.release(holder) {
+            Ok(()) => Ok((Reply::Done, Vec::new())),
+            Err(e) => Err((ErrorCode::Conflict, e)),
+        },
     }
 }
 

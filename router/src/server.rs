@@ -4,7 +4,8 @@
 //! It keeps no per-record state: the placement is a pure function of the cluster map (held
 //! in an `ArcSwap` and read lock-free), and the global length is recomputed from the nodes at
 //! start-up — so a restarted router, or two at once, give the same answers. Writes are
-//! serialized by one lock, so concurrent appenders get disjoint, consecutive ranges.
+//! serialized by one lock here and by the cluster's write lease across routers
+//! (`writes.rs`), so concurrent appenders get disjoint, consecutive ranges.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -23,7 +24,9 @@ use zr_common::placement::Placement;
 use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
 use zr_common::{net, Error};
 
-use crate::plan::{plan_append, plan_gather};
+use crate::plan::plan_gather;
+
+mod writes;
 
 /// Most client connections a router serves at once.
 pub const CONNECTIONS_MAX: usize = 256;
@@ -67,6 +70,8 @@ pub struct Router {
     security: net::Security,
     len: AtomicU64,
     writes: Mutex<()>,
+    /// This router's name for the cluster's write lease: random, one per router.
+    holder: u64,
     fields: Vec<FieldInfo>,
     timeout: Duration,
 }
@@ -105,6 +110,10 @@ impl Router {
             security,
             len: AtomicU64::new(0),
             writes: Mutex::new(()),
+            holder: std::hash::BuildHasher::hash_one(
+                &std::collections::hash_map::RandomState::new(),
+                std::process::id(),
+            ),
             fields: Vec::new(),
             timeout: Duration::from_millis(config.router.timeout_ms),
         };
@@ -123,23 +132,11 @@ impl Router {
             }
         }
         router.fields = fields.map(|(_, f)| f.clone()).unwrap_or_default();
-        let lens: Vec<u64> = infos.iter().map(|(len, _)| *len).collect();
-        let placement = router.placement.load_full();
-        let len = placement.consistent_len(&lens);
-        for (shard, &have) in lens.iter().enumerate() {
-            let want = placement.shard_len(shard as u32, len);
-            if have != want {
-                tracing::warn!(
-                    "shard {shard} holds {have} records but a cluster of {len} gives it {want}: dropping its last {} (an append that did not reach every shard)",
-                    have - want
-                );
-                router
-                    .call(shard as u32, &Request::Truncate { len: want }, Vec::new())
-                    .await
-                    .map_err(remote)?;
-            }
-        }
-        router.len.store(len, Ordering::SeqCst);
+        // Recover the length, repairing what a write cut off midway left behind.
+        router
+            .exclusive(|| async { Ok(()) })
+            .await
+            .map_err(remote)?;
         Ok(Arc::new(router))
     }
 
@@ -226,28 +223,24 @@ impl Router {
             Request::Gather { indices, fields } => self.gather(&indices, fields).await,
             Request::Append {
                 fields, lengths, ..
-            } => self.append(fields, lengths, body).await.map(ready_body),
+            } => self
+                .exclusive(|| self.append(fields, lengths, body))
+                .await
+                .map(ready_body),
             Request::Modify {
                 index,
                 fields,
                 lengths,
-            } => {
-                let _writes = self.writes.lock().await;
-                self.check_index(index).await?;
-                let (shard, local) = self.placement.load().locate(index);
-                let request = Request::Modify {
-                    index: local,
-                    fields,
-                    lengths,
-                };
-                self.call(shard, &request, vec![Bytes::copy_from_slice(body)])
-                    .await?;
-                Ok(ready(Reply::Done))
+            } => self
+                .exclusive(|| self.modify(index, fields, lengths, body))
+                .await
+                .map(ready),
+            Request::Delete { index } => {
+                self.exclusive(|| self.delete(index)).await.map(ready_body)
             }
-            Request::Delete { index } => self.delete(index).await.map(ready_body),
-            Request::Truncate { .. } => Err((
+            Request::Truncate { .. } | Request::Acquire { .. } | Request::Release { .. } => Err((
                 ErrorCode::BadRequest,
-                "truncate is for nodes; delete records one by one".into(),
+                "truncate and the write lease are for nodes".into(),
             )),
             Request::Commit => {
                 let calls = (0..self.nodes.len() as u32)
@@ -258,19 +251,6 @@ impl Router {
                 Ok(ready(Reply::Done))
             }
         }
-    }
-
-    /// Refuses an index past the end (refreshing the length first). The caller holds the
-    /// write lock.
-    async fn check_index(&self, index: u64) -> Result<(), Failure> {
-        let len = self.len_covering(index, true).await;
-        if index >= len {
-            return Err((
-                ErrorCode::IndexOutOfRange,
-                format!("index {index} is out of range: the dataset holds {len} records"),
-            ));
-        }
-        Ok(())
     }
 
     /// Scatters a gather, one sub-request per involved shard, and streams the shards'
@@ -314,86 +294,6 @@ impl Router {
             frames,
         ));
         Ok((reply, Body::Streamed(body)))
-    }
-
-    /// Appends through the nodes under the write lock. If a node is out of step (another
-    /// router appended meanwhile), learns the length from the nodes and tries once more.
-    async fn append(
-        &self,
-        fields: Vec<String>,
-        lengths: Vec<Vec<u32>>,
-        body: &[u8],
-    ) -> Result<(Reply, Vec<Bytes>), Failure> {
-        let count = lengths.first().map_or(0, Vec::len);
-        let columns = wire::split_columns(&lengths, body);
-        let _writes = self.writes.lock().await;
-        let mut start = self.len();
-        let mut attempt = self.append_at(start, &fields, &lengths, &columns).await;
-        if matches!(attempt, Err((ErrorCode::Conflict, _))) {
-            start = self.refresh_len_locked().await?;
-            attempt = self.append_at(start, &fields, &lengths, &columns).await;
-        }
-        attempt?;
-        self.len.store(start + count as u64, Ordering::SeqCst);
-        Ok((
-            Reply::Appended {
-                start,
-                count: count as u64,
-            },
-            Vec::new(),
-        ))
-    }
-
-    /// One attempt at appending `columns` as global records `start..`; on failure, undoes
-    /// what reached some shards so the cluster stays consistent.
-    async fn append_at(
-        &self,
-        start: u64,
-        fields: &[String],
-        lengths: &[Vec<u32>],
-        columns: &[Vec<&[u8]>],
-    ) -> Result<(), Failure> {
-        let count = lengths.first().map_or(0, Vec::len);
-        let placement = self.placement.load();
-        let parts = plan_append(&placement, start, count);
-        let calls = parts.iter().map(|part| {
-            let lengths: Vec<Vec<u32>> = lengths
-                .iter()
-                .map(|l| part.positions.iter().map(|&k| l[k]).collect())
-                .collect();
-            let body: Vec<Bytes> = columns
-                .iter()
-                .map(|column| {
-                    Bytes::from(
-                        part.positions
-                            .iter()
-                            .flat_map(|&k| column[k].iter().copied())
-                            .collect::<Vec<u8>>(),
-                    )
-                })
-                .collect();
-            let request = Request::Append {
-                at: Some(part.local_start),
-                fields: fields.to_vec(),
-                lengths,
-            };
-            async move { self.call(part.shard, &request, body).await }
-        });
-        let results = futures::future::join_all(calls).await;
-        if let Some(failure) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
-            for (part, result) in parts.iter().zip(&results) {
-                if result.is_ok() {
-                    let undo = Request::Truncate {
-                        len: part.local_start,
-                    };
-                    if let Err((_, e)) = self.call(part.shard, &undo, Vec::new()).await {
-                        tracing::warn!("undoing a failed append on shard {}: {e} (the next router start repairs it)", part.shard);
-                    }
-                }
-            }
-            return Err(failure);
-        }
-        Ok(())
     }
 
     /// Every node's length and fields, asked concurrently, in shard order.
@@ -461,57 +361,6 @@ impl Router {
                 len
             }
         }
-    }
-
-    /// Global swap-remove: the last record moves into the hole, across shards if needed.
-    async fn delete(&self, index: u64) -> Result<(Reply, Vec<Bytes>), Failure> {
-        let _writes = self.writes.lock().await;
-        self.check_index(index).await?;
-        let last = self.len() - 1;
-        let placement = self.placement.load();
-        let (last_shard, last_local) = placement.locate(last);
-        if index != last {
-            let moved = self
-                .call(
-                    last_shard,
-                    &Request::Gather {
-                        indices: vec![last_local],
-                        fields: Vec::new(),
-                    },
-                    Vec::new(),
-                )
-                .await?;
-            let Reply::Gather { lengths } = &moved.reply else {
-                return Err((
-                    ErrorCode::Unavailable,
-                    format!(
-                        "shard {last_shard} answered a gather with {:?}",
-                        moved.reply
-                    ),
-                ));
-            };
-            let lengths: Vec<u32> = lengths
-                .iter()
-                .map(|l| l.first().copied().unwrap_or(0))
-                .collect();
-            let fields = self.fields.iter().map(|f| f.name.clone()).collect();
-            let (shard, local) = placement.locate(index);
-            let request = Request::Modify {
-                index: local,
-                fields,
-                lengths,
-            };
-            self.call(shard, &request, vec![Bytes::from(moved.body())])
-                .await?;
-        }
-        self.call(
-            last_shard,
-            &Request::Truncate { len: last_local },
-            Vec::new(),
-        )
-        .await?;
-        self.len.store(last, Ordering::SeqCst);
-        Ok((Reply::Done, Vec::new()))
     }
 
     /// The open connection to shard `shard`'s node, connected first if there is none.

@@ -390,3 +390,49 @@ fn a_reply_broken_midway_fails_the_whole_gather() {
         check(&client, &mixed);
     }
 }
+
+/// A router that dies holding the cluster's write lease holds up other routers' writes
+/// until the lease runs out, and no longer: meanwhile writes fail with a clear Conflict
+/// (reads go on), afterwards they succeed.
+#[test]
+fn a_write_lease_left_behind_runs_out() {
+    let cluster = loaded_cluster();
+    let client = cluster.client().unwrap();
+    // A router that takes the lease for 2 s and is never heard from again.
+    let lease_ms = 2_000;
+    let take = wire::encode_request(&Request::Acquire {
+        holder: 7,
+        lease_ms,
+    })
+    .unwrap();
+    let as_router = cluster.security(Role::Router).unwrap();
+    let shard0 = cluster.config().shard(0).unwrap().addr;
+    let taken = Instant::now();
+    let reply = raw_call(&as_router, shard0, take).unwrap();
+    assert_eq!(wire::decode_reply(&reply).unwrap().0, Reply::Done);
+
+    let record = payload(RECORDS);
+    let err = client
+        .append(&Record::new().with("data", &record))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            zr_common::Error::Remote {
+                code: ErrorCode::Conflict,
+                ..
+            }
+        ) && err.to_string().contains("write lease"),
+        "{err}"
+    );
+    check(&client, &[0, 1, 2, 3]);
+    // Once the lease has run out, writes go through again.
+    while taken.elapsed() < Duration::from_millis(lease_ms + 100) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        client.append(&Record::new().with("data", &record)).unwrap(),
+        RECORDS
+    );
+    check(&client, &[RECORDS, 0]);
+}

@@ -1,0 +1,280 @@
+//! Writes through the router: append, modify, delete, each under this router's write lock
+//! and the cluster's write lease (held by shard 0's node, see `zr_node::lease`), so that
+//! writes through several routers are serialized as well. Under the lease the global length
+//! is re-read from the nodes first, and shards left out of step by a write cut off midway
+//! are cut back to the longest length all agree with.
+//!
+//! The lease runs out by itself after [`LEASE_TIMEOUTS`] router timeouts, longer than any
+//! write takes (each step is bounded by the timeout); a router that dies holding it blocks
+//! the others' writes for that long at most.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use zr_common::wire::{self, ErrorCode, Reply, Request};
+
+use super::{Failure, Router};
+use crate::plan::plan_append;
+
+/// The shard whose node keeps the write lease.
+const LEASE_SHARD: u32 = 0;
+/// The lease lasts this many router timeouts.
+pub const LEASE_TIMEOUTS: u32 = 4;
+/// Longest pause between two attempts at a busy lease.
+const LEASE_RETRY_MAX: Duration = Duration::from_millis(20);
+
+impl Router {
+    /// Runs `write` holding this router's write lock and the cluster's write lease, with
+    /// the global length fresh from the nodes (and repaired, see the module documentation).
+    pub(super) async fn exclusive<T, F>(&self, write: impl FnOnce() -> F) -> Result<T, Failure>
+    where
+        F: Future<Output = Result<T, Failure>>,
+    {
+        let _writes = self.writes.lock().await;
+        self.acquire_lease().await?;
+        let result = match self.repair_locked().await {
+            Ok(()) => write().await,
+            Err(e) => Err(e),
+        };
+        self.release_lease().await;
+        result
+    }
+
+    /// Takes the write lease, waiting up to the router's timeout while another router has it.
+    async fn acquire_lease(&self) -> Result<(), Failure> {
+        let request = Request::Acquire {
+            holder: self.holder,
+            lease_ms: self.timeout.as_millis() as u64 * LEASE_TIMEOUTS as u64,
+        };
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.call(LEASE_SHARD, &request, Vec::new()).await {
+                Ok(answer) if answer.reply == Reply::Done => return Ok(()),
+                Ok(answer) => {
+                    return Err((
+                        ErrorCode::Unavailable,
+                        format!(
+                            "shard {LEASE_SHARD} answered a write lease request with {:?}",
+                            answer.reply
+                        ),
+                    ))
+                }
+                Err((ErrorCode::Conflict, message)) => {
+                    if tokio::time::Instant::now() + pause > deadline {
+                        return Err((
+                            ErrorCode::Conflict,
+                            format!(
+                                "other routers' writes kept the cluster busy for {} ms ({message})",
+                                self.timeout.as_millis()
+                            ),
+                        ));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(LEASE_RETRY_MAX);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Gives the write lease back; if that fails, it runs out by itself.
+    async fn release_lease(&self) {
+        let request = Request::Release {
+            holder: self.holder,
+        };
+        if let Err((_, e)) = self.call(LEASE_SHARD, &request, Vec::new()).await {
+            tracing::warn!("giving back the write lease: {e} (it runs out by itself)");
+        }
+    }
+
+    /// Re-reads every node's length and cuts back shards holding records past the longest
+    /// length they all agree with (a write that did not reach every shard); stores that
+    /// global length. The caller holds the write lease.
+    async fn repair_locked(&self) -> Result<(), Failure> {
+        let lens: Vec<u64> = self
+            .node_infos()
+            .await?
+            .into_iter()
+            .map(|(len, _)| len)
+            .collect();
+        let placement = self.placement.load_full();
+        let len = placement.consistent_len(&lens);
+        for (shard, &have) in lens.iter().enumerate() {
+            let want = placement.shard_len(shard as u32, len);
+            if have != want {
+                tracing::warn!(
+                    "shard {shard} holds {have} records but a cluster of {len} gives it {want}: dropping its last {} (a write that did not reach every shard)",
+                    have - want
+                );
+                self.call(shard as u32, &Request::Truncate { len: want }, Vec::new())
+                    .await?;
+            }
+        }
+        self.len.store(len, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Replaces record `index` with the record in `body`.
+    pub(super) async fn modify(
+        &self,
+        index: u64,
+        fields: Vec<String>,
+        lengths: Vec<u32>,
+        body: &[u8],
+    ) -> Result<Reply, Failure> {
+        self.check_index(index)?;
+        let (shard, local) = self.placement.load().locate(index);
+        let request = Request::Modify {
+            index: local,
+            fields,
+            lengths,
+        };
+        self.call(shard, &request, vec![Bytes::copy_from_slice(body)])
+            .await?;
+        Ok(Reply::Done)
+    }
+
+    /// Refuses an index past the end. The caller holds the lease (the length is fresh).
+    fn check_index(&self, index: u64) -> Result<(), Failure> {
+        let len = self.len();
+        if index >= len {
+            return Err((
+                ErrorCode::IndexOutOfRange,
+                format!("index {index} is out of range: the dataset holds {len} records"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Appends as global records from the current length on. If a node is out of step (it
+    /// restarted meanwhile), learns the length from the nodes and tries once more.
+    pub(super) async fn append(
+        &self,
+        fields: Vec<String>,
+        lengths: Vec<Vec<u32>>,
+        body: &[u8],
+    ) -> Result<(Reply, Vec<Bytes>), Failure> {
+        let count = lengths.first().map_or(0, Vec::len);
+        let columns = wire::split_columns(&lengths, body);
+        let mut start = self.len();
+        let mut attempt = self.append_at(start, &fields, &lengths, &columns).await;
+        if matches!(attempt, Err((ErrorCode::Conflict, _))) {
+            start = self.refresh_len_locked().await?;
+            attempt = self.append_at(start, &fields, &lengths, &columns).await;
+        }
+        attempt?;
+        self.len.store(start + count as u64, Ordering::SeqCst);
+        Ok((
+            Reply::Appended {
+                start,
+                count: count as u64,
+            },
+            Vec::new(),
+        ))
+    }
+
+    /// One attempt at appending `columns` as global records `start..`; on failure, undoes
+    /// what reached some shards so the cluster stays consistent.
+    async fn append_at(
+        &self,
+        start: u64,
+        fields: &[String],
+        lengths: &[Vec<u32>],
+        columns: &[Vec<&[u8]>],
+    ) -> Result<(), Failure> {
+        let count = lengths.first().map_or(0, Vec::len);
+        let placement = self.placement.load();
+        let parts = plan_append(&placement, start, count);
+        let calls = parts.iter().map(|part| {
+            let lengths: Vec<Vec<u32>> = lengths
+                .iter()
+                .map(|l| part.positions.iter().map(|&k| l[k]).collect())
+                .collect();
+            let body: Vec<Bytes> = columns
+                .iter()
+                .map(|column| {
+                    Bytes::from(
+                        part.positions
+                            .iter()
+                            .flat_map(|&k| column[k].iter().copied())
+                            .collect::<Vec<u8>>(),
+                    )
+                })
+                .collect();
+            let request = Request::Append {
+                at: Some(part.local_start),
+                fields: fields.to_vec(),
+                lengths,
+            };
+            async move { self.call(part.shard, &request, body).await }
+        });
+        let results = futures::future::join_all(calls).await;
+        if let Some(failure) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
+            for (part, result) in parts.iter().zip(&results) {
+                if result.is_ok() {
+                    let undo = Request::Truncate {
+                        len: part.local_start,
+                    };
+                    if let Err((_, e)) = self.call(part.shard, &undo, Vec::new()).await {
+                        tracing::warn!("undoing a failed append on shard {}: {e} (the next router start repairs it)", part.shard);
+                    }
+                }
+            }
+            return Err(failure);
+        }
+        Ok(())
+    }
+
+    /// Global swap-remove: the last record moves into the hole, across shards if needed.
+    pub(super) async fn delete(&self, index: u64) -> Result<(Reply, Vec<Bytes>), Failure> {
+        self.check_index(index)?;
+        let last = self.len() - 1;
+        let placement = self.placement.load();
+        let (last_shard, last_local) = placement.locate(last);
+        if index != last {
+            let moved = self
+                .call(
+                    last_shard,
+                    &Request::Gather {
+                        indices: vec![last_local],
+                        fields: Vec::new(),
+                    },
+                    Vec::new(),
+                )
+                .await?;
+            let Reply::Gather { lengths } = &moved.reply else {
+                return Err((
+                    ErrorCode::Unavailable,
+                    format!(
+                        "shard {last_shard} answered a gather with {:?}",
+                        moved.reply
+                    ),
+                ));
+            };
+            let lengths: Vec<u32> = lengths
+                .iter()
+                .map(|l| l.first().copied().unwrap_or(0))
+                .collect();
+            let fields = self.fields.iter().map(|f| f.name.clone()).collect();
+            let (shard, local) = placement.locate(index);
+            let request = Request::Modify {
+                index: local,
+                fields,
+                lengths,
+            };
+            self.call(shard, &request, vec![Bytes::from(moved.body())])
+                .await?;
+        }
+        self.call(
+            last_shard,
+            &Request::Truncate { len: last_local },
+            Vec::new(),
+        )
+        .await?;
+        self.len.store(last, Ordering::SeqCst);
+        Ok((Reply::Done, Vec::new()))
+    }
+}
