@@ -319,6 +319,12 @@ impl Router {
         Ok(infos)
     }
 
+    /// Every node's length, in shard order.
+    async fn node_lens(&self) -> Result<Vec<u64>, Failure> {
+        let infos = self.node_infos().await?;
+        Ok(infos.into_iter().map(|(len, _)| len).collect())
+    }
+
     /// [`Self::refresh_len_locked`] for callers not holding the write lock: waits for this
     /// router's writes in flight, so a length read before them cannot overwrite theirs.
     async fn refresh_len(&self) -> Result<u64, Failure> {
@@ -330,13 +336,10 @@ impl Router {
     /// longest length every shard agrees with. Repairs nothing — another router's append
     /// may be in flight. The caller holds the write lock.
     async fn refresh_len_locked(&self) -> Result<u64, Failure> {
-        let lens: Vec<u64> = self
-            .node_infos()
-            .await?
-            .into_iter()
-            .map(|(len, _)| len)
-            .collect();
-        let len = self.placement.load().consistent_len(&lens);
+        let len = self
+            .placement
+            .load()
+            .consistent_len(&self.node_lens().await?);
         self.len.store(len, Ordering::SeqCst);
         Ok(len)
     }

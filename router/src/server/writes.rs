@@ -94,12 +94,7 @@ impl Router {
     /// length they all agree with (a write that did not reach every shard); stores that
     /// global length. The caller holds the write lease.
     async fn repair_locked(&self) -> Result<(), Failure> {
-        let lens: Vec<u64> = self
-            .node_infos()
-            .await?
-            .into_iter()
-            .map(|(len, _)| len)
-            .collect();
+        let lens = self.node_lens().await?;
         let placement = self.placement.load_full();
         let len = placement.consistent_len(&lens);
         for (shard, &have) in lens.iter().enumerate() {
