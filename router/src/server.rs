@@ -72,6 +72,8 @@ pub struct Router {
     writes: Mutex<()>,
     /// This router's name for the cluster's write lease: random, one per router.
     holder: u64,
+    /// When the write lease this router holds runs out (`None`: it holds none).
+    lease_until: std::sync::Mutex<Option<tokio::time::Instant>>,
     fields: Vec<FieldInfo>,
     timeout: Duration,
 }
@@ -114,6 +116,7 @@ impl Router {
                 &std::collections::hash_map::RandomState::new(),
                 std::process::id(),
             ),
+            lease_until: std::sync::Mutex::new(None),
             fields: Vec::new(),
             timeout: Duration::from_millis(config.router.timeout_ms),
         };

@@ -6,7 +6,8 @@
 //! cargo run --release -p zr-sim --example cluster_bench -- [--seconds 3] [--shards 4] [--sizes 1024,16384]
 //! ```
 //! All transfers use the cluster's mutual TLS. The methods take turns (`--rounds`), so the
-//! load of a shared machine weighs on all of them alike. For reference it also measures plain
+//! load of a shared machine weighs on all of them alike, and each makes at least
+//! `--min-batches` batches, so that its p99 rests on a few hundred. For reference it also measures plain
 //! quinn from 4 servers a quarter each (what the transport alone costs a 4-way gather) and
 //! with server and client on one runtime (fewer threads than separate processes have); the
 //! baseline's server runs on a runtime of its own, as the nodes do.
@@ -44,6 +45,9 @@ struct Args {
     /// Turns each method takes, each of seconds / rounds.
     #[arg(long, default_value_t = 10)]
     rounds: u32,
+    /// Fewest batches per method (its turns run longer until then): a p99 needs a few hundred.
+    #[arg(long, default_value_t = 300)]
+    min_batches: usize,
     /// Measure only the methods whose names contain one of these words (plain quinn, the
     /// baseline, always runs), e.g. `--only direct` to profile one path.
     #[arg(long, value_delimiter = ',')]
@@ -66,10 +70,11 @@ struct Figures {
 }
 
 impl Figures {
-    /// Runs `step` (one batch) for `seconds` more, adding its latencies.
-    fn measure(&mut self, seconds: f64, step: Step) -> Result<()> {
+    /// Runs `step` (one batch) for `seconds` more and until it has made `batches` in all,
+    /// adding its latencies.
+    fn measure(&mut self, seconds: f64, batches: usize, step: Step) -> Result<()> {
         let started = Instant::now();
-        while started.elapsed().as_secs_f64() < seconds {
+        while started.elapsed().as_secs_f64() < seconds || self.latencies.len() < batches {
             let t = Instant::now();
             step(self.latencies.len())?;
             self.latencies.push(t.elapsed());
@@ -319,10 +324,11 @@ fn run(args: &Args, size: usize) -> Result<()> {
         name == BASELINE || args.only.is_empty() || args.only.iter().any(|w| name.contains(w))
     };
     let turn = args.seconds / args.rounds.max(1) as f64;
-    for _ in 0..args.rounds.max(1) {
+    let rounds = args.rounds.max(1) as usize;
+    for round in 1..=rounds {
         for (name, step, figures) in methods.iter_mut() {
             if chosen(name) {
-                figures.measure(turn, *step)?;
+                figures.measure(turn, args.min_batches * round / rounds, *step)?;
             }
         }
     }

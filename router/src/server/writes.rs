@@ -51,8 +51,14 @@ impl Router {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut pause = Duration::from_millis(1);
         loop {
+            // The lease is counted from before it was asked for: it runs out here no later
+            // than at the node.
+            let asked = tokio::time::Instant::now();
             match self.call(LEASE_SHARD, &request, Vec::new()).await {
-                Ok(answer) if answer.reply == Reply::Done => return Ok(()),
+                Ok(answer) if answer.reply == Reply::Done => {
+                    *self.lease_until() = Some(asked + self.timeout * LEASE_TIMEOUTS);
+                    return Ok(());
+                }
                 Ok(answer) => {
                     return Err((
                         ErrorCode::Unavailable,
@@ -80,8 +86,37 @@ impl Router {
         }
     }
 
+    fn lease_until(&self) -> std::sync::MutexGuard<'_, Option<tokio::time::Instant>> {
+        self.lease_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One write to shard `shard`, if the write lease is sure to outlast it (each call takes
+    /// at most the timeout); otherwise another router may be writing by then, and the write
+    /// stops here.
+    async fn write_call(
+        &self,
+        shard: u32,
+        request: &Request,
+        body: Vec<Bytes>,
+    ) -> Result<super::NodeReply, Failure> {
+        let left = self
+            .lease_until()
+            .map(|until| until.saturating_duration_since(tokio::time::Instant::now()));
+        if left.is_none_or(|left| left < self.timeout) {
+            return Err((
+                ErrorCode::Unavailable,
+                format!(
+                    "the write took too long: the cluster's write lease runs out within {} ms, so it stopped before writing to shard {shard}",
+                    self.timeout.as_millis()
+                ),
+            ));
+        }
+        self.call(shard, request, body).await
+    }
+
     /// Gives the write lease back; if that fails, it runs out by itself.
     async fn release_lease(&self) {
+        *self.lease_until() = None;
         let request = Request::Release {
             holder: self.holder,
         };
@@ -104,7 +139,7 @@ impl Router {
                     "shard {shard} holds {have} records but a cluster of {len} gives it {want}: dropping its last {} (a write that did not reach every shard)",
                     have - want
                 );
-                self.call(shard as u32, &Request::Truncate { len: want }, Vec::new())
+                self.write_call(shard as u32, &Request::Truncate { len: want }, Vec::new())
                     .await?;
             }
         }
@@ -127,7 +162,7 @@ impl Router {
             fields,
             lengths,
         };
-        self.call(shard, &request, vec![Bytes::copy_from_slice(body)])
+        self.write_call(shard, &request, vec![Bytes::copy_from_slice(body)])
             .await?;
         Ok(Reply::Done)
     }
@@ -204,7 +239,7 @@ impl Router {
                 fields: fields.to_vec(),
                 lengths,
             };
-            async move { self.call(part.shard, &request, body).await }
+            async move { self.write_call(part.shard, &request, body).await }
         });
         let results = futures::future::join_all(calls).await;
         if let Some(failure) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
@@ -213,7 +248,7 @@ impl Router {
                     let undo = Request::Truncate {
                         len: part.local_start,
                     };
-                    if let Err((_, e)) = self.call(part.shard, &undo, Vec::new()).await {
+                    if let Err((_, e)) = self.write_call(part.shard, &undo, Vec::new()).await {
                         tracing::warn!("undoing a failed append on shard {}: {e} (the next router start repairs it)", part.shard);
                     }
                 }
@@ -260,10 +295,10 @@ impl Router {
                 fields,
                 lengths,
             };
-            self.call(shard, &request, vec![Bytes::from(moved.body())])
+            self.write_call(shard, &request, vec![Bytes::from(moved.body())])
                 .await?;
         }
-        self.call(
+        self.write_call(
             last_shard,
             &Request::Truncate { len: last_local },
             Vec::new(),
