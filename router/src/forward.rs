@@ -167,29 +167,44 @@ async fn read_part(
             format!("shard {shard} at {addr}: {e}"),
         )
     };
+    // The connection used, so that a failed exchange can drop it: a node that broke the
+    // protocol, went silent or was replaced is reconnected to on the next request.
+    let mut used = None;
     let exchange = async {
-        let header =
-            wire::encode_request(&request).map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
+        let header = wire::encode_request(&request)
+            .map_err(|e| (false, (ErrorCode::BadRequest, e.to_string())))?;
         let connection = router
             .link(shard)
             .await
-            .map_err(|e| unavailable(e.to_string()))?;
-        let received = receive(&connection, header, shard, records, &pieces).await;
-        if let Err(Received::Net(_)) = &received {
-            router.forget(shard, &connection).await;
-        }
-        received.map_err(|e| match e {
-            Received::Net(e) | Received::Protocol(e) => unavailable(e),
-            Received::Refused(failure) => failure,
-        })
+            .map_err(|e| (false, unavailable(e.to_string())))?;
+        used = Some(connection.clone());
+        receive(&connection, header, shard, records, &pieces)
+            .await
+            .map_err(|e| match e {
+                Received::Net(e) | Received::Protocol(e) => (true, unavailable(e)),
+                // The node answered with an error of its own: the connection is fine.
+                Received::Refused(failure) => (false, failure),
+            })
     };
     let outcome = match tokio::time::timeout(router.timeout(), exchange).await {
-        Ok(Ok(())) => Piece::End,
-        Ok(Err(failure)) => Piece::Failed(failure),
-        Err(_) => Piece::Failed(unavailable(format!(
-            "no reply within {} ms",
-            router.timeout().as_millis()
-        ))),
+        Ok(Ok(())) => Ok(()),
+        Ok(Err((drop_link, failure))) => Err((drop_link, failure)),
+        Err(_) => Err((
+            true,
+            unavailable(format!(
+                "no reply within {} ms",
+                router.timeout().as_millis()
+            )),
+        )),
+    };
+    let outcome = match outcome {
+        Ok(()) => Piece::End,
+        Err((drop_link, failure)) => {
+            if let Some(connection) = used.filter(|_| drop_link) {
+                router.forget(shard, &connection).await;
+            }
+            Piece::Failed(failure)
+        }
     };
     let _ = pieces.send(outcome);
 }
