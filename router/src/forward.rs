@@ -167,43 +167,39 @@ async fn read_part(
             format!("shard {shard} at {addr}: {e}"),
         )
     };
-    // The connection used, so that a failed exchange can drop it: a node that broke the
-    // protocol, went silent or was replaced is reconnected to on the next request.
+    let header = match wire::encode_request(&request) {
+        Ok(header) => header,
+        Err(e) => {
+            let _ = pieces.send(Piece::Failed((ErrorCode::BadRequest, e.to_string())));
+            return;
+        }
+    };
     let mut used = None;
     let exchange = async {
-        let header = wire::encode_request(&request)
-            .map_err(|e| (false, (ErrorCode::BadRequest, e.to_string())))?;
         let connection = router
             .link(shard)
             .await
-            .map_err(|e| (false, unavailable(e.to_string())))?;
+            .map_err(|e| Received::Net(e.to_string()))?;
         used = Some(connection.clone());
-        receive(&connection, header, shard, records, &pieces)
-            .await
-            .map_err(|e| match e {
-                Received::Net(e) | Received::Protocol(e) => (true, unavailable(e)),
-                // The node answered with an error of its own: the connection is fine.
-                Received::Refused(failure) => (false, failure),
-            })
+        receive(&connection, header, shard, records, &pieces).await
     };
-    let outcome = match tokio::time::timeout(router.timeout(), exchange).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err((drop_link, failure))) => Err((drop_link, failure)),
-        Err(_) => Err((
-            true,
-            unavailable(format!(
-                "no reply within {} ms",
-                router.timeout().as_millis()
-            )),
-        )),
-    };
-    let outcome = match outcome {
+    let received = tokio::time::timeout(router.timeout(), exchange)
+        .await
+        .unwrap_or_else(|_| {
+            let waited = router.timeout().as_millis();
+            Err(Received::Net(format!("no reply within {waited} ms")))
+        });
+    let outcome = match received {
         Ok(()) => Piece::End,
-        Err((drop_link, failure)) => {
-            if let Some(connection) = used.filter(|_| drop_link) {
-                router.forget(shard, &connection).await;
+        // The node answered with an error of its own: the connection is fine.
+        Err(Received::Refused(failure)) => Piece::Failed(failure),
+        Err(Received::Net(e) | Received::Protocol(e)) => {
+            // A node that broke the protocol, went silent or was replaced is connected to
+            // afresh on the next request.
+            if let Some(connection) = &used {
+                router.forget(shard, connection).await;
             }
-            Piece::Failed(failure)
+            Piece::Failed(unavailable(e))
         }
     };
     let _ = pieces.send(outcome);

@@ -265,7 +265,7 @@ impl Router {
         fields: Vec<String>,
     ) -> Result<(Reply, Body), Failure> {
         let len = self
-            .len_covering(indices.iter().copied().max().unwrap_or(0), false)
+            .len_covering(indices.iter().copied().max().unwrap_or(0))
             .await;
         if let Some(&index) = indices.iter().find(|&&i| i >= len) {
             return Err((
@@ -349,18 +349,12 @@ impl Router {
 
     /// The global length as the nodes have it now if `index` is past the cached one (another
     /// router may have appended); the cached one otherwise, or if a node cannot say.
-    /// `locked`: the caller holds the write lock.
-    async fn len_covering(&self, index: u64, locked: bool) -> u64 {
+    async fn len_covering(&self, index: u64) -> u64 {
         let len = self.len();
         if index < len {
             return len;
         }
-        let fresh = if locked {
-            self.refresh_len_locked().await
-        } else {
-            self.refresh_len().await
-        };
-        match fresh {
+        match self.refresh_len().await {
             Ok(len) => len,
             Err((_, e)) => {
                 tracing::debug!("cannot refresh the length: {e}");
