@@ -17,7 +17,7 @@ use crate::chunks::Chunks;
 use crate::error::Error;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 3;
+pub const WIRE_VERSION: u16 = 4;
 const MAGIC: [u8; 4] = *b"ZRW1";
 const PREFIX_BYTES: usize = 12;
 /// Longest header accepted.
@@ -62,11 +62,17 @@ pub enum Request {
     /// Make every write so far durable.
     Commit,
     /// Router → the write-lease node (shard 0): take the cluster's write lease for
-    /// `lease_ms`, or renew it. Reply: `Done`, or `Conflict` while another router holds it.
+    /// `lease_ms`, or renew it. Reply: `Leased`, or `Conflict` while another router holds it.
     Acquire { holder: u64, lease_ms: u64 },
     /// Router → the write-lease node: give the lease back. `Conflict` if `holder` no longer
     /// holds it.
     Release { holder: u64 },
+    /// Router → the write-lease node, holding the lease: record (`Some`) or clear (`None`)
+    /// the global length the cluster must be cut back to, kept beside the lease until
+    /// cleared: a delete that moved the last record into the hole records it before cutting
+    /// the last record off, so that whoever takes the lease next finishes a cut left undone.
+    /// Reply: `Done`, or `Conflict` if `holder` does not hold the lease.
+    Intend { holder: u64, cut: Option<u64> },
 }
 
 /// A field as the wire describes it.
@@ -114,6 +120,11 @@ pub enum Reply {
         count: u64,
     },
     Done,
+    /// The write lease is taken; `cut` is a global length recorded by `Intend` and not yet
+    /// cleared (a delete left half done), which the new holder must cut the cluster back to.
+    Leased {
+        cut: Option<u64>,
+    },
     Error {
         code: ErrorCode,
         message: String,
@@ -377,7 +388,8 @@ fn check_request(request: &Request, body: usize) -> Result<(), Error> {
         | Request::Truncate { .. }
         | Request::Commit
         | Request::Acquire { .. }
-        | Request::Release { .. } => expect_empty(body),
+        | Request::Release { .. }
+        | Request::Intend { .. } => expect_empty(body),
     }
 }
 
@@ -551,6 +563,8 @@ mod tests {
             (any::<u64>(), any::<u64>())
                 .prop_map(|(holder, lease_ms)| (Request::Acquire { holder, lease_ms }, Vec::new())),
             any::<u64>().prop_map(|holder| (Request::Release { holder }, Vec::new())),
+            (any::<u64>(), any::<Option<u64>>())
+                .prop_map(|(holder, cut)| (Request::Intend { holder, cut }, Vec::new())),
             (
                 proptest::collection::vec(any::<u64>(), 0..64),
                 names.clone()

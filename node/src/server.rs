@@ -266,7 +266,7 @@ fn execute(store: &Store, lease: &WriteLease, request: Request, body: &[u8]) -> 
         Request::Acquire { holder, lease_ms } => {
             let lease_for = std::time::Duration::from_millis(lease_ms);
             match lease.acquire(holder, lease_for, std::time::Instant::now()) {
-                Ok(()) => Ok((Reply::Done, Vec::new())),
+                Ok(cut) => Ok((Reply::Leased { cut }, Vec::new())),
                 Err(left) => Err((
                     ErrorCode::Conflict,
                     format!(
@@ -280,6 +280,12 @@ fn execute(store: &Store, lease: &WriteLease, request: Request, body: &[u8]) -> 
             Ok(()) => Ok((Reply::Done, Vec::new())),
             Err(e) => Err((ErrorCode::Conflict, e)),
         },
+        Request::Intend { holder, cut } => {
+            match lease.intend(holder, cut, std::time::Instant::now()) {
+                Ok(()) => Ok((Reply::Done, Vec::new())),
+                Err(e) => Err((ErrorCode::Conflict, e)),
+            }
+        }
     }
 }
 

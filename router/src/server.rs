@@ -241,7 +241,10 @@ impl Router {
             Request::Delete { index } => {
                 self.exclusive(|| self.delete(index)).await.map(ready_body)
             }
-            Request::Truncate { .. } | Request::Acquire { .. } | Request::Release { .. } => Err((
+            Request::Truncate { .. }
+            | Request::Acquire { .. }
+            | Request::Release { .. }
+            | Request::Intend { .. } => Err((
                 ErrorCode::BadRequest,
                 "truncate and the write lease are for nodes".into(),
             )),

@@ -192,6 +192,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
     // 2. Straight to the nodes: what the router does, from here (one hop).
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .thread_name("bench-client")
         .enable_all()
         .build()?;
     let placement = cluster.config().placement()?;
@@ -233,6 +234,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
     // The servers run on a runtime of their own, as the nodes do on the cluster's.
     let servers = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .thread_name("bench-servers")
         .enable_all()
         .build()?;
     let whole = Bytes::from(vec![7u8; batch_bytes]);

@@ -4,6 +4,11 @@
 //! is re-read from the nodes first, and shards left out of step by a write cut off midway
 //! are cut back to the longest length all agree with.
 //!
+//! A delete copies the last record into the hole, then cuts the last record off. Between the
+//! two it records the cut beside the lease; if the cut is not made (its shard failed, the
+//! router died), whoever takes the lease next makes it before writing, so the moved record
+//! is never left twice for longer than until the next write.
+//!
 //! The lease runs out by itself after [`LEASE_TIMEOUTS`] router timeouts, longer than any
 //! write takes (each step is bounded by the timeout); a router that dies holding it blocks
 //! the others' writes for that long at most.
@@ -33,8 +38,8 @@ impl Router {
         F: Future<Output = Result<T, Failure>>,
     {
         let _writes = self.writes.lock().await;
-        self.acquire_lease().await?;
-        let result = match self.repair_locked().await {
+        let cut = self.acquire_lease().await?;
+        let result = match self.repair_locked(cut).await {
             Ok(()) => write().await,
             Err(e) => Err(e),
         };
@@ -42,8 +47,9 @@ impl Router {
         result
     }
 
-    /// Takes the write lease, waiting up to the router's timeout while another router has it.
-    async fn acquire_lease(&self) -> Result<(), Failure> {
+    /// Takes the write lease, waiting up to the router's timeout while another router has it;
+    /// returns the cut left to make, if any.
+    async fn acquire_lease(&self) -> Result<Option<u64>, Failure> {
         let request = Request::Acquire {
             holder: self.holder,
             lease_ms: self.timeout.as_millis() as u64 * LEASE_TIMEOUTS as u64,
@@ -55,9 +61,12 @@ impl Router {
             // than at the node.
             let asked = tokio::time::Instant::now();
             match self.call(LEASE_SHARD, &request, Vec::new()).await {
-                Ok(answer) if answer.reply == Reply::Done => {
+                Ok(super::NodeReply {
+                    reply: Reply::Leased { cut },
+                    ..
+                }) => {
                     *self.lease_until() = Some(asked + self.timeout * LEASE_TIMEOUTS);
-                    return Ok(());
+                    return Ok(cut);
                 }
                 Ok(answer) => {
                     return Err((
@@ -125,13 +134,30 @@ impl Router {
         }
     }
 
+    /// Records (`Some`) or clears (`None`) the cut beside the write lease.
+    async fn intend(&self, cut: Option<u64>) -> Result<(), Failure> {
+        let request = Request::Intend {
+            holder: self.holder,
+            cut,
+        };
+        self.write_call(LEASE_SHARD, &request, Vec::new()).await?;
+        Ok(())
+    }
+
     /// Re-reads every node's length and cuts back shards holding records past the longest
-    /// length they all agree with (a write that did not reach every shard); stores that
-    /// global length. The caller holds the write lease.
-    async fn repair_locked(&self) -> Result<(), Failure> {
+    /// length they all agree with (a write that did not reach every shard), or past `cut`
+    /// (a delete left half done); stores that global length. The caller holds the write
+    /// lease, which told it `cut`.
+    async fn repair_locked(&self, cut: Option<u64>) -> Result<(), Failure> {
         let lens = self.node_lens().await?;
         let placement = self.placement.load_full();
-        let len = placement.consistent_len(&lens);
+        let mut len = placement.consistent_len(&lens);
+        if let Some(cut) = cut.filter(|&cut| cut < len) {
+            tracing::warn!(
+                "finishing a delete left half done: the record it moved is cut off its old place, from {len} records to {cut}"
+            );
+            len = cut;
+        }
         for (shard, &have) in lens.iter().enumerate() {
             let want = placement.shard_len(shard as u32, len);
             if have != want {
@@ -142,6 +168,9 @@ impl Router {
                 self.write_call(shard as u32, &Request::Truncate { len: want }, Vec::new())
                     .await?;
             }
+        }
+        if cut.is_some() {
+            self.intend(None).await?;
         }
         self.len.store(len, Ordering::SeqCst);
         Ok(())
@@ -298,12 +327,33 @@ impl Router {
             self.write_call(shard, &request, vec![Bytes::from(moved.body())])
                 .await?;
         }
-        self.write_call(
-            last_shard,
-            &Request::Truncate { len: last_local },
-            Vec::new(),
-        )
-        .await?;
+        // The last record is now in two places: until it is cut off its old one, the cut is
+        // kept beside the lease for whoever holds it next.
+        let recorded = index != last
+            && match self.intend(Some(last)).await {
+                Ok(()) => true,
+                Err((_, e)) => {
+                    tracing::warn!("recording the cut of a delete: {e}");
+                    false
+                }
+            };
+        let truncate = Request::Truncate { len: last_local };
+        if let Err((code, e)) = self.write_call(last_shard, &truncate, Vec::new()).await {
+            let left = if index == last {
+                String::new()
+            } else if recorded {
+                format!("; record {index} already holds a copy of record {last}, which the next write through any router cuts off its old place")
+            } else {
+                format!("; record {index} already holds a copy of record {last}: delete record {index} again to finish")
+            };
+            return Err((code, format!("{e}{left}")));
+        }
+        if recorded {
+            if let Err((_, e)) = self.intend(None).await {
+                // Harmless: the next holder finds the cluster already cut to it.
+                tracing::warn!("clearing the cut of a finished delete: {e}");
+            }
+        }
         self.len.store(last, Ordering::SeqCst);
         Ok((Reply::Done, Vec::new()))
     }
