@@ -21,8 +21,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{
-    ClientConfig, Connection, ConnectionError, Endpoint, EndpointConfig, MtuDiscoveryConfig,
-    SendStream, ServerConfig, TransportConfig, VarInt,
+    AsyncUdpSocket, ClientConfig, Connection, ConnectionError, Endpoint, EndpointConfig,
+    MtuDiscoveryConfig, Runtime, SendStream, ServerConfig, TransportConfig, VarInt,
 };
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
@@ -215,14 +215,22 @@ fn endpoint_config() -> Result<EndpointConfig, Error> {
 
 /// A server endpoint on `addr` (which may also open client connections).
 pub fn server_endpoint(addr: SocketAddr, security: &Security) -> Result<Endpoint, Error> {
+    server_endpoint_wrapped(addr, security, |socket| socket)
+}
+
+/// [`server_endpoint`] with its UDP socket passed through `wrap` first: the simulator's
+/// network faults.
+pub fn server_endpoint_wrapped(
+    addr: SocketAddr,
+    security: &Security,
+    wrap: impl FnOnce(Arc<dyn AsyncUdpSocket>) -> Arc<dyn AsyncUdpSocket>,
+) -> Result<Endpoint, Error> {
     let server = security.server_config(addr.ip().is_loopback())?;
-    Endpoint::new(
-        endpoint_config()?,
-        Some(server),
-        udp_socket(addr)?,
-        Arc::new(quinn::TokioRuntime),
-    )
-    .map_err(|e| Error::Net(format!("cannot start an endpoint on {addr}: {e}")))
+    let failed = |e: std::io::Error| Error::Net(format!("cannot start an endpoint on {addr}: {e}"));
+    let runtime = Arc::new(quinn::TokioRuntime);
+    let socket = runtime.wrap_udp_socket(udp_socket(addr)?).map_err(failed)?;
+    Endpoint::new_with_abstract_socket(endpoint_config()?, Some(server), wrap(socket), runtime)
+        .map_err(failed)
 }
 
 /// A client-only endpoint on an ephemeral port of `bind` (e.g. 127.0.0.1:0 or 0.0.0.0:0).

@@ -3,7 +3,10 @@
 //! Nodes can be stopped (gracefully: finish requests, commit), crashed (dropped without a
 //! commit), stalled (the address accepts connections but never answers) or replaced by an
 //! impostor answering as a test says (`fake_node`), and started again
-//! on the same address with their data; routers can be restarted or added.
+//! on the same address with their data; routers can be restarted or added. Each node's
+//! traffic can suffer loss, delay or a partition (`set_faults`), decided from the cluster's
+//! seed (see [`faults`]); a test that uses faults prints the seed, and `ZR_SIM_SEED` replays
+//! it.
 //!
 //! By default the cluster is secured as a real one is: `zr cluster-init`'s CA and
 //! certificates in the temporary directory, mutual TLS on every connection.
@@ -23,6 +26,10 @@ use zr_common::placement::EXTENT_RECORDS_DEFAULT;
 use zr_common::tls::{self, Role};
 use zr_router::{Client, Router};
 
+pub mod faults;
+pub use faults::Faults;
+use faults::{FaultState, FaultySocket};
+
 /// Errors of the simulator: a message.
 pub type SimError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -37,6 +44,22 @@ pub struct SimOptions {
     pub timeout_ms: u64,
     /// Mutual TLS from a generated cluster CA (true), or `--insecure-dev` (false).
     pub secure: bool,
+    /// Seed of the network faults: `ZR_SIM_SEED` if set, else a fresh one.
+    pub seed: u64,
+}
+
+/// `ZR_SIM_SEED`, or a seed from the clock.
+fn default_seed() -> u64 {
+    if let Some(seed) = std::env::var("ZR_SIM_SEED")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+    {
+        return seed;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    zr_common::hash::mix2(now.as_nanos() as u64, std::process::id() as u64)
 }
 
 impl Default for SimOptions {
@@ -46,6 +69,7 @@ impl Default for SimOptions {
             extent_records: EXTENT_RECORDS_DEFAULT,
             timeout_ms: 5_000,
             secure: true,
+            seed: default_seed(),
         }
     }
 }
@@ -62,6 +86,9 @@ pub struct SimCluster {
     config: ClusterConfig,
     nodes: Vec<Option<Running>>,
     impostors: Vec<Option<Running>>,
+    /// Each node's network faults, kept across its restarts.
+    faults: Vec<Arc<FaultState>>,
+    seed: u64,
     routers: Vec<(SocketAddr, Running)>,
 }
 
@@ -87,10 +114,14 @@ impl SimCluster {
             None => Security::InsecureDev,
         };
         // Bind every node first: the configuration needs their ports.
+        let faults: Vec<Arc<FaultState>> = (0..shards)
+            .map(|shard| Arc::new(FaultState::new(options.seed, shard)))
+            .collect();
         let endpoints = {
             let _guard = runtime.enter();
-            (0..shards)
-                .map(|_| net::server_endpoint(loopback, &node_security))
+            faults
+                .iter()
+                .map(|state| faulty_endpoint(loopback, &node_security, state))
                 .collect::<Result<Vec<_>, _>>()?
         };
         let shard_configs = endpoints
@@ -132,6 +163,8 @@ impl SimCluster {
             config,
             nodes: Vec::new(),
             impostors: (0..shards).map(|_| None).collect(),
+            faults,
+            seed: options.seed,
             routers: Vec::new(),
         };
         for (shard, endpoint) in endpoints.into_iter().enumerate() {
@@ -174,6 +207,26 @@ impl SimCluster {
             .map_err(|e| e.to_string())
         });
         Ok(Running { stop, task })
+    }
+
+    /// The seed the network faults are decided from.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// From now on, shard `shard`'s node's traffic suffers `faults` (also after a restart);
+    /// `Faults::default()` heals it.
+    pub fn set_faults(&self, shard: u32, faults: Faults) -> Result<(), SimError> {
+        let state = self.faults.get(shard as usize).ok_or("no such shard")?;
+        state.set(faults);
+        Ok(())
+    }
+
+    /// Datagrams to or from shard `shard`'s node lost so far to `Faults::loss`.
+    pub fn datagrams_lost(&self, shard: u32) -> u64 {
+        self.faults.get(shard as usize).map_or(0, |state| {
+            state.lost.load(std::sync::atomic::Ordering::Relaxed)
+        })
     }
 
     /// The first router's address.
@@ -304,7 +357,7 @@ impl SimCluster {
         let endpoint = loop {
             let bound = {
                 let _guard = self.runtime.enter();
-                net::server_endpoint(addr, &security)
+                faulty_endpoint(addr, &security, &self.faults[shard as usize])
             };
             match bound {
                 Ok(endpoint) => break endpoint,
@@ -323,6 +376,20 @@ impl SimCluster {
         let _ = running.stop.send(());
         self.runtime.block_on(running.task)?.map_err(SimError::from)
     }
+}
+
+/// A node's endpoint on `addr`, its socket suffering the faults `state` says.
+fn faulty_endpoint(
+    addr: SocketAddr,
+    security: &Security,
+    state: &Arc<FaultState>,
+) -> Result<quinn::Endpoint, zr_common::Error> {
+    net::server_endpoint_wrapped(addr, security, |inner| {
+        Arc::new(FaultySocket {
+            inner,
+            state: Arc::clone(state),
+        })
+    })
 }
 
 impl Drop for SimCluster {

@@ -16,7 +16,7 @@ fn options() -> SimOptions {
         // Small extents: a few hundred records already spread over every shard.
         extent_records: 3,
         timeout_ms: 5_000,
-        secure: true,
+        ..SimOptions::default()
     }
 }
 

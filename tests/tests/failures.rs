@@ -14,7 +14,7 @@ use zr_common::tls::{self, Role};
 use zr_common::wire::{self, ErrorCode, Reply, Request};
 use zr_common::Record;
 use zr_router::Client;
-use zr_sim::{SimCluster, SimOptions};
+use zr_sim::{Faults, SimCluster, SimOptions};
 
 const TIMEOUT_MS: u64 = 800;
 const RECORDS: u64 = 400;
@@ -531,4 +531,33 @@ fn a_delete_left_half_done_is_finished_by_the_next_write() {
     expect_model(&client);
     cluster.restart_router().unwrap();
     expect_model(&cluster.client().unwrap());
+}
+
+/// A node cut off by a network partition fails only the requests that need it, in time and
+/// naming it, and a write that needs it fails whole; once the partition heals, the router
+/// reaches the node again and the cluster is as if the failed write had never been tried.
+#[test]
+fn a_partitioned_node_fails_only_what_needs_it_and_heals() {
+    let cluster = loaded_cluster();
+    let client = cluster.client().unwrap();
+    let (on_two, elsewhere) = split_by_shard(&cluster, 2);
+    let cut_off = Faults {
+        partitioned: true,
+        ..Faults::default()
+    };
+    cluster.set_faults(2, cut_off).unwrap();
+    for indices in [&on_two[..3], &[elsewhere[0], on_two[0]][..]] {
+        expect_unavailable(&cluster, &client, 2, indices);
+        check(&client, &elsewhere);
+    }
+    let rows: Vec<Vec<u8>> = (RECORDS..RECORDS + 40).map(payload).collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
+    let err = client.append_many(&records).unwrap_err().to_string();
+    assert!(err.contains("shard 2"), "{err}");
+
+    cluster.set_faults(2, Faults::default()).unwrap();
+    assert_eq!(client.len().unwrap(), RECORDS);
+    check(&client, &(0..RECORDS).collect::<Vec<_>>());
+    assert_eq!(client.append_many(&records).unwrap().start, RECORDS);
+    check(&client, &(0..RECORDS + 40).collect::<Vec<_>>());
 }
