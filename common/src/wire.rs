@@ -17,7 +17,7 @@ use crate::chunks::Chunks;
 use crate::error::Error;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 4;
+pub const WIRE_VERSION: u16 = 5;
 const MAGIC: [u8; 4] = *b"ZRW1";
 const PREFIX_BYTES: usize = 12;
 /// Longest header accepted.
@@ -44,21 +44,30 @@ pub enum Request {
     },
     /// Append records; body: per field of `fields`, the payloads (`lengths[f][k]` bytes each).
     /// `at`: the index the first record must get (the router's check that a node is in step).
+    /// `token`: see [`Request::Fence`]; a node takes writes only with one, a router sets it.
     Append {
         at: Option<u64>,
+        token: Option<u64>,
         fields: Vec<String>,
         lengths: Vec<Vec<u32>>,
     },
     /// Replace record `index`; body: per field, its payload. Fields not named become absent.
+    /// `token` as for `Append`.
     Modify {
         index: u64,
+        token: Option<u64>,
         fields: Vec<String>,
         lengths: Vec<u32>,
     },
-    /// Swap-remove record `index` (the last record takes its place).
+    /// Swap-remove record `index` (the last record takes its place). Client → router only: a
+    /// router deletes as a modify and a truncate.
     Delete { index: u64 },
-    /// Drop records from the end until `len` remain (router → node repair and global delete).
-    Truncate { len: u64 },
+    /// Router → node: drop records from the end until `len` remain (repair, global delete).
+    Truncate { len: u64, token: u64 },
+    /// Router → node, holding the write lease whose token is `token`: refuse from now on
+    /// every write with a smaller token (a router whose lease ran out and passed on, whose
+    /// write arrives late). Reply: `Info`, the length read after any earlier write.
+    Fence { token: u64 },
     /// Make every write so far durable.
     Commit,
     /// Router → the write-lease node (shard 0): take the cluster's write lease for
@@ -124,6 +133,8 @@ pub enum Reply {
     /// cleared (a delete left half done), which the new holder must cut the cluster back to.
     Leased {
         cut: Option<u64>,
+        /// Larger than any earlier holder's: the holder fences the nodes with it.
+        token: u64,
     },
     Error {
         code: ErrorCode,
@@ -389,7 +400,8 @@ fn check_request(request: &Request, body: usize) -> Result<(), Error> {
         | Request::Commit
         | Request::Acquire { .. }
         | Request::Release { .. }
-        | Request::Intend { .. } => expect_empty(body),
+        | Request::Intend { .. }
+        | Request::Fence { .. } => expect_empty(body),
     }
 }
 
@@ -429,6 +441,7 @@ mod tests {
     fn round_trips() {
         let request = Request::Append {
             at: Some(5),
+            token: Some(9),
             fields: vec!["a".into(), "b".into()],
             lengths: vec![vec![1, 2], vec![0, 3]],
         };
@@ -536,6 +549,7 @@ mod tests {
         // Body sizes must match the lengths.
         let append = encode_request(&Request::Append {
             at: None,
+            token: None,
             fields: vec!["a".into()],
             lengths: vec![vec![4]],
         })
@@ -559,7 +573,9 @@ mod tests {
             Just((Request::Info, Vec::new())),
             Just((Request::Commit, Vec::new())),
             any::<u64>().prop_map(|index| (Request::Delete { index }, Vec::new())),
-            any::<u64>().prop_map(|len| (Request::Truncate { len }, Vec::new())),
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(len, token)| (Request::Truncate { len, token }, Vec::new())),
+            any::<u64>().prop_map(|token| (Request::Fence { token }, Vec::new())),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(holder, lease_ms)| (Request::Acquire { holder, lease_ms }, Vec::new())),
             any::<u64>().prop_map(|holder| (Request::Release { holder }, Vec::new())),
@@ -573,15 +589,17 @@ mod tests {
             (
                 names,
                 proptest::collection::vec(0u32..40, 0..20),
+                any::<Option<u64>>(),
                 any::<Option<u64>>()
             )
-                .prop_map(|(fields, lens, at)| {
+                .prop_map(|(fields, lens, at, token)| {
                     let lengths: Vec<Vec<u32>> = fields.iter().map(|_| lens.clone()).collect();
                     let total: u32 = lengths.iter().flatten().sum();
                     let body = vec![0xab; total as usize];
                     (
                         Request::Append {
                             at,
+                            token,
                             fields,
                             lengths,
                         },

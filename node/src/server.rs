@@ -17,7 +17,7 @@ use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
 use zr_common::{net, Record};
 
 use crate::batch::Batch;
-use crate::lease::WriteLease;
+use crate::lease::Coordination;
 use crate::meta::{Compression, FieldSpec};
 use crate::runtime::RuntimeOptions;
 use crate::store::{CreateOptions, Store};
@@ -91,13 +91,14 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let handler_store = store.clone();
-    let lease = Arc::new(WriteLease::default());
+    let coordination = Arc::new(Coordination::default());
     let handler = move |bytes: Vec<u8>| {
         let store = handler_store.clone();
-        let lease = Arc::clone(&lease);
+        let coordination = Arc::clone(&coordination);
         async move {
             // Store calls block (disk, CPU): off the async workers.
-            let answer = tokio::task::spawn_blocking(move || handle(&store, &lease, &bytes)).await;
+            let answer =
+                tokio::task::spawn_blocking(move || handle(&store, &coordination, &bytes)).await;
             let (header, body) = answer.unwrap_or_else(|e| {
                 error_reply(ErrorCode::Storage, format!("request handler failed: {e}"))
             });
@@ -122,8 +123,9 @@ pub async fn serve(
 }
 
 /// Decodes, executes and encodes one request: the whole protocol, without I/O.
-/// `lease` is the cluster's write lease, which routers take from shard 0's node.
-pub fn handle(store: &Store, lease: &WriteLease, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
+/// `coordination` holds the cluster's write lease (which routers take from shard 0's node)
+/// and this node's fence.
+pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
     let (request, body) = match wire::decode_request(bytes) {
         Ok(decoded) => decoded,
         Err(e) => {
@@ -136,7 +138,7 @@ pub fn handle(store: &Store, lease: &WriteLease, bytes: &[u8]) -> (Vec<u8>, Vec<
             return error_reply(code, e.to_string());
         }
     };
-    match execute(store, lease, request, body) {
+    match execute(store, coordination, request, body) {
         Ok((reply, body)) => match wire::encode_reply(&reply) {
             Ok(header) => (header, body),
             Err(e) => error_reply(ErrorCode::Storage, e.to_string()),
@@ -161,8 +163,27 @@ fn code_of(e: &Error) -> ErrorCode {
 
 type Outcome = Result<(Reply, Vec<Bytes>), (ErrorCode, String)>;
 
-fn execute(store: &Store, lease: &WriteLease, request: Request, body: &[u8]) -> Outcome {
+/// Runs `write` if it carries a lease token the node's fence admits.
+fn fenced(
+    coordination: &Coordination,
+    token: Option<u64>,
+    write: impl FnOnce() -> Outcome,
+) -> Outcome {
+    let Some(token) = token else {
+        return Err((
+            ErrorCode::BadRequest,
+            "a node takes writes only from a router holding the write lease, and this one carries no lease token".into(),
+        ));
+    };
+    coordination
+        .fence
+        .admit(token, write)
+        .map_err(|e| (ErrorCode::Conflict, e))?
+}
+
+fn execute(store: &Store, coordination: &Coordination, request: Request, body: &[u8]) -> Outcome {
     let fail = |e: Error| (code_of(&e), e.to_string());
+    let lease = &coordination.lease;
     match request {
         Request::Info => Ok((
             Reply::Info {
@@ -201,9 +222,10 @@ fn execute(store: &Store, lease: &WriteLease, request: Request, body: &[u8]) -> 
         }
         Request::Append {
             at,
+            token,
             fields,
             lengths,
-        } => {
+        } => fenced(coordination, token, || {
             if let Some(at) = at {
                 if at != store.len() {
                     return Err((
@@ -234,12 +256,13 @@ fn execute(store: &Store, lease: &WriteLease, request: Request, body: &[u8]) -> 
                 },
                 Vec::new(),
             ))
-        }
+        }),
         Request::Modify {
             index,
+            token,
             fields,
             lengths,
-        } => {
+        } => fenced(coordination, token, || {
             let columns =
                 wire::split_columns(&lengths.iter().map(|&l| vec![l]).collect::<Vec<_>>(), body);
             let mut record = Record::new();
@@ -248,17 +271,26 @@ fn execute(store: &Store, lease: &WriteLease, request: Request, body: &[u8]) -> 
             }
             store.modify(index, &record).map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
-        }
-        Request::Delete { index } => {
-            store.delete(index).map_err(fail)?;
-            Ok((Reply::Done, Vec::new()))
-        }
-        Request::Truncate { len } => {
+        }),
+        Request::Delete { .. } => Err((
+            ErrorCode::BadRequest,
+            "a node takes no deletes: a router deletes as a modify and a truncate".into(),
+        )),
+        Request::Truncate { len, token } => fenced(coordination, Some(token), || {
             while store.len() > len {
                 store.delete(store.len() - 1).map_err(fail)?;
             }
             Ok((Reply::Done, Vec::new()))
-        }
+        }),
+        Request::Fence { token } => coordination.fence.raise(token, || {
+            Ok((
+                Reply::Info {
+                    len: store.len(),
+                    fields: store.fields().iter().map(field_info).collect(),
+                },
+                Vec::new(),
+            ))
+        }),
         Request::Commit => {
             store.commit().map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
@@ -266,7 +298,13 @@ fn execute(store: &Store, lease: &WriteLease, request: Request, body: &[u8]) -> 
         Request::Acquire { holder, lease_ms } => {
             let lease_for = std::time::Duration::from_millis(lease_ms);
             match lease.acquire(holder, lease_for, std::time::Instant::now()) {
-                Ok(cut) => Ok((Reply::Leased { cut }, Vec::new())),
+                Ok(grant) => Ok((
+                    Reply::Leased {
+                        cut: grant.cut,
+                        token: grant.token,
+                    },
+                    Vec::new(),
+                )),
                 Err(left) => Err((
                     ErrorCode::Conflict,
                     format!(

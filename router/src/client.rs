@@ -235,6 +235,7 @@ impl Client {
             .call(
                 &Request::Append {
                     at: None,
+                    token: None,
                     fields,
                     lengths,
                 },
@@ -259,6 +260,7 @@ impl Client {
         self.call(
             &Request::Modify {
                 index,
+                token: None,
                 fields,
                 lengths,
             },

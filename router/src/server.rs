@@ -72,8 +72,8 @@ pub struct Router {
     writes: Mutex<()>,
     /// This router's name for the cluster's write lease: random, one per router.
     holder: u64,
-    /// When the write lease this router holds runs out (`None`: it holds none).
-    lease_until: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// The write lease this router holds, if any.
+    lease: std::sync::Mutex<Option<writes::Lease>>,
     fields: Vec<FieldInfo>,
     timeout: Duration,
 }
@@ -116,11 +116,11 @@ impl Router {
                 &std::collections::hash_map::RandomState::new(),
                 std::process::id(),
             ),
-            lease_until: std::sync::Mutex::new(None),
+            lease: std::sync::Mutex::new(None),
             fields: Vec::new(),
             timeout: Duration::from_millis(config.router.timeout_ms),
         };
-        let infos = router.node_infos().await.map_err(remote)?;
+        let infos = router.node_infos(None).await.map_err(remote)?;
         let mut fields: Option<(u32, &Vec<FieldInfo>)> = None;
         for (shard, (_, theirs)) in infos.iter().enumerate() {
             match fields {
@@ -234,6 +234,7 @@ impl Router {
                 index,
                 fields,
                 lengths,
+                ..
             } => self
                 .exclusive(|| self.modify(index, fields, lengths, body))
                 .await
@@ -244,7 +245,8 @@ impl Router {
             Request::Truncate { .. }
             | Request::Acquire { .. }
             | Request::Release { .. }
-            | Request::Intend { .. } => Err((
+            | Request::Intend { .. }
+            | Request::Fence { .. } => Err((
                 ErrorCode::BadRequest,
                 "truncate and the write lease are for nodes".into(),
             )),
@@ -302,10 +304,15 @@ impl Router {
         Ok((reply, Body::Streamed(body)))
     }
 
-    /// Every node's length and fields, asked concurrently, in shard order.
-    async fn node_infos(&self) -> Result<Vec<(u64, Vec<FieldInfo>)>, Failure> {
+    /// Every node's length and fields, asked concurrently, in shard order; with `fence`, each
+    /// node is fenced with that lease token first (see `Request::Fence`).
+    async fn node_infos(&self, fence: Option<u64>) -> Result<Vec<(u64, Vec<FieldInfo>)>, Failure> {
+        let request = match fence {
+            Some(token) => Request::Fence { token },
+            None => Request::Info,
+        };
         let calls =
-            (0..self.nodes.len() as u32).map(|shard| self.call(shard, &Request::Info, Vec::new()));
+            (0..self.nodes.len() as u32).map(|shard| self.call(shard, &request, Vec::new()));
         let mut infos = Vec::with_capacity(self.nodes.len());
         for (shard, result) in futures::future::join_all(calls)
             .await
@@ -325,9 +332,9 @@ impl Router {
         Ok(infos)
     }
 
-    /// Every node's length, in shard order.
-    async fn node_lens(&self) -> Result<Vec<u64>, Failure> {
-        let infos = self.node_infos().await?;
+    /// Every node's length, in shard order; `fence` as for [`Self::node_infos`].
+    async fn node_lens(&self, fence: Option<u64>) -> Result<Vec<u64>, Failure> {
+        let infos = self.node_infos(fence).await?;
         Ok(infos.into_iter().map(|(len, _)| len).collect())
     }
 
@@ -345,7 +352,7 @@ impl Router {
         let len = self
             .placement
             .load()
-            .consistent_len(&self.node_lens().await?);
+            .consistent_len(&self.node_lens(None).await?);
         self.len.store(len, Ordering::SeqCst);
         Ok(len)
     }

@@ -410,9 +410,10 @@ fn a_write_lease_left_behind_runs_out() {
     let shard0 = cluster.config().shard(0).unwrap().addr;
     let taken = Instant::now();
     let reply = raw_call(&as_router, shard0, take).unwrap();
-    assert_eq!(
-        wire::decode_reply(&reply).unwrap().0,
-        Reply::Leased { cut: None }
+    let granted = wire::decode_reply(&reply).unwrap().0;
+    assert!(
+        matches!(granted, Reply::Leased { cut: None, .. }),
+        "{granted:?}"
     );
 
     let record = payload(RECORDS);
@@ -468,9 +469,11 @@ fn a_delete_left_half_done_is_finished_by_the_next_write() {
     let store = zr_node::server::open_shard_store(cluster.config(), &dir).unwrap();
     let slot = Arc::new(Mutex::new(Some(store)));
     let serving = Arc::clone(&slot);
+    let coordination = Arc::new(zr_node::lease::Coordination::default());
     cluster
         .fake_node(last_shard, move |request| {
             let store = serving.lock().unwrap().clone();
+            let coordination = Arc::clone(&coordination);
             async move {
                 let cut = matches!(
                     wire::decode_request(&request),
@@ -486,9 +489,8 @@ fn a_delete_left_half_done_is_finished_by_the_next_write() {
                         net::Body::Ready(Vec::new()),
                     );
                 };
-                let lease = zr_node::lease::WriteLease::default();
                 let (header, body) = tokio::task::spawn_blocking(move || {
-                    zr_node::server::handle(&store, &lease, &request)
+                    zr_node::server::handle(&store, &coordination, &request)
                 })
                 .await
                 .unwrap();
@@ -560,4 +562,74 @@ fn a_partitioned_node_fails_only_what_needs_it_and_heals() {
     check(&client, &(0..RECORDS).collect::<Vec<_>>());
     assert_eq!(client.append_many(&records).unwrap().start, RECORDS);
     check(&client, &(0..RECORDS + 40).collect::<Vec<_>>());
+}
+
+/// A write from a router whose write lease ran out and passed to another router is refused
+/// by the nodes, which the new holder fenced before writing: a late truncate cannot cut off
+/// what the new holder appended. A write carrying no lease token is refused too.
+#[test]
+fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
+    let cluster = loaded_cluster();
+    let client = cluster.client().unwrap();
+    let as_router = cluster.security(Role::Router).unwrap();
+    let node = |shard: u32| cluster.config().shard(shard).unwrap().addr;
+    let ask = |shard: u32, request: &Request| {
+        let reply = raw_call(
+            &as_router,
+            node(shard),
+            wire::encode_request(request).unwrap(),
+        );
+        wire::decode_reply(&reply.unwrap()).unwrap().0
+    };
+    // A router takes the lease for 300 ms, then stalls.
+    let Reply::Leased { token: stale, .. } = ask(
+        0,
+        &Request::Acquire {
+            holder: 7,
+            lease_ms: 300,
+        },
+    ) else {
+        panic!("no lease granted");
+    };
+    // Meanwhile the cluster's router waits the lease out, then appends (fencing every node).
+    let record = payload(RECORDS);
+    assert_eq!(
+        client.append(&Record::new().with("data", &record)).unwrap(),
+        RECORDS
+    );
+    // The stalled router's truncate arrives late, at every node: refused.
+    for shard in 0..4 {
+        let late = ask(
+            shard,
+            &Request::Truncate {
+                len: 0,
+                token: stale,
+            },
+        );
+        match late {
+            Reply::Error {
+                code: ErrorCode::Conflict,
+                message,
+            } => assert!(message.contains("passed to another"), "{message}"),
+            other => panic!("shard {shard} took a stale truncate: {other:?}"),
+        }
+    }
+    let untokened = ask(
+        1,
+        &Request::Modify {
+            index: 0,
+            token: None,
+            fields: vec!["data".into()],
+            lengths: vec![0],
+        },
+    );
+    assert!(
+        matches!(
+            &untokened,
+            Reply::Error { code: ErrorCode::BadRequest, message } if message.contains("no lease token")
+        ),
+        "{untokened:?}"
+    );
+    assert_eq!(client.len().unwrap(), RECORDS + 1);
+    check(&client, &(0..=RECORDS).collect::<Vec<_>>());
 }

@@ -23,6 +23,14 @@ use zr_common::wire::{self, ErrorCode, Reply, Request};
 use super::{Failure, Router};
 use crate::plan::plan_append;
 
+/// The write lease as this router holds it.
+pub(super) struct Lease {
+    /// When it runs out here (no later than at the node).
+    until: tokio::time::Instant,
+    /// Its token: the nodes' fence, carried by every write made under it.
+    token: u64,
+}
+
 /// The shard whose node keeps the write lease.
 const LEASE_SHARD: u32 = 0;
 /// The lease lasts this many router timeouts.
@@ -62,10 +70,13 @@ impl Router {
             let asked = tokio::time::Instant::now();
             match self.call(LEASE_SHARD, &request, Vec::new()).await {
                 Ok(super::NodeReply {
-                    reply: Reply::Leased { cut },
+                    reply: Reply::Leased { cut, token },
                     ..
                 }) => {
-                    *self.lease_until() = Some(asked + self.timeout * LEASE_TIMEOUTS);
+                    *self.lease() = Some(Lease {
+                        until: asked + self.timeout * LEASE_TIMEOUTS,
+                        token,
+                    });
                     return Ok(cut);
                 }
                 Ok(answer) => {
@@ -95,12 +106,13 @@ impl Router {
         }
     }
 
-    fn lease_until(&self) -> std::sync::MutexGuard<'_, Option<tokio::time::Instant>> {
-        self.lease_until.lock().unwrap_or_else(|e| e.into_inner())
+    fn lease(&self) -> std::sync::MutexGuard<'_, Option<Lease>> {
+        self.lease.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// One write to shard `shard`, if the write lease is sure to outlast it (each call takes
-    /// at most the timeout); otherwise another router may be writing by then, and the write
+    /// One write to shard `shard`, carrying the write lease's token (whatever token
+    /// `request` has is replaced), if the lease is sure to outlast it (each call takes at
+    /// most the timeout); otherwise another router may be writing by then, and the write
     /// stops here.
     async fn write_call(
         &self,
@@ -108,10 +120,12 @@ impl Router {
         request: &Request,
         body: Vec<Bytes>,
     ) -> Result<super::NodeReply, Failure> {
-        let left = self
-            .lease_until()
-            .map(|until| until.saturating_duration_since(tokio::time::Instant::now()));
-        if left.is_none_or(|left| left < self.timeout) {
+        let now = tokio::time::Instant::now();
+        let lease = self
+            .lease()
+            .as_ref()
+            .map(|lease| (lease.until.saturating_duration_since(now), lease.token));
+        let Some((_, token)) = lease.filter(|&(left, _)| left >= self.timeout) else {
             return Err((
                 ErrorCode::Unavailable,
                 format!(
@@ -119,13 +133,19 @@ impl Router {
                     self.timeout.as_millis()
                 ),
             ));
+        };
+        let mut request = request.clone();
+        match &mut request {
+            Request::Append { token: t, .. } | Request::Modify { token: t, .. } => *t = Some(token),
+            Request::Truncate { token: t, .. } => *t = token,
+            _ => {}
         }
-        self.call(shard, request, body).await
+        self.call(shard, &request, body).await
     }
 
     /// Gives the write lease back; if that fails, it runs out by itself.
     async fn release_lease(&self) {
-        *self.lease_until() = None;
+        *self.lease() = None;
         let request = Request::Release {
             holder: self.holder,
         };
@@ -149,7 +169,8 @@ impl Router {
     /// (a delete left half done); stores that global length. The caller holds the write
     /// lease, which told it `cut`.
     async fn repair_locked(&self, cut: Option<u64>) -> Result<(), Failure> {
-        let lens = self.node_lens().await?;
+        let token = self.lease().as_ref().map(|lease| lease.token);
+        let lens = self.node_lens(token).await?;
         let placement = self.placement.load_full();
         let mut len = placement.consistent_len(&lens);
         if let Some(cut) = cut.filter(|&cut| cut < len) {
@@ -165,8 +186,15 @@ impl Router {
                     "shard {shard} holds {have} records but a cluster of {len} gives it {want}: dropping its last {} (a write that did not reach every shard)",
                     have - want
                 );
-                self.write_call(shard as u32, &Request::Truncate { len: want }, Vec::new())
-                    .await?;
+                self.write_call(
+                    shard as u32,
+                    &Request::Truncate {
+                        len: want,
+                        token: 0, // write_call sets it
+                    },
+                    Vec::new(),
+                )
+                .await?;
             }
         }
         if cut.is_some() {
@@ -188,6 +216,7 @@ impl Router {
         let (shard, local) = self.placement.load().locate(index);
         let request = Request::Modify {
             index: local,
+            token: None, // write_call sets it
             fields,
             lengths,
         };
@@ -265,6 +294,7 @@ impl Router {
                 .collect();
             let request = Request::Append {
                 at: Some(part.local_start),
+                token: None, // write_call sets it
                 fields: fields.to_vec(),
                 lengths,
             };
@@ -276,6 +306,7 @@ impl Router {
                 if result.is_ok() {
                     let undo = Request::Truncate {
                         len: part.local_start,
+                        token: 0, // write_call sets it
                     };
                     if let Err((_, e)) = self.write_call(part.shard, &undo, Vec::new()).await {
                         tracing::warn!("undoing a failed append on shard {}: {e} (the next router start repairs it)", part.shard);
@@ -321,6 +352,7 @@ impl Router {
             let (shard, local) = placement.locate(index);
             let request = Request::Modify {
                 index: local,
+                token: None, // write_call sets it
                 fields,
                 lengths,
             };
@@ -337,7 +369,10 @@ impl Router {
                     false
                 }
             };
-        let truncate = Request::Truncate { len: last_local };
+        let truncate = Request::Truncate {
+            len: last_local,
+            token: 0, // write_call sets it
+        };
         if let Err((code, e)) = self.write_call(last_shard, &truncate, Vec::new()).await {
             let left = if index == last {
                 String::new()
