@@ -16,18 +16,37 @@
 //! landing on top of the next holder's writes.
 //!
 //! The lease runs out by itself, so a router that dies holding it stops the others for no
-//! longer than that. The state is in memory: a restarted node starts with no holder and no
-//! cut, and its fence down; tokens come from the clock (microseconds since 1970, or one
+//! longer than that. The holder and the fence are in memory: a restarted node starts with no
+//! holder and its fence down. The cut is kept on disk beside the store ([`CUT_FILE`]), so it
+//! survives a restart of shard 0's node; tokens come from the clock (microseconds since 1970, or one
 //! more than the last if that is larger), so they keep growing across restarts of shard 0's
 //! node.
 
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use crate::error::{Error, IoContext, Result};
+use crate::meta::{sync_dir, write_atomically};
+
+/// File in shard 0's store directory holding the cut left to make, as decimal text.
+pub const CUT_FILE: &str = "cluster-cut";
 
 /// Who holds the lease and until when, and the cut left to make.
 #[derive(Debug, Default)]
 pub struct WriteLease {
     state: Mutex<State>,
+    /// Where the cut is kept (`None`: in memory only).
+    dir: Option<PathBuf>,
+}
+
+/// Why a cut was not recorded.
+#[derive(Debug, PartialEq)]
+pub enum IntendError {
+    /// The asker does not hold the lease.
+    NotHolder(String),
+    /// The cut could not be kept on disk; nothing changed.
+    Storage(String),
 }
 
 #[derive(Debug, Default)]
@@ -55,10 +74,41 @@ pub struct Coordination {
     pub fence: Fence,
 }
 
+impl Coordination {
+    /// For the node whose store is in `dir`: no lease holder, the fence down, and the cut
+    /// `dir` keeps, if any.
+    pub fn open(dir: &Path) -> Result<Coordination> {
+        Ok(Coordination {
+            lease: WriteLease::open(dir)?,
+            fence: Fence::default(),
+        })
+    }
+}
+
 /// Longest lease a router may ask for.
 pub const LEASE_MAX: Duration = Duration::from_secs(3600);
 
 impl WriteLease {
+    /// A lease keeping its cut in `dir`, starting with the one kept there.
+    pub fn open(dir: &Path) -> Result<WriteLease> {
+        let path = dir.join(CUT_FILE);
+        let cut = match std::fs::read_to_string(&path) {
+            Ok(text) => Some(text.trim().parse::<u64>().map_err(|e| Error::Corrupt {
+                path: path.clone(),
+                reason: format!("not a record count ({e}): {:?}", text.trim()),
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e).ctx("read", &path),
+        };
+        Ok(WriteLease {
+            state: Mutex::new(State {
+                cut,
+                ..State::default()
+            }),
+            dir: Some(dir.to_path_buf()),
+        })
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -98,17 +148,43 @@ impl WriteLease {
         }
     }
 
-    /// Records (`Some`) or clears (`None`) the cut, for `holder` only while its lease runs.
-    pub fn intend(&self, holder: u64, cut: Option<u64>, now: Instant) -> Result<(), String> {
+    /// Records (`Some`) or clears (`None`) the cut, for `holder` only while its lease runs;
+    /// on disk first, if the lease keeps it there.
+    pub fn intend(
+        &self,
+        holder: u64,
+        cut: Option<u64>,
+        now: Instant,
+    ) -> std::result::Result<(), IntendError> {
         let mut state = self.state();
-        match state.holder {
-            Some((h, until)) if h == holder && until > now => {
-                state.cut = cut;
-                Ok(())
+        let refused = match state.holder {
+            Some((h, until)) if h == holder && until > now => None,
+            Some((h, _)) if h == holder => Some("the write lease ran out"),
+            Some(_) => Some("another router holds the write lease"),
+            None => Some("the write lease is not held"),
+        };
+        if let Some(why) = refused {
+            return Err(IntendError::NotHolder(why.into()));
+        }
+        if let Some(dir) = &self.dir {
+            keep_cut(dir, cut).map_err(|e| IntendError::Storage(e.to_string()))?;
+        }
+        state.cut = cut;
+        Ok(())
+    }
+}
+
+/// Writes (or, for `None`, removes) `dir`'s cut file durably.
+fn keep_cut(dir: &Path, cut: Option<u64>) -> Result<()> {
+    match cut {
+        Some(cut) => write_atomically(dir, CUT_FILE, cut.to_string().as_bytes()),
+        None => {
+            let path = dir.join(CUT_FILE);
+            match std::fs::remove_file(&path) {
+                Ok(()) => sync_dir(dir),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e).ctx("remove", &path),
             }
-            Some((h, _)) if h == holder => Err("the write lease ran out".into()),
-            Some(_) => Err("another router holds the write lease".into()),
-            None => Err("the write lease is not held".into()),
         }
     }
 }
@@ -229,5 +305,33 @@ mod tests {
         // A late, lower fence does not lower it.
         fence.raise(first, || ());
         assert!(fence.admit(renewed, || 5).is_err());
+    }
+
+    #[test]
+    fn a_kept_cut_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let lease = WriteLease::open(dir.path()).unwrap();
+        lease.acquire(1, LEASE, t0).unwrap();
+        lease.intend(1, Some(41), t0).unwrap();
+        drop(lease);
+        // The node restarts: no holder, the same cut.
+        let lease = WriteLease::open(dir.path()).unwrap();
+        let grant = lease.acquire(2, LEASE, t0).unwrap();
+        assert_eq!(grant.cut, Some(41));
+        lease.intend(2, None, t0).unwrap();
+        assert!(!dir.path().join(CUT_FILE).exists());
+        assert_eq!(
+            WriteLease::open(dir.path())
+                .unwrap()
+                .acquire(3, LEASE, t0)
+                .unwrap()
+                .cut,
+            None
+        );
+        // A damaged file is named, not read as no cut.
+        std::fs::write(dir.path().join(CUT_FILE), "forty").unwrap();
+        let err = WriteLease::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains(CUT_FILE) && err.contains("forty"), "{err}");
     }
 }

@@ -17,7 +17,7 @@ use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
 use zr_common::{net, Record};
 
 use crate::batch::Batch;
-use crate::lease::Coordination;
+use crate::lease::{Coordination, IntendError};
 use crate::meta::{Compression, FieldSpec};
 use crate::runtime::RuntimeOptions;
 use crate::store::{CreateOptions, Store};
@@ -91,7 +91,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let handler_store = store.clone();
-    let coordination = Arc::new(Coordination::default());
+    let coordination = Arc::new(Coordination::open(store.dir())?);
     let handler = move |bytes: Vec<u8>| {
         let store = handler_store.clone();
         let coordination = Arc::clone(&coordination);
@@ -321,7 +321,8 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
         Request::Intend { holder, cut } => {
             match lease.intend(holder, cut, std::time::Instant::now()) {
                 Ok(()) => Ok((Reply::Done, Vec::new())),
-                Err(e) => Err((ErrorCode::Conflict, e)),
+                Err(IntendError::NotHolder(e)) => Err((ErrorCode::Conflict, e)),
+                Err(IntendError::Storage(e)) => Err((ErrorCode::Storage, e)),
             }
         }
     }

@@ -443,8 +443,9 @@ fn a_write_lease_left_behind_runs_out() {
 }
 
 /// A delete that has copied the last record into the hole but cannot cut it off its old
-/// place (that shard's node refuses) leaves the cut beside the write lease: the next write
-/// finishes it, so no record is lost or left twice, and a restarted router agrees.
+/// place (that shard's node refuses) leaves the cut beside the write lease, on shard 0's
+/// disk: the next write finishes it, even after shard 0's node restarts, so no record is
+/// lost or left twice, and a restarted router agrees.
 #[test]
 fn a_delete_left_half_done_is_finished_by_the_next_write() {
     let mut cluster = loaded_cluster();
@@ -512,9 +513,12 @@ fn a_delete_left_half_done_is_finished_by_the_next_write() {
     assert_eq!(columns[0].get(0).unwrap(), &model[last as usize][..]);
     assert_eq!(columns[0].get(1).unwrap(), &model[last as usize][..]);
 
-    // The node comes back; the next write cuts the moved record off its old place first.
+    // The node comes back, and shard 0's node (which keeps the cut) restarts; the next
+    // write cuts the moved record off its old place first.
     slot.lock().unwrap().take();
     cluster.start_node(last_shard).unwrap();
+    cluster.stop_node(0).unwrap();
+    cluster.start_node(0).unwrap();
     model.swap_remove(hole as usize);
     let row = payload(1_000_000);
     assert_eq!(
