@@ -77,11 +77,23 @@ pub enum Request {
     /// holds it.
     Release { holder: u64 },
     /// Router → the write-lease node, holding the lease: record (`Some`) or clear (`None`)
-    /// the global length the cluster must be cut back to, kept beside the lease until
-    /// cleared: a delete that moved the last record into the hole records it before cutting
-    /// the last record off, so that whoever takes the lease next finishes a cut left undone.
-    /// Reply: `Done`, or `Conflict` if `holder` does not hold the lease.
-    Intend { holder: u64, cut: Option<u64> },
+    /// a global delete about to start, kept beside the lease until cleared, so that whoever
+    /// takes the lease next finishes a delete left half done. Reply: `Done`, or `Conflict` if
+    /// `holder` does not hold the lease.
+    Intend {
+        holder: u64,
+        delete: Option<PendingDelete>,
+    },
+}
+
+/// A global swap-remove under way: record `len - 1` moves into `index`, then the cluster is
+/// cut to `len - 1` records. Each step can be redone, so whoever finds it recorded can
+/// finish it: in full while the cluster still holds `len` records, not at all once it holds
+/// `len - 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingDelete {
+    pub index: u64,
+    pub len: u64,
 }
 
 /// A field as the wire describes it.
@@ -129,10 +141,10 @@ pub enum Reply {
         count: u64,
     },
     Done,
-    /// The write lease is taken; `cut` is a global length recorded by `Intend` and not yet
-    /// cleared (a delete left half done), which the new holder must cut the cluster back to.
+    /// The write lease is taken; `pending` is a delete recorded by `Intend` and not yet
+    /// cleared (left half done), which the new holder must finish before writing.
     Leased {
-        cut: Option<u64>,
+        pending: Option<PendingDelete>,
         /// Larger than any earlier holder's: the holder fences the nodes with it.
         token: u64,
     },
@@ -579,8 +591,10 @@ mod tests {
             (any::<u64>(), any::<u64>())
                 .prop_map(|(holder, lease_ms)| (Request::Acquire { holder, lease_ms }, Vec::new())),
             any::<u64>().prop_map(|holder| (Request::Release { holder }, Vec::new())),
-            (any::<u64>(), any::<Option<u64>>())
-                .prop_map(|(holder, cut)| (Request::Intend { holder, cut }, Vec::new())),
+            (any::<u64>(), any::<Option<(u64, u64)>>()).prop_map(|(holder, delete)| {
+                let delete = delete.map(|(index, len)| PendingDelete { index, len });
+                (Request::Intend { holder, delete }, Vec::new())
+            }),
             (
                 proptest::collection::vec(any::<u64>(), 0..64),
                 names.clone()

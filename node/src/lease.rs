@@ -4,10 +4,10 @@
 //! several shards (a swap-remove moves the last record across them), so no shard alone can
 //! keep two of them apart.
 //!
-//! Beside the holder it keeps a *cut*: a global length the cluster must be cut back to. A
-//! delete whose last record has been copied into the hole records it before cutting that
-//! record off; if the cut does not happen (its shard failed, the router died), the next
-//! holder learns it with the lease and finishes it, so the moved record is not left twice.
+//! Beside the holder it keeps a *pending delete*: a global swap-remove (move the last record
+//! into the hole, then cut it off its old place) is recorded before it starts and cleared
+//! once done. If it stops halfway (a shard failed, the router died), the next holder learns
+//! it with the lease and finishes it, so the moved record is not left twice.
 //!
 //! Each grant of the lease comes with a token larger than every earlier one. Before it
 //! writes, a holder raises every node's [`Fence`] to its token, and each of its writes
@@ -17,8 +17,8 @@
 //!
 //! The lease runs out by itself, so a router that dies holding it stops the others for no
 //! longer than that. The holder and the fence are in memory: a restarted node starts with no
-//! holder and its fence down. The cut is kept on disk beside the store ([`CUT_FILE`]), so it
-//! survives a restart of shard 0's node; tokens come from the clock (microseconds since 1970, or one
+//! holder and its fence down. The pending delete is kept on disk beside the store
+//! ([`PENDING_FILE`]), so it survives a restart of shard 0's node; tokens come from the clock (microseconds since 1970, or one
 //! more than the last if that is larger), so they keep growing across restarts of shard 0's
 //! node.
 
@@ -28,31 +28,33 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, write_atomically};
+use zr_common::wire::PendingDelete;
 
-/// File in shard 0's store directory holding the cut left to make, as decimal text.
-pub const CUT_FILE: &str = "cluster-cut";
+/// File in shard 0's store directory holding the pending delete: its index and the length
+/// before it, as decimal text.
+pub const PENDING_FILE: &str = "cluster-pending-delete";
 
-/// Who holds the lease and until when, and the cut left to make.
+/// Who holds the lease and until when, and the delete left to finish.
 #[derive(Debug, Default)]
 pub struct WriteLease {
     state: Mutex<State>,
-    /// Where the cut is kept (`None`: in memory only).
+    /// Where the pending delete is kept (`None`: in memory only).
     dir: Option<PathBuf>,
 }
 
-/// Why a cut was not recorded.
+/// Why a pending delete was not recorded (or cleared).
 #[derive(Debug, PartialEq)]
 pub enum IntendError {
     /// The asker does not hold the lease.
     NotHolder(String),
-    /// The cut could not be kept on disk; nothing changed.
+    /// It could not be kept on disk; nothing changed.
     Storage(String),
 }
 
 #[derive(Debug, Default)]
 struct State {
     holder: Option<(u64, Instant)>,
-    cut: Option<u64>,
+    pending: Option<PendingDelete>,
     /// The last token granted.
     token: u64,
 }
@@ -60,8 +62,8 @@ struct State {
 /// What a granted lease tells its holder.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Grant {
-    /// A cut left to make (see the module documentation).
-    pub cut: Option<u64>,
+    /// A delete left to finish (see the module documentation).
+    pub pending: Option<PendingDelete>,
     /// Larger than any earlier grant's.
     pub token: u64,
 }
@@ -75,8 +77,8 @@ pub struct Coordination {
 }
 
 impl Coordination {
-    /// For the node whose store is in `dir`: no lease holder, the fence down, and the cut
-    /// `dir` keeps, if any.
+    /// For the node whose store is in `dir`: no lease holder, the fence down, and the
+    /// pending delete `dir` keeps, if any.
     pub fn open(dir: &Path) -> Result<Coordination> {
         Ok(Coordination {
             lease: WriteLease::open(dir)?,
@@ -89,20 +91,20 @@ impl Coordination {
 pub const LEASE_MAX: Duration = Duration::from_secs(3600);
 
 impl WriteLease {
-    /// A lease keeping its cut in `dir`, starting with the one kept there.
+    /// A lease keeping its pending delete in `dir`, starting with the one kept there.
     pub fn open(dir: &Path) -> Result<WriteLease> {
-        let path = dir.join(CUT_FILE);
-        let cut = match std::fs::read_to_string(&path) {
-            Ok(text) => Some(text.trim().parse::<u64>().map_err(|e| Error::Corrupt {
+        let path = dir.join(PENDING_FILE);
+        let pending = match std::fs::read_to_string(&path) {
+            Ok(text) => Some(parse_pending(&text).ok_or_else(|| Error::Corrupt {
                 path: path.clone(),
-                reason: format!("not a record count ({e}): {:?}", text.trim()),
+                reason: format!("not an index and a length: {:?}", text.trim()),
             })?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(e).ctx("read", &path),
         };
         Ok(WriteLease {
             state: Mutex::new(State {
-                cut,
+                pending,
                 ..State::default()
             }),
             dir: Some(dir.to_path_buf()),
@@ -114,7 +116,7 @@ impl WriteLease {
     }
 
     /// Gives the lease to `holder` until `now + lease` (renews it if `holder` has it), with a
-    /// new token and the cut left to make, if any. Refused, with the time left, while another
+    /// new token and the delete left to finish, if any. Refused, with the time left, while another
     /// holder's lease runs.
     pub fn acquire(&self, holder: u64, lease: Duration, now: Instant) -> Result<Grant, Duration> {
         let mut state = self.state();
@@ -127,7 +129,7 @@ impl WriteLease {
                     .map_or(0, |d| d.as_micros() as u64);
                 state.token = clock.max(state.token + 1);
                 Ok(Grant {
-                    cut: state.cut,
+                    pending: state.pending,
                     token: state.token,
                 })
             }
@@ -135,7 +137,7 @@ impl WriteLease {
     }
 
     /// Takes the lease back from `holder`. Refused if another router holds it now
-    /// (`holder`'s ran out and was taken), or nobody does. The cut stays.
+    /// (`holder`'s ran out and was taken), or nobody does. A pending delete stays.
     pub fn release(&self, holder: u64) -> Result<(), String> {
         let mut state = self.state();
         match state.holder {
@@ -148,12 +150,12 @@ impl WriteLease {
         }
     }
 
-    /// Records (`Some`) or clears (`None`) the cut, for `holder` only while its lease runs;
-    /// on disk first, if the lease keeps it there.
+    /// Records (`Some`) or clears (`None`) the pending delete, for `holder` only while its
+    /// lease runs; on disk first, if the lease keeps it there.
     pub fn intend(
         &self,
         holder: u64,
-        cut: Option<u64>,
+        pending: Option<PendingDelete>,
         now: Instant,
     ) -> std::result::Result<(), IntendError> {
         let mut state = self.state();
@@ -167,19 +169,30 @@ impl WriteLease {
             return Err(IntendError::NotHolder(why.into()));
         }
         if let Some(dir) = &self.dir {
-            keep_cut(dir, cut).map_err(|e| IntendError::Storage(e.to_string()))?;
+            keep_pending(dir, pending).map_err(|e| IntendError::Storage(e.to_string()))?;
         }
-        state.cut = cut;
+        state.pending = pending;
         Ok(())
     }
 }
 
-/// Writes (or, for `None`, removes) `dir`'s cut file durably.
-fn keep_cut(dir: &Path, cut: Option<u64>) -> Result<()> {
-    match cut {
-        Some(cut) => write_atomically(dir, CUT_FILE, cut.to_string().as_bytes()),
+/// `index len`, as [`keep_pending`] writes it.
+fn parse_pending(text: &str) -> Option<PendingDelete> {
+    let mut words = text.split_whitespace().map(str::parse::<u64>);
+    match (words.next(), words.next(), words.next()) {
+        (Some(Ok(index)), Some(Ok(len)), None) if index < len => Some(PendingDelete { index, len }),
+        _ => None,
+    }
+}
+
+/// Writes (or, for `None`, removes) `dir`'s pending-delete file durably.
+fn keep_pending(dir: &Path, pending: Option<PendingDelete>) -> Result<()> {
+    match pending {
+        Some(PendingDelete { index, len }) => {
+            write_atomically(dir, PENDING_FILE, format!("{index} {len}\n").as_bytes())
+        }
         None => {
-            let path = dir.join(CUT_FILE);
+            let path = dir.join(PENDING_FILE);
             match std::fs::remove_file(&path) {
                 Ok(()) => sync_dir(dir),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -226,16 +239,17 @@ mod tests {
     use super::*;
 
     const LEASE: Duration = Duration::from_secs(10);
+    const D41: PendingDelete = PendingDelete { index: 3, len: 41 };
 
     #[test]
     fn one_holder_at_a_time() {
         let lease = WriteLease::default();
         let t0 = Instant::now();
-        assert_eq!(lease.acquire(1, LEASE, t0).map(|g| g.cut), Ok(None));
+        assert_eq!(lease.acquire(1, LEASE, t0).map(|g| g.pending), Ok(None));
         // Held: others wait, the holder renews.
         let later = t0 + Duration::from_secs(4);
         assert_eq!(
-            lease.acquire(2, LEASE, later).map(|g| g.cut),
+            lease.acquire(2, LEASE, later).map(|g| g.pending),
             Err(Duration::from_secs(6))
         );
         lease.acquire(1, LEASE, later).unwrap();
@@ -263,24 +277,33 @@ mod tests {
     }
 
     #[test]
-    fn a_cut_outlives_its_holder_until_cleared() {
+    fn a_pending_delete_outlives_its_holder_until_cleared() {
         let lease = WriteLease::default();
         let t0 = Instant::now();
-        // Only the holder, while its lease runs, may record a cut.
-        assert!(lease.intend(1, Some(41), t0).is_err());
+        // Only the holder, while its lease runs, may record a pending delete.
+        assert!(lease.intend(1, Some(D41), t0).is_err());
         lease.acquire(1, LEASE, t0).unwrap();
-        assert!(lease.intend(2, Some(41), t0).is_err());
-        assert!(lease.intend(1, Some(41), t0 + LEASE).is_err());
-        lease.intend(1, Some(41), t0).unwrap();
-        // Holder 1 gives the lease back (or dies): the next holder learns the cut, and
+        assert!(lease.intend(2, Some(D41), t0).is_err());
+        assert!(lease.intend(1, Some(D41), t0 + LEASE).is_err());
+        lease.intend(1, Some(D41), t0).unwrap();
+        // Holder 1 gives the lease back (or dies): the next holder learns the pending delete, and
         // keeps learning it until one of them clears it.
         lease.release(1).unwrap();
-        assert_eq!(lease.acquire(2, LEASE, t0).map(|g| g.cut), Ok(Some(41)));
+        assert_eq!(
+            lease.acquire(2, LEASE, t0).map(|g| g.pending),
+            Ok(Some(D41))
+        );
         lease.release(2).unwrap();
-        assert_eq!(lease.acquire(3, LEASE, t0).map(|g| g.cut), Ok(Some(41)));
+        assert_eq!(
+            lease.acquire(3, LEASE, t0).map(|g| g.pending),
+            Ok(Some(D41))
+        );
         lease.intend(3, None, t0).unwrap();
         lease.release(3).unwrap();
-        assert_eq!(lease.acquire(1, LEASE, t0 + LEASE).map(|g| g.cut), Ok(None));
+        assert_eq!(
+            lease.acquire(1, LEASE, t0 + LEASE).map(|g| g.pending),
+            Ok(None)
+        );
     }
 
     #[test]
@@ -308,30 +331,30 @@ mod tests {
     }
 
     #[test]
-    fn a_kept_cut_survives_a_restart() {
+    fn a_kept_pending_delete_survives_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let t0 = Instant::now();
         let lease = WriteLease::open(dir.path()).unwrap();
         lease.acquire(1, LEASE, t0).unwrap();
-        lease.intend(1, Some(41), t0).unwrap();
+        lease.intend(1, Some(D41), t0).unwrap();
         drop(lease);
-        // The node restarts: no holder, the same cut.
+        // The node restarts: no holder, the same pending delete.
         let lease = WriteLease::open(dir.path()).unwrap();
         let grant = lease.acquire(2, LEASE, t0).unwrap();
-        assert_eq!(grant.cut, Some(41));
+        assert_eq!(grant.pending, Some(D41));
         lease.intend(2, None, t0).unwrap();
-        assert!(!dir.path().join(CUT_FILE).exists());
+        assert!(!dir.path().join(PENDING_FILE).exists());
         assert_eq!(
             WriteLease::open(dir.path())
                 .unwrap()
                 .acquire(3, LEASE, t0)
                 .unwrap()
-                .cut,
+                .pending,
             None
         );
-        // A damaged file is named, not read as no cut.
-        std::fs::write(dir.path().join(CUT_FILE), "forty").unwrap();
+        // A damaged file is named, not read as none.
+        std::fs::write(dir.path().join(PENDING_FILE), "forty").unwrap();
         let err = WriteLease::open(dir.path()).unwrap_err().to_string();
-        assert!(err.contains(CUT_FILE) && err.contains("forty"), "{err}");
+        assert!(err.contains(PENDING_FILE) && err.contains("forty"), "{err}");
     }
 }

@@ -300,7 +300,7 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
             match lease.acquire(holder, lease_for, std::time::Instant::now()) {
                 Ok(grant) => Ok((
                     Reply::Leased {
-                        cut: grant.cut,
+                        pending: grant.pending,
                         token: grant.token,
                     },
                     Vec::new(),
@@ -318,8 +318,8 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
             Ok(()) => Ok((Reply::Done, Vec::new())),
             Err(e) => Err((ErrorCode::Conflict, e)),
         },
-        Request::Intend { holder, cut } => {
-            match lease.intend(holder, cut, std::time::Instant::now()) {
+        Request::Intend { holder, delete } => {
+            match lease.intend(holder, delete, std::time::Instant::now()) {
                 Ok(()) => Ok((Reply::Done, Vec::new())),
                 Err(IntendError::NotHolder(e)) => Err((ErrorCode::Conflict, e)),
                 Err(IntendError::Storage(e)) => Err((ErrorCode::Storage, e)),

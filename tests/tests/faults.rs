@@ -99,3 +99,140 @@ fn loss_and_delay_change_no_answer() {
     eprintln!("datagrams lost per shard: {lost:?}");
     assert!(lost[0] == 0 && lost[1..].iter().all(|&n| n > 0), "{lost:?}");
 }
+
+/// What a write does to the model if it lands.
+type Effect = Box<dyn FnOnce(&mut Vec<Vec<u8>>)>;
+
+/// A write while the network fails around it: a node partitioned before or during the
+/// write, lossy, or stopped. Once the faults heal and the next write has run (which repairs
+/// what a cut-off write left), the cluster holds either every effect of the write or none —
+/// never part of an append, a record twice, or a record lost — and a write that succeeded
+/// is always there.
+#[test]
+fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
+    const TIMEOUT_MS: u64 = 400;
+    let mut cluster = start(4, TIMEOUT_MS);
+    let seed = cluster.seed();
+    let client = cluster.client().unwrap();
+    let mut model: Vec<Vec<u8>> = (0..120).map(|k| row(mix2(seed, k))).collect();
+    let records: Vec<Record> = model
+        .iter()
+        .map(|r| Record::new().with("data", r))
+        .collect();
+    client.append_many(&records).unwrap();
+    let (mut landed, mut undone) = (0, 0);
+    for step in 0..24u64 {
+        let r = mix2(seed, 1000 + step);
+        let shard = (mix2(r, 1) % 4) as u32;
+        let cut_off = Faults {
+            partitioned: true,
+            ..Faults::default()
+        };
+        let lossy = Faults {
+            loss: 0.3,
+            ..Faults::default()
+        };
+        let fault = mix2(r, 2) % 4;
+        match fault {
+            0 => cluster.set_faults(shard, cut_off).unwrap(),
+            1 => cluster.set_faults(shard, lossy).unwrap(),
+            2 => cluster.stop_node(shard).unwrap(),
+            _ => {} // partitioned midway, below
+        }
+        // The write, and what the cluster holds if it lands.
+        let len = model.len() as u64;
+        let mut after = model.clone();
+        let write = |client: &Client| match mix2(r, 3) % 3 {
+            0 => {
+                let rows: Vec<Vec<u8>> = (0..1 + mix2(r, 4) % 30).map(|k| row(r ^ k)).collect();
+                let records: Vec<Record> =
+                    rows.iter().map(|r| Record::new().with("data", r)).collect();
+                (
+                    client.append_many(&records).map(|_| ()),
+                    Box::new(move |m: &mut Vec<Vec<u8>>| m.extend(rows)) as Effect,
+                )
+            }
+            1 => {
+                let i = mix2(r, 5) % len;
+                let new = row(r);
+                let result = client.modify(i, &Record::new().with("data", &new));
+                (
+                    result,
+                    Box::new(move |m: &mut Vec<Vec<u8>>| m[i as usize] = new) as Effect,
+                )
+            }
+            _ => {
+                let i = mix2(r, 6) % len;
+                (
+                    client.delete(i),
+                    Box::new(move |m: &mut Vec<Vec<u8>>| {
+                        m.swap_remove(i as usize);
+                    }) as Effect,
+                )
+            }
+        };
+        let (result, effect) = if fault == 3 {
+            // Partitioned a few milliseconds into the write.
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(mix2(r, 7) % 6));
+                    cluster.set_faults(shard, cut_off).unwrap();
+                });
+                write(&client)
+            })
+        } else {
+            write(&client)
+        };
+        effect(&mut after);
+
+        // Heal, and let the next write repair what this one left.
+        for shard in 0..4 {
+            cluster.set_faults(shard, Faults::default()).unwrap();
+        }
+        cluster.start_node(shard).unwrap();
+        settle(&client, || client.append_many(&[]).map(|_| ()));
+        let held = settle(&client, || {
+            let len = client.len()?;
+            let columns = client.gather(&(0..len).collect::<Vec<_>>(), &[])?;
+            Ok((0..len as usize)
+                .map(|k| columns[0].get(k).unwrap_or_default().to_vec())
+                .collect::<Vec<Vec<u8>>>())
+        });
+        match &result {
+            Ok(()) => assert!(
+                held == after,
+                "step {step}: a write that succeeded is not all there"
+            ),
+            Err(e) => {
+                assert!(
+                    held == after || held == model,
+                    "step {step}: a failed write ({e}) left part of itself behind"
+                );
+                if held == after {
+                    landed += 1;
+                } else {
+                    undone += 1;
+                }
+            }
+        }
+        model = held;
+    }
+    eprintln!("failed writes that landed whole: {landed}, undone whole: {undone}");
+}
+
+/// Runs `attempt` until it succeeds, for up to 20 tries: the cluster may need a moment after
+/// faults heal (a router reconnecting, a restarted node).
+fn settle<T>(_client: &Client, mut attempt: impl FnMut() -> Result<T, zr_common::Error>) -> T {
+    let mut tries = 0;
+    loop {
+        match attempt() {
+            Ok(value) => return value,
+            Err(e) if tries < 20 => {
+                tries += 1;
+                eprintln!("retrying after: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("the cluster did not recover: {e}"),
+        }
+    }
+}

@@ -4,10 +4,10 @@
 //! is re-read from the nodes first, and shards left out of step by a write cut off midway
 //! are cut back to the longest length all agree with.
 //!
-//! A delete copies the last record into the hole, then cuts the last record off. Between the
-//! two it records the cut beside the lease; if the cut is not made (its shard failed, the
-//! router died), whoever takes the lease next makes it before writing, so the moved record
-//! is never left twice for longer than until the next write.
+//! A delete copies the last record into the hole, then cuts the last record off. It is
+//! recorded beside the lease before it starts and cleared when done; if it stops halfway (a
+//! shard failed, the router died), whoever takes the lease next finishes it before writing,
+//! so the moved record is never left twice for longer than until the next write.
 //!
 //! The lease runs out by itself after [`LEASE_TIMEOUTS`] router timeouts, longer than any
 //! write takes (each step is bounded by the timeout); a router that dies holding it blocks
@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use zr_common::wire::{self, ErrorCode, Reply, Request};
+use zr_common::wire::{self, ErrorCode, PendingDelete, Reply, Request};
 
 use super::{Failure, Router};
 use crate::plan::plan_append;
@@ -46,8 +46,8 @@ impl Router {
         F: Future<Output = Result<T, Failure>>,
     {
         let _writes = self.writes.lock().await;
-        let cut = self.acquire_lease().await?;
-        let result = match self.repair_locked(cut).await {
+        let pending = self.acquire_lease().await?;
+        let result = match self.repair_locked(pending).await {
             Ok(()) => write().await,
             Err(e) => Err(e),
         };
@@ -56,8 +56,8 @@ impl Router {
     }
 
     /// Takes the write lease, waiting up to the router's timeout while another router has it;
-    /// returns the cut left to make, if any.
-    async fn acquire_lease(&self) -> Result<Option<u64>, Failure> {
+    /// returns the delete left to finish, if any.
+    async fn acquire_lease(&self) -> Result<Option<PendingDelete>, Failure> {
         let request = Request::Acquire {
             holder: self.holder,
             lease_ms: self.timeout.as_millis() as u64 * LEASE_TIMEOUTS as u64,
@@ -70,14 +70,14 @@ impl Router {
             let asked = tokio::time::Instant::now();
             match self.call(LEASE_SHARD, &request, Vec::new()).await {
                 Ok(super::NodeReply {
-                    reply: Reply::Leased { cut, token },
+                    reply: Reply::Leased { pending, token },
                     ..
                 }) => {
                     *self.lease() = Some(Lease {
                         until: asked + self.timeout * LEASE_TIMEOUTS,
                         token,
                     });
-                    return Ok(cut);
+                    return Ok(pending);
                 }
                 Ok(answer) => {
                     return Err((
@@ -154,31 +154,25 @@ impl Router {
         }
     }
 
-    /// Records (`Some`) or clears (`None`) the cut beside the write lease.
-    async fn intend(&self, cut: Option<u64>) -> Result<(), Failure> {
+    /// Records (`Some`) or clears (`None`) the pending delete beside the write lease.
+    async fn intend(&self, delete: Option<PendingDelete>) -> Result<(), Failure> {
         let request = Request::Intend {
             holder: self.holder,
-            cut,
+            delete,
         };
         self.write_call(LEASE_SHARD, &request, Vec::new()).await?;
         Ok(())
     }
 
     /// Re-reads every node's length and cuts back shards holding records past the longest
-    /// length they all agree with (a write that did not reach every shard), or past `cut`
-    /// (a delete left half done); stores that global length. The caller holds the write
-    /// lease, which told it `cut`.
-    async fn repair_locked(&self, cut: Option<u64>) -> Result<(), Failure> {
+    /// length they all agree with (a write that did not reach every shard), then finishes
+    /// `pending` (a delete left half done); stores the global length. The caller holds the
+    /// write lease, which told it `pending`.
+    async fn repair_locked(&self, pending: Option<PendingDelete>) -> Result<(), Failure> {
         let token = self.lease().as_ref().map(|lease| lease.token);
         let lens = self.node_lens(token).await?;
         let placement = self.placement.load_full();
         let mut len = placement.consistent_len(&lens);
-        if let Some(cut) = cut.filter(|&cut| cut < len) {
-            tracing::warn!(
-                "finishing a delete left half done: the record it moved is cut off its old place, from {len} records to {cut}"
-            );
-            len = cut;
-        }
         for (shard, &have) in lens.iter().enumerate() {
             let want = placement.shard_len(shard as u32, len);
             if have != want {
@@ -197,10 +191,25 @@ impl Router {
                 .await?;
             }
         }
-        if cut.is_some() {
-            self.intend(None).await?;
-        }
         self.len.store(len, Ordering::SeqCst);
+        if let Some(pending) = pending {
+            if len == pending.len {
+                tracing::warn!(
+                    "finishing the delete of record {} that a router left half done",
+                    pending.index
+                );
+                self.finish_delete(pending).await?;
+                len -= 1;
+            } else if len + 1 != pending.len {
+                tracing::warn!(
+                    "dropping the record of a delete of record {} from {} records: the cluster holds {len} (records were lost meanwhile)",
+                    pending.index,
+                    pending.len
+                );
+            }
+            self.intend(None).await?;
+            self.len.store(len, Ordering::SeqCst);
+        }
         Ok(())
     }
 
@@ -319,77 +328,87 @@ impl Router {
     }
 
     /// Global swap-remove: the last record moves into the hole, across shards if needed.
+    /// Recorded beside the lease first, so that a delete stopped halfway is finished by the
+    /// next write (see the module documentation).
     pub(super) async fn delete(&self, index: u64) -> Result<(Reply, Vec<Bytes>), Failure> {
         self.check_index(index)?;
-        let last = self.len() - 1;
+        let len = self.len();
+        if index == len - 1 {
+            // Only a cut: one step, nothing to record.
+            let (shard, local) = self.placement.load().locate(index);
+            let truncate = Request::Truncate {
+                len: local,
+                token: 0, // write_call sets it
+            };
+            self.write_call(shard, &truncate, Vec::new()).await?;
+        } else {
+            let pending = PendingDelete { index, len };
+            self.intend(Some(pending)).await.map_err(|(code, e)| {
+                (
+                    code,
+                    format!("recording the delete with shard {LEASE_SHARD}: {e}"),
+                )
+            })?;
+            self.finish_delete(pending).await.map_err(|(code, e)| {
+                (
+                    code,
+                    format!("{e}; the delete is recorded, and the next write through any router finishes it"),
+                )
+            })?;
+            if let Err((_, e)) = self.intend(None).await {
+                // Harmless: the next holder finds the delete done (one record fewer).
+                tracing::warn!("clearing the record of a finished delete: {e}");
+            }
+        }
+        self.len.store(len - 1, Ordering::SeqCst);
+        Ok((Reply::Done, Vec::new()))
+    }
+
+    /// Moves record `len - 1` into `index`, then cuts it off its old place. Each step can be
+    /// redone: a delete stopped halfway is finished by running this again.
+    async fn finish_delete(&self, pending: PendingDelete) -> Result<(), Failure> {
+        let PendingDelete { index, len } = pending;
+        let last = len - 1;
         let placement = self.placement.load();
         let (last_shard, last_local) = placement.locate(last);
-        if index != last {
-            let moved = self
-                .call(
-                    last_shard,
-                    &Request::Gather {
-                        indices: vec![last_local],
-                        fields: Vec::new(),
-                    },
-                    Vec::new(),
-                )
-                .await?;
-            let Reply::Gather { lengths } = &moved.reply else {
-                return Err((
-                    ErrorCode::Unavailable,
-                    format!(
-                        "shard {last_shard} answered a gather with {:?}",
-                        moved.reply
-                    ),
-                ));
-            };
-            let lengths: Vec<u32> = lengths
-                .iter()
-                .map(|l| l.first().copied().unwrap_or(0))
-                .collect();
-            let fields = self.fields.iter().map(|f| f.name.clone()).collect();
-            let (shard, local) = placement.locate(index);
-            let request = Request::Modify {
-                index: local,
-                token: None, // write_call sets it
-                fields,
-                lengths,
-            };
-            self.write_call(shard, &request, vec![Bytes::from(moved.body())])
-                .await?;
-        }
-        // The last record is now in two places: until it is cut off its old one, the cut is
-        // kept beside the lease for whoever holds it next.
-        let recorded = index != last
-            && match self.intend(Some(last)).await {
-                Ok(()) => true,
-                Err((_, e)) => {
-                    tracing::warn!("recording the cut of a delete: {e}");
-                    false
-                }
-            };
+        let moved = self
+            .call(
+                last_shard,
+                &Request::Gather {
+                    indices: vec![last_local],
+                    fields: Vec::new(),
+                },
+                Vec::new(),
+            )
+            .await?;
+        let Reply::Gather { lengths } = &moved.reply else {
+            return Err((
+                ErrorCode::Unavailable,
+                format!(
+                    "shard {last_shard} answered a gather with {:?}",
+                    moved.reply
+                ),
+            ));
+        };
+        let lengths: Vec<u32> = lengths
+            .iter()
+            .map(|l| l.first().copied().unwrap_or(0))
+            .collect();
+        let fields = self.fields.iter().map(|f| f.name.clone()).collect();
+        let (shard, local) = placement.locate(index);
+        let request = Request::Modify {
+            index: local,
+            token: None, // write_call sets it
+            fields,
+            lengths,
+        };
+        self.write_call(shard, &request, vec![Bytes::from(moved.body())])
+            .await?;
         let truncate = Request::Truncate {
             len: last_local,
             token: 0, // write_call sets it
         };
-        if let Err((code, e)) = self.write_call(last_shard, &truncate, Vec::new()).await {
-            let left = if index == last {
-                String::new()
-            } else if recorded {
-                format!("; record {index} already holds a copy of record {last}, which the next write through any router cuts off its old place")
-            } else {
-                format!("; record {index} already holds a copy of record {last}: delete record {index} again to finish")
-            };
-            return Err((code, format!("{e}{left}")));
-        }
-        if recorded {
-            if let Err((_, e)) = self.intend(None).await {
-                // Harmless: the next holder finds the cluster already cut to it.
-                tracing::warn!("clearing the cut of a finished delete: {e}");
-            }
-        }
-        self.len.store(last, Ordering::SeqCst);
-        Ok((Reply::Done, Vec::new()))
+        self.write_call(last_shard, &truncate, Vec::new()).await?;
+        Ok(())
     }
 }
