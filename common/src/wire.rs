@@ -73,27 +73,28 @@ pub enum Request {
     /// Router → the write-lease node (shard 0): take the cluster's write lease for
     /// `lease_ms`, or renew it. Reply: `Leased`, or `Conflict` while another router holds it.
     Acquire { holder: u64, lease_ms: u64 },
-    /// Router → the write-lease node: give the lease back. `Conflict` if `holder` no longer
+    /// Router → the write-lease node: give the lease back; `settled`: the holder's write is
+    /// done, so the pending write it recorded is cleared. `Conflict` if `holder` no longer
     /// holds it.
-    Release { holder: u64 },
-    /// Router → the write-lease node, holding the lease: record (`Some`) or clear (`None`)
-    /// a global delete about to start, kept beside the lease until cleared, so that whoever
-    /// takes the lease next finishes a delete left half done. Reply: `Done`, or `Conflict` if
-    /// `holder` does not hold the lease.
-    Intend {
-        holder: u64,
-        delete: Option<PendingDelete>,
-    },
+    Release { holder: u64, settled: bool },
+    /// Router → the write-lease node, holding the lease: record the write about to start (in
+    /// place of any earlier one), kept beside the lease until a holder releases it settled,
+    /// so that whoever takes the lease next finishes or undoes a write left half done.
+    /// Reply: `Done`, or `Conflict` if `holder` does not hold the lease.
+    Intend { holder: u64, write: PendingWrite },
 }
 
-/// A global swap-remove under way: record `len - 1` moves into `index`, then the cluster is
-/// cut to `len - 1` records. Each step can be redone, so whoever finds it recorded can
-/// finish it: in full while the cluster still holds `len` records, not at all once it holds
-/// `len - 1`.
+/// A write that changes the cluster's length, recorded before it starts so that the next
+/// holder of the write lease can tell, from the nodes' lengths alone, how far it got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PendingDelete {
-    pub index: u64,
-    pub len: u64,
+pub enum PendingWrite {
+    /// Records `start..start + count` appended: a cluster holding more than `start` but
+    /// fewer than `start + count` records holds part of it, which must be cut off.
+    Append { start: u64, count: u64 },
+    /// A swap-remove: record `len - 1` moves into `index`, then the cluster is cut to
+    /// `len - 1` records. Each step can be redone: while the cluster still holds `len`
+    /// records it is finished in full.
+    Delete { index: u64, len: u64 },
 }
 
 /// A field as the wire describes it.
@@ -141,10 +142,10 @@ pub enum Reply {
         count: u64,
     },
     Done,
-    /// The write lease is taken; `pending` is a delete recorded by `Intend` and not yet
-    /// cleared (left half done), which the new holder must finish before writing.
+    /// The write lease is taken; `pending` is a write recorded by `Intend` and not released
+    /// settled (perhaps left half done), which the new holder must settle before writing.
     Leased {
-        pending: Option<PendingDelete>,
+        pending: Option<PendingWrite>,
         /// Larger than any earlier holder's: the holder fences the nodes with it.
         token: u64,
     },
@@ -590,10 +591,15 @@ mod tests {
             any::<u64>().prop_map(|token| (Request::Fence { token }, Vec::new())),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(holder, lease_ms)| (Request::Acquire { holder, lease_ms }, Vec::new())),
-            any::<u64>().prop_map(|holder| (Request::Release { holder }, Vec::new())),
-            (any::<u64>(), any::<Option<(u64, u64)>>()).prop_map(|(holder, delete)| {
-                let delete = delete.map(|(index, len)| PendingDelete { index, len });
-                (Request::Intend { holder, delete }, Vec::new())
+            (any::<u64>(), any::<bool>())
+                .prop_map(|(holder, settled)| (Request::Release { holder, settled }, Vec::new())),
+            (any::<u64>(), any::<(bool, u64, u64)>()).prop_map(|(holder, (append, a, b))| {
+                let write = if append {
+                    PendingWrite::Append { start: a, count: b }
+                } else {
+                    PendingWrite::Delete { index: a, len: b }
+                };
+                (Request::Intend { holder, write }, Vec::new())
             }),
             (
                 proptest::collection::vec(any::<u64>(), 0..64),

@@ -4,10 +4,11 @@
 //! several shards (a swap-remove moves the last record across them), so no shard alone can
 //! keep two of them apart.
 //!
-//! Beside the holder it keeps a *pending delete*: a global swap-remove (move the last record
-//! into the hole, then cut it off its old place) is recorded before it starts and cleared
-//! once done. If it stops halfway (a shard failed, the router died), the next holder learns
-//! it with the lease and finishes it, so the moved record is not left twice.
+//! Beside the holder it keeps the *pending write*: an append or a global delete is recorded
+//! before it starts and cleared when its router releases the lease with the write done. If
+//! it stops halfway (a shard failed, the router died), the next holder learns it with the
+//! lease and settles it — cuts off the part of an append that landed, finishes a delete —
+//! so a write is never left in part.
 //!
 //! Each grant of the lease comes with a token larger than every earlier one. Before it
 //! writes, a holder raises every node's [`Fence`] to its token, and each of its writes
@@ -17,44 +18,45 @@
 //!
 //! The lease runs out by itself, so a router that dies holding it stops the others for no
 //! longer than that. The holder and the fence are in memory: a restarted node starts with no
-//! holder and its fence down. The pending delete is kept on disk beside the store
-//! ([`PENDING_FILE`]), so it survives a restart of shard 0's node; tokens come from the clock (microseconds since 1970, or one
-//! more than the last if that is larger), so they keep growing across restarts of shard 0's
-//! node.
+//! holder and its fence down. The pending write is kept on disk beside the store
+//! ([`PENDING_FILE`]), so it survives a restart of shard 0's node. Tokens come from the clock
+//! (microseconds since 1970, or one more than the last if that is larger), so they keep
+//! growing across restarts of shard 0's node.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use zr_common::wire::PendingWrite;
+
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, write_atomically};
-use zr_common::wire::PendingDelete;
 
-/// File in shard 0's store directory holding the pending delete: its index and the length
-/// before it, as decimal text.
-pub const PENDING_FILE: &str = "cluster-pending-delete";
+/// File in shard 0's store directory holding the pending write, as text:
+/// `append START COUNT` or `delete INDEX LEN`.
+pub const PENDING_FILE: &str = "cluster-pending-write";
 
-/// Who holds the lease and until when, and the delete left to finish.
+/// Who holds the lease and until when, and the write left pending.
 #[derive(Debug, Default)]
 pub struct WriteLease {
     state: Mutex<State>,
-    /// Where the pending delete is kept (`None`: in memory only).
+    /// Where the pending write is kept (`None`: in memory only).
     dir: Option<PathBuf>,
 }
 
-/// Why a pending delete was not recorded (or cleared).
+/// Why the lease refused a request.
 #[derive(Debug, PartialEq)]
-pub enum IntendError {
+pub enum LeaseError {
     /// The asker does not hold the lease.
     NotHolder(String),
-    /// It could not be kept on disk; nothing changed.
+    /// The pending write could not be kept on disk; nothing changed.
     Storage(String),
 }
 
 #[derive(Debug, Default)]
 struct State {
     holder: Option<(u64, Instant)>,
-    pending: Option<PendingDelete>,
+    pending: Option<PendingWrite>,
     /// The last token granted.
     token: u64,
 }
@@ -62,8 +64,8 @@ struct State {
 /// What a granted lease tells its holder.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Grant {
-    /// A delete left to finish (see the module documentation).
-    pub pending: Option<PendingDelete>,
+    /// A write to settle first (see the module documentation).
+    pub pending: Option<PendingWrite>,
     /// Larger than any earlier grant's.
     pub token: u64,
 }
@@ -78,7 +80,7 @@ pub struct Coordination {
 
 impl Coordination {
     /// For the node whose store is in `dir`: no lease holder, the fence down, and the
-    /// pending delete `dir` keeps, if any.
+    /// pending write `dir` keeps, if any.
     pub fn open(dir: &Path) -> Result<Coordination> {
         Ok(Coordination {
             lease: WriteLease::open(dir)?,
@@ -91,13 +93,16 @@ impl Coordination {
 pub const LEASE_MAX: Duration = Duration::from_secs(3600);
 
 impl WriteLease {
-    /// A lease keeping its pending delete in `dir`, starting with the one kept there.
+    /// A lease keeping its pending write in `dir`, starting with the one kept there.
     pub fn open(dir: &Path) -> Result<WriteLease> {
         let path = dir.join(PENDING_FILE);
         let pending = match std::fs::read_to_string(&path) {
             Ok(text) => Some(parse_pending(&text).ok_or_else(|| Error::Corrupt {
                 path: path.clone(),
-                reason: format!("not an index and a length: {:?}", text.trim()),
+                reason: format!(
+                    "not 'append START COUNT' or 'delete INDEX LEN': {:?}",
+                    text.trim()
+                ),
             })?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(e).ctx("read", &path),
@@ -116,8 +121,8 @@ impl WriteLease {
     }
 
     /// Gives the lease to `holder` until `now + lease` (renews it if `holder` has it), with a
-    /// new token and the delete left to finish, if any. Refused, with the time left, while another
-    /// holder's lease runs.
+    /// new token and the write left pending, if any. Refused, with the time left, while
+    /// another holder's lease runs.
     pub fn acquire(&self, holder: u64, lease: Duration, now: Instant) -> Result<Grant, Duration> {
         let mut state = self.state();
         match state.holder {
@@ -136,28 +141,36 @@ impl WriteLease {
         }
     }
 
-    /// Takes the lease back from `holder`. Refused if another router holds it now
-    /// (`holder`'s ran out and was taken), or nobody does. A pending delete stays.
-    pub fn release(&self, holder: u64) -> Result<(), String> {
+    /// Takes the lease back from `holder`; `settled` (its write is done) clears the pending
+    /// write, on disk first. Refused if another router holds the lease now (`holder`'s ran
+    /// out and was taken), or nobody does.
+    pub fn release(&self, holder: u64, settled: bool) -> std::result::Result<(), LeaseError> {
         let mut state = self.state();
         match state.holder {
-            Some((h, _)) if h == holder => {
-                state.holder = None;
-                Ok(())
+            Some((h, _)) if h == holder => {}
+            Some(_) => {
+                return Err(LeaseError::NotHolder(
+                    "the write lease ran out and another router holds it now".into(),
+                ))
             }
-            Some(_) => Err("the write lease ran out and another router holds it now".into()),
-            None => Err("the write lease is not held".into()),
+            None => return Err(LeaseError::NotHolder("the write lease is not held".into())),
         }
+        if settled {
+            self.keep(None)?;
+            state.pending = None;
+        }
+        state.holder = None;
+        Ok(())
     }
 
-    /// Records (`Some`) or clears (`None`) the pending delete, for `holder` only while its
-    /// lease runs; on disk first, if the lease keeps it there.
+    /// Records `write` as the pending write (in place of any other), for `holder` only while
+    /// its lease runs; on disk first, if the lease keeps it there.
     pub fn intend(
         &self,
         holder: u64,
-        pending: Option<PendingDelete>,
+        write: PendingWrite,
         now: Instant,
-    ) -> std::result::Result<(), IntendError> {
+    ) -> std::result::Result<(), LeaseError> {
         let mut state = self.state();
         let refused = match state.holder {
             Some((h, until)) if h == holder && until > now => None,
@@ -166,39 +179,51 @@ impl WriteLease {
             None => Some("the write lease is not held"),
         };
         if let Some(why) = refused {
-            return Err(IntendError::NotHolder(why.into()));
+            return Err(LeaseError::NotHolder(why.into()));
         }
-        if let Some(dir) = &self.dir {
-            keep_pending(dir, pending).map_err(|e| IntendError::Storage(e.to_string()))?;
-        }
-        state.pending = pending;
+        self.keep(Some(write))?;
+        state.pending = Some(write);
         Ok(())
     }
-}
 
-/// `index len`, as [`keep_pending`] writes it.
-fn parse_pending(text: &str) -> Option<PendingDelete> {
-    let mut words = text.split_whitespace().map(str::parse::<u64>);
-    match (words.next(), words.next(), words.next()) {
-        (Some(Ok(index)), Some(Ok(len)), None) if index < len => Some(PendingDelete { index, len }),
-        _ => None,
+    /// Writes (or, for `None`, removes) the pending-write file durably, if there is one.
+    fn keep(&self, pending: Option<PendingWrite>) -> std::result::Result<(), LeaseError> {
+        let Some(dir) = &self.dir else {
+            return Ok(());
+        };
+        let kept = match pending {
+            Some(write) => write_atomically(dir, PENDING_FILE, format_pending(write).as_bytes()),
+            None => {
+                let path = dir.join(PENDING_FILE);
+                match std::fs::remove_file(&path) {
+                    Ok(()) => sync_dir(dir),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(e) => Err(e).ctx("remove", &path),
+                }
+            }
+        };
+        kept.map_err(|e| LeaseError::Storage(e.to_string()))
     }
 }
 
-/// Writes (or, for `None`, removes) `dir`'s pending-delete file durably.
-fn keep_pending(dir: &Path, pending: Option<PendingDelete>) -> Result<()> {
-    match pending {
-        Some(PendingDelete { index, len }) => {
-            write_atomically(dir, PENDING_FILE, format!("{index} {len}\n").as_bytes())
-        }
-        None => {
-            let path = dir.join(PENDING_FILE);
-            match std::fs::remove_file(&path) {
-                Ok(()) => sync_dir(dir),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(e).ctx("remove", &path),
-            }
-        }
+fn format_pending(write: PendingWrite) -> String {
+    match write {
+        PendingWrite::Append { start, count } => format!("append {start} {count}\n"),
+        PendingWrite::Delete { index, len } => format!("delete {index} {len}\n"),
+    }
+}
+
+/// What [`format_pending`] wrote; `None` if it is not that.
+fn parse_pending(text: &str) -> Option<PendingWrite> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let [kind, a, b] = words[..] else {
+        return None;
+    };
+    let (a, b) = (a.parse().ok()?, b.parse().ok()?);
+    match kind {
+        "append" => Some(PendingWrite::Append { start: a, count: b }),
+        "delete" if a < b => Some(PendingWrite::Delete { index: a, len: b }),
+        _ => None,
     }
 }
 
@@ -239,7 +264,11 @@ mod tests {
     use super::*;
 
     const LEASE: Duration = Duration::from_secs(10);
-    const D41: PendingDelete = PendingDelete { index: 3, len: 41 };
+    const D41: PendingWrite = PendingWrite::Delete { index: 3, len: 41 };
+    const A7: PendingWrite = PendingWrite::Append {
+        start: 40,
+        count: 7,
+    };
 
     #[test]
     fn one_holder_at_a_time() {
@@ -253,9 +282,9 @@ mod tests {
             Err(Duration::from_secs(6))
         );
         lease.acquire(1, LEASE, later).unwrap();
-        assert!(lease.release(2).is_err());
-        lease.release(1).unwrap();
-        assert!(lease.release(1).is_err());
+        assert!(lease.release(2, true).is_err());
+        lease.release(1, false).unwrap();
+        assert!(lease.release(1, false).is_err());
         lease.acquire(2, LEASE, later).unwrap();
     }
 
@@ -270,40 +299,39 @@ mod tests {
             .is_err());
         lease.acquire(2, LEASE, t0 + LEASE).unwrap();
         // The late holder's release is refused and changes nothing.
-        assert!(lease.release(1).is_err());
+        assert!(lease.release(1, false).is_err());
         assert!(lease.acquire(3, LEASE, t0 + LEASE).is_err());
-        lease.release(2).unwrap();
+        lease.release(2, false).unwrap();
         lease.acquire(3, LEASE, t0 + LEASE).unwrap();
     }
 
     #[test]
-    fn a_pending_delete_outlives_its_holder_until_cleared() {
+    fn a_pending_write_outlives_its_holder_until_settled() {
         let lease = WriteLease::default();
         let t0 = Instant::now();
-        // Only the holder, while its lease runs, may record a pending delete.
-        assert!(lease.intend(1, Some(D41), t0).is_err());
+        // Only the holder, while its lease runs, may record a write.
+        assert!(lease.intend(1, D41, t0).is_err());
         lease.acquire(1, LEASE, t0).unwrap();
-        assert!(lease.intend(2, Some(D41), t0).is_err());
-        assert!(lease.intend(1, Some(D41), t0 + LEASE).is_err());
-        lease.intend(1, Some(D41), t0).unwrap();
-        // Holder 1 gives the lease back (or dies): the next holder learns the pending delete, and
-        // keeps learning it until one of them clears it.
-        lease.release(1).unwrap();
+        assert!(lease.intend(2, D41, t0).is_err());
+        assert!(lease.intend(1, D41, t0 + LEASE).is_err());
+        lease.intend(1, D41, t0).unwrap();
+        // Holder 1 gives the lease back unsettled (or dies): the next holders learn the
+        // write until one of them releases the lease settled.
+        lease.release(1, false).unwrap();
         assert_eq!(
             lease.acquire(2, LEASE, t0).map(|g| g.pending),
             Ok(Some(D41))
         );
-        lease.release(2).unwrap();
+        lease.release(2, false).unwrap();
         assert_eq!(
             lease.acquire(3, LEASE, t0).map(|g| g.pending),
             Ok(Some(D41))
         );
-        lease.intend(3, None, t0).unwrap();
-        lease.release(3).unwrap();
-        assert_eq!(
-            lease.acquire(1, LEASE, t0 + LEASE).map(|g| g.pending),
-            Ok(None)
-        );
+        lease.intend(3, A7, t0).unwrap();
+        lease.release(3, false).unwrap();
+        assert_eq!(lease.acquire(1, LEASE, t0).map(|g| g.pending), Ok(Some(A7)));
+        lease.release(1, true).unwrap();
+        assert_eq!(lease.acquire(2, LEASE, t0).map(|g| g.pending), Ok(None));
     }
 
     #[test]
@@ -312,7 +340,7 @@ mod tests {
         let t0 = Instant::now();
         let first = lease.acquire(1, LEASE, t0).unwrap().token;
         let renewed = lease.acquire(1, LEASE, t0).unwrap().token;
-        lease.release(1).unwrap();
+        lease.release(1, false).unwrap();
         let next = lease.acquire(2, LEASE, t0).unwrap().token;
         assert!(
             first < renewed && renewed < next,
@@ -331,29 +359,24 @@ mod tests {
     }
 
     #[test]
-    fn a_kept_pending_delete_survives_a_restart() {
+    fn a_kept_pending_write_survives_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let t0 = Instant::now();
-        let lease = WriteLease::open(dir.path()).unwrap();
-        lease.acquire(1, LEASE, t0).unwrap();
-        lease.intend(1, Some(D41), t0).unwrap();
-        drop(lease);
-        // The node restarts: no holder, the same pending delete.
-        let lease = WriteLease::open(dir.path()).unwrap();
-        let grant = lease.acquire(2, LEASE, t0).unwrap();
-        assert_eq!(grant.pending, Some(D41));
-        lease.intend(2, None, t0).unwrap();
-        assert!(!dir.path().join(PENDING_FILE).exists());
-        assert_eq!(
-            WriteLease::open(dir.path())
-                .unwrap()
-                .acquire(3, LEASE, t0)
-                .unwrap()
-                .pending,
-            None
-        );
+        for write in [D41, A7] {
+            let lease = WriteLease::open(dir.path()).unwrap();
+            lease.acquire(1, LEASE, t0).unwrap();
+            lease.intend(1, write, t0).unwrap();
+            drop(lease);
+            // The node restarts: no holder, the same pending write.
+            let lease = WriteLease::open(dir.path()).unwrap();
+            assert_eq!(lease.acquire(2, LEASE, t0).unwrap().pending, Some(write));
+            lease.release(2, true).unwrap();
+            assert!(!dir.path().join(PENDING_FILE).exists());
+            let reopened = WriteLease::open(dir.path()).unwrap();
+            assert_eq!(reopened.acquire(3, LEASE, t0).unwrap().pending, None);
+        }
         // A damaged file is named, not read as none.
-        std::fs::write(dir.path().join(PENDING_FILE), "forty").unwrap();
+        std::fs::write(dir.path().join(PENDING_FILE), "delete 9 forty").unwrap();
         let err = WriteLease::open(dir.path()).unwrap_err().to_string();
         assert!(err.contains(PENDING_FILE) && err.contains("forty"), "{err}");
     }

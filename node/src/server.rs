@@ -17,7 +17,7 @@ use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
 use zr_common::{net, Record};
 
 use crate::batch::Batch;
-use crate::lease::{Coordination, IntendError};
+use crate::lease::{Coordination, LeaseError};
 use crate::meta::{Compression, FieldSpec};
 use crate::runtime::RuntimeOptions;
 use crate::store::{CreateOptions, Store};
@@ -144,6 +144,13 @@ pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<
             Err(e) => error_reply(ErrorCode::Storage, e.to_string()),
         },
         Err((code, message)) => error_reply(code, message),
+    }
+}
+
+fn lease_failure(e: LeaseError) -> (ErrorCode, String) {
+    match e {
+        LeaseError::NotHolder(e) => (ErrorCode::Conflict, e),
+        LeaseError::Storage(e) => (ErrorCode::Storage, e),
     }
 }
 
@@ -314,16 +321,15 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
                 )),
             }
         }
-        Request::Release { holder } => match lease.release(holder) {
-            Ok(()) => Ok((Reply::Done, Vec::new())),
-            Err(e) => Err((ErrorCode::Conflict, e)),
-        },
-        Request::Intend { holder, delete } => {
-            match lease.intend(holder, delete, std::time::Instant::now()) {
-                Ok(()) => Ok((Reply::Done, Vec::new())),
-                Err(IntendError::NotHolder(e)) => Err((ErrorCode::Conflict, e)),
-                Err(IntendError::Storage(e)) => Err((ErrorCode::Storage, e)),
-            }
+        Request::Release { holder, settled } => {
+            lease.release(holder, settled).map_err(lease_failure)?;
+            Ok((Reply::Done, Vec::new()))
+        }
+        Request::Intend { holder, write } => {
+            lease
+                .intend(holder, write, std::time::Instant::now())
+                .map_err(lease_failure)?;
+            Ok((Reply::Done, Vec::new()))
         }
     }
 }

@@ -361,9 +361,10 @@ impl SimCluster {
             };
             match bound {
                 Ok(endpoint) => break endpoint,
-                Err(e) if attempt < 50 => {
+                // The old socket closes once the old endpoint's connections have drained
+                // (3 probe timeouts, longer after a lossy spell): wait up to 5 s.
+                Err(_) if attempt < 250 => {
                     attempt += 1;
-                    let _ = e;
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 Err(e) => return Err(e.into()),

@@ -104,8 +104,8 @@ fn loss_and_delay_change_no_answer() {
 type Effect = Box<dyn FnOnce(&mut Vec<Vec<u8>>)>;
 
 /// A write while the network fails around it: a node partitioned before or during the
-/// write, lossy, or stopped. Once the faults heal and the next write has run (which repairs
-/// what a cut-off write left), the cluster holds either every effect of the write or none —
+/// write, lossy, or stopped. Once the faults heal and the next write has run through the
+/// other of two routers (which repairs what a cut-off write left), the cluster holds either every effect of the write or none —
 /// never part of an append, a record twice, or a record lost — and a write that succeeded
 /// is always there.
 #[test]
@@ -114,6 +114,14 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
     let mut cluster = start(4, TIMEOUT_MS);
     let seed = cluster.seed();
     let client = cluster.client().unwrap();
+    // A second router: each write goes through one of the two, and the other repairs.
+    let second = cluster.add_router().unwrap();
+    let other = Client::connect_with_timeout(
+        second,
+        cluster.security(zr_common::tls::Role::Client).unwrap(),
+        cluster.client_timeout(),
+    )
+    .unwrap();
     let mut model: Vec<Vec<u8>> = (0..120).map(|k| row(mix2(seed, k))).collect();
     let records: Vec<Record> = model
         .iter()
@@ -139,6 +147,11 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
             2 => cluster.stop_node(shard).unwrap(),
             _ => {} // partitioned midway, below
         }
+        let (writer, repairer) = if mix2(r, 8).is_multiple_of(2) {
+            (&client, &other)
+        } else {
+            (&other, &client)
+        };
         // The write, and what the cluster holds if it lands.
         let len = model.len() as u64;
         let mut after = model.clone();
@@ -178,10 +191,10 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
                     std::thread::sleep(Duration::from_millis(mix2(r, 7) % 6));
                     cluster.set_faults(shard, cut_off).unwrap();
                 });
-                write(&client)
+                write(writer)
             })
         } else {
-            write(&client)
+            write(writer)
         };
         effect(&mut after);
 
@@ -190,10 +203,10 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
             cluster.set_faults(shard, Faults::default()).unwrap();
         }
         cluster.start_node(shard).unwrap();
-        settle(&client, || client.append_many(&[]).map(|_| ()));
-        let held = settle(&client, || {
-            let len = client.len()?;
-            let columns = client.gather(&(0..len).collect::<Vec<_>>(), &[])?;
+        settle(|| repairer.append_many(&[]).map(|_| ()));
+        let held = settle(|| {
+            let len = repairer.len()?;
+            let columns = repairer.gather(&(0..len).collect::<Vec<_>>(), &[])?;
             Ok((0..len as usize)
                 .map(|k| columns[0].get(k).unwrap_or_default().to_vec())
                 .collect::<Vec<Vec<u8>>>())
@@ -206,7 +219,10 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
             Err(e) => {
                 assert!(
                     held == after || held == model,
-                    "step {step}: a failed write ({e}) left part of itself behind"
+                    "step {step}: a failed write ({e}) left part of itself behind: {} records, {} before it, {} had it landed",
+                    held.len(),
+                    model.len(),
+                    after.len()
                 );
                 if held == after {
                     landed += 1;
@@ -222,7 +238,7 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
 
 /// Runs `attempt` until it succeeds, for up to 20 tries: the cluster may need a moment after
 /// faults heal (a router reconnecting, a restarted node).
-fn settle<T>(_client: &Client, mut attempt: impl FnMut() -> Result<T, zr_common::Error>) -> T {
+fn settle<T>(mut attempt: impl FnMut() -> Result<T, zr_common::Error>) -> T {
     let mut tries = 0;
     loop {
         match attempt() {

@@ -4,10 +4,11 @@
 //! is re-read from the nodes first, and shards left out of step by a write cut off midway
 //! are cut back to the longest length all agree with.
 //!
-//! A delete copies the last record into the hole, then cuts the last record off. It is
-//! recorded beside the lease before it starts and cleared when done; if it stops halfway (a
-//! shard failed, the router died), whoever takes the lease next finishes it before writing,
-//! so the moved record is never left twice for longer than until the next write.
+//! An append or a delete (which copies the last record into the hole, then cuts the last
+//! record off) is recorded beside the lease before it starts and cleared when the lease is
+//! given back with the write done. If it stops halfway (a shard failed, the router died),
+//! whoever takes the lease next settles it before writing — cuts off the part of an append
+//! that landed, finishes a delete — so a write is never left in part past the next write.
 //!
 //! The lease runs out by itself after [`LEASE_TIMEOUTS`] router timeouts, longer than any
 //! write takes (each step is bounded by the timeout); a router that dies holding it blocks
@@ -18,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use zr_common::wire::{self, ErrorCode, PendingDelete, Reply, Request};
+use zr_common::wire::{self, ErrorCode, PendingWrite, Reply, Request};
 
 use super::{Failure, Router};
 use crate::plan::plan_append;
@@ -51,13 +52,13 @@ impl Router {
             Ok(()) => write().await,
             Err(e) => Err(e),
         };
-        self.release_lease().await;
+        self.release_lease(result.is_ok()).await;
         result
     }
 
     /// Takes the write lease, waiting up to the router's timeout while another router has it;
-    /// returns the delete left to finish, if any.
-    async fn acquire_lease(&self) -> Result<Option<PendingDelete>, Failure> {
+    /// returns the write left to settle, if any.
+    async fn acquire_lease(&self) -> Result<Option<PendingWrite>, Failure> {
         let request = Request::Acquire {
             holder: self.holder,
             lease_ms: self.timeout.as_millis() as u64 * LEASE_TIMEOUTS as u64,
@@ -143,36 +144,49 @@ impl Router {
         self.call(shard, &request, body).await
     }
 
-    /// Gives the write lease back; if that fails, it runs out by itself.
-    async fn release_lease(&self) {
+    /// Gives the write lease back, `settled` if this router's write is done (which clears
+    /// the pending write); if that fails, the lease runs out by itself and the next holder
+    /// settles the pending write.
+    async fn release_lease(&self, settled: bool) {
         *self.lease() = None;
         let request = Request::Release {
             holder: self.holder,
+            settled,
         };
         if let Err((_, e)) = self.call(LEASE_SHARD, &request, Vec::new()).await {
             tracing::warn!("giving back the write lease: {e} (it runs out by itself)");
         }
     }
 
-    /// Records (`Some`) or clears (`None`) the pending delete beside the write lease.
-    async fn intend(&self, delete: Option<PendingDelete>) -> Result<(), Failure> {
+    /// Records `write`, about to start, as the pending write beside the write lease.
+    async fn intend(&self, write: PendingWrite) -> Result<(), Failure> {
         let request = Request::Intend {
             holder: self.holder,
-            delete,
+            write,
         };
         self.write_call(LEASE_SHARD, &request, Vec::new()).await?;
         Ok(())
     }
 
     /// Re-reads every node's length and cuts back shards holding records past the longest
-    /// length they all agree with (a write that did not reach every shard), then finishes
-    /// `pending` (a delete left half done); stores the global length. The caller holds the
-    /// write lease, which told it `pending`.
-    async fn repair_locked(&self, pending: Option<PendingDelete>) -> Result<(), Failure> {
+    /// length they all agree with (a write that did not reach every shard), then settles
+    /// `pending` (a write perhaps left half done: the part of an append that landed is cut
+    /// off, a delete is finished); stores the global length. The caller holds the write
+    /// lease, which told it `pending`.
+    async fn repair_locked(&self, pending: Option<PendingWrite>) -> Result<(), Failure> {
         let token = self.lease().as_ref().map(|lease| lease.token);
         let lens = self.node_lens(token).await?;
         let placement = self.placement.load_full();
         let mut len = placement.consistent_len(&lens);
+        if let Some(PendingWrite::Append { start, count }) = pending {
+            if start < len && len < start + count {
+                tracing::warn!(
+                    "cutting off the {} records that landed of an append of {count} from index {start} (a write cut off midway)",
+                    len - start
+                );
+                len = start;
+            }
+        }
         for (shard, &have) in lens.iter().enumerate() {
             let want = placement.shard_len(shard as u32, len);
             if have != want {
@@ -192,23 +206,14 @@ impl Router {
             }
         }
         self.len.store(len, Ordering::SeqCst);
-        if let Some(pending) = pending {
-            if len == pending.len {
+        if let Some(PendingWrite::Delete { index, len: before }) = pending {
+            if len == before {
                 tracing::warn!(
-                    "finishing the delete of record {} that a router left half done",
-                    pending.index
+                    "finishing the delete of record {index} that a router left half done"
                 );
-                self.finish_delete(pending).await?;
-                len -= 1;
-            } else if len + 1 != pending.len {
-                tracing::warn!(
-                    "dropping the record of a delete of record {} from {} records: the cluster holds {len} (records were lost meanwhile)",
-                    pending.index,
-                    pending.len
-                );
+                self.finish_delete(index, before).await?;
+                self.len.store(before - 1, Ordering::SeqCst);
             }
-            self.intend(None).await?;
-            self.len.store(len, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -283,6 +288,18 @@ impl Router {
         columns: &[Vec<&[u8]>],
     ) -> Result<(), Failure> {
         let count = lengths.first().map_or(0, Vec::len);
+        if count > 0 {
+            let write = PendingWrite::Append {
+                start,
+                count: count as u64,
+            };
+            self.intend(write).await.map_err(|(code, e)| {
+                (
+                    code,
+                    format!("recording the append with shard {LEASE_SHARD}: {e}"),
+                )
+            })?;
+        }
         let placement = self.placement.load();
         let parts = plan_append(&placement, start, count);
         let calls = parts.iter().map(|part| {
@@ -342,23 +359,20 @@ impl Router {
             };
             self.write_call(shard, &truncate, Vec::new()).await?;
         } else {
-            let pending = PendingDelete { index, len };
-            self.intend(Some(pending)).await.map_err(|(code, e)| {
-                (
-                    code,
-                    format!("recording the delete with shard {LEASE_SHARD}: {e}"),
-                )
-            })?;
-            self.finish_delete(pending).await.map_err(|(code, e)| {
+            self.intend(PendingWrite::Delete { index, len })
+                .await
+                .map_err(|(code, e)| {
+                    (
+                        code,
+                        format!("recording the delete with shard {LEASE_SHARD}: {e}"),
+                    )
+                })?;
+            self.finish_delete(index, len).await.map_err(|(code, e)| {
                 (
                     code,
                     format!("{e}; the delete is recorded, and the next write through any router finishes it"),
                 )
             })?;
-            if let Err((_, e)) = self.intend(None).await {
-                // Harmless: the next holder finds the delete done (one record fewer).
-                tracing::warn!("clearing the record of a finished delete: {e}");
-            }
         }
         self.len.store(len - 1, Ordering::SeqCst);
         Ok((Reply::Done, Vec::new()))
@@ -366,8 +380,7 @@ impl Router {
 
     /// Moves record `len - 1` into `index`, then cuts it off its old place. Each step can be
     /// redone: a delete stopped halfway is finished by running this again.
-    async fn finish_delete(&self, pending: PendingDelete) -> Result<(), Failure> {
-        let PendingDelete { index, len } = pending;
+    async fn finish_delete(&self, index: u64, len: u64) -> Result<(), Failure> {
         let last = len - 1;
         let placement = self.placement.load();
         let (last_shard, last_local) = placement.locate(last);
