@@ -78,10 +78,14 @@ pub enum Request {
     /// holds it.
     Release { holder: u64, settled: bool },
     /// Router → the write-lease node, holding the lease: record the write about to start (in
-    /// place of any earlier one), kept beside the lease until a holder releases it settled,
-    /// so that whoever takes the lease next finishes or undoes a write left half done.
-    /// Reply: `Done`, or `Conflict` if `holder` does not hold the lease.
-    Intend { holder: u64, write: PendingWrite },
+    /// place of any earlier one), kept beside the lease until a holder releases it settled
+    /// or clears it (`None`, once it has settled it), so that whoever takes the lease next
+    /// finishes or undoes a write left half done. Reply: `Done`, or `Conflict` if `holder`
+    /// does not hold the lease.
+    Intend {
+        holder: u64,
+        write: Option<PendingWrite>,
+    },
 }
 
 /// A write that changes the cluster's length, recorded before it starts so that the next
@@ -593,11 +597,11 @@ mod tests {
                 .prop_map(|(holder, lease_ms)| (Request::Acquire { holder, lease_ms }, Vec::new())),
             (any::<u64>(), any::<bool>())
                 .prop_map(|(holder, settled)| (Request::Release { holder, settled }, Vec::new())),
-            (any::<u64>(), any::<(bool, u64, u64)>()).prop_map(|(holder, (append, a, b))| {
-                let write = if append {
-                    PendingWrite::Append { start: a, count: b }
-                } else {
-                    PendingWrite::Delete { index: a, len: b }
+            (any::<u64>(), any::<(u8, u64, u64)>()).prop_map(|(holder, (kind, a, b))| {
+                let write = match kind % 3 {
+                    0 => Some(PendingWrite::Append { start: a, count: b }),
+                    1 => Some(PendingWrite::Delete { index: a, len: b }),
+                    _ => None,
                 };
                 (Request::Intend { holder, write }, Vec::new())
             }),

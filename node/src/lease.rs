@@ -163,12 +163,12 @@ impl WriteLease {
         Ok(())
     }
 
-    /// Records `write` as the pending write (in place of any other), for `holder` only while
-    /// its lease runs; on disk first, if the lease keeps it there.
+    /// Records `write` as the pending write (in place of any other; `None` clears it), for
+    /// `holder` only while its lease runs; on disk first, if the lease keeps it there.
     pub fn intend(
         &self,
         holder: u64,
-        write: PendingWrite,
+        write: Option<PendingWrite>,
         now: Instant,
     ) -> std::result::Result<(), LeaseError> {
         let mut state = self.state();
@@ -181,8 +181,8 @@ impl WriteLease {
         if let Some(why) = refused {
             return Err(LeaseError::NotHolder(why.into()));
         }
-        self.keep(Some(write))?;
-        state.pending = Some(write);
+        self.keep(write)?;
+        state.pending = write;
         Ok(())
     }
 
@@ -310,11 +310,11 @@ mod tests {
         let lease = WriteLease::default();
         let t0 = Instant::now();
         // Only the holder, while its lease runs, may record a write.
-        assert!(lease.intend(1, D41, t0).is_err());
+        assert!(lease.intend(1, Some(D41), t0).is_err());
         lease.acquire(1, LEASE, t0).unwrap();
-        assert!(lease.intend(2, D41, t0).is_err());
-        assert!(lease.intend(1, D41, t0 + LEASE).is_err());
-        lease.intend(1, D41, t0).unwrap();
+        assert!(lease.intend(2, Some(D41), t0).is_err());
+        assert!(lease.intend(1, Some(D41), t0 + LEASE).is_err());
+        lease.intend(1, Some(D41), t0).unwrap();
         // Holder 1 gives the lease back unsettled (or dies): the next holders learn the
         // write until one of them releases the lease settled.
         lease.release(1, false).unwrap();
@@ -327,11 +327,16 @@ mod tests {
             lease.acquire(3, LEASE, t0).map(|g| g.pending),
             Ok(Some(D41))
         );
-        lease.intend(3, A7, t0).unwrap();
+        lease.intend(3, Some(A7), t0).unwrap();
         lease.release(3, false).unwrap();
         assert_eq!(lease.acquire(1, LEASE, t0).map(|g| g.pending), Ok(Some(A7)));
         lease.release(1, true).unwrap();
         assert_eq!(lease.acquire(2, LEASE, t0).map(|g| g.pending), Ok(None));
+        // A holder that settled a write left pending clears it before its own.
+        lease.intend(2, Some(D41), t0).unwrap();
+        lease.intend(2, None, t0).unwrap();
+        lease.release(2, false).unwrap();
+        assert_eq!(lease.acquire(3, LEASE, t0).map(|g| g.pending), Ok(None));
     }
 
     #[test]
@@ -365,7 +370,7 @@ mod tests {
         for write in [D41, A7] {
             let lease = WriteLease::open(dir.path()).unwrap();
             lease.acquire(1, LEASE, t0).unwrap();
-            lease.intend(1, write, t0).unwrap();
+            lease.intend(1, Some(write), t0).unwrap();
             drop(lease);
             // The node restarts: no holder, the same pending write.
             let lease = WriteLease::open(dir.path()).unwrap();

@@ -442,6 +442,57 @@ fn a_write_lease_left_behind_runs_out() {
     check(&client, &[RECORDS, 0]);
 }
 
+/// Replaces shard `shard`'s node with one serving the same store through the same request
+/// handler, except that it refuses the requests `refuse` picks ("the disk refuses"). Drop
+/// the handle before `start_node(shard)`: it holds the store.
+fn refusing_node(
+    cluster: &mut SimCluster,
+    shard: u32,
+    refuse: fn(&Request) -> bool,
+) -> RefusingNode {
+    cluster.stop_node(shard).unwrap();
+    let dir = cluster.data_dir(shard);
+    let store = zr_node::server::open_shard_store(cluster.config(), &dir).unwrap();
+    let coordination = Arc::new(zr_node::lease::Coordination::open(&dir).unwrap());
+    let slot = Arc::new(Mutex::new(Some(store)));
+    let serving = Arc::clone(&slot);
+    cluster
+        .fake_node(shard, move |request| {
+            let store = serving.lock().unwrap().clone();
+            let coordination = Arc::clone(&coordination);
+            async move {
+                let refused = wire::decode_request(&request).is_ok_and(|(r, _)| refuse(&r));
+                let Some(store) = store.filter(|_| !refused) else {
+                    let refusal = Reply::Error {
+                        code: ErrorCode::Storage,
+                        message: "the disk refuses".into(),
+                    };
+                    return (
+                        wire::encode_reply(&refusal).unwrap(),
+                        net::Body::Ready(Vec::new()),
+                    );
+                };
+                let (header, body) = tokio::task::spawn_blocking(move || {
+                    zr_node::server::handle(&store, &coordination, &request)
+                })
+                .await
+                .unwrap();
+                (header, net::Body::Ready(body))
+            }
+        })
+        .unwrap();
+    RefusingNode(slot)
+}
+
+/// Holds a [`refusing_node`]'s store; dropping it lets the real node open the store again.
+struct RefusingNode(Arc<Mutex<Option<zr_node::Store>>>);
+
+impl Drop for RefusingNode {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}
+
 /// A delete that has copied the last record into the hole but cannot cut it off its old
 /// place (that shard's node refuses) stays recorded beside the write lease, on shard 0's
 /// disk: the next write finishes it, even after shard 0's node restarts, so no record is
@@ -465,43 +516,12 @@ fn a_delete_left_half_done_is_finished_by_the_next_write() {
         .unwrap();
 
     // The last record's node, with its data, except that it refuses every cut.
-    cluster.stop_node(last_shard).unwrap();
-    let dir = cluster.data_dir(last_shard);
-    let store = zr_node::server::open_shard_store(cluster.config(), &dir).unwrap();
-    let slot = Arc::new(Mutex::new(Some(store)));
-    let serving = Arc::clone(&slot);
-    let coordination = Arc::new(zr_node::lease::Coordination::default());
-    cluster
-        .fake_node(last_shard, move |request| {
-            let store = serving.lock().unwrap().clone();
-            let coordination = Arc::clone(&coordination);
-            async move {
-                let cut = matches!(
-                    wire::decode_request(&request),
-                    Ok((Request::Truncate { .. }, _))
-                );
-                let Some(store) = store.filter(|_| !cut) else {
-                    let refusal = Reply::Error {
-                        code: ErrorCode::Storage,
-                        message: "the disk refuses the cut".into(),
-                    };
-                    return (
-                        wire::encode_reply(&refusal).unwrap(),
-                        net::Body::Ready(Vec::new()),
-                    );
-                };
-                let (header, body) = tokio::task::spawn_blocking(move || {
-                    zr_node::server::handle(&store, &coordination, &request)
-                })
-                .await
-                .unwrap();
-                (header, net::Body::Ready(body))
-            }
-        })
-        .unwrap();
+    let node = refusing_node(&mut cluster, last_shard, |request| {
+        matches!(request, Request::Truncate { .. })
+    });
     let err = client.delete(hole).unwrap_err().to_string();
     assert!(
-        err.contains("the disk refuses the cut")
+        err.contains("the disk refuses")
             && err.contains("the delete is recorded, and the next write through any router"),
         "{err}"
     );
@@ -512,7 +532,7 @@ fn a_delete_left_half_done_is_finished_by_the_next_write() {
 
     // The node comes back, and shard 0's node (which keeps the record) restarts; the next
     // write cuts the moved record off its old place first.
-    slot.lock().unwrap().take();
+    drop(node);
     cluster.start_node(last_shard).unwrap();
     cluster.stop_node(0).unwrap();
     cluster.start_node(0).unwrap();
@@ -633,4 +653,34 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
     );
     assert_eq!(client.len().unwrap(), RECORDS + 1);
     check(&client, &(0..=RECORDS).collect::<Vec<_>>());
+}
+
+/// A write recorded beside the lease but never released settled (shard 0's node refuses
+/// every release) is settled by the next write and then cleared, not read again later: a
+/// last-record delete, which changes the length without recording itself, must not make a
+/// whole append look partial and get it cut off.
+#[test]
+fn a_write_left_recorded_is_settled_once() {
+    let mut cluster = loaded_cluster();
+    let client = cluster.client().unwrap();
+    let _node = refusing_node(&mut cluster, 0, |request| {
+        matches!(request, Request::Release { .. })
+    });
+    let mut model: Vec<Vec<u8>> = (0..RECORDS).map(payload).collect();
+    // Each write succeeds; each release fails, so the lease runs out by itself.
+    let rows: Vec<Vec<u8>> = (RECORDS..RECORDS + 5).map(payload).collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
+    assert_eq!(client.append_many(&records).unwrap().start, RECORDS);
+    model.extend(rows);
+    client.delete(model.len() as u64 - 1).unwrap();
+    model.pop();
+    let row = payload(RECORDS + 5);
+    client.append(&Record::new().with("data", &row)).unwrap();
+    model.push(row);
+    assert_eq!(client.len().unwrap(), model.len() as u64);
+    let all: Vec<u64> = (0..model.len() as u64).collect();
+    let columns = client.gather(&all, &[]).unwrap();
+    for (i, row) in model.iter().enumerate() {
+        assert_eq!(columns[0].get(i).unwrap(), &row[..], "record {i}");
+    }
 }

@@ -158,8 +158,9 @@ impl Router {
         }
     }
 
-    /// Records `write`, about to start, as the pending write beside the write lease.
-    async fn intend(&self, write: PendingWrite) -> Result<(), Failure> {
+    /// Records `write`, about to start, as the pending write beside the write lease (`None`:
+    /// clears it, once settled).
+    async fn intend(&self, write: Option<PendingWrite>) -> Result<(), Failure> {
         let request = Request::Intend {
             holder: self.holder,
             write,
@@ -214,6 +215,11 @@ impl Router {
                 self.finish_delete(index, before).await?;
                 self.len.store(before - 1, Ordering::SeqCst);
             }
+        }
+        if pending.is_some() {
+            // Settled: cleared now, so that no later write, which may change the length
+            // without recording itself (cutting the last record off), reads it again.
+            self.intend(None).await?;
         }
         Ok(())
     }
@@ -293,7 +299,7 @@ impl Router {
                 start,
                 count: count as u64,
             };
-            self.intend(write).await.map_err(|(code, e)| {
+            self.intend(Some(write)).await.map_err(|(code, e)| {
                 (
                     code,
                     format!("recording the append with shard {LEASE_SHARD}: {e}"),
@@ -359,7 +365,7 @@ impl Router {
             };
             self.write_call(shard, &truncate, Vec::new()).await?;
         } else {
-            self.intend(PendingWrite::Delete { index, len })
+            self.intend(Some(PendingWrite::Delete { index, len }))
                 .await
                 .map_err(|(code, e)| {
                     (
