@@ -684,3 +684,31 @@ fn a_write_left_recorded_is_settled_once() {
         assert_eq!(columns[0].get(i).unwrap(), &row[..], "record {i}");
     }
 }
+
+/// A node that crashes loses the writes it had not committed; the cluster then cuts back to
+/// the longest prefix every shard still holds (committed records stay), and the next append
+/// lands right after it.
+#[test]
+fn a_crashed_node_loses_only_uncommitted_records_and_the_cluster_cuts_back_to_a_prefix() {
+    let mut cluster = loaded_cluster();
+    let client = cluster.client().unwrap();
+    let rows: Vec<Vec<u8>> = (RECORDS..RECORDS + 40).map(payload).collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
+    client.append_many(&records).unwrap();
+    cluster.crash_node(2);
+    cluster.start_node(2).unwrap();
+    // Shard 2 lost its share of the 40; the cluster keeps what comes before the first.
+    let placement = cluster.config().placement().unwrap();
+    let kept = (RECORDS..RECORDS + 40)
+        .find(|&i| placement.locate(i).0 == 2)
+        .unwrap();
+    let row = payload(1_000_000);
+    assert_eq!(
+        client.append(&Record::new().with("data", &row)).unwrap(),
+        kept
+    );
+    assert_eq!(client.len().unwrap(), kept + 1);
+    check(&client, &(0..kept).collect::<Vec<_>>());
+    let last = client.gather(&[kept], &[]).unwrap();
+    assert_eq!(last[0].get(0).unwrap(), &row[..]);
+}

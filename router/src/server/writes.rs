@@ -258,7 +258,7 @@ impl Router {
     }
 
     /// Appends as global records from the current length on. If a node is out of step (it
-    /// restarted meanwhile), learns the length from the nodes and tries once more.
+    /// restarted meanwhile), repairs and tries once more.
     pub(super) async fn append(
         &self,
         fields: Vec<String>,
@@ -270,7 +270,15 @@ impl Router {
         let mut start = self.len();
         let mut attempt = self.append_at(start, &fields, &lengths, &columns).await;
         if matches!(attempt, Err((ErrorCode::Conflict, _))) {
-            start = self.refresh_len_locked().await?;
+            // A node out of step (it restarted and lost writes it had not committed): settle
+            // this attempt as the next holder would, then try once more from the length the
+            // nodes agree on now.
+            let tried = PendingWrite::Append {
+                start,
+                count: count as u64,
+            };
+            self.repair_locked(Some(tried)).await?;
+            start = self.len();
             attempt = self.append_at(start, &fields, &lengths, &columns).await;
         }
         attempt?;
