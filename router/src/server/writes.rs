@@ -10,6 +10,10 @@
 //! whoever takes the lease next settles it before writing — cuts off the part of an append
 //! that landed, finishes a delete — so a write is never left in part past the next write.
 //!
+//! Each grant of the lease carries a token: the repair fences every node with it, and
+//! `write_call` stamps it on every write, so a write of a router whose lease has passed on
+//! is refused by the nodes instead of landing late on top of the next holder's.
+//!
 //! The lease runs out by itself after [`LEASE_TIMEOUTS`] router timeouts, longer than any
 //! write takes (each step is bounded by the timeout); a router that dies holding it blocks
 //! the others' writes for that long at most.
