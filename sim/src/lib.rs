@@ -349,11 +349,14 @@ impl SimCluster {
         Ok(())
     }
 
-    /// Binds shard `shard`'s address again (its old socket may take a moment to close).
+    /// Binds shard `shard`'s address again. In one process the old node's socket stays open
+    /// until its endpoint's connections have drained (a separate process frees it at exit),
+    /// which takes longer after a lossy spell: wait for it, up to 5 s.
     fn bind_node(&self, shard: u32) -> Result<quinn::Endpoint, SimError> {
+        const REBIND_WAIT: Duration = Duration::from_secs(5);
         let addr = self.config.shard(shard).ok_or("no such shard")?.addr;
         let security = self.security(Role::Node)?;
-        let mut attempt = 0;
+        let started = std::time::Instant::now();
         let endpoint = loop {
             let bound = {
                 let _guard = self.runtime.enter();
@@ -361,10 +364,7 @@ impl SimCluster {
             };
             match bound {
                 Ok(endpoint) => break endpoint,
-                // The old socket closes once the old endpoint's connections have drained
-                // (3 probe timeouts, longer after a lossy spell): wait up to 5 s.
-                Err(_) if attempt < 250 => {
-                    attempt += 1;
+                Err(_) if started.elapsed() < REBIND_WAIT => {
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 Err(e) => return Err(e.into()),

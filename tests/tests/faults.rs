@@ -104,10 +104,12 @@ fn loss_and_delay_change_no_answer() {
 type Effect = Box<dyn FnOnce(&mut Vec<Vec<u8>>)>;
 
 /// A write while the network fails around it: a node partitioned before or during the
-/// write, lossy, or stopped. Once the faults heal and the next write has run through the
-/// other of two routers (which repairs what a cut-off write left), the cluster holds either every effect of the write or none —
+/// write, lossy, or so slow that its replies come about when the router gives up. Once the
+/// faults heal and the next write has run through the other of two routers (which repairs
+/// what a cut-off write left), the cluster holds either every effect of the write or none —
 /// never part of an append, a record twice, or a record lost — and a write that succeeded
-/// is always there.
+/// is always there. (Stopped nodes: `failures.rs`; restarting one in this process right
+/// after a partition can find its port still held by the old endpoint's connections.)
 #[test]
 fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
     const TIMEOUT_MS: u64 = 400;
@@ -140,11 +142,15 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
             loss: 0.3,
             ..Faults::default()
         };
+        let slow = Faults {
+            delay: Duration::from_millis(TIMEOUT_MS - 50 + mix2(r, 9) % 100),
+            ..Faults::default()
+        };
         let fault = mix2(r, 2) % 4;
         match fault {
             0 => cluster.set_faults(shard, cut_off).unwrap(),
             1 => cluster.set_faults(shard, lossy).unwrap(),
-            2 => cluster.stop_node(shard).unwrap(),
+            2 => cluster.set_faults(shard, slow).unwrap(),
             _ => {} // partitioned midway, below
         }
         let (writer, repairer) = if mix2(r, 8).is_multiple_of(2) {
@@ -202,7 +208,6 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
         for shard in 0..4 {
             cluster.set_faults(shard, Faults::default()).unwrap();
         }
-        cluster.start_node(shard).unwrap();
         settle(|| repairer.append_many(&[]).map(|_| ()));
         let held = settle(|| {
             let len = repairer.len()?;
