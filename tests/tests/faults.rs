@@ -105,8 +105,8 @@ type Effect = Box<dyn FnOnce(&mut Vec<Vec<u8>>)>;
 
 /// A write while the network fails around it: a node partitioned before or during the
 /// write, lossy, or so slow that its replies come about when the router gives up. Once the
-/// faults heal and the next write has run through the other of two routers (which repairs
-/// what a cut-off write left), the cluster holds either every effect of the write or none —
+/// faults heal and the next write has run through the other of two routers or a router
+/// started just then (which repairs what a cut-off write left), the cluster holds either every effect of the write or none —
 /// never part of an append, a record twice, or a record lost — and a write that succeeded
 /// is always there. (Stopped nodes: `failures.rs`; restarting one in this process right
 /// after a partition can find its port still held by the old endpoint's connections.)
@@ -204,10 +204,28 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
         };
         effect(&mut after);
 
-        // Heal, and let the next write repair what this one left.
+        // Heal, and let the next write repair what this one left; now and then through a
+        // router started just now, whose start-up settles the write first.
         for shard in 0..4 {
             cluster.set_faults(shard, Faults::default()).unwrap();
         }
+        let started;
+        let repairer = if mix2(r, 10).is_multiple_of(4) {
+            let addr = settle(|| {
+                cluster
+                    .add_router()
+                    .map_err(|e| zr_common::Error::Net(e.to_string()))
+            });
+            started = Client::connect_with_timeout(
+                addr,
+                cluster.security(zr_common::tls::Role::Client).unwrap(),
+                cluster.client_timeout(),
+            )
+            .unwrap();
+            &started
+        } else {
+            repairer
+        };
         settle(|| repairer.append_many(&[]).map(|_| ()));
         let held = settle(|| {
             let len = repairer.len()?;
