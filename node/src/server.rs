@@ -191,14 +191,18 @@ fn fenced(
 fn execute(store: &Store, coordination: &Coordination, request: Request, body: &[u8]) -> Outcome {
     let fail = |e: Error| (code_of(&e), e.to_string());
     let lease = &coordination.lease;
-    match request {
-        Request::Info => Ok((
+    let info = || {
+        let fields = store.fields().iter().map(field_info).collect();
+        Ok((
             Reply::Info {
                 len: store.len(),
-                fields: store.fields().iter().map(field_info).collect(),
+                fields,
             },
             Vec::new(),
-        )),
+        ))
+    };
+    match request {
+        Request::Info => info(),
         Request::Gather { indices, fields } => {
             let names: Vec<&str> = fields.iter().map(String::as_str).collect();
             let batch = Arc::new(store.gather(&indices, &names).map_err(fail)?);
@@ -289,15 +293,7 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
             }
             Ok((Reply::Done, Vec::new()))
         }),
-        Request::Fence { token } => coordination.fence.raise(token, || {
-            Ok((
-                Reply::Info {
-                    len: store.len(),
-                    fields: store.fields().iter().map(field_info).collect(),
-                },
-                Vec::new(),
-            ))
-        }),
+        Request::Fence { token } => coordination.fence.raise(token, info),
         Request::Commit => {
             store.commit().map_err(fail)?;
             Ok((Reply::Done, Vec::new()))

@@ -338,17 +338,12 @@ impl Router {
         Ok(infos.into_iter().map(|(len, _)| len).collect())
     }
 
-    /// [`Self::refresh_len_locked`] for callers not holding the write lock: waits for this
-    /// router's writes in flight, so a length read before them cannot overwrite theirs.
-    async fn refresh_len(&self) -> Result<u64, Failure> {
-        let _writes = self.writes.lock().await;
-        self.refresh_len_locked().await
-    }
-
     /// Re-reads the global length from the nodes (another router may have written): the
     /// longest length every shard agrees with. Repairs nothing — another router's append
-    /// may be in flight. The caller holds the write lock.
-    async fn refresh_len_locked(&self) -> Result<u64, Failure> {
+    /// may be in flight. Waits for this router's writes in flight, so a length read before
+    /// them cannot overwrite theirs.
+    async fn refresh_len(&self) -> Result<u64, Failure> {
+        let _writes = self.writes.lock().await;
         let len = self
             .placement
             .load()

@@ -95,6 +95,9 @@ impl AsyncUdpSocket for FaultySocket {
 
     fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
         let faults = self.state.get();
+        if faults == Faults::default() {
+            return self.inner.try_send(transmit); // a healthy link: nothing to decide
+        }
         if faults.partitioned {
             return Ok(()); // gone, as on a cut link
         }

@@ -122,7 +122,7 @@ impl Router {
     async fn write_call(
         &self,
         shard: u32,
-        request: &Request,
+        mut request: Request,
         body: Vec<Bytes>,
     ) -> Result<super::NodeReply, Failure> {
         let now = tokio::time::Instant::now();
@@ -139,7 +139,6 @@ impl Router {
                 ),
             ));
         };
-        let mut request = request.clone();
         match &mut request {
             Request::Append { token: t, .. } | Request::Modify { token: t, .. } => *t = Some(token),
             Request::Truncate { token: t, .. } => *t = token,
@@ -169,7 +168,7 @@ impl Router {
             holder: self.holder,
             write,
         };
-        self.write_call(LEASE_SHARD, &request, Vec::new()).await?;
+        self.write_call(LEASE_SHARD, request, Vec::new()).await?;
         Ok(())
     }
 
@@ -201,7 +200,7 @@ impl Router {
                 );
                 self.write_call(
                     shard as u32,
-                    &Request::Truncate {
+                    Request::Truncate {
                         len: want,
                         token: 0, // write_call sets it
                     },
@@ -244,7 +243,7 @@ impl Router {
             fields,
             lengths,
         };
-        self.write_call(shard, &request, vec![Bytes::copy_from_slice(body)])
+        self.write_call(shard, request, vec![Bytes::copy_from_slice(body)])
             .await?;
         Ok(Reply::Done)
     }
@@ -342,7 +341,7 @@ impl Router {
                 fields: fields.to_vec(),
                 lengths,
             };
-            async move { self.write_call(part.shard, &request, body).await }
+            async move { self.write_call(part.shard, request, body).await }
         });
         let results = futures::future::join_all(calls).await;
         if let Some(failure) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
@@ -352,8 +351,11 @@ impl Router {
                         len: part.local_start,
                         token: 0, // write_call sets it
                     };
-                    if let Err((_, e)) = self.write_call(part.shard, &undo, Vec::new()).await {
-                        tracing::warn!("undoing a failed append on shard {}: {e} (the next router start repairs it)", part.shard);
+                    if let Err((_, e)) = self.write_call(part.shard, undo, Vec::new()).await {
+                        tracing::warn!(
+                            "undoing a failed append on shard {}: {e} (the next write cuts it off)",
+                            part.shard
+                        );
                     }
                 }
             }
@@ -375,7 +377,7 @@ impl Router {
                 len: local,
                 token: 0, // write_call sets it
             };
-            self.write_call(shard, &truncate, Vec::new()).await?;
+            self.write_call(shard, truncate, Vec::new()).await?;
         } else {
             self.intend(Some(PendingWrite::Delete { index, len }))
                 .await
@@ -433,13 +435,13 @@ impl Router {
             fields,
             lengths,
         };
-        self.write_call(shard, &request, vec![Bytes::from(moved.body())])
+        self.write_call(shard, request, vec![Bytes::from(moved.body())])
             .await?;
         let truncate = Request::Truncate {
             len: last_local,
             token: 0, // write_call sets it
         };
-        self.write_call(last_shard, &truncate, Vec::new()).await?;
+        self.write_call(last_shard, truncate, Vec::new()).await?;
         Ok(())
     }
 }
