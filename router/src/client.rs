@@ -64,15 +64,8 @@ impl Client {
             .enable_all()
             .build()
             .map_err(|e| Error::Net(format!("cannot start the client runtime: {e}")))?;
-        let bind: SocketAddr = if addr.is_ipv4() {
-            "0.0.0.0:0"
-        } else {
-            "[::]:0"
-        }
-        .parse()
-        .map_err(|_| Error::Net("bad bind address".into()))?;
         let (endpoint, connection) = runtime.block_on(async {
-            let endpoint = net::client_endpoint(bind)?;
+            let endpoint = net::client_endpoint(addr)?;
             let connection = net::connect(&endpoint, &security, addr, timeout).await?;
             Ok::<_, Error>((endpoint, connection))
         })?;

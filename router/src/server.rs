@@ -92,15 +92,10 @@ impl Router {
             .shards
             .iter()
             .map(|s| {
-                let bind: SocketAddr = if s.addr.is_ipv4() {
-                    (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
-                } else {
-                    (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-                };
                 Ok(NodeLink {
                     shard: s.id,
                     addr: s.addr,
-                    endpoint: net::client_endpoint(bind)?,
+                    endpoint: net::client_endpoint(s.addr)?,
                     connection: Mutex::new(None),
                 })
             })

@@ -66,7 +66,29 @@ type Step<'a> = &'a mut dyn FnMut(usize) -> Result<()>;
 #[derive(Default)]
 struct Figures {
     seconds: f64,
+    /// CPU time of the whole process (every thread) while this method ran.
+    cpu_seconds: f64,
     latencies: Vec<Duration>,
+}
+
+/// CPU time this process has used so far, all threads, user and system (Linux; 0 elsewhere).
+fn process_cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which ends at the last ')'): utime and stime are the
+    // 12th and 13th, in clock ticks of 1/100 s.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 impl Figures {
@@ -74,17 +96,29 @@ impl Figures {
     /// adding its latencies.
     fn measure(&mut self, seconds: f64, batches: usize, step: Step) -> Result<()> {
         let started = Instant::now();
+        let cpu = process_cpu_seconds();
         while started.elapsed().as_secs_f64() < seconds || self.latencies.len() < batches {
             let t = Instant::now();
             step(self.latencies.len())?;
             self.latencies.push(t.elapsed());
         }
         self.seconds += started.elapsed().as_secs_f64();
+        self.cpu_seconds += process_cpu_seconds() - cpu;
         Ok(())
     }
 
     fn batches_per_second(&self) -> f64 {
         self.latencies.len() as f64 / self.seconds
+    }
+
+    /// Cores busy on average: process CPU time over wall time.
+    fn cores_busy(&self) -> f64 {
+        self.cpu_seconds / self.seconds
+    }
+
+    /// Process CPU time per batch, in milliseconds.
+    fn cpu_ms_per_batch(&self) -> f64 {
+        self.cpu_seconds * 1e3 / self.latencies.len() as f64
     }
 
     fn quantile_ms(&self, q: f64) -> f64 {
@@ -132,7 +166,7 @@ async fn connect_all(
 ) -> Result<Vec<(quinn::Endpoint, quinn::Connection)>> {
     let mut links = Vec::new();
     for &addr in addrs {
-        let endpoint = net::client_endpoint("127.0.0.1:0".parse()?)?;
+        let endpoint = net::client_endpoint(addr)?;
         let connection = net::connect(&endpoint, security, addr, timeout).await?;
         links.push((endpoint, connection));
     }
@@ -147,8 +181,8 @@ fn main() -> Result<()> {
         args.batch, args.shards
     );
     println!(
-        "{:>8} {:<30} {:>11} {:>8} {:>9} {:>9} {:>9}",
-        "record", "method", "records/s", "GiB/s", "p50 ms", "p99 ms", "vs quinn"
+        "{:>8} {:<30} {:>11} {:>8} {:>9} {:>9} {:>9} {:>7} {:>6}",
+        "record", "method", "records/s", "GiB/s", "p50 ms", "p99 ms", "vs quinn", "CPU ms", "cores"
     );
     for &size in &args.sizes {
         run(&args, size)?;
@@ -338,14 +372,16 @@ fn run(args: &Args, size: usize) -> Result<()> {
     for (name, _, f) in methods.iter().filter(|(name, _, _)| chosen(name)) {
         let rate = f.batches_per_second();
         println!(
-            "{:>8} {:<30} {:>11.0} {:>8.3} {:>9.2} {:>9.2} {:>8.2}x",
+            "{:>8} {:<30} {:>11.0} {:>8.3} {:>9.2} {:>9.2} {:>8.2}x {:>7.2} {:>6.2}",
             size,
             name,
             rate * args.batch as f64,
             rate * batch_bytes as f64 / (1u64 << 30) as f64,
             f.quantile_ms(0.5),
             f.quantile_ms(0.99),
-            rate / quinn_rate
+            rate / quinn_rate,
+            f.cpu_ms_per_batch(),
+            f.cores_busy()
         );
     }
     if chosen(methods[0].0) && chosen(methods[1].0) {

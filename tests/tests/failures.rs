@@ -145,7 +145,7 @@ fn raw_call(security: &Security, addr: SocketAddr, message: Vec<u8>) -> Result<V
         .build()
         .unwrap();
     runtime.block_on(async {
-        let endpoint = net::client_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+        let endpoint = net::client_endpoint(addr).unwrap();
         let timeout = Duration::from_secs(5);
         let connection = net::connect(&endpoint, security, addr, timeout)
             .await
