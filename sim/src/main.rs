@@ -36,8 +36,8 @@ const IMAGE_BYTES: usize = 1024;
 /// Sample record `i`: an image whose bytes derive from `i`, and a caption naming `i`.
 fn sample(i: u64, image: &mut [u8]) -> String {
     image[..8].copy_from_slice(&i.to_le_bytes());
-    for (k, b) in image[8..].iter_mut().enumerate() {
-        *b = mix2(i, k as u64 / 8).to_le_bytes()[k % 8];
+    for (k, word) in image[8..].chunks_mut(8).enumerate() {
+        word.copy_from_slice(&mix2(i, k as u64).to_le_bytes()[..word.len()]);
     }
     format!(
         "sample {i}: a {} shape",

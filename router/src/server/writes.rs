@@ -327,12 +327,12 @@ impl Router {
             let body: Vec<Bytes> = columns
                 .iter()
                 .map(|column| {
-                    Bytes::from(
-                        part.positions
-                            .iter()
-                            .flat_map(|&k| column[k].iter().copied())
-                            .collect::<Vec<u8>>(),
-                    )
+                    let size = part.positions.iter().map(|&k| column[k].len()).sum();
+                    let mut payload = Vec::with_capacity(size);
+                    for &k in &part.positions {
+                        payload.extend_from_slice(column[k]);
+                    }
+                    Bytes::from(payload)
                 })
                 .collect();
             let request = Request::Append {
