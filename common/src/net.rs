@@ -452,30 +452,38 @@ pub fn describe(e: &ConnectionError) -> String {
         }
         other => return other.to_string(),
     };
-    // QUIC carries TLS alerts as transport codes 0x100 + alert.
-    let alert = code.checked_sub(0x100).filter(|&a| a < 0x100);
-    match (alert, reason) {
-        (Some(_), Some(reason))
+    tls_refusal(code, reason).unwrap_or_else(|| e.to_string())
+}
+
+/// A TLS alert (QUIC transport code `code`: 0x100 + alert) in words a user can act on;
+/// `None` if `code` is not an alert.
+fn tls_refusal(code: u64, reason: Option<String>) -> Option<String> {
+    let alert = code.checked_sub(0x100).filter(|&a| a < 0x100)?;
+    Some(match (alert, reason) {
+        (_, Some(reason)) if reason.to_lowercase().contains("expired") => format!(
+            "the peer's certificate has expired ({reason}); issue new ones with `zr cluster-renew` and restart the peer (or is a clock wrong?)"
+        ),
+        (_, Some(reason))
             if reason.contains("UnknownIssuer") || reason.contains("BadSignature") =>
         {
             format!(
                 "the peer's certificate is not from this cluster's CA ({reason}); a certificate directory of another cluster, or a peer running --insecure-dev?"
             )
         }
-        (Some(_), Some(reason)) if reason.contains("NotValidForName") => format!(
+        (_, Some(reason)) if reason.contains("NotValidForName") => format!(
             "the peer's certificate is for another role ({reason}); is the address right?"
         ),
-        (Some(_), Some(reason)) if reason.contains("UnknownCA") || reason.contains("BadCertificate") => format!(
+        (_, Some(reason)) if reason.contains("UnknownCA") || reason.contains("BadCertificate") => format!(
             "the peer refused the certificate this side presented ({reason})"
         ),
-        (Some(116), _) => "the peer requires a certificate and this side presented none (give it the cluster's certificates, or run both sides with --insecure-dev)".into(),
-        (Some(42 | 48), _) => "the peer refused the certificate this side presented: it is from another cluster's CA, or for the wrong role".into(),
-        (Some(alert), reason) => format!(
+        (116, _) => "the peer requires a certificate and this side presented none (give it the cluster's certificates, or run both sides with --insecure-dev)".into(),
+        (45, _) => "the peer refused the certificate this side presented: it has expired; issue new ones with `zr cluster-renew` and restart this process".into(),
+        (42 | 48, _) => "the peer refused the certificate this side presented: it is from another cluster's CA, or for the wrong role".into(),
+        (alert, reason) => format!(
             "TLS handshake failed (alert {alert}{})",
             reason.map(|r| format!(": {r}")).unwrap_or_default()
         ),
-        (None, _) => e.to_string(),
-    }
+    })
 }
 
 /// A reply's body: pieces ready now, or batches of pieces a producer is still making (the
@@ -897,6 +905,27 @@ mod tests {
         let addr = server.local_addr().unwrap();
         let served = tokio::spawn(async move { serve(&server, limits, shutdown, handler).await });
         (addr, client_endpoint(loopback).unwrap(), served)
+    }
+
+    /// TLS refusals read as what to do: an expired certificate names `zr cluster-renew` on
+    /// the side that found it and on the side whose certificate it was.
+    #[test]
+    fn expired_certificates_are_named_on_both_sides() {
+        let alert = u64::from(quinn::TransportErrorCode::crypto(45));
+        let reason = "invalid peer certificate: certificate expired: verification time 2, but certificate is not valid after 1";
+        let found = tls_refusal(alert, Some(reason.into())).unwrap_or_default();
+        let refused = describe(&ConnectionError::ConnectionClosed(quinn::ConnectionClose {
+            error_code: quinn::TransportErrorCode::crypto(45),
+            frame_type: None,
+            reason: Bytes::new(),
+        }));
+        for (text, who) in [
+            (found, "the peer's certificate"),
+            (refused, "this side presented"),
+        ] {
+            assert!(text.contains(who) && text.contains("expired"), "{text}");
+            assert!(text.contains("zr cluster-renew"), "{text}");
+        }
     }
 
     /// Every link's GSO send fits one UDP datagram at its largest MTU.

@@ -156,13 +156,63 @@ impl Identity {
         let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| {
             cert_error(&key_path, format!("cannot read the {role} key: {e} {hint}"))
         })?;
-        Ok(Identity {
+        let identity = Identity {
             role,
             dir: dir.to_path_buf(),
             roots: Arc::new(roots),
             chain,
             key,
-        })
+        };
+        // Peers would refuse a certificate that is expired or from another CA: say so here,
+        // at start-up, rather than as a refused connection later.
+        let now = UnixTime::now();
+        let renew = format!("`zr cluster-renew --certs {}`", dir.display());
+        identity.verify_own(now).map_err(|e| match e {
+            webpki::Error::CertExpired { .. } => cert_error(
+                &cert_path,
+                format!("the {role} certificate has expired; issue new ones with {renew}"),
+            ),
+            webpki::Error::CertNotValidYet { .. } => cert_error(
+                &cert_path,
+                format!("the {role} certificate is not valid yet: is this machine's clock right?"),
+            ),
+            other => cert_error(
+                &cert_path,
+                format!("the {role} certificate does not verify against {CA_FILE}: {other:?}"),
+            ),
+        })?;
+        let soon = UnixTime::since_unix_epoch(std::time::Duration::from_secs(
+            now.as_secs() + EXPIRY_WARNING_DAYS * 86_400,
+        ));
+        if identity.verify_own(soon).is_err() {
+            tracing::warn!(
+                "{}: the {role} certificate expires within {EXPIRY_WARNING_DAYS} days; issue new ones with {renew} and restart",
+                cert_path.display()
+            );
+        }
+        Ok(identity)
+    }
+
+    /// Checks this identity's certificate against its own CA at `time` (chain, lifetime and
+    /// key usage; whether it is for the role is the peer's check, see [`RoleVerifier`]).
+    fn verify_own(&self, time: UnixTime) -> Result<(), webpki::Error> {
+        let cert = webpki::EndEntityCert::try_from(&self.chain[0])?;
+        // Nodes serve; routers and clients connect (routers serve too: their certificate has
+        // both usages).
+        let usage = match self.role {
+            Role::Node => webpki::KeyUsage::server_auth(),
+            Role::Router | Role::Client => webpki::KeyUsage::client_auth(),
+        };
+        cert.verify_for_usage(
+            webpki::ALL_VERIFICATION_ALGS,
+            &self.roots.roots,
+            &self.chain[1..],
+            time,
+            usage,
+            None,
+            None,
+        )
+        .map(|_| ())
     }
 
     /// The CA roots peers are checked against.
@@ -181,10 +231,27 @@ impl Identity {
     }
 }
 
-/// Creates a cluster CA in `dir` and a certificate and key for every role, signed by it.
-/// Refuses to overwrite an existing CA (that would orphan every certificate it signed).
-/// Key files are readable by their owner only.
-pub fn init_certs(dir: &Path) -> Result<(), Error> {
+/// How long a cluster CA is valid.
+pub const CA_VALID_DAYS: u32 = 3650;
+/// How long role certificates are valid unless told otherwise; `zr cluster-renew` issues new
+/// ones from the same CA before then.
+pub const CERT_VALID_DAYS: u32 = 365;
+/// A process whose certificate expires within this many days warns when it loads it.
+const EXPIRY_WARNING_DAYS: u64 = 30;
+
+/// From an hour ago (a peer's clock may lag) to `days` from now.
+fn validity(days: u32) -> (time::OffsetDateTime, time::OffsetDateTime) {
+    let now = time::OffsetDateTime::now_utc();
+    (
+        now - time::Duration::hours(1),
+        now + time::Duration::days(days.into()),
+    )
+}
+
+/// Creates a cluster CA in `dir` (valid [`CA_VALID_DAYS`]) and a certificate and key for
+/// every role, signed by it and valid for `days`. Refuses to overwrite an existing CA (that
+/// would orphan every certificate it signed). Key files are readable by their owner only.
+pub fn init_certs(dir: &Path, days: u32) -> Result<(), Error> {
     let io = |path: &Path, e: std::io::Error| cert_error(path, e);
     let gen = |what: &str, e: rcgen::Error| cert_error(dir, format!("cannot create {what}: {e}"));
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
@@ -216,6 +283,7 @@ pub fn init_certs(dir: &Path) -> Result<(), Error> {
         .push(DnType::CommonName, format!("zrecord cluster CA {id:016x}"));
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    (ca_params.not_before, ca_params.not_after) = validity(CA_VALID_DAYS);
     let ca = ca_params
         .self_signed(&ca_key)
         .map_err(|e| gen("the CA", e))?;
@@ -223,6 +291,58 @@ pub fn init_certs(dir: &Path) -> Result<(), Error> {
         (ca_path, ca.pem(), false),
         (dir.join(CA_KEY_FILE), ca_key.serialize_pem(), true),
     ];
+    files.extend(issue_roles(dir, &ca, &ca_key, validity(days))?);
+    for (path, text, secret) in files {
+        write_file(&path, text.as_bytes(), secret).map_err(|e| io(&path, e))?;
+    }
+    Ok(())
+}
+
+/// Issues every role a new key and certificate, valid for `days`, from the CA in `dir`
+/// (`ca.pem` and `ca.key`), replacing the old files one by one (each replacement is atomic).
+/// Processes keep their old certificates until they restart; old and new are both from the
+/// same CA, so a cluster can restart its processes one at a time.
+pub fn renew_certs(dir: &Path, days: u32) -> Result<(), Error> {
+    let ca_path = dir.join(CA_FILE);
+    let ca_key_path = dir.join(CA_KEY_FILE);
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|e| {
+            cert_error(
+                path,
+                format!("cannot read it: {e} (renewing needs the CA's certificate and key, as `zr cluster-init` wrote them)"),
+            )
+        })
+    };
+    let ca_pem = read(&ca_path)?;
+    let ca_key = KeyPair::from_pem(&read(&ca_key_path)?)
+        .map_err(|e| cert_error(&ca_key_path, format!("not a usable key: {e}")))?;
+    let ca_params = CertificateParams::from_ca_cert_pem(&ca_pem)
+        .map_err(|e| cert_error(&ca_path, format!("not a usable CA certificate: {e}")))?;
+    if ca_params.not_after <= time::OffsetDateTime::now_utc() {
+        return Err(cert_error(
+            &ca_path,
+            "the cluster CA has expired: create a new cluster CA with `zr cluster-init` and give every process its files",
+        ));
+    }
+    // The same name and key as the CA file: what it signs verifies against that file.
+    let ca = ca_params
+        .self_signed(&ca_key)
+        .map_err(|e| cert_error(&ca_path, format!("cannot sign with this CA: {e}")))?;
+    for (path, text, secret) in issue_roles(dir, &ca, &ca_key, validity(days))? {
+        replace_file(&path, text.as_bytes(), secret).map_err(|e| cert_error(&path, e))?;
+    }
+    Ok(())
+}
+
+/// A new key and certificate for every role, signed by `ca`: (path, PEM, secret) per file.
+fn issue_roles(
+    dir: &Path,
+    ca: &rcgen::Certificate,
+    ca_key: &KeyPair,
+    (not_before, not_after): (time::OffsetDateTime, time::OffsetDateTime),
+) -> Result<Vec<(PathBuf, String, bool)>, Error> {
+    let gen = |what: &str, e: rcgen::Error| cert_error(dir, format!("cannot create {what}: {e}"));
+    let mut files = Vec::new();
     for role in Role::ALL {
         let key = KeyPair::generate().map_err(|e| gen(role.name(), e))?;
         let mut params = CertificateParams::new(vec![role.dns_name().to_string()])
@@ -239,8 +359,9 @@ pub fn init_certs(dir: &Path) -> Result<(), Error> {
             ],
             Role::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
         };
+        (params.not_before, params.not_after) = (not_before, not_after);
         let cert = params
-            .signed_by(&key, &ca, &ca_key)
+            .signed_by(&key, ca, ca_key)
             .map_err(|e| gen(role.name(), e))?;
         files.push((dir.join(format!("{}.pem", role.name())), cert.pem(), false));
         files.push((
@@ -249,8 +370,23 @@ pub fn init_certs(dir: &Path) -> Result<(), Error> {
             true,
         ));
     }
-    for (path, text, secret) in files {
-        write_file(&path, text.as_bytes(), secret).map_err(|e| io(&path, e))?;
+    Ok(files)
+}
+
+/// Writes `path` anew through a temporary file renamed over it: a reader sees the old file
+/// or the new one, never a part.
+fn replace_file(path: &Path, bytes: &[u8], secret: bool) -> std::io::Result<()> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".new");
+    let temporary = PathBuf::from(temporary);
+    match std::fs::remove_file(&temporary) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    write_file(&temporary, bytes, secret)?;
+    std::fs::rename(&temporary, path)?;
+    if let Some(parent) = path.parent() {
+        std::fs::File::open(parent)?.sync_all()?;
     }
     Ok(())
 }
@@ -354,10 +490,89 @@ impl ClientCertVerifier for RoleVerifier {
 mod tests {
     use super::*;
 
+    /// Replaces the role certificates in `dir` with ones valid from `from` to `to` days from
+    /// now, signed by its CA.
+    fn reissue(dir: &Path, from: i64, to: i64) {
+        let ca_key =
+            KeyPair::from_pem(&std::fs::read_to_string(dir.join(CA_KEY_FILE)).unwrap()).unwrap();
+        let ca_pem = std::fs::read_to_string(dir.join(CA_FILE)).unwrap();
+        let ca = CertificateParams::from_ca_cert_pem(&ca_pem)
+            .unwrap()
+            .self_signed(&ca_key)
+            .unwrap();
+        let now = time::OffsetDateTime::now_utc();
+        let validity = (
+            now + time::Duration::days(from),
+            now + time::Duration::days(to),
+        );
+        for (path, text, secret) in issue_roles(dir, &ca, &ca_key, validity).unwrap() {
+            replace_file(&path, text.as_bytes(), secret).unwrap();
+        }
+    }
+
+    /// Expired or not-yet-valid certificates are refused at load, naming the cure; one that
+    /// expires soon still loads. Renewal from the same CA makes them good again, with new
+    /// files (keys too), and needs the CA's key.
+    #[test]
+    fn expired_certificates_are_refused_at_load_and_renewed_from_the_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        init_certs(dir.path(), 30).unwrap();
+        reissue(dir.path(), -30, -1);
+        for role in Role::ALL {
+            let e = Identity::load(dir.path(), role).unwrap_err().to_string();
+            assert!(
+                e.contains("has expired") && e.contains("zr cluster-renew"),
+                "{role}: {e}"
+            );
+        }
+        reissue(dir.path(), 1, 30);
+        let e = Identity::load(dir.path(), Role::Node)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not valid yet"), "{e}");
+        reissue(dir.path(), -1, 10);
+        for role in Role::ALL {
+            Identity::load(dir.path(), role).unwrap(); // expires soon: a warning, not an error
+        }
+
+        let old_key = std::fs::read(dir.path().join("router.key")).unwrap();
+        renew_certs(dir.path(), 365).unwrap();
+        for role in Role::ALL {
+            Identity::load(dir.path(), role).unwrap();
+        }
+        assert_ne!(
+            std::fs::read(dir.path().join("router.key")).unwrap(),
+            old_key
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("router.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+
+        std::fs::remove_file(dir.path().join(CA_KEY_FILE)).unwrap();
+        let e = renew_certs(dir.path(), 365).unwrap_err().to_string();
+        assert!(e.contains(CA_KEY_FILE), "{e}");
+    }
+
+    /// A certificate from another cluster's CA is refused at load.
+    #[test]
+    fn a_certificate_from_another_ca_is_refused_at_load() {
+        let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        init_certs(one.path(), 30).unwrap();
+        init_certs(two.path(), 30).unwrap();
+        std::fs::copy(two.path().join("node.pem"), one.path().join("node.pem")).unwrap();
+        let e = Identity::load(one.path(), Role::Node)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not verify against ca.pem"), "{e}");
+    }
+
     #[test]
     fn init_then_load_every_role_and_refuse_to_overwrite() {
         let dir = tempfile::tempdir().unwrap();
-        init_certs(dir.path()).unwrap();
+        init_certs(dir.path(), CERT_VALID_DAYS).unwrap();
         for role in Role::ALL {
             let identity = Identity::load(dir.path(), role).unwrap();
             assert_eq!(identity.role, role);
@@ -368,7 +583,9 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
-        let again = init_certs(dir.path()).unwrap_err().to_string();
+        let again = init_certs(dir.path(), CERT_VALID_DAYS)
+            .unwrap_err()
+            .to_string();
         assert!(again.contains("already exists"), "{again}");
         std::fs::remove_file(dir.path().join("router.key")).unwrap();
         let missing = Identity::load(dir.path(), Role::Router)

@@ -212,7 +212,38 @@ fn binaries_serve_a_cluster_and_stop_cleanly() {
     assert!(refused.contains("--certs"), "{refused}");
     let refused = zr_fails(&["info", "--router", addr.as_str(), "--insecure-dev"]);
     assert!(refused.contains("presented none"), "{refused}");
-    for p in processes.into_iter().rev() {
+
+    // New certificates from the same CA, taken up one process at a time: a client holding
+    // the old ones keeps working throughout, and one with the new ones connects.
+    let old_client = connect(&addr, &certs);
+    let renewed = zr(&["cluster-renew", "--certs", certs_arg, "--days", "30"]);
+    assert!(renewed.contains("valid for 30 days"), "{renewed}");
+    let config_arg = config.to_str().unwrap();
+    let gathers = |client: &Client| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match client.gather(&[339, 5], &["x"]) {
+                Ok(columns) => {
+                    assert_eq!(columns[0].get(1).unwrap(), &rows[5][..]);
+                    return;
+                }
+                Err(e) => assert!(Instant::now() < deadline, "no gather after a restart: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let mut processes = processes; // nodes 0 and 1, then the router
+    for shard in ["0", "1"] {
+        terminate(processes.remove(0));
+        processes.push(spawn(&node, &["--shard", shard, "--nodes", config_arg]));
+        gathers(&old_client);
+    }
+    terminate(processes.remove(0));
+    processes.insert(0, spawn(&router, &["--nodes", config_arg]));
+    gathers(&old_client);
+    gathers(&connect(&addr, &certs));
+    drop(old_client);
+    for p in processes {
         terminate(p);
     }
     let _ = std::fs::remove_dir_all(&tmp);

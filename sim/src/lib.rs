@@ -104,7 +104,7 @@ impl SimCluster {
         let loopback: SocketAddr = "127.0.0.1:0".parse()?;
         let tls = if options.secure {
             let certs = data.path().join("certs");
-            tls::init_certs(&certs)?;
+            tls::init_certs(&certs, tls::CERT_VALID_DAYS)?;
             Some(TlsConfig { certs })
         } else {
             None

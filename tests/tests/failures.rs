@@ -173,7 +173,7 @@ fn only_the_right_certificates_get_in() {
 
     // A client whose certificates come from another cluster's CA.
     let other = scratch.path().join("other");
-    tls::init_certs(&other).unwrap();
+    tls::init_certs(&other, tls::CERT_VALID_DAYS).unwrap();
     let err = Client::connect_with_timeout(
         router,
         Security::load(&other, Role::Client).unwrap(),
@@ -315,7 +315,7 @@ fn an_insecure_dev_cluster_works_and_refuses_certificate_clients() {
     assert_eq!(columns[0].get(0).unwrap(), &rows[49][..]);
     // A client holding real certificates will not trust a throwaway one.
     let certs = tempfile::tempdir().unwrap();
-    tls::init_certs(certs.path()).unwrap();
+    tls::init_certs(certs.path(), tls::CERT_VALID_DAYS).unwrap();
     let err = Client::connect_with_timeout(
         cluster.router_addr(),
         Security::load(certs.path(), Role::Client).unwrap(),

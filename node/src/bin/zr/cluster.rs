@@ -90,6 +90,39 @@ pub struct ClusterInitArgs {
     /// A field of the dataset, as NAME or NAME:flate (repeat for several; default data).
     #[arg(long = "field", value_name = "NAME[:raw|flate]")]
     fields: Vec<String>,
+    /// Days the node, router and client certificates are valid (the CA: ten years); renew
+    /// them before then with `zr cluster-renew`.
+    #[arg(long, default_value_t = tls::CERT_VALID_DAYS, value_parser = clap::value_parser!(u32).range(1..=36500))]
+    days: u32,
+}
+
+/// Issue new node, router and client certificates and keys from a cluster's CA.
+///
+/// Replaces node.pem/.key, router.pem/.key and client.pem/.key in the certificate directory
+/// (each file atomically), signed by its ca.pem with ca.key. Running processes keep their
+/// old certificates until restarted; old and new come from the same CA, so restart the
+/// processes one at a time (nodes, then routers) and clients reconnect on their own. Copy the
+/// new files to each host first (see ops/README.md). Processes warn in their log when their
+/// certificate expires within 30 days.
+#[derive(Args)]
+pub struct ClusterRenewArgs {
+    /// The certificate directory (holding ca.pem and ca.key), e.g. DIR/certs of `zr cluster-init`.
+    #[arg(long)]
+    certs: PathBuf,
+    /// Days the new certificates are valid.
+    #[arg(long, default_value_t = tls::CERT_VALID_DAYS, value_parser = clap::value_parser!(u32).range(1..=36500))]
+    days: u32,
+}
+
+pub fn renew(args: ClusterRenewArgs) -> CliResult {
+    tls::renew_certs(&args.certs, args.days)?;
+    println!(
+        "issued new node, router and client certificates in {}, valid for {} days",
+        args.certs.display(),
+        args.days
+    );
+    println!("restart the processes one at a time (nodes, then routers) to take them up");
+    Ok(())
 }
 
 pub fn init(args: ClusterInitArgs) -> CliResult {
@@ -132,12 +165,16 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
     let text = cluster_toml(args.shards, args.base_port, &dir, &certs, &fields);
     // Check the file before writing anything (bad field names, compressions).
     zr_common::config::ClusterConfig::parse(&text, &config_path.display().to_string())?;
-    tls::init_certs(&certs)?;
+    tls::init_certs(&certs, args.days)?;
     std::fs::write(&config_path, text)
         .map_err(|e| format!("cannot write {}: {e}", config_path.display()))?;
     let nodes = config_path.display();
     println!("created {nodes}");
-    println!("created {} (CA, node, router, client)", certs.display());
+    println!(
+        "created {} (CA, node, router, client; valid for {} days, then `zr cluster-renew`)",
+        certs.display(),
+        args.days
+    );
     println!("start the cluster:");
     for shard in 0..args.shards {
         println!("  zr-node --shard {shard} --nodes {nodes} &");

@@ -21,6 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     ClusterInit(cluster::ClusterInitArgs),
+    ClusterRenew(cluster::ClusterRenewArgs),
     Convert(convert::ConvertArgs),
     Info(dataset::InfoArgs),
     Gather(dataset::GatherArgs),
@@ -35,6 +36,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::ClusterInit(args) => cluster::init(args),
+        Command::ClusterRenew(args) => cluster::renew(args),
         Command::Convert(args) => convert::run(args),
         Command::Info(args) => dataset::info(args),
         Command::Gather(args) => dataset::gather(args),
