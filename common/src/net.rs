@@ -273,50 +273,46 @@ pub fn server_endpoint_wrapped(
     security: &Security,
     wrap: impl FnOnce(Arc<dyn AsyncUdpSocket>) -> Arc<dyn AsyncUdpSocket>,
 ) -> Result<Endpoint, Error> {
-    let link = Link::of(addr);
-    let server = security.server_config(link)?;
-    let failed = |e: std::io::Error| Error::Net(format!("cannot start an endpoint on {addr}: {e}"));
-    let socket = capped_socket(addr, link)?;
-    Endpoint::new_with_abstract_socket(
-        endpoint_config(link)?,
-        Some(server),
-        wrap(socket),
-        Arc::new(quinn::TokioRuntime),
-    )
-    .map_err(failed)
+    let server = security.server_config(Link::of(addr))?;
+    endpoint(addr, Some(server), wrap)
 }
 
 /// A client-only endpoint for connecting to `peer`: on an ephemeral port of loopback for a
 /// loopback peer (so that both ends use loopback's packet sizes), else of the unspecified
 /// address.
 pub fn client_endpoint(peer: SocketAddr) -> Result<Endpoint, Error> {
-    let bind: SocketAddr = match (peer.ip().is_loopback(), peer.is_ipv4()) {
-        (true, true) => (std::net::Ipv4Addr::LOCALHOST, 0).into(),
-        (true, false) => (std::net::Ipv6Addr::LOCALHOST, 0).into(),
-        (false, true) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
-        (false, false) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    let ip: std::net::IpAddr = match (peer.ip().is_loopback(), peer.is_ipv4()) {
+        (true, true) => std::net::Ipv4Addr::LOCALHOST.into(),
+        (true, false) => std::net::Ipv6Addr::LOCALHOST.into(),
+        (false, true) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        (false, false) => std::net::Ipv6Addr::UNSPECIFIED.into(),
     };
-    let link = Link::of(bind);
-    let failed = |e: std::io::Error| Error::Net(format!("cannot start a client endpoint: {e}"));
-    let socket = capped_socket(bind, link)?;
+    endpoint(SocketAddr::new(ip, 0), None, |socket| socket)
+}
+
+/// An endpoint on `addr` (serving if `server` is given), its packet sizes those of the link
+/// `addr` is on, its UDP socket capped to fit them and then passed through `wrap`.
+fn endpoint(
+    addr: SocketAddr,
+    server: Option<ServerConfig>,
+    wrap: impl FnOnce(Arc<dyn AsyncUdpSocket>) -> Arc<dyn AsyncUdpSocket>,
+) -> Result<Endpoint, Error> {
+    let link = Link::of(addr);
+    let failed = |e: std::io::Error| Error::Net(format!("cannot start an endpoint on {addr}: {e}"));
+    let inner = quinn::TokioRuntime
+        .wrap_udp_socket(udp_socket(addr)?)
+        .map_err(failed)?;
+    let socket = Arc::new(SegmentCap {
+        inner,
+        segments: link.gso_segments_max(),
+    });
     Endpoint::new_with_abstract_socket(
         endpoint_config(link)?,
-        None,
-        socket,
+        server,
+        wrap(socket),
         Arc::new(quinn::TokioRuntime),
     )
     .map_err(failed)
-}
-
-/// A UDP socket on `addr` for quinn, its GSO sends capped to fit `link`'s largest MTU.
-fn capped_socket(addr: SocketAddr, link: Link) -> Result<Arc<dyn AsyncUdpSocket>, Error> {
-    let inner = quinn::TokioRuntime
-        .wrap_udp_socket(udp_socket(addr)?)
-        .map_err(|e| Error::Net(format!("cannot use a UDP socket on {addr}: {e}")))?;
-    Ok(Arc::new(SegmentCap {
-        inner,
-        segments: link.gso_segments_max(),
-    }))
 }
 
 /// A UDP socket that asks quinn for at most `segments` datagrams per GSO send (quinn asks

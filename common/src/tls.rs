@@ -303,6 +303,14 @@ pub fn init_certs(dir: &Path, days: u32) -> Result<(), Error> {
 /// Processes keep their old certificates until they restart; old and new are both from the
 /// same CA, so a cluster can restart its processes one at a time.
 pub fn renew_certs(dir: &Path, days: u32) -> Result<(), Error> {
+    reissue_roles(dir, validity(days))
+}
+
+/// [`renew_certs`] with the new certificates valid from `not_before` to `not_after`.
+fn reissue_roles(
+    dir: &Path,
+    (not_before, not_after): (time::OffsetDateTime, time::OffsetDateTime),
+) -> Result<(), Error> {
     let ca_path = dir.join(CA_FILE);
     let ca_key_path = dir.join(CA_KEY_FILE);
     let read = |path: &Path| {
@@ -328,7 +336,7 @@ pub fn renew_certs(dir: &Path, days: u32) -> Result<(), Error> {
     let ca = ca_params
         .self_signed(&ca_key)
         .map_err(|e| cert_error(&ca_path, format!("cannot sign with this CA: {e}")))?;
-    for (path, text, secret) in issue_roles(dir, &ca, &ca_key, validity(days))? {
+    for (path, text, secret) in issue_roles(dir, &ca, &ca_key, (not_before, not_after))? {
         replace_file(&path, text.as_bytes(), secret).map_err(|e| cert_error(&path, e))?;
     }
     Ok(())
@@ -493,21 +501,12 @@ mod tests {
     /// Replaces the role certificates in `dir` with ones valid from `from` to `to` days from
     /// now, signed by its CA.
     fn reissue(dir: &Path, from: i64, to: i64) {
-        let ca_key =
-            KeyPair::from_pem(&std::fs::read_to_string(dir.join(CA_KEY_FILE)).unwrap()).unwrap();
-        let ca_pem = std::fs::read_to_string(dir.join(CA_FILE)).unwrap();
-        let ca = CertificateParams::from_ca_cert_pem(&ca_pem)
-            .unwrap()
-            .self_signed(&ca_key)
-            .unwrap();
         let now = time::OffsetDateTime::now_utc();
         let validity = (
             now + time::Duration::days(from),
             now + time::Duration::days(to),
         );
-        for (path, text, secret) in issue_roles(dir, &ca, &ca_key, validity).unwrap() {
-            replace_file(&path, text.as_bytes(), secret).unwrap();
-        }
+        reissue_roles(dir, validity).unwrap();
     }
 
     /// Expired or not-yet-valid certificates are refused at load, naming the cure; one that
