@@ -83,16 +83,22 @@ pub fn reassemble(
             total += len as u64;
             offsets.push(total);
         }
-        let mut data = vec![0u8; total as usize];
+        // Filled in place, not zeroed first: the slots of the positions tile the column.
+        let mut data: Vec<u8> = Vec::with_capacity(total as usize);
+        let slots = data.spare_capacity_mut();
         for (part, cursor) in parts.iter().zip(cursors.iter_mut()) {
             for (&pos, &len) in part.positions.iter().zip(&part.lengths[f]) {
                 let at = offsets[pos as usize] as usize;
-                if !cursor.read_into(&mut data[at..at + len as usize]) {
+                if !cursor.read_into_uninit(&mut slots[at..at + len as usize]) {
                     // Unreachable: each body's length was checked against its lengths.
                     return Err("a part's body ends early".into());
                 }
             }
         }
+        // SAFETY: every position in 0..records is covered exactly once (checked above), and
+        // position p's slot is offsets[p]..offsets[p + 1], of its part's length for p: so the
+        // slots tile 0..total, and each was written whole (`read_into_uninit` returned true).
+        unsafe { data.set_len(total as usize) };
         columns.push(Contiguous { data, offsets });
     }
     Ok(columns)

@@ -1,6 +1,8 @@
 //! A message as it came off the network: the chunks it arrived in (pieces of received
 //! packets), read front to back without first joining them into one buffer.
 
+use std::mem::MaybeUninit;
+
 use bytes::Bytes;
 
 /// `len` bytes of `chunks`, starting `offset` bytes into the first chunk. Cloning gives a
@@ -49,23 +51,39 @@ impl<'a> Chunks<'a> {
 
     /// Fills `out` with the next bytes; `false` (reading nothing) if fewer are left.
     pub fn read_into(&mut self, out: &mut [u8]) -> bool {
-        if out.len() > self.len {
+        self.read_pieces(out.len(), |at, piece| {
+            out[at..at + piece.len()].copy_from_slice(piece)
+        })
+    }
+
+    /// [`Chunks::read_into`] for a buffer not yet initialized: `true` means every byte of
+    /// `out` was written.
+    pub fn read_into_uninit(&mut self, out: &mut [MaybeUninit<u8>]) -> bool {
+        self.read_pieces(out.len(), |at, piece| {
+            out[at..at + piece.len()].write_copy_of_slice(piece);
+        })
+    }
+
+    /// Hands the next `n` bytes to `put` as (offset in the `n`, piece), in order; `false`
+    /// (handing over nothing) if fewer are left.
+    fn read_pieces(&mut self, n: usize, mut put: impl FnMut(usize, &[u8])) -> bool {
+        if n > self.len {
             return false;
         }
         let mut done = 0;
-        while done < out.len() {
+        while done < n {
             let front = self.front();
             if front.is_empty() {
                 // Unreachable: `len` never exceeds what the chunks hold.
                 self.len = 0;
                 return false;
             }
-            let take = front.len().min(out.len() - done);
-            out[done..done + take].copy_from_slice(&front[..take]);
+            let take = front.len().min(n - done);
+            put(done, &front[..take]);
             self.offset += take;
             done += take;
         }
-        self.len -= out.len();
+        self.len -= n;
         true
     }
 

@@ -116,9 +116,16 @@ impl Client {
     ) -> Result<(Reply, Vec<Bytes>, usize), Error> {
         let header = wire::encode_request(request)?;
         let connection = self.connection()?;
+        // The exchange runs as a task on the client's runtime, beside the connection's
+        // driver: each packet it reads wakes it there, not this thread.
+        let timeout = self.timeout;
+        let exchange = self
+            .runtime
+            .spawn(async move { net::call_chunks(&connection, header, body, timeout).await });
         let chunks = self
             .runtime
-            .block_on(net::call_chunks(&connection, header, body, self.timeout))
+            .block_on(exchange)
+            .map_err(|e| Error::Net(format!("the client's call task failed: {e}")))?
             .map_err(|e| match e {
                 Error::Net(message) => Error::Net(format!("router {message}")),
                 other => other,
