@@ -58,7 +58,8 @@ struct Args {
 /// The method every ratio is against.
 const BASELINE: &str = "plain quinn, same bytes";
 
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Result<T> = std::result::Result<T, BoxError>;
 
 /// One batch of a method; its argument numbers the batch.
 type Step<'a> = &'a mut dyn FnMut(usize) -> Result<()>;
@@ -240,25 +241,27 @@ fn run(args: &Args, size: usize) -> Result<()> {
     let mut direct = |b: usize| -> Result<()> {
         let parts = plan_gather(&placement, &indices(b));
         runtime.block_on(async {
-            let calls = parts.iter().map(|part| {
-                let request = Request::Gather {
-                    indices: part.local.clone(),
-                    fields: Vec::new(),
-                };
-                let connection = &connections[part.shard as usize].1;
-                async move {
-                    let header = wire::encode_request(&request)?;
-                    let bytes = net::call(connection, header, Vec::new(), timeout).await?;
-                    match wire::decode_reply(&bytes)?.0 {
-                        Reply::Gather { .. } => {
-                            Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+            // One task per shard, as the router runs its calls.
+            let calls: Vec<_> = parts
+                .iter()
+                .map(|part| {
+                    let request = Request::Gather {
+                        indices: part.local.clone(),
+                        fields: Vec::new(),
+                    };
+                    let connection = connections[part.shard as usize].1.clone();
+                    tokio::spawn(async move {
+                        let header = wire::encode_request(&request)?;
+                        let bytes = net::call(&connection, header, Vec::new(), timeout).await?;
+                        match wire::decode_reply(&bytes)?.0 {
+                            Reply::Gather { .. } => Ok::<(), BoxError>(()),
+                            other => Err(format!("unexpected {other:?}").into()),
                         }
-                        other => Err(format!("unexpected {other:?}").into()),
-                    }
-                }
-            });
-            for result in futures::future::join_all(calls).await {
-                result?;
+                    })
+                })
+                .collect();
+            for call in calls {
+                call.await??;
             }
             Ok(())
         })
@@ -282,12 +285,18 @@ fn run(args: &Args, size: usize) -> Result<()> {
     let four = runtime.block_on(connect_all(&four, &as_router, timeout))?;
     let transfer = |links: &[(quinn::Endpoint, quinn::Connection)]| -> Result<()> {
         runtime.block_on(async {
-            let calls = links
+            let calls: Vec<_> = links
                 .iter()
-                .map(|(_, connection)| net::call(connection, vec![0u8; 16], Vec::new(), timeout));
+                .map(|(_, connection)| {
+                    let connection = connection.clone();
+                    tokio::spawn(async move {
+                        net::call(&connection, vec![0u8; 16], Vec::new(), timeout).await
+                    })
+                })
+                .collect();
             let mut total = 0;
-            for reply in futures::future::join_all(calls).await {
-                total += reply?.len();
+            for call in calls {
+                total += call.await??.len();
             }
             if total != batch_bytes / links.len() * links.len() {
                 return Err("short transfer".into());
