@@ -965,6 +965,78 @@ mod tests {
         });
     }
 
+    /// Moving a cluster to a new CA, one process at a time (ops/README.md): first every
+    /// process trusts both CAs (`ca.pem` holding the new CA, then the old), then each takes
+    /// its new certificate. At every step, each pair of processes that the procedure lets
+    /// meet connects; a process that still trusts only the old CA refuses the new
+    /// certificates, which is why the first step must reach every process first.
+    #[test]
+    fn a_cluster_moves_to_a_new_ca_one_process_at_a_time() {
+        use crate::tls::{init_certs, Role, CA_FILE, CERT_VALID_DAYS};
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = |name: &str| scratch.path().join(name);
+        init_certs(&dir("old"), CERT_VALID_DAYS).unwrap();
+        init_certs(&dir("new"), CERT_VALID_DAYS).unwrap();
+        let both = [
+            std::fs::read(dir("new").join(CA_FILE)).unwrap(),
+            std::fs::read(dir("old").join(CA_FILE)).unwrap(),
+        ]
+        .concat();
+        // Step 1: the old certificates, trusting both CAs; step 2: the new ones.
+        for (step, certificates) in [("trusting", "old"), ("moved", "new")] {
+            std::fs::create_dir(dir(step)).unwrap();
+            std::fs::write(dir(step).join(CA_FILE), &both).unwrap();
+            for entry in std::fs::read_dir(dir(certificates)).unwrap() {
+                let path = entry.unwrap().path();
+                if path.file_name().unwrap() != CA_FILE {
+                    std::fs::copy(&path, dir(step).join(path.file_name().unwrap())).unwrap();
+                }
+            }
+        }
+        let call = |node: &str, router: &str| {
+            runtime().block_on(async {
+                let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+                let node = Security::load(&dir(node), Role::Node).unwrap();
+                let server = server_endpoint(loopback, &node).unwrap();
+                let addr = server.local_addr().unwrap();
+                let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
+                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                let served = tokio::spawn(async move {
+                    let stopped = async {
+                        let _ = stopped.await;
+                    };
+                    serve(&server, Limits::new(4, TIMEOUT), stopped, echo).await
+                });
+                let router = Security::load(&dir(router), Role::Router).unwrap();
+                let client = client_endpoint(addr).unwrap();
+                let message = b"ZRW1 hello".to_vec();
+                let reply = async {
+                    let connection = connect(&client, &router, addr, TIMEOUT).await?;
+                    super::call(&connection, message.clone(), Vec::new(), TIMEOUT).await
+                }
+                .await;
+                let _ = stop.send(());
+                served.await.unwrap();
+                reply.map(|r| assert_eq!(r, message))
+            })
+        };
+        for (node, router) in [
+            ("old", "trusting"),
+            ("trusting", "old"),
+            ("trusting", "trusting"),
+            ("trusting", "moved"),
+            ("moved", "trusting"),
+            ("moved", "moved"),
+            ("new", "moved"),
+        ] {
+            call(node, router).unwrap_or_else(|e| panic!("node {node}, router {router}: {e}"));
+        }
+        for (node, router) in [("old", "moved"), ("moved", "old")] {
+            let e = call(node, router).unwrap_err().to_string();
+            assert!(e.contains("CA"), "node {node}, router {router}: {e}");
+        }
+    }
+
     /// Shutdown lets a request in flight finish, then refuses new connections.
     #[test]
     fn shutdown_drains_requests_in_flight() {

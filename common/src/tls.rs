@@ -104,6 +104,7 @@ pub struct Identity {
     roots: Arc<RootCertStore>,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
+    warnings: Vec<String>,
 }
 
 impl fmt::Debug for Identity {
@@ -131,6 +132,11 @@ impl Identity {
         let ca = CertificateDer::pem_file_iter(&ca_path)
             .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
             .map_err(|e| cert_error(&ca_path, format!("cannot read the cluster CA: {e} {hint}")))?;
+        // Peers do not check the CA's own dates, but renewal needs a CA that is still valid.
+        let ca_not_after = ca
+            .first()
+            .and_then(|der| CertificateParams::from_ca_cert_der(der).ok())
+            .map(|params| params.not_after);
         let mut roots = RootCertStore::empty();
         for cert in ca {
             roots
@@ -162,6 +168,7 @@ impl Identity {
             roots: Arc::new(roots),
             chain,
             key,
+            warnings: Vec::new(),
         };
         // Peers would refuse a certificate that is expired or from another CA: say so here,
         // at start-up, rather than as a refused connection later.
@@ -181,14 +188,32 @@ impl Identity {
                 format!("the {role} certificate does not verify against {CA_FILE}: {other:?}"),
             ),
         })?;
+        let mut identity = identity;
         let soon = UnixTime::since_unix_epoch(std::time::Duration::from_secs(
             now.as_secs() + EXPIRY_WARNING_DAYS * 86_400,
         ));
         if identity.verify_own(soon).is_err() {
-            tracing::warn!(
+            identity.warnings.push(format!(
                 "{}: the {role} certificate expires within {EXPIRY_WARNING_DAYS} days; issue new ones with {renew} and restart",
                 cert_path.display()
-            );
+            ));
+        }
+        if let Some(not_after) = ca_not_after {
+            let left = not_after - time::OffsetDateTime::now_utc();
+            if left < time::Duration::days(CA_EXPIRY_WARNING_DAYS) {
+                let when = if left.is_negative() {
+                    format!("expired on {}", not_after.date())
+                } else {
+                    format!("expires on {}", not_after.date())
+                };
+                identity.warnings.push(format!(
+                    "{}: the cluster CA {when}; `zr cluster-renew` cannot issue certificates from an expired CA, so make a new CA with `zr cluster-init` and move every process to it (ops/README.md)",
+                    ca_path.display()
+                ));
+            }
+        }
+        for warning in &identity.warnings {
+            tracing::warn!("{warning}");
         }
         Ok(identity)
     }
@@ -215,6 +240,12 @@ impl Identity {
         .map(|_| ())
     }
 
+    /// What loading found that will need attention soon (certificates near or past their
+    /// expiry), as logged at load.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
     /// The CA roots peers are checked against.
     pub fn roots(&self) -> Arc<RootCertStore> {
         Arc::clone(&self.roots)
@@ -238,6 +269,9 @@ pub const CA_VALID_DAYS: u32 = 3650;
 pub const CERT_VALID_DAYS: u32 = 365;
 /// A process whose certificate expires within this many days warns when it loads it.
 const EXPIRY_WARNING_DAYS: u64 = 30;
+/// A process whose cluster CA expires within this many days warns when it loads it: moving a
+/// cluster to a new CA takes longer than renewing.
+const CA_EXPIRY_WARNING_DAYS: i64 = 90;
 
 /// From an hour ago (a peer's clock may lag) to `days` from now.
 fn validity(days: u32) -> (time::OffsetDateTime, time::OffsetDateTime) {
@@ -252,6 +286,16 @@ fn validity(days: u32) -> (time::OffsetDateTime, time::OffsetDateTime) {
 /// every role, signed by it and valid for `days`. Refuses to overwrite an existing CA (that
 /// would orphan every certificate it signed). Key files are readable by their owner only.
 pub fn init_certs(dir: &Path, days: u32) -> Result<(), Error> {
+    create_cluster_certs(dir, validity(CA_VALID_DAYS), validity(days))
+}
+
+/// [`init_certs`] with the CA valid over `ca_validity` and the roles over `role_validity`
+/// (cut to the CA's).
+fn create_cluster_certs(
+    dir: &Path,
+    ca_validity: (time::OffsetDateTime, time::OffsetDateTime),
+    (not_before, not_after): (time::OffsetDateTime, time::OffsetDateTime),
+) -> Result<(), Error> {
     let io = |path: &Path, e: std::io::Error| cert_error(path, e);
     let gen = |what: &str, e: rcgen::Error| cert_error(dir, format!("cannot create {what}: {e}"));
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
@@ -283,7 +327,8 @@ pub fn init_certs(dir: &Path, days: u32) -> Result<(), Error> {
         .push(DnType::CommonName, format!("zrecord cluster CA {id:016x}"));
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    (ca_params.not_before, ca_params.not_after) = validity(CA_VALID_DAYS);
+    (ca_params.not_before, ca_params.not_after) = ca_validity;
+    let role_validity = (not_before, not_after.min(ca_validity.1));
     let ca = ca_params
         .self_signed(&ca_key)
         .map_err(|e| gen("the CA", e))?;
@@ -291,26 +336,41 @@ pub fn init_certs(dir: &Path, days: u32) -> Result<(), Error> {
         (ca_path, ca.pem(), false),
         (dir.join(CA_KEY_FILE), ca_key.serialize_pem(), true),
     ];
-    files.extend(issue_roles(dir, &ca, &ca_key, validity(days))?);
+    files.extend(issue_roles(dir, &ca, &ca_key, role_validity)?);
     for (path, text, secret) in files {
         write_file(&path, text.as_bytes(), secret).map_err(|e| io(&path, e))?;
     }
     Ok(())
 }
 
-/// Issues every role a new key and certificate, valid for `days`, from the CA in `dir`
-/// (`ca.pem` and `ca.key`), replacing the old files one by one (each replacement is atomic).
-/// Processes keep their old certificates until they restart; old and new are both from the
-/// same CA, so a cluster can restart its processes one at a time.
-pub fn renew_certs(dir: &Path, days: u32) -> Result<(), Error> {
-    reissue_roles(dir, validity(days))
+/// When certificates issued by [`renew_certs`] expire.
+#[derive(Clone, Copy, Debug)]
+pub struct Renewal {
+    pub until: time::OffsetDateTime,
+    /// True if they end with the CA, before the days asked for.
+    pub cut_to_ca: bool,
 }
 
-/// [`renew_certs`] with the new certificates valid from `not_before` to `not_after`.
+/// Issues every role a new key and certificate, valid for `days` but not past the CA's own
+/// expiry, from the CA in `dir` (`ca.pem` and `ca.key`), replacing the old files one by one
+/// (each replacement is atomic). Processes keep their old certificates until they restart;
+/// old and new are both from the same CA, so a cluster can restart its processes one at a
+/// time.
+pub fn renew_certs(dir: &Path, days: u32) -> Result<Renewal, Error> {
+    let asked = validity(days);
+    let until = reissue_roles(dir, asked)?;
+    Ok(Renewal {
+        until,
+        cut_to_ca: until < asked.1,
+    })
+}
+
+/// [`renew_certs`] with the new certificates valid from `not_before` to `not_after` (cut to
+/// the CA's expiry), which it returns.
 fn reissue_roles(
     dir: &Path,
     (not_before, not_after): (time::OffsetDateTime, time::OffsetDateTime),
-) -> Result<(), Error> {
+) -> Result<time::OffsetDateTime, Error> {
     let ca_path = dir.join(CA_FILE);
     let ca_key_path = dir.join(CA_KEY_FILE);
     let read = |path: &Path| {
@@ -332,6 +392,8 @@ fn reissue_roles(
             "the cluster CA has expired: create a new cluster CA with `zr cluster-init` and give every process its files",
         ));
     }
+    // A certificate that outlived its issuer would be refused by stricter peers.
+    let not_after = not_after.min(ca_params.not_after);
     // The same name and key as the CA file: what it signs verifies against that file.
     let ca = ca_params
         .self_signed(&ca_key)
@@ -339,7 +401,7 @@ fn reissue_roles(
     for (path, text, secret) in issue_roles(dir, &ca, &ca_key, (not_before, not_after))? {
         replace_file(&path, text.as_bytes(), secret).map_err(|e| cert_error(&path, e))?;
     }
-    Ok(())
+    Ok(not_after)
 }
 
 /// A new key and certificate for every role, signed by `ca`: (path, PEM, secret) per file.
@@ -531,7 +593,16 @@ mod tests {
         assert!(e.contains("not valid yet"), "{e}");
         reissue(dir.path(), -1, 10);
         for role in Role::ALL {
-            Identity::load(dir.path(), role).unwrap(); // expires soon: a warning, not an error
+            // Expires soon: a warning, not an error.
+            let identity = Identity::load(dir.path(), role).unwrap();
+            let warnings = identity.warnings().join("\n");
+            assert!(
+                warnings.contains(&format!("{}.pem", role.name()))
+                    && warnings.contains("expires within 30 days")
+                    && warnings.contains("zr cluster-renew")
+                    && !warnings.contains("cluster CA"),
+                "{warnings}"
+            );
         }
 
         let old_key = std::fs::read(dir.path().join("router.key")).unwrap();
@@ -553,6 +624,51 @@ mod tests {
         std::fs::remove_file(dir.path().join(CA_KEY_FILE)).unwrap();
         let e = renew_certs(dir.path(), 365).unwrap_err().to_string();
         assert!(e.contains(CA_KEY_FILE), "{e}");
+    }
+
+    /// A CA near its end is warned of, naming ca.pem and the cure; certificates issued from it
+    /// end with it; once it has expired, renewal refuses and says what to do instead.
+    #[test]
+    fn a_ca_near_its_end_is_warned_of_and_limits_what_it_issues() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = time::OffsetDateTime::now_utc();
+        let ca_end = now + time::Duration::days(20);
+        let ca_validity = (now - time::Duration::days(1), ca_end);
+        create_cluster_certs(dir.path(), ca_validity, validity(365)).unwrap();
+        for role in Role::ALL {
+            let identity = Identity::load(dir.path(), role).unwrap();
+            let warnings = identity.warnings().join("\n");
+            assert!(
+                warnings.contains(CA_FILE)
+                    && warnings.contains(&format!("cluster CA expires on {}", ca_end.date()))
+                    && warnings.contains("zr cluster-init"),
+                "{warnings}"
+            );
+        }
+        let renewal = renew_certs(dir.path(), 365).unwrap();
+        assert!(
+            renewal.cut_to_ca && renewal.until <= ca_end,
+            "{renewal:?} {ca_end}"
+        );
+        assert!(renewal.until > now + time::Duration::days(19));
+        assert!(!renew_certs(dir.path(), 10).unwrap().cut_to_ca);
+
+        let fresh = tempfile::tempdir().unwrap();
+        init_certs(fresh.path(), CERT_VALID_DAYS).unwrap();
+        let identity = Identity::load(fresh.path(), Role::Router).unwrap();
+        assert!(identity.warnings().is_empty(), "{:?}", identity.warnings());
+
+        let ended = tempfile::tempdir().unwrap();
+        let past = (
+            now - time::Duration::days(10),
+            now - time::Duration::days(1),
+        );
+        create_cluster_certs(ended.path(), past, past).unwrap();
+        let e = renew_certs(ended.path(), 365).unwrap_err().to_string();
+        assert!(
+            e.contains(CA_FILE) && e.contains("has expired") && e.contains("zr cluster-init"),
+            "{e}"
+        );
     }
 
     /// A certificate from another cluster's CA is refused at load.

@@ -92,7 +92,7 @@ pub struct ClusterInitArgs {
     fields: Vec<String>,
     /// Days the node, router and client certificates are valid (the CA: ten years); renew
     /// them before then with `zr cluster-renew`.
-    #[arg(long, default_value_t = tls::CERT_VALID_DAYS, value_parser = clap::value_parser!(u32).range(1..=36500))]
+    #[arg(long, default_value_t = tls::CERT_VALID_DAYS, value_parser = clap::value_parser!(u32).range(1..=tls::CA_VALID_DAYS as i64))]
     days: u32,
 }
 
@@ -109,18 +109,24 @@ pub struct ClusterRenewArgs {
     /// The certificate directory (holding ca.pem and ca.key), e.g. DIR/certs of `zr cluster-init`.
     #[arg(long)]
     certs: PathBuf,
-    /// Days the new certificates are valid.
-    #[arg(long, default_value_t = tls::CERT_VALID_DAYS, value_parser = clap::value_parser!(u32).range(1..=36500))]
+    /// Days the new certificates are valid (at most until the CA itself expires).
+    #[arg(long, default_value_t = tls::CERT_VALID_DAYS, value_parser = clap::value_parser!(u32).range(1..=tls::CA_VALID_DAYS as i64))]
     days: u32,
 }
 
 pub fn renew(args: ClusterRenewArgs) -> CliResult {
-    tls::renew_certs(&args.certs, args.days)?;
+    let renewal = tls::renew_certs(&args.certs, args.days)?;
     println!(
-        "issued new node, router and client certificates in {}, valid for {} days",
+        "issued new node, router and client certificates in {}, valid until {} (UTC)",
         args.certs.display(),
-        args.days
+        renewal.until.date()
     );
+    if renewal.cut_to_ca {
+        println!(
+            "they end with the cluster CA, before the {} days asked: plan a new CA (`zr cluster-init`, see ops/README.md)",
+            args.days
+        );
+    }
     println!("restart the processes one at a time (nodes, then routers) to take them up");
     Ok(())
 }
