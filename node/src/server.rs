@@ -300,7 +300,7 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
         }
         Request::Acquire { holder, lease_ms } => {
             let lease_for = std::time::Duration::from_millis(lease_ms);
-            match lease.acquire(holder, lease_for, std::time::Instant::now()) {
+            match lease.acquire(holder, lease_for, now()) {
                 Ok(grant) => Ok((
                     Reply::Leased {
                         pending: grant.pending,
@@ -322,9 +322,7 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
             Ok((Reply::Done, Vec::new()))
         }
         Request::Intend { holder, write } => {
-            lease
-                .intend(holder, write, std::time::Instant::now())
-                .map_err(lease_failure)?;
+            lease.intend(holder, write, now()).map_err(lease_failure)?;
             Ok((Reply::Done, Vec::new()))
         }
     }
@@ -345,6 +343,12 @@ impl AsRef<[u8]> for RecordBytes {
             .and_then(|f| f.get(self.record))
             .unwrap_or_default()
     }
+}
+
+/// The time by the runtime's clock, as the routers' lease clocks read it: virtual in a
+/// simulated cluster on virtual time, the system's monotonic clock otherwise.
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 fn field_info(spec: &FieldSpec) -> FieldInfo {

@@ -1,5 +1,6 @@
-//! `Client`: the store's operations against a router, with a blocking API (it runs its own
-//! small tokio runtime), so training code and the loader use it like a local `Store`.
+//! The store's operations against a router: [`AsyncClient`] for async callers, and
+//! [`Client`], the same with a blocking API (it runs its own small tokio runtime), so
+//! training code and the loader use it like a local `Store`.
 
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -17,11 +18,11 @@ use zr_common::{BoxError, Contiguous, Error, GatherSource, Record};
 /// Records encoded for the wire: field names, `lengths[f][k]`, one body piece per field.
 type Encoded = (Vec<String>, Vec<Vec<u32>>, Vec<Bytes>);
 
-/// A connection to a router. A connection the router closed (a restart, an idle timeout) is
-/// reopened before the next call; a call that fails midway is not retried (an append might
-/// have landed), its error is returned.
-pub struct Client {
-    runtime: tokio::runtime::Runtime,
+/// A connection to a router, for async callers (inside a tokio runtime). A connection the
+/// router closed (a restart, an idle timeout) is reopened before the next call; a call that
+/// fails midway is not retried (an append might have landed), its error is returned.
+/// [`Client`] is the same with a blocking API.
+pub struct AsyncClient {
     endpoint: Endpoint,
     security: Security,
     addr: SocketAddr,
@@ -30,47 +31,28 @@ pub struct Client {
     timeout: Duration,
 }
 
-impl std::fmt::Debug for Client {
+impl std::fmt::Debug for AsyncClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client")
+        f.debug_struct("AsyncClient")
             .field("router", &self.addr)
             .finish()
     }
 }
 
-impl Client {
+impl AsyncClient {
     /// Connects to the router at `addr` with `security` (a client identity from the
-    /// cluster's certificate directory: `Security::load(dir, Role::Client)`), with the
-    /// default timeout for every wait.
-    pub fn connect(addr: SocketAddr, security: Security) -> Result<Client, Error> {
-        Client::connect_with_timeout(
-            addr,
-            security,
-            Duration::from_millis(CLIENT_TIMEOUT_MS_DEFAULT),
-        )
-    }
-
-    /// Connects with `timeout` for every network wait. Make it longer than the router's
-    /// `timeout_ms`, so that a failed node is reported by the router (naming the shard)
-    /// rather than by this client's own timeout.
-    pub fn connect_with_timeout(
+    /// cluster's certificate directory: `Security::load(dir, Role::Client)`), with `timeout`
+    /// for every network wait. Make it longer than the router's `timeout_ms`, so that a
+    /// failed node is reported by the router (naming the shard) rather than by this client's
+    /// own timeout.
+    pub async fn connect(
         addr: SocketAddr,
         security: Security,
         timeout: Duration,
-    ) -> Result<Client, Error> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("zr-client")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Net(format!("cannot start the client runtime: {e}")))?;
-        let (endpoint, connection) = runtime.block_on(async {
-            let endpoint = net::client_endpoint(addr)?;
-            let connection = net::connect(&endpoint, &security, addr, timeout).await?;
-            Ok::<_, Error>((endpoint, connection))
-        })?;
-        let mut client = Client {
-            runtime,
+    ) -> Result<AsyncClient, Error> {
+        let endpoint = net::client_endpoint(addr)?;
+        let connection = net::connect(&endpoint, &security, addr, timeout).await?;
+        let mut client = AsyncClient {
             endpoint,
             security,
             addr,
@@ -80,7 +62,7 @@ impl Client {
         };
         // The first request also completes authentication: a router that refuses this
         // client's certificate says so here.
-        let (_, fields) = client.info()?;
+        let (_, fields) = client.info().await?;
         client.fields = fields;
         Ok(client)
     }
@@ -91,40 +73,37 @@ impl Client {
     }
 
     /// The open connection, reopened first if the router closed it.
-    fn connection(&self) -> Result<Connection, Error> {
-        let mut connection = self
-            .connection
-            .lock()
-            .map_err(|_| Error::Net("the client's connection lock is poisoned".into()))?;
-        if connection.close_reason().is_some() {
-            *connection = self.runtime.block_on(net::connect(
-                &self.endpoint,
-                &self.security,
-                self.addr,
-                self.timeout,
-            ))?;
+    async fn connection(&self) -> Result<Connection, Error> {
+        let lock = || {
+            self.connection
+                .lock()
+                .map_err(|_| Error::Net("the client's connection lock is poisoned".into()))
+        };
+        let open = lock()?.clone();
+        if open.close_reason().is_none() {
+            return Ok(open);
         }
-        Ok(connection.clone())
+        let fresh = net::connect(&self.endpoint, &self.security, self.addr, self.timeout).await?;
+        *lock()? = fresh.clone();
+        Ok(fresh)
     }
 
     /// Sends `request` and returns the reply with the chunks it arrived in (no copy) and
     /// where its body starts in them.
-    fn call(
+    async fn call(
         &self,
         request: &Request,
         body: Vec<Bytes>,
     ) -> Result<(Reply, Vec<Bytes>, usize), Error> {
         let header = wire::encode_request(request)?;
-        let connection = self.connection()?;
-        // The exchange runs as a task on the client's runtime, beside the connection's
-        // driver: each packet it reads wakes it there, not this thread.
+        let connection = self.connection().await?;
+        // The exchange runs as a task of its own, beside the connection's driver: each packet
+        // it reads wakes it there, not a thread blocked on it.
         let timeout = self.timeout;
-        let exchange = self
-            .runtime
-            .spawn(async move { net::call_chunks(&connection, header, body, timeout).await });
-        let chunks = self
-            .runtime
-            .block_on(exchange)
+        let exchange =
+            tokio::spawn(async move { net::call_chunks(&connection, header, body, timeout).await });
+        let chunks = exchange
+            .await
             .map_err(|e| Error::Net(format!("the client's call task failed: {e}")))?
             .map_err(|e| match e {
                 Error::Net(message) => Error::Net(format!("router {message}")),
@@ -138,21 +117,21 @@ impl Client {
     }
 
     /// Length and fields.
-    pub fn info(&self) -> Result<(u64, Vec<FieldInfo>), Error> {
-        match self.call(&Request::Info, Vec::new())?.0 {
+    pub async fn info(&self) -> Result<(u64, Vec<FieldInfo>), Error> {
+        match self.call(&Request::Info, Vec::new()).await?.0 {
             Reply::Info { len, fields } => Ok((len, fields)),
             other => Err(unexpected("info", &other)),
         }
     }
 
     /// Number of records.
-    pub fn len(&self) -> Result<u64, Error> {
-        Ok(self.info()?.0)
+    pub async fn len(&self) -> Result<u64, Error> {
+        Ok(self.info().await?.0)
     }
 
     /// True if the cluster holds no records.
-    pub fn is_empty(&self) -> Result<bool, Error> {
-        Ok(self.len()? == 0)
+    pub async fn is_empty(&self) -> Result<bool, Error> {
+        Ok(self.len().await? == 0)
     }
 
     /// The dataset's fields (as of connecting).
@@ -161,12 +140,12 @@ impl Client {
     }
 
     /// Gathers `indices` for `fields` (empty = all): one column per field, in caller order.
-    pub fn gather(&self, indices: &[u64], fields: &[&str]) -> Result<Vec<Contiguous>, Error> {
+    pub async fn gather(&self, indices: &[u64], fields: &[&str]) -> Result<Vec<Contiguous>, Error> {
         let request = Request::Gather {
             indices: indices.to_vec(),
             fields: fields.iter().map(|f| f.to_string()).collect(),
         };
-        let (reply, chunks, body_start) = self.call(&request, Vec::new())?;
+        let (reply, chunks, body_start) = self.call(&request, Vec::new()).await?;
         let mut body = Chunks::new(&chunks);
         // The head was decoded already: the body is what follows it.
         body.skip(body_start);
@@ -229,7 +208,7 @@ impl Client {
     }
 
     /// Appends records; returns their global index range.
-    pub fn append_many(&self, records: &[Record]) -> Result<Range<u64>, Error> {
+    pub async fn append_many(&self, records: &[Record<'_>]) -> Result<Range<u64>, Error> {
         let (fields, lengths, body) = self.encode_records(records)?;
         match self
             .call(
@@ -240,7 +219,8 @@ impl Client {
                     lengths,
                 },
                 body,
-            )?
+            )
+            .await?
             .0
         {
             Reply::Appended { start, count } => Ok(start..start + count),
@@ -249,12 +229,12 @@ impl Client {
     }
 
     /// Appends one record; returns its index.
-    pub fn append(&self, record: &Record) -> Result<u64, Error> {
-        Ok(self.append_many(std::slice::from_ref(record))?.start)
+    pub async fn append(&self, record: &Record<'_>) -> Result<u64, Error> {
+        Ok(self.append_many(std::slice::from_ref(record)).await?.start)
     }
 
     /// Replaces record `index` (fields the record does not name become absent).
-    pub fn modify(&self, index: u64, record: &Record) -> Result<(), Error> {
+    pub async fn modify(&self, index: u64, record: &Record<'_>) -> Result<(), Error> {
         let (fields, lengths, body) = self.encode_records(std::slice::from_ref(record))?;
         let lengths = lengths.into_iter().map(|l| l[0]).collect();
         self.call(
@@ -266,18 +246,119 @@ impl Client {
             },
             body,
         )
+        .await
         .map(|_| ())
     }
 
     /// Swap-removes record `index`: the last record takes its index.
-    pub fn delete(&self, index: u64) -> Result<(), Error> {
+    pub async fn delete(&self, index: u64) -> Result<(), Error> {
         self.call(&Request::Delete { index }, Vec::new())
+            .await
             .map(|_| ())
     }
 
     /// Commits every shard; returns once all have.
+    pub async fn commit(&self) -> Result<(), Error> {
+        self.call(&Request::Commit, Vec::new()).await.map(|_| ())
+    }
+}
+
+/// A connection to a router with a blocking API: an [`AsyncClient`] on a small tokio runtime
+/// of its own, so training code and the loader use it like a local `Store`.
+pub struct Client {
+    runtime: tokio::runtime::Runtime,
+    inner: AsyncClient,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("router", &self.inner.addr)
+            .finish()
+    }
+}
+
+impl Client {
+    /// Connects to the router at `addr` with `security` (a client identity from the
+    /// cluster's certificate directory: `Security::load(dir, Role::Client)`), with the
+    /// default timeout for every wait.
+    pub fn connect(addr: SocketAddr, security: Security) -> Result<Client, Error> {
+        Client::connect_with_timeout(
+            addr,
+            security,
+            Duration::from_millis(CLIENT_TIMEOUT_MS_DEFAULT),
+        )
+    }
+
+    /// Connects with `timeout` for every network wait (see [`AsyncClient::connect`]).
+    pub fn connect_with_timeout(
+        addr: SocketAddr,
+        security: Security,
+        timeout: Duration,
+    ) -> Result<Client, Error> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("zr-client")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Net(format!("cannot start the client runtime: {e}")))?;
+        let inner = runtime.block_on(AsyncClient::connect(addr, security, timeout))?;
+        Ok(Client { runtime, inner })
+    }
+
+    /// The router's address.
+    pub fn router(&self) -> SocketAddr {
+        self.inner.router()
+    }
+
+    /// Length and fields.
+    pub fn info(&self) -> Result<(u64, Vec<FieldInfo>), Error> {
+        self.runtime.block_on(self.inner.info())
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> Result<u64, Error> {
+        self.runtime.block_on(self.inner.len())
+    }
+
+    /// True if the cluster holds no records.
+    pub fn is_empty(&self) -> Result<bool, Error> {
+        self.runtime.block_on(self.inner.is_empty())
+    }
+
+    /// The dataset's fields (as of connecting).
+    pub fn fields(&self) -> &[FieldInfo] {
+        self.inner.fields()
+    }
+
+    /// Gathers `indices` for `fields` (empty = all): one column per field, in caller order.
+    pub fn gather(&self, indices: &[u64], fields: &[&str]) -> Result<Vec<Contiguous>, Error> {
+        self.runtime.block_on(self.inner.gather(indices, fields))
+    }
+
+    /// Appends records; returns their global index range.
+    pub fn append_many(&self, records: &[Record]) -> Result<Range<u64>, Error> {
+        self.runtime.block_on(self.inner.append_many(records))
+    }
+
+    /// Appends one record; returns its index.
+    pub fn append(&self, record: &Record) -> Result<u64, Error> {
+        self.runtime.block_on(self.inner.append(record))
+    }
+
+    /// Replaces record `index` (fields the record does not name become absent).
+    pub fn modify(&self, index: u64, record: &Record) -> Result<(), Error> {
+        self.runtime.block_on(self.inner.modify(index, record))
+    }
+
+    /// Swap-removes record `index`: the last record takes its index.
+    pub fn delete(&self, index: u64) -> Result<(), Error> {
+        self.runtime.block_on(self.inner.delete(index))
+    }
+
+    /// Commits every shard; returns once all have.
     pub fn commit(&self) -> Result<(), Error> {
-        self.call(&Request::Commit, Vec::new()).map(|_| ())
+        self.runtime.block_on(self.inner.commit())
     }
 }
 

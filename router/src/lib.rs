@@ -9,5 +9,5 @@ mod forward;
 pub mod plan;
 pub mod server;
 
-pub use client::Client;
+pub use client::{AsyncClient, Client};
 pub use server::Router;

@@ -1,7 +1,7 @@
 //! Network faults on a simulated node's traffic: datagrams lost, delayed, or cut off
 //! altogether (a partition), decided from a seed.
 //!
-//! Each node's UDP socket is wrapped in a [`FaultySocket`], which quinn drives like any
+//! Each node's UDP socket is wrapped in a `FaultySocket`, which quinn drives like any
 //! other socket. Whether a datagram is lost is a pure function of the cluster's seed, the
 //! shard and the datagram's number on that socket, so a seed names a fault schedule; the
 //! sockets are real, so which datagram gets which number still depends on timing. Loss

@@ -10,6 +10,12 @@
 //!
 //! By default the cluster is secured as a real one is: `zr cluster-init`'s CA and
 //! certificates in the temporary directory, mutual TLS on every connection.
+//!
+//! With [`SimOptions::virtual_time`] the cluster runs on one thread with tokio's clock paused,
+//! moved on only when every task waits (or a blocking store call runs): quinn, the routers'
+//! timeouts and the nodes' lease clock read that clock, so timeouts and delays of any length
+//! take no real time. Such a cluster runs only inside [`SimCluster::run`], and its clients
+//! are [`SimCluster::async_client`]s.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,7 +30,7 @@ use zr_common::config::{
 use zr_common::net::{self, Security};
 use zr_common::placement::EXTENT_RECORDS_DEFAULT;
 use zr_common::tls::{self, Role};
-use zr_router::{Client, Router};
+use zr_router::{AsyncClient, Client, Router};
 
 pub mod faults;
 pub use faults::Faults;
@@ -46,6 +52,11 @@ pub struct SimOptions {
     pub secure: bool,
     /// Seed of the network faults: `ZR_SIM_SEED` if set, else a fresh one.
     pub seed: u64,
+    /// Run on virtual time: one thread, tokio's clock paused and moved on only when every
+    /// task waits, so timeouts and delays take no real time and the order of events follows
+    /// from the seed (the sockets are still real loopback ones, which deliver at once).
+    /// Such a cluster is used through [`SimCluster::run`] and [`SimCluster::async_client`].
+    pub virtual_time: bool,
 }
 
 /// `ZR_SIM_SEED`, or a seed from the clock.
@@ -70,6 +81,7 @@ impl Default for SimOptions {
             timeout_ms: 5_000,
             secure: true,
             seed: default_seed(),
+            virtual_time: false,
         }
     }
 }
@@ -89,17 +101,25 @@ pub struct SimCluster {
     /// Each node's network faults, kept across its restarts.
     faults: Vec<Arc<FaultState>>,
     seed: u64,
+    virtual_time: bool,
     routers: Vec<(SocketAddr, Running)>,
 }
 
 impl SimCluster {
     /// Starts `shards` nodes and one router.
     pub fn start(shards: u32, options: SimOptions) -> Result<SimCluster, SimError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("zr-sim")
-            .enable_all()
-            .build()?;
+        let runtime = if options.virtual_time {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()?
+        } else {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("zr-sim")
+                .enable_all()
+                .build()?
+        };
         let data = tempfile::tempdir()?;
         let loopback: SocketAddr = "127.0.0.1:0".parse()?;
         let tls = if options.secure {
@@ -165,6 +185,7 @@ impl SimCluster {
             impostors: (0..shards).map(|_| None).collect(),
             faults,
             seed: options.seed,
+            virtual_time: options.virtual_time,
             routers: Vec::new(),
         };
         for (shard, endpoint) in endpoints.into_iter().enumerate() {
@@ -245,13 +266,36 @@ impl SimCluster {
         Duration::from_millis(3 * self.config.router.timeout_ms + 1000)
     }
 
-    /// A client of the first router.
+    /// A client of the first router. A cluster on virtual time runs only while
+    /// [`SimCluster::run`] drives it: use [`SimCluster::async_client`] there.
     pub fn client(&self) -> Result<Client, SimError> {
+        if self.virtual_time {
+            return Err(
+                "a cluster on virtual time has async clients only: use async_client".into(),
+            );
+        }
         Ok(Client::connect_with_timeout(
             self.router_addr(),
             self.security(Role::Client)?,
             self.client_timeout(),
         )?)
+    }
+
+    /// An async client of the first router, on the cluster's runtime: use it inside
+    /// [`SimCluster::run`].
+    pub fn async_client(&self) -> Result<AsyncClient, SimError> {
+        let security = self.security(Role::Client)?;
+        Ok(self.runtime.block_on(AsyncClient::connect(
+            self.router_addr(),
+            security,
+            self.client_timeout(),
+        ))?)
+    }
+
+    /// Runs `future` to completion on the cluster's runtime (on a cluster on virtual time,
+    /// the only way it runs).
+    pub fn run<F: std::future::Future>(&self, future: F) -> F::Output {
+        self.runtime.block_on(future)
     }
 
     /// Starts another router over the same nodes; returns its address.
@@ -365,7 +409,8 @@ impl SimCluster {
             match bound {
                 Ok(endpoint) => break endpoint,
                 Err(_) if started.elapsed() < REBIND_WAIT => {
-                    std::thread::sleep(Duration::from_millis(20));
+                    // Waiting on the runtime lets the old endpoint drain meanwhile.
+                    self.run(async { tokio::time::sleep(Duration::from_millis(20)).await });
                 }
                 Err(e) => return Err(e.into()),
             }
