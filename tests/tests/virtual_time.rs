@@ -165,11 +165,15 @@ fn times_out(
     shard: u32,
     timeout: Duration,
 ) {
+    let real = std::time::Instant::now();
     let (failed, waited) = cluster.run(async {
         let began = Instant::now();
         let failed = client.gather(indices, &[]).await.unwrap_err().to_string();
         (failed, began.elapsed())
     });
+    // Not a measure of speed: a clock that is not virtual would take the whole timeout.
+    let real = real.elapsed();
+    assert!(real < timeout / 2, "{real:?} of real time: the clock is not virtual");
     assert!(failed.contains(&format!("shard {shard}")), "{failed}");
     assert!(
         waited >= timeout && waited < timeout + Duration::from_secs(5),
