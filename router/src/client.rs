@@ -20,7 +20,8 @@ type Encoded = (Vec<String>, Vec<Vec<u32>>, Vec<Bytes>);
 
 /// A connection to a router, for async callers (inside a tokio runtime). A connection the
 /// router closed (a restart, an idle timeout) is reopened before the next call; a call that
-/// fails midway is not retried (an append might have landed), its error is returned.
+/// fails midway is not retried (an append might have landed), its error is returned; so is
+/// a call whose future is dropped: its exchange runs on to its reply or its timeout.
 /// [`Client`] is the same with a blocking API.
 pub struct AsyncClient {
     endpoint: Endpoint,

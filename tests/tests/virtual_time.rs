@@ -173,7 +173,10 @@ fn times_out(
     });
     // Not a measure of speed: a clock that is not virtual would take the whole timeout.
     let real = real.elapsed();
-    assert!(real < timeout / 2, "{real:?} of real time: the clock is not virtual");
+    assert!(
+        real < timeout / 2,
+        "{real:?} of real time: the clock is not virtual"
+    );
     assert!(failed.contains(&format!("shard {shard}")), "{failed}");
     assert!(
         waited >= timeout && waited < timeout + Duration::from_secs(5),
