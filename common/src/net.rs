@@ -255,10 +255,39 @@ fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket, Error> {
 /// whatever the transport's MTU settings say).
 fn endpoint_config(link: Link) -> Result<EndpointConfig, Error> {
     let mut config = EndpointConfig::default();
+    config.rng_seed(next_simulated_seed());
     config
         .max_udp_payload_size(link.mtu_max())
         .map_err(|e| Error::Net(format!("cannot configure the endpoint: {e}")))?;
     Ok(config)
+}
+
+thread_local! {
+    /// See [`seed_endpoints_on_this_thread`]: the seed, and endpoints seeded from it so far.
+    static SIMULATION_SEED: std::cell::Cell<Option<(u64, u64)>> = const { std::cell::Cell::new(None) };
+}
+
+/// For simulations only: endpoints this thread makes from now on draw quinn's random numbers
+/// (packet numbers skipped, and what derives from them) from `seed`, each endpoint from a
+/// stream of its own, so that a simulated cluster running on this one thread replays its
+/// seed exactly. `None` (the default) draws them from the system, as a real process must:
+/// predictable packet-number skips would let a peer fake acknowledgements.
+pub fn seed_endpoints_on_this_thread(seed: Option<u64>) {
+    SIMULATION_SEED.with(|cell| cell.set(seed.map(|seed| (seed, 0))));
+}
+
+/// The next endpoint's seed, if this thread simulates.
+fn next_simulated_seed() -> Option<[u8; 32]> {
+    SIMULATION_SEED.with(|cell| {
+        let (seed, made) = cell.get()?;
+        cell.set(Some((seed, made + 1)));
+        let endpoint = crate::hash::mix2(seed, made);
+        let mut bytes = [0u8; 32];
+        for (k, word) in bytes.chunks_exact_mut(8).enumerate() {
+            word.copy_from_slice(&crate::hash::mix2(endpoint, k as u64).to_le_bytes());
+        }
+        Some(bytes)
+    })
 }
 
 /// A server endpoint on `addr` (which may also open client connections).
@@ -771,7 +800,9 @@ pub async fn serve<H, F>(
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
+        // `biased`: polled in this order, not a random one, so that a simulation replays.
         tokio::select! {
+            biased;
             _ = &mut shutdown => break,
             incoming = endpoint.accept() => {
                 let Some(incoming) = incoming else { break };
@@ -825,10 +856,12 @@ where
     let peer = connection.remote_address();
     let mut requests = tokio::task::JoinSet::new();
     loop {
+        // `biased`: polled in this order, not a random one, so that a simulation replays.
         let (send, mut recv) = tokio::select! {
-            stream = connection.accept_bi() => stream?,
+            biased;
             // Reap finished requests so the set stays small on long-lived connections.
             Some(_) = requests.join_next(), if !requests.is_empty() => continue,
+            stream = connection.accept_bi() => stream?,
         };
         let handler = handler.clone();
         let in_flight = Arc::clone(&in_flight);

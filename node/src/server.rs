@@ -90,15 +90,40 @@ pub async fn serve(
     timeout: std::time::Duration,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
+    serve_with(endpoint, store, timeout, Handling::Threads, shutdown).await
+}
+
+/// Where a node runs its store calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handling {
+    /// On tokio's blocking threads, off the async workers (disk waits would stall them):
+    /// what the binary does.
+    Threads,
+    /// Inline, on the task that read the request: for a simulation on one thread, where the
+    /// order of events must follow from the requests alone, not from when a thread finished.
+    Inline,
+}
+
+/// [`serve`], with store calls run as `handling` says.
+pub async fn serve_with(
+    endpoint: Endpoint,
+    store: Store,
+    timeout: std::time::Duration,
+    handling: Handling,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
     let handler_store = store.clone();
     let coordination = Arc::new(Coordination::open(store.dir())?);
     let handler = move |bytes: Vec<u8>| {
         let store = handler_store.clone();
         let coordination = Arc::clone(&coordination);
         async move {
-            // Store calls block (disk, CPU): off the async workers.
-            let answer =
-                tokio::task::spawn_blocking(move || handle(&store, &coordination, &bytes)).await;
+            let answer = match handling {
+                Handling::Threads => {
+                    tokio::task::spawn_blocking(move || handle(&store, &coordination, &bytes)).await
+                }
+                Handling::Inline => Ok(handle(&store, &coordination, &bytes)),
+            };
             let (header, body) = answer.unwrap_or_else(|e| {
                 error_reply(ErrorCode::Storage, format!("request handler failed: {e}"))
             });

@@ -14,8 +14,10 @@
 //! With [`SimOptions::virtual_time`] the cluster runs on one thread with tokio's clock paused,
 //! moved on only when every task waits (or a blocking store call runs): quinn, the routers'
 //! timeouts and the nodes' lease clock read that clock, so timeouts and delays of any length
-//! take no real time. Such a cluster runs only inside [`SimCluster::run`], and its clients
-//! are [`SimCluster::async_client`]s.
+//! take no real time. Nodes run their store calls inline, and every endpoint draws quinn's
+//! random numbers from the seed, so a seed names the whole run, the order of events
+//! included: `ZR_SIM_SEED` replays it exactly. Such a cluster runs only inside
+//! [`SimCluster::run`], and its clients are [`SimCluster::async_client`]s.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,6 +32,7 @@ use zr_common::config::{
 use zr_common::net::{self, Security};
 use zr_common::placement::EXTENT_RECORDS_DEFAULT;
 use zr_common::tls::{self, Role};
+use zr_node::server::Handling;
 use zr_router::{AsyncClient, Client, Router};
 
 pub mod faults;
@@ -53,9 +56,10 @@ pub struct SimOptions {
     /// Seed of the network faults: `ZR_SIM_SEED` if set, else a fresh one.
     pub seed: u64,
     /// Run on virtual time: one thread, tokio's clock paused and moved on only when every
-    /// task waits, so timeouts and delays take no real time and the order of events follows
-    /// from the seed (the sockets are still real loopback ones, which deliver at once).
-    /// Such a cluster is used through [`SimCluster::run`] and [`SimCluster::async_client`].
+    /// task waits, so timeouts and delays take no real time and the seed names the whole
+    /// run, the order of events included (the sockets are still real loopback ones, which
+    /// deliver at once). Such a cluster is used through [`SimCluster::run`] and
+    /// [`SimCluster::async_client`].
     pub virtual_time: bool,
 }
 
@@ -109,6 +113,8 @@ impl SimCluster {
     /// Starts `shards` nodes and one router.
     pub fn start(shards: u32, options: SimOptions) -> Result<SimCluster, SimError> {
         let runtime = if options.virtual_time {
+            // Everything runs on this thread, its endpoints' randomness drawn from the seed.
+            net::seed_endpoints_on_this_thread(Some(options.seed));
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .start_paused(true)
@@ -220,8 +226,13 @@ impl SimCluster {
         let store = zr_node::server::open_shard_store(&self.config, &self.config.data_dir(shard))?;
         let (stop, stopped) = oneshot::channel::<()>();
         let timeout = Duration::from_millis(self.config.router.timeout_ms);
+        let handling = if self.virtual_time {
+            Handling::Inline
+        } else {
+            Handling::Threads
+        };
         let task = self.runtime.spawn(async move {
-            zr_node::server::serve(endpoint, store, timeout, async {
+            zr_node::server::serve_with(endpoint, store, timeout, handling, async {
                 let _ = stopped.await;
             })
             .await
@@ -440,6 +451,9 @@ fn faulty_endpoint(
 
 impl Drop for SimCluster {
     fn drop(&mut self) {
+        if self.virtual_time {
+            net::seed_endpoints_on_this_thread(None);
+        }
         for (_, running) in std::mem::take(&mut self.routers) {
             let _ = self.finish(running);
         }
