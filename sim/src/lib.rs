@@ -12,7 +12,7 @@
 //! certificates in the temporary directory, mutual TLS on every connection.
 //!
 //! With [`SimOptions::virtual_time`] the cluster runs on one thread with tokio's clock paused,
-//! moved on only when every task waits (or a blocking store call runs): quinn, the routers'
+//! moved on only when every task waits: quinn, the routers'
 //! timeouts and the nodes' lease clock read that clock, so timeouts and delays of any length
 //! take no real time. Nodes run their store calls inline, and every endpoint draws quinn's
 //! random numbers from the seed, so a seed names the whole run, the order of events
