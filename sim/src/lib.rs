@@ -13,10 +13,11 @@
 //!
 //! With [`SimOptions::virtual_time`] the cluster runs on one thread with tokio's clock paused,
 //! moved on only when every task waits: quinn, the routers' timeouts and the nodes' lease
-//! clock read that clock, so timeouts and delays of any length take no real time. Nodes run their store calls inline, and every endpoint draws quinn's
-//! random numbers from the seed, so a seed names the whole run, the order of events
-//! included: `ZR_SIM_SEED` replays it exactly. Such a cluster runs only inside
-//! [`SimCluster::run`], and its clients are [`SimCluster::async_client`]s.
+//! clock read that clock, so timeouts and delays of any length take no real time. Nodes run
+//! their store calls inline, and every endpoint draws quinn's random numbers from the seed,
+//! so a seed names the whole run, the order of events included: `ZR_SIM_SEED` replays it
+//! exactly. Such a cluster runs only inside [`SimCluster::run`], and its clients are
+//! [`SimCluster::async_client`]s.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
