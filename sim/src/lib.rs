@@ -295,9 +295,14 @@ impl SimCluster {
     /// An async client of the first router, on the cluster's runtime: use it inside
     /// [`SimCluster::run`].
     pub fn async_client(&self) -> Result<AsyncClient, SimError> {
+        self.async_client_of(self.router_addr())
+    }
+
+    /// An async client of the router at `router` (see [`SimCluster::async_client`]).
+    pub fn async_client_of(&self, router: SocketAddr) -> Result<AsyncClient, SimError> {
         let security = self.security(Role::Client)?;
         Ok(self.runtime.block_on(AsyncClient::connect(
-            self.router_addr(),
+            router,
             security,
             self.client_timeout(),
         ))?)

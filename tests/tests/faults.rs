@@ -1,12 +1,13 @@
 //! The cluster over a faulty network, through the simulator: datagrams lost and delayed on
-//! the way to and from every node change no answer. Every test prints its seed;
-//! `ZR_SIM_SEED=<seed>` replays its faults and operations. (Partitions: `failures.rs`.)
+//! the way to and from every node change no answer, and writes cut off by faults land whole
+//! or not at all. Every test prints its seed; `ZR_SIM_SEED=<seed>` replays its faults and
+//! operations (the write test runs on virtual time, and replays exactly).
 
 use std::time::Duration;
 
 use zr_common::hash::mix2;
 use zr_common::Record;
-use zr_router::Client;
+use zr_router::{AsyncClient, Client};
 use zr_sim::{Faults, SimCluster, SimOptions};
 
 fn start(shards: u32, timeout_ms: u64) -> SimCluster {
@@ -103,35 +104,73 @@ fn loss_and_delay_change_no_answer() {
 /// What a write does to the model if it lands.
 type Effect = Box<dyn FnOnce(&mut Vec<Vec<u8>>)>;
 
+/// Step `r`'s write through `client` on a cluster of `len` records: its result, and what
+/// the cluster holds if it lands.
+async fn write(client: &AsyncClient, r: u64, len: u64) -> (Result<(), zr_common::Error>, Effect) {
+    match mix2(r, 3) % 3 {
+        0 => {
+            let rows: Vec<Vec<u8>> = (0..1 + mix2(r, 4) % 30).map(|k| row(r ^ k)).collect();
+            let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
+            let result = client.append_many(&records).await.map(|_| ());
+            (result, Box::new(move |m: &mut Vec<Vec<u8>>| m.extend(rows)))
+        }
+        1 => {
+            let i = mix2(r, 5) % len;
+            let new = row(r);
+            let result = client.modify(i, &Record::new().with("data", &new)).await;
+            (
+                result,
+                Box::new(move |m: &mut Vec<Vec<u8>>| m[i as usize] = new),
+            )
+        }
+        _ => {
+            let i = mix2(r, 6) % len;
+            let result = client.delete(i).await;
+            (
+                result,
+                Box::new(move |m: &mut Vec<Vec<u8>>| {
+                    m.swap_remove(i as usize);
+                }),
+            )
+        }
+    }
+}
+
 /// A write while the network fails around it: a node partitioned before or during the
 /// write, lossy, or so slow that its replies come about when the router gives up. Once the
 /// faults heal and the next write has run through the other of two routers or a router
-/// started just then (which repairs what a cut-off write left), the cluster holds either every effect of the write or none —
-/// never part of an append, a record twice, or a record lost — and a write that succeeded
-/// is always there. (Stopped nodes: `failures.rs`; restarting one in this process right
-/// after a partition can find its port still held by the old endpoint's connections.)
+/// started just then (which repairs what a cut-off write left), the cluster holds either
+/// every effect of the write or none — never part of an append, a record twice, or a record
+/// lost — and a write that succeeded is always there. On virtual time, so that a seed
+/// replays the whole run, the moment of each partition included. (Stopped nodes:
+/// `failures.rs`.)
 #[test]
 fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
     const TIMEOUT_MS: u64 = 400;
-    let mut cluster = start(4, TIMEOUT_MS);
-    let seed = cluster.seed();
-    let client = cluster.client().unwrap();
-    // A second router: each write goes through one of the two, and the other repairs.
-    let second = cluster.add_router().unwrap();
-    let other = Client::connect_with_timeout(
-        second,
-        cluster.security(zr_common::tls::Role::Client).unwrap(),
-        cluster.client_timeout(),
+    let mut cluster = SimCluster::start(
+        4,
+        SimOptions {
+            extent_records: 3,
+            timeout_ms: TIMEOUT_MS,
+            virtual_time: true,
+            ..SimOptions::default()
+        },
     )
     .unwrap();
+    let seed = cluster.seed();
+    eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run exactly)");
+    let client = cluster.async_client().unwrap();
+    // A second router: each write goes through one of the two, and the other repairs.
+    let second = cluster.add_router().unwrap();
+    let other = cluster.async_client_of(second).unwrap();
     let mut model: Vec<Vec<u8>> = (0..120).map(|k| row(mix2(seed, k))).collect();
     let records: Vec<Record> = model
         .iter()
         .map(|r| Record::new().with("data", r))
         .collect();
-    client.append_many(&records).unwrap();
+    cluster.run(client.append_many(&records)).unwrap();
     let (mut landed, mut undone) = (0, 0);
-    for step in 0..24u64 {
+    for step in 0..40u64 {
         let r = mix2(seed, 1000 + step);
         let shard = (mix2(r, 1) % 4) as u32;
         let cut_off = Faults {
@@ -158,50 +197,20 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
         } else {
             (&other, &client)
         };
-        // The write, and what the cluster holds if it lands.
         let len = model.len() as u64;
         let mut after = model.clone();
-        let write = |client: &Client| match mix2(r, 3) % 3 {
-            0 => {
-                let rows: Vec<Vec<u8>> = (0..1 + mix2(r, 4) % 30).map(|k| row(r ^ k)).collect();
-                let records: Vec<Record> =
-                    rows.iter().map(|r| Record::new().with("data", r)).collect();
-                (
-                    client.append_many(&records).map(|_| ()),
-                    Box::new(move |m: &mut Vec<Vec<u8>>| m.extend(rows)) as Effect,
-                )
-            }
-            1 => {
-                let i = mix2(r, 5) % len;
-                let new = row(r);
-                let result = client.modify(i, &Record::new().with("data", &new));
-                (
-                    result,
-                    Box::new(move |m: &mut Vec<Vec<u8>>| m[i as usize] = new) as Effect,
-                )
-            }
-            _ => {
-                let i = mix2(r, 6) % len;
-                (
-                    client.delete(i),
-                    Box::new(move |m: &mut Vec<Vec<u8>>| {
-                        m.swap_remove(i as usize);
-                    }) as Effect,
-                )
-            }
-        };
-        let (result, effect) = if fault == 3 {
-            // Partitioned a few milliseconds into the write.
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    std::thread::sleep(Duration::from_millis(mix2(r, 7) % 6));
+        let (result, effect) = cluster.run(async {
+            if fault == 3 {
+                // Partitioned a few milliseconds into the write.
+                let partition = async {
+                    tokio::time::sleep(Duration::from_millis(mix2(r, 7) % 6)).await;
                     cluster.set_faults(shard, cut_off).unwrap();
-                });
-                write(writer)
-            })
-        } else {
-            write(writer)
-        };
+                };
+                tokio::join!(write(writer, r, len), partition).0
+            } else {
+                write(writer, r, len).await
+            }
+        });
         effect(&mut after);
 
         // Heal, and let the next write repair what this one left; now and then through a
@@ -211,28 +220,33 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
         }
         let started;
         let repairer = if mix2(r, 10).is_multiple_of(4) {
-            let addr = settle(|| {
-                cluster
-                    .add_router()
-                    .map_err(|e| zr_common::Error::Net(e.to_string()))
-            });
-            started = Client::connect_with_timeout(
-                addr,
-                cluster.security(zr_common::tls::Role::Client).unwrap(),
-                cluster.client_timeout(),
-            )
-            .unwrap();
+            let mut tries = 0;
+            let addr = loop {
+                match cluster.add_router() {
+                    Ok(addr) => break addr,
+                    Err(e) if tries < 20 => {
+                        tries += 1;
+                        eprintln!("retrying after: {e}");
+                        cluster.run(async { tokio::time::sleep(Duration::from_millis(200)).await });
+                    }
+                    Err(e) => panic!("no router could start: {e}"),
+                }
+            };
+            started = cluster.async_client_of(addr).unwrap();
             &started
         } else {
             repairer
         };
-        settle(|| repairer.append_many(&[]).map(|_| ()));
-        let held = settle(|| {
-            let len = repairer.len()?;
-            let columns = repairer.gather(&(0..len).collect::<Vec<_>>(), &[])?;
-            Ok((0..len as usize)
-                .map(|k| columns[0].get(k).unwrap_or_default().to_vec())
-                .collect::<Vec<Vec<u8>>>())
+        let held = cluster.run(async {
+            settle(|| async { repairer.append_many(&[]).await.map(|_| ()) }).await;
+            settle(|| async {
+                let len = repairer.len().await?;
+                let columns = repairer.gather(&(0..len).collect::<Vec<_>>(), &[]).await?;
+                Ok((0..len as usize)
+                    .map(|k| columns[0].get(k).unwrap_or_default().to_vec())
+                    .collect::<Vec<Vec<u8>>>())
+            })
+            .await
         });
         match &result {
             Ok(()) => assert!(
@@ -260,16 +274,19 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
 }
 
 /// Runs `attempt` until it succeeds, for up to 20 tries: the cluster may need a moment after
-/// faults heal (a router reconnecting, a restarted node).
-fn settle<T>(mut attempt: impl FnMut() -> Result<T, zr_common::Error>) -> T {
+/// faults heal (a router reconnecting).
+async fn settle<T, F>(mut attempt: impl FnMut() -> F) -> T
+where
+    F: std::future::Future<Output = Result<T, zr_common::Error>>,
+{
     let mut tries = 0;
     loop {
-        match attempt() {
+        match attempt().await {
             Ok(value) => return value,
             Err(e) if tries < 20 => {
                 tries += 1;
                 eprintln!("retrying after: {e}");
-                std::thread::sleep(Duration::from_millis(200));
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(e) => panic!("the cluster did not recover: {e}"),
         }
