@@ -929,8 +929,22 @@ mod tests {
         H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
         F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
     {
+        start_as(&SECURITY, limits, shutdown, handler)
+    }
+
+    /// [`start`], the server presenting `security`.
+    fn start_as<H, F>(
+        security: &Security,
+        limits: Limits,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+        handler: H,
+    ) -> (SocketAddr, Endpoint, tokio::task::JoinHandle<()>)
+    where
+        H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
+        F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
+    {
         let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let server = server_endpoint(loopback, &SECURITY).unwrap();
+        let server = server_endpoint(loopback, security).unwrap();
         let addr = server.local_addr().unwrap();
         let served = tokio::spawn(async move { serve(&server, limits, shutdown, handler).await });
         (addr, client_endpoint(loopback).unwrap(), served)
@@ -1028,20 +1042,15 @@ mod tests {
         }
         let call = |node: &str, router: &str| {
             runtime().block_on(async {
-                let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
                 let node = Security::load(&dir(node), Role::Node).unwrap();
-                let server = server_endpoint(loopback, &node).unwrap();
-                let addr = server.local_addr().unwrap();
                 let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
                 let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-                let served = tokio::spawn(async move {
-                    let stopped = async {
-                        let _ = stopped.await;
-                    };
-                    serve(&server, Limits::new(4, TIMEOUT), stopped, echo).await
-                });
+                let stopped = async {
+                    let _ = stopped.await;
+                };
+                let (addr, client, served) =
+                    start_as(&node, Limits::new(4, TIMEOUT), stopped, echo);
                 let router = Security::load(&dir(router), Role::Router).unwrap();
-                let client = client_endpoint(addr).unwrap();
                 let message = b"ZRW1 hello".to_vec();
                 let reply = async {
                     let connection = connect(&client, &router, addr, TIMEOUT).await?;

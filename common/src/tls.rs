@@ -162,7 +162,7 @@ impl Identity {
         let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| {
             cert_error(&key_path, format!("cannot read the {role} key: {e} {hint}"))
         })?;
-        let identity = Identity {
+        let mut identity = Identity {
             role,
             dir: dir.to_path_buf(),
             roots: Arc::new(roots),
@@ -188,7 +188,6 @@ impl Identity {
                 format!("the {role} certificate does not verify against {CA_FILE}: {other:?}"),
             ),
         })?;
-        let mut identity = identity;
         let soon = UnixTime::since_unix_epoch(std::time::Duration::from_secs(
             now.as_secs() + EXPIRY_WARNING_DAYS * 86_400,
         ));
