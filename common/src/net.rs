@@ -8,12 +8,12 @@
 //! Tuning for loopback and LANs, measured on a 2-core machine: 4 MiB UDP socket buffers
 //! (default buffers drop packets under scatter/gather), GSO/GRO left on, MTU discovery up to
 //! 6,500 bytes on a network (10 GSO segments stay under 64 KiB) and up to 32,000 on loopback
-//! (2 segments; see [`Link`]), and flow-control windows large enough for
-//! a 16 MiB gather reply in flight, and peers asked to acknowledge within 1 ms (a lost tail
-//! packet is otherwise recovered only after QUIC's default 25 ms). What a connection holds
-//! unacknowledged is bounded ([`SEND_WINDOW_BYTES`]), which bounds memory per connection and
-//! the number of buffered pieces quinn scans for each packet it builds (a router forwards a 16 MiB reply as ~2,600
-//! received pieces). Measured: 4, 8 and 16 MiB windows gather as fast as 256 MiB.
+//! (2 segments; see `Link`), and flow-control windows large enough for a 16 MiB gather reply
+//! in flight, and peers asked to acknowledge within 1 ms (a lost tail packet is otherwise
+//! recovered only after QUIC's default 25 ms). What a connection holds unacknowledged is
+//! bounded ([`SEND_WINDOW_BYTES`]), which bounds memory per connection and the number of
+//! buffered pieces quinn scans for each packet it builds (a router forwards a 16 MiB reply as
+//! ~2,600 received pieces). Measured: 4, 8 and 16 MiB windows gather as fast as 256 MiB.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

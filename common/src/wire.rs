@@ -192,7 +192,7 @@ fn encode(kind: u16, header: &impl Serialize) -> Result<Vec<u8>, Error> {
     Ok(out)
 }
 
-/// The length of a message's prefix and header, from at least its first [`PREFIX_BYTES`]
+/// The length of a message's prefix and header, from at least its first `PREFIX_BYTES`
 /// bytes: the magic, version, kind and header length are checked.
 pub fn head_len(bytes: &[u8], kind: u16) -> Result<usize, Error> {
     let bad = |why: String| Err(Error::Protocol(why));

@@ -12,7 +12,7 @@ use crate::{progress_bar, CliResult};
 /// Build a dataset from a NumPy .npy (one record per row) or from values.bin + offsets.npy.
 ///
 /// With --npy every row becomes one record; the dtype and row shape are recorded in
-/// meta.json. With --values and --offsets, record i is values[offsets[i]..offsets[i+1]]
+/// meta.json. With --values and --offsets, record i is `values[offsets[i]..offsets[i+1]]`
 /// (offsets.npy: N+1 little-endian u64). The target must not exist or be empty, unless
 /// --append adds the records to an existing dataset. The dataset is committed once, at the
 /// end: if the conversion fails, it is left as it was.
