@@ -34,6 +34,7 @@ pub mod server;
 mod source;
 mod store;
 mod verify;
+mod warm;
 mod writer;
 
 pub use batch::{Batch, FieldView};

@@ -1,7 +1,8 @@
 //! The shard server: one `Store` served over QUIC with the `zr_common::wire` protocol.
 //!
 //! Protocol handling (`execute`) is a plain function from a request to a reply, testable
-//! without a network; the async part only moves bytes. Store calls run on blocking threads.
+//! without a network; the async part only moves bytes. Store calls run on blocking threads,
+//! except small gathers of data in memory, which run inline (see [`Handling::Adaptive`]).
 //! Connections are capped; each request is one stream; a malformed request gets an error
 //! reply and a log line and affects nothing else.
 
@@ -21,6 +22,7 @@ use crate::lease::{Coordination, LeaseError};
 use crate::meta::{Compression, FieldSpec};
 use crate::runtime::RuntimeOptions;
 use crate::store::{CreateOptions, Store};
+use crate::warm::Warmth;
 use crate::Error;
 
 /// Records at least this long on average are sent from the mapping one by one; shorter
@@ -90,19 +92,26 @@ pub async fn serve(
     timeout: std::time::Duration,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    serve_with(endpoint, store, timeout, Handling::Threads, shutdown).await
+    serve_with(endpoint, store, timeout, Handling::Adaptive, shutdown).await
 }
 
 /// Where a node runs its store calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Handling {
-    /// On tokio's blocking threads, off the async workers (disk waits would stall them):
-    /// what the binary does.
-    Threads,
-    /// Inline, on the task that read the request: for a simulation on one thread, where the
-    /// order of events must follow from the requests alone, not from when a thread finished.
+    /// Small gathers of raw fields inline, on the task that read the request, while recent
+    /// gathers found their pages in memory; every other call, and every gather while the
+    /// disk is involved, on tokio's blocking threads (a disk wait would stall an async
+    /// worker). What the binary does; see the `warm` module.
+    Adaptive,
+    /// Every call inline, on the task that read the request: for a simulation on one thread,
+    /// where the order of events must follow from the requests alone, not from when a thread
+    /// finished.
     Inline,
 }
+
+/// Most records a gather may ask for and still run inline: bounds the time it holds an
+/// async worker (1,024 × 4 KiB copies in well under a millisecond).
+const INLINE_GATHER_RECORDS_MAX: usize = 1024;
 
 /// [`serve`], with store calls run as `handling` says.
 pub async fn serve_with(
@@ -114,15 +123,36 @@ pub async fn serve_with(
 ) -> Result<(), Error> {
     let handler_store = store.clone();
     let coordination = Arc::new(Coordination::open(store.dir())?);
+    let warmth = Arc::new(Warmth::default());
     let handler = move |bytes: Vec<u8>| {
         let store = handler_store.clone();
         let coordination = Arc::clone(&coordination);
+        let warmth = Arc::clone(&warmth);
         async move {
             let answer = match handling {
-                Handling::Threads => {
-                    tokio::task::spawn_blocking(move || handle(&store, &coordination, &bytes)).await
-                }
                 Handling::Inline => Ok(handle(&store, &coordination, &bytes)),
+                Handling::Adaptive => {
+                    let gather = wire::decode_request(&bytes)
+                        .ok()
+                        .filter(|(request, _)| runs_inline_when_warm(&store, request));
+                    match gather {
+                        Some((request, body)) if warmth.is_warm() => {
+                            Ok(warmth.observe(|| respond(&store, &coordination, request, body)))
+                        }
+                        Some(_) => {
+                            tokio::task::spawn_blocking(move || {
+                                warmth.observe(|| handle(&store, &coordination, &bytes))
+                            })
+                            .await
+                        }
+                        None => {
+                            tokio::task::spawn_blocking(move || {
+                                handle(&store, &coordination, &bytes)
+                            })
+                            .await
+                        }
+                    }
+                }
             };
             let (header, body) = answer.unwrap_or_else(|e| {
                 error_reply(ErrorCode::Storage, format!("request handler failed: {e}"))
@@ -163,6 +193,16 @@ pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<
             return error_reply(code, e.to_string());
         }
     };
+    respond(store, coordination, request, body)
+}
+
+/// Executes and encodes one decoded request.
+fn respond(
+    store: &Store,
+    coordination: &Coordination,
+    request: Request,
+    body: &[u8],
+) -> (Vec<u8>, Vec<Bytes>) {
     match execute(store, coordination, request, body) {
         Ok((reply, body)) => match wire::encode_reply(&reply) {
             Ok(header) => (header, body),
@@ -170,6 +210,23 @@ pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<
         },
         Err((code, message)) => error_reply(code, message),
     }
+}
+
+/// Whether `request` is a gather small enough, and of raw fields only (no decompression), to
+/// run inline on an async worker while the store's pages are in memory.
+fn runs_inline_when_warm(store: &Store, request: &Request) -> bool {
+    let Request::Gather { indices, fields } = request else {
+        return false;
+    };
+    let raw = |spec: &FieldSpec| spec.compress == Compression::Raw;
+    indices.len() <= INLINE_GATHER_RECORDS_MAX
+        && if fields.is_empty() {
+            store.fields().iter().all(raw)
+        } else {
+            fields
+                .iter()
+                .all(|name| store.fields().iter().any(|f| &f.name == name && raw(f)))
+        }
 }
 
 fn lease_failure(e: LeaseError) -> (ErrorCode, String) {
@@ -421,4 +478,36 @@ pub async fn run_shard(
     serve(endpoint, store, timeout, shutdown).await?;
     tracing::info!("shard {shard} stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gather(records: usize, fields: &[&str]) -> Request {
+        Request::Gather {
+            indices: (0..records as u64).collect(),
+            fields: fields.iter().map(|f| f.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn only_small_gathers_of_raw_fields_may_run_inline() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let fields = vec![
+            FieldSpec::new("image", Compression::Raw),
+            FieldSpec::new("label", Compression::Flate),
+        ];
+        let store = Store::create(dir.path(), fields, CreateOptions::default()).expect("create");
+        let inline = |request: &Request| runs_inline_when_warm(&store, request);
+        assert!(inline(&gather(1024, &["image"])));
+        assert!(!inline(&gather(1025, &["image"])), "too many records");
+        assert!(!inline(&gather(1, &["label"])), "decompression");
+        assert!(!inline(&gather(1, &[])), "all fields include a flate one");
+        assert!(
+            !inline(&gather(1, &["nope"])),
+            "an unknown field is an error, off the workers"
+        );
+        assert!(!inline(&Request::Info));
+    }
 }

@@ -229,7 +229,7 @@ impl SimCluster {
         let handling = if self.virtual_time {
             Handling::Inline
         } else {
-            Handling::Threads
+            Handling::Adaptive
         };
         let task = self.runtime.spawn(async move {
             zr_node::server::serve_with(endpoint, store, timeout, handling, async {
