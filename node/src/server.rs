@@ -296,6 +296,7 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
                 let column: Vec<u32> = view.iter().map(|p| p.len() as u32).collect();
                 let total: u64 = column.iter().map(|&l| l as u64).sum();
                 if total >= ZERO_COPY_MEAN_BYTES * column.len().max(1) as u64 {
+                    view.iter().for_each(touch_pages);
                     for (record, &len) in column.iter().enumerate() {
                         if len > 0 {
                             pieces.push(Bytes::from_owner(RecordBytes {
@@ -427,6 +428,17 @@ impl AsRef<[u8]> for RecordBytes {
     }
 }
 
+/// Reads one byte of every page `payload` spans. A record sent from the mapping is copied
+/// later, by the transport, on an async worker; a page the page cache no longer holds is
+/// read from the disk here instead, in the store call, where `Handling` chose to wait for
+/// the disk and where the `warm` module counts the fault.
+fn touch_pages(payload: &[u8]) {
+    const PAGE: usize = 4096;
+    for byte in payload.iter().step_by(PAGE).chain(payload.last()) {
+        std::hint::black_box(*byte);
+    }
+}
+
 /// The time by the runtime's clock, as the routers' lease clocks read it: virtual in a
 /// simulated cluster on virtual time, the system's monotonic clock otherwise.
 fn now() -> std::time::Instant {
@@ -509,5 +521,48 @@ mod tests {
             "an unknown field is an error, off the workers"
         );
         assert!(!inline(&Request::Info));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_gather_sent_from_the_mapping_reads_its_pages_in_the_store_call() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let fields = vec![FieldSpec::new("image", Compression::Raw)];
+        let store = Store::create(dir.path(), fields, CreateOptions::default()).expect("create");
+        let payloads: Vec<Vec<u8>> = (0..64u8).map(|k| vec![k; 16 << 10]).collect();
+        let records: Vec<zr_common::Record> = payloads
+            .iter()
+            .map(|p| zr_common::Record::new().with("image", p))
+            .collect();
+        store.append_many(&records).expect("append");
+        store.commit().expect("commit");
+        drop(store);
+        for chunk in std::fs::read_dir(dir.path().join(crate::CHUNK_DIR)).expect("chunks") {
+            if !crate::warm::tests::evict(&chunk.expect("chunk").path()) {
+                eprintln!("skipped: the page cache keeps the chunks in memory");
+                return;
+            }
+        }
+        let store = Store::open(dir.path()).expect("open");
+        let coordination = Coordination::open(dir.path()).expect("coordination");
+        let request = wire::encode_request(&gather(64, &[])).expect("encode");
+        let warmth = Warmth::default();
+        for _ in 0..crate::warm::WARM_STREAK {
+            warmth.observe(|| ());
+        }
+        assert!(warmth.is_warm());
+        let (header, body) = warmth.observe(|| handle(&store, &coordination, &request));
+        let mut reply = header;
+        body.iter().for_each(|piece| reply.extend_from_slice(piece));
+        assert!(matches!(
+            wire::decode_reply(&reply).expect("reply").0,
+            Reply::Gather { .. }
+        ));
+        assert_eq!(body.len(), 64, "16 KiB records are sent from the mapping");
+        assert_eq!(body[5].as_ref(), &[5u8; 16 << 10][..]);
+        assert!(
+            !warmth.is_warm(),
+            "the chunks' pages came from the disk inside the call, not later in the transport"
+        );
     }
 }
