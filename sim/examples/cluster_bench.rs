@@ -10,7 +10,8 @@
 //! `--min-batches` batches, so that its p99 rests on a few hundred. For reference it also measures plain
 //! quinn from 4 servers a quarter each (what the transport alone costs a 4-way gather) and
 //! with server and client on one runtime (fewer threads than separate processes have); the
-//! baseline's server runs on a runtime of its own, as the nodes do. Every call runs as a task
+//! baseline's server runs on a runtime of its own, as the nodes do. And what the nodes do
+//! for a batch without the network (decode, gather, build the reply), on one thread. Every call runs as a task
 //! on its runtime, one per connection, as the router and the client library run theirs. Each
 //! method also shows the process's CPU time per batch (all threads) and the cores busy on
 //! average while it ran.
@@ -214,6 +215,22 @@ fn run(args: &Args, size: usize) -> Result<()> {
         loaded += count as u64;
     }
     client.commit()?;
+    // The same records in one local store, for the nodes' request handling alone.
+    let local_dir = tempfile::tempdir()?;
+    let local = zr_node::server::open_shard_store(cluster.config(), local_dir.path())?;
+    let mut loaded = 0;
+    while loaded < records {
+        let count = 1024.min(records - loaded) as usize;
+        let batch: Vec<Record> = payload
+            .chunks(size)
+            .take(count)
+            .map(|p| Record::new().with("data", p))
+            .collect();
+        local.append_many(&batch)?;
+        loaded += count as u64;
+    }
+    local.commit()?;
+    let coordination = zr_node::lease::Coordination::open(local_dir.path())?;
     let batch_bytes = args.batch * size;
     let indices = |b: usize| -> Vec<u64> {
         (0..args.batch as u64)
@@ -224,6 +241,24 @@ fn run(args: &Args, size: usize) -> Result<()> {
     // 1. Through the router (two QUIC hops).
     let mut router = |b: usize| -> Result<()> {
         client.gather(&indices(b), &[])?;
+        Ok(())
+    };
+
+    // For reference: what the nodes do for a batch, without the network: decode the request,
+    // gather, build the reply (copy small records, read a byte of each page of large ones);
+    // on one thread, all shards' shares in one request.
+    let mut handling = |b: usize| -> Result<()> {
+        let request = wire::encode_request(&Request::Gather {
+            indices: indices(b),
+            fields: Vec::new(),
+        })?;
+        let (header, body) = zr_node::server::handle(&local, &coordination, &request);
+        let sent: usize = body.iter().map(|piece| piece.len()).sum();
+        if sent != batch_bytes {
+            return Err(
+                format!("local handling: {sent} bytes, not {batch_bytes}: {header:?}").into(),
+            );
+        }
         Ok(())
     };
 
@@ -348,7 +383,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
     };
 
     // The methods take turns, so that the machine's changing load weighs on all alike.
-    let mut methods: [(&str, Step, Figures); 6] = [
+    let mut methods: [(&str, Step, Figures); 7] = [
         ("router gather (2 hops)", &mut router, Figures::default()),
         (
             "direct node gather (1 hop)",
@@ -365,6 +400,11 @@ fn run(args: &Args, size: usize) -> Result<()> {
         (
             "plain quinn, one runtime",
             &mut shared_quinn,
+            Figures::default(),
+        ),
+        (
+            "node handling, no network",
+            &mut handling,
             Figures::default(),
         ),
     ];
