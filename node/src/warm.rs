@@ -43,12 +43,17 @@ impl Warmth {
 
     fn record(&self, faulted: bool) {
         if faulted {
-            self.streak.store(0, Ordering::Relaxed);
+            if self.streak.swap(0, Ordering::Relaxed) >= WARM_STREAK {
+                tracing::debug!("a gather waited for the disk: gathers run on blocking threads");
+            }
         } else {
             // Saturating, so that a long warm run never wraps around to cold.
-            let _ = self
+            let before = self
                 .streak
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| s.checked_add(1));
+            if before == Ok(WARM_STREAK - 1) {
+                tracing::debug!("{WARM_STREAK} gathers in a row found their pages in memory: gathers run inline");
+            }
         }
     }
 }
