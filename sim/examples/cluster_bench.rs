@@ -203,32 +203,27 @@ fn run(args: &Args, size: usize) -> Result<()> {
     for (k, b) in payload.iter_mut().enumerate() {
         *b = mix2(size as u64, k as u64) as u8;
     }
-    let mut loaded = 0;
-    while loaded < records {
-        let count = 1024.min(records - loaded) as usize;
-        let batch: Vec<Record> = payload
-            .chunks(size)
-            .take(count)
-            .map(|p| Record::new().with("data", p))
-            .collect();
-        client.append_many(&batch)?;
-        loaded += count as u64;
-    }
+    // `records` records in appends of up to 1,024, through `append`.
+    let load = |append: &mut dyn FnMut(&[Record]) -> Result<()>| -> Result<()> {
+        let mut loaded = 0;
+        while loaded < records {
+            let count = 1024.min(records - loaded) as usize;
+            let batch: Vec<Record> = payload
+                .chunks(size)
+                .take(count)
+                .map(|p| Record::new().with("data", p))
+                .collect();
+            append(&batch)?;
+            loaded += count as u64;
+        }
+        Ok(())
+    };
+    load(&mut |batch| Ok(client.append_many(batch).map(|_| ())?))?;
     client.commit()?;
     // The same records in one local store, for the nodes' request handling alone.
     let local_dir = tempfile::tempdir()?;
     let local = zr_node::server::open_shard_store(cluster.config(), local_dir.path())?;
-    let mut loaded = 0;
-    while loaded < records {
-        let count = 1024.min(records - loaded) as usize;
-        let batch: Vec<Record> = payload
-            .chunks(size)
-            .take(count)
-            .map(|p| Record::new().with("data", p))
-            .collect();
-        local.append_many(&batch)?;
-        loaded += count as u64;
-    }
+    load(&mut |batch| Ok(local.append_many(batch).map(|_| ())?))?;
     local.commit()?;
     let coordination = zr_node::lease::Coordination::open(local_dir.path())?;
     let batch_bytes = args.batch * size;
