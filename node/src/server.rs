@@ -133,28 +133,21 @@ pub async fn serve_with(
         async move {
             let answer = match handling {
                 Handling::Inline => Ok(handle(&store, &coordination, &bytes)),
-                Handling::Adaptive => {
-                    let gather = wire::decode_request(&bytes)
-                        .ok()
-                        .filter(|(request, _)| runs_inline_when_warm(&store, request));
-                    match gather {
-                        Some((request, body)) if warmth.is_warm() => {
-                            Ok(warmth.observe(|| respond(&store, &coordination, request, body)))
-                        }
-                        Some(_) => {
-                            tokio::task::spawn_blocking(move || {
-                                warmth.observe(|| handle(&store, &coordination, &bytes))
-                            })
-                            .await
-                        }
-                        None => {
-                            tokio::task::spawn_blocking(move || {
-                                handle(&store, &coordination, &bytes)
-                            })
-                            .await
+                Handling::Adaptive => match decode(&bytes) {
+                    Err(reply) => Ok(reply),
+                    Ok((request, body_at)) => {
+                        let may_inline = runs_inline_when_warm(&store, &request);
+                        let call =
+                            move || respond(&store, &coordination, request, &bytes[body_at..]);
+                        if may_inline && warmth.is_warm() {
+                            Ok(warmth.observe(call))
+                        } else if may_inline {
+                            tokio::task::spawn_blocking(move || warmth.observe(call)).await
+                        } else {
+                            tokio::task::spawn_blocking(call).await
                         }
                     }
-                }
+                },
             };
             let (header, body) = answer.unwrap_or_else(|e| {
                 error_reply(ErrorCode::Storage, format!("request handler failed: {e}"))
@@ -183,8 +176,16 @@ pub async fn serve_with(
 /// `coordination` holds the cluster's write lease (which routers take from shard 0's node)
 /// and this node's fence.
 pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
-    let (request, body) = match wire::decode_request(bytes) {
-        Ok(decoded) => decoded,
+    match decode(bytes) {
+        Ok((request, body_at)) => respond(store, coordination, request, &bytes[body_at..]),
+        Err(reply) => reply,
+    }
+}
+
+/// Decodes a request: it and where its body starts in `bytes`, or the error reply.
+fn decode(bytes: &[u8]) -> Result<(Request, usize), (Vec<u8>, Vec<Bytes>)> {
+    match wire::decode_request(bytes) {
+        Ok((request, body)) => Ok((request, bytes.len() - body.len())),
         Err(e) => {
             tracing::warn!("bad request: {e}");
             let code = if e.to_string().contains("version") {
@@ -192,10 +193,9 @@ pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<
             } else {
                 ErrorCode::BadRequest
             };
-            return error_reply(code, e.to_string());
+            Err(error_reply(code, e.to_string()))
         }
-    };
-    respond(store, coordination, request, body)
+    }
 }
 
 /// Executes and encodes one decoded request.

@@ -47,10 +47,12 @@ impl Warmth {
                 tracing::debug!("a gather waited for the disk: gathers run on blocking threads");
             }
         } else {
-            // Saturating, so that a long warm run never wraps around to cold.
+            // Counted up to WARM_STREAK only: past it, every fault-free gather is alike.
             let before = self
                 .streak
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| s.checked_add(1));
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                    (s < WARM_STREAK).then_some(s + 1)
+                });
             if before == Ok(WARM_STREAK - 1) {
                 tracing::debug!("{WARM_STREAK} gathers in a row found their pages in memory: gathers run inline");
             }
@@ -59,7 +61,7 @@ impl Warmth {
 }
 
 /// Major page faults this thread has taken so far (Linux); `None` where they cannot be read.
-pub(crate) fn major_faults() -> Option<u64> {
+fn major_faults() -> Option<u64> {
     #[cfg(target_os = "linux")]
     {
         let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();

@@ -11,10 +11,10 @@
 //! quinn from 4 servers a quarter each (what the transport alone costs a 4-way gather) and
 //! with server and client on one runtime (fewer threads than separate processes have); the
 //! baseline's server runs on a runtime of its own, as the nodes do. And what the nodes do
-//! for a batch without the network (decode, gather, build the reply), on one thread. Every call runs as a task
-//! on its runtime, one per connection, as the router and the client library run theirs. Each
-//! method also shows the process's CPU time per batch (all threads) and the cores busy on
-//! average while it ran.
+//! for a batch without the network (decode, gather, build the reply), on one thread. Every
+//! call runs as a task on its runtime, one per connection, as the router and the client
+//! library run theirs. Each method also shows the process's CPU time per batch (all threads)
+//! and the cores busy on average while it ran.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
