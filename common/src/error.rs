@@ -1,29 +1,11 @@
 //! The common crate's error type.
 
-/// Errors of the shared components.
+/// Errors of the sampler and the loader.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A sampler configuration or checkpoint that cannot be used.
     #[error("sampler: {0}")]
     Sampler(String),
-    /// A cluster map that cannot be used.
-    #[error("placement: {0}")]
-    Placement(String),
-    /// A cluster configuration file that cannot be used.
-    #[error("{path}: {reason}")]
-    Config { path: String, reason: String },
-    /// A network message that breaks the protocol.
-    #[error("protocol: {0}")]
-    Protocol(String),
-    /// A network operation failed; the message names the peer.
-    #[error("network: {0}")]
-    Net(String),
-    /// The router or a node answered with an error.
-    #[error("{message}")]
-    Remote {
-        code: crate::wire::ErrorCode,
-        message: String,
-    },
     /// A gather behind the loader failed.
     #[error("loader: gather of epoch {epoch} positions {start}..{end} failed: {source}")]
     Gather {

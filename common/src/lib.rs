@@ -1,22 +1,17 @@
-//! zr-common: what every zrecord process shares — samplers and the loader, the columnar batch
-//! shape, keyed hashing, placement, the wire protocol, the cluster configuration, the QUIC
-//! transport and the cluster's TLS identities.
+//! zr-common: what a training job needs from zrecord whatever it reads from — the samplers
+//! (index orders as pure functions of seed, epoch and position), the Feistel permutation
+//! behind shuffles, the prefetching loader over any [`GatherSource`], and the shapes every
+//! part of zrecord shares ([`Record`], [`Contiguous`]). It depends on no async runtime and
+//! no network stack.
 
 pub mod alloc;
-pub mod assemble;
-pub mod chunks;
 pub mod columns;
-pub mod config;
 pub mod error;
 pub mod feistel;
 pub mod hash;
 pub mod loader;
-pub mod net;
-pub mod placement;
 pub mod record;
 pub mod sampler;
-pub mod tls;
-pub mod wire;
 
 pub use columns::Contiguous;
 pub use error::{BoxError, Error};

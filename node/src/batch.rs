@@ -13,9 +13,8 @@ use rayon::prelude::*;
 
 use zr_common::Contiguous;
 
-use crate::gather::part_len;
-use crate::map::Mapped;
-use crate::runtime::Runtime;
+use crate::runtime::{part_len, Runtime};
+use crate::view::Maps;
 
 /// How many records ahead of the copy `write_contiguous` prefetches.
 const PREFETCH_RECORDS_AHEAD: usize = 4;
@@ -23,22 +22,6 @@ const PREFETCH_RECORDS_AHEAD: usize = 4;
 const PARALLEL_COPY_MIN_BYTES: usize = 1 << 20;
 /// Fewest records per part of a parallel materialization.
 const PARALLEL_COPY_PART_MIN: usize = 64;
-
-/// The mappings a view of the dataset reads through, shared by every batch made from it.
-#[derive(Clone)]
-pub(crate) struct Maps {
-    /// Offset table of each field, by field position. `None` only for an empty file.
-    pub(crate) offsets: Vec<Option<Arc<Mapped>>>,
-    /// Chunk mappings by chunk id; `None` for ids with no chunk or an empty one.
-    pub(crate) chunks: Vec<Option<Arc<Mapped>>>,
-}
-
-impl Maps {
-    #[inline]
-    pub(crate) fn chunk(&self, id: u32) -> Option<&Mapped> {
-        self.chunks.get(id as usize)?.as_deref()
-    }
-}
 
 /// Where one raw payload lies: `len` bytes at `start` of chunk `chunk`. `len == 0` is absent.
 #[derive(Clone, Copy, Debug, Default)]

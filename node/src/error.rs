@@ -63,9 +63,10 @@ pub enum Error {
     #[error("{path}: the dataset is open read-only")]
     ReadOnly { path: PathBuf },
 
-    /// A cluster (through its router) refused or failed an operation.
+    /// A conversion's destination outside the engine (a cluster, through its router)
+    /// refused or failed an operation.
     #[error("cluster: {0}")]
-    Cluster(String),
+    Cluster(#[source] Box<dyn std::error::Error + Send + Sync>),
 
     /// An operating-system call failed; `op` says what was being done to `path`.
     #[error("{op} {path}: {source}")]

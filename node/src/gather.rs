@@ -10,13 +10,15 @@ use std::sync::Arc;
 use flate2::{Decompress, FlushDecompress, Status};
 use rayon::prelude::*;
 
-use crate::batch::{Batch, Column, ColumnData, Maps, Span};
+use crate::batch::{Batch, Column, ColumnData, Span};
 use crate::error::{Error, Result};
 use crate::frame::{frame_crc, FrameHeader, FRAME_HEADER_BYTES};
 use crate::meta::Compression;
 use crate::offset::ENTRY_BYTES;
-use crate::runtime::Runtime;
-use crate::store::{GatherOptions, Store, View};
+use crate::runtime::part_len;
+use crate::store::{GatherOptions, Store};
+use crate::view::Maps;
+use crate::view::View;
 
 /// How many indices ahead of the one being resolved a gather prefetches offset entries.
 const ENTRY_PREFETCH_AHEAD: usize = 16;
@@ -24,15 +26,6 @@ const ENTRY_PREFETCH_AHEAD: usize = 16;
 const RESOLVE_PART_MIN: usize = 8192;
 /// Fewest records per part when decompressing in parallel.
 const INFLATE_PART_MIN: usize = 64;
-
-/// Part length for `n` items split over the reader pool, or `None` to stay on this thread.
-pub(crate) fn part_len(runtime: &Runtime, n: usize, part_min: usize) -> Option<usize> {
-    let readers = runtime.options.readers;
-    if readers <= 1 || n < 2 * part_min {
-        return None;
-    }
-    Some(n.div_ceil(readers).max(part_min))
-}
 
 impl Store {
     /// Gathers records `indices` (any order, repeats allowed) for `fields` (empty = all

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use zr_common::wire::PendingWrite;
+use zr_proto::wire::PendingWrite;
 
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, write_atomically};
@@ -45,11 +45,13 @@ pub struct WriteLease {
 }
 
 /// Why the lease refused a request.
-#[derive(Debug, PartialEq)]
+#[derive(Debug, PartialEq, thiserror::Error)]
 pub enum LeaseError {
     /// The asker does not hold the lease.
+    #[error("{0}")]
     NotHolder(String),
     /// The pending write could not be kept on disk; nothing changed.
+    #[error("{0}")]
     Storage(String),
 }
 

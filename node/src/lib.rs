@@ -34,7 +34,9 @@ pub mod server;
 mod source;
 mod store;
 mod verify;
+mod view;
 mod warm;
+mod write;
 mod writer;
 
 pub use batch::{Batch, FieldView};

@@ -130,3 +130,12 @@ fn start_cleaners(threads: usize) -> Option<Mutex<Sender<Vec<u8>>>> {
     }
     (started > 0).then(|| Mutex::new(sender))
 }
+
+/// Part length for `n` items split over the reader pool, or `None` to stay on this thread.
+pub(crate) fn part_len(runtime: &Runtime, n: usize, part_min: usize) -> Option<usize> {
+    let readers = runtime.options.readers;
+    if readers <= 1 || n < 2 * part_min {
+        return None;
+    }
+    Some(n.div_ceil(readers).max(part_min))
+}

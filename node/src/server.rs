@@ -1,4 +1,4 @@
-//! The shard server: one `Store` served over QUIC with the `zr_common::wire` protocol.
+//! The shard server: one `Store` served over QUIC with the `zr_proto::wire` protocol.
 //!
 //! Protocol handling (`execute`) is a plain function from a request to a reply, testable
 //! without a network; the async part only moves bytes. Store calls run on blocking threads,
@@ -13,9 +13,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use quinn::Endpoint;
-use zr_common::config::ClusterConfig;
-use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
-use zr_common::{net, Record};
+use zr_common::Record;
+use zr_net as net;
+use zr_net::config::ClusterConfig;
+use zr_proto::wire::{self, ErrorCode, FieldInfo, NodeRequest, Reply};
 
 use crate::batch::Batch;
 use crate::lease::{Coordination, LeaseError};
@@ -183,17 +184,12 @@ pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<
 }
 
 /// Decodes a request: it and where its body starts in `bytes`, or the error reply.
-fn decode(bytes: &[u8]) -> Result<(Request, usize), (Vec<u8>, Vec<Bytes>)> {
+fn decode(bytes: &[u8]) -> Result<(NodeRequest, usize), (Vec<u8>, Vec<Bytes>)> {
     match wire::decode_request(bytes) {
         Ok((request, body)) => Ok((request, bytes.len() - body.len())),
         Err(e) => {
             tracing::warn!("bad request: {e}");
-            let code = if e.to_string().contains("version") {
-                ErrorCode::Version
-            } else {
-                ErrorCode::BadRequest
-            };
-            Err(error_reply(code, e.to_string()))
+            Err(error_reply(e.code(), e.to_string()))
         }
     }
 }
@@ -202,7 +198,7 @@ fn decode(bytes: &[u8]) -> Result<(Request, usize), (Vec<u8>, Vec<Bytes>)> {
 fn respond(
     store: &Store,
     coordination: &Coordination,
-    request: Request,
+    request: NodeRequest,
     body: &[u8],
 ) -> (Vec<u8>, Vec<Bytes>) {
     match execute(store, coordination, request, body) {
@@ -210,14 +206,14 @@ fn respond(
             Ok(header) => (header, body),
             Err(e) => error_reply(ErrorCode::Storage, e.to_string()),
         },
-        Err((code, message)) => error_reply(code, message),
+        Err(refusal) => error_reply(refusal.code(), refusal.to_string()),
     }
 }
 
 /// Whether `request` is a gather small enough, and of raw fields only (no decompression), to
 /// run inline on an async worker while the store's pages are in memory.
-fn runs_inline_when_warm(store: &Store, request: &Request) -> bool {
-    let Request::Gather { indices, fields } = request else {
+fn runs_inline_when_warm(store: &Store, request: &NodeRequest) -> bool {
+    let NodeRequest::Gather { indices, fields } = request else {
         return false;
     };
     let raw = |spec: &FieldSpec| spec.compress == Compression::Raw;
@@ -231,10 +227,41 @@ fn runs_inline_when_warm(store: &Store, request: &Request) -> bool {
         }
 }
 
-fn lease_failure(e: LeaseError) -> (ErrorCode, String) {
-    match e {
-        LeaseError::NotHolder(e) => (ErrorCode::Conflict, e),
-        LeaseError::Storage(e) => (ErrorCode::Storage, e),
+/// Why a node refused a request. Each crosses the wire as its code and its message.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// The store refused or failed.
+    #[error(transparent)]
+    Store(#[from] Error),
+    /// The write lease refused.
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    /// Another router holds the write lease.
+    #[error("another router holds the write lease for {left_ms} ms more")]
+    LeaseHeld { left_ms: u128 },
+    /// A write without a lease token.
+    #[error("a node takes writes only from a router holding the write lease, and this one carries no lease token")]
+    NoLeaseToken,
+    /// A write whose lease token is below the node's fence.
+    #[error("{0}")]
+    Fenced(String),
+    /// An append that does not start at the shard's length.
+    #[error("append expected to start at {at} but the shard holds {len} records")]
+    OutOfStep { at: u64, len: u64 },
+}
+
+impl Refusal {
+    /// The code the refusal crosses the wire with.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Refusal::Store(e) => code_of(e),
+            Refusal::Lease(LeaseError::NotHolder(_)) => ErrorCode::Conflict,
+            Refusal::Lease(LeaseError::Storage(_)) => ErrorCode::Storage,
+            Refusal::NoLeaseToken => ErrorCode::BadRequest,
+            Refusal::LeaseHeld { .. } | Refusal::Fenced(_) | Refusal::OutOfStep { .. } => {
+                ErrorCode::Conflict
+            }
+        }
     }
 }
 
@@ -248,11 +275,12 @@ fn code_of(e: &Error) -> ErrorCode {
         Error::IndexOutOfRange { .. } => ErrorCode::IndexOutOfRange,
         Error::UnknownField { .. } => ErrorCode::UnknownField,
         Error::InvalidRecord(_) => ErrorCode::BadRequest,
+        Error::BadRecord { .. } | Error::Corrupt { .. } => ErrorCode::CorruptRecord,
         _ => ErrorCode::Storage,
     }
 }
 
-type Outcome = Result<(Reply, Vec<Bytes>), (ErrorCode, String)>;
+type Outcome = Result<(Reply, Vec<Bytes>), Refusal>;
 
 /// Runs `write` if it carries a lease token the node's fence admits.
 fn fenced(
@@ -261,19 +289,21 @@ fn fenced(
     write: impl FnOnce() -> Outcome,
 ) -> Outcome {
     let Some(token) = token else {
-        return Err((
-            ErrorCode::BadRequest,
-            "a node takes writes only from a router holding the write lease, and this one carries no lease token".into(),
-        ));
+        return Err(Refusal::NoLeaseToken);
     };
     coordination
         .fence
         .admit(token, write)
-        .map_err(|e| (ErrorCode::Conflict, e))?
+        .map_err(Refusal::Fenced)?
 }
 
-fn execute(store: &Store, coordination: &Coordination, request: Request, body: &[u8]) -> Outcome {
-    let fail = |e: Error| (code_of(&e), e.to_string());
+fn execute(
+    store: &Store,
+    coordination: &Coordination,
+    request: NodeRequest,
+    body: &[u8],
+) -> Outcome {
+    let fail = Refusal::Store;
     let lease = &coordination.lease;
     let info = || {
         let fields = store.fields().iter().map(field_info).collect();
@@ -286,8 +316,8 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
         ))
     };
     match request {
-        Request::Info => info(),
-        Request::Gather { indices, fields } => {
+        NodeRequest::Info => info(),
+        NodeRequest::Gather { indices, fields } => {
             let names: Vec<&str> = fields.iter().map(String::as_str).collect();
             let batch = Arc::new(store.gather(&indices, &names).map_err(fail)?);
             // The reply's body is sent straight from the batch: raw payloads from the mapped
@@ -316,7 +346,7 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
             }
             Ok((Reply::Gather { lengths }, pieces))
         }
-        Request::Append {
+        NodeRequest::Append {
             at,
             token,
             fields,
@@ -324,13 +354,10 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
         } => fenced(coordination, token, || {
             if let Some(at) = at {
                 if at != store.len() {
-                    return Err((
-                        ErrorCode::Conflict,
-                        format!(
-                            "append expected to start at {at} but the shard holds {} records",
-                            store.len()
-                        ),
-                    ));
+                    return Err(Refusal::OutOfStep {
+                        at,
+                        len: store.len(),
+                    });
                 }
             }
             let columns = wire::split_columns(&lengths, body);
@@ -353,7 +380,7 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
                 Vec::new(),
             ))
         }),
-        Request::Modify {
+        NodeRequest::Modify {
             index,
             token,
             fields,
@@ -368,22 +395,18 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
             store.modify(index, &record).map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }),
-        Request::Delete { .. } => Err((
-            ErrorCode::BadRequest,
-            "a node takes no deletes: a router deletes as a modify and a truncate".into(),
-        )),
-        Request::Truncate { len, token } => fenced(coordination, Some(token), || {
+        NodeRequest::Truncate { len, token } => fenced(coordination, Some(token), || {
             while store.len() > len {
                 store.delete(store.len() - 1).map_err(fail)?;
             }
             Ok((Reply::Done, Vec::new()))
         }),
-        Request::Fence { token } => coordination.fence.raise(token, info),
-        Request::Commit => {
+        NodeRequest::Fence { token } => coordination.fence.raise(token, info),
+        NodeRequest::Commit => {
             store.commit().map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }
-        Request::Acquire { holder, lease_ms } => {
+        NodeRequest::Acquire { holder, lease_ms } => {
             let lease_for = std::time::Duration::from_millis(lease_ms);
             match lease.acquire(holder, lease_for, now()) {
                 Ok(grant) => Ok((
@@ -393,21 +416,17 @@ fn execute(store: &Store, coordination: &Coordination, request: Request, body: &
                     },
                     Vec::new(),
                 )),
-                Err(left) => Err((
-                    ErrorCode::Conflict,
-                    format!(
-                        "another router holds the write lease for {} ms more",
-                        left.as_millis()
-                    ),
-                )),
+                Err(left) => Err(Refusal::LeaseHeld {
+                    left_ms: left.as_millis(),
+                }),
             }
         }
-        Request::Release { holder, settled } => {
-            lease.release(holder, settled).map_err(lease_failure)?;
+        NodeRequest::Release { holder, settled } => {
+            lease.release(holder, settled)?;
             Ok((Reply::Done, Vec::new()))
         }
-        Request::Intend { holder, write } => {
-            lease.intend(holder, write, now()).map_err(lease_failure)?;
+        NodeRequest::Intend { holder, write } => {
+            lease.intend(holder, write, now())?;
             Ok((Reply::Done, Vec::new()))
         }
     }
@@ -498,8 +517,8 @@ pub async fn run_shard(
 mod tests {
     use super::*;
 
-    fn gather(records: usize, fields: &[&str]) -> Request {
-        Request::Gather {
+    fn gather(records: usize, fields: &[&str]) -> NodeRequest {
+        NodeRequest::Gather {
             indices: (0..records as u64).collect(),
             fields: fields.iter().map(|f| f.to_string()).collect(),
         }
@@ -513,7 +532,7 @@ mod tests {
             FieldSpec::new("label", Compression::Flate),
         ];
         let store = Store::create(dir.path(), fields, CreateOptions::default()).expect("create");
-        let inline = |request: &Request| runs_inline_when_warm(&store, request);
+        let inline = |request: &NodeRequest| runs_inline_when_warm(&store, request);
         assert!(inline(&gather(1024, &["image"])));
         assert!(!inline(&gather(1025, &["image"])), "too many records");
         assert!(!inline(&gather(1, &["label"])), "decompression");
@@ -522,7 +541,57 @@ mod tests {
             !inline(&gather(1, &["nope"])),
             "an unknown field is an error, off the workers"
         );
-        assert!(!inline(&Request::Info));
+        assert!(!inline(&NodeRequest::Info));
+    }
+
+    /// Each refusal crosses the wire with a code a router can act on: a damaged record is
+    /// `CorruptRecord` (the data is at fault), an index past the end `IndexOutOfRange`, a
+    /// write without a lease token `BadRequest`, a client's request `BadRequest` unread.
+    #[test]
+    fn refusals_carry_their_codes() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let fields = vec![FieldSpec::new("image", Compression::Raw)];
+        let store = Store::create(dir.path(), fields, CreateOptions::default()).expect("create");
+        let record = zr_common::Record::new().with("image", b"0123456789");
+        store
+            .append_many(&[record.clone(), record])
+            .expect("append");
+        store.commit().expect("commit");
+        drop(store);
+        // Record 1's entry now claims a length past the chunk's end.
+        let table = dir.path().join(crate::offset::offset_file_name("image"));
+        let mut bytes = std::fs::read(&table).expect("offset table");
+        bytes[16 + 12..16 + 16].copy_from_slice(&u32::MAX.to_le_bytes());
+        std::fs::write(&table, bytes).expect("damage the entry");
+        let store = Store::open(dir.path()).expect("open");
+        let coordination = Coordination::open(dir.path()).expect("coordination");
+        let code_of_reply = |request: Vec<u8>| {
+            let (header, _) = handle(&store, &coordination, &request);
+            match wire::decode_reply(&header).expect("reply").0 {
+                Reply::Error { code, .. } => code,
+                other => panic!("not refused: {other:?}"),
+            }
+        };
+        let ask =
+            |request: &NodeRequest| code_of_reply(wire::encode_request(request).expect("encode"));
+        let gather = |index: u64| NodeRequest::Gather {
+            indices: vec![index],
+            fields: Vec::new(),
+        };
+        assert_eq!(ask(&gather(1)), ErrorCode::CorruptRecord);
+        assert_eq!(ask(&gather(2)), ErrorCode::IndexOutOfRange);
+        let untokened = NodeRequest::Modify {
+            index: 0,
+            token: None,
+            fields: Vec::new(),
+            lengths: Vec::new(),
+        };
+        assert_eq!(ask(&untokened), ErrorCode::BadRequest);
+        let client = wire::ClientRequest::Commit;
+        assert_eq!(
+            code_of_reply(wire::encode_request(&client).expect("encode")),
+            ErrorCode::BadRequest
+        );
     }
 
     #[cfg(target_os = "linux")]

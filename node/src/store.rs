@@ -9,29 +9,23 @@
 //! holds their mappings.
 
 use std::fs::{self, File, OpenOptions, TryLockError};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::path::Path;
+use std::sync::{Arc, RwLock};
 
 use ahash::AHashMap;
 
-use crate::batch::Maps;
 use crate::error::{Error, IoContext, Result};
 use crate::map::Mapped;
 use crate::meta::{sync_dir, FieldSpec, Meta, FORMAT_NAME, FORMAT_VERSION, META_FILE};
-use crate::offset::{offset_file_name, Entry, ENTRY_BYTES};
+use crate::offset::{offset_file_name, ENTRY_BYTES};
 use crate::redo;
 use crate::runtime::{Runtime, RuntimeOptions};
+pub use crate::view::{chunk_path, CHUNK_DIR};
+use crate::view::{Core, Maps, View};
 use crate::writer::Writers;
 
 /// Name of the lock file inside a dataset directory.
 pub const LOCK_FILE: &str = "lock";
-/// Name of the chunk folder inside a dataset directory.
-pub const CHUNK_DIR: &str = "chunk";
-
-/// Path of chunk `id` in dataset `dir`.
-pub fn chunk_path(dir: &Path, id: u32) -> PathBuf {
-    dir.join(CHUNK_DIR).join(format!("{id}.zr"))
-}
 
 /// Parameters fixed when a dataset is created.
 #[derive(Clone, Debug)]
@@ -61,41 +55,19 @@ pub struct GatherOptions {
     pub verify: bool,
 }
 
-/// What readers see. See the module documentation.
-pub(crate) struct View {
-    pub(crate) len: u64,
-    pub(crate) committed_len: u64,
-    pub(crate) maps: Arc<Maps>,
-    /// Entries changed below `committed_len` since the last commit: index → entry per field.
-    pub(crate) overlay: AHashMap<u64, Box<[Entry]>>,
-}
-
-impl View {
-    /// Entry of `field` for record `index` (which must be below the offset tables' end).
-    #[inline]
-    pub(crate) fn entry(&self, field: usize, index: u64) -> Option<Entry> {
-        if !self.overlay.is_empty() && index < self.committed_len {
-            if let Some(entries) = self.overlay.get(&index) {
-                return entries.get(field).copied();
-            }
-        }
-        let table = self.maps.offsets.get(field)?.as_deref()?;
-        table
-            .read16(index.checked_mul(ENTRY_BYTES)?)
-            .map(Entry::decode)
-    }
-}
-
 pub(crate) struct Inner {
-    pub(crate) dir: PathBuf,
-    pub(crate) fields: Vec<FieldSpec>,
-    field_ids: AHashMap<String, usize>,
-    pub(crate) chunk_records: u32,
-    pub(crate) chunk_grow_bytes: u64,
-    pub(crate) view: RwLock<View>,
+    pub(crate) core: Core,
     pub(crate) writers: Option<Writers>,
-    pub(crate) runtime: Arc<Runtime>,
     _lock: File,
+}
+
+/// What the readers and the writers share; see [`Core`].
+impl std::ops::Deref for Inner {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
 }
 
 /// A dataset, open for gathers and — unless opened read-only — for writes. Cheap to clone;
@@ -302,14 +274,16 @@ impl Store {
             .collect();
         Ok(Store {
             inner: Arc::new(Inner {
-                dir: dir.to_path_buf(),
-                fields: meta.fields,
-                field_ids,
-                chunk_records: meta.chunk_records,
-                chunk_grow_bytes: meta.chunk_grow_bytes,
-                view: RwLock::new(view),
+                core: Core {
+                    dir: dir.to_path_buf(),
+                    fields: meta.fields,
+                    field_ids,
+                    chunk_records: meta.chunk_records,
+                    chunk_grow_bytes: meta.chunk_grow_bytes,
+                    view: RwLock::new(view),
+                    runtime,
+                },
                 writers,
-                runtime,
                 _lock: lock,
             }),
         })
@@ -359,22 +333,6 @@ impl Store {
             index,
             reason,
         }
-    }
-}
-
-impl Inner {
-    pub(crate) fn read_view(&self) -> RwLockReadGuard<'_, View> {
-        // A panic while holding the lock cannot leave the view half-changed: writers build a
-        // change completely before taking the lock. So a poisoned lock is still consistent.
-        self.view
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    pub(crate) fn write_view(&self) -> RwLockWriteGuard<'_, View> {
-        self.view
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

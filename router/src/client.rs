@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::{Connection, Endpoint};
-use zr_common::assemble::{decode_gather_parts, reassemble, PartReply};
-use zr_common::chunks::Chunks;
-use zr_common::config::CLIENT_TIMEOUT_MS_DEFAULT;
-use zr_common::net::{self, Security};
-use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
-use zr_common::{BoxError, Contiguous, Error, GatherSource, Record};
+use zr_common::{BoxError, Contiguous, GatherSource, Record};
+use zr_net::config::CLIENT_TIMEOUT_MS_DEFAULT;
+use zr_net::{self as net, Security};
+use zr_proto::assemble::{decode_gather_parts, reassemble, PartReply};
+use zr_proto::chunks::Chunks;
+use zr_proto::wire::{self, ClientRequest, FieldInfo, Reply};
+
+use crate::error::Error;
 
 /// Records encoded for the wire: field names, `lengths[f][k]`, one body piece per field.
 type Encoded = (Vec<String>, Vec<Vec<u32>>, Vec<Bytes>);
@@ -52,7 +54,9 @@ impl AsyncClient {
         timeout: Duration,
     ) -> Result<AsyncClient, Error> {
         let endpoint = net::client_endpoint(addr)?;
-        let connection = net::connect(&endpoint, &security, addr, timeout).await?;
+        let connection = net::connect(&endpoint, &security, addr, timeout)
+            .await
+            .map_err(Error::Router)?;
         let mut client = AsyncClient {
             endpoint,
             security,
@@ -78,13 +82,15 @@ impl AsyncClient {
         let lock = || {
             self.connection
                 .lock()
-                .map_err(|_| Error::Net("the client's connection lock is poisoned".into()))
+                .map_err(|_| Error::Client("the connection lock is poisoned".into()))
         };
         let open = lock()?.clone();
         if open.close_reason().is_none() {
             return Ok(open);
         }
-        let fresh = net::connect(&self.endpoint, &self.security, self.addr, self.timeout).await?;
+        let fresh = net::connect(&self.endpoint, &self.security, self.addr, self.timeout)
+            .await
+            .map_err(Error::Router)?;
         *lock()? = fresh.clone();
         Ok(fresh)
     }
@@ -93,7 +99,7 @@ impl AsyncClient {
     /// where its body starts in them.
     async fn call(
         &self,
-        request: &Request,
+        request: &ClientRequest,
         body: Vec<Bytes>,
     ) -> Result<(Reply, Vec<Bytes>, usize), Error> {
         let header = wire::encode_request(request)?;
@@ -105,21 +111,18 @@ impl AsyncClient {
             tokio::spawn(async move { net::call_chunks(&connection, header, body, timeout).await });
         let chunks = exchange
             .await
-            .map_err(|e| Error::Net(format!("the client's call task failed: {e}")))?
-            .map_err(|e| match e {
-                Error::Net(message) => Error::Net(format!("router {message}")),
-                other => other,
-            })?;
+            .map_err(|e| Error::Client(format!("the call task failed: {e}")))?
+            .map_err(Error::Router)?;
         let (reply, body_start) = wire::decode_reply_chunks(&chunks)?;
         if let Reply::Error { code, message } = reply {
-            return Err(Error::Remote { code, message });
+            return Err(zr_proto::Error::Remote { code, message }.into());
         }
         Ok((reply, chunks, body_start))
     }
 
     /// Length and fields.
     pub async fn info(&self) -> Result<(u64, Vec<FieldInfo>), Error> {
-        match self.call(&Request::Info, Vec::new()).await?.0 {
+        match self.call(&ClientRequest::Info, Vec::new()).await?.0 {
             Reply::Info { len, fields } => Ok((len, fields)),
             other => Err(unexpected("info", &other)),
         }
@@ -142,7 +145,7 @@ impl AsyncClient {
 
     /// Gathers `indices` for `fields` (empty = all): one column per field, in caller order.
     pub async fn gather(&self, indices: &[u64], fields: &[&str]) -> Result<Vec<Contiguous>, Error> {
-        let request = Request::Gather {
+        let request = ClientRequest::Gather {
             indices: indices.to_vec(),
             fields: fields.iter().map(|f| f.to_string()).collect(),
         };
@@ -154,17 +157,18 @@ impl AsyncClient {
             // Streamed as the shards answered: put the parts in order here.
             Reply::GatherParts { records, parts } => {
                 if records as usize != indices.len() {
-                    return Err(Error::Protocol(format!(
+                    return Err(zr_proto::Error::Malformed(format!(
                         "the router answered a gather of {} records with {records}",
                         indices.len()
-                    )));
+                    ))
+                    .into());
                 }
                 let fields = if fields.is_empty() {
                     self.fields.len()
                 } else {
                     fields.len()
                 };
-                decode_gather_parts(records, parts, fields, body)
+                Ok(decode_gather_parts(records, parts, fields, body)?)
             }
             Reply::Gather { lengths } => {
                 let positions: Vec<u32> = (0..indices.len() as u32).collect();
@@ -174,7 +178,8 @@ impl AsyncClient {
                     body,
                 };
                 let parts: &[PartReply] = if lengths.is_empty() { &[] } else { &[whole] };
-                reassemble(indices.len(), lengths.len(), parts).map_err(Error::Protocol)
+                reassemble(indices.len(), lengths.len(), parts)
+                    .map_err(|e| zr_proto::Error::Malformed(e).into())
             }
             other => Err(unexpected("gather", &other)),
         }
@@ -185,12 +190,9 @@ impl AsyncClient {
         for record in records {
             for (name, _) in record.values() {
                 if !names.iter().any(|n| n == name) {
-                    return Err(Error::Remote {
-                        code: ErrorCode::UnknownField,
-                        message: format!(
-                            "unknown field '{name}' (the dataset has: {})",
-                            names.join(", ")
-                        ),
+                    return Err(Error::UnknownField {
+                        name: name.to_string(),
+                        known: names.join(", "),
                     });
                 }
             }
@@ -212,15 +214,7 @@ impl AsyncClient {
     pub async fn append_many(&self, records: &[Record<'_>]) -> Result<Range<u64>, Error> {
         let (fields, lengths, body) = self.encode_records(records)?;
         match self
-            .call(
-                &Request::Append {
-                    at: None,
-                    token: None,
-                    fields,
-                    lengths,
-                },
-                body,
-            )
+            .call(&ClientRequest::Append { fields, lengths }, body)
             .await?
             .0
         {
@@ -239,9 +233,8 @@ impl AsyncClient {
         let (fields, lengths, body) = self.encode_records(std::slice::from_ref(record))?;
         let lengths = lengths.into_iter().map(|l| l[0]).collect();
         self.call(
-            &Request::Modify {
+            &ClientRequest::Modify {
                 index,
-                token: None,
                 fields,
                 lengths,
             },
@@ -253,14 +246,16 @@ impl AsyncClient {
 
     /// Swap-removes record `index`: the last record takes its index.
     pub async fn delete(&self, index: u64) -> Result<(), Error> {
-        self.call(&Request::Delete { index }, Vec::new())
+        self.call(&ClientRequest::Delete { index }, Vec::new())
             .await
             .map(|_| ())
     }
 
     /// Commits every shard; returns once all have.
     pub async fn commit(&self) -> Result<(), Error> {
-        self.call(&Request::Commit, Vec::new()).await.map(|_| ())
+        self.call(&ClientRequest::Commit, Vec::new())
+            .await
+            .map(|_| ())
     }
 }
 
@@ -302,7 +297,7 @@ impl Client {
             .thread_name("zr-client")
             .enable_all()
             .build()
-            .map_err(|e| Error::Net(format!("cannot start the client runtime: {e}")))?;
+            .map_err(|e| Error::Client(format!("cannot start the runtime: {e}")))?;
         let inner = runtime.block_on(AsyncClient::connect(addr, security, timeout))?;
         Ok(Client { runtime, inner })
     }
@@ -364,7 +359,7 @@ impl Client {
 }
 
 fn unexpected(what: &str, reply: &Reply) -> Error {
-    Error::Protocol(format!("the router answered {what} with {reply:?}"))
+    zr_proto::Error::Malformed(format!("the router answered {what} with {reply:?}")).into()
 }
 
 impl GatherSource for Client {

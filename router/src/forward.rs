@@ -2,7 +2,7 @@
 //! it is whole, so the router's two hops (nodes → router → client) overlap instead of taking
 //! turns, and the router holds only what is received but not yet forwarded.
 //!
-//! The client's stream carries one frame after another ([`zr_common::assemble`]): per shard
+//! The client's stream carries one frame after another ([`zr_proto::assemble`]): per shard
 //! a `Part` frame with the caller's positions, then the shard's own message. Frames cannot
 //! interleave, so the shards take turns: the first whose reply head arrives is forwarded to
 //! its end while the others keep receiving into their queues, then the next. A frame's
@@ -17,15 +17,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
-use zr_common::assemble::push_frame;
-use zr_common::net;
-use zr_common::wire::{self, ErrorCode, Reply, Request};
+use zr_net as net;
+use zr_proto::assemble::push_frame;
+use zr_proto::wire::{self, NodeRequest, Reply};
 
+use crate::error::Failure;
+use crate::nodes::Nodes;
 use crate::plan::Part;
-use crate::server::Router;
-
-/// A failed operation: the stable code and a message naming the shard.
-type Failure = (ErrorCode, String);
 
 /// Most pieces handed to the client's stream in one write.
 const PIECES_PER_WRITE_MAX: usize = 256;
@@ -48,7 +46,7 @@ enum Piece {
 /// body with `None` when all are sent, after an error frame when a shard failed before its
 /// frame began, and without it (the client's stream is reset) when one failed midway.
 pub(crate) async fn forward_parts(
-    router: Arc<Router>,
+    nodes: Arc<Nodes>,
     parts: Vec<Part>,
     fields: Vec<String>,
     frames: mpsc::Sender<Option<Vec<Bytes>>>,
@@ -60,13 +58,13 @@ pub(crate) async fn forward_parts(
         .into_iter()
         .map(|part| {
             let (pieces, mut queue) = mpsc::unbounded_channel();
-            let request = Request::Gather {
+            let request = NodeRequest::Gather {
                 indices: part.local,
                 fields: fields.clone(),
             };
             let records = part.positions.len();
             readers.spawn(read_part(
-                Arc::clone(&router),
+                Arc::clone(&nodes),
                 part.shard,
                 request,
                 records,
@@ -85,16 +83,20 @@ pub(crate) async fn forward_parts(
                 chunks,
                 message_len,
             }) => (chunks, message_len),
-            Some(Piece::Failed((code, message))) => return fail(&frames, code, message).await,
+            Some(Piece::Failed(failure)) => return fail(&frames, failure).await,
             Some(Piece::Chunk(_) | Piece::End) | None => {
-                let message = format!("shard {shard}: its reader stopped before the reply");
-                return fail(&frames, ErrorCode::Unavailable, message).await;
+                let failure = Failure::ShardUnavailable {
+                    shard,
+                    addr: nodes.addr(shard),
+                    reason: "its reader stopped before the reply".into(),
+                };
+                return fail(&frames, failure).await;
             }
         };
         let mut out = Vec::with_capacity(chunks.len() + 3);
         match wire::encode_reply(&Reply::Part { positions }) {
             Ok(part) => push_frame(&mut out, vec![Bytes::from(part)]),
-            Err(e) => return fail(&frames, ErrorCode::BadRequest, e.to_string()).await,
+            Err(e) => return fail(&frames, Failure::BadRequest(e.to_string())).await,
         }
         out.push(Bytes::copy_from_slice(&message_len.to_le_bytes()));
         out.extend(chunks);
@@ -110,8 +112,8 @@ pub(crate) async fn forward_parts(
                 match next {
                     Some(Piece::Chunk(chunk)) => out.push(chunk),
                     Some(Piece::End) => break true,
-                    Some(Piece::Failed((_, message))) => {
-                        tracing::warn!("gather abandoned midway, its reply is reset: {message}");
+                    Some(Piece::Failed(failure)) => {
+                        tracing::warn!("gather abandoned midway, its reply is reset: {failure}");
                         return;
                     }
                     Some(Piece::Head { .. }) | None => {
@@ -140,10 +142,14 @@ pub(crate) async fn forward_parts(
     let _ = frames.send(None).await;
 }
 
-/// Ends the body with an error frame: it fails the client's whole gather with `message`.
-async fn fail(frames: &mpsc::Sender<Option<Vec<Bytes>>>, code: ErrorCode, message: String) {
+/// Ends the body with an error frame: it fails the client's whole gather with `failure`.
+async fn fail(frames: &mpsc::Sender<Option<Vec<Bytes>>>, failure: Failure) {
     let mut out = Vec::new();
-    let error = wire::encode_reply(&Reply::Error { code, message }).unwrap_or_default();
+    let error = wire::encode_reply(&Reply::Error {
+        code: failure.code(),
+        message: failure.to_string(),
+    })
+    .unwrap_or_default();
     push_frame(&mut out, vec![Bytes::from(error)]);
     if frames.send(Some(out)).await.is_ok() {
         let _ = frames.send(None).await;
@@ -154,39 +160,38 @@ async fn fail(frames: &mpsc::Sender<Option<Vec<Bytes>>>, code: ErrorCode, messag
 /// whole exchange within the router's timeout. The reply must be a gather of `records`
 /// records, exactly as long as its head announces.
 async fn read_part(
-    router: Arc<Router>,
+    nodes: Arc<Nodes>,
     shard: u32,
-    request: Request,
+    request: NodeRequest,
     records: usize,
     pieces: mpsc::UnboundedSender<Piece>,
 ) {
-    let addr = router.node_addr(shard);
-    let unavailable = |e: String| {
-        (
-            ErrorCode::Unavailable,
-            format!("shard {shard} at {addr}: {e}"),
-        )
+    let addr = nodes.addr(shard);
+    let unavailable = |reason: String| Failure::ShardUnavailable {
+        shard,
+        addr,
+        reason,
     };
     let header = match wire::encode_request(&request) {
         Ok(header) => header,
         Err(e) => {
-            let _ = pieces.send(Piece::Failed((ErrorCode::BadRequest, e.to_string())));
+            let _ = pieces.send(Piece::Failed(Failure::BadRequest(e.to_string())));
             return;
         }
     };
     let mut used = None;
     let exchange = async {
-        let connection = router
+        let connection = nodes
             .link(shard)
             .await
             .map_err(|e| Received::Net(e.to_string()))?;
         used = Some(connection.clone());
         receive(&connection, header, shard, records, &pieces).await
     };
-    let received = tokio::time::timeout(router.timeout(), exchange)
+    let received = tokio::time::timeout(nodes.timeout(), exchange)
         .await
         .unwrap_or_else(|_| {
-            let waited = router.timeout().as_millis();
+            let waited = nodes.timeout().as_millis();
             Err(Received::Net(format!("no reply within {waited} ms")))
         });
     let outcome = match received {
@@ -197,7 +202,7 @@ async fn read_part(
             // A node that broke the protocol, went silent or was replaced is connected to
             // afresh on the next request.
             if let Some(connection) = &used {
-                router.forget(shard, connection).await;
+                nodes.forget(shard, connection).await;
             }
             Piece::Failed(unavailable(e))
         }
@@ -223,7 +228,7 @@ async fn receive(
     records: usize,
     pieces: &mpsc::UnboundedSender<Piece>,
 ) -> Result<(), Received> {
-    let net = |e: zr_common::Error| Received::Net(e.to_string());
+    let net = |e: zr_net::Error| Received::Net(e.to_string());
     let mut recv = net::send_request(connection, header, Vec::new())
         .await
         .map_err(net)?;
@@ -247,10 +252,11 @@ async fn receive(
     match reply {
         Reply::Gather { lengths } if lengths.iter().all(|l| l.len() == records) => {}
         Reply::Error { code, message } => {
-            return Err(Received::Refused((
+            return Err(Received::Refused(Failure::ShardRefused {
+                shard,
                 code,
-                format!("shard {shard}: {message}"),
-            )))
+                message,
+            }))
         }
         other => {
             return Err(Received::Protocol(format!(

@@ -2,12 +2,16 @@
 //!
 //! - [`plan`] — pure planning: split a gather or an append by shard, reassemble in order.
 //! - [`server`] — the router: placement snapshot, scatter/gather over QUIC, writes.
+//! - `nodes` — the links to the nodes; `forward` — streamed gathers, shard by shard.
 //! - [`client`] — [`Client`]: the store's operations against a router.
 
 pub mod client;
+mod error;
 mod forward;
+mod nodes;
 pub mod plan;
 pub mod server;
 
 pub use client::{AsyncClient, Client};
+pub use error::{Error, Failure};
 pub use server::Router;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use zr_common::config::ClusterConfig;
+use zr_net::config::ClusterConfig;
 
 /// Route a zrecord cluster: accept clients over QUIC, scatter gathers to the shards named in
 /// nodes.toml, reassemble them in order, and route writes.
@@ -42,7 +42,7 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
         .with_writer(std::io::stderr)
         .init();
-    let role = zr_common::tls::Role::Router;
+    let role = zr_net::tls::Role::Router;
     let (config, security) =
         match ClusterConfig::load_for(&args.nodes, role, args.insecure_dev, "zr-router") {
             Ok(loaded) => loaded,
@@ -63,7 +63,7 @@ fn main() -> ExitCode {
         &config,
         &security,
         listen,
-        zr_common::net::shutdown_signal(),
+        zr_net::shutdown_signal(),
     )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

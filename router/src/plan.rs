@@ -1,7 +1,7 @@
 //! Router planning, pure: split a gather by shard (the client puts the parts back in order,
-//! see `zr_common::assemble`), split an append by shard. No I/O here.
+//! see `zr_proto::assemble`), split an append by shard. No I/O here.
 
-use zr_common::placement::Placement;
+use zr_proto::placement::Placement;
 
 /// The records one shard serves for a gather.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,7 +61,7 @@ pub fn plan_append(placement: &Placement, start: u64, count: usize) -> Vec<Appen
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zr_common::placement::ClusterMap;
+    use zr_proto::placement::ClusterMap;
 
     fn placement() -> Placement {
         Placement::new(ClusterMap::balanced(3, 2, 1).unwrap()).unwrap()

@@ -15,15 +15,15 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use quinn::{Connection, Endpoint};
+use quinn::Endpoint;
 use tokio::sync::Mutex;
-use zr_common::chunks::Chunks;
-use zr_common::config::ClusterConfig;
-use zr_common::net::Body;
-use zr_common::placement::Placement;
-use zr_common::wire::{self, ErrorCode, FieldInfo, Reply, Request};
-use zr_common::{net, Error};
+use zr_net::config::ClusterConfig;
+use zr_net::{self as net, Body};
+use zr_proto::placement::Placement;
+use zr_proto::wire::{self, ClientRequest, FieldInfo, NodeRequest, Reply};
 
+use crate::error::{Error, Failure};
+use crate::nodes::Nodes;
 use crate::plan::plan_gather;
 
 mod writes;
@@ -34,40 +34,10 @@ pub const CONNECTIONS_MAX: usize = 256;
 /// Writes of a streamed gather queued for the client's stream.
 const FRAMES_QUEUED: usize = 8;
 
-/// A failed operation: the stable code and a message naming the shard where one is involved.
-type Failure = (ErrorCode, String);
-
-/// One node, reconnected on demand, through an endpoint (a UDP socket) of its own: replies
-/// from several nodes are then received in parallel, not by one socket's driver in turn.
-struct NodeLink {
-    shard: u32,
-    addr: SocketAddr,
-    endpoint: Endpoint,
-    connection: Mutex<Option<Connection>>,
-}
-
-/// A node's reply, decoded, with the message as it arrived (chunks of received packets,
-/// forwarded to clients without a copy); its body starts `body_start` bytes in.
-struct NodeReply {
-    reply: Reply,
-    chunks: Vec<Bytes>,
-    body_start: usize,
-}
-
-impl NodeReply {
-    /// The body, in one piece.
-    fn body(&self) -> Vec<u8> {
-        let mut body = Chunks::new(&self.chunks);
-        body.skip(self.body_start);
-        body.to_vec()
-    }
-}
-
 /// The router's state. See the module documentation.
 pub struct Router {
     placement: ArcSwap<Placement>,
-    nodes: Vec<NodeLink>,
-    security: net::Security,
+    nodes: Arc<Nodes>,
     len: AtomicU64,
     writes: Mutex<()>,
     /// This router's name for the cluster's write lease: random, one per router.
@@ -88,23 +58,10 @@ impl Router {
         security: net::Security,
     ) -> Result<Arc<Router>, Error> {
         let placement = config.placement()?;
-        let mut nodes: Vec<NodeLink> = config
-            .shards
-            .iter()
-            .map(|s| {
-                Ok(NodeLink {
-                    shard: s.id,
-                    addr: s.addr,
-                    endpoint: net::client_endpoint(s.addr)?,
-                    connection: Mutex::new(None),
-                })
-            })
-            .collect::<Result<_, Error>>()?;
-        nodes.sort_by_key(|n| n.shard);
+        let nodes = Arc::new(Nodes::new(config, security)?);
         let mut router = Router {
             placement: ArcSwap::from_pointee(placement),
             nodes,
-            security,
             len: AtomicU64::new(0),
             writes: Mutex::new(()),
             holder: std::hash::BuildHasher::hash_one(
@@ -115,14 +72,14 @@ impl Router {
             fields: Vec::new(),
             timeout: Duration::from_millis(config.router.timeout_ms),
         };
-        let infos = router.node_infos(None).await.map_err(remote)?;
+        let infos = router.node_infos(None).await?;
         let mut fields: Option<(u32, &Vec<FieldInfo>)> = None;
         for (shard, (_, theirs)) in infos.iter().enumerate() {
             match fields {
                 Some((first, ours)) if ours != theirs => {
-                    return Err(Error::Config {
-                        path: format!("shard {shard}"),
-                        reason: format!("its fields differ from shard {first}'s"),
+                    return Err(Error::FieldsDiffer {
+                        shard: shard as u32,
+                        first,
                     })
                 }
                 Some(_) => {}
@@ -131,10 +88,7 @@ impl Router {
         }
         router.fields = fields.map(|(_, f)| f.clone()).unwrap_or_default();
         // Recover the length, repairing what a write cut off midway left behind.
-        router
-            .exclusive(|| async { Ok(()) })
-            .await
-            .map_err(remote)?;
+        router.exclusive(|| async { Ok(()) }).await?;
         Ok(Arc::new(router))
     }
 
@@ -168,25 +122,28 @@ impl Router {
     /// Decodes, executes and encodes one client request.
     pub async fn handle(self: &Arc<Self>, bytes: &[u8]) -> (Vec<u8>, Body) {
         let outcome = match wire::decode_request(bytes) {
-            Ok((request, body)) => self.execute(request, body).await,
+            Ok((request, body)) => {
+                self.execute(request, body)
+                    .await
+                    .map_err(|failure| Reply::Error {
+                        code: failure.code(),
+                        message: failure.to_string(),
+                    })
+            }
             Err(e) => {
                 tracing::warn!("bad request from a client: {e}");
-                let code = if e.to_string().contains("version") {
-                    ErrorCode::Version
-                } else {
-                    ErrorCode::BadRequest
-                };
-                Err((code, e.to_string()))
+                Err(Reply::Error {
+                    code: e.code(),
+                    message: e.to_string(),
+                })
             }
         };
-        let (reply, body) = outcome.unwrap_or_else(|(code, message)| {
-            (Reply::Error { code, message }, Body::Ready(Vec::new()))
-        });
+        let (reply, body) = outcome.unwrap_or_else(|reply| (reply, Body::Ready(Vec::new())));
         match wire::encode_reply(&reply) {
             Ok(header) => (header, body),
             Err(e) => (
                 wire::encode_reply(&Reply::Error {
-                    code: ErrorCode::BadRequest,
+                    code: e.code(),
                     message: e.to_string(),
                 })
                 .unwrap_or_default(),
@@ -197,18 +154,18 @@ impl Router {
 
     async fn execute(
         self: &Arc<Self>,
-        request: Request,
+        request: ClientRequest,
         body: &[u8],
     ) -> Result<(Reply, Body), Failure> {
         let ready = |reply: Reply| (reply, Body::Ready(Vec::new()));
         let ready_body = |(reply, body): (Reply, Vec<Bytes>)| (reply, Body::Ready(body));
         match request {
-            Request::Info => {
+            ClientRequest::Info => {
                 // Fresh from the nodes (another router may have written); the cached length
                 // if a node cannot answer, so a client can still connect.
                 let len = match self.refresh_len().await {
                     Ok(len) => len,
-                    Err((_, e)) => {
+                    Err(e) => {
                         tracing::debug!("cannot refresh the length: {e}");
                         self.len()
                     }
@@ -218,14 +175,14 @@ impl Router {
                     fields: self.fields.clone(),
                 }))
             }
-            Request::Gather { indices, fields } => self.gather(&indices, fields).await,
-            Request::Append {
+            ClientRequest::Gather { indices, fields } => self.gather(&indices, fields).await,
+            ClientRequest::Append {
                 fields, lengths, ..
             } => self
                 .exclusive(|| self.append(fields, lengths, body))
                 .await
                 .map(ready_body),
-            Request::Modify {
+            ClientRequest::Modify {
                 index,
                 fields,
                 lengths,
@@ -234,20 +191,12 @@ impl Router {
                 .exclusive(|| self.modify(index, fields, lengths, body))
                 .await
                 .map(ready),
-            Request::Delete { index } => {
+            ClientRequest::Delete { index } => {
                 self.exclusive(|| self.delete(index)).await.map(ready_body)
             }
-            Request::Truncate { .. }
-            | Request::Acquire { .. }
-            | Request::Release { .. }
-            | Request::Intend { .. }
-            | Request::Fence { .. } => Err((
-                ErrorCode::BadRequest,
-                "truncate and the write lease are for nodes".into(),
-            )),
-            Request::Commit => {
-                let calls = (0..self.nodes.len() as u32)
-                    .map(|shard| self.call(shard, &Request::Commit, Vec::new()));
+            ClientRequest::Commit => {
+                let calls = (0..self.nodes.shards())
+                    .map(|shard| self.nodes.call(shard, &NodeRequest::Commit, Vec::new()));
                 for result in futures::future::join_all(calls).await {
                     result?;
                 }
@@ -268,10 +217,7 @@ impl Router {
             .len_covering(indices.iter().copied().max().unwrap_or(0))
             .await;
         if let Some(&index) = indices.iter().find(|&&i| i >= len) {
-            return Err((
-                ErrorCode::IndexOutOfRange,
-                format!("index {index} is out of range: the dataset holds {len} records"),
-            ));
+            return Err(Failure::OutOfRange { index, len });
         }
         let parts = plan_gather(&self.placement.load(), indices);
         if parts.is_empty() {
@@ -291,7 +237,7 @@ impl Router {
         // A few writes' worth queued: the shards' readers keep receiving meanwhile.
         let (frames, body) = tokio::sync::mpsc::channel(FRAMES_QUEUED);
         tokio::spawn(crate::forward::forward_parts(
-            Arc::clone(self),
+            Arc::clone(&self.nodes),
             parts,
             fields,
             frames,
@@ -300,15 +246,15 @@ impl Router {
     }
 
     /// Every node's length and fields, asked concurrently, in shard order; with `fence`, each
-    /// node is fenced with that lease token first (see `Request::Fence`).
+    /// node is fenced with that lease token first (see `NodeRequest::Fence`).
     async fn node_infos(&self, fence: Option<u64>) -> Result<Vec<(u64, Vec<FieldInfo>)>, Failure> {
         let request = match fence {
-            Some(token) => Request::Fence { token },
-            None => Request::Info,
+            Some(token) => NodeRequest::Fence { token },
+            None => NodeRequest::Info,
         };
         let calls =
-            (0..self.nodes.len() as u32).map(|shard| self.call(shard, &request, Vec::new()));
-        let mut infos = Vec::with_capacity(self.nodes.len());
+            (0..self.nodes.shards()).map(|shard| self.nodes.call(shard, &request, Vec::new()));
+        let mut infos = Vec::with_capacity(self.nodes.shards() as usize);
         for (shard, result) in futures::future::join_all(calls)
             .await
             .into_iter()
@@ -317,10 +263,12 @@ impl Router {
             match result?.reply {
                 Reply::Info { len, fields } => infos.push((len, fields)),
                 other => {
-                    return Err((
-                        ErrorCode::Unavailable,
-                        format!("shard {shard} answered Info with {other:?}"),
-                    ))
+                    let shard = shard as u32;
+                    return Err(Failure::ShardUnavailable {
+                        shard,
+                        addr: self.nodes.addr(shard),
+                        reason: format!("answered Info with {other:?}"),
+                    });
                 }
             }
         }
@@ -356,101 +304,12 @@ impl Router {
         }
         match self.refresh_len().await {
             Ok(len) => len,
-            Err((_, e)) => {
+            Err(e) => {
                 tracing::debug!("cannot refresh the length: {e}");
                 len
             }
         }
     }
-
-    /// The open connection to shard `shard`'s node, connected first if there is none.
-    pub(crate) async fn link(&self, shard: u32) -> Result<Connection, Error> {
-        let node = &self.nodes[shard as usize];
-        let mut cached = node.connection.lock().await;
-        match cached.as_ref().filter(|c| c.close_reason().is_none()) {
-            Some(c) => Ok(c.clone()),
-            None => {
-                let c =
-                    net::connect(&node.endpoint, &self.security, node.addr, self.timeout).await?;
-                *cached = Some(c.clone());
-                Ok(c)
-            }
-        }
-    }
-
-    /// Forgets `connection` to shard `shard` after an exchange on it failed: the next call
-    /// reconnects.
-    pub(crate) async fn forget(&self, shard: u32, connection: &Connection) {
-        let mut cached = self.nodes[shard as usize].connection.lock().await;
-        if cached
-            .as_ref()
-            .is_some_and(|c| c.stable_id() == connection.stable_id())
-        {
-            *cached = None;
-        }
-    }
-
-    /// Shard `shard`'s address, for errors.
-    pub(crate) fn node_addr(&self, shard: u32) -> SocketAddr {
-        self.nodes[shard as usize].addr
-    }
-
-    /// Every network wait's bound.
-    pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    /// One request to shard `shard`; errors name the shard and its address.
-    async fn call(
-        &self,
-        shard: u32,
-        request: &Request,
-        body: Vec<Bytes>,
-    ) -> Result<NodeReply, Failure> {
-        let node = &self.nodes[shard as usize];
-        let unavailable = |e: String| {
-            (
-                ErrorCode::Unavailable,
-                format!("shard {shard} at {}: {e}", node.addr),
-            )
-        };
-        let header =
-            wire::encode_request(request).map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
-        // One deadline covers waiting for the link, connecting and the exchange, so callers
-        // queued behind a dead node's connect also fail within the timeout.
-        let exchange = async {
-            let connection = self.link(shard).await.map_err(|e| e.to_string())?;
-            let called = net::call_chunks(&connection, header, body, self.timeout).await;
-            if called.is_err() {
-                self.forget(shard, &connection).await;
-            }
-            called.map_err(|e| e.to_string())
-        };
-        let chunks = match tokio::time::timeout(self.timeout, exchange).await {
-            Ok(Ok(chunks)) => chunks,
-            Ok(Err(e)) => return Err(unavailable(e)),
-            Err(_) => {
-                return Err(unavailable(format!(
-                    "no reply within {} ms",
-                    self.timeout.as_millis()
-                )))
-            }
-        };
-        let (reply, body_start) =
-            wire::decode_reply_chunks(&chunks).map_err(|e| unavailable(e.to_string()))?;
-        if let Reply::Error { code, message } = reply {
-            return Err((code, format!("shard {shard}: {message}")));
-        }
-        Ok(NodeReply {
-            reply,
-            chunks,
-            body_start,
-        })
-    }
-}
-
-fn remote((code, message): Failure) -> Error {
-    Error::Remote { code, message }
 }
 
 /// Starts a router for `config` listening on `listen` (the binary's path).

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use zr_common::net::Security;
-use zr_common::tls::Role;
 use zr_common::Record;
+use zr_net::tls::Role;
+use zr_net::Security;
 use zr_router::Client;
 
 /// The binaries under test: `zr-router` is this package's; `zr-node` sits beside it in the

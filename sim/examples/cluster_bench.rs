@@ -24,10 +24,10 @@ use bytes::Bytes;
 use clap::Parser;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zr_common::hash::{mix2, reduce};
-use zr_common::net;
-use zr_common::tls::Role;
-use zr_common::wire::{self, Reply, Request};
 use zr_common::Record;
+use zr_net as net;
+use zr_net::tls::Role;
+use zr_proto::wire::{self, NodeRequest, Reply};
 use zr_router::plan::plan_gather;
 use zr_sim::{SimCluster, SimOptions};
 
@@ -243,7 +243,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
     // gather, build the reply (copy small records, read a byte of each page of large ones);
     // on one thread, all shards' shares in one request.
     let mut handling = |b: usize| -> Result<()> {
-        let request = wire::encode_request(&Request::Gather {
+        let request = wire::encode_request(&NodeRequest::Gather {
             indices: indices(b),
             fields: Vec::new(),
         })?;
@@ -277,7 +277,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
             let calls: Vec<_> = parts
                 .iter()
                 .map(|part| {
-                    let request = Request::Gather {
+                    let request = NodeRequest::Gather {
                         indices: part.local.clone(),
                         fields: Vec::new(),
                     };

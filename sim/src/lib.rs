@@ -26,13 +26,13 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use zr_common::config::{
+use zr_net::config::{
     ClusterConfig, ClusterSection, FieldConfig, RouterConfig, ShardConfig, TlsConfig,
 };
-use zr_common::net::{self, Security};
-use zr_common::placement::EXTENT_RECORDS_DEFAULT;
-use zr_common::tls::{self, Role};
+use zr_net::tls::{self, Role};
+use zr_net::{self as net, Security};
 use zr_node::server::Handling;
+use zr_proto::placement::EXTENT_RECORDS_DEFAULT;
 use zr_router::{AsyncClient, Client, Router};
 
 pub mod faults;
@@ -445,7 +445,7 @@ fn faulty_endpoint(
     addr: SocketAddr,
     security: &Security,
     state: &Arc<FaultState>,
-) -> Result<quinn::Endpoint, zr_common::Error> {
+) -> Result<quinn::Endpoint, net::Error> {
     net::server_endpoint_wrapped(addr, security, |inner| {
         Arc::new(FaultySocket {
             inner,

@@ -3,8 +3,8 @@
 //! without changing an answer.
 
 use zr_common::hash::mix2;
-use zr_common::tls::Role;
 use zr_common::Record;
+use zr_net::tls::Role;
 use zr_router::Client;
 use zr_sim::{SimCluster, SimOptions};
 
@@ -215,7 +215,7 @@ fn two_routers_writing_at_once_lose_and_double_nothing() {
                 for step in 0..40u64 {
                     let tag = (w as u64 + 1) * 1_000_000 + step * 10;
                     // The other router may delete meanwhile: an index out of range is fine.
-                    let in_range = |result: Result<(), zr_common::Error>| match result {
+                    let in_range = |result: Result<(), zr_router::Error>| match result {
                         Ok(()) => true,
                         Err(e) => {
                             assert!(e.to_string().contains("out of range"), "{e}");

@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use zr_common::hash::mix2;
-use zr_common::net::{self, Security};
-use zr_common::tls::{self, Role};
-use zr_common::wire::{self, ErrorCode, Reply, Request};
 use zr_common::Record;
+use zr_net::tls::{self, Role};
+use zr_net::{self as net, Security};
+use zr_proto::wire::{self, ClientRequest, ErrorCode, NodeRequest, Reply};
 use zr_router::Client;
 use zr_sim::{Faults, SimCluster, SimOptions};
 
@@ -78,16 +78,7 @@ fn expect_unavailable(
         text.contains(&format!("shard {shard}")) && text.contains(&addr.to_string()),
         "{text}"
     );
-    assert!(
-        matches!(
-            err,
-            zr_common::Error::Remote {
-                code: ErrorCode::Unavailable,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert!(err.code() == Some(ErrorCode::Unavailable), "{err:?}");
     text
 }
 
@@ -200,7 +191,7 @@ fn only_the_right_certificates_get_in() {
     // A node refuses a peer that is not a router, even with a genuine client certificate.
     let rogue = scratch.path().join("rogue");
     impersonate(&certs, &rogue, Role::Client, Role::Router);
-    let info = wire::encode_request(&Request::Info).unwrap();
+    let info = wire::encode_request(&NodeRequest::Info).unwrap();
     let err = raw_call(
         &Security::load(&rogue, Role::Router).unwrap(),
         node,
@@ -220,13 +211,9 @@ fn only_the_right_certificates_get_in() {
     check(&client, &[0, RECORDS - 1]);
 }
 
-/// Hostile messages: garbage, truncations, lies about lengths, other versions.
-fn hostile_messages() -> Vec<Vec<u8>> {
-    let good = wire::encode_request(&Request::Gather {
-        indices: vec![1, 2, 3],
-        fields: vec![],
-    })
-    .unwrap();
+/// Hostile messages: garbage, truncations, lies about lengths, other versions, requests of
+/// the other protocol; `good` is a valid gather request of the target's protocol.
+fn hostile_messages(good: Vec<u8>) -> Vec<Vec<u8>> {
     let mut messages: Vec<Vec<u8>> = (0..good.len())
         .step_by(3)
         .map(|n| good[..n].to_vec())
@@ -252,18 +239,31 @@ fn garbage_is_refused_while_a_client_keeps_gathering() {
     let cluster = loaded_cluster();
     let certs = cluster.certs_dir().unwrap();
     let client = cluster.client().unwrap();
+    let (indices, fields) = (vec![1, 2, 3], vec![]);
+    let node_gather = wire::encode_request(&NodeRequest::Gather {
+        indices: indices.clone(),
+        fields: fields.clone(),
+    })
+    .unwrap();
+    let client_gather = wire::encode_request(&ClientRequest::Gather { indices, fields }).unwrap();
     let targets = [
         (
             Security::load(&certs, Role::Router).unwrap(),
             cluster.config().shard(1).unwrap().addr,
+            node_gather.clone(),
+            client_gather.clone(),
         ),
         (
             Security::load(&certs, Role::Client).unwrap(),
             cluster.router_addr(),
+            client_gather,
+            node_gather,
         ),
     ];
-    for (security, addr) in &targets {
-        for (n, message) in hostile_messages().into_iter().enumerate() {
+    for (security, addr, good, other_protocol) in &targets {
+        let mut messages = hostile_messages(good.clone());
+        messages.push(other_protocol.clone());
+        for (n, message) in messages.into_iter().enumerate() {
             let is_message = wire::is_message(&message);
             match raw_call(security, *addr, message) {
                 // A zrecord message, however broken, gets an error reply.
@@ -333,7 +333,9 @@ async fn break_gathers(
     request: Vec<u8>,
     (record_len, extra, abandon): (u32, i64, bool),
 ) -> (Vec<u8>, net::Body) {
-    let Ok((Request::Gather { indices, .. }, _)) = wire::decode_request(&request) else {
+    let Ok((NodeRequest::Gather { indices, .. }, _)) =
+        wire::decode_request::<NodeRequest>(&request)
+    else {
         panic!("the router sent the impostor something other than a gather");
     };
     let lengths = vec![vec![record_len; indices.len()]];
@@ -401,7 +403,7 @@ fn a_write_lease_left_behind_runs_out() {
     let client = cluster.client().unwrap();
     // A router that takes the lease for 2 s and is never heard from again.
     let lease_ms = 2_000;
-    let take = wire::encode_request(&Request::Acquire {
+    let take = wire::encode_request(&NodeRequest::Acquire {
         holder: 7,
         lease_ms,
     })
@@ -421,13 +423,7 @@ fn a_write_lease_left_behind_runs_out() {
         .append(&Record::new().with("data", &record))
         .unwrap_err();
     assert!(
-        matches!(
-            err,
-            zr_common::Error::Remote {
-                code: ErrorCode::Conflict,
-                ..
-            }
-        ) && err.to_string().contains("write lease"),
+        err.code() == Some(ErrorCode::Conflict) && err.to_string().contains("write lease"),
         "{err}"
     );
     check(&client, &[0, 1, 2, 3]);
@@ -448,7 +444,7 @@ fn a_write_lease_left_behind_runs_out() {
 fn refusing_node(
     cluster: &mut SimCluster,
     shard: u32,
-    refuse: fn(&Request) -> bool,
+    refuse: fn(&NodeRequest) -> bool,
 ) -> RefusingNode {
     cluster.stop_node(shard).unwrap();
     let dir = cluster.data_dir(shard);
@@ -461,7 +457,8 @@ fn refusing_node(
             let store = serving.lock().unwrap().clone();
             let coordination = Arc::clone(&coordination);
             async move {
-                let refused = wire::decode_request(&request).is_ok_and(|(r, _)| refuse(&r));
+                let refused =
+                    wire::decode_request::<NodeRequest>(&request).is_ok_and(|(r, _)| refuse(&r));
                 let Some(store) = store.filter(|_| !refused) else {
                     let refusal = Reply::Error {
                         code: ErrorCode::Storage,
@@ -517,7 +514,7 @@ fn a_delete_left_half_done_is_finished_by_the_next_write() {
 
     // The last record's node, with its data, except that it refuses every cut.
     let node = refusing_node(&mut cluster, last_shard, |request| {
-        matches!(request, Request::Truncate { .. })
+        matches!(request, NodeRequest::Truncate { .. })
     });
     let err = client.delete(hole).unwrap_err().to_string();
     assert!(
@@ -594,7 +591,7 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
     let client = cluster.client().unwrap();
     let as_router = cluster.security(Role::Router).unwrap();
     let node = |shard: u32| cluster.config().shard(shard).unwrap().addr;
-    let ask = |shard: u32, request: &Request| {
+    let ask = |shard: u32, request: &NodeRequest| {
         let reply = raw_call(
             &as_router,
             node(shard),
@@ -605,7 +602,7 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
     // A router takes the lease for 300 ms, then stalls.
     let Reply::Leased { token: stale, .. } = ask(
         0,
-        &Request::Acquire {
+        &NodeRequest::Acquire {
             holder: 7,
             lease_ms: 300,
         },
@@ -622,7 +619,7 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
     for shard in 0..4 {
         let late = ask(
             shard,
-            &Request::Truncate {
+            &NodeRequest::Truncate {
                 len: 0,
                 token: stale,
             },
@@ -637,7 +634,7 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
     }
     let untokened = ask(
         1,
-        &Request::Modify {
+        &NodeRequest::Modify {
             index: 0,
             token: None,
             fields: vec!["data".into()],
@@ -664,7 +661,7 @@ fn a_write_left_recorded_is_settled_once() {
     let mut cluster = loaded_cluster();
     let client = cluster.client().unwrap();
     let _node = refusing_node(&mut cluster, 0, |request| {
-        matches!(request, Request::Release { .. })
+        matches!(request, NodeRequest::Release { .. })
     });
     let mut model: Vec<Vec<u8>> = (0..RECORDS).map(payload).collect();
     // Each write succeeds; each release fails, so the lease runs out by itself.

@@ -106,7 +106,7 @@ type Effect = Box<dyn FnOnce(&mut Vec<Vec<u8>>)>;
 
 /// Step `r`'s write through `client` on a cluster of `len` records: its result, and what
 /// the cluster holds if it lands.
-async fn write(client: &AsyncClient, r: u64, len: u64) -> (Result<(), zr_common::Error>, Effect) {
+async fn write(client: &AsyncClient, r: u64, len: u64) -> (Result<(), zr_router::Error>, Effect) {
     match mix2(r, 3) % 3 {
         0 => {
             let rows: Vec<Vec<u8>> = (0..1 + mix2(r, 4) % 30).map(|k| row(r ^ k)).collect();
@@ -277,7 +277,7 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
 /// faults heal (a router reconnecting).
 async fn settle<T, F>(mut attempt: impl FnMut() -> F) -> T
 where
-    F: std::future::Future<Output = Result<T, zr_common::Error>>,
+    F: std::future::Future<Output = Result<T, zr_router::Error>>,
 {
     let mut tries = 0;
     loop {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use zr_common::config::ClusterConfig;
+use zr_net::config::ClusterConfig;
 
 /// Serve shard K of the cluster described by nodes.toml over QUIC.
 ///
@@ -43,7 +43,7 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
         .with_writer(std::io::stderr)
         .init();
-    let role = zr_common::tls::Role::Node;
+    let role = zr_net::tls::Role::Node;
     let (config, security) =
         match ClusterConfig::load_for(&args.nodes, role, args.insecure_dev, "zr-node") {
             Ok(loaded) => loaded,
@@ -64,7 +64,7 @@ fn main() -> ExitCode {
         &security,
         args.shard,
         args.data.as_deref(),
-        zr_common::net::shutdown_signal(),
+        zr_net::shutdown_signal(),
     ));
     match result {
         Ok(()) => ExitCode::SUCCESS,

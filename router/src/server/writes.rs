@@ -23,9 +23,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use zr_common::wire::{self, ErrorCode, PendingWrite, Reply, Request};
+use zr_proto::wire::{self, ErrorCode, NodeRequest, PendingWrite, Reply};
 
-use super::{Failure, Router};
+use super::Router;
+use crate::error::Failure;
+use crate::nodes::NodeReply;
 use crate::plan::plan_append;
 
 /// The write lease as this router holds it.
@@ -63,45 +65,44 @@ impl Router {
     /// Takes the write lease, waiting up to the router's timeout while another router has it;
     /// returns the write left to settle, if any.
     async fn acquire_lease(&self) -> Result<Option<PendingWrite>, Failure> {
-        let request = Request::Acquire {
+        let request = NodeRequest::Acquire {
             holder: self.holder,
-            lease_ms: self.timeout.as_millis() as u64 * LEASE_TIMEOUTS as u64,
+            lease_ms: self.nodes.timeout().as_millis() as u64 * LEASE_TIMEOUTS as u64,
         };
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let deadline = tokio::time::Instant::now() + self.nodes.timeout();
         let mut pause = Duration::from_millis(1);
         loop {
             // The lease is counted from before it was asked for: it runs out here no later
             // than at the node.
             let asked = tokio::time::Instant::now();
-            match self.call(LEASE_SHARD, &request, Vec::new()).await {
-                Ok(super::NodeReply {
+            match self.nodes.call(LEASE_SHARD, &request, Vec::new()).await {
+                Ok(NodeReply {
                     reply: Reply::Leased { pending, token },
                     ..
                 }) => {
                     *self.lease() = Some(Lease {
-                        until: asked + self.timeout * LEASE_TIMEOUTS,
+                        until: asked + self.nodes.timeout() * LEASE_TIMEOUTS,
                         token,
                     });
                     return Ok(pending);
                 }
                 Ok(answer) => {
-                    return Err((
-                        ErrorCode::Unavailable,
-                        format!(
-                            "shard {LEASE_SHARD} answered a write lease request with {:?}",
-                            answer.reply
-                        ),
-                    ))
+                    return Err(Failure::ShardUnavailable {
+                        shard: LEASE_SHARD,
+                        addr: self.nodes.addr(LEASE_SHARD),
+                        reason: format!("answered a write lease request with {:?}", answer.reply),
+                    })
                 }
-                Err((ErrorCode::Conflict, message)) => {
+                Err(Failure::ShardRefused {
+                    code: ErrorCode::Conflict,
+                    message,
+                    ..
+                }) => {
                     if tokio::time::Instant::now() + pause > deadline {
-                        return Err((
-                            ErrorCode::Conflict,
-                            format!(
-                                "other routers' writes kept the cluster busy for {} ms ({message})",
-                                self.timeout.as_millis()
-                            ),
-                        ));
+                        return Err(Failure::Busy {
+                            waited_ms: self.nodes.timeout().as_millis(),
+                            reason: message,
+                        });
                     }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(LEASE_RETRY_MAX);
@@ -122,29 +123,28 @@ impl Router {
     async fn write_call(
         &self,
         shard: u32,
-        mut request: Request,
+        mut request: NodeRequest,
         body: Vec<Bytes>,
-    ) -> Result<super::NodeReply, Failure> {
+    ) -> Result<NodeReply, Failure> {
         let now = tokio::time::Instant::now();
         let lease = self
             .lease()
             .as_ref()
             .map(|lease| (lease.until.saturating_duration_since(now), lease.token));
-        let Some((_, token)) = lease.filter(|&(left, _)| left >= self.timeout) else {
-            return Err((
-                ErrorCode::Unavailable,
-                format!(
-                    "the write took too long: the cluster's write lease runs out within {} ms, so it stopped before writing to shard {shard}",
-                    self.timeout.as_millis()
-                ),
-            ));
+        let Some((_, token)) = lease.filter(|&(left, _)| left >= self.nodes.timeout()) else {
+            return Err(Failure::LeaseRunningOut {
+                shard,
+                timeout_ms: self.nodes.timeout().as_millis(),
+            });
         };
         match &mut request {
-            Request::Append { token: t, .. } | Request::Modify { token: t, .. } => *t = Some(token),
-            Request::Truncate { token: t, .. } => *t = token,
+            NodeRequest::Append { token: t, .. } | NodeRequest::Modify { token: t, .. } => {
+                *t = Some(token)
+            }
+            NodeRequest::Truncate { token: t, .. } => *t = token,
             _ => {}
         }
-        self.call(shard, &request, body).await
+        self.nodes.call(shard, &request, body).await
     }
 
     /// Gives the write lease back, `settled` if this router's write is done (which clears
@@ -152,11 +152,11 @@ impl Router {
     /// settles the pending write.
     async fn release_lease(&self, settled: bool) {
         *self.lease() = None;
-        let request = Request::Release {
+        let request = NodeRequest::Release {
             holder: self.holder,
             settled,
         };
-        if let Err((_, e)) = self.call(LEASE_SHARD, &request, Vec::new()).await {
+        if let Err(e) = self.nodes.call(LEASE_SHARD, &request, Vec::new()).await {
             tracing::warn!("giving back the write lease: {e} (it runs out by itself)");
         }
     }
@@ -164,7 +164,7 @@ impl Router {
     /// Records `write`, about to start, as the pending write beside the write lease (`None`:
     /// clears it, once settled).
     async fn intend(&self, write: Option<PendingWrite>) -> Result<(), Failure> {
-        let request = Request::Intend {
+        let request = NodeRequest::Intend {
             holder: self.holder,
             write,
         };
@@ -200,7 +200,7 @@ impl Router {
                 );
                 self.write_call(
                     shard as u32,
-                    Request::Truncate {
+                    NodeRequest::Truncate {
                         len: want,
                         token: 0, // write_call sets it
                     },
@@ -237,7 +237,7 @@ impl Router {
     ) -> Result<Reply, Failure> {
         self.check_index(index)?;
         let (shard, local) = self.placement.load().locate(index);
-        let request = Request::Modify {
+        let request = NodeRequest::Modify {
             index: local,
             token: None, // write_call sets it
             fields,
@@ -252,10 +252,7 @@ impl Router {
     fn check_index(&self, index: u64) -> Result<(), Failure> {
         let len = self.len();
         if index >= len {
-            return Err((
-                ErrorCode::IndexOutOfRange,
-                format!("index {index} is out of range: the dataset holds {len} records"),
-            ));
+            return Err(Failure::OutOfRange { index, len });
         }
         Ok(())
     }
@@ -272,7 +269,7 @@ impl Router {
         let columns = wire::split_columns(&lengths, body);
         let mut start = self.len();
         let mut attempt = self.append_at(start, &fields, &lengths, &columns).await;
-        if matches!(attempt, Err((ErrorCode::Conflict, _))) {
+        if matches!(&attempt, Err(e) if e.code() == ErrorCode::Conflict) {
             // A node out of step (it restarted and lost writes it had not committed): settle
             // this attempt as the next holder would, then try once more from the length the
             // nodes agree on now.
@@ -310,12 +307,9 @@ impl Router {
                 start,
                 count: count as u64,
             };
-            self.intend(Some(write)).await.map_err(|(code, e)| {
-                (
-                    code,
-                    format!("recording the append with shard {LEASE_SHARD}: {e}"),
-                )
-            })?;
+            self.intend(Some(write))
+                .await
+                .map_err(|e| e.while_(format!("recording the append with shard {LEASE_SHARD}")))?;
         }
         let placement = self.placement.load();
         let parts = plan_append(&placement, start, count);
@@ -335,7 +329,7 @@ impl Router {
                     Bytes::from(payload)
                 })
                 .collect();
-            let request = Request::Append {
+            let request = NodeRequest::Append {
                 at: Some(part.local_start),
                 token: None, // write_call sets it
                 fields: fields.to_vec(),
@@ -347,11 +341,11 @@ impl Router {
         if let Some(failure) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
             for (part, result) in parts.iter().zip(&results) {
                 if result.is_ok() {
-                    let undo = Request::Truncate {
+                    let undo = NodeRequest::Truncate {
                         len: part.local_start,
                         token: 0, // write_call sets it
                     };
-                    if let Err((_, e)) = self.write_call(part.shard, undo, Vec::new()).await {
+                    if let Err(e) = self.write_call(part.shard, undo, Vec::new()).await {
                         tracing::warn!(
                             "undoing a failed append on shard {}: {e} (the next write cuts it off)",
                             part.shard
@@ -373,7 +367,7 @@ impl Router {
         if index == len - 1 {
             // Only a cut: one step, nothing to record.
             let (shard, local) = self.placement.load().locate(index);
-            let truncate = Request::Truncate {
+            let truncate = NodeRequest::Truncate {
                 len: local,
                 token: 0, // write_call sets it
             };
@@ -381,18 +375,10 @@ impl Router {
         } else {
             self.intend(Some(PendingWrite::Delete { index, len }))
                 .await
-                .map_err(|(code, e)| {
-                    (
-                        code,
-                        format!("recording the delete with shard {LEASE_SHARD}: {e}"),
-                    )
-                })?;
-            self.finish_delete(index, len).await.map_err(|(code, e)| {
-                (
-                    code,
-                    format!("{e}; the delete is recorded, and the next write through any router finishes it"),
-                )
-            })?;
+                .map_err(|e| e.while_(format!("recording the delete with shard {LEASE_SHARD}")))?;
+            self.finish_delete(index, len)
+                .await
+                .map_err(|e| Failure::DeleteRecorded(Box::new(e)))?;
         }
         self.len.store(len - 1, Ordering::SeqCst);
         Ok((Reply::Done, Vec::new()))
@@ -405,9 +391,10 @@ impl Router {
         let placement = self.placement.load();
         let (last_shard, last_local) = placement.locate(last);
         let moved = self
+            .nodes
             .call(
                 last_shard,
-                &Request::Gather {
+                &NodeRequest::Gather {
                     indices: vec![last_local],
                     fields: Vec::new(),
                 },
@@ -415,13 +402,11 @@ impl Router {
             )
             .await?;
         let Reply::Gather { lengths } = &moved.reply else {
-            return Err((
-                ErrorCode::Unavailable,
-                format!(
-                    "shard {last_shard} answered a gather with {:?}",
-                    moved.reply
-                ),
-            ));
+            return Err(Failure::ShardUnavailable {
+                shard: last_shard,
+                addr: self.nodes.addr(last_shard),
+                reason: format!("answered a gather with {:?}", moved.reply),
+            });
         };
         let lengths: Vec<u32> = lengths
             .iter()
@@ -429,7 +414,7 @@ impl Router {
             .collect();
         let fields = self.fields.iter().map(|f| f.name.clone()).collect();
         let (shard, local) = placement.locate(index);
-        let request = Request::Modify {
+        let request = NodeRequest::Modify {
             index: local,
             token: None, // write_call sets it
             fields,
@@ -437,7 +422,7 @@ impl Router {
         };
         self.write_call(shard, request, vec![Bytes::from(moved.body())])
             .await?;
-        let truncate = Request::Truncate {
+        let truncate = NodeRequest::Truncate {
             len: last_local,
             token: 0, // write_call sets it
         };

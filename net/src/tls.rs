@@ -488,7 +488,7 @@ impl RoleVerifier {
     ) -> Result<RoleVerifier, Error> {
         let inner = WebPkiClientVerifier::builder_with_provider(roots, provider)
             .build()
-            .map_err(|e| Error::Net(format!("cannot configure client authentication: {e}")))?;
+            .map_err(|e| Error::Setup(format!("cannot configure client authentication: {e}")))?;
         Ok(RoleVerifier { inner, role })
     }
 }

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use zr_common::config::{cluster_toml, CLIENT_TIMEOUT_MS_DEFAULT};
-use zr_common::net::Security;
-use zr_common::tls::{self, Role};
 use zr_common::Record;
+use zr_net::config::{cluster_toml, CLIENT_TIMEOUT_MS_DEFAULT};
+use zr_net::tls::{self, Role};
+use zr_net::Security;
 use zr_node::convert::{Destination, Target};
 use zr_node::meta::FieldSpec;
 use zr_node::{Compression, Error};
@@ -170,7 +170,7 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
     let certs = dir.join("certs");
     let text = cluster_toml(args.shards, args.base_port, &dir, &certs, &fields);
     // Check the file before writing anything (bad field names, compressions).
-    zr_common::config::ClusterConfig::parse(&text, &config_path.display().to_string())?;
+    zr_net::config::ClusterConfig::parse(&text, &config_path.display().to_string())?;
     tls::init_certs(&certs, args.days)?;
     std::fs::write(&config_path, text)
         .map_err(|e| format!("cannot write {}: {e}", config_path.display()))?;
@@ -199,8 +199,8 @@ pub struct ClusterDestination {
     pub client: Client,
 }
 
-fn cluster_error(e: zr_common::Error) -> Error {
-    Error::Cluster(e.to_string())
+fn cluster_error(e: zr_router::Error) -> Error {
+    Error::Cluster(Box::new(e))
 }
 
 impl Destination for ClusterDestination {
@@ -217,27 +217,34 @@ impl Destination for ClusterDestination {
                     .iter()
                     .map(|f| f.name.as_str())
                     .collect();
-                Error::Cluster(format!(
-                    "the cluster has no field '{}' (it has: {}); its fields are set in nodes.toml",
-                    target.field,
-                    names.join(", ")
-                ))
+                Error::Cluster(
+                    format!(
+                        "the cluster has no field '{}' (it has: {}); its fields are set in nodes.toml",
+                        target.field,
+                        names.join(", ")
+                    )
+                    .into(),
+                )
             })?;
         let compress = match target.compress {
             Compression::Raw => "raw",
             Compression::Flate => "flate",
         };
         if field.compress != compress {
-            return Err(Error::Cluster(format!(
-                "the cluster stores field '{}' as {}, not {compress} (drop --compress or match nodes.toml)",
-                field.name, field.compress
-            )));
+            return Err(Error::Cluster(
+                format!(
+                    "the cluster stores field '{}' as {}, not {compress} (drop --compress or match nodes.toml)",
+                    field.name, field.compress
+                )
+                .into(),
+            ));
         }
         let len = self.client.len().map_err(cluster_error)?;
         if !target.append && len > 0 {
-            return Err(Error::Cluster(format!(
-                "the cluster already holds {len} records; pass --append to add to them"
-            )));
+            return Err(Error::Cluster(
+                format!("the cluster already holds {len} records; pass --append to add to them")
+                    .into(),
+            ));
         }
         Ok(())
     }

@@ -15,9 +15,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::chunks::Chunks;
 use crate::error::Error;
+pub use crate::error::ErrorCode;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 5;
+pub const WIRE_VERSION: u16 = 6;
 const MAGIC: [u8; 4] = *b"ZRW1";
 const PREFIX_BYTES: usize = 12;
 /// Longest header accepted.
@@ -29,22 +30,52 @@ pub const RECORDS_MAX: usize = 1 << 20;
 /// Most fields one message may name.
 pub const FIELDS_MAX: usize = 256;
 
-const KIND_REQUEST: u16 = 1;
+const KIND_CLIENT_REQUEST: u16 = 1;
 const KIND_REPLY: u16 = 2;
+const KIND_NODE_REQUEST: u16 = 3;
 
-/// What a client (or the router) asks of a router (or a node).
+/// What a client asks of a router. The client protocol has no internal requests: a client
+/// cannot even encode one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Request {
+pub enum ClientRequest {
     /// Length and schema.
     Info,
-    /// Records `indices` of `fields` (empty = all). Reply: `Gather`.
+    /// Records `indices` of `fields` (empty = all). Reply: `GatherParts`.
+    Gather {
+        indices: Vec<u64>,
+        fields: Vec<String>,
+    },
+    /// Append records; body: per field of `fields`, the payloads (`lengths[f][k]` bytes each).
+    /// Reply: `Appended`, the global indices the records got.
+    Append {
+        fields: Vec<String>,
+        lengths: Vec<Vec<u32>>,
+    },
+    /// Replace record `index`; body: per field, its payload. Fields not named become absent.
+    Modify {
+        index: u64,
+        fields: Vec<String>,
+        lengths: Vec<u32>,
+    },
+    /// Swap-remove record `index` (the last record takes its place).
+    Delete { index: u64 },
+    /// Make every write so far durable on every shard.
+    Commit,
+}
+
+/// What a router asks of a node: the shard's data, and the coordination of writes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeRequest {
+    /// Length and schema.
+    Info,
+    /// Records `indices` (shard-local) of `fields` (empty = all). Reply: `Gather`.
     Gather {
         indices: Vec<u64>,
         fields: Vec<String>,
     },
     /// Append records; body: per field of `fields`, the payloads (`lengths[f][k]` bytes each).
     /// `at`: the index the first record must get (the router's check that a node is in step).
-    /// `token`: see [`Request::Fence`]; a node takes writes only with one, a router sets it.
+    /// `token`: see [`NodeRequest::Fence`]; a node takes writes only with one.
     Append {
         at: Option<u64>,
         token: Option<u64>,
@@ -59,33 +90,84 @@ pub enum Request {
         fields: Vec<String>,
         lengths: Vec<u32>,
     },
-    /// Swap-remove record `index` (the last record takes its place). Client → router only: a
-    /// router deletes as a modify and a truncate.
-    Delete { index: u64 },
-    /// Router → node: drop records from the end until `len` remain (repair, global delete).
+    /// Drop records from the end until `len` remain (repair, global delete).
     Truncate { len: u64, token: u64 },
-    /// Router → node, holding the write lease whose token is `token`: refuse from now on
-    /// every write with a smaller token (a router whose lease ran out and passed on, whose
-    /// write arrives late). Reply: `Info`, the length read after any earlier write.
+    /// Holding the write lease whose token is `token`: refuse from now on every write with a
+    /// smaller token (a router whose lease ran out and passed on, whose write arrives late).
+    /// Reply: `Info`, the length read after any earlier write.
     Fence { token: u64 },
     /// Make every write so far durable.
     Commit,
-    /// Router → the write-lease node (shard 0): take the cluster's write lease for
-    /// `lease_ms`, or renew it. Reply: `Leased`, or `Conflict` while another router holds it.
+    /// To the write-lease node (shard 0): take the cluster's write lease for `lease_ms`, or
+    /// renew it. Reply: `Leased`, or `Conflict` while another router holds it.
     Acquire { holder: u64, lease_ms: u64 },
-    /// Router → the write-lease node: give the lease back; `settled`: the holder's write is
-    /// done, so the pending write it recorded is cleared. `Conflict` if `holder` no longer
-    /// holds it.
+    /// To the write-lease node: give the lease back; `settled`: the holder's write is done, so
+    /// the pending write it recorded is cleared. `Conflict` if `holder` no longer holds it.
     Release { holder: u64, settled: bool },
-    /// Router → the write-lease node, holding the lease: record the write about to start (in
-    /// place of any earlier one), kept beside the lease until a holder releases it settled
-    /// or clears it (`None`, once it has settled it), so that whoever takes the lease next
-    /// finishes or undoes a write left half done. Reply: `Done`, or `Conflict` if `holder`
-    /// does not hold the lease.
+    /// To the write-lease node, holding the lease: record the write about to start (in place
+    /// of any earlier one), kept beside the lease until a holder releases it settled or clears
+    /// it (`None`, once it has settled it), so that whoever takes the lease next finishes or
+    /// undoes a write left half done. Reply: `Done`, or `Conflict` if `holder` does not hold
+    /// the lease.
     Intend {
         holder: u64,
         write: Option<PendingWrite>,
     },
+}
+
+/// A request of one of the two protocols: its message kind, and the checks its header and
+/// body must pass before anything is allocated from them.
+pub trait Request: Serialize + serde::de::DeserializeOwned + sealed::Sealed {
+    /// The message kind in the prefix: a request of the other protocol is refused unread.
+    const KIND: u16;
+    /// Checks the header's counts against the limits and the body's size.
+    fn check(&self, body: usize) -> Result<(), Error>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::ClientRequest {}
+    impl Sealed for super::NodeRequest {}
+}
+
+impl Request for ClientRequest {
+    const KIND: u16 = KIND_CLIENT_REQUEST;
+
+    fn check(&self, body: usize) -> Result<(), Error> {
+        match self {
+            ClientRequest::Gather { indices, fields } => check_gather(indices, fields, body),
+            ClientRequest::Append { fields, lengths } => check_append(fields, lengths, body),
+            ClientRequest::Modify {
+                fields, lengths, ..
+            } => check_modify(fields, lengths, body),
+            ClientRequest::Info | ClientRequest::Delete { .. } | ClientRequest::Commit => {
+                expect_empty(body)
+            }
+        }
+    }
+}
+
+impl Request for NodeRequest {
+    const KIND: u16 = KIND_NODE_REQUEST;
+
+    fn check(&self, body: usize) -> Result<(), Error> {
+        match self {
+            NodeRequest::Gather { indices, fields } => check_gather(indices, fields, body),
+            NodeRequest::Append {
+                fields, lengths, ..
+            } => check_append(fields, lengths, body),
+            NodeRequest::Modify {
+                fields, lengths, ..
+            } => check_modify(fields, lengths, body),
+            NodeRequest::Info
+            | NodeRequest::Truncate { .. }
+            | NodeRequest::Commit
+            | NodeRequest::Acquire { .. }
+            | NodeRequest::Release { .. }
+            | NodeRequest::Intend { .. }
+            | NodeRequest::Fence { .. } => expect_empty(body),
+        }
+    }
 }
 
 /// A write that changes the cluster's length, recorded before it starts so that the next
@@ -109,25 +191,6 @@ pub struct FieldInfo {
     pub compress: String,
     pub dtype: Option<String>,
     pub shape: Option<Vec<u64>>,
-}
-
-/// Stable error codes: a caller can act on these without parsing messages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ErrorCode {
-    /// The request is malformed or breaks a limit.
-    BadRequest,
-    /// An index is out of range.
-    IndexOutOfRange,
-    /// A field name is unknown.
-    UnknownField,
-    /// The storage failed (I/O, corruption).
-    Storage,
-    /// A shard could not be reached or did not answer in time.
-    Unavailable,
-    /// The request conflicts with the current state (e.g. a node out of step).
-    Conflict,
-    /// The peer speaks another protocol version.
-    Version,
 }
 
 /// What comes back.
@@ -182,7 +245,7 @@ fn options() -> impl Options {
 fn encode(kind: u16, header: &impl Serialize) -> Result<Vec<u8>, Error> {
     let header = options()
         .serialize(header)
-        .map_err(|e| Error::Protocol(format!("cannot encode header: {e}")))?;
+        .map_err(|e| Error::Malformed(format!("cannot encode header: {e}")))?;
     let mut out = Vec::with_capacity(PREFIX_BYTES + header.len());
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&WIRE_VERSION.to_le_bytes());
@@ -195,7 +258,7 @@ fn encode(kind: u16, header: &impl Serialize) -> Result<Vec<u8>, Error> {
 /// The length of a message's prefix and header, from at least its first `PREFIX_BYTES`
 /// bytes: the magic, version, kind and header length are checked.
 pub fn head_len(bytes: &[u8], kind: u16) -> Result<usize, Error> {
-    let bad = |why: String| Err(Error::Protocol(why));
+    let bad = |why: String| Err(Error::Malformed(why));
     if bytes.len() < PREFIX_BYTES {
         return bad(format!(
             "message of {} bytes is shorter than its {PREFIX_BYTES}-byte prefix",
@@ -207,9 +270,10 @@ pub fn head_len(bytes: &[u8], kind: u16) -> Result<usize, Error> {
     }
     let version = u16::from_le_bytes([bytes[4], bytes[5]]);
     if version != WIRE_VERSION {
-        return bad(format!(
-            "unsupported protocol version {version} (this build speaks {WIRE_VERSION})"
-        ));
+        return Err(Error::Version {
+            theirs: version,
+            ours: WIRE_VERSION,
+        });
     }
     let found = u16::from_le_bytes([bytes[6], bytes[7]]);
     if found != kind {
@@ -228,7 +292,7 @@ pub fn head_len(bytes: &[u8], kind: u16) -> Result<usize, Error> {
 fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], kind: u16) -> Result<(T, &[u8]), Error> {
     let head = head_len(bytes, kind)?;
     if head > bytes.len() {
-        return Err(Error::Protocol(format!(
+        return Err(Error::Malformed(format!(
             "header length {} exceeds the message ({} bytes)",
             head - PREFIX_BYTES,
             bytes.len()
@@ -237,7 +301,7 @@ fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], kind: u16) -> Result<(T,
     let (header, body) = bytes[PREFIX_BYTES..].split_at(head - PREFIX_BYTES);
     let value = options()
         .deserialize(header)
-        .map_err(|e| Error::Protocol(format!("malformed header: {e}")))?;
+        .map_err(|e| Error::Malformed(format!("malformed header: {e}")))?;
     Ok((value, body))
 }
 
@@ -248,8 +312,8 @@ pub fn is_message(bytes: &[u8]) -> bool {
 }
 
 /// Encodes a request's prefix and header (its body pieces are sent after it).
-pub fn encode_request(request: &Request) -> Result<Vec<u8>, Error> {
-    encode(KIND_REQUEST, request)
+pub fn encode_request<R: Request>(request: &R) -> Result<Vec<u8>, Error> {
+    encode(R::KIND, request)
 }
 
 /// Encodes a reply's prefix and header (its body pieces are sent after it).
@@ -258,9 +322,9 @@ pub fn encode_reply(reply: &Reply) -> Result<Vec<u8>, Error> {
 }
 
 /// Decodes and checks a request; returns it with its body.
-pub fn decode_request(bytes: &[u8]) -> Result<(Request, &[u8]), Error> {
-    let (request, body): (Request, &[u8]) = decode(bytes, KIND_REQUEST)?;
-    check_request(&request, body.len())?;
+pub fn decode_request<R: Request>(bytes: &[u8]) -> Result<(R, &[u8]), Error> {
+    let (request, body): (R, &[u8]) = decode(bytes, R::KIND)?;
+    request.check(body.len())?;
     Ok((request, body))
 }
 
@@ -297,7 +361,7 @@ pub fn decode_reply_head(chunks: &[bytes::Bytes]) -> Result<Option<(Reply, u64)>
         Reply::Gather { lengths } => column_bytes(lengths)?,
         // Frames whose length only their producer knows: never announced ahead.
         Reply::GatherParts { .. } => {
-            return Err(Error::Protocol(
+            return Err(Error::Malformed(
                 "a streamed gather cannot be forwarded again".into(),
             ))
         }
@@ -310,7 +374,7 @@ pub fn decode_reply_head(chunks: &[bytes::Bytes]) -> Result<Option<(Reply, u64)>
 /// its body, still in the chunks it arrived in.
 pub fn decode_reply_from(mut message: Chunks<'_>) -> Result<(Reply, Chunks<'_>), Error> {
     let total = message.len();
-    let cut = || Error::Protocol(format!("message of {total} bytes ends inside its head"));
+    let cut = || Error::Malformed(format!("message of {total} bytes ends inside its head"));
     let mut head = message.read_vec(PREFIX_BYTES).ok_or_else(cut)?;
     let want = head_len(&head, KIND_REPLY)?;
     head.extend(message.read_vec(want - PREFIX_BYTES).ok_or_else(cut)?);
@@ -331,7 +395,7 @@ fn check_reply(reply: &Reply, body: usize) -> Result<(), Error> {
 
 fn check_fields(fields: &[String]) -> Result<(), Error> {
     if fields.len() > FIELDS_MAX {
-        return Err(Error::Protocol(format!(
+        return Err(Error::Malformed(format!(
             "{} fields exceed the limit of {FIELDS_MAX}",
             fields.len()
         )));
@@ -343,7 +407,7 @@ fn check_fields(fields: &[String]) -> Result<(), Error> {
 fn check_columns(lengths: &[Vec<u32>], body: usize) -> Result<(), Error> {
     let total = column_bytes(lengths)?;
     if total != body as u64 {
-        return Err(Error::Protocol(format!(
+        return Err(Error::Malformed(format!(
             "lengths add up to {total} bytes but the body has {body}"
         )));
     }
@@ -353,78 +417,64 @@ fn check_columns(lengths: &[Vec<u32>], body: usize) -> Result<(), Error> {
 /// Checks per-field length lists against each other and the limits; returns their total.
 fn column_bytes(lengths: &[Vec<u32>]) -> Result<u64, Error> {
     if lengths.len() > FIELDS_MAX {
-        return Err(Error::Protocol(format!(
+        return Err(Error::Malformed(format!(
             "{} columns exceed the limit of {FIELDS_MAX}",
             lengths.len()
         )));
     }
     let records = lengths.first().map_or(0, Vec::len);
     if records > RECORDS_MAX || lengths.iter().any(|l| l.len() != records) {
-        return Err(Error::Protocol(format!(
+        return Err(Error::Malformed(format!(
             "columns must all hold the same number (≤ {RECORDS_MAX}) of records"
         )));
     }
     Ok(lengths.iter().flatten().map(|&l| l as u64).sum())
 }
 
-fn check_request(request: &Request, body: usize) -> Result<(), Error> {
-    match request {
-        Request::Gather { indices, fields } => {
-            check_fields(fields)?;
-            if indices.len() > RECORDS_MAX {
-                return Err(Error::Protocol(format!(
-                    "{} indices exceed the limit of {RECORDS_MAX}",
-                    indices.len()
-                )));
-            }
-            expect_empty(body)
-        }
-        Request::Append {
-            fields, lengths, ..
-        } => {
-            check_fields(fields)?;
-            if lengths.len() != fields.len() {
-                return Err(Error::Protocol(format!(
-                    "{} fields but {} length lists",
-                    fields.len(),
-                    lengths.len()
-                )));
-            }
-            check_columns(lengths, body)
-        }
-        Request::Modify {
-            fields, lengths, ..
-        } => {
-            check_fields(fields)?;
-            if lengths.len() != fields.len() {
-                return Err(Error::Protocol(format!(
-                    "{} fields but {} lengths",
-                    fields.len(),
-                    lengths.len()
-                )));
-            }
-            let total: u64 = lengths.iter().map(|&l| l as u64).sum();
-            if total != body as u64 {
-                return Err(Error::Protocol(format!(
-                    "lengths add up to {total} bytes but the body has {body}"
-                )));
-            }
-            Ok(())
-        }
-        Request::Info
-        | Request::Delete { .. }
-        | Request::Truncate { .. }
-        | Request::Commit
-        | Request::Acquire { .. }
-        | Request::Release { .. }
-        | Request::Intend { .. }
-        | Request::Fence { .. } => expect_empty(body),
+fn check_gather(indices: &[u64], fields: &[String], body: usize) -> Result<(), Error> {
+    check_fields(fields)?;
+    if indices.len() > RECORDS_MAX {
+        return Err(Error::Malformed(format!(
+            "{} indices exceed the limit of {RECORDS_MAX}",
+            indices.len()
+        )));
     }
+    expect_empty(body)
+}
+
+fn check_append(fields: &[String], lengths: &[Vec<u32>], body: usize) -> Result<(), Error> {
+    check_fields(fields)?;
+    if lengths.len() != fields.len() {
+        return Err(Error::Malformed(format!(
+            "{} fields but {} length lists",
+            fields.len(),
+            lengths.len()
+        )));
+    }
+    check_columns(lengths, body)
+}
+
+fn check_modify(fields: &[String], lengths: &[u32], body: usize) -> Result<(), Error> {
+    check_fields(fields)?;
+    if lengths.len() != fields.len() {
+        return Err(Error::Malformed(format!(
+            "{} fields but {} lengths",
+            fields.len(),
+            lengths.len()
+        )));
+    }
+    let total: u64 = lengths.iter().map(|&l| l as u64).sum();
+    if total != body as u64 {
+        return Err(Error::Malformed(format!(
+            "lengths add up to {total} bytes but the body has {body}"
+        )));
+    }
+    Ok(())
 }
 
 fn expect_empty(body: usize) -> Result<(), Error> {
     if body != 0 {
-        return Err(Error::Protocol(format!("unexpected body of {body} bytes")));
+        return Err(Error::Malformed(format!("unexpected body of {body} bytes")));
     }
     Ok(())
 }
@@ -456,16 +506,16 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        let request = Request::Append {
+        let request = NodeRequest::Append {
             at: Some(5),
             token: Some(9),
             fields: vec!["a".into(), "b".into()],
             lengths: vec![vec![1, 2], vec![0, 3]],
         };
         let bytes = message(encode_request(&request).unwrap(), b"xyy___");
-        let (back, body) = decode_request(&bytes).unwrap();
+        let (back, body) = decode_request::<NodeRequest>(&bytes).unwrap();
         assert_eq!(back, request);
-        let Request::Append { lengths, .. } = back else {
+        let NodeRequest::Append { lengths, .. } = back else {
             unreachable!()
         };
         assert_eq!(
@@ -541,7 +591,7 @@ mod tests {
 
     #[test]
     fn hostile_messages_are_errors() {
-        let good = encode_request(&Request::Gather {
+        let good = encode_request(&NodeRequest::Gather {
             indices: vec![1, 2, 3],
             fields: vec![],
         })
@@ -549,67 +599,85 @@ mod tests {
         // Every truncation, and every single-byte corruption, decodes to an error or to a
         // valid request — never a panic.
         for cut in 0..good.len() {
-            assert!(decode_request(&good[..cut]).is_err());
+            assert!(decode_request::<NodeRequest>(&good[..cut]).is_err());
         }
         for i in 0..good.len() {
             for flip in [1u8, 0x80, 0xff] {
                 let mut bad = good.clone();
                 bad[i] ^= flip;
-                let _ = decode_request(&bad);
+                let _ = decode_request::<NodeRequest>(&bad);
             }
         }
         // A length prefix claiming 2^60 indices is refused without allocating them.
         let mut bomb = good.clone();
         let at = PREFIX_BYTES + 4; // after the enum tag
         bomb[at..at + 8].copy_from_slice(&(1u64 << 60).to_le_bytes());
-        assert!(decode_request(&bomb).is_err());
+        assert!(decode_request::<NodeRequest>(&bomb).is_err());
         // Body sizes must match the lengths.
-        let append = encode_request(&Request::Append {
+        let append = encode_request(&NodeRequest::Append {
             at: None,
             token: None,
             fields: vec!["a".into()],
             lengths: vec![vec![4]],
         })
         .unwrap();
-        assert!(decode_request(&message(append.clone(), b"abc")).is_err());
-        assert!(decode_request(&message(append, b"abcd")).is_ok());
+        assert!(decode_request::<NodeRequest>(&message(append.clone(), b"abc")).is_err());
+        assert!(decode_request::<NodeRequest>(&message(append, b"abcd")).is_ok());
         // Another version is named in the error.
         let mut other = good;
         other[4] = 9;
-        assert!(decode_request(&other)
-            .unwrap_err()
-            .to_string()
-            .contains("version 9"));
+        let e = decode_request::<NodeRequest>(&other).unwrap_err();
+        assert!(matches!(e, Error::Version { theirs: 9, .. }), "{e}");
+        assert!(e.to_string().contains("version 9"), "{e}");
+    }
+
+    /// A client's request and a node's are different messages: a node refuses a client's
+    /// unread, and a router a node's, so an internal request cannot come from a client.
+    #[test]
+    fn the_two_protocols_do_not_mix() {
+        let client = encode_request(&ClientRequest::Delete { index: 7 }).unwrap();
+        let (back, _) = decode_request::<ClientRequest>(&client).unwrap();
+        assert_eq!(back, ClientRequest::Delete { index: 7 });
+        let e = decode_request::<NodeRequest>(&client).unwrap_err();
+        assert!(matches!(e, Error::Malformed(_)), "{e}");
+        let node = encode_request(&NodeRequest::Fence { token: 3 }).unwrap();
+        assert!(decode_request::<ClientRequest>(&node).is_err());
     }
 
     use proptest::prelude::*;
 
-    fn request() -> impl Strategy<Value = (Request, Vec<u8>)> {
+    fn request() -> impl Strategy<Value = (NodeRequest, Vec<u8>)> {
         let names = proptest::collection::vec("[a-z]{0,8}", 0..4);
         prop_oneof![
-            Just((Request::Info, Vec::new())),
-            Just((Request::Commit, Vec::new())),
-            any::<u64>().prop_map(|index| (Request::Delete { index }, Vec::new())),
+            Just((NodeRequest::Info, Vec::new())),
+            Just((NodeRequest::Commit, Vec::new())),
             (any::<u64>(), any::<u64>())
-                .prop_map(|(len, token)| (Request::Truncate { len, token }, Vec::new())),
-            any::<u64>().prop_map(|token| (Request::Fence { token }, Vec::new())),
-            (any::<u64>(), any::<u64>())
-                .prop_map(|(holder, lease_ms)| (Request::Acquire { holder, lease_ms }, Vec::new())),
-            (any::<u64>(), any::<bool>())
-                .prop_map(|(holder, settled)| (Request::Release { holder, settled }, Vec::new())),
+                .prop_map(|(len, token)| (NodeRequest::Truncate { len, token }, Vec::new())),
+            any::<u64>().prop_map(|token| (NodeRequest::Fence { token }, Vec::new())),
+            (any::<u64>(), any::<u64>()).prop_map(|(holder, lease_ms)| (
+                NodeRequest::Acquire { holder, lease_ms },
+                Vec::new()
+            )),
+            (any::<u64>(), any::<bool>()).prop_map(|(holder, settled)| (
+                NodeRequest::Release { holder, settled },
+                Vec::new()
+            )),
             (any::<u64>(), any::<(u8, u64, u64)>()).prop_map(|(holder, (kind, a, b))| {
                 let write = match kind % 3 {
                     0 => Some(PendingWrite::Append { start: a, count: b }),
                     1 => Some(PendingWrite::Delete { index: a, len: b }),
                     _ => None,
                 };
-                (Request::Intend { holder, write }, Vec::new())
+                (NodeRequest::Intend { holder, write }, Vec::new())
             }),
             (
                 proptest::collection::vec(any::<u64>(), 0..64),
                 names.clone()
             )
-                .prop_map(|(indices, fields)| (Request::Gather { indices, fields }, Vec::new())),
+                .prop_map(|(indices, fields)| (
+                    NodeRequest::Gather { indices, fields },
+                    Vec::new()
+                )),
             (
                 names,
                 proptest::collection::vec(0u32..40, 0..20),
@@ -621,7 +689,7 @@ mod tests {
                     let total: u32 = lengths.iter().flatten().sum();
                     let body = vec![0xab; total as usize];
                     (
-                        Request::Append {
+                        NodeRequest::Append {
                             at,
                             token,
                             fields,
@@ -634,8 +702,8 @@ mod tests {
     }
 
     /// What a decoded request promises its user: bodies that match their lengths.
-    fn consistent(request: &Request, body: &[u8]) {
-        if let Request::Append { lengths, .. } = request {
+    fn consistent(request: &NodeRequest, body: &[u8]) {
+        if let NodeRequest::Append { lengths, .. } = request {
             let columns = split_columns(lengths, body);
             for (column, lens) in columns.iter().zip(lengths) {
                 for (payload, &len) in column.iter().zip(lens) {
@@ -651,13 +719,13 @@ mod tests {
         // Fuzz targets: arbitrary bytes never panic any decoder.
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-            if let Ok((request, body)) = decode_request(&bytes) {
+            if let Ok((request, body)) = decode_request::<NodeRequest>(&bytes) {
                 consistent(&request, body);
             }
             let _ = decode_reply(&bytes);
             let mut framed = [MAGIC.to_vec(), WIRE_VERSION.to_le_bytes().to_vec()].concat();
             framed.extend_from_slice(&bytes);
-            let _ = decode_request(&framed);
+            let _ = decode_request::<NodeRequest>(&framed);
             let _ = decode_reply(&framed);
         }
 
@@ -670,14 +738,14 @@ mod tests {
             flip in 1u8..,
         ) {
             let message = [encode_request(&request).unwrap(), body.clone()].concat();
-            let (back, back_body) = decode_request(&message).unwrap();
+            let (back, back_body) = decode_request::<NodeRequest>(&message).unwrap();
             prop_assert_eq!(&back, &request);
             prop_assert_eq!(back_body, &body[..]);
             let cut = at.index(message.len());
-            prop_assert!(decode_request(&message[..cut]).is_err());
+            prop_assert!(decode_request::<NodeRequest>(&message[..cut]).is_err());
             let mut damaged = message.clone();
             damaged[cut] ^= flip;
-            if let Ok((request, body)) = decode_request(&damaged) {
+            if let Ok((request, body)) = decode_request::<NodeRequest>(&damaged) {
                 consistent(&request, body);
             }
         }

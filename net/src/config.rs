@@ -34,8 +34,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::net::Security;
-use crate::placement::{ClusterMap, Placement, EXTENT_RECORDS_DEFAULT, SHARDS_MAX};
+use crate::security::Security;
+use zr_proto::placement::{ClusterMap, Placement, EXTENT_RECORDS_DEFAULT, SHARDS_MAX};
 
 /// Default for every network wait of the router (and of nodes' peers).
 pub const TIMEOUT_MS_DEFAULT: u64 = 10_000;
@@ -192,11 +192,11 @@ impl ClusterConfig {
 
     /// The placement this configuration describes.
     pub fn placement(&self) -> Result<Placement, Error> {
-        Placement::new(ClusterMap::balanced(
+        Ok(Placement::new(ClusterMap::balanced(
             self.cluster.shards,
             self.cluster.extent_records,
             self.cluster.seed,
-        )?)
+        )?)?)
     }
 
     /// What a cluster process of `role` (named `process` in the log) needs to start: the

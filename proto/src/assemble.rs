@@ -11,10 +11,10 @@
 //! instead of storing and copying the whole batch.
 
 use crate::chunks::Chunks;
-use crate::columns::Contiguous;
 use crate::error::Error;
 use crate::placement::SHARDS_MAX;
 use crate::wire::{self, Reply, RECORDS_MAX};
+use zr_common::Contiguous;
 
 /// One shard's share of a gather: where its records go, their lengths per field
 /// (`lengths[f][k]`), and its body (field 0's payloads back to back, then field 1's, ...),
@@ -120,13 +120,13 @@ fn frames(mut body: Chunks<'_>) -> impl Iterator<Item = Result<(Reply, Chunks<'_
         let mut len = [0u8; 8];
         if !body.read_into(&mut len) {
             body = Chunks::new(&[]);
-            return Some(Err(Error::Protocol("a frame's length is cut off".into())));
+            return Some(Err(Error::Malformed("a frame's length is cut off".into())));
         }
         let len = u64::from_le_bytes(len);
         let Some(message) = usize::try_from(len).ok().and_then(|n| body.split_to(n)) else {
             let left = body.len();
             body = Chunks::new(&[]);
-            return Some(Err(Error::Protocol(format!(
+            return Some(Err(Error::Malformed(format!(
                 "a frame of {len} bytes overruns the {left} left"
             ))));
         };
@@ -147,7 +147,7 @@ pub fn decode_gather_parts(
     fields: usize,
     body: Chunks<'_>,
 ) -> Result<Vec<Contiguous>, Error> {
-    let bad = |why: String| Error::Protocol(format!("gather reply: {why}"));
+    let bad = |why: String| Error::Malformed(format!("gather reply: {why}"));
     if records as usize > RECORDS_MAX || parts > SHARDS_MAX {
         return Err(bad(format!(
             "{records} records in {parts} parts exceed the limits"

@@ -23,7 +23,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::hash::mix2;
+use zr_common::hash::mix2;
 
 /// Slots in a cluster map: the granularity of balance and of future moves.
 pub const SLOTS: u32 = 1024;

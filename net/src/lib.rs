@@ -1,0 +1,32 @@
+//! zr-net: the cluster's transport — QUIC endpoints secured by the cluster's TLS identities,
+//! one request and one reply per stream, and the accept loop every server runs — plus the
+//! cluster configuration file that says where everything is.
+//!
+//! - [`security`]: mutual TLS by role, or the explicit `--insecure-dev` mode.
+//! - [`tls`]: the cluster CA and each role's certificate: making, renewing, loading, checking.
+//! - `link`: packet sizes and transport tuning by link (loopback or a network).
+//! - [`endpoint`]: sockets, endpoints, connecting within a deadline.
+//! - [`rpc`]: calls; messages sent whole or reset, never cut off to look whole.
+//! - [`serve`]: the accept loop (caps, budgets, deadlines, drain on shutdown).
+//! - [`config`]: the cluster's configuration file, nodes.toml.
+
+pub mod config;
+pub mod endpoint;
+mod error;
+mod link;
+mod refusal;
+pub mod rpc;
+pub mod security;
+pub mod serve;
+pub mod tls;
+
+pub use endpoint::{
+    client_endpoint, connect, seed_endpoints_on_this_thread, server_endpoint,
+    server_endpoint_wrapped,
+};
+pub use error::Error;
+pub use link::{SEND_WINDOW_BYTES, STREAMS_PER_CONNECTION_MAX};
+pub use refusal::describe;
+pub use rpc::{call, call_chunks, read_chunk, send_request, Body, ABANDONED, PROTOCOL_VIOLATION};
+pub use security::Security;
+pub use serve::{serve, shutdown_signal, Limits, DRAIN_TIMEOUT};

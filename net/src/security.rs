@@ -1,0 +1,173 @@
+//! How an endpoint proves who it is and checks its peers: mutual TLS against the cluster CA
+//! ([`Security::Tls`], identities from [`crate::tls`]): nodes accept only routers, routers
+//! only clients, and each side checks the other's role. [`Security::InsecureDev`] (the
+//! binaries' `--insecure-dev`) keeps encryption but authenticates nobody.
+
+use std::sync::Arc;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{ClientConfig, ServerConfig};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+
+use crate::error::Error;
+use crate::link::{transport, Link};
+use crate::tls::{Identity, Role, RoleVerifier};
+
+/// Server name of the throwaway certificates of `--insecure-dev` endpoints.
+const INSECURE_SERVER_NAME: &str = "zrecord";
+
+/// How an endpoint proves who it is and checks its peers.
+#[derive(Clone, Debug)]
+pub enum Security {
+    /// Mutual TLS against the cluster CA, with this process's identity (the default).
+    Tls(Arc<Identity>),
+    /// Development only: a throwaway self-signed certificate; peers are neither checked nor
+    /// checking. Traffic is encrypted, but anyone who can reach the port gets in.
+    InsecureDev,
+}
+
+impl Security {
+    /// `role`'s credentials from certificate directory `dir`.
+    pub fn load(dir: &std::path::Path, role: Role) -> Result<Security, Error> {
+        Ok(Security::Tls(Arc::new(Identity::load(dir, role)?)))
+    }
+
+    /// Logs the warning every `--insecure-dev` process gives, once at start.
+    pub fn warn_if_insecure(&self, process: &str) {
+        if matches!(self, Security::InsecureDev) {
+            tracing::warn!(
+                "{process} runs with --insecure-dev: connections are encrypted but NOT authenticated; anyone who can reach it can read and change the data"
+            );
+        }
+    }
+
+    pub(crate) fn server_config(&self, link: Link) -> Result<ServerConfig, Error> {
+        let tls_error = |e: rustls::Error| Error::Setup(format!("cannot configure TLS: {e}"));
+        let mut server = match self {
+            Security::Tls(identity) => {
+                let accepts = identity.role.accepts().ok_or_else(|| {
+                    Error::Setup(format!(
+                        "a {} certificate cannot serve connections",
+                        identity.role
+                    ))
+                })?;
+                let provider = Arc::new(rustls::crypto::ring::default_provider());
+                let verifier = RoleVerifier::new(identity.roots(), Arc::clone(&provider), accepts)?;
+                let tls = rustls::ServerConfig::builder_with_provider(provider)
+                    .with_protocol_versions(&[&rustls::version::TLS13])
+                    .map_err(tls_error)?
+                    .with_client_cert_verifier(Arc::new(verifier))
+                    .with_single_cert(identity.chain(), identity.key())
+                    .map_err(|e| {
+                        Error::Setup(format!(
+                            "{}: the {} certificate and key do not go together: {e}",
+                            identity.dir.display(),
+                            identity.role
+                        ))
+                    })?;
+                let quic = QuicServerConfig::try_from(tls)
+                    .map_err(|e| Error::Setup(format!("cannot configure QUIC: {e}")))?;
+                ServerConfig::with_crypto(Arc::new(quic))
+            }
+            Security::InsecureDev => {
+                let certified =
+                    rcgen::generate_simple_self_signed(vec![INSECURE_SERVER_NAME.into()])
+                        .map_err(|e| Error::Setup(format!("cannot generate a certificate: {e}")))?;
+                let cert = CertificateDer::from(certified.cert);
+                let key = PrivatePkcs8KeyDer::from(certified.key_pair.serialize_der());
+                ServerConfig::with_single_cert(vec![cert], key.into()).map_err(tls_error)?
+            }
+        };
+        server.transport_config(transport(link));
+        Ok(server)
+    }
+
+    /// The client configuration for connecting to a server, and the name to ask it for.
+    pub(crate) fn client_config(&self, link: Link) -> Result<(ClientConfig, &'static str), Error> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| Error::Setup(format!("cannot configure TLS: {e}")))?;
+        let (tls, name) = match self {
+            Security::Tls(identity) => {
+                let target = identity.role.connects_to().ok_or_else(|| {
+                    Error::Setup(format!("a {} certificate cannot connect", identity.role))
+                })?;
+                let tls = builder
+                    .with_root_certificates(identity.roots())
+                    .with_client_auth_cert(identity.chain(), identity.key())
+                    .map_err(|e| {
+                        Error::Setup(format!(
+                            "{}: the {} certificate and key do not go together: {e}",
+                            identity.dir.display(),
+                            identity.role
+                        ))
+                    })?;
+                (tls, target.dns_name())
+            }
+            Security::InsecureDev => (
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
+                    .with_no_client_auth(),
+                INSECURE_SERVER_NAME,
+            ),
+        };
+        let quic = QuicClientConfig::try_from(tls)
+            .map_err(|e| Error::Setup(format!("cannot configure QUIC: {e}")))?;
+        let mut config = ClientConfig::new(Arc::new(quic));
+        config.transport_config(transport(link));
+        Ok((config, name))
+    }
+}
+
+/// Accepts any server certificate (but still checks the handshake signatures): the
+/// `--insecure-dev` path, whose throwaway certificates cannot be known in advance.
+#[derive(Debug)]
+struct AcceptAnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+impl ServerCertVerifier for AcceptAnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

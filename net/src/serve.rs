@@ -1,0 +1,533 @@
+//! The one accept loop of nodes and routers: connection and request-byte caps, a deadline
+//! on every read and write, and a drain on shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::{ConnectionError, Endpoint, VarInt};
+use zr_proto::wire::{self, MESSAGE_BYTES_MAX};
+
+use crate::refusal::describe;
+use crate::rpc::{Body, Outgoing, PROTOCOL_VIOLATION};
+
+/// Resolves on SIGINT or SIGTERM: the binaries' signal to shut down gracefully.
+pub async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async {
+            match term.as_mut() {
+                Some(t) => {
+                    t.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        } => {}
+    }
+}
+
+/// What one serving endpoint allows.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections open at once; more are refused.
+    pub connections: usize,
+    /// Bytes of requests being read or handled at once, over all connections: a request
+    /// that would exceed it waits (and QUIC flow control slows its sender) until others are
+    /// answered. A single request larger than this (or than [`MESSAGE_BYTES_MAX`]) is
+    /// refused.
+    pub request_bytes: usize,
+    /// Bound on reading a request (including waiting for budget) and on each reply write.
+    pub timeout: Duration,
+}
+
+impl Limits {
+    /// `connections` and `timeout` with the default request budget (2 GiB).
+    pub fn new(connections: usize, timeout: Duration) -> Limits {
+        Limits {
+            connections,
+            request_bytes: 2 * MESSAGE_BYTES_MAX,
+            timeout,
+        }
+    }
+}
+
+/// Granularity of the request budget.
+const BUDGET_UNIT: usize = 64 << 10;
+
+/// Reads a whole request of at most `max` bytes, taking its size from `budget` as it
+/// arrives.
+async fn read_request(
+    recv: &mut quinn::RecvStream,
+    budget: &Arc<tokio::sync::Semaphore>,
+    max: usize,
+) -> Result<(Vec<u8>, Option<tokio::sync::OwnedSemaphorePermit>), String> {
+    let mut bytes = Vec::new();
+    let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
+    let mut reserved = 0usize;
+    while let Some(chunk) = recv
+        .read_chunk(usize::MAX, true)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        let need = bytes.len() + chunk.bytes.len();
+        if need > max {
+            return Err(format!("request exceeds the limit of {max} bytes"));
+        }
+        if need > reserved {
+            let more = (need - reserved).div_ceil(BUDGET_UNIT) as u32;
+            match Arc::clone(budget).try_acquire_many_owned(more) {
+                Ok(permit) => match held.as_mut() {
+                    Some(held) => held.merge(permit),
+                    None => held = Some(permit),
+                },
+                Err(_) => {
+                    // Waiting while holding a share could deadlock with other half-read
+                    // requests: give the share back, then wait for the whole amount.
+                    drop(held.take());
+                    let all = need.div_ceil(BUDGET_UNIT) as u32;
+                    let permit = Arc::clone(budget)
+                        .acquire_many_owned(all)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    held = Some(permit);
+                }
+            }
+            reserved = held.as_ref().map_or(0, |p| p.num_permits() * BUDGET_UNIT);
+        }
+        bytes.extend_from_slice(&chunk.bytes);
+    }
+    Ok((bytes, held))
+}
+
+/// How long a shutdown waits for requests in flight.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves requests on `endpoint` until `shutdown` resolves: at most `connections_max`
+/// connections (more are refused), each request a stream whose bytes go to `handler` and
+/// whose reply is written back; reading a request, and each write of its reply, get
+/// `timeout` (a peer that stalls midway is reset). A stream that is not a protocol message at all closes its
+/// connection (other connections are unaffected); a malformed message gets the handler's
+/// error reply. On shutdown it stops accepting connections and requests, lets requests in
+/// flight finish (up to [`DRAIN_TIMEOUT`]; replies still unsent then are reset), and closes.
+/// The one accept loop of nodes and routers.
+pub async fn serve<H, F>(
+    endpoint: &Endpoint,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+    handler: H,
+) where
+    H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
+{
+    let Limits {
+        connections: connections_max,
+        request_bytes,
+        timeout,
+    } = limits;
+    let connections = Arc::new(tokio::sync::Semaphore::new(connections_max));
+    let units = request_bytes.div_ceil(BUDGET_UNIT).max(1);
+    let budget = Arc::new(tokio::sync::Semaphore::new(units));
+    // No single request may need more than the whole budget.
+    let request_max = MESSAGE_BYTES_MAX.min(units * BUDGET_UNIT);
+    // Every request holds a read guard; draining takes the write guard.
+    let in_flight = Arc::new(tokio::sync::RwLock::new(()));
+    let mut tasks = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        // `biased`: polled in this order, not a random one, so that a simulation replays.
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            incoming = endpoint.accept() => {
+                let Some(incoming) = incoming else { break };
+                let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                    tracing::warn!("refusing a connection from {}: {connections_max} already open", incoming.remote_address());
+                    incoming.refuse();
+                    continue;
+                };
+                let handler = handler.clone();
+                let in_flight = Arc::clone(&in_flight);
+                let budget = Arc::clone(&budget);
+                tasks.spawn(async move {
+                    let _permit = permit;
+                    let peer = incoming.remote_address();
+                    if let Err(e) = connection(incoming, handler, in_flight, budget, request_max, timeout).await {
+                        tracing::debug!("connection from {peer} ended: {}", describe(&e));
+                    }
+                });
+            }
+        }
+    }
+    // Refuse new connections; finish what is in flight; then close everything.
+    endpoint.set_server_config(None);
+    // Holding the write guard keeps requests that arrived meanwhile from starting.
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, in_flight.write()).await;
+    if drained.is_err() {
+        tracing::warn!(
+            "requests still running after {} s; their replies are abandoned",
+            DRAIN_TIMEOUT.as_secs()
+        );
+    }
+    tasks.shutdown().await;
+    drop(drained);
+    endpoint.close(0u32.into(), b"shutting down");
+    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+}
+
+async fn connection<H, F>(
+    incoming: quinn::Incoming,
+    handler: H,
+    in_flight: Arc<tokio::sync::RwLock<()>>,
+    budget: Arc<tokio::sync::Semaphore>,
+    request_max: usize,
+    timeout: Duration,
+) -> Result<(), ConnectionError>
+where
+    H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
+{
+    let connection = incoming.await?;
+    let peer = connection.remote_address();
+    let mut requests = tokio::task::JoinSet::new();
+    loop {
+        // `biased`: polled in this order, not a random one, so that a simulation replays.
+        let (send, mut recv) = tokio::select! {
+            biased;
+            // Reap finished requests so the set stays small on long-lived connections.
+            Some(_) = requests.join_next(), if !requests.is_empty() => continue,
+            stream = connection.accept_bi() => stream?,
+        };
+        let handler = handler.clone();
+        let in_flight = Arc::clone(&in_flight);
+        let budget = Arc::clone(&budget);
+        let connection = connection.clone();
+        requests.spawn(async move {
+            let mut reply = Outgoing(Some(send));
+            // The request's bytes hold their share of the budget until it is answered.
+            let (bytes, _held) = match tokio::time::timeout(timeout, read_request(&mut recv, &budget, request_max)).await {
+                Ok(Ok(read)) => read,
+                Ok(Err(e)) => {
+                    tracing::debug!("request from {peer} not read: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!("request from {peer} not complete within {} ms; dropped", timeout.as_millis());
+                    return;
+                }
+            };
+            if !wire::is_message(&bytes) {
+                tracing::warn!(
+                    "closing the connection from {peer}: it sent {} bytes that are not a zrecord message",
+                    bytes.len()
+                );
+                connection.close(
+                    VarInt::from_u32(PROTOCOL_VIOLATION),
+                    b"not a zrecord message",
+                );
+                return;
+            }
+            // A request that arrives while draining waits here and is reset at shutdown.
+            let _guard = in_flight.read().await;
+            let (header, body) = handler(bytes).await;
+            // On error `reply` is dropped unfinished, which resets the stream.
+            if let Err(e) = reply.send_body(header, body, Some(timeout)).await {
+                tracing::warn!("reply to {peer} not sent whole, reset: {e}");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::endpoint::{client_endpoint, connect, server_endpoint};
+    use crate::link::Link;
+    use crate::rpc::call;
+    use crate::security::Security;
+
+    const SECURITY: Security = Security::InsecureDev;
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A loopback server running `handler` under `limits` until `shutdown`, and a client
+    /// endpoint: (the server's address, the client endpoint, the server's task).
+    fn start<H, F>(
+        limits: Limits,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+        handler: H,
+    ) -> (SocketAddr, Endpoint, tokio::task::JoinHandle<()>)
+    where
+        H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
+        F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
+    {
+        start_as(&SECURITY, limits, shutdown, handler)
+    }
+
+    /// [`start`], the server presenting `security`.
+    fn start_as<H, F>(
+        security: &Security,
+        limits: Limits,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+        handler: H,
+    ) -> (SocketAddr, Endpoint, tokio::task::JoinHandle<()>)
+    where
+        H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
+        F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
+    {
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let server = server_endpoint(loopback, security).unwrap();
+        let addr = server.local_addr().unwrap();
+        let served = tokio::spawn(async move { serve(&server, limits, shutdown, handler).await });
+        (addr, client_endpoint(loopback).unwrap(), served)
+    }
+
+    /// On loopback, packets grow past a network's sizes (discovery climbs from the initial
+    /// MTU, within what one GSO send may carry), and large messages cross whole both ways.
+    #[test]
+    fn loopback_connections_use_large_packets() {
+        runtime().block_on(async {
+            let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
+            let (addr, client, _served) =
+                start(Limits::new(4, TIMEOUT), std::future::pending(), echo);
+            assert!(client.local_addr().unwrap().ip().is_loopback());
+            let connection = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+            let mut message: Vec<u8> = (0..8u32 << 20).map(|k| (k * 7 + k / 4099) as u8).collect();
+            message[..4].copy_from_slice(b"ZRW1"); // a zrecord message, or the server hangs up
+            let (header, body) = message.split_at(4);
+            for _ in 0..2 {
+                let body = vec![Bytes::copy_from_slice(body)];
+                let reply = call(&connection, header.to_vec(), body, TIMEOUT)
+                    .await
+                    .unwrap();
+                assert!(reply == message, "the echoed message differs");
+            }
+            let mtu = connection.stats().path.current_mtu;
+            assert!(
+                mtu > Link::Network.mtu_max() && mtu <= Link::Loopback.mtu_max(),
+                "path MTU {mtu}"
+            );
+        });
+    }
+
+    /// Moving a cluster to a new CA, one process at a time (ops/README.md): first every
+    /// process trusts both CAs (`ca.pem` holding the new CA, then the old), then each takes
+    /// its new certificate. At every step, each pair of processes that the procedure lets
+    /// meet connects; a process that still trusts only the old CA refuses the new
+    /// certificates, which is why the first step must reach every process first.
+    #[test]
+    fn a_cluster_moves_to_a_new_ca_one_process_at_a_time() {
+        use crate::tls::{init_certs, Role, CA_FILE, CERT_VALID_DAYS};
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = |name: &str| scratch.path().join(name);
+        init_certs(&dir("old"), CERT_VALID_DAYS).unwrap();
+        init_certs(&dir("new"), CERT_VALID_DAYS).unwrap();
+        let both = [
+            std::fs::read(dir("new").join(CA_FILE)).unwrap(),
+            std::fs::read(dir("old").join(CA_FILE)).unwrap(),
+        ]
+        .concat();
+        // Step 1: the old certificates, trusting both CAs; step 2: the new ones.
+        for (step, certificates) in [("trusting", "old"), ("moved", "new")] {
+            std::fs::create_dir(dir(step)).unwrap();
+            std::fs::write(dir(step).join(CA_FILE), &both).unwrap();
+            for entry in std::fs::read_dir(dir(certificates)).unwrap() {
+                let path = entry.unwrap().path();
+                if path.file_name().unwrap() != CA_FILE {
+                    std::fs::copy(&path, dir(step).join(path.file_name().unwrap())).unwrap();
+                }
+            }
+        }
+        let call = |node: &str, router: &str| {
+            runtime().block_on(async {
+                let node = Security::load(&dir(node), Role::Node).unwrap();
+                let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
+                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                let stopped = async {
+                    let _ = stopped.await;
+                };
+                let (addr, client, served) =
+                    start_as(&node, Limits::new(4, TIMEOUT), stopped, echo);
+                let router = Security::load(&dir(router), Role::Router).unwrap();
+                let message = b"ZRW1 hello".to_vec();
+                let reply = async {
+                    let connection = connect(&client, &router, addr, TIMEOUT).await?;
+                    call(&connection, message.clone(), Vec::new(), TIMEOUT).await
+                }
+                .await;
+                let _ = stop.send(());
+                served.await.unwrap();
+                reply.map(|r| assert_eq!(r, message))
+            })
+        };
+        for (node, router) in [
+            ("old", "trusting"),
+            ("trusting", "old"),
+            ("trusting", "trusting"),
+            ("trusting", "moved"),
+            ("moved", "trusting"),
+            ("moved", "moved"),
+            ("new", "moved"),
+        ] {
+            call(node, router).unwrap_or_else(|e| panic!("node {node}, router {router}: {e}"));
+        }
+        for (node, router) in [("old", "moved"), ("moved", "old")] {
+            let e = call(node, router).unwrap_err();
+            assert!(
+                matches!(e, crate::Error::NotAuthorised { .. }),
+                "node {node}, router {router}: {e:?}"
+            );
+            assert!(
+                e.to_string().contains("CA"),
+                "node {node}, router {router}: {e}"
+            );
+        }
+    }
+
+    /// Shutdown lets a request in flight finish, then refuses new connections.
+    #[test]
+    fn shutdown_drains_requests_in_flight() {
+        runtime().block_on(async {
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let slow_echo = |bytes: Vec<u8>| async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                (bytes, Body::Ready(Vec::new()))
+            };
+            let stopped = async {
+                let _ = stopped.await;
+            };
+            let (addr, client, served) = start(Limits::new(4, TIMEOUT), stopped, slow_echo);
+            let connection = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+            let message = b"ZRW1 echo".to_vec();
+            let call = tokio::spawn({
+                let message = message.clone();
+                async move { call(&connection, message, Vec::new(), TIMEOUT).await }
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _ = stop.send(());
+            // The request in flight is answered in full.
+            assert_eq!(call.await.unwrap().unwrap(), message);
+            served.await.unwrap();
+            // The server is gone: new connections get no answer.
+            let again = connect(&client, &SECURITY, addr, Duration::from_millis(300)).await;
+            assert!(again.is_err());
+        });
+    }
+
+    /// A request cut off by the caller's timeout is reset, never finished: the server never
+    /// mistakes its first part for a whole message.
+    #[test]
+    fn a_request_cut_off_by_a_timeout_never_reaches_the_handler() {
+        runtime().block_on(async {
+            let seen = Arc::new(std::sync::Mutex::new(Vec::<usize>::new()));
+            let record_len = {
+                let seen = Arc::clone(&seen);
+                move |bytes: Vec<u8>| {
+                    seen.lock().unwrap().push(bytes.len());
+                    async move { (Vec::new(), Body::Ready(Vec::new())) }
+                }
+            };
+            let limits = Limits::new(4, TIMEOUT);
+            let (addr, client, served) = start(limits, std::future::pending(), record_len);
+            let connection = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+            // Larger than the stream's flow-control window: the send is cut off midway.
+            let body = vec![Bytes::from(vec![7u8; 160 << 20])];
+            let cut = call(
+                &connection,
+                b"ZRW1".to_vec(),
+                body,
+                Duration::from_millis(20),
+            )
+            .await;
+            let cut = cut.unwrap_err();
+            assert!(cut.is_timeout(), "{cut:?}");
+            assert!(cut.to_string().contains("no reply within"), "{cut}");
+            // A whole request afterwards still goes through on the same connection.
+            call(&connection, b"ZRW1 small".to_vec(), Vec::new(), TIMEOUT)
+                .await
+                .unwrap();
+            // Give a (wrongly) finished stream time to arrive: most of it was buffered.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            assert_eq!(
+                *seen.lock().unwrap(),
+                vec![10],
+                "the handler saw a cut-off request"
+            );
+            served.abort();
+        });
+    }
+
+    /// Connections beyond the cap are refused; those within it keep working.
+    #[test]
+    fn connections_beyond_the_cap_are_refused() {
+        runtime().block_on(async {
+            let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
+            let (addr, client, served) =
+                start(Limits::new(2, TIMEOUT), std::future::pending(), echo);
+            let message = b"ZRW1 hello".to_vec();
+            let mut open = Vec::new();
+            for _ in 0..2 {
+                let c = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+                call(&c, message.clone(), Vec::new(), TIMEOUT)
+                    .await
+                    .unwrap();
+                open.push(c);
+            }
+            let third = match connect(&client, &SECURITY, addr, TIMEOUT).await {
+                Ok(c) => call(&c, message.clone(), Vec::new(), TIMEOUT).await.err(),
+                Err(e) => Some(e),
+            };
+            assert!(third.is_some(), "a third connection was served");
+            for c in &open {
+                let reply = call(c, message.clone(), Vec::new(), TIMEOUT).await.unwrap();
+                assert_eq!(reply, message);
+            }
+            served.abort();
+        });
+    }
+
+    /// Requests share a byte budget: a request larger than the whole budget is refused
+    /// (reset), requests that fit together all get through, and the endpoint keeps serving.
+    #[test]
+    fn requests_share_a_byte_budget() {
+        runtime().block_on(async {
+            let slow_len = |bytes: Vec<u8>| async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                (bytes.len().to_le_bytes().to_vec(), Body::Ready(Vec::new()))
+            };
+            let limits = Limits {
+                connections: 4,
+                request_bytes: 256 << 10,
+                timeout: TIMEOUT,
+            };
+            let (addr, client, served) = start(limits, std::future::pending(), slow_len);
+            let c = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+            let request = |len: usize| {
+                let c = c.clone();
+                async move {
+                    let body = vec![Bytes::from(vec![1u8; len])];
+                    call(&c, b"ZRW1".to_vec(), body, TIMEOUT).await
+                }
+            };
+            // Too big for the whole budget: refused.
+            assert!(request(300 << 10).await.is_err());
+            // Four of 100 KiB, twice the budget together: they take turns, all answered.
+            let tasks: Vec<_> = (0..4).map(|_| tokio::spawn(request(100 << 10))).collect();
+            for task in tasks {
+                let reply = task.await.unwrap().unwrap();
+                assert_eq!(reply, (4 + (100usize << 10)).to_le_bytes().to_vec());
+            }
+            served.abort();
+        });
+    }
+}

@@ -1,0 +1,192 @@
+//! The public write API: append, modify, delete, commit. See `writer` for how writes are
+//! made durable and visible.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+use zr_common::Record;
+
+use crate::error::{Error, Result};
+use crate::offset::Entry;
+use crate::store::Store;
+use crate::writer::{no_entries, Writers};
+
+/// Appends of fewer records than this stay on one writer.
+const PARALLEL_APPEND_MIN: usize = 64;
+
+impl Store {
+    fn writers(&self) -> Result<&Writers> {
+        let Some(writers) = &self.inner.writers else {
+            return Err(Error::ReadOnly {
+                path: self.inner.dir.clone(),
+            });
+        };
+        if let Some(why) = &writers.shared().failed {
+            return Err(Error::Corrupt {
+                path: self.inner.dir.clone(),
+                reason: why.clone(),
+            });
+        }
+        Ok(writers)
+    }
+
+    /// Checks `record` against the schema and orders its payloads by field position.
+    fn payloads<'r>(&self, record: &Record<'r>) -> Result<Vec<Option<&'r [u8]>>> {
+        let mut out = vec![None; self.inner.fields.len()];
+        for &(name, payload) in record.values() {
+            let id = self.field_id(name)?;
+            if out[id].is_some() {
+                return Err(Error::InvalidRecord(format!(
+                    "field '{name}' is given twice"
+                )));
+            }
+            if payload.len() > u32::MAX as usize {
+                return Err(Error::InvalidRecord(format!(
+                    "field '{name}': {} bytes exceed the 4 GiB record limit",
+                    payload.len()
+                )));
+            }
+            let spec = &self.inner.fields[id];
+            if let Some(expected) = spec.record_bytes() {
+                if !payload.is_empty() && payload.len() as u64 != expected {
+                    return Err(Error::InvalidRecord(format!(
+                        "field '{name}' holds {expected} bytes per record (dtype {}, shape {:?}); got {}",
+                        spec.dtype.as_deref().unwrap_or("?"),
+                        spec.shape.as_deref().unwrap_or_default(),
+                        payload.len()
+                    )));
+                }
+            }
+            out[id] = Some(payload);
+        }
+        Ok(out)
+    }
+
+    /// Appends one record; returns its index.
+    pub fn append(&self, record: &Record) -> Result<u64> {
+        Ok(self.append_many(std::slice::from_ref(record))?.start)
+    }
+
+    /// Appends records in order; returns their index range. All are checked before any is
+    /// written, so a bad record rejects the whole call. Large calls are encoded by several
+    /// writers at once.
+    pub fn append_many(&self, records: &[Record]) -> Result<Range<u64>> {
+        let payloads: Vec<_> = records
+            .iter()
+            .map(|r| self.payloads(r))
+            .collect::<Result<_>>()?;
+        let inner = &*self.inner;
+        let writers = self.writers()?;
+        let fields = inner.fields.len();
+        let parts = if records.len() >= PARALLEL_APPEND_MIN {
+            writers.slots.len()
+        } else {
+            1
+        };
+        let mut entries = no_entries(fields, records.len());
+        match inner.runtime.writers().filter(|_| parts > 1) {
+            None => writers
+                .any_slot()
+                .encode(inner, writers, &payloads, &mut entries)?,
+            Some(pool) => {
+                let part_len = payloads.len().div_ceil(parts);
+                let encoded: Vec<Vec<Vec<Entry>>> = pool.install(|| {
+                    payloads
+                        .par_chunks(part_len)
+                        .enumerate()
+                        .map(|(i, part)| {
+                            let mut part_entries = no_entries(fields, part.len());
+                            writers
+                                .slot(i)
+                                .encode(inner, writers, part, &mut part_entries)?;
+                            Ok(part_entries)
+                        })
+                        .collect::<Result<_>>()
+                })?;
+                for part in encoded {
+                    for (all, mine) in entries.iter_mut().zip(part) {
+                        all.extend(mine);
+                    }
+                }
+            }
+        }
+        let mut shared = writers.shared();
+        let start = inner.read_view().len;
+        let end = start + records.len() as u64;
+        shared.put_entries(inner, start, &entries, Some(end))?;
+        Ok(start..end)
+    }
+
+    /// Replaces record `index` with `record` (fields it does not name become absent). The new
+    /// payloads are appended; the old ones stay in their chunk until a rebalance.
+    pub fn modify(&self, index: u64, record: &Record) -> Result<()> {
+        let payloads = self.payloads(record)?;
+        let inner = &*self.inner;
+        let writers = self.writers()?;
+        let len = inner.read_view().len;
+        if index >= len {
+            return Err(Error::IndexOutOfRange { index, len });
+        }
+        let mut entries = no_entries(inner.fields.len(), 1);
+        writers.any_slot().encode(
+            inner,
+            writers,
+            std::slice::from_ref(&payloads),
+            &mut entries,
+        )?;
+        let mut shared = writers.shared();
+        // A delete may have raced the encoding; check again where it counts.
+        let len = inner.read_view().len;
+        if index >= len {
+            return Err(Error::IndexOutOfRange { index, len });
+        }
+        shared.put_entries(inner, index, &entries, None)
+    }
+
+    /// Deletes record `index` by swap-remove: the last record takes its index and the length
+    /// shrinks by one.
+    pub fn delete(&self, index: u64) -> Result<()> {
+        let inner = &*self.inner;
+        let writers = self.writers()?;
+        let mut shared = writers.shared();
+        let (len, moved) = {
+            let view = inner.read_view();
+            if index >= view.len {
+                return Err(Error::IndexOutOfRange {
+                    index,
+                    len: view.len,
+                });
+            }
+            let last = view.len - 1;
+            let moved: Vec<Vec<Entry>> = (0..inner.fields.len())
+                .map(|field| {
+                    view.entry(field, last)
+                        .map(|e| vec![e])
+                        .ok_or_else(|| Error::Corrupt {
+                            path: inner.dir.clone(),
+                            reason: format!("offset table ends before entry {last}"),
+                        })
+                })
+                .collect::<Result<_>>()?;
+            (view.len, moved)
+        };
+        if index == len - 1 {
+            inner.write_view().len = len - 1;
+            return Ok(());
+        }
+        shared.put_entries(inner, index, &moved, Some(len - 1))
+    }
+
+    /// Makes every write so far durable. Returns once it is on disk; a crash at any moment
+    /// leaves either this commit or the previous one, whole.
+    pub fn commit(&self) -> Result<()> {
+        let writers = self.writers()?;
+        let mut slots: Vec<_> = (0..writers.slots.len()).map(|i| writers.slot(i)).collect();
+        let mut shared = writers.shared();
+        // 1. Chunk data.
+        for slot in &mut slots {
+            slot.sync(&mut shared)?;
+        }
+        shared.commit(&self.inner)
+    }
+}

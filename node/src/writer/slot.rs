@@ -1,0 +1,272 @@
+//! One writer slot: encodes records into frames (deflating flate fields), writes them to its
+//! open chunk with `pwrite`, grows, seals and syncs chunks.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use flate2::{Compress, FlushCompress, Status};
+
+use super::{publish, set_chunk_map, OpenChunk, Shared, Slot, Writers};
+use crate::error::{Error, IoContext, Result};
+use crate::frame::encode_frame;
+use crate::map::Mapped;
+use crate::meta::{ChunkMeta, Compression, FieldSpec};
+use crate::offset::Entry;
+use crate::view::{chunk_path, Core};
+
+impl Slot {
+    /// Starts a new chunk after the highest id.
+    pub(crate) fn open_new_chunk(&mut self, inner: &Core, writers: &Writers) -> Result<()> {
+        let mut shared = writers.shared();
+        let id = match shared.chunks.last() {
+            None => 0,
+            Some(last) => last.id.checked_add(1).ok_or_else(|| Error::Corrupt {
+                path: shared.dir.clone(),
+                reason: "chunk ids exhausted; run rebalance".into(),
+            })?,
+        };
+        let path = chunk_path(&shared.dir, id);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .ctx("create chunk", &path)?;
+        let capacity = shared.meta.chunk_grow_bytes;
+        file.set_len(capacity).ctx("grow chunk", &path)?;
+        let map = Mapped::new(&file, &path)?;
+        publish(inner, |m| set_chunk_map(m, id, map));
+        shared.chunks.push(ChunkMeta {
+            id,
+            bytes: 0,
+            records: 0,
+            sealed: false,
+        });
+        shared.new_chunk_files = true;
+        self.open = Some(OpenChunk {
+            id,
+            file,
+            path,
+            pos: 0,
+            records: 0,
+            capacity,
+            dirty: true,
+        });
+        Ok(())
+    }
+
+    /// Encodes records into this writer's chunk(s); pushes one entry per field per record.
+    pub(crate) fn encode(
+        &mut self,
+        inner: &Core,
+        writers: &Writers,
+        records: &[Vec<Option<&[u8]>>],
+        entries: &mut [Vec<Entry>],
+    ) -> Result<()> {
+        let fields = &inner.fields;
+        let chunk_records = inner.chunk_records;
+        let grow = inner.chunk_grow_bytes;
+        for payloads in records {
+            if self.open.is_none() {
+                self.open_new_chunk(inner, writers)?;
+            }
+            self.encode_record(fields, payloads, entries)?;
+            if self
+                .open
+                .as_ref()
+                .is_some_and(|o| o.records >= chunk_records)
+            {
+                self.flush_frames(inner, grow)?;
+                self.seal(inner, writers)?;
+            }
+        }
+        self.flush_frames(inner, grow)
+    }
+
+    pub(crate) fn encode_record(
+        &mut self,
+        fields: &[FieldSpec],
+        payloads: &[Option<&[u8]>],
+        entries: &mut [Vec<Entry>],
+    ) -> Result<()> {
+        let Some(open) = self.open.as_mut() else {
+            return Err(Error::Corrupt {
+                path: PathBuf::new(),
+                reason: "internal invariant broken: encoding with no open chunk".into(),
+            });
+        };
+        for (field, payload) in payloads.iter().enumerate() {
+            let entry = match payload {
+                Some(payload) if !payload.is_empty() => {
+                    let spec = &fields[field];
+                    let stored: &[u8] = match spec.compress {
+                        Compression::Raw => payload,
+                        Compression::Flate => {
+                            let compressor = self.compressor.get_or_insert_with(|| {
+                                Compress::new(flate2::Compression::default(), false)
+                            });
+                            deflate(compressor, payload, &mut self.compressed).map_err(|e| {
+                                Error::InvalidRecord(format!(
+                                    "field '{}': cannot deflate: {e}",
+                                    spec.name
+                                ))
+                            })?;
+                            &self.compressed
+                        }
+                    };
+                    let len = u32::try_from(stored.len()).map_err(|_| {
+                        Error::InvalidRecord(format!(
+                            "field '{}': {} stored bytes exceed the 4 GiB record limit",
+                            spec.name,
+                            stored.len()
+                        ))
+                    })?;
+                    let offset =
+                        encode_frame(&mut self.frames, open.pos, stored, payload.len() as u32);
+                    Entry {
+                        offset,
+                        chunk_id: open.id,
+                        len,
+                    }
+                }
+                _ => Entry::ABSENT,
+            };
+            entries[field].push(entry);
+        }
+        open.records += 1;
+        Ok(())
+    }
+
+    /// Writes the frame buffer to the open chunk, growing the file if needed.
+    pub(crate) fn flush_frames(&mut self, inner: &Core, grow: u64) -> Result<()> {
+        if self.frames.is_empty() {
+            return Ok(());
+        }
+        let Some(open) = self.open.as_mut() else {
+            return Err(Error::Corrupt {
+                path: PathBuf::new(),
+                reason: "internal invariant broken: frames buffered with no open chunk".into(),
+            });
+        };
+        let end = open.pos + self.frames.len() as u64;
+        if end > open.capacity {
+            let capacity = end.next_multiple_of(grow);
+            open.file.set_len(capacity).ctx("grow chunk", &open.path)?;
+            open.capacity = capacity;
+            let map = Mapped::new(&open.file, &open.path)?;
+            let id = open.id;
+            publish(inner, |m| set_chunk_map(m, id, map));
+        }
+        open.file
+            .write_all_at(&self.frames, open.pos)
+            .ctx("write chunk", &open.path)?;
+        open.pos = end;
+        open.dirty = true;
+        self.frames.clear();
+        Ok(())
+    }
+
+    /// Seals the open chunk: trims the file to its data and records it as full.
+    pub(crate) fn seal(&mut self, inner: &Core, writers: &Writers) -> Result<()> {
+        let Some(open) = self.open.as_ref() else {
+            return Ok(());
+        };
+        open.file
+            .set_len(open.pos)
+            .ctx("trim sealed chunk", &open.path)?;
+        let map = Mapped::new(&open.file, &open.path)?;
+        let (id, pos, records) = (open.id, open.pos, open.records);
+        publish(inner, |m| set_chunk_map(m, id, map));
+        writers.shared().update_chunk_meta(id, pos, records, true);
+        if let Some(open) = self.open.take() {
+            self.unsynced.push((open.file, open.path));
+        }
+        Ok(())
+    }
+
+    /// Step 1 of a commit: this writer's chunk data on disk; reports the open chunk's state.
+    pub(crate) fn sync(&mut self, shared: &mut Shared) -> Result<()> {
+        if let Some(open) = self.open.as_mut() {
+            if open.dirty {
+                open.file.sync_data().ctx("fdatasync", &open.path)?;
+                open.dirty = false;
+            }
+            shared.update_chunk_meta(open.id, open.pos, open.records, false);
+        }
+        while let Some((file, path)) = self.unsynced.last() {
+            file.sync_data().ctx("fdatasync", path)?;
+            self.unsynced.pop();
+        }
+        Ok(())
+    }
+}
+
+/// Replaces the published mappings with an edited copy.
+const STORED_BYTES_MAX: usize = 32;
+
+/// `payload` as a raw Deflate stream in `out`.
+fn deflate(compressor: &mut Compress, payload: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    if payload.len() <= STORED_BYTES_MAX {
+        let len = payload.len() as u16;
+        out.clear();
+        out.push(0b001); // the final block (bit 0), stored (bits 1-2: 00), padded to the byte
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&(!len).to_le_bytes());
+        out.extend_from_slice(payload);
+        return Ok(());
+    }
+    compressor.reset();
+    out.clear();
+    out.reserve(payload.len() + payload.len() / 16 + 64);
+    loop {
+        let consumed = compressor.total_in() as usize;
+        let status = compressor
+            .compress_vec(&payload[consumed..], out, FlushCompress::Finish)
+            .map_err(|e| e.to_string())?;
+        match status {
+            Status::StreamEnd => return Ok(()),
+            Status::Ok | Status::BufError => out.reserve(out.capacity().max(64)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flate2::{Decompress, FlushDecompress};
+
+    use super::*;
+
+    fn inflate(stream: &[u8], len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len + 1);
+        let status = Decompress::new(false)
+            .decompress_vec(stream, &mut out, FlushDecompress::Finish)
+            .unwrap();
+        assert_eq!(status, Status::StreamEnd, "the stream is not whole");
+        out
+    }
+
+    /// Small payloads are stored blocks and large ones deflated; both are whole raw Deflate
+    /// streams that inflate to the payload, and one compressor serves both in turn.
+    #[test]
+    fn every_payload_deflates_to_a_stream_that_inflates_back() {
+        let mut compressor = Compress::new(flate2::Compression::default(), false);
+        let mut out = Vec::new();
+        let text = b"a red shape beside a blue shape beside a green shape ".repeat(100);
+        for len in [0, 1, 31, 32, 33, 64, 1000, 5000] {
+            for payload in [
+                &text[..len],
+                &(0..len).map(|k| (k * 131 % 251) as u8).collect::<Vec<_>>()[..],
+            ] {
+                deflate(&mut compressor, payload, &mut out).unwrap();
+                assert_eq!(inflate(&out, payload.len()), payload, "{len} bytes");
+                if len <= STORED_BYTES_MAX {
+                    assert_eq!(out.len(), len + 5, "{len} bytes are stored");
+                }
+            }
+        }
+        deflate(&mut compressor, &text, &mut out).unwrap();
+        assert!(out.len() < text.len() / 10, "repetitive text is compressed");
+    }
+}

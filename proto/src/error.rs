@@ -1,0 +1,54 @@
+//! The protocol's errors: what a message, a map or a peer's answer can get wrong.
+
+use serde::{Deserialize, Serialize};
+
+/// Stable error codes: what crosses the wire in an error reply, so that a caller can act on
+/// it without parsing the message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// The request is malformed or breaks a limit.
+    BadRequest,
+    /// An index is out of range.
+    IndexOutOfRange,
+    /// A field name is unknown.
+    UnknownField,
+    /// The storage failed (I/O).
+    Storage,
+    /// A shard could not be reached or did not answer in time.
+    Unavailable,
+    /// The request conflicts with the current state (e.g. a node out of step).
+    Conflict,
+    /// The peer speaks another protocol version.
+    Version,
+    /// A stored record, or a file of the dataset, is damaged (a CRC mismatch, an entry out
+    /// of bounds): the data, not the request, is at fault.
+    CorruptRecord,
+}
+
+/// Errors of the protocol crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A message that breaks the protocol: truncated, over a limit, inconsistent.
+    #[error("protocol: {0}")]
+    Malformed(String),
+    /// A message of another protocol version.
+    #[error("protocol: unsupported protocol version {theirs} (this build speaks {ours})")]
+    Version { theirs: u16, ours: u16 },
+    /// A cluster map that cannot be used.
+    #[error("placement: {0}")]
+    Placement(String),
+    /// The peer answered with an error.
+    #[error("{message}")]
+    Remote { code: ErrorCode, message: String },
+}
+
+impl Error {
+    /// The code this error crosses the wire with, when a process passes it on.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::Malformed(_) | Error::Placement(_) => ErrorCode::BadRequest,
+            Error::Version { .. } => ErrorCode::Version,
+            Error::Remote { code, .. } => *code,
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! The router's errors. [`Failure`] is why one operation failed inside the router; it
+//! reaches the client as its stable code and its message. [`Error`] is what the router's and
+//! the client library's calls return.
+
+use std::net::SocketAddr;
+
+use zr_proto::ErrorCode;
+
+/// Why a router operation failed. Each names the shard and address where one is involved.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum Failure {
+    /// A shard's node could not be reached, did not answer in time, or broke the protocol.
+    #[error("shard {shard} at {addr}: {reason}")]
+    ShardUnavailable {
+        shard: u32,
+        addr: SocketAddr,
+        reason: String,
+    },
+    /// A shard's node refused the request with an error of its own.
+    #[error("shard {shard}: {message}")]
+    ShardRefused {
+        shard: u32,
+        code: ErrorCode,
+        message: String,
+    },
+    /// An index at or past the cluster's length.
+    #[error("index {index} is out of range: the dataset holds {len} records")]
+    OutOfRange { index: u64, len: u64 },
+    /// Other routers' writes kept the cluster's write lease busy.
+    #[error("other routers' writes kept the cluster busy for {waited_ms} ms ({reason})")]
+    Busy { waited_ms: u128, reason: String },
+    /// The write lease would run out before a write could finish: it stopped before writing.
+    #[error("the write took too long: the cluster's write lease runs out within {timeout_ms} ms, so it stopped before writing to shard {shard}")]
+    LeaseRunningOut { shard: u32, timeout_ms: u128 },
+    /// A request the router cannot carry out as asked.
+    #[error("{0}")]
+    BadRequest(String),
+    /// A failure, and what the router was doing when it happened.
+    #[error("{doing}: {failure}")]
+    While {
+        doing: String,
+        failure: Box<Failure>,
+    },
+    /// A delete that failed after it was recorded: the next write finishes it.
+    #[error("{0}; the delete is recorded, and the next write through any router finishes it")]
+    DeleteRecorded(Box<Failure>),
+}
+
+impl Failure {
+    /// The code the failure reaches the client with.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Failure::ShardUnavailable { .. } | Failure::LeaseRunningOut { .. } => {
+                ErrorCode::Unavailable
+            }
+            Failure::ShardRefused { code, .. } => *code,
+            Failure::OutOfRange { .. } => ErrorCode::IndexOutOfRange,
+            Failure::Busy { .. } => ErrorCode::Conflict,
+            Failure::BadRequest(_) => ErrorCode::BadRequest,
+            Failure::While { failure, .. } | Failure::DeleteRecorded(failure) => failure.code(),
+        }
+    }
+
+    /// `self`, noted as having happened while `doing`.
+    pub(crate) fn while_(self, doing: impl Into<String>) -> Failure {
+        Failure::While {
+            doing: doing.into(),
+            failure: Box::new(self),
+        }
+    }
+}
+
+/// Errors of the router and the client library.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Connecting or talking to a peer failed: timeouts, refused certificates, broken links.
+    #[error(transparent)]
+    Net(#[from] zr_net::Error),
+    /// A message broke the protocol, or the router answered with an error (its code in
+    /// [`zr_proto::Error::Remote`]).
+    #[error(transparent)]
+    Proto(#[from] zr_proto::Error),
+    /// The router could not carry out an operation.
+    #[error(transparent)]
+    Failed(#[from] Failure),
+    /// Connecting or talking to the router failed.
+    #[error("router {0}")]
+    Router(#[source] zr_net::Error),
+    /// A record names a field the dataset does not have (checked before it is sent).
+    #[error("unknown field '{name}' (the dataset has: {known})")]
+    UnknownField { name: String, known: String },
+    /// Two shards hold different fields.
+    #[error("shard {shard}: its fields differ from shard {first}'s")]
+    FieldsDiffer { shard: u32, first: u32 },
+    /// The client library itself failed (its runtime, its state).
+    #[error("client: {0}")]
+    Client(String),
+}
+
+impl Error {
+    /// The stable code of an error the router answered with, or would answer with.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Error::Proto(zr_proto::Error::Remote { code, .. }) => Some(*code),
+            Error::Failed(failure) => Some(failure.code()),
+            Error::UnknownField { .. } => Some(ErrorCode::UnknownField),
+            _ => None,
+        }
+    }
+
+    /// True for a peer that did not answer in time.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Net(e) | Error::Router(e) if e.is_timeout())
+    }
+}

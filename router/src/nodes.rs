@@ -1,0 +1,163 @@
+//! The router's links to its nodes: one endpoint and connection per shard, reconnected on
+//! demand, and one request to a shard within the router's timeout.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use quinn::{Connection, Endpoint};
+use tokio::sync::Mutex;
+use zr_net::config::ClusterConfig;
+use zr_net::Security;
+use zr_proto::chunks::Chunks;
+use zr_proto::wire::{self, NodeRequest, Reply};
+
+use crate::error::{Error, Failure};
+
+/// One node, reconnected on demand, through an endpoint (a UDP socket) of its own: replies
+/// from several nodes are then received in parallel, not by one socket's driver in turn.
+struct NodeLink {
+    addr: SocketAddr,
+    endpoint: Endpoint,
+    connection: Mutex<Option<Connection>>,
+}
+
+/// A node's reply, decoded, with the message as it arrived (chunks of received packets,
+/// forwarded to clients without a copy); its body starts `body_start` bytes in.
+pub(crate) struct NodeReply {
+    pub(crate) reply: Reply,
+    pub(crate) chunks: Vec<Bytes>,
+    pub(crate) body_start: usize,
+}
+
+impl NodeReply {
+    /// The body, in one piece.
+    pub(crate) fn body(&self) -> Vec<u8> {
+        let mut body = Chunks::new(&self.chunks);
+        body.skip(self.body_start);
+        body.to_vec()
+    }
+}
+
+/// Every shard's node, in shard order.
+pub(crate) struct Nodes {
+    links: Vec<NodeLink>,
+    security: Security,
+    timeout: Duration,
+}
+
+impl Nodes {
+    /// An endpoint for each shard of `config`; connections are made on first use.
+    pub(crate) fn new(config: &ClusterConfig, security: Security) -> Result<Nodes, Error> {
+        let mut shards: Vec<_> = config.shards.iter().collect();
+        shards.sort_by_key(|s| s.id);
+        let links = shards
+            .into_iter()
+            .map(|s| {
+                Ok(NodeLink {
+                    addr: s.addr,
+                    endpoint: zr_net::client_endpoint(s.addr)?,
+                    connection: Mutex::new(None),
+                })
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(Nodes {
+            links,
+            security,
+            timeout: Duration::from_millis(config.router.timeout_ms),
+        })
+    }
+
+    /// How many shards there are.
+    pub(crate) fn shards(&self) -> u32 {
+        self.links.len() as u32
+    }
+
+    /// Shard `shard`'s address, for errors.
+    pub(crate) fn addr(&self, shard: u32) -> SocketAddr {
+        self.links[shard as usize].addr
+    }
+
+    /// Every network wait's bound.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The open connection to shard `shard`'s node, connected first if there is none.
+    pub(crate) async fn link(&self, shard: u32) -> Result<Connection, Error> {
+        let node = &self.links[shard as usize];
+        let mut cached = node.connection.lock().await;
+        match cached.as_ref().filter(|c| c.close_reason().is_none()) {
+            Some(c) => Ok(c.clone()),
+            None => {
+                let c = zr_net::connect(&node.endpoint, &self.security, node.addr, self.timeout)
+                    .await?;
+                *cached = Some(c.clone());
+                Ok(c)
+            }
+        }
+    }
+
+    /// Forgets `connection` to shard `shard` after an exchange on it failed: the next call
+    /// reconnects.
+    pub(crate) async fn forget(&self, shard: u32, connection: &Connection) {
+        let mut cached = self.links[shard as usize].connection.lock().await;
+        if cached
+            .as_ref()
+            .is_some_and(|c| c.stable_id() == connection.stable_id())
+        {
+            *cached = None;
+        }
+    }
+
+    /// One request to shard `shard`; errors name the shard and its address.
+    pub(crate) async fn call(
+        &self,
+        shard: u32,
+        request: &NodeRequest,
+        body: Vec<Bytes>,
+    ) -> Result<NodeReply, Failure> {
+        let addr = self.addr(shard);
+        let unavailable = |reason: String| Failure::ShardUnavailable {
+            shard,
+            addr,
+            reason,
+        };
+        let header =
+            wire::encode_request(request).map_err(|e| Failure::BadRequest(e.to_string()))?;
+        // One deadline covers waiting for the link, connecting and the exchange, so callers
+        // queued behind a dead node's connect also fail within the timeout.
+        let exchange = async {
+            let connection = self.link(shard).await.map_err(|e| e.to_string())?;
+            let called = zr_net::call_chunks(&connection, header, body, self.timeout).await;
+            if called.is_err() {
+                self.forget(shard, &connection).await;
+            }
+            called.map_err(|e| e.to_string())
+        };
+        let chunks = match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok(chunks)) => chunks,
+            Ok(Err(e)) => return Err(unavailable(e)),
+            Err(_) => {
+                return Err(unavailable(format!(
+                    "no reply within {} ms",
+                    self.timeout.as_millis()
+                )))
+            }
+        };
+        let (reply, body_start) =
+            wire::decode_reply_chunks(&chunks).map_err(|e| unavailable(e.to_string()))?;
+        if let Reply::Error { code, message } = reply {
+            return Err(Failure::ShardRefused {
+                shard,
+                code,
+                message,
+            });
+        }
+        Ok(NodeReply {
+            reply,
+            chunks,
+            body_start,
+        })
+    }
+}
