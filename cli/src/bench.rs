@@ -8,6 +8,7 @@ use zr_common::hash::{mix2, reduce};
 use zr_node::{RuntimeOptions, Store};
 
 use crate::cluster::{target_dir, RouterArgs};
+use crate::dataset::ReadArgs;
 use crate::CliResult;
 
 /// Measure random-batch gathers on a dataset: records/s, GiB/s, p50/p99 batch latency.
@@ -33,6 +34,8 @@ pub struct BenchArgs {
     /// Reader threads sharing each batch.
     #[arg(long, default_value_t = RuntimeOptions::default().readers)]
     readers: usize,
+    #[command(flatten)]
+    read: ReadArgs,
 }
 
 pub fn run(args: BenchArgs) -> CliResult {
@@ -69,6 +72,8 @@ pub fn run(args: BenchArgs) -> CliResult {
     let mut latencies = Vec::new();
     let (mut records, mut bytes) = (0u64, 0u64);
     let budget = Duration::from_secs_f64(args.seconds.max(0.0));
+    let options = args.read.options(false);
+    let disk_before = disk_read_bytes();
     let started = Instant::now();
     let mut batch_no = 0u64;
     while started.elapsed() < budget || batch_no == 0 {
@@ -78,7 +83,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         let t = Instant::now();
         match &source {
             Source::Local(store, _) => {
-                let batch = store.gather(&indices, &fields)?;
+                let batch = store.gather_with(&indices, &fields, options)?;
                 for field in batch.fields() {
                     field.write_contiguous(&mut data, &mut offsets);
                     bytes += data.len() as u64;
@@ -95,6 +100,9 @@ pub fn run(args: BenchArgs) -> CliResult {
         batch_no += 1;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let disk_read = disk_read_bytes()
+        .zip(disk_before)
+        .map(|(after, before)| after - before);
     latencies.sort_unstable();
     let pick = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
     match &source {
@@ -117,7 +125,30 @@ pub fn run(args: BenchArgs) -> CliResult {
         pick(0.5).as_secs_f64() * 1e3,
         pick(0.99).as_secs_f64() * 1e3
     );
+    if let Source::Local(store, _) = &source {
+        let stats = store.read_stats();
+        println!(
+            "  batches read from memory (mmap) {}, by direct reads {} ({} through io_uring)",
+            stats.mmap_gathers, stats.direct_gathers, stats.uring_gathers
+        );
+        if let Some(read) = disk_read {
+            println!(
+                "  storage read {:.1} bytes per record ({})",
+                read as f64 / records as f64,
+                crate::human_bytes(read)
+            );
+        }
+    }
     Ok(())
+}
+
+/// Bytes this process has caused to be read from storage so far (`/proc/self/io`), if the
+/// kernel tells.
+fn disk_read_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|line| line.strip_prefix("read_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// What the benchmark gathers from.

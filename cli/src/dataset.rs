@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use zr_node::meta::Meta;
-use zr_node::{rebalance, Compression, Store};
+use zr_node::{rebalance, Compression, GatherOptions, ReadPath, Store};
 
 use crate::cluster::{target_dir, RouterArgs};
 use crate::{human_bytes, progress_bar, CliResult};
@@ -113,6 +113,34 @@ pub struct GatherArgs {
     /// Check every record's CRC32 while reading (dataset directories only).
     #[arg(long, conflicts_with = "router")]
     verify: bool,
+    #[command(flatten)]
+    read: ReadArgs,
+}
+
+/// How a local dataset's records are read.
+#[derive(Args, Clone, Copy)]
+pub struct ReadArgs {
+    /// How records are read: `mmap` (through the memory mappings: fastest while the data is
+    /// in memory), `direct` (explicit reads of exactly each record at a deep queue: for data
+    /// that is not), or `auto` (per batch, from whether its pages are in memory).
+    #[arg(long, default_value = "auto", value_name = "mmap|direct|auto")]
+    pub read: ReadPath,
+    /// Direct reads bypass the page cache (O_DIRECT), so that a dataset far larger than
+    /// memory does not evict everything else on the host.
+    #[arg(long)]
+    pub uncached: bool,
+}
+
+impl ReadArgs {
+    /// The gather options these arguments ask for.
+    pub fn options(self, verify: bool) -> GatherOptions {
+        GatherOptions {
+            verify,
+            read: self.read,
+            uncached: self.uncached,
+            ..GatherOptions::default()
+        }
+    }
 }
 
 /// The field to read: the one named, or the only one there is.
@@ -162,13 +190,7 @@ pub fn gather(args: GatherArgs) -> CliResult {
                 &args.field,
                 store.fields().iter().map(|f| f.name.as_str()).collect(),
             )?;
-            let batch = store.gather_with(
-                &indices,
-                &[&field],
-                zr_node::GatherOptions {
-                    verify: args.verify,
-                },
-            )?;
+            let batch = store.gather_with(&indices, &[&field], args.read.options(args.verify))?;
             let column = batch.field(&field).ok_or("field missing from the batch")?;
             for payload in column.iter() {
                 out.write_all(payload)?;

@@ -58,7 +58,14 @@ fn all_records(dir: &Path, field: &str) -> Vec<Vec<u8>> {
     let store = Store::open_read_only(dir).unwrap();
     let indices: Vec<u64> = (0..store.len()).collect();
     let batch = store
-        .gather_with(&indices, &[field], zr_node::GatherOptions { verify: true })
+        .gather_with(
+            &indices,
+            &[field],
+            zr_node::GatherOptions {
+                verify: true,
+                ..Default::default()
+            },
+        )
         .unwrap();
     batch
         .field(field)

@@ -5,6 +5,7 @@
 //! Resolution prefetches offset entries a few indices ahead: random entries are cache misses,
 //! and overlapping them is most of a zero-copy gather's speed.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use flate2::{Decompress, FlushDecompress, Status};
@@ -14,9 +15,9 @@ use crate::batch::{Batch, Column, ColumnData, Span};
 use crate::error::{Error, Result};
 use crate::frame::{frame_crc, FrameHeader, FRAME_HEADER_BYTES};
 use crate::meta::Compression;
-use crate::offset::ENTRY_BYTES;
+use crate::offset::{Entry, ENTRY_BYTES};
 use crate::runtime::part_len;
-use crate::store::{GatherOptions, Store};
+use crate::store::{GatherOptions, ReadPath, Store};
 use crate::view::Maps;
 use crate::view::View;
 
@@ -60,24 +61,46 @@ impl Store {
             });
         }
         let maps = Arc::clone(&view.maps);
-        let mut resolved = Vec::with_capacity(field_ids.len());
-        for &field in &field_ids {
-            let mut spans = vec![Span::default(); indices.len()];
-            match (
-                part_len(&inner.runtime, indices.len(), RESOLVE_PART_MIN),
-                inner.runtime.readers(),
-            ) {
-                (Some(part), Some(pool)) => pool.install(|| {
-                    indices
-                        .par_chunks(part)
-                        .zip(spans.par_chunks_mut(part))
-                        .try_for_each(|(indices, spans)| self.resolve(&view, field, indices, spans))
-                })?,
-                _ => self.resolve(&view, field, indices, &mut spans)?,
+        let entries_cold = match options.read {
+            ReadPath::Mmap => false,
+            ReadPath::Direct => true,
+            ReadPath::Auto => !self.entries_resident(&view, &field_ids, indices),
+        };
+        let resolved = if entries_cold {
+            self.resolve_explicit(&view, &field_ids, indices, options)?
+        } else {
+            let mut resolved = Vec::with_capacity(field_ids.len());
+            for &field in &field_ids {
+                let mut spans = vec![Span::default(); indices.len()];
+                match (
+                    part_len(&inner.runtime, indices.len(), RESOLVE_PART_MIN),
+                    inner.runtime.readers(),
+                ) {
+                    (Some(part), Some(pool)) => pool.install(|| {
+                        indices
+                            .par_chunks(part)
+                            .zip(spans.par_chunks_mut(part))
+                            .try_for_each(|(indices, spans)| {
+                                self.resolve(&view, field, indices, spans)
+                            })
+                    })?,
+                    _ => self.resolve(&view, field, indices, &mut spans)?,
+                }
+                resolved.push(spans);
             }
-            resolved.push(spans);
-        }
+            resolved
+        };
         drop(view);
+
+        let payloads_cold = match options.read {
+            ReadPath::Mmap => false,
+            ReadPath::Direct => true,
+            ReadPath::Auto => entries_cold || !self.payloads_resident(&maps, &resolved),
+        };
+        if payloads_cold {
+            return self.read_explicit(maps, field_ids, indices, resolved, options);
+        }
+        inner.read_counters.mmap.fetch_add(1, Ordering::Relaxed);
 
         let mut columns = Vec::with_capacity(field_ids.len());
         for (field, spans) in field_ids.into_iter().zip(resolved) {
@@ -156,44 +179,54 @@ impl Store {
             if let (Some(table), Some(&ahead)) = (table, indices.get(k + ENTRY_PREFETCH_AHEAD)) {
                 table.prefetch(ahead.wrapping_mul(ENTRY_BYTES), ENTRY_BYTES);
             }
-            let entry = view.entry(field, index).ok_or_else(|| {
-                self.bad(field, index, "offset table ends before this entry".into())
-            })?;
-            if entry.is_absent() {
-                *slot = Span::default();
-                continue;
-            }
-            let chunk = view.maps.chunk(entry.chunk_id).ok_or_else(|| {
-                self.bad(
-                    field,
-                    index,
-                    format!(
-                        "entry points to chunk {}, which does not exist",
-                        entry.chunk_id
-                    ),
-                )
-            })?;
-            let start = entry.offset.saturating_add(FRAME_HEADER_BYTES);
-            if start.saturating_add(entry.len as u64) > chunk.len() {
-                return Err(self.bad(
-                    field,
-                    index,
-                    format!(
-                        "entry (chunk {}, offset {}, length {}) points past the chunk's end ({} bytes)",
-                        entry.chunk_id,
-                        entry.offset,
-                        entry.len,
-                        chunk.len()
-                    ),
-                ));
-            }
-            *slot = Span {
-                start,
-                chunk: entry.chunk_id,
-                len: entry.len,
-            };
+            *slot = self.span_of(&view.maps, field, index, view.entry(field, index))?;
         }
         Ok(())
+    }
+
+    /// The checked span of `entry`, record `index`'s entry of `field` (`None`: the offset
+    /// table ends before it).
+    pub(crate) fn span_of(
+        &self,
+        maps: &Maps,
+        field: usize,
+        index: u64,
+        entry: Option<Entry>,
+    ) -> Result<Span> {
+        let entry = entry
+            .ok_or_else(|| self.bad(field, index, "offset table ends before this entry".into()))?;
+        if entry.is_absent() {
+            return Ok(Span::default());
+        }
+        let chunk = maps.chunk(entry.chunk_id).ok_or_else(|| {
+            self.bad(
+                field,
+                index,
+                format!(
+                    "entry points to chunk {}, which does not exist",
+                    entry.chunk_id
+                ),
+            )
+        })?;
+        let start = entry.offset.saturating_add(FRAME_HEADER_BYTES);
+        if start.saturating_add(entry.len as u64) > chunk.len() {
+            return Err(self.bad(
+                field,
+                index,
+                format!(
+                    "entry (chunk {}, offset {}, length {}) points past the chunk's end ({} bytes)",
+                    entry.chunk_id,
+                    entry.offset,
+                    entry.len,
+                    chunk.len()
+                ),
+            ));
+        }
+        Ok(Span {
+            start,
+            chunk: entry.chunk_id,
+            len: entry.len,
+        })
     }
 
     /// Reads and checks the frame header in front of `span` (`None` for an absent record).

@@ -21,8 +21,10 @@
 mod batch;
 pub mod convert;
 mod error;
+mod explicit;
 pub mod frame;
 mod gather;
+mod io;
 pub mod lease;
 mod map;
 pub mod meta;
@@ -41,9 +43,12 @@ mod writer;
 
 pub use batch::{Batch, FieldView};
 pub use error::{Error, Result};
+pub use io::IoBackend;
 pub use meta::{Compression, FieldSpec, Meta};
 pub use runtime::{RuntimeOptions, CLEANERS_MAX, READERS_MAX, WRITERS_MAX};
-pub use store::{chunk_path, CreateOptions, GatherOptions, Store, CHUNK_DIR, LOCK_FILE};
+pub use store::{
+    chunk_path, CreateOptions, GatherOptions, ReadPath, ReadStats, Store, CHUNK_DIR, LOCK_FILE,
+};
 pub use verify::{Problem, Utilization, VerifyReport};
 pub use zr_common::Contiguous;
 pub use zr_common::Record;

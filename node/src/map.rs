@@ -8,16 +8,25 @@
 //! writes that range while the returned slice lives.
 
 use std::fs::File;
-use std::path::Path;
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
-use memmap2::Mmap;
+use memmap2::{Advice, Mmap};
 
 use crate::error::{IoContext, Result};
 
-/// One read-only mapping of a file at the size it had when mapped.
+/// Page size the residency checks and `O_DIRECT` alignment assume.
+pub(crate) const PAGE_BYTES: u64 = 4096;
+
+/// One read-only mapping of a file at the size it had when mapped, with the file itself for
+/// explicit reads (see `io`).
 pub(crate) struct Mapped {
     map: Mmap,
+    file: File,
+    path: PathBuf,
+    /// The file opened again with `O_DIRECT`, on first use.
+    uncached: OnceLock<std::result::Result<File, String>>,
 }
 
 impl Mapped {
@@ -33,7 +42,76 @@ impl Mapped {
         // slice of (see the module comment). A file shrunk by a foreign process would fault
         // on access, which no safe mapping API can prevent.
         let map = unsafe { Mmap::map(file) }.ctx("mmap", path)?;
-        Ok(Some(Arc::new(Mapped { map })))
+        // Random access: a fault reads its own page, not the readahead window around it (up
+        // to megabytes per record on a cold dataset). Advice only: failing to give it is not
+        // an error.
+        let _ = map.advise(Advice::Random);
+        Ok(Some(Arc::new(Mapped {
+            map,
+            file: file.try_clone().ctx("dup", path)?,
+            path: path.to_path_buf(),
+            uncached: OnceLock::new(),
+        })))
+    }
+
+    /// The mapped file's path, for messages.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's descriptor, for reads through the page cache.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// A descriptor of the file opened with `O_DIRECT` (reads that bypass the page cache and
+    /// must be aligned to [`PAGE_BYTES`]); an error naming the file where the file system
+    /// refuses it.
+    pub(crate) fn uncached_fd(&self) -> Result<RawFd> {
+        let opened = self.uncached.get_or_init(|| {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&self.path)
+                .map_err(|e| e.to_string())
+        });
+        match opened {
+            Ok(file) => Ok(file.as_raw_fd()),
+            Err(reason) => Err(crate::Error::Io {
+                op: "open with O_DIRECT",
+                path: self.path.clone(),
+                source: std::io::Error::other(reason.clone()),
+            }),
+        }
+    }
+
+    /// True if every page of `[start, start + len)` is in the page cache, so that reading it
+    /// through the mapping costs no disk read. Out of range, or if the kernel cannot say:
+    /// false.
+    pub(crate) fn resident(&self, start: u64, len: u64) -> bool {
+        let Some(end) = start.checked_add(len.max(1)) else {
+            return false;
+        };
+        if end > self.len() {
+            return false;
+        }
+        let first = start / PAGE_BYTES * PAGE_BYTES;
+        let pages = (end - first).div_ceil(PAGE_BYTES) as usize;
+        const PAGES_MAX: usize = 8;
+        let mut vec = [0u8; PAGES_MAX];
+        let pages = pages.min(PAGES_MAX);
+        // SAFETY: `first` is page-aligned and inside the mapping, and `pages` pages from it
+        // lie inside the mapping's last page at most (end <= len, rounded up to a page,
+        // which the mapping spans); `vec` has a byte for each page asked about.
+        let status = unsafe {
+            libc::mincore(
+                self.map.as_ptr().add(first as usize) as *mut libc::c_void,
+                pages * PAGE_BYTES as usize,
+                vec.as_mut_ptr(),
+            )
+        };
+        status == 0 && vec[..pages].iter().all(|v| v & 1 == 1)
     }
 
     /// Mapped length in bytes.

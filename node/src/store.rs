@@ -15,6 +15,7 @@ use std::sync::{Arc, RwLock};
 use ahash::AHashMap;
 
 use crate::error::{Error, IoContext, Result};
+use crate::io::IoBackend;
 use crate::map::Mapped;
 use crate::meta::{sync_dir, FieldSpec, Meta, FORMAT_NAME, FORMAT_VERSION, META_FILE};
 use crate::offset::{offset_file_name, ENTRY_BYTES};
@@ -52,7 +53,58 @@ impl Default for CreateOptions {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GatherOptions {
     /// Check every gathered record's frame and CRC32 (off by default: it reads every byte).
+    /// Reads from the disk (see [`ReadPath`]) are always checked.
     pub verify: bool,
+    /// How records are read: from the mappings, or with explicit reads from the disk.
+    pub read: ReadPath,
+    /// Explicit reads bypass the page cache (`O_DIRECT`): a dataset far larger than memory
+    /// then does not evict everything else on the host. Each read covers the 4 KiB pages
+    /// around its frame. Off by default; ignored by reads from the mappings.
+    pub uncached: bool,
+    /// How explicit reads are issued.
+    pub io: IoBackend,
+}
+
+/// How a gather reads its records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadPath {
+    /// Through the memory mappings: zero-copy, at memory speed while the data is in the page
+    /// cache; one page fault (a disk read, one at a time) per record that is not.
+    Mmap,
+    /// Explicit reads of exactly each record's frame, all issued at once at a deep queue
+    /// (io_uring, or `preadv` threads), into buffers the batch owns; offset entries are read
+    /// the same way first. For data that is not in memory.
+    Direct,
+    /// Per gather: the mappings while the pages the gather needs are in the page cache
+    /// (checked with `mincore` on a sample of them), explicit reads otherwise (the default).
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for ReadPath {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<ReadPath, String> {
+        match s {
+            "mmap" => Ok(ReadPath::Mmap),
+            "direct" => Ok(ReadPath::Direct),
+            "auto" => Ok(ReadPath::Auto),
+            other => Err(format!(
+                "unknown read path '{other}' (expected mmap, direct or auto)"
+            )),
+        }
+    }
+}
+
+/// How a store's gathers have read their records so far (see [`ReadPath`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Gathers served from the mappings.
+    pub mmap_gathers: u64,
+    /// Gathers served by explicit reads.
+    pub direct_gathers: u64,
+    /// Of those, gathers whose reads went through io_uring.
+    pub uring_gathers: u64,
 }
 
 pub(crate) struct Inner {
@@ -282,6 +334,7 @@ impl Store {
                     chunk_grow_bytes: meta.chunk_grow_bytes,
                     view: RwLock::new(view),
                     runtime,
+                    read_counters: Default::default(),
                 },
                 writers,
                 _lock: lock,
@@ -325,6 +378,16 @@ impl Store {
                     .collect::<Vec<_>>()
                     .join(", "),
             })
+    }
+
+    /// How this store's gathers have read their records so far.
+    pub fn read_stats(&self) -> ReadStats {
+        let counters = &self.inner.read_counters;
+        ReadStats {
+            mmap_gathers: counters.mmap.load(std::sync::atomic::Ordering::Relaxed),
+            direct_gathers: counters.direct.load(std::sync::atomic::Ordering::Relaxed),
+            uring_gathers: counters.uring.load(std::sync::atomic::Ordering::Relaxed),
+        }
     }
 
     pub(crate) fn bad(&self, field: usize, index: u64, reason: String) -> Error {

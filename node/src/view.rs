@@ -73,6 +73,15 @@ pub(crate) struct Core {
     pub(crate) chunk_grow_bytes: u64,
     pub(crate) view: RwLock<View>,
     pub(crate) runtime: Arc<Runtime>,
+    pub(crate) read_counters: ReadCounters,
+}
+
+/// How gathers read their records; see `Store::read_stats`.
+#[derive(Default)]
+pub(crate) struct ReadCounters {
+    pub(crate) mmap: std::sync::atomic::AtomicU64,
+    pub(crate) direct: std::sync::atomic::AtomicU64,
+    pub(crate) uring: std::sync::atomic::AtomicU64,
 }
 
 impl Core {

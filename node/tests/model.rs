@@ -80,7 +80,14 @@ fn check_all(store: &Store, model: &[Row]) {
     assert_eq!(store.len(), model.len() as u64);
     let indices: Vec<u64> = (0..model.len() as u64).collect();
     let batch = store
-        .gather_with(&indices, &[], GatherOptions { verify: true })
+        .gather_with(
+            &indices,
+            &[],
+            GatherOptions {
+                verify: true,
+                ..Default::default()
+            },
+        )
         .unwrap();
     for (f, name) in FIELDS.iter().enumerate() {
         let field = batch.field(name).unwrap();
