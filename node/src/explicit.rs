@@ -7,8 +7,9 @@
 //! payload — into buffers the batch owns, raw payloads straight into the field's column.
 //! Every frame read is checked as `verify` checks it: header, lengths, CRC.
 //!
-//! With `uncached` the reads bypass the page cache (`O_DIRECT`): each covers the 4 KiB pages
-//! around its range, read into an aligned scratch buffer and copied out.
+//! With `uncached` the payload reads bypass the page cache (`O_DIRECT`): each covers the
+//! 4 KiB pages around its frame, read into an aligned scratch buffer and copied out. Offset
+//! entries are still read through the cache, which keeps the (small) tables.
 //!
 //! `Auto` chooses per gather: `mincore` on a sample of the pages a gather needs (a few
 //! syscalls, not one per record) tells whether the mappings can serve it from memory.
@@ -132,12 +133,12 @@ impl Store {
                 }
             }
         }
-        let targets: Vec<&mut [u8]> = {
+        let targets: Vec<(&mut [u8], &mut [u8])> = {
             let mut by_slot: Vec<Option<&mut [u8]>> =
                 raw.iter_mut().map(|e| Some(&mut e[..])).collect();
             wanted
                 .iter()
-                .map(|(slot, _)| by_slot[*slot].take().unwrap_or_default())
+                .map(|(slot, _)| (by_slot[*slot].take().unwrap_or_default(), &mut [][..]))
                 .collect()
         };
         let ranges: Vec<Wanted> = wanted
@@ -148,7 +149,14 @@ impl Store {
                 len: w.len,
             })
             .collect();
-        self.read_ranges(&ranges, targets, options)?;
+        // Entries go through the page cache even when payloads bypass it: a table is a
+        // sixty-fourth of 1 KiB records' data, and each entry read around it would cost a
+        // whole page every time.
+        let cached = GatherOptions {
+            uncached: false,
+            ..options
+        };
+        self.read_ranges(&ranges, targets, cached)?;
         for (slot, _) in &wanted {
             known[*slot] = Some(Entry::decode(raw[*slot]));
         }
@@ -164,23 +172,22 @@ impl Store {
         Ok(resolved)
     }
 
-    /// Reads each of `ranges` into the matching `targets` (of the same lengths), through the
-    /// page cache or around it as `options` say; errors name the file.
+    /// Reads each of `ranges` into the matching pair of `targets` (the first filled first;
+    /// together as long as the range), through the page cache or around it as `options`
+    /// say; errors name the file.
     fn read_ranges(
         &self,
         ranges: &[Wanted],
-        mut targets: Vec<&mut [u8]>,
+        mut targets: Vec<(&mut [u8], &mut [u8])>,
         options: GatherOptions,
     ) -> Result<Issued> {
         if !options.uncached {
             let mut ops = Vec::with_capacity(ranges.len());
-            for (range, target) in ranges.iter().zip(targets.iter_mut()) {
-                ops.push(ReadOp::new(range.file.fd(), range.offset, target, &mut []));
+            for (range, (first, second)) in ranges.iter().zip(targets.iter_mut()) {
+                ops.push(ReadOp::new(range.file.fd(), range.offset, first, second));
             }
-            return io::read_all(&mut ops, options.io).map_err(|f| {
-                let range = &ranges[f.op];
-                read_error(range, f.error)
-            });
+            return io::read_all(&mut ops, options.io)
+                .map_err(|f| read_error(&ranges[f.op], f.error));
         }
         // O_DIRECT: whole pages into an aligned scratch buffer, then copied out.
         let pages: Vec<(u64, u64)> = ranges
@@ -205,9 +212,13 @@ impl Store {
             io::read_all(&mut ops, options.io).map_err(|f| read_error(&ranges[f.op], f.error))?
         };
         let mut at = start;
-        for ((range, &(first, len)), target) in ranges.iter().zip(&pages).zip(targets.iter_mut()) {
-            let skip = (range.offset - first) as usize;
-            target.copy_from_slice(&scratch[at + skip..at + skip + range.len as usize]);
+        for ((range, &(first, len)), (head, tail)) in
+            ranges.iter().zip(&pages).zip(targets.iter_mut())
+        {
+            let from = at + (range.offset - first) as usize;
+            let middle = from + head.len();
+            head.copy_from_slice(&scratch[from..middle]);
+            tail.copy_from_slice(&scratch[middle..middle + tail.len()]);
             at += len as usize;
         }
         Ok(issued)
@@ -231,7 +242,6 @@ impl Store {
             .collect();
         let mut headers: Vec<Vec<[u8; 16]>> = vec![vec![[0u8; 16]; n]; fields.len()];
         let mut ranges: Vec<Wanted> = Vec::new();
-        let mut at: Vec<(usize, usize)> = Vec::new();
         for (f, spans) in resolved.iter().enumerate() {
             for (k, span) in spans.iter().enumerate() {
                 if span.len == 0 {
@@ -249,59 +259,24 @@ impl Store {
                     offset: span.start - FRAME_HEADER_BYTES,
                     len: FRAME_HEADER_BYTES + span.len as u64,
                 });
-                at.push((f, k));
             }
         }
-        let issued = if options.uncached {
-            // Whole frames into one buffer, then split into headers and payloads.
-            let total: usize = ranges.iter().map(|r| r.len as usize).sum();
-            let mut frames = vec![0u8; total];
-            let targets = {
-                let mut rest = &mut frames[..];
-                let mut targets = Vec::with_capacity(ranges.len());
-                for range in &ranges {
-                    let (piece, tail) = std::mem::take(&mut rest).split_at_mut(range.len as usize);
-                    rest = tail;
-                    targets.push(piece);
-                }
-                targets
-            };
-            let issued = self.read_ranges(&ranges, targets, options)?;
-            let mut next = 0usize;
-            let mut cursors = vec![0usize; fields.len()];
-            for &(f, k) in &at {
-                let len = resolved[f][k].len as usize;
-                let frame = &frames[next..next + 16 + len];
-                headers[f][k].copy_from_slice(&frame[..16]);
-                payloads[f][cursors[f]..cursors[f] + len].copy_from_slice(&frame[16..]);
-                cursors[f] += len;
-                next += 16 + len;
-            }
-            issued
-        } else {
-            // Header and payload straight to their places, one read each.
-            let mut ops = Vec::with_capacity(ranges.len());
-            let mut next = 0usize;
-            for ((f, spans), (payload, heads)) in resolved
-                .iter()
-                .enumerate()
-                .zip(payloads.iter_mut().zip(headers.iter_mut()))
-            {
-                let mut rest = &mut payload[..];
-                for (span, head) in spans.iter().zip(heads.iter_mut()) {
-                    let (piece, tail) = std::mem::take(&mut rest).split_at_mut(span.len as usize);
-                    rest = tail;
-                    if span.len == 0 {
-                        continue;
-                    }
-                    debug_assert_eq!(at[next].0, f);
-                    let range = &ranges[next];
-                    ops.push(ReadOp::new(range.file.fd(), range.offset, head, piece));
-                    next += 1;
+        // Header and payload straight to their places, one read each.
+        let mut targets = Vec::with_capacity(ranges.len());
+        for (payload, (spans, heads)) in payloads
+            .iter_mut()
+            .zip(resolved.iter().zip(headers.iter_mut()))
+        {
+            let mut rest = &mut payload[..];
+            for (span, head) in spans.iter().zip(heads.iter_mut()) {
+                let (piece, tail) = std::mem::take(&mut rest).split_at_mut(span.len as usize);
+                rest = tail;
+                if span.len > 0 {
+                    targets.push((&mut head[..], piece));
                 }
             }
-            io::read_all(&mut ops, options.io).map_err(|f| read_error(&ranges[f.op], f.error))?
-        };
+        }
+        let issued = self.read_ranges(&ranges, targets, options)?;
         inner.read_counters.direct.fetch_add(1, Ordering::Relaxed);
         if issued == Issued::Uring {
             inner.read_counters.uring.fetch_add(1, Ordering::Relaxed);
