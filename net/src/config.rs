@@ -54,6 +54,8 @@ pub struct ClusterConfig {
     pub shards: Vec<ShardConfig>,
     pub router: RouterConfig,
     #[serde(default)]
+    pub node: NodeConfig,
+    #[serde(default)]
     pub tls: Option<TlsConfig>,
     /// Where the configuration came from (for messages).
     #[serde(skip)]
@@ -105,6 +107,36 @@ pub struct ShardConfig {
     #[serde(default)]
     pub data: Option<PathBuf>,
 }
+
+/// `[node]`: how every node reads its shard.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// `auto` (the default: through the memory mappings while a gather's pages are in
+    /// memory, explicit reads at a deep queue otherwise), `mmap` or `direct`.
+    #[serde(default = "default_read")]
+    pub read: String,
+    /// Explicit reads bypass the page cache (`O_DIRECT`): for shards far larger than memory,
+    /// on hosts that run other work.
+    #[serde(default)]
+    pub uncached: bool,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            read: default_read(),
+            uncached: false,
+        }
+    }
+}
+
+fn default_read() -> String {
+    "auto".into()
+}
+
+/// The read paths `[node] read` may name.
+pub const READ_PATHS: [&str; 3] = ["auto", "mmap", "direct"];
 
 /// `[router]`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -174,6 +206,13 @@ impl ClusterConfig {
             return Err(bad(
                 "no [[field]] given: the dataset needs at least one".into()
             ));
+        }
+        if !READ_PATHS.contains(&config.node.read.as_str()) {
+            return Err(bad(format!(
+                "node.read is '{}'; it must be one of {}",
+                config.node.read,
+                READ_PATHS.join(", ")
+            )));
         }
         for field in &config.fields {
             if field.compress != "raw" && field.compress != "flate" {
@@ -372,6 +411,10 @@ mod tests {
             ),
             (GOOD.replace("127.0.0.1:7000", "nowhere"), "listen"),
             (GOOD.replace("[router]", "[routr]"), "routr"),
+            (
+                format!("{GOOD}\n[node]\nread = \"fast\"\n"),
+                "node.read is 'fast'",
+            ),
         ] {
             let err = ClusterConfig::parse(&edit, "nodes.toml")
                 .unwrap_err()

@@ -34,7 +34,9 @@ use zr_node::{GatherOptions, ReadPath, Store};
 use bench_util::{build_dataset, Rng};
 
 #[derive(Parser)]
-#[command(about = "Random gathers from a dataset larger than memory, next to raw io_uring and pread")]
+#[command(
+    about = "Random gathers from a dataset larger than memory, next to raw io_uring and pread"
+)]
 struct Args {
     /// Memory the measuring process may use (its cgroup's limit), in MiB.
     #[arg(long, default_value_t = 512)]
@@ -92,12 +94,23 @@ fn main() -> BoxResult<()> {
         );
         println!(
             "  {:<26} {:>10} {:>8} {:>8} {:>14} {:>12} {:>11}",
-            "method", "records/s", "p50 ms", "p99 ms", "storage B/rec", "cached after", "vs io_uring"
+            "method",
+            "records/s",
+            "p50 ms",
+            "p99 ms",
+            "storage B/rec",
+            "cached after",
+            "vs io_uring"
         );
         let batches = Batches::new(n, args.batch, size as u64);
-        let device = device_of(&dir).ok().filter(|&d| device_read_bytes(Some(d)) > 0);
+        let device = device_of(&dir)
+            .ok()
+            .filter(|&d| device_read_bytes(Some(d)) > 0);
         if device.is_none() {
-            println!("  (no block device statistics for {}: storage bytes show 0)", dir.display());
+            println!(
+                "  (no block device statistics for {}: storage bytes show 0)",
+                dir.display()
+            );
         }
         let mut baseline = None;
         let mut auto_choices = None;
@@ -129,7 +142,11 @@ fn main() -> BoxResult<()> {
         let run = timed(args.seconds, &batches, device, |indices| {
             raw_uring(&files, &ranges, indices, args.queue_depth)
         })?;
-        report(&format!("raw io_uring (QD {})", args.queue_depth), run, files.resident()?);
+        report(
+            &format!("raw io_uring (QD {})", args.queue_depth),
+            run,
+            files.resident()?,
+        );
         for (name, options) in [
             ("zrecord auto", GatherOptions::default()),
             (
@@ -243,9 +260,8 @@ impl DatasetFiles {
             let map = unsafe { memmap2::Mmap::map(file) }?;
             let mut vec = vec![0u8; len.div_ceil(4096)];
             // SAFETY: the range is the mapping; `vec` has a byte per page of it.
-            let status = unsafe {
-                libc::mincore(map.as_ptr() as *mut libc::c_void, len, vec.as_mut_ptr())
-            };
+            let status =
+                unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, len, vec.as_mut_ptr()) };
             if status != 0 {
                 return Err(std::io::Error::last_os_error().into());
             }
@@ -364,7 +380,12 @@ fn device_read_bytes(device: Option<(u32, u32)>) -> u64 {
 }
 
 /// The baseline: each record's frame in one read, `depth` reads in flight.
-fn raw_uring(files: &DatasetFiles, ranges: &[(u32, u64, u32)], indices: &[u64], depth: u32) -> BoxResult<()> {
+fn raw_uring(
+    files: &DatasetFiles,
+    ranges: &[(u32, u64, u32)],
+    indices: &[u64],
+    depth: u32,
+) -> BoxResult<()> {
     thread_local! {
         static RING: std::cell::RefCell<Option<IoUring>> = const { std::cell::RefCell::new(None) };
     }
@@ -379,7 +400,8 @@ fn raw_uring(files: &DatasetFiles, ranges: &[(u32, u64, u32)], indices: &[u64], 
         let mut pieces = Vec::with_capacity(indices.len());
         let mut rest = &mut buffer[..];
         for &i in indices {
-            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(ranges[i as usize].2 as usize);
+            let (piece, tail) =
+                std::mem::take(&mut rest).split_at_mut(ranges[i as usize].2 as usize);
             pieces.push(piece);
             rest = tail;
         }
@@ -464,8 +486,11 @@ impl Cgroup {
         };
         std::fs::write(cgroup.dir.join(limit_file), limit.to_string())
             .map_err(|e| format!("cannot limit {}: {e}", cgroup.dir.display()))?;
-        std::fs::write(cgroup.dir.join("cgroup.procs"), std::process::id().to_string())
-            .map_err(|e| format!("cannot move into {}: {e}", cgroup.dir.display()))?;
+        std::fs::write(
+            cgroup.dir.join("cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .map_err(|e| format!("cannot move into {}: {e}", cgroup.dir.display()))?;
         Ok(cgroup)
     }
 }
@@ -480,6 +505,9 @@ impl Drop for Cgroup {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        eprintln!("could not remove {}; remove it by hand (rmdir)", self.dir.display());
+        eprintln!(
+            "could not remove {}; remove it by hand (rmdir)",
+            self.dir.display()
+        );
     }
 }

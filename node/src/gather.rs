@@ -31,8 +31,9 @@ const INFLATE_PART_MIN: usize = 64;
 impl Store {
     /// Gathers records `indices` (any order, repeats allowed) for `fields` (empty = all
     /// fields, in schema order).
+    /// Reads as [`Store::with_gather_options`] set (by default: [`GatherOptions::default`]).
     pub fn gather(&self, indices: &[u64], fields: &[&str]) -> Result<Batch> {
-        self.gather_with(indices, fields, GatherOptions::default())
+        self.gather_with(indices, fields, self.defaults)
     }
 
     /// [`Store::gather`] with options.

@@ -22,7 +22,7 @@ use crate::batch::Batch;
 use crate::lease::{Coordination, LeaseError};
 use crate::meta::{Compression, FieldSpec};
 use crate::runtime::RuntimeOptions;
-use crate::store::{CreateOptions, Store};
+use crate::store::{CreateOptions, GatherOptions, ReadPath, Store};
 use crate::warm::Warmth;
 use crate::Error;
 
@@ -54,10 +54,25 @@ pub fn open_shard_store(config: &ClusterConfig, dir: &Path) -> Result<Store, Err
         readers: 1,
         ..RuntimeOptions::default()
     };
+    let reads = GatherOptions {
+        read: config
+            .node
+            .read
+            .parse::<ReadPath>()
+            .map_err(|reason| Error::InvalidInput {
+                path: config.origin.clone().into(),
+                reason,
+            })?,
+        uncached: config.node.uncached,
+        ..GatherOptions::default()
+    };
     if !dir.join(crate::meta::META_FILE).exists() {
-        return Store::create_with(dir, fields, CreateOptions::default(), runtime);
+        return Ok(
+            Store::create_with(dir, fields, CreateOptions::default(), runtime)?
+                .with_gather_options(reads),
+        );
     }
-    let store = Store::open_with(dir, runtime)?;
+    let store = Store::open_with(dir, runtime)?.with_gather_options(reads);
     let names = |fs: &[FieldSpec]| {
         fs.iter()
             .map(|f| format!("{}:{:?}", f.name, f.compress))
@@ -129,6 +144,7 @@ pub async fn serve_with(
     let warmth = Arc::new(Warmth::default());
     let handler = move |bytes: Vec<u8>| {
         let store = handler_store.clone();
+        let store_for_reads = handler_store.clone();
         let coordination = Arc::clone(&coordination);
         let warmth = Arc::clone(&warmth);
         async move {
@@ -140,10 +156,15 @@ pub async fn serve_with(
                         let may_inline = runs_inline_when_warm(&store, &request);
                         let call =
                             move || respond(&store, &coordination, request, &bytes[body_at..]);
+                        let reads = {
+                            let store = store_for_reads.clone();
+                            move || store.read_stats().direct_gathers
+                        };
                         if may_inline && warmth.is_warm() {
-                            Ok(warmth.observe(call))
+                            Ok(warmth.observe_reads(reads, call))
                         } else if may_inline {
-                            tokio::task::spawn_blocking(move || warmth.observe(call)).await
+                            tokio::task::spawn_blocking(move || warmth.observe_reads(reads, call))
+                                .await
                         } else {
                             tokio::task::spawn_blocking(call).await
                         }
@@ -594,46 +615,65 @@ mod tests {
         );
     }
 
+    /// A gather of data not in memory waits for the disk inside the store call, whichever way
+    /// it reads (the pages of a gather sent from the mapping are touched there, not later in
+    /// the transport; explicit reads are done there), and the node's warmth sees it: the next
+    /// gathers go to the blocking threads.
     #[cfg(target_os = "linux")]
     #[test]
-    fn a_gather_sent_from_the_mapping_reads_its_pages_in_the_store_call() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let fields = vec![FieldSpec::new("image", Compression::Raw)];
-        let store = Store::create(dir.path(), fields, CreateOptions::default()).expect("create");
-        let payloads: Vec<Vec<u8>> = (0..64u8).map(|k| vec![k; 16 << 10]).collect();
-        let records: Vec<zr_common::Record> = payloads
-            .iter()
-            .map(|p| zr_common::Record::new().with("image", p))
-            .collect();
-        store.append_many(&records).expect("append");
-        store.commit().expect("commit");
-        drop(store);
-        for chunk in std::fs::read_dir(dir.path().join(crate::CHUNK_DIR)).expect("chunks") {
-            if !crate::warm::tests::evict(&chunk.expect("chunk").path()) {
-                eprintln!("skipped: the page cache keeps the chunks in memory");
-                return;
+    fn a_cold_gather_waits_for_the_disk_in_the_store_call() {
+        for read in [ReadPath::Mmap, ReadPath::Auto] {
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let fields = vec![FieldSpec::new("image", Compression::Raw)];
+            let store =
+                Store::create(dir.path(), fields, CreateOptions::default()).expect("create");
+            let payloads: Vec<Vec<u8>> = (0..64u8).map(|k| vec![k; 16 << 10]).collect();
+            let records: Vec<zr_common::Record> = payloads
+                .iter()
+                .map(|p| zr_common::Record::new().with("image", p))
+                .collect();
+            store.append_many(&records).expect("append");
+            store.commit().expect("commit");
+            drop(store);
+            for chunk in std::fs::read_dir(dir.path().join(crate::CHUNK_DIR)).expect("chunks") {
+                if !crate::warm::tests::evict(&chunk.expect("chunk").path()) {
+                    eprintln!("skipped: the page cache keeps the chunks in memory");
+                    return;
+                }
             }
+            let store = Store::open(dir.path())
+                .expect("open")
+                .with_gather_options(GatherOptions {
+                    read,
+                    ..GatherOptions::default()
+                });
+            let coordination = Coordination::open(dir.path()).expect("coordination");
+            let request = wire::encode_request(&gather(64, &[])).expect("encode");
+            let warmth = Warmth::default();
+            for _ in 0..crate::warm::WARM_STREAK {
+                warmth.observe(|| ());
+            }
+            assert!(warmth.is_warm());
+            let reads = || store.read_stats().direct_gathers;
+            let (header, body) =
+                warmth.observe_reads(reads, || handle(&store, &coordination, &request));
+            let mut reply = header;
+            body.iter().for_each(|piece| reply.extend_from_slice(piece));
+            assert!(matches!(
+                wire::decode_reply(&reply).expect("reply").0,
+                Reply::Gather { .. }
+            ));
+            assert_eq!(body.len(), 64, "16 KiB records are sent one by one");
+            assert_eq!(body[5].as_ref(), &[5u8; 16 << 10][..]);
+            assert_eq!(
+                store.read_stats().direct_gathers,
+                u64::from(read == ReadPath::Auto),
+                "{read:?}"
+            );
+            assert!(
+                !warmth.is_warm(),
+                "{read:?}: the pages came from the disk inside the call, not later in the transport"
+            );
         }
-        let store = Store::open(dir.path()).expect("open");
-        let coordination = Coordination::open(dir.path()).expect("coordination");
-        let request = wire::encode_request(&gather(64, &[])).expect("encode");
-        let warmth = Warmth::default();
-        for _ in 0..crate::warm::WARM_STREAK {
-            warmth.observe(|| ());
-        }
-        assert!(warmth.is_warm());
-        let (header, body) = warmth.observe(|| handle(&store, &coordination, &request));
-        let mut reply = header;
-        body.iter().for_each(|piece| reply.extend_from_slice(piece));
-        assert!(matches!(
-            wire::decode_reply(&reply).expect("reply").0,
-            Reply::Gather { .. }
-        ));
-        assert_eq!(body.len(), 64, "16 KiB records are sent from the mapping");
-        assert_eq!(body[5].as_ref(), &[5u8; 16 << 10][..]);
-        assert!(
-            !warmth.is_warm(),
-            "the chunks' pages came from the disk inside the call, not later in the transport"
-        );
     }
 }

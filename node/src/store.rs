@@ -123,10 +123,13 @@ impl std::ops::Deref for Inner {
 }
 
 /// A dataset, open for gathers and — unless opened read-only — for writes. Cheap to clone;
-/// clones share everything. See the crate documentation for the guarantees.
+/// clones share everything but the options [`Store::gather`] uses (see
+/// [`Store::with_gather_options`]). See the crate documentation for the guarantees.
 #[derive(Clone)]
 pub struct Store {
     pub(crate) inner: Arc<Inner>,
+    /// What [`Store::gather`] (and the loader source) gathers with.
+    pub(crate) defaults: GatherOptions,
 }
 
 impl std::fmt::Debug for Store {
@@ -339,7 +342,15 @@ impl Store {
                 writers,
                 _lock: lock,
             }),
+            defaults: GatherOptions::default(),
         })
+    }
+
+    /// This handle, its [`Store::gather`] (and its gathers as a loader source) using
+    /// `options`: how a server or a loader sets its read path once.
+    pub fn with_gather_options(mut self, options: GatherOptions) -> Store {
+        self.defaults = options;
+        self
     }
 
     /// The dataset directory.

@@ -10,6 +10,8 @@
 //! their pages in memory, and on blocking threads otherwise: a gather that faults sends the
 //! next ones back to the threads until a run of them is fault-free again. Cold data thus
 //! never blocks an async worker more than once in a run; hot data never pays the hand-off.
+//! A gather the store serves by explicit reads (data not in memory, see `explicit`) takes no
+//! fault but waits for the disk all the same: it counts as cold too.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -30,14 +32,26 @@ impl Warmth {
 
     /// Runs `gather` on this thread and records whether it took a major fault. Where faults
     /// cannot be counted, every gather counts as cold.
+    #[cfg(test)]
     pub(crate) fn observe<T>(&self, gather: impl FnOnce() -> T) -> T {
-        let before = major_faults();
+        self.observe_reads(|| 0, gather)
+    }
+
+    /// [`Warmth::observe`], where `reads` counts the disk reads the store made by itself
+    /// (explicit reads of data not in memory, which take no page fault): a gather during
+    /// which it moved waited for the disk too.
+    pub(crate) fn observe_reads<T>(
+        &self,
+        reads: impl Fn() -> u64,
+        gather: impl FnOnce() -> T,
+    ) -> T {
+        let before = (major_faults(), reads());
         let out = gather();
-        let faulted = match (before, major_faults()) {
+        let faulted = match (before.0, major_faults()) {
             (Some(before), Some(after)) => after != before,
             _ => true,
         };
-        self.record(faulted);
+        self.record(faulted || reads() != before.1);
         out
     }
 

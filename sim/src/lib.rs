@@ -180,6 +180,7 @@ impl SimCluster {
                 listen: loopback,
                 timeout_ms: options.timeout_ms,
             },
+            node: Default::default(),
             tls,
             origin: "simulated cluster".into(),
         };
