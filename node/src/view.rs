@@ -82,6 +82,9 @@ pub(crate) struct ReadCounters {
     pub(crate) mmap: std::sync::atomic::AtomicU64,
     pub(crate) direct: std::sync::atomic::AtomicU64,
     pub(crate) uring: std::sync::atomic::AtomicU64,
+    /// Until when (`explicit::now_ns`) `Auto` reads through the mappings without checking
+    /// residency again: the last check found a gather's pages in memory.
+    pub(crate) warm_until_ns: std::sync::atomic::AtomicU64,
 }
 
 impl Core {
