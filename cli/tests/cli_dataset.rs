@@ -432,3 +432,61 @@ fn a_killed_rebalance_leaves_a_whole_dataset() {
         assert_eq!(all_records(&dir, "a"), a, "round {round}");
     }
 }
+
+/// `zr gather --read direct` (with and without `--uncached`) writes the same bytes as the
+/// mappings; `zr bench --read direct` says its batches were read directly; a bad read path
+/// is refused naming the choices.
+#[test]
+fn gather_and_bench_read_directly_when_asked() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmp.path().join("ds");
+    let rows = sample_dataset(&dir, 300);
+    let indices = "7,299,0,7,150";
+    let mut outputs = Vec::new();
+    for read in [
+        &["--read", "mmap"][..],
+        &["--read", "direct"],
+        &["--read", "direct", "--uncached"],
+    ] {
+        let out = tmp.path().join(format!("out-{}.bin", outputs.len()));
+        let mut args = vec![
+            "gather",
+            p(&dir),
+            "--indices",
+            indices,
+            "--field",
+            "b",
+            "--out",
+            p(&out),
+        ];
+        args.extend_from_slice(read);
+        let (ok, _, err) = zr(&args);
+        assert!(ok, "{read:?}: {err}");
+        outputs.push(std::fs::read(&out).unwrap());
+    }
+    let want: Vec<u8> = [7usize, 299, 0, 7, 150]
+        .iter()
+        .flat_map(|&i| rows[i].1.clone())
+        .collect();
+    for output in &outputs {
+        assert_eq!(output, &want);
+    }
+    let (ok, out, err) = zr(&[
+        "bench",
+        p(&dir),
+        "--seconds",
+        "0.05",
+        "--batch",
+        "16",
+        "--read",
+        "direct",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("from memory (mmap) 0, by direct reads"),
+        "{out}"
+    );
+    let (ok, _, err) = zr(&["bench", p(&dir), "--read", "fast"]);
+    assert!(!ok);
+    assert!(err.contains("mmap, direct or auto"), "{err}");
+}
