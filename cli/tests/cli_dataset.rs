@@ -58,14 +58,7 @@ fn all_records(dir: &Path, field: &str) -> Vec<Vec<u8>> {
     let store = Store::open_read_only(dir).unwrap();
     let indices: Vec<u64> = (0..store.len()).collect();
     let batch = store
-        .gather_with(
-            &indices,
-            &[field],
-            zr_node::GatherOptions {
-                verify: true,
-                ..Default::default()
-            },
-        )
+        .gather_with(&indices, &[field], zr_node::GatherOptions::verified())
         .unwrap();
     batch
         .field(field)

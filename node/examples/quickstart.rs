@@ -78,14 +78,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
     let indices = random_batch();
-    let batch = store.gather_with(
-        &indices,
-        &[],
-        GatherOptions {
-            verify: true,
-            ..Default::default()
-        },
-    )?;
+    let batch = store.gather_with(&indices, &[], GatherOptions::verified())?;
     let captions = batch.field("caption").ok_or("no caption field")?;
     let images = batch.field("image").ok_or("no image field")?;
     println!(

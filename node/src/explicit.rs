@@ -21,7 +21,7 @@ use flate2::{Decompress, FlushDecompress, Status};
 
 use crate::batch::{Batch, Column, ColumnData, Span};
 use crate::error::{Error, Result};
-use crate::frame::{frame_crc, FrameHeader, FRAME_HEADER_BYTES};
+use crate::frame::{FrameHeader, FRAME_HEADER_BYTES};
 use crate::io::{self, Issued, ReadError, ReadOp};
 use crate::map::{Mapped, PAGE_BYTES};
 use crate::meta::Compression;
@@ -398,38 +398,8 @@ impl Store {
         header: [u8; 16],
         payload: &[u8],
     ) -> Result<FrameHeader> {
-        let header =
-            FrameHeader::decode(header).map_err(|reason| self.bad(field, index, reason))?;
-        if header.stored_len != span.len {
-            return Err(self.bad(
-                field,
-                index,
-                format!(
-                    "frame holds {} bytes but the offset entry says {}",
-                    header.stored_len, span.len
-                ),
-            ));
-        }
-        if self.inner.fields[field].compress == Compression::Raw
-            && header.logical_len != header.stored_len
-        {
-            return Err(self.bad(
-                field,
-                index,
-                "raw frame has a logical length unequal to its stored length".into(),
-            ));
-        }
-        let crc = frame_crc(header.stored_len, header.logical_len, payload);
-        if crc != header.crc {
-            return Err(self.bad(
-                field,
-                index,
-                format!(
-                    "CRC mismatch (stored {:08x}, computed {crc:08x})",
-                    header.crc
-                ),
-            ));
-        }
+        let header = self.check_header(field, index, span, header)?;
+        self.check_payload(field, index, header, payload)?;
         Ok(header)
     }
 }

@@ -254,6 +254,17 @@ impl Store {
             .chunk(span.chunk)
             .and_then(|c| c.read16(span.start - FRAME_HEADER_BYTES))
             .ok_or_else(|| self.bad(field, index, "frame header lies outside the chunk".into()))?;
+        self.check_header(field, index, span, bytes).map(Some)
+    }
+
+    /// Decodes a frame header and checks it against its entry (`span`).
+    pub(crate) fn check_header(
+        &self,
+        field: usize,
+        index: u64,
+        span: &Span,
+        bytes: [u8; 16],
+    ) -> Result<FrameHeader> {
         let header = FrameHeader::decode(bytes).map_err(|reason| self.bad(field, index, reason))?;
         if header.stored_len != span.len {
             return Err(self.bad(
@@ -274,7 +285,7 @@ impl Store {
                 "raw frame has a logical length unequal to its stored length".into(),
             ));
         }
-        Ok(Some(header))
+        Ok(header)
     }
 
     pub(crate) fn check_crc(
@@ -289,6 +300,17 @@ impl Store {
             .chunk(span.chunk)
             .and_then(|c| c.bytes(span.start, span.len as u64))
             .unwrap_or_default();
+        self.check_payload(field, index, header, payload)
+    }
+
+    /// Checks `payload` against its frame header's CRC.
+    pub(crate) fn check_payload(
+        &self,
+        field: usize,
+        index: u64,
+        header: FrameHeader,
+        payload: &[u8],
+    ) -> Result<()> {
         let crc = frame_crc(header.stored_len, header.logical_len, payload);
         if crc != header.crc {
             return Err(self.bad(

@@ -73,14 +73,7 @@ pub fn rebalance(dir: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Rebal
     while first < len {
         let last = (first + STEP_RECORDS).min(len);
         let indices: Vec<u64> = (first..last).collect();
-        let batch = old.gather_with(
-            &indices,
-            &[],
-            crate::GatherOptions {
-                verify: true,
-                ..Default::default()
-            },
-        )?;
+        let batch = old.gather_with(&indices, &[], crate::GatherOptions::verified())?;
         let columns: Vec<_> = batch.fields().collect();
         let records: Vec<Record> = (0..indices.len())
             .map(|k| {

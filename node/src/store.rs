@@ -65,6 +65,16 @@ pub struct GatherOptions {
     pub io: IoBackend,
 }
 
+impl GatherOptions {
+    /// The default options, with every record's frame and CRC32 checked.
+    pub fn verified() -> GatherOptions {
+        GatherOptions {
+            verify: true,
+            ..GatherOptions::default()
+        }
+    }
+}
+
 /// How a gather reads its records.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ReadPath {

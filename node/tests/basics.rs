@@ -55,14 +55,7 @@ fn append_gather_reopen() {
     assert_eq!(store.len(), 20);
     check(&store);
     store
-        .gather_with(
-            &indices,
-            &[],
-            GatherOptions {
-                verify: true,
-                ..Default::default()
-            },
-        )
+        .gather_with(&indices, &[], GatherOptions::verified())
         .unwrap();
 }
 
@@ -208,14 +201,7 @@ fn corruption_is_reported() {
     let store = Store::open(&path).unwrap();
     store.gather(&[2], &["a"]).unwrap(); // unverified raw gathers do not read the frame
     let err = store
-        .gather_with(
-            &[2],
-            &["a"],
-            GatherOptions {
-                verify: true,
-                ..Default::default()
-            },
-        )
+        .gather_with(&[2], &["a"], GatherOptions::verified())
         .unwrap_err();
     assert!(
         matches!(&err, Error::BadRecord { field, index: 2, .. } if field == "a"),
@@ -286,14 +272,7 @@ fn parallel_gathers_match_serial_ones() {
         };
         let store = Store::open_read_only_with(&path, runtime).unwrap();
         let batch = store
-            .gather_with(
-                &indices,
-                &[],
-                GatherOptions {
-                    verify: true,
-                    ..Default::default()
-                },
-            )
+            .gather_with(&indices, &[], GatherOptions::verified())
             .unwrap();
         let columns: Vec<_> = batch.fields().map(|f| f.to_contiguous()).collect();
         for column in &columns {

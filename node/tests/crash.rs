@@ -196,14 +196,7 @@ fn crash_recovers_last_commit() {
         );
         let indices: Vec<u64> = (0..model.len() as u64).collect();
         let batch = store
-            .gather_with(
-                &indices,
-                &[],
-                GatherOptions {
-                    verify: true,
-                    ..Default::default()
-                },
-            )
+            .gather_with(&indices, &[], GatherOptions::verified())
             .unwrap();
         for (f, name) in ["raw", "zip"].iter().enumerate() {
             let field = batch.field(name).unwrap();

@@ -80,14 +80,7 @@ fn check_all(store: &Store, model: &[Row]) {
     assert_eq!(store.len(), model.len() as u64);
     let indices: Vec<u64> = (0..model.len() as u64).collect();
     let batch = store
-        .gather_with(
-            &indices,
-            &[],
-            GatherOptions {
-                verify: true,
-                ..Default::default()
-            },
-        )
+        .gather_with(&indices, &[], GatherOptions::verified())
         .unwrap();
     for (f, name) in FIELDS.iter().enumerate() {
         let field = batch.field(name).unwrap();
