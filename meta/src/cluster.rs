@@ -1,0 +1,116 @@
+//! What zrecord keeps in the metadata store: one record per cluster under [`CLUSTER_KEY`] —
+//! its id, its versioned map, and its committed length — changed only by compare-and-swap,
+//! so two routers never both believe they moved it.
+//!
+//! The committed length is the promise the cluster keeps: a shard may hold more records than
+//! its share of it (the tail of a write not yet committed, which repair may cut), never fewer
+//! (then its data is missing, and the shard is refused until it is rebuilt or restored).
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, MetaStore, Revision};
+
+/// The key of the cluster record.
+pub const CLUSTER_KEY: &str = "cluster";
+
+/// The cluster's record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterRecord {
+    /// Made once, when the cluster is made; every node keeps it in its data directory.
+    pub id: String,
+    pub map: MapRecord,
+    /// Records every shard has committed: no repair cuts below this.
+    pub committed_len: u64,
+}
+
+/// The versioned cluster map: what placement is computed from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapRecord {
+    pub version: u64,
+    pub shards: u32,
+    pub extent_records: u64,
+    pub seed: u64,
+}
+
+impl MapRecord {
+    /// The first key in which `self` and `other` differ, with both values, for a message
+    /// (`None` if the placements are the same; the version is not compared).
+    pub fn difference(&self, other: &MapRecord) -> Option<(&'static str, u64, u64)> {
+        [
+            ("shards", self.shards as u64, other.shards as u64),
+            ("extent_records", self.extent_records, other.extent_records),
+            ("seed", self.seed, other.seed),
+        ]
+        .into_iter()
+        .find(|(_, a, b)| a != b)
+    }
+}
+
+/// A fresh cluster id: 128 bits from the system's randomness, as 32 hex digits.
+pub fn new_cluster_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut words = [0u64; 2];
+    for (k, word) in words.iter_mut().enumerate() {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(k as u64);
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        hasher.write_u32(std::process::id());
+        *word = hasher.finish();
+    }
+    format!("{:016x}{:016x}", words[0], words[1])
+}
+
+/// The cluster record and its revision, or `None` if the store holds none.
+pub async fn load(store: &dyn MetaStore) -> Result<Option<(ClusterRecord, Revision)>, Error> {
+    let Some((text, revision)) = store.get(CLUSTER_KEY).await? else {
+        return Ok(None);
+    };
+    let record = serde_json::from_str(&text).map_err(|e| Error::Corrupt {
+        store: store.describe(),
+        reason: format!("the cluster record cannot be read: {e}"),
+    })?;
+    Ok(Some((record, revision)))
+}
+
+/// Writes `record` if the record is still at `expected` (`None`: if there is none yet).
+pub async fn store(
+    store: &dyn MetaStore,
+    expected: Option<Revision>,
+    record: &ClusterRecord,
+) -> Result<Revision, Error> {
+    let text = serde_json::to_string(record).map_err(|e| Error::Corrupt {
+        store: store.describe(),
+        reason: format!("cannot encode the cluster record: {e}"),
+    })?;
+    store.put_if(CLUSTER_KEY, expected, &text).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_ids_differ_and_maps_name_their_difference() {
+        assert_ne!(new_cluster_id(), new_cluster_id());
+        assert_eq!(new_cluster_id().len(), 32);
+        let map = MapRecord {
+            version: 1,
+            shards: 3,
+            extent_records: 64,
+            seed: 0,
+        };
+        assert_eq!(map.difference(&MapRecord { version: 2, ..map }), None);
+        assert_eq!(
+            map.difference(&MapRecord { shards: 4, ..map }),
+            Some(("shards", 3, 4))
+        );
+        assert_eq!(
+            map.difference(&MapRecord { seed: 9, ..map }),
+            Some(("seed", 0, 9))
+        );
+    }
+}

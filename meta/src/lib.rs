@@ -1,0 +1,69 @@
+//! zr-meta: the cluster's metadata in a consensus store, behind one trait ([`MetaStore`]).
+//!
+//! Agreement is not something we invent. The store is a small key-value map with
+//! compare-and-swap on each key's revision, and a counter that only grows (fencing tokens):
+//! - [`EtcdStore`]: etcd v3, for clusters that span hosts;
+//! - [`EmbeddedStore`]: a directory on one host (atomic replace, fsync, a file lock), with
+//!   the same semantics, for the demo, the simulator and one-machine clusters.
+//!
+//! The same conformance suite (`tests/conformance.rs`) runs on both. What zrecord keeps
+//! there, and how, is in [`cluster`].
+
+pub mod cluster;
+mod embedded;
+mod etcd;
+
+use std::future::Future;
+use std::pin::Pin;
+
+pub use embedded::EmbeddedStore;
+pub use etcd::EtcdStore;
+
+/// A key's version: it changes at every write of the key, and only grows.
+pub type Revision = u64;
+
+/// A boxed future of the store's calls (the trait is used as `dyn MetaStore`).
+pub type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
+
+/// Errors of the metadata store. Each names the store (its directory or endpoints).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A compare-and-swap found another revision: someone else wrote first.
+    #[error(
+        "metadata store {store}: {key} was changed meanwhile (expected {expected}, found {found})"
+    )]
+    Conflict {
+        store: String,
+        key: String,
+        expected: String,
+        found: String,
+    },
+    /// The store could not be reached or did not answer in time.
+    #[error("metadata store {store} is unavailable: {reason}")]
+    Unavailable { store: String, reason: String },
+    /// The store answered, but what it holds cannot be used.
+    #[error("metadata store {store}: {reason}")]
+    Corrupt { store: String, reason: String },
+}
+
+/// What a cluster's coordination needs of a consensus store.
+pub trait MetaStore: Send + Sync + std::fmt::Debug {
+    /// Where the store is, for messages.
+    fn describe(&self) -> String;
+
+    /// The value of `key` and its revision, or `None` if the key does not exist.
+    fn get<'a>(&'a self, key: &'a str) -> Call<'a, Option<(String, Revision)>>;
+
+    /// Writes `value` under `key` if the key's revision is still `expected` (`None`: if the
+    /// key does not exist yet); returns the new revision, or [`Error::Conflict`].
+    fn put_if<'a>(
+        &'a self,
+        key: &'a str,
+        expected: Option<Revision>,
+        value: &'a str,
+    ) -> Call<'a, Revision>;
+
+    /// A number larger than every one this store has returned before, across restarts and
+    /// across every process that uses it: a fencing token.
+    fn next_token(&self) -> Call<'_, u64>;
+}

@@ -1,0 +1,251 @@
+//! One suite, both backends: the embedded store always; etcd when its server is installed
+//! (`apt-get install etcd-server`); under `CI=true` a missing etcd fails the test.
+
+use std::net::TcpListener;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zr_meta::cluster::{self, ClusterRecord, MapRecord};
+use zr_meta::{EmbeddedStore, Error, EtcdStore, MetaStore};
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// What every backend must do. `reopen` makes a second, independent handle on the same
+/// store (another process's view).
+async fn conformance(first: Arc<dyn MetaStore>, reopen: impl Fn() -> Arc<dyn MetaStore>) {
+    let store = &*first;
+    // A key that was never written.
+    assert_eq!(store.get("nothing").await.expect("get"), None);
+    // Create once; a second create is a conflict.
+    let r1 = store.put_if("k", None, "one").await.expect("create");
+    let e = store
+        .put_if("k", None, "again")
+        .await
+        .expect_err("second create");
+    assert!(matches!(e, Error::Conflict { .. }), "{e}");
+    assert_eq!(store.get("k").await.expect("get"), Some(("one".into(), r1)));
+    // Swap from the current revision; a stale one is a conflict and changes nothing.
+    let r2 = store.put_if("k", Some(r1), "two").await.expect("swap");
+    assert!(r2 > r1);
+    let e = store
+        .put_if("k", Some(r1), "stale")
+        .await
+        .expect_err("stale swap");
+    assert!(matches!(e, Error::Conflict { .. }), "{e}");
+    assert!(e.to_string().contains(&store.describe()), "{e}");
+    assert_eq!(store.get("k").await.expect("get"), Some(("two".into(), r2)));
+    // Another handle sees the same history.
+    let other = reopen();
+    assert_eq!(other.get("k").await.expect("get"), Some(("two".into(), r2)));
+    // Tokens only grow, whoever asks.
+    let mut last = 0;
+    for round in 0..6 {
+        let handle = if round % 2 == 0 { &first } else { &other };
+        let token = handle.next_token().await.expect("token");
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+    }
+    // Racing read-modify-writes through two handles lose no update.
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let handle = if t % 2 == 0 {
+                Arc::clone(&first)
+            } else {
+                reopen()
+            };
+            tokio::spawn(async move {
+                for _ in 0..5 {
+                    loop {
+                        let current = handle.get("counter").await.expect("get");
+                        let (n, expected) = match current {
+                            Some((text, revision)) => {
+                                (text.parse::<u64>().expect("number"), Some(revision))
+                            }
+                            None => (0, None),
+                        };
+                        match handle
+                            .put_if("counter", expected, &(n + 1).to_string())
+                            .await
+                        {
+                            Ok(_) => break,
+                            Err(Error::Conflict { .. }) => continue,
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let (count, _) = store.get("counter").await.expect("get").expect("counter");
+    assert_eq!(count, "40");
+    // The typed cluster record round-trips through compare-and-swap.
+    let record = ClusterRecord {
+        id: cluster::new_cluster_id(),
+        map: MapRecord {
+            version: 1,
+            shards: 3,
+            extent_records: 64,
+            seed: 7,
+        },
+        committed_len: 0,
+    };
+    let revision = cluster::store(store, None, &record)
+        .await
+        .expect("create the record");
+    let longer = ClusterRecord {
+        committed_len: 30_000,
+        ..record.clone()
+    };
+    cluster::store(store, Some(revision), &longer)
+        .await
+        .expect("commit");
+    assert!(cluster::store(store, Some(revision), &record)
+        .await
+        .is_err());
+    let (back, _) = cluster::load(&*other)
+        .await
+        .expect("load")
+        .expect("a record");
+    assert_eq!(back, longer);
+}
+
+#[test]
+fn the_embedded_store_conforms() {
+    let dir = tempfile::tempdir().expect("scratch");
+    let path = dir.path().to_path_buf();
+    runtime().block_on(async move {
+        let open = || -> Arc<dyn MetaStore> { Arc::new(EmbeddedStore::open(&path).expect("open")) };
+        conformance(open(), open).await;
+    });
+    // What it holds survives the handles: a later process reads it back.
+    runtime().block_on(async {
+        let store = EmbeddedStore::open(dir.path()).expect("reopen");
+        assert!(cluster::load(&store).await.expect("load").is_some());
+        assert!(store.next_token().await.expect("token") > 6);
+    });
+}
+
+#[test]
+fn the_embedded_store_names_a_damaged_file() {
+    let dir = tempfile::tempdir().expect("scratch");
+    std::fs::write(dir.path().join("metadata.json"), b"{ not json").expect("damage");
+    runtime().block_on(async {
+        let store = EmbeddedStore::open(dir.path()).expect("open");
+        let e = store.get("k").await.expect_err("damaged");
+        assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("metadata.json"), "{e}");
+    });
+}
+
+/// A real etcd on 127.0.0.1 with a temporary data directory, stopped when dropped.
+struct Etcd {
+    child: Child,
+    endpoint: String,
+    _data: tempfile::TempDir,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Starts etcd, or `None` (with a note) where it is not installed outside CI.
+fn start_etcd() -> Option<Etcd> {
+    let installed = Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !installed {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("etcd is not installed: CI must install it (apt-get install etcd-server)");
+        }
+        eprintln!("skipped: etcd is not installed (apt-get install etcd-server)");
+        return None;
+    }
+    let data = tempfile::tempdir().expect("etcd data directory");
+    let (client, peer) = (free_port(), free_port());
+    let endpoint = format!("http://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let child = Command::new("etcd")
+        .args(["--name", "zr-test", "--data-dir"])
+        .arg(data.path())
+        .args([
+            "--listen-client-urls",
+            &endpoint,
+            "--advertise-client-urls",
+            &endpoint,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+        ])
+        .args(["--initial-cluster", &format!("zr-test={peer_url}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start etcd");
+    Some(Etcd {
+        child,
+        endpoint,
+        _data: data,
+    })
+}
+
+async fn connect(etcd: &Etcd, prefix: &str) -> EtcdStore {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), prefix, TIMEOUT).await {
+            Ok(store) if store.get("probe").await.is_ok() => return store,
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
+            Ok(_) | Err(_) => panic!("etcd at {} did not come up", etcd.endpoint),
+        }
+    }
+}
+
+#[test]
+fn etcd_conforms_and_a_stopped_etcd_is_named() {
+    let Some(mut etcd) = start_etcd() else {
+        return;
+    };
+    runtime().block_on(async {
+        let first = Arc::new(connect(&etcd, "/zr-test").await);
+        let second = Arc::new(connect(&etcd, "/zr-test").await);
+        conformance(first.clone(), move || second.clone() as Arc<dyn MetaStore>).await;
+        // Another prefix is another cluster.
+        let other = connect(&etcd, "/zr-other").await;
+        assert_eq!(other.get("k").await.expect("get"), None);
+        // Stopped: calls fail within the timeout, naming the store.
+        let _ = etcd.child.kill();
+        let _ = etcd.child.wait();
+        let started = Instant::now();
+        let e = first.get("k").await.expect_err("etcd is down");
+        assert!(started.elapsed() < TIMEOUT + Duration::from_secs(2));
+        assert!(matches!(e, Error::Unavailable { .. }), "{e}");
+        assert!(e.to_string().contains(&etcd.endpoint), "{e}");
+    });
+}
