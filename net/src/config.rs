@@ -55,6 +55,9 @@ pub struct ClusterConfig {
     pub router: RouterConfig,
     #[serde(default)]
     pub node: NodeConfig,
+    /// Where the cluster's metadata lives; absent: an embedded store in `zr-data/metadata`.
+    #[serde(default)]
+    pub metadata: Option<MetadataConfig>,
     #[serde(default)]
     pub tls: Option<TlsConfig>,
     /// Where the configuration came from (for messages).
@@ -106,6 +109,32 @@ pub struct ShardConfig {
     pub addr: SocketAddr,
     #[serde(default)]
     pub data: Option<PathBuf>,
+}
+
+/// `[metadata]`: the consensus store that holds the cluster's id, map and committed length.
+/// One of `dir` (an embedded store on this host) or `etcd` (endpoints of an etcd cluster).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetadataConfig {
+    /// A directory for the embedded store (one host: every router must see the same one).
+    #[serde(default)]
+    pub dir: Option<PathBuf>,
+    /// etcd client URLs, e.g. `["http://10.0.0.5:2379"]`.
+    #[serde(default)]
+    pub etcd: Vec<String>,
+    /// Where this cluster's keys live in etcd (default `/zrecord`): one prefix per cluster.
+    #[serde(default)]
+    pub prefix: Option<String>,
+}
+
+/// Where the metadata store is, as a router opens it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetadataLocation {
+    Embedded(PathBuf),
+    Etcd {
+        endpoints: Vec<String>,
+        prefix: String,
+    },
 }
 
 /// `[node]`: how every node reads its shard.
@@ -207,6 +236,13 @@ impl ClusterConfig {
                 "no [[field]] given: the dataset needs at least one".into()
             ));
         }
+        if let Some(metadata) = &config.metadata {
+            if metadata.dir.is_some() != metadata.etcd.is_empty() {
+                return Err(bad(
+                    "[metadata] needs exactly one of dir (an embedded store on this host) or etcd (endpoints)".into(),
+                ));
+            }
+        }
         if !READ_PATHS.contains(&config.node.read.as_str()) {
             return Err(bad(format!(
                 "node.read is '{}'; it must be one of {}",
@@ -267,6 +303,22 @@ impl ClusterConfig {
         }
     }
 
+    /// Where the metadata store is (see [`MetadataConfig`]).
+    pub fn metadata_location(&self) -> MetadataLocation {
+        match &self.metadata {
+            Some(MetadataConfig {
+                etcd,
+                prefix,
+                dir: None,
+            }) if !etcd.is_empty() => MetadataLocation::Etcd {
+                endpoints: etcd.clone(),
+                prefix: prefix.clone().unwrap_or_else(|| "/zrecord".into()),
+            },
+            Some(MetadataConfig { dir: Some(dir), .. }) => MetadataLocation::Embedded(dir.clone()),
+            _ => MetadataLocation::Embedded(PathBuf::from("zr-data/metadata")),
+        }
+    }
+
     /// Shard `id`'s entry.
     pub fn shard(&self, id: u32) -> Option<&ShardConfig> {
         self.shards.iter().find(|s| s.id == id)
@@ -315,7 +367,11 @@ pub fn cluster_toml(
     }
     text.push_str(&format!(
         "[router]\nlisten = \"127.0.0.1:{base_port}\"\ntimeout_ms = {TIMEOUT_MS_DEFAULT}\n\n\
+         # The cluster's id, map and committed length: an embedded store for one host (for\n\
+         # several hosts, etcd = [\"http://HOST:2379\"] instead).\n\
+         [metadata]\ndir = {}\n\n\
          [tls]\ncerts = {}\n",
+        toml_string(&dir.join("metadata").display().to_string()),
         toml_string(&certs.display().to_string())
     ));
     text
@@ -414,6 +470,10 @@ mod tests {
             (
                 format!("{GOOD}\n[node]\nread = \"fast\"\n"),
                 "node.read is 'fast'",
+            ),
+            (
+                format!("{GOOD}\n[metadata]\nprefix = \"/x\"\n"),
+                "exactly one of dir",
             ),
         ] {
             let err = ClusterConfig::parse(&edit, "nodes.toml")

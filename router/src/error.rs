@@ -35,6 +35,20 @@ pub enum Failure {
     /// A request the router cannot carry out as asked.
     #[error("{0}")]
     BadRequest(String),
+    /// A shard's node holds fewer records than the cluster has committed on it: its data
+    /// directory is empty, another one, or damaged. It is refused, never taken as a short
+    /// shard, and nothing is cut from the others.
+    #[error("shard {shard} at {addr} holds {holds} records but cluster {cluster} has committed {committed} on it: its data is missing (a wiped or wrong data directory?); it is refused until its directory is restored or rebuilt")]
+    MissingData {
+        shard: u32,
+        addr: SocketAddr,
+        holds: u64,
+        committed: u64,
+        cluster: String,
+    },
+    /// The metadata store failed or could not be reached.
+    #[error("{0}")]
+    Metadata(String),
     /// A failure, and what the router was doing when it happened.
     #[error("{doing}: {failure}")]
     While {
@@ -50,9 +64,10 @@ impl Failure {
     /// The code the failure reaches the client with.
     pub fn code(&self) -> ErrorCode {
         match self {
-            Failure::ShardUnavailable { .. } | Failure::LeaseRunningOut { .. } => {
-                ErrorCode::Unavailable
-            }
+            Failure::ShardUnavailable { .. }
+            | Failure::LeaseRunningOut { .. }
+            | Failure::MissingData { .. }
+            | Failure::Metadata(_) => ErrorCode::Unavailable,
             Failure::ShardRefused { code, .. } => *code,
             Failure::OutOfRange { .. } => ErrorCode::IndexOutOfRange,
             Failure::Busy { .. } => ErrorCode::Conflict,
@@ -89,6 +104,18 @@ pub enum Error {
     /// A record names a field the dataset does not have (checked before it is sent).
     #[error("unknown field '{name}' (the dataset has: {known})")]
     UnknownField { name: String, known: String },
+    /// The metadata store failed or could not be reached.
+    #[error(transparent)]
+    Meta(#[from] zr_meta::Error),
+    /// nodes.toml and the cluster's stored map disagree: applying it would re-map the data.
+    #[error("nodes.toml says {key} = {given} but the cluster's map (version {version}, in {store}) has {key} = {stored}; a changed map would move every record, so it is not applied: put {key} = {stored} back")]
+    MapMismatch {
+        key: &'static str,
+        given: u64,
+        stored: u64,
+        version: u64,
+        store: String,
+    },
     /// Two shards hold different fields.
     #[error("shard {shard}: its fields differ from shard {first}'s")]
     FieldsDiffer { shard: u32, first: u32 },

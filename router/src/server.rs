@@ -25,6 +25,8 @@ use zr_proto::wire::{self, ClientRequest, FieldInfo, NodeRequest, Reply};
 use crate::error::{Error, Failure};
 use crate::nodes::Nodes;
 use crate::plan::plan_gather;
+use zr_meta::cluster::{self, ClusterRecord, MapRecord};
+use zr_meta::MetaStore;
 
 mod writes;
 
@@ -46,6 +48,31 @@ pub struct Router {
     lease: std::sync::Mutex<Option<writes::Lease>>,
     fields: Vec<FieldInfo>,
     timeout: Duration,
+    /// The cluster's metadata: its id, map and committed length.
+    meta: Arc<dyn MetaStore>,
+    cluster_id: String,
+    /// The committed length as last read from or written to the metadata store.
+    committed: AtomicU64,
+    /// Per shard: `Some(records it holds)` while its node holds fewer records than the
+    /// committed length gives it (its data is missing); see [`Failure::MissingData`].
+    missing: std::sync::Mutex<Vec<Option<u64>>>,
+}
+
+/// Opens the metadata store `config` names (`[metadata]`).
+pub async fn open_metadata(config: &ClusterConfig) -> Result<Arc<dyn MetaStore>, Error> {
+    Ok(match config.metadata_location() {
+        zr_net::config::MetadataLocation::Embedded(dir) => {
+            Arc::new(zr_meta::EmbeddedStore::open(dir)?)
+        }
+        zr_net::config::MetadataLocation::Etcd { endpoints, prefix } => Arc::new(
+            zr_meta::EtcdStore::connect(
+                &endpoints,
+                &prefix,
+                Duration::from_millis(config.router.timeout_ms),
+            )
+            .await?,
+        ),
+    })
 }
 
 impl Router {
@@ -57,8 +84,23 @@ impl Router {
         config: &ClusterConfig,
         security: net::Security,
     ) -> Result<Arc<Router>, Error> {
+        let meta = open_metadata(config).await?;
+        Router::start_with(config, security, meta).await
+    }
+
+    /// [`Router::start`] with the metadata store `meta`. The cluster record there (made on
+    /// the first start from nodes.toml, with the nodes' length as committed) must have the
+    /// map nodes.toml gives, or the router refuses to start. A shard whose node holds fewer
+    /// records than the committed length gives it is refused by name, and the router serves
+    /// the others; nothing is cut.
+    pub async fn start_with(
+        config: &ClusterConfig,
+        security: net::Security,
+        meta: Arc<dyn MetaStore>,
+    ) -> Result<Arc<Router>, Error> {
         let placement = config.placement()?;
         let nodes = Arc::new(Nodes::new(config, security)?);
+        let shards = nodes.shards() as usize;
         let mut router = Router {
             placement: ArcSwap::from_pointee(placement),
             nodes,
@@ -71,6 +113,10 @@ impl Router {
             lease: std::sync::Mutex::new(None),
             fields: Vec::new(),
             timeout: Duration::from_millis(config.router.timeout_ms),
+            meta,
+            cluster_id: String::new(),
+            committed: AtomicU64::new(0),
+            missing: std::sync::Mutex::new(vec![None; shards]),
         };
         let infos = router.node_infos(None).await?;
         let mut fields: Option<(u32, &Vec<FieldInfo>)> = None;
@@ -87,9 +133,203 @@ impl Router {
             }
         }
         router.fields = fields.map(|(_, f)| f.clone()).unwrap_or_default();
-        // Recover the length, repairing what a write cut off midway left behind.
-        router.exclusive(|| async { Ok(()) }).await?;
+        let lens: Vec<u64> = infos.iter().map(|(len, _)| *len).collect();
+        let record = router.cluster_record(config, &lens).await?;
+        router.cluster_id = record.id;
+        router
+            .committed
+            .store(record.committed_len, Ordering::SeqCst);
+        if router.note_missing(&lens) {
+            // Serve what is there; writes wait for the missing data.
+            router.len.store(router.served_len(&lens), Ordering::SeqCst);
+            if let Some(failure) = router.missing_failure() {
+                tracing::error!("{failure}");
+            }
+        } else {
+            // Recover the length, repairing what a write cut off midway left behind.
+            router.exclusive(|| async { Ok(()) }).await?;
+        }
         Ok(Arc::new(router))
+    }
+
+    /// The cluster record of the metadata store, checked against nodes.toml's map; made if
+    /// there is none yet, with `lens` (the nodes' lengths) as the committed length.
+    async fn cluster_record(
+        &self,
+        config: &ClusterConfig,
+        lens: &[u64],
+    ) -> Result<ClusterRecord, Error> {
+        let given = MapRecord {
+            version: 1,
+            shards: config.cluster.shards,
+            extent_records: config.cluster.extent_records,
+            seed: config.cluster.seed,
+        };
+        loop {
+            if let Some((record, _)) = cluster::load(&*self.meta).await? {
+                if let Some((key, stored, given)) = record.map.difference(&given) {
+                    return Err(Error::MapMismatch {
+                        key,
+                        given,
+                        stored,
+                        version: record.map.version,
+                        store: self.meta.describe(),
+                    });
+                }
+                return Ok(record);
+            }
+            let record = ClusterRecord {
+                id: cluster::new_cluster_id(),
+                map: given,
+                committed_len: self.placement.load().consistent_len(lens),
+            };
+            match cluster::store(&*self.meta, None, &record).await {
+                Ok(_) => {
+                    tracing::info!(
+                        "cluster {} recorded in {} ({} records committed)",
+                        record.id,
+                        self.meta.describe(),
+                        record.committed_len
+                    );
+                    return Ok(record);
+                }
+                // Another router recorded it first: read theirs.
+                Err(zr_meta::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Marks the shards whose nodes hold fewer records (`lens`) than the committed length
+    /// gives them, and clears the others; true if any is marked.
+    fn note_missing(&self, lens: &[u64]) -> bool {
+        let placement = self.placement.load();
+        let committed = self.committed.load(Ordering::SeqCst);
+        let mut missing = self.missing.lock().unwrap_or_else(|e| e.into_inner());
+        for (shard, (&have, slot)) in lens.iter().zip(missing.iter_mut()).enumerate() {
+            let share = placement.shard_len(shard as u32, committed);
+            *slot = (have < share).then_some(have);
+        }
+        missing.iter().any(Option::is_some)
+    }
+
+    /// The length to serve with `lens`: a shard missing data counts as holding its share of
+    /// the committed length (its records are refused at gather time, not made out of range).
+    fn served_len(&self, lens: &[u64]) -> u64 {
+        let placement = self.placement.load();
+        let committed = self.committed.load(Ordering::SeqCst);
+        let lens: Vec<u64> = lens
+            .iter()
+            .enumerate()
+            .map(|(shard, &have)| have.max(placement.shard_len(shard as u32, committed)))
+            .collect();
+        placement.consistent_len(&lens)
+    }
+
+    /// The refusal of the first shard missing data, if any.
+    fn missing_failure(&self) -> Option<Failure> {
+        let missing = self.missing.lock().unwrap_or_else(|e| e.into_inner());
+        let (shard, holds) = missing
+            .iter()
+            .enumerate()
+            .find_map(|(shard, m)| m.map(|holds| (shard as u32, holds)))?;
+        Some(self.missing_data(shard, holds))
+    }
+
+    fn missing_data(&self, shard: u32, holds: u64) -> Failure {
+        let committed = self.committed.load(Ordering::SeqCst);
+        Failure::MissingData {
+            shard,
+            addr: self.nodes.addr(shard),
+            holds,
+            committed: self.placement.load().shard_len(shard, committed),
+            cluster: self.cluster_id.clone(),
+        }
+    }
+
+    /// Re-reads the committed length from the metadata store (another router may have
+    /// committed since).
+    pub(crate) async fn reload_committed(&self) -> Result<u64, Failure> {
+        let loaded = cluster::load(&*self.meta)
+            .await
+            .map_err(|e| Failure::Metadata(e.to_string()))?;
+        let Some((record, _)) = loaded else {
+            return Err(Failure::Metadata(format!(
+                "metadata store {} holds no cluster record any more",
+                self.meta.describe()
+            )));
+        };
+        self.committed.store(record.committed_len, Ordering::SeqCst);
+        Ok(record.committed_len)
+    }
+
+    /// Records `len` as the committed length in the metadata store. The caller holds the
+    /// write lease.
+    pub(crate) async fn record_committed(&self, len: u64) -> Result<(), Failure> {
+        let meta = |e: zr_meta::Error| Failure::Metadata(e.to_string());
+        for _ in 0..8 {
+            let Some((mut record, revision)) = cluster::load(&*self.meta).await.map_err(meta)?
+            else {
+                return Err(Failure::Metadata(format!(
+                    "metadata store {} holds no cluster record any more",
+                    self.meta.describe()
+                )));
+            };
+            if record.committed_len == len {
+                self.committed.store(len, Ordering::SeqCst);
+                return Ok(());
+            }
+            record.committed_len = len;
+            match cluster::store(&*self.meta, Some(revision), &record).await {
+                Ok(_) => {
+                    self.committed.store(len, Ordering::SeqCst);
+                    return Ok(());
+                }
+                Err(zr_meta::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(meta(e)),
+            }
+        }
+        Err(Failure::Metadata(format!(
+            "the cluster record in {} kept changing; the commit is not recorded",
+            self.meta.describe()
+        )))
+    }
+
+    /// Shard `shard` is missing data: `Some(refusal)` unless its node holds its share of the
+    /// committed length again (its directory was restored), which clears the mark.
+    async fn still_missing(&self, shard: u32) -> Option<Failure> {
+        let holds = self
+            .missing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(shard as usize)
+            .copied()
+            .flatten()?;
+        let share = self
+            .placement
+            .load()
+            .shard_len(shard, self.committed.load(Ordering::SeqCst));
+        match self.nodes.call(shard, &NodeRequest::Info, Vec::new()).await {
+            Ok(crate::nodes::NodeReply {
+                reply: Reply::Info { len, .. },
+                ..
+            }) if len >= share => {
+                if let Some(slot) = self
+                    .missing
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_mut(shard as usize)
+                {
+                    *slot = None;
+                }
+                None
+            }
+            Ok(crate::nodes::NodeReply {
+                reply: Reply::Info { len, .. },
+                ..
+            }) => Some(self.missing_data(shard, len)),
+            _ => Some(self.missing_data(shard, holds)),
+        }
     }
 
     /// The global length.
@@ -195,12 +435,17 @@ impl Router {
                 self.exclusive(|| self.delete(index)).await.map(ready_body)
             }
             ClientRequest::Commit => {
-                let calls = (0..self.nodes.shards())
-                    .map(|shard| self.nodes.call(shard, &NodeRequest::Commit, Vec::new()));
-                for result in futures::future::join_all(calls).await {
-                    result?;
-                }
-                Ok(ready(Reply::Done))
+                self.exclusive(|| async {
+                    let calls = (0..self.nodes.shards())
+                        .map(|shard| self.nodes.call(shard, &NodeRequest::Commit, Vec::new()));
+                    for result in futures::future::join_all(calls).await {
+                        result?;
+                    }
+                    // Every shard holds the length durably now: the promise moves.
+                    self.record_committed(self.len()).await?;
+                    Ok(ready(Reply::Done))
+                })
+                .await
             }
         }
     }
@@ -220,6 +465,11 @@ impl Router {
             return Err(Failure::OutOfRange { index, len });
         }
         let parts = plan_gather(&self.placement.load(), indices);
+        for part in &parts {
+            if let Some(refusal) = self.still_missing(part.shard).await {
+                return Err(refusal);
+            }
+        }
         if parts.is_empty() {
             // No index: an empty column per requested field.
             let count = if fields.is_empty() {
@@ -287,10 +537,9 @@ impl Router {
     /// them cannot overwrite theirs.
     async fn refresh_len(&self) -> Result<u64, Failure> {
         let _writes = self.writes.lock().await;
-        let len = self
-            .placement
-            .load()
-            .consistent_len(&self.node_lens(None).await?);
+        let lens = self.node_lens(None).await?;
+        self.note_missing(&lens);
+        let len = self.served_len(&lens);
         self.len.store(len, Ordering::SeqCst);
         Ok(len)
     }

@@ -181,6 +181,10 @@ impl SimCluster {
                 timeout_ms: options.timeout_ms,
             },
             node: Default::default(),
+            metadata: Some(zr_net::config::MetadataConfig {
+                dir: Some(data.path().join("metadata")),
+                ..Default::default()
+            }),
             tls,
             origin: "simulated cluster".into(),
         };
@@ -315,14 +319,28 @@ impl SimCluster {
         self.runtime.block_on(future)
     }
 
+    /// The cluster's metadata store (embedded, in the cluster's directory), its calls run
+    /// on the calling task so that a cluster on virtual time replays exactly.
+    pub fn metadata(&self) -> Result<Arc<dyn zr_meta::MetaStore>, SimError> {
+        let dir = match self.config.metadata_location() {
+            zr_net::config::MetadataLocation::Embedded(dir) => dir,
+            other => {
+                return Err(format!("a simulated cluster keeps no metadata in {other:?}").into())
+            }
+        };
+        Ok(Arc::new(zr_meta::EmbeddedStore::open(dir)?.inline()))
+    }
+
     /// Starts another router over the same nodes; returns its address.
     pub fn add_router(&mut self) -> Result<SocketAddr, SimError> {
         let config = self.config.clone();
+        let metadata = self.metadata()?;
         let security = self.security(Role::Router)?;
         let (addr, running) = self.runtime.block_on(async {
             let endpoint = net::server_endpoint(config.router.listen, &security)?;
             let addr = endpoint.local_addr()?;
-            let router: Arc<Router> = Router::start(&config, security).await?;
+            let router: Arc<Router> =
+                Router::start_with(&config, security, Arc::clone(&metadata)).await?;
             let (stop, stopped) = oneshot::channel::<()>();
             let task = tokio::spawn(async move {
                 router

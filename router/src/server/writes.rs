@@ -180,6 +180,14 @@ impl Router {
     async fn repair_locked(&self, pending: Option<PendingWrite>) -> Result<(), Failure> {
         let token = self.lease().as_ref().map(|lease| lease.token);
         let lens = self.node_lens(token).await?;
+        // Committed data is never cut: a shard holding less than the committed length gives
+        // it is missing data, and no write goes on until it is back.
+        let committed = self.reload_committed().await?;
+        if self.note_missing(&lens) {
+            if let Some(refusal) = self.missing_failure() {
+                return Err(refusal);
+            }
+        }
         let placement = self.placement.load_full();
         let mut len = placement.consistent_len(&lens);
         if let Some(PendingWrite::Append { start, count }) = pending {
@@ -190,6 +198,13 @@ impl Router {
                 );
                 len = start;
             }
+        }
+        if len < committed {
+            // Cannot happen while every shard holds its committed share; refuse rather than
+            // cut, whatever went wrong.
+            return Err(Failure::Metadata(format!(
+                "the nodes agree on {len} records but {committed} are committed; nothing is cut"
+            )));
         }
         for (shard, &have) in lens.iter().enumerate() {
             let want = placement.shard_len(shard as u32, len);
@@ -215,6 +230,9 @@ impl Router {
                 tracing::warn!(
                     "finishing the delete of record {index} that a router left half done"
                 );
+                if self.committed.load(Ordering::SeqCst) >= before {
+                    self.record_committed(before - 1).await?;
+                }
                 self.finish_delete(index, before).await?;
                 self.len.store(before - 1, Ordering::SeqCst);
             }
@@ -364,6 +382,11 @@ impl Router {
     pub(super) async fn delete(&self, index: u64) -> Result<(Reply, Vec<Bytes>), Failure> {
         self.check_index(index)?;
         let len = self.len();
+        // The cut below takes the last record off its shard: the committed length must not
+        // promise it any more, or the shard would look as if it had lost data.
+        if self.committed.load(Ordering::SeqCst) >= len {
+            self.record_committed(len - 1).await?;
+        }
         if index == len - 1 {
             // Only a cut: one step, nothing to record.
             let (shard, local) = self.placement.load().locate(index);

@@ -1,0 +1,159 @@
+//! The cluster's metadata keeps committed data safe: a node that lost its disk is refused by
+//! name and nothing is cut from the others; putting its directory back makes the cluster
+//! whole; a nodes.toml that disagrees with the stored map is refused.
+
+use std::path::Path;
+
+use zr_common::hash::mix2;
+use zr_common::Record;
+use zr_net::tls::Role;
+use zr_proto::wire::ErrorCode;
+use zr_router::{Client, Router};
+use zr_sim::{SimCluster, SimOptions};
+
+const RECORDS: u64 = 3000;
+
+fn options() -> SimOptions {
+    SimOptions {
+        fields: vec![("data".into(), "raw".into())],
+        extent_records: 16,
+        timeout_ms: 2_000,
+        ..SimOptions::default()
+    }
+}
+
+fn payload(i: u64) -> Vec<u8> {
+    (0..(16 + mix2(i, 3) % 200))
+        .map(|k| mix2(i, k) as u8)
+        .collect()
+}
+
+fn load(client: &Client, from: u64, to: u64) {
+    let rows: Vec<Vec<u8>> = (from..to).map(payload).collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
+    assert_eq!(client.append_many(&records).unwrap(), from..to);
+    client.commit().unwrap();
+}
+
+fn check(client: &Client, indices: &[u64]) {
+    let columns = client.gather(indices, &[]).unwrap();
+    for (pos, &i) in indices.iter().enumerate() {
+        assert!(
+            columns[0].get(pos).unwrap() == &payload(i)[..],
+            "record {i} differs"
+        );
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_dir(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_wiped_node_is_refused_by_name_and_the_other_shards_keep_every_record() {
+    let mut cluster = SimCluster::start(3, options()).unwrap();
+    let client = cluster.client().unwrap();
+    load(&client, 0, RECORDS);
+    drop(client);
+
+    // Shard 2 loses its disk (its directory kept aside, as a backup would be).
+    let placement = cluster.config().placement().unwrap();
+    let backup = tempfile::tempdir().unwrap();
+    cluster.stop_node(2).unwrap();
+    let dir = cluster.data_dir(2);
+    copy_dir(&dir, backup.path());
+    std::fs::remove_dir_all(&dir).unwrap();
+    cluster.start_node(2).unwrap();
+    cluster.restart_router().unwrap();
+
+    let client = cluster.client().unwrap();
+    assert_eq!(client.len().unwrap(), RECORDS, "the committed length holds");
+    let on = |shard: u32| -> Vec<u64> {
+        (0..RECORDS)
+            .filter(|&i| placement.locate(i).0 == shard)
+            .collect()
+    };
+    // The healthy shards serve every record, byte-exact.
+    check(&client, &on(0));
+    check(&client, &on(1));
+    // The wiped one is refused by name, for gathers and for writes.
+    let addr = cluster.config().shard(2).unwrap().addr;
+    let e = client.gather(&on(2)[..1], &[]).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("shard 2") && text.contains(&addr.to_string()) && text.contains("missing"),
+        "{text}"
+    );
+    assert_eq!(e.code(), Some(ErrorCode::Unavailable));
+    let row = payload(RECORDS);
+    let e = client
+        .append(&Record::new().with("data", &row))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shard 2") && e.contains("missing"), "{e}");
+    drop(client);
+
+    // Its directory comes back: every record is there again, and writes go on.
+    cluster.stop_node(2).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    copy_dir(backup.path(), &dir);
+    cluster.start_node(2).unwrap();
+    let client = cluster.client().unwrap();
+    let all: Vec<u64> = (0..RECORDS).collect();
+    check(&client, &all);
+    load(&client, RECORDS, RECORDS + 100);
+    assert_eq!(client.len().unwrap(), RECORDS + 100);
+    check(&client, &(RECORDS - 50..RECORDS + 100).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_changed_map_in_nodes_toml_is_refused_and_changes_nothing() {
+    let cluster = SimCluster::start(2, options()).unwrap();
+    let client = cluster.client().unwrap();
+    load(&client, 0, 500);
+    let security = cluster.security(Role::Router).unwrap();
+    let metadata = cluster.metadata().unwrap();
+    for (edit, key) in [
+        (
+            {
+                let mut c = cluster.config().clone();
+                c.cluster.seed = 99;
+                c
+            },
+            "seed",
+        ),
+        (
+            {
+                let mut c = cluster.config().clone();
+                c.cluster.extent_records = 1000;
+                c
+            },
+            "extent_records",
+        ),
+    ] {
+        let started = cluster.run(Router::start_with(
+            &edit,
+            security.clone(),
+            metadata.clone(),
+        ));
+        let e = started
+            .err()
+            .expect("a router with another map")
+            .to_string();
+        assert!(
+            e.contains(&format!("nodes.toml says {key}")) && e.contains("not applied"),
+            "{e}"
+        );
+    }
+    assert_eq!(client.len().unwrap(), 500);
+    check(&client, &(0..500).collect::<Vec<_>>());
+}
