@@ -12,6 +12,7 @@
 pub mod cluster;
 mod embedded;
 mod etcd;
+pub mod testing;
 
 use std::future::Future;
 use std::pin::Pin;

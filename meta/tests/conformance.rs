@@ -1,14 +1,12 @@
 //! One suite, both backends: the embedded store always; etcd when its server is installed
 //! (`apt-get install etcd-server`); under `CI=true` a missing etcd fails the test.
 
-use std::net::TcpListener;
-
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use zr_meta::cluster::{self, ClusterRecord, MapRecord};
-use zr_meta::{EmbeddedStore, Error, EtcdStore, MetaStore};
+use zr_meta::testing::TestEtcd;
+use zr_meta::{EmbeddedStore, Error, MetaStore};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -150,102 +148,24 @@ fn the_embedded_store_names_a_damaged_file() {
     });
 }
 
-/// A real etcd on 127.0.0.1 with a temporary data directory, stopped when dropped.
-struct Etcd {
-    child: Child,
-    endpoint: String,
-    _data: tempfile::TempDir,
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-/// Starts etcd, or `None` (with a note) where it is not installed outside CI.
-fn start_etcd() -> Option<Etcd> {
-    let installed = Command::new("etcd")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !installed {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("etcd is not installed: CI must install it (apt-get install etcd-server)");
-        }
-        eprintln!("skipped: etcd is not installed (apt-get install etcd-server)");
-        return None;
-    }
-    let data = tempfile::tempdir().expect("etcd data directory");
-    let (client, peer) = (free_port(), free_port());
-    let endpoint = format!("http://127.0.0.1:{client}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    let child = Command::new("etcd")
-        .args(["--name", "zr-test", "--data-dir"])
-        .arg(data.path())
-        .args([
-            "--listen-client-urls",
-            &endpoint,
-            "--advertise-client-urls",
-            &endpoint,
-        ])
-        .args([
-            "--listen-peer-urls",
-            &peer_url,
-            "--initial-advertise-peer-urls",
-            &peer_url,
-        ])
-        .args(["--initial-cluster", &format!("zr-test={peer_url}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start etcd");
-    Some(Etcd {
-        child,
-        endpoint,
-        _data: data,
-    })
-}
-
-async fn connect(etcd: &Etcd, prefix: &str) -> EtcdStore {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), prefix, TIMEOUT).await {
-            Ok(store) if store.get("probe").await.is_ok() => return store,
-            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
-            Ok(_) | Err(_) => panic!("etcd at {} did not come up", etcd.endpoint),
-        }
-    }
-}
-
 #[test]
 fn etcd_conforms_and_a_stopped_etcd_is_named() {
-    let Some(mut etcd) = start_etcd() else {
+    let Some(mut etcd) = TestEtcd::start() else {
         return;
     };
     runtime().block_on(async {
-        let first = Arc::new(connect(&etcd, "/zr-test").await);
-        let second = Arc::new(connect(&etcd, "/zr-test").await);
+        let first = Arc::new(etcd.connect("/zr-test", TIMEOUT).await);
+        let second = Arc::new(etcd.connect("/zr-test", TIMEOUT).await);
         conformance(first.clone(), move || second.clone() as Arc<dyn MetaStore>).await;
         // Another prefix is another cluster.
-        let other = connect(&etcd, "/zr-other").await;
+        let other = etcd.connect("/zr-other", TIMEOUT).await;
         assert_eq!(other.get("k").await.expect("get"), None);
         // Stopped: calls fail within the timeout, naming the store.
-        let _ = etcd.child.kill();
-        let _ = etcd.child.wait();
+        etcd.stop();
         let started = Instant::now();
         let e = first.get("k").await.expect_err("etcd is down");
         assert!(started.elapsed() < TIMEOUT + Duration::from_secs(2));
         assert!(matches!(e, Error::Unavailable { .. }), "{e}");
-        assert!(e.to_string().contains(&etcd.endpoint), "{e}");
+        assert!(e.to_string().contains(etcd.endpoint()), "{e}");
     });
 }

@@ -107,6 +107,8 @@ pub struct SimCluster {
     seed: u64,
     virtual_time: bool,
     routers: Vec<(SocketAddr, Running)>,
+    /// The metadata store routers started from now on use, if not the embedded one.
+    metadata: Option<Arc<dyn zr_meta::MetaStore>>,
 }
 
 impl SimCluster {
@@ -198,6 +200,7 @@ impl SimCluster {
             seed: options.seed,
             virtual_time: options.virtual_time,
             routers: Vec::new(),
+            metadata: None,
         };
         for (shard, endpoint) in endpoints.into_iter().enumerate() {
             let running = cluster.run_node(shard as u32, endpoint)?;
@@ -322,6 +325,9 @@ impl SimCluster {
     /// The cluster's metadata store (embedded, in the cluster's directory), its calls run
     /// on the calling task so that a cluster on virtual time replays exactly.
     pub fn metadata(&self) -> Result<Arc<dyn zr_meta::MetaStore>, SimError> {
+        if let Some(store) = &self.metadata {
+            return Ok(Arc::clone(store));
+        }
         let dir = match self.config.metadata_location() {
             zr_net::config::MetadataLocation::Embedded(dir) => dir,
             other => {
@@ -329,6 +335,12 @@ impl SimCluster {
             }
         };
         Ok(Arc::new(zr_meta::EmbeddedStore::open(dir)?.inline()))
+    }
+
+    /// Routers started from now on (see [`SimCluster::restart_router`]) keep the cluster's
+    /// metadata in `store` (an etcd, say) instead of the embedded store.
+    pub fn set_metadata(&mut self, store: Arc<dyn zr_meta::MetaStore>) {
+        self.metadata = Some(store);
     }
 
     /// Starts another router over the same nodes; returns its address.

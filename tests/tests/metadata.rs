@@ -157,3 +157,49 @@ fn a_changed_map_in_nodes_toml_is_refused_and_changes_nothing() {
     assert_eq!(client.len().unwrap(), 500);
     check(&client, &(0..500).collect::<Vec<_>>());
 }
+
+/// With its metadata in etcd, a cluster whose etcd stops goes on serving gathers; writes
+/// fail at once naming the metadata store; once etcd is back, writes go on and nothing is
+/// lost. Needs the etcd server (`apt-get install etcd-server`; under CI=true it must be
+/// there).
+#[test]
+fn gathers_go_on_while_etcd_is_down_and_writes_resume_after() {
+    let Some(mut etcd) = zr_meta::testing::TestEtcd::start() else {
+        return;
+    };
+    let mut cluster = SimCluster::start(2, options()).unwrap();
+    let store = cluster.run(etcd.connect("/zr-sim", std::time::Duration::from_secs(2)));
+    let store: std::sync::Arc<dyn zr_meta::MetaStore> = std::sync::Arc::new(store);
+    cluster.set_metadata(store.clone());
+    cluster.restart_router().unwrap();
+    let client = cluster.client().unwrap();
+    load(&client, 0, 400);
+    let (record, _) = cluster
+        .run(zr_meta::cluster::load(&*store))
+        .unwrap()
+        .expect("the router recorded the cluster in etcd");
+    assert_eq!(record.committed_len, 400);
+
+    etcd.stop();
+    check(&client, &(0..400).collect::<Vec<_>>());
+    let row = payload(400);
+    let e = client
+        .append(&Record::new().with("data", &row))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("metadata store") && e.contains(etcd.endpoint()),
+        "{e}"
+    );
+
+    etcd.resume();
+    cluster.run(etcd.wait_ready(&*store));
+    load(&client, 400, 500);
+    assert_eq!(client.len().unwrap(), 500);
+    check(&client, &(0..500).collect::<Vec<_>>());
+    let (record, _) = cluster
+        .run(zr_meta::cluster::load(&*store))
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.committed_len, 500);
+}
