@@ -78,6 +78,8 @@ pub struct Grant {
 pub struct Coordination {
     pub lease: WriteLease,
     pub fence: Fence,
+    /// Which cluster and map this node's data belongs to.
+    pub identity: crate::identity::Identity,
 }
 
 impl Coordination {
@@ -87,6 +89,7 @@ impl Coordination {
         Ok(Coordination {
             lease: WriteLease::open(dir)?,
             fence: Fence::default(),
+            identity: crate::identity::Identity::open(dir)?,
         })
     }
 }

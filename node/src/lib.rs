@@ -24,6 +24,7 @@ mod error;
 mod explicit;
 pub mod frame;
 mod gather;
+pub mod identity;
 mod io;
 pub mod lease;
 mod map;

@@ -16,7 +16,7 @@ use quinn::Endpoint;
 use zr_common::Record;
 use zr_net as net;
 use zr_net::config::ClusterConfig;
-use zr_proto::wire::{self, ErrorCode, FieldInfo, NodeRequest, Reply};
+use zr_proto::wire::{self, ErrorCode, FieldInfo, NodeMessage, NodeRequest, Reply};
 
 use crate::batch::Batch;
 use crate::lease::{Coordination, LeaseError};
@@ -34,8 +34,15 @@ const ZERO_COPY_MEAN_BYTES: u64 = 4096;
 /// Most client connections (routers) a node serves at once.
 pub const CONNECTIONS_MAX: usize = 64;
 /// Opens shard `shard`'s store at `dir`, creating it with the cluster's fields if it does not
-/// exist yet; refuses a store whose fields differ from the configuration.
-pub fn open_shard_store(config: &ClusterConfig, dir: &Path) -> Result<Store, Error> {
+/// exist yet; refuses a store whose fields differ from the configuration, and a directory
+/// that holds another shard's data (see `identity`).
+pub fn open_shard_store(config: &ClusterConfig, dir: &Path, shard: u32) -> Result<Store, Error> {
+    let store = open_shard_store_fields(config, dir)?;
+    crate::identity::Identity::claim(dir, shard)?;
+    Ok(store)
+}
+
+fn open_shard_store_fields(config: &ClusterConfig, dir: &Path) -> Result<Store, Error> {
     let fields: Vec<FieldSpec> = config
         .fields
         .iter()
@@ -153,7 +160,7 @@ pub async fn serve_with(
                 Handling::Adaptive => match decode(&bytes) {
                     Err(reply) => Ok(reply),
                     Ok((request, body_at)) => {
-                        let may_inline = runs_inline_when_warm(&store, &request);
+                        let may_inline = runs_inline_when_warm(&store, &request.request);
                         let call =
                             move || respond(&store, &coordination, request, &bytes[body_at..]);
                         let reads = {
@@ -199,13 +206,13 @@ pub async fn serve_with(
 /// and this node's fence.
 pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
     match decode(bytes) {
-        Ok((request, body_at)) => respond(store, coordination, request, &bytes[body_at..]),
+        Ok((message, body_at)) => respond(store, coordination, message, &bytes[body_at..]),
         Err(reply) => reply,
     }
 }
 
 /// Decodes a request: it and where its body starts in `bytes`, or the error reply.
-fn decode(bytes: &[u8]) -> Result<(NodeRequest, usize), (Vec<u8>, Vec<Bytes>)> {
+fn decode(bytes: &[u8]) -> Result<(NodeMessage, usize), (Vec<u8>, Vec<Bytes>)> {
     match wire::decode_request(bytes) {
         Ok((request, body)) => Ok((request, bytes.len() - body.len())),
         Err(e) => {
@@ -219,10 +226,16 @@ fn decode(bytes: &[u8]) -> Result<(NodeRequest, usize), (Vec<u8>, Vec<Bytes>)> {
 fn respond(
     store: &Store,
     coordination: &Coordination,
-    request: NodeRequest,
+    message: NodeMessage,
     body: &[u8],
 ) -> (Vec<u8>, Vec<Bytes>) {
-    match execute(store, coordination, request, body) {
+    if let Some(cluster) = &message.cluster {
+        if let Err(mismatch) = coordination.identity.admit(cluster, message.map_version) {
+            let refusal = Refusal::Identity(mismatch);
+            return error_reply(refusal.code(), refusal.to_string());
+        }
+    }
+    match execute(store, coordination, message.request, body) {
         Ok((reply, body)) => match wire::encode_reply(&reply) {
             Ok(header) => (header, body),
             Err(e) => error_reply(ErrorCode::Storage, e.to_string()),
@@ -266,6 +279,9 @@ pub enum Refusal {
     /// A write whose lease token is below the node's fence.
     #[error("{0}")]
     Fenced(String),
+    /// The request is for another cluster or map than this node's data.
+    #[error(transparent)]
+    Identity(crate::identity::Mismatch),
     /// An append that does not start at the shard's length.
     #[error("append expected to start at {at} but the shard holds {len} records")]
     OutOfStep { at: u64, len: u64 },
@@ -279,6 +295,9 @@ impl Refusal {
             Refusal::Lease(LeaseError::NotHolder(_)) => ErrorCode::Conflict,
             Refusal::Lease(LeaseError::Storage(_)) => ErrorCode::Storage,
             Refusal::NoLeaseToken => ErrorCode::BadRequest,
+            Refusal::Identity(crate::identity::Mismatch::Cluster { .. }) => ErrorCode::WrongCluster,
+            Refusal::Identity(crate::identity::Mismatch::Map { .. }) => ErrorCode::StaleMap,
+            Refusal::Identity(crate::identity::Mismatch::Storage(_)) => ErrorCode::Storage,
             Refusal::LeaseHeld { .. } | Refusal::Fenced(_) | Refusal::OutOfStep { .. } => {
                 ErrorCode::Conflict
             }
@@ -519,7 +538,7 @@ pub async fn run_shard(
     let store = {
         let config = config.clone();
         let dir = dir.clone();
-        tokio::task::spawn_blocking(move || open_shard_store(&config, &dir)).await??
+        tokio::task::spawn_blocking(move || open_shard_store(&config, &dir, shard)).await??
     };
     let addr: SocketAddr = entry.addr;
     let endpoint = net::server_endpoint(addr, security)?;
@@ -593,8 +612,11 @@ mod tests {
                 other => panic!("not refused: {other:?}"),
             }
         };
-        let ask =
-            |request: &NodeRequest| code_of_reply(wire::encode_request(request).expect("encode"));
+        let ask = |request: &NodeRequest| {
+            code_of_reply(
+                wire::encode_request(&NodeMessage::unchecked(request.clone())).expect("encode"),
+            )
+        };
         let gather = |index: u64| NodeRequest::Gather {
             indices: vec![index],
             fields: Vec::new(),
@@ -648,7 +670,8 @@ mod tests {
                     ..GatherOptions::default()
                 });
             let coordination = Coordination::open(dir.path()).expect("coordination");
-            let request = wire::encode_request(&gather(64, &[])).expect("encode");
+            let request =
+                wire::encode_request(&NodeMessage::unchecked(gather(64, &[]))).expect("encode");
             let warmth = Warmth::default();
             for _ in 0..crate::warm::WARM_STREAK {
                 warmth.observe(|| ());

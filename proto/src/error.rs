@@ -23,6 +23,10 @@ pub enum ErrorCode {
     /// A stored record, or a file of the dataset, is damaged (a CRC mismatch, an entry out
     /// of bounds): the data, not the request, is at fault.
     CorruptRecord,
+    /// The request was placed by another version of the cluster map than the node serves.
+    StaleMap,
+    /// The node's data belongs to another cluster.
+    WrongCluster,
 }
 
 /// Errors of the protocol crate.

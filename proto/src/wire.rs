@@ -18,7 +18,7 @@ use crate::error::Error;
 pub use crate::error::ErrorCode;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 6;
+pub const WIRE_VERSION: u16 = 7;
 const MAGIC: [u8; 4] = *b"ZRW1";
 const PREFIX_BYTES: usize = 12;
 /// Longest header accepted.
@@ -29,6 +29,8 @@ pub const MESSAGE_BYTES_MAX: usize = 1 << 30;
 pub const RECORDS_MAX: usize = 1 << 20;
 /// Most fields one message may name.
 pub const FIELDS_MAX: usize = 256;
+/// Longest cluster id a node request may carry.
+pub const CLUSTER_ID_BYTES_MAX: usize = 128;
 
 const KIND_CLIENT_REQUEST: u16 = 1;
 const KIND_REPLY: u16 = 2;
@@ -115,6 +117,39 @@ pub enum NodeRequest {
     },
 }
 
+/// A node request as it crosses the wire: with the cluster it is meant for and the map
+/// version its sender placed it by, so that a node of another cluster, or one that knows
+/// another map, refuses it instead of guessing. Tools that talk to a node directly
+/// (benchmarks, tests) may leave the cluster out ([`NodeMessage::unchecked`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeMessage {
+    /// The cluster id (see zr-meta); `None`: not checked.
+    pub cluster: Option<String>,
+    /// The version of the cluster map the sender placed the request by.
+    pub map_version: u64,
+    pub request: NodeRequest,
+}
+
+impl NodeMessage {
+    /// `request` for cluster `cluster` placed by map `map_version`.
+    pub fn new(cluster: &str, map_version: u64, request: NodeRequest) -> NodeMessage {
+        NodeMessage {
+            cluster: Some(cluster.to_string()),
+            map_version,
+            request,
+        }
+    }
+
+    /// `request` without a cluster to check: for tools that talk to a node directly.
+    pub fn unchecked(request: NodeRequest) -> NodeMessage {
+        NodeMessage {
+            cluster: None,
+            map_version: 0,
+            request,
+        }
+    }
+}
+
 /// A request of one of the two protocols: its message kind, and the checks its header and
 /// body must pass before anything is allocated from them.
 pub trait Request: Serialize + serde::de::DeserializeOwned + sealed::Sealed {
@@ -127,7 +162,7 @@ pub trait Request: Serialize + serde::de::DeserializeOwned + sealed::Sealed {
 mod sealed {
     pub trait Sealed {}
     impl Sealed for super::ClientRequest {}
-    impl Sealed for super::NodeRequest {}
+    impl Sealed for super::NodeMessage {}
 }
 
 impl Request for ClientRequest {
@@ -147,11 +182,20 @@ impl Request for ClientRequest {
     }
 }
 
-impl Request for NodeRequest {
+impl Request for NodeMessage {
     const KIND: u16 = KIND_NODE_REQUEST;
 
     fn check(&self, body: usize) -> Result<(), Error> {
-        match self {
+        if self
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.len() > CLUSTER_ID_BYTES_MAX)
+        {
+            return Err(Error::Malformed(format!(
+                "a cluster id longer than {CLUSTER_ID_BYTES_MAX} bytes"
+            )));
+        }
+        match &self.request {
             NodeRequest::Gather { indices, fields } => check_gather(indices, fields, body),
             NodeRequest::Append {
                 fields, lengths, ..
@@ -512,10 +556,11 @@ mod tests {
             fields: vec!["a".into(), "b".into()],
             lengths: vec![vec![1, 2], vec![0, 3]],
         };
-        let bytes = message(encode_request(&request).unwrap(), b"xyy___");
-        let (back, body) = decode_request::<NodeRequest>(&bytes).unwrap();
-        assert_eq!(back, request);
-        let NodeRequest::Append { lengths, .. } = back else {
+        let sent = NodeMessage::new("c1", 3, request);
+        let bytes = message(encode_request(&sent).unwrap(), b"xyy___");
+        let (back, body) = decode_request::<NodeMessage>(&bytes).unwrap();
+        assert_eq!(back, sent);
+        let NodeRequest::Append { lengths, .. } = back.request else {
             unreachable!()
         };
         assert_eq!(
@@ -591,42 +636,42 @@ mod tests {
 
     #[test]
     fn hostile_messages_are_errors() {
-        let good = encode_request(&NodeRequest::Gather {
+        let good = encode_request(&node(NodeRequest::Gather {
             indices: vec![1, 2, 3],
             fields: vec![],
-        })
+        }))
         .unwrap();
         // Every truncation, and every single-byte corruption, decodes to an error or to a
         // valid request — never a panic.
         for cut in 0..good.len() {
-            assert!(decode_request::<NodeRequest>(&good[..cut]).is_err());
+            assert!(decode_request::<NodeMessage>(&good[..cut]).is_err());
         }
         for i in 0..good.len() {
             for flip in [1u8, 0x80, 0xff] {
                 let mut bad = good.clone();
                 bad[i] ^= flip;
-                let _ = decode_request::<NodeRequest>(&bad);
+                let _ = decode_request::<NodeMessage>(&bad);
             }
         }
         // A length prefix claiming 2^60 indices is refused without allocating them.
         let mut bomb = good.clone();
-        let at = PREFIX_BYTES + 4; // after the enum tag
+        let at = PREFIX_BYTES + 1 + 8 + 4; // after no cluster, the map version, the enum tag
         bomb[at..at + 8].copy_from_slice(&(1u64 << 60).to_le_bytes());
-        assert!(decode_request::<NodeRequest>(&bomb).is_err());
+        assert!(decode_request::<NodeMessage>(&bomb).is_err());
         // Body sizes must match the lengths.
-        let append = encode_request(&NodeRequest::Append {
+        let append = encode_request(&node(NodeRequest::Append {
             at: None,
             token: None,
             fields: vec!["a".into()],
             lengths: vec![vec![4]],
-        })
+        }))
         .unwrap();
-        assert!(decode_request::<NodeRequest>(&message(append.clone(), b"abc")).is_err());
-        assert!(decode_request::<NodeRequest>(&message(append, b"abcd")).is_ok());
+        assert!(decode_request::<NodeMessage>(&message(append.clone(), b"abc")).is_err());
+        assert!(decode_request::<NodeMessage>(&message(append, b"abcd")).is_ok());
         // Another version is named in the error.
         let mut other = good;
         other[4] = 9;
-        let e = decode_request::<NodeRequest>(&other).unwrap_err();
+        let e = decode_request::<NodeMessage>(&other).unwrap_err();
         assert!(matches!(e, Error::Version { theirs: 9, .. }), "{e}");
         assert!(e.to_string().contains("version 9"), "{e}");
     }
@@ -638,10 +683,17 @@ mod tests {
         let client = encode_request(&ClientRequest::Delete { index: 7 }).unwrap();
         let (back, _) = decode_request::<ClientRequest>(&client).unwrap();
         assert_eq!(back, ClientRequest::Delete { index: 7 });
-        let e = decode_request::<NodeRequest>(&client).unwrap_err();
+        let e = decode_request::<NodeMessage>(&client).unwrap_err();
         assert!(matches!(e, Error::Malformed(_)), "{e}");
-        let node = encode_request(&NodeRequest::Fence { token: 3 }).unwrap();
-        assert!(decode_request::<ClientRequest>(&node).is_err());
+        let fence = encode_request(&node(NodeRequest::Fence { token: 3 })).unwrap();
+        assert!(decode_request::<ClientRequest>(&fence).is_err());
+        // A cluster id past the limit is refused before anything else.
+        let long = NodeMessage::new(&"c".repeat(200), 1, NodeRequest::Info);
+        assert!(decode_request::<NodeMessage>(&encode_request(&long).unwrap()).is_err());
+    }
+
+    fn node(request: NodeRequest) -> NodeMessage {
+        NodeMessage::unchecked(request)
     }
 
     use proptest::prelude::*;
@@ -719,13 +771,13 @@ mod tests {
         // Fuzz targets: arbitrary bytes never panic any decoder.
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-            if let Ok((request, body)) = decode_request::<NodeRequest>(&bytes) {
-                consistent(&request, body);
+            if let Ok((message, body)) = decode_request::<NodeMessage>(&bytes) {
+                consistent(&message.request, body);
             }
             let _ = decode_reply(&bytes);
             let mut framed = [MAGIC.to_vec(), WIRE_VERSION.to_le_bytes().to_vec()].concat();
             framed.extend_from_slice(&bytes);
-            let _ = decode_request::<NodeRequest>(&framed);
+            let _ = decode_request::<NodeMessage>(&framed);
             let _ = decode_reply(&framed);
         }
 
@@ -737,16 +789,17 @@ mod tests {
             at in any::<prop::sample::Index>(),
             flip in 1u8..,
         ) {
-            let message = [encode_request(&request).unwrap(), body.clone()].concat();
-            let (back, back_body) = decode_request::<NodeRequest>(&message).unwrap();
-            prop_assert_eq!(&back, &request);
+            let sent = node(request);
+            let message = [encode_request(&sent).unwrap(), body.clone()].concat();
+            let (back, back_body) = decode_request::<NodeMessage>(&message).unwrap();
+            prop_assert_eq!(&back, &sent);
             prop_assert_eq!(back_body, &body[..]);
             let cut = at.index(message.len());
-            prop_assert!(decode_request::<NodeRequest>(&message[..cut]).is_err());
+            prop_assert!(decode_request::<NodeMessage>(&message[..cut]).is_err());
             let mut damaged = message.clone();
             damaged[cut] ^= flip;
-            if let Ok((request, body)) = decode_request::<NodeRequest>(&damaged) {
-                consistent(&request, body);
+            if let Ok((message, body)) = decode_request::<NodeMessage>(&damaged) {
+                consistent(&message.request, body);
             }
         }
 

@@ -172,7 +172,7 @@ async fn read_part(
         addr,
         reason,
     };
-    let header = match wire::encode_request(&request) {
+    let header = match nodes.encode(&request) {
         Ok(header) => header,
         Err(e) => {
             let _ = pieces.send(Piece::Failed(Failure::BadRequest(e.to_string())));

@@ -10,7 +10,7 @@ use tokio::sync::Mutex;
 use zr_net::config::ClusterConfig;
 use zr_net::Security;
 use zr_proto::chunks::Chunks;
-use zr_proto::wire::{self, NodeRequest, Reply};
+use zr_proto::wire::{self, NodeMessage, NodeRequest, Reply};
 
 use crate::error::{Error, Failure};
 
@@ -44,6 +44,8 @@ pub(crate) struct Nodes {
     links: Vec<NodeLink>,
     security: Security,
     timeout: Duration,
+    /// The cluster id and map version every request carries, once the router knows them.
+    tag: std::sync::OnceLock<(String, u64)>,
 }
 
 impl Nodes {
@@ -65,7 +67,23 @@ impl Nodes {
             links,
             security,
             timeout: Duration::from_millis(config.router.timeout_ms),
+            tag: std::sync::OnceLock::new(),
         })
+    }
+
+    /// From now on every request carries cluster id `cluster` and map version `version`,
+    /// and nodes refuse it if their data is of another cluster or map.
+    pub(crate) fn set_cluster(&self, cluster: &str, version: u64) {
+        let _ = self.tag.set((cluster.to_string(), version));
+    }
+
+    /// `request` encoded with this router's cluster id and map version.
+    pub(crate) fn encode(&self, request: &NodeRequest) -> Result<Vec<u8>, zr_proto::Error> {
+        let message = match self.tag.get() {
+            Some((cluster, version)) => NodeMessage::new(cluster, *version, request.clone()),
+            None => NodeMessage::unchecked(request.clone()),
+        };
+        wire::encode_request(&message)
     }
 
     /// How many shards there are.
@@ -123,8 +141,9 @@ impl Nodes {
             addr,
             reason,
         };
-        let header =
-            wire::encode_request(request).map_err(|e| Failure::BadRequest(e.to_string()))?;
+        let header = self
+            .encode(request)
+            .map_err(|e| Failure::BadRequest(e.to_string()))?;
         // One deadline covers waiting for the link, connecting and the exchange, so callers
         // queued behind a dead node's connect also fail within the timeout.
         let exchange = async {

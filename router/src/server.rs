@@ -135,6 +135,7 @@ impl Router {
         router.fields = fields.map(|(_, f)| f.clone()).unwrap_or_default();
         let lens: Vec<u64> = infos.iter().map(|(len, _)| *len).collect();
         let record = router.cluster_record(config, &lens).await?;
+        router.nodes.set_cluster(&record.id, record.map.version);
         router.cluster_id = record.id;
         router
             .committed

@@ -27,7 +27,7 @@ use zr_common::hash::{mix2, reduce};
 use zr_common::Record;
 use zr_net as net;
 use zr_net::tls::Role;
-use zr_proto::wire::{self, NodeRequest, Reply};
+use zr_proto::wire::{self, NodeMessage, NodeRequest, Reply};
 use zr_router::plan::plan_gather;
 use zr_sim::{SimCluster, SimOptions};
 
@@ -222,7 +222,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
     client.commit()?;
     // The same records in one local store, for the nodes' request handling alone.
     let local_dir = tempfile::tempdir()?;
-    let local = zr_node::server::open_shard_store(cluster.config(), local_dir.path())?;
+    let local = zr_node::server::open_shard_store(cluster.config(), local_dir.path(), 0)?;
     load(&mut |batch| Ok(local.append_many(batch).map(|_| ())?))?;
     local.commit()?;
     let coordination = zr_node::lease::Coordination::open(local_dir.path())?;
@@ -243,10 +243,10 @@ fn run(args: &Args, size: usize) -> Result<()> {
     // gather, build the reply (copy small records, read a byte of each page of large ones);
     // on one thread, all shards' shares in one request.
     let mut handling = |b: usize| -> Result<()> {
-        let request = wire::encode_request(&NodeRequest::Gather {
+        let request = wire::encode_request(&NodeMessage::unchecked(NodeRequest::Gather {
             indices: indices(b),
             fields: Vec::new(),
-        })?;
+        }))?;
         let (header, body) = zr_node::server::handle(&local, &coordination, &request);
         let sent: usize = body.iter().map(|piece| piece.len()).sum();
         if sent != batch_bytes {
@@ -283,7 +283,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
                     };
                     let connection = connections[part.shard as usize].1.clone();
                     tokio::spawn(async move {
-                        let header = wire::encode_request(&request)?;
+                        let header = wire::encode_request(&NodeMessage::unchecked(request))?;
                         let bytes = net::call(&connection, header, Vec::new(), timeout).await?;
                         match wire::decode_reply(&bytes)?.0 {
                             Reply::Gather { .. } => Ok::<(), BoxError>(()),

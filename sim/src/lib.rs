@@ -61,6 +61,9 @@ pub struct SimOptions {
     /// deliver at once). Such a cluster is used through [`SimCluster::run`] and
     /// [`SimCluster::async_client`].
     pub virtual_time: bool,
+    /// The metadata store the routers use (an etcd, say); `None`: an embedded store in the
+    /// cluster's directory.
+    pub metadata: Option<Arc<dyn zr_meta::MetaStore>>,
 }
 
 /// `ZR_SIM_SEED`, or a seed from the clock.
@@ -86,6 +89,7 @@ impl Default for SimOptions {
             secure: true,
             seed: default_seed(),
             virtual_time: false,
+            metadata: None,
         }
     }
 }
@@ -107,7 +111,7 @@ pub struct SimCluster {
     seed: u64,
     virtual_time: bool,
     routers: Vec<(SocketAddr, Running)>,
-    /// The metadata store routers started from now on use, if not the embedded one.
+    /// The metadata store the routers use, if not the embedded one.
     metadata: Option<Arc<dyn zr_meta::MetaStore>>,
 }
 
@@ -200,7 +204,7 @@ impl SimCluster {
             seed: options.seed,
             virtual_time: options.virtual_time,
             routers: Vec::new(),
-            metadata: None,
+            metadata: options.metadata.clone(),
         };
         for (shard, endpoint) in endpoints.into_iter().enumerate() {
             let running = cluster.run_node(shard as u32, endpoint)?;
@@ -231,7 +235,8 @@ impl SimCluster {
     }
 
     fn run_node(&self, shard: u32, endpoint: quinn::Endpoint) -> Result<Running, SimError> {
-        let store = zr_node::server::open_shard_store(&self.config, &self.config.data_dir(shard))?;
+        let store =
+            zr_node::server::open_shard_store(&self.config, &self.config.data_dir(shard), shard)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let timeout = Duration::from_millis(self.config.router.timeout_ms);
         let handling = if self.virtual_time {
@@ -335,12 +340,6 @@ impl SimCluster {
             }
         };
         Ok(Arc::new(zr_meta::EmbeddedStore::open(dir)?.inline()))
-    }
-
-    /// Routers started from now on (see [`SimCluster::restart_router`]) keep the cluster's
-    /// metadata in `store` (an etcd, say) instead of the embedded store.
-    pub fn set_metadata(&mut self, store: Arc<dyn zr_meta::MetaStore>) {
-        self.metadata = Some(store);
     }
 
     /// Starts another router over the same nodes; returns its address.

@@ -29,6 +29,10 @@ struct Args {
     /// Seconds of gathers.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
+    /// Keep the cluster's metadata in the etcd at this client URL (e.g. http://127.0.0.1:2379)
+    /// instead of an embedded store.
+    #[arg(long, value_name = "URL")]
+    etcd: Option<String>,
 }
 
 const IMAGE_BYTES: usize = 1024;
@@ -48,11 +52,28 @@ fn sample(i: u64, image: &mut [u8]) -> String {
 fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     zr_common::alloc::tune();
     let args = Args::parse();
+    // The etcd client's connections live on this runtime, beside the cluster's.
+    let runtime = tokio::runtime::Runtime::new()?;
+    let metadata = match &args.etcd {
+        Some(url) => {
+            // A prefix of this run's own: every run is a new cluster.
+            let prefix = format!("/zr-sim/{}", zr_meta::cluster::new_cluster_id());
+            let store = runtime.block_on(zr_meta::EtcdStore::connect(
+                std::slice::from_ref(url),
+                &prefix,
+                Duration::from_secs(5),
+            ))?;
+            println!("metadata: etcd at {url}, keys under {prefix}");
+            Some(std::sync::Arc::new(store) as std::sync::Arc<dyn zr_meta::MetaStore>)
+        }
+        None => None,
+    };
     let options = SimOptions {
         fields: vec![
             ("image".into(), "raw".into()),
             ("caption".into(), "flate".into()),
         ],
+        metadata,
         ..SimOptions::default()
     };
     let started = Instant::now();

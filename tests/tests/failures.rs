@@ -12,7 +12,7 @@ use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_net::tls::{self, Role};
 use zr_net::{self as net, Security};
-use zr_proto::wire::{self, ClientRequest, ErrorCode, NodeRequest, Reply};
+use zr_proto::wire::{self, ClientRequest, ErrorCode, NodeMessage, NodeRequest, Reply};
 use zr_router::Client;
 use zr_sim::{Faults, SimCluster, SimOptions};
 
@@ -191,7 +191,7 @@ fn only_the_right_certificates_get_in() {
     // A node refuses a peer that is not a router, even with a genuine client certificate.
     let rogue = scratch.path().join("rogue");
     impersonate(&certs, &rogue, Role::Client, Role::Router);
-    let info = wire::encode_request(&NodeRequest::Info).unwrap();
+    let info = wire::encode_request(&NodeMessage::unchecked(NodeRequest::Info)).unwrap();
     let err = raw_call(
         &Security::load(&rogue, Role::Router).unwrap(),
         node,
@@ -240,10 +240,10 @@ fn garbage_is_refused_while_a_client_keeps_gathering() {
     let certs = cluster.certs_dir().unwrap();
     let client = cluster.client().unwrap();
     let (indices, fields) = (vec![1, 2, 3], vec![]);
-    let node_gather = wire::encode_request(&NodeRequest::Gather {
+    let node_gather = wire::encode_request(&NodeMessage::unchecked(NodeRequest::Gather {
         indices: indices.clone(),
         fields: fields.clone(),
-    })
+    }))
     .unwrap();
     let client_gather = wire::encode_request(&ClientRequest::Gather { indices, fields }).unwrap();
     let targets = [
@@ -333,8 +333,13 @@ async fn break_gathers(
     request: Vec<u8>,
     (record_len, extra, abandon): (u32, i64, bool),
 ) -> (Vec<u8>, net::Body) {
-    let Ok((NodeRequest::Gather { indices, .. }, _)) =
-        wire::decode_request::<NodeRequest>(&request)
+    let Ok((
+        NodeMessage {
+            request: NodeRequest::Gather { indices, .. },
+            ..
+        },
+        _,
+    )) = wire::decode_request::<NodeMessage>(&request)
     else {
         panic!("the router sent the impostor something other than a gather");
     };
@@ -403,10 +408,10 @@ fn a_write_lease_left_behind_runs_out() {
     let client = cluster.client().unwrap();
     // A router that takes the lease for 2 s and is never heard from again.
     let lease_ms = 2_000;
-    let take = wire::encode_request(&NodeRequest::Acquire {
+    let take = wire::encode_request(&NodeMessage::unchecked(NodeRequest::Acquire {
         holder: 7,
         lease_ms,
-    })
+    }))
     .unwrap();
     let as_router = cluster.security(Role::Router).unwrap();
     let shard0 = cluster.config().shard(0).unwrap().addr;
@@ -448,7 +453,7 @@ fn refusing_node(
 ) -> RefusingNode {
     cluster.stop_node(shard).unwrap();
     let dir = cluster.data_dir(shard);
-    let store = zr_node::server::open_shard_store(cluster.config(), &dir).unwrap();
+    let store = zr_node::server::open_shard_store(cluster.config(), &dir, shard).unwrap();
     let coordination = Arc::new(zr_node::lease::Coordination::open(&dir).unwrap());
     let slot = Arc::new(Mutex::new(Some(store)));
     let serving = Arc::clone(&slot);
@@ -457,8 +462,8 @@ fn refusing_node(
             let store = serving.lock().unwrap().clone();
             let coordination = Arc::clone(&coordination);
             async move {
-                let refused =
-                    wire::decode_request::<NodeRequest>(&request).is_ok_and(|(r, _)| refuse(&r));
+                let refused = wire::decode_request::<NodeMessage>(&request)
+                    .is_ok_and(|(m, _)| refuse(&m.request));
                 let Some(store) = store.filter(|_| !refused) else {
                     let refusal = Reply::Error {
                         code: ErrorCode::Storage,
@@ -595,7 +600,7 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
         let reply = raw_call(
             &as_router,
             node(shard),
-            wire::encode_request(request).unwrap(),
+            wire::encode_request(&NodeMessage::unchecked(request.clone())).unwrap(),
         );
         wire::decode_reply(&reply.unwrap()).unwrap().0
     };

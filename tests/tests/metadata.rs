@@ -167,11 +167,18 @@ fn gathers_go_on_while_etcd_is_down_and_writes_resume_after() {
     let Some(mut etcd) = zr_meta::testing::TestEtcd::start() else {
         return;
     };
-    let mut cluster = SimCluster::start(2, options()).unwrap();
-    let store = cluster.run(etcd.connect("/zr-sim", std::time::Duration::from_secs(2)));
+    // The etcd client's connections live on this runtime, beside the cluster's.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let store = runtime.block_on(etcd.connect("/zr-sim", std::time::Duration::from_secs(2)));
     let store: std::sync::Arc<dyn zr_meta::MetaStore> = std::sync::Arc::new(store);
-    cluster.set_metadata(store.clone());
-    cluster.restart_router().unwrap();
+    let cluster = SimCluster::start(
+        2,
+        SimOptions {
+            metadata: Some(store.clone()),
+            ..options()
+        },
+    )
+    .unwrap();
     let client = cluster.client().unwrap();
     load(&client, 0, 400);
     let (record, _) = cluster
@@ -202,4 +209,47 @@ fn gathers_go_on_while_etcd_is_down_and_writes_resume_after() {
         .unwrap()
         .unwrap();
     assert_eq!(record.committed_len, 500);
+}
+
+/// A node's data directory knows its shard and its cluster: a node pointed at another
+/// shard's directory does not start, and one given another cluster's directory is refused
+/// by every request of this cluster's router, with a code a caller can act on.
+#[test]
+fn a_directory_of_another_shard_or_cluster_is_refused() {
+    let mut ours = SimCluster::start(2, options()).unwrap();
+    let mut theirs = SimCluster::start(2, options()).unwrap();
+    load(&ours.client().unwrap(), 0, 300);
+    load(&theirs.client().unwrap(), 0, 300);
+
+    // Shard 1's node, started on shard 0's directory.
+    ours.stop_node(0).unwrap();
+    ours.stop_node(1).unwrap();
+    let (zero, one) = (ours.data_dir(0), ours.data_dir(1));
+    let aside = tempfile::tempdir().unwrap();
+    copy_dir(&one, aside.path());
+    std::fs::remove_dir_all(&one).unwrap();
+    copy_dir(&zero, &one);
+    let e = ours.start_node(1).unwrap_err().to_string();
+    assert!(e.contains("shard 0's data, not shard 1's"), "{e}");
+
+    // Shard 1's node, given shard 1's directory of the other cluster.
+    theirs.stop_node(1).unwrap();
+    std::fs::remove_dir_all(&one).unwrap();
+    copy_dir(&theirs.data_dir(1), &one);
+    ours.start_node(0).unwrap();
+    ours.start_node(1).unwrap();
+    let client = ours.client().unwrap();
+    let placement = ours.config().placement().unwrap();
+    let on_one = (0..300).find(|&i| placement.locate(i).0 == 1).unwrap();
+    let e = client.gather(&[on_one], &[]).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::WrongCluster), "{e}");
+    assert!(e.to_string().contains("another cluster"), "{e}");
+    drop(client);
+
+    // Its own directory back: whole again.
+    ours.stop_node(1).unwrap();
+    std::fs::remove_dir_all(&one).unwrap();
+    copy_dir(aside.path(), &one);
+    ours.start_node(1).unwrap();
+    check(&ours.client().unwrap(), &(0..300).collect::<Vec<_>>());
 }
