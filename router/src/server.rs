@@ -265,8 +265,9 @@ impl Router {
     }
 
     /// Records `len` as the committed length in the metadata store. The caller holds the
-    /// write lease.
-    pub(crate) async fn record_committed(&self, len: u64) -> Result<(), Failure> {
+    /// write lease. Only a delete (`lowering`) may record less than is recorded: otherwise
+    /// the nodes hold less than was committed, and the commit is refused.
+    pub(crate) async fn record_committed(&self, len: u64, lowering: bool) -> Result<(), Failure> {
         let meta = |e: zr_meta::Error| Failure::Metadata(e.to_string());
         for _ in 0..8 {
             let Some((mut record, revision)) = cluster::load(&*self.meta).await.map_err(meta)?
@@ -279,6 +280,13 @@ impl Router {
             if record.committed_len == len {
                 self.committed.store(len, Ordering::SeqCst);
                 return Ok(());
+            }
+            if record.committed_len > len && !lowering {
+                self.committed.store(record.committed_len, Ordering::SeqCst);
+                return Err(Failure::Metadata(format!(
+                    "cluster {} has committed {} records but its shards hold {len}: data is missing; the commit is refused",
+                    record.id, record.committed_len
+                )));
             }
             record.committed_len = len;
             match cluster::store(&*self.meta, Some(revision), &record).await {
@@ -443,7 +451,7 @@ impl Router {
                         result?;
                     }
                     // Every shard holds the length durably now: the promise moves.
-                    self.record_committed(self.len()).await?;
+                    self.record_committed(self.len(), false).await?;
                     Ok(ready(Reply::Done))
                 })
                 .await

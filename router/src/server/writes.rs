@@ -180,16 +180,31 @@ impl Router {
     async fn repair_locked(&self, pending: Option<PendingWrite>) -> Result<(), Failure> {
         let token = self.lease().as_ref().map(|lease| lease.token);
         let lens = self.node_lens(token).await?;
-        // Committed data is never cut: a shard holding less than the committed length gives
-        // it is missing data, and no write goes on until it is back.
-        let committed = self.reload_committed().await?;
+        let placement = self.placement.load_full();
+        let mut len = placement.consistent_len(&lens);
+        // Committed data is never cut. When there is nothing to cut or settle (every shard
+        // holds exactly its share of a length at least the committed one this router knows),
+        // the cached committed length does; otherwise it is read afresh first (another
+        // router may have committed more), once per such write, not per record.
+        let cached = self.committed.load(Ordering::SeqCst);
+        let clean = pending.is_none()
+            && len >= cached
+            && lens
+                .iter()
+                .enumerate()
+                .all(|(shard, &have)| have == placement.shard_len(shard as u32, len));
+        let committed = if clean {
+            cached
+        } else {
+            self.reload_committed().await?
+        };
+        // A shard holding less than the committed length gives it is missing data, and no
+        // write goes on until it is back.
         if self.note_missing(&lens) {
             if let Some(refusal) = self.missing_failure() {
                 return Err(refusal);
             }
         }
-        let placement = self.placement.load_full();
-        let mut len = placement.consistent_len(&lens);
         if let Some(PendingWrite::Append { start, count }) = pending {
             if start < len && len < start + count {
                 tracing::warn!(
@@ -231,7 +246,7 @@ impl Router {
                     "finishing the delete of record {index} that a router left half done"
                 );
                 if self.committed.load(Ordering::SeqCst) >= before {
-                    self.record_committed(before - 1).await?;
+                    self.record_committed(before - 1, true).await?;
                 }
                 self.finish_delete(index, before).await?;
                 self.len.store(before - 1, Ordering::SeqCst);
@@ -385,7 +400,7 @@ impl Router {
         // The cut below takes the last record off its shard: the committed length must not
         // promise it any more, or the shard would look as if it had lost data.
         if self.committed.load(Ordering::SeqCst) >= len {
-            self.record_committed(len - 1).await?;
+            self.record_committed(len - 1, true).await?;
         }
         if index == len - 1 {
             // Only a cut: one step, nothing to record.
