@@ -326,3 +326,68 @@ fn tempfile_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// The lost-disk scenario as an operator meets it: a node restarted on an empty data
+/// directory is refused by name while the other shard keeps serving every record, and
+/// putting the directory back makes the cluster whole; nothing was cut.
+#[test]
+fn a_node_restarted_on_an_empty_directory_costs_no_data() {
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("wipe");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let processes = start(&node, &router, &config);
+    let client = connect(&addr, &certs);
+    let rows: Vec<Vec<u8>> = (0..500u32)
+        .map(|i| {
+            format!("record {i} ")
+                .repeat(1 + i as usize % 5)
+                .into_bytes()
+        })
+        .collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
+    client.append_many(&records).unwrap();
+    client.commit().unwrap();
+    drop(client);
+    let stop_all = |mut processes: Vec<Child>| {
+        terminate(processes.pop().unwrap());
+        for p in processes {
+            terminate(p);
+        }
+    };
+    stop_all(processes);
+
+    // Shard 1's disk is gone.
+    let shard1 = tmp.canonicalize().unwrap().join("data").join("shard-1");
+    let aside = tmp.join("shard-1-aside");
+    std::fs::rename(&shard1, &aside).unwrap();
+    let processes = start(&node, &router, &config);
+    let client = connect(&addr, &certs);
+    assert_eq!(client.len().unwrap(), 500, "the committed length holds");
+    let placement = zr_net::config::ClusterConfig::load(&config)
+        .unwrap()
+        .placement()
+        .unwrap();
+    let (on0, on1): (Vec<u64>, Vec<u64>) = (0..500).partition(|&i| placement.locate(i).0 == 0);
+    let columns = client.gather(&on0, &[]).unwrap();
+    for (pos, &i) in on0.iter().enumerate() {
+        assert_eq!(columns[0].get(pos).unwrap(), &rows[i as usize][..]);
+    }
+    let e = client.gather(&on1[..1], &[]).unwrap_err().to_string();
+    assert!(e.contains("shard 1") && e.contains("missing"), "{e}");
+    drop(client);
+    stop_all(processes);
+
+    // The directory is back: every record, byte-exact.
+    std::fs::remove_dir_all(&shard1).unwrap();
+    std::fs::rename(&aside, &shard1).unwrap();
+    let processes = start(&node, &router, &config);
+    let client = connect(&addr, &certs);
+    let all: Vec<u64> = (0..500).collect();
+    let columns = client.gather(&all, &[]).unwrap();
+    for &i in &all {
+        assert_eq!(columns[0].get(i as usize).unwrap(), &rows[i as usize][..]);
+    }
+    drop(client);
+    stop_all(processes);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
