@@ -134,6 +134,17 @@ fn start(node: &Path, router: &Path, config: &Path) -> Vec<Child> {
     }
 }
 
+/// Stops the processes `start` started: the router first, then the nodes; each must exit 0
+/// on SIGTERM.
+fn stop_all(mut processes: Vec<Child>) {
+    if let Some(router) = processes.pop() {
+        terminate(router);
+    }
+    for node in processes {
+        terminate(node);
+    }
+}
+
 #[test]
 fn binaries_serve_a_cluster_and_stop_cleanly() {
     let (node, router) = (binary("zr-node"), binary("zr-router"));
@@ -163,12 +174,7 @@ fn binaries_serve_a_cluster_and_stop_cleanly() {
         assert_eq!(columns[0].get(pos).unwrap(), &rows[i as usize][..]);
     }
     drop(client);
-    // Router first, then the nodes: each exits 0 on SIGTERM.
-    let mut processes = processes;
-    terminate(processes.pop().unwrap());
-    for p in processes {
-        terminate(p);
-    }
+    stop_all(processes);
 
     // Everything again from the data directories.
     let processes = start(&node, &router, &config);
@@ -348,12 +354,6 @@ fn a_node_restarted_on_an_empty_directory_costs_no_data() {
     client.append_many(&records).unwrap();
     client.commit().unwrap();
     drop(client);
-    let stop_all = |mut processes: Vec<Child>| {
-        terminate(processes.pop().unwrap());
-        for p in processes {
-            terminate(p);
-        }
-    };
     stop_all(processes);
 
     // Shard 1's disk is gone.
