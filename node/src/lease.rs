@@ -17,11 +17,13 @@
 //! landing on top of the next holder's writes.
 //!
 //! The lease runs out by itself, so a router that dies holding it stops the others for no
-//! longer than that. The holder and the fence are in memory: a restarted node starts with no
-//! holder and its fence down. The pending write is kept on disk beside the store
-//! ([`PENDING_FILE`]), so it survives a restart of shard 0's node. Tokens come from the clock
-//! (microseconds since 1970, or one more than the last if that is larger), so they keep
-//! growing across restarts of shard 0's node.
+//! longer than that. The holder is in memory: a restarted node starts with no holder. The
+//! pending write is kept on disk beside the store ([`PENDING_FILE`]), so it survives a
+//! restart of shard 0's node. So is each node's fence ([`FENCE_FILE`]): a restarted node
+//! still refuses a late write of a router whose lease passed on. Tokens come from the clock
+//! (microseconds since 1970) but never fall to or below one granted before, across restarts
+//! too: the node keeps a ceiling on disk ([`TOKEN_FILE`]) that every token stays under, and
+//! a restarted node starts above it — so a clock stepped backwards jams nothing.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -31,6 +33,14 @@ use zr_proto::wire::PendingWrite;
 
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, write_atomically};
+
+/// File in a node's store directory holding its fence, as text: the highest token seen.
+pub const FENCE_FILE: &str = "cluster-fence";
+/// File in shard 0's store directory holding the ceiling under which it grants tokens.
+pub const TOKEN_FILE: &str = "cluster-token-ceiling";
+/// Tokens reserved at a time: the ceiling is written once per this many microseconds of
+/// the clock (about 17 minutes), not once per grant.
+const TOKEN_RESERVE: u64 = 1 << 30;
 
 /// File in shard 0's store directory holding the pending write, as text:
 /// `append START COUNT` or `delete INDEX LEN`.
@@ -61,6 +71,8 @@ struct State {
     pending: Option<PendingWrite>,
     /// The last token granted.
     token: u64,
+    /// Every token granted stays below this; it is on disk before a token reaches it.
+    ceiling: u64,
 }
 
 /// What a granted lease tells its holder.
@@ -88,7 +100,7 @@ impl Coordination {
     pub fn open(dir: &Path) -> Result<Coordination> {
         Ok(Coordination {
             lease: WriteLease::open(dir)?,
-            fence: Fence::default(),
+            fence: Fence::open(dir)?,
             identity: crate::identity::Identity::open(dir)?,
         })
     }
@@ -112,9 +124,13 @@ impl WriteLease {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(e).ctx("read", &path),
         };
+        // Every token granted before a restart stayed under the ceiling kept then.
+        let ceiling = read_number(&dir.join(TOKEN_FILE))?.unwrap_or(0);
         Ok(WriteLease {
             state: Mutex::new(State {
                 pending,
+                token: ceiling,
+                ceiling,
                 ..State::default()
             }),
             dir: Some(dir.to_path_buf()),
@@ -133,11 +149,25 @@ impl WriteLease {
         match state.holder {
             Some((other, until)) if other != holder && until > now => Err(until - now),
             _ => {
-                state.holder = Some((holder, now + lease.min(LEASE_MAX)));
                 let clock = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_micros() as u64);
-                state.token = clock.max(state.token + 1);
+                let token = clock.max(state.token + 1);
+                if token >= state.ceiling {
+                    let ceiling = token.saturating_add(TOKEN_RESERVE);
+                    if let Some(dir) = &self.dir {
+                        // Not granted unless kept: a restart must start above it.
+                        if let Err(e) =
+                            write_atomically(dir, TOKEN_FILE, format!("{ceiling}\n").as_bytes())
+                        {
+                            tracing::error!("cannot keep the token ceiling: {e}; no lease granted");
+                            return Err(Duration::from_millis(100));
+                        }
+                    }
+                    state.ceiling = ceiling;
+                }
+                state.holder = Some((holder, now + lease.min(LEASE_MAX)));
+                state.token = token;
                 Ok(Grant {
                     pending: state.pending,
                     token: state.token,
@@ -232,21 +262,52 @@ fn parse_pending(text: &str) -> Option<PendingWrite> {
     }
 }
 
+/// A number kept as text in `path`, if the file exists.
+fn read_number(path: &Path) -> Result<Option<u64>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| Error::Corrupt {
+                path: path.to_path_buf(),
+                reason: format!("not a number: {:?}", text.trim()),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).ctx("read", path),
+    }
+}
+
 /// A node's fence: the largest lease token it has been fenced with. Writes are checked and
 /// made under its lock, so a write admitted before the fence rises is finished before the
-/// fence's holder reads the node's length.
+/// fence's holder reads the node's length. Kept in [`FENCE_FILE`] (`Default`: in memory).
 #[derive(Debug, Default)]
 pub struct Fence {
     highest: Mutex<u64>,
+    dir: Option<PathBuf>,
 }
 
 impl Fence {
-    /// Raises the fence to `token` (never lowers it), then runs `read` once any write
-    /// admitted before has finished.
-    pub fn raise<T>(&self, token: u64, read: impl FnOnce() -> T) -> T {
+    /// The fence kept in `dir` (down if none is kept).
+    pub fn open(dir: &Path) -> Result<Fence> {
+        Ok(Fence {
+            highest: Mutex::new(read_number(&dir.join(FENCE_FILE))?.unwrap_or(0)),
+            dir: Some(dir.to_path_buf()),
+        })
+    }
+
+    /// Raises the fence to `token` (never lowers it; kept on disk first), then runs `read`
+    /// once any write admitted before has finished. Refused if the fence cannot be kept.
+    pub fn raise<T>(&self, token: u64, read: impl FnOnce() -> T) -> Result<T, String> {
         let mut highest = self.highest.lock().unwrap_or_else(|e| e.into_inner());
-        *highest = (*highest).max(token);
-        read()
+        if token > *highest {
+            if let Some(dir) = &self.dir {
+                write_atomically(dir, FENCE_FILE, format!("{token}\n").as_bytes())
+                    .map_err(|e| format!("cannot keep the fence: {e}"))?;
+            }
+            *highest = token;
+        }
+        Ok(read())
     }
 
     /// Runs `write` if `token` is not below the fence; refused, saying why, otherwise.
@@ -359,13 +420,36 @@ mod tests {
 
         let fence = Fence::default();
         assert_eq!(fence.admit(first, || 1), Ok(1));
-        assert_eq!(fence.raise(next, || 2), 2);
+        assert_eq!(fence.raise(next, || 2), Ok(2));
         let refused = fence.admit(renewed, || 3).unwrap_err();
         assert!(refused.contains("passed to another"), "{refused}");
         assert_eq!(fence.admit(next, || 4), Ok(4));
         // A late, lower fence does not lower it.
-        fence.raise(first, || ());
+        fence.raise(first, || ()).unwrap();
         assert!(fence.admit(renewed, || 5).is_err());
+    }
+
+    /// A restarted node keeps its fence (a late write of an old holder is still refused)
+    /// and grants tokens above every one granted before, whatever the clock says.
+    #[test]
+    fn fences_and_tokens_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let lease = WriteLease::open(dir.path()).unwrap();
+        let old = lease.acquire(1, LEASE, t0).unwrap().token;
+        let new = lease.acquire(2, LEASE, t0 + LEASE).unwrap().token;
+        let fence = Fence::open(dir.path()).unwrap();
+        fence.raise(new, || ()).unwrap();
+        drop((lease, fence));
+
+        let fence = Fence::open(dir.path()).unwrap();
+        assert!(fence.admit(old, || ()).is_err(), "the old holder's late write");
+        assert!(fence.admit(new, || ()).is_ok());
+        // A ceiling far past the clock (as after the clock stepped back): still above it.
+        std::fs::write(dir.path().join(TOKEN_FILE), format!("{}\n", u64::MAX / 2)).unwrap();
+        let lease = WriteLease::open(dir.path()).unwrap();
+        let after = lease.acquire(3, LEASE, t0).unwrap().token;
+        assert!(after > u64::MAX / 2 && after > new, "{after}");
     }
 
     #[test]

@@ -441,7 +441,10 @@ fn execute(
             }
             Ok((Reply::Done, Vec::new()))
         }),
-        NodeRequest::Fence { token } => coordination.fence.raise(token, info),
+        NodeRequest::Fence { token } => coordination
+            .fence
+            .raise(token, info)
+            .map_err(|e| Refusal::Lease(LeaseError::Storage(e)))?,
         NodeRequest::Commit => {
             store.commit().map_err(fail)?;
             Ok((Reply::Done, Vec::new()))

@@ -592,10 +592,11 @@ fn a_partitioned_node_fails_only_what_needs_it_and_heals() {
 /// what the new holder appended. A write carrying no lease token is refused too.
 #[test]
 fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
-    let cluster = loaded_cluster();
+    let mut cluster = loaded_cluster();
     let client = cluster.client().unwrap();
     let as_router = cluster.security(Role::Router).unwrap();
-    let node = |shard: u32| cluster.config().shard(shard).unwrap().addr;
+    let config = cluster.config().clone();
+    let node = |shard: u32| config.shard(shard).unwrap().addr;
     let ask = |shard: u32, request: &NodeRequest| {
         let reply = raw_call(
             &as_router,
@@ -620,6 +621,9 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
         client.append(&Record::new().with("data", &record)).unwrap(),
         RECORDS
     );
+    // Shard 3's node restarts meanwhile: its fence was kept.
+    cluster.stop_node(3).unwrap();
+    cluster.start_node(3).unwrap();
     // The stalled router's truncate arrives late, at every node: refused.
     for shard in 0..4 {
         let late = ask(
