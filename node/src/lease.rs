@@ -265,14 +265,10 @@ fn parse_pending(text: &str) -> Option<PendingWrite> {
 /// A number kept as text in `path`, if the file exists.
 fn read_number(path: &Path) -> Result<Option<u64>> {
     match std::fs::read_to_string(path) {
-        Ok(text) => text
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| Error::Corrupt {
-                path: path.to_path_buf(),
-                reason: format!("not a number: {:?}", text.trim()),
-            }),
+        Ok(text) => text.trim().parse().map(Some).map_err(|_| Error::Corrupt {
+            path: path.to_path_buf(),
+            reason: format!("not a number: {:?}", text.trim()),
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).ctx("read", path),
     }
@@ -463,7 +459,10 @@ mod tests {
         drop((lease, fence));
 
         let fence = Fence::open(dir.path()).unwrap();
-        assert!(fence.admit(old, || ()).is_err(), "the old holder's late write");
+        assert!(
+            fence.admit(old, || ()).is_err(),
+            "the old holder's late write"
+        );
         assert!(fence.admit(new, || ()).is_ok());
         // A ceiling far past the clock (as after the clock stepped back): still above it.
         std::fs::write(dir.path().join(TOKEN_FILE), format!("{}\n", u64::MAX / 2)).unwrap();

@@ -118,9 +118,39 @@ impl Router {
             committed: AtomicU64::new(0),
             missing: std::sync::Mutex::new(vec![None; shards]),
         };
-        let infos = router.node_infos(None).await?;
+        // Every node that answers; a router starts, and serves what it can, with some down.
+        let calls = (0..router.nodes.shards())
+            .map(|shard| router.nodes.call(shard, &NodeRequest::Info, Vec::new()));
+        let mut infos: Vec<Option<(u64, Vec<FieldInfo>)>> = Vec::with_capacity(shards);
+        let mut down = Vec::new();
+        for (shard, answer) in futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            match answer {
+                Ok(crate::nodes::NodeReply {
+                    reply: Reply::Info { len, fields },
+                    ..
+                }) => infos.push(Some((len, fields))),
+                Ok(other) => {
+                    let shard = shard as u32;
+                    down.push(Failure::ShardUnavailable {
+                        shard,
+                        addr: router.nodes.addr(shard),
+                        reason: format!("answered Info with {:?}", other.reply),
+                    });
+                    infos.push(None);
+                }
+                Err(failure) => {
+                    down.push(failure);
+                    infos.push(None);
+                }
+            }
+        }
         let mut fields: Option<(u32, &Vec<FieldInfo>)> = None;
-        for (shard, (_, theirs)) in infos.iter().enumerate() {
+        for (shard, info) in infos.iter().enumerate() {
+            let Some((_, theirs)) = info else { continue };
             match fields {
                 Some((first, ours)) if ours != theirs => {
                     return Err(Error::FieldsDiffer {
@@ -132,19 +162,52 @@ impl Router {
                 None => fields = Some((shard as u32, theirs)),
             }
         }
-        router.fields = fields.map(|(_, f)| f.clone()).unwrap_or_default();
-        let lens: Vec<u64> = infos.iter().map(|(len, _)| *len).collect();
-        let record = router.cluster_record(config, &lens).await?;
+        router.fields = match fields {
+            Some((_, fields)) => fields.clone(),
+            // No node answered: the fields nodes.toml gives them.
+            None => config
+                .fields
+                .iter()
+                .map(|f| FieldInfo {
+                    name: f.name.clone(),
+                    compress: f.compress.clone(),
+                    dtype: None,
+                    shape: None,
+                })
+                .collect(),
+        };
+        let known: Option<Vec<u64>> = infos
+            .iter()
+            .map(|i| i.as_ref().map(|(len, _)| *len))
+            .collect();
+        let record = router
+            .cluster_record(config, known.as_deref(), down.first())
+            .await?;
         router.nodes.set_cluster(&record.id, record.map.version);
         router.cluster_id = record.id;
         router
             .committed
             .store(record.committed_len, Ordering::SeqCst);
-        if router.note_missing(&lens) {
-            // Serve what is there; writes wait for the missing data.
+        // A node that is down counts as holding its committed share until it answers.
+        let lens: Vec<u64> = infos
+            .iter()
+            .enumerate()
+            .map(|(shard, info)| match info {
+                Some((len, _)) => *len,
+                None => router
+                    .placement
+                    .load()
+                    .shard_len(shard as u32, record.committed_len),
+            })
+            .collect();
+        if router.note_missing(&lens) || !down.is_empty() {
+            // Serve what is there; writes wait for the missing data and the nodes down.
             router.len.store(router.served_len(&lens), Ordering::SeqCst);
             if let Some(failure) = router.missing_failure() {
                 tracing::error!("{failure}");
+            }
+            for failure in &down {
+                tracing::warn!("{failure}: serving the other shards meanwhile");
             }
         } else {
             // Recover the length, repairing what a write cut off midway left behind.
@@ -154,11 +217,13 @@ impl Router {
     }
 
     /// The cluster record of the metadata store, checked against nodes.toml's map; made if
-    /// there is none yet, with `lens` (the nodes' lengths) as the committed length.
+    /// there is none yet, with `lens` (the nodes' lengths) as the committed length — which
+    /// needs every node (`down`: the first that did not answer).
     async fn cluster_record(
         &self,
         config: &ClusterConfig,
-        lens: &[u64],
+        lens: Option<&[u64]>,
+        down: Option<&Failure>,
     ) -> Result<ClusterRecord, Error> {
         let given = MapRecord {
             version: 1,
@@ -179,6 +244,14 @@ impl Router {
                 }
                 return Ok(record);
             }
+            let Some(lens) = lens else {
+                let why =
+                    down.map_or_else(|| "a node did not answer".to_string(), |f| f.to_string());
+                return Err(Error::Failed(Failure::Metadata(format!(
+                    "the cluster is not recorded in {} yet, and recording it needs every node: {why}",
+                    self.meta.describe()
+                ))));
+            };
             let record = ClusterRecord {
                 id: cluster::new_cluster_id(),
                 map: given,

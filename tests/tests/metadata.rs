@@ -257,3 +257,25 @@ fn a_directory_of_another_shard_or_cluster_is_refused() {
     ours.start_node(1).unwrap();
     check(&ours.client().unwrap(), &(0..300).collect::<Vec<_>>());
 }
+
+/// A router starts while a node is down (the cluster record says what was committed): it
+/// serves the shards that answer, fails the gathers that need the missing one naming it,
+/// and serves everything once the node is back.
+#[test]
+fn a_router_starts_and_serves_while_a_node_is_down() {
+    let mut cluster = SimCluster::start(3, options()).unwrap();
+    load(&cluster.client().unwrap(), 0, 900);
+    cluster.stop_node(1).unwrap();
+    cluster.restart_router().unwrap();
+    let client = cluster.client().unwrap();
+    assert_eq!(client.len().unwrap(), 900);
+    let placement = cluster.config().placement().unwrap();
+    let (on1, others): (Vec<u64>, Vec<u64>) = (0..900).partition(|&i| placement.locate(i).0 == 1);
+    check(&client, &others);
+    let e = client.gather(&on1[..3], &[]).unwrap_err().to_string();
+    assert!(e.contains("shard 1"), "{e}");
+    cluster.start_node(1).unwrap();
+    check(&client, &(0..900).collect::<Vec<_>>());
+    load(&client, 900, 1000);
+    check(&client, &(850..1000).collect::<Vec<_>>());
+}
