@@ -194,6 +194,61 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
     Ok(())
 }
 
+/// What `zr cluster` does with a running cluster.
+#[derive(clap::Subcommand)]
+pub enum ClusterCommand {
+    Status(StatusArgs),
+}
+
+/// The cluster as its router sees it: id, map version, committed length, and each node —
+/// shard, address, state (up, down or refused, and why), records, last seen.
+#[derive(Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    remote: RouterArgs,
+}
+
+/// Runs a `zr cluster` subcommand.
+pub fn run(command: ClusterCommand) -> CliResult {
+    match command {
+        ClusterCommand::Status(args) => status(args),
+    }
+}
+
+fn status(args: StatusArgs) -> CliResult {
+    let client = args
+        .remote
+        .client()?
+        .ok_or("--router is missing: zr cluster status --router ADDR --certs DIR")?;
+    let status = client.status()?;
+    println!("cluster      {}", status.cluster);
+    println!("map version  {}", status.map_version);
+    println!("committed    {} records", status.committed_len);
+    println!("serving      {} records", status.len);
+    println!(
+        "{:<6} {:<22} {:>10} {:>10}  state",
+        "shard", "address", "records", "last seen"
+    );
+    let mut healthy = true;
+    for node in &status.nodes {
+        healthy &= node.state == "up";
+        println!(
+            "{:<6} {:<22} {:>10} {:>10}  {}",
+            node.shard,
+            node.addr,
+            node.records.map_or("-".into(), |r| r.to_string()),
+            node.last_seen_ms
+                .map_or("never".into(), |ms| format!("{:.1} s", ms as f64 / 1000.0)),
+            node.state
+        );
+    }
+    if healthy {
+        Ok(())
+    } else {
+        Err("not every node is up (see above)".into())
+    }
+}
+
 /// A cluster as a conversion's destination: records are appended through the router.
 pub struct ClusterDestination {
     pub client: Client,

@@ -22,6 +22,11 @@ struct Cli {
 enum Command {
     ClusterInit(cluster::ClusterInitArgs),
     ClusterRenew(cluster::ClusterRenewArgs),
+    /// A running cluster: `zr cluster status`.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster::ClusterCommand,
+    },
     Convert(convert::ConvertArgs),
     Info(dataset::InfoArgs),
     Gather(dataset::GatherArgs),
@@ -37,6 +42,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::ClusterInit(args) => cluster::init(args),
         Command::ClusterRenew(args) => cluster::renew(args),
+        Command::Cluster { command } => cluster::run(command),
         Command::Convert(args) => convert::run(args),
         Command::Info(args) => dataset::info(args),
         Command::Gather(args) => dataset::gather(args),

@@ -18,7 +18,7 @@ use crate::error::Error;
 pub use crate::error::ErrorCode;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 7;
+pub const WIRE_VERSION: u16 = 8;
 const MAGIC: [u8; 4] = *b"ZRW1";
 const PREFIX_BYTES: usize = 12;
 /// Longest header accepted.
@@ -63,6 +63,8 @@ pub enum ClientRequest {
     Delete { index: u64 },
     /// Make every write so far durable on every shard.
     Commit,
+    /// The cluster as the router sees it now. Reply: `Status`.
+    Status,
 }
 
 /// What a router asks of a node: the shard's data, and the coordination of writes.
@@ -175,9 +177,10 @@ impl Request for ClientRequest {
             ClientRequest::Modify {
                 fields, lengths, ..
             } => check_modify(fields, lengths, body),
-            ClientRequest::Info | ClientRequest::Delete { .. } | ClientRequest::Commit => {
-                expect_empty(body)
-            }
+            ClientRequest::Info
+            | ClientRequest::Delete { .. }
+            | ClientRequest::Commit
+            | ClientRequest::Status => expect_empty(body),
         }
     }
 }
@@ -275,6 +278,33 @@ pub enum Reply {
     Part {
         positions: Vec<u32>,
     },
+    /// The cluster as the router sees it.
+    Status(ClusterStatus),
+}
+
+/// The cluster as a router sees it (`zr cluster status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub cluster: String,
+    pub map_version: u64,
+    /// Records committed on every shard (the metadata store's record).
+    pub committed_len: u64,
+    /// Records the router serves.
+    pub len: u64,
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// One node as the router sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub shard: u32,
+    pub addr: String,
+    /// `up`, `down: why`, or `refused: why`.
+    pub state: String,
+    /// Records it holds, if it answered.
+    pub records: Option<u64>,
+    /// Milliseconds since the router last heard from it, if ever.
+    pub last_seen_ms: Option<u64>,
 }
 
 fn options() -> impl Options {

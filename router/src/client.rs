@@ -143,6 +143,14 @@ impl AsyncClient {
         &self.fields
     }
 
+    /// The cluster as the router sees it: id, map version, committed length, every node.
+    pub async fn status(&self) -> Result<wire::ClusterStatus, Error> {
+        match self.call(&ClientRequest::Status, Vec::new()).await?.0 {
+            Reply::Status(status) => Ok(status),
+            other => Err(unexpected("status", &other)),
+        }
+    }
+
     /// Gathers `indices` for `fields` (empty = all): one column per field, in caller order.
     pub async fn gather(&self, indices: &[u64], fields: &[&str]) -> Result<Vec<Contiguous>, Error> {
         let request = ClientRequest::Gather {
@@ -325,6 +333,11 @@ impl Client {
     /// The dataset's fields (as of connecting).
     pub fn fields(&self) -> &[FieldInfo] {
         self.inner.fields()
+    }
+
+    /// The cluster as the router sees it (see [`AsyncClient::status`]).
+    pub fn status(&self) -> Result<wire::ClusterStatus, Error> {
+        self.runtime.block_on(self.inner.status())
     }
 
     /// Gathers `indices` for `fields` (empty = all): one column per field, in caller order.

@@ -20,6 +20,8 @@ struct NodeLink {
     addr: SocketAddr,
     endpoint: Endpoint,
     connection: Mutex<Option<Connection>>,
+    /// When the node last answered.
+    last_seen: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 /// A node's reply, decoded, with the message as it arrived (chunks of received packets,
@@ -60,6 +62,7 @@ impl Nodes {
                     addr: s.addr,
                     endpoint: zr_net::client_endpoint(s.addr)?,
                     connection: Mutex::new(None),
+                    last_seen: std::sync::Mutex::new(None),
                 })
             })
             .collect::<Result<_, Error>>()?;
@@ -94,6 +97,15 @@ impl Nodes {
     /// Shard `shard`'s address, for errors.
     pub(crate) fn addr(&self, shard: u32) -> SocketAddr {
         self.links[shard as usize].addr
+    }
+
+    /// How long ago shard `shard`'s node last answered, if it ever did.
+    pub(crate) fn last_seen(&self, shard: u32) -> Option<Duration> {
+        let seen = *self.links[shard as usize]
+            .last_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        seen.map(|at| at.elapsed())
     }
 
     /// Every network wait's bound.
@@ -166,6 +178,10 @@ impl Nodes {
         };
         let (reply, body_start) =
             wire::decode_reply_chunks(&chunks).map_err(|e| unavailable(e.to_string()))?;
+        *self.links[shard as usize]
+            .last_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
         if let Reply::Error { code, message } = reply {
             return Err(Failure::ShardRefused {
                 shard,

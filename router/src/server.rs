@@ -51,6 +51,7 @@ pub struct Router {
     /// The cluster's metadata: its id, map and committed length.
     meta: Arc<dyn MetaStore>,
     cluster_id: String,
+    map_version: u64,
     /// The committed length as last read from or written to the metadata store.
     committed: AtomicU64,
     /// Per shard: `Some(records it holds)` while its node holds fewer records than the
@@ -115,6 +116,7 @@ impl Router {
             timeout: Duration::from_millis(config.router.timeout_ms),
             meta,
             cluster_id: String::new(),
+            map_version: 0,
             committed: AtomicU64::new(0),
             missing: std::sync::Mutex::new(vec![None; shards]),
         };
@@ -184,6 +186,7 @@ impl Router {
             .cluster_record(config, known.as_deref(), down.first())
             .await?;
         router.nodes.set_cluster(&record.id, record.map.version);
+        router.map_version = record.map.version;
         router.cluster_id = record.id;
         router
             .committed
@@ -377,6 +380,58 @@ impl Router {
         )))
     }
 
+    /// The cluster as this router sees it now: every node asked at once.
+    async fn status(&self) -> wire::ClusterStatus {
+        if let Err(e) = self.reload_committed().await {
+            tracing::debug!("status: {e}");
+        }
+        let committed = self.committed.load(Ordering::SeqCst);
+        let placement = self.placement.load_full();
+        let calls = (0..self.nodes.shards())
+            .map(|shard| self.nodes.call(shard, &NodeRequest::Info, Vec::new()));
+        let answers = futures::future::join_all(calls).await;
+        let nodes = answers
+            .into_iter()
+            .enumerate()
+            .map(|(shard, answer)| {
+                let shard = shard as u32;
+                let share = placement.shard_len(shard, committed);
+                let (state, records) = match answer {
+                    Ok(crate::nodes::NodeReply {
+                        reply: Reply::Info { len, .. },
+                        ..
+                    }) if len < share => (
+                        format!("refused: holds {len} of the {share} records committed on it (its data is missing)"),
+                        Some(len),
+                    ),
+                    Ok(crate::nodes::NodeReply {
+                        reply: Reply::Info { len, .. },
+                        ..
+                    }) => ("up".to_string(), Some(len)),
+                    Ok(other) => (format!("down: answered Info with {:?}", other.reply), None),
+                    Err(Failure::ShardRefused { message, .. }) => {
+                        (format!("refused: {message}"), None)
+                    }
+                    Err(failure) => (format!("down: {failure}"), None),
+                };
+                wire::NodeStatus {
+                    shard,
+                    addr: self.nodes.addr(shard).to_string(),
+                    state,
+                    records,
+                    last_seen_ms: self.nodes.last_seen(shard).map(|d| d.as_millis() as u64),
+                }
+            })
+            .collect();
+        wire::ClusterStatus {
+            cluster: self.cluster_id.clone(),
+            map_version: self.map_version,
+            committed_len: committed,
+            len: self.len(),
+            nodes,
+        }
+    }
+
     /// Shard `shard` is missing data: `Some(refusal)` unless its node holds its share of the
     /// committed length again (its directory was restored), which clears the mark.
     async fn still_missing(&self, shard: u32) -> Option<Failure> {
@@ -516,6 +571,7 @@ impl Router {
             ClientRequest::Delete { index } => {
                 self.exclusive(|| self.delete(index)).await.map(ready_body)
             }
+            ClientRequest::Status => Ok(ready(Reply::Status(self.status().await))),
             ClientRequest::Commit => {
                 self.exclusive(|| async {
                     let calls = (0..self.nodes.shards())

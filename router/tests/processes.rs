@@ -375,6 +375,16 @@ fn a_node_restarted_on_an_empty_directory_costs_no_data() {
     let e = client.gather(&on1[..1], &[]).unwrap_err().to_string();
     assert!(e.contains("shard 1") && e.contains("missing"), "{e}");
     drop(client);
+    // `zr cluster status` names the node and why, and exits 1.
+    let out = Command::new(binary("zr"))
+        .args(["cluster", "status", "--router", &addr, "--certs"])
+        .arg(&certs)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("committed    500 records"), "{text}");
+    assert!(text.contains("refused: holds 0 of the"), "{text}");
     stop_all(processes);
 
     // The directory is back: every record, byte-exact.
@@ -388,6 +398,14 @@ fn a_node_restarted_on_an_empty_directory_costs_no_data() {
         assert_eq!(columns[0].get(i as usize).unwrap(), &rows[i as usize][..]);
     }
     drop(client);
+    let out = Command::new(binary("zr"))
+        .args(["cluster", "status", "--router", &addr, "--certs"])
+        .arg(&certs)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.matches("  up").count(), 2, "{text}");
     stop_all(processes);
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -100,6 +100,17 @@ fn a_wiped_node_is_refused_by_name_and_the_other_shards_keep_every_record() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("shard 2") && e.contains("missing"), "{e}");
+    // The status says which node and why.
+    let status = client.status().unwrap();
+    assert_eq!(status.committed_len, RECORDS);
+    let states: Vec<&str> = status.nodes.iter().map(|n| n.state.as_str()).collect();
+    assert_eq!(states[0], "up");
+    assert_eq!(states[1], "up");
+    assert!(
+        states[2].starts_with("refused: holds 0 of the"),
+        "{states:?}"
+    );
+    assert_eq!(status.nodes[2].addr, addr.to_string());
     drop(client);
 
     // Its directory comes back: every record is there again, and writes go on.
@@ -274,6 +285,14 @@ fn a_router_starts_and_serves_while_a_node_is_down() {
     check(&client, &others);
     let e = client.gather(&on1[..3], &[]).unwrap_err().to_string();
     assert!(e.contains("shard 1"), "{e}");
+    let status = client.status().unwrap();
+    assert!(
+        status.nodes[1].state.starts_with("down: shard 1"),
+        "{:?}",
+        status.nodes[1]
+    );
+    assert_eq!(status.nodes[1].records, None);
+    assert_eq!(status.nodes[0].state, "up");
     cluster.start_node(1).unwrap();
     check(&client, &(0..900).collect::<Vec<_>>());
     load(&client, 900, 1000);
