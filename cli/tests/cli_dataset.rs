@@ -210,7 +210,23 @@ fn bad_inputs_are_refused_with_reasons() {
     write_npy(&t("backwards.npy"), "<u8", &[3], &encode(&[0, 6, 4]));
     write_npy(&t("past.npy"), "<u8", &[3], &encode(&[0, 6, 11]));
     write_npy(&t("floats.npy"), "<f8", &[2], &encode(&[0, 1]));
+    // A shape whose byte count overflows 64 bits: an error, not a panic.
+    write_npy(
+        &t("huge.npy"),
+        "<u8",
+        &[2305843009213693953],
+        &encode(&[0, 1]),
+    );
     let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "--values".into(),
+                p(&t("values.bin")).into(),
+                "--offsets".into(),
+                p(&t("huge.npy")).into(),
+            ],
+            "2305843009213693953 offsets",
+        ),
         (
             vec!["--npy".into(), p(&t("junk.npy")).into()],
             "not a .npy file",

@@ -329,7 +329,9 @@ pub fn convert_values(
     }
     let count = header.shape[0];
     let raw = &offsets_input.bytes()[header.data_offset as usize..];
-    if raw.len() as u64 != count * 8 || count == 0 {
+    // `count` comes from the file: checked, so that a huge shape is an error, not an
+    // overflow.
+    if count == 0 || count.checked_mul(8) != Some(raw.len() as u64) {
         return Err(bad(format!(
             "holds {} data bytes for {count} offsets (need N+1 ≥ 1 of 8 bytes)",
             raw.len()
