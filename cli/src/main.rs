@@ -37,6 +37,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    die_quietly_on_closed_pipes();
     zr_common::alloc::tune();
     let cli = Cli::parse();
     let result = match cli.command {
@@ -57,6 +58,16 @@ fn main() -> ExitCode {
             eprintln!("zr: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Writing to a closed pipe (`zr info DIR | head -1`) ends the process quietly, as it ends any
+/// Unix tool, instead of failing a `println!` with a panic: Rust ignores SIGPIPE by default.
+fn die_quietly_on_closed_pipes() {
+    // SAFETY: restores SIGPIPE's default disposition first thing in main, before any other
+    // thread exists; it touches no memory of this program.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

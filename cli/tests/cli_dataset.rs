@@ -499,3 +499,26 @@ fn gather_and_bench_read_directly_when_asked() {
     assert!(!ok);
     assert!(err.contains("mmap, direct or auto"), "{err}");
 }
+
+/// `zr info DIR | head -1`: output to a pipe closed early ends `zr` quietly (as SIGPIPE ends
+/// any tool), never with a panic.
+#[test]
+fn a_closed_pipe_ends_zr_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    sample_dataset(&dir, 20);
+    for _ in 0..5 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_zr"))
+            .args(["info", p(&dir)])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before zr writes a line.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(101), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
