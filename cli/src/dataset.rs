@@ -179,10 +179,9 @@ pub fn gather(args: GatherArgs) -> CliResult {
         None => args.indices.clone(),
     };
     let mut lengths = Vec::with_capacity(indices.len());
-    let mut out = std::io::BufWriter::new(
-        std::fs::File::create(&args.out)
-            .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?,
-    );
+    // Written beside --out and renamed onto it at the end: a failed gather leaves nothing.
+    let partial = Partial::create(&args.out)?;
+    let mut out = std::io::BufWriter::new(&partial.file);
     match dir {
         Some(dir) => {
             let store = Store::open_read_only(dir)?;
@@ -213,8 +212,53 @@ pub fn gather(args: GatherArgs) -> CliResult {
         }
     }
     out.flush()?;
+    drop(out);
+    partial.finish()?;
     println!("{}", lengths.join(" "));
     Ok(())
+}
+
+/// A file written under a temporary name beside its destination, renamed onto it by
+/// `finish`, removed if dropped before.
+struct Partial {
+    file: std::fs::File,
+    path: PathBuf,
+    to: PathBuf,
+    done: bool,
+}
+
+impl Partial {
+    fn create(to: &std::path::Path) -> Result<Partial, String> {
+        let name = to
+            .file_name()
+            .ok_or_else(|| format!("{} is not a file name", to.display()))?;
+        let mut temporary = name.to_os_string();
+        temporary.push(format!(".partial-{}", std::process::id()));
+        let path = to.with_file_name(temporary);
+        let file = std::fs::File::create(&path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        Ok(Partial {
+            file,
+            path,
+            to: to.to_path_buf(),
+            done: false,
+        })
+    }
+
+    fn finish(mut self) -> Result<(), String> {
+        std::fs::rename(&self.path, &self.to)
+            .map_err(|e| format!("cannot write {}: {e}", self.to.display()))?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// Check every record's CRC32 and every offset entry's bounds; report, never repair.

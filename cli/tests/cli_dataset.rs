@@ -498,6 +498,25 @@ fn gather_and_bench_read_directly_when_asked() {
     let (ok, _, err) = zr(&["bench", p(&dir), "--read", "fast"]);
     assert!(!ok);
     assert!(err.contains("mmap, direct or auto"), "{err}");
+    // A gather that fails leaves no output file behind, and no partial one.
+    let out = tmp.path().join("failed.bin");
+    let (ok, _, err) = zr(&[
+        "gather",
+        p(&dir),
+        "--indices",
+        "1,300",
+        "--field",
+        "b",
+        "--out",
+        p(&out),
+    ]);
+    assert!(!ok && err.contains("out of range"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("failed"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// `zr info DIR | head -1`: output to a pipe closed early ends `zr` quietly (as SIGPIPE ends
