@@ -54,11 +54,25 @@ fn parse_compression(s: &str) -> Result<Compression, String> {
 pub fn run(args: ConvertArgs) -> CliResult {
     let dir = target_dir(&args.dir, &args.remote)?;
     let (mut dest, compress, name): (Box<dyn Destination>, Compression, String) = match dir {
-        Some(dir) => (
-            Box::new(LocalDataset::new(dir)),
-            args.compress.unwrap_or(Compression::Raw),
-            dir.display().to_string(),
-        ),
+        Some(dir) => {
+            // Appending without --compress keeps the field's own compression.
+            let existing = if args.append && args.compress.is_none() {
+                zr_node::Store::open_read_only(dir).ok().and_then(|store| {
+                    store
+                        .fields()
+                        .iter()
+                        .find(|f| f.name == args.field)
+                        .map(|f| f.compress)
+                })
+            } else {
+                None
+            };
+            (
+                Box::new(LocalDataset::new(dir)),
+                args.compress.or(existing).unwrap_or(Compression::Raw),
+                dir.display().to_string(),
+            )
+        }
         None => {
             let client = args.remote.client()?.ok_or("--router is missing")?;
             let cluster_compress = client

@@ -162,7 +162,20 @@ fn convert_variable_layout_round_trips_and_appends() {
         p(&dir),
     ]);
     assert!(!ok && err.contains("already exists"), "{err}");
+    // Appending asks for the field's own compression, or refuses another.
     let (ok, _, err) = zr(&[
+        "convert",
+        "--values",
+        p(&values_path),
+        "--offsets",
+        p(&offsets_path),
+        p(&dir),
+        "--append",
+        "--compress",
+        "raw",
+    ]);
+    assert!(!ok && err.contains("stored flate"), "{err}");
+    let (ok, stdout, err) = zr(&[
         "convert",
         "--values",
         p(&values_path),
@@ -172,6 +185,7 @@ fn convert_variable_layout_round_trips_and_appends() {
         "--append",
     ]);
     assert!(ok, "{err}");
+    assert!(stdout.contains("flate"), "{stdout}");
     assert_eq!(all_records(&dir, "data"), [expect.clone(), expect].concat());
 
     // gather writes the payloads back to back and prints their lengths.

@@ -188,6 +188,30 @@ impl LocalDataset {
     }
 }
 
+/// A field's dtype and shape in words, for messages: `dtype |u1 shape (64,)`.
+fn describe_type(dtype: &Option<String>, shape: &Option<Vec<u64>>) -> String {
+    let dtype = dtype.as_deref().unwrap_or("none");
+    match shape {
+        Some(shape) if shape.len() == 1 => format!("dtype {dtype} shape ({},)", shape[0]),
+        Some(shape) => format!(
+            "dtype {dtype} shape ({})",
+            shape
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => format!("dtype {dtype}, no shape"),
+    }
+}
+
+fn compression_name(compress: Compression) -> &'static str {
+    match compress {
+        Compression::Raw => "raw",
+        Compression::Flate => "flate",
+    }
+}
+
 impl Destination for LocalDataset {
     fn open(&mut self, target: &Target, spec: FieldSpec) -> Result<()> {
         let store = if target.append {
@@ -197,8 +221,19 @@ impl Destination for LocalDataset {
                 && (existing.dtype != spec.dtype || existing.shape != spec.shape);
             if types_differ {
                 return Err(Error::InvalidRecord(format!(
-                    "field '{}' holds dtype {:?} shape {:?}; the input has dtype {:?} shape {:?}",
-                    target.field, existing.dtype, existing.shape, spec.dtype, spec.shape
+                    "field '{}' holds {}; the input has {}",
+                    target.field,
+                    describe_type(&existing.dtype, &existing.shape),
+                    describe_type(&spec.dtype, &spec.shape)
+                )));
+            }
+            if existing.compress != target.compress {
+                return Err(Error::InvalidRecord(format!(
+                    "field '{}' is stored {}; appending asks for {} (drop --compress, or give --compress {})",
+                    target.field,
+                    compression_name(existing.compress),
+                    compression_name(target.compress),
+                    compression_name(existing.compress)
                 )));
             }
             store
