@@ -118,6 +118,26 @@ fn convert_npy_round_trips() {
             );
         }
     }
+    // Appending rows of another type is refused in words, not debug forms.
+    let dir = tmp.path().join("ds-u1-raw");
+    let other = tmp.path().join("other.npy");
+    write_npy(&other, "<u2", &[2, 3], &[0u8; 12]);
+    let (ok, _, err) = zr(&[
+        "convert",
+        "--npy",
+        p(&other),
+        p(&dir),
+        "--field",
+        "x",
+        "--append",
+    ]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("holds dtype |u1 shape (")
+            && err.contains("the input has dtype <u2 shape (3,)"),
+        "{err}"
+    );
+    assert!(!err.contains("Some("), "{err}");
 }
 
 #[test]
