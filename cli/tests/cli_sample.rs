@@ -102,3 +102,27 @@ fn bad_arguments_fail_with_a_reason() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+/// A command line `zr` cannot parse exits 2 saying what it expected, as the README says; an error of
+/// a command that ran exits 1 with one line.
+#[test]
+fn usage_errors_exit_2_and_failures_exit_1() {
+    for args in [&["bogus"][..], &["sample", "--kind", "bogus"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_zr"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Usage"),
+            "{args:?}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_zr"))
+        .args(["info", "/nonexistent/dataset"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
