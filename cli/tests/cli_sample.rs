@@ -114,7 +114,7 @@ fn usage_errors_exit_2_and_failures_exit_1() {
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains("Usage"),
+            String::from_utf8_lossy(&out.stderr).contains("--help"),
             "{args:?}"
         );
     }
