@@ -109,16 +109,39 @@ pub fn run(args: ConvertArgs) -> CliResult {
     let bar = progress_bar(input_bytes, true);
     bar.set_message("converting");
     let started = std::time::Instant::now();
-    let records = match (&args.npy, &args.values, &args.offsets) {
+    // A new dataset that a failed conversion leaves half made is removed: nothing stays
+    // behind to make the next attempt fail with "already exists".
+    let created = match dir {
+        Some(dir) if !args.append && !dir.exists() => Some(dir.to_path_buf()),
+        _ => None,
+    };
+    let converted = match (&args.npy, &args.values, &args.offsets) {
         (Some(npy), _, _) => {
-            convert_npy(npy, &target, dest.as_mut(), |done| bar.set_position(done))?
+            convert_npy(npy, &target, dest.as_mut(), |done| bar.set_position(done))
         }
         (None, Some(values), Some(offsets)) => {
             convert_values(values, offsets, &target, dest.as_mut(), |done| {
                 bar.set_position(done)
-            })?
+            })
         }
         _ => return Err("--values needs --offsets".into()),
+    };
+    let records = match converted {
+        Ok(records) => records,
+        Err(e) => {
+            bar.finish_and_clear();
+            drop(dest);
+            if let Some(dir) = created {
+                match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => {}
+                    Err(removal) if removal.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(removal) => {
+                        eprintln!("zr: could not remove {}: {removal}", dir.display())
+                    }
+                }
+            }
+            return Err(e.into());
+        }
     };
     bar.finish_and_clear();
     println!(

@@ -17,6 +17,9 @@ use zr_common::Record;
 
 /// Bytes appended per `append_many` call.
 const SLICE_BYTES: u64 = 8 << 20;
+/// Most records appended in one call, whatever their size (empty rows take no bytes but
+/// still an entry each).
+const SLICE_RECORDS_MAX: u64 = 1 << 16;
 /// Longest `.npy` header accepted.
 const NPY_HEADER_MAX: usize = 1 << 20;
 
@@ -268,8 +271,9 @@ fn append_all<'a>(
         // As many records as fit in a slice (at least one).
         let mut last = first + 1;
         let mut step = 1;
-        while last < count && bytes_of(first, (last + step).min(count)) <= SLICE_BYTES {
-            last = (last + step).min(count);
+        let end = count.min(first.saturating_add(SLICE_RECORDS_MAX));
+        while last < end && bytes_of(first, (last + step).min(end)) <= SLICE_BYTES {
+            last = (last + step).min(end);
             step *= 2;
         }
         let records: Vec<Record> = (first..last)
