@@ -134,6 +134,20 @@ fn start(node: &Path, router: &Path, config: &Path) -> Vec<Child> {
     }
 }
 
+/// `zr cluster status` of the cluster at `addr`: whether every node is up (its exit
+/// status), and what it printed.
+fn cluster_status(addr: &str, certs: &Path) -> (bool, String) {
+    let out = Command::new(binary("zr"))
+        .args(["cluster", "status", "--router", addr, "--certs"])
+        .arg(certs)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 /// Stops the processes `start` started: the router first, then the nodes; each must exit 0
 /// on SIGTERM.
 fn stop_all(mut processes: Vec<Child>) {
@@ -376,13 +390,8 @@ fn a_node_restarted_on_an_empty_directory_costs_no_data() {
     assert!(e.contains("shard 1") && e.contains("missing"), "{e}");
     drop(client);
     // `zr cluster status` names the node and why, and exits 1.
-    let out = Command::new(binary("zr"))
-        .args(["cluster", "status", "--router", &addr, "--certs"])
-        .arg(&certs)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "{text}");
+    let (healthy, text) = cluster_status(&addr, &certs);
+    assert!(!healthy, "{text}");
     assert!(text.contains("committed    500 records"), "{text}");
     assert!(text.contains("refused: holds 0 of the"), "{text}");
     stop_all(processes);
@@ -398,13 +407,8 @@ fn a_node_restarted_on_an_empty_directory_costs_no_data() {
         assert_eq!(columns[0].get(i as usize).unwrap(), &rows[i as usize][..]);
     }
     drop(client);
-    let out = Command::new(binary("zr"))
-        .args(["cluster", "status", "--router", &addr, "--certs"])
-        .arg(&certs)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let (healthy, text) = cluster_status(&addr, &certs);
+    assert!(healthy, "{text}");
     assert_eq!(text.matches("  up").count(), 2, "{text}");
     stop_all(processes);
     let _ = std::fs::remove_dir_all(&tmp);
