@@ -10,7 +10,7 @@ use tokio::sync::Mutex;
 use zr_net::config::ClusterConfig;
 use zr_net::Security;
 use zr_proto::chunks::Chunks;
-use zr_proto::wire::{self, NodeMessage, NodeRequest, Reply};
+use zr_proto::wire::{self, NodeRequest, Reply};
 
 use crate::error::{Error, Failure};
 
@@ -82,11 +82,10 @@ impl Nodes {
 
     /// `request` encoded with this router's cluster id and map version.
     pub(crate) fn encode(&self, request: &NodeRequest) -> Result<Vec<u8>, zr_proto::Error> {
-        let message = match self.tag.get() {
-            Some((cluster, version)) => NodeMessage::new(cluster, *version, request.clone()),
-            None => NodeMessage::unchecked(request.clone()),
-        };
-        wire::encode_request(&message)
+        match self.tag.get() {
+            Some((cluster, version)) => wire::encode_node_request(Some(cluster), *version, request),
+            None => wire::encode_node_request(None, 0, request),
+        }
     }
 
     /// How many shards there are.
