@@ -153,13 +153,11 @@ impl MetaStore for EmbeddedStore {
         self.locked(move |state, name| {
             let found = state.keys.get(&key).map(|e| e.revision);
             if found != expected {
-                let show =
-                    |r: Option<Revision>| r.map_or("no value".into(), |r| format!("revision {r}"));
                 return Err(Error::Conflict {
                     store: name.to_string(),
                     key,
-                    expected: show(expected),
-                    found: show(found),
+                    expected,
+                    found,
                 });
             }
             state.revision += 1;

@@ -140,13 +140,11 @@ impl MetaStore for EtcdStore {
                     }
                     _ => None,
                 });
-                let show =
-                    |r: Option<u64>| r.map_or("no value".into(), |r| format!("revision {r}"));
                 return Err(Error::Conflict {
                     store: self.describe(),
                     key: key.to_string(),
-                    expected: show(expected),
-                    found: show(found.map(|r| r as u64)),
+                    expected,
+                    found: found.map(|r| r as Revision),
                 });
             }
             let revision = answer

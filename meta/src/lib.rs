@@ -29,15 +29,17 @@ pub type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a
 /// Errors of the metadata store. Each names the store (its directory or endpoints).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A compare-and-swap found another revision: someone else wrote first.
+    /// A compare-and-swap found another revision (`None`: no value): someone else wrote first.
     #[error(
-        "metadata store {store}: {key} was changed meanwhile (expected {expected}, found {found})"
+        "metadata store {store}: {key} was changed meanwhile (expected {}, found {})",
+        show_revision(*expected),
+        show_revision(*found)
     )]
     Conflict {
         store: String,
         key: String,
-        expected: String,
-        found: String,
+        expected: Option<Revision>,
+        found: Option<Revision>,
     },
     /// The store could not be reached or did not answer in time.
     #[error("metadata store {store} is unavailable: {reason}")]
@@ -45,6 +47,11 @@ pub enum Error {
     /// The store answered, but what it holds cannot be used.
     #[error("metadata store {store}: {reason}")]
     Corrupt { store: String, reason: String },
+}
+
+/// A key's revision in words, for messages.
+fn show_revision(revision: Option<Revision>) -> String {
+    revision.map_or("no value".into(), |r| format!("revision {r}"))
 }
 
 /// What a cluster's coordination needs of a consensus store.

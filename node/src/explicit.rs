@@ -139,7 +139,9 @@ impl Store {
         let n = indices.len();
         let mut raw = vec![[0u8; 16]; fields.len() * n];
         let mut known: Vec<Option<Entry>> = vec![None; fields.len() * n];
-        let mut wanted: Vec<(usize, Wanted)> = Vec::new();
+        // Entries to read: `read[slot]`, and their ranges in slot order.
+        let mut read = vec![false; fields.len() * n];
+        let mut ranges: Vec<Wanted> = Vec::new();
         for (f, &field) in fields.iter().enumerate() {
             let table = view.maps.offsets.get(field).and_then(|t| t.as_deref());
             for (k, &index) in indices.iter().enumerate() {
@@ -153,35 +155,23 @@ impl Store {
                 let at = index.checked_mul(ENTRY_BYTES);
                 match (table, at) {
                     (Some(table), Some(at)) if at + ENTRY_BYTES <= table.len() => {
-                        wanted.push((
-                            slot,
-                            Wanted {
-                                file: table,
-                                offset: at,
-                                len: ENTRY_BYTES,
-                            },
-                        ));
+                        read[slot] = true;
+                        ranges.push(Wanted {
+                            file: table,
+                            offset: at,
+                            len: ENTRY_BYTES,
+                        });
                     }
                     // Left unknown: `span_of` names the record.
                     _ => {}
                 }
             }
         }
-        let targets: Vec<(&mut [u8], &mut [u8])> = {
-            let mut by_slot: Vec<Option<&mut [u8]>> =
-                raw.iter_mut().map(|e| Some(&mut e[..])).collect();
-            wanted
-                .iter()
-                .map(|(slot, _)| (by_slot[*slot].take().unwrap_or_default(), &mut [][..]))
-                .collect()
-        };
-        let ranges: Vec<Wanted> = wanted
-            .iter()
-            .map(|(_, w)| Wanted {
-                file: w.file,
-                offset: w.offset,
-                len: w.len,
-            })
+        let targets: Vec<(&mut [u8], &mut [u8])> = raw
+            .iter_mut()
+            .zip(&read)
+            .filter(|(_, &read)| read)
+            .map(|(entry, _)| (&mut entry[..], &mut [][..]))
             .collect();
         // Entries go through the page cache even when payloads bypass it: a table is a
         // sixty-fourth of 1 KiB records' data, and each entry read around it would cost a
@@ -191,8 +181,8 @@ impl Store {
             ..options
         };
         self.read_ranges(&ranges, targets, cached)?;
-        for (slot, _) in &wanted {
-            known[*slot] = Some(Entry::decode(raw[*slot]));
+        for (slot, _) in read.iter().enumerate().filter(|(_, &read)| read) {
+            known[slot] = Some(Entry::decode(raw[slot]));
         }
         let mut resolved = Vec::with_capacity(fields.len());
         for (f, &field) in fields.iter().enumerate() {

@@ -121,29 +121,11 @@ impl Router {
             missing: std::sync::Mutex::new(vec![None; shards]),
         };
         // Every node that answers; a router starts, and serves what it can, with some down.
-        let calls = (0..router.nodes.shards())
-            .map(|shard| router.nodes.call(shard, &NodeRequest::Info, Vec::new()));
         let mut infos: Vec<Option<(u64, Vec<FieldInfo>)>> = Vec::with_capacity(shards);
         let mut down = Vec::new();
-        for (shard, answer) in futures::future::join_all(calls)
-            .await
-            .into_iter()
-            .enumerate()
-        {
+        for answer in router.each_node_info(None).await {
             match answer {
-                Ok(crate::nodes::NodeReply {
-                    reply: Reply::Info { len, fields },
-                    ..
-                }) => infos.push(Some((len, fields))),
-                Ok(other) => {
-                    let shard = shard as u32;
-                    down.push(Failure::ShardUnavailable {
-                        shard,
-                        addr: router.nodes.addr(shard),
-                        reason: format!("answered Info with {:?}", other.reply),
-                    });
-                    infos.push(None);
-                }
+                Ok(info) => infos.push(Some(info)),
                 Err(failure) => {
                     down.push(failure);
                     infos.push(None);
@@ -387,28 +369,20 @@ impl Router {
         }
         let committed = self.committed.load(Ordering::SeqCst);
         let placement = self.placement.load_full();
-        let calls = (0..self.nodes.shards())
-            .map(|shard| self.nodes.call(shard, &NodeRequest::Info, Vec::new()));
-        let answers = futures::future::join_all(calls).await;
-        let nodes = answers
+        let nodes = self
+            .each_node_info(None)
+            .await
             .into_iter()
             .enumerate()
             .map(|(shard, answer)| {
                 let shard = shard as u32;
                 let share = placement.shard_len(shard, committed);
                 let (state, records) = match answer {
-                    Ok(crate::nodes::NodeReply {
-                        reply: Reply::Info { len, .. },
-                        ..
-                    }) if len < share => (
+                    Ok((len, _)) if len < share => (
                         format!("refused: holds {len} of the {share} records committed on it (its data is missing)"),
                         Some(len),
                     ),
-                    Ok(crate::nodes::NodeReply {
-                        reply: Reply::Info { len, .. },
-                        ..
-                    }) => ("up".to_string(), Some(len)),
-                    Ok(other) => (format!("down: answered Info with {:?}", other.reply), None),
+                    Ok((len, _)) => ("up".to_string(), Some(len)),
                     Err(Failure::ShardRefused { message, .. }) => {
                         (format!("refused: {message}"), None)
                     }
@@ -633,34 +607,41 @@ impl Router {
         Ok((reply, Body::Streamed(body)))
     }
 
-    /// Every node's length and fields, asked concurrently, in shard order; with `fence`, each
-    /// node is fenced with that lease token first (see `NodeRequest::Fence`).
-    async fn node_infos(&self, fence: Option<u64>) -> Result<Vec<(u64, Vec<FieldInfo>)>, Failure> {
+    /// Every node's length and fields, or why it did not say, asked concurrently, in shard
+    /// order; with `fence`, each node is fenced with that lease token first (see
+    /// `NodeRequest::Fence`).
+    async fn each_node_info(
+        &self,
+        fence: Option<u64>,
+    ) -> Vec<Result<(u64, Vec<FieldInfo>), Failure>> {
         let request = match fence {
             Some(token) => NodeRequest::Fence { token },
             None => NodeRequest::Info,
         };
         let calls =
             (0..self.nodes.shards()).map(|shard| self.nodes.call(shard, &request, Vec::new()));
-        let mut infos = Vec::with_capacity(self.nodes.shards() as usize);
-        for (shard, result) in futures::future::join_all(calls)
+        futures::future::join_all(calls)
             .await
             .into_iter()
             .enumerate()
-        {
-            match result?.reply {
-                Reply::Info { len, fields } => infos.push((len, fields)),
+            .map(|(shard, result)| match result?.reply {
+                Reply::Info { len, fields } => Ok((len, fields)),
                 other => {
                     let shard = shard as u32;
-                    return Err(Failure::ShardUnavailable {
+                    Err(Failure::ShardUnavailable {
                         shard,
                         addr: self.nodes.addr(shard),
                         reason: format!("answered Info with {other:?}"),
-                    });
+                    })
                 }
-            }
-        }
-        Ok(infos)
+            })
+            .collect()
+    }
+
+    /// Every node's length and fields, in shard order; the first failure if one did not say.
+    /// `fence` as for [`Self::each_node_info`].
+    async fn node_infos(&self, fence: Option<u64>) -> Result<Vec<(u64, Vec<FieldInfo>)>, Failure> {
+        self.each_node_info(fence).await.into_iter().collect()
     }
 
     /// Every node's length, in shard order; `fence` as for [`Self::node_infos`].

@@ -245,9 +245,7 @@ impl Router {
                 tracing::warn!(
                     "finishing the delete of record {index} that a router left half done"
                 );
-                if self.committed.load(Ordering::SeqCst) >= before {
-                    self.record_committed(before - 1, true).await?;
-                }
+                self.withdraw_last(before).await?;
                 self.finish_delete(index, before).await?;
                 self.len.store(before - 1, Ordering::SeqCst);
             }
@@ -391,17 +389,23 @@ impl Router {
         Ok(())
     }
 
+    /// Before a delete of a cluster of `len` records cuts record `len - 1` off its shard:
+    /// the committed length must not promise it any more, or that shard would look as if it
+    /// had lost data.
+    async fn withdraw_last(&self, len: u64) -> Result<(), Failure> {
+        if self.committed.load(Ordering::SeqCst) >= len {
+            self.record_committed(len - 1, true).await?;
+        }
+        Ok(())
+    }
+
     /// Global swap-remove: the last record moves into the hole, across shards if needed.
     /// Recorded beside the lease first, so that a delete stopped halfway is finished by the
     /// next write (see the module documentation).
     pub(super) async fn delete(&self, index: u64) -> Result<(Reply, Vec<Bytes>), Failure> {
         self.check_index(index)?;
         let len = self.len();
-        // The cut below takes the last record off its shard: the committed length must not
-        // promise it any more, or the shard would look as if it had lost data.
-        if self.committed.load(Ordering::SeqCst) >= len {
-            self.record_committed(len - 1, true).await?;
-        }
+        self.withdraw_last(len).await?;
         if index == len - 1 {
             // Only a cut: one step, nothing to record.
             let (shard, local) = self.placement.load().locate(index);
