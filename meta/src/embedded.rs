@@ -1,7 +1,7 @@
 //! The embedded metadata store: one JSON file in a directory, replaced atomically (temporary
 //! file, fsync, rename, fsync of the directory) under an exclusive file lock, so that every
-//! process on the host that opens the same directory sees one history. Revisions and tokens
-//! come from counters kept in the same file: they only grow.
+//! process on the host that opens the same directory sees one history. Revisions come from a
+//! counter kept in the same file: they only grow, across keys and restarts.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -29,8 +29,6 @@ pub struct EmbeddedStore {
 struct State {
     /// The last revision given to any write.
     revision: u64,
-    /// The last token given.
-    token: u64,
     keys: BTreeMap<String, Entry>,
 }
 
@@ -164,13 +162,6 @@ impl MetaStore for EmbeddedStore {
             let revision = state.revision;
             state.keys.insert(key, Entry { revision, value });
             Ok((true, revision))
-        })
-    }
-
-    fn next_token(&self) -> Call<'_, u64> {
-        self.locked(|state, _| {
-            state.token += 1;
-            Ok((true, state.token))
         })
     }
 }

@@ -1,6 +1,6 @@
 //! The etcd backend (v3 API). Every key lives under a prefix; a compare-and-swap is a
-//! transaction on the key's `mod_revision`; a token is the revision etcd gives a write of the
-//! token key, which grows with every write to the cluster and survives restarts.
+//! transaction on the key's `mod_revision`; a write's revision is etcd's, which grows with
+//! every write to the etcd cluster and survives restarts.
 
 use std::time::Duration;
 
@@ -152,20 +152,6 @@ impl MetaStore for EtcdStore {
                 .map(|h| h.revision())
                 .ok_or_else(|| self.corrupt("a write came back without a revision".into()))?;
             Ok(revision as Revision)
-        })
-    }
-
-    fn next_token(&self) -> Call<'_, u64> {
-        Box::pin(async move {
-            let mut client = self.client.clone();
-            let answer = self
-                .bounded(client.put(self.key("token"), "", None))
-                .await?;
-            let revision = answer
-                .header()
-                .map(|h| h.revision())
-                .ok_or_else(|| self.corrupt("a write came back without a revision".into()))?;
-            Ok(revision as u64)
         })
     }
 }

@@ -1,18 +1,20 @@
 //! zr-meta: the cluster's metadata in a consensus store, behind one trait ([`MetaStore`]).
 //!
 //! Agreement is not something we invent. The store is a small key-value map with
-//! compare-and-swap on each key's revision, and a counter that only grows (fencing tokens):
+//! compare-and-swap on each key's revision; revisions only grow, across keys, processes and
+//! restarts (so they serve as fencing tokens):
 //! - [`EtcdStore`]: etcd v3, for clusters that span hosts;
 //! - [`EmbeddedStore`]: a directory on one host (atomic replace, fsync, a file lock), with
 //!   the same semantics, for the demo, the simulator and one-machine clusters.
 //!
 //! The same conformance suite (`tests/conformance.rs`) runs on both. What zrecord keeps
-//! there, and how, is in [`cluster`].
+//! there, and how, is in [`cluster`] and [`writer`].
 
 pub mod cluster;
 mod embedded;
 mod etcd;
 pub mod testing;
+pub mod writer;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,7 +22,8 @@ use std::pin::Pin;
 pub use embedded::EmbeddedStore;
 pub use etcd::EtcdStore;
 
-/// A key's version: it changes at every write of the key, and only grows.
+/// A key's version: it changes at every write of the key, and is larger than every revision
+/// the store gave before (of any key).
 pub type Revision = u64;
 
 /// A boxed future of the store's calls (the trait is used as `dyn MetaStore`).
@@ -70,8 +73,4 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
         expected: Option<Revision>,
         value: &'a str,
     ) -> Call<'a, Revision>;
-
-    /// A number larger than every one this store has returned before, across restarts and
-    /// across every process that uses it: a fencing token.
-    fn next_token(&self) -> Call<'_, u64>;
 }

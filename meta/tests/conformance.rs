@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use zr_meta::cluster::{self, ClusterRecord, MapRecord};
 use zr_meta::testing::TestEtcd;
+use zr_meta::writer::{self, LeaseState, Step};
 use zr_meta::{EmbeddedStore, Error, MetaStore};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -45,13 +46,15 @@ async fn conformance(first: Arc<dyn MetaStore>, reopen: impl Fn() -> Arc<dyn Met
     // Another handle sees the same history.
     let other = reopen();
     assert_eq!(other.get("k").await.expect("get"), Some(("two".into(), r2)));
-    // Tokens only grow, whoever asks.
-    let mut last = 0;
+    // Revisions only grow, across keys and handles: they serve as fencing tokens.
+    let mut last = r2;
     for round in 0..6 {
         let handle = if round % 2 == 0 { &first } else { &other };
-        let token = handle.next_token().await.expect("token");
-        assert!(token > last, "token {token} after {last}");
-        last = token;
+        let key = format!("grow{}", round % 3);
+        let expected = handle.get(&key).await.expect("get").map(|(_, r)| r);
+        let revision = handle.put_if(&key, expected, "x").await.expect("put");
+        assert!(revision > last, "revision {revision} after {last}");
+        last = revision;
     }
     // Racing read-modify-writes through two handles lose no update.
     let tasks: Vec<_> = (0..8)
@@ -118,6 +121,32 @@ async fn conformance(first: Arc<dyn MetaStore>, reopen: impl Fn() -> Arc<dyn Met
         .expect("load")
         .expect("a record");
     assert_eq!(back, longer);
+    // Two routers race for the free writer lease through two handles: exactly one takes it.
+    let racers: Vec<_> = [(1, Arc::clone(&first)), (2, reopen())]
+        .into_iter()
+        .map(|(me, handle)| {
+            tokio::spawn(async move {
+                let mut state = LeaseState::new(me, Duration::from_secs(30));
+                let read = writer::load(&*handle)
+                    .await
+                    .expect("load the writer record");
+                let now = Instant::now();
+                match state.observe(read.as_ref().map(|(r, revision)| (r, *revision)), now) {
+                    Step::Take { expected, pending } => {
+                        writer::store(&*handle, expected, &state.record(pending))
+                            .await
+                            .is_ok()
+                    }
+                    Step::Wait { .. } => false,
+                }
+            })
+        })
+        .collect();
+    let mut took = 0;
+    for racer in racers {
+        took += usize::from(racer.await.expect("racer"));
+    }
+    assert_eq!(took, 1, "routers that took the writer lease");
 }
 
 #[test]
@@ -132,7 +161,12 @@ fn the_embedded_store_conforms() {
     runtime().block_on(async {
         let store = EmbeddedStore::open(dir.path()).expect("reopen");
         assert!(cluster::load(&store).await.expect("load").is_some());
-        assert!(store.next_token().await.expect("token") > 6);
+        let (_, before) = cluster::load(&store).await.expect("load").expect("record");
+        let after = store.put_if("later", None, "x").await.expect("put");
+        assert!(
+            after > before,
+            "revision {after} after a restart, {before} before"
+        );
     });
 }
 

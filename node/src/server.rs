@@ -19,7 +19,7 @@ use zr_net::config::ClusterConfig;
 use zr_proto::wire::{self, ErrorCode, FieldInfo, NodeMessage, NodeRequest, Reply};
 
 use crate::batch::Batch;
-use crate::lease::{Coordination, LeaseError};
+use crate::fence::Coordination;
 use crate::meta::{Compression, FieldSpec};
 use crate::runtime::RuntimeOptions;
 use crate::store::{CreateOptions, GatherOptions, ReadPath, Store};
@@ -202,8 +202,7 @@ pub async fn serve_with(
 }
 
 /// Decodes, executes and encodes one request: the whole protocol, without I/O.
-/// `coordination` holds the cluster's write lease (which routers take from shard 0's node)
-/// and this node's fence.
+/// `coordination` holds this node's identity and fence.
 pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
     match decode(bytes) {
         Ok((message, body_at)) => respond(store, coordination, message, &bytes[body_at..]),
@@ -267,12 +266,9 @@ pub enum Refusal {
     /// The store refused or failed.
     #[error(transparent)]
     Store(#[from] Error),
-    /// The write lease refused.
-    #[error(transparent)]
-    Lease(#[from] LeaseError),
-    /// Another router holds the write lease.
-    #[error("another router holds the write lease for {left_ms} ms more")]
-    LeaseHeld { left_ms: u128 },
+    /// The fence could not be kept.
+    #[error("{0}")]
+    FenceStorage(String),
     /// A write without a lease token.
     #[error("a node takes writes only from a router holding the write lease, and this one carries no lease token")]
     NoLeaseToken,
@@ -292,15 +288,12 @@ impl Refusal {
     pub fn code(&self) -> ErrorCode {
         match self {
             Refusal::Store(e) => code_of(e),
-            Refusal::Lease(LeaseError::NotHolder(_)) => ErrorCode::Conflict,
-            Refusal::Lease(LeaseError::Storage(_)) => ErrorCode::Storage,
+            Refusal::FenceStorage(_) => ErrorCode::Storage,
             Refusal::NoLeaseToken => ErrorCode::BadRequest,
             Refusal::Identity(crate::identity::Mismatch::Cluster { .. }) => ErrorCode::WrongCluster,
             Refusal::Identity(crate::identity::Mismatch::Map { .. }) => ErrorCode::StaleMap,
             Refusal::Identity(crate::identity::Mismatch::Storage(_)) => ErrorCode::Storage,
-            Refusal::LeaseHeld { .. } | Refusal::Fenced(_) | Refusal::OutOfStep { .. } => {
-                ErrorCode::Conflict
-            }
+            Refusal::Fenced(_) | Refusal::OutOfStep { .. } => ErrorCode::Conflict,
         }
     }
 }
@@ -344,7 +337,6 @@ fn execute(
     body: &[u8],
 ) -> Outcome {
     let fail = Refusal::Store;
-    let lease = &coordination.lease;
     let info = || {
         let fields = store.fields().iter().map(field_info).collect();
         Ok((
@@ -444,32 +436,9 @@ fn execute(
         NodeRequest::Fence { token } => coordination
             .fence
             .raise(token, info)
-            .map_err(|e| Refusal::Lease(LeaseError::Storage(e)))?,
+            .map_err(Refusal::FenceStorage)?,
         NodeRequest::Commit => {
             store.commit().map_err(fail)?;
-            Ok((Reply::Done, Vec::new()))
-        }
-        NodeRequest::Acquire { holder, lease_ms } => {
-            let lease_for = std::time::Duration::from_millis(lease_ms);
-            match lease.acquire(holder, lease_for, now()) {
-                Ok(grant) => Ok((
-                    Reply::Leased {
-                        pending: grant.pending,
-                        token: grant.token,
-                    },
-                    Vec::new(),
-                )),
-                Err(left) => Err(Refusal::LeaseHeld {
-                    left_ms: left.as_millis(),
-                }),
-            }
-        }
-        NodeRequest::Release { holder, settled } => {
-            lease.release(holder, settled)?;
-            Ok((Reply::Done, Vec::new()))
-        }
-        NodeRequest::Intend { holder, write } => {
-            lease.intend(holder, write, now())?;
             Ok((Reply::Done, Vec::new()))
         }
     }
@@ -501,12 +470,6 @@ fn touch_pages(payload: &[u8]) {
     for byte in payload.iter().step_by(PAGE).chain(payload.last()) {
         std::hint::black_box(*byte);
     }
-}
-
-/// The time by the runtime's clock, as the routers' lease clocks read it: virtual in a
-/// simulated cluster on virtual time, the system's monotonic clock otherwise.
-fn now() -> std::time::Instant {
-    tokio::time::Instant::now().into_std()
 }
 
 fn field_info(spec: &FieldSpec) -> FieldInfo {

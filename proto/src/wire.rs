@@ -18,7 +18,7 @@ use crate::error::Error;
 pub use crate::error::ErrorCode;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 8;
+pub const WIRE_VERSION: u16 = 9;
 const MAGIC: [u8; 4] = *b"ZRW1";
 const PREFIX_BYTES: usize = 12;
 /// Longest header accepted.
@@ -102,21 +102,6 @@ pub enum NodeRequest {
     Fence { token: u64 },
     /// Make every write so far durable.
     Commit,
-    /// To the write-lease node (shard 0): take the cluster's write lease for `lease_ms`, or
-    /// renew it. Reply: `Leased`, or `Conflict` while another router holds it.
-    Acquire { holder: u64, lease_ms: u64 },
-    /// To the write-lease node: give the lease back; `settled`: the holder's write is done, so
-    /// the pending write it recorded is cleared. `Conflict` if `holder` no longer holds it.
-    Release { holder: u64, settled: bool },
-    /// To the write-lease node, holding the lease: record the write about to start (in place
-    /// of any earlier one), kept beside the lease until a holder releases it settled or clears
-    /// it (`None`, once it has settled it), so that whoever takes the lease next finishes or
-    /// undoes a write left half done. Reply: `Done`, or `Conflict` if `holder` does not hold
-    /// the lease.
-    Intend {
-        holder: u64,
-        write: Option<PendingWrite>,
-    },
 }
 
 /// A node request as it crosses the wire: with the cluster it is meant for and the map
@@ -209,25 +194,9 @@ impl Request for NodeMessage {
             NodeRequest::Info
             | NodeRequest::Truncate { .. }
             | NodeRequest::Commit
-            | NodeRequest::Acquire { .. }
-            | NodeRequest::Release { .. }
-            | NodeRequest::Intend { .. }
             | NodeRequest::Fence { .. } => expect_empty(body),
         }
     }
-}
-
-/// A write that changes the cluster's length, recorded before it starts so that the next
-/// holder of the write lease can tell, from the nodes' lengths alone, how far it got.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PendingWrite {
-    /// Records `start..start + count` appended: a cluster holding more than `start` but
-    /// fewer than `start + count` records holds part of it, which must be cut off.
-    Append { start: u64, count: u64 },
-    /// A swap-remove: record `len - 1` moves into `index`, then the cluster is cut to
-    /// `len - 1` records. Each step can be redone: while the cluster still holds `len`
-    /// records it is finished in full.
-    Delete { index: u64, len: u64 },
 }
 
 /// A field as the wire describes it.
@@ -256,13 +225,6 @@ pub enum Reply {
         count: u64,
     },
     Done,
-    /// The write lease is taken; `pending` is a write recorded by `Intend` and not released
-    /// settled (perhaps left half done), which the new holder must settle before writing.
-    Leased {
-        pending: Option<PendingWrite>,
-        /// Larger than any earlier holder's: the holder fences the nodes with it.
-        token: u64,
-    },
     Error {
         code: ErrorCode,
         message: String,
@@ -731,10 +693,10 @@ mod tests {
         assert!(decode_request::<NodeMessage>(&message(append, b"abcd")).is_ok());
         // Another version is named in the error.
         let mut other = good;
-        other[4] = 9;
+        other[4] = 99;
         let e = decode_request::<NodeMessage>(&other).unwrap_err();
-        assert!(matches!(e, Error::Version { theirs: 9, .. }), "{e}");
-        assert!(e.to_string().contains("version 9"), "{e}");
+        assert!(matches!(e, Error::Version { theirs: 99, .. }), "{e}");
+        assert!(e.to_string().contains("version 99"), "{e}");
     }
 
     /// A client's request and a node's are different messages: a node refuses a client's
@@ -767,22 +729,6 @@ mod tests {
             (any::<u64>(), any::<u64>())
                 .prop_map(|(len, token)| (NodeRequest::Truncate { len, token }, Vec::new())),
             any::<u64>().prop_map(|token| (NodeRequest::Fence { token }, Vec::new())),
-            (any::<u64>(), any::<u64>()).prop_map(|(holder, lease_ms)| (
-                NodeRequest::Acquire { holder, lease_ms },
-                Vec::new()
-            )),
-            (any::<u64>(), any::<bool>()).prop_map(|(holder, settled)| (
-                NodeRequest::Release { holder, settled },
-                Vec::new()
-            )),
-            (any::<u64>(), any::<(u8, u64, u64)>()).prop_map(|(holder, (kind, a, b))| {
-                let write = match kind % 3 {
-                    0 => Some(PendingWrite::Append { start: a, count: b }),
-                    1 => Some(PendingWrite::Delete { index: a, len: b }),
-                    _ => None,
-                };
-                (NodeRequest::Intend { holder, write }, Vec::new())
-            }),
             (
                 proptest::collection::vec(any::<u64>(), 0..64),
                 names.clone()

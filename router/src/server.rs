@@ -28,6 +28,7 @@ use crate::plan::plan_gather;
 use zr_meta::cluster::{self, ClusterRecord, MapRecord};
 use zr_meta::MetaStore;
 
+mod lease;
 mod writes;
 
 /// Most client connections a router serves at once.
@@ -42,10 +43,10 @@ pub struct Router {
     nodes: Arc<Nodes>,
     len: AtomicU64,
     writes: Mutex<()>,
-    /// This router's name for the cluster's write lease: random, one per router.
-    holder: u64,
-    /// The write lease this router holds, if any.
-    lease: std::sync::Mutex<Option<writes::Lease>>,
+    /// The cluster's writer lease as this router knows it (see `lease.rs`).
+    lease: std::sync::Mutex<zr_meta::writer::LeaseState>,
+    /// When this router's last write under the lease finished.
+    lease_used: std::sync::Mutex<Option<tokio::time::Instant>>,
     fields: Vec<FieldInfo>,
     timeout: Duration,
     /// The cluster's metadata: its id, map and committed length.
@@ -107,11 +108,15 @@ impl Router {
             nodes,
             len: AtomicU64::new(0),
             writes: Mutex::new(()),
-            holder: std::hash::BuildHasher::hash_one(
-                &std::collections::hash_map::RandomState::new(),
-                std::process::id(),
-            ),
-            lease: std::sync::Mutex::new(None),
+            lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(
+                // This router's name for the lease: random, one per router.
+                std::hash::BuildHasher::hash_one(
+                    &std::collections::hash_map::RandomState::new(),
+                    std::process::id(),
+                ),
+                Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
+            )),
+            lease_used: std::sync::Mutex::new(None),
             fields: Vec::new(),
             timeout: Duration::from_millis(config.router.timeout_ms),
             meta,
@@ -198,7 +203,20 @@ impl Router {
             // Recover the length, repairing what a write cut off midway left behind.
             router.exclusive(|| async { Ok(()) }).await?;
         }
-        Ok(Arc::new(router))
+        let router = Arc::new(router);
+        // Gives the writer lease back once the router has been idle for a moment; ends with
+        // the router.
+        let keeper = Arc::downgrade(&router);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(lease::LINGER).await;
+                let Some(router) = keeper.upgrade() else {
+                    return;
+                };
+                router.release_if_idle().await;
+            }
+        });
+        Ok(router)
     }
 
     /// The cluster record of the metadata store, checked against nodes.toml's map; made if
@@ -694,7 +712,8 @@ pub async fn run_router(
         config.cluster.shards,
         router.len()
     );
-    router.serve(endpoint, shutdown).await;
+    Arc::clone(&router).serve(endpoint, shutdown).await;
+    router.give_back_lease().await;
     tracing::info!("router stopped");
     Ok(())
 }

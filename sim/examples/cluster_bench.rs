@@ -225,7 +225,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
     let local = zr_node::server::open_shard_store(cluster.config(), local_dir.path(), 0)?;
     load(&mut |batch| Ok(local.append_many(batch).map(|_| ())?))?;
     local.commit()?;
-    let coordination = zr_node::lease::Coordination::open(local_dir.path())?;
+    let coordination = zr_node::fence::Coordination::open(local_dir.path())?;
     let batch_bytes = args.batch * size;
     let indices = |b: usize| -> Vec<u64> {
         (0..args.batch as u64)

@@ -354,11 +354,12 @@ impl SimCluster {
                 Router::start_with(&config, security, Arc::clone(&metadata)).await?;
             let (stop, stopped) = oneshot::channel::<()>();
             let task = tokio::spawn(async move {
-                router
+                Arc::clone(&router)
                     .serve(endpoint, async {
                         let _ = stopped.await;
                     })
                     .await;
+                router.give_back_lease().await;
                 Ok(())
             });
             Ok::<_, SimError>((addr, Running { stop, task }))

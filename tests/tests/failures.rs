@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use zr_common::hash::mix2;
 use zr_common::Record;
+use zr_meta::writer::{self, WriterRecord};
 use zr_net::tls::{self, Role};
 use zr_net::{self as net, Security};
 use zr_proto::wire::{self, ClientRequest, ErrorCode, NodeMessage, NodeRequest, Reply};
@@ -399,6 +400,21 @@ fn a_reply_broken_midway_fails_the_whole_gather() {
     }
 }
 
+/// Writes the writer record as a router named 7 would that took the lease for `lease_ms`
+/// (and then was never heard from again); returns its token.
+fn take_lease_as_another_router(cluster: &SimCluster, lease_ms: u64) -> u64 {
+    let meta = cluster.metadata().unwrap();
+    cluster.run(async {
+        let expected = writer::load(&*meta).await.unwrap().map(|(_, r)| r);
+        let held = WriterRecord {
+            holder: Some(7),
+            lease_ms,
+            pending: None,
+        };
+        writer::store(&*meta, expected, &held).await.unwrap()
+    })
+}
+
 /// A router that dies holding the cluster's write lease holds up other routers' writes
 /// until the lease runs out, and no longer: meanwhile writes fail with a clear Conflict
 /// (reads go on), afterwards they succeed.
@@ -406,29 +422,21 @@ fn a_reply_broken_midway_fails_the_whole_gather() {
 fn a_write_lease_left_behind_runs_out() {
     let cluster = loaded_cluster();
     let client = cluster.client().unwrap();
-    // A router that takes the lease for 2 s and is never heard from again.
+    // Let the router give its own lease back first.
+    std::thread::sleep(Duration::from_millis(200));
     let lease_ms = 2_000;
-    let take = wire::encode_request(&NodeMessage::unchecked(NodeRequest::Acquire {
-        holder: 7,
-        lease_ms,
-    }))
-    .unwrap();
-    let as_router = cluster.security(Role::Router).unwrap();
-    let shard0 = cluster.config().shard(0).unwrap().addr;
+    take_lease_as_another_router(&cluster, lease_ms);
     let taken = Instant::now();
-    let reply = raw_call(&as_router, shard0, take).unwrap();
-    let granted = wire::decode_reply(&reply).unwrap().0;
-    assert!(
-        matches!(granted, Reply::Leased { pending: None, .. }),
-        "{granted:?}"
-    );
 
     let record = payload(RECORDS);
     let err = client
         .append(&Record::new().with("data", &record))
         .unwrap_err();
     assert!(
-        err.code() == Some(ErrorCode::Conflict) && err.to_string().contains("write lease"),
+        err.code() == Some(ErrorCode::Conflict)
+            && err
+                .to_string()
+                .contains("router 0000000000000007 holds the write lease"),
         "{err}"
     );
     check(&client, &[0, 1, 2, 3]);
@@ -454,7 +462,7 @@ fn refusing_node(
     cluster.stop_node(shard).unwrap();
     let dir = cluster.data_dir(shard);
     let store = zr_node::server::open_shard_store(cluster.config(), &dir, shard).unwrap();
-    let coordination = Arc::new(zr_node::lease::Coordination::open(&dir).unwrap());
+    let coordination = Arc::new(zr_node::fence::Coordination::open(&dir).unwrap());
     let slot = Arc::new(Mutex::new(Some(store)));
     let serving = Arc::clone(&slot);
     cluster
@@ -496,16 +504,15 @@ impl Drop for RefusingNode {
 }
 
 /// A delete that has copied the last record into the hole but cannot cut it off its old
-/// place (that shard's node refuses) stays recorded beside the write lease, on shard 0's
-/// disk: the next write finishes it, even after shard 0's node restarts, so no record is
-/// lost or left twice, and a restarted router agrees.
+/// place (that shard's node refuses) stays recorded in the writer record: the next write
+/// finishes it, so no record is lost or left twice, and a restarted router agrees.
 #[test]
 fn a_delete_left_half_done_is_finished_by_the_next_write() {
     let mut cluster = loaded_cluster();
     let client = cluster.client().unwrap();
     let placement = cluster.config().placement().unwrap();
     let mut model: Vec<Vec<u8>> = (0..RECORDS).map(payload).collect();
-    // The last record on a shard other than 0 (which keeps the lease), the hole elsewhere.
+    // The last record on a shard other than 0, the hole elsewhere.
     while placement.locate(model.len() as u64 - 1).0 == 0 {
         let row = payload(model.len() as u64);
         client.append(&Record::new().with("data", &row)).unwrap();
@@ -532,8 +539,8 @@ fn a_delete_left_half_done_is_finished_by_the_next_write() {
     assert_eq!(columns[0].get(0).unwrap(), &model[last as usize][..]);
     assert_eq!(columns[0].get(1).unwrap(), &model[last as usize][..]);
 
-    // The node comes back, and shard 0's node (which keeps the record) restarts; the next
-    // write cuts the moved record off its old place first.
+    // The node comes back, and another node restarts; the next write cuts the moved record
+    // off its old place first.
     drop(node);
     cluster.start_node(last_shard).unwrap();
     cluster.stop_node(0).unwrap();
@@ -605,16 +612,9 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
         );
         wire::decode_reply(&reply.unwrap()).unwrap().0
     };
-    // A router takes the lease for 300 ms, then stalls.
-    let Reply::Leased { token: stale, .. } = ask(
-        0,
-        &NodeRequest::Acquire {
-            holder: 7,
-            lease_ms: 300,
-        },
-    ) else {
-        panic!("no lease granted");
-    };
+    // Another router takes the lease for 300 ms, then stalls.
+    std::thread::sleep(Duration::from_millis(200));
+    let stale = take_lease_as_another_router(&cluster, 300);
     // Meanwhile the cluster's router waits the lease out, then appends (fencing every node).
     let record = payload(RECORDS);
     assert_eq!(
@@ -659,36 +659,6 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
     );
     assert_eq!(client.len().unwrap(), RECORDS + 1);
     check(&client, &(0..=RECORDS).collect::<Vec<_>>());
-}
-
-/// A write recorded beside the lease but never released settled (shard 0's node refuses
-/// every release) is settled by the next write and then cleared, not read again later: a
-/// last-record delete, which changes the length without recording itself, must not make a
-/// whole append look partial and get it cut off.
-#[test]
-fn a_write_left_recorded_is_settled_once() {
-    let mut cluster = loaded_cluster();
-    let client = cluster.client().unwrap();
-    let _node = refusing_node(&mut cluster, 0, |request| {
-        matches!(request, NodeRequest::Release { .. })
-    });
-    let mut model: Vec<Vec<u8>> = (0..RECORDS).map(payload).collect();
-    // Each write succeeds; each release fails, so the lease runs out by itself.
-    let rows: Vec<Vec<u8>> = (RECORDS..RECORDS + 5).map(payload).collect();
-    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
-    assert_eq!(client.append_many(&records).unwrap().start, RECORDS);
-    model.extend(rows);
-    client.delete(model.len() as u64 - 1).unwrap();
-    model.pop();
-    let row = payload(RECORDS + 5);
-    client.append(&Record::new().with("data", &row)).unwrap();
-    model.push(row);
-    assert_eq!(client.len().unwrap(), model.len() as u64);
-    let all: Vec<u64> = (0..model.len() as u64).collect();
-    let columns = client.gather(&all, &[]).unwrap();
-    for (i, row) in model.iter().enumerate() {
-        assert_eq!(columns[0].get(i).unwrap(), &row[..], "record {i}");
-    }
 }
 
 /// A node that crashes loses the writes it had not committed; the cluster then cuts back to

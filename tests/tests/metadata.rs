@@ -169,9 +169,8 @@ fn a_changed_map_in_nodes_toml_is_refused_and_changes_nothing() {
     check(&client, &(0..500).collect::<Vec<_>>());
 }
 
-/// With its metadata in etcd, a cluster whose etcd stops goes on serving gathers; a commit
-/// fails at once naming the metadata store; once etcd is back, it goes through and nothing
-/// is lost. Needs the etcd server (`apt-get install etcd-server`; under CI=true it must be
+/// With its metadata in etcd, a cluster whose etcd stops goes on serving gathers; writes
+/// fail naming the metadata store; once etcd is back, they go through and nothing is lost. Needs the etcd server (`apt-get install etcd-server`; under CI=true it must be
 /// there).
 #[test]
 fn gathers_go_on_while_etcd_is_down_and_writes_resume_after() {
@@ -200,21 +199,30 @@ fn gathers_go_on_while_etcd_is_down_and_writes_resume_after() {
 
     etcd.stop();
     check(&client, &(0..400).collect::<Vec<_>>());
-    // An append needs no metadata; its commit, the acknowledgement, does.
+    // Writes need the metadata store (an append is recorded there first): they fail at once,
+    // naming it, and change nothing.
     let row = payload(400);
+    for e in [
+        client
+            .append(&Record::new().with("data", &row))
+            .unwrap_err()
+            .to_string(),
+        client.commit().unwrap_err().to_string(),
+    ] {
+        assert!(
+            e.contains("metadata store") && e.contains(etcd.endpoint()),
+            "{e}"
+        );
+    }
+    assert_eq!(client.len().unwrap(), 400);
+    check(&client, &(0..400).collect::<Vec<_>>());
+
+    etcd.resume();
+    cluster.run(etcd.wait_ready(&*store));
     assert_eq!(
         client.append(&Record::new().with("data", &row)).unwrap(),
         400
     );
-    let e = client.commit().unwrap_err().to_string();
-    assert!(
-        e.contains("metadata store") && e.contains(etcd.endpoint()),
-        "{e}"
-    );
-    check(&client, &(0..401).collect::<Vec<_>>());
-
-    etcd.resume();
-    cluster.run(etcd.wait_ready(&*store));
     client.commit().unwrap();
     load(&client, 401, 500);
     assert_eq!(client.len().unwrap(), 500);

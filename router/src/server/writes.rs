@@ -1,49 +1,30 @@
 //! Writes through the router: append, modify, delete, each under this router's write lock
-//! and the cluster's write lease (held by shard 0's node, see `zr_node::lease`), so that
-//! writes through several routers are serialized as well. Under the lease the global length
-//! is re-read from the nodes first, and shards left out of step by a write cut off midway
-//! are cut back to the longest length all agree with.
+//! and the cluster's writer lease (kept in the metadata store, see `lease.rs` and
+//! `zr_meta::writer`), so that writes through several routers are serialized as well. When
+//! the lease is taken, the global length is re-read from the nodes first, and shards left out
+//! of step by a write cut off midway are cut back to the longest length all agree with.
 //!
 //! An append or a delete (which copies the last record into the hole, then cuts the last
-//! record off) is recorded beside the lease before it starts and cleared when the lease is
-//! given back with the write done. If it stops halfway (a shard failed, the router died),
-//! whoever takes the lease next settles it before writing — cuts off the part of an append
-//! that landed, finishes a delete — so a write is never left in part past the next write.
+//! record off) is recorded in the writer record before it starts. If it stops halfway (a
+//! shard failed, the router died), whoever takes the lease next settles it before writing —
+//! cuts off the part of an append that landed, finishes a delete — so a write is never left
+//! in part past the next write.
 //!
 //! Each grant of the lease carries a token: the repair fences every node with it, and
 //! `write_call` stamps it on every write, so a write of a router whose lease has passed on
 //! is refused by the nodes instead of landing late on top of the next holder's.
-//!
-//! The lease runs out by itself after [`LEASE_TIMEOUTS`] router timeouts, longer than any
-//! write takes (each step is bounded by the timeout); a router that dies holding it blocks
-//! the others' writes for that long at most.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use bytes::Bytes;
-use zr_proto::wire::{self, ErrorCode, NodeRequest, PendingWrite, Reply};
+use zr_meta::writer::PendingWrite;
+use zr_proto::wire::{self, ErrorCode, NodeRequest, Reply};
 
 use super::Router;
 use crate::error::Failure;
 use crate::nodes::NodeReply;
 use crate::plan::plan_append;
-
-/// The write lease as this router holds it.
-pub(super) struct Lease {
-    /// When it runs out here (no later than at the node).
-    until: tokio::time::Instant,
-    /// Its token: the nodes' fence, carried by every write made under it.
-    token: u64,
-}
-
-/// The shard whose node keeps the write lease.
-const LEASE_SHARD: u32 = 0;
-/// The lease lasts this many router timeouts.
-pub const LEASE_TIMEOUTS: u32 = 4;
-/// Longest pause between two attempts at a busy lease.
-const LEASE_RETRY_MAX: Duration = Duration::from_millis(20);
 
 impl Router {
     /// Runs `write` holding this router's write lock and the cluster's write lease, with
@@ -58,62 +39,13 @@ impl Router {
             Ok(()) => write().await,
             Err(e) => Err(e),
         };
-        self.release_lease(result.is_ok()).await;
-        result
-    }
-
-    /// Takes the write lease, waiting up to the router's timeout while another router has it;
-    /// returns the write left to settle, if any.
-    async fn acquire_lease(&self) -> Result<Option<PendingWrite>, Failure> {
-        let request = NodeRequest::Acquire {
-            holder: self.holder,
-            lease_ms: self.nodes.timeout().as_millis() as u64 * LEASE_TIMEOUTS as u64,
-        };
-        let deadline = tokio::time::Instant::now() + self.nodes.timeout();
-        let mut pause = Duration::from_millis(1);
-        loop {
-            // The lease is counted from before it was asked for: it runs out here no later
-            // than at the node.
-            let asked = tokio::time::Instant::now();
-            match self.nodes.call(LEASE_SHARD, &request, Vec::new()).await {
-                Ok(NodeReply {
-                    reply: Reply::Leased { pending, token },
-                    ..
-                }) => {
-                    *self.lease() = Some(Lease {
-                        until: asked + self.nodes.timeout() * LEASE_TIMEOUTS,
-                        token,
-                    });
-                    return Ok(pending);
-                }
-                Ok(answer) => {
-                    return Err(Failure::ShardUnavailable {
-                        shard: LEASE_SHARD,
-                        addr: self.nodes.addr(LEASE_SHARD),
-                        reason: format!("answered a write lease request with {:?}", answer.reply),
-                    })
-                }
-                Err(Failure::ShardRefused {
-                    code: ErrorCode::Conflict,
-                    message,
-                    ..
-                }) => {
-                    if tokio::time::Instant::now() + pause > deadline {
-                        return Err(Failure::Busy {
-                            waited_ms: self.nodes.timeout().as_millis(),
-                            reason: message,
-                        });
-                    }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(LEASE_RETRY_MAX);
-                }
-                Err(e) => return Err(e),
-            }
+        if result.is_ok() {
+            self.lease_used();
+        } else {
+            // Whoever takes the lease next (this router too) settles what this write left.
+            self.release_lease(false).await;
         }
-    }
-
-    fn lease(&self) -> std::sync::MutexGuard<'_, Option<Lease>> {
-        self.lease.lock().unwrap_or_else(|e| e.into_inner())
+        result
     }
 
     /// One write to shard `shard`, carrying the write lease's token (whatever token
@@ -126,12 +58,7 @@ impl Router {
         mut request: NodeRequest,
         body: Vec<Bytes>,
     ) -> Result<NodeReply, Failure> {
-        let now = tokio::time::Instant::now();
-        let lease = self
-            .lease()
-            .as_ref()
-            .map(|lease| (lease.until.saturating_duration_since(now), lease.token));
-        let Some((_, token)) = lease.filter(|&(left, _)| left >= self.nodes.timeout()) else {
+        let Some(token) = self.usable_lease().map(|held| held.token) else {
             return Err(Failure::LeaseRunningOut {
                 shard,
                 timeout_ms: self.nodes.timeout().as_millis(),
@@ -147,38 +74,13 @@ impl Router {
         self.nodes.call(shard, &request, body).await
     }
 
-    /// Gives the write lease back, `settled` if this router's write is done (which clears
-    /// the pending write); if that fails, the lease runs out by itself and the next holder
-    /// settles the pending write.
-    async fn release_lease(&self, settled: bool) {
-        *self.lease() = None;
-        let request = NodeRequest::Release {
-            holder: self.holder,
-            settled,
-        };
-        if let Err(e) = self.nodes.call(LEASE_SHARD, &request, Vec::new()).await {
-            tracing::warn!("giving back the write lease: {e} (it runs out by itself)");
-        }
-    }
-
-    /// Records `write`, about to start, as the pending write beside the write lease (`None`:
-    /// clears it, once settled).
-    async fn intend(&self, write: Option<PendingWrite>) -> Result<(), Failure> {
-        let request = NodeRequest::Intend {
-            holder: self.holder,
-            write,
-        };
-        self.write_call(LEASE_SHARD, request, Vec::new()).await?;
-        Ok(())
-    }
-
     /// Re-reads every node's length and cuts back shards holding records past the longest
     /// length they all agree with (a write that did not reach every shard), then settles
     /// `pending` (a write perhaps left half done: the part of an append that landed is cut
     /// off, a delete is finished); stores the global length. The caller holds the write
     /// lease, which told it `pending`.
     async fn repair_locked(&self, pending: Option<PendingWrite>) -> Result<(), Failure> {
-        let token = self.lease().as_ref().map(|lease| lease.token);
+        let token = self.lease_state().held().map(|held| held.token);
         let lens = self.node_lens(token).await?;
         let placement = self.placement.load_full();
         let mut len = placement.consistent_len(&lens);
@@ -340,7 +242,7 @@ impl Router {
             };
             self.intend(Some(write))
                 .await
-                .map_err(|e| e.while_(format!("recording the append with shard {LEASE_SHARD}")))?;
+                .map_err(|e| e.while_("recording the append in the metadata store"))?;
         }
         let placement = self.placement.load();
         let parts = plan_append(&placement, start, count);
@@ -406,32 +308,34 @@ impl Router {
         self.check_index(index)?;
         let len = self.len();
         self.withdraw_last(len).await?;
-        if index == len - 1 {
-            // Only a cut: one step, nothing to record.
-            let (shard, local) = self.placement.load().locate(index);
-            let truncate = NodeRequest::Truncate {
-                len: local,
-                token: 0, // write_call sets it
-            };
-            self.write_call(shard, truncate, Vec::new()).await?;
-        } else {
-            self.intend(Some(PendingWrite::Delete { index, len }))
-                .await
-                .map_err(|e| e.while_(format!("recording the delete with shard {LEASE_SHARD}")))?;
-            self.finish_delete(index, len)
-                .await
-                .map_err(|e| Failure::DeleteRecorded(Box::new(e)))?;
-        }
+        // Recorded even when only the last record is cut: the writer record may still hold
+        // an earlier append of this router's, which the shorter length would seem to cut
+        // in part.
+        self.intend(Some(PendingWrite::Delete { index, len }))
+            .await
+            .map_err(|e| e.while_("recording the delete in the metadata store"))?;
+        self.finish_delete(index, len)
+            .await
+            .map_err(|e| Failure::DeleteRecorded(Box::new(e)))?;
         self.len.store(len - 1, Ordering::SeqCst);
         Ok((Reply::Done, Vec::new()))
     }
 
-    /// Moves record `len - 1` into `index`, then cuts it off its old place. Each step can be
-    /// redone: a delete stopped halfway is finished by running this again.
+    /// Moves record `len - 1` into `index` (unless it is that record), then cuts it off its
+    /// old place. Each step can be redone: a delete stopped halfway is finished by running
+    /// this again.
     async fn finish_delete(&self, index: u64, len: u64) -> Result<(), Failure> {
         let last = len - 1;
         let placement = self.placement.load();
         let (last_shard, last_local) = placement.locate(last);
+        let truncate = NodeRequest::Truncate {
+            len: last_local,
+            token: 0, // write_call sets it
+        };
+        if index == last {
+            self.write_call(last_shard, truncate, Vec::new()).await?;
+            return Ok(());
+        }
         let moved = self
             .nodes
             .call(
@@ -464,10 +368,6 @@ impl Router {
         };
         self.write_call(shard, request, vec![Bytes::from(moved.body())])
             .await?;
-        let truncate = NodeRequest::Truncate {
-            len: last_local,
-            token: 0, // write_call sets it
-        };
         self.write_call(last_shard, truncate, Vec::new()).await?;
         Ok(())
     }

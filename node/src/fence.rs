@@ -1,0 +1,159 @@
+//! What a node keeps for the routers besides its store: its identity (which cluster and map
+//! its data belongs to) and its fence.
+//!
+//! The cluster's writer lease lives in the metadata store (`zr_meta::writer`); each grant of
+//! it carries a token larger than every earlier one (the store's revision of the grant).
+//! Before it writes, a holder raises every node's [`Fence`] to its token, and each of its
+//! writes carries the token: a write from a router whose lease ran out and passed on — a
+//! request that arrives, or is handled, after the next holder fenced the node — is refused
+//! instead of landing on top of the next holder's writes. The fence is kept in the node's
+//! directory ([`FENCE_FILE`]), so a restarted node still refuses such a late write.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::error::{Error, IoContext, Result};
+
+/// File in a node's store directory holding its fence, as text: the highest token seen.
+pub const FENCE_FILE: &str = "writer-fence";
+
+/// Files of an earlier layout, in which shard 0's node kept the writer lease with tokens from
+/// its clock: removed when a node opens its directory (their tokens are of another kind, and
+/// a fence from them would refuse every write).
+const RETIRED_FILES: [&str; 3] = [
+    "cluster-fence",
+    "cluster-token-ceiling",
+    "cluster-pending-write",
+];
+
+/// A node's identity and fence.
+#[derive(Debug, Default)]
+pub struct Coordination {
+    pub fence: Fence,
+    /// Which cluster and map this node's data belongs to.
+    pub identity: crate::identity::Identity,
+}
+
+impl Coordination {
+    /// For the node whose store is in `dir`: the fence and identity kept there.
+    pub fn open(dir: &Path) -> Result<Coordination> {
+        for name in RETIRED_FILES {
+            let path = dir.join(name);
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::info!("removed {} (an earlier layout's)", path.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).ctx("remove", &path),
+            }
+        }
+        Ok(Coordination {
+            fence: Fence::open(dir)?,
+            identity: crate::identity::Identity::open(dir)?,
+        })
+    }
+}
+
+/// A node's fence: the largest lease token it has been fenced with. Writes are checked and
+/// made under its lock, so a write admitted before the fence rises is finished before the
+/// fence's holder reads the node's length. Kept in [`FENCE_FILE`] (`Default`: in memory),
+/// overwritten in place with a fixed-width number before it rises, without an fsync (it
+/// rises before every write): it survives a restart of the node's process, and a power loss
+/// leaves the old or the new number, never a torn one.
+#[derive(Debug, Default)]
+pub struct Fence {
+    highest: Mutex<u64>,
+    file: Option<(std::fs::File, PathBuf)>,
+}
+
+impl Fence {
+    /// The fence kept in `dir` (down if none is kept).
+    pub fn open(dir: &Path) -> Result<Fence> {
+        let path = dir.join(FENCE_FILE);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .ctx("open", &path)?;
+        let text = std::fs::read_to_string(&path).ctx("read", &path)?;
+        let highest = match text.trim() {
+            "" => 0,
+            number => number.parse().map_err(|_| Error::Corrupt {
+                path: path.clone(),
+                reason: format!("not a number: {number:?}"),
+            })?,
+        };
+        Ok(Fence {
+            highest: Mutex::new(highest),
+            file: Some((file, path)),
+        })
+    }
+
+    /// Raises the fence to `token` (never lowers it; kept first), then runs `read` once any
+    /// write admitted before has finished. Refused if the fence cannot be kept.
+    pub fn raise<T>(&self, token: u64, read: impl FnOnce() -> T) -> Result<T, String> {
+        use std::os::unix::fs::FileExt;
+        let mut highest = self.highest.lock().unwrap_or_else(|e| e.into_inner());
+        if token > *highest {
+            if let Some((file, path)) = &self.file {
+                file.write_all_at(format!("{token:020}\n").as_bytes(), 0)
+                    .map_err(|e| format!("cannot keep the fence in {}: {e}", path.display()))?;
+            }
+            *highest = token;
+        }
+        Ok(read())
+    }
+
+    /// Runs `write` if `token` is not below the fence; refused, saying why, otherwise.
+    pub fn admit<T>(&self, token: u64, write: impl FnOnce() -> T) -> Result<T, String> {
+        let highest = self.highest.lock().unwrap_or_else(|e| e.into_inner());
+        if token < *highest {
+            return Err(format!(
+                "a write from a router whose write lease has since passed to another (its token {token} is below the node's fence {})",
+                *highest
+            ));
+        }
+        let done = write();
+        drop(highest);
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fences_hold_back_older_tokens() {
+        let fence = Fence::default();
+        assert_eq!(fence.admit(5, || 1), Ok(1));
+        assert_eq!(fence.raise(9, || 2), Ok(2));
+        let refused = fence.admit(7, || 3).unwrap_err();
+        assert!(refused.contains("passed to another"), "{refused}");
+        assert_eq!(fence.admit(9, || 4), Ok(4));
+        // A late, lower fence does not lower it.
+        fence.raise(5, || ()).unwrap();
+        assert!(fence.admit(7, || 5).is_err());
+    }
+
+    /// A restarted node keeps its fence: a late write of an old holder is still refused.
+    #[test]
+    fn a_fence_survives_a_restart_and_retired_files_go() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cluster-fence"), "1700000000000000\n").unwrap();
+        let coordination = Coordination::open(dir.path()).unwrap();
+        assert!(!dir.path().join("cluster-fence").exists());
+        coordination.fence.raise(12, || ()).unwrap();
+        drop(coordination);
+
+        let fence = Fence::open(dir.path()).unwrap();
+        assert!(
+            fence.admit(11, || ()).is_err(),
+            "the old holder's late write"
+        );
+        assert!(fence.admit(12, || ()).is_ok());
+        std::fs::write(dir.path().join(FENCE_FILE), "twelve").unwrap();
+        let err = Fence::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains(FENCE_FILE) && err.contains("twelve"), "{err}");
+    }
+}

@@ -1,0 +1,184 @@
+//! The router's side of the cluster's writer lease, kept in the metadata store (the protocol,
+//! and its state machine, are `zr_meta::writer`'s): taking it, renewing it, recording each
+//! write in it, and giving it back.
+//!
+//! A router keeps the lease between writes that follow each other closely (a client loading
+//! a dataset in appends), so that a write costs one store write (recording it), not three;
+//! it gives the lease back once it has written nothing for [`LINGER`], and at once when a
+//! write fails (so that whoever takes it next settles that write).
+
+use std::time::Duration;
+
+use zr_meta::writer::{self, Held, PendingWrite, Step};
+
+use super::Router;
+use crate::error::Failure;
+
+/// The lease lasts this many router timeouts.
+pub(super) const LEASE_TIMEOUTS: u32 = 4;
+/// Longest pause between two reads of a lease another router holds.
+const LEASE_RETRY_MAX: Duration = Duration::from_millis(20);
+/// A router gives the lease back after writing nothing for this long.
+pub(super) const LINGER: Duration = Duration::from_millis(50);
+
+/// The runtime's clock (virtual in a simulated cluster on virtual time), as the lease's
+/// state machine reads it.
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+fn metadata(e: zr_meta::Error) -> Failure {
+    Failure::Metadata(e.to_string())
+}
+
+impl Router {
+    pub(super) fn lease_state(&self) -> std::sync::MutexGuard<'_, writer::LeaseState> {
+        self.lease.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lease this router holds, if it runs at least one more timeout (each call to a
+    /// node takes at most that).
+    pub(super) fn usable_lease(&self) -> Option<Held> {
+        self.lease_state().usable(now(), self.timeout)
+    }
+
+    /// Takes the writer lease, waiting up to the router's timeout while another router holds
+    /// it, or keeps the one this router holds (renewed when half run out). Returns the write
+    /// an earlier holder left pending, to settle before writing (`None` when the lease was
+    /// held already: this router's own writes are done).
+    pub(super) async fn acquire_lease(&self) -> Result<Option<PendingWrite>, Failure> {
+        let (held, fresh) = {
+            let state = self.lease_state();
+            (state.held(), !state.needs_renewal(now()))
+        };
+        if let Some(held) = held {
+            if fresh && self.usable_lease().is_some() {
+                return Ok(None);
+            }
+            // Renew it; if another router took it meanwhile (this one's lapsed), take it anew.
+            match self.write_record(held.revision, held.pending).await {
+                Ok(()) => return Ok(None),
+                Err(zr_meta::Error::Conflict { .. }) => {}
+                Err(e) => return Err(metadata(e)),
+            }
+        }
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let asked = now();
+            let read = writer::load(&*self.meta).await.map_err(metadata)?;
+            let step = self
+                .lease_state()
+                .observe(read.as_ref().map(|(r, revision)| (r, *revision)), asked);
+            match step {
+                Step::Take { expected, pending } => {
+                    let record = self.lease_state().record(pending);
+                    match writer::store(&*self.meta, expected, &record).await {
+                        Ok(revision) => {
+                            self.lease_state().taken(revision, asked, pending);
+                            return Ok(pending);
+                        }
+                        // Another router took it first: read again.
+                        Err(zr_meta::Error::Conflict { .. }) => {}
+                        Err(e) => return Err(metadata(e)),
+                    }
+                }
+                Step::Wait { holder, left } => {
+                    if tokio::time::Instant::now() + pause > deadline {
+                        return Err(Failure::Busy {
+                            waited_ms: self.timeout.as_millis(),
+                            reason: format!(
+                                "router {holder:016x} holds the write lease (for {} ms more at most)",
+                                left.as_millis()
+                            ),
+                        });
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(LEASE_RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// Writes the writer record with this router as holder and `pending`, by compare-and-swap
+    /// on `expected` (the revision it last wrote), renewing the lease; a conflict means the
+    /// lease passed to another router, and this one holds none.
+    async fn write_record(
+        &self,
+        expected: zr_meta::Revision,
+        pending: Option<PendingWrite>,
+    ) -> Result<(), zr_meta::Error> {
+        let asked = now();
+        let record = self.lease_state().record(pending);
+        match writer::store(&*self.meta, Some(expected), &record).await {
+            Ok(revision) => {
+                self.lease_state().taken(revision, asked, pending);
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, zr_meta::Error::Conflict { .. }) {
+                    self.lease_state().lost();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Records `write`, about to start, as the pending write in the writer record (`None`:
+    /// clears it, once settled). The caller holds the lease.
+    pub(super) async fn intend(&self, write: Option<PendingWrite>) -> Result<(), Failure> {
+        let Some(held) = self.usable_lease() else {
+            return Err(Failure::Metadata(
+                "the write lease ran out before the write could be recorded".into(),
+            ));
+        };
+        self.write_record(held.revision, write)
+            .await
+            .map_err(|e| match e {
+                zr_meta::Error::Conflict { .. } => Failure::Metadata(format!(
+                    "the write lease lapsed and another router took it ({e})"
+                )),
+                e => metadata(e),
+            })
+    }
+
+    /// Notes that this router's write under the lease is done, for [`Self::release_if_idle`].
+    pub(super) fn lease_used(&self) {
+        *self.lease_used.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(tokio::time::Instant::now());
+    }
+
+    /// Gives the writer lease back, `settled` if this router's writes are done (which clears
+    /// the pending write); if that fails, the lease lapses by itself and the next holder
+    /// settles the pending write.
+    pub(super) async fn release_lease(&self, settled: bool) {
+        let Some((expected, record)) = self.lease_state().released(settled) else {
+            return;
+        };
+        if let Err(e) = writer::store(&*self.meta, Some(expected), &record).await {
+            tracing::warn!("giving back the write lease: {e} (it lapses by itself)");
+        }
+    }
+
+    /// Gives the lease back if this router holds it and has written nothing for [`LINGER`];
+    /// does nothing while a write runs.
+    pub(super) async fn release_if_idle(&self) {
+        let Ok(_writes) = self.writes.try_lock() else {
+            return;
+        };
+        let idle = self
+            .lease_used
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none_or(|used| used.elapsed() >= LINGER);
+        if idle && self.lease_state().held().is_some() {
+            self.release_lease(true).await;
+        }
+    }
+
+    /// Gives the lease back once the writes in flight are done: for a router that stops.
+    pub async fn give_back_lease(&self) {
+        let _writes = self.writes.lock().await;
+        self.release_lease(true).await;
+    }
+}
