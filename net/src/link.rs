@@ -19,6 +19,12 @@ use quinn::{AsyncUdpSocket, MtuDiscoveryConfig, TransportConfig, VarInt};
 /// Most concurrent requests (streams) one connection may have open.
 pub const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
 
+/// Each side pings an idle connection this often, so that it stays open while both live.
+const KEEP_ALIVE: Duration = Duration::from_secs(2);
+/// A connection that hears nothing from its peer for this long is closed: the peer is gone.
+/// (Keep-alives make this independent of how long a client pauses between requests.)
+const IDLE_TIMEOUT_MS: u32 = 10_000;
+
 /// Most bytes a connection holds written but not yet acknowledged; writers wait beyond it.
 pub const SEND_WINDOW_BYTES: u64 = 8 << 20;
 
@@ -86,8 +92,8 @@ pub(crate) fn transport(link: Link) -> Arc<TransportConfig> {
         .receive_window(VarInt::from_u32(256 << 20))
         .send_window(SEND_WINDOW_BYTES)
         .ack_frequency_config(Some(ack_frequency()))
-        .keep_alive_interval(Some(Duration::from_secs(5)))
-        .max_idle_timeout(Some(VarInt::from_u32(60_000).into()));
+        .keep_alive_interval(Some(KEEP_ALIVE))
+        .max_idle_timeout(Some(VarInt::from_u32(IDLE_TIMEOUT_MS).into()));
     Arc::new(t)
 }
 

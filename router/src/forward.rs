@@ -157,7 +157,7 @@ async fn fail(frames: &mpsc::Sender<Option<Vec<Bytes>>>, failure: Failure) {
 }
 
 /// Sends `request` to shard `shard` and passes its reply on to `pieces` as it arrives, the
-/// whole exchange within the router's timeout. The reply must be a gather of `records`
+/// whole exchange within the router's timeout (failed at once while the node is down). The reply must be a gather of `records`
 /// records, exactly as long as its head announces.
 async fn read_part(
     nodes: Arc<Nodes>,
@@ -172,6 +172,10 @@ async fn read_part(
         addr,
         reason,
     };
+    if let Some(down) = nodes.down(shard).await {
+        let _ = pieces.send(Piece::Failed(down));
+        return;
+    }
     let header = match nodes.encode(&request) {
         Ok(header) => header,
         Err(e) => {
@@ -182,7 +186,7 @@ async fn read_part(
     let mut used = None;
     let exchange = async {
         let connection = nodes
-            .link(shard)
+            .link(shard, nodes.timeout())
             .await
             .map_err(|e| Received::Net(e.to_string()))?;
         used = Some(connection.clone());

@@ -8,6 +8,7 @@
 pub mod client;
 mod error;
 mod forward;
+mod liveness;
 mod nodes;
 pub mod plan;
 pub mod server;

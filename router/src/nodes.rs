@@ -1,8 +1,10 @@
 //! The router's links to its nodes: one endpoint and connection per shard, reconnected on
-//! demand, and one request to a shard within the router's timeout.
+//! demand, a heartbeat per node (see `liveness.rs`), and one request to a shard within the
+//! router's timeout — or failed at once while its node is down.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use quinn::{Connection, Endpoint};
@@ -13,6 +15,7 @@ use zr_proto::chunks::Chunks;
 use zr_proto::wire::{self, NodeRequest, Reply};
 
 use crate::error::{Error, Failure};
+use crate::liveness::{self, Health, Liveness};
 
 /// One node, reconnected on demand, through an endpoint (a UDP socket) of its own: replies
 /// from several nodes are then received in parallel, not by one socket's driver in turn.
@@ -22,6 +25,10 @@ struct NodeLink {
     connection: Mutex<Option<Connection>>,
     /// When the node last answered.
     last_seen: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Its heartbeats so far, and the health they give, published to the calls waiting for
+    /// it to come back.
+    liveness: std::sync::Mutex<Liveness>,
+    health: tokio::sync::watch::Sender<Health>,
 }
 
 /// A node's reply, decoded, with the message as it arrived (chunks of received packets,
@@ -63,6 +70,8 @@ impl Nodes {
                     endpoint: zr_net::client_endpoint(s.addr)?,
                     connection: Mutex::new(None),
                     last_seen: std::sync::Mutex::new(None),
+                    liveness: std::sync::Mutex::new(Liveness::default()),
+                    health: tokio::sync::watch::Sender::new(Health::Unknown),
                 })
             })
             .collect::<Result<_, Error>>()?;
@@ -112,15 +121,15 @@ impl Nodes {
         self.timeout
     }
 
-    /// The open connection to shard `shard`'s node, connected first if there is none.
-    pub(crate) async fn link(&self, shard: u32) -> Result<Connection, Error> {
+    /// The open connection to shard `shard`'s node, connected first (within `timeout`) if
+    /// there is none.
+    pub(crate) async fn link(&self, shard: u32, timeout: Duration) -> Result<Connection, Error> {
         let node = &self.links[shard as usize];
         let mut cached = node.connection.lock().await;
         match cached.as_ref().filter(|c| c.close_reason().is_none()) {
             Some(c) => Ok(c.clone()),
             None => {
-                let c = zr_net::connect(&node.endpoint, &self.security, node.addr, self.timeout)
-                    .await?;
+                let c = zr_net::connect(&node.endpoint, &self.security, node.addr, timeout).await?;
                 *cached = Some(c.clone());
                 Ok(c)
             }
@@ -139,12 +148,100 @@ impl Nodes {
         }
     }
 
-    /// One request to shard `shard`; errors name the shard and its address.
+    /// Starts a heartbeat task per node; each ends when the `Nodes` are dropped.
+    pub(crate) fn watch(self: &Arc<Self>) {
+        for shard in 0..self.shards() {
+            let nodes: Weak<Nodes> = Arc::downgrade(self);
+            tokio::spawn(async move {
+                loop {
+                    let Some(pause) = (match nodes.upgrade() {
+                        Some(nodes) => Some(nodes.heartbeat(shard).await),
+                        None => None,
+                    }) else {
+                        return;
+                    };
+                    tokio::time::sleep(pause).await;
+                }
+            });
+        }
+    }
+
+    /// One heartbeat to shard `shard`'s node, its outcome told to the node's liveness;
+    /// returns the pause before the next.
+    async fn heartbeat(&self, shard: u32) -> Duration {
+        let sent = tokio::time::Instant::now();
+        let wall = SystemTime::now();
+        let link = &self.links[shard as usize];
+        let timeout = {
+            let liveness = link.liveness.lock().unwrap_or_else(|e| e.into_inner());
+            liveness.timeout().min(self.timeout)
+        };
+        let outcome = self
+            .exchange(shard, &NodeRequest::Info, Vec::new(), timeout)
+            .await;
+        let mut liveness = link.liveness.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = match outcome {
+            // Any answer, a refusal too, means the node is up.
+            Ok(_) | Err(Failure::ShardRefused { .. }) => liveness.answered(),
+            Err(failure) => liveness.failed(
+                sent.into_std(),
+                wall,
+                tokio::time::Instant::now().into_std(),
+                failure.to_string(),
+            ),
+        };
+        if changed {
+            let health = liveness.health().clone();
+            match health.describe_down(sent.into_std()) {
+                Some(down) => tracing::warn!("shard {shard} at {}: {down}", link.addr),
+                None => tracing::info!("shard {shard} at {} is up", link.addr),
+            }
+            link.health.send_replace(health);
+        }
+        liveness.pause()
+    }
+
+    /// The refusal of a call to shard `shard` while its node is down, after waiting a moment
+    /// for a heartbeat to find it back; `None` if it is not down.
+    pub(crate) async fn down(&self, shard: u32) -> Option<Failure> {
+        let link = &self.links[shard as usize];
+        let mut health = link.health.subscribe();
+        if !matches!(*health.borrow(), Health::Down { .. }) {
+            return None;
+        }
+        let back = health.wait_for(|h| !matches!(h, Health::Down { .. }));
+        let _ = tokio::time::timeout(liveness::WAIT_FOR_UP, back).await;
+        let reason = health
+            .borrow()
+            .describe_down(tokio::time::Instant::now().into_std())?;
+        Some(Failure::ShardUnavailable {
+            shard,
+            addr: link.addr,
+            reason,
+        })
+    }
+
+    /// One request to shard `shard`; errors name the shard and its address. Fails at once
+    /// while the node is down.
     pub(crate) async fn call(
         &self,
         shard: u32,
         request: &NodeRequest,
         body: Vec<Bytes>,
+    ) -> Result<NodeReply, Failure> {
+        if let Some(down) = self.down(shard).await {
+            return Err(down);
+        }
+        self.exchange(shard, request, body, self.timeout).await
+    }
+
+    /// One request to shard `shard` within `timeout`, whatever its health.
+    async fn exchange(
+        &self,
+        shard: u32,
+        request: &NodeRequest,
+        body: Vec<Bytes>,
+        timeout: Duration,
     ) -> Result<NodeReply, Failure> {
         let addr = self.addr(shard);
         let unavailable = |reason: String| Failure::ShardUnavailable {
@@ -158,20 +255,20 @@ impl Nodes {
         // One deadline covers waiting for the link, connecting and the exchange, so callers
         // queued behind a dead node's connect also fail within the timeout.
         let exchange = async {
-            let connection = self.link(shard).await.map_err(|e| e.to_string())?;
-            let called = zr_net::call_chunks(&connection, header, body, self.timeout).await;
+            let connection = self.link(shard, timeout).await.map_err(|e| e.to_string())?;
+            let called = zr_net::call_chunks(&connection, header, body, timeout).await;
             if called.is_err() {
                 self.forget(shard, &connection).await;
             }
             called.map_err(|e| e.to_string())
         };
-        let chunks = match tokio::time::timeout(self.timeout, exchange).await {
+        let chunks = match tokio::time::timeout(timeout, exchange).await {
             Ok(Ok(chunks)) => chunks,
             Ok(Err(e)) => return Err(unavailable(e)),
             Err(_) => {
                 return Err(unavailable(format!(
                     "no reply within {} ms",
-                    self.timeout.as_millis()
+                    timeout.as_millis()
                 )))
             }
         };

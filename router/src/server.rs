@@ -102,6 +102,7 @@ impl Router {
     ) -> Result<Arc<Router>, Error> {
         let placement = config.placement()?;
         let nodes = Arc::new(Nodes::new(config, security)?);
+        nodes.watch();
         let shards = nodes.shards() as usize;
         let mut router = Router {
             placement: ArcSwap::from_pointee(placement),
@@ -200,8 +201,17 @@ impl Router {
                 tracing::warn!("{failure}: serving the other shards meanwhile");
             }
         } else {
-            // Recover the length, repairing what a write cut off midway left behind.
-            router.exclusive(|| async { Ok(()) }).await?;
+            // Recover the length, repairing what a write cut off midway left behind. While
+            // another router holds the writer lease (perhaps a dead one, until its lease
+            // lapses), serve what the nodes agree on; the first write repairs.
+            match router.exclusive(|| async { Ok(()) }).await {
+                Ok(()) => {}
+                Err(busy @ Failure::Busy { .. }) => {
+                    tracing::warn!("{busy}: serving meanwhile; the first write repairs");
+                    router.len.store(router.served_len(&lens), Ordering::SeqCst);
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         let router = Arc::new(router);
         // Gives the writer lease back once the router has been idle for a moment; ends with

@@ -413,3 +413,101 @@ fn a_node_restarted_on_an_empty_directory_costs_no_data() {
     stop_all(processes);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// A node killed with SIGKILL is known down within seconds, long before the router's timeout
+/// (10 s): gathers that need it fail at once naming the shard, its address and since when,
+/// gathers that do not need it go on, and `zr cluster status` says so; once it is back, it
+/// serves again. Prints the time from the kill to the first call that reported it down.
+#[test]
+fn a_killed_node_is_reported_down_at_once() {
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("kill");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let mut processes = start(&node, &router, &config);
+    let client = connect(&addr, &certs);
+    let rows: Vec<Vec<u8>> = (0..200u32)
+        .map(|i| format!("record {i}").into_bytes())
+        .collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
+    client.append_many(&records).unwrap();
+    client.commit().unwrap();
+    let placement = zr_net::config::ClusterConfig::load(&config)
+        .unwrap()
+        .placement()
+        .unwrap();
+    let (on0, on1): (Vec<u64>, Vec<u64>) = (0..200).partition(|&i| placement.locate(i).0 == 0);
+    let shard1 = zr_net::config::ClusterConfig::load(&config)
+        .unwrap()
+        .shard(1)
+        .unwrap()
+        .addr;
+
+    let mut victim = processes.remove(1);
+    victim.kill().unwrap();
+    let killed = Instant::now();
+    victim.wait().unwrap();
+    // A call every 50 ms, each on its own thread (one that began before the node was known
+    // down waits out its timeout): the first to report the node down.
+    let (reported, message) = std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for k in 0..100u64 {
+            let (tx, client, on1) = (tx.clone(), &client, &on1);
+            scope.spawn(move || {
+                std::thread::sleep(Duration::from_millis(50 * k));
+                if let Err(e) = client.gather(&on1[..1], &[]) {
+                    let _ = tx.send((Instant::now(), e.to_string()));
+                }
+            });
+        }
+        drop(tx);
+        rx.iter()
+            .find(|(_, message)| message.contains("down since"))
+            .expect("no call reported the node down")
+    });
+    let took = reported - killed;
+    println!(
+        "kill -9 of a node to the first call reporting it down: {} ms",
+        took.as_millis()
+    );
+    assert!(
+        message.contains("shard 1") && message.contains(&shard1.to_string()),
+        "{message}"
+    );
+    // Now at once: reads of the other shard go on, reads and writes that need it fail.
+    let columns = client.gather(&on0, &[]).unwrap();
+    for (pos, &i) in on0.iter().enumerate() {
+        assert_eq!(columns[0].get(pos).unwrap(), &rows[i as usize][..]);
+    }
+    let e = client.gather(&on1, &[]).unwrap_err().to_string();
+    assert!(e.contains("down since"), "{e}");
+    let e = client
+        .append(&Record::new().with("x", b"late"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shard 1") && e.contains("down since"), "{e}");
+    let (healthy, text) = cluster_status(&addr, &certs);
+    assert!(!healthy && text.contains("down since"), "{text}");
+
+    // Back: every record, and writes again.
+    let config_path = config.to_str().unwrap();
+    processes.insert(1, spawn(&node, &["--shard", "1", "--nodes", config_path]));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let all: Vec<u64> = (0..200).collect();
+    let columns = loop {
+        match client.gather(&all, &[]) {
+            Ok(columns) => break columns,
+            Err(e) => assert!(Instant::now() < deadline, "shard 1 never came back: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for &i in &all {
+        assert_eq!(columns[0].get(i as usize).unwrap(), &rows[i as usize][..]);
+    }
+    assert_eq!(
+        client.append(&Record::new().with("x", b"back")).unwrap(),
+        200
+    );
+    drop(client);
+    stop_all(processes);
+    let _ = std::fs::remove_dir_all(&tmp);
+}

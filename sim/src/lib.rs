@@ -99,13 +99,30 @@ struct Running {
     task: JoinHandle<Result<(), String>>,
 }
 
+/// A server standing in for a node (see [`SimCluster::fake_node`]).
+struct Impostor {
+    task: JoinHandle<Result<(), String>>,
+    endpoint: quinn::Endpoint,
+}
+
+impl Impostor {
+    /// Stops it at once and frees its address: its connections are closed (the routers'
+    /// heartbeats would otherwise keep them, and so its socket, alive), new ones refused.
+    fn stop(self, runtime: &tokio::runtime::Runtime) {
+        self.endpoint.set_server_config(None);
+        self.endpoint.close(0u32.into(), b"impostor stopped");
+        self.task.abort();
+        let _ = runtime.block_on(self.task);
+    }
+}
+
 /// An in-process cluster. See the module documentation.
 pub struct SimCluster {
     runtime: tokio::runtime::Runtime,
     _data: tempfile::TempDir,
     config: ClusterConfig,
     nodes: Vec<Option<Running>>,
-    impostors: Vec<Option<Running>>,
+    impostors: Vec<Option<Impostor>>,
     /// Each node's network faults, kept across its restarts.
     faults: Vec<Arc<FaultState>>,
     seed: u64,
@@ -370,12 +387,27 @@ impl SimCluster {
 
     /// Stops the first router and starts a fresh one (a new address); returns it.
     pub fn restart_router(&mut self) -> Result<SocketAddr, SimError> {
-        let (_, running) = self.routers.remove(0);
-        self.finish(running)?;
+        self.stop_router(0)?;
         let addr = self.add_router()?;
         let last = self.routers.len() - 1;
         self.routers.swap(0, last);
         Ok(addr)
+    }
+
+    /// Stops router `index` (in the order of [`Self::router_addrs`]) gracefully: requests in
+    /// flight finish, and it gives the writer lease back.
+    pub fn stop_router(&mut self, index: usize) -> Result<(), SimError> {
+        let (_, running) = self.routers.remove(index);
+        self.finish(running)
+    }
+
+    /// Kills router `index` (in the order of [`Self::router_addrs`]) as `kill -9` would:
+    /// its requests in flight stop wherever they are, and it gives nothing back (the writer
+    /// lease stays held until it lapses).
+    pub fn kill_router(&mut self, index: usize) {
+        let (_, running) = self.routers.remove(index);
+        running.task.abort();
+        let _ = self.runtime.block_on(running.task);
     }
 
     /// Stops shard `shard` gracefully: no new requests, requests in flight finish, commit.
@@ -410,9 +442,10 @@ impl SimCluster {
     {
         self.stop_node(shard)?;
         let endpoint = self.bind_node(shard)?;
+        let serving = endpoint.clone();
         let task = self.runtime.spawn(async move {
             net::serve(
-                &endpoint,
+                &serving,
                 net::Limits::new(64, Duration::from_secs(3600)),
                 std::future::pending(),
                 handler,
@@ -420,16 +453,14 @@ impl SimCluster {
             .await;
             Ok(())
         });
-        let (stop, _) = oneshot::channel();
-        self.impostors[shard as usize] = Some(Running { stop, task });
+        self.impostors[shard as usize] = Some(Impostor { task, endpoint });
         Ok(())
     }
 
     /// Starts shard `shard` again on its address, from its data directory.
     pub fn start_node(&mut self, shard: u32) -> Result<(), SimError> {
-        if let Some(stalled) = self.impostors[shard as usize].take() {
-            stalled.task.abort();
-            let _ = self.runtime.block_on(stalled.task);
+        if let Some(impostor) = self.impostors[shard as usize].take() {
+            impostor.stop(&self.runtime);
         }
         if self.nodes[shard as usize].is_some() {
             return Ok(());
@@ -442,9 +473,10 @@ impl SimCluster {
 
     /// Binds shard `shard`'s address again. In one process the old node's socket stays open
     /// until its endpoint's connections have drained (a separate process frees it at exit),
-    /// which takes longer after a lossy spell: wait for it, up to 5 s.
+    /// which takes up to the transport's idle timeout (10 s) when a connection was left
+    /// mid-handshake: wait for it, up to 15 s.
     fn bind_node(&self, shard: u32) -> Result<quinn::Endpoint, SimError> {
-        const REBIND_WAIT: Duration = Duration::from_secs(5);
+        const REBIND_WAIT: Duration = Duration::from_secs(15);
         let addr = self.config.shard(shard).ok_or("no such shard")?.addr;
         let security = self.security(Role::Node)?;
         let started = std::time::Instant::now();
@@ -495,8 +527,8 @@ impl Drop for SimCluster {
         }
         for shard in 0..self.nodes.len() {
             let _ = self.stop_node(shard as u32);
-            if let Some(stalled) = self.impostors[shard].take() {
-                stalled.task.abort();
+            if let Some(impostor) = self.impostors[shard].take() {
+                impostor.stop(&self.runtime);
             }
         }
     }

@@ -342,7 +342,15 @@ async fn break_gathers(
         _,
     )) = wire::decode_request::<NodeMessage>(&request)
     else {
-        panic!("the router sent the impostor something other than a gather");
+        // The router's heartbeats: any answer will do.
+        let refusal = Reply::Error {
+            code: ErrorCode::BadRequest,
+            message: "this impostor answers only gathers".into(),
+        };
+        return (
+            wire::encode_reply(&refusal).unwrap(),
+            net::Body::Ready(Vec::new()),
+        );
     };
     let lengths = vec![vec![record_len; indices.len()]];
     let header = wire::encode_reply(&Reply::Gather { lengths }).unwrap();

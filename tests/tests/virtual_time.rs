@@ -3,11 +3,13 @@
 //! real time, and a seed names a whole run — faults, operations, and the order of events —
 //! which `ZR_SIM_SEED=<seed>` replays exactly.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use zr_common::hash::mix2;
 use zr_common::Record;
+use zr_meta::{Call, MetaStore, Revision};
 use zr_router::AsyncClient;
 use zr_sim::{Faults, SimCluster, SimOptions};
 
@@ -136,11 +138,11 @@ fn lossy_run(seed: u64) -> Transcript {
 }
 
 /// A partitioned node, and then a stalled one, fail the requests that need them once the
-/// router's timeout has run out on the cluster's clock — a minute here, which takes no real
-/// time — and serve again once healed.
+/// router's timeout has run out on the cluster's clock — 8 s here (under the transport's idle
+/// timeout), which takes no real time — and serve again once healed.
 #[test]
 fn a_partition_times_out_on_the_clusters_clock() {
-    let timeout = Duration::from_secs(60);
+    let timeout = Duration::from_secs(8);
     let mut cluster = start(7, timeout.as_millis() as u64);
     let client = cluster.async_client().unwrap();
     cluster.run(async {
@@ -169,7 +171,7 @@ fn a_partition_times_out_on_the_clusters_clock() {
         .unwrap();
     assert_eq!(columns[0].get(29).unwrap(), &row(29)[..]);
 
-    // A node that takes requests and never answers: the same minute, then the same error.
+    // A node that takes requests and never answers: the same wait, then the same error.
     cluster.stall_node(2).unwrap();
     times_out(&cluster, &client, &all, 2, timeout);
     cluster.start_node(2).unwrap();
@@ -205,4 +207,227 @@ fn times_out(
         waited >= timeout && waited < timeout + Duration::from_secs(5),
         "failed after {waited:?} of the cluster's clock: {failed}"
     );
+}
+
+/// A node that dies is known down within about two seconds on the cluster's clock, long
+/// before the router's timeout: a gather that needs it then fails at once, naming the shard
+/// and since when; one that does not is served; once the node is back, it serves again.
+#[test]
+fn a_dead_node_is_known_down_long_before_the_timeout() {
+    let timeout = Duration::from_secs(8);
+    let mut cluster = start(11, timeout.as_millis() as u64);
+    let client = cluster.async_client().unwrap();
+    let rows: Vec<Vec<u8>> = (0..30).map(row).collect();
+    cluster.run(async {
+        let batch: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
+        client.append_many(&batch).await.unwrap();
+        client.commit().await.unwrap();
+    });
+    let placement = cluster.config().placement().unwrap();
+    let (on1, others): (Vec<u64>, Vec<u64>) = (0..30).partition(|&i| placement.locate(i).0 == 1);
+    cluster.crash_node(1);
+    let (failed, waited) = cluster.run(async {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        let began = Instant::now();
+        let failed = client.gather(&on1, &[]).await.unwrap_err().to_string();
+        (failed, began.elapsed())
+    });
+    assert!(
+        failed.contains("shard 1") && failed.contains("down since"),
+        "{failed}"
+    );
+    assert!(
+        waited < Duration::from_secs(1),
+        "failed after {waited:?} of the cluster's clock, not at once: {failed}"
+    );
+    let columns = cluster
+        .run(async { client.gather(&others, &[]).await })
+        .unwrap();
+    for (pos, &i) in others.iter().enumerate() {
+        assert_eq!(columns[0].get(pos).unwrap(), &rows[i as usize][..]);
+    }
+    let status = cluster.run(async { client.status().await }).unwrap();
+    assert!(status.nodes[1].state.contains("down since"), "{status:?}");
+
+    cluster.start_node(1).unwrap();
+    let all: Vec<u64> = (0..30).collect();
+    let columns = cluster
+        .run(async { client.gather(&all, &[]).await })
+        .unwrap();
+    assert_eq!(columns[0].get(29).unwrap(), &rows[29][..]);
+}
+
+/// A metadata store that takes `latency` of the cluster's clock per call, as one across a
+/// network does, so that a router can be stopped between any two of its steps.
+#[derive(Debug)]
+struct Distant {
+    inner: Arc<dyn MetaStore>,
+    latency: Duration,
+}
+
+impl MetaStore for Distant {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn get<'a>(&'a self, key: &'a str) -> Call<'a, Option<(String, Revision)>> {
+        Box::pin(async move {
+            tokio::time::sleep(self.latency).await;
+            self.inner.get(key).await
+        })
+    }
+
+    fn put_if<'a>(
+        &'a self,
+        key: &'a str,
+        expected: Option<Revision>,
+        value: &'a str,
+    ) -> Call<'a, Revision> {
+        Box::pin(async move {
+            tokio::time::sleep(self.latency).await;
+            self.inner.put_if(key, expected, value).await
+        })
+    }
+}
+
+/// Every record of the cluster through `client`, retrying (a router that has just started
+/// waits out the lease of one that died) until a write settles whatever was left behind.
+async fn settled_contents(client: &AsyncClient) -> Vec<Vec<u8>> {
+    let mut tries = 0;
+    loop {
+        match client.append_many(&[]).await {
+            Ok(_) => break,
+            Err(e) => {
+                tries += 1;
+                assert!(tries < 50, "the cluster did not settle: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let len = client.len().await.unwrap();
+    let columns = client
+        .gather(&(0..len).collect::<Vec<_>>(), &[])
+        .await
+        .unwrap();
+    (0..len as usize)
+        .map(|k| columns[0].get(k).unwrap_or_default().to_vec())
+        .collect()
+}
+
+/// A router killed at every step of an append and of a delete — its metadata calls and its
+/// node calls, each in turn: killed at every 200 µs of the write on the cluster's clock,
+/// where each call takes at least a millisecond — and then another router: the cluster
+/// holds the state before the write or the whole write, never part of it, and a write that
+/// was acknowledged is there.
+#[test]
+fn a_router_killed_at_every_step_of_a_write_leaves_none_or_all_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = zr_meta::EmbeddedStore::open(dir.path()).unwrap().inline();
+    let meta: Arc<dyn MetaStore> = Arc::new(Distant {
+        inner: Arc::new(embedded),
+        latency: Duration::from_millis(1),
+    });
+    let mut cluster = SimCluster::start(
+        3,
+        SimOptions {
+            extent_records: 3,
+            timeout_ms: 500,
+            seed: 5,
+            virtual_time: true,
+            metadata: Some(meta),
+            ..SimOptions::default()
+        },
+    )
+    .unwrap();
+    // Each node's replies a little slower than the one before, so that the router hears
+    // them in turn and can be killed between any two.
+    for shard in 0..3u32 {
+        let slow = Faults {
+            delay: Duration::from_millis(1 + 2 * shard as u64),
+            ..Faults::default()
+        };
+        cluster.set_faults(shard, slow).unwrap();
+    }
+    let mut model: Vec<Vec<u8>> = (0..40).map(row).collect();
+    let first = cluster.async_client().unwrap();
+    cluster.run(async {
+        let batch: Vec<Record> = model
+            .iter()
+            .map(|r| Record::new().with("data", r))
+            .collect();
+        first.append_many(&batch).await.unwrap();
+        first.commit().await.unwrap();
+    });
+    drop(first);
+    cluster.stop_router(0).unwrap();
+
+    let (mut kills, mut partial) = (0, 0);
+    for delete in [false, true] {
+        let mut at = Duration::ZERO;
+        loop {
+            let len = model.len() as u64;
+            let mut after = model.clone();
+            let rows: Vec<Vec<u8>> = (0..7).map(|k| row(1000 + len + k)).collect();
+            if delete {
+                after.swap_remove(5);
+            } else {
+                after.extend(rows.iter().cloned());
+            }
+            // A router that is killed `at` into the write.
+            let addr = cluster.add_router().unwrap();
+            let client = cluster.async_client_of(addr).unwrap();
+            let outcome = cluster.run(async {
+                // Long enough for the router to have given back the lease its start took.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let write = async {
+                    if delete {
+                        client.delete(5).await
+                    } else {
+                        let records: Vec<Record> =
+                            rows.iter().map(|r| Record::new().with("data", r)).collect();
+                        client.append_many(&records).await.map(|_| ())
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    done = write => Some(done),
+                    _ = tokio::time::sleep(at) => None,
+                }
+            });
+            let index = cluster.router_addrs().len() - 1;
+            cluster.kill_router(index);
+            drop(client);
+            // Another router, which waits out the dead one's lease and settles its write.
+            let addr = cluster.add_router().unwrap();
+            let client = cluster.async_client_of(addr).unwrap();
+            let held = cluster.run(settled_contents(&client));
+            drop(client);
+            cluster
+                .stop_router(cluster.router_addrs().len() - 1)
+                .unwrap();
+            match &outcome {
+                Some(Ok(())) => assert!(held == after, "an acknowledged write is not all there"),
+                _ => assert!(
+                    held == model || held == after,
+                    "killed {at:?} into a {}: {} records, {len} before, {} had it landed",
+                    if delete { "delete" } else { "append" },
+                    held.len(),
+                    after.len()
+                ),
+            }
+            let done = outcome.is_some();
+            if !done {
+                kills += 1;
+                partial += usize::from(held != model);
+            }
+            model = held;
+            if done {
+                // The write was done before the kill: every step has been tried.
+                break;
+            }
+            at += Duration::from_micros(200);
+        }
+    }
+    eprintln!("{kills} kills mid-write; {partial} left the whole write, the others none");
+    assert!(kills >= 10, "only {kills} kills: the writes took no time");
 }
