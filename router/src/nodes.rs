@@ -229,10 +229,21 @@ impl Nodes {
         request: &NodeRequest,
         body: Vec<Bytes>,
     ) -> Result<NodeReply, Failure> {
+        self.call_within(shard, request, body, self.timeout).await
+    }
+
+    /// [`Self::call`] within `timeout` rather than the router's.
+    pub(crate) async fn call_within(
+        &self,
+        shard: u32,
+        request: &NodeRequest,
+        body: Vec<Bytes>,
+        timeout: Duration,
+    ) -> Result<NodeReply, Failure> {
         if let Some(down) = self.down(shard).await {
             return Err(down);
         }
-        self.exchange(shard, request, body, self.timeout).await
+        self.exchange(shard, request, body, timeout).await
     }
 
     /// One request to shard `shard` within `timeout`, whatever its health.

@@ -34,6 +34,11 @@ mod writes;
 /// Most client connections a router serves at once.
 pub const CONNECTIONS_MAX: usize = 256;
 
+/// How long a starting router waits for each node's first answer: one that does not answer
+/// by then counts as down (its heartbeats find it later), so a router starts within this
+/// long whatever nodes are down.
+const START_PROBE: Duration = Duration::from_secs(2);
+
 /// Writes of a streamed gather queued for the client's stream.
 const FRAMES_QUEUED: usize = 8;
 
@@ -126,10 +131,12 @@ impl Router {
             committed: AtomicU64::new(0),
             missing: std::sync::Mutex::new(vec![None; shards]),
         };
-        // Every node that answers; a router starts, and serves what it can, with some down.
+        // Every node that answers; a router starts, and serves what it can, with some down
+        // (found so within START_PROBE, not the whole timeout; heartbeats bring them in).
         let mut infos: Vec<Option<(u64, Vec<FieldInfo>)>> = Vec::with_capacity(shards);
         let mut down = Vec::new();
-        for answer in router.each_node_info(None).await {
+        let probe = START_PROBE.min(router.timeout);
+        for answer in router.each_node_info_within(None, probe).await {
             match answer {
                 Ok(info) => infos.push(Some(info)),
                 Err(failure) => {
@@ -642,12 +649,21 @@ impl Router {
         &self,
         fence: Option<u64>,
     ) -> Vec<Result<(u64, Vec<FieldInfo>), Failure>> {
+        self.each_node_info_within(fence, self.timeout).await
+    }
+
+    /// [`Self::each_node_info`], each node given `timeout` to answer.
+    async fn each_node_info_within(
+        &self,
+        fence: Option<u64>,
+        timeout: Duration,
+    ) -> Vec<Result<(u64, Vec<FieldInfo>), Failure>> {
         let request = match fence {
             Some(token) => NodeRequest::Fence { token },
             None => NodeRequest::Info,
         };
-        let calls =
-            (0..self.nodes.shards()).map(|shard| self.nodes.call(shard, &request, Vec::new()));
+        let calls = (0..self.nodes.shards())
+            .map(|shard| self.nodes.call_within(shard, &request, Vec::new(), timeout));
         futures::future::join_all(calls)
             .await
             .into_iter()
