@@ -241,6 +241,7 @@ fn status(args: StatusArgs) -> CliResult {
                 .map_or("never".into(), |ms| format!("{:.1} s", ms as f64 / 1000.0)),
             node.state
         );
+        println!("{:<6} {}", "", node.lease);
     }
     if healthy {
         Ok(())

@@ -13,11 +13,15 @@
 pub mod cluster;
 mod embedded;
 mod etcd;
+pub mod nodes;
 pub mod testing;
 pub mod writer;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
 
 pub use embedded::EmbeddedStore;
 pub use etcd::EtcdStore;
@@ -73,4 +77,26 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
         expected: Option<Revision>,
         value: &'a str,
     ) -> Call<'a, Revision>;
+}
+
+/// Where a cluster's metadata store is (nodes.toml's `[metadata]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// An [`EmbeddedStore`] in this directory.
+    Embedded(PathBuf),
+    /// An [`EtcdStore`]: the etcd cluster at `endpoints`, keys under `prefix`.
+    Etcd {
+        endpoints: Vec<String>,
+        prefix: String,
+    },
+}
+
+/// Opens the store at `location`; every call to etcd gets `timeout`.
+pub async fn open(location: &Location, timeout: Duration) -> Result<Arc<dyn MetaStore>, Error> {
+    Ok(match location {
+        Location::Embedded(dir) => Arc::new(EmbeddedStore::open(dir)?),
+        Location::Etcd { endpoints, prefix } => {
+            Arc::new(EtcdStore::connect(endpoints, prefix, timeout).await?)
+        }
+    })
 }

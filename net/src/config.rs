@@ -127,15 +127,8 @@ pub struct MetadataConfig {
     pub prefix: Option<String>,
 }
 
-/// Where the metadata store is, as a router opens it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MetadataLocation {
-    Embedded(PathBuf),
-    Etcd {
-        endpoints: Vec<String>,
-        prefix: String,
-    },
-}
+/// Where the metadata store is, as routers and nodes open it.
+pub use zr_meta::Location as MetadataLocation;
 
 /// `[node]`: how every node reads its shard.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -514,6 +514,15 @@ pub async fn run_shard(
         dir.display()
     );
     let timeout = std::time::Duration::from_millis(config.router.timeout_ms);
+    // The node's liveness lease in the metadata store, renewed while it serves; a node that
+    // cannot reach the store serves all the same (the lease says so by lapsing).
+    let mut lease = tokio::task::JoinSet::new(); // dropped (so stopped) with the node
+    match zr_meta::open(&config.metadata_location(), timeout).await {
+        Ok(meta) => {
+            lease.spawn(zr_meta::nodes::keep_alive(meta, shard, addr.to_string()));
+        }
+        Err(e) => tracing::warn!("shard {shard}: no liveness lease: {e}"),
+    }
     serve(endpoint, store, timeout, shutdown).await?;
     tracing::info!("shard {shard} stopped");
     Ok(())

@@ -267,6 +267,8 @@ pub struct NodeStatus {
     pub records: Option<u64>,
     /// Milliseconds since the router last heard from it, if ever.
     pub last_seen_ms: Option<u64>,
+    /// Its liveness lease in the metadata store, as the router has read it, in words.
+    pub lease: String,
 }
 
 fn options() -> impl Options {

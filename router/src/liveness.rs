@@ -8,8 +8,14 @@
 //! Calls that need a node that is down fail at once, naming it and since when (after
 //! waiting up to [`WAIT_FOR_UP`] in case it has just come back), and calls that do not need
 //! it are never slowed by it. Any answer, even a refusal, means the node is up.
+//!
+//! Every [`LEASE_READ_EVERY`] heartbeats the router also reads the node's liveness lease in
+//! the metadata store (`zr_meta::nodes`): a failing heartbeat to a node whose lease has
+//! lapsed makes it down at once.
 
 use std::time::{Duration, Instant, SystemTime};
+
+use zr_meta::nodes::{LeaseView, LeaseWatch};
 
 /// Pause between heartbeats to a node that is up.
 pub(crate) const EVERY_UP: Duration = Duration::from_millis(250);
@@ -23,6 +29,8 @@ pub(crate) const HEARTBEAT_TIMEOUT_DOWN: Duration = Duration::from_millis(250);
 /// Heartbeats failing for this long in a row (from the first failed one's sending to the
 /// last one's failure) make a node down.
 pub(crate) const DOWN_AFTER: Duration = Duration::from_millis(750);
+/// Heartbeats between two reads of the node's liveness lease in the metadata store.
+pub(crate) const LEASE_READ_EVERY: u32 = 4;
 /// How long a call to a node that is down waits for a heartbeat to find it back.
 pub(crate) const WAIT_FOR_UP: Duration = Duration::from_millis(500);
 
@@ -75,6 +83,8 @@ pub(crate) struct Liveness {
     health: Health,
     /// When the first of the heartbeats failing in a row was sent (by both clocks).
     failing_since: Option<(Instant, SystemTime)>,
+    /// The node's liveness lease as read so far.
+    lease: LeaseWatch,
 }
 
 impl Default for Liveness {
@@ -82,6 +92,7 @@ impl Default for Liveness {
         Liveness {
             health: Health::Unknown,
             failing_since: None,
+            lease: LeaseWatch::default(),
         }
     }
 }
@@ -89,6 +100,16 @@ impl Default for Liveness {
 impl Liveness {
     pub(crate) fn health(&self) -> &Health {
         &self.health
+    }
+
+    /// The node's liveness lease, read at `now`: its revision, or `None` if it has none.
+    pub(crate) fn lease_read(&mut self, revision: Option<zr_meta::Revision>, now: Instant) {
+        self.lease.observe(revision, now);
+    }
+
+    /// The node's liveness lease as of `now`.
+    pub(crate) fn lease(&self, now: Instant) -> LeaseView {
+        self.lease.view(now)
     }
 
     /// A heartbeat was answered: the node is up. True if that changed its health.
@@ -117,7 +138,9 @@ impl Liveness {
                 *last_reason = reason;
                 false
             }
-            _ if now.saturating_duration_since(first) >= DOWN_AFTER => {
+            _ if now.saturating_duration_since(first) >= DOWN_AFTER
+                || matches!(self.lease.view(now), LeaseView::Lapsed(_)) =>
+            {
                 self.health = Health::Down {
                     since: first_wall,
                     at: first,
@@ -182,5 +205,22 @@ mod tests {
         let t1 = later + Duration::from_secs(5);
         assert!(!node.failed(t1, wall, t1 + DOWN_AFTER / 2, "slow".into()));
         assert_eq!(node.health(), &Health::Up);
+    }
+
+    /// A failing heartbeat to a node whose liveness lease has lapsed makes it down at once.
+    #[test]
+    fn a_lapsed_lease_and_a_failed_heartbeat_make_a_node_down_at_once() {
+        let mut node = Liveness::default();
+        let t0 = Instant::now();
+        let wall = SystemTime::now();
+        node.answered();
+        node.lease_read(Some(3), t0);
+        let later = t0 + zr_meta::nodes::LEASE;
+        node.lease_read(Some(3), later);
+        assert!(matches!(node.lease(later), LeaseView::Lapsed(_)));
+        // Its heartbeats still answer: up (it serves, though it cannot reach the store).
+        assert_eq!(node.health(), &Health::Up);
+        assert!(node.failed(later, wall, later + Duration::from_millis(1), "gone".into()));
+        assert!(matches!(node.health(), Health::Down { .. }));
     }
 }

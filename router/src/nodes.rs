@@ -55,11 +55,17 @@ pub(crate) struct Nodes {
     timeout: Duration,
     /// The cluster id and map version every request carries, once the router knows them.
     tag: std::sync::OnceLock<(String, u64)>,
+    /// Where the nodes' liveness leases are.
+    meta: Arc<dyn zr_meta::MetaStore>,
 }
 
 impl Nodes {
     /// An endpoint for each shard of `config`; connections are made on first use.
-    pub(crate) fn new(config: &ClusterConfig, security: Security) -> Result<Nodes, Error> {
+    pub(crate) fn new(
+        config: &ClusterConfig,
+        security: Security,
+        meta: Arc<dyn zr_meta::MetaStore>,
+    ) -> Result<Nodes, Error> {
         let mut shards: Vec<_> = config.shards.iter().collect();
         shards.sort_by_key(|s| s.id);
         let links = shards
@@ -80,6 +86,7 @@ impl Nodes {
             security,
             timeout: Duration::from_millis(config.router.timeout_ms),
             tag: std::sync::OnceLock::new(),
+            meta,
         })
     }
 
@@ -153,9 +160,14 @@ impl Nodes {
         for shard in 0..self.shards() {
             let nodes: Weak<Nodes> = Arc::downgrade(self);
             tokio::spawn(async move {
-                loop {
+                for beat in 0u32.. {
                     let Some(pause) = (match nodes.upgrade() {
-                        Some(nodes) => Some(nodes.heartbeat(shard).await),
+                        Some(nodes) => {
+                            if beat % liveness::LEASE_READ_EVERY == 0 {
+                                nodes.read_lease(shard).await;
+                            }
+                            Some(nodes.heartbeat(shard).await)
+                        }
                         None => None,
                     }) else {
                         return;
@@ -164,6 +176,32 @@ impl Nodes {
                 }
             });
         }
+    }
+
+    /// Reads shard `shard`'s node liveness lease into its liveness (a store that cannot say
+    /// changes nothing).
+    async fn read_lease(&self, shard: u32) {
+        match zr_meta::nodes::load(&*self.meta, shard).await {
+            Ok(lease) => self.links[shard as usize]
+                .liveness
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .lease_read(
+                    lease.map(|(_, revision)| revision),
+                    tokio::time::Instant::now().into_std(),
+                ),
+            Err(e) => tracing::debug!("shard {shard}: its liveness lease: {e}"),
+        }
+    }
+
+    /// Shard `shard`'s node liveness lease, as this router has read it, in words.
+    pub(crate) fn lease(&self, shard: u32) -> String {
+        self.links[shard as usize]
+            .liveness
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .lease(tokio::time::Instant::now().into_std())
+            .describe()
     }
 
     /// One heartbeat to shard `shard`'s node, its outcome told to the node's liveness;

@@ -67,19 +67,8 @@ pub struct Router {
 
 /// Opens the metadata store `config` names (`[metadata]`).
 pub async fn open_metadata(config: &ClusterConfig) -> Result<Arc<dyn MetaStore>, Error> {
-    Ok(match config.metadata_location() {
-        zr_net::config::MetadataLocation::Embedded(dir) => {
-            Arc::new(zr_meta::EmbeddedStore::open(dir)?)
-        }
-        zr_net::config::MetadataLocation::Etcd { endpoints, prefix } => Arc::new(
-            zr_meta::EtcdStore::connect(
-                &endpoints,
-                &prefix,
-                Duration::from_millis(config.router.timeout_ms),
-            )
-            .await?,
-        ),
-    })
+    let timeout = Duration::from_millis(config.router.timeout_ms);
+    Ok(zr_meta::open(&config.metadata_location(), timeout).await?)
 }
 
 impl Router {
@@ -106,7 +95,7 @@ impl Router {
         meta: Arc<dyn MetaStore>,
     ) -> Result<Arc<Router>, Error> {
         let placement = config.placement()?;
-        let nodes = Arc::new(Nodes::new(config, security)?);
+        let nodes = Arc::new(Nodes::new(config, security, Arc::clone(&meta))?);
         nodes.watch();
         let shards = nodes.shards() as usize;
         let mut router = Router {
@@ -429,6 +418,7 @@ impl Router {
                     state,
                     records,
                     last_seen_ms: self.nodes.last_seen(shard).map(|d| d.as_millis() as u64),
+                    lease: self.nodes.lease(shard),
                 }
             })
             .collect();

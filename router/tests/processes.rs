@@ -487,6 +487,7 @@ fn a_killed_node_is_reported_down_at_once() {
     assert!(e.contains("shard 1") && e.contains("down since"), "{e}");
     let (healthy, text) = cluster_status(&addr, &certs);
     assert!(!healthy && text.contains("down since"), "{text}");
+    assert!(text.contains("liveness lease renewed"), "{text}");
 
     // Back: every record, and writes again.
     let config_path = config.to_str().unwrap();

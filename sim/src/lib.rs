@@ -261,7 +261,12 @@ impl SimCluster {
         } else {
             Handling::Adaptive
         };
+        let meta = self.metadata()?;
+        let addr = endpoint.local_addr()?.to_string();
         let task = self.runtime.spawn(async move {
+            // The node's liveness lease, stopped with the node (or its crash).
+            let mut lease = tokio::task::JoinSet::new();
+            lease.spawn(zr_meta::nodes::keep_alive(meta, shard, addr));
             zr_node::server::serve_with(endpoint, store, timeout, handling, async {
                 let _ = stopped.await;
             })

@@ -248,6 +248,14 @@ fn a_dead_node_is_known_down_long_before_the_timeout() {
     }
     let status = cluster.run(async { client.status().await }).unwrap();
     assert!(status.nodes[1].state.contains("down since"), "{status:?}");
+    // Its liveness lease in the metadata store lapses too; the others' are renewed.
+    let status = cluster.run(async {
+        tokio::time::sleep(zr_meta::nodes::LEASE + Duration::from_secs(1)).await;
+        client.status().await
+    });
+    let status = status.unwrap();
+    assert!(status.nodes[1].lease.contains("lapsed"), "{status:?}");
+    assert!(status.nodes[0].lease.contains("renewed"), "{status:?}");
 
     cluster.start_node(1).unwrap();
     let all: Vec<u64> = (0..30).collect();

@@ -1,0 +1,172 @@
+//! Node liveness leases: each node renews a record of its own (`node/K`) every
+//! [`RENEW_EVERY`]; one left unchanged for [`LEASE`] — by the observer's clock, as for the
+//! writer lease — belongs to a node that is gone or cut off from the store. Routers read it
+//! beside their own heartbeats (`zr cluster status` shows both), and take a lapsed lease as
+//! a node down at once when its heartbeats fail too.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, MetaStore, Revision};
+
+/// How often a node renews its lease.
+pub const RENEW_EVERY: Duration = Duration::from_secs(1);
+/// A lease not renewed for this long has lapsed.
+pub const LEASE: Duration = Duration::from_secs(3);
+
+/// The key of shard `shard`'s node lease.
+pub fn key(shard: u32) -> String {
+    format!("node/{shard}")
+}
+
+/// A node's liveness lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeLease {
+    /// The address it serves on.
+    pub addr: String,
+    /// Its process.
+    pub pid: u32,
+    /// Renewals since the process started: each write changes the record.
+    pub renewals: u64,
+}
+
+/// Shard `shard`'s node lease and its revision, if one was ever written.
+pub async fn load(
+    store: &dyn MetaStore,
+    shard: u32,
+) -> Result<Option<(NodeLease, Revision)>, Error> {
+    let Some((text, revision)) = store.get(&key(shard)).await? else {
+        return Ok(None);
+    };
+    let lease = serde_json::from_str(&text).map_err(|e| Error::Corrupt {
+        store: store.describe(),
+        reason: format!("the lease of shard {shard}'s node cannot be read: {e}"),
+    })?;
+    Ok(Some((lease, revision)))
+}
+
+/// Renews shard `shard`'s lease for the node serving on `addr` every [`RENEW_EVERY`], until
+/// the future is dropped. A renewal that fails is logged (once per run of failures) and
+/// tried again; the lease lapses meanwhile, which is what it is for.
+pub async fn keep_alive(store: Arc<dyn MetaStore>, shard: u32, addr: String) {
+    let mut lease = NodeLease {
+        addr,
+        pid: std::process::id(),
+        renewals: 0,
+    };
+    let mut failing = false;
+    loop {
+        let renewed = async {
+            let expected = store.get(&key(shard)).await?.map(|(_, revision)| revision);
+            let text = serde_json::to_string(&lease).map_err(|e| Error::Corrupt {
+                store: store.describe(),
+                reason: e.to_string(),
+            })?;
+            store.put_if(&key(shard), expected, &text).await
+        };
+        match renewed.await {
+            Ok(_) => {
+                if failing {
+                    tracing::info!("shard {shard}: liveness lease renewed again");
+                }
+                failing = false;
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!("shard {shard}: cannot renew the liveness lease: {e}");
+                }
+                failing = true;
+            }
+        }
+        lease.renewals += 1;
+        tokio::time::sleep(RENEW_EVERY).await;
+    }
+}
+
+/// What one observer has seen of a node lease: the revision last read, and since when.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseWatch {
+    seen: Option<(Revision, Instant)>,
+}
+
+/// A node lease as an observer judges it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseView {
+    /// Not read yet, or no lease recorded.
+    Unknown,
+    /// Unchanged for at most this long (by the observer's clock).
+    Renewed(Duration),
+    /// Unchanged for this long, at least [`LEASE`].
+    Lapsed(Duration),
+}
+
+impl LeaseWatch {
+    /// The lease read at `now`: its revision, or `None` if there is none.
+    pub fn observe(&mut self, revision: Option<Revision>, now: Instant) {
+        match revision {
+            None => self.seen = None,
+            Some(revision) => {
+                if self.seen.is_none_or(|(seen, _)| seen != revision) {
+                    self.seen = Some((revision, now));
+                }
+            }
+        }
+    }
+
+    /// The lease as of `now`.
+    pub fn view(&self, now: Instant) -> LeaseView {
+        match self.seen {
+            None => LeaseView::Unknown,
+            Some((_, since)) => {
+                let unchanged = now.saturating_duration_since(since);
+                if unchanged >= LEASE {
+                    LeaseView::Lapsed(unchanged)
+                } else {
+                    LeaseView::Renewed(unchanged)
+                }
+            }
+        }
+    }
+}
+
+impl LeaseView {
+    /// In words, for `zr cluster status`.
+    pub fn describe(&self) -> String {
+        match self {
+            LeaseView::Unknown => "no liveness lease seen".into(),
+            LeaseView::Renewed(d) => {
+                format!("liveness lease renewed within {:.1} s", d.as_secs_f64())
+            }
+            LeaseView::Lapsed(d) => format!(
+                "liveness lease lapsed: unrenewed for {:.1} s",
+                d.as_secs_f64()
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_lapses_when_left_unchanged_for_a_whole_lease() {
+        let mut watch = LeaseWatch::default();
+        let t0 = Instant::now();
+        assert_eq!(watch.view(t0), LeaseView::Unknown);
+        watch.observe(Some(4), t0);
+        watch.observe(Some(4), t0 + LEASE / 2);
+        assert_eq!(watch.view(t0 + LEASE / 2), LeaseView::Renewed(LEASE / 2));
+        // Renewed: counted from when the new revision was first seen.
+        watch.observe(Some(9), t0 + LEASE / 2);
+        assert_eq!(watch.view(t0 + LEASE), LeaseView::Renewed(LEASE / 2));
+        let late = t0 + LEASE / 2 + LEASE;
+        watch.observe(Some(9), late);
+        assert_eq!(watch.view(late), LeaseView::Lapsed(LEASE));
+        assert!(watch.view(late).describe().contains("lapsed"));
+        watch.observe(None, late);
+        assert_eq!(watch.view(late), LeaseView::Unknown);
+    }
+}
