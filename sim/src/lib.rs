@@ -361,7 +361,14 @@ impl SimCluster {
                 return Err(format!("a simulated cluster keeps no metadata in {other:?}").into())
             }
         };
-        Ok(Arc::new(zr_meta::EmbeddedStore::open(dir)?.inline()))
+        let store = zr_meta::EmbeddedStore::open(dir)?;
+        // On virtual time each call runs on the calling task (a blocking thread would let the
+        // clock jump meanwhile); otherwise on blocking threads, off the cluster's workers.
+        Ok(if self.virtual_time {
+            Arc::new(store.inline())
+        } else {
+            Arc::new(store)
+        })
     }
 
     /// Starts another router over the same nodes; returns its address.
