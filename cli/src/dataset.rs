@@ -110,9 +110,10 @@ pub struct GatherArgs {
     /// Output file.
     #[arg(long)]
     out: PathBuf,
-    /// Check every record's CRC32 while reading (dataset directories only).
+    /// Skip checking each record's CRC32 while reading (dataset directories; a corrupt
+    /// record is then returned as it is, as training's fast path does). Checked by default.
     #[arg(long, conflicts_with = "router")]
-    verify: bool,
+    no_verify: bool,
     #[command(flatten)]
     read: ReadArgs,
 }
@@ -189,7 +190,7 @@ pub fn gather(args: GatherArgs) -> CliResult {
                 &args.field,
                 store.fields().iter().map(|f| f.name.as_str()).collect(),
             )?;
-            let batch = store.gather_with(&indices, &[&field], args.read.options(args.verify))?;
+            let batch = store.gather_with(&indices, &[&field], args.read.options(!args.no_verify))?;
             let column = batch.field(&field).ok_or("field missing from the batch")?;
             for payload in column.iter() {
                 out.write_all(payload)?;

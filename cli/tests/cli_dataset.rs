@@ -373,6 +373,20 @@ fn verify_reports_a_bit_flip_and_a_truncated_chunk() {
         "{out}"
     );
     assert!(err.contains("1 bad record"), "{err}");
+    // `zr gather` checks by default (and leaves no output); --no-verify returns the bytes.
+    let out_file = tmp.path().join("seven.bin");
+    let gather = |extra: &[&str]| {
+        let mut args = vec!["gather", p(&dir), "--indices", "6,7", "--field", "a"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--out", p(&out_file)]);
+        zr(&args)
+    };
+    let (ok, _, err) = gather(&[]);
+    assert!(!ok && err.contains("7"), "a gather returned a flipped record: {err}");
+    assert!(!out_file.exists(), "a failed gather left its output");
+    let (ok, _, err) = gather(&["--no-verify"]);
+    assert!(ok, "{err}");
+    assert!(out_file.exists());
 
     // Truncate the last chunk.
     let last = std::fs::read_dir(dir.join("chunk")).unwrap().count() as u32 - 1;
