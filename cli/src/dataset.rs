@@ -190,7 +190,8 @@ pub fn gather(args: GatherArgs) -> CliResult {
                 &args.field,
                 store.fields().iter().map(|f| f.name.as_str()).collect(),
             )?;
-            let batch = store.gather_with(&indices, &[&field], args.read.options(!args.no_verify))?;
+            let batch =
+                store.gather_with(&indices, &[&field], args.read.options(!args.no_verify))?;
             let column = batch.field(&field).ok_or("field missing from the batch")?;
             for payload in column.iter() {
                 out.write_all(payload)?;

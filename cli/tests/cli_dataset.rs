@@ -382,7 +382,10 @@ fn verify_reports_a_bit_flip_and_a_truncated_chunk() {
         zr(&args)
     };
     let (ok, _, err) = gather(&[]);
-    assert!(!ok && err.contains("7"), "a gather returned a flipped record: {err}");
+    assert!(
+        !ok && err.contains("7"),
+        "a gather returned a flipped record: {err}"
+    );
     assert!(!out_file.exists(), "a failed gather left its output");
     let (ok, _, err) = gather(&["--no-verify"]);
     assert!(ok, "{err}");

@@ -512,3 +512,60 @@ fn a_killed_node_is_reported_down_at_once() {
     stop_all(processes);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// A router stopped with SIGTERM in the middle of a bulk load gives the writer lease back
+/// once its writes in flight are done: the next router writes at once, after the records
+/// the load got in.
+#[test]
+fn a_router_stopped_mid_load_gives_the_lease_back() {
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("sigterm");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let mut processes = start(&node, &router, &config);
+    let client = connect(&addr, &certs);
+    let (rows, width) = (400_000usize, 64usize);
+    let data: Vec<u8> = (0..rows * width).map(|i| (i % 251) as u8).collect();
+    let npy = tmp.join("load.npy");
+    write_npy(&npy, rows, width, &data);
+    let mut load = Command::new(binary("zr"))
+        .args(["convert", "--npy"])
+        .arg(&npy)
+        .args(["--field", "x", "--append", "--router", &addr, "--certs"])
+        .arg(&certs)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while client.len().unwrap() == 0 {
+        assert!(Instant::now() < deadline, "the load never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(client);
+    assert!(
+        load.try_wait().unwrap().is_none(),
+        "the load finished before the router could be stopped midway"
+    );
+    terminate(processes.pop().unwrap());
+    let _ = load.wait();
+
+    let config_arg = config.to_str().unwrap();
+    processes.push(spawn(&router, &["--nodes", config_arg]));
+    // Its client gives up long before another router's lease could lapse (4 x 10 s).
+    let client = connect(&addr, &certs);
+    let len = client.len().unwrap();
+    assert!(
+        len > 0 && len < rows as u64,
+        "{len} records after a load stopped midway"
+    );
+    let row = vec![7u8; width];
+    assert_eq!(client.append(&Record::new().with("x", &row)).unwrap(), len);
+    let columns = client.gather(&[0, len - 1, len], &[]).unwrap();
+    assert_eq!(columns[0].get(0).unwrap(), &data[..width]);
+    let last = (len - 1) as usize * width;
+    assert_eq!(columns[0].get(1).unwrap(), &data[last..last + width]);
+    assert_eq!(columns[0].get(2).unwrap(), &row[..]);
+    drop(client);
+    stop_all(processes);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
