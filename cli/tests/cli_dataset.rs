@@ -589,3 +589,80 @@ fn a_closed_pipe_ends_zr_quietly() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+/// A typed field is in every record, so a zeroed offset entry, or a `length` in meta.json
+/// raised past the data, is found by `zr verify` and refused by `zr gather` (which checks by
+/// default) instead of read as empty records.
+#[test]
+fn zeroed_entries_and_a_raised_length_are_found() {
+    let tmp = tempfile::tempdir().unwrap();
+    let npy = tmp.path().join("rows.npy");
+    write_npy(&npy, "|u1", &[40, 64], &pattern(40 * 64, 3));
+    let dir = tmp.path().join("ds");
+    let (ok, _, err) = zr(&["convert", "--npy", p(&npy), p(&dir), "--field", "x"]);
+    assert!(ok, "{err}");
+    let (ok, out, _) = zr(&["verify", p(&dir)]);
+    assert!(ok && out.starts_with("ok: 40 records"), "{out}");
+    let pristine = std::fs::read(dir.join("x.offset")).unwrap();
+
+    // Ten entries zeroed.
+    let mut zeroed = pristine.clone();
+    zeroed[10 * 16..20 * 16].fill(0);
+    std::fs::write(dir.join("x.offset"), &zeroed).unwrap();
+    let (ok, out, _) = zr(&["verify", p(&dir)]);
+    assert!(!ok, "verify passed zeroed entries: {out}");
+    assert_eq!(out.matches("zeroed offset entry").count(), 10, "{out}");
+    assert!(
+        out.contains("index 10") && out.contains("index 19"),
+        "{out}"
+    );
+    let out_file = tmp.path().join("g.bin");
+    let (ok, _, err) = zr(&["gather", p(&dir), "--indices", "12", "--out", p(&out_file)]);
+    assert!(!ok && err.contains("zeroed offset entry"), "{err}");
+    std::fs::write(dir.join("x.offset"), &pristine).unwrap();
+
+    // The length raised by five.
+    let meta_path = dir.join("meta.json");
+    let meta = std::fs::read_to_string(&meta_path).unwrap();
+    assert!(
+        meta.contains("\"length\": 40") || meta.contains("\"length\":40"),
+        "{meta}"
+    );
+    let raised = meta
+        .replacen("\"length\": 40", "\"length\": 45", 1)
+        .replacen("\"length\":40", "\"length\":45", 1);
+    std::fs::write(&meta_path, raised).unwrap();
+    let (ok, out, err) = zr(&["verify", p(&dir)]);
+    assert!(!ok, "verify passed a raised length: {out} {err}");
+    assert!(
+        out.contains("index 44") || err.contains("45"),
+        "{out} {err}"
+    );
+}
+
+/// A record without a typed field is refused (it could not be told from a zeroed entry).
+#[test]
+fn a_record_without_a_typed_field_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::create(
+        tmp.path().join("t"),
+        vec![
+            FieldSpec::raw("v").typed("<f4", vec![2]),
+            FieldSpec::raw("note"),
+        ],
+        CreateOptions::default(),
+    )
+    .unwrap();
+    store
+        .append(&Record::new().with("v", &[0u8; 8]).with("note", b"x"))
+        .unwrap();
+    let err = store
+        .append(&Record::new().with("note", b"no v"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("field 'v' holds 8 bytes per record (dtype <f4, shape [2])")
+            && err.contains("every record needs it"),
+        "{err}"
+    );
+}

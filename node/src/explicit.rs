@@ -269,6 +269,7 @@ impl Store {
         for (f, spans) in resolved.iter().enumerate() {
             for (k, span) in spans.iter().enumerate() {
                 if span.len == 0 {
+                    self.check_absent(fields[f], indices[k])?;
                     continue;
                 }
                 let file = maps.chunk(span.chunk).ok_or_else(|| {

@@ -248,6 +248,7 @@ impl Store {
         span: &Span,
     ) -> Result<Option<FrameHeader>> {
         if span.len == 0 {
+            self.check_absent(field, index)?;
             return Ok(None);
         }
         let bytes = maps
@@ -255,6 +256,25 @@ impl Store {
             .and_then(|c| c.read16(span.start - FRAME_HEADER_BYTES))
             .ok_or_else(|| self.bad(field, index, "frame header lies outside the chunk".into()))?;
         self.check_header(field, index, span, bytes).map(Some)
+    }
+
+    /// An absent value of `field` in record `index` is refused if the field is typed with a
+    /// fixed, non-zero length: every record holds it (see `write.rs`), so the entry was zeroed
+    /// or the length raised past the data.
+    pub(crate) fn check_absent(&self, field: usize, index: u64) -> Result<()> {
+        let spec = &self.inner.fields[field];
+        match spec.record_bytes().filter(|&n| n > 0) {
+            Some(expected) => Err(self.bad(
+                field,
+                index,
+                format!(
+                    "no value, but field '{}' holds {expected} bytes in every record ({}): a zeroed offset entry, or a length past the data",
+                    spec.name,
+                    spec.describe_type()
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Decodes a frame header and checks it against its entry (`span`).
@@ -276,14 +296,27 @@ impl Store {
                 ),
             ));
         }
-        if self.inner.fields[field].compress == Compression::Raw
-            && header.logical_len != header.stored_len
-        {
+        let spec = &self.inner.fields[field];
+        if spec.compress == Compression::Raw && header.logical_len != header.stored_len {
             return Err(self.bad(
                 field,
                 index,
                 "raw frame has a logical length unequal to its stored length".into(),
             ));
+        }
+        if let Some(expected) = spec.record_bytes() {
+            if header.logical_len as u64 != expected {
+                return Err(self.bad(
+                    field,
+                    index,
+                    format!(
+                        "holds {} bytes, but field '{}' holds {expected} in every record ({})",
+                        header.logical_len,
+                        spec.name,
+                        spec.describe_type()
+                    ),
+                ));
+            }
         }
         Ok(header)
     }

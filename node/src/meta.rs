@@ -88,6 +88,16 @@ impl FieldSpec {
         self
     }
 
+    /// "dtype D, shape [A, B]", for messages.
+    pub fn describe_type(&self) -> String {
+        let shape: Vec<String> = self.shape.iter().flatten().map(|d| d.to_string()).collect();
+        format!(
+            "dtype {}, shape [{}]",
+            self.dtype.as_deref().unwrap_or("none"),
+            shape.join(", ")
+        )
+    }
+
     /// Bytes every present record must have, when dtype and shape fix it.
     pub fn record_bytes(&self) -> Option<u64> {
         let item = dtype_itemsize(self.dtype.as_deref()?).ok()?;

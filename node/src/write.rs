@@ -50,14 +50,26 @@ impl Store {
             if let Some(expected) = spec.record_bytes() {
                 if !payload.is_empty() && payload.len() as u64 != expected {
                     return Err(Error::InvalidRecord(format!(
-                        "field '{name}' holds {expected} bytes per record (dtype {}, shape {:?}); got {}",
-                        spec.dtype.as_deref().unwrap_or("?"),
-                        spec.shape.as_deref().unwrap_or_default(),
+                        "field '{name}' holds {expected} bytes per record ({}); got {}",
+                        spec.describe_type(),
                         payload.len()
                     )));
                 }
             }
             out[id] = Some(payload);
+        }
+        // A typed field of fixed, non-zero length is in every record: a record without it
+        // could not be told from a zeroed offset entry.
+        for (spec, payload) in self.inner.fields.iter().zip(&out) {
+            if let Some(expected) = spec.record_bytes().filter(|&n| n > 0) {
+                if payload.is_none_or(|p| p.is_empty()) {
+                    return Err(Error::InvalidRecord(format!(
+                        "field '{}' holds {expected} bytes per record ({}): every record needs it",
+                        spec.name,
+                        spec.describe_type()
+                    )));
+                }
+            }
         }
         Ok(out)
     }
