@@ -666,3 +666,20 @@ fn a_record_without_a_typed_field_is_refused() {
         "{err}"
     );
 }
+
+/// A trillion empty rows take no data bytes but 16 TB of offset entries: refused at once,
+/// saying what they need and what the disk has, leaving nothing behind (#23, item 2).
+#[test]
+fn a_conversion_the_disk_cannot_hold_is_refused_up_front() {
+    let tmp = tempfile::tempdir().unwrap();
+    let npy = tmp.path().join("empty-rows.npy");
+    write_npy(&npy, "|u1", &[1_000_000_000_000, 0], &[]);
+    let dir = tmp.path().join("ds");
+    let (ok, _, err) = zr(&["convert", "--npy", p(&npy), p(&dir), "--field", "x"]);
+    assert!(!ok, "a trillion rows were accepted");
+    assert!(
+        err.contains("1000000000000 records") && err.contains("TiB") && err.contains("free"),
+        "{err}"
+    );
+    assert!(!dir.exists(), "a refused conversion left {}", dir.display());
+}

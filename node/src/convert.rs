@@ -166,6 +166,70 @@ pub trait Destination {
     fn append_many(&mut self, records: &[Record]) -> Result<()>;
     /// Makes everything appended durable.
     fn commit(&mut self) -> Result<()>;
+    /// Bytes free where the records go, and that place in words, if known.
+    fn room(&self) -> Option<(u64, String)> {
+        None
+    }
+}
+
+/// Refuses a conversion of `records` records of `data_bytes` bytes in all that `dest` has
+/// no room for: each record takes a 16-byte offset entry (so even empty rows take room) and
+/// each present value a 16-byte frame header besides its bytes.
+fn check_room(dest: &dyn Destination, input: &Path, records: u64, data_bytes: u64) -> Result<()> {
+    let Some((free, place)) = dest.room() else {
+        return Ok(());
+    };
+    let needed = records
+        .saturating_mul(2 * crate::offset::ENTRY_BYTES)
+        .saturating_add(data_bytes);
+    if needed > free {
+        return Err(Error::InvalidInput {
+            path: input.to_path_buf(),
+            reason: format!(
+                "{records} records of {data_bytes} bytes in all need about {} on disk (32 bytes of index and framing per record, plus the data), but {place} has {} free",
+                human_bytes(needed),
+                human_bytes(free)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `bytes` as "1.5 TiB" and the like.
+fn human_bytes(bytes: u64) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem holding `path` (or its
+/// nearest existing ancestor), if the system says.
+fn free_bytes(path: &Path) -> Option<u64> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let existing = if existing.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        existing
+    };
+    let name = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).ok()?;
+    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `name` is a NUL-terminated path and `stats` points to writable memory of the
+    // right type, which statvfs fills when it returns 0.
+    if unsafe { libc::statvfs(name.as_ptr(), stats.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it initialised `stats`.
+    let stats = unsafe { stats.assume_init() };
+    Some((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
 }
 
 /// A dataset directory as a conversion's destination.
@@ -216,6 +280,10 @@ fn compression_name(compress: Compression) -> &'static str {
 }
 
 impl Destination for LocalDataset {
+    fn room(&self) -> Option<(u64, String)> {
+        Some((free_bytes(&self.dir)?, self.dir.display().to_string()))
+    }
+
     fn open(&mut self, target: &Target, spec: FieldSpec) -> Result<()> {
         let store = if target.append {
             let store = Store::open(&self.dir)?;
@@ -331,6 +399,7 @@ pub fn convert_npy(
             "holds {have} data bytes but its header ({rows} rows of {row_bytes} bytes) needs {data_bytes}: truncated or not a plain array"
         )));
     }
+    check_room(dest, npy, rows, data_bytes)?;
     let spec = FieldSpec::new(target.field, target.compress)
         .typed(header.descr.clone(), row_shape.to_vec());
     dest.open(target, spec)?;
@@ -406,6 +475,7 @@ pub fn convert_values(
             )));
         }
     }
+    check_room(dest, offsets, count - 1, at(count - 1) - at(0))?;
     dest.open(target, FieldSpec::new(target.field, target.compress))?;
     let data = values_input.bytes();
     append_all(
