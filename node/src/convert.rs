@@ -229,7 +229,7 @@ fn free_bytes(path: &Path) -> Option<u64> {
     }
     // SAFETY: statvfs returned 0, so it initialised `stats`.
     let stats = unsafe { stats.assume_init() };
-    Some((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
+    Some(stats.f_bavail.saturating_mul(stats.f_frsize))
 }
 
 /// A dataset directory as a conversion's destination.
