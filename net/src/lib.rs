@@ -14,6 +14,7 @@ pub mod config;
 pub mod endpoint;
 mod error;
 mod link;
+pub mod logging;
 mod refusal;
 pub mod rpc;
 pub mod security;

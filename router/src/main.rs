@@ -30,18 +30,18 @@ struct Args {
     /// For development on a trusted machine only; nodes must run with it too.
     #[arg(long)]
     insecure_dev: bool,
-    /// Log level: error, warn, info, debug, trace.
+    /// Log level: error, warn, info, debug, trace (RUST_LOG, when set, overrides it).
     #[arg(long, default_value = "info")]
     log: String,
+    /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
+    #[arg(long, default_value = "text", value_name = "text|json")]
+    log_format: zr_net::logging::LogFormat,
 }
 
 fn main() -> ExitCode {
     zr_common::alloc::tune();
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
-        .with_writer(std::io::stderr)
-        .init();
+    zr_net::logging::init_logging(&args.log, args.log_format);
     let role = zr_net::tls::Role::Router;
     let (config, security) =
         match ClusterConfig::load_for(&args.nodes, role, args.insecure_dev, "zr-router") {

@@ -569,3 +569,89 @@ fn a_router_stopped_mid_load_gives_the_lease_back() {
     stop_all(processes);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// The servers log plain text without colour codes when stderr is not a terminal, or one
+/// JSON object per line with `--log-format json`; `RUST_LOG` chooses what is logged.
+#[test]
+fn logs_are_plain_text_or_json_lines() {
+    let node = binary("zr-node");
+    let tmp = tempfile_dir("logs");
+    let (config, _, _) = cluster_init(&tmp);
+    let config_arg = config.to_str().unwrap();
+    let run = |format: &str, rust_log: Option<&str>| -> Vec<String> {
+        let mut command = Command::new(&node);
+        command
+            .args([
+                "--shard",
+                "0",
+                "--nodes",
+                config_arg,
+                "--log-format",
+                format,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        match rust_log {
+            Some(spec) => command.env("RUST_LOG", spec),
+            None => command.env_remove("RUST_LOG"),
+        };
+        let mut child = command.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        // Serving (or, with logging turned down, a moment to have logged anything).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut lines = Vec::new();
+        while Instant::now() < deadline {
+            match rx.recv_timeout(Duration::from_millis(1_500)) {
+                Ok(line) => {
+                    let serving = line.contains("serving");
+                    lines.push(line);
+                    if serving {
+                        break;
+                    }
+                }
+                Err(_) if rust_log.is_some() => break,
+                Err(_) => {}
+            }
+        }
+        terminate(child);
+        reader.join().unwrap();
+        lines.extend(rx.try_iter());
+        lines
+    };
+
+    let text = run("text", None);
+    assert!(
+        text.iter()
+            .any(|l| l.contains("INFO") && l.contains("serving")),
+        "{text:?}"
+    );
+    assert!(
+        text.iter().all(|l| !l.contains('\u{1b}')),
+        "colour codes in a pipe: {text:?}"
+    );
+
+    let json = run("json", None);
+    assert!(!json.is_empty());
+    for line in &json {
+        let value: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        assert!(
+            value.get("level").is_some() && value.get("fields").is_some(),
+            "{line}"
+        );
+    }
+    assert!(json.iter().any(|l| l.contains("serving")), "{json:?}");
+
+    // RUST_LOG wins over --log: errors only, so nothing from a clean start and stop.
+    let quiet = run("text", Some("error"));
+    assert!(quiet.is_empty(), "{quiet:?}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
