@@ -15,6 +15,7 @@ pub mod endpoint;
 mod error;
 mod link;
 pub mod logging;
+pub mod metrics;
 mod refusal;
 pub mod rpc;
 pub mod security;

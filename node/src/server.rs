@@ -221,25 +221,66 @@ fn decode(bytes: &[u8]) -> Result<(NodeMessage, usize), (Vec<u8>, Vec<Bytes>)> {
     }
 }
 
-/// Executes and encodes one decoded request.
+/// Executes and encodes one decoded request, and records it in the node's metrics
+/// (`ops/README.md` lists them).
 fn respond(
     store: &Store,
     coordination: &Coordination,
     message: NodeMessage,
     body: &[u8],
 ) -> (Vec<u8>, Vec<Bytes>) {
+    let started = std::time::Instant::now();
+    let (kind, records, received) = (
+        message.request.kind(),
+        message.request.records(),
+        body.len(),
+    );
+    let (header, reply_body, ok) = respond_unrecorded(store, coordination, message, body);
+    let outcome = if ok { "ok" } else { "error" };
+    metrics::counter!("zr_node_requests_total", "kind" => kind, "outcome" => outcome).increment(1);
+    metrics::histogram!("zr_node_request_duration_seconds", "kind" => kind)
+        .record(started.elapsed());
+    metrics::counter!("zr_node_received_bytes_total").increment(received as u64);
+    let sent = header.len() + reply_body.iter().map(Bytes::len).sum::<usize>();
+    metrics::counter!("zr_node_sent_bytes_total").increment(sent as u64);
+    if ok {
+        match kind {
+            "gather" => {
+                metrics::counter!("zr_node_records_gathered_total").increment(records as u64)
+            }
+            "append" => {
+                metrics::counter!("zr_node_records_appended_total").increment(records as u64)
+            }
+            _ => {}
+        }
+    }
+    metrics::gauge!("zr_node_records").set(store.len() as f64);
+    let reads = store.read_stats();
+    metrics::counter!("zr_node_gathers_total", "read" => "mmap").absolute(reads.mmap_gathers);
+    metrics::counter!("zr_node_gathers_total", "read" => "direct").absolute(reads.direct_gathers);
+    (header, reply_body)
+}
+
+/// [`respond`] without the metrics; also says whether the request succeeded.
+fn respond_unrecorded(
+    store: &Store,
+    coordination: &Coordination,
+    message: NodeMessage,
+    body: &[u8],
+) -> (Vec<u8>, Vec<Bytes>, bool) {
+    let refused = |(header, body): (Vec<u8>, Vec<Bytes>)| (header, body, false);
     if let Some(cluster) = &message.cluster {
         if let Err(mismatch) = coordination.identity.admit(cluster, message.map_version) {
             let refusal = Refusal::Identity(mismatch);
-            return error_reply(refusal.code(), refusal.to_string());
+            return refused(error_reply(refusal.code(), refusal.to_string()));
         }
     }
     match execute(store, coordination, message.request, body) {
         Ok((reply, body)) => match wire::encode_reply(&reply) {
-            Ok(header) => (header, body),
-            Err(e) => error_reply(ErrorCode::Storage, e.to_string()),
+            Ok(header) => (header, body, true),
+            Err(e) => refused(error_reply(ErrorCode::Storage, e.to_string())),
         },
-        Err(refusal) => error_reply(refusal.code(), refusal.to_string()),
+        Err(refusal) => refused(error_reply(refusal.code(), refusal.to_string())),
     }
 }
 

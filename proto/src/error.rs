@@ -29,6 +29,24 @@ pub enum ErrorCode {
     WrongCluster,
 }
 
+impl ErrorCode {
+    /// A short name, for logs and metrics labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::IndexOutOfRange => "index_out_of_range",
+            ErrorCode::UnknownField => "unknown_field",
+            ErrorCode::Storage => "storage",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::Version => "version",
+            ErrorCode::CorruptRecord => "corrupt_record",
+            ErrorCode::StaleMap => "stale_map",
+            ErrorCode::WrongCluster => "wrong_cluster",
+        }
+    }
+}
+
 /// Errors of the protocol crate.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

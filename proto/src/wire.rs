@@ -67,6 +67,21 @@ pub enum ClientRequest {
     Status,
 }
 
+impl ClientRequest {
+    /// The request's kind, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClientRequest::Info => "info",
+            ClientRequest::Gather { .. } => "gather",
+            ClientRequest::Append { .. } => "append",
+            ClientRequest::Modify { .. } => "modify",
+            ClientRequest::Delete { .. } => "delete",
+            ClientRequest::Commit => "commit",
+            ClientRequest::Status => "status",
+        }
+    }
+}
+
 /// What a router asks of a node: the shard's data, and the coordination of writes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeRequest {
@@ -102,6 +117,30 @@ pub enum NodeRequest {
     Fence { token: u64 },
     /// Make every write so far durable.
     Commit,
+}
+
+impl NodeRequest {
+    /// The request's kind, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            NodeRequest::Info => "info",
+            NodeRequest::Gather { .. } => "gather",
+            NodeRequest::Append { .. } => "append",
+            NodeRequest::Modify { .. } => "modify",
+            NodeRequest::Truncate { .. } => "truncate",
+            NodeRequest::Fence { .. } => "fence",
+            NodeRequest::Commit => "commit",
+        }
+    }
+
+    /// Records the request reads or writes (gathers and appends; 0 for the others).
+    pub fn records(&self) -> usize {
+        match self {
+            NodeRequest::Gather { indices, .. } => indices.len(),
+            NodeRequest::Append { lengths, .. } => lengths.first().map_or(0, Vec::len),
+            _ => 0,
+        }
+    }
 }
 
 /// A node request as it crosses the wire: with the cluster it is meant for and the map

@@ -217,6 +217,20 @@ impl Nodes {
         let outcome = self
             .exchange(shard, &NodeRequest::Info, Vec::new(), timeout)
             .await;
+        let label = shard.to_string();
+        if outcome.is_ok() || matches!(outcome, Err(Failure::ShardRefused { .. })) {
+            metrics::histogram!("zr_router_node_heartbeat_seconds", "shard" => label.clone())
+                .record(sent.elapsed());
+        }
+        if let Some(connection) = link.connection.try_lock().ok().and_then(|c| c.clone()) {
+            let path = connection.stats().path;
+            metrics::gauge!("zr_router_node_rtt_seconds", "shard" => label.clone())
+                .set(path.rtt.as_secs_f64());
+            metrics::gauge!("zr_router_node_cwnd_bytes", "shard" => label.clone())
+                .set(path.cwnd as f64);
+            metrics::gauge!("zr_router_node_lost_packets", "shard" => label.clone())
+                .set(path.lost_packets as f64);
+        }
         let mut liveness = link.liveness.lock().unwrap_or_else(|e| e.into_inner());
         let changed = match outcome {
             // Any answer, a refusal too, means the node is up.
@@ -236,6 +250,8 @@ impl Nodes {
             }
             link.health.send_replace(health);
         }
+        let up = !matches!(liveness.health(), Health::Down { .. });
+        metrics::gauge!("zr_router_node_up", "shard" => label).set(if up { 1.0 } else { 0.0 });
         liveness.pause()
     }
 

@@ -497,14 +497,27 @@ impl Router {
 
     /// Decodes, executes and encodes one client request.
     pub async fn handle(self: &Arc<Self>, bytes: &[u8]) -> (Vec<u8>, Body) {
-        let outcome = match wire::decode_request(bytes) {
+        let outcome = match wire::decode_request::<ClientRequest>(bytes) {
             Ok((request, body)) => {
-                self.execute(request, body)
-                    .await
-                    .map_err(|failure| Reply::Error {
+                let kind = request.kind();
+                let started = std::time::Instant::now();
+                metrics::counter!("zr_router_received_bytes_total").increment(bytes.len() as u64);
+                let executed = self.execute(request, body).await;
+                let outcome = if executed.is_ok() { "ok" } else { "error" };
+                metrics::counter!("zr_router_requests_total", "kind" => kind, "outcome" => outcome)
+                    .increment(1);
+                metrics::histogram!("zr_router_request_duration_seconds", "kind" => kind)
+                    .record(started.elapsed());
+                executed.map_err(|failure| {
+                    // Once per failed request, at a level a default run shows.
+                    tracing::warn!("{kind} failed: {failure}");
+                    metrics::counter!("zr_router_errors_total", "code" => failure.code().name())
+                        .increment(1);
+                    Reply::Error {
                         code: failure.code(),
                         message: failure.to_string(),
-                    })
+                    }
+                })
             }
             Err(e) => {
                 tracing::warn!("bad request from a client: {e}");
@@ -551,7 +564,14 @@ impl Router {
                     fields: self.fields.clone(),
                 }))
             }
-            ClientRequest::Gather { indices, fields } => self.gather(&indices, fields).await,
+            ClientRequest::Gather { indices, fields } => {
+                let gathered = self.gather(&indices, fields).await;
+                if gathered.is_ok() {
+                    metrics::counter!("zr_router_records_gathered_total")
+                        .increment(indices.len() as u64);
+                }
+                gathered
+            }
             ClientRequest::Append {
                 fields, lengths, ..
             } => self

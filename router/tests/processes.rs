@@ -655,3 +655,99 @@ fn logs_are_plain_text_or_json_lines() {
     assert!(quiet.is_empty(), "{quiet:?}");
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// `GET /metrics` from `addr`: the Prometheus text.
+fn scrape(addr: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match std::net::TcpStream::connect(addr) {
+            Ok(mut stream) => {
+                stream
+                    .write_all(b"GET /metrics HTTP/1.0\r\nHost: zr\r\n\r\n")
+                    .unwrap();
+                let mut text = String::new();
+                stream.read_to_string(&mut text).unwrap();
+                return text;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no metrics on {addr}: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// `--metrics ADDR` serves Prometheus text: the router's requests by kind and outcome with
+/// latency histograms, records gathered and appended, and each node's health and QUIC path
+/// as the router sees it; the node's requests, bytes and records.
+#[test]
+fn routers_and_nodes_serve_prometheus_metrics() {
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("metrics");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let config_arg = config.to_str().unwrap();
+    let base = free_ports();
+    let at = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let (router_metrics, node_metrics) = (at(base), [at(base + 1), at(base + 2)]);
+    let router_flag = router_metrics.to_string();
+    let mut processes: Vec<Child> = node_metrics
+        .iter()
+        .enumerate()
+        .map(|(shard, metrics)| {
+            let (shard, metrics) = (shard.to_string(), metrics.to_string());
+            spawn(
+                &node,
+                &[
+                    "--shard",
+                    &shard,
+                    "--nodes",
+                    config_arg,
+                    "--metrics",
+                    &metrics,
+                ],
+            )
+        })
+        .collect();
+    processes.push(spawn(
+        &router,
+        &["--nodes", config_arg, "--metrics", &router_flag],
+    ));
+    let client = connect(&addr, &certs);
+    let rows: Vec<Vec<u8>> = (0..100u32).map(|i| vec![i as u8; 10]).collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
+    client.append_many(&records).unwrap();
+    client.gather(&(0..100).collect::<Vec<_>>(), &[]).unwrap();
+    assert!(client.gather(&[500], &[]).is_err());
+    drop(client);
+    // Heartbeats have run (every 250 ms).
+    std::thread::sleep(Duration::from_millis(600));
+
+    let text = scrape(router_metrics);
+    for expected in [
+        "zr_router_requests_total{kind=\"append\",outcome=\"ok\"} 1",
+        "zr_router_requests_total{kind=\"gather\",outcome=\"error\"} 1",
+        "zr_router_errors_total{code=\"index_out_of_range\"} 1",
+        "zr_router_records_gathered_total 100",
+        "zr_router_records_appended_total 100",
+        "zr_router_request_duration_seconds_bucket{kind=\"gather\",le=\"10\"}",
+        "zr_router_node_up{shard=\"1\"} 1",
+        "zr_router_node_rtt_seconds{shard=\"0\"}",
+        "zr_router_node_heartbeat_seconds_count{shard=\"0\"}",
+    ] {
+        assert!(text.contains(expected), "missing {expected}:\n{text}");
+    }
+    // The records went to one shard or both: the two nodes' metrics together.
+    let text = scrape(node_metrics[0]) + &scrape(node_metrics[1]);
+    for expected in [
+        "zr_node_requests_total{kind=\"append\",outcome=\"ok\"}",
+        "zr_node_requests_total{kind=\"info\",outcome=\"ok\"}",
+        "zr_node_records_gathered_total",
+        "zr_node_sent_bytes_total",
+        "zr_node_records ",
+    ] {
+        assert!(text.contains(expected), "missing {expected}:\n{text}");
+    }
+    stop_all(processes);
+    let _ = std::fs::remove_dir_all(&tmp);
+}

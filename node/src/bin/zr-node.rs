@@ -34,6 +34,10 @@ struct Args {
     /// Log level: error, warn, info, debug, trace (RUST_LOG, when set, overrides it).
     #[arg(long, default_value = "info")]
     log: String,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off unless given; ops/README.md
+    /// lists them).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
     /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
     #[arg(long, default_value = "text", value_name = "text|json")]
     log_format: zr_net::logging::LogFormat,
@@ -59,6 +63,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(listen) = args.metrics {
+        let _runtime = runtime.enter();
+        if let Err(e) = zr_net::metrics::serve_metrics(listen) {
+            eprintln!("zr-node: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = runtime.block_on(zr_node::server::run_shard(
         &config,
         &security,

@@ -216,6 +216,7 @@ impl Router {
         }
         attempt?;
         self.len.store(start + count as u64, Ordering::SeqCst);
+        metrics::counter!("zr_router_records_appended_total").increment(count as u64);
         Ok((
             Reply::Appended {
                 start,

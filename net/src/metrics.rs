@@ -1,0 +1,25 @@
+//! The servers' metrics in Prometheus text, served on `--metrics ADDR` at `/metrics`.
+//! Metrics are recorded through the `metrics` facade wherever they arise (nothing is
+//! recorded, at almost no cost, when no exporter is installed); this installs the exporter.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+/// Histogram buckets for durations, in seconds: 100 µs to 10 s.
+const SECONDS_BUCKETS: [f64; 12] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0, 10.0,
+];
+
+/// Serves every metric recorded from now on at `http://listen/metrics`. Call from within
+/// the runtime that should run the listener.
+pub fn serve_metrics(listen: SocketAddr) -> Result<(), String> {
+    PrometheusBuilder::new()
+        .with_http_listener(listen)
+        .set_buckets(&SECONDS_BUCKETS)
+        .map_err(|e| format!("metrics buckets: {e}"))?
+        .upkeep_timeout(Duration::from_secs(5))
+        .install()
+        .map_err(|e| format!("cannot serve metrics on {listen}: {e}"))
+}
