@@ -751,3 +751,142 @@ fn routers_and_nodes_serve_prometheus_metrics() {
     stop_all(processes);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// The test bed of `ops/netns/testbed.sh`, removed when dropped.
+struct TestBed {
+    script: PathBuf,
+    name: String,
+}
+
+impl TestBed {
+    /// `members` namespaces joined by links limited to `rate`; `None` (saying why) where
+    /// this machine cannot make them (not root, no iproute2, no namespaces).
+    fn up(members: u32, rate: &str) -> Option<TestBed> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/netns/testbed.sh");
+        let name = format!("zrt{}", std::process::id());
+        let out = Command::new(&script)
+            .args(["up", &name, &members.to_string(), "--rate", rate])
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            eprintln!(
+                "skipped: no network namespaces here: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return None;
+        }
+        Some(TestBed { script, name })
+    }
+
+    fn addr(&self, member: u32) -> String {
+        format!("10.77.0.{}", 10 + member)
+    }
+
+    /// `binary args` inside member `member`'s namespace.
+    fn command(&self, member: u32, binary: &Path, args: &[&str]) -> Command {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", &format!("{}-{member}", self.name)])
+            .arg(binary)
+            .args(args);
+        command
+    }
+}
+
+impl Drop for TestBed {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.script)
+            .args(["down", &self.name])
+            .status();
+    }
+}
+
+/// A cluster whose router and two nodes each run in a network namespace of their own,
+/// joined by veth links limited to 10 Gbit/s (`ops/netns/testbed.sh`): a load and gathers
+/// through the router cross real links and come back byte-exact; prints the gather figures.
+/// (Delay and loss need the kernel's netem qdisc, which the script checks for.)
+#[test]
+fn a_cluster_across_network_namespaces_serves_byte_exact() {
+    let Some(bed) = TestBed::up(3, "10gbit") else {
+        return;
+    };
+    let (node, router, zr_bin) = (binary("zr-node"), binary("zr-router"), binary("zr"));
+    let tmp = tempfile_dir("netns");
+    let (config, local_addr, certs) = cluster_init(&tmp);
+    // The addresses inside the namespaces: the router in member 0, shard K in member K+1.
+    let base: u16 = local_addr.rsplit(':').next().unwrap().parse().unwrap();
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    for (member, port) in [(0, base), (1, base + 1), (2, base + 2)] {
+        text = text.replace(
+            &format!("127.0.0.1:{port}"),
+            &format!("{}:{port}", bed.addr(member)),
+        );
+    }
+    std::fs::write(&config, text).unwrap();
+    let config_arg = config.to_str().unwrap();
+    let quiet = |mut command: Command| {
+        command.stdout(Stdio::null()).stderr(Stdio::null());
+        command.spawn().unwrap()
+    };
+    let mut processes = vec![
+        quiet(bed.command(1, &node, &["--shard", "0", "--nodes", config_arg])),
+        quiet(bed.command(2, &node, &["--shard", "1", "--nodes", config_arg])),
+    ];
+    std::thread::sleep(Duration::from_millis(500));
+    processes.push(quiet(bed.command(0, &router, &["--nodes", config_arg])));
+    let addr = format!("{}:{base}", bed.addr(0));
+    let certs_arg = certs.to_str().unwrap();
+    let remote = ["--router", addr.as_str(), "--certs", certs_arg];
+    // `zr` beside the router: its calls to the nodes cross the links.
+    let zr_in = |args: &[&str]| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = bed.command(0, &zr_bin, args).output().unwrap();
+            if out.status.success() {
+                return String::from_utf8_lossy(&out.stdout).into_owned();
+            }
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(Instant::now() < deadline, "zr {args:?}: {err}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let (rows, width) = (20_000usize, 256usize);
+    let data: Vec<u8> = (0..rows * width).map(|i| (i * 31 % 251) as u8).collect();
+    let npy = tmp.join("rows.npy");
+    write_npy(&npy, rows, width, &data);
+    let npy_arg = npy.to_str().unwrap();
+    zr_in(
+        &[
+            &["convert", "--npy", npy_arg, "--field", "x", "--append"],
+            &remote[..],
+        ]
+        .concat(),
+    );
+    let out = tmp.join("gathered.bin");
+    let out_arg = out.to_str().unwrap();
+    let picks = [19_999usize, 0, 7_777, 12_345, 64, 65];
+    let indices = picks.map(|i| i.to_string()).join(",");
+    zr_in(
+        &[
+            &["gather", "--indices", &indices, "--out", out_arg],
+            &remote[..],
+        ]
+        .concat(),
+    );
+    let gathered = std::fs::read(&out).unwrap();
+    for (k, &i) in picks.iter().enumerate() {
+        assert_eq!(
+            &gathered[k * width..(k + 1) * width],
+            &data[i * width..(i + 1) * width],
+            "record {i}"
+        );
+    }
+    let status = zr_in(&[&["cluster", "status"], &remote[..]].concat());
+    assert_eq!(status.matches("  up").count(), 2, "{status}");
+    let bench = zr_in(&[&["bench", "--seconds", "2"], &remote[..]].concat());
+    println!("through the router, across namespaces (10 Gbit/s links):\n{bench}");
+    for process in processes.into_iter().rev() {
+        terminate(process);
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
