@@ -443,6 +443,16 @@ mod tests {
         let c =
             ClusterConfig::parse(include_str!("../../ops/nodes.toml"), "ops/nodes.toml").unwrap();
         assert_eq!(c.tls.unwrap().certs, PathBuf::from("certs"));
+        let compose = ClusterConfig::parse(
+            include_str!("../../ops/container/nodes.toml"),
+            "ops/container/nodes.toml",
+        )
+        .unwrap();
+        assert_eq!(compose.cluster.shards, 3);
+        assert!(matches!(
+            compose.metadata_location(),
+            MetadataLocation::Etcd { .. }
+        ));
     }
 
     #[test]
