@@ -226,19 +226,21 @@ fn status(args: StatusArgs) -> CliResult {
     println!("committed    {} records", status.committed_len);
     println!("serving      {} records", status.len);
     println!(
-        "{:<6} {:<22} {:>10} {:>10}  state",
-        "shard", "address", "records", "last seen"
+        "{:<6} {:<22} {:>10} {:>10} {:>9}  state",
+        "shard", "address", "records", "last seen", "rtt"
     );
     let mut healthy = true;
     for node in &status.nodes {
         healthy &= node.state == "up";
         println!(
-            "{:<6} {:<22} {:>10} {:>10}  {}",
+            "{:<6} {:<22} {:>10} {:>10} {:>9}  {}",
             node.shard,
             node.addr,
             node.records.map_or("-".into(), |r| r.to_string()),
             node.last_seen_ms
                 .map_or("never".into(), |ms| format!("{:.1} s", ms as f64 / 1000.0)),
+            node.rtt_us
+                .map_or("-".into(), |us| format!("{:.2} ms", us as f64 / 1000.0)),
             node.state
         );
         println!("{:<6} {}", "", node.lease);

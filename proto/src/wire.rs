@@ -308,6 +308,8 @@ pub struct NodeStatus {
     pub last_seen_ms: Option<u64>,
     /// Its liveness lease in the metadata store, as the router has read it, in words.
     pub lease: String,
+    /// The QUIC path's round-trip time to it, in microseconds, if connected.
+    pub rtt_us: Option<u64>,
 }
 
 fn options() -> impl Options {

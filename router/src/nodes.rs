@@ -123,6 +123,13 @@ impl Nodes {
         seen.map(|at| at.elapsed())
     }
 
+    /// The round-trip time of the connection to shard `shard`'s node, if there is one.
+    pub(crate) fn rtt(&self, shard: u32) -> Option<Duration> {
+        let cached = self.links[shard as usize].connection.try_lock().ok()?;
+        let connection = cached.as_ref().filter(|c| c.close_reason().is_none())?;
+        Some(connection.stats().path.rtt)
+    }
+
     /// Every network wait's bound.
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout

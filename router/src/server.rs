@@ -419,6 +419,7 @@ impl Router {
                     records,
                     last_seen_ms: self.nodes.last_seen(shard).map(|d| d.as_millis() as u64),
                     lease: self.nodes.lease(shard),
+                    rtt_us: self.nodes.rtt(shard).map(|d| d.as_micros() as u64),
                 }
             })
             .collect();

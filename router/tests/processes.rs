@@ -410,6 +410,8 @@ fn a_node_restarted_on_an_empty_directory_costs_no_data() {
     let (healthy, text) = cluster_status(&addr, &certs);
     assert!(healthy, "{text}");
     assert_eq!(text.matches("  up").count(), 2, "{text}");
+    // Each node's QUIC round-trip time, as the metrics give it.
+    assert_eq!(text.matches(" ms  up").count(), 2, "{text}");
     stop_all(processes);
     let _ = std::fs::remove_dir_all(&tmp);
 }
