@@ -142,10 +142,24 @@ async fn write(client: &AsyncClient, r: u64, len: u64) -> (Result<(), zr_router:
 /// started just then (which repairs what a cut-off write left), the cluster holds either
 /// every effect of the write or none — never part of an append, a record twice, or a record
 /// lost — and a write that succeeded is always there. On virtual time, so that a seed
-/// replays the whole run, the moment of each partition included. (Stopped nodes:
-/// `failures.rs`.)
+/// replays the whole run, the moment of each partition included. Runs fixed seeds (the same
+/// in every run) and one fresh seed (printed), and checks that faults failed some writes in
+/// each, so that the test always tests something. (Stopped nodes: `failures.rs`.)
 #[test]
 fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
+    let fresh = SimOptions::default().seed;
+    for seed in [1, 2, 3, fresh] {
+        let (landed, undone) = writes_cut_off_by_faults(seed);
+        assert!(
+            landed + undone > 0,
+            "seed {seed}: no write failed, so no fault cut one off"
+        );
+    }
+}
+
+/// One run of [`a_write_cut_off_by_a_fault_lands_whole_or_not_at_all`] with `seed`; returns
+/// how many failed writes landed whole, and how many were undone whole.
+fn writes_cut_off_by_faults(seed: u64) -> (u32, u32) {
     const TIMEOUT_MS: u64 = 400;
     let mut cluster = SimCluster::start(
         4,
@@ -153,11 +167,11 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
             extent_records: 3,
             timeout_ms: TIMEOUT_MS,
             virtual_time: true,
+            seed,
             ..SimOptions::default()
         },
     )
     .unwrap();
-    let seed = cluster.seed();
     eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run exactly)");
     let client = cluster.async_client().unwrap();
     // A second router: each write goes through one of the two, and the other repairs.
@@ -271,6 +285,7 @@ fn a_write_cut_off_by_a_fault_lands_whole_or_not_at_all() {
         model = held;
     }
     eprintln!("failed writes that landed whole: {landed}, undone whole: {undone}");
+    (landed, undone)
 }
 
 /// Runs `attempt` until it succeeds, for up to 20 tries: the cluster may need a moment after
