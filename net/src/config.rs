@@ -109,6 +109,9 @@ pub struct ShardConfig {
     pub addr: SocketAddr,
     #[serde(default)]
     pub data: Option<PathBuf>,
+    /// Where the node serves Prometheus metrics (`--metrics` overrides it; off if neither).
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
 }
 
 /// `[metadata]`: the consensus store that holds the cluster's id, map and committed length.
@@ -167,6 +170,9 @@ pub struct RouterConfig {
     pub listen: SocketAddr,
     #[serde(default = "default_timeout")]
     pub timeout_ms: u64,
+    /// Where the router serves Prometheus metrics (`--metrics` overrides it; off if neither).
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
 }
 
 fn default_timeout() -> u64 {
@@ -442,6 +448,11 @@ mod tests {
     fn the_ops_example_is_valid() {
         let c =
             ClusterConfig::parse(include_str!("../../ops/nodes.toml"), "ops/nodes.toml").unwrap();
+        assert_eq!(c.router.metrics, Some(([127, 0, 0, 1], 9100).into()));
+        assert_eq!(
+            c.shard(0).and_then(|s| s.metrics),
+            Some(([127, 0, 0, 1], 9101).into())
+        );
         assert_eq!(c.tls.unwrap().certs, PathBuf::from("certs"));
         let compose = ClusterConfig::parse(
             include_str!("../../ops/container/nodes.toml"),

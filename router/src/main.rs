@@ -33,8 +33,8 @@ struct Args {
     /// Log level: error, warn, info, debug, trace (RUST_LOG, when set, overrides it).
     #[arg(long, default_value = "info")]
     log: String,
-    /// Serve Prometheus metrics at http://ADDR/metrics (off unless given; ops/README.md
-    /// lists them).
+    /// Serve Prometheus metrics at http://ADDR/metrics (overrides [router] metrics in
+    /// nodes.toml; off unless one is given; ops/README.md lists them).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
     /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
@@ -63,7 +63,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(listen) = args.metrics {
+    if let Some(listen) = args.metrics.or(config.router.metrics) {
         let _runtime = runtime.enter();
         if let Err(e) = zr_net::metrics::serve_metrics(listen) {
             eprintln!("zr-router: {e}");

@@ -711,10 +711,15 @@ fn routers_and_nodes_serve_prometheus_metrics() {
             )
         })
         .collect();
-    processes.push(spawn(
-        &router,
-        &["--nodes", config_arg, "--metrics", &router_flag],
-    ));
+    // The router's from nodes.toml, the nodes' from --metrics.
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replacen(
+        "\n[router]\n",
+        &format!("\n[router]\nmetrics = \"{router_flag}\"\n"),
+        1,
+    );
+    std::fs::write(&config, text).unwrap();
+    processes.push(spawn(&router, &["--nodes", config_arg]));
     let client = connect(&addr, &certs);
     let rows: Vec<Vec<u8>> = (0..100u32).map(|i| vec![i as u8; 10]).collect();
     let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();

@@ -181,6 +181,7 @@ impl SimCluster {
                     id: id as u32,
                     addr: e.local_addr()?,
                     data: Some(data.path().join(format!("shard-{id}"))),
+                    metrics: None,
                 })
             })
             .collect::<Result<Vec<_>, std::io::Error>>()?;
@@ -202,6 +203,7 @@ impl SimCluster {
             router: RouterConfig {
                 listen: loopback,
                 timeout_ms: options.timeout_ms,
+                metrics: None,
             },
             node: Default::default(),
             metadata: Some(zr_net::config::MetadataConfig {
