@@ -525,6 +525,17 @@ fn field_info(spec: &FieldSpec) -> FieldInfo {
     }
 }
 
+/// Keeps the store's gauges current (every few seconds: they walk the chunk list).
+async fn store_gauges(store: Store) {
+    loop {
+        let (chunks, bytes) = store.chunk_stats();
+        metrics::gauge!("zr_node_chunks").set(chunks as f64);
+        metrics::gauge!("zr_node_chunk_bytes").set(bytes as f64);
+        metrics::gauge!("zr_node_records").set(store.len() as f64);
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    }
+}
+
 /// Binds shard `shard`'s address from `config` and serves its store (the binary's path).
 pub async fn run_shard(
     config: &ClusterConfig,
@@ -557,13 +568,14 @@ pub async fn run_shard(
     let timeout = std::time::Duration::from_millis(config.router.timeout_ms);
     // The node's liveness lease in the metadata store, renewed while it serves; a node that
     // cannot reach the store serves all the same (the lease says so by lapsing).
-    let mut lease = tokio::task::JoinSet::new(); // dropped (so stopped) with the node
+    let mut background = tokio::task::JoinSet::new(); // dropped (so stopped) with the node
     match zr_meta::open(&config.metadata_location(), timeout).await {
         Ok(meta) => {
-            lease.spawn(zr_meta::nodes::keep_alive(meta, shard, addr.to_string()));
+            background.spawn(zr_meta::nodes::keep_alive(meta, shard, addr.to_string()));
         }
         Err(e) => tracing::warn!("shard {shard}: no liveness lease: {e}"),
     }
+    background.spawn(store_gauges(store.clone()));
     serve(endpoint, store, timeout, shutdown).await?;
     tracing::info!("shard {shard} stopped");
     Ok(())

@@ -401,6 +401,19 @@ impl Store {
             })
     }
 
+    /// Chunk files the readers see, and the bytes they span (what the chunks hold on disk,
+    /// growth included).
+    pub fn chunk_stats(&self) -> (u64, u64) {
+        let view = self.inner.read_view();
+        view.maps
+            .chunks
+            .iter()
+            .flatten()
+            .fold((0, 0), |(chunks, bytes), chunk| {
+                (chunks + 1, bytes + chunk.len())
+            })
+    }
+
     /// How this store's gathers have read their records so far.
     pub fn read_stats(&self) -> ReadStats {
         let counters = &self.inner.read_counters;

@@ -752,6 +752,8 @@ fn routers_and_nodes_serve_prometheus_metrics() {
         "zr_node_records_gathered_total",
         "zr_node_sent_bytes_total",
         "zr_node_records ",
+        "zr_node_chunks ",
+        "zr_node_chunk_bytes ",
     ] {
         assert!(text.contains(expected), "missing {expected}:\n{text}");
     }
