@@ -66,14 +66,7 @@ pub fn new_cluster_id() -> String {
 
 /// The cluster record and its revision, or `None` if the store holds none.
 pub async fn load(store: &dyn MetaStore) -> Result<Option<(ClusterRecord, Revision)>, Error> {
-    let Some((text, revision)) = store.get(CLUSTER_KEY).await? else {
-        return Ok(None);
-    };
-    let record = serde_json::from_str(&text).map_err(|e| Error::Corrupt {
-        store: store.describe(),
-        reason: format!("the cluster record cannot be read: {e}"),
-    })?;
-    Ok(Some((record, revision)))
+    crate::load_json(store, CLUSTER_KEY, "the cluster record").await
 }
 
 /// Writes `record` if the record is still at `expected` (`None`: if there is none yet).
@@ -82,11 +75,7 @@ pub async fn store(
     expected: Option<Revision>,
     record: &ClusterRecord,
 ) -> Result<Revision, Error> {
-    let text = serde_json::to_string(record).map_err(|e| Error::Corrupt {
-        store: store.describe(),
-        reason: format!("cannot encode the cluster record: {e}"),
-    })?;
-    store.put_if(CLUSTER_KEY, expected, &text).await
+    crate::store_json(store, CLUSTER_KEY, expected, record, "the cluster record").await
 }
 
 #[cfg(test)]

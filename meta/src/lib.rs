@@ -79,6 +79,39 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     ) -> Call<'a, Revision>;
 }
 
+/// The value under `key`, kept as JSON, and its revision; `None` if the key has none. `what`
+/// names the value in errors ("the cluster record").
+pub(crate) async fn load_json<T: serde::de::DeserializeOwned>(
+    store: &dyn MetaStore,
+    key: &str,
+    what: &str,
+) -> Result<Option<(T, Revision)>, Error> {
+    let Some((text, revision)) = store.get(key).await? else {
+        return Ok(None);
+    };
+    let value = serde_json::from_str(&text).map_err(|e| Error::Corrupt {
+        store: store.describe(),
+        reason: format!("{what} cannot be read: {e}"),
+    })?;
+    Ok(Some((value, revision)))
+}
+
+/// Writes `value` as JSON under `key` if the key's revision is still `expected` (`None`: if
+/// it has none yet); `what` names the value in errors.
+pub(crate) async fn store_json<T: serde::Serialize>(
+    store: &dyn MetaStore,
+    key: &str,
+    expected: Option<Revision>,
+    value: &T,
+    what: &str,
+) -> Result<Revision, Error> {
+    let text = serde_json::to_string(value).map_err(|e| Error::Corrupt {
+        store: store.describe(),
+        reason: format!("cannot encode {what}: {e}"),
+    })?;
+    store.put_if(key, expected, &text).await
+}
+
 /// Where a cluster's metadata store is (nodes.toml's `[metadata]`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {

@@ -37,14 +37,8 @@ pub async fn load(
     store: &dyn MetaStore,
     shard: u32,
 ) -> Result<Option<(NodeLease, Revision)>, Error> {
-    let Some((text, revision)) = store.get(&key(shard)).await? else {
-        return Ok(None);
-    };
-    let lease = serde_json::from_str(&text).map_err(|e| Error::Corrupt {
-        store: store.describe(),
-        reason: format!("the lease of shard {shard}'s node cannot be read: {e}"),
-    })?;
-    Ok(Some((lease, revision)))
+    let what = format!("the lease of shard {shard}'s node");
+    crate::load_json(store, &key(shard), &what).await
 }
 
 /// Renews shard `shard`'s lease for the node serving on `addr` every [`RENEW_EVERY`], until
@@ -60,11 +54,7 @@ pub async fn keep_alive(store: Arc<dyn MetaStore>, shard: u32, addr: String) {
     loop {
         let renewed = async {
             let expected = store.get(&key(shard)).await?.map(|(_, revision)| revision);
-            let text = serde_json::to_string(&lease).map_err(|e| Error::Corrupt {
-                store: store.describe(),
-                reason: e.to_string(),
-            })?;
-            store.put_if(&key(shard), expected, &text).await
+            crate::store_json(&*store, &key(shard), expected, &lease, "the node lease").await
         };
         match renewed.await {
             Ok(_) => {

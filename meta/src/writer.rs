@@ -62,14 +62,7 @@ pub struct WriterRecord {
 
 /// The writer record and its revision, or `None` if the store holds none yet.
 pub async fn load(store: &dyn MetaStore) -> Result<Option<(WriterRecord, Revision)>, Error> {
-    let Some((text, revision)) = store.get(WRITER_KEY).await? else {
-        return Ok(None);
-    };
-    let record = serde_json::from_str(&text).map_err(|e| Error::Corrupt {
-        store: store.describe(),
-        reason: format!("the writer record cannot be read: {e}"),
-    })?;
-    Ok(Some((record, revision)))
+    crate::load_json(store, WRITER_KEY, "the writer record").await
 }
 
 /// Writes `record` if the writer record is still at `expected` (`None`: if there is none).
@@ -78,11 +71,7 @@ pub async fn store(
     expected: Option<Revision>,
     record: &WriterRecord,
 ) -> Result<Revision, Error> {
-    let text = serde_json::to_string(record).map_err(|e| Error::Corrupt {
-        store: store.describe(),
-        reason: format!("cannot encode the writer record: {e}"),
-    })?;
-    store.put_if(WRITER_KEY, expected, &text).await
+    crate::store_json(store, WRITER_KEY, expected, record, "the writer record").await
 }
 
 /// The lease as its holder has it.
