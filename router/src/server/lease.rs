@@ -47,16 +47,18 @@ impl Router {
     /// an earlier holder left pending, to settle before writing (`None` when the lease was
     /// held already: this router's own writes are done).
     pub(super) async fn acquire_lease(&self) -> Result<Option<PendingWrite>, Failure> {
-        let (held, fresh) = {
+        let (held, keep) = {
             let state = self.lease_state();
-            (state.held(), !state.needs_renewal(now()))
+            let now = now();
+            let keep = state.usable(now, self.timeout).is_some() && !state.needs_renewal(now);
+            (state.held(), keep)
         };
+        if keep {
+            return Ok(None);
+        }
         if let Some(held) = held {
-            if fresh && self.usable_lease().is_some() {
-                return Ok(None);
-            }
             // Renew it; if another router took it meanwhile (this one's lapsed), take it anew.
-            match self.write_record(held.revision, held.pending).await {
+            match self.write_record(Some(held.revision), held.pending).await {
                 Ok(()) => return Ok(None),
                 Err(zr_meta::Error::Conflict { .. }) => {}
                 Err(e) => return Err(metadata(e)),
@@ -72,12 +74,8 @@ impl Router {
                 .observe(read.as_ref().map(|(r, revision)| (r, *revision)), asked);
             match step {
                 Step::Take { expected, pending } => {
-                    let record = self.lease_state().record(pending);
-                    match writer::store(&*self.meta, expected, &record).await {
-                        Ok(revision) => {
-                            self.lease_state().taken(revision, asked, pending);
-                            return Ok(pending);
-                        }
+                    match self.write_record(expected, pending).await {
+                        Ok(()) => return Ok(pending),
                         // Another router took it first: read again.
                         Err(zr_meta::Error::Conflict { .. }) => {}
                         Err(e) => return Err(metadata(e)),
@@ -101,16 +99,17 @@ impl Router {
     }
 
     /// Writes the writer record with this router as holder and `pending`, by compare-and-swap
-    /// on `expected` (the revision it last wrote), renewing the lease; a conflict means the
-    /// lease passed to another router, and this one holds none.
+    /// on `expected` (the revision read or last written; `None`: there is no record yet),
+    /// taking or renewing the lease; a conflict means another router wrote it first, and
+    /// this one holds no lease.
     async fn write_record(
         &self,
-        expected: zr_meta::Revision,
+        expected: Option<zr_meta::Revision>,
         pending: Option<PendingWrite>,
     ) -> Result<(), zr_meta::Error> {
         let asked = now();
         let record = self.lease_state().record(pending);
-        match writer::store(&*self.meta, Some(expected), &record).await {
+        match writer::store(&*self.meta, expected, &record).await {
             Ok(revision) => {
                 self.lease_state().taken(revision, asked, pending);
                 Ok(())
@@ -132,7 +131,7 @@ impl Router {
                 "the write lease ran out before the write could be recorded".into(),
             ));
         };
-        self.write_record(held.revision, write)
+        self.write_record(Some(held.revision), write)
             .await
             .map_err(|e| match e {
                 zr_meta::Error::Conflict { .. } => Failure::Metadata(format!(
