@@ -81,10 +81,14 @@ pub struct ClusterInitArgs {
     /// Number of shards.
     #[arg(long)]
     shards: u32,
+    /// Nodes holding each shard (the same records on each): 1 keeps one copy; production
+    /// wants 2 or more, so that a node's failure or a lost disk loses nothing.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=zr_net::config::REPLICAS_MAX as i64))]
+    replicas: u32,
     /// Directory for nodes.toml, certs/ and data/.
     #[arg(long)]
     dir: PathBuf,
-    /// The router's port; shards take the next ones.
+    /// The router's port; nodes take the next ones (shard K replica J: + 1 + K·replicas + J).
     #[arg(long, default_value_t = 7000)]
     base_port: u16,
     /// A field of the dataset, as NAME or NAME:flate (repeat for several; default data).
@@ -135,10 +139,11 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
     if args.shards == 0 {
         return Err("--shards must be at least 1".into());
     }
-    if args.base_port as u32 + args.shards > u16::MAX as u32 {
+    if args.base_port as u32 + args.shards * args.replicas > u16::MAX as u32 {
         return Err(format!(
-            "--base-port {} leaves no room for {} shard ports",
-            args.base_port, args.shards
+            "--base-port {} leaves no room for {} node ports",
+            args.base_port,
+            args.shards * args.replicas
         )
         .into());
     }
@@ -168,7 +173,14 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
         .into());
     }
     let certs = dir.join("certs");
-    let text = cluster_toml(args.shards, args.base_port, &dir, &certs, &fields);
+    let text = cluster_toml(
+        args.shards,
+        args.replicas,
+        args.base_port,
+        &dir,
+        &certs,
+        &fields,
+    );
     // Check the file before writing anything (bad field names, compressions).
     zr_net::config::ClusterConfig::parse(&text, &config_path.display().to_string())?;
     tls::init_certs(&certs, args.days)?;
@@ -183,7 +195,13 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
     );
     println!("start the cluster:");
     for shard in 0..args.shards {
-        println!("  zr-node --shard {shard} --nodes {nodes} &");
+        for replica in 0..args.replicas {
+            if args.replicas == 1 {
+                println!("  zr-node --shard {shard} --nodes {nodes} &");
+            } else {
+                println!("  zr-node --shard {shard} --replica {replica} --nodes {nodes} &");
+            }
+        }
     }
     println!("  zr-router --nodes {nodes} &");
     println!(

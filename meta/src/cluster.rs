@@ -30,6 +30,13 @@ pub struct MapRecord {
     pub shards: u32,
     pub extent_records: u64,
     pub seed: u64,
+    /// Nodes holding each shard (a map recorded before replicas existed has one).
+    #[serde(default = "one")]
+    pub replicas: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl MapRecord {
@@ -40,6 +47,7 @@ impl MapRecord {
             ("shards", self.shards as u64, other.shards as u64),
             ("extent_records", self.extent_records, other.extent_records),
             ("seed", self.seed, other.seed),
+            ("replicas", self.replicas as u64, other.replicas as u64),
         ]
         .into_iter()
         .find(|(_, a, b)| a != b)
@@ -91,6 +99,7 @@ mod tests {
             shards: 3,
             extent_records: 64,
             seed: 0,
+            replicas: 1,
         };
         assert_eq!(map.difference(&MapRecord { version: 2, ..map }), None);
         assert_eq!(

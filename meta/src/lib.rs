@@ -14,6 +14,7 @@ pub mod cluster;
 mod embedded;
 mod etcd;
 pub mod nodes;
+pub mod replicas;
 pub mod testing;
 pub mod writer;
 

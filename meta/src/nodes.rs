@@ -1,4 +1,5 @@
-//! Node liveness leases: each node renews a record of its own (`node/K`) every
+//! Node liveness leases: each node renews a record of its own (`node/K`, or `node/K/J` for a
+//! shard's replica J > 0) every
 //! [`RENEW_EVERY`]; one left unchanged for [`LEASE`] — by the observer's clock, as for the
 //! writer lease — belongs to a node that is gone or cut off from the store. Routers read it
 //! beside their own heartbeats (`zr cluster status` shows both), and take a lapsed lease as
@@ -16,9 +17,13 @@ pub const RENEW_EVERY: Duration = Duration::from_secs(1);
 /// A lease not renewed for this long has lapsed.
 pub const LEASE: Duration = Duration::from_secs(3);
 
-/// The key of shard `shard`'s node lease.
-pub fn key(shard: u32) -> String {
-    format!("node/{shard}")
+/// The key of the lease of shard `shard`'s replica `replica`.
+pub fn key(shard: u32, replica: u32) -> String {
+    if replica == 0 {
+        format!("node/{shard}")
+    } else {
+        format!("node/{shard}/{replica}")
+    }
 }
 
 /// A node's liveness lease.
@@ -32,19 +37,22 @@ pub struct NodeLease {
     pub renewals: u64,
 }
 
-/// Shard `shard`'s node lease and its revision, if one was ever written.
+/// The lease of shard `shard`'s replica `replica` and its revision, if one was ever written.
 pub async fn load(
     store: &dyn MetaStore,
     shard: u32,
+    replica: u32,
 ) -> Result<Option<(NodeLease, Revision)>, Error> {
-    let what = format!("the lease of shard {shard}'s node");
-    crate::load_json(store, &key(shard), &what).await
+    let what = format!("the lease of shard {shard} replica {replica}'s node");
+    crate::load_json(store, &key(shard, replica), &what).await
 }
 
-/// Renews shard `shard`'s lease for the node serving on `addr` every [`RENEW_EVERY`], until
+/// Renews the lease of shard `shard`'s replica `replica` for the node serving on `addr` every
+/// [`RENEW_EVERY`], until
 /// the future is dropped. A renewal that fails is logged (once per run of failures) and
 /// tried again; the lease lapses meanwhile, which is what it is for.
-pub async fn keep_alive(store: Arc<dyn MetaStore>, shard: u32, addr: String) {
+pub async fn keep_alive(store: Arc<dyn MetaStore>, shard: u32, replica: u32, addr: String) {
+    let key = key(shard, replica);
     let mut lease = NodeLease {
         addr,
         pid: std::process::id(),
@@ -53,8 +61,8 @@ pub async fn keep_alive(store: Arc<dyn MetaStore>, shard: u32, addr: String) {
     let mut failing = false;
     loop {
         let renewed = async {
-            let expected = store.get(&key(shard)).await?.map(|(_, revision)| revision);
-            crate::store_json(&*store, &key(shard), expected, &lease, "the node lease").await
+            let expected = store.get(&key).await?.map(|(_, revision)| revision);
+            crate::store_json(&*store, &key, expected, &lease, "the node lease").await
         };
         match renewed.await {
             Ok(_) => {

@@ -6,6 +6,7 @@
 //! shards = 2
 //! extent_records = 64        # optional: consecutive records per extent
 //! seed = 0                   # optional: placement seed
+//! replicas = 1               # optional: nodes holding each shard (production wants 2+)
 //!
 //! [[field]]
 //! name = "image"
@@ -14,7 +15,8 @@
 //! [[shard]]
 //! id = 0
 //! addr = "127.0.0.1:7100"
-//! data = "zr-data/shard-0"   # optional, default ./zr-data/shard-<id>
+//! data = "zr-data/shard-0"   # optional, default ./zr-data/shard-<id>[-r<replica>]
+//! replica = 0                # optional: which of the shard's replicas (0..replicas)
 //!
 //! [router]
 //! listen = "127.0.0.1:7000"
@@ -82,7 +84,17 @@ pub struct ClusterSection {
     pub extent_records: u64,
     #[serde(default)]
     pub seed: u64,
+    /// Nodes holding each shard, each the same records at the same local indices.
+    #[serde(default = "default_replicas")]
+    pub replicas: u32,
 }
+
+fn default_replicas() -> u32 {
+    1
+}
+
+/// Most replicas of a shard.
+pub const REPLICAS_MAX: u32 = 8;
 
 fn default_extent() -> u64 {
     EXTENT_RECORDS_DEFAULT
@@ -106,6 +118,9 @@ fn default_compress() -> String {
 #[serde(deny_unknown_fields)]
 pub struct ShardConfig {
     pub id: u32,
+    /// Which of the shard's replicas this node is (`0..replicas`).
+    #[serde(default)]
+    pub replica: u32,
     pub addr: SocketAddr,
     #[serde(default)]
     pub data: Option<PathBuf>,
@@ -204,24 +219,53 @@ impl ClusterConfig {
                 "cluster.shards is {n}; it must be 1..={SHARDS_MAX}"
             )));
         }
-        if config.shards.len() != n as usize {
+        let r = config.cluster.replicas;
+        if r == 0 || r > REPLICAS_MAX {
             return Err(bad(format!(
-                "cluster.shards is {n} but {} [[shard]] entries are given",
-                config.shards.len()
+                "cluster.replicas is {r}; it must be 1..={REPLICAS_MAX}"
             )));
+        }
+        if config.shards.len() != (n * r) as usize {
+            return Err(bad(if r == 1 {
+                format!(
+                    "cluster.shards is {n} but {} [[shard]] entries are given",
+                    config.shards.len()
+                )
+            } else {
+                format!(
+                    "cluster.shards is {n} and cluster.replicas {r}, so {} [[shard]] entries are needed (one per shard and replica), but {} are given",
+                    n * r,
+                    config.shards.len()
+                )
+            }));
         }
         let mut addrs = HashSet::new();
         for id in 0..n {
-            let entries: Vec<_> = config.shards.iter().filter(|s| s.id == id).collect();
-            match entries.len() {
-                0 => return Err(bad(format!("shard {id} is missing (ids must be 0..{n})"))),
-                1 => {}
-                _ => return Err(bad(format!("shard {id} is given {} times", entries.len()))),
+            for replica in 0..r {
+                let entries = config
+                    .shards
+                    .iter()
+                    .filter(|s| s.id == id && s.replica == replica)
+                    .count();
+                let name = if r == 1 {
+                    format!("shard {id}")
+                } else {
+                    format!("shard {id} replica {replica}")
+                };
+                match entries {
+                    0 => {
+                        return Err(bad(format!(
+                            "{name} is missing (ids must be 0..{n}, replicas 0..{r})"
+                        )))
+                    }
+                    1 => {}
+                    _ => return Err(bad(format!("{name} is given {entries} times"))),
+                }
             }
         }
         for shard in &config.shards {
             if !addrs.insert(shard.addr) {
-                return Err(bad(format!("address {} is used by two shards", shard.addr)));
+                return Err(bad(format!("address {} is used by two nodes", shard.addr)));
             }
         }
         if addrs.contains(&config.router.listen) {
@@ -318,25 +362,39 @@ impl ClusterConfig {
         }
     }
 
-    /// Shard `id`'s entry.
+    /// Shard `id`'s entry (its replica 0).
     pub fn shard(&self, id: u32) -> Option<&ShardConfig> {
-        self.shards.iter().find(|s| s.id == id)
+        self.node(id, 0)
     }
 
-    /// Shard `id`'s data directory.
+    /// The entry of shard `id`'s replica `replica`.
+    pub fn node(&self, id: u32, replica: u32) -> Option<&ShardConfig> {
+        self.shards
+            .iter()
+            .find(|s| s.id == id && s.replica == replica)
+    }
+
+    /// Shard `id`'s data directory (its replica 0).
     pub fn data_dir(&self, id: u32) -> PathBuf {
-        self.shard(id)
+        self.node_data_dir(id, 0)
+    }
+
+    /// The data directory of shard `id`'s replica `replica`.
+    pub fn node_data_dir(&self, id: u32, replica: u32) -> PathBuf {
+        self.node(id, replica)
             .and_then(|s| s.data.clone())
-            .unwrap_or_else(|| PathBuf::from(format!("zr-data/shard-{id}")))
+            .unwrap_or_else(|| PathBuf::from(default_data_dir(id, replica)))
     }
 }
 
-/// The nodes.toml `zr cluster-init` writes: `shards` shards on 127.0.0.1, the router on
-/// `base_port` and shard K on `base_port + 1 + K`, data in `dir/data/shard-K`, certificates in
-/// `certs`, and `fields` as (name, "raw" | "flate"). Paths are written as given (make them
-/// absolute so the file works from any directory).
+/// The nodes.toml `zr cluster-init` writes: `shards` shards of `replicas` nodes each on
+/// 127.0.0.1, the router on `base_port` and node N (shard K, replica J: N = K·replicas + J) on
+/// `base_port + 1 + N`, data in `dir/data/shard-K` (replica 0) or `dir/data/shard-K-rJ`,
+/// certificates in `certs`, and `fields` as (name, "raw" | "flate"). Paths are written as
+/// given (make them absolute so the file works from any directory).
 pub fn cluster_toml(
     shards: u32,
+    replicas: u32,
     base_port: u16,
     dir: &Path,
     certs: &Path,
@@ -347,7 +405,7 @@ pub fn cluster_toml(
          # machine. For real hosts, change the addresses and copy each process its files:\n\
          # ca.pem plus node.pem/node.key to nodes, router.pem/router.key to routers,\n\
          # client.pem/client.key to clients. Keep ca.key off the cluster.\n\n\
-         [cluster]\nshards = {shards}\nextent_records = {EXTENT_RECORDS_DEFAULT}\nseed = 0\n\n"
+         [cluster]\nshards = {shards}\nreplicas = {replicas}\nextent_records = {EXTENT_RECORDS_DEFAULT}\nseed = 0\n\n"
     );
     for (name, compress) in fields {
         text.push_str(&format!(
@@ -357,12 +415,14 @@ pub fn cluster_toml(
         ));
     }
     for id in 0..shards {
-        let data = dir.join("data").join(format!("shard-{id}"));
-        text.push_str(&format!(
-            "[[shard]]\nid = {id}\naddr = \"127.0.0.1:{}\"\ndata = {}\n\n",
-            base_port as u32 + 1 + id,
-            toml_string(&data.display().to_string())
-        ));
+        for replica in 0..replicas {
+            let data = dir.join(default_data_dir(id, replica).replacen("zr-data", "data", 1));
+            text.push_str(&format!(
+                "[[shard]]\nid = {id}\nreplica = {replica}\naddr = \"127.0.0.1:{}\"\ndata = {}\n\n",
+                base_port as u32 + 1 + id * replicas + replica,
+                toml_string(&data.display().to_string())
+            ));
+        }
     }
     text.push_str(&format!(
         "[router]\nlisten = \"127.0.0.1:{base_port}\"\ntimeout_ms = {TIMEOUT_MS_DEFAULT}\n\n\
@@ -374,6 +434,16 @@ pub fn cluster_toml(
         toml_string(&certs.display().to_string())
     ));
     text
+}
+
+/// Where a node keeps its data unless nodes.toml says: `zr-data/shard-K` (replica 0), or
+/// `zr-data/shard-K-rJ`.
+fn default_data_dir(id: u32, replica: u32) -> String {
+    if replica == 0 {
+        format!("zr-data/shard-{id}")
+    } else {
+        format!("zr-data/shard-{id}-r{replica}")
+    }
 }
 
 fn toml_string(s: &str) -> String {
@@ -414,6 +484,7 @@ mod tests {
         let fields = vec![("image".to_string(), "raw".to_string())];
         let text = cluster_toml(
             3,
+            1,
             7300,
             Path::new("/srv/zr"),
             Path::new("/srv/zr/certs"),
@@ -428,6 +499,23 @@ mod tests {
             c.tls.as_ref().unwrap().certs,
             PathBuf::from("/srv/zr/certs")
         );
+        // Replicas: one entry per shard and replica, each with its own port and directory.
+        let replicated = cluster_toml(
+            2,
+            2,
+            7300,
+            Path::new("/srv/zr"),
+            Path::new("/srv/zr/certs"),
+            &fields,
+        );
+        let c = ClusterConfig::parse(&replicated, "nodes.toml").unwrap();
+        assert_eq!((c.cluster.shards, c.cluster.replicas), (2, 2));
+        assert_eq!(c.node(1, 1).unwrap().addr.port(), 7304);
+        assert_eq!(
+            c.node_data_dir(1, 1),
+            PathBuf::from("/srv/zr/data/shard-1-r1")
+        );
+        assert_eq!(c.node_data_dir(1, 0), PathBuf::from("/srv/zr/data/shard-1"));
         // No [tls]: refused unless insecure on purpose.
         let bare = ClusterConfig::parse(GOOD, "nodes.toml").unwrap();
         let err = bare
@@ -474,7 +562,15 @@ mod tests {
                 "3 but 2 [[shard]]",
             ),
             (GOOD.replace("id = 1", "id = 0"), "shard 0 is given 2 times"),
-            (GOOD.replace("7101", "7100"), "used by two shards"),
+            (GOOD.replace("7101", "7100"), "used by two nodes"),
+            (
+                GOOD.replace("shards = 2", "shards = 2\nreplicas = 2"),
+                "4 [[shard]] entries are needed",
+            ),
+            (
+                GOOD.replace("shards = 2", "shards = 2\nreplicas = 0"),
+                "cluster.replicas is 0",
+            ),
             (
                 GOOD.replace("[[field]]\n        name = \"x\"", ""),
                 "no [[field]]",

@@ -32,6 +32,9 @@ pub struct Coordination {
     pub fence: Fence,
     /// Which cluster and map this node's data belongs to.
     pub identity: crate::identity::Identity,
+    /// Drawn when the node opened its store: a restarted node has another (see
+    /// `Reply::Info`).
+    pub incarnation: u64,
 }
 
 impl Coordination {
@@ -48,6 +51,10 @@ impl Coordination {
         Ok(Coordination {
             fence: Fence::open(dir)?,
             identity: crate::identity::Identity::open(dir)?,
+            incarnation: std::hash::BuildHasher::hash_one(
+                &std::collections::hash_map::RandomState::new(),
+                (std::process::id(), std::time::SystemTime::now()),
+            ),
         })
     }
 }

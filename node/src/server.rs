@@ -380,6 +380,7 @@ fn execute(
             Reply::Info {
                 len: store.len(),
                 fields,
+                incarnation: coordination.incarnation,
             },
             Vec::new(),
         ))
@@ -478,7 +479,67 @@ fn execute(
             store.commit().map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }
+        NodeRequest::Digest { start, count } => {
+            let (crcs, corrupt) = digest(store, start, count).map_err(fail)?;
+            Ok((
+                Reply::Digest {
+                    start,
+                    crcs,
+                    corrupt,
+                },
+                Vec::new(),
+            ))
+        }
     }
+}
+
+/// Records read per gather of a digest.
+const DIGEST_BATCH: u64 = 4096;
+
+/// Per record of `start..start + count` (clamped to the store's length): a CRC32 of each
+/// field's length and contents, each read checked against its CRC; and the records that
+/// failed the check (their digest is 0).
+fn digest(store: &Store, start: u64, count: u64) -> crate::Result<(Vec<u32>, Vec<u64>)> {
+    let end = start.saturating_add(count).min(store.len());
+    let mut crcs = Vec::with_capacity(end.saturating_sub(start) as usize);
+    let mut corrupt = Vec::new();
+    let checked = GatherOptions {
+        verify: true,
+        ..GatherOptions::default()
+    };
+    let record_crc = |batch: &Batch, k: usize| {
+        let mut hasher = crc32fast::Hasher::new();
+        for field in batch.fields() {
+            let payload = field.get(k).unwrap_or_default();
+            hasher.update(&(payload.len() as u32).to_le_bytes());
+            hasher.update(payload);
+        }
+        hasher.finalize()
+    };
+    let mut from = start;
+    while from < end {
+        let to = (from + DIGEST_BATCH).min(end);
+        let indices: Vec<u64> = (from..to).collect();
+        match store.gather_with(&indices, &[], checked) {
+            Ok(batch) => crcs.extend((0..indices.len()).map(|k| record_crc(&batch, k))),
+            Err(Error::BadRecord { .. } | Error::Corrupt { .. }) => {
+                // Which ones: record by record.
+                for &index in &indices {
+                    match store.gather_with(&[index], &[], checked) {
+                        Ok(batch) => crcs.push(record_crc(&batch, 0)),
+                        Err(Error::BadRecord { .. } | Error::Corrupt { .. }) => {
+                            crcs.push(0);
+                            corrupt.push(index);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        from = to;
+    }
+    Ok((crcs, corrupt))
 }
 
 /// One gathered payload as a `Bytes` that keeps its batch (and so its mapping) alive.
@@ -537,23 +598,25 @@ async fn store_gauges(store: Store) {
     }
 }
 
-/// Binds shard `shard`'s address from `config` and serves its store (the binary's path).
+/// Binds the address of shard `shard`'s replica `replica` from `config` and serves its store
+/// (the binary's path).
 pub async fn run_shard(
     config: &ClusterConfig,
     security: &net::Security,
     shard: u32,
+    replica: u32,
     data: Option<&Path>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let entry = config.shard(shard).ok_or_else(|| {
+    let entry = config.node(shard, replica).ok_or_else(|| {
         format!(
-            "shard {shard} is not in the configuration (shards 0..{})",
-            config.cluster.shards
+            "shard {shard} replica {replica} is not in the configuration (shards 0..{}, replicas 0..{})",
+            config.cluster.shards, config.cluster.replicas
         )
     })?;
     let dir = data
         .map(Path::to_path_buf)
-        .unwrap_or_else(|| config.data_dir(shard));
+        .unwrap_or_else(|| config.node_data_dir(shard, replica));
     let store = {
         let config = config.clone();
         let dir = dir.clone();
@@ -572,7 +635,12 @@ pub async fn run_shard(
     let mut background = tokio::task::JoinSet::new(); // dropped (so stopped) with the node
     match zr_meta::open(&config.metadata_location(), timeout).await {
         Ok(meta) => {
-            background.spawn(zr_meta::nodes::keep_alive(meta, shard, addr.to_string()));
+            background.spawn(zr_meta::nodes::keep_alive(
+                meta,
+                shard,
+                replica,
+                addr.to_string(),
+            ));
         }
         Err(e) => tracing::warn!("shard {shard}: no liveness lease: {e}"),
     }

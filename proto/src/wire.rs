@@ -18,7 +18,10 @@ use crate::error::Error;
 pub use crate::error::ErrorCode;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 9;
+pub const WIRE_VERSION: u16 = 10;
+
+/// Most records one `Digest` request covers.
+pub const DIGEST_RECORDS_MAX: u64 = 1 << 20;
 const MAGIC: [u8; 4] = *b"ZRW1";
 const PREFIX_BYTES: usize = 12;
 /// Longest header accepted.
@@ -117,6 +120,10 @@ pub enum NodeRequest {
     Fence { token: u64 },
     /// Make every write so far durable.
     Commit,
+    /// A digest of records `start..start + count` (clamped to the node's length), each read
+    /// and checked against its CRC: how replicas find the records in which they differ.
+    /// Reply: `Digest`.
+    Digest { start: u64, count: u64 },
 }
 
 impl NodeRequest {
@@ -130,6 +137,7 @@ impl NodeRequest {
             NodeRequest::Truncate { .. } => "truncate",
             NodeRequest::Fence { .. } => "fence",
             NodeRequest::Commit => "commit",
+            NodeRequest::Digest { .. } => "digest",
         }
     }
 
@@ -230,7 +238,13 @@ impl Request for NodeMessage {
             NodeRequest::Modify {
                 fields, lengths, ..
             } => check_modify(fields, lengths, body),
+            NodeRequest::Digest { count, .. } if *count > DIGEST_RECORDS_MAX => {
+                Err(Error::Malformed(format!(
+                    "a digest of {count} records (at most {DIGEST_RECORDS_MAX} at once)"
+                )))
+            }
             NodeRequest::Info
+            | NodeRequest::Digest { .. }
             | NodeRequest::Truncate { .. }
             | NodeRequest::Commit
             | NodeRequest::Fence { .. } => expect_empty(body),
@@ -254,6 +268,16 @@ pub enum Reply {
     Info {
         len: u64,
         fields: Vec<FieldInfo>,
+        /// A node's: a number drawn when its process started, so that a restart (which loses
+        /// writes not yet made durable) is told from a node that stayed up. 0 from a router.
+        incarnation: u64,
+    },
+    /// A node's digest of records `start..`: per record, a CRC32 of its fields' lengths and
+    /// contents (0 for a record that failed its check); `corrupt` lists those, by index.
+    Digest {
+        start: u64,
+        crcs: Vec<u32>,
+        corrupt: Vec<u64>,
     },
     /// Body: per field, the payloads back to back; `lengths[f][k]` is record k's length.
     Gather {
@@ -299,6 +323,11 @@ pub struct ClusterStatus {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeStatus {
     pub shard: u32,
+    pub replica: u32,
+    /// False while it is behind: it missed writes and serves nothing until it caught up.
+    pub in_sync: bool,
+    /// Its catch-up from an in-sync partner, while one runs, in words (progress, rate, ETA).
+    pub rebuild: Option<String>,
     pub addr: String,
     /// `up`, `down: why`, or `refused: why`.
     pub state: String,

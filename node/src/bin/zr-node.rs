@@ -6,10 +6,10 @@ use std::process::ExitCode;
 use clap::Parser;
 use zr_net::config::ClusterConfig;
 
-/// Serve shard K of the cluster described by nodes.toml over QUIC.
+/// Serve shard K (one of its replicas) of the cluster described by nodes.toml over QUIC.
 ///
 /// The shard's store lives in --data, else in the directory nodes.toml gives for it, else in
-/// ./zr-data/shard-K; it is created with the configured fields if it does not exist. SIGINT or
+/// ./zr-data/shard-K (./zr-data/shard-K-rJ for replica J > 0); it is created with the configured fields if it does not exist. SIGINT or
 /// SIGTERM stops accepting, finishes requests in flight, commits and exits 0.
 ///
 /// Connections are mutual TLS from the cluster CA named in nodes.toml's [tls] section (made
@@ -21,6 +21,9 @@ struct Args {
     /// The shard to serve.
     #[arg(long)]
     shard: u32,
+    /// Which of the shard's replicas to serve (0..replicas of nodes.toml).
+    #[arg(long, default_value_t = 0)]
+    replica: u32,
     /// The cluster configuration.
     #[arg(long, default_value = "nodes.toml")]
     nodes: PathBuf,
@@ -63,7 +66,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let configured = config.shard(args.shard).and_then(|s| s.metrics);
+    let configured = config
+        .node(args.shard, args.replica)
+        .and_then(|s| s.metrics);
     if let Some(listen) = args.metrics.or(configured) {
         let _runtime = runtime.enter();
         if let Err(e) = zr_net::metrics::serve_metrics(listen) {
@@ -75,6 +80,7 @@ fn main() -> ExitCode {
         &config,
         &security,
         args.shard,
+        args.replica,
         args.data.as_deref(),
         zr_net::shutdown_signal(),
     ));

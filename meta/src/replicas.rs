@@ -1,0 +1,161 @@
+//! Which replicas are behind: kept under [`REPLICAS_KEY`], changed only by compare-and-swap.
+//!
+//! Every replica of a shard holds the same records at the same local indices, except those
+//! marked behind here: a replica that missed a write (it failed, was cut off, or restarted and
+//! lost writes it had not made durable), or came back empty. A behind replica serves no reads
+//! and takes no writes until it has caught up from an in-sync partner; a write is
+//! acknowledged once every in-sync replica of each shard it touches holds it. No shard is
+//! ever left without an in-sync replica: marking its last one behind is refused, and the
+//! write that would have needed it fails instead.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, MetaStore, Revision};
+
+/// The key of the replica record.
+pub const REPLICAS_KEY: &str = "replicas";
+
+/// A shard's replica: (shard, replica).
+pub type ReplicaId = (u32, u32);
+
+/// The replica record: the replicas that are behind. No record: none is.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaRecord {
+    pub behind: BTreeSet<ReplicaId>,
+}
+
+/// Marking a replica behind would leave its shard with none in sync.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("shard {shard}'s replica {replica} is its last one in sync, so it cannot be marked behind")]
+pub struct LastInSync {
+    pub shard: u32,
+    pub replica: u32,
+}
+
+impl ReplicaRecord {
+    /// True if `id` is in sync.
+    pub fn in_sync(&self, id: ReplicaId) -> bool {
+        !self.behind.contains(&id)
+    }
+
+    /// `self` with `id` marked behind, in a cluster of `replicas` replicas per shard;
+    /// refused if it is its shard's last replica in sync.
+    pub fn with_behind(&self, id: ReplicaId, replicas: u32) -> Result<ReplicaRecord, LastInSync> {
+        let (shard, replica) = id;
+        let others_in_sync = (0..replicas)
+            .filter(|&r| r != replica)
+            .any(|r| self.in_sync((shard, r)));
+        if !others_in_sync && self.in_sync(id) {
+            return Err(LastInSync { shard, replica });
+        }
+        let mut next = self.clone();
+        next.behind.insert(id);
+        Ok(next)
+    }
+}
+
+/// The replica record and its revision (`None`: there is none yet, so every replica is in
+/// sync).
+pub async fn load(store: &dyn MetaStore) -> Result<(ReplicaRecord, Option<Revision>), Error> {
+    Ok(
+        match crate::load_json(store, REPLICAS_KEY, "the replica record").await? {
+            Some((record, revision)) => (record, Some(revision)),
+            None => (ReplicaRecord::default(), None),
+        },
+    )
+}
+
+/// Why a replica could not be marked.
+#[derive(Debug, thiserror::Error)]
+pub enum MarkError {
+    #[error(transparent)]
+    LastInSync(#[from] LastInSync),
+    #[error(transparent)]
+    Store(#[from] Error),
+}
+
+/// Marks `id` behind (compare-and-swap, retried on a conflict); returns the record written.
+pub async fn mark_behind(
+    store: &dyn MetaStore,
+    id: ReplicaId,
+    replicas: u32,
+) -> Result<ReplicaRecord, MarkError> {
+    update(store, |record| Ok::<_, MarkError>(record.with_behind(id, replicas)?)).await
+}
+
+/// Marks `id` in sync again (compare-and-swap, retried on a conflict).
+pub async fn mark_in_sync(store: &dyn MetaStore, id: ReplicaId) -> Result<ReplicaRecord, Error> {
+    update(store, |record| {
+        let mut next = record.clone();
+        next.behind.remove(&id);
+        Ok::<_, Error>(next)
+    })
+    .await
+}
+
+/// Applies `change` to the record by compare-and-swap, read afresh after each conflict.
+async fn update<E: From<Error>>(
+    store: &dyn MetaStore,
+    change: impl Fn(&ReplicaRecord) -> Result<ReplicaRecord, E>,
+) -> Result<ReplicaRecord, E> {
+    loop {
+        let (record, revision) = load(store).await?;
+        let next = change(&record)?;
+        if next == record {
+            return Ok(record);
+        }
+        match crate::store_json(store, REPLICAS_KEY, revision, &next, "the replica record").await
+        {
+            Ok(_) => return Ok(next),
+            Err(Error::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_keeps_one_replica_in_sync() {
+        let none = ReplicaRecord::default();
+        let one = none.with_behind((0, 1), 2).unwrap();
+        assert!(!one.in_sync((0, 1)) && one.in_sync((0, 0)));
+        assert_eq!(
+            one.with_behind((0, 0), 2),
+            Err(LastInSync {
+                shard: 0,
+                replica: 0
+            })
+        );
+        // Another shard's replicas are their own; marking a behind one again changes nothing.
+        assert!(one.with_behind((1, 0), 2).is_ok());
+        assert_eq!(one.with_behind((0, 1), 2).unwrap(), one);
+        // One replica per shard: it is always the last.
+        assert!(none.with_behind((3, 0), 1).is_err());
+    }
+
+    #[test]
+    fn marks_survive_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::EmbeddedStore::open(dir.path().to_path_buf()).unwrap();
+        let run = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        run.block_on(async {
+            mark_behind(&store, (2, 1), 2).await.unwrap();
+            assert!(matches!(
+                mark_behind(&store, (2, 0), 2).await,
+                Err(MarkError::LastInSync(_))
+            ));
+            let (record, _) = load(&store).await.unwrap();
+            assert!(!record.in_sync((2, 1)));
+            mark_in_sync(&store, (2, 1)).await.unwrap();
+            assert!(load(&store).await.unwrap().0.behind.is_empty());
+        });
+    }
+}
