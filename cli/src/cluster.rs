@@ -244,15 +244,21 @@ fn status(args: StatusArgs) -> CliResult {
     println!("committed    {} records", status.committed_len);
     println!("serving      {} records", status.len);
     println!(
-        "{:<6} {:<22} {:>10} {:>10} {:>9}  state",
+        "{:<8} {:<22} {:>10} {:>10} {:>9}  state",
         "shard", "address", "records", "last seen", "rtt"
     );
+    let replicated = status.nodes.iter().any(|n| n.replica > 0);
     let mut healthy = true;
     for node in &status.nodes {
-        healthy &= node.state == "up";
+        healthy &= node.state == "up" && node.in_sync;
+        let name = if replicated {
+            format!("{}/{}", node.shard, node.replica)
+        } else {
+            node.shard.to_string()
+        };
         println!(
-            "{:<6} {:<22} {:>10} {:>10} {:>9}  {}",
-            node.shard,
+            "{:<8} {:<22} {:>10} {:>10} {:>9}  {}",
+            name,
             node.addr,
             node.records.map_or("-".into(), |r| r.to_string()),
             node.last_seen_ms
@@ -261,12 +267,15 @@ fn status(args: StatusArgs) -> CliResult {
                 .map_or("-".into(), |us| format!("{:.2} ms", us as f64 / 1000.0)),
             node.state
         );
-        println!("{:<6} {}", "", node.lease);
+        println!("{:<8} {}", "", node.lease);
+        if let Some(rebuild) = &node.rebuild {
+            println!("{:<8} {rebuild}", "");
+        }
     }
     if healthy {
         Ok(())
     } else {
-        Err("not every node is up (see above)".into())
+        Err("not every node is up and in sync (see above)".into())
     }
 }
 

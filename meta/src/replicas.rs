@@ -82,7 +82,10 @@ pub async fn mark_behind(
     id: ReplicaId,
     replicas: u32,
 ) -> Result<ReplicaRecord, MarkError> {
-    update(store, |record| Ok::<_, MarkError>(record.with_behind(id, replicas)?)).await
+    update(store, |record| {
+        Ok::<_, MarkError>(record.with_behind(id, replicas)?)
+    })
+    .await
 }
 
 /// Marks `id` in sync again (compare-and-swap, retried on a conflict).
@@ -106,8 +109,7 @@ async fn update<E: From<Error>>(
         if next == record {
             return Ok(record);
         }
-        match crate::store_json(store, REPLICAS_KEY, revision, &next, "the replica record").await
-        {
+        match crate::store_json(store, REPLICAS_KEY, revision, &next, "the replica record").await {
             Ok(_) => return Ok(next),
             Err(Error::Conflict { .. }) => continue,
             Err(e) => return Err(e.into()),

@@ -47,6 +47,9 @@ pub enum PendingWrite {
     /// `len - 1` records. Each step can be redone: while the cluster still holds `len`
     /// records it is finished in full.
     Delete { index: u64, len: u64 },
+    /// Record `index` replaced on every in-sync replica of its shard: if it stopped halfway
+    /// they may differ, so one's copy is written to all.
+    Modify { index: u64 },
 }
 
 /// The writer record.

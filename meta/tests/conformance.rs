@@ -100,6 +100,7 @@ async fn conformance(first: Arc<dyn MetaStore>, reopen: impl Fn() -> Arc<dyn Met
             shards: 3,
             extent_records: 64,
             seed: 7,
+            replicas: 2,
         },
         committed_len: 0,
     };

@@ -123,7 +123,7 @@ impl AsyncClient {
     /// Length and fields.
     pub async fn info(&self) -> Result<(u64, Vec<FieldInfo>), Error> {
         match self.call(&ClientRequest::Info, Vec::new()).await?.0 {
-            Reply::Info { len, fields } => Ok((len, fields)),
+            Reply::Info { len, fields, .. } => Ok((len, fields)),
             other => Err(unexpected("info", &other)),
         }
     }

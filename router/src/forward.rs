@@ -22,7 +22,7 @@ use zr_proto::assemble::push_frame;
 use zr_proto::wire::{self, NodeRequest, Reply};
 
 use crate::error::Failure;
-use crate::nodes::Nodes;
+use crate::nodes::{NodeId, Nodes};
 use crate::plan::Part;
 
 /// Most pieces handed to the client's stream in one write.
@@ -85,11 +85,9 @@ pub(crate) async fn forward_parts(
             }) => (chunks, message_len),
             Some(Piece::Failed(failure)) => return fail(&frames, failure).await,
             Some(Piece::Chunk(_) | Piece::End) | None => {
-                let failure = Failure::ShardUnavailable {
-                    shard,
-                    addr: nodes.addr(shard),
-                    reason: "its reader stopped before the reply".into(),
-                };
+                let failure = Failure::Metadata(format!(
+                    "shard {shard}: its reader stopped before the reply"
+                ));
                 return fail(&frames, failure).await;
             }
         };
@@ -156,9 +154,13 @@ async fn fail(frames: &mpsc::Sender<Option<Vec<Bytes>>>, failure: Failure) {
     }
 }
 
-/// Sends `request` to shard `shard` and passes its reply on to `pieces` as it arrives, the
-/// whole exchange within the router's timeout (failed at once while the node is down). The reply must be a gather of `records`
-/// records, exactly as long as its head announces.
+/// Sends `request` to one of shard `shard`'s in-sync replicas and passes its reply on to
+/// `pieces` as it arrives, each exchange within the router's timeout. The reply must be a
+/// gather of `records` records, exactly as long as its head announces. If the replica fails
+/// — before its reply or midway — the next replica is asked the same: replicas hold the same
+/// records, so their replies are the same bytes, and the part goes on from where the failed
+/// one stopped (checked: the new reply must announce the same lengths). Fails only when
+/// every replica did; a replica known down is tried last.
 async fn read_part(
     nodes: Arc<Nodes>,
     shard: u32,
@@ -166,16 +168,6 @@ async fn read_part(
     records: usize,
     pieces: mpsc::UnboundedSender<Piece>,
 ) {
-    let addr = nodes.addr(shard);
-    let unavailable = |reason: String| Failure::ShardUnavailable {
-        shard,
-        addr,
-        reason,
-    };
-    if let Some(down) = nodes.down(shard).await {
-        let _ = pieces.send(Piece::Failed(down));
-        return;
-    }
     let header = match nodes.encode(&request) {
         Ok(header) => header,
         Err(e) => {
@@ -183,14 +175,78 @@ async fn read_part(
             return;
         }
     };
+    let order = nodes.read_order(shard);
+    let mut progress = Progress::default();
+    let mut failure = None;
+    for (k, &node) in order.iter().enumerate() {
+        let last = k + 1 == order.len();
+        if !last && nodes.is_down(node) {
+            failure = Some(nodes.unavailable(node, "down".into()));
+            continue;
+        }
+        if let Some(down) = nodes.down(node).await {
+            failure = Some(down);
+            continue;
+        }
+        match attempt(
+            &nodes,
+            node,
+            header.clone(),
+            records,
+            &pieces,
+            &mut progress,
+        )
+        .await
+        {
+            Ok(()) => {
+                let _ = pieces.send(Piece::End);
+                return;
+            }
+            Err(failed) => {
+                if !last {
+                    metrics::counter!("zr_router_gather_retries_total").increment(1);
+                    tracing::info!(
+                        "{failed}; asking another replica of shard {shard} (after {} bytes)",
+                        progress.sent
+                    );
+                }
+                failure = Some(failed);
+            }
+        }
+    }
+    let failure = failure.unwrap_or_else(|| {
+        Failure::Metadata(format!("shard {shard} has no replica in sync to read from"))
+    });
+    let _ = pieces.send(Piece::Failed(failure));
+}
+
+/// How far a part's reply has been passed on, across the replicas asked.
+#[derive(Default)]
+struct Progress {
+    /// Bytes of the reply's message passed on.
+    sent: u64,
+    /// What the first reply's head announced: its lengths and its message's length.
+    head: Option<(Vec<Vec<u32>>, u64)>,
+}
+
+/// One replica's exchange of [`read_part`], within the router's timeout.
+async fn attempt(
+    nodes: &Nodes,
+    node: NodeId,
+    header: Vec<u8>,
+    records: usize,
+    pieces: &mpsc::UnboundedSender<Piece>,
+    progress: &mut Progress,
+) -> Result<(), Failure> {
+    let shard = nodes.shard(node);
     let mut used = None;
     let exchange = async {
         let connection = nodes
-            .link(shard, nodes.timeout())
+            .link(node, nodes.timeout())
             .await
             .map_err(|e| Received::Net(e.to_string()))?;
         used = Some(connection.clone());
-        receive(&connection, header, shard, records, &pieces).await
+        receive(&connection, header, shard, records, pieces, progress).await
     };
     let received = tokio::time::timeout(nodes.timeout(), exchange)
         .await
@@ -198,20 +254,19 @@ async fn read_part(
             let waited = nodes.timeout().as_millis();
             Err(Received::Net(format!("no reply within {waited} ms")))
         });
-    let outcome = match received {
-        Ok(()) => Piece::End,
+    match received {
+        Ok(()) => Ok(()),
         // The node answered with an error of its own: the connection is fine.
-        Err(Received::Refused(failure)) => Piece::Failed(failure),
+        Err(Received::Refused(failure)) => Err(failure),
         Err(Received::Net(e) | Received::Protocol(e)) => {
             // A node that broke the protocol, went silent or was replaced is connected to
             // afresh on the next request.
             if let Some(connection) = &used {
-                nodes.forget(shard, connection).await;
+                nodes.forget(node, connection).await;
             }
-            Piece::Failed(unavailable(e))
+            Err(nodes.unavailable(node, e))
         }
-    };
-    let _ = pieces.send(outcome);
+    }
 }
 
 /// Why a shard's reply did not come through.
@@ -224,13 +279,15 @@ enum Received {
     Refused(Failure),
 }
 
-/// The exchange of [`read_part`], without its deadline.
+/// The exchange of [`attempt`], without its deadline: passes on the reply's bytes past the
+/// `progress.sent` already passed on (from a replica asked before).
 async fn receive(
     connection: &quinn::Connection,
     header: Vec<u8>,
     shard: u32,
     records: usize,
     pieces: &mpsc::UnboundedSender<Piece>,
+    progress: &mut Progress,
 ) -> Result<(), Received> {
     let net = |e: zr_net::Error| Received::Net(e.to_string());
     let mut recv = net::send_request(connection, header, Vec::new())
@@ -253,8 +310,8 @@ async fn receive(
             Err(e) => return Err(Received::Protocol(e.to_string())),
         }
     };
-    match reply {
-        Reply::Gather { lengths } if lengths.iter().all(|l| l.len() == records) => {}
+    let lengths = match reply {
+        Reply::Gather { lengths } if lengths.iter().all(|l| l.len() == records) => lengths,
         Reply::Error { code, message } => {
             return Err(Received::Refused(Failure::ShardRefused {
                 shard,
@@ -267,7 +324,7 @@ async fn receive(
                 "answered a gather of {records} records with {other:?}"
             )))
         }
-    }
+    };
     let too_long = || {
         Received::Protocol(format!(
             "the reply runs past the {message_len} bytes its head announces"
@@ -282,16 +339,38 @@ async fn receive(
     if received > message_len {
         return Err(too_long());
     }
-    let _ = pieces.send(Piece::Head {
-        chunks,
-        message_len,
-    });
+    // Bytes of this reply already passed on from an earlier replica's, to be skipped.
+    let mut skip = match &progress.head {
+        None => {
+            progress.sent = received;
+            progress.head = Some((lengths, message_len));
+            let _ = pieces.send(Piece::Head {
+                chunks,
+                message_len,
+            });
+            0
+        }
+        Some((first, first_len)) => {
+            if *first != lengths || *first_len != message_len {
+                return Err(Received::Protocol(
+                    "its reply differs from another replica's for the same records".into(),
+                ));
+            }
+            let mut skip = progress.sent;
+            for chunk in chunks {
+                if !pass_on(chunk, &mut skip, pieces, progress) {
+                    return Ok(());
+                }
+            }
+            skip
+        }
+    };
     while let Some(chunk) = net::read_chunk(connection, &mut recv).await.map_err(net)? {
         received += chunk.len() as u64;
         if received > message_len {
             return Err(too_long());
         }
-        if pieces.send(Piece::Chunk(chunk)).is_err() {
+        if !pass_on(chunk, &mut skip, pieces, progress) {
             // The gather was abandoned: nobody reads on.
             return Ok(());
         }
@@ -302,4 +381,23 @@ async fn receive(
         )));
     }
     Ok(())
+}
+
+/// Passes `chunk` on, less the first `skip` bytes (already passed on from another replica);
+/// false if nobody reads on.
+fn pass_on(
+    chunk: Bytes,
+    skip: &mut u64,
+    pieces: &mpsc::UnboundedSender<Piece>,
+    progress: &mut Progress,
+) -> bool {
+    let len = chunk.len() as u64;
+    if *skip >= len {
+        *skip -= len;
+        return true;
+    }
+    let rest = chunk.slice(*skip as usize..);
+    *skip = 0;
+    progress.sent += rest.len() as u64;
+    pieces.send(Piece::Chunk(rest)).is_ok()
 }

@@ -1,8 +1,14 @@
-//! The router's links to its nodes: one endpoint and connection per shard, reconnected on
-//! demand, a heartbeat per node (see `liveness.rs`), and one request to a shard within the
-//! router's timeout — or failed at once while its node is down.
+//! The router's links to its nodes: one endpoint and connection per node (each shard has
+//! `replicas` of them), reconnected on demand, a heartbeat per node (see `liveness.rs`), and
+//! one request to a node within the router's timeout — or failed at once while it is down.
+//!
+//! Which replicas are in sync is kept here too, as last read from or written to the metadata
+//! store (`zr_meta::replicas`): reads and writes go to in-sync replicas only. A heartbeat that
+//! finds a node restarted (another incarnation) after this router wrote to it since its last
+//! commit marks it behind: it may have lost those writes.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -14,12 +20,20 @@ use zr_net::Security;
 use zr_proto::chunks::Chunks;
 use zr_proto::wire::{self, NodeRequest, Reply};
 
+use arc_swap::ArcSwap;
+use zr_meta::replicas::{self, ReplicaRecord};
+
 use crate::error::{Error, Failure};
 use crate::liveness::{self, Health, Liveness};
+
+/// A node: its place among the router's links, `shard * replicas + replica`.
+pub(crate) type NodeId = usize;
 
 /// One node, reconnected on demand, through an endpoint (a UDP socket) of its own: replies
 /// from several nodes are then received in parallel, not by one socket's driver in turn.
 struct NodeLink {
+    shard: u32,
+    replica: u32,
     addr: SocketAddr,
     endpoint: Endpoint,
     connection: Mutex<Option<Connection>>,
@@ -29,6 +43,15 @@ struct NodeLink {
     /// it to come back.
     liveness: std::sync::Mutex<Liveness>,
     health: tokio::sync::watch::Sender<Health>,
+    /// The incarnation its last answer to a heartbeat gave.
+    incarnation: std::sync::Mutex<Option<u64>>,
+    /// This router wrote to it since its last commit: a restart may have lost writes.
+    written: AtomicBool,
+    /// The length its last answer to a heartbeat gave.
+    len: std::sync::Mutex<Option<u64>>,
+    /// Connected anew, and no heartbeat has checked its incarnation since: it may have
+    /// restarted and lost writes, so it is read from only when no partner can be.
+    unchecked: AtomicBool,
 }
 
 /// A node's reply, decoded, with the message as it arrived (chunks of received packets,
@@ -48,9 +71,15 @@ impl NodeReply {
     }
 }
 
-/// Every shard's node, in shard order.
+/// Every shard's nodes, in (shard, replica) order.
 pub(crate) struct Nodes {
     links: Vec<NodeLink>,
+    shards: u32,
+    replicas: u32,
+    /// Which replicas are behind, as last read from or written to the metadata store.
+    replica_record: ArcSwap<ReplicaRecord>,
+    /// Turns reads among a shard's replicas.
+    turn: AtomicU64,
     security: Security,
     timeout: Duration,
     /// The cluster id and map version every request carries, once the router knows them.
@@ -66,23 +95,33 @@ impl Nodes {
         security: Security,
         meta: Arc<dyn zr_meta::MetaStore>,
     ) -> Result<Nodes, Error> {
-        let mut shards: Vec<_> = config.shards.iter().collect();
-        shards.sort_by_key(|s| s.id);
-        let links = shards
+        let mut entries: Vec<_> = config.shards.iter().collect();
+        entries.sort_by_key(|s| (s.id, s.replica));
+        let links = entries
             .into_iter()
             .map(|s| {
                 Ok(NodeLink {
+                    shard: s.id,
+                    replica: s.replica,
                     addr: s.addr,
                     endpoint: zr_net::client_endpoint(s.addr)?,
                     connection: Mutex::new(None),
                     last_seen: std::sync::Mutex::new(None),
                     liveness: std::sync::Mutex::new(Liveness::default()),
                     health: tokio::sync::watch::Sender::new(Health::Unknown),
+                    incarnation: std::sync::Mutex::new(None),
+                    written: AtomicBool::new(false),
+                    len: std::sync::Mutex::new(None),
+                    unchecked: AtomicBool::new(true),
                 })
             })
             .collect::<Result<_, Error>>()?;
         Ok(Nodes {
             links,
+            shards: config.cluster.shards,
+            replicas: config.cluster.replicas,
+            replica_record: ArcSwap::from_pointee(ReplicaRecord::default()),
+            turn: AtomicU64::new(0),
             security,
             timeout: Duration::from_millis(config.router.timeout_ms),
             tag: std::sync::OnceLock::new(),
@@ -106,28 +145,165 @@ impl Nodes {
 
     /// How many shards there are.
     pub(crate) fn shards(&self) -> u32 {
-        self.links.len() as u32
+        self.shards
     }
 
-    /// Shard `shard`'s address, for errors.
-    pub(crate) fn addr(&self, shard: u32) -> SocketAddr {
-        self.links[shard as usize].addr
+    /// How many nodes hold each shard.
+    pub(crate) fn replicas(&self) -> u32 {
+        self.replicas
     }
 
-    /// How long ago shard `shard`'s node last answered, if it ever did.
-    pub(crate) fn last_seen(&self, shard: u32) -> Option<Duration> {
-        let seen = *self.links[shard as usize]
+    /// Every node.
+    pub(crate) fn all(&self) -> std::ops::Range<NodeId> {
+        0..self.links.len()
+    }
+
+    /// Shard `shard`'s replica `replica`.
+    pub(crate) fn id(&self, shard: u32, replica: u32) -> NodeId {
+        (shard * self.replicas + replica) as NodeId
+    }
+
+    /// Shard `shard`'s nodes.
+    pub(crate) fn of_shard(&self, shard: u32) -> std::ops::Range<NodeId> {
+        self.id(shard, 0)..self.id(shard + 1, 0)
+    }
+
+    /// The shard node `node` holds.
+    pub(crate) fn shard(&self, node: NodeId) -> u32 {
+        self.links[node].shard
+    }
+
+    /// Which of its shard's replicas node `node` is.
+    pub(crate) fn replica(&self, node: NodeId) -> u32 {
+        self.links[node].replica
+    }
+
+    /// Node `node`'s address, for errors.
+    pub(crate) fn addr(&self, node: NodeId) -> SocketAddr {
+        self.links[node].addr
+    }
+
+    /// Node `node` could not be reached, or failed: `reason`.
+    pub(crate) fn unavailable(&self, node: NodeId, reason: String) -> Failure {
+        Failure::ShardUnavailable {
+            shard: self.shard(node),
+            addr: self.addr(node),
+            reason,
+        }
+    }
+
+    /// How long ago node `node` last answered, if it ever did.
+    pub(crate) fn last_seen(&self, node: NodeId) -> Option<Duration> {
+        let seen = *self.links[node]
             .last_seen
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         seen.map(|at| at.elapsed())
     }
 
-    /// The round-trip time of the connection to shard `shard`'s node, if there is one.
-    pub(crate) fn rtt(&self, shard: u32) -> Option<Duration> {
-        let cached = self.links[shard as usize].connection.try_lock().ok()?;
+    /// The round-trip time of the connection to node `node`, if there is one.
+    pub(crate) fn rtt(&self, node: NodeId) -> Option<Duration> {
+        let cached = self.links[node].connection.try_lock().ok()?;
         let connection = cached.as_ref().filter(|c| c.close_reason().is_none())?;
         Some(connection.stats().path.rtt)
+    }
+
+    /// True unless node `node` is marked behind.
+    pub(crate) fn in_sync(&self, node: NodeId) -> bool {
+        self.replica_record
+            .load()
+            .in_sync((self.shard(node), self.replica(node)))
+    }
+
+    /// Shard `shard`'s in-sync nodes.
+    pub(crate) fn in_sync_of(&self, shard: u32) -> Vec<NodeId> {
+        self.of_shard(shard).filter(|&n| self.in_sync(n)).collect()
+    }
+
+    /// The nodes to read shard `shard` from, best first: its in-sync replicas, each read
+    /// taking the next in turn (so every replica serves), those known down last, and before
+    /// them those connected anew whose incarnation no heartbeat has checked yet.
+    pub(crate) fn read_order(&self, shard: u32) -> Vec<NodeId> {
+        let mut order = self.in_sync_of(shard);
+        if order.len() > 1 {
+            let turn = self.turn.fetch_add(1, Ordering::Relaxed) as usize % order.len();
+            order.rotate_left(turn);
+            order.sort_by_key(|&n| {
+                (
+                    self.is_down(n),
+                    self.links[n].unchecked.load(Ordering::Relaxed),
+                )
+            });
+        }
+        order
+    }
+
+    /// True if node `node`'s heartbeats have found it down.
+    pub(crate) fn is_down(&self, node: NodeId) -> bool {
+        matches!(*self.links[node].health.borrow(), Health::Down { .. })
+    }
+
+    /// Re-reads which replicas are behind from the metadata store.
+    pub(crate) async fn refresh_replicas(&self) -> Result<(), Failure> {
+        let (record, _) = replicas::load(&*self.meta)
+            .await
+            .map_err(|e| Failure::Metadata(e.to_string()))?;
+        self.replica_record.store(Arc::new(record));
+        Ok(())
+    }
+
+    /// Marks node `node` behind in the metadata store (it missed a write, or may have):
+    /// it serves nothing until it has caught up. Refused for its shard's last in-sync node.
+    pub(crate) async fn mark_behind(&self, node: NodeId, why: &str) -> Result<(), Failure> {
+        if !self.in_sync(node) {
+            return Ok(());
+        }
+        let (shard, replica) = (self.shard(node), self.replica(node));
+        match replicas::mark_behind(&*self.meta, (shard, replica), self.replicas).await {
+            Ok(record) => {
+                tracing::warn!(
+                    "shard {shard} replica {replica} at {} is behind ({why}): it serves nothing until it has caught up",
+                    self.addr(node)
+                );
+                self.replica_record.store(Arc::new(record));
+                Ok(())
+            }
+            Err(e) => Err(Failure::Metadata(format!(
+                "shard {shard} replica {replica} missed a write ({why}) but cannot be marked behind: {e}"
+            ))),
+        }
+    }
+
+    /// Marks node `node` in sync again: it holds what its partners hold.
+    pub(crate) async fn mark_in_sync(&self, node: NodeId) -> Result<(), Failure> {
+        let (shard, replica) = (self.shard(node), self.replica(node));
+        let record = replicas::mark_in_sync(&*self.meta, (shard, replica))
+            .await
+            .map_err(|e| Failure::Metadata(e.to_string()))?;
+        tracing::info!(
+            "shard {shard} replica {replica} at {} has caught up: in sync again",
+            self.addr(node)
+        );
+        self.replica_record.store(Arc::new(record));
+        Ok(())
+    }
+
+    /// The length node `node` gave in its last answer to a heartbeat.
+    pub(crate) fn heard_len(&self, node: NodeId) -> Option<u64> {
+        *self.links[node]
+            .len
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This router wrote to node `node` (and it is not durable there until a commit).
+    pub(crate) fn note_written(&self, node: NodeId) {
+        self.links[node].written.store(true, Ordering::SeqCst);
+    }
+
+    /// Node `node` made every write so far durable.
+    pub(crate) fn note_committed(&self, node: NodeId) {
+        self.links[node].written.store(false, Ordering::SeqCst);
     }
 
     /// Every network wait's bound.
@@ -135,25 +311,26 @@ impl Nodes {
         self.timeout
     }
 
-    /// The open connection to shard `shard`'s node, connected first (within `timeout`) if
-    /// there is none.
-    pub(crate) async fn link(&self, shard: u32, timeout: Duration) -> Result<Connection, Error> {
-        let node = &self.links[shard as usize];
+    /// The open connection to node `node`, connected first (within `timeout`) if there is
+    /// none.
+    pub(crate) async fn link(&self, node: NodeId, timeout: Duration) -> Result<Connection, Error> {
+        let node = &self.links[node];
         let mut cached = node.connection.lock().await;
         match cached.as_ref().filter(|c| c.close_reason().is_none()) {
             Some(c) => Ok(c.clone()),
             None => {
                 let c = zr_net::connect(&node.endpoint, &self.security, node.addr, timeout).await?;
+                node.unchecked.store(true, Ordering::SeqCst);
                 *cached = Some(c.clone());
                 Ok(c)
             }
         }
     }
 
-    /// Forgets `connection` to shard `shard` after an exchange on it failed: the next call
+    /// Forgets `connection` to node `node` after an exchange on it failed: the next call
     /// reconnects.
-    pub(crate) async fn forget(&self, shard: u32, connection: &Connection) {
-        let mut cached = self.links[shard as usize].connection.lock().await;
+    pub(crate) async fn forget(&self, node: NodeId, connection: &Connection) {
+        let mut cached = self.links[node].connection.lock().await;
         if cached
             .as_ref()
             .is_some_and(|c| c.stable_id() == connection.stable_id())
@@ -164,16 +341,22 @@ impl Nodes {
 
     /// Starts a heartbeat task per node; each ends when the `Nodes` are dropped.
     pub(crate) fn watch(self: &Arc<Self>) {
-        for shard in 0..self.shards() {
+        for node in self.all() {
             let nodes: Weak<Nodes> = Arc::downgrade(self);
             tokio::spawn(async move {
                 for beat in 0u32.. {
                     let Some(pause) = (match nodes.upgrade() {
                         Some(nodes) => {
                             if beat % liveness::LEASE_READ_EVERY == 0 {
-                                nodes.read_lease(shard).await;
+                                nodes.read_lease(node).await;
+                                if node == 0 && nodes.replicas > 1 {
+                                    // Marks other routers made.
+                                    if let Err(e) = nodes.refresh_replicas().await {
+                                        tracing::debug!("replica record: {e}");
+                                    }
+                                }
                             }
-                            Some(nodes.heartbeat(shard).await)
+                            Some(nodes.heartbeat(node).await)
                         }
                         None => None,
                     }) else {
@@ -185,11 +368,12 @@ impl Nodes {
         }
     }
 
-    /// Reads shard `shard`'s node liveness lease into its liveness (a store that cannot say
+    /// Reads node `node`'s liveness lease into its liveness (a store that cannot say
     /// changes nothing).
-    async fn read_lease(&self, shard: u32) {
-        match zr_meta::nodes::load(&*self.meta, shard).await {
-            Ok(lease) => self.links[shard as usize]
+    async fn read_lease(&self, node: NodeId) {
+        let (shard, replica) = (self.shard(node), self.replica(node));
+        match zr_meta::nodes::load(&*self.meta, shard, replica).await {
+            Ok(lease) => self.links[node]
                 .liveness
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -197,13 +381,13 @@ impl Nodes {
                     lease.map(|(_, revision)| revision),
                     tokio::time::Instant::now().into_std(),
                 ),
-            Err(e) => tracing::debug!("shard {shard}: its liveness lease: {e}"),
+            Err(e) => tracing::debug!("shard {shard} replica {replica}: its liveness lease: {e}"),
         }
     }
 
-    /// Shard `shard`'s node liveness lease, as this router has read it, in words.
-    pub(crate) fn lease(&self, shard: u32) -> String {
-        self.links[shard as usize]
+    /// Node `node`'s liveness lease, as this router has read it, in words.
+    pub(crate) fn lease(&self, node: NodeId) -> String {
+        self.links[node]
             .liveness
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -211,20 +395,36 @@ impl Nodes {
             .describe()
     }
 
-    /// One heartbeat to shard `shard`'s node, its outcome told to the node's liveness;
-    /// returns the pause before the next.
-    async fn heartbeat(&self, shard: u32) -> Duration {
+    /// One heartbeat to node `node`, its outcome told to the node's liveness; returns the
+    /// pause before the next.
+    async fn heartbeat(&self, node: NodeId) -> Duration {
         let sent = tokio::time::Instant::now();
         let wall = SystemTime::now();
-        let link = &self.links[shard as usize];
+        let link = &self.links[node];
+        let shard = link.shard;
         let timeout = {
             let liveness = link.liveness.lock().unwrap_or_else(|e| e.into_inner());
             liveness.timeout().min(self.timeout)
         };
         let outcome = self
-            .exchange(shard, &NodeRequest::Info, Vec::new(), timeout)
+            .exchange(node, &NodeRequest::Info, Vec::new(), timeout)
             .await;
-        let label = shard.to_string();
+        if let Ok(NodeReply {
+            reply: Reply::Info {
+                incarnation, len, ..
+            },
+            ..
+        }) = &outcome
+        {
+            *link.len.lock().unwrap_or_else(|e| e.into_inner()) = Some(*len);
+            self.check_incarnation(node, *incarnation).await;
+            link.unchecked.store(false, Ordering::SeqCst);
+        }
+        let label = if self.replicas == 1 {
+            shard.to_string()
+        } else {
+            format!("{shard}/{}", link.replica)
+        };
         if outcome.is_ok() || matches!(outcome, Err(Failure::ShardRefused { .. })) {
             metrics::histogram!("zr_router_node_heartbeat_seconds", "shard" => label.clone())
                 .record(sent.elapsed());
@@ -262,10 +462,33 @@ impl Nodes {
         liveness.pause()
     }
 
-    /// The refusal of a call to shard `shard` while its node is down, after waiting a moment
-    /// for a heartbeat to find it back; `None` if it is not down.
-    pub(crate) async fn down(&self, shard: u32) -> Option<Failure> {
-        let link = &self.links[shard as usize];
+    /// Node `node` answered as `incarnation`: if it restarted since its last answer while
+    /// this router's writes to it were not yet durable, it may have lost them, and is marked
+    /// behind.
+    async fn check_incarnation(&self, node: NodeId, incarnation: u64) {
+        let link = &self.links[node];
+        let before = link
+            .incarnation
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(incarnation);
+        let restarted = before.is_some_and(|before| before != incarnation);
+        if restarted && link.written.load(Ordering::SeqCst) && self.replicas > 1 {
+            match self
+                .mark_behind(node, "it restarted, losing writes it had not made durable")
+                .await
+            {
+                Ok(()) => link.written.store(false, Ordering::SeqCst),
+                Err(e) => tracing::error!("{e}"),
+            }
+        }
+    }
+
+    /// The refusal of a call to node `node` while it is down, after waiting a moment for a
+    /// heartbeat to find it back; `None` if it is not down.
+    pub(crate) async fn down(&self, node: NodeId) -> Option<Failure> {
+        let link = &self.links[node];
+        let shard = link.shard;
         let mut health = link.health.subscribe();
         if !matches!(*health.borrow(), Health::Down { .. }) {
             return None;
@@ -282,40 +505,66 @@ impl Nodes {
         })
     }
 
-    /// One request to shard `shard`; errors name the shard and its address. Fails at once
-    /// while the node is down.
+    /// One request to node `node`; errors name its shard and address. Fails at once while
+    /// the node is down.
     pub(crate) async fn call(
         &self,
-        shard: u32,
+        node: NodeId,
         request: &NodeRequest,
         body: Vec<Bytes>,
     ) -> Result<NodeReply, Failure> {
-        self.call_within(shard, request, body, self.timeout).await
+        self.call_within(node, request, body, self.timeout).await
     }
 
     /// [`Self::call`] within `timeout` rather than the router's.
     pub(crate) async fn call_within(
         &self,
-        shard: u32,
+        node: NodeId,
         request: &NodeRequest,
         body: Vec<Bytes>,
         timeout: Duration,
     ) -> Result<NodeReply, Failure> {
-        if let Some(down) = self.down(shard).await {
+        if let Some(down) = self.down(node).await {
             return Err(down);
         }
-        self.exchange(shard, request, body, timeout).await
+        self.exchange(node, request, body, timeout).await
     }
 
-    /// One request to shard `shard` within `timeout`, whatever its health.
-    async fn exchange(
+    /// A read of shard `shard`: `request` to its in-sync replicas in [`Self::read_order`]
+    /// until one answers; the last failure if none does.
+    pub(crate) async fn read(
         &self,
         shard: u32,
         request: &NodeRequest,
+    ) -> Result<(NodeId, NodeReply), Failure> {
+        let order = self.read_order(shard);
+        let mut last = None;
+        for (k, &node) in order.iter().enumerate() {
+            // A replica known down is skipped at once while another may answer.
+            let answer = if k + 1 < order.len() && self.is_down(node) {
+                Err(self.unavailable(node, "down".into()))
+            } else {
+                self.call(node, request, Vec::new()).await
+            };
+            match answer {
+                Ok(reply) => return Ok((node, reply)),
+                Err(failure) => last = Some(failure),
+            }
+        }
+        Err(last
+            .unwrap_or_else(|| Failure::Metadata(format!("shard {shard} has no replica in sync"))))
+    }
+
+    /// One request to node `node` within `timeout`, whatever its health.
+    async fn exchange(
+        &self,
+        node: NodeId,
+        request: &NodeRequest,
         body: Vec<Bytes>,
         timeout: Duration,
     ) -> Result<NodeReply, Failure> {
-        let addr = self.addr(shard);
+        let shard = self.shard(node);
+        let addr = self.addr(node);
         let unavailable = |reason: String| Failure::ShardUnavailable {
             shard,
             addr,
@@ -327,10 +576,10 @@ impl Nodes {
         // One deadline covers waiting for the link, connecting and the exchange, so callers
         // queued behind a dead node's connect also fail within the timeout.
         let exchange = async {
-            let connection = self.link(shard, timeout).await.map_err(|e| e.to_string())?;
+            let connection = self.link(node, timeout).await.map_err(|e| e.to_string())?;
             let called = zr_net::call_chunks(&connection, header, body, timeout).await;
             if called.is_err() {
-                self.forget(shard, &connection).await;
+                self.forget(node, &connection).await;
             }
             called.map_err(|e| e.to_string())
         };
@@ -346,7 +595,7 @@ impl Nodes {
         };
         let (reply, body_start) =
             wire::decode_reply_chunks(&chunks).map_err(|e| unavailable(e.to_string()))?;
-        *self.links[shard as usize]
+        *self.links[node]
             .last_seen
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());

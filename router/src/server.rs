@@ -23,12 +23,13 @@ use zr_proto::placement::Placement;
 use zr_proto::wire::{self, ClientRequest, FieldInfo, NodeRequest, Reply};
 
 use crate::error::{Error, Failure};
-use crate::nodes::Nodes;
+use crate::nodes::{NodeId, Nodes};
 use crate::plan::plan_gather;
 use zr_meta::cluster::{self, ClusterRecord, MapRecord};
 use zr_meta::MetaStore;
 
 mod lease;
+mod rebuild;
 mod writes;
 
 /// Most client connections a router serves at once.
@@ -63,6 +64,8 @@ pub struct Router {
     /// Per shard: `Some(records it holds)` while its node holds fewer records than the
     /// committed length gives it (its data is missing); see [`Failure::MissingData`].
     missing: std::sync::Mutex<Vec<Option<u64>>>,
+    /// Catch-ups of behind replicas running here (see `rebuild.rs`), by node.
+    rebuilds: std::sync::Mutex<std::collections::HashMap<NodeId, rebuild::Progress>>,
 }
 
 /// Opens the metadata store `config` names (`[metadata]`).
@@ -119,21 +122,51 @@ impl Router {
             map_version: 0,
             committed: AtomicU64::new(0),
             missing: std::sync::Mutex::new(vec![None; shards]),
+            rebuilds: std::sync::Mutex::new(std::collections::HashMap::new()),
         };
+        // Which replicas are behind (none if the store has no record of them).
+        if let Err(e) = router.nodes.refresh_replicas().await {
+            return Err(Error::Failed(e));
+        }
         // Every node that answers; a router starts, and serves what it can, with some down
         // (found so within START_PROBE, not the whole timeout; heartbeats bring them in).
-        let mut infos: Vec<Option<(u64, Vec<FieldInfo>)>> = Vec::with_capacity(shards);
+        let mut answers: Vec<Option<(u64, Vec<FieldInfo>)>> = Vec::new();
         let mut down = Vec::new();
         let probe = START_PROBE.min(router.timeout);
         for answer in router.each_node_info_within(None, probe).await {
             match answer {
-                Ok(info) => infos.push(Some(info)),
+                Ok(info) => answers.push(Some(info)),
                 Err(failure) => {
                     down.push(failure);
-                    infos.push(None);
+                    answers.push(None);
                 }
             }
         }
+        // Per shard: the most records an in-sync replica that answered holds, and its fields.
+        let infos: Vec<Option<(u64, Vec<FieldInfo>)>> = (0..router.nodes.shards())
+            .map(|shard| {
+                router
+                    .nodes
+                    .in_sync_of(shard)
+                    .into_iter()
+                    .filter_map(|node| answers[node].clone())
+                    .max_by_key(|(len, _)| *len)
+            })
+            .collect();
+        // A shard is down when none of its in-sync replicas answered.
+        let down: Vec<Failure> = if router.nodes.replicas() == 1 {
+            down
+        } else {
+            (0..router.nodes.shards())
+                .filter(|&shard| infos[shard as usize].is_none())
+                .map(|shard| {
+                    let node = router.nodes.id(shard, 0);
+                    router
+                        .nodes
+                        .unavailable(node, "no in-sync replica answered".into())
+                })
+                .collect()
+        };
         let mut fields: Option<(u32, &Vec<FieldInfo>)> = None;
         for (shard, info) in infos.iter().enumerate() {
             let Some((_, theirs)) = info else { continue };
@@ -210,6 +243,7 @@ impl Router {
             }
         }
         let router = Arc::new(router);
+        router.start_rebuilds();
         // Gives the writer lease back once the router has been idle for a moment; ends with
         // the router.
         let keeper = Arc::downgrade(&router);
@@ -236,6 +270,7 @@ impl Router {
     ) -> Result<ClusterRecord, Error> {
         let given = MapRecord {
             version: 1,
+            replicas: config.cluster.replicas,
             shards: config.cluster.shards,
             extent_records: config.cluster.extent_records,
             seed: config.cluster.seed,
@@ -323,7 +358,7 @@ impl Router {
         let committed = self.committed.load(Ordering::SeqCst);
         Failure::MissingData {
             shard,
-            addr: self.nodes.addr(shard),
+            addr: self.nodes.addr(self.nodes.id(shard, 0)),
             holds,
             committed: self.placement.load().shard_len(shard, committed),
             cluster: self.cluster_id.clone(),
@@ -393,20 +428,26 @@ impl Router {
         }
         let committed = self.committed.load(Ordering::SeqCst);
         let placement = self.placement.load_full();
-        let nodes = self
-            .each_node_info(None)
-            .await
+        let answers = self.each_node_info(None).await;
+        let rebuilds = self
+            .rebuilds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let nodes = answers
             .into_iter()
             .enumerate()
-            .map(|(shard, answer)| {
-                let shard = shard as u32;
+            .map(|(node, answer)| {
+                let shard = self.nodes.shard(node);
+                let in_sync = self.nodes.in_sync(node);
                 let share = placement.shard_len(shard, committed);
                 let (state, records) = match answer {
-                    Ok((len, _)) if len < share => (
+                    Ok((len, _)) if len < share && in_sync => (
                         format!("refused: holds {len} of the {share} records committed on it (its data is missing)"),
                         Some(len),
                     ),
-                    Ok((len, _)) => ("up".to_string(), Some(len)),
+                    Ok((len, _)) if in_sync => ("up".to_string(), Some(len)),
+                    Ok((len, _)) => ("behind: catching up, serves nothing meanwhile".to_string(), Some(len)),
                     Err(Failure::ShardRefused { message, .. }) => {
                         (format!("refused: {message}"), None)
                     }
@@ -414,12 +455,15 @@ impl Router {
                 };
                 wire::NodeStatus {
                     shard,
-                    addr: self.nodes.addr(shard).to_string(),
+                    replica: self.nodes.replica(node),
+                    in_sync,
+                    rebuild: rebuilds.get(&node).map(|p| p.describe()),
+                    addr: self.nodes.addr(node).to_string(),
                     state,
                     records,
-                    last_seen_ms: self.nodes.last_seen(shard).map(|d| d.as_millis() as u64),
-                    lease: self.nodes.lease(shard),
-                    rtt_us: self.nodes.rtt(shard).map(|d| d.as_micros() as u64),
+                    last_seen_ms: self.nodes.last_seen(node).map(|d| d.as_millis() as u64),
+                    lease: self.nodes.lease(node),
+                    rtt_us: self.nodes.rtt(node).map(|d| d.as_micros() as u64),
                 }
             })
             .collect();
@@ -446,11 +490,14 @@ impl Router {
             .placement
             .load()
             .shard_len(shard, self.committed.load(Ordering::SeqCst));
-        match self.nodes.call(shard, &NodeRequest::Info, Vec::new()).await {
-            Ok(crate::nodes::NodeReply {
-                reply: Reply::Info { len, .. },
-                ..
-            }) if len >= share => {
+        match self.nodes.read(shard, &NodeRequest::Info).await {
+            Ok((
+                _,
+                crate::nodes::NodeReply {
+                    reply: Reply::Info { len, .. },
+                    ..
+                },
+            )) if len >= share => {
                 if let Some(slot) = self
                     .missing
                     .lock()
@@ -461,10 +508,13 @@ impl Router {
                 }
                 None
             }
-            Ok(crate::nodes::NodeReply {
-                reply: Reply::Info { len, .. },
-                ..
-            }) => Some(self.missing_data(shard, len)),
+            Ok((
+                _,
+                crate::nodes::NodeReply {
+                    reply: Reply::Info { len, .. },
+                    ..
+                },
+            )) => Some(self.missing_data(shard, len)),
             _ => Some(self.missing_data(shard, holds)),
         }
     }
@@ -563,6 +613,7 @@ impl Router {
                 Ok(ready(Reply::Info {
                     len,
                     fields: self.fields.clone(),
+                    incarnation: 0,
                 }))
             }
             ClientRequest::Gather { indices, fields } => {
@@ -594,10 +645,8 @@ impl Router {
             ClientRequest::Status => Ok(ready(Reply::Status(self.status().await))),
             ClientRequest::Commit => {
                 self.exclusive(|| async {
-                    let calls = (0..self.nodes.shards())
-                        .map(|shard| self.nodes.call(shard, &NodeRequest::Commit, Vec::new()));
-                    for result in futures::future::join_all(calls).await {
-                        result?;
+                    for shard in 0..self.nodes.shards() {
+                        self.commit_shard(shard).await?;
                     }
                     // Every shard holds the length durably now: the promise moves.
                     self.record_committed(self.len(), false).await?;
@@ -653,7 +702,7 @@ impl Router {
         Ok((reply, Body::Streamed(body)))
     }
 
-    /// Every node's length and fields, or why it did not say, asked concurrently, in shard
+    /// Every node's length and fields, or why it did not say, asked concurrently, in node
     /// order; with `fence`, each node is fenced with that lease token first (see
     /// `NodeRequest::Fence`).
     async fn each_node_info(
@@ -663,7 +712,8 @@ impl Router {
         self.each_node_info_within(fence, self.timeout).await
     }
 
-    /// [`Self::each_node_info`], each node given `timeout` to answer.
+    /// [`Self::each_node_info`], each node given `timeout` to answer. With replicas, one
+    /// known down is not waited for.
     async fn each_node_info_within(
         &self,
         fence: Option<u64>,
@@ -673,36 +723,90 @@ impl Router {
             Some(token) => NodeRequest::Fence { token },
             None => NodeRequest::Info,
         };
-        let calls = (0..self.nodes.shards())
-            .map(|shard| self.nodes.call_within(shard, &request, Vec::new(), timeout));
+        let calls = self.nodes.all().map(|node| {
+            let request = &request;
+            async move {
+                if self.nodes.replicas() > 1 && self.nodes.is_down(node) {
+                    return Err(self.nodes.unavailable(node, "down".into()));
+                }
+                self.nodes
+                    .call_within(node, request, Vec::new(), timeout)
+                    .await
+            }
+        });
         futures::future::join_all(calls)
             .await
             .into_iter()
             .enumerate()
-            .map(|(shard, result)| match result?.reply {
-                Reply::Info { len, fields } => Ok((len, fields)),
-                other => {
-                    let shard = shard as u32;
-                    Err(Failure::ShardUnavailable {
-                        shard,
-                        addr: self.nodes.addr(shard),
-                        reason: format!("answered Info with {other:?}"),
-                    })
-                }
+            .map(|(node, result)| match result?.reply {
+                Reply::Info { len, fields, .. } => Ok((len, fields)),
+                other => Err(self
+                    .nodes
+                    .unavailable(node, format!("answered Info with {other:?}"))),
             })
             .collect()
     }
 
-    /// Every node's length and fields, in shard order; the first failure if one did not say.
-    /// `fence` as for [`Self::each_node_info`].
-    async fn node_infos(&self, fence: Option<u64>) -> Result<Vec<(u64, Vec<FieldInfo>)>, Failure> {
-        self.each_node_info(fence).await.into_iter().collect()
+    /// Every shard's length: the most records one of its in-sync replicas holds, and what
+    /// each that answered holds; `fence` as for [`Self::each_node_info`] (every node is
+    /// fenced). Fails if none of a shard's in-sync replicas answered. With `mark`, an in-sync
+    /// replica that did not answer is marked behind (a write is about to go on without it).
+    async fn shard_lens(&self, fence: Option<u64>, mark: bool) -> Result<Vec<ShardLens>, Failure> {
+        let mut answers: Vec<Option<Result<u64, Failure>>> = self
+            .each_node_info(fence)
+            .await
+            .into_iter()
+            .map(|answer| Some(answer.map(|(len, _)| len)))
+            .collect();
+        let mut shards = Vec::with_capacity(self.nodes.shards() as usize);
+        for shard in 0..self.nodes.shards() {
+            let mut lens = ShardLens::default();
+            let mut failed = Vec::new();
+            for node in self.nodes.in_sync_of(shard) {
+                match answers[node].take() {
+                    Some(Ok(len)) => {
+                        lens.len = lens.len.max(len);
+                        lens.replicas.push((node, len));
+                    }
+                    Some(Err(failure)) => failed.push((node, failure)),
+                    None => {}
+                }
+            }
+            if lens.replicas.is_empty() {
+                return Err(failed.into_iter().next().map_or_else(
+                    || Failure::Metadata(format!("shard {shard} has no replica in sync")),
+                    |(_, failure)| failure,
+                ));
+            }
+            if mark {
+                for (node, failure) in failed {
+                    self.nodes.mark_behind(node, &failure.to_string()).await?;
+                }
+            }
+            shards.push(lens);
+        }
+        Ok(shards)
     }
 
-    /// Every node's length, in shard order; `fence` as for [`Self::node_infos`].
+    /// Every shard's length, in shard order (see [`Self::shard_lens`]).
     async fn node_lens(&self, fence: Option<u64>) -> Result<Vec<u64>, Failure> {
-        let infos = self.node_infos(fence).await?;
-        Ok(infos.into_iter().map(|(len, _)| len).collect())
+        let shards = self.shard_lens(fence, false).await?;
+        Ok(shards.into_iter().map(|s| s.len).collect())
+    }
+
+    /// Makes every write so far durable on shard `shard`'s in-sync replicas (one that
+    /// fails it is marked behind).
+    async fn commit_shard(&self, shard: u32) -> Result<(), Failure> {
+        let targets = self.nodes.in_sync_of(shard);
+        let calls = targets
+            .iter()
+            .map(|&node| self.nodes.call(node, &NodeRequest::Commit, Vec::new()));
+        let results = futures::future::join_all(calls).await;
+        let (_, done) = self.all_or_behind(&targets, results).await?;
+        for node in done {
+            self.nodes.note_committed(node);
+        }
+        Ok(())
     }
 
     /// Re-reads the global length from the nodes (another router may have written): the
@@ -733,6 +837,15 @@ impl Router {
             }
         }
     }
+}
+
+/// A shard's length (see [`Router::shard_lens`]).
+#[derive(Debug, Default)]
+pub(crate) struct ShardLens {
+    /// The most records one of its in-sync replicas holds.
+    pub(crate) len: u64,
+    /// What each in-sync replica that answered holds.
+    pub(crate) replicas: Vec<(NodeId, u64)>,
 }
 
 /// Starts a router for `config` listening on `listen` (the binary's path).

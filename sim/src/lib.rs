@@ -1,5 +1,7 @@
 //! `SimCluster`: S shard servers and a router in one process, on 127.0.0.1 with temporary
 //! data directories, running exactly the code the `zr-node` and `zr-router` binaries run.
+//! With [`SimOptions::replicas`] R > 1 each shard has R nodes; the methods that take a node
+//! number take `shard * R + replica` ([`SimCluster::node`]), which is the shard when R = 1.
 //! Nodes can be stopped (gracefully: finish requests, commit), crashed (dropped without a
 //! commit), stalled (the address accepts connections but never answers) or replaced by an
 //! impostor answering as a test says (`fake_node`), and started again
@@ -64,6 +66,8 @@ pub struct SimOptions {
     /// The metadata store the routers use (an etcd, say); `None`: an embedded store in the
     /// cluster's directory.
     pub metadata: Option<Arc<dyn zr_meta::MetaStore>>,
+    /// Nodes holding each shard.
+    pub replicas: u32,
 }
 
 /// `ZR_SIM_SEED`, or a seed from the clock.
@@ -90,6 +94,7 @@ impl Default for SimOptions {
             seed: default_seed(),
             virtual_time: false,
             metadata: None,
+            replicas: 1,
         }
     }
 }
@@ -133,8 +138,10 @@ pub struct SimCluster {
 }
 
 impl SimCluster {
-    /// Starts `shards` nodes and one router.
+    /// Starts `shards` × `options.replicas` nodes and one router.
     pub fn start(shards: u32, options: SimOptions) -> Result<SimCluster, SimError> {
+        let replicas = options.replicas.max(1);
+        let count = shards * replicas;
         let runtime = if options.virtual_time {
             // Everything runs on this thread, its endpoints' randomness drawn from the seed.
             net::seed_endpoints_on_this_thread(Some(options.seed));
@@ -163,8 +170,8 @@ impl SimCluster {
             None => Security::InsecureDev,
         };
         // Bind every node first: the configuration needs their ports.
-        let faults: Vec<Arc<FaultState>> = (0..shards)
-            .map(|shard| Arc::new(FaultState::new(options.seed, shard)))
+        let faults: Vec<Arc<FaultState>> = (0..count)
+            .map(|node| Arc::new(FaultState::new(options.seed, node)))
             .collect();
         let endpoints = {
             let _guard = runtime.enter();
@@ -176,11 +183,18 @@ impl SimCluster {
         let shard_configs = endpoints
             .iter()
             .enumerate()
-            .map(|(id, e)| {
+            .map(|(node, e)| {
+                let (id, replica) = (node as u32 / replicas, node as u32 % replicas);
+                let dir = if replica == 0 {
+                    format!("shard-{id}")
+                } else {
+                    format!("shard-{id}-r{replica}")
+                };
                 Ok(ShardConfig {
-                    id: id as u32,
+                    id,
+                    replica,
                     addr: e.local_addr()?,
-                    data: Some(data.path().join(format!("shard-{id}"))),
+                    data: Some(data.path().join(dir)),
                     metrics: None,
                 })
             })
@@ -190,6 +204,7 @@ impl SimCluster {
                 shards,
                 extent_records: options.extent_records,
                 seed: 0,
+                replicas,
             },
             fields: options
                 .fields
@@ -218,15 +233,15 @@ impl SimCluster {
             _data: data,
             config,
             nodes: Vec::new(),
-            impostors: (0..shards).map(|_| None).collect(),
+            impostors: (0..count).map(|_| None).collect(),
             faults,
             seed: options.seed,
             virtual_time: options.virtual_time,
             routers: Vec::new(),
             metadata: options.metadata.clone(),
         };
-        for (shard, endpoint) in endpoints.into_iter().enumerate() {
-            let running = cluster.run_node(shard as u32, endpoint)?;
+        for (node, endpoint) in endpoints.into_iter().enumerate() {
+            let running = cluster.run_node(node as u32, endpoint)?;
             cluster.nodes.push(Some(running));
         }
         cluster.add_router()?;
@@ -248,14 +263,31 @@ impl SimCluster {
         self.config.tls.as_ref().map(|t| t.certs.clone())
     }
 
-    /// Shard `shard`'s data directory.
-    pub fn data_dir(&self, shard: u32) -> PathBuf {
-        self.config.data_dir(shard)
+    /// Node `node`'s data directory.
+    pub fn data_dir(&self, node: u32) -> PathBuf {
+        let (shard, replica) = self.place(node);
+        self.config.node_data_dir(shard, replica)
     }
 
-    fn run_node(&self, shard: u32, endpoint: quinn::Endpoint) -> Result<Running, SimError> {
-        let store =
-            zr_node::server::open_shard_store(&self.config, &self.config.data_dir(shard), shard)?;
+    /// The number of shard `shard`'s replica `replica` (what the node methods take).
+    pub fn node(&self, shard: u32, replica: u32) -> u32 {
+        shard * self.config.cluster.replicas + replica
+    }
+
+    /// Node `node`'s shard and replica.
+    pub fn place(&self, node: u32) -> (u32, u32) {
+        let replicas = self.config.cluster.replicas;
+        (node / replicas, node % replicas)
+    }
+
+    /// How many nodes there are (shards × replicas).
+    pub fn node_count(&self) -> u32 {
+        self.config.cluster.shards * self.config.cluster.replicas
+    }
+
+    fn run_node(&self, node: u32, endpoint: quinn::Endpoint) -> Result<Running, SimError> {
+        let (shard, replica) = self.place(node);
+        let store = zr_node::server::open_shard_store(&self.config, &self.data_dir(node), shard)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let timeout = Duration::from_millis(self.config.router.timeout_ms);
         let handling = if self.virtual_time {
@@ -268,7 +300,7 @@ impl SimCluster {
         let task = self.runtime.spawn(async move {
             // The node's liveness lease, stopped with the node (or its crash).
             let mut lease = tokio::task::JoinSet::new();
-            lease.spawn(zr_meta::nodes::keep_alive(meta, shard, addr));
+            lease.spawn(zr_meta::nodes::keep_alive(meta, shard, replica, addr));
             zr_node::server::serve_with(endpoint, store, timeout, handling, async {
                 let _ = stopped.await;
             })
@@ -491,7 +523,8 @@ impl SimCluster {
     /// mid-handshake: wait for it, up to 15 s.
     fn bind_node(&self, shard: u32) -> Result<quinn::Endpoint, SimError> {
         const REBIND_WAIT: Duration = Duration::from_secs(15);
-        let addr = self.config.shard(shard).ok_or("no such shard")?.addr;
+        let (id, replica) = self.place(shard);
+        let addr = self.config.node(id, replica).ok_or("no such node")?.addr;
         let security = self.security(Role::Node)?;
         let started = std::time::Instant::now();
         let endpoint = loop {

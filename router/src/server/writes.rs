@@ -23,7 +23,7 @@ use zr_proto::wire::{self, ErrorCode, NodeRequest, Reply};
 
 use super::Router;
 use crate::error::Failure;
-use crate::nodes::NodeReply;
+use crate::nodes::{NodeId, NodeReply};
 use crate::plan::plan_append;
 
 impl Router {
@@ -48,19 +48,77 @@ impl Router {
         result
     }
 
-    /// One write to shard `shard`, carrying the write lease's token (whatever token
-    /// `request` has is replaced), if the lease is sure to outlast it (each call takes at
-    /// most the timeout); otherwise another router may be writing by then, and the write
-    /// stops here.
+    /// One write to every in-sync replica of shard `shard`, carrying the write lease's
+    /// token (see [`Self::write_node`]). Done once it is done on every in-sync replica, at
+    /// least one: a replica that failed it is marked behind first (it serves nothing until
+    /// it has caught up). Fails if it failed on all of them.
     async fn write_call(
         &self,
         shard: u32,
+        request: NodeRequest,
+        body: Vec<Bytes>,
+    ) -> Result<NodeReply, Failure> {
+        let targets = self.nodes.in_sync_of(shard);
+        let several = targets.len() > 1;
+        let calls = targets.iter().map(|&node| {
+            let (request, body) = (request.clone(), body.clone());
+            async move {
+                if several && self.nodes.is_down(node) {
+                    // Not waited for while another replica takes the write.
+                    return Err(self.nodes.unavailable(node, "down".into()));
+                }
+                self.write_node(node, request, body).await
+            }
+        });
+        let results = futures::future::join_all(calls).await;
+        let (reply, _) = self.all_or_behind(&targets, results).await?;
+        Ok(reply)
+    }
+
+    /// From the outcomes of one request on `targets` (replicas of one shard): the first
+    /// reply and who answered, once every replica that failed is marked behind; the first
+    /// failure if none answered.
+    pub(super) async fn all_or_behind(
+        &self,
+        targets: &[NodeId],
+        results: Vec<Result<NodeReply, Failure>>,
+    ) -> Result<(NodeReply, Vec<NodeId>), Failure> {
+        let mut answered = None;
+        let mut done = Vec::new();
+        let mut failed = Vec::new();
+        for (&node, result) in targets.iter().zip(results) {
+            match result {
+                Ok(reply) => {
+                    answered.get_or_insert(reply);
+                    done.push(node);
+                }
+                Err(failure) => failed.push((node, failure)),
+            }
+        }
+        let Some(reply) = answered else {
+            return Err(failed.into_iter().next().map_or_else(
+                || Failure::Metadata("a shard has no replica in sync".into()),
+                |(_, failure)| failure,
+            ));
+        };
+        for (node, failure) in failed {
+            self.nodes.mark_behind(node, &failure.to_string()).await?;
+        }
+        Ok((reply, done))
+    }
+
+    /// One write to node `node`, carrying the write lease's token (whatever token `request`
+    /// has is replaced), if the lease is sure to outlast it (each call takes at most the
+    /// timeout); otherwise another router may be writing by then, and the write stops here.
+    pub(super) async fn write_node(
+        &self,
+        node: NodeId,
         mut request: NodeRequest,
         body: Vec<Bytes>,
     ) -> Result<NodeReply, Failure> {
         let Some(token) = self.usable_lease().map(|held| held.token) else {
             return Err(Failure::LeaseRunningOut {
-                shard,
+                shard: self.nodes.shard(node),
                 timeout_ms: self.nodes.timeout().as_millis(),
             });
         };
@@ -71,7 +129,9 @@ impl Router {
             NodeRequest::Truncate { token: t, .. } => *t = token,
             _ => {}
         }
-        self.nodes.call(shard, &request, body).await
+        let reply = self.nodes.call(node, &request, body).await?;
+        self.nodes.note_written(node);
+        Ok(reply)
     }
 
     /// Re-reads every node's length and cuts back shards holding records past the longest
@@ -81,20 +141,21 @@ impl Router {
     /// lease, which told it `pending`.
     async fn repair_locked(&self, pending: Option<PendingWrite>) -> Result<(), Failure> {
         let token = self.lease_state().held().map(|held| held.token);
-        let lens = self.node_lens(token).await?;
+        let shards = self.shard_lens(token, true).await?;
+        let lens: Vec<u64> = shards.iter().map(|s| s.len).collect();
         let placement = self.placement.load_full();
         let mut len = placement.consistent_len(&lens);
-        // Committed data is never cut. When there is nothing to cut or settle (every shard
-        // holds exactly its share of a length at least the committed one this router knows),
-        // the cached committed length does; otherwise it is read afresh first (another
-        // router may have committed more), once per such write, not per record.
+        // Committed data is never cut. When there is nothing to cut or settle (every replica
+        // holds exactly its shard's share of a length at least the committed one this router
+        // knows), the cached committed length does; otherwise it is read afresh first
+        // (another router may have committed more), once per such write, not per record.
         let cached = self.committed.load(Ordering::SeqCst);
         let clean = pending.is_none()
             && len >= cached
-            && lens
-                .iter()
-                .enumerate()
-                .all(|(shard, &have)| have == placement.shard_len(shard as u32, len));
+            && shards.iter().enumerate().all(|(shard, lens)| {
+                let share = placement.shard_len(shard as u32, len);
+                lens.replicas.iter().all(|&(_, have)| have == share)
+            });
         let committed = if clean {
             cached
         } else {
@@ -123,27 +184,30 @@ impl Router {
                 "the nodes agree on {len} records but {committed} are committed; nothing is cut"
             )));
         }
-        for (shard, &have) in lens.iter().enumerate() {
+        for (shard, lens) in shards.iter().enumerate() {
             let want = placement.shard_len(shard as u32, len);
-            if have != want {
-                tracing::warn!(
-                    "shard {shard} holds {have} records but a cluster of {len} gives it {want}: dropping its last {} (a write that did not reach every shard)",
-                    have - want
-                );
-                self.write_call(
-                    shard as u32,
-                    NodeRequest::Truncate {
+            for &(node, have) in &lens.replicas {
+                if have > want {
+                    tracing::warn!(
+                        "shard {shard} at {} holds {have} records but a cluster of {len} gives it {want}: dropping its last {} (a write that did not reach every shard)",
+                        self.nodes.addr(node),
+                        have - want
+                    );
+                    let cut = NodeRequest::Truncate {
                         len: want,
-                        token: 0, // write_call sets it
-                    },
-                    Vec::new(),
-                )
-                .await?;
+                        token: 0, // write_node sets it
+                    };
+                    self.write_node(node, cut, Vec::new()).await?;
+                } else if have < want {
+                    // Its partners hold records it lacks: it missed a write.
+                    let why = format!("it holds {have} records, its partners {want}");
+                    self.nodes.mark_behind(node, &why).await?;
+                }
             }
         }
         self.len.store(len, Ordering::SeqCst);
-        if let Some(PendingWrite::Delete { index, len: before }) = pending {
-            if len == before {
+        match pending {
+            Some(PendingWrite::Delete { index, len: before }) if len == before => {
                 tracing::warn!(
                     "finishing the delete of record {index} that a router left half done"
                 );
@@ -151,6 +215,11 @@ impl Router {
                 self.finish_delete(index, before).await?;
                 self.len.store(before - 1, Ordering::SeqCst);
             }
+            Some(PendingWrite::Modify { index }) if index < len => {
+                // Its replicas may differ: one's copy goes to all.
+                self.copy_record(index).await?;
+            }
+            _ => {}
         }
         if pending.is_some() {
             // Settled: cleared now, so that no later write, which may change the length
@@ -158,6 +227,50 @@ impl Router {
             self.intend(None).await?;
         }
         Ok(())
+    }
+
+    /// Record `index` as one in-sync replica holds it, written to every in-sync replica.
+    async fn copy_record(&self, index: u64) -> Result<(), Failure> {
+        let (shard, local) = self.placement.load().locate(index);
+        let (lengths, body) = self.read_record(shard, local).await?;
+        let request = NodeRequest::Modify {
+            index: local,
+            token: None, // write_node sets it
+            fields: self.field_names(),
+            lengths,
+        };
+        self.write_call(shard, request, body).await?;
+        Ok(())
+    }
+
+    /// Every field's name, in order.
+    pub(super) fn field_names(&self) -> Vec<String> {
+        self.fields.iter().map(|f| f.name.clone()).collect()
+    }
+
+    /// Record `local` of shard `shard` from an in-sync replica holding it: every field's
+    /// length and the body of a `Modify` to it.
+    async fn read_record(&self, shard: u32, local: u64) -> Result<(Vec<u32>, Vec<Bytes>), Failure> {
+        let (node, read) = self
+            .nodes
+            .read(
+                shard,
+                &NodeRequest::Gather {
+                    indices: vec![local],
+                    fields: Vec::new(),
+                },
+            )
+            .await?;
+        let Reply::Gather { lengths } = &read.reply else {
+            return Err(self
+                .nodes
+                .unavailable(node, format!("answered a gather with {:?}", read.reply)));
+        };
+        let lengths: Vec<u32> = lengths
+            .iter()
+            .map(|l| l.first().copied().unwrap_or(0))
+            .collect();
+        Ok((lengths, vec![Bytes::from(read.body())]))
     }
 
     /// Replaces record `index` with the record in `body`.
@@ -169,6 +282,12 @@ impl Router {
         body: &[u8],
     ) -> Result<Reply, Failure> {
         self.check_index(index)?;
+        if self.nodes.replicas() > 1 {
+            // Should it stop halfway, its replicas would differ: the next write settles it.
+            self.intend(Some(PendingWrite::Modify { index }))
+                .await
+                .map_err(|e| e.while_("recording the modify in the metadata store"))?;
+        }
         let (shard, local) = self.placement.load().locate(index);
         let request = NodeRequest::Modify {
             index: local,
@@ -337,38 +456,15 @@ impl Router {
             self.write_call(last_shard, truncate, Vec::new()).await?;
             return Ok(());
         }
-        let moved = self
-            .nodes
-            .call(
-                last_shard,
-                &NodeRequest::Gather {
-                    indices: vec![last_local],
-                    fields: Vec::new(),
-                },
-                Vec::new(),
-            )
-            .await?;
-        let Reply::Gather { lengths } = &moved.reply else {
-            return Err(Failure::ShardUnavailable {
-                shard: last_shard,
-                addr: self.nodes.addr(last_shard),
-                reason: format!("answered a gather with {:?}", moved.reply),
-            });
-        };
-        let lengths: Vec<u32> = lengths
-            .iter()
-            .map(|l| l.first().copied().unwrap_or(0))
-            .collect();
-        let fields = self.fields.iter().map(|f| f.name.clone()).collect();
+        let (lengths, body) = self.read_record(last_shard, last_local).await?;
         let (shard, local) = placement.locate(index);
         let request = NodeRequest::Modify {
             index: local,
             token: None, // write_call sets it
-            fields,
+            fields: self.field_names(),
             lengths,
         };
-        self.write_call(shard, request, vec![Bytes::from(moved.body())])
-            .await?;
+        self.write_call(shard, request, body).await?;
         self.write_call(last_shard, truncate, Vec::new()).await?;
         Ok(())
     }

@@ -1,0 +1,419 @@
+//! Catching up a behind replica from an in-sync partner, online: the cluster serves reads and
+//! writes meanwhile.
+//!
+//! Replicas hold the same records at the same local indices, so catching up is a comparison
+//! by index: per slice of [`SLICE`] records, both sides' digests (`NodeRequest::Digest`: per
+//! record a CRC of its fields, each read checked), every record that differs is copied over
+//! with a `Modify`, the records the replica lacks are appended in one request (the partner's
+//! gather reply is already an append's body), and records past the partner's end are cut.
+//! A wiped replica is all tail: only its partner is read.
+//!
+//! Each slice runs under the write lock and lease (a write waits for one slice at most), but
+//! writes between slices reach only the in-sync replicas, so a pass leaves the replica
+//! nearly caught up, not caught up. After [`ONLINE_PASSES`] such passes (or once one copies
+//! nothing), a last pass runs under the lock from start to end and marks the replica in sync
+//! before any write goes on: then it holds exactly what its partners hold.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use zr_proto::wire::{self, NodeRequest, Reply};
+
+use super::Router;
+use crate::error::Failure;
+use crate::nodes::{NodeId, NodeReply};
+
+/// Records compared and copied per step.
+const SLICE: u64 = 4096;
+/// Passes with writes going on between slices before the last pass, which holds them off.
+const ONLINE_PASSES: u32 = 2;
+/// How often the router looks for behind replicas to catch up.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// A catch-up's progress, for `zr cluster status`.
+#[derive(Clone, Debug)]
+pub(crate) struct Progress {
+    /// The partner copied from (its replica number).
+    pub(crate) partner: u32,
+    /// The pass running (the last holds writes off).
+    pub(crate) pass: u32,
+    pub(crate) last_pass: bool,
+    /// Records compared (or copied) in this pass, of `total`.
+    pub(crate) done: u64,
+    pub(crate) total: u64,
+    /// Records copied so far, over all passes, and their bytes.
+    pub(crate) copied: u64,
+    pub(crate) bytes: u64,
+    pub(crate) started: Instant,
+}
+
+impl Progress {
+    /// E.g. "catching up from replica 0, pass 1: 40960 of 100000 records (41%), 12000
+    /// records copied (11.7 MiB, 52.1 MiB/s), about 2 s left".
+    pub(crate) fn describe(&self) -> String {
+        let elapsed = self.started.elapsed().as_secs_f64().max(1e-3);
+        let rate = self.bytes as f64 / elapsed;
+        let percent = if self.total == 0 {
+            100.0
+        } else {
+            100.0 * self.done as f64 / self.total as f64
+        };
+        let pass = if self.last_pass {
+            format!("last pass {} (writes wait)", self.pass)
+        } else {
+            format!("pass {}", self.pass)
+        };
+        let left = if self.done > 0 && self.done < self.total {
+            let per_record = elapsed / self.done as f64;
+            format!(
+                ", about {:.0} s left in this pass",
+                per_record * (self.total - self.done) as f64
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "catching up from replica {}, {pass}: {} of {} records ({percent:.0}%), {} records copied ({:.1} MiB, {:.1} MiB/s){left}",
+            self.partner,
+            self.done,
+            self.total,
+            self.copied,
+            self.bytes as f64 / (1 << 20) as f64,
+            rate / (1 << 20) as f64,
+        )
+    }
+}
+
+impl Router {
+    /// Starts the task that catches up behind replicas that answer, one at a time; it ends
+    /// with the router.
+    pub(super) fn start_rebuilds(self: &Arc<Self>) {
+        if self.nodes.replicas() < 2 {
+            return;
+        }
+        let router = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(LOOK_EVERY).await;
+                let Some(router) = router.upgrade() else {
+                    return;
+                };
+                router.find_short().await;
+                for node in router.nodes.all() {
+                    if router.nodes.in_sync(node) || router.nodes.is_down(node) {
+                        continue;
+                    }
+                    if let Err(e) = router.catch_up(node).await {
+                        tracing::warn!(
+                            "catching up shard {} replica {}: {e} (tried again in a moment)",
+                            router.nodes.shard(node),
+                            router.nodes.replica(node)
+                        );
+                    }
+                }
+            }
+        });
+    }
+
+    /// Marks behind every in-sync replica whose heartbeats say it holds fewer records than
+    /// the committed length gives its shard, while a partner holds them: it came back empty
+    /// (a wiped or replaced disk) or lost data, and is caught up rather than read from.
+    async fn find_short(&self) {
+        let placement = self.placement.load_full();
+        let committed = self.committed.load(std::sync::atomic::Ordering::SeqCst);
+        for shard in 0..self.nodes.shards() {
+            let share = placement.shard_len(shard, committed);
+            let heard: Vec<(NodeId, Option<u64>)> = self
+                .nodes
+                .in_sync_of(shard)
+                .into_iter()
+                .map(|n| (n, self.nodes.heard_len(n)))
+                .collect();
+            if !heard
+                .iter()
+                .any(|&(_, len)| len.is_some_and(|l| l >= share))
+            {
+                continue;
+            }
+            for (node, len) in heard {
+                if let Some(len) = len.filter(|&l| l < share) {
+                    let why = format!("it holds {len} of the {share} records committed on it");
+                    if let Err(e) = self.nodes.mark_behind(node, &why).await {
+                        tracing::warn!("{e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Catches up behind node `node` from an in-sync partner and marks it in sync (see the
+    /// module documentation).
+    pub(crate) async fn catch_up(&self, node: NodeId) -> Result<(), Failure> {
+        let shard = self.nodes.shard(node);
+        let replica = self.nodes.replica(node);
+        tracing::info!(
+            "shard {shard} replica {replica} at {}: catching up",
+            self.nodes.addr(node)
+        );
+        let started = Instant::now();
+        let result = async {
+            let mut pass = 1;
+            loop {
+                let last = pass > ONLINE_PASSES;
+                let copied = if last {
+                    self.exclusive(|| async {
+                        let copied = self.sync_pass(node, pass, true).await?;
+                        self.nodes.mark_in_sync(node).await?;
+                        Ok(copied)
+                    })
+                    .await?
+                } else {
+                    self.sync_pass(node, pass, false).await?
+                };
+                if last {
+                    return Ok(copied);
+                }
+                // Nothing left to copy: the last pass will be short.
+                pass = if copied == 0 {
+                    ONLINE_PASSES + 1
+                } else {
+                    pass + 1
+                };
+            }
+        }
+        .await;
+        let progress = self
+            .rebuilds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&node);
+        if result.is_ok() {
+            let (copied, bytes) = progress.map_or((0, 0), |p| (p.copied, p.bytes));
+            tracing::info!(
+                "shard {shard} replica {replica} caught up in {:.1} s: {copied} records copied ({:.1} MiB)",
+                started.elapsed().as_secs_f64(),
+                bytes as f64 / (1 << 20) as f64
+            );
+            metrics::counter!("zr_router_records_rebuilt_total").increment(copied);
+        }
+        result.map(|_| ())
+    }
+
+    /// One pass over the shard: every slice compared and copied, each under the write lock
+    /// (`locked`: the caller holds it for the whole pass); returns the records copied.
+    async fn sync_pass(&self, node: NodeId, pass: u32, locked: bool) -> Result<u64, Failure> {
+        let shard = self.nodes.shard(node);
+        let mut from = 0;
+        let mut copied = 0;
+        loop {
+            let partner = self.partner(shard)?;
+            let step = if locked {
+                // Renewed as it runs; lost, it stops (another router's writes may follow).
+                if self.acquire_lease().await?.is_some() {
+                    return Err(Failure::Metadata(
+                        "the write lease passed on during the last pass of a catch-up".into(),
+                    ));
+                }
+                self.sync_slice(node, partner, from).await?
+            } else {
+                self.exclusive(|| self.sync_slice(node, partner, from))
+                    .await?
+            };
+            copied += step.copied;
+            let mut rebuilds = self.rebuilds.lock().unwrap_or_else(|e| e.into_inner());
+            let progress = rebuilds.entry(node).or_insert_with(|| Progress {
+                partner: self.nodes.replica(partner),
+                pass,
+                last_pass: locked,
+                done: 0,
+                total: 0,
+                copied: 0,
+                bytes: 0,
+                started: Instant::now(),
+            });
+            progress.partner = self.nodes.replica(partner);
+            progress.pass = pass;
+            progress.last_pass = locked;
+            progress.done = step.end;
+            progress.total = step.partner_len;
+            progress.copied += step.copied;
+            progress.bytes += step.bytes;
+            drop(rebuilds);
+            if step.end >= step.partner_len {
+                return Ok(copied);
+            }
+            from = step.end;
+        }
+    }
+
+    /// An in-sync replica of `shard` to copy from: one not known down.
+    fn partner(&self, shard: u32) -> Result<NodeId, Failure> {
+        self.nodes
+            .read_order(shard)
+            .into_iter()
+            .find(|&n| !self.nodes.is_down(n))
+            .ok_or_else(|| {
+                Failure::Metadata(format!(
+                    "shard {shard} has no in-sync replica up to copy from"
+                ))
+            })
+    }
+
+    /// Makes records `from..from + SLICE` of `node` what they are on `partner` (and cuts
+    /// records past the partner's end). The caller holds the write lock and lease.
+    async fn sync_slice(&self, node: NodeId, partner: NodeId, from: u64) -> Result<Slice, Failure> {
+        let partner_len = self.node_len(partner).await?;
+        let mut len = self.node_len(node).await?;
+        let end = (from + SLICE).min(partner_len);
+        let mut slice = Slice {
+            end,
+            partner_len,
+            copied: 0,
+            bytes: 0,
+        };
+        // Records both hold: copy those that differ.
+        let common = len.min(end);
+        if from < common {
+            let theirs = self.digest(partner, from, common - from).await?;
+            let ours = self.digest(node, from, common - from).await?;
+            if let Some(&bad) = theirs.1.first() {
+                return Err(self.nodes.unavailable(
+                    partner,
+                    format!("its record {bad} fails its check, so it cannot be copied from (zr verify --router repairs it)"),
+                ));
+            }
+            let differ: Vec<u64> = (from..common)
+                .zip(theirs.0.iter().zip(&ours.0))
+                .filter(|(_, (a, b))| a != b)
+                .map(|(index, _)| index)
+                .collect();
+            if !differ.is_empty() {
+                let (lengths, body) = self.read_records(partner, differ.clone()).await?;
+                let columns = wire::split_columns(&lengths, &body);
+                for (k, &index) in differ.iter().enumerate() {
+                    let request = NodeRequest::Modify {
+                        index,
+                        token: None, // write_node sets it
+                        fields: self.field_names(),
+                        lengths: lengths.iter().map(|l| l[k]).collect(),
+                    };
+                    let payload: Vec<Bytes> = columns
+                        .iter()
+                        .map(|column| Bytes::copy_from_slice(column[k]))
+                        .collect();
+                    slice.bytes += payload.iter().map(|p| p.len() as u64).sum::<u64>();
+                    self.write_node(node, request, payload).await?;
+                }
+                slice.copied += differ.len() as u64;
+            }
+        }
+        // Records it lacks: appended in one request.
+        if len < end {
+            let start = len.max(from);
+            if start > len {
+                return Err(self.nodes.unavailable(
+                    node,
+                    format!("it holds {len} records, fewer than the {from} already caught up"),
+                ));
+            }
+            let read = self.gather_all(partner, (start..end).collect()).await?;
+            let Reply::Gather { lengths } = &read.reply else {
+                return Err(self
+                    .nodes
+                    .unavailable(partner, format!("answered a gather with {:?}", read.reply)));
+            };
+            let mut body = zr_proto::chunks::Chunks::new(&read.chunks);
+            body.skip(read.body_start);
+            let body = body.to_vec();
+            slice.bytes += body.len() as u64;
+            let request = NodeRequest::Append {
+                at: Some(start),
+                token: None, // write_node sets it
+                fields: self.field_names(),
+                lengths: lengths.clone(),
+            };
+            self.write_node(node, request, vec![Bytes::from(body)])
+                .await?;
+            slice.copied += end - start;
+            len = end;
+        }
+        // Records past the partner's end (it missed a delete).
+        if end == partner_len && len > partner_len {
+            let cut = NodeRequest::Truncate {
+                len: partner_len,
+                token: 0, // write_node sets it
+            };
+            self.write_node(node, cut, Vec::new()).await?;
+        }
+        Ok(slice)
+    }
+
+    /// Node `node`'s length.
+    async fn node_len(&self, node: NodeId) -> Result<u64, Failure> {
+        match self
+            .nodes
+            .call(node, &NodeRequest::Info, Vec::new())
+            .await?
+            .reply
+        {
+            Reply::Info { len, .. } => Ok(len),
+            other => Err(self
+                .nodes
+                .unavailable(node, format!("answered Info with {other:?}"))),
+        }
+    }
+
+    /// Node `node`'s digest of records `start..start + count`: per record its CRC, and the
+    /// records that failed their check.
+    pub(crate) async fn digest(
+        &self,
+        node: NodeId,
+        start: u64,
+        count: u64,
+    ) -> Result<(Vec<u32>, Vec<u64>), Failure> {
+        let request = NodeRequest::Digest { start, count };
+        match self.nodes.call(node, &request, Vec::new()).await?.reply {
+            Reply::Digest { crcs, corrupt, .. } if crcs.len() as u64 == count => {
+                Ok((crcs, corrupt))
+            }
+            other => Err(self.nodes.unavailable(
+                node,
+                format!("answered a digest of {count} records from {start} with {other:?}"),
+            )),
+        }
+    }
+
+    /// Records `indices` of node `node`, every field.
+    async fn gather_all(&self, node: NodeId, indices: Vec<u64>) -> Result<NodeReply, Failure> {
+        let request = NodeRequest::Gather {
+            indices,
+            fields: Vec::new(),
+        };
+        self.nodes.call(node, &request, Vec::new()).await
+    }
+
+    /// Records `indices` of node `node`, every field: per field their lengths, and the body.
+    pub(crate) async fn read_records(
+        &self,
+        node: NodeId,
+        indices: Vec<u64>,
+    ) -> Result<(Vec<Vec<u32>>, Vec<u8>), Failure> {
+        let read = self.gather_all(node, indices).await?;
+        match &read.reply {
+            Reply::Gather { lengths } => Ok((lengths.clone(), read.body())),
+            other => Err(self
+                .nodes
+                .unavailable(node, format!("answered a gather with {other:?}"))),
+        }
+    }
+}
+
+/// What one slice did.
+struct Slice {
+    /// Where the slice ended (the next begins there).
+    end: u64,
+    partner_len: u64,
+    copied: u64,
+    bytes: u64,
+}
