@@ -143,7 +143,7 @@ mod tests {
     #[test]
     fn marks_survive_the_store() {
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::EmbeddedStore::open(dir.path().to_path_buf()).unwrap();
+        let store = crate::EmbeddedStore::open(dir.path()).unwrap();
         let run = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
