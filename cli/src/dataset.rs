@@ -263,17 +263,33 @@ impl Drop for Partial {
     }
 }
 
-/// Check every record's CRC32 and every offset entry's bounds; report, never repair.
+/// Check every record's CRC32 and every offset entry's bounds.
 ///
-/// Prints each bad record as `field index reason` and exits non-zero if there is any.
+/// A dataset directory is checked, never repaired: each bad record is printed as `field
+/// index reason`, and the exit status is non-zero if there is any.
+///
+/// With --router, every record of the cluster is checked on every in-sync replica of its
+/// shard (the copies compared too), throttled to --rate records a second, with progress;
+/// a copy that fails its check or differs from its partners' is repaired from a good one
+/// (the copy most intact replicas hold). Each problem is printed as it is found; the exit
+/// status is non-zero if one could not be repaired (no intact copy, as with one replica).
 #[derive(Args)]
 pub struct VerifyArgs {
     /// Dataset directory.
-    dir: PathBuf,
+    dir: Option<PathBuf>,
+    #[command(flatten)]
+    remote: RouterArgs,
+    /// With --router: at most this many records a second (each checked on every replica);
+    /// 0 for no limit.
+    #[arg(long, default_value_t = 200_000, value_name = "RECORDS")]
+    rate: u64,
 }
 
 pub fn verify(args: VerifyArgs) -> CliResult {
-    let store = Store::open_read_only(&args.dir)?;
+    let Some(dir) = target_dir(&args.dir, &args.remote)? else {
+        return scrub_cluster(&args);
+    };
+    let store = Store::open_read_only(dir)?;
     let bar = progress_bar(store.len(), false);
     bar.set_message("verifying");
     let report = store.verify(|done| bar.set_position(done))?;
@@ -296,7 +312,7 @@ pub fn verify(args: VerifyArgs) -> CliResult {
         Err(format!(
             "{} bad record(s) in {}",
             report.problems.len(),
-            args.dir.display()
+            dir.display()
         )
         .into())
     }
@@ -335,5 +351,68 @@ pub fn rebalance(args: RebalanceArgs) -> CliResult {
         human_bytes(report.after.allocated_bytes),
         report.records
     );
+    Ok(())
+}
+
+/// Records one scrub request covers.
+const SCRUB_STEP: u64 = 4096;
+
+/// `zr verify --router`: every shard scrubbed range by range (see [`VerifyArgs`]).
+fn scrub_cluster(args: &VerifyArgs) -> CliResult {
+    let client = args
+        .remote
+        .client()?
+        .ok_or("--router is missing: zr verify --router ADDR --certs DIR")?;
+    let status = client.status()?;
+    let shards = status.nodes.iter().map(|n| n.shard + 1).max().unwrap_or(0);
+    let bar = progress_bar(client.len()?, false);
+    bar.set_message("scrubbing");
+    let started = std::time::Instant::now();
+    let (mut records, mut found, mut left) = (0u64, 0u64, 0u64);
+    let mut replicas = 0;
+    for shard in 0..shards {
+        let mut start = 0;
+        loop {
+            let report = client.scrub(shard, start, SCRUB_STEP)?;
+            replicas = replicas.max(report.replicas);
+            for problem in &report.problems {
+                found += 1;
+                left += u64::from(!problem.repaired);
+                bar.println(format!(
+                    "shard {shard} replica {} record {}: {}{}",
+                    problem.replica,
+                    problem.index,
+                    problem.what,
+                    if problem.repaired {
+                        "; repaired"
+                    } else {
+                        "; NOT repaired"
+                    }
+                ));
+            }
+            records += report.records;
+            bar.inc(report.records);
+            start += report.records;
+            if report.records == 0 || start >= report.shard_len {
+                break;
+            }
+            if args.rate > 0 {
+                // Throttled: each range takes at least its share of a second.
+                let due = std::time::Duration::from_secs_f64(records as f64 / args.rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "{records} records checked on {replicas} replica(s) each in {seconds:.1} s: {found} problem(s), {} repaired",
+        found - left
+    );
+    if left > 0 {
+        return Err(format!("{left} record copies could not be repaired (no intact copy)").into());
+    }
     Ok(())
 }

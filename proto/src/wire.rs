@@ -68,6 +68,10 @@ pub enum ClientRequest {
     Commit,
     /// The cluster as the router sees it now. Reply: `Status`.
     Status,
+    /// Check records `start..start + count` (shard-local) of shard `shard` on each of its
+    /// in-sync replicas — every record read against its CRC, and the replicas' copies
+    /// compared — and repair what fails or differs from a good copy. Reply: `Scrubbed`.
+    Scrub { shard: u32, start: u64, count: u64 },
 }
 
 impl ClientRequest {
@@ -81,6 +85,7 @@ impl ClientRequest {
             ClientRequest::Delete { .. } => "delete",
             ClientRequest::Commit => "commit",
             ClientRequest::Status => "status",
+            ClientRequest::Scrub { .. } => "scrub",
         }
     }
 }
@@ -209,10 +214,16 @@ impl Request for ClientRequest {
             ClientRequest::Modify {
                 fields, lengths, ..
             } => check_modify(fields, lengths, body),
+            ClientRequest::Scrub { count, .. } if *count > DIGEST_RECORDS_MAX => {
+                Err(Error::Malformed(format!(
+                    "a scrub of {count} records (at most {DIGEST_RECORDS_MAX} at once)"
+                )))
+            }
             ClientRequest::Info
             | ClientRequest::Delete { .. }
             | ClientRequest::Commit
-            | ClientRequest::Status => expect_empty(body),
+            | ClientRequest::Status
+            | ClientRequest::Scrub { .. } => expect_empty(body),
         }
     }
 }
@@ -305,6 +316,31 @@ pub enum Reply {
     },
     /// The cluster as the router sees it.
     Status(ClusterStatus),
+    /// What a scrub of part of a shard found and did.
+    Scrubbed(ScrubReport),
+}
+
+/// What a scrub of records of one shard found and did (see `ClientRequest::Scrub`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubReport {
+    /// The shard's length (its in-sync replicas'); the range scrubbed ends there at most.
+    pub shard_len: u64,
+    /// Records checked, each on every in-sync replica.
+    pub records: u64,
+    /// Replicas checked.
+    pub replicas: u32,
+    /// Each problem found, in words (replica, local index, what), and whether repaired.
+    pub problems: Vec<ScrubProblem>,
+}
+
+/// One record's copy that failed its check or differed from its partners'.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubProblem {
+    pub replica: u32,
+    /// The shard-local index.
+    pub index: u64,
+    pub what: String,
+    pub repaired: bool,
 }
 
 /// The cluster as a router sees it (`zr cluster status`).

@@ -151,6 +151,26 @@ impl AsyncClient {
         }
     }
 
+    /// Scrubs records `start..start + count` of shard `shard` (shard-local indices): each
+    /// read on every in-sync replica against its CRC, the copies compared, and what fails or
+    /// differs repaired from a good copy.
+    pub async fn scrub(
+        &self,
+        shard: u32,
+        start: u64,
+        count: u64,
+    ) -> Result<wire::ScrubReport, Error> {
+        let request = ClientRequest::Scrub {
+            shard,
+            start,
+            count,
+        };
+        match self.call(&request, Vec::new()).await?.0 {
+            Reply::Scrubbed(report) => Ok(report),
+            other => Err(unexpected("scrub", &other)),
+        }
+    }
+
     /// Gathers `indices` for `fields` (empty = all): one column per field, in caller order.
     pub async fn gather(&self, indices: &[u64], fields: &[&str]) -> Result<Vec<Contiguous>, Error> {
         let request = ClientRequest::Gather {
@@ -338,6 +358,11 @@ impl Client {
     /// The cluster as the router sees it (see [`AsyncClient::status`]).
     pub fn status(&self) -> Result<wire::ClusterStatus, Error> {
         self.runtime.block_on(self.inner.status())
+    }
+
+    /// Scrubs part of a shard (see [`AsyncClient::scrub`]).
+    pub fn scrub(&self, shard: u32, start: u64, count: u64) -> Result<wire::ScrubReport, Error> {
+        self.runtime.block_on(self.inner.scrub(shard, start, count))
     }
 
     /// Gathers `indices` for `fields` (empty = all): one column per field, in caller order.

@@ -30,6 +30,7 @@ use zr_meta::MetaStore;
 
 mod lease;
 mod rebuild;
+mod scrub;
 mod writes;
 
 /// Most client connections a router serves at once.
@@ -643,6 +644,14 @@ impl Router {
                 self.exclusive(|| self.delete(index)).await.map(ready_body)
             }
             ClientRequest::Status => Ok(ready(Reply::Status(self.status().await))),
+            ClientRequest::Scrub {
+                shard,
+                start,
+                count,
+            } => self
+                .scrub(shard, start, count)
+                .await
+                .map(|report| ready(Reply::Scrubbed(report))),
             ClientRequest::Commit => {
                 self.exclusive(|| async {
                     for shard in 0..self.nodes.shards() {

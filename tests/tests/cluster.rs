@@ -56,7 +56,20 @@ fn check_all(client: &Client, model: &[Row]) {
 
 #[test]
 fn cluster_matches_a_model_through_random_operations() {
-    let mut cluster = SimCluster::start(3, options()).unwrap();
+    matches_a_model(1);
+}
+
+#[test]
+fn a_replicated_cluster_matches_a_model_through_random_operations() {
+    matches_a_model(2);
+}
+
+fn matches_a_model(replicas: u32) {
+    let options = SimOptions {
+        replicas,
+        ..options()
+    };
+    let mut cluster = SimCluster::start(3, options).unwrap();
     let client = cluster.client().unwrap();
     let mut model: Vec<Row> = Vec::new();
     let mut committed: Vec<Row> = Vec::new();
@@ -98,6 +111,12 @@ fn cluster_matches_a_model_through_random_operations() {
     check_all(&client, &model);
     client.commit().unwrap();
     committed.clone_from(&model);
+    // Every replica holds the same records.
+    for shard in 0..3 {
+        let report = client.scrub(shard, 0, 1 << 20).unwrap();
+        assert_eq!(report.replicas, replicas);
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+    }
 
     // Errors name what is wrong.
     let err = client
