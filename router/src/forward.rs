@@ -248,12 +248,22 @@ async fn attempt(
         used = Some(connection.clone());
         receive(&connection, header, shard, records, pieces, progress).await
     };
-    let received = tokio::time::timeout(nodes.timeout(), exchange)
-        .await
-        .unwrap_or_else(|_| {
-            let waited = nodes.timeout().as_millis();
-            Err(Received::Net(format!("no reply within {waited} ms")))
-        });
+    let bounded = async {
+        tokio::time::timeout(nodes.timeout(), exchange)
+            .await
+            .unwrap_or_else(|_| {
+                let waited = nodes.timeout().as_millis();
+                Err(Received::Net(format!("no reply within {waited} ms")))
+            })
+    };
+    // A node its heartbeats find down meanwhile (killed, cut off) is not waited for to the
+    // end of the timeout when a partner can be asked instead.
+    let received = tokio::select! {
+        received = bounded => received,
+        _ = nodes.wait_down(node), if nodes.replicas() > 1 => {
+            Err(Received::Net("its heartbeats found it down meanwhile".into()))
+        }
+    };
     match received {
         Ok(()) => Ok(()),
         // The node answered with an error of its own: the connection is fine.

@@ -49,9 +49,6 @@ struct NodeLink {
     written: AtomicBool,
     /// The length its last answer to a heartbeat gave.
     len: std::sync::Mutex<Option<u64>>,
-    /// Connected anew, and no heartbeat has checked its incarnation since: it may have
-    /// restarted and lost writes, so it is read from only when no partner can be.
-    unchecked: AtomicBool,
 }
 
 /// A node's reply, decoded, with the message as it arrived (chunks of received packets,
@@ -112,7 +109,6 @@ impl Nodes {
                     incarnation: std::sync::Mutex::new(None),
                     written: AtomicBool::new(false),
                     len: std::sync::Mutex::new(None),
-                    unchecked: AtomicBool::new(true),
                 })
             })
             .collect::<Result<_, Error>>()?;
@@ -221,21 +217,27 @@ impl Nodes {
     }
 
     /// The nodes to read shard `shard` from, best first: its in-sync replicas, each read
-    /// taking the next in turn (so every replica serves), those known down last, and before
-    /// them those connected anew whose incarnation no heartbeat has checked yet.
+    /// taking the next in turn (so every replica serves), those known down last.
     pub(crate) fn read_order(&self, shard: u32) -> Vec<NodeId> {
         let mut order = self.in_sync_of(shard);
         if order.len() > 1 {
             let turn = self.turn.fetch_add(1, Ordering::Relaxed) as usize % order.len();
             order.rotate_left(turn);
-            order.sort_by_key(|&n| {
-                (
-                    self.is_down(n),
-                    self.links[n].unchecked.load(Ordering::Relaxed),
-                )
-            });
+            order.sort_by_key(|&n| self.is_down(n));
         }
         order
+    }
+
+    /// Waits until node `node`'s heartbeats find it down (forever, if they never do).
+    pub(crate) async fn wait_down(&self, node: NodeId) {
+        let mut health = self.links[node].health.subscribe();
+        if health
+            .wait_for(|h| matches!(h, Health::Down { .. }))
+            .await
+            .is_err()
+        {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// True if node `node`'s heartbeats have found it down.
@@ -314,13 +316,17 @@ impl Nodes {
     /// The open connection to node `node`, connected first (within `timeout`) if there is
     /// none.
     pub(crate) async fn link(&self, node: NodeId, timeout: Duration) -> Result<Connection, Error> {
+        let id = node;
         let node = &self.links[node];
         let mut cached = node.connection.lock().await;
         match cached.as_ref().filter(|c| c.close_reason().is_none()) {
             Some(c) => Ok(c.clone()),
             None => {
                 let c = zr_net::connect(&node.endpoint, &self.security, node.addr, timeout).await?;
-                node.unchecked.store(true, Ordering::SeqCst);
+                // Before anything else goes over it: is this the process written to before?
+                if let Some(incarnation) = self.incarnation_on(&c, timeout).await? {
+                    self.check_incarnation(id, incarnation).await;
+                }
                 *cached = Some(c.clone());
                 Ok(c)
             }
@@ -410,15 +416,11 @@ impl Nodes {
             .exchange(node, &NodeRequest::Info, Vec::new(), timeout)
             .await;
         if let Ok(NodeReply {
-            reply: Reply::Info {
-                incarnation, len, ..
-            },
+            reply: Reply::Info { len, .. },
             ..
         }) = &outcome
         {
             *link.len.lock().unwrap_or_else(|e| e.into_inner()) = Some(*len);
-            self.check_incarnation(node, *incarnation).await;
-            link.unchecked.store(false, Ordering::SeqCst);
         }
         let label = if self.replicas == 1 {
             shard.to_string()
@@ -462,9 +464,25 @@ impl Nodes {
         liveness.pause()
     }
 
-    /// Node `node` answered as `incarnation`: if it restarted since its last answer while
-    /// this router's writes to it were not yet durable, it may have lost them, and is marked
-    /// behind.
+    /// The incarnation of the node at the far end of `connection`, new: asked before the
+    /// connection is used (`None` if the node answers with a refusal of its own).
+    async fn incarnation_on(
+        &self,
+        connection: &Connection,
+        timeout: Duration,
+    ) -> Result<Option<u64>, Error> {
+        let header = self.encode(&NodeRequest::Info)?;
+        let chunks = zr_net::call_chunks(connection, header, Vec::new(), timeout).await?;
+        match wire::decode_reply_chunks(&chunks)?.0 {
+            Reply::Info { incarnation, .. } => Ok(Some(incarnation)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Node `node`, connected anew, is the process `incarnation`: if that is another than
+    /// before while this router's writes to it were not yet durable, it restarted and may have
+    /// lost them, and is marked behind. Every connection is checked so before its first
+    /// request, so no write is taken for one the node lost.
     async fn check_incarnation(&self, node: NodeId, incarnation: u64) {
         let link = &self.links[node];
         let before = link

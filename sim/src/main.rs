@@ -2,7 +2,7 @@
 //! data through the router, then random batch gathers — verified — with their throughput.
 //!
 //! ```text
-//! cargo run --release -p zr-sim [-- --records 200000 --seconds 5 --shards 4]
+//! cargo run --release -p zr-sim [-- --records 200000 --seconds 5 --shards 4 --replicas 2]
 //! ```
 
 use std::time::{Duration, Instant};
@@ -20,6 +20,9 @@ struct Args {
     /// Shards (nodes) in the cluster.
     #[arg(long, default_value_t = 4)]
     shards: u32,
+    /// Nodes holding each shard (every record on this many nodes; reads spread over them).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    replicas: u32,
     /// Sample records to load (1 KiB image + a short flate-compressed caption each).
     #[arg(long, default_value_t = 200_000)]
     records: u64,
@@ -74,14 +77,24 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             ("caption".into(), "flate".into()),
         ],
         metadata,
+        replicas: args.replicas,
         ..SimOptions::default()
     };
     let started = Instant::now();
     let cluster = SimCluster::start(args.shards, options)?;
     let client = cluster.client()?;
+    let shape = if args.replicas == 1 {
+        format!("{} shards", args.shards)
+    } else {
+        format!(
+            "{} shards × {} replicas ({} nodes)",
+            args.shards,
+            args.replicas,
+            args.shards * args.replicas
+        )
+    };
     println!(
-        "cluster: {} shards and a router on {} (QUIC, mutual TLS from a generated cluster CA), started in {:.2} s",
-        args.shards,
+        "cluster: {shape} and a router on {} (QUIC, mutual TLS from a generated cluster CA), started in {:.2} s",
         cluster.router_addr(),
         started.elapsed().as_secs_f64()
     );
@@ -113,7 +126,7 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     client.commit()?;
     let load_s = started.elapsed().as_secs_f64();
     println!(
-        "loaded {} records ({:.1} MiB) through the router in {:.2} s ({:.1} MiB/s), committed on every shard",
+        "loaded {} records ({:.1} MiB) through the router in {:.2} s ({:.1} MiB/s), committed on every node",
         loaded,
         (loaded as usize * IMAGE_BYTES) as f64 / (1 << 20) as f64,
         load_s,

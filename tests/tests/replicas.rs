@@ -306,13 +306,21 @@ fn a_scrub_finds_and_repairs_a_damaged_copy() {
         let payload = &model[global as usize][0];
         if let Some(at) = bytes.windows(payload.len()).position(|w| w == &payload[..]) {
             use std::io::{Seek, Write};
-            let mut file = std::fs::OpenOptions::new().write(true).open(&path).expect("open");
-            file.seek(std::io::SeekFrom::Start(at as u64 + 50)).expect("seek");
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .expect("open");
+            file.seek(std::io::SeekFrom::Start(at as u64 + 50))
+                .expect("seek");
             file.write_all(&[payload[50] ^ 0x55]).expect("damage");
             flipped = true;
         }
     }
-    assert!(flipped, "record {global}'s payload not found in {}", chunks.display());
+    assert!(
+        flipped,
+        "record {global}'s payload not found in {}",
+        chunks.display()
+    );
     cluster.start_node(damaged).expect("start");
     wait_in_sync(&client, Duration::from_secs(30));
     let mut problems = Vec::new();
@@ -324,9 +332,16 @@ fn a_scrub_finds_and_repairs_a_damaged_copy() {
     assert_eq!(problems.len(), 1, "{problems:?}");
     let (shard, problem) = &problems[0];
     assert_eq!((*shard, problem.replica, problem.index), (1, 1, local));
-    assert!(problem.repaired && problem.what.contains("check"), "{problem:?}");
+    assert!(
+        problem.repaired && problem.what.contains("check"),
+        "{problem:?}"
+    );
     // Scrubbed again: nothing left.
-    assert!(client.scrub(1, 0, 10_000).expect("scrub").problems.is_empty());
+    assert!(client
+        .scrub(1, 0, 10_000)
+        .expect("scrub")
+        .problems
+        .is_empty());
     cluster.crash_node(cluster.node(1, 0));
     check_all(&client, &model);
 }

@@ -163,7 +163,10 @@ mod tests {
 
     #[test]
     fn the_good_copy_is_the_one_most_intact_replicas_hold() {
-        assert_eq!(most_held(&[(0, Some(1)), (1, Some(2)), (2, Some(2))]), Some(2));
+        assert_eq!(
+            most_held(&[(0, Some(1)), (1, Some(2)), (2, Some(2))]),
+            Some(2)
+        );
         assert_eq!(most_held(&[(0, None), (1, Some(5))]), Some(5));
         assert_eq!(most_held(&[(0, Some(7)), (1, Some(5))]), Some(7));
         assert_eq!(most_held(&[(0, None), (1, None)]), None);

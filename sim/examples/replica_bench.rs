@@ -1,0 +1,256 @@
+//! What replicas cost and buy, on loopback, each figure next to its baseline from the same
+//! run: random gathers through the router with two replicas per shard vs one; appends with
+//! two vs one; the rebuild of a wiped node vs a plain file copy of the same bytes; and the
+//! longest pause a gather loop sees while a node is killed (its connection closes) or stalls
+//! (it stops answering), against the router's timeout.
+//!
+//! ```text
+//! cargo run --release -p zr-sim --example replica_bench -- [--records 100000] [--seconds 3]
+//! ```
+//! The two clusters take turns (`--rounds`), so a shared machine's load weighs on both alike.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use zr_common::hash::{mix2, reduce};
+use zr_common::Record;
+use zr_router::Client;
+use zr_sim::{SimCluster, SimOptions};
+
+/// Replicas' costs and gains on loopback, against same-run baselines.
+#[derive(Parser)]
+struct Args {
+    /// Shards of each cluster.
+    #[arg(long, default_value_t = 2)]
+    shards: u32,
+    /// Records loaded into each cluster.
+    #[arg(long, default_value_t = 100_000)]
+    records: u64,
+    /// Bytes per record.
+    #[arg(long, default_value_t = 1024)]
+    size: usize,
+    /// Records per gather.
+    #[arg(long, default_value_t = 1024)]
+    batch: usize,
+    /// Seconds of gathers per cluster (split over the rounds).
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Turns each cluster takes.
+    #[arg(long, default_value_t = 6)]
+    rounds: u32,
+    /// The router's timeout in the failure measurements, in milliseconds.
+    #[arg(long, default_value_t = 1_000)]
+    timeout_ms: u64,
+}
+
+type Failed = Box<dyn std::error::Error + Send + Sync>;
+
+fn payload(i: u64, size: usize) -> Vec<u8> {
+    (0..size.div_ceil(8))
+        .flat_map(|k| mix2(i, k as u64).to_le_bytes())
+        .take(size)
+        .collect()
+}
+
+fn cluster(args: &Args, replicas: u32, timeout_ms: u64) -> Result<SimCluster, Failed> {
+    SimCluster::start(
+        args.shards,
+        SimOptions {
+            replicas,
+            timeout_ms,
+            ..SimOptions::default()
+        },
+    )
+}
+
+/// Appends `count` records from index `from` on in batches of 1,024; returns the seconds.
+fn append(client: &Client, from: u64, count: u64, size: usize) -> Result<f64, Failed> {
+    let started = Instant::now();
+    let mut done = 0;
+    while done < count {
+        let n = 1024.min(count - done);
+        let payloads: Vec<Vec<u8>> = (0..n).map(|k| payload(from + done + k, size)).collect();
+        let records: Vec<Record> = payloads
+            .iter()
+            .map(|p| Record::new().with("data", p))
+            .collect();
+        client.append_many(&records)?;
+        done += n;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Random gathers for `seconds`, every record checked; returns (records, seconds, the
+/// longest batch).
+fn gather(
+    client: &Client,
+    len: u64,
+    batch: usize,
+    size: usize,
+    seconds: f64,
+    seed: u64,
+) -> Result<(u64, f64, Duration), Failed> {
+    let started = Instant::now();
+    let (mut records, mut longest) = (0u64, Duration::ZERO);
+    let mut n = 0u64;
+    while started.elapsed().as_secs_f64() < seconds {
+        let indices: Vec<u64> = (0..batch as u64)
+            .map(|k| reduce(mix2(seed ^ n, k), len))
+            .collect();
+        let t = Instant::now();
+        let columns = client.gather(&indices, &[])?;
+        longest = longest.max(t.elapsed());
+        for (pos, &i) in indices.iter().enumerate().step_by(97) {
+            if columns[0].get(pos) != Some(&payload(i, size)[..]) {
+                return Err(format!("record {i} came back wrong").into());
+            }
+        }
+        records += indices.len() as u64;
+        n += 1;
+    }
+    Ok((records, started.elapsed().as_secs_f64(), longest))
+}
+
+fn main() -> Result<(), Failed> {
+    zr_common::alloc::tune();
+    let args = Args::parse();
+    let mib = |bytes: f64| bytes / (1 << 20) as f64;
+    let one = cluster(&args, 1, 5_000)?;
+    let two = cluster(&args, 2, 5_000)?;
+    let (c1, c2) = (one.client()?, two.client()?);
+    println!(
+        "{} shards, {} records of {} B each; R = 1 ({} nodes) vs R = 2 ({} nodes); every process on this machine",
+        args.shards,
+        args.records,
+        args.size,
+        args.shards,
+        args.shards * 2
+    );
+
+    // Appends, taking turns.
+    let (mut t1, mut t2) = (0.0, 0.0);
+    let step = args.records / args.rounds as u64;
+    for round in 0..args.rounds as u64 {
+        t1 += append(&c1, round * step, step, args.size)?;
+        t2 += append(&c2, round * step, step, args.size)?;
+    }
+    let loaded = step * args.rounds as u64;
+    c1.commit()?;
+    c2.commit()?;
+    let bytes = (loaded as usize * args.size) as f64;
+    println!(
+        "append    R=1 {:>8.1} MiB/s   R=2 {:>8.1} MiB/s   R=2/R=1 {:.2}x",
+        mib(bytes / t1),
+        mib(bytes / t2),
+        t1 / t2
+    );
+
+    // Gathers, taking turns.
+    let (mut r1, mut s1, mut r2, mut s2) = (0, 0.0, 0, 0.0);
+    let turn = args.seconds / args.rounds as f64;
+    for round in 0..args.rounds as u64 {
+        let (r, s, _) = gather(&c1, loaded, args.batch, args.size, turn, round)?;
+        (r1, s1) = (r1 + r, s1 + s);
+        let (r, s, _) = gather(&c2, loaded, args.batch, args.size, turn, round)?;
+        (r2, s2) = (r2 + r, s2 + s);
+    }
+    let (g1, g2) = (r1 as f64 / s1, r2 as f64 / s2);
+    println!(
+        "gather    R=1 {g1:>8.0} rec/s   R=2 {g2:>8.0} rec/s   R=2/R=1 {:.2}x   (batches of {}, random, checked)",
+        g2 / g1,
+        args.batch
+    );
+    drop((c1, one));
+
+    // Rebuild of a wiped node vs a file copy of the same bytes.
+    let mut two = two;
+    let wiped = two.node(0, 1);
+    two.crash_node(wiped);
+    std::fs::remove_dir_all(two.data_dir(wiped))?;
+    let started = Instant::now();
+    two.start_node(wiped)?;
+    loop {
+        let status = c2.status()?;
+        if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rebuild_s = started.elapsed().as_secs_f64();
+    let shard_bytes = dir_bytes(&two.data_dir(two.node(0, 0)).join("chunk"))?;
+    let copy_s = file_copy_seconds(shard_bytes)?;
+    println!(
+        "rebuild   wiped node {:>6.1} MiB/s ({:.1} MiB in {rebuild_s:.2} s, start to in sync)   file copy {:>7.1} MiB/s   rebuild/copy {:.2}x",
+        mib(shard_bytes as f64 / rebuild_s),
+        mib(shard_bytes as f64),
+        mib(shard_bytes as f64 / copy_s),
+        copy_s / rebuild_s
+    );
+    drop((c2, two));
+
+    // The longest pause of a gather loop while a node is killed, then while one stalls.
+    for (what, stall) in [("killed", false), ("stalled", true)] {
+        let mut cluster = cluster(&args, 2, args.timeout_ms)?;
+        let client = cluster.client()?;
+        append(&client, 0, 20_000, args.size)?;
+        client.commit()?;
+        let (_, _, before) = gather(&client, 20_000, args.batch, args.size, 1.0, 1)?;
+        let loop_client = cluster.client()?;
+        let size = args.size;
+        let batch = args.batch;
+        let worker = std::thread::spawn(move || gather(&loop_client, 20_000, batch, size, 4.0, 2));
+        std::thread::sleep(Duration::from_millis(1_000));
+        let victim = cluster.node(1, 0);
+        if stall {
+            cluster.stall_node(victim)?;
+        } else {
+            cluster.crash_node(victim);
+        }
+        let (_, _, longest) = worker.join().map_err(|_| "the gather loop panicked")??;
+        println!(
+            "pause     node {what:<7}: longest batch {:>7.1} ms (before: {:.1} ms; router timeout {} ms, {:.2}x of it)",
+            longest.as_secs_f64() * 1e3,
+            before.as_secs_f64() * 1e3,
+            args.timeout_ms,
+            longest.as_secs_f64() * 1e3 / args.timeout_ms as f64
+        );
+    }
+    Ok(())
+}
+
+/// Bytes the files under `dir` hold (their sizes as written, not as allocated).
+fn dir_bytes(dir: &std::path::Path) -> Result<u64, Failed> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        // Chunk files grow in steps: count what they hold, not what they reserve.
+        total += meta.len().min(meta_blocks(&meta));
+    }
+    Ok(total)
+}
+
+#[cfg(unix)]
+fn meta_blocks(meta: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    meta.blocks() * 512
+}
+
+#[cfg(not(unix))]
+fn meta_blocks(meta: &std::fs::Metadata) -> u64 {
+    meta.len()
+}
+
+/// Seconds a plain file copy of `bytes` bytes between two directories takes (its source
+/// warm in the page cache, as the rebuild's is).
+fn file_copy_seconds(bytes: u64) -> Result<f64, Failed> {
+    let dir = tempfile::tempdir()?;
+    let (from, to) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&from)?;
+    std::fs::create_dir_all(&to)?;
+    let data: Vec<u8> = (0..bytes).map(|i| mix2(i, 7) as u8).collect();
+    std::fs::write(from.join("chunk"), &data)?;
+    let started = Instant::now();
+    std::fs::copy(from.join("chunk"), to.join("chunk"))?;
+    Ok(started.elapsed().as_secs_f64())
+}
