@@ -26,6 +26,11 @@ fn binary(name: &str) -> PathBuf {
 
 /// A port P with P, P+1 and P+2 free (the router and two shards of `cluster-init`).
 fn free_ports() -> u16 {
+    free_port_run(3)
+}
+
+/// A port P with P..P+count free.
+fn free_port_run(count: u16) -> u16 {
     loop {
         let base = std::net::UdpSocket::bind("127.0.0.1:0")
             .unwrap()
@@ -33,7 +38,7 @@ fn free_ports() -> u16 {
             .unwrap()
             .port();
         if base < 60000
-            && (0..3).all(|k| std::net::UdpSocket::bind(("127.0.0.1", base + k)).is_ok())
+            && (0..count).all(|k| std::net::UdpSocket::bind(("127.0.0.1", base + k)).is_ok())
         {
             return base;
         }
@@ -43,12 +48,20 @@ fn free_ports() -> u16 {
 /// `zr cluster-init` for two shards in `dir`; returns nodes.toml, the router's address and
 /// the certificate directory.
 fn cluster_init(dir: &Path) -> (PathBuf, String, PathBuf) {
-    let base = free_ports();
+    cluster_init_with(dir, 1)
+}
+
+/// [`cluster_init`] with `replicas` nodes per shard (node N = shard·replicas + replica on
+/// the router's port + 1 + N).
+fn cluster_init_with(dir: &Path, replicas: u16) -> (PathBuf, String, PathBuf) {
+    let base = free_port_run(1 + 2 * replicas);
     let out = Command::new(binary("zr"))
         .args([
             "cluster-init",
             "--shards",
             "2",
+            "--replicas",
+            &replicas.to_string(),
             "--field",
             "x",
             "--base-port",
@@ -512,6 +525,132 @@ fn a_killed_node_is_reported_down_at_once() {
     );
     drop(client);
     stop_all(processes);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Two replicas per shard as separate processes: `kill -9` of any one node while a client
+/// gathers and appends costs the client nothing — no error, no wrong byte — and the node,
+/// started again, catches up; then its partner may die. `zr verify --router` finds every
+/// copy intact.
+#[test]
+fn a_replicated_cluster_shrugs_off_kill_9_of_a_node() {
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("replicas");
+    let (config, addr, certs) = cluster_init_with(&tmp, 2);
+    let config_path = config.to_str().unwrap().to_string();
+    let spawn_node = |shard: u32, replica: u32| {
+        spawn(
+            &node,
+            &[
+                "--shard",
+                &shard.to_string(),
+                "--replica",
+                &replica.to_string(),
+                "--nodes",
+                &config_path,
+            ],
+        )
+    };
+    let mut nodes: Vec<Child> = (0..4).map(|n| spawn_node(n / 2, n % 2)).collect();
+    let router = loop {
+        let mut router = spawn(&router, &["--nodes", &config_path]);
+        std::thread::sleep(Duration::from_millis(300));
+        if router.try_wait().unwrap().is_none() {
+            break router;
+        }
+    };
+    let client = connect(&addr, &certs);
+    let row = |i: u64| {
+        format!("record {i} ")
+            .repeat(1 + (i % 7) as usize)
+            .into_bytes()
+    };
+    let records: Vec<Vec<u8>> = (0..500).map(row).collect();
+    let batch: Vec<Record> = records.iter().map(|r| Record::new().with("x", r)).collect();
+    client.append_many(&batch).unwrap();
+    client.commit().unwrap();
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let loader = scope.spawn(|| {
+            // The clients' default timeout: longer than the router's.
+            let security = Security::load(&certs, Role::Client).unwrap();
+            let client = Client::connect(addr.parse().unwrap(), security).unwrap();
+            let mut len = 500u64;
+            let mut gathers = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let all: Vec<u64> = (0..len).collect();
+                let columns = client.gather(&all, &[]).expect("a gather failed");
+                for &i in &all {
+                    assert_eq!(columns[0].get(i as usize).unwrap(), &row(i)[..]);
+                }
+                let start = client
+                    .append(&Record::new().with("x", &row(len)))
+                    .expect("an append failed");
+                assert_eq!(start, len);
+                len += 1;
+                gathers += 1;
+            }
+            (len, gathers)
+        });
+        let wait_in_sync = || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !cluster_status(&addr, &certs).0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "never in sync again: {}",
+                    cluster_status(&addr, &certs).1
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        };
+        for victim in [1usize, 2] {
+            std::thread::sleep(Duration::from_millis(500));
+            nodes[victim].kill().unwrap();
+            nodes[victim].wait().unwrap();
+            std::thread::sleep(Duration::from_millis(1_500));
+            nodes[victim] = spawn_node(victim as u32 / 2, victim as u32 % 2);
+            wait_in_sync();
+        }
+        // Shard 0's replica 0 goes for good: its partner, caught up, serves alone.
+        nodes[0].kill().unwrap();
+        nodes[0].wait().unwrap();
+        std::thread::sleep(Duration::from_millis(1_000));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (len, gathers) = loader.join().expect("the client saw an error");
+        assert!(gathers > 3, "{gathers} gathers");
+        let all: Vec<u64> = (0..len).collect();
+        let columns = client.gather(&all, &[]).unwrap();
+        for &i in &all {
+            assert_eq!(columns[0].get(i as usize).unwrap(), &row(i)[..]);
+        }
+    });
+    nodes[0] = spawn_node(0, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cluster_status(&addr, &certs).0 {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            cluster_status(&addr, &certs).1
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let report = zr(&[
+        "verify",
+        "--router",
+        &addr,
+        "--certs",
+        certs.to_str().unwrap(),
+    ]);
+    assert!(
+        report.contains("on 2 replica(s) each") && report.contains(": 0 problem(s)"),
+        "{report}"
+    );
+    drop(client);
+    terminate(router);
+    for node in nodes {
+        terminate(node);
+    }
     let _ = std::fs::remove_dir_all(&tmp);
 }
 

@@ -63,11 +63,21 @@ impl Router {
         let calls = targets.iter().map(|&node| {
             let (request, body) = (request.clone(), body.clone());
             async move {
-                if several && self.nodes.is_down(node) {
-                    // Not waited for while another replica takes the write.
+                if !several {
+                    return self.write_node(node, request, body).await;
+                }
+                // A replica known down, or found down meanwhile, is not waited for while
+                // another takes the write: it is marked behind instead.
+                if self.nodes.is_down(node) {
                     return Err(self.nodes.unavailable(node, "down".into()));
                 }
-                self.write_node(node, request, body).await
+                tokio::select! {
+                    written = self.write_node(node, request, body) => written,
+                    _ = self.nodes.wait_down(node) => Err(self.nodes.unavailable(
+                        node,
+                        "its heartbeats found it down during the write".into(),
+                    )),
+                }
             }
         });
         let results = futures::future::join_all(calls).await;
