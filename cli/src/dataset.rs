@@ -110,9 +110,10 @@ pub struct GatherArgs {
     /// Output file.
     #[arg(long)]
     out: PathBuf,
-    /// Skip checking each record's CRC32 while reading (dataset directories; a corrupt
-    /// record is then returned as it is, as training's fast path does). Checked by default.
-    #[arg(long, conflicts_with = "router")]
+    /// Skip checking each record's CRC32 while reading (a corrupt record is then returned as
+    /// it is, as training's fast path does). Checked by default; through a router with
+    /// replicas, a damaged copy is read from another replica and repaired.
+    #[arg(long)]
     no_verify: bool,
     #[command(flatten)]
     read: ReadArgs,
@@ -204,7 +205,11 @@ pub fn gather(args: GatherArgs) -> CliResult {
                 &args.field,
                 client.fields().iter().map(|f| f.name.as_str()).collect(),
             )?;
-            let columns = client.gather(&indices, &[&field])?;
+            let columns = if args.no_verify {
+                client.gather(&indices, &[&field])?
+            } else {
+                client.gather_checked(&indices, &[&field])?
+            };
             let column = columns.first().ok_or("the router sent no column")?;
             for k in 0..indices.len() {
                 let payload = column.get(k).ok_or("the router sent a short column")?;

@@ -283,7 +283,13 @@ fn respond_unrecorded(
 /// Whether `request` is a gather small enough, and of raw fields only (no decompression), to
 /// run inline on an async worker while the store's pages are in memory.
 fn runs_inline_when_warm(store: &Store, request: &NodeRequest) -> bool {
-    let NodeRequest::Gather { indices, fields } = request else {
+    let NodeRequest::Gather {
+        indices,
+        fields,
+        checked: false,
+    } = request
+    else {
+        // Checked gathers read every byte: never inline.
         return false;
     };
     let raw = |spec: &FieldSpec| spec.compress == Compression::Raw;
@@ -387,9 +393,17 @@ fn execute(
     };
     match request {
         NodeRequest::Info => info(),
-        NodeRequest::Gather { indices, fields } => {
+        NodeRequest::Gather {
+            indices,
+            fields,
+            checked,
+        } => {
             let names: Vec<&str> = fields.iter().map(String::as_str).collect();
-            let batch = Arc::new(store.gather(&indices, &names).map_err(fail)?);
+            let options = GatherOptions {
+                verify: checked || store.defaults.verify,
+                ..store.defaults
+            };
+            let batch = Arc::new(store.gather_with(&indices, &names, options).map_err(fail)?);
             // The reply's body is sent straight from the batch: raw payloads from the mapped
             // chunks, flate ones from the batch's buffers; no copy into a reply buffer.
             let mut lengths = Vec::new();
@@ -505,7 +519,7 @@ fn digest(store: &Store, start: u64, count: u64) -> crate::Result<(Vec<u32>, Vec
     let mut corrupt = Vec::new();
     let checked = GatherOptions {
         verify: true,
-        ..GatherOptions::default()
+        ..store.defaults
     };
     let record_crc = |batch: &Batch, k: usize| {
         let mut hasher = crc32fast::Hasher::new();
@@ -658,6 +672,7 @@ mod tests {
         NodeRequest::Gather {
             indices: (0..records as u64).collect(),
             fields: fields.iter().map(|f| f.to_string()).collect(),
+            checked: false,
         }
     }
 
@@ -717,6 +732,7 @@ mod tests {
         let gather = |index: u64| NodeRequest::Gather {
             indices: vec![index],
             fields: Vec::new(),
+            checked: false,
         };
         assert_eq!(ask(&gather(1)), ErrorCode::CorruptRecord);
         assert_eq!(ask(&gather(2)), ErrorCode::IndexOutOfRange);

@@ -45,10 +45,13 @@ const KIND_NODE_REQUEST: u16 = 3;
 pub enum ClientRequest {
     /// Length and schema.
     Info,
-    /// Records `indices` of `fields` (empty = all). Reply: `GatherParts`.
+    /// Records `indices` of `fields` (empty = all). Reply: `GatherParts`. `checked`: every
+    /// record is read against its CRC; a copy that fails is read from another replica instead
+    /// (and repaired), or, with none left, the gather fails naming it.
     Gather {
         indices: Vec<u64>,
         fields: Vec<String>,
+        checked: bool,
     },
     /// Append records; body: per field of `fields`, the payloads (`lengths[f][k]` bytes each).
     /// Reply: `Appended`, the global indices the records got.
@@ -96,9 +99,11 @@ pub enum NodeRequest {
     /// Length and schema.
     Info,
     /// Records `indices` (shard-local) of `fields` (empty = all). Reply: `Gather`.
+    /// `checked`: each record read against its CRC (a failure is a `CorruptRecord` refusal).
     Gather {
         indices: Vec<u64>,
         fields: Vec<String>,
+        checked: bool,
     },
     /// Append records; body: per field of `fields`, the payloads (`lengths[f][k]` bytes each).
     /// `at`: the index the first record must get (the router's check that a node is in step).
@@ -209,7 +214,9 @@ impl Request for ClientRequest {
 
     fn check(&self, body: usize) -> Result<(), Error> {
         match self {
-            ClientRequest::Gather { indices, fields } => check_gather(indices, fields, body),
+            ClientRequest::Gather {
+                indices, fields, ..
+            } => check_gather(indices, fields, body),
             ClientRequest::Append { fields, lengths } => check_append(fields, lengths, body),
             ClientRequest::Modify {
                 fields, lengths, ..
@@ -242,7 +249,9 @@ impl Request for NodeMessage {
             )));
         }
         match &self.request {
-            NodeRequest::Gather { indices, fields } => check_gather(indices, fields, body),
+            NodeRequest::Gather {
+                indices, fields, ..
+            } => check_gather(indices, fields, body),
             NodeRequest::Append {
                 fields, lengths, ..
             } => check_append(fields, lengths, body),
@@ -770,6 +779,7 @@ mod tests {
         let good = encode_request(&node(NodeRequest::Gather {
             indices: vec![1, 2, 3],
             fields: vec![],
+            checked: false,
         }))
         .unwrap();
         // Every truncation, and every single-byte corruption, decodes to an error or to a
@@ -839,10 +849,15 @@ mod tests {
             any::<u64>().prop_map(|token| (NodeRequest::Fence { token }, Vec::new())),
             (
                 proptest::collection::vec(any::<u64>(), 0..64),
-                names.clone()
+                names.clone(),
+                any::<bool>()
             )
-                .prop_map(|(indices, fields)| (
-                    NodeRequest::Gather { indices, fields },
+                .prop_map(|(indices, fields, checked)| (
+                    NodeRequest::Gather {
+                        indices,
+                        fields,
+                        checked
+                    },
                     Vec::new()
                 )),
             (

@@ -173,9 +173,29 @@ impl AsyncClient {
 
     /// Gathers `indices` for `fields` (empty = all): one column per field, in caller order.
     pub async fn gather(&self, indices: &[u64], fields: &[&str]) -> Result<Vec<Contiguous>, Error> {
+        self.gather_with(indices, fields, false).await
+    }
+
+    /// [`Self::gather`], each record read against its CRC: a damaged copy is read from
+    /// another replica instead (and repaired), or fails the gather naming it.
+    pub async fn gather_checked(
+        &self,
+        indices: &[u64],
+        fields: &[&str],
+    ) -> Result<Vec<Contiguous>, Error> {
+        self.gather_with(indices, fields, true).await
+    }
+
+    async fn gather_with(
+        &self,
+        indices: &[u64],
+        fields: &[&str],
+        checked: bool,
+    ) -> Result<Vec<Contiguous>, Error> {
         let request = ClientRequest::Gather {
             indices: indices.to_vec(),
             fields: fields.iter().map(|f| f.to_string()).collect(),
+            checked,
         };
         let (reply, chunks, body_start) = self.call(&request, Vec::new()).await?;
         let mut body = Chunks::new(&chunks);
@@ -368,6 +388,16 @@ impl Client {
     /// Gathers `indices` for `fields` (empty = all): one column per field, in caller order.
     pub fn gather(&self, indices: &[u64], fields: &[&str]) -> Result<Vec<Contiguous>, Error> {
         self.runtime.block_on(self.inner.gather(indices, fields))
+    }
+
+    /// Gathers, each record checked (see [`AsyncClient::gather_checked`]).
+    pub fn gather_checked(
+        &self,
+        indices: &[u64],
+        fields: &[&str],
+    ) -> Result<Vec<Contiguous>, Error> {
+        self.runtime
+            .block_on(self.inner.gather_checked(indices, fields))
     }
 
     /// Appends records; returns their global index range.

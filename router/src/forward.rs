@@ -49,6 +49,7 @@ pub(crate) async fn forward_parts(
     nodes: Arc<Nodes>,
     parts: Vec<Part>,
     fields: Vec<String>,
+    checked: bool,
     frames: mpsc::Sender<Option<Vec<Bytes>>>,
 ) {
     // Readers run on their own so every shard keeps receiving while one is forwarded;
@@ -61,6 +62,7 @@ pub(crate) async fn forward_parts(
             let request = NodeRequest::Gather {
                 indices: part.local,
                 fields: fields.clone(),
+                checked,
             };
             let records = part.positions.len();
             readers.spawn(read_part(
@@ -203,6 +205,13 @@ async fn read_part(
                 return;
             }
             Err(failed) => {
+                if failed.code() == zr_proto::ErrorCode::CorruptRecord {
+                    // A copy failed its check: the partner's is read instead, and the bad
+                    // one is repaired from a good one.
+                    if let NodeRequest::Gather { indices, .. } = &request {
+                        nodes.suspect(node, indices.clone());
+                    }
+                }
                 if !last {
                     metrics::counter!("zr_router_gather_retries_total").increment(1);
                     tracing::info!(

@@ -49,6 +49,9 @@ struct NodeLink {
     written: AtomicBool,
     /// The length its last answer to a heartbeat gave.
     len: std::sync::Mutex<Option<u64>>,
+    /// The connection last given up on, until one is made anew: if the node closed it (it
+    /// stopped), calls go to its partners without trying it meanwhile (heartbeats do).
+    forgotten: std::sync::Mutex<Option<Connection>>,
 }
 
 /// A node's reply, decoded, with the message as it arrived (chunks of received packets,
@@ -77,6 +80,10 @@ pub(crate) struct Nodes {
     replica_record: ArcSwap<ReplicaRecord>,
     /// Turns reads among a shard's replicas.
     turn: AtomicU64,
+    /// Woken when a replica may want catching up (marked behind, or back up).
+    catch_up: Arc<tokio::sync::Notify>,
+    /// Records a checked read found damaged, by node, for the router to repair.
+    suspects: std::sync::Mutex<Vec<(NodeId, Vec<u64>)>>,
     security: Security,
     timeout: Duration,
     /// The cluster id and map version every request carries, once the router knows them.
@@ -109,6 +116,7 @@ impl Nodes {
                     incarnation: std::sync::Mutex::new(None),
                     written: AtomicBool::new(false),
                     len: std::sync::Mutex::new(None),
+                    forgotten: std::sync::Mutex::new(None),
                 })
             })
             .collect::<Result<_, Error>>()?;
@@ -118,6 +126,8 @@ impl Nodes {
             replicas: config.cluster.replicas,
             replica_record: ArcSwap::from_pointee(ReplicaRecord::default()),
             turn: AtomicU64::new(0),
+            catch_up: Arc::new(tokio::sync::Notify::new()),
+            suspects: std::sync::Mutex::new(Vec::new()),
             security,
             timeout: Duration::from_millis(config.router.timeout_ms),
             tag: std::sync::OnceLock::new(),
@@ -240,9 +250,42 @@ impl Nodes {
         }
     }
 
-    /// True if node `node`'s heartbeats have found it down.
+    /// True if node `node`'s heartbeats have found it down, or it closed its last
+    /// connection and none was made since.
     pub(crate) fn is_down(&self, node: NodeId) -> bool {
-        matches!(*self.links[node].health.borrow(), Health::Down { .. })
+        let link = &self.links[node];
+        let cached_closed = link
+            .connection
+            .try_lock()
+            .is_ok_and(|c| c.as_ref().is_some_and(closed_by_peer));
+        cached_closed
+            || matches!(*link.health.borrow(), Health::Down { .. })
+            || link
+                .forgotten
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(closed_by_peer)
+    }
+
+    /// A checked read of `indices` (shard-local) on node `node` found a copy damaged: noted
+    /// for the router's repair task, which it wakes.
+    pub(crate) fn suspect(&self, node: NodeId, indices: Vec<u64>) {
+        self.suspects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((node, indices));
+        self.catch_up.notify_one();
+    }
+
+    /// The damaged reads noted since the last call.
+    pub(crate) fn take_suspects(&self) -> Vec<(NodeId, Vec<u64>)> {
+        std::mem::take(&mut *self.suspects.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// What wakes the router's catch-up task (see [`Self::catch_up`]).
+    pub(crate) fn catch_up_wanted(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.catch_up)
     }
 
     /// Re-reads which replicas are behind from the metadata store.
@@ -268,6 +311,7 @@ impl Nodes {
                     self.addr(node)
                 );
                 self.replica_record.store(Arc::new(record));
+                self.catch_up.notify_one();
                 Ok(())
             }
             Err(e) => Err(Failure::Metadata(format!(
@@ -322,7 +366,12 @@ impl Nodes {
         match cached.as_ref().filter(|c| c.close_reason().is_none()) {
             Some(c) => Ok(c.clone()),
             None => {
+                if let Some(closed) = cached.take() {
+                    // Kept to tell calls meanwhile whether the node closed it (it stopped).
+                    *node.forgotten.lock().unwrap_or_else(|e| e.into_inner()) = Some(closed);
+                }
                 let c = zr_net::connect(&node.endpoint, &self.security, node.addr, timeout).await?;
+                *node.forgotten.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 // Before anything else goes over it: is this the process written to before?
                 if let Some(incarnation) = self.incarnation_on(&c, timeout).await? {
                     self.check_incarnation(id, incarnation).await;
@@ -336,6 +385,10 @@ impl Nodes {
     /// Forgets `connection` to node `node` after an exchange on it failed: the next call
     /// reconnects.
     pub(crate) async fn forget(&self, node: NodeId, connection: &Connection) {
+        *self.links[node]
+            .forgotten
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(connection.clone());
         let mut cached = self.links[node].connection.lock().await;
         if cached
             .as_ref()
@@ -455,7 +508,10 @@ impl Nodes {
             let health = liveness.health().clone();
             match health.describe_down(sent.into_std()) {
                 Some(down) => tracing::warn!("shard {shard} at {}: {down}", link.addr),
-                None => tracing::info!("shard {shard} at {} is up", link.addr),
+                None => {
+                    tracing::info!("shard {shard} at {} is up", link.addr);
+                    self.catch_up.notify_one();
+                }
             }
             link.health.send_replace(health);
         }
@@ -630,4 +686,15 @@ impl Nodes {
             body_start,
         })
     }
+}
+
+/// True if `connection` was closed by its peer (a node that stopped says so as it goes).
+fn closed_by_peer(connection: &Connection) -> bool {
+    matches!(
+        connection.close_reason(),
+        Some(
+            quinn::ConnectionError::ApplicationClosed(_)
+                | quinn::ConnectionError::ConnectionClosed(_)
+        )
+    )
 }

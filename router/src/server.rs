@@ -617,8 +617,12 @@ impl Router {
                     incarnation: 0,
                 }))
             }
-            ClientRequest::Gather { indices, fields } => {
-                let gathered = self.gather(&indices, fields).await;
+            ClientRequest::Gather {
+                indices,
+                fields,
+                checked,
+            } => {
+                let gathered = self.gather(&indices, fields, checked).await;
                 if gathered.is_ok() {
                     metrics::counter!("zr_router_records_gathered_total")
                         .increment(indices.len() as u64);
@@ -673,6 +677,7 @@ impl Router {
         self: &Arc<Self>,
         indices: &[u64],
         fields: Vec<String>,
+        checked: bool,
     ) -> Result<(Reply, Body), Failure> {
         let len = self
             .len_covering(indices.iter().copied().max().unwrap_or(0))
@@ -706,6 +711,7 @@ impl Router {
             Arc::clone(&self.nodes),
             parts,
             fields,
+            checked,
             frames,
         ));
         Ok((reply, Body::Streamed(body)))

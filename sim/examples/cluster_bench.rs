@@ -246,6 +246,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
         let request = wire::encode_request(&NodeMessage::unchecked(NodeRequest::Gather {
             indices: indices(b),
             fields: Vec::new(),
+            checked: false,
         }))?;
         let (header, body) = zr_node::server::handle(&local, &coordination, &request);
         let sent: usize = body.iter().map(|piece| piece.len()).sum();
@@ -280,6 +281,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
                     let request = NodeRequest::Gather {
                         indices: part.local.clone(),
                         fields: Vec::new(),
+                        checked: false,
                     };
                     let connection = connections[part.shard as usize].1.clone();
                     tokio::spawn(async move {

@@ -1,8 +1,9 @@
 //! What replicas cost and buy, on loopback, each figure next to its baseline from the same
 //! run: random gathers through the router with two replicas per shard vs one; appends with
 //! two vs one; the rebuild of a wiped node vs a plain file copy of the same bytes; and the
-//! longest pause a gather loop sees while a node is killed (its connection closes) or stalls
-//! (it stops answering), against the router's timeout.
+//! longest pause a gather loop sees while a node stops (its connections close), is dropped
+//! mid-flight, or stalls (connected, never answering, as a `kill -9` or a lost host looks to
+//! its peers), against the router's timeout.
 //!
 //! ```text
 //! cargo run --release -p zr-sim --example replica_bench -- [--records 100000] [--seconds 3]
@@ -39,8 +40,11 @@ struct Args {
     #[arg(long, default_value_t = 6)]
     rounds: u32,
     /// The router's timeout in the failure measurements, in milliseconds.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, default_value_t = 10_000)]
     timeout_ms: u64,
+    /// Log level of the cluster's processes (their log shows each catch-up's start and end).
+    #[arg(long, default_value = "error")]
+    log: String,
 }
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
@@ -114,6 +118,7 @@ fn gather(
 fn main() -> Result<(), Failed> {
     zr_common::alloc::tune();
     let args = Args::parse();
+    zr_net::logging::init_logging(&args.log, zr_net::logging::LogFormat::Text);
     let mib = |bytes: f64| bytes / (1 << 20) as f64;
     let one = cluster(&args, 1, 5_000)?;
     let two = cluster(&args, 2, 5_000)?;
@@ -169,27 +174,33 @@ fn main() -> Result<(), Failed> {
     std::fs::remove_dir_all(two.data_dir(wiped))?;
     let started = Instant::now();
     two.start_node(wiped)?;
+    // From start to in sync, and from when the router first shows it catching up.
+    let mut catching_up = None;
     loop {
         let status = c2.status()?;
         if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
             break;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        if catching_up.is_none() && status.nodes.iter().any(|n| !n.in_sync) {
+            catching_up = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
     let rebuild_s = started.elapsed().as_secs_f64();
+    let copy_phase_s = catching_up.map_or(rebuild_s, |t| t.elapsed().as_secs_f64());
     let shard_bytes = dir_bytes(&two.data_dir(two.node(0, 0)).join("chunk"))?;
     let copy_s = file_copy_seconds(shard_bytes)?;
     println!(
-        "rebuild   wiped node {:>6.1} MiB/s ({:.1} MiB in {rebuild_s:.2} s, start to in sync)   file copy {:>7.1} MiB/s   rebuild/copy {:.2}x",
-        mib(shard_bytes as f64 / rebuild_s),
+        "rebuild   wiped node {:>6.1} MiB/s ({:.1} MiB in {copy_phase_s:.2} s behind; {rebuild_s:.2} s from its start to in sync)   file copy {:>7.1} MiB/s   rebuild/copy {:.2}x",
+        mib(shard_bytes as f64 / copy_phase_s),
         mib(shard_bytes as f64),
         mib(shard_bytes as f64 / copy_s),
-        copy_s / rebuild_s
+        copy_s / copy_phase_s
     );
     drop((c2, two));
 
     // The longest pause of a gather loop while a node is killed, then while one stalls.
-    for (what, stall) in [("killed", false), ("stalled", true)] {
+    for what in ["stopped", "killed", "stalled"] {
         let mut cluster = cluster(&args, 2, args.timeout_ms)?;
         let client = cluster.client()?;
         append(&client, 0, 20_000, args.size)?;
@@ -201,10 +212,14 @@ fn main() -> Result<(), Failed> {
         let worker = std::thread::spawn(move || gather(&loop_client, 20_000, batch, size, 4.0, 2));
         std::thread::sleep(Duration::from_millis(1_000));
         let victim = cluster.node(1, 0);
-        if stall {
-            cluster.stall_node(victim)?;
-        } else {
-            cluster.crash_node(victim);
+        match what {
+            // Its connections closed (a process that exits).
+            "stopped" => cluster.stop_node(victim)?,
+            // Dropped mid-flight (the simulator's crash: its connections go with it).
+            "killed" => cluster.crash_node(victim),
+            // Still connected, never answering (as a process killed by -9 or a host lost
+            // looks to its peers: nothing closes its connections).
+            _ => cluster.stall_node(victim)?,
         }
         let (_, _, longest) = worker.join().map_err(|_| "the gather loop panicked")??;
         println!(

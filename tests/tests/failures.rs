@@ -244,9 +244,15 @@ fn garbage_is_refused_while_a_client_keeps_gathering() {
     let node_gather = wire::encode_request(&NodeMessage::unchecked(NodeRequest::Gather {
         indices: indices.clone(),
         fields: fields.clone(),
+        checked: false,
     }))
     .unwrap();
-    let client_gather = wire::encode_request(&ClientRequest::Gather { indices, fields }).unwrap();
+    let client_gather = wire::encode_request(&ClientRequest::Gather {
+        indices,
+        fields,
+        checked: false,
+    })
+    .unwrap();
     let targets = [
         (
             Security::load(&certs, Role::Router).unwrap(),

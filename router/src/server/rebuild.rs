@@ -2,7 +2,7 @@
 //! writes meanwhile.
 //!
 //! Replicas hold the same records at the same local indices, so catching up is a comparison
-//! by index: per slice of [`SLICE`] records, both sides' digests (`NodeRequest::Digest`: per
+//! by index: per slice of records (about [`SLICE_BYTES`]), both sides' digests (`NodeRequest::Digest`: per
 //! record a CRC of its fields, each read checked), every record that differs is copied over
 //! with a `Modify`, the records the replica lacks are appended in one request (the partner's
 //! gather reply is already an append's body), and records past the partner's end are cut.
@@ -10,8 +10,8 @@
 //!
 //! Each slice runs under the write lock and lease (a write waits for one slice at most), but
 //! writes between slices reach only the in-sync replicas, so a pass leaves the replica
-//! nearly caught up, not caught up. After [`ONLINE_PASSES`] such passes (or once one copies
-//! nothing), a last pass runs under the lock from start to end and marks the replica in sync
+//! nearly caught up, not caught up. After [`ONLINE_PASSES`] such pass, a last pass runs
+//! under the lock from start to end (comparing digests, copying only what changed) and marks the replica in sync
 //! before any write goes on: then it holds exactly what its partners hold.
 
 use std::sync::Arc;
@@ -24,11 +24,17 @@ use super::Router;
 use crate::error::Failure;
 use crate::nodes::{NodeId, NodeReply};
 
-/// Records compared and copied per step.
-const SLICE: u64 = 4096;
+/// Records compared and copied in the first step; later steps take about [`SLICE_BYTES`].
+const SLICE_FIRST: u64 = 1024;
+/// Bytes a step copies at most, about (its records are sized from those copied before).
+const SLICE_BYTES: u64 = 8 << 20;
+/// Fewest and most records a step takes.
+const SLICE_MIN: u64 = 256;
+const SLICE_MAX: u64 = 1 << 16;
 /// Passes with writes going on between slices before the last pass, which holds them off.
-const ONLINE_PASSES: u32 = 2;
-/// How often the router looks for behind replicas to catch up.
+const ONLINE_PASSES: u32 = 1;
+/// How often the router looks for behind replicas to catch up, at the latest (a replica
+/// marked behind, or a node back up, starts a look at once).
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// A catch-up's progress, for `zr cluster status`.
@@ -95,11 +101,15 @@ impl Router {
         let router = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(LOOK_EVERY).await;
+                let Some(wake) = router.upgrade().map(|r| r.nodes.catch_up_wanted()) else {
+                    return;
+                };
+                let _ = tokio::time::timeout(LOOK_EVERY, wake.notified()).await;
                 let Some(router) = router.upgrade() else {
                     return;
                 };
                 router.find_short().await;
+                router.repair_suspects().await;
                 for node in router.nodes.all() {
                     if router.nodes.in_sync(node) || router.nodes.is_down(node) {
                         continue;
@@ -137,11 +147,49 @@ impl Router {
                 continue;
             }
             for (node, len) in heard {
-                if let Some(len) = len.filter(|&l| l < share) {
+                if len.is_none_or(|l| l >= share) {
+                    continue;
+                }
+                // Heard a moment ago: asked afresh before it is marked.
+                let Ok(len) = self.node_len(node).await else {
+                    continue;
+                };
+                if len < share {
                     let why = format!("it holds {len} of the {share} records committed on it");
                     if let Err(e) = self.nodes.mark_behind(node, &why).await {
                         tracing::warn!("{e}");
                     }
+                }
+            }
+        }
+    }
+
+    /// Scrubs the records checked reads found damaged (see `Nodes::suspect`), repairing the
+    /// bad copies from good ones.
+    async fn repair_suspects(&self) {
+        for (node, mut indices) in self.nodes.take_suspects() {
+            let shard = self.nodes.shard(node);
+            indices.sort_unstable();
+            indices.dedup();
+            // Nearby records in one range each.
+            let mut ranges: Vec<(u64, u64)> = Vec::new();
+            for index in indices {
+                match ranges.last_mut() {
+                    Some((_, end)) if index <= *end + 64 => *end = index + 1,
+                    _ => ranges.push((index, index + 1)),
+                }
+            }
+            for (start, end) in ranges {
+                match self.scrub(shard, start, end - start).await {
+                    Ok(report) => {
+                        let repaired = report.problems.iter().filter(|p| p.repaired).count();
+                        tracing::info!(
+                            "shard {shard}: records {start}..{end}, read damaged, scrubbed: {repaired} copies repaired"
+                        );
+                    }
+                    Err(e) => tracing::warn!(
+                        "shard {shard}: records {start}..{end} were read damaged, and scrubbing them failed: {e}"
+                    ),
                 }
             }
         }
@@ -206,6 +254,7 @@ impl Router {
         let shard = self.nodes.shard(node);
         let mut from = 0;
         let mut copied = 0;
+        let mut slice = SLICE_FIRST;
         loop {
             let partner = self.partner(shard)?;
             let step = if locked {
@@ -215,12 +264,19 @@ impl Router {
                         "the write lease passed on during the last pass of a catch-up".into(),
                     ));
                 }
-                self.sync_slice(node, partner, from).await?
+                self.sync_slice(node, partner, from, slice).await?
             } else {
-                self.exclusive(|| self.sync_slice(node, partner, from))
+                self.exclusive(|| self.sync_slice(node, partner, from, slice))
                     .await?
             };
             copied += step.copied;
+            if step.copied > 0 && step.bytes > 0 {
+                let per_record = (step.bytes / step.copied).max(1);
+                slice = (SLICE_BYTES / per_record).clamp(SLICE_MIN, SLICE_MAX);
+            } else {
+                // Compared only: digests are small, take the most.
+                slice = SLICE_MAX.min(slice * 4);
+            }
             let mut rebuilds = self.rebuilds.lock().unwrap_or_else(|e| e.into_inner());
             let progress = rebuilds.entry(node).or_insert_with(|| Progress {
                 partner: self.nodes.replica(partner),
@@ -260,12 +316,18 @@ impl Router {
             })
     }
 
-    /// Makes records `from..from + SLICE` of `node` what they are on `partner` (and cuts
+    /// Makes records `from..from + count` of `node` what they are on `partner` (and cuts
     /// records past the partner's end). The caller holds the write lock and lease.
-    async fn sync_slice(&self, node: NodeId, partner: NodeId, from: u64) -> Result<Slice, Failure> {
+    async fn sync_slice(
+        &self,
+        node: NodeId,
+        partner: NodeId,
+        from: u64,
+        count: u64,
+    ) -> Result<Slice, Failure> {
         let partner_len = self.node_len(partner).await?;
         let mut len = self.node_len(node).await?;
-        let end = (from + SLICE).min(partner_len);
+        let end = (from + count).min(partner_len);
         let mut slice = Slice {
             end,
             partner_len,
@@ -386,9 +448,11 @@ impl Router {
 
     /// Records `indices` of node `node`, every field.
     async fn gather_all(&self, node: NodeId, indices: Vec<u64>) -> Result<NodeReply, Failure> {
+        // Checked: a copy that fails its check is not copied on.
         let request = NodeRequest::Gather {
             indices,
             fields: Vec::new(),
+            checked: true,
         };
         self.nodes.call(node, &request, Vec::new()).await
     }

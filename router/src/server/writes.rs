@@ -268,6 +268,8 @@ impl Router {
                 &NodeRequest::Gather {
                     indices: vec![local],
                     fields: Vec::new(),
+                    // A copy that fails its check is not copied on.
+                    checked: true,
                 },
             )
             .await?;
