@@ -161,6 +161,19 @@ fn cluster_status(addr: &str, certs: &Path) -> (bool, String) {
     )
 }
 
+/// Waits until `zr cluster status` says every node is up and in sync (within 60 s).
+fn wait_in_sync(addr: &str, certs: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cluster_status(addr, certs).0 {
+        assert!(
+            Instant::now() < deadline,
+            "never in sync: {}",
+            cluster_status(addr, certs).1
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Stops the processes `start` started: the router first, then the nodes; each must exit 0
 /// on SIGTERM.
 fn stop_all(mut processes: Vec<Child>) {
@@ -593,24 +606,13 @@ fn a_replicated_cluster_shrugs_off_kill_9_of_a_node() {
             }
             (len, gathers)
         });
-        let wait_in_sync = || {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !cluster_status(&addr, &certs).0 {
-                assert!(
-                    Instant::now() < deadline,
-                    "never in sync again: {}",
-                    cluster_status(&addr, &certs).1
-                );
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        };
         for victim in [1usize, 2] {
             std::thread::sleep(Duration::from_millis(500));
             nodes[victim].kill().unwrap();
             nodes[victim].wait().unwrap();
             std::thread::sleep(Duration::from_millis(1_500));
             nodes[victim] = spawn_node(victim as u32 / 2, victim as u32 % 2);
-            wait_in_sync();
+            wait_in_sync(&addr, &certs);
         }
         // Shard 0's replica 0 goes for good: its partner, caught up, serves alone.
         nodes[0].kill().unwrap();
@@ -626,15 +628,7 @@ fn a_replicated_cluster_shrugs_off_kill_9_of_a_node() {
         }
     });
     nodes[0] = spawn_node(0, 0);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !cluster_status(&addr, &certs).0 {
-        assert!(
-            Instant::now() < deadline,
-            "{}",
-            cluster_status(&addr, &certs).1
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_in_sync(&addr, &certs);
     let report = zr(&[
         "verify",
         "--router",

@@ -241,15 +241,21 @@ impl Router {
 
     /// Record `index` as one in-sync replica holds it, written to every in-sync replica.
     async fn copy_record(&self, index: u64) -> Result<(), Failure> {
-        let (shard, local) = self.placement.load().locate(index);
-        let (lengths, body) = self.read_record(shard, local).await?;
+        let place = self.placement.load().locate(index);
+        self.copy_record_to(place, place).await
+    }
+
+    /// Record `from` (shard, local index), as an in-sync replica holding it has it, written
+    /// over record `to` on every in-sync replica of its shard.
+    async fn copy_record_to(&self, from: (u32, u64), to: (u32, u64)) -> Result<(), Failure> {
+        let (lengths, body) = self.read_record(from.0, from.1).await?;
         let request = NodeRequest::Modify {
-            index: local,
+            index: to.1,
             token: None, // write_node sets it
             fields: self.field_names(),
             lengths,
         };
-        self.write_call(shard, request, body).await?;
+        self.write_call(to.0, request, body).await?;
         Ok(())
     }
 
@@ -468,15 +474,8 @@ impl Router {
             self.write_call(last_shard, truncate, Vec::new()).await?;
             return Ok(());
         }
-        let (lengths, body) = self.read_record(last_shard, last_local).await?;
-        let (shard, local) = placement.locate(index);
-        let request = NodeRequest::Modify {
-            index: local,
-            token: None, // write_call sets it
-            fields: self.field_names(),
-            lengths,
-        };
-        self.write_call(shard, request, body).await?;
+        self.copy_record_to((last_shard, last_local), placement.locate(index))
+            .await?;
         self.write_call(last_shard, truncate, Vec::new()).await?;
         Ok(())
     }
