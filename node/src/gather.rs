@@ -36,6 +36,55 @@ impl Store {
         self.gather_with(indices, fields, self.defaults)
     }
 
+    /// Gathers field `field` of records `indices` straight into `out`, the caller's memory
+    /// (a NumPy array, a pinned buffer): record k's bytes at `k * size`, for a field whose
+    /// dtype and shape fix every record's `size`. One copy, from the mapped chunks (or the
+    /// decompressed payloads) into `out`, which must be exactly `indices.len() * size` long.
+    pub fn gather_into(&self, indices: &[u64], field: &str, out: &mut [u8]) -> Result<()> {
+        self.gather_into_with(indices, field, out, self.defaults)
+    }
+
+    /// [`Store::gather_into`] with options (`verify` to check each record's CRC).
+    pub fn gather_into_with(
+        &self,
+        indices: &[u64],
+        field: &str,
+        out: &mut [u8],
+        options: GatherOptions,
+    ) -> Result<()> {
+        let spec = &self.inner.fields[self.field_id(field)?];
+        let Some(size) = spec.record_bytes() else {
+            return Err(Error::InvalidRecord(format!(
+                "field '{field}' has no fixed record size (give it a dtype and shape), so it cannot be gathered into one buffer"
+            )));
+        };
+        let size = size as usize;
+        if out.len() != indices.len() * size {
+            return Err(Error::InvalidRecord(format!(
+                "the destination holds {} bytes; {} records of field '{field}' take {}",
+                out.len(),
+                indices.len(),
+                indices.len() * size
+            )));
+        }
+        let batch = self.gather_with(indices, &[field], options)?;
+        let view = batch.field(field).ok_or_else(|| {
+            Error::InvalidRecord(format!("field '{field}' missing from the batch"))
+        })?;
+        for (k, (payload, slot)) in view.iter().zip(out.chunks_exact_mut(size)).enumerate() {
+            if payload.len() != size {
+                // An absent field (length 0) in a fixed-size column: no value to give.
+                return Err(Error::BadRecord {
+                    field: field.to_string(),
+                    index: indices[k],
+                    reason: format!("holds {} bytes, not {size}", payload.len()),
+                });
+            }
+            slot.copy_from_slice(payload);
+        }
+        Ok(())
+    }
+
     /// [`Store::gather`] with options.
     pub fn gather_with(
         &self,

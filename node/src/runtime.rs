@@ -20,7 +20,8 @@ const CLEANER_MIN_BYTES: usize = 64 << 10;
 /// Sizes of the pools (each clamped to 1..=its maximum).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RuntimeOptions {
-    /// Threads that share a large gather (default 8).
+    /// Threads that share a large gather (default: the machine's cores; more threads than
+    /// cores only take turns, and made sequential reads slower).
     pub readers: usize,
     /// Writers: appends run on up to this many chunks at once (default 2).
     pub writers: usize,
@@ -31,7 +32,7 @@ pub struct RuntimeOptions {
 impl Default for RuntimeOptions {
     fn default() -> Self {
         RuntimeOptions {
-            readers: 8,
+            readers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             writers: 2,
             cleaners: 2,
         }

@@ -120,7 +120,8 @@ pub struct ReadStats {
 pub(crate) struct Inner {
     pub(crate) core: Core,
     pub(crate) writers: Option<Writers>,
-    _lock: File,
+    /// The dataset's lock (`None`: a reader of a read-only directory without a lock file).
+    _lock: Option<File>,
 }
 
 /// What the readers and the writers share; see [`Core`].
@@ -239,7 +240,7 @@ impl Store {
 
     fn open_locked(
         dir: &Path,
-        lock: File,
+        lock: Option<File>,
         read_only: bool,
         runtime: RuntimeOptions,
     ) -> Result<Store> {
@@ -433,20 +434,40 @@ impl Store {
     }
 }
 
+/// True for the errors of writing where one may not: a read-only file system, or no
+/// permission.
+fn is_read_only(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+    )
+}
+
 /// Retries of a contended lock, [`LOCK_RETRY_WAIT`] apart.
 const LOCK_RETRIES: u32 = 20;
 const LOCK_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Takes the dataset's lock file: exclusive for a writer, shared for a reader.
-fn lock_dir(dir: &Path, exclusive: bool) -> Result<File> {
+fn lock_dir(dir: &Path, exclusive: bool) -> Result<Option<File>> {
     let path = dir.join(LOCK_FILE);
-    let file = OpenOptions::new()
+    let opened = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
-        .open(&path)
-        .ctx("open lock file", &path)?;
+        .open(&path);
+    let file = match opened {
+        Ok(file) => file,
+        // A reader of a directory it may not write (a read-only mount, another user's
+        // data): a lock file that exists is locked through a read-only descriptor; without
+        // one, no writer can have the dataset open (it would have made it).
+        Err(e) if !exclusive && is_read_only(&e) => match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).ctx("open lock file", &path),
+        },
+        Err(e) => return Err(e).ctx("open lock file", &path),
+    };
     let try_lock = || {
         if exclusive {
             file.try_lock()
@@ -466,7 +487,7 @@ fn lock_dir(dir: &Path, exclusive: bool) -> Result<File> {
         taken = try_lock();
     }
     match taken {
-        Ok(()) => Ok(file),
+        Ok(()) => Ok(Some(file)),
         Err(TryLockError::WouldBlock) => Err(Error::Locked {
             path: dir.to_path_buf(),
             why: if exclusive {

@@ -1,0 +1,615 @@
+//! `zrecord._zrecord`: the engine, the cluster client, the samplers and the in-process test
+//! cluster, as the `zrecord` package (python/zrecord) uses them. Arrays cross as NumPy
+//! arrays of bytes; the package gives them their dtypes and shapes. Every call that reads or
+//! writes records releases the GIL, and no engine error crosses as a panic: each becomes a
+//! Python exception (`IndexError`, `KeyError`, `FileNotFoundError`, `zrecord.CorruptRecord`,
+//! `zrecord.Error`).
+
+use std::collections::HashMap;
+
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyFileNotFoundError, PyIndexError, PyKeyError, PyValueError};
+use pyo3::prelude::*;
+use zr_common::sampler::{Order, SamplerConfig, SamplerState, Tail};
+use zr_common::Record;
+use zr_node::meta::FieldSpec;
+use zr_node::{Compression, CreateOptions, Error as NodeError};
+use zr_proto::ErrorCode;
+
+create_exception!(zrecord, Error, PyException, "A zrecord operation failed.");
+create_exception!(
+    zrecord,
+    CorruptRecord,
+    Error,
+    "A record failed its check (CRC) or its frame is damaged."
+);
+
+/// The Python exception for an engine error.
+fn node_error(e: NodeError) -> PyErr {
+    let message = e.to_string();
+    match e {
+        NodeError::IndexOutOfRange { .. } => PyIndexError::new_err(message),
+        NodeError::UnknownField { .. } => PyKeyError::new_err(message),
+        NodeError::BadRecord { .. } | NodeError::Corrupt { .. } => CorruptRecord::new_err(message),
+        NodeError::Io { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            PyFileNotFoundError::new_err(message)
+        }
+        NodeError::NotADataset { .. } => PyFileNotFoundError::new_err(message),
+        NodeError::InvalidSchema(_)
+        | NodeError::InvalidRecord(_)
+        | NodeError::InvalidInput { .. } => PyValueError::new_err(message),
+        _ => Error::new_err(message),
+    }
+}
+
+/// The Python exception for a cluster error.
+fn cluster_error(e: zr_router::Error) -> PyErr {
+    let message = e.to_string();
+    match e.code() {
+        Some(ErrorCode::IndexOutOfRange) => PyIndexError::new_err(message),
+        Some(ErrorCode::UnknownField) => PyKeyError::new_err(message),
+        Some(ErrorCode::CorruptRecord) => CorruptRecord::new_err(message),
+        _ => Error::new_err(message),
+    }
+}
+
+/// A field as Python sees it: (name, compression, dtype, shape).
+type FieldTuple = (String, String, Option<String>, Option<Vec<u64>>);
+
+fn field_tuple(spec: &FieldSpec) -> FieldTuple {
+    let compress = match spec.compress {
+        Compression::Raw => "raw",
+        Compression::Flate => "flate",
+    };
+    (
+        spec.name.clone(),
+        compress.to_string(),
+        spec.dtype.clone(),
+        spec.shape.clone(),
+    )
+}
+
+/// Columns as Python hands them over: per field, all records' bytes back to back and
+/// `count + 1` offsets into them.
+type Columns<'py> = HashMap<String, (PyReadonlyArray1<'py, u8>, PyReadonlyArray1<'py, i64>)>;
+
+/// One field's column, checked: (name, bytes, offsets).
+type Column<'a> = (&'a str, &'a [u8], &'a [i64]);
+
+/// A column as Python gets it: bytes and offsets.
+type PyColumn<'py> = (Bound<'py, PyArray1<u8>>, Bound<'py, PyArray1<i64>>);
+
+/// Checks `columns` (every field's offsets rise within its bytes, every field the same
+/// number of records) and returns (name, bytes, offsets) per field and the record count.
+fn columns_of<'a>(columns: &'a Columns<'_>) -> PyResult<(Vec<Column<'a>>, usize)> {
+    let mut out = Vec::with_capacity(columns.len());
+    let mut count = None;
+    for (name, (values, offsets)) in columns {
+        let values = values
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let offsets = offsets
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let records = offsets.len().checked_sub(1).ok_or_else(|| {
+            PyValueError::new_err(format!("field '{name}': offsets need at least one entry"))
+        })?;
+        if offsets[0] != 0
+            || offsets.windows(2).any(|w| w[0] > w[1])
+            || offsets[records] as usize != values.len()
+        {
+            return Err(PyValueError::new_err(format!(
+                "field '{name}': offsets must rise from 0 to the length of its bytes ({})",
+                values.len()
+            )));
+        }
+        match count {
+            Some(n) if n != records => {
+                return Err(PyValueError::new_err(format!(
+                    "field '{name}' has {records} records, another field {n}"
+                )))
+            }
+            _ => count = Some(records),
+        }
+        out.push((name.as_str(), values, offsets));
+    }
+    Ok((out, count.unwrap_or(0)))
+}
+
+/// Record `k` of `columns`.
+fn record_of<'a>(columns: &[Column<'a>], k: usize) -> Record<'a> {
+    let mut record = Record::new();
+    for (name, values, offsets) in columns {
+        record.set(name, &values[offsets[k] as usize..offsets[k + 1] as usize]);
+    }
+    record
+}
+
+/// Indices as a slice (a copy only if the array is not contiguous).
+fn indices_of(indices: &PyReadonlyArray1<'_, u64>) -> Vec<u64> {
+    match indices.as_slice() {
+        Ok(slice) => slice.to_vec(),
+        Err(_) => indices.as_array().iter().copied().collect(),
+    }
+}
+
+/// A local dataset (the engine's `Store`).
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct Store {
+    inner: zr_node::Store,
+}
+
+#[pymethods]
+impl Store {
+    /// Opens the dataset at `path`: read-only (shared with other readers and processes) or
+    /// writable (this process alone).
+    #[staticmethod]
+    fn open(py: Python<'_>, path: std::path::PathBuf, writable: bool) -> PyResult<Store> {
+        let inner = py
+            .detach(|| {
+                if writable {
+                    zr_node::Store::open(&path)
+                } else {
+                    zr_node::Store::open_read_only(&path)
+                }
+            })
+            .map_err(node_error)?;
+        Ok(Store { inner })
+    }
+
+    /// Creates a dataset at `path` with `fields` as (name, "raw" | "flate", dtype, shape).
+    #[staticmethod]
+    fn create(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        fields: Vec<FieldTuple>,
+    ) -> PyResult<Store> {
+        let specs = fields
+            .into_iter()
+            .map(|(name, compress, dtype, shape)| {
+                let compress = match compress.as_str() {
+                    "raw" => Compression::Raw,
+                    "flate" => Compression::Flate,
+                    other => {
+                        return Err(PyValueError::new_err(format!(
+                            "field '{name}': compression must be 'raw' or 'flate', not '{other}'"
+                        )))
+                    }
+                };
+                Ok(FieldSpec {
+                    name,
+                    compress,
+                    dtype,
+                    shape,
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let inner = py
+            .detach(|| zr_node::Store::create(&path, specs, CreateOptions::default()))
+            .map_err(node_error)?;
+        Ok(Store { inner })
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    /// The fields, as (name, compression, dtype, shape).
+    fn fields(&self) -> Vec<FieldTuple> {
+        self.inner.fields().iter().map(field_tuple).collect()
+    }
+
+    /// Gathers field `field` of `indices` into `out` (uint8, C-contiguous, exactly
+    /// `len(indices) * record size` bytes): one copy, the GIL released; `checked`: each
+    /// record read against its CRC.
+    #[pyo3(signature = (indices, field, out, checked=false))]
+    fn gather_into(
+        &self,
+        py: Python<'_>,
+        indices: PyReadonlyArray1<'_, u64>,
+        field: &str,
+        out: &Bound<'_, PyArray1<u8>>,
+        checked: bool,
+    ) -> PyResult<()> {
+        let indices = indices_of(&indices);
+        let mut out = out
+            .try_readwrite()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let out = out
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(format!("out: {e}")))?;
+        let options = self.options(checked);
+        py.detach(|| self.inner.gather_into_with(&indices, field, out, options))
+            .map_err(node_error)
+    }
+
+    /// The Rust baseline of the Python benchmark: gathers of `batches` in turn (field
+    /// `field`, into `out`) for about `seconds`, in a Rust loop without the GIL; returns
+    /// gathers per second.
+    fn time_gathers(
+        &self,
+        py: Python<'_>,
+        batches: Vec<PyReadonlyArray1<'_, u64>>,
+        field: &str,
+        out: &Bound<'_, PyArray1<u8>>,
+        seconds: f64,
+    ) -> PyResult<f64> {
+        let batches: Vec<Vec<u64>> = batches.iter().map(indices_of).collect();
+        if batches.is_empty() {
+            return Err(PyValueError::new_err("no batches to time"));
+        }
+        let mut out = out
+            .try_readwrite()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let out = out
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(format!("out: {e}")))?;
+        py.detach(|| {
+            let started = std::time::Instant::now();
+            let mut calls = 0u64;
+            loop {
+                self.inner
+                    .gather_into(&batches[calls as usize % batches.len()], field, out)?;
+                calls += 1;
+                let elapsed = started.elapsed().as_secs_f64();
+                if elapsed >= seconds {
+                    return Ok(calls as f64 / elapsed);
+                }
+            }
+        })
+        .map_err(node_error)
+    }
+
+    /// Field `field` of `indices`, every record's bytes back to back, and their
+    /// `len(indices) + 1` offsets: for fields of any record length.
+    #[pyo3(signature = (indices, field, checked=false))]
+    fn gather_columns<'py>(
+        &self,
+        py: Python<'py>,
+        indices: PyReadonlyArray1<'_, u64>,
+        field: &str,
+        checked: bool,
+    ) -> PyResult<PyColumn<'py>> {
+        let indices = indices_of(&indices);
+        let options = self.options(checked);
+        let contiguous = py
+            .detach(|| {
+                let batch = self.inner.gather_with(&indices, &[field], options)?;
+                let view = batch.field(field).ok_or_else(|| NodeError::UnknownField {
+                    name: field.to_string(),
+                    known: String::new(),
+                })?;
+                Ok::<_, NodeError>(view.to_contiguous())
+            })
+            .map_err(node_error)?;
+        let offsets: Vec<i64> = contiguous.offsets.iter().map(|&o| o as i64).collect();
+        Ok((
+            PyArray1::from_vec(py, contiguous.data),
+            PyArray1::from_vec(py, offsets),
+        ))
+    }
+
+    /// Appends the records of `columns` ({field: (bytes, offsets)}); returns the first
+    /// index. Fields not given are absent in these records.
+    fn append_columns(&self, py: Python<'_>, columns: Columns<'_>) -> PyResult<u64> {
+        let (columns, count) = columns_of(&columns)?;
+        let range = py
+            .detach(|| {
+                let records: Vec<Record> = (0..count).map(|k| record_of(&columns, k)).collect();
+                self.inner.append_many(&records)
+            })
+            .map_err(node_error)?;
+        Ok(range.start)
+    }
+
+    /// Replaces record `index` with the one record of `columns`.
+    fn modify(&self, py: Python<'_>, index: u64, columns: Columns<'_>) -> PyResult<()> {
+        let (columns, count) = columns_of(&columns)?;
+        if count != 1 {
+            return Err(PyValueError::new_err("modify takes exactly one record"));
+        }
+        py.detach(|| self.inner.modify(index, &record_of(&columns, 0)))
+            .map_err(node_error)
+    }
+
+    /// Deletes record `index`: the last record takes its place.
+    fn delete(&self, py: Python<'_>, index: u64) -> PyResult<()> {
+        py.detach(|| self.inner.delete(index)).map_err(node_error)
+    }
+
+    /// Makes every write so far durable.
+    fn commit(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.commit()).map_err(node_error)
+    }
+}
+
+impl Store {
+    /// The store's read options, `checked` or not.
+    fn options(&self, checked: bool) -> zr_node::GatherOptions {
+        zr_node::GatherOptions {
+            verify: checked,
+            ..zr_node::GatherOptions::default()
+        }
+    }
+}
+
+/// A client of a zrecord cluster's router.
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct Client {
+    inner: zr_router::Client,
+}
+
+#[pymethods]
+impl Client {
+    /// Connects to the router at `router` ("HOST:PORT") with the client certificate in
+    /// `certs` (None: a router run with --insecure-dev).
+    #[staticmethod]
+    #[pyo3(signature = (router, certs=None, timeout_ms=30_000))]
+    fn connect(
+        py: Python<'_>,
+        router: &str,
+        certs: Option<std::path::PathBuf>,
+        timeout_ms: u64,
+    ) -> PyResult<Client> {
+        let addr: std::net::SocketAddr = router
+            .parse()
+            .map_err(|e| PyValueError::new_err(format!("router '{router}': {e}")))?;
+        let security = match certs {
+            Some(dir) => zr_net::Security::load(&dir, zr_net::tls::Role::Client)
+                .map_err(|e| Error::new_err(e.to_string()))?,
+            None => zr_net::Security::InsecureDev,
+        };
+        let timeout = std::time::Duration::from_millis(timeout_ms.max(1));
+        let inner = py
+            .detach(|| zr_router::Client::connect_with_timeout(addr, security, timeout))
+            .map_err(cluster_error)?;
+        Ok(Client { inner })
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(py.detach(|| self.inner.len()).map_err(cluster_error)? as usize)
+    }
+
+    /// The fields, as (name, compression, dtype, shape).
+    fn fields(&self) -> Vec<FieldTuple> {
+        self.inner
+            .fields()
+            .iter()
+            .map(|f| {
+                (
+                    f.name.clone(),
+                    f.compress.clone(),
+                    f.dtype.clone(),
+                    f.shape.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Fields `fields` (empty: all) of `indices`: per field, its bytes and offsets.
+    #[pyo3(signature = (indices, fields, checked=false))]
+    fn gather_columns<'py>(
+        &self,
+        py: Python<'py>,
+        indices: PyReadonlyArray1<'_, u64>,
+        fields: Vec<String>,
+        checked: bool,
+    ) -> PyResult<Vec<PyColumn<'py>>> {
+        let indices = indices_of(&indices);
+        let names: Vec<&str> = fields.iter().map(String::as_str).collect();
+        let columns = py
+            .detach(|| {
+                if checked {
+                    self.inner.gather_checked(&indices, &names)
+                } else {
+                    self.inner.gather(&indices, &names)
+                }
+            })
+            .map_err(cluster_error)?;
+        Ok(columns
+            .into_iter()
+            .map(|c| {
+                let offsets: Vec<i64> = c.offsets.iter().map(|&o| o as i64).collect();
+                (
+                    PyArray1::from_vec(py, c.data),
+                    PyArray1::from_vec(py, offsets),
+                )
+            })
+            .collect())
+    }
+
+    /// Appends the records of `columns` ({field: (bytes, offsets)}); returns the first index.
+    fn append_columns(&self, py: Python<'_>, columns: Columns<'_>) -> PyResult<u64> {
+        let (columns, count) = columns_of(&columns)?;
+        let range = py
+            .detach(|| {
+                let records: Vec<Record> = (0..count).map(|k| record_of(&columns, k)).collect();
+                self.inner.append_many(&records)
+            })
+            .map_err(cluster_error)?;
+        Ok(range.start)
+    }
+
+    /// Replaces record `index` with the one record of `columns`.
+    fn modify(&self, py: Python<'_>, index: u64, columns: Columns<'_>) -> PyResult<()> {
+        let (columns, count) = columns_of(&columns)?;
+        if count != 1 {
+            return Err(PyValueError::new_err("modify takes exactly one record"));
+        }
+        py.detach(|| self.inner.modify(index, &record_of(&columns, 0)))
+            .map_err(cluster_error)
+    }
+
+    /// Deletes record `index`: the last record takes its place.
+    fn delete(&self, py: Python<'_>, index: u64) -> PyResult<()> {
+        py.detach(|| self.inner.delete(index))
+            .map_err(cluster_error)
+    }
+
+    /// Makes every write so far durable on every node.
+    fn commit(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.commit()).map_err(cluster_error)
+    }
+}
+
+/// The engine's sampler: which indices each batch of each epoch holds, a pure function of
+/// (configuration, epoch, position).
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct Sampler {
+    inner: zr_common::sampler::Sampler,
+}
+
+#[pymethods]
+impl Sampler {
+    #[new]
+    #[pyo3(signature = (len, order, seed, rank, ranks, batch, drop_last, window=0, stride=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        len: u64,
+        order: &str,
+        seed: u64,
+        rank: u64,
+        ranks: u64,
+        batch: u64,
+        drop_last: bool,
+        window: u64,
+        stride: u64,
+    ) -> PyResult<Sampler> {
+        let order = match order {
+            "sequential" => Order::Sequential,
+            "shuffle" => Order::Shuffle,
+            "random" => Order::Random,
+            "sliding" => Order::Sliding { window, stride },
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "order must be sequential, shuffle, random or sliding, not '{other}'"
+                )))
+            }
+        };
+        let config = SamplerConfig {
+            len,
+            order,
+            seed,
+            rank,
+            ranks,
+            batch,
+            tail: if drop_last { Tail::Drop } else { Tail::Pad },
+        };
+        let inner = zr_common::sampler::Sampler::new(config)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Sampler { inner })
+    }
+
+    /// Indices each rank sees per epoch.
+    fn items_per_epoch(&self) -> u64 {
+        self.inner.items_per_epoch()
+    }
+
+    /// Batches each rank gets per epoch.
+    fn batches_per_epoch(&self) -> u64 {
+        self.inner.batches_per_epoch()
+    }
+
+    /// The indices at positions `start..end` of epoch `epoch`.
+    fn indices<'py>(
+        &self,
+        py: Python<'py>,
+        epoch: u64,
+        start: u64,
+        end: u64,
+    ) -> Bound<'py, PyArray1<u64>> {
+        let mut out = Vec::with_capacity(end.saturating_sub(start) as usize);
+        self.inner.epoch(epoch).fill(start, end, &mut out);
+        PyArray1::from_vec(py, out)
+    }
+
+    /// Raises ValueError unless a state (seed, epoch, position, len, rank, ranks) belongs to
+    /// this sampler's configuration.
+    fn check_state(
+        &self,
+        seed: u64,
+        epoch: u64,
+        position: u64,
+        len: u64,
+        rank: u64,
+        ranks: u64,
+    ) -> PyResult<()> {
+        let state = SamplerState {
+            seed,
+            epoch,
+            position,
+            len,
+            rank,
+            ranks,
+        };
+        self.inner
+            .check_state(&state)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+}
+
+/// An in-process cluster (nodes and a router on 127.0.0.1, mutual TLS from a generated CA):
+/// for tests and examples.
+#[pyclass(module = "zrecord._zrecord", unsendable)]
+struct LocalCluster {
+    cluster: Option<zr_sim::SimCluster>,
+}
+
+#[pymethods]
+impl LocalCluster {
+    #[new]
+    #[pyo3(signature = (shards, fields, replicas=1))]
+    fn new(
+        py: Python<'_>,
+        shards: u32,
+        fields: Vec<(String, String)>,
+        replicas: u32,
+    ) -> PyResult<LocalCluster> {
+        let options = zr_sim::SimOptions {
+            fields,
+            replicas,
+            ..zr_sim::SimOptions::default()
+        };
+        let cluster = py
+            .detach(|| zr_sim::SimCluster::start(shards, options))
+            .map_err(|e| Error::new_err(e.to_string()))?;
+        Ok(LocalCluster {
+            cluster: Some(cluster),
+        })
+    }
+
+    /// The router's address.
+    fn router(&self) -> PyResult<String> {
+        Ok(self.running()?.router_addr().to_string())
+    }
+
+    /// The certificate directory clients use.
+    fn certs(&self) -> PyResult<Option<String>> {
+        Ok(self.running()?.certs_dir().map(|p| p.display().to_string()))
+    }
+
+    /// Stops every node and router.
+    fn stop(&mut self) {
+        self.cluster = None;
+    }
+}
+
+impl LocalCluster {
+    fn running(&self) -> PyResult<&zr_sim::SimCluster> {
+        self.cluster
+            .as_ref()
+            .ok_or_else(|| Error::new_err("the cluster is stopped"))
+    }
+}
+
+#[pymodule]
+fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Store>()?;
+    m.add_class::<Client>()?;
+    m.add_class::<Sampler>()?;
+    m.add_class::<LocalCluster>()?;
+    m.add("Error", m.py().get_type::<Error>())?;
+    m.add("CorruptRecord", m.py().get_type::<CorruptRecord>())?;
+    Ok(())
+}

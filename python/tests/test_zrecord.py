@@ -1,0 +1,255 @@
+"""The zrecord package from Python: round trips, errors, samplers and the loader's exact
+resume, fork safety, framework protocols and a cluster round trip."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import zrecord
+from zrecord.grain import DataSource
+from zrecord.testing import LocalCluster
+from zrecord.torch import MapDataset, StatefulSampler
+
+DTYPES = ["|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8", "|b1", "<c8"]
+SHAPES = [(), (3,), (2, 5), (4, 1, 3)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_dtype_and_shape_round_trips(tmp_path, dtype, shape):
+    rng = np.random.default_rng(abs(hash((dtype, shape))) % 2**32)
+    rows = (rng.random((20, *shape)) * 100).astype(dtype)
+    ds = zrecord.from_numpy(rows, tmp_path / "ds")
+    (field,) = ds.fields
+    assert (field.name, field.dtype, field.shape) == ("data", np.dtype(dtype), shape)
+    got = ds.gather([5, 0, 19, 5])["data"]
+    assert got.dtype == np.dtype(dtype) and got.shape == (4, *shape)
+    np.testing.assert_array_equal(got, rows[[5, 0, 19, 5]])
+    np.testing.assert_array_equal(ds[7]["data"], rows[7])
+
+
+def test_variable_and_flate_fields(tmp_path):
+    ds = zrecord.create(tmp_path / "ds", ["raw", ("text", "flate")])
+    records = [{"raw": bytes(range(k % 256)) * (k % 3), "text": f"record {k} " * k} for k in range(200)]
+    records[10] = {"raw": b"only raw"}  # a field a record lacks is absent (empty)
+    assert ds.append_many(records) == 0
+    ds.commit()
+    indices = [199, 3, 10, 3, 0]
+    batch = ds.gather(indices)
+    for name in ("raw", "text"):
+        values, offsets = batch[name]
+        assert values.dtype == np.uint8 and offsets.dtype == np.int64 and offsets.size == len(indices) + 1
+        for k, i in enumerate(indices):
+            want = records[i].get(name, b"")
+            want = want.encode() if isinstance(want, str) else want
+            assert values[offsets[k] : offsets[k + 1]].tobytes() == want
+    assert ds[10] == {"raw": b"only raw", "text": b""}
+    only = ds.gather(np.array([1, 2], dtype=np.int32), fields=["text"])
+    assert list(only) == ["text"]
+
+
+def test_indices_out_of_range_and_negative(tmp_path):
+    ds = zrecord.from_numpy(np.arange(10, dtype="<i8"), tmp_path / "ds")
+    np.testing.assert_array_equal(ds.gather([-1, -10])["data"], [9, 0])
+    with pytest.raises(IndexError, match="index 10 is out of range"):
+        ds.gather([10])
+    with pytest.raises(IndexError):
+        ds.gather([-11])
+    with pytest.raises(IndexError):
+        ds[10]
+    with pytest.raises(KeyError, match="nope"):
+        ds.gather([0], fields=["nope"])
+    with pytest.raises(TypeError):
+        ds.gather([0.5])
+
+
+def test_out_fills_caller_memory(tmp_path):
+    rows = np.arange(64 * 16, dtype="<f4").reshape(64, 16)
+    ds = zrecord.from_numpy(rows, tmp_path / "ds")
+    out = np.zeros((3, 16), dtype="<f4")
+    got = ds.gather([63, 1, 2], out={"data": out})["data"]
+    assert got is out
+    np.testing.assert_array_equal(out, rows[[63, 1, 2]])
+    raw = bytearray(3 * 16 * 4)
+    ds.gather([4, 5, 6], out={"data": raw})
+    np.testing.assert_array_equal(np.frombuffer(raw, dtype="<f4").reshape(3, 16), rows[4:7])
+    with pytest.raises(ValueError, match="destination holds"):
+        ds.gather([1, 2], out={"data": np.zeros((3, 16), dtype="<f4")})
+    with pytest.raises(ValueError, match="writable"):
+        ds.gather([1], out={"data": bytes(64)})
+
+
+def test_errors_are_python_exceptions(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        zrecord.open(tmp_path / "missing")
+    ds = zrecord.from_numpy(np.arange(100, dtype="<u8"), tmp_path / "ds")
+    with pytest.raises(zrecord.Error, match="locked"):
+        zrecord.open(tmp_path / "ds", writable=True)  # a reader has it open
+    with pytest.raises(KeyError):
+        ds.append({"other": b"x"})
+    del ds
+    # A damaged payload: a checked gather raises CorruptRecord, never a wrong value.
+    for chunk in (tmp_path / "ds" / "chunk").iterdir():
+        data = bytearray(chunk.read_bytes())
+        at = data.find(np.uint64(42).tobytes())
+        if at >= 0:
+            data[at] ^= 0xFF
+            chunk.write_bytes(bytes(data))
+    ds = zrecord.open(tmp_path / "ds")
+    with pytest.raises(zrecord.CorruptRecord, match="record 42"):
+        ds.gather([41, 42], checked=True)
+    assert ds.gather([41], checked=True)["data"].tolist() == [41]
+
+
+def test_writes_modify_delete_and_reads_during_appends(tmp_path):
+    ds = zrecord.create(tmp_path / "ds", [("x", "raw", "<i8", ())])
+    ds.append_many([{"x": np.int64(k)} for k in range(100)])
+    ds.commit()
+    ds.modify(5, {"x": np.int64(-5)})
+    ds.delete(0)  # the last record (99) takes index 0
+    assert len(ds) == 99
+    assert ds.gather([0, 5])["x"].tolist() == [99, -5]
+    # Appends on one thread while another gathers what is there.
+    stop = threading.Event()
+    errors = []
+
+    def append():
+        k = 1000
+        while not stop.is_set() and k < 3000:
+            ds.append_many([{"x": np.int64(k + j)} for j in range(50)])
+            k += 50
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    try:
+        for _ in range(200):
+            n = len(ds)
+            got = ds.gather(np.arange(min(n, 99)))["x"]
+            if got[5] != -5:
+                errors.append(got[5])
+    finally:
+        stop.set()
+        writer.join()
+    assert not errors
+    assert len(ds) > 99
+
+
+def test_sampler_shards_ranks_and_resumes(tmp_path):
+    full = zrecord.Sampler(1000, order="shuffle", seed=3, batch=32)
+    seen = np.concatenate(list(full))
+    assert len(set(seen.tolist())) == seen.size == 992  # drop_last: 31 whole batches
+    ranks = [zrecord.Sampler(1000, order="shuffle", seed=3, rank=r, ranks=4, batch=10) for r in range(4)]
+    per_rank = [np.concatenate(list(s)) for s in ranks]
+    assert len({len(p) for p in per_rank}) == 1
+    assert not set(per_rank[0].tolist()) & set(per_rank[1].tolist())
+    # Stopped after 7 batches, resumed from its state: the same rest.
+    a = zrecord.Sampler(1000, order="shuffle", seed=9, batch=16)
+    it = iter(a)
+    for _ in range(7):
+        next(it)
+    state = a.state_dict()
+    rest = [b.tolist() for b in it]
+    b = zrecord.Sampler(1000, order="shuffle", seed=9, batch=16)
+    b.load_state_dict(state)
+    assert [x.tolist() for x in b] == rest
+    with pytest.raises(ValueError):
+        zrecord.Sampler(999, order="shuffle", seed=9, batch=16).load_state_dict(state)
+    a.set_epoch(1)
+    assert next(iter(a)).tolist() != next(iter(zrecord.Sampler(1000, order="shuffle", seed=9, batch=16))).tolist()
+
+
+def test_loader_resume_equals_an_uninterrupted_run(tmp_path):
+    rows = np.arange(3000, dtype="<u4")
+    ds = zrecord.from_numpy(rows, tmp_path / "ds")
+    whole = [b["data"].tolist() for b in zrecord.Loader(ds, zrecord.Sampler(len(ds), seed=5, batch=64), prefetch=4, workers=3)]
+    loader = zrecord.Loader(ds, zrecord.Sampler(len(ds), seed=5, batch=64), prefetch=4, workers=3)
+    first = []
+    for k, batch in enumerate(loader):
+        first.append(batch["data"].tolist())
+        if k == 9:
+            break  # prefetched batches are in flight here
+    state = pickle.loads(pickle.dumps(loader.state_dict()))
+    resumed = zrecord.Loader(ds, zrecord.Sampler(len(ds), seed=5, batch=64), prefetch=4, workers=3)
+    resumed.load_state_dict(state)
+    rest = [b["data"].tolist() for b in resumed]
+    assert first + rest == whole
+    flat = sum(whole, [])
+    assert len(set(flat)) == len(flat) == 3000 // 64 * 64
+
+
+def _child_sum(ds) -> int:
+    # In a forked child: the dataset reopens itself in this process.
+    return int(sum(ds.gather(np.arange(len(ds)))["data"].sum() for _ in range(3)))
+
+
+def test_fork_safe_workers(tmp_path):
+    rows = np.arange(5000, dtype="<u8")
+    ds = zrecord.from_numpy(rows, tmp_path / "ds")
+    # Use the thread pools in the parent first: a fork must not inherit them.
+    ds.gather(np.arange(len(ds)))
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(3) as pool:
+        sums = pool.map(_child_sum, [ds] * 6)
+    assert sums == [3 * int(rows.sum())] * 6
+    # A forking loader of records, through the PyTorch-style map dataset.
+    mapped = MapDataset(ds)
+    with ctx.Pool(2) as pool:
+        got = pool.map(mapped.__getitems__, [[1, 2, 3], [4999, 0]])
+    assert [[r["data"].item() for r in batch] for batch in got] == [[1, 2, 3], [4999, 0]]
+
+
+def test_framework_protocols_without_the_frameworks(tmp_path):
+    ds = zrecord.from_numpy(np.arange(100, dtype="<i4").reshape(50, 2), tmp_path / "ds")
+    mapped = MapDataset(ds)
+    assert len(mapped) == 50 and mapped[3]["data"].tolist() == [6, 7]
+    assert [r["data"].tolist() for r in mapped.__getitems__([0, 49])] == [[0, 1], [98, 99]]
+    source = DataSource(ds)
+    assert len(source) == 50 and source._getitems([1])[0]["data"].tolist() == [2, 3]
+    sampler = StatefulSampler(zrecord.Sampler(50, seed=1, batch=8))
+    it = iter(sampler)
+    next(it)
+    state = sampler.state_dict()
+    rest = list(it)
+    again = StatefulSampler(zrecord.Sampler(50, seed=1, batch=8))
+    again.load_state_dict(state)
+    assert list(again) == rest
+    array = np.asarray(ds.gather([1, 2])["data"])
+    assert np.from_dlpack(array).tolist() == [[2, 3], [4, 5]]
+
+
+def test_cluster_round_trip():
+    with LocalCluster(3, [("img", "raw"), ("cap", "flate")], replicas=2) as cluster:
+        ds = zrecord.connect(cluster.router, cluster.certs)
+        records = [{"img": bytes([k % 256]) * (k % 50), "cap": f"caption {k}"} for k in range(500)]
+        assert ds.append_many(records) == 0
+        ds.commit()
+        assert len(ds) == 500
+        batch = ds.gather([499, 7, 7, 0])
+        values, offsets = batch["cap"]
+        assert [values[offsets[k] : offsets[k + 1]].tobytes() for k in range(4)] == [b"caption 499", b"caption 7", b"caption 7", b"caption 0"]
+        ds.modify(7, {"img": b"new", "cap": "changed"})
+        assert ds[7] == {"img": b"new", "cap": b"changed"}
+        ds.delete(0)
+        assert len(ds) == 499 and ds[0]["cap"] == b"caption 499"
+        with pytest.raises(IndexError):
+            ds.gather([10_000])
+        # It pickles as the router and certificates.
+        again = pickle.loads(pickle.dumps(ds))
+        assert len(again) == 499
+
+
+def test_from_arrays(tmp_path):
+    values = np.frombuffer(b"abcdefghij", dtype=np.uint8)
+    offsets = np.array([0, 3, 3, 10])
+    ds = zrecord.from_arrays(values, offsets, tmp_path / "ds")
+    assert len(ds) == 3
+    vals, offs = ds.gather([2, 0, 1])["data"]
+    assert [vals[offs[k] : offs[k + 1]].tobytes() for k in range(3)] == [b"defghij", b"abc", b""]
+    with pytest.raises(ValueError, match="offsets"):
+        zrecord.from_arrays(values, np.array([0, 5, 3]), tmp_path / "bad")

@@ -1,0 +1,479 @@
+"""zrecord: random batch reads of byte records at memory speed.
+
+Local datasets (``zrecord.open``, ``zrecord.create``) and clusters (``zrecord.connect``) share
+one API: ``len(ds)``, ``ds.fields``, ``ds[i]``, ``ds.gather(indices, fields=None, out=None)``,
+and writes (``append``, ``append_many``, ``modify``, ``delete``, ``commit``). A field with a
+dtype and shape gathers into a NumPy array of shape ``(B, *shape)``; any other field into
+``(values: uint8[...], offsets: int64[B + 1])``. Gathers release the GIL and copy each record
+once, straight into its destination.
+
+Samplers (``zrecord.Sampler``) and a prefetching loader (``zrecord.Loader``) resume exactly
+from ``state_dict()``. ``zrecord.torch``, ``zrecord.grain`` and ``zrecord.jax`` adapt them to
+those frameworks without depending on them.
+
+Datasets and clients are fork-safe: they pickle as their path (or router and certificates)
+and reopen themselves in a child process, so a forking ``DataLoader`` works.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from . import _zrecord
+from ._zrecord import CorruptRecord, Error
+
+__all__ = [
+    "CorruptRecord",
+    "Dataset",
+    "Error",
+    "Field",
+    "Loader",
+    "Sampler",
+    "connect",
+    "create",
+    "from_arrays",
+    "from_numpy",
+    "open",
+]
+
+
+@dataclass(frozen=True)
+class Field:
+    """A field of the dataset: its name, compression, and (for typed fields) dtype and
+    per-record shape."""
+
+    name: str
+    compress: str
+    dtype: np.dtype | None
+    shape: tuple[int, ...] | None
+
+    @property
+    def fixed(self) -> bool:
+        """True if every record of the field has the same size (a dtype and a shape)."""
+        return self.dtype is not None and self.shape is not None
+
+    @property
+    def record_bytes(self) -> int | None:
+        if not self.fixed:
+            return None
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def _field(t: tuple) -> Field:
+    name, compress, dtype, shape = t
+    return Field(
+        name,
+        compress,
+        np.dtype(dtype) if dtype is not None else None,
+        tuple(int(s) for s in shape) if shape is not None else None,
+    )
+
+
+def _as_indices(indices: Any) -> np.ndarray:
+    """Any integer sequence or array as a uint64 array; negative indices count from the end
+    only when the caller's length is known (see ``Dataset._indices``)."""
+    array = np.asarray(indices)
+    if array.ndim != 1:
+        array = array.reshape(-1)
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"indices must be integers, not {array.dtype}")
+    return array
+
+
+def _to_bytes(value: Any) -> np.ndarray:
+    """A record's value (bytes, bytearray, memoryview, NumPy array, str) as its bytes."""
+    if isinstance(value, str):
+        value = value.encode()
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value).view(np.uint8).reshape(-1)
+    return np.frombuffer(memoryview(value).cast("B"), dtype=np.uint8)
+
+
+def _columns(records: Sequence[Mapping[str, Any]], names: Iterable[str]) -> dict:
+    """Records as columns: per field, all values back to back and their offsets."""
+    columns = {}
+    for name in names:
+        parts = [_to_bytes(r[name]) if name in r else np.empty(0, np.uint8) for r in records]
+        lengths = np.fromiter((p.size for p in parts), dtype=np.int64, count=len(parts))
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.concatenate(parts) if parts else np.empty(0, np.uint8)
+        columns[name] = (values.astype(np.uint8, copy=False), offsets)
+    return columns
+
+
+class Dataset:
+    """A zrecord dataset: a local directory (``zrecord.open``/``create``) or a cluster
+    (``zrecord.connect``). See the package documentation."""
+
+    def __init__(self, opener: tuple, handle: Any = None):
+        # How to open it again (after a fork, or when unpickled): (kind, *arguments).
+        self._opener = opener
+        self._handle = handle
+        self._pid = os.getpid() if handle is not None else None
+        self._lock = threading.Lock()
+        self._fields: list[Field] | None = None
+
+    # -- opening, per process --------------------------------------------------------------
+
+    def _native(self) -> Any:
+        """The native handle of this process (reopened after a fork: thread pools and
+        runtimes do not survive one)."""
+        pid = os.getpid()
+        if self._handle is None or self._pid != pid:
+            with self._lock:
+                if self._handle is None or self._pid != pid:
+                    kind, *args = self._opener
+                    if kind == "local":
+                        path, writable = args
+                        self._handle = _zrecord.Store.open(path, writable)
+                    else:
+                        router, certs, timeout_ms = args
+                        self._handle = _zrecord.Client.connect(router, certs, timeout_ms)
+                    self._pid = pid
+        return self._handle
+
+    def __getstate__(self) -> dict:
+        # Reopened read-only: a child process reads (a writer keeps the dataset to itself).
+        opener = self._opener
+        if opener[0] == "local":
+            opener = ("local", opener[1], False)
+        return {"opener": opener}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["opener"])
+
+    def __repr__(self) -> str:
+        kind, first, *_ = self._opener
+        where = f"router {first}" if kind == "cluster" else str(first)
+        return f"<zrecord.Dataset {where}: {len(self)} records, fields {[f.name for f in self.fields]}>"
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._native())
+
+    @property
+    def fields(self) -> list[Field]:
+        """The fields: name, compression, dtype and shape."""
+        if self._fields is None:
+            self._fields = [_field(t) for t in self._native().fields()]
+        return self._fields
+
+    def _field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"unknown field '{name}' (the dataset has: {', '.join(f.name for f in self.fields)})")
+
+    def _indices(self, indices: Any) -> np.ndarray:
+        array = _as_indices(indices)
+        if array.size and array.dtype.kind == "i" and (array < 0).any():
+            n = len(self)
+            array = np.where(array < 0, array + n, array)
+            if (array < 0).any():
+                bad = int(array[array < 0][0]) - n
+                raise IndexError(f"index {bad} is out of range: the dataset holds {n} records")
+        return array.astype(np.uint64, copy=False)
+
+    def gather(self, indices: Any, fields: Sequence[str] | None = None, out: Mapping[str, Any] | None = None, checked: bool = False) -> dict:
+        """Records ``indices`` (any integers; negative ones count from the end; repeats
+        allowed) of ``fields`` (default: all). Per field: an array of shape ``(B, *shape)``
+        with the field's dtype (fields with a dtype and shape), else ``(values, offsets)``.
+        ``out`` maps fields to caller-owned destinations (NumPy arrays or anything with the
+        buffer protocol, C-contiguous, of the right size) filled with no extra copy.
+        ``checked``: each record is read against its CRC (a damaged one raises
+        ``CorruptRecord``; from a cluster with replicas, a partner's copy is read instead)."""
+        idx = self._indices(indices)
+        names = [f.name for f in self.fields] if fields is None else list(fields)
+        chosen = [self._field(n) for n in names]
+        native = self._native()
+        result = {}
+        if isinstance(native, _zrecord.Store):
+            for f in chosen:
+                if f.fixed:
+                    dest = out.get(f.name) if out is not None else None
+                    if dest is None:
+                        dest = np.empty((idx.size, *f.shape), dtype=f.dtype)
+                    flat = _writable_bytes(dest)
+                    native.gather_into(idx, f.name, flat, checked)
+                    result[f.name] = dest if isinstance(dest, np.ndarray) else _typed(flat, f, idx.size)
+                else:
+                    result[f.name] = native.gather_columns(idx, f.name, checked)
+            return result
+        columns = native.gather_columns(idx, names, checked)
+        for f, (values, offsets) in zip(chosen, columns):
+            if f.fixed:
+                typed = _typed(values, f, idx.size)
+                if out is not None and out.get(f.name) is not None:
+                    dest = out[f.name]
+                    _writable_bytes(dest)[:] = values
+                    result[f.name] = dest
+                else:
+                    result[f.name] = typed
+            else:
+                result[f.name] = (values, offsets)
+        return result
+
+    def __getitem__(self, index: int) -> dict:
+        """Record ``index`` as {field: value}: an array of the field's dtype and shape, or
+        its bytes."""
+        if not isinstance(index, (int, np.integer)):
+            raise TypeError(f"dataset indices are integers, not {type(index).__name__}")
+        batch = self.gather([int(index)])
+        record = {}
+        for f in self.fields:
+            value = batch[f.name]
+            record[f.name] = value[0] if f.fixed else value[0].tobytes()
+        return record
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict]:
+        """Records ``indices`` as a list of {field: value}: one gather for the batch."""
+        count = _as_indices(indices).size
+        batch = self.gather(indices)
+        records = []
+        for k in range(count):
+            record = {}
+            for f in self.fields:
+                value = batch[f.name]
+                if f.fixed:
+                    record[f.name] = value[k]
+                else:
+                    values, offsets = value
+                    record[f.name] = values[offsets[k] : offsets[k + 1]].tobytes()
+            records.append(record)
+        return records
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def append(self, record: Mapping[str, Any]) -> int:
+        """Appends one record ({field: bytes | array | str}); returns its index."""
+        return self.append_many([record])
+
+    def append_many(self, records: Sequence[Mapping[str, Any]]) -> int:
+        """Appends records; returns the first one's index. Fields a record lacks are absent
+        in it."""
+        self._check_names(records)
+        return self._native().append_columns(_columns(records, [f.name for f in self.fields]))
+
+    def modify(self, index: int, record: Mapping[str, Any]) -> None:
+        """Replaces record ``index``."""
+        self._check_names([record])
+        self._native().modify(int(index), _columns([record], [f.name for f in self.fields]))
+
+    def delete(self, index: int) -> None:
+        """Deletes record ``index``: the last record takes its place."""
+        self._native().delete(int(index))
+
+    def commit(self) -> None:
+        """Makes every write so far durable."""
+        self._native().commit()
+
+    def _check_names(self, records: Sequence[Mapping[str, Any]]) -> None:
+        known = {f.name for f in self.fields}
+        for r in records:
+            for name in r:
+                if name not in known:
+                    raise KeyError(f"unknown field '{name}' (the dataset has: {', '.join(sorted(known))})")
+
+
+def _writable_bytes(dest: Any) -> np.ndarray:
+    """``dest`` (a NumPy array or any writable buffer) as a flat uint8 array over the same
+    memory."""
+    if isinstance(dest, np.ndarray):
+        if not dest.flags.c_contiguous:
+            raise ValueError("out arrays must be C-contiguous")
+        if not dest.flags.writeable:
+            raise ValueError("out arrays must be writable")
+        return dest.reshape(-1).view(np.uint8)
+    view = memoryview(dest)
+    if view.readonly:
+        raise ValueError("out buffers must be writable")
+    return np.frombuffer(view.cast("B"), dtype=np.uint8)
+
+
+def _typed(values: np.ndarray, f: Field, count: int) -> np.ndarray:
+    return values.view(f.dtype).reshape((count, *f.shape))
+
+
+def open(path: str | os.PathLike, writable: bool = False) -> Dataset:  # noqa: A001
+    """Opens the dataset at ``path``: read-only by default (any number of readers, in any
+    number of processes), or ``writable`` (this process alone)."""
+    path = os.fspath(path)
+    return Dataset(("local", path, writable), _zrecord.Store.open(path, writable))
+
+
+def create(path: str | os.PathLike, fields: Sequence[Any]) -> Dataset:
+    """Creates a dataset at ``path`` (a new or empty directory). ``fields``: names, or
+    (name, compress) or (name, compress, dtype, shape) tuples, or ``Field``s; ``compress`` is
+    "raw" or "flate"."""
+    path = os.fspath(path)
+    specs = []
+    for f in fields:
+        if isinstance(f, str):
+            specs.append((f, "raw", None, None))
+        elif isinstance(f, Field):
+            specs.append((f.name, f.compress, f.dtype.str if f.dtype is not None else None, list(f.shape) if f.shape is not None else None))
+        else:
+            name, compress, *rest = f
+            dtype = np.dtype(rest[0]).str if rest and rest[0] is not None else None
+            shape = [int(s) for s in rest[1]] if len(rest) > 1 and rest[1] is not None else None
+            specs.append((name, compress, dtype, shape))
+    return Dataset(("local", path, True), _zrecord.Store.create(path, specs))
+
+
+def connect(router: str, certs: str | os.PathLike | None = None, timeout_ms: int = 30_000) -> Dataset:
+    """The dataset of the zrecord cluster whose router is at ``router`` ("HOST:PORT"), with
+    the client certificate in ``certs`` (the directory ``zr cluster-init`` made; None for a
+    router run with --insecure-dev)."""
+    certs = os.fspath(certs) if certs is not None else None
+    return Dataset(("cluster", router, certs, timeout_ms), _zrecord.Client.connect(router, certs, timeout_ms))
+
+
+def from_numpy(array: np.ndarray, path: str | os.PathLike, field: str = "data", compress: str = "raw") -> Dataset:
+    """A dataset at ``path`` with one record per row of ``array`` (its dtype and row shape
+    kept), committed; returned open read-only (so other processes may read it too)."""
+    array = np.ascontiguousarray(array)
+    if array.ndim < 1:
+        raise ValueError("from_numpy needs an array with at least one dimension (rows)")
+    ds = create(path, [(field, compress, array.dtype, array.shape[1:])])
+    rows = array.shape[0]
+    size = array[0].nbytes if rows else 0
+    values = array.reshape(-1).view(np.uint8) if rows else np.empty(0, np.uint8)
+    offsets = np.arange(rows + 1, dtype=np.int64) * size
+    if rows:
+        ds._native().append_columns({field: (values, offsets)})
+    ds.commit()
+    del ds  # the writer's lock goes with it
+    return open(path)
+
+
+def from_arrays(values: np.ndarray, offsets: np.ndarray, path: str | os.PathLike, field: str = "data", compress: str = "raw") -> Dataset:
+    """A dataset at ``path`` with record k = ``values[offsets[k]:offsets[k + 1]]``,
+    committed; returned open read-only."""
+    values = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    ds = create(path, [(field, compress)])
+    if offsets.size > 1:
+        first, last = int(offsets[0]), int(offsets[-1])
+        ds._native().append_columns({field: (values[first:last], offsets - first)})
+    ds.commit()
+    del ds
+    return open(path)
+
+
+class Sampler:
+    """Batches of indices for one rank: ``order`` "sequential", "shuffle" (a seeded
+    permutation per epoch), "random" (with replacement) or "sliding" (windows); every rank of
+    ``ranks`` gets as many batches, with no communication; ``drop_last`` drops each epoch's
+    last, partial batch. Iterating yields the rest of the
+    current epoch; ``set_epoch`` moves to another. ``state_dict()`` / ``load_state_dict()``
+    resume exactly."""
+
+    def __init__(self, length: int, order: str = "shuffle", seed: int = 0, rank: int = 0, ranks: int = 1, batch: int = 1, drop_last: bool = True, window: int = 0, stride: int = 0):
+        self.config = dict(length=length, order=order, seed=seed, rank=rank, ranks=ranks, batch=batch, drop_last=drop_last, window=window, stride=stride)
+        # Ranks always get equal shares (the engine drops the uneven tail); `drop_last`
+        # drops each epoch's last, partial batch.
+        self._native = _zrecord.Sampler(length, order, seed, rank, ranks, batch, True, window, stride)
+        self.epoch = 0
+        self.position = 0
+
+    def epoch_items(self) -> int:
+        """Indices this rank gets per epoch (whole batches only with ``drop_last``)."""
+        items = self._native.items_per_epoch()
+        if self.config["drop_last"]:
+            items -= items % self.config["batch"]
+        return items
+
+    def __len__(self) -> int:
+        return -(-self.epoch_items() // self.config["batch"])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts epoch ``epoch`` from its beginning."""
+        self.epoch = int(epoch)
+        self.position = 0
+
+    def batch_at(self, epoch: int, position: int) -> np.ndarray:
+        """The batch of ``epoch`` starting at ``position`` (in indices)."""
+        end = min(position + self.config["batch"], self.epoch_items())
+        return self._native.indices(epoch, position, end)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        per_epoch = self.epoch_items()
+        while self.position < per_epoch:
+            batch = self.batch_at(self.epoch, self.position)
+            self.position += batch.size
+            yield batch
+        # The next iteration starts the next epoch.
+        self.epoch += 1
+        self.position = 0
+
+    def state_dict(self) -> dict:
+        """Where the sampler is: enough to resume exactly."""
+        c = self.config
+        return {"seed": c["seed"], "epoch": self.epoch, "position": self.position, "len": c["length"], "rank": c["rank"], "ranks": c["ranks"]}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Resumes from ``state`` (refused if it belongs to another configuration)."""
+        self._native.check_state(state["seed"], state["epoch"], state["position"], state["len"], state["rank"], state["ranks"])
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+
+
+class Loader:
+    """Batches of ``dataset`` in ``sampler``'s order, ``prefetch`` batches gathered ahead on
+    ``workers`` threads (gathers release the GIL). Yields {field: array or (values,
+    offsets)}. ``state_dict()`` is the state after the last batch yielded — batches
+    prefetched but not yet yielded are not counted — so a loader resumed from it yields
+    exactly the batches an uninterrupted one would have."""
+
+    def __init__(self, dataset: Dataset, sampler: Sampler, prefetch: int = 2, workers: int | None = None, fields: Sequence[str] | None = None):
+        self.dataset = dataset
+        self.sampler = sampler
+        self.prefetch = max(1, int(prefetch))
+        self.workers = workers or min(4, os.cpu_count() or 1)
+        self.fields = fields
+        self._consumed = (sampler.epoch, sampler.position)
+
+    def __iter__(self) -> Iterator[dict]:
+        epoch, position = self.sampler.epoch, self.sampler.position
+        per_epoch = self.sampler.epoch_items()
+        starts = []
+        p = position
+        while p < per_epoch:
+            starts.append(p)
+            p = min(p + self.sampler.config["batch"], per_epoch)
+        pending: deque = deque()
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            next_start = 0
+            while next_start < len(starts) or pending:
+                while next_start < len(starts) and len(pending) < self.prefetch:
+                    indices = self.sampler.batch_at(epoch, starts[next_start])
+                    pending.append((starts[next_start], indices.size, pool.submit(self.dataset.gather, indices, self.fields)))
+                    next_start += 1
+                start, size, future = pending.popleft()
+                batch = future.result()
+                self.sampler.epoch, self.sampler.position = epoch, start + size
+                self._consumed = (epoch, start + size)
+                yield batch
+        self.sampler.epoch, self.sampler.position = epoch + 1, 0
+        self._consumed = (epoch + 1, 0)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def state_dict(self) -> dict:
+        state = self.sampler.state_dict()
+        state["epoch"], state["position"] = self._consumed
+        return state
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.sampler.load_state_dict(state)
+        self._consumed = (self.sampler.epoch, self.sampler.position)

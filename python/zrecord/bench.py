@@ -1,0 +1,97 @@
+"""``python -m zrecord.bench``: random gathers from Python, each next to a baseline from the
+same run.
+
+- zrecord gathers of 1,024 random indices into a preallocated NumPy array vs NumPy memmap
+  fancy indexing of the same rows of a plain row file (1 KiB and 16 KiB records);
+- the same gathers from a Rust loop in the same process (no Python between gathers), the
+  bound of what a Python caller can reach;
+- the prefetching ``Loader`` vs a bare gather loop over the same batches.
+
+Warm cache: both files are read once before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+
+import zrecord
+
+
+def _rate(fn, seconds: float) -> float:
+    """Calls of ``fn`` per second over about ``seconds``."""
+    fn()
+    calls, started = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            return calls / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=200_000, help="records per dataset (1 KiB); 16 KiB ones get a sixteenth")
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--seconds", type=float, default=2.0, help="per measurement (taken in turns)")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    rng = np.random.default_rng(7)
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in (1024, 16384):
+            n = args.records if size == 1024 else max(args.records // 16, args.batch)
+            rows = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+            path = os.path.join(tmp, f"zr-{size}")
+            ds = zrecord.from_numpy(rows, path)
+            raw = os.path.join(tmp, f"rows-{size}.bin")
+            rows.tofile(raw)
+            mm = np.memmap(raw, dtype=np.uint8, mode="r", shape=(n, size))
+            del rows
+            out = np.empty((args.batch, size), dtype=np.uint8)
+            batches = [rng.integers(0, n, size=args.batch, dtype=np.uint64) for _ in range(64)]
+            k = [0]
+
+            def next_batch():
+                k[0] = (k[0] + 1) % len(batches)
+                return batches[k[0]]
+
+            # Warm both.
+            ds.gather(np.arange(n, dtype=np.uint64), out={"data": np.empty((n, size), np.uint8)})
+            np.asarray(mm[np.arange(n)]).sum()
+            zr, npm = 0.0, 0.0
+            native = ds._native()
+            direct = 0.0
+            for _ in range(args.rounds):
+                zr += _rate(lambda: ds.gather(next_batch(), out={"data": out}), args.seconds / args.rounds)
+                npm += _rate(lambda: np.take(mm, next_batch().astype(np.int64), axis=0, out=out), args.seconds / args.rounds)
+                direct += native.time_gathers(batches, "data", out.reshape(-1), args.seconds / args.rounds)
+            zr, npm, direct = (x / args.rounds * args.batch for x in (zr, npm, direct))
+            gib = size / (1 << 30)
+            print(f"{size // 1024:>2} KiB records, {n} of them, random batches of {args.batch}:")
+            print(f"  zrecord Dataset.gather(out=)   {zr:>12,.0f} rec/s  {zr * gib:6.2f} GiB/s")
+            print(f"  numpy memmap fancy indexing    {npm:>12,.0f} rec/s  {npm * gib:6.2f} GiB/s   zrecord/numpy {zr / npm:.2f}x")
+            print(f"  the same gathers in a Rust loop {direct:>11,.0f} rec/s  {direct * gib:6.2f} GiB/s   Python/Rust {zr / direct:.2f}x")
+        # The loader vs a bare loop over the same batches.
+        ds = zrecord.open(os.path.join(tmp, "zr-1024"))
+        sampler = zrecord.Sampler(len(ds), order="shuffle", seed=1, batch=args.batch)
+        batches = [sampler.batch_at(0, p) for p in range(0, min(len(ds), 200 * args.batch), args.batch)]
+        started = time.perf_counter()
+        for b in batches:
+            ds.gather(b)
+        bare = time.perf_counter() - started
+        loader = zrecord.Loader(ds, zrecord.Sampler(len(ds), order="shuffle", seed=1, batch=args.batch), prefetch=2, workers=2)
+        started = time.perf_counter()
+        for i, _ in enumerate(loader):
+            if i + 1 == len(batches):
+                break
+        looped = time.perf_counter() - started
+        print(f"loader (prefetch 2, 2 workers) {len(batches) / looped:,.0f} batches/s vs a bare gather loop {len(batches) / bare:,.0f}: overhead {100 * (looped / bare - 1):+.0f}%")
+
+
+if __name__ == "__main__":
+    main()
