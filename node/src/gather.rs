@@ -25,6 +25,9 @@ use crate::view::View;
 const ENTRY_PREFETCH_AHEAD: usize = 16;
 /// Fewest indices per part when resolving in parallel (resolving is cheap).
 const RESOLVE_PART_MIN: usize = 8192;
+/// Fewest bytes per part when copying a gather into the caller's memory in parallel (waking
+/// the reader threads costs more than copying a few MiB).
+const COPY_PART_MIN_BYTES: usize = 2 << 20;
 /// Fewest records per part when decompressing in parallel.
 const INFLATE_PART_MIN: usize = 64;
 
@@ -71,18 +74,37 @@ impl Store {
         let view = batch.field(field).ok_or_else(|| {
             Error::InvalidRecord(format!("field '{field}' missing from the batch"))
         })?;
-        for (k, (payload, slot)) in view.iter().zip(out.chunks_exact_mut(size)).enumerate() {
-            if payload.len() != size {
-                // An absent field (length 0) in a fixed-size column: no value to give.
-                return Err(Error::BadRecord {
-                    field: field.to_string(),
-                    index: indices[k],
-                    reason: format!("holds {} bytes, not {size}", payload.len()),
-                });
+        // Records `first..` into `slots`; the copy is what a gather into memory costs, so a
+        // large one is split across the reader threads.
+        let copy = |first: usize, slots: &mut [u8]| -> Result<()> {
+            for (j, slot) in slots.chunks_exact_mut(size).enumerate() {
+                let k = first + j;
+                let payload = view.get(k).unwrap_or_default();
+                if payload.len() != size {
+                    // An absent field (length 0) in a fixed-size column: no value to give.
+                    return Err(Error::BadRecord {
+                        field: field.to_string(),
+                        index: indices[k],
+                        reason: format!("holds {} bytes, not {size}", payload.len()),
+                    });
+                }
+                slot.copy_from_slice(payload);
             }
-            slot.copy_from_slice(payload);
+            Ok(())
+        };
+        let runtime = &self.inner.runtime;
+        let part_min = (COPY_PART_MIN_BYTES / size).max(1);
+        match (
+            part_len(runtime, indices.len(), part_min),
+            runtime.readers(),
+        ) {
+            (Some(part), Some(pool)) => pool.install(|| {
+                out.par_chunks_mut(part * size)
+                    .enumerate()
+                    .try_for_each(|(p, slots)| copy(p * part, slots))
+            }),
+            _ => copy(0, out),
         }
-        Ok(())
     }
 
     /// [`Store::gather`] with options.
