@@ -197,11 +197,15 @@ def test_fork_safe_workers(tmp_path):
     with ctx.Pool(3) as pool:
         sums = pool.map(_child_sum, [ds] * 6)
     assert sums == [3 * int(rows.sum())] * 6
-    # A forking loader of records, through the PyTorch-style map dataset.
+    # A forking multi-worker loader run to completion, as PyTorch's DataLoader does it: the
+    # workers (forked after the parent used the dataset) each gather whole batches through
+    # the map dataset's __getitems__, in the stateful sampler's order.
     mapped = MapDataset(ds)
+    batches = list(StatefulSampler(zrecord.Sampler(len(ds), seed=4, batch=100)))
     with ctx.Pool(2) as pool:
-        got = pool.map(mapped.__getitems__, [[1, 2, 3], [4999, 0]])
-    assert [[r["data"].item() for r in batch] for batch in got] == [[1, 2, 3], [4999, 0]]
+        got = pool.map(mapped.__getitems__, batches)
+    assert [[r["data"].item() for r in batch] for batch in got] == batches
+    assert sorted(sum(batches, [])) == list(range(5000))
 
 
 def test_framework_protocols_without_the_frameworks(tmp_path):
