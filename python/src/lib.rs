@@ -224,6 +224,41 @@ impl Store {
             .map_err(node_error)
     }
 
+    /// Field `field` of record `index` as a read-only uint8 array over the mapped chunk
+    /// (raw fields) or the decompressed payload (flate): no copy. The array keeps what it
+    /// views alive.
+    fn record_view<'py>(
+        &self,
+        py: Python<'py>,
+        index: u64,
+        field: &str,
+    ) -> PyResult<Bound<'py, PyArray1<u8>>> {
+        let batch = py
+            .detach(|| self.inner.gather(&[index], &[field]))
+            .map_err(node_error)?;
+        let (ptr, len) = {
+            let view = batch.field(field).ok_or_else(|| {
+                PyKeyError::new_err(format!("field '{field}' missing from the batch"))
+            })?;
+            let payload = view.get(0).unwrap_or_default();
+            (payload.as_ptr(), payload.len())
+        };
+        let holder = Bound::new(py, Held { _batch: batch })?;
+        // SAFETY: `ptr..ptr + len` is the payload inside the batch's mapping (or its
+        // decompressed buffer), which stays valid and unmoved while the batch lives; the
+        // batch moved into `holder`, the array's base object, which lives as long as the
+        // array. The array is made read-only below, before Python sees it.
+        let array = unsafe {
+            let view = numpy::ndarray::ArrayView1::from_shape_ptr(len, ptr);
+            PyArray1::borrow_from_array(&view, holder.into_any())
+        };
+        let array = array
+            .try_readwrite()
+            .map_err(|e| Error::new_err(e.to_string()))?
+            .make_nonwriteable();
+        Ok(array.as_borrowed().to_owned())
+    }
+
     /// The Rust baseline of the Python benchmark: gathers of `batches` in turn (field
     /// `field`, into `out`) for about `seconds`, in a Rust loop without the GIL; returns
     /// gathers per second.
@@ -332,6 +367,13 @@ impl Store {
             ..zr_node::GatherOptions::default()
         }
     }
+}
+
+/// Keeps a gathered batch — and so the mappings it points into — alive for the arrays
+/// that view it.
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct Held {
+    _batch: zr_node::Batch,
 }
 
 /// A client of a zrecord cluster's router.

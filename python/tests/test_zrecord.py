@@ -257,3 +257,19 @@ def test_from_arrays(tmp_path):
     assert [vals[offs[k] : offs[k + 1]].tobytes() for k in range(3)] == [b"defghij", b"abc", b""]
     with pytest.raises(ValueError, match="offsets"):
         zrecord.from_arrays(values, np.array([0, 5, 3]), tmp_path / "bad")
+
+
+def test_zero_copy_record_views(tmp_path):
+    rows = np.arange(40, dtype="<f8").reshape(10, 4)
+    ds = zrecord.from_numpy(rows, tmp_path / "ds")
+    view = ds.view(3, "data")
+    np.testing.assert_array_equal(view, rows[3])
+    assert not view.flags.writeable and not view.flags.owndata
+    with pytest.raises(ValueError):
+        view[0] = 1.0
+    last = ds.view(-1, "data")
+    del ds  # the views keep their mapping alive
+    np.testing.assert_array_equal(last, rows[9])
+    np.testing.assert_array_equal(view, rows[3])
+    with pytest.raises(IndexError):
+        zrecord.open(tmp_path / "ds").view(10, "data")

@@ -234,6 +234,21 @@ class Dataset:
             record[f.name] = value[0] if f.fixed else value[0].tobytes()
         return record
 
+    def view(self, index: int, field: str) -> np.ndarray:
+        """Field ``field`` of record ``index`` with no copy: a read-only array over the
+        mapped data (typed by the field's dtype and shape, else uint8). It keeps what it
+        views alive, even after the dataset is closed. Local datasets only."""
+        native = self._native()
+        if not isinstance(native, _zrecord.Store):
+            raise TypeError("zero-copy views are of local datasets; gather from a cluster")
+        f = self._field(field)
+        n = len(self)
+        i = int(index) + n if int(index) < 0 else int(index)
+        raw = native.record_view(i, field)
+        if f.fixed:
+            return raw.view(f.dtype).reshape(f.shape)
+        return raw
+
     def __getitems__(self, indices: Sequence[int]) -> list[dict]:
         """Records ``indices`` as a list of {field: value}: one gather for the batch."""
         count = _as_indices(indices).size
