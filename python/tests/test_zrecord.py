@@ -273,3 +273,40 @@ def test_zero_copy_record_views(tmp_path):
     np.testing.assert_array_equal(view, rows[3])
     with pytest.raises(IndexError):
         zrecord.open(tmp_path / "ds").view(10, "data")
+
+
+def _read_only_mount(source, target) -> bool:
+    """Bind-mounts ``source`` read-only at ``target`` (root only); False if not allowed."""
+    import subprocess
+
+    target.mkdir()
+    bind = subprocess.run(["mount", "--bind", str(source), str(target)], capture_output=True)
+    if bind.returncode != 0:
+        return False
+    remount = subprocess.run(["mount", "-o", "remount,ro,bind", str(target)], capture_output=True)
+    if remount.returncode != 0:
+        subprocess.run(["umount", str(target)])
+        return False
+    return True
+
+
+@pytest.mark.parametrize("lock_file", [True, False])
+def test_a_dataset_on_a_read_only_directory_opens(tmp_path, lock_file):
+    rows = np.arange(30, dtype="<u2").reshape(10, 3)
+    zrecord.from_numpy(rows, tmp_path / "ds")
+    if not lock_file:
+        (tmp_path / "ds" / "lock").unlink()
+    mounted = tmp_path / "ro"
+    if not _read_only_mount(tmp_path / "ds", mounted):
+        pytest.skip("read-only bind mounts need root and mount permission")
+    try:
+        a, b = zrecord.open(mounted), zrecord.open(mounted)  # readers share it
+        np.testing.assert_array_equal(a.gather([9, 0])["data"], rows[[9, 0]])
+        assert len(b) == 10
+        with pytest.raises((zrecord.Error, OSError)):
+            zrecord.open(mounted, writable=True)
+        del a, b
+    finally:
+        import subprocess
+
+        subprocess.run(["umount", str(mounted)], check=True)
