@@ -30,6 +30,7 @@ mod io;
 mod map;
 pub mod meta;
 pub mod offset;
+mod prefetch;
 pub mod rebalance;
 mod redo;
 mod runtime;
@@ -46,6 +47,7 @@ pub use batch::{Batch, FieldView};
 pub use error::{Error, Result};
 pub use io::IoBackend;
 pub use meta::{Compression, FieldSpec, Meta};
+pub use prefetch::Prefetched;
 pub use runtime::{RuntimeOptions, CLEANERS_MAX, READERS_MAX, WRITERS_MAX};
 pub use store::{
     chunk_path, CreateOptions, GatherOptions, ReadPath, ReadStats, Store, CHUNK_DIR, LOCK_FILE,

@@ -21,6 +21,7 @@ use zr_proto::wire::{self, ErrorCode, FieldInfo, NodeMessage, NodeRequest, Reply
 use crate::batch::Batch;
 use crate::fence::Coordination;
 use crate::meta::{Compression, FieldSpec};
+use crate::prefetch::touch_pages;
 use crate::runtime::RuntimeOptions;
 use crate::store::{CreateOptions, GatherOptions, ReadPath, Store};
 use crate::warm::Warmth;
@@ -412,6 +413,10 @@ fn execute(
                 let column: Vec<u32> = view.iter().map(|p| p.len() as u32).collect();
                 let total: u64 = column.iter().map(|&l| l as u64).sum();
                 if total >= ZERO_COPY_MEAN_BYTES * column.len().max(1) as u64 {
+                    // Every page read here: a record sent from the mapping is copied later, by
+                    // the transport, on an async worker; a page the page cache no longer
+                    // holds is read from the disk here instead, in the store call, where
+                    // `Handling` chose to wait for the disk and `warm` counts the fault.
                     view.iter().for_each(touch_pages);
                     for (record, &len) in column.iter().enumerate() {
                         if len > 0 {
@@ -570,17 +575,6 @@ impl AsRef<[u8]> for RecordBytes {
             .nth(self.field)
             .and_then(|f| f.get(self.record))
             .unwrap_or_default()
-    }
-}
-
-/// Reads one byte of every page `payload` spans. A record sent from the mapping is copied
-/// later, by the transport, on an async worker; a page the page cache no longer holds is
-/// read from the disk here instead, in the store call, where `Handling` chose to wait for
-/// the disk and where the `warm` module counts the fault.
-fn touch_pages(payload: &[u8]) {
-    const PAGE: usize = 4096;
-    for byte in payload.iter().step_by(PAGE).chain(payload.last()) {
-        std::hint::black_box(*byte);
     }
 }
 
