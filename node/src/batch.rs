@@ -209,6 +209,44 @@ impl<'a> FieldView<'a> {
         }
     }
 
+    /// Copies the payloads of `records`, each exactly `size` bytes, back to back into `out`
+    /// (exactly `records.len() * size` bytes), prefetching ahead as
+    /// [`Self::write_contiguous`] does; otherwise `Err(k)`, the first record (counted from
+    /// `records.start`) of another length, and nothing is copied.
+    pub(crate) fn copy_fixed_into(
+        &self,
+        records: std::ops::Range<usize>,
+        size: usize,
+        out: &mut [u8],
+    ) -> Result<(), usize> {
+        match &self.column.data {
+            ColumnData::Mapped(spans) => {
+                let spans = &spans[records];
+                if let Some(k) = spans.iter().position(|s| s.len as usize != size) {
+                    return Err(k);
+                }
+                // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and `copy_spans` only
+                // writes initialized bytes (every one of them), so `out` stays initialized.
+                let out = unsafe { &mut *(out as *mut [u8] as *mut [MaybeUninit<u8>]) };
+                copy_spans(&self.batch.maps, spans, out);
+                Ok(())
+            }
+            ColumnData::Owned { bytes, offsets } => {
+                let offsets = &offsets[records.start..=records.end];
+                if let Some(k) = offsets
+                    .windows(2)
+                    .position(|w| (w[1] - w[0]) as usize != size)
+                {
+                    return Err(k);
+                }
+                out.copy_from_slice(
+                    &bytes[offsets[0] as usize..offsets[offsets.len() - 1] as usize],
+                );
+                Ok(())
+            }
+        }
+    }
+
     /// The payloads as one contiguous buffer plus offsets.
     pub fn to_contiguous(&self) -> Contiguous {
         let mut out = Contiguous::default();

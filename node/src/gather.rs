@@ -74,26 +74,26 @@ impl Store {
         let view = batch.field(field).ok_or_else(|| {
             Error::InvalidRecord(format!("field '{field}' missing from the batch"))
         })?;
-        // Records `first..` into `slots`; the copy is what a gather into memory costs, so a
-        // large one is split across the reader threads.
-        let copy = |first: usize, slots: &mut [u8]| -> Result<()> {
-            for (j, slot) in slots.chunks_exact_mut(size).enumerate() {
-                let k = first + j;
-                let payload = view.get(k).unwrap_or_default();
-                if payload.len() != size {
-                    // An absent field (length 0) in a fixed-size column: no value to give.
-                    return Err(Error::BadRecord {
-                        field: field.to_string(),
-                        index: indices[k],
-                        reason: format!("holds {} bytes, not {size}", payload.len()),
-                    });
-                }
-                slot.copy_from_slice(payload);
-            }
-            Ok(())
-        };
+        // Split across the reader threads when large (waking them costs more than copying a
+        // few MiB); each part copies its records back to back, prefetching ahead.
         let runtime = &self.inner.runtime;
         let part_min = (COPY_PART_MIN_BYTES / size).max(1);
+        let copy = |first: usize, part: &mut [u8]| -> Result<()> {
+            let records = first..first + part.len() / size;
+            view.copy_fixed_into(records.clone(), size, part)
+                .map_err(|k| {
+                    let k = records.start + k;
+                    Error::BadRecord {
+                        field: field.to_string(),
+                        index: indices[k],
+                        // An absent field (length 0) in a fixed-size column: no value to give.
+                        reason: format!(
+                            "holds {} bytes, not {size}",
+                            view.get(k).map_or(0, <[u8]>::len)
+                        ),
+                    }
+                })
+        };
         match (
             part_len(runtime, indices.len(), part_min),
             runtime.readers(),

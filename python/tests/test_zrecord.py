@@ -34,6 +34,17 @@ def test_every_dtype_and_shape_round_trips(tmp_path, dtype, shape):
     np.testing.assert_array_equal(ds[7]["data"], rows[7])
 
 
+@pytest.mark.parametrize("compress", ["raw", "flate"])
+def test_typed_fields_of_either_compression_fill_out(tmp_path, compress):
+    rows = np.arange(2000 * 8, dtype="<i4").reshape(2000, 8)
+    ds = zrecord.from_numpy(rows, tmp_path / "ds", compress=compress)
+    indices = np.random.default_rng(1).integers(0, 2000, size=1500)
+    np.testing.assert_array_equal(ds.gather(indices)["data"], rows[indices])
+    out = np.empty((1500, 8), dtype="<i4")
+    ds.gather(indices, out={"data": out}, checked=True)
+    np.testing.assert_array_equal(out, rows[indices])
+
+
 def test_variable_and_flate_fields(tmp_path):
     ds = zrecord.create(tmp_path / "ds", ["raw", ("text", "flate")])
     records = [{"raw": bytes(range(k % 256)) * (k % 3), "text": f"record {k} " * k} for k in range(200)]
