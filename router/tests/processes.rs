@@ -111,6 +111,34 @@ fn terminate(mut child: Child) {
     }
 }
 
+/// Starts the router of the cluster at `config` and waits until it serves at `addr`. A
+/// router whose nodes are still starting gives up (it can only record a new cluster with
+/// every node), so it is started again until it serves, within 60 s.
+fn spawn_router(binary: &Path, config: &str, addr: &str, certs: &Path) -> Child {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut router = spawn(binary, &["--nodes", config]);
+        loop {
+            if router.try_wait().unwrap().is_some() {
+                break; // gave up: again
+            }
+            let security = Security::load(certs, Role::Client).unwrap();
+            if Client::connect_with_timeout(
+                addr.parse().unwrap(),
+                security,
+                Duration::from_millis(500),
+            )
+            .is_ok()
+            {
+                return router;
+            }
+            assert!(Instant::now() < deadline, "the router never served");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(Instant::now() < deadline, "the router kept exiting");
+    }
+}
+
 /// Connects once the router is up (it starts after the nodes answer).
 fn connect(addr: &str, certs: &Path) -> Client {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -565,13 +593,7 @@ fn a_replicated_cluster_shrugs_off_kill_9_of_a_node() {
         )
     };
     let mut nodes: Vec<Child> = (0..4).map(|n| spawn_node(n / 2, n % 2)).collect();
-    let router = loop {
-        let mut router = spawn(&router, &["--nodes", &config_path]);
-        std::thread::sleep(Duration::from_millis(300));
-        if router.try_wait().unwrap().is_none() {
-            break router;
-        }
-    };
+    let router = spawn_router(&router, &config_path, &addr, &certs);
     let client = connect(&addr, &certs);
     let row = |i: u64| {
         format!("record {i} ")
