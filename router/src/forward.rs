@@ -248,6 +248,7 @@ async fn attempt(
     progress: &mut Progress,
 ) -> Result<(), Failure> {
     let shard = nodes.shard(node);
+    let _counted = nodes.in_flight(node);
     let mut used = None;
     let exchange = async {
         let connection = nodes

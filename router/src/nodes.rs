@@ -49,6 +49,10 @@ struct NodeLink {
     written: AtomicBool,
     /// The length its last answer to a heartbeat gave.
     len: std::sync::Mutex<Option<u64>>,
+    /// Requests to it in flight (Info requests, as heartbeats send, aside), and its label
+    /// for metrics.
+    in_flight: AtomicU64,
+    label: String,
     /// The connection last given up on, until one is made anew: if the node closed it (it
     /// stopped), calls go to its partners without trying it meanwhile (heartbeats do).
     forgotten: std::sync::Mutex<Option<Connection>>,
@@ -116,6 +120,12 @@ impl Nodes {
                     incarnation: std::sync::Mutex::new(None),
                     written: AtomicBool::new(false),
                     len: std::sync::Mutex::new(None),
+                    in_flight: AtomicU64::new(0),
+                    label: if config.cluster.replicas == 1 {
+                        s.id.to_string()
+                    } else {
+                        format!("{}/{}", s.id, s.replica)
+                    },
                     forgotten: std::sync::Mutex::new(None),
                 })
             })
@@ -281,6 +291,15 @@ impl Nodes {
     /// The damaged reads noted since the last call.
     pub(crate) fn take_suspects(&self) -> Vec<(NodeId, Vec<u64>)> {
         std::mem::take(&mut *self.suspects.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Counts a request to node `node` in flight until the guard is dropped
+    /// (`zr_router_node_in_flight`).
+    pub(crate) fn in_flight(&self, node: NodeId) -> InFlight<'_> {
+        let link = &self.links[node];
+        let now = link.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        metrics::gauge!("zr_router_node_in_flight", "shard" => link.label.clone()).set(now as f64);
+        InFlight { link }
     }
 
     /// What wakes the router's catch-up task (see [`Self::catch_up`]).
@@ -637,6 +656,7 @@ impl Nodes {
         body: Vec<Bytes>,
         timeout: Duration,
     ) -> Result<NodeReply, Failure> {
+        let _counted = (!matches!(request, NodeRequest::Info)).then(|| self.in_flight(node));
         let shard = self.shard(node);
         let addr = self.addr(node);
         let unavailable = |reason: String| Failure::ShardUnavailable {
@@ -697,4 +717,17 @@ fn closed_by_peer(connection: &Connection) -> bool {
                 | quinn::ConnectionError::ConnectionClosed(_)
         )
     )
+}
+
+/// A request in flight to a node (see [`Nodes::in_flight`]).
+pub(crate) struct InFlight<'a> {
+    link: &'a NodeLink,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let now = self.link.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
+        metrics::gauge!("zr_router_node_in_flight", "shard" => self.link.label.clone())
+            .set(now as f64);
+    }
 }

@@ -41,6 +41,9 @@ pub const CONNECTIONS_MAX: usize = 256;
 /// long whatever nodes are down.
 const START_PROBE: Duration = Duration::from_secs(2);
 
+/// How often the router's gauges are set.
+const GAUGES_EVERY: Duration = Duration::from_secs(5);
+
 /// Writes of a streamed gather queued for the client's stream.
 const FRAMES_QUEUED: usize = 8;
 
@@ -245,6 +248,7 @@ impl Router {
         }
         let router = Arc::new(router);
         router.start_rebuilds();
+        router.start_gauges();
         // Gives the writer lease back once the router has been idle for a moment; ends with
         // the router.
         let keeper = Arc::downgrade(&router);
@@ -317,6 +321,31 @@ impl Router {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Sets the router's gauges every [`GAUGES_EVERY`] until the router is dropped: the
+    /// committed and served lengths, the map version, the replicas behind.
+    fn start_gauges(self: &Arc<Self>) {
+        let router = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(router) = router.upgrade() else {
+                    return;
+                };
+                metrics::gauge!("zr_router_committed_records")
+                    .set(router.committed.load(Ordering::SeqCst) as f64);
+                metrics::gauge!("zr_router_records").set(router.len() as f64);
+                metrics::gauge!("zr_router_map_version").set(router.map_version as f64);
+                let behind = router
+                    .nodes
+                    .all()
+                    .filter(|&n| !router.nodes.in_sync(n))
+                    .count();
+                metrics::gauge!("zr_router_replicas_behind").set(behind as f64);
+                drop(router);
+                tokio::time::sleep(GAUGES_EVERY).await;
+            }
+        });
     }
 
     /// Marks the shards whose nodes hold fewer records (`lens`) than the committed length

@@ -896,6 +896,10 @@ fn routers_and_nodes_serve_prometheus_metrics() {
         "zr_router_node_up{shard=\"1\"} 1",
         "zr_router_node_rtt_seconds{shard=\"0\"}",
         "zr_router_node_heartbeat_seconds_count{shard=\"0\"}",
+        "zr_router_node_in_flight{shard=\"0\"} 0",
+        "zr_router_map_version 1",
+        "zr_router_replicas_behind 0",
+        "zr_router_committed_records ",
     ] {
         assert!(text.contains(expected), "missing {expected}:\n{text}");
     }
