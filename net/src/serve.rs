@@ -10,19 +10,29 @@ use zr_proto::wire::{self, MESSAGE_BYTES_MAX};
 use crate::refusal::describe;
 use crate::rpc::{Body, Outgoing, PROTOCOL_VIOLATION};
 
-/// Resolves on SIGINT or SIGTERM: the binaries' signal to shut down gracefully.
-pub async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async {
-            match term.as_mut() {
-                Some(t) => {
-                    t.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        } => {}
+/// Resolves on SIGINT or SIGTERM: the binaries' signal to shut down gracefully. The
+/// handlers are installed when this is called (inside a runtime), not when the future is
+/// first polled: a process signalled while it is still starting stops gracefully too,
+/// instead of being killed by the signal's default action.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut interrupt = signal(SignalKind::interrupt()).ok();
+    async move {
+        tokio::select! {
+            _ = received(term.as_mut()) => {}
+            _ = received(interrupt.as_mut()) => {}
+        }
+    }
+}
+
+/// Resolves when `signal` arrives (never, if it could not be installed).
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

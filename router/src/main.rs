@@ -63,6 +63,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Signals from here on stop the process gracefully, also while it is still starting.
+    let shutdown = {
+        let _runtime = runtime.enter();
+        zr_net::shutdown_signal()
+    };
     if let Some(listen) = args.metrics.or(config.router.metrics) {
         let _runtime = runtime.enter();
         if let Err(e) = zr_net::metrics::serve_metrics(listen) {
@@ -71,10 +76,7 @@ fn main() -> ExitCode {
         }
     }
     match runtime.block_on(zr_router::server::run_router(
-        &config,
-        &security,
-        listen,
-        zr_net::shutdown_signal(),
+        &config, &security, listen, shutdown,
     )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

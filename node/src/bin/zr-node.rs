@@ -66,6 +66,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Signals from here on stop the process gracefully, also while it is still starting.
+    let shutdown = {
+        let _runtime = runtime.enter();
+        zr_net::shutdown_signal()
+    };
     let configured = config
         .node(args.shard, args.replica)
         .and_then(|s| s.metrics);
@@ -82,7 +87,7 @@ fn main() -> ExitCode {
         args.shard,
         args.replica,
         args.data.as_deref(),
-        zr_net::shutdown_signal(),
+        shutdown,
     ));
     match result {
         Ok(()) => ExitCode::SUCCESS,
