@@ -602,8 +602,27 @@ async fn store_gauges(store: Store) {
         metrics::counter!("zr_node_gathers_total", "read" => "mmap").absolute(reads.mmap_gathers);
         metrics::counter!("zr_node_gathers_total", "read" => "direct")
             .absolute(reads.direct_gathers);
+        if let Some((minor, major)) = page_faults() {
+            metrics::counter!("zr_node_page_faults_total", "kind" => "minor").absolute(minor);
+            metrics::counter!("zr_node_page_faults_total", "kind" => "major").absolute(major);
+        }
         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
     }
+}
+
+/// The process's page faults so far: (minor, major). Major ones read from the disk: a
+/// shard served through its mappings while its data is not in memory shows them rising.
+fn page_faults() -> Option<(u64, u64)> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `getrusage` fills the `rusage` it is given; it is read only if the call
+    // succeeded.
+    let usage = unsafe {
+        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+            return None;
+        }
+        usage.assume_init()
+    };
+    Some((usage.ru_minflt as u64, usage.ru_majflt as u64))
 }
 
 /// Binds the address of shard `shard`'s replica `replica` from `config` and serves its store

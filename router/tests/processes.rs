@@ -913,6 +913,8 @@ fn routers_and_nodes_serve_prometheus_metrics() {
         "zr_node_records ",
         "zr_node_chunks ",
         "zr_node_chunk_bytes ",
+        "zr_node_page_faults_total{kind=\"minor\"}",
+        "zr_node_page_faults_total{kind=\"major\"}",
     ] {
         assert!(text.contains(expected), "missing {expected}:\n{text}");
     }
