@@ -126,6 +126,28 @@ fn record_of<'a>(columns: &[Column<'a>], k: usize) -> Record<'a> {
     record
 }
 
+/// Every record of `columns` (see [`columns_of`]).
+fn records_of<'a>(columns: &[Column<'a>], count: usize) -> Vec<Record<'a>> {
+    (0..count).map(|k| record_of(columns, k)).collect()
+}
+
+/// The one record of `columns`, for a modify.
+fn only_record<'a>(columns: &[Column<'a>], count: usize) -> PyResult<Record<'a>> {
+    if count != 1 {
+        return Err(PyValueError::new_err("modify takes exactly one record"));
+    }
+    Ok(record_of(columns, 0))
+}
+
+/// A column as NumPy arrays: its bytes (moved, not copied) and its offsets.
+fn py_column(py: Python<'_>, column: zr_common::Contiguous) -> PyColumn<'_> {
+    let offsets: Vec<i64> = column.offsets.iter().map(|&o| o as i64).collect();
+    (
+        PyArray1::from_vec(py, column.data),
+        PyArray1::from_vec(py, offsets),
+    )
+}
+
 /// Indices as a slice (a copy only if the array is not contiguous).
 fn indices_of(indices: &PyReadonlyArray1<'_, u64>) -> Vec<u64> {
     match indices.as_slice() {
@@ -318,11 +340,7 @@ impl Store {
                 Ok::<_, NodeError>(view.to_contiguous())
             })
             .map_err(node_error)?;
-        let offsets: Vec<i64> = contiguous.offsets.iter().map(|&o| o as i64).collect();
-        Ok((
-            PyArray1::from_vec(py, contiguous.data),
-            PyArray1::from_vec(py, offsets),
-        ))
+        Ok(py_column(py, contiguous))
     }
 
     /// Appends the records of `columns` ({field: (bytes, offsets)}); returns the first
@@ -330,10 +348,7 @@ impl Store {
     fn append_columns(&self, py: Python<'_>, columns: Columns<'_>) -> PyResult<u64> {
         let (columns, count) = columns_of(&columns)?;
         let range = py
-            .detach(|| {
-                let records: Vec<Record> = (0..count).map(|k| record_of(&columns, k)).collect();
-                self.inner.append_many(&records)
-            })
+            .detach(|| self.inner.append_many(&records_of(&columns, count)))
             .map_err(node_error)?;
         Ok(range.start)
     }
@@ -341,10 +356,8 @@ impl Store {
     /// Replaces record `index` with the one record of `columns`.
     fn modify(&self, py: Python<'_>, index: u64, columns: Columns<'_>) -> PyResult<()> {
         let (columns, count) = columns_of(&columns)?;
-        if count != 1 {
-            return Err(PyValueError::new_err("modify takes exactly one record"));
-        }
-        py.detach(|| self.inner.modify(index, &record_of(&columns, 0)))
+        let record = only_record(&columns, count)?;
+        py.detach(|| self.inner.modify(index, &record))
             .map_err(node_error)
     }
 
@@ -449,26 +462,14 @@ impl Client {
                 }
             })
             .map_err(cluster_error)?;
-        Ok(columns
-            .into_iter()
-            .map(|c| {
-                let offsets: Vec<i64> = c.offsets.iter().map(|&o| o as i64).collect();
-                (
-                    PyArray1::from_vec(py, c.data),
-                    PyArray1::from_vec(py, offsets),
-                )
-            })
-            .collect())
+        Ok(columns.into_iter().map(|c| py_column(py, c)).collect())
     }
 
     /// Appends the records of `columns` ({field: (bytes, offsets)}); returns the first index.
     fn append_columns(&self, py: Python<'_>, columns: Columns<'_>) -> PyResult<u64> {
         let (columns, count) = columns_of(&columns)?;
         let range = py
-            .detach(|| {
-                let records: Vec<Record> = (0..count).map(|k| record_of(&columns, k)).collect();
-                self.inner.append_many(&records)
-            })
+            .detach(|| self.inner.append_many(&records_of(&columns, count)))
             .map_err(cluster_error)?;
         Ok(range.start)
     }
@@ -476,10 +477,8 @@ impl Client {
     /// Replaces record `index` with the one record of `columns`.
     fn modify(&self, py: Python<'_>, index: u64, columns: Columns<'_>) -> PyResult<()> {
         let (columns, count) = columns_of(&columns)?;
-        if count != 1 {
-            return Err(PyValueError::new_err("modify takes exactly one record"));
-        }
-        py.detach(|| self.inner.modify(index, &record_of(&columns, 0)))
+        let record = only_record(&columns, count)?;
+        py.detach(|| self.inner.modify(index, &record))
             .map_err(cluster_error)
     }
 
@@ -505,7 +504,7 @@ struct Sampler {
 #[pymethods]
 impl Sampler {
     #[new]
-    #[pyo3(signature = (len, order, seed, rank, ranks, batch, drop_last, window=0, stride=0))]
+    #[pyo3(signature = (len, order, seed, rank, ranks, batch, window=0, stride=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         len: u64,
@@ -514,7 +513,6 @@ impl Sampler {
         rank: u64,
         ranks: u64,
         batch: u64,
-        drop_last: bool,
         window: u64,
         stride: u64,
     ) -> PyResult<Sampler> {
@@ -536,7 +534,8 @@ impl Sampler {
             rank,
             ranks,
             batch,
-            tail: if drop_last { Tail::Drop } else { Tail::Pad },
+            // Every rank gets the same count: the uneven tail is dropped.
+            tail: Tail::Drop,
         };
         let inner = zr_common::sampler::Sampler::new(config)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -546,11 +545,6 @@ impl Sampler {
     /// Indices each rank sees per epoch.
     fn items_per_epoch(&self) -> u64 {
         self.inner.items_per_epoch()
-    }
-
-    /// Batches each rank gets per epoch.
-    fn batches_per_epoch(&self) -> u64 {
-        self.inner.batches_per_epoch()
     }
 
     /// The indices at positions `start..end` of epoch `epoch`.

@@ -396,7 +396,7 @@ class Sampler:
         self.config = dict(length=length, order=order, seed=seed, rank=rank, ranks=ranks, batch=batch, drop_last=drop_last, window=window, stride=stride)
         # Ranks always get equal shares (the engine drops the uneven tail); `drop_last`
         # drops each epoch's last, partial batch.
-        self._native = _zrecord.Sampler(length, order, seed, rank, ranks, batch, True, window, stride)
+        self._native = _zrecord.Sampler(length, order, seed, rank, ranks, batch, window, stride)
         self.epoch = 0
         self.position = 0
 

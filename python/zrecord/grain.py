@@ -4,25 +4,14 @@ batch at once. It pickles as the dataset's path, so Grain's worker processes reo
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from . import Dataset
+from .torch import MapDataset
 
 
-class DataSource:
-    def __init__(self, dataset: Dataset):
-        self.dataset = dataset
+class DataSource(MapDataset):
+    """``dataset`` as a Grain data source: the map dataset's protocol, and Grain's name for
+    the batched read."""
 
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> dict:
-        return self.dataset[index]
-
-    def __getitems__(self, indices: Sequence[int]) -> list[dict]:
-        return self.dataset.__getitems__(indices)
-
-    _getitems = __getitems__
+    _getitems = MapDataset.__getitems__
 
     def __repr__(self) -> str:
         return f"zrecord.grain.DataSource({self.dataset!r})"

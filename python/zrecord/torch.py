@@ -19,9 +19,8 @@ from . import Dataset, Sampler
 class MapDataset:
     """``ds`` as a map-style dataset: ``ds[i]`` per record, ``__getitems__`` per batch."""
 
-    def __init__(self, dataset: Dataset, fields: Sequence[str] | None = None):
+    def __init__(self, dataset: Dataset):
         self.dataset = dataset
-        self.fields = fields
 
     def __len__(self) -> int:
         return len(self.dataset)
