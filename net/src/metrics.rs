@@ -12,6 +12,25 @@ const SECONDS_BUCKETS: [f64; 12] = [
     0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0, 10.0,
 ];
 
+/// A gauge not set for this long is dropped from the exposition: the per-peer gauges of a
+/// connection that has closed. Servers set every gauge of theirs more often than this.
+pub const GAUGE_IDLE: Duration = Duration::from_secs(60);
+
+/// How often each connection's transport statistics are sampled.
+pub const PEER_STATS_EVERY: Duration = Duration::from_secs(5);
+
+/// Sets the gauges of one QUIC connection's transport statistics, labelled with its peer's
+/// address: round-trip time, congestion window, packets lost and bytes sent on the path.
+pub fn record_peer_stats(connection: &quinn::Connection) {
+    let peer = connection.remote_address().to_string();
+    let path = connection.stats().path;
+    metrics::gauge!("zr_quic_peer_rtt_seconds", "peer" => peer.clone()).set(path.rtt.as_secs_f64());
+    metrics::gauge!("zr_quic_peer_cwnd_bytes", "peer" => peer.clone()).set(path.cwnd as f64);
+    metrics::gauge!("zr_quic_peer_lost_packets", "peer" => peer.clone())
+        .set(path.lost_packets as f64);
+    metrics::gauge!("zr_quic_peer_sent_packets", "peer" => peer).set(path.sent_packets as f64);
+}
+
 /// Serves every metric recorded from now on at `http://listen/metrics`. Call from within
 /// the runtime that should run the listener.
 pub fn serve_metrics(listen: SocketAddr) -> Result<(), String> {
@@ -20,6 +39,7 @@ pub fn serve_metrics(listen: SocketAddr) -> Result<(), String> {
         .set_buckets(&SECONDS_BUCKETS)
         .map_err(|e| format!("metrics buckets: {e}"))?
         .upkeep_timeout(Duration::from_secs(5))
+        .idle_timeout(metrics_util::MetricKindMask::GAUGE, Some(GAUGE_IDLE))
         .install()
         .map_err(|e| format!("cannot serve metrics on {listen}: {e}"))
 }

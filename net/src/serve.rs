@@ -199,6 +199,8 @@ where
     let connection = incoming.await?;
     let peer = connection.remote_address();
     let mut requests = tokio::task::JoinSet::new();
+    let mut stats = tokio::time::interval(crate::metrics::PEER_STATS_EVERY);
+    stats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // `biased`: polled in this order, not a random one, so that a simulation replays.
         let (send, mut recv) = tokio::select! {
@@ -206,6 +208,10 @@ where
             // Reap finished requests so the set stays small on long-lived connections.
             Some(_) = requests.join_next(), if !requests.is_empty() => continue,
             stream = connection.accept_bi() => stream?,
+            _ = stats.tick() => {
+                crate::metrics::record_peer_stats(&connection);
+                continue;
+            }
         };
         let handler = handler.clone();
         let in_flight = Arc::clone(&in_flight);

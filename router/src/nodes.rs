@@ -302,6 +302,16 @@ impl Nodes {
         InFlight { link }
     }
 
+    /// Sets every node's `zr_router_node_in_flight` again (gauges not set for a while drop
+    /// out of the exposition).
+    pub(crate) fn refresh_in_flight(&self) {
+        for link in &self.links {
+            let now = link.in_flight.load(Ordering::Relaxed);
+            metrics::gauge!("zr_router_node_in_flight", "shard" => link.label.clone())
+                .set(now as f64);
+        }
+    }
+
     /// What wakes the router's catch-up task (see [`Self::catch_up`]).
     pub(crate) fn catch_up_wanted(&self) -> Arc<tokio::sync::Notify> {
         Arc::clone(&self.catch_up)

@@ -342,6 +342,7 @@ impl Router {
                     .filter(|&n| !router.nodes.in_sync(n))
                     .count();
                 metrics::gauge!("zr_router_replicas_behind").set(behind as f64);
+                router.nodes.refresh_in_flight();
                 drop(router);
                 tokio::time::sleep(GAUGES_EVERY).await;
             }

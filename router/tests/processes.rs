@@ -915,6 +915,10 @@ fn routers_and_nodes_serve_prometheus_metrics() {
         "zr_node_chunk_bytes ",
         "zr_node_page_faults_total{kind=\"minor\"}",
         "zr_node_page_faults_total{kind=\"major\"}",
+        // The router's connection, seen from the node.
+        "zr_quic_peer_rtt_seconds{peer=\"127.0.0.1:",
+        "zr_quic_peer_cwnd_bytes{peer=\"127.0.0.1:",
+        "zr_quic_peer_lost_packets{peer=\"127.0.0.1:",
     ] {
         assert!(text.contains(expected), "missing {expected}:\n{text}");
     }

@@ -16,13 +16,16 @@
 //! library run theirs. Each method also shows the process's CPU time per batch (all threads)
 //! and the cores busy on average while it ran.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod bench_common;
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bench_common::{
+    connect_all, quinn_server, tcp_server, transfer, BoxError, Figures, Result, Step, TcpLink,
+};
 use bytes::Bytes;
 use clap::Parser;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zr_common::hash::{mix2, reduce};
 use zr_common::Record;
 use zr_net as net;
@@ -61,123 +64,6 @@ struct Args {
 /// The method every ratio is against.
 const BASELINE: &str = "plain quinn, same bytes";
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type Result<T> = std::result::Result<T, BoxError>;
-
-/// One batch of a method; its argument numbers the batch.
-type Step<'a> = &'a mut dyn FnMut(usize) -> Result<()>;
-
-/// One method's batch latencies, gathered over its turns.
-#[derive(Default)]
-struct Figures {
-    seconds: f64,
-    /// CPU time of the whole process (every thread) while this method ran.
-    cpu_seconds: f64,
-    latencies: Vec<Duration>,
-}
-
-/// CPU time this process has used so far, all threads, user and system (Linux; 0 elsewhere).
-fn process_cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    // Fields after the command name (which ends at the last ')'): utime and stime are the
-    // 12th and 13th, in clock ticks of 1/100 s.
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-impl Figures {
-    /// Runs `step` (one batch) for `seconds` more and until it has made `batches` in all,
-    /// adding its latencies.
-    fn measure(&mut self, seconds: f64, batches: usize, step: Step) -> Result<()> {
-        let started = Instant::now();
-        let cpu = process_cpu_seconds();
-        while started.elapsed().as_secs_f64() < seconds || self.latencies.len() < batches {
-            let t = Instant::now();
-            step(self.latencies.len())?;
-            self.latencies.push(t.elapsed());
-        }
-        self.seconds += started.elapsed().as_secs_f64();
-        self.cpu_seconds += process_cpu_seconds() - cpu;
-        Ok(())
-    }
-
-    fn batches_per_second(&self) -> f64 {
-        self.latencies.len() as f64 / self.seconds
-    }
-
-    /// Cores busy on average: process CPU time over wall time.
-    fn cores_busy(&self) -> f64 {
-        self.cpu_seconds / self.seconds
-    }
-
-    /// Process CPU time per batch, in milliseconds.
-    fn cpu_ms_per_batch(&self) -> f64 {
-        self.cpu_seconds * 1e3 / self.latencies.len() as f64
-    }
-
-    fn quantile_ms(&self, q: f64) -> f64 {
-        let mut sorted = self.latencies.clone();
-        sorted.sort_unstable();
-        sorted[((sorted.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3
-    }
-}
-
-/// A plain quinn server on `runtime`: every stream it accepts is answered with `reply`.
-fn quinn_server(
-    runtime: &tokio::runtime::Runtime,
-    security: &net::Security,
-    reply: Bytes,
-) -> Result<SocketAddr> {
-    let server = {
-        let _guard = runtime.enter();
-        net::server_endpoint("127.0.0.1:0".parse()?, security)?
-    };
-    let addr = server.local_addr()?;
-    runtime.spawn(async move {
-        while let Some(incoming) = server.accept().await {
-            let reply = reply.clone();
-            tokio::spawn(async move {
-                let Ok(connection) = incoming.await else {
-                    return;
-                };
-                while let Ok((mut send, mut recv)) = connection.accept_bi().await {
-                    let _ = recv.read_to_end(1024).await;
-                    let _ = send.write_chunk(reply.clone()).await;
-                    let _ = send.finish();
-                }
-            });
-        }
-    });
-    Ok(addr)
-}
-
-/// A connection to each of `addrs`, each through an endpoint (UDP socket) of its own, as
-/// the router links its nodes.
-async fn connect_all(
-    addrs: &[SocketAddr],
-    security: &net::Security,
-    timeout: Duration,
-) -> Result<Vec<(quinn::Endpoint, quinn::Connection)>> {
-    let mut links = Vec::new();
-    for &addr in addrs {
-        let endpoint = net::client_endpoint(addr)?;
-        let connection = net::connect(&endpoint, security, addr, timeout).await?;
-        links.push((endpoint, connection));
-    }
-    Ok(links)
-}
-
 fn main() -> Result<()> {
     zr_common::alloc::tune();
     let args = Args::parse();
@@ -185,10 +71,7 @@ fn main() -> Result<()> {
         "loopback, batches of {} random records, {} shards; ratios against plain quinn",
         args.batch, args.shards
     );
-    println!(
-        "{:>8} {:<30} {:>11} {:>8} {:>9} {:>9} {:>9} {:>7} {:>6}",
-        "record", "method", "records/s", "GiB/s", "p50 ms", "p99 ms", "vs quinn", "CPU ms", "cores"
-    );
+    println!("{}", Figures::header("vs quinn"));
     for &size in &args.sizes {
         run(&args, size)?;
     }
@@ -309,75 +192,25 @@ fn run(args: &Args, size: usize) -> Result<()> {
         .thread_name("bench-servers")
         .enable_all()
         .build()?;
-    let whole = Bytes::from(vec![7u8; batch_bytes]);
-    let one = [quinn_server(&servers, &as_node, whole)?];
+    let loopback: SocketAddr = "127.0.0.1:0".parse()?;
+    let pool = Bytes::from(vec![7u8; batch_bytes]);
+    let one = [quinn_server(&servers, loopback, &as_node, pool.clone())?];
     let one = runtime.block_on(connect_all(&one, &as_router, timeout))?;
-    let quarter = Bytes::from(vec![7u8; batch_bytes / 4]);
     let four = (0..4)
-        .map(|_| quinn_server(&servers, &as_node, quarter.clone()))
+        .map(|_| quinn_server(&servers, loopback, &as_node, pool.clone()))
         .collect::<Result<Vec<_>>>()?;
     let four = runtime.block_on(connect_all(&four, &as_router, timeout))?;
-    let transfer = |links: &[(quinn::Endpoint, quinn::Connection)]| -> Result<()> {
-        runtime.block_on(async {
-            let calls: Vec<_> = links
-                .iter()
-                .map(|(_, connection)| {
-                    let connection = connection.clone();
-                    tokio::spawn(async move {
-                        net::call(&connection, vec![0u8; 16], Vec::new(), timeout).await
-                    })
-                })
-                .collect();
-            let mut total = 0;
-            for call in calls {
-                total += call.await??.len();
-            }
-            if total != batch_bytes / links.len() * links.len() {
-                return Err("short transfer".into());
-            }
-            Ok(())
-        })
-    };
-    let mut plain_quinn = |_: usize| transfer(&one);
+    let mut plain_quinn = |_: usize| transfer(&runtime, &one, batch_bytes, timeout);
     // For reference: server and client sharing one runtime (fewer threads on the 2 cores).
-    let shared = [quinn_server(
-        &runtime,
-        &as_node,
-        Bytes::from(vec![7u8; batch_bytes]),
-    )?];
+    let shared = [quinn_server(&runtime, loopback, &as_node, pool.clone())?];
     let shared = runtime.block_on(connect_all(&shared, &as_router, timeout))?;
-    let mut shared_quinn = |_: usize| transfer(&shared);
-    let mut four_quinn = |_: usize| transfer(&four);
+    let mut shared_quinn = |_: usize| transfer(&runtime, &shared, batch_bytes, timeout);
+    let mut four_quinn = |_: usize| transfer(&runtime, &four, batch_bytes / 4, timeout);
 
     // 4. Plain TCP: request a batch, read `batch_bytes`.
-    let tcp_addr: SocketAddr = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let reply = Arc::new(vec![7u8; batch_bytes]);
-        tokio::spawn(async move {
-            while let Ok((mut socket, _)) = listener.accept().await {
-                let reply = Arc::clone(&reply);
-                tokio::spawn(async move {
-                    let mut request = [0u8; 1];
-                    while socket.read_exact(&mut request).await.is_ok() {
-                        if socket.write_all(&reply).await.is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-        });
-        Ok::<_, std::io::Error>(addr)
-    })?;
-    let mut socket = runtime.block_on(tokio::net::TcpStream::connect(tcp_addr))?;
-    let mut buffer = vec![0u8; batch_bytes];
-    let mut tcp = |_: usize| -> Result<()> {
-        runtime.block_on(async {
-            socket.write_all(&[1]).await?;
-            socket.read_exact(&mut buffer).await?;
-            Ok(())
-        })
-    };
+    let tcp_addr = tcp_server(&runtime, loopback, pool)?;
+    let mut tcp_link = TcpLink::connect(&runtime, tcp_addr)?;
+    let mut tcp = |_: usize| tcp_link.transfer(&runtime, batch_bytes);
 
     // The methods take turns, so that the machine's changing load weighs on all alike.
     let mut methods: [(&str, Step, Figures); 7] = [
@@ -419,19 +252,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
     }
     let quinn_rate = methods[2].2.batches_per_second();
     for (name, _, f) in methods.iter().filter(|(name, _, _)| chosen(name)) {
-        let rate = f.batches_per_second();
-        println!(
-            "{:>8} {:<30} {:>11.0} {:>8.3} {:>9.2} {:>9.2} {:>8.2}x {:>7.2} {:>6.2}",
-            size,
-            name,
-            rate * args.batch as f64,
-            rate * batch_bytes as f64 / (1u64 << 30) as f64,
-            f.quantile_ms(0.5),
-            f.quantile_ms(0.99),
-            rate / quinn_rate,
-            f.cpu_ms_per_batch(),
-            f.cores_busy()
-        );
+        println!("{}", f.row(size, name, args.batch, quinn_rate));
     }
     if chosen(methods[0].0) && chosen(methods[1].0) {
         println!(

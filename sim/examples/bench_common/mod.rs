@@ -1,0 +1,247 @@
+//! What the cluster benchmarks share: batch timing with the process's CPU time, and the
+//! plain quinn and TCP servers and transfers every ratio is measured against.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use zr_net as net;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type Result<T> = std::result::Result<T, BoxError>;
+
+/// One batch of a method; its argument numbers the batch.
+pub type Step<'a> = &'a mut dyn FnMut(usize) -> Result<()>;
+
+/// One method's batch latencies, gathered over its turns.
+#[derive(Default)]
+pub struct Figures {
+    seconds: f64,
+    /// CPU time of the whole process (every thread) while this method ran.
+    cpu_seconds: f64,
+    latencies: Vec<Duration>,
+}
+
+/// CPU time this process has used so far, all threads, user and system (Linux; 0 elsewhere).
+fn process_cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which ends at the last ')'): utime and stime are the
+    // 12th and 13th, in clock ticks of 1/100 s.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+impl Figures {
+    /// Runs `step` (one batch) for `seconds` more and until it has made `batches` in all,
+    /// adding its latencies.
+    pub fn measure(&mut self, seconds: f64, batches: usize, step: Step) -> Result<()> {
+        let started = Instant::now();
+        let cpu = process_cpu_seconds();
+        while started.elapsed().as_secs_f64() < seconds || self.latencies.len() < batches {
+            let t = Instant::now();
+            step(self.latencies.len())?;
+            self.latencies.push(t.elapsed());
+        }
+        self.seconds += started.elapsed().as_secs_f64();
+        self.cpu_seconds += process_cpu_seconds() - cpu;
+        Ok(())
+    }
+
+    pub fn batches_per_second(&self) -> f64 {
+        self.latencies.len() as f64 / self.seconds
+    }
+
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        let mut sorted = self.latencies.clone();
+        sorted.sort_unstable();
+        sorted[((sorted.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3
+    }
+
+    /// The table's header, for [`Figures::row`].
+    pub fn header(baseline: &str) -> String {
+        format!(
+            "{:>8} {:<30} {:>11} {:>8} {:>9} {:>9} {:>9} {:>7} {:>6}",
+            "record",
+            "method",
+            "records/s",
+            "GiB/s",
+            "p50 ms",
+            "p99 ms",
+            baseline,
+            "CPU ms",
+            "cores"
+        )
+    }
+
+    /// One line of the table: rates, latencies, the ratio against `baseline` (batches per
+    /// second), process CPU time per batch and the cores busy on average.
+    pub fn row(&self, size: usize, name: &str, batch: usize, baseline: f64) -> String {
+        let rate = self.batches_per_second();
+        format!(
+            "{:>8} {:<30} {:>11.0} {:>8.3} {:>9.2} {:>9.2} {:>8.2}x {:>7.2} {:>6.2}",
+            size,
+            name,
+            rate * batch as f64,
+            rate * (batch * size) as f64 / (1u64 << 30) as f64,
+            self.quantile_ms(0.5),
+            self.quantile_ms(0.99),
+            rate / baseline,
+            self.cpu_seconds * 1e3 / self.latencies.len() as f64,
+            self.cpu_seconds / self.seconds
+        )
+    }
+}
+
+/// The first `wanted` bytes of `pool`, `wanted` read from a request of 8 bytes (little
+/// endian); the whole pool for any other request.
+fn reply_of(pool: &Bytes, request: &[u8]) -> Bytes {
+    match <[u8; 8]>::try_from(request) {
+        Ok(wanted) => pool.slice(..(u64::from_le_bytes(wanted) as usize).min(pool.len())),
+        Err(_) => pool.clone(),
+    }
+}
+
+/// A plain quinn server on `addr`, on `runtime`: every stream it accepts is answered with
+/// as many bytes of `pool` as the request asks (see [`transfer`]). Returns its address.
+pub fn quinn_server(
+    runtime: &tokio::runtime::Runtime,
+    addr: SocketAddr,
+    security: &net::Security,
+    pool: Bytes,
+) -> Result<SocketAddr> {
+    let server = {
+        let _guard = runtime.enter();
+        net::server_endpoint(addr, security)?
+    };
+    let addr = server.local_addr()?;
+    runtime.spawn(async move {
+        while let Some(incoming) = server.accept().await {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let Ok(connection) = incoming.await else {
+                    return;
+                };
+                while let Ok((mut send, mut recv)) = connection.accept_bi().await {
+                    let Ok(request) = recv.read_to_end(1024).await else {
+                        continue;
+                    };
+                    let _ = send.write_chunk(reply_of(&pool, &request)).await;
+                    let _ = send.finish();
+                }
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// A plain TCP server on `addr`, on `runtime`: each request of 8 bytes (a length) is
+/// answered with that many bytes of `pool`. Returns its address.
+pub fn tcp_server(
+    runtime: &tokio::runtime::Runtime,
+    addr: SocketAddr,
+    pool: Bytes,
+) -> Result<SocketAddr> {
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let _ = socket.set_nodelay(true);
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let mut request = [0u8; 8];
+                    while socket.read_exact(&mut request).await.is_ok() {
+                        if socket.write_all(&reply_of(&pool, &request)).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Ok(addr)
+    })
+}
+
+/// A connection to each of `addrs`, each through an endpoint (UDP socket) of its own, as
+/// the router links its nodes.
+pub async fn connect_all(
+    addrs: &[SocketAddr],
+    security: &net::Security,
+    timeout: Duration,
+) -> Result<Vec<(quinn::Endpoint, quinn::Connection)>> {
+    let mut links = Vec::new();
+    for &addr in addrs {
+        let endpoint = net::client_endpoint(addr)?;
+        let connection = net::connect(&endpoint, security, addr, timeout).await?;
+        links.push((endpoint, connection));
+    }
+    Ok(links)
+}
+
+/// One transfer from each of `links` at once, `bytes` from each, on `runtime` (a task per
+/// link, as the router runs its calls).
+pub fn transfer(
+    runtime: &tokio::runtime::Runtime,
+    links: &[(quinn::Endpoint, quinn::Connection)],
+    bytes: usize,
+    timeout: Duration,
+) -> Result<()> {
+    runtime.block_on(async {
+        let calls: Vec<_> = links
+            .iter()
+            .map(|(_, connection)| {
+                let connection = connection.clone();
+                let request = (bytes as u64).to_le_bytes().to_vec();
+                tokio::spawn(
+                    async move { net::call(&connection, request, Vec::new(), timeout).await },
+                )
+            })
+            .collect();
+        let mut total = 0;
+        for call in calls {
+            total += call.await??.len();
+        }
+        if total != bytes * links.len() {
+            return Err(format!("short transfer: {total} bytes of {}", bytes * links.len()).into());
+        }
+        Ok(())
+    })
+}
+
+/// A TCP connection to a [`tcp_server`], asking it for `bytes` at a time.
+pub struct TcpLink {
+    socket: tokio::net::TcpStream,
+    buffer: Vec<u8>,
+}
+
+impl TcpLink {
+    pub fn connect(runtime: &tokio::runtime::Runtime, addr: SocketAddr) -> Result<TcpLink> {
+        let socket = runtime.block_on(tokio::net::TcpStream::connect(addr))?;
+        socket.set_nodelay(true)?;
+        Ok(TcpLink {
+            socket,
+            buffer: Vec::new(),
+        })
+    }
+
+    pub fn transfer(&mut self, runtime: &tokio::runtime::Runtime, bytes: usize) -> Result<()> {
+        self.buffer.resize(bytes, 0);
+        runtime.block_on(async {
+            self.socket.write_all(&(bytes as u64).to_le_bytes()).await?;
+            self.socket.read_exact(&mut self.buffer).await?;
+            Ok(())
+        })
+    }
+}
