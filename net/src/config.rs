@@ -21,6 +21,7 @@
 //! [router]
 //! listen = "127.0.0.1:7000"
 //! timeout_ms = 10000         # optional: every network wait
+//! reply_budget_mib = 1024    # optional: gather reply bytes held at once (see ops/README)
 //!
 //! [tls]
 //! certs = "certs"            # the directory `zr cluster-init` made: ca.pem, node.pem, ...
@@ -188,6 +189,17 @@ pub struct RouterConfig {
     /// Where the router serves Prometheus metrics (`--metrics` overrides it; off if neither).
     #[serde(default)]
     pub metrics: Option<SocketAddr>,
+    /// MiB of gather replies the router holds at once, over all clients (received from
+    /// nodes, not yet acknowledged by the client); a gather holds at most 72 MiB of it.
+    #[serde(default = "default_reply_budget")]
+    pub reply_budget_mib: u64,
+}
+
+/// The default of `[router] reply_budget_mib`.
+pub const REPLY_BUDGET_MIB_DEFAULT: u64 = 1024;
+
+fn default_reply_budget() -> u64 {
+    REPLY_BUDGET_MIB_DEFAULT
 }
 
 fn default_timeout() -> u64 {
@@ -303,6 +315,12 @@ impl ClusterConfig {
         }
         if config.router.timeout_ms == 0 {
             return Err(bad("router.timeout_ms must be at least 1".into()));
+        }
+        if !(4..=1 << 20).contains(&config.router.reply_budget_mib) {
+            return Err(bad(format!(
+                "router.reply_budget_mib must be 4..1048576, not {}",
+                config.router.reply_budget_mib
+            )));
         }
         config.placement().map_err(|e| bad(e.to_string()))?;
         Ok(config)
@@ -577,6 +595,10 @@ mod tests {
             ),
             (GOOD.replace("127.0.0.1:7000", "nowhere"), "listen"),
             (GOOD.replace("[router]", "[routr]"), "routr"),
+            (
+                GOOD.replace("[router]", "[router]\nreply_budget_mib = 1"),
+                "reply_budget_mib must be 4..1048576, not 1",
+            ),
             (
                 format!("{GOOD}\n[node]\nread = \"fast\"\n"),
                 "node.read is 'fast'",

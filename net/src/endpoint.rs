@@ -8,7 +8,7 @@ use std::time::Duration;
 use quinn::{AsyncUdpSocket, Connection, Endpoint, EndpointConfig, Runtime, ServerConfig};
 
 use crate::error::Error;
-use crate::link::{Link, SegmentCap};
+use crate::link::{Link, SegmentCap, Windows};
 use crate::refusal::connection_error;
 use crate::security::Security;
 
@@ -138,13 +138,24 @@ pub async fn connect(
     addr: SocketAddr,
     timeout: Duration,
 ) -> Result<Connection, Error> {
+    connect_with_windows(endpoint, security, addr, timeout, Windows::DEFAULT).await
+}
+
+/// [`connect`], receiving with `windows` (see [`Windows`]).
+pub async fn connect_with_windows(
+    endpoint: &Endpoint,
+    security: &Security,
+    addr: SocketAddr,
+    timeout: Duration,
+    windows: Windows,
+) -> Result<Connection, Error> {
     // The endpoint's own address decides its packet sizes, as its socket's GSO cap does.
     let unusable = |reason: String| Error::Link {
         peer: addr,
         reason: format!("cannot connect: {reason}"),
     };
     let local = endpoint.local_addr().map_err(|e| unusable(e.to_string()))?;
-    let (config, name) = security.client_config(Link::of(local))?;
+    let (config, name) = security.client_config(Link::of(local), windows)?;
     let connecting = endpoint
         .connect_with(config, addr, name)
         .map_err(|e| unusable(e.to_string()))?;

@@ -23,11 +23,11 @@ pub mod serve;
 pub mod tls;
 
 pub use endpoint::{
-    client_endpoint, connect, seed_endpoints_on_this_thread, server_endpoint,
+    client_endpoint, connect, connect_with_windows, seed_endpoints_on_this_thread, server_endpoint,
     server_endpoint_wrapped,
 };
 pub use error::Error;
-pub use link::{SEND_WINDOW_BYTES, STREAMS_PER_CONNECTION_MAX};
+pub use link::{Windows, SEND_WINDOW_BYTES, STREAMS_PER_CONNECTION_MAX};
 pub use refusal::describe;
 pub use rpc::{call, call_chunks, read_chunk, send_request, Body, ABANDONED, PROTOCOL_VIOLATION};
 pub use security::Security;

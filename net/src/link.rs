@@ -77,8 +77,32 @@ impl Link {
     }
 }
 
-/// Transport settings for connections over `link`.
-pub(crate) fn transport(link: Link) -> Arc<TransportConfig> {
+/// How much a connection's receiver lets its peer send ahead of what it has read: per
+/// stream and for the whole connection. Received bytes not yet read are held in memory up
+/// to these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Windows {
+    pub stream: u32,
+    pub connection: u32,
+}
+
+impl Windows {
+    /// Clients' and nodes' connections: large, so that one reply of a few hundred MiB never
+    /// waits for the reader.
+    pub const DEFAULT: Windows = Windows {
+        stream: 64 << 20,
+        connection: 256 << 20,
+    };
+    /// A router's connections to its nodes: what it receives from a node but cannot pass
+    /// on yet (the client reads slowly, or the reply budget is spent) stays within these.
+    pub const ROUTER_TO_NODE: Windows = Windows {
+        stream: 16 << 20,
+        connection: 64 << 20,
+    };
+}
+
+/// Transport settings for connections over `link`, receiving with `windows`.
+pub(crate) fn transport(link: Link, windows: Windows) -> Arc<TransportConfig> {
     let mut t = TransportConfig::default();
     if let Some(initial) = link.mtu_initial() {
         t.initial_mtu(initial);
@@ -88,8 +112,8 @@ pub(crate) fn transport(link: Link) -> Arc<TransportConfig> {
     t.mtu_discovery_config(Some(mtu))
         .max_concurrent_bidi_streams(VarInt::from_u32(STREAMS_PER_CONNECTION_MAX))
         .max_concurrent_uni_streams(VarInt::from_u32(0))
-        .stream_receive_window(VarInt::from_u32(64 << 20))
-        .receive_window(VarInt::from_u32(256 << 20))
+        .stream_receive_window(VarInt::from_u32(windows.stream))
+        .receive_window(VarInt::from_u32(windows.connection))
         .send_window(SEND_WINDOW_BYTES)
         .ack_frequency_config(Some(ack_frequency()))
         .keep_alive_interval(Some(KEEP_ALIVE))

@@ -12,7 +12,7 @@ use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer, ServerName, UnixTime
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
 use crate::error::Error;
-use crate::link::{transport, Link};
+use crate::link::{transport, Link, Windows};
 use crate::tls::{Identity, Role, RoleVerifier};
 
 /// Server name of the throwaway certificates of `--insecure-dev` endpoints.
@@ -80,12 +80,16 @@ impl Security {
                 ServerConfig::with_single_cert(vec![cert], key.into()).map_err(tls_error)?
             }
         };
-        server.transport_config(transport(link));
+        server.transport_config(transport(link, Windows::DEFAULT));
         Ok(server)
     }
 
     /// The client configuration for connecting to a server, and the name to ask it for.
-    pub(crate) fn client_config(&self, link: Link) -> Result<(ClientConfig, &'static str), Error> {
+    pub(crate) fn client_config(
+        &self,
+        link: Link,
+        windows: Windows,
+    ) -> Result<(ClientConfig, &'static str), Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -118,7 +122,7 @@ impl Security {
         let quic = QuicClientConfig::try_from(tls)
             .map_err(|e| Error::Setup(format!("cannot configure QUIC: {e}")))?;
         let mut config = ClientConfig::new(Arc::new(quic));
-        config.transport_config(transport(link));
+        config.transport_config(transport(link, windows));
         Ok((config, name))
     }
 }

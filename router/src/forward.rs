@@ -21,6 +21,7 @@ use zr_net as net;
 use zr_proto::assemble::push_frame;
 use zr_proto::wire::{self, NodeRequest, Reply};
 
+use crate::budget::{GatherBudget, Turn};
 use crate::error::Failure;
 use crate::nodes::{NodeId, Nodes};
 use crate::plan::Part;
@@ -50,6 +51,7 @@ pub(crate) async fn forward_parts(
     parts: Vec<Part>,
     fields: Vec<String>,
     checked: bool,
+    budget: Arc<GatherBudget>,
     frames: mpsc::Sender<Option<Vec<Bytes>>>,
 ) {
     // Readers run on their own so every shard keeps receiving while one is forwarded;
@@ -65,21 +67,28 @@ pub(crate) async fn forward_parts(
                 checked,
             };
             let records = part.positions.len();
+            let charge = Charge {
+                budget: Arc::clone(&budget),
+                turn: Arc::new(Turn::default()),
+            };
+            let turn = Arc::clone(&charge.turn);
             readers.spawn(read_part(
                 Arc::clone(&nodes),
                 part.shard,
                 request,
                 records,
+                charge,
                 pieces,
             ));
             let positions = part.positions;
             async move {
                 let first = queue.recv().await;
-                (part.shard, positions, first, queue)
+                (part.shard, positions, first, queue, turn)
             }
         })
         .collect();
-    while let Some((shard, positions, first, mut queue)) = starting.next().await {
+    while let Some((shard, positions, first, mut queue, turn)) = starting.next().await {
+        turn.begin();
         let (chunks, message_len) = match first {
             Some(Piece::Head {
                 chunks,
@@ -156,6 +165,21 @@ async fn fail(frames: &mpsc::Sender<Option<Vec<Bytes>>>, failure: Failure) {
     }
 }
 
+/// What a part's reader charges the bytes it receives to (see [`crate::budget`]).
+struct Charge {
+    budget: Arc<GatherBudget>,
+    turn: Arc<Turn>,
+}
+
+impl Charge {
+    async fn charge(&self, chunk: Bytes) -> Result<Bytes, Received> {
+        self.budget
+            .charge(&self.turn, chunk)
+            .await
+            .ok_or_else(|| Received::Net("the router is stopping".into()))
+    }
+}
+
 /// Sends `request` to one of shard `shard`'s in-sync replicas and passes its reply on to
 /// `pieces` as it arrives, each exchange within the router's timeout. The reply must be a
 /// gather of `records` records, exactly as long as its head announces. If the replica fails
@@ -168,6 +192,7 @@ async fn read_part(
     shard: u32,
     request: NodeRequest,
     records: usize,
+    charge: Charge,
     pieces: mpsc::UnboundedSender<Piece>,
 ) {
     let header = match nodes.encode(&request) {
@@ -195,6 +220,7 @@ async fn read_part(
             node,
             header.clone(),
             records,
+            &charge,
             &pieces,
             &mut progress,
         )
@@ -244,6 +270,7 @@ async fn attempt(
     node: NodeId,
     header: Vec<u8>,
     records: usize,
+    charge: &Charge,
     pieces: &mpsc::UnboundedSender<Piece>,
     progress: &mut Progress,
 ) -> Result<(), Failure> {
@@ -256,7 +283,16 @@ async fn attempt(
             .await
             .map_err(|e| Received::Net(e.to_string()))?;
         used = Some(connection.clone());
-        receive(&connection, header, shard, records, pieces, progress).await
+        receive(
+            &connection,
+            header,
+            shard,
+            records,
+            charge,
+            pieces,
+            progress,
+        )
+        .await
     };
     let bounded = async {
         tokio::time::timeout(nodes.timeout(), exchange)
@@ -306,6 +342,7 @@ async fn receive(
     header: Vec<u8>,
     shard: u32,
     records: usize,
+    charge: &Charge,
     pieces: &mpsc::UnboundedSender<Piece>,
     progress: &mut Progress,
 ) -> Result<(), Received> {
@@ -323,7 +360,7 @@ async fn receive(
             )));
         };
         received += chunk.len() as u64;
-        chunks.push(chunk);
+        chunks.push(charge.charge(chunk).await?);
         match wire::decode_reply_head(&chunks) {
             Ok(Some(head)) => break head,
             Ok(None) => continue,
@@ -390,6 +427,12 @@ async fn receive(
         if received > message_len {
             return Err(too_long());
         }
+        // Bytes passed on already (from another replica) are not charged again.
+        let chunk = if skip >= chunk.len() as u64 {
+            chunk
+        } else {
+            charge.charge(chunk).await?
+        };
         if !pass_on(chunk, &mut skip, pieces, progress) {
             // The gather was abandoned: nobody reads on.
             return Ok(());

@@ -5,6 +5,7 @@
 //! - `nodes` — the links to the nodes; `forward` — streamed gathers, shard by shard.
 //! - [`client`] — [`Client`]: the store's operations against a router.
 
+mod budget;
 pub mod client;
 mod error;
 mod forward;

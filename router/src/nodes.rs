@@ -399,7 +399,14 @@ impl Nodes {
                     // Kept to tell calls meanwhile whether the node closed it (it stopped).
                     *node.forgotten.lock().unwrap_or_else(|e| e.into_inner()) = Some(closed);
                 }
-                let c = zr_net::connect(&node.endpoint, &self.security, node.addr, timeout).await?;
+                let c = zr_net::connect_with_windows(
+                    &node.endpoint,
+                    &self.security,
+                    node.addr,
+                    timeout,
+                    zr_net::Windows::ROUTER_TO_NODE,
+                )
+                .await?;
                 *node.forgotten.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 // Before anything else goes over it: is this the process written to before?
                 if let Some(incarnation) = self.incarnation_on(&c, timeout).await? {

@@ -22,6 +22,7 @@ use zr_net::{self as net, Body};
 use zr_proto::placement::Placement;
 use zr_proto::wire::{self, ClientRequest, FieldInfo, NodeRequest, Reply};
 
+use crate::budget::ReplyBudget;
 use crate::error::{Error, Failure};
 use crate::nodes::{NodeId, Nodes};
 use crate::plan::plan_gather;
@@ -70,6 +71,8 @@ pub struct Router {
     missing: std::sync::Mutex<Vec<Option<u64>>>,
     /// Catch-ups of behind replicas running here (see `rebuild.rs`), by node.
     rebuilds: std::sync::Mutex<std::collections::HashMap<NodeId, rebuild::Progress>>,
+    /// The bytes of gather replies held at once (see `budget.rs`).
+    replies: Arc<ReplyBudget>,
 }
 
 /// Opens the metadata store `config` names (`[metadata]`).
@@ -79,6 +82,12 @@ pub async fn open_metadata(config: &ClusterConfig) -> Result<Arc<dyn MetaStore>,
 }
 
 impl Router {
+    /// Bytes of gather replies this router holds now: received from nodes and not yet
+    /// acknowledged by their clients (at most `[router] reply_budget_mib`).
+    pub fn reply_bytes_held(&self) -> usize {
+        self.replies.held()
+    }
+
     /// Connects to every node of `config`, checks they agree on the
     /// fields, and recovers the global length from their lengths. Shards holding records past
     /// the longest consistent length (an append that did not reach every shard) are cut back
@@ -127,6 +136,7 @@ impl Router {
             committed: AtomicU64::new(0),
             missing: std::sync::Mutex::new(vec![None; shards]),
             rebuilds: std::sync::Mutex::new(std::collections::HashMap::new()),
+            replies: Arc::new(ReplyBudget::new(config.router.reply_budget_mib)),
         };
         // Which replicas are behind (none if the store has no record of them).
         if let Err(e) = router.nodes.refresh_replicas().await {
@@ -343,6 +353,7 @@ impl Router {
                     .count();
                 metrics::gauge!("zr_router_replicas_behind").set(behind as f64);
                 router.nodes.refresh_in_flight();
+                metrics::gauge!("zr_router_reply_bytes").set(router.replies.held() as f64);
                 drop(router);
                 tokio::time::sleep(GAUGES_EVERY).await;
             }
@@ -742,6 +753,7 @@ impl Router {
             parts,
             fields,
             checked,
+            self.replies.gather(),
             frames,
         ));
         Ok((reply, Body::Streamed(body)))

@@ -899,6 +899,7 @@ fn routers_and_nodes_serve_prometheus_metrics() {
         "zr_router_node_in_flight{shard=\"0\"} 0",
         "zr_router_map_version 1",
         "zr_router_replicas_behind 0",
+        "zr_router_reply_bytes ",
         "zr_router_committed_records ",
     ] {
         assert!(text.contains(expected), "missing {expected}:\n{text}");

@@ -68,6 +68,8 @@ pub struct SimOptions {
     pub metadata: Option<Arc<dyn zr_meta::MetaStore>>,
     /// Nodes holding each shard.
     pub replicas: u32,
+    /// The routers' `[router] reply_budget_mib`.
+    pub reply_budget_mib: u64,
 }
 
 /// `ZR_SIM_SEED`, or a seed from the clock.
@@ -95,6 +97,7 @@ impl Default for SimOptions {
             virtual_time: false,
             metadata: None,
             replicas: 1,
+            reply_budget_mib: zr_net::config::REPLY_BUDGET_MIB_DEFAULT,
         }
     }
 }
@@ -132,7 +135,7 @@ pub struct SimCluster {
     faults: Vec<Arc<FaultState>>,
     seed: u64,
     virtual_time: bool,
-    routers: Vec<(SocketAddr, Running)>,
+    routers: Vec<(SocketAddr, Running, Arc<Router>)>,
     /// The metadata store the routers use, if not the embedded one.
     metadata: Option<Arc<dyn zr_meta::MetaStore>>,
 }
@@ -219,6 +222,7 @@ impl SimCluster {
                 listen: loopback,
                 timeout_ms: options.timeout_ms,
                 metrics: None,
+                reply_budget_mib: options.reply_budget_mib,
             },
             node: Default::default(),
             metadata: Some(zr_net::config::MetadataConfig {
@@ -335,9 +339,16 @@ impl SimCluster {
         self.routers[0].0
     }
 
+    /// Router `index` (in the order of [`Self::router_addrs`]) itself.
+    pub fn router(&self, index: usize) -> Option<Arc<Router>> {
+        self.routers
+            .get(index)
+            .map(|(_, _, router)| Arc::clone(router))
+    }
+
     /// Every router's address.
     pub fn router_addrs(&self) -> Vec<SocketAddr> {
-        self.routers.iter().map(|(addr, _)| *addr).collect()
+        self.routers.iter().map(|(addr, _, _)| *addr).collect()
     }
 
     /// A client timeout fitting the router's: long enough for the router's own timeout to
@@ -410,12 +421,13 @@ impl SimCluster {
         let config = self.config.clone();
         let metadata = self.metadata()?;
         let security = self.security(Role::Router)?;
-        let (addr, running) = self.runtime.block_on(async {
+        let (addr, running, serving) = self.runtime.block_on(async {
             let endpoint = net::server_endpoint(config.router.listen, &security)?;
             let addr = endpoint.local_addr()?;
             let router: Arc<Router> =
                 Router::start_with(&config, security, Arc::clone(&metadata)).await?;
             let (stop, stopped) = oneshot::channel::<()>();
+            let serving = Arc::clone(&router);
             let task = tokio::spawn(async move {
                 Arc::clone(&router)
                     .serve(endpoint, async {
@@ -425,9 +437,9 @@ impl SimCluster {
                 router.give_back_lease().await;
                 Ok(())
             });
-            Ok::<_, SimError>((addr, Running { stop, task }))
+            Ok::<_, SimError>((addr, Running { stop, task }, serving))
         })?;
-        self.routers.push((addr, running));
+        self.routers.push((addr, running, serving));
         Ok(addr)
     }
 
@@ -443,7 +455,7 @@ impl SimCluster {
     /// Stops router `index` (in the order of [`Self::router_addrs`]) gracefully: requests in
     /// flight finish, and it gives the writer lease back.
     pub fn stop_router(&mut self, index: usize) -> Result<(), SimError> {
-        let (_, running) = self.routers.remove(index);
+        let (_, running, _) = self.routers.remove(index);
         self.finish(running)
     }
 
@@ -451,7 +463,7 @@ impl SimCluster {
     /// its requests in flight stop wherever they are, and it gives nothing back (the writer
     /// lease stays held until it lapses).
     pub fn kill_router(&mut self, index: usize) {
-        let (_, running) = self.routers.remove(index);
+        let (_, running, _) = self.routers.remove(index);
         running.task.abort();
         let _ = self.runtime.block_on(running.task);
     }
@@ -569,7 +581,7 @@ impl Drop for SimCluster {
         if self.virtual_time {
             net::seed_endpoints_on_this_thread(None);
         }
-        for (_, running) in std::mem::take(&mut self.routers) {
+        for (_, running, _) in std::mem::take(&mut self.routers) {
             let _ = self.finish(running);
         }
         for shard in 0..self.nodes.len() {

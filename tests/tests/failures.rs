@@ -753,3 +753,114 @@ fn with_shard_zero_down_writes_fail_naming_it_and_resume_after() {
     assert_eq!(client.len().unwrap(), RECORDS + 40);
     check(&client, &(0..RECORDS + 40).collect::<Vec<_>>());
 }
+
+/// Clients that ask for large gathers and never read them hold no more of the router than
+/// its reply budget (here 8 MiB), while a client that reads gets its gathers meanwhile; once
+/// the abandoned streams are gone the budget is whole again.
+#[test]
+fn abandoned_gathers_hold_no_more_than_the_reply_budget() {
+    const SIZE: usize = 16 << 10;
+    const COUNT: u64 = 512;
+    const BUDGET_MIB: u64 = 8;
+    let cluster = SimCluster::start(
+        2,
+        SimOptions {
+            timeout_ms: 3_000,
+            reply_budget_mib: BUDGET_MIB,
+            ..SimOptions::default()
+        },
+    )
+    .unwrap();
+    let client = cluster.client().unwrap();
+    let row = |i: u64| -> Vec<u8> { (0..SIZE).map(|k| mix2(i, k as u64) as u8).collect() };
+    let payloads: Vec<Vec<u8>> = (0..COUNT).map(row).collect();
+    let rows: Vec<Record> = payloads
+        .iter()
+        .map(|p| Record::new().with("data", p))
+        .collect();
+    client.append_many(&rows).unwrap();
+    client.commit().unwrap();
+    let router = cluster.router(0).unwrap();
+    let budget = (BUDGET_MIB << 20) as usize;
+
+    // Six gathers of every record (8 MiB each) on a connection that lets through 1 MiB and
+    // is never read: a client that went away without closing, or a hostile one.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let request = wire::encode_request(&ClientRequest::Gather {
+        indices: (0..COUNT).collect(),
+        fields: Vec::new(),
+        checked: false,
+    })
+    .unwrap();
+    let addr = cluster.router_addr();
+    let security = cluster.security(Role::Client).unwrap();
+    let (endpoint, connection, streams) = runtime.block_on(async {
+        let endpoint = net::client_endpoint(addr).unwrap();
+        let windows = net::Windows {
+            stream: 1 << 20,
+            connection: 1 << 20,
+        };
+        let timeout = Duration::from_secs(5);
+        let connection = net::connect_with_windows(&endpoint, &security, addr, timeout, windows)
+            .await
+            .unwrap();
+        let mut streams = Vec::new();
+        for _ in 0..6 {
+            let stream = net::send_request(&connection, request.clone(), Vec::new());
+            streams.push(stream.await.unwrap());
+        }
+        (endpoint, connection, streams)
+    });
+    // The router reads ahead until the budget is spent, never beyond.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut peak = 0;
+    while peak < budget / 2 {
+        peak = peak.max(router.reply_bytes_held());
+        assert!(Instant::now() < deadline, "only {peak} bytes held");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A client that reads is served meanwhile (within the router's write timeout, as the
+    // abandoned streams are reset), byte-exact.
+    let watching = std::sync::atomic::AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let mut most = 0;
+            while watching.load(std::sync::atomic::Ordering::SeqCst) {
+                most = most.max(router.reply_bytes_held());
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            most
+        });
+        for b in 0..4u64 {
+            let indices: Vec<u64> = (0..64).map(|k| mix2(b, k) % COUNT).collect();
+            let columns = client.gather(&indices, &[]).unwrap();
+            for (pos, &i) in indices.iter().enumerate() {
+                assert_eq!(columns[0].get(pos).unwrap(), &row(i)[..], "record {i}");
+            }
+        }
+        watching.store(false, std::sync::atomic::Ordering::SeqCst);
+        let most = watcher.join().unwrap();
+        assert!(
+            most <= budget,
+            "{most} bytes held, over the budget of {budget}"
+        );
+    });
+    // Gone: everything they held is given back.
+    drop(streams);
+    connection.close(0u32.into(), b"gone");
+    drop(endpoint);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while router.reply_bytes_held() != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} bytes still held after the gathers were abandoned",
+            router.reply_bytes_held()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(runtime);
+}
