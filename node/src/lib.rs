@@ -20,6 +20,7 @@
 
 mod batch;
 pub mod convert;
+pub mod disk;
 mod error;
 mod explicit;
 pub mod fence;
@@ -32,7 +33,7 @@ pub mod meta;
 pub mod offset;
 mod prefetch;
 pub mod rebalance;
-mod redo;
+pub mod redo;
 mod runtime;
 pub mod server;
 mod source;

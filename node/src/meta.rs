@@ -5,12 +5,12 @@
 //! are ignored. It is replaced atomically (temp file, fsync, rename, fsync directory), so a
 //! crash leaves either the old or the new version, whole.
 
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::disk;
 use crate::error::{Error, IoContext, Result};
 
 /// The `format` key every dataset carries.
@@ -243,9 +243,19 @@ impl Meta {
             }
             Err(e) => return Err(e).ctx("read", &path),
         };
+        Meta::parse(&text, dir)
+    }
+
+    /// Parses and validates the bytes of `dir/meta.json` (`dir` names it in errors).
+    pub fn parse(text: &[u8], dir: &Path) -> Result<Meta> {
+        let path = dir.join(META_FILE);
+        let not_dataset = |reason: String| Error::NotADataset {
+            path: dir.to_path_buf(),
+            reason,
+        };
         // Check the format and version before the rest, so a newer format gets a clear error
         // rather than a complaint about some field it added.
-        let value: serde_json::Value = serde_json::from_slice(&text)
+        let value: serde_json::Value = serde_json::from_slice(text)
             .map_err(|e| not_dataset(format!("{META_FILE} is not valid JSON: {e}")))?;
         if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT_NAME) {
             return Err(not_dataset(format!(
@@ -283,19 +293,17 @@ impl Meta {
 pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     let tmp: PathBuf = dir.join(format!("{name}.tmp"));
     let path = dir.join(name);
-    let mut file = File::create(&tmp).ctx("create", &tmp)?;
-    file.write_all(bytes).ctx("write", &tmp)?;
-    file.sync_all().ctx("fsync", &tmp)?;
+    let file = disk::create(&tmp).ctx("create", &tmp)?;
+    disk::write_at(&file, &tmp, bytes, 0).ctx("write", &tmp)?;
+    disk::sync(&file, &tmp).ctx("fsync", &tmp)?;
     drop(file);
-    fs::rename(&tmp, &path).ctx("rename into place", &path)?;
+    disk::rename(&tmp, &path).ctx("rename into place", &path)?;
     sync_dir(dir)
 }
 
 /// Makes renames and creations inside `dir` durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .ctx("fsync directory", dir)
+    disk::sync_dir(dir).ctx("fsync directory", dir)
 }
 
 #[cfg(test)]

@@ -9,7 +9,6 @@
 //! with `pwrite` and read through a mapping.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use crate::error::{IoContext, Result};
@@ -76,8 +75,7 @@ pub(crate) fn write_entries(file: &File, path: &Path, first: u64, entries: &[Ent
     for entry in entries {
         bytes.extend_from_slice(&entry.encode());
     }
-    file.write_all_at(&bytes, first * ENTRY_BYTES)
-        .ctx("write offset table", path)
+    crate::disk::write_at(file, path, &bytes, first * ENTRY_BYTES).ctx("write offset table", path)
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ pub(crate) fn write(
 }
 
 /// Entry changes of one commit: record index → one entry per field.
-pub(crate) type Changes = Vec<(u64, Vec<Entry>)>;
+pub type Changes = Vec<(u64, Vec<Entry>)>;
 
 /// Reads the log if it belongs to commit `generation`; `None` if there is none or it is stale.
 pub(crate) fn read(dir: &Path, generation: u64, fields: usize) -> Result<Option<Changes>> {
@@ -60,6 +60,18 @@ pub(crate) fn read(dir: &Path, generation: u64, fields: usize) -> Result<Option<
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).ctx("read", &path),
     };
+    decode(&bytes, &path, generation, fields)
+}
+
+/// Decodes the log `bytes` (read from `path`, which errors name) if it belongs to commit
+/// `generation`; `None` if it is stale.
+pub fn decode(
+    bytes: &[u8],
+    path: &Path,
+    generation: u64,
+    fields: usize,
+) -> Result<Option<Changes>> {
+    let path = path.to_path_buf();
     let corrupt = |reason: String| Error::Corrupt {
         path: path.clone(),
         reason,

@@ -14,6 +14,7 @@ use std::sync::{Arc, RwLock};
 
 use ahash::AHashMap;
 
+use crate::disk;
 use crate::error::{Error, IoContext, Result};
 use crate::io::IoBackend;
 use crate::map::Mapped;
@@ -199,10 +200,10 @@ impl Store {
         fs::create_dir(dir.join(CHUNK_DIR)).ctx("create directory", &dir.join(CHUNK_DIR))?;
         for field in &meta.fields {
             let path = dir.join(offset_file_name(&field.name));
-            let file = File::create(&path).ctx("create", &path)?;
-            file.set_len(meta.offset_grow_entries * ENTRY_BYTES)
+            let file = disk::create(&path).ctx("create", &path)?;
+            disk::set_len(&file, &path, meta.offset_grow_entries * ENTRY_BYTES)
                 .ctx("grow", &path)?;
-            file.sync_all().ctx("fsync", &path)?;
+            disk::sync(&file, &path).ctx("fsync", &path)?;
         }
         sync_dir(&dir.join(CHUNK_DIR))?;
         // meta.json last: a directory without it is not a dataset yet.

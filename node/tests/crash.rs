@@ -11,82 +11,14 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use zr_node::{CreateOptions, FieldSpec, GatherOptions, Record, Store};
+mod workload;
+
+use workload::{mix, op, options, record, replay, Op, Row, SEED};
+use zr_node::{FieldSpec, GatherOptions, Record, Store};
 
 const CHILD_DIR: &str = "ZR_CRASH_CHILD_DIR";
 const CHILD_ROUND: &str = "ZR_CRASH_CHILD_ROUND";
-const SEED: u64 = 0x5eed_c4a5;
 const ROUNDS: u64 = 10;
-
-type Row = [Vec<u8>; 2];
-
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-fn make_row(r: u64) -> Row {
-    let len = (r % 1500) as usize;
-    let raw: Vec<u8> = (0..len).map(|i| mix(r ^ i as u64) as u8).collect();
-    let zip: Vec<u8> = if r.is_multiple_of(5) {
-        Vec::new()
-    } else {
-        (0..len * 2).map(|i| (i / 7) as u8 ^ r as u8).collect()
-    };
-    [raw, zip]
-}
-
-enum Op {
-    Append(Vec<Row>),
-    Modify(u64, Row),
-    Delete(u64),
-    Commit,
-}
-
-fn op(round: u64, step: u64, len: u64) -> Op {
-    let r = mix(SEED ^ mix(round << 32 | step));
-    match r % 16 {
-        0..=2 => Op::Commit,
-        3..=4 if len > 0 => Op::Delete(mix(r) % len),
-        5..=7 if len > 0 => Op::Modify(mix(r) % len, make_row(mix(r + 1))),
-        _ => Op::Append((0..1 + r % 5).map(|k| make_row(mix(r + k))).collect()),
-    }
-}
-
-fn record(row: &Row) -> Record<'_> {
-    let mut rec = Record::new().with("raw", &row[0]);
-    if !row[1].is_empty() {
-        rec.set("zip", &row[1]);
-    }
-    rec
-}
-
-fn options() -> CreateOptions {
-    CreateOptions {
-        chunk_records: 7,
-        chunk_grow_bytes: 64 << 10,
-        offset_grow_entries: 16,
-    }
-}
-
-/// Replays `round` on `model` until `commits` commits have happened.
-fn replay(model: &mut Vec<Row>, round: u64, commits: u64) {
-    let mut done = 0;
-    let mut step = 0;
-    while done < commits {
-        match op(round, step, model.len() as u64) {
-            Op::Append(rows) => model.extend(rows),
-            Op::Modify(i, row) => model[i as usize] = row,
-            Op::Delete(i) => {
-                model.swap_remove(i as usize);
-            }
-            Op::Commit => done += 1,
-        }
-        step += 1;
-    }
-}
 
 fn generation(dir: &Path) -> u64 {
     let meta: serde_json::Value =

@@ -4,6 +4,7 @@
 
 use std::fs;
 
+use crate::disk;
 use crate::map::Mapped;
 
 use super::{publish, Shared};
@@ -24,7 +25,7 @@ impl Shared {
             view.overlay.clear();
         }
         let path = self.dir.join(redo::REDO_FILE);
-        match fs::remove_file(&path) {
+        match disk::remove(&path) {
             Ok(()) => sync_dir(&self.dir),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e).ctx("remove", &path),
@@ -51,7 +52,7 @@ impl Shared {
                 .binary_search_by_key(&id, |c| c.id)
                 .is_err()
             {
-                fs::remove_file(entry.path()).ctx("remove uncommitted chunk", &entry.path())?;
+                disk::remove(&entry.path()).ctx("remove uncommitted chunk", &entry.path())?;
                 removed = true;
             }
         }
@@ -69,8 +70,7 @@ impl Shared {
         let capacity = entries.next_multiple_of(self.meta.offset_grow_entries);
         let mut maps = Vec::with_capacity(self.offset_files.len());
         for (file, path) in &self.offset_files {
-            file.set_len(capacity * ENTRY_BYTES)
-                .ctx("grow offset table", path)?;
+            disk::set_len(file, path, capacity * ENTRY_BYTES).ctx("grow offset table", path)?;
             maps.push(Mapped::new(file, path)?);
         }
         self.offset_capacity = capacity;
@@ -141,7 +141,7 @@ impl Shared {
             }
         }
         for (file, path) in &self.offset_files {
-            file.sync_data().ctx("fdatasync", path)?;
+            disk::sync(file, path).ctx("fdatasync", path)?;
         }
         Ok(())
     }
@@ -155,7 +155,7 @@ impl Shared {
         // 2. Offset tables (entries past the committed length, and their growth).
         if self.offsets_dirty {
             for (file, path) in &self.offset_files {
-                file.sync_data().ctx("fdatasync", path)?;
+                disk::sync(file, path).ctx("fdatasync", path)?;
             }
             self.offsets_dirty = false;
         }

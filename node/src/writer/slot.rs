@@ -2,12 +2,12 @@
 //! open chunk with `pwrite`, grows, seals and syncs chunks.
 
 use std::fs::OpenOptions;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use flate2::{Compress, FlushCompress, Status};
 
 use super::{publish, set_chunk_map, OpenChunk, Shared, Slot, Writers};
+use crate::disk;
 use crate::error::{Error, IoContext, Result};
 use crate::frame::encode_frame;
 use crate::map::Mapped;
@@ -27,15 +27,17 @@ impl Slot {
             })?,
         };
         let path = chunk_path(&shared.dir, id);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .ctx("create chunk", &path)?;
+        let file = disk::open(
+            &path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true),
+        )
+        .ctx("create chunk", &path)?;
         let capacity = shared.meta.chunk_grow_bytes;
-        file.set_len(capacity).ctx("grow chunk", &path)?;
+        disk::set_len(&file, &path, capacity).ctx("grow chunk", &path)?;
         let map = Mapped::new(&file, &path)?;
         publish(inner, |m| set_chunk_map(m, id, map));
         shared.chunks.push(ChunkMeta {
@@ -153,14 +155,13 @@ impl Slot {
         let end = open.pos + self.frames.len() as u64;
         if end > open.capacity {
             let capacity = end.next_multiple_of(grow);
-            open.file.set_len(capacity).ctx("grow chunk", &open.path)?;
+            disk::set_len(&open.file, &open.path, capacity).ctx("grow chunk", &open.path)?;
             open.capacity = capacity;
             let map = Mapped::new(&open.file, &open.path)?;
             let id = open.id;
             publish(inner, |m| set_chunk_map(m, id, map));
         }
-        open.file
-            .write_all_at(&self.frames, open.pos)
+        disk::write_at(&open.file, &open.path, &self.frames, open.pos)
             .ctx("write chunk", &open.path)?;
         open.pos = end;
         open.dirty = true;
@@ -173,9 +174,7 @@ impl Slot {
         let Some(open) = self.open.as_ref() else {
             return Ok(());
         };
-        open.file
-            .set_len(open.pos)
-            .ctx("trim sealed chunk", &open.path)?;
+        disk::set_len(&open.file, &open.path, open.pos).ctx("trim sealed chunk", &open.path)?;
         let map = Mapped::new(&open.file, &open.path)?;
         let (id, pos, records) = (open.id, open.pos, open.records);
         publish(inner, |m| set_chunk_map(m, id, map));
@@ -190,13 +189,13 @@ impl Slot {
     pub(crate) fn sync(&mut self, shared: &mut Shared) -> Result<()> {
         if let Some(open) = self.open.as_mut() {
             if open.dirty {
-                open.file.sync_data().ctx("fdatasync", &open.path)?;
+                disk::sync(&open.file, &open.path).ctx("fdatasync", &open.path)?;
                 open.dirty = false;
             }
             shared.update_chunk_meta(open.id, open.pos, open.records, false);
         }
         while let Some((file, path)) = self.unsynced.last() {
-            file.sync_data().ctx("fdatasync", path)?;
+            disk::sync(file, path).ctx("fdatasync", path)?;
             self.unsynced.pop();
         }
         Ok(())

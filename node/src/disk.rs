@@ -1,0 +1,463 @@
+//! Every change the store makes to its files goes through here: writes, lengths, syncs,
+//! creations, renames and removals. Normally each call is the system call it names. Under a
+//! [`PowerCut`] recorder (tests), the changes under the recorder's directory are also
+//! logged with what they replaced, until a sync makes them durable, so that a test can
+//! stop the store at any change and then undo what a power cut may undo: any subset of the
+//! data written to a file since its last `fdatasync`, and a suffix of the name changes
+//! (creations, renames, removals) made in a directory since its last fsync, as a
+//! journalling file system persists them in order.
+//!
+//! `kill -9` keeps the page cache, so it never tests the order of syncs; this does.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Recorders at work (checked without the lock: none in production).
+static RECORDING: AtomicUsize = AtomicUsize::new(0);
+static RECORDERS: Mutex<Vec<Arc<Recorder>>> = Mutex::new(Vec::new());
+
+/// One change not yet durable, with what it replaced.
+#[derive(Debug)]
+enum Change {
+    /// `bytes` written at `offset`; `old` the bytes there before (as many as existed),
+    /// `old_len` the file's length before.
+    Write {
+        path: PathBuf,
+        offset: u64,
+        bytes: Vec<u8>,
+        old: Vec<u8>,
+        old_len: u64,
+    },
+    /// The length set from `old_len` to `len`; `tail` the bytes cut off, if it shrank.
+    SetLen {
+        path: PathBuf,
+        len: u64,
+        old_len: u64,
+        tail: Vec<u8>,
+    },
+    /// A file created where none was.
+    Create { path: PathBuf },
+    /// `from` renamed to `to`, replacing `replaced` (the old `to`'s bytes), if any.
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+        replaced: Option<Vec<u8>>,
+    },
+    /// A file removed; `bytes` what it held.
+    Remove { path: PathBuf, bytes: Vec<u8> },
+}
+
+impl Change {
+    /// The directory whose fsync makes a name change durable; `None` for data changes.
+    fn directory(&self) -> Option<&Path> {
+        match self {
+            Change::Create { path } | Change::Remove { path, .. } => path.parent(),
+            Change::Rename { to, .. } => to.parent(),
+            Change::Write { .. } | Change::SetLen { .. } => None,
+        }
+    }
+
+    /// The file whose fdatasync makes a data change durable.
+    fn file(&self) -> Option<&Path> {
+        match self {
+            Change::Write { path, .. } | Change::SetLen { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Log {
+    /// Changes not yet durable, in the order they were made.
+    pending: Vec<Change>,
+    /// Changes allowed before the power fails (`None`: no limit).
+    allowed: Option<u64>,
+    /// Changes made (durable or not).
+    made: u64,
+    /// The power has failed: every change from now on fails.
+    cut: bool,
+}
+
+#[derive(Debug)]
+struct Recorder {
+    root: PathBuf,
+    log: Mutex<Log>,
+}
+
+impl Recorder {
+    fn log(&self) -> MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The recorder covering `path`, if any.
+fn recorder(path: &Path) -> Option<Arc<Recorder>> {
+    if RECORDING.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let recorders = RECORDERS.lock().unwrap_or_else(|e| e.into_inner());
+    recorders
+        .iter()
+        .find(|r| path.starts_with(&r.root))
+        .map(Arc::clone)
+}
+
+fn power_failed() -> io::Error {
+    io::Error::other("simulated power cut")
+}
+
+/// Runs `make` (a change to `path`) unless the power has failed, logging what `record`
+/// says it replaces. Without a recorder, just `make`.
+fn change<T>(
+    path: &Path,
+    record: impl FnOnce() -> Option<Change>,
+    make: impl FnOnce() -> io::Result<T>,
+) -> io::Result<T> {
+    let Some(recorder) = recorder(path) else {
+        return make();
+    };
+    let mut log = recorder.log();
+    if log.cut || log.allowed.is_some_and(|allowed| log.made >= allowed) {
+        log.cut = true;
+        return Err(power_failed());
+    }
+    log.made += 1;
+    let recorded = record();
+    let made = make()?;
+    if let Some(change) = recorded {
+        log.pending.push(change);
+    }
+    Ok(made)
+}
+
+/// The bytes of `path` in `offset..offset + len` (fewer past its end), and its length.
+fn read_range(path: &Path, offset: u64, len: usize) -> (Vec<u8>, u64) {
+    let Ok(file) = File::open(path) else {
+        return (Vec::new(), 0);
+    };
+    let file_len = file.metadata().map_or(0, |m| m.len());
+    let have = file_len.saturating_sub(offset).min(len as u64) as usize;
+    let mut bytes = vec![0u8; have];
+    if file.read_exact_at(&mut bytes, offset).is_err() {
+        bytes.clear();
+    }
+    (bytes, file_len)
+}
+
+/// `pwrite` of all of `bytes` at `offset`.
+pub(crate) fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> io::Result<()> {
+    change(
+        path,
+        || {
+            let (old, old_len) = read_range(path, offset, bytes.len());
+            Some(Change::Write {
+                path: path.to_path_buf(),
+                offset,
+                bytes: bytes.to_vec(),
+                old,
+                old_len,
+            })
+        },
+        || file.write_all_at(bytes, offset),
+    )
+}
+
+/// `ftruncate` to `len`.
+pub(crate) fn set_len(file: &File, path: &Path, len: u64) -> io::Result<()> {
+    change(
+        path,
+        || {
+            let old_len = file.metadata().map_or(0, |m| m.len());
+            let tail = if len < old_len {
+                read_range(path, len, (old_len - len) as usize).0
+            } else {
+                Vec::new()
+            };
+            Some(Change::SetLen {
+                path: path.to_path_buf(),
+                len,
+                old_len,
+                tail,
+            })
+        },
+        || file.set_len(len),
+    )
+}
+
+/// `fdatasync`: the file's data changes so far are durable.
+pub(crate) fn sync(file: &File, path: &Path) -> io::Result<()> {
+    let Some(recorder) = recorder(path) else {
+        return file.sync_data();
+    };
+    let mut log = recorder.log();
+    if log.cut {
+        return Err(power_failed());
+    }
+    file.sync_data()?;
+    log.pending.retain(|c| c.file() != Some(path));
+    Ok(())
+}
+
+/// Opens `path` with `options`, logging its creation if it did not exist.
+pub(crate) fn open(path: &Path, options: &OpenOptions) -> io::Result<File> {
+    let existed = path.exists();
+    if existed && recorder(path).is_some_and(|r| r.log().cut) {
+        return Err(power_failed());
+    }
+    if existed {
+        return options.open(path);
+    }
+    change(
+        path,
+        || {
+            Some(Change::Create {
+                path: path.to_path_buf(),
+            })
+        },
+        || options.open(path),
+    )
+}
+
+/// Creates (or truncates) `path` for writing.
+pub(crate) fn create(path: &Path) -> io::Result<File> {
+    if path.exists() {
+        // Truncating an existing file is a length change.
+        let file = OpenOptions::new().write(true).open(path)?;
+        set_len(&file, path, 0)?;
+        return Ok(file);
+    }
+    open(
+        path,
+        OpenOptions::new().write(true).create(true).truncate(true),
+    )
+}
+
+/// Renames `from` to `to` (replacing it).
+pub(crate) fn rename(from: &Path, to: &Path) -> io::Result<()> {
+    change(
+        to,
+        || {
+            Some(Change::Rename {
+                from: from.to_path_buf(),
+                to: to.to_path_buf(),
+                replaced: std::fs::read(to).ok(),
+            })
+        },
+        || std::fs::rename(from, to),
+    )
+}
+
+/// Removes the file `path`.
+pub(crate) fn remove(path: &Path) -> io::Result<()> {
+    change(
+        path,
+        || {
+            Some(Change::Remove {
+                path: path.to_path_buf(),
+                bytes: std::fs::read(path).unwrap_or_default(),
+            })
+        },
+        || std::fs::remove_file(path),
+    )
+}
+
+/// `fsync` of the directory `dir`: its name changes so far are durable.
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+    let recorder = recorder(dir);
+    if recorder.as_ref().is_some_and(|r| r.log().cut) {
+        return Err(power_failed());
+    }
+    File::open(dir).and_then(|d| d.sync_all())?;
+    if let Some(recorder) = recorder {
+        recorder
+            .log()
+            .pending
+            .retain(|c| c.directory() != Some(dir));
+    }
+    Ok(())
+}
+
+/// A simulated power cut for the files under one directory (tests). From
+/// [`PowerCut::record`] on, the changes the store makes there are logged until durable;
+/// [`PowerCut::fail_after`] makes the power fail at a chosen change (that change and every
+/// later one fail with an error, as the store's process would stop); [`PowerCut::cut`]
+/// then undoes what the power cut loses. Drop the store before cutting.
+#[derive(Debug)]
+pub struct PowerCut {
+    recorder: Arc<Recorder>,
+}
+
+impl PowerCut {
+    /// Starts logging the changes under `root`.
+    pub fn record(root: &Path) -> PowerCut {
+        let recorder = Arc::new(Recorder {
+            root: root.to_path_buf(),
+            log: Mutex::new(Log::default()),
+        });
+        RECORDERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::clone(&recorder));
+        RECORDING.fetch_add(1, Ordering::AcqRel);
+        PowerCut { recorder }
+    }
+
+    /// Changes made under the root so far.
+    pub fn changes(&self) -> u64 {
+        self.recorder.log().made
+    }
+
+    /// Changes made but not yet durable.
+    pub fn pending(&self) -> usize {
+        self.recorder.log().pending.len()
+    }
+
+    /// Whether the power has failed (a change was refused).
+    pub fn failed(&self) -> bool {
+        self.recorder.log().cut
+    }
+
+    /// Lets `more` further changes through; the one after fails, and the power with it.
+    pub fn fail_after(&self, more: u64) {
+        let mut log = self.recorder.log();
+        log.allowed = Some(log.made + more);
+    }
+
+    /// The power fails now (if it has not): every further change fails.
+    pub fn fail_now(&self) {
+        self.recorder.log().cut = true;
+    }
+
+    /// Undoes what a power cut loses, choosing with `keep(k)` for each pending change
+    /// (numbered in the order they were made) whether it reached the disk anyway. Data
+    /// changes are kept or lost one by one; each directory's name changes are kept up to
+    /// its first lost one. Then the power is back: changes are logged afresh.
+    pub fn cut(self, mut keep: impl FnMut(usize) -> bool) -> io::Result<()> {
+        let pending = std::mem::take(&mut self.recorder.log().pending);
+        // Which survive: a directory's name changes only as a prefix.
+        let mut lost_dirs: Vec<PathBuf> = Vec::new();
+        let kept: Vec<bool> = pending
+            .iter()
+            .enumerate()
+            .map(|(k, change)| {
+                let wanted = keep(k);
+                match change.directory() {
+                    Some(dir) if lost_dirs.iter().any(|d| d == dir) => false,
+                    Some(dir) if !wanted => {
+                        lost_dirs.push(dir.to_path_buf());
+                        false
+                    }
+                    _ => wanted,
+                }
+            })
+            .collect();
+        // Back to the durable state: every pending change undone, newest first (a created
+        // file's durable bytes kept aside)...
+        let mut stashed: Vec<Option<Vec<u8>>> = Vec::with_capacity(pending.len());
+        for change in pending.iter().rev() {
+            stashed.push(undo(change)?);
+        }
+        stashed.reverse();
+        // ...then the survivors made again, in order.
+        for ((change, kept), stash) in pending.iter().zip(kept).zip(stashed) {
+            if kept {
+                redo(change, stash)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PowerCut {
+    fn drop(&mut self) {
+        let mut recorders = RECORDERS.lock().unwrap_or_else(|e| e.into_inner());
+        recorders.retain(|r| !Arc::ptr_eq(r, &self.recorder));
+        RECORDING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    std::fs::write(path, bytes)
+}
+
+/// Undoes `change`; for a creation, returns what the file held (its durable bytes: the
+/// changes after it are undone already).
+fn undo(change: &Change) -> io::Result<Option<Vec<u8>>> {
+    if let Change::Create { path } = change {
+        let bytes = std::fs::read(path).ok();
+        return match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(bytes),
+        };
+    }
+    match change {
+        Change::Write {
+            path,
+            offset,
+            old,
+            old_len,
+            ..
+        } => {
+            let Ok(file) = OpenOptions::new().write(true).open(path) else {
+                return Ok(None);
+            };
+            file.write_all_at(old, *offset)?;
+            file.set_len(*old_len)
+        }
+        Change::Create { .. } => Ok(()),
+        Change::SetLen {
+            path,
+            old_len,
+            tail,
+            len,
+        } => {
+            let Ok(file) = OpenOptions::new().write(true).open(path) else {
+                return Ok(None);
+            };
+            file.set_len(*old_len)?;
+            if !tail.is_empty() {
+                file.write_all_at(tail, *len)?;
+            }
+            Ok(())
+        }
+        Change::Rename { from, to, replaced } => {
+            std::fs::rename(to, from)?;
+            match replaced {
+                Some(bytes) => write_file(to, bytes),
+                None => Ok(()),
+            }
+        }
+        Change::Remove { path, bytes } => write_file(path, bytes),
+    }
+    .map(|()| None)
+}
+
+/// Makes `change` again; a creation gets back `stash`, the bytes that were durable in it.
+fn redo(change: &Change, stash: Option<Vec<u8>>) -> io::Result<()> {
+    match change {
+        Change::Write {
+            path,
+            offset,
+            bytes,
+            ..
+        } => match OpenOptions::new().write(true).open(path) {
+            // A file whose creation was lost takes its data with it.
+            Err(_) => Ok(()),
+            Ok(file) => file.write_all_at(bytes, *offset),
+        },
+        Change::SetLen { path, len, .. } => match OpenOptions::new().write(true).open(path) {
+            Err(_) => Ok(()),
+            Ok(file) => file.set_len(*len),
+        },
+        Change::Create { path } => write_file(path, &stash.unwrap_or_default()),
+        Change::Rename { from, to, .. } => std::fs::rename(from, to),
+        Change::Remove { path, .. } => match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        },
+    }
+}
