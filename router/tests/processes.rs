@@ -164,12 +164,35 @@ fn start(node: &Path, router: &Path, config: &Path) -> Vec<Child> {
     // The router needs the nodes; it fails fast if they are not up yet, so retry it.
     let mut all = nodes;
     let deadline = Instant::now() + Duration::from_secs(30);
+    let text = std::fs::read_to_string(config).unwrap();
+    let addr = text
+        .lines()
+        .skip_while(|l| !l.starts_with("[router]"))
+        .find_map(|l| l.strip_prefix("listen = "))
+        .unwrap()
+        .trim_matches('"')
+        .to_string();
+    let certs = Path::new(config).parent().unwrap().join("certs");
     loop {
         let mut router = spawn(router, &["--nodes", config]);
-        std::thread::sleep(Duration::from_millis(300));
-        if router.try_wait().unwrap().is_none() {
-            all.push(router);
-            return all;
+        // Up once it answers; exited (the nodes were not up yet): again.
+        loop {
+            if router.try_wait().unwrap().is_some() {
+                break;
+            }
+            if Command::new(binary("zr"))
+                .args(["info", "--router", &addr, "--certs"])
+                .arg(&certs)
+                .output()
+                .unwrap()
+                .status
+                .success()
+            {
+                all.push(router);
+                return all;
+            }
+            assert!(Instant::now() < deadline, "the router never answered");
+            std::thread::sleep(Duration::from_millis(50));
         }
         assert!(Instant::now() < deadline, "the router kept exiting");
     }
@@ -199,6 +222,22 @@ fn wait_in_sync(addr: &str, certs: &Path) {
             cluster_status(addr, certs).1
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until `zr cluster status` prints `word` (within 60 s).
+fn wait_status(addr: &str, certs: &Path, word: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, text) = cluster_status(addr, certs);
+        if text.contains(word) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status never said {word}: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -606,6 +645,19 @@ fn a_replicated_cluster_shrugs_off_kill_9_of_a_node() {
     client.commit().unwrap();
 
     let stop = std::sync::atomic::AtomicBool::new(false);
+    // Rounds of the loop below, so that each fault lands while it runs.
+    let rounds = std::sync::atomic::AtomicU64::new(0);
+    let more_rounds = |n: u64| {
+        let from = rounds.load(std::sync::atomic::Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while rounds.load(std::sync::atomic::Ordering::SeqCst) < from + n {
+            assert!(
+                Instant::now() < deadline,
+                "the client loop stopped making progress"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
     std::thread::scope(|scope| {
         let loader = scope.spawn(|| {
             // The clients' default timeout: longer than the router's.
@@ -625,21 +677,25 @@ fn a_replicated_cluster_shrugs_off_kill_9_of_a_node() {
                 assert_eq!(start, len);
                 len += 1;
                 gathers += 1;
+                rounds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             (len, gathers)
         });
         for victim in [1usize, 2] {
-            std::thread::sleep(Duration::from_millis(500));
+            more_rounds(3);
             nodes[victim].kill().unwrap();
             nodes[victim].wait().unwrap();
-            std::thread::sleep(Duration::from_millis(1_500));
+            // The loop goes on while the router finds the node down.
+            wait_status(&addr, &certs, "down");
+            more_rounds(3);
             nodes[victim] = spawn_node(victim as u32 / 2, victim as u32 % 2);
             wait_in_sync(&addr, &certs);
         }
         // Shard 0's replica 0 goes for good: its partner, caught up, serves alone.
         nodes[0].kill().unwrap();
         nodes[0].wait().unwrap();
-        std::thread::sleep(Duration::from_millis(1_000));
+        wait_status(&addr, &certs, "down");
+        more_rounds(3);
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         let (len, gathers) = loader.join().expect("the client saw an error");
         assert!(gathers > 3, "{gathers} gathers");
@@ -882,8 +938,12 @@ fn routers_and_nodes_serve_prometheus_metrics() {
     client.gather(&(0..100).collect::<Vec<_>>(), &[]).unwrap();
     assert!(client.gather(&[500], &[]).is_err());
     drop(client);
-    // Heartbeats have run (every 250 ms).
-    std::thread::sleep(Duration::from_millis(600));
+    // Heartbeats have run (every 250 ms) and their figures are out.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !scrape(router_metrics).contains("zr_router_node_heartbeat_seconds_count") {
+        assert!(Instant::now() < deadline, "no heartbeat figures");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     let text = scrape(router_metrics);
     for expected in [

@@ -414,6 +414,43 @@ fn a_reply_broken_midway_fails_the_whole_gather() {
     }
 }
 
+/// Waits until no router holds the cluster's write lease (the cluster's router gives its own
+/// back 50 ms after its last write), up to 10 s.
+fn wait_lease_free(cluster: &SimCluster) {
+    let meta = cluster.metadata().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let record = cluster.run(async { writer::load(&*meta).await.unwrap() });
+        if record.is_none_or(|(r, _)| r.holder.is_none()) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the write lease was never given back"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until `status` (a router's) reports shard `shard`'s node down, up to 10 s.
+fn wait_node_down(mut status: impl FnMut() -> zr_proto::wire::ClusterStatus, shard: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if status()
+            .nodes
+            .iter()
+            .any(|n| n.shard == shard && n.state.starts_with("down"))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "shard {shard} never reported down"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Writes the writer record as a router named 7 would that took the lease for `lease_ms`
 /// (and then was never heard from again); returns its token.
 fn take_lease_as_another_router(cluster: &SimCluster, lease_ms: u64) -> u64 {
@@ -437,7 +474,7 @@ fn a_write_lease_left_behind_runs_out() {
     let cluster = loaded_cluster();
     let client = cluster.client().unwrap();
     // Let the router give its own lease back first.
-    std::thread::sleep(Duration::from_millis(200));
+    wait_lease_free(&cluster);
     let lease_ms = 2_000;
     take_lease_as_another_router(&cluster, lease_ms);
     let taken = Instant::now();
@@ -627,7 +664,7 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
         wire::decode_reply(&reply.unwrap()).unwrap().0
     };
     // Another router takes the lease for 300 ms, then stalls.
-    std::thread::sleep(Duration::from_millis(200));
+    wait_lease_free(&cluster);
     let stale = take_lease_as_another_router(&cluster, 300);
     // Meanwhile the cluster's router waits the lease out, then appends (fencing every node).
     let record = payload(RECORDS);
@@ -718,8 +755,9 @@ fn with_shard_zero_down_writes_fail_naming_it_and_resume_after() {
     let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
 
     cluster.crash_node(0);
-    // Known down within a couple of seconds (heartbeats), then at once.
-    std::thread::sleep(Duration::from_millis(2_500));
+    // Known down to both routers within a couple of seconds (heartbeats), then failing at once.
+    wait_node_down(|| client.status().unwrap(), 0);
+    wait_node_down(|| cluster.run(other.status()).unwrap(), 0);
     check(&client, &elsewhere);
     let failures = [
         client.append_many(&records).unwrap_err().to_string(),

@@ -1,0 +1,11 @@
+//! A router's decoder of client requests: any bytes decode or fail cleanly.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use zr_proto::wire::{self, ClientRequest};
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok((request, _rest)) = wire::decode_request::<ClientRequest>(data) {
+        let _ = wire::encode_request(&request);
+    }
+});
