@@ -5,6 +5,7 @@
 #
 #   fuzz/run.sh [SECONDS] [TARGET...]      default: 60 s each, every target
 #   fuzz/run.sh 3600                       the long campaign: an hour each
+#   ZR_FUZZ_SEED=1 fuzz/run.sh 30          libFuzzer's random seed fixed (CI: the same inputs each run)
 #
 # The corpora grow in fuzz/corpus/<target> and are reused by later runs.
 set -euo pipefail
@@ -29,7 +30,7 @@ for target in "${targets[@]}"; do
   mkdir -p "corpus/$target"
   log=$(mktemp)
   # -rss_limit_mb: a target holding more than this is a finding too.
-  if cargo fuzz run --sanitizer none "$target" -- -max_total_time="$seconds" \
+  if cargo fuzz run --sanitizer none "$target" -- -max_total_time="$seconds" -seed="${ZR_FUZZ_SEED:-0}" \
       -print_final_stats=1 -rss_limit_mb=2048 >"$log" 2>&1; then
     result=ok
   else
