@@ -49,6 +49,13 @@ enum Change {
     },
     /// A file removed; `bytes` what it held.
     Remove { path: PathBuf, bytes: Vec<u8> },
+    /// A directory made where none was.
+    CreateDir { path: PathBuf },
+    /// Two directories swapped (`renameat2(RENAME_EXCHANGE)`).
+    Exchange { a: PathBuf, b: PathBuf },
+    /// A directory tree removed; while recording, it is moved to `stash` instead, so that
+    /// a cut can bring it back.
+    RemoveTree { path: PathBuf, stash: PathBuf },
 }
 
 impl Change {
@@ -57,7 +64,44 @@ impl Change {
         match self {
             Change::Create { path } | Change::Remove { path, .. } => path.parent(),
             Change::Rename { to, .. } => to.parent(),
+            Change::Exchange { b, .. } => b.parent(),
+            Change::CreateDir { path } => path.parent(),
+            Change::RemoveTree { path, .. } => path.parent(),
             Change::Write { .. } | Change::SetLen { .. } => None,
+        }
+    }
+
+    /// `e`, saying which change it was while doing `what` with it.
+    fn failed(&self, what: &str, e: io::Error) -> io::Error {
+        let name = match self {
+            Change::Write { path, .. } => format!("write to {}", path.display()),
+            Change::SetLen { path, .. } => format!("length of {}", path.display()),
+            Change::Create { path } => format!("creation of {}", path.display()),
+            Change::Rename { from, to, .. } => {
+                format!("rename of {} to {}", from.display(), to.display())
+            }
+            Change::Remove { path, .. } => format!("removal of {}", path.display()),
+            Change::CreateDir { path } => format!("creation of directory {}", path.display()),
+            Change::Exchange { a, b } => format!("exchange of {} and {}", a.display(), b.display()),
+            Change::RemoveTree { path, .. } => format!("removal of tree {}", path.display()),
+        };
+        io::Error::new(
+            e.kind(),
+            format!("power cut: cannot {what} the {name}: {e}"),
+        )
+    }
+
+    /// Every path the change touches.
+    fn paths(&self) -> Vec<&Path> {
+        match self {
+            Change::Write { path, .. }
+            | Change::SetLen { path, .. }
+            | Change::Create { path }
+            | Change::Remove { path, .. }
+            | Change::CreateDir { path }
+            | Change::RemoveTree { path, .. } => vec![path],
+            Change::Rename { from, to, .. } => vec![from, to],
+            Change::Exchange { a, b } => vec![a, b],
         }
     }
 
@@ -265,6 +309,82 @@ pub(crate) fn remove(path: &Path) -> io::Result<()> {
     )
 }
 
+/// Swaps the directories `a` and `b` atomically (Linux `renameat2` with `RENAME_EXCHANGE`).
+pub(crate) fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    change(
+        b,
+        || {
+            Some(Change::Exchange {
+                a: a.to_path_buf(),
+                b: b.to_path_buf(),
+            })
+        },
+        || rename_exchange(a, b),
+    )
+}
+
+fn rename_exchange(a: &Path, b: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+    };
+    let (ca, cb) = (c(a)?, c(b)?);
+    // SAFETY: both arguments are valid NUL-terminated paths that outlive the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes the directory `path` and any missing parents.
+pub(crate) fn create_dir_all(path: &Path) -> io::Result<()> {
+    let mut missing: Vec<&Path> = path.ancestors().take_while(|p| !p.exists()).collect();
+    missing.reverse();
+    for dir in missing {
+        change(
+            dir,
+            || {
+                Some(Change::CreateDir {
+                    path: dir.to_path_buf(),
+                })
+            },
+            || std::fs::create_dir(dir),
+        )?;
+    }
+    Ok(())
+}
+
+/// Removes the directory `path` and everything in it.
+pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
+    let Some(recorder) = recorder(path) else {
+        return std::fs::remove_dir_all(path);
+    };
+    let stash = {
+        let log = recorder.log();
+        recorder.root.join(format!(".power-cut-stash-{}", log.made))
+    };
+    change(
+        path,
+        || {
+            Some(Change::RemoveTree {
+                path: path.to_path_buf(),
+                stash: stash.clone(),
+            })
+        },
+        || std::fs::rename(path, &stash),
+    )
+}
+
 /// `fsync` of the directory `dir`: its name changes so far are durable.
 pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     let recorder = recorder(dir);
@@ -294,8 +414,9 @@ pub struct PowerCut {
 impl PowerCut {
     /// Starts logging the changes under `root`.
     pub fn record(root: &Path) -> PowerCut {
+        let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
         let recorder = Arc::new(Recorder {
-            root: root.to_path_buf(),
+            root,
             log: Mutex::new(Log::default()),
         });
         RECORDERS
@@ -357,15 +478,28 @@ impl PowerCut {
             .collect();
         // Back to the durable state: every pending change undone, newest first (a created
         // file's durable bytes kept aside)...
-        let mut stashed: Vec<Option<Vec<u8>>> = Vec::with_capacity(pending.len());
-        for change in pending.iter().rev() {
-            stashed.push(undo(change)?);
+        let root = &self.recorder.root;
+        let mut stashed: Vec<Option<Stash>> = Vec::with_capacity(pending.len());
+        for (k, change) in pending.iter().enumerate().rev() {
+            stashed.push(undo(change, root, k).map_err(|e| change.failed("undo", e))?);
         }
         stashed.reverse();
-        // ...then the survivors made again, in order.
+        // ...then the survivors made again, in order. Whatever was made inside a directory
+        // whose creation is lost is lost with it.
+        let mut lost: Vec<PathBuf> = Vec::new();
         for ((change, kept), stash) in pending.iter().zip(kept).zip(stashed) {
-            if kept {
-                redo(change, stash)?;
+            let inside_lost = change
+                .paths()
+                .iter()
+                .any(|p| lost.iter().any(|dir| p.starts_with(dir) && p != dir));
+            if let Change::CreateDir { path } = change {
+                lost.retain(|dir| dir != path);
+                if !kept || inside_lost {
+                    lost.push(path.clone());
+                }
+            }
+            if kept && !inside_lost {
+                redo(change, stash).map_err(|e| change.failed("redo", e))?;
             }
         }
         Ok(())
@@ -384,15 +518,31 @@ fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     std::fs::write(path, bytes)
 }
 
-/// Undoes `change`; for a creation, returns what the file held (its durable bytes: the
-/// changes after it are undone already).
-fn undo(change: &Change) -> io::Result<Option<Vec<u8>>> {
-    if let Change::Create { path } = change {
-        let bytes = std::fs::read(path).ok();
-        return match std::fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(bytes),
-        };
+/// What a created file or directory held once the changes after its creation were undone:
+/// what was durable in it, to be put back if its creation survives the cut.
+enum Stash {
+    Bytes(Vec<u8>),
+    /// The directory, moved aside to this path.
+    Dir(PathBuf),
+}
+
+/// Undoes `change` (number `k`); for a creation, returns what it held.
+fn undo(change: &Change, root: &Path, k: usize) -> io::Result<Option<Stash>> {
+    match change {
+        Change::Create { path } => {
+            let bytes = std::fs::read(path).ok();
+            return match std::fs::remove_file(path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(bytes.map(Stash::Bytes)),
+            };
+        }
+        // A directory whose creation is lost takes what it holds with it.
+        Change::CreateDir { path } if path.exists() => {
+            let aside = root.join(format!(".power-cut-dir-{k}"));
+            std::fs::rename(path, &aside)?;
+            return Ok(Some(Stash::Dir(aside)));
+        }
+        _ => {}
     }
     match change {
         Change::Write {
@@ -432,12 +582,19 @@ fn undo(change: &Change) -> io::Result<Option<Vec<u8>>> {
             }
         }
         Change::Remove { path, bytes } => write_file(path, bytes),
+        Change::Exchange { a, b } => rename_exchange(a, b),
+        Change::RemoveTree { path, stash } => std::fs::rename(stash, path),
+        Change::CreateDir { .. } => Ok(()),
     }
     .map(|()| None)
 }
 
-/// Makes `change` again; a creation gets back `stash`, the bytes that were durable in it.
-fn redo(change: &Change, stash: Option<Vec<u8>>) -> io::Result<()> {
+/// Makes `change` again; a creation gets back `stash`, what was durable in it. A name
+/// change inside a directory whose own creation was lost is lost with it.
+fn redo(change: &Change, stash: Option<Stash>) -> io::Result<()> {
+    if change.directory().is_some_and(|dir| !dir.exists()) {
+        return Ok(());
+    }
     match change {
         Change::Write {
             path,
@@ -453,11 +610,23 @@ fn redo(change: &Change, stash: Option<Vec<u8>>) -> io::Result<()> {
             Err(_) => Ok(()),
             Ok(file) => file.set_len(*len),
         },
-        Change::Create { path } => write_file(path, &stash.unwrap_or_default()),
+        Change::Create { path } => match stash {
+            Some(Stash::Bytes(bytes)) => write_file(path, &bytes),
+            _ => write_file(path, &[]),
+        },
         Change::Rename { from, to, .. } => std::fs::rename(from, to),
         Change::Remove { path, .. } => match std::fs::remove_file(path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
+        },
+        Change::Exchange { a, b } => rename_exchange(a, b),
+        Change::RemoveTree { path, stash } => std::fs::rename(path, stash),
+        Change::CreateDir { path } => match stash {
+            Some(Stash::Dir(aside)) => std::fs::rename(aside, path),
+            _ => match std::fs::create_dir(path) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+                _ => Ok(()),
+            },
         },
     }
 }

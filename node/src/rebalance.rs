@@ -7,11 +7,10 @@
 //! and finally deletes the old one. A leftover from an interrupted run is removed first.
 //! Only ever run by hand: it needs the dataset to itself and twice its live size on disk.
 
-use std::ffi::CString;
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use crate::disk;
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, Meta};
 use crate::runtime::RuntimeOptions;
@@ -53,7 +52,7 @@ pub fn rebalance(dir: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Rebal
     let meta = Meta::load(dir)?;
     let scratch = scratch_dir(dir)?;
     if scratch.exists() {
-        fs::remove_dir_all(&scratch)
+        disk::remove_tree(&scratch)
             .ctx("remove the leftover of an interrupted rebalance", &scratch)?;
     }
     let options = CreateOptions {
@@ -91,41 +90,16 @@ pub fn rebalance(dir: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Rebal
     new.commit()?;
     let after = new.utilization()?;
     // The switch: both directories stay locked by this process until it is done.
-    exchange(&scratch, dir)?;
+    disk::exchange(&scratch, dir).ctx("swap in the rebalanced dataset", dir)?;
     if let Some(parent) = dir.parent() {
         sync_dir(parent)?;
     }
     drop(old);
     drop(new);
-    fs::remove_dir_all(&scratch).ctx("remove the old dataset", &scratch)?;
+    disk::remove_tree(&scratch).ctx("remove the old dataset", &scratch)?;
     Ok(RebalanceReport {
         before,
         after,
         records: len,
     })
-}
-
-/// Atomically swaps two directories (Linux `renameat2` with `RENAME_EXCHANGE`).
-fn exchange(a: &Path, b: &Path) -> Result<()> {
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes()).map_err(|_| Error::InvalidInput {
-            path: p.to_path_buf(),
-            reason: "path contains a NUL byte".into(),
-        })
-    };
-    let (ca, cb) = (c(a)?, c(b)?);
-    // SAFETY: both arguments are valid NUL-terminated paths that outlive the call.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            ca.as_ptr(),
-            libc::AT_FDCWD,
-            cb.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error()).ctx("swap in the rebalanced dataset", b);
-    }
-    Ok(())
 }

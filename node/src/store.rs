@@ -192,12 +192,12 @@ impl Store {
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                fs::create_dir_all(dir).ctx("create directory", dir)?;
+                disk::create_dir_all(dir).ctx("create directory", dir)?;
             }
             Err(e) => return Err(e).ctx("read directory", dir),
         }
         let lock = lock_dir(dir, true)?;
-        fs::create_dir(dir.join(CHUNK_DIR)).ctx("create directory", &dir.join(CHUNK_DIR))?;
+        disk::create_dir_all(&dir.join(CHUNK_DIR)).ctx("create directory", &dir.join(CHUNK_DIR))?;
         for field in &meta.fields {
             let path = dir.join(offset_file_name(&field.name));
             let file = disk::create(&path).ctx("create", &path)?;
@@ -208,6 +208,12 @@ impl Store {
         sync_dir(&dir.join(CHUNK_DIR))?;
         // meta.json last: a directory without it is not a dataset yet.
         meta.store(dir)?;
+        // And the dataset's own entry in its parent, or a power cut could lose it whole.
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        sync_dir(parent)?;
         Store::open_locked(dir, lock, false, runtime)
     }
 
@@ -451,12 +457,14 @@ const LOCK_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(10
 /// Takes the dataset's lock file: exclusive for a writer, shared for a reader.
 fn lock_dir(dir: &Path, exclusive: bool) -> Result<Option<File>> {
     let path = dir.join(LOCK_FILE);
-    let opened = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path);
+    let opened = disk::open(
+        &path,
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false),
+    );
     let file = match opened {
         Ok(file) => file,
         // A reader of a directory it may not write (a read-only mount, another user's

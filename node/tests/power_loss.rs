@@ -1,9 +1,10 @@
 //! Power cuts, not just `kill -9`: the store runs the workload of `crash.rs` under a
 //! [`PowerCut`] recorder, the power fails at a chosen change to its files (mid-append,
 //! mid-commit, between commits), and then a random subset of the writes not yet synced is
-//! lost, and a suffix of each directory's unsynced renames and creations. Reopened, the
-//! store must hold exactly the last commit that returned — or, when the cut came inside a
-//! commit, that commit's state — verify clean, and accept writes again.
+//! lost, and a suffix of each directory's unsynced renames and creations. Now and then the
+//! workload rebalances (commit, close, rewrite, reopen), so cuts land inside rebalances too.
+//! Reopened, the store must hold exactly the last commit that returned — or, when the cut
+//! came inside a commit, that commit's state — verify clean, and accept writes again.
 //!
 //! `ZR_POWER_CUTS` sets the number of cuts (default 1,000), `ZR_POWER_SEED` the first seed
 //! (default: fixed; CI adds runs with fresh ones, printed).
@@ -24,6 +25,8 @@ const STEPS: u64 = 40;
 struct Tally {
     cuts: u64,
     mid_commit: u64,
+    rebalances: u64,
+    mid_rebalance: u64,
     lost_writes: u64,
     at_previous_commit: u64,
 }
@@ -51,13 +54,38 @@ fn one_cut(seed: u64, allowed: u64, tally: &mut Tally) {
     let mut during: Option<Vec<Row>> = None;
     let mut model: Vec<Row> = Vec::new();
     'run: {
-        let Ok(store) = Store::create(&dir, fields(), options()) else {
+        let Ok(mut store) = Store::create(&dir, fields(), options()) else {
             // Cut while creating: meta.json, written last, may or may not have landed.
             during = Some(Vec::new());
             break 'run;
         };
         committed = Some(Vec::new());
         for step in 0..STEPS {
+            // Now and then a rebalance (it needs the dataset to itself): commit, close,
+            // rewrite, reopen. It changes no record, so the committed state stays.
+            if mix(seed ^ mix(step)).is_multiple_of(16) {
+                match store.commit() {
+                    Ok(()) => committed = Some(model.clone()),
+                    Err(_) => {
+                        during = Some(model.clone());
+                        break 'run;
+                    }
+                }
+                drop(store);
+                tally.rebalances += 1;
+                let rebalanced = zr_node::rebalance::rebalance(&dir, |_, _| {});
+                store = match (rebalanced, Store::open(&dir)) {
+                    (Ok(_), Ok(store)) => store,
+                    _ => {
+                        assert!(
+                            power.failed(),
+                            "seed {seed}: a rebalance failed without a power cut"
+                        );
+                        tally.mid_rebalance += 1;
+                        break 'run;
+                    }
+                };
+            }
             let outcome = match op(seed, step, model.len() as u64) {
                 Op::Append(rows) => {
                     let records: Vec<Record> = rows.iter().map(record).collect();
@@ -94,7 +122,7 @@ fn one_cut(seed: u64, allowed: u64, tally: &mut Tally) {
             };
             if outcome.is_err() {
                 assert!(power.failed(), "seed {seed}: an error without a power cut");
-                break;
+                break 'run;
             }
         }
     }
@@ -171,12 +199,19 @@ fn power_cuts_lose_nothing_committed() {
         one_cut(seed, allowed, &mut tally);
     }
     println!(
-        "{} cuts: {} inside a commit ({} of them back at the commit before), {} unsynced changes lost",
-        tally.cuts, tally.mid_commit, tally.at_previous_commit, tally.lost_writes
+        "{} cuts: {} inside a commit ({} of them back at the commit before), {} inside one of \
+         {} rebalances, {} unsynced changes lost",
+        tally.cuts,
+        tally.mid_commit,
+        tally.at_previous_commit,
+        tally.mid_rebalance,
+        tally.rebalances,
+        tally.lost_writes
     );
     // The cuts must have tested something: commits cut midway, and writes lost.
     if cuts >= 100 {
         assert!(tally.mid_commit > 0, "no cut landed inside a commit");
+        assert!(tally.mid_rebalance > 0, "no cut landed inside a rebalance");
         assert!(tally.lost_writes > 0, "no cut lost a write");
     }
 }
