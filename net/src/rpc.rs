@@ -34,8 +34,9 @@ impl Outgoing {
         self.send_body(header, Body::Ready(body), None).await
     }
 
-    /// Sends `header` and `body`, then finishes. With `timeout`, each write must make
-    /// progress within it (waiting for a streamed body's producer is not bounded here).
+    /// Sends `header` and `body`, then finishes. With `timeout` (a server's reply), each
+    /// write must make progress within it (waiting for a streamed body's producer is not
+    /// bounded here), and the call returns once the peer has read the reply to its end.
     pub(crate) async fn send_body(
         &mut self,
         header: Vec<u8>,
@@ -76,7 +77,13 @@ impl Outgoing {
             }
         }
         stream.finish().map_err(|e| e.to_string())?;
-        self.0 = None;
+        let finished = self.0.take();
+        // A server's reply: wait (within the timeout) until the peer has it all, so that
+        // what the reply holds stays counted until then, and a shutdown that waits for
+        // requests in flight never closes the connection under a reply not yet delivered.
+        if let (Some(stream), Some(t)) = (finished, timeout) {
+            let _ = tokio::time::timeout(t, stream.stopped()).await;
+        }
         Ok(())
     }
 }

@@ -415,9 +415,21 @@ mod tests {
     fn shutdown_drains_requests_in_flight() {
         runtime().block_on(async {
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let slow_echo = |bytes: Vec<u8>| async move {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                (bytes, Body::Ready(Vec::new()))
+            // The handler says when it has the request, and answers when let go.
+            let (began, release) = (
+                Arc::new(tokio::sync::Notify::new()),
+                Arc::new(tokio::sync::Notify::new()),
+            );
+            let slow_echo = {
+                let (began, release) = (Arc::clone(&began), Arc::clone(&release));
+                move |bytes: Vec<u8>| {
+                    let (began, release) = (Arc::clone(&began), Arc::clone(&release));
+                    async move {
+                        began.notify_one();
+                        release.notified().await;
+                        (bytes, Body::Ready(Vec::new()))
+                    }
+                }
             };
             let stopped = async {
                 let _ = stopped.await;
@@ -429,8 +441,11 @@ mod tests {
                 let message = message.clone();
                 async move { call(&connection, message, Vec::new(), TIMEOUT).await }
             });
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            began.notified().await;
             let _ = stop.send(());
+            // Shutdown has begun with the request in flight; now it may finish.
+            tokio::task::yield_now().await;
+            release.notify_one();
             // The request in flight is answered in full.
             assert_eq!(call.await.unwrap().unwrap(), message);
             served.await.unwrap();
