@@ -22,16 +22,14 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bench_common::{
-    connect_all, quinn_server, tcp_server, transfer, BoxError, Figures, Result, Step, TcpLink,
+    connect_all, direct_gather, quinn_server, tcp_server, transfer, Figures, Result, Step, TcpLink,
 };
 use bytes::Bytes;
 use clap::Parser;
 use zr_common::hash::{mix2, reduce};
 use zr_common::Record;
-use zr_net as net;
 use zr_net::tls::Role;
-use zr_proto::wire::{self, NodeMessage, NodeRequest, Reply};
-use zr_router::plan::plan_gather;
+use zr_proto::wire::{self, NodeMessage, NodeRequest};
 use zr_sim::{SimCluster, SimOptions};
 
 /// Router gathers vs direct-to-node gathers vs plain quinn and TCP transfers on loopback.
@@ -154,35 +152,8 @@ fn run(args: &Args, size: usize) -> Result<()> {
     let as_node = cluster.security(Role::Node)?;
     let shard_addrs: Vec<SocketAddr> = cluster.config().shards.iter().map(|s| s.addr).collect();
     let connections = runtime.block_on(connect_all(&shard_addrs, &as_router, timeout))?;
-    let mut direct = |b: usize| -> Result<()> {
-        let parts = plan_gather(&placement, &indices(b));
-        runtime.block_on(async {
-            // One task per shard, as the router runs its calls.
-            let calls: Vec<_> = parts
-                .iter()
-                .map(|part| {
-                    let request = NodeRequest::Gather {
-                        indices: part.local.clone(),
-                        fields: Vec::new(),
-                        checked: false,
-                    };
-                    let connection = connections[part.shard as usize].1.clone();
-                    tokio::spawn(async move {
-                        let header = wire::encode_request(&NodeMessage::unchecked(request))?;
-                        let bytes = net::call(&connection, header, Vec::new(), timeout).await?;
-                        match wire::decode_reply(&bytes)?.0 {
-                            Reply::Gather { .. } => Ok::<(), BoxError>(()),
-                            other => Err(format!("unexpected {other:?}").into()),
-                        }
-                    })
-                })
-                .collect();
-            for call in calls {
-                call.await??;
-            }
-            Ok(())
-        })
-    };
+    let mut direct =
+        |b: usize| direct_gather(&runtime, &placement, &connections, &indices(b), timeout);
 
     // 3. Plain quinn: one stream per batch, the server answers with `batch_bytes`; then the
     // same from 4 servers, a quarter each: what the transport alone costs a 4-way gather.

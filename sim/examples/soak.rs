@@ -13,6 +13,8 @@
 //! 127.0.0.1. Exits non-zero if any byte came back wrong, or (with `--replicas` ≥ 2, where a
 //! restart costs no request) if any request failed.
 
+mod bench_common;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,7 +27,7 @@ use zr_net::tls::{self, Role};
 use zr_net::Security;
 use zr_router::Client;
 
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+use bench_common::Result;
 
 /// Random gathers and appends at full rate against a 3-shard cluster of processes while
 /// its nodes are restarted one at a time; every byte checked.
@@ -181,21 +183,9 @@ fn main() -> Result<()> {
     if args.shards == 0 || args.replicas == 0 || args.batch == 0 {
         return Err("--shards, --replicas and --batch must be at least 1".into());
     }
-    let me = std::env::current_exe()?;
-    let bin = me
-        .parent()
-        .and_then(Path::parent)
-        .ok_or("cannot tell the build directory from this program's path")?;
-    let (node_bin, router_bin) = (bin.join("zr-node"), bin.join("zr-router"));
-    for program in [&node_bin, &router_bin] {
-        if !program.exists() {
-            return Err(format!(
-                "{} is missing: build it first (cargo build -p zr-node -p zr-router)",
-                program.display()
-            )
-            .into());
-        }
-    }
+    let [node_bin, router_bin] =
+        <[PathBuf; 2]>::try_from(bench_common::binaries_beside_me(&["zr-node", "zr-router"])?)
+            .map_err(|_| "two binaries")?;
     let run = tempfile::tempdir()?;
     let dir = run.path();
     let certs = dir.join("certs");

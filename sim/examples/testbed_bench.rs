@@ -21,7 +21,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bench_common::{
-    connect_all, quinn_server, tcp_server, transfer, Figures, Result, Step, TcpLink,
+    binaries_beside_me, connect_all, direct_gather, quinn_server, tcp_server, transfer, Figures,
+    Result, Step, TcpLink,
 };
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
@@ -30,8 +31,6 @@ use zr_common::Record;
 use zr_net as net;
 use zr_net::config::ClusterConfig;
 use zr_net::tls::{self, Role};
-use zr_proto::wire::{self, NodeMessage, NodeRequest, Reply};
-use zr_router::plan::plan_gather;
 use zr_router::Client;
 
 /// Router and direct gathers vs plain quinn and TCP, each process in a network namespace
@@ -220,22 +219,9 @@ fn orchestrate(args: &Args) -> Result<()> {
     if args.shards == 0 || args.shards > 100 {
         return Err(format!("--shards must be 1..100, not {}", args.shards).into());
     }
-    // The binaries beside this example: target/<profile>/examples/testbed_bench.
     let me = std::env::current_exe()?;
-    let bin = me
-        .parent()
-        .and_then(Path::parent)
-        .ok_or("cannot tell the build directory from this program's path")?;
-    let (node, router) = (bin.join("zr-node"), bin.join("zr-router"));
-    for program in [&node, &router] {
-        if !program.exists() {
-            return Err(format!(
-                "{} is missing: build it first (cargo build --release -p zr-node -p zr-router)",
-                program.display()
-            )
-            .into());
-        }
-    }
+    let [node, router] = <[PathBuf; 2]>::try_from(binaries_beside_me(&["zr-node", "zr-router"])?)
+        .map_err(|_| "two binaries")?;
     let run = tempfile::tempdir()?;
     let dir = run.path();
     let certs = dir.join("certs");
@@ -431,34 +417,8 @@ fn client(args: &Args) -> Result<()> {
             }
             Ok(())
         };
-        let mut direct = |b: usize| -> Result<()> {
-            let parts = plan_gather(&placement, &indices(b));
-            runtime.block_on(async {
-                let calls: Vec<_> = parts
-                    .iter()
-                    .map(|part| {
-                        let request = NodeRequest::Gather {
-                            indices: part.local.clone(),
-                            fields: Vec::new(),
-                            checked: false,
-                        };
-                        let connection = nodes[part.shard as usize].1.clone();
-                        tokio::spawn(async move {
-                            let header = wire::encode_request(&NodeMessage::unchecked(request))?;
-                            let bytes = net::call(&connection, header, Vec::new(), timeout).await?;
-                            match wire::decode_reply(&bytes)?.0 {
-                                Reply::Gather { .. } => Ok::<(), bench_common::BoxError>(()),
-                                other => Err(format!("unexpected {other:?}").into()),
-                            }
-                        })
-                    })
-                    .collect();
-                for call in calls {
-                    call.await??;
-                }
-                Ok(())
-            })
-        };
+        let mut direct =
+            |b: usize| direct_gather(&runtime, &placement, &nodes, &indices(b), timeout);
         let mut plain_quinn = |_: usize| transfer(&runtime, &quinn, batch_bytes, timeout);
         let mut tcp = |_: usize| tcp_link.transfer(&runtime, batch_bytes);
         let mut methods: [(&str, Step, Figures); 4] = [

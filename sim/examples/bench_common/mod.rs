@@ -1,12 +1,19 @@
-//! What the cluster benchmarks share: batch timing with the process's CPU time, and the
-//! plain quinn and TCP servers and transfers every ratio is measured against.
+//! What the cluster benchmarks and the soak share: batch timing with the process's CPU
+//! time, the plain quinn and TCP servers and transfers every ratio is measured against,
+//! gathers sent straight to the nodes, and the binaries beside the example. Each example
+//! uses part of it.
+#![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zr_net as net;
+use zr_proto::placement::Placement;
+use zr_proto::wire::{self, NodeMessage, NodeRequest, Reply};
+use zr_router::plan::plan_gather;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Result<T> = std::result::Result<T, BoxError>;
@@ -244,4 +251,68 @@ impl TcpLink {
             Ok(())
         })
     }
+}
+
+/// One gather sent straight to the nodes, as the router would send it: a request per shard
+/// over `connections` (one per shard), each a task on `runtime`.
+pub fn direct_gather(
+    runtime: &tokio::runtime::Runtime,
+    placement: &Placement,
+    connections: &[(quinn::Endpoint, quinn::Connection)],
+    indices: &[u64],
+    timeout: Duration,
+) -> Result<()> {
+    let parts = plan_gather(placement, indices);
+    runtime.block_on(async {
+        let calls: Vec<_> = parts
+            .iter()
+            .map(|part| {
+                let request = NodeRequest::Gather {
+                    indices: part.local.clone(),
+                    fields: Vec::new(),
+                    checked: false,
+                };
+                let connection = connections[part.shard as usize].1.clone();
+                tokio::spawn(async move {
+                    let header = wire::encode_request(&NodeMessage::unchecked(request))?;
+                    let bytes = net::call(&connection, header, Vec::new(), timeout).await?;
+                    match wire::decode_reply(&bytes)?.0 {
+                        Reply::Gather { .. } => Ok::<(), BoxError>(()),
+                        other => Err(format!("unexpected {other:?}").into()),
+                    }
+                })
+            })
+            .collect();
+        for call in calls {
+            call.await??;
+        }
+        Ok(())
+    })
+}
+
+/// The paths of `names`, the binaries built beside this example (in
+/// `target/<profile>/`), or an error saying how to build them.
+pub fn binaries_beside_me(names: &[&str]) -> Result<Vec<PathBuf>> {
+    let me = std::env::current_exe()?;
+    let bin = me
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("cannot tell the build directory from this program's path")?;
+    names
+        .iter()
+        .map(|name| {
+            let path = bin.join(name);
+            if path.exists() {
+                Ok(path)
+            } else {
+                let packages: Vec<String> = names.iter().map(|n| format!("-p {n}")).collect();
+                Err(format!(
+                    "{} is missing: build it first (cargo build [--release] {})",
+                    path.display(),
+                    packages.join(" ")
+                )
+                .into())
+            }
+        })
+        .collect()
 }
