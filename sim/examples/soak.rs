@@ -3,7 +3,8 @@
 //! every `--restart-every` seconds (in turn, alternately stopped with SIGTERM and killed
 //! with SIGKILL). Every gathered record is checked byte for byte. At the end it reports the
 //! operations, the errors, the wrong bytes (must be 0) and every process's resident memory
-//! at the start and at the end.
+//! (its own, and the data files it maps) at the start and at the end; the router's at every
+//! restart too.
 //!
 //! ```text
 //! cargo build --release -p zr-node -p zr-router -p zr-sim --bins --examples
@@ -60,18 +61,38 @@ fn row(i: u64) -> Vec<u8> {
     (0..len).map(|k| mix2(i, k as u64 + 2) as u8).collect()
 }
 
-/// A process's resident memory in MiB (Linux), if it runs.
-fn rss_mib(pid: u32) -> Option<f64> {
+/// A process's resident memory in MiB (Linux), if it runs: its own (heap, stacks:
+/// `RssAnon`) and the data files it maps that are in memory (`RssFile`; a node's grows
+/// with the records it serves from its page cache, and is given back under pressure).
+#[derive(Clone, Copy)]
+struct Rss {
+    anon: f64,
+    file: f64,
+}
+
+fn rss(pid: u32) -> Option<Rss> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib / 1024.0)
+    let field = |name: &str| -> Option<f64> {
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib / 1024.0)
+    };
+    Some(Rss {
+        anon: field("RssAnon:")?,
+        file: field("RssFile:")?,
+    })
+}
+
+fn show(rss: Option<Rss>) -> String {
+    rss.map_or("-".to_string(), |r| {
+        format!("{:.1} + {:.1}", r.anon, r.file)
+    })
 }
 
 /// A base port with `count` free UDP ports after it on 127.0.0.1.
@@ -245,10 +266,10 @@ fn main() -> Result<()> {
         loaded = client.append_many(&records)?.end;
     }
     client.commit()?;
-    let start_rss: Vec<(String, Option<f64>)> = cluster
+    let start_rss: Vec<(String, Option<Rss>)> = cluster
         .pids()
         .into_iter()
-        .map(|(name, pid)| (name, rss_mib(pid)))
+        .map(|(name, pid)| (name, rss(pid)))
         .collect();
     println!(
         "soak: {} shards × {} replicas, {} records loaded; {} s of random gathers of {} and appends, \
@@ -270,8 +291,9 @@ fn main() -> Result<()> {
             let gently = restarts.is_multiple_of(2);
             stop(&mut cluster.nodes[node as usize], gently)?;
             cluster.nodes[node as usize] = cluster.spawn_node(node)?;
+            let router = cluster.router.as_ref().and_then(|r| rss(r.id()));
             println!(
-                "  {:>5.0} s: node {}/{} {} and restarted",
+                "  {:>5.0} s: node {}/{} {} and restarted; router RSS {} MiB",
                 started.elapsed().as_secs_f64(),
                 node / args.replicas,
                 node % args.replicas,
@@ -279,7 +301,8 @@ fn main() -> Result<()> {
                     "stopped (SIGTERM)"
                 } else {
                     "killed (SIGKILL)"
-                }
+                },
+                show(router)
             );
             restarts += 1;
             next_restart += Duration::from_secs(args.restart_every);
@@ -330,14 +353,13 @@ fn main() -> Result<()> {
          {appends} appends of 16, {restarts} restarts; errors {errors}, wrong records {wrong}",
         gathers as f64 / seconds
     );
-    println!("{:<12} {:>12} {:>12}", "process", "RSS start", "RSS end");
+    println!(
+        "RSS in MiB, own (heap, stacks) + mapped data files in memory \
+         (a restarted node's end figure is its new process's)"
+    );
+    println!("{:<12} {:>16} {:>16}", "process", "start", "end");
     for ((name, before), (_, pid)) in start_rss.iter().zip(cluster.pids()) {
-        let show = |mib: Option<f64>| mib.map_or("-".to_string(), |m| format!("{m:.1} MiB"));
-        println!(
-            "{name:<12} {:>12} {:>12}",
-            show(*before),
-            show(rss_mib(pid))
-        );
+        println!("{name:<12} {:>16} {:>16}", show(*before), show(rss(pid)));
     }
     if wrong > 0 {
         return Err(format!("{wrong} records came back wrong").into());
