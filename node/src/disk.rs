@@ -154,8 +154,9 @@ fn power_failed() -> io::Error {
     io::Error::other("simulated power cut")
 }
 
-/// Runs `make` (a change to `path`) unless the power has failed, logging what `record`
-/// says it replaces. Without a recorder, just `make`.
+/// Runs `make` (a change to `path`) unless the power has failed, logging the change
+/// `record` describes (`None`: `make` changes nothing, as opening an existing file). Without
+/// a recorder, just `make`.
 fn change<T>(
     path: &Path,
     record: impl FnOnce() -> Option<Change>,
@@ -165,16 +166,19 @@ fn change<T>(
         return make();
     };
     let mut log = recorder.log();
-    if log.cut || log.allowed.is_some_and(|allowed| log.made >= allowed) {
+    if log.cut {
+        return Err(power_failed());
+    }
+    let Some(change) = record() else {
+        return make();
+    };
+    if log.allowed.is_some_and(|allowed| log.made >= allowed) {
         log.cut = true;
         return Err(power_failed());
     }
     log.made += 1;
-    let recorded = record();
     let made = make()?;
-    if let Some(change) = recorded {
-        log.pending.push(change);
-    }
+    log.pending.push(change);
     Ok(made)
 }
 
@@ -246,19 +250,13 @@ pub(crate) fn sync(file: &File, path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Opens `path` with `options`, logging its creation if it did not exist.
+/// Opens `path` with `options`, logging its creation if it did not exist (`options` must
+/// not truncate an existing file: that is [`create`]).
 pub(crate) fn open(path: &Path, options: &OpenOptions) -> io::Result<File> {
-    let existed = path.exists();
-    if existed && recorder(path).is_some_and(|r| r.log().cut) {
-        return Err(power_failed());
-    }
-    if existed {
-        return options.open(path);
-    }
     change(
         path,
         || {
-            Some(Change::Create {
+            (!path.exists()).then(|| Change::Create {
                 path: path.to_path_buf(),
             })
         },
@@ -266,18 +264,18 @@ pub(crate) fn open(path: &Path, options: &OpenOptions) -> io::Result<File> {
     )
 }
 
-/// Creates (or truncates) `path` for writing.
+/// Creates `path` for reading and writing, or empties it (a length change) if it exists.
 pub(crate) fn create(path: &Path) -> io::Result<File> {
-    if path.exists() {
-        // Truncating an existing file is a length change.
-        let file = OpenOptions::new().write(true).open(path)?;
-        set_len(&file, path, 0)?;
-        return Ok(file);
-    }
-    open(
+    let file = open(
         path,
-        OpenOptions::new().write(true).create(true).truncate(true),
-    )
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false),
+    )?;
+    set_len(&file, path, 0)?;
+    Ok(file)
 }
 
 /// Renames `from` to `to` (replacing it).
@@ -514,10 +512,6 @@ impl Drop for PowerCut {
     }
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    std::fs::write(path, bytes)
-}
-
 /// What a created file or directory held once the changes after its creation were undone:
 /// what was durable in it, to be put back if its creation survives the cut.
 enum Stash {
@@ -528,23 +522,21 @@ enum Stash {
 
 /// Undoes `change` (number `k`); for a creation, returns what it held.
 fn undo(change: &Change, root: &Path, k: usize) -> io::Result<Option<Stash>> {
-    match change {
+    let done = match change {
         Change::Create { path } => {
             let bytes = std::fs::read(path).ok();
-            return match std::fs::remove_file(path) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-                _ => Ok(bytes.map(Stash::Bytes)),
-            };
+            ignore(std::fs::remove_file(path), io::ErrorKind::NotFound)?;
+            return Ok(bytes.map(Stash::Bytes));
         }
         // A directory whose creation is lost takes what it holds with it.
-        Change::CreateDir { path } if path.exists() => {
+        Change::CreateDir { path } => {
+            if !path.exists() {
+                return Ok(None);
+            }
             let aside = root.join(format!(".power-cut-dir-{k}"));
             std::fs::rename(path, &aside)?;
             return Ok(Some(Stash::Dir(aside)));
         }
-        _ => {}
-    }
-    match change {
         Change::Write {
             path,
             offset,
@@ -558,7 +550,6 @@ fn undo(change: &Change, root: &Path, k: usize) -> io::Result<Option<Stash>> {
             file.write_all_at(old, *offset)?;
             file.set_len(*old_len)
         }
-        Change::Create { .. } => Ok(()),
         Change::SetLen {
             path,
             old_len,
@@ -569,24 +560,28 @@ fn undo(change: &Change, root: &Path, k: usize) -> io::Result<Option<Stash>> {
                 return Ok(None);
             };
             file.set_len(*old_len)?;
-            if !tail.is_empty() {
-                file.write_all_at(tail, *len)?;
-            }
-            Ok(())
+            file.write_all_at(tail, *len)
         }
         Change::Rename { from, to, replaced } => {
             std::fs::rename(to, from)?;
             match replaced {
-                Some(bytes) => write_file(to, bytes),
+                Some(bytes) => std::fs::write(to, bytes),
                 None => Ok(()),
             }
         }
-        Change::Remove { path, bytes } => write_file(path, bytes),
+        Change::Remove { path, bytes } => std::fs::write(path, bytes),
         Change::Exchange { a, b } => rename_exchange(a, b),
         Change::RemoveTree { path, stash } => std::fs::rename(stash, path),
-        Change::CreateDir { .. } => Ok(()),
+    };
+    done.map(|()| None)
+}
+
+/// `result`, with an error of kind `kind` taken as success.
+fn ignore(result: io::Result<()>, kind: io::ErrorKind) -> io::Result<()> {
+    match result {
+        Err(e) if e.kind() == kind => Ok(()),
+        other => other,
     }
-    .map(|()| None)
 }
 
 /// Makes `change` again; a creation gets back `stash`, what was durable in it. A name
@@ -611,22 +606,16 @@ fn redo(change: &Change, stash: Option<Stash>) -> io::Result<()> {
             Ok(file) => file.set_len(*len),
         },
         Change::Create { path } => match stash {
-            Some(Stash::Bytes(bytes)) => write_file(path, &bytes),
-            _ => write_file(path, &[]),
+            Some(Stash::Bytes(bytes)) => std::fs::write(path, bytes),
+            _ => std::fs::write(path, []),
         },
         Change::Rename { from, to, .. } => std::fs::rename(from, to),
-        Change::Remove { path, .. } => match std::fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        },
+        Change::Remove { path, .. } => ignore(std::fs::remove_file(path), io::ErrorKind::NotFound),
         Change::Exchange { a, b } => rename_exchange(a, b),
         Change::RemoveTree { path, stash } => std::fs::rename(path, stash),
         Change::CreateDir { path } => match stash {
             Some(Stash::Dir(aside)) => std::fs::rename(aside, path),
-            _ => match std::fs::create_dir(path) {
-                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
-                _ => Ok(()),
-            },
+            _ => ignore(std::fs::create_dir(path), io::ErrorKind::AlreadyExists),
         },
     }
 }

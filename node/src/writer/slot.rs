@@ -1,7 +1,6 @@
 //! One writer slot: encodes records into frames (deflating flate fields), writes them to its
 //! open chunk with `pwrite`, grows, seals and syncs chunks.
 
-use std::fs::OpenOptions;
 use std::path::PathBuf;
 
 use flate2::{Compress, FlushCompress, Status};
@@ -27,15 +26,7 @@ impl Slot {
             })?,
         };
         let path = chunk_path(&shared.dir, id);
-        let file = disk::open(
-            &path,
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true),
-        )
-        .ctx("create chunk", &path)?;
+        let file = disk::create(&path).ctx("create chunk", &path)?;
         let capacity = shared.meta.chunk_grow_bytes;
         disk::set_len(&file, &path, capacity).ctx("grow chunk", &path)?;
         let map = Mapped::new(&file, &path)?;
