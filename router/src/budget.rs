@@ -90,10 +90,11 @@ impl Turn {
     }
 }
 
-/// A chunk and the permits it holds until dropped.
+/// A chunk and the permits it holds until dropped: the router's total and the window, or
+/// the router's total and both read-ahead allowances.
 struct Charged {
     chunk: Bytes,
-    _permits: Vec<OwnedSemaphorePermit>,
+    _permits: [Option<OwnedSemaphorePermit>; 3],
 }
 
 impl AsRef<[u8]> for Charged {
@@ -119,7 +120,7 @@ impl GatherBudget {
                 let total = total.acquire_many_owned(n).await.ok()?;
                 return Some(Bytes::from_owner(Charged {
                     chunk,
-                    _permits: vec![window, total],
+                    _permits: [Some(total), Some(window), None],
                 }));
             }
             let began = turn.began.notified();
@@ -135,7 +136,7 @@ impl GatherBudget {
                     .await
                     .ok()?;
                 let total = Arc::clone(&total).acquire_many_owned(n).await.ok()?;
-                Some(vec![mine, router, total])
+                Some([Some(total), Some(mine), Some(router)])
             };
             tokio::select! {
                 permits = ahead => {

@@ -49,9 +49,12 @@ struct NodeLink {
     written: AtomicBool,
     /// The length its last answer to a heartbeat gave.
     len: std::sync::Mutex<Option<u64>>,
-    /// Requests to it in flight (Info requests, as heartbeats send, aside), and its label
-    /// for metrics.
+    /// Requests to it in flight (Info requests, as heartbeats send, aside), and their gauge
+    /// (`zr_router_node_in_flight`; taken when the links are made, after the binaries
+    /// install their metrics exporter).
     in_flight: AtomicU64,
+    in_flight_gauge: metrics::Gauge,
+    /// Its name in metrics: `K`, or `K/J` with replicas.
     label: String,
     /// The connection last given up on, until one is made anew: if the node closed it (it
     /// stopped), calls go to its partners without trying it meanwhile (heartbeats do).
@@ -108,6 +111,11 @@ impl Nodes {
         let links = entries
             .into_iter()
             .map(|s| {
+                let label = if config.cluster.replicas == 1 {
+                    s.id.to_string()
+                } else {
+                    format!("{}/{}", s.id, s.replica)
+                };
                 Ok(NodeLink {
                     shard: s.id,
                     replica: s.replica,
@@ -121,11 +129,8 @@ impl Nodes {
                     written: AtomicBool::new(false),
                     len: std::sync::Mutex::new(None),
                     in_flight: AtomicU64::new(0),
-                    label: if config.cluster.replicas == 1 {
-                        s.id.to_string()
-                    } else {
-                        format!("{}/{}", s.id, s.replica)
-                    },
+                    in_flight_gauge: metrics::gauge!("zr_router_node_in_flight", "shard" => label.clone()),
+                    label,
                     forgotten: std::sync::Mutex::new(None),
                 })
             })
@@ -298,7 +303,7 @@ impl Nodes {
     pub(crate) fn in_flight(&self, node: NodeId) -> InFlight<'_> {
         let link = &self.links[node];
         let now = link.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        metrics::gauge!("zr_router_node_in_flight", "shard" => link.label.clone()).set(now as f64);
+        link.in_flight_gauge.set(now as f64);
         InFlight { link }
     }
 
@@ -306,9 +311,8 @@ impl Nodes {
     /// out of the exposition).
     pub(crate) fn refresh_in_flight(&self) {
         for link in &self.links {
-            let now = link.in_flight.load(Ordering::Relaxed);
-            metrics::gauge!("zr_router_node_in_flight", "shard" => link.label.clone())
-                .set(now as f64);
+            link.in_flight_gauge
+                .set(link.in_flight.load(Ordering::Relaxed) as f64);
         }
     }
 
@@ -511,11 +515,7 @@ impl Nodes {
         {
             *link.len.lock().unwrap_or_else(|e| e.into_inner()) = Some(*len);
         }
-        let label = if self.replicas == 1 {
-            shard.to_string()
-        } else {
-            format!("{shard}/{}", link.replica)
-        };
+        let label = &link.label;
         if outcome.is_ok() || matches!(outcome, Err(Failure::ShardRefused { .. })) {
             metrics::histogram!("zr_router_node_heartbeat_seconds", "shard" => label.clone())
                 .record(sent.elapsed());
@@ -552,7 +552,11 @@ impl Nodes {
             link.health.send_replace(health);
         }
         let up = !matches!(liveness.health(), Health::Down { .. });
-        metrics::gauge!("zr_router_node_up", "shard" => label).set(if up { 1.0 } else { 0.0 });
+        metrics::gauge!("zr_router_node_up", "shard" => label.clone()).set(if up {
+            1.0
+        } else {
+            0.0
+        });
         liveness.pause()
     }
 
@@ -744,7 +748,6 @@ pub(crate) struct InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         let now = self.link.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
-        metrics::gauge!("zr_router_node_in_flight", "shard" => self.link.label.clone())
-            .set(now as f64);
+        self.link.in_flight_gauge.set(now as f64);
     }
 }
