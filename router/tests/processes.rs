@@ -114,26 +114,26 @@ fn terminate(mut child: Child) {
 /// Starts the router of the cluster at `config` and waits until it serves at `addr`. A
 /// router whose nodes are still starting gives up (it can only record a new cluster with
 /// every node), so it is started again until it serves, within 60 s.
-fn spawn_router(binary: &Path, config: &str, addr: &str, certs: &Path) -> Child {
+fn spawn_router(program: &Path, config: &str, addr: &str, certs: &Path) -> Child {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let mut router = spawn(binary, &["--nodes", config]);
+        let mut router = spawn(program, &["--nodes", config]);
         loop {
             if router.try_wait().unwrap().is_some() {
                 break; // gave up: again
             }
-            let security = Security::load(certs, Role::Client).unwrap();
-            if Client::connect_with_timeout(
-                addr.parse().unwrap(),
-                security,
-                Duration::from_millis(500),
-            )
-            .is_ok()
-            {
+            let answered = Command::new(binary("zr"))
+                .args(["info", "--router", addr, "--certs"])
+                .arg(certs)
+                .output()
+                .unwrap()
+                .status
+                .success();
+            if answered {
                 return router;
             }
             assert!(Instant::now() < deadline, "the router never served");
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(50));
         }
         assert!(Instant::now() < deadline, "the router kept exiting");
     }
@@ -161,41 +161,12 @@ fn start(node: &Path, router: &Path, config: &Path) -> Vec<Child> {
         spawn(node, &["--shard", "0", "--nodes", config]),
         spawn(node, &["--shard", "1", "--nodes", config]),
     ];
-    // The router needs the nodes; it fails fast if they are not up yet, so retry it.
+    let cluster = zr_net::config::ClusterConfig::load(Path::new(config)).unwrap();
+    let addr = cluster.router.listen.to_string();
+    let certs = cluster.tls.unwrap().certs;
     let mut all = nodes;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let text = std::fs::read_to_string(config).unwrap();
-    let addr = text
-        .lines()
-        .skip_while(|l| !l.starts_with("[router]"))
-        .find_map(|l| l.strip_prefix("listen = "))
-        .unwrap()
-        .trim_matches('"')
-        .to_string();
-    let certs = Path::new(config).parent().unwrap().join("certs");
-    loop {
-        let mut router = spawn(router, &["--nodes", config]);
-        // Up once it answers; exited (the nodes were not up yet): again.
-        loop {
-            if router.try_wait().unwrap().is_some() {
-                break;
-            }
-            if Command::new(binary("zr"))
-                .args(["info", "--router", &addr, "--certs"])
-                .arg(&certs)
-                .output()
-                .unwrap()
-                .status
-                .success()
-            {
-                all.push(router);
-                return all;
-            }
-            assert!(Instant::now() < deadline, "the router never answered");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(Instant::now() < deadline, "the router kept exiting");
-    }
+    all.push(spawn_router(router, config, &addr, &certs));
+    all
 }
 
 /// `zr cluster status` of the cluster at `addr`: whether every node is up (its exit

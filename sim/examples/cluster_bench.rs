@@ -22,7 +22,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bench_common::{
-    connect_all, direct_gather, quinn_server, tcp_server, transfer, Figures, Result, Step, TcpLink,
+    connect_all, direct_gather, quinn_server, take_turns, tcp_server, transfer, Figures, Result,
+    Step, TcpLink,
 };
 use bytes::Bytes;
 use clap::Parser;
@@ -212,15 +213,13 @@ fn run(args: &Args, size: usize) -> Result<()> {
     let chosen = |name: &str| {
         name == BASELINE || args.only.is_empty() || args.only.iter().any(|w| name.contains(w))
     };
-    let turn = args.seconds / args.rounds.max(1) as f64;
-    let rounds = args.rounds.max(1) as usize;
-    for round in 1..=rounds {
-        for (name, step, figures) in methods.iter_mut() {
-            if chosen(name) {
-                figures.measure(turn, args.min_batches * round / rounds, *step)?;
-            }
-        }
-    }
+    take_turns(
+        &mut methods,
+        args.seconds,
+        args.rounds,
+        args.min_batches,
+        chosen,
+    )?;
     let quinn_rate = methods[2].2.batches_per_second();
     for (name, _, f) in methods.iter().filter(|(name, _, _)| chosen(name)) {
         println!("{}", f.row(size, name, args.batch, quinn_rate));

@@ -17,16 +17,14 @@
 mod bench_common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use zr_common::hash::mix2;
 use zr_common::Record;
-use zr_net::tls::{self, Role};
-use zr_net::Security;
-use zr_router::Client;
+use zr_net::tls;
 
 use bench_common::Result;
 
@@ -183,22 +181,6 @@ fn stop(child: &mut Child, gently: bool) -> Result<()> {
     Ok(())
 }
 
-/// A client of the router at `addr`, retried until it answers (up to 60 s).
-fn connect(addr: SocketAddr, certs: &Path) -> Result<Client> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let attempt = Client::connect(addr, Security::load(certs, Role::Client)?)
-            .and_then(|client| client.len().map(|_| client));
-        match attempt {
-            Ok(client) => return Ok(client),
-            Err(e) if Instant::now() > deadline => {
-                return Err(format!("the router at {addr} never answered: {e}").into())
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     if args.shards == 0 || args.replicas == 0 || args.batch == 0 {
@@ -244,7 +226,7 @@ fn main() -> Result<()> {
             .stderr(Stdio::null())
             .spawn()?;
         cluster.router = Some(router);
-        match connect(addr, &certs) {
+        match bench_common::connect_router(addr, &certs, Duration::from_secs(60)) {
             Ok(client) => break client,
             Err(e) => {
                 if let Some(mut router) = cluster.router.take() {

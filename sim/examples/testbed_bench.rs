@@ -21,8 +21,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bench_common::{
-    binaries_beside_me, connect_all, direct_gather, quinn_server, tcp_server, transfer, Figures,
-    Result, Step, TcpLink,
+    binaries_beside_me, connect_all, connect_router, direct_gather, quinn_server, take_turns,
+    tcp_server, transfer, Figures, Result, Step, TcpLink,
 };
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
@@ -31,7 +31,6 @@ use zr_common::Record;
 use zr_net as net;
 use zr_net::config::ClusterConfig;
 use zr_net::tls::{self, Role};
-use zr_router::Client;
 
 /// Router and direct gathers vs plain quinn and TCP, each process in a network namespace
 /// of its own, over shaped veth links (needs root).
@@ -313,31 +312,11 @@ fn baseline(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// A client of the router, retried until it answers (the processes are starting).
-fn connect_router(addr: SocketAddr, certs: &Path) -> Result<Client> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let attempt = net::Security::load(certs, Role::Client)
-            .map_err(Into::into)
-            .and_then(|security| Client::connect(addr, security).map_err(Into::into))
-            .and_then(|client: Client| client.len().map(|_| client).map_err(Into::into));
-        match attempt {
-            Ok(client) => return Ok(client),
-            Err(e) if Instant::now() >= deadline => {
-                return Err(format!("the router at {addr} did not answer within 30 s: {e}").into())
-            }
-            Err::<_, Box<dyn std::error::Error + Send + Sync>>(_) => {
-                std::thread::sleep(Duration::from_millis(200))
-            }
-        }
-    }
-}
-
 fn client(args: &Args) -> Result<()> {
     let dir = args.dir.as_deref().ok_or("--dir is missing")?;
     let certs = dir.join("certs");
     let config = ClusterConfig::load(&dir.join("nodes.toml"))?;
-    let client = connect_router(config.router.listen, &certs)?;
+    let client = connect_router(config.router.listen, &certs, Duration::from_secs(30))?;
     let as_router = net::Security::load(&certs, Role::Router)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -431,13 +410,13 @@ fn client(args: &Args) -> Result<()> {
             (BASELINE, &mut plain_quinn, Figures::default()),
             ("plain TCP, same bytes", &mut tcp, Figures::default()),
         ];
-        let turn = args.seconds / args.rounds.max(1) as f64;
-        let rounds = args.rounds.max(1) as usize;
-        for round in 1..=rounds {
-            for (_, step, figures) in methods.iter_mut() {
-                figures.measure(turn, args.min_batches * round / rounds, *step)?;
-            }
-        }
+        take_turns(
+            &mut methods,
+            args.seconds,
+            args.rounds,
+            args.min_batches,
+            |_| true,
+        )?;
         let quinn_rate = methods[2].2.batches_per_second();
         for (name, _, figures) in &methods {
             println!("{}", figures.row(size, name, args.batch, quinn_rate));

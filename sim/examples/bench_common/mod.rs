@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zr_net as net;
+use zr_net::tls::Role;
 use zr_proto::placement::Placement;
 use zr_proto::wire::{self, NodeMessage, NodeRequest, Reply};
 use zr_router::plan::plan_gather;
+use zr_router::Client;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Result<T> = std::result::Result<T, BoxError>;
@@ -109,6 +111,28 @@ impl Figures {
             self.cpu_seconds / self.seconds
         )
     }
+}
+
+/// Runs the methods `chosen` picks, taking turns for `rounds` rounds of `seconds / rounds`
+/// each, so that the machine's changing load weighs on all alike; each makes at least
+/// `min_batches` batches in all (its turns run longer until then).
+pub fn take_turns(
+    methods: &mut [(&str, Step, Figures)],
+    seconds: f64,
+    rounds: u32,
+    min_batches: usize,
+    chosen: impl Fn(&str) -> bool,
+) -> Result<()> {
+    let rounds = rounds.max(1) as usize;
+    let turn = seconds / rounds as f64;
+    for round in 1..=rounds {
+        for (name, step, figures) in methods.iter_mut() {
+            if chosen(name) {
+                figures.measure(turn, min_batches * round / rounds, *step)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The first `wanted` bytes of `pool`, `wanted` read from a request of 8 bytes (little
@@ -288,6 +312,27 @@ pub fn direct_gather(
         }
         Ok(())
     })
+}
+
+/// A client of the router at `addr` (client certificate from `certs`), retried until the
+/// router answers or `wait` has passed (its processes may be starting).
+pub fn connect_router(addr: SocketAddr, certs: &Path, wait: Duration) -> Result<Client> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let attempt = Client::connect(addr, net::Security::load(certs, Role::Client)?)
+            .and_then(|client| client.len().map(|_| client));
+        match attempt {
+            Ok(client) => return Ok(client),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!(
+                    "the router at {addr} did not answer within {} s: {e}",
+                    wait.as_secs()
+                )
+                .into())
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
 }
 
 /// The paths of `names`, the binaries built beside this example (in
