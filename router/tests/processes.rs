@@ -115,21 +115,32 @@ fn terminate(mut child: Child) {
 /// router whose nodes are still starting gives up (it can only record a new cluster with
 /// every node), so it is started again until it serves, within 60 s.
 fn spawn_router(program: &Path, config: &str, addr: &str, certs: &Path) -> Child {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut router = spawn(program, &["--nodes", config]);
-        loop {
-            if router.try_wait().unwrap().is_some() {
-                break; // gave up: again
-            }
-            let answered = Command::new(binary("zr"))
+    let zr = binary("zr");
+    keep_starting(
+        || spawn(program, &["--nodes", config]),
+        || {
+            Command::new(&zr)
                 .args(["info", "--router", addr, "--certs"])
                 .arg(certs)
                 .output()
                 .unwrap()
                 .status
-                .success();
-            if answered {
+                .success()
+        },
+    )
+}
+
+/// Runs `start` (a router) until `answers` says it serves, starting it again whenever it
+/// exits first, within 60 s.
+fn keep_starting(start: impl Fn() -> Child, answers: impl Fn() -> bool) -> Child {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut router = start();
+        loop {
+            if router.try_wait().unwrap().is_some() {
+                break; // gave up: again
+            }
+            if answers() {
                 return router;
             }
             assert!(Instant::now() < deadline, "the router never served");
@@ -1038,11 +1049,20 @@ fn a_cluster_across_network_namespaces_serves_byte_exact() {
         quiet(bed.command(1, &node, &["--shard", "0", "--nodes", config_arg])),
         quiet(bed.command(2, &node, &["--shard", "1", "--nodes", config_arg])),
     ];
-    std::thread::sleep(Duration::from_millis(500));
-    processes.push(quiet(bed.command(0, &router, &["--nodes", config_arg])));
     let addr = format!("{}:{base}", bed.addr(0));
     let certs_arg = certs.to_str().unwrap();
     let remote = ["--router", addr.as_str(), "--certs", certs_arg];
+    // The router gives up while its nodes are still starting: started until it serves.
+    processes.push(keep_starting(
+        || quiet(bed.command(0, &router, &["--nodes", config_arg])),
+        || {
+            bed.command(0, &zr_bin, &[&["info"], &remote[..]].concat())
+                .output()
+                .unwrap()
+                .status
+                .success()
+        },
+    ));
     // `zr` beside the router: its calls to the nodes cross the links.
     let zr_in = |args: &[&str]| {
         let deadline = Instant::now() + Duration::from_secs(30);
