@@ -216,6 +216,35 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
 #[derive(clap::Subcommand)]
 pub enum ClusterCommand {
     Status(StatusArgs),
+    ReplaceNode(ReplaceNodeArgs),
+}
+
+/// Replace a node of a replicated cluster with another machine, online.
+///
+/// Start the replacement first: an empty data directory, nodes.toml naming NEW_ADDR for the
+/// shard's replica (`zr-node --shard K --replica J --nodes nodes.toml`). The router then
+/// records in the metadata store that the replica is served from NEW_ADDR (every router takes
+/// this over nodes.toml), marks it behind, and rebuilds it from an in-sync partner while
+/// gathers and appends go on; it serves once it holds what its partner holds. Progress is
+/// shown until then (Ctrl-C stops watching, not the rebuild). Refused for a cluster with one
+/// replica per shard, or while no partner of the replica is in sync. The old node, if it still
+/// runs, is no longer asked: stop it.
+#[derive(Args)]
+pub struct ReplaceNodeArgs {
+    /// The shard whose node is replaced.
+    #[arg(long)]
+    shard: u32,
+    /// Which of the shard's replicas is replaced.
+    #[arg(long)]
+    replica: u32,
+    /// The replacement node's address (IP:PORT), as in its nodes.toml.
+    #[arg(long = "with", value_name = "NEW_ADDR")]
+    with: SocketAddr,
+    /// Return once the move is recorded, without waiting for the rebuild.
+    #[arg(long)]
+    no_wait: bool,
+    #[command(flatten)]
+    remote: RouterArgs,
 }
 
 /// The cluster as its router sees it: id, map version, committed length, and each node —
@@ -230,6 +259,66 @@ pub struct StatusArgs {
 pub fn run(command: ClusterCommand) -> CliResult {
     match command {
         ClusterCommand::Status(args) => status(args),
+        ClusterCommand::ReplaceNode(args) => replace_node(args),
+    }
+}
+
+fn replace_node(args: ReplaceNodeArgs) -> CliResult {
+    let client = args.remote.client()?.ok_or(
+        "--router is missing: zr cluster replace-node --shard K --replica J --with NEW_ADDR --router ADDR --certs DIR",
+    )?;
+    let (shard, replica) = (args.shard, args.replica);
+    let started = std::time::Instant::now();
+    client.replace_node(shard, replica, args.with)?;
+    println!(
+        "shard {shard} replica {replica} is served from {} from now on; it is rebuilt from a partner first",
+        args.with
+    );
+    if args.no_wait {
+        println!("follow the rebuild with: zr cluster status");
+        return Ok(());
+    }
+    let spinner = indicatif::ProgressBar::new_spinner();
+    let on_terminal = !spinner.is_hidden();
+    let mut printed = std::time::Instant::now();
+    loop {
+        let status = client.status()?;
+        let node = status
+            .nodes
+            .iter()
+            .find(|n| n.shard == shard && n.replica == replica)
+            .ok_or_else(|| format!("the router's status has no shard {shard} replica {replica}"))?;
+        if node.addr != args.with.to_string() {
+            spinner.finish_and_clear();
+            return Err(format!(
+                "shard {shard} replica {replica} is now at {}, not {}: another replacement overtook this one",
+                node.addr, args.with
+            )
+            .into());
+        }
+        if node.in_sync && node.state == "up" {
+            spinner.finish_and_clear();
+            println!(
+                "shard {shard} replica {replica} at {} is in sync and serving: {} records, rebuilt in {:.1} s",
+                node.addr,
+                node.records.map_or("?".into(), |r| r.to_string()),
+                started.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        let doing = match &node.rebuild {
+            Some(rebuild) => rebuild.clone(),
+            None if node.state == "up" => "waiting for the rebuild to start".into(),
+            None => format!("waiting for the node: {}", node.state),
+        };
+        if on_terminal {
+            spinner.set_message(doing);
+            spinner.tick();
+        } else if printed.elapsed() >= Duration::from_secs(5) {
+            eprintln!("{doing}");
+            printed = std::time::Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

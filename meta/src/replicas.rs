@@ -20,10 +20,22 @@ pub const REPLICAS_KEY: &str = "replicas";
 /// A shard's replica: (shard, replica).
 pub type ReplicaId = (u32, u32);
 
-/// The replica record: the replicas that are behind. No record: none is.
+/// The replica record: the replicas that are behind, and those moved to another address
+/// than nodes.toml gives them. No record: every replica is in sync where nodes.toml says.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaRecord {
     pub behind: BTreeSet<ReplicaId>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moved: Vec<Moved>,
+}
+
+/// A replica served from another address than nodes.toml's (`zr cluster replace-node`):
+/// this one wins wherever the two differ.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moved {
+    pub shard: u32,
+    pub replica: u32,
+    pub addr: String,
 }
 
 /// Marking a replica behind would leave its shard with none in sync.
@@ -52,6 +64,41 @@ impl ReplicaRecord {
         }
         let mut next = self.clone();
         next.behind.insert(id);
+        Ok(next)
+    }
+
+    /// The address replica `id` was moved to, if it was.
+    pub fn moved_to(&self, id: ReplicaId) -> Option<&str> {
+        self.moved
+            .iter()
+            .find(|m| (m.shard, m.replica) == id)
+            .map(|m| m.addr.as_str())
+    }
+
+    /// `self` with replica `id` served from `addr` from now on, and behind (the node there
+    /// holds nothing yet: it is caught up from a partner before it serves); refused if no
+    /// partner of it is in sync.
+    pub fn with_moved(
+        &self,
+        id: ReplicaId,
+        replicas: u32,
+        addr: &str,
+    ) -> Result<ReplicaRecord, LastInSync> {
+        let (shard, replica) = id;
+        let partner_in_sync = (0..replicas)
+            .filter(|&r| r != replica)
+            .any(|r| self.in_sync((shard, r)));
+        if !partner_in_sync {
+            return Err(LastInSync { shard, replica });
+        }
+        let mut next = self.with_behind(id, replicas)?;
+        next.moved.retain(|m| (m.shard, m.replica) != id);
+        next.moved.push(Moved {
+            shard,
+            replica,
+            addr: addr.to_string(),
+        });
+        next.moved.sort_by_key(|m| (m.shard, m.replica));
         Ok(next)
     }
 }
@@ -84,6 +131,20 @@ pub async fn mark_behind(
 ) -> Result<ReplicaRecord, MarkError> {
     update(store, |record| {
         Ok::<_, MarkError>(record.with_behind(id, replicas)?)
+    })
+    .await
+}
+
+/// Moves replica `id` to `addr` and marks it behind, in one compare-and-swap (retried on a
+/// conflict); returns the record written. Refused unless a partner of it is in sync.
+pub async fn move_replica(
+    store: &dyn MetaStore,
+    id: ReplicaId,
+    replicas: u32,
+    addr: &str,
+) -> Result<ReplicaRecord, MarkError> {
+    update(store, |record| {
+        Ok::<_, MarkError>(record.with_moved(id, replicas, addr)?)
     })
     .await
 }
@@ -138,6 +199,27 @@ mod tests {
         assert_eq!(one.with_behind((0, 1), 2).unwrap(), one);
         // One replica per shard: it is always the last.
         assert!(none.with_behind((3, 0), 1).is_err());
+    }
+
+    #[test]
+    fn a_replica_moves_only_while_a_partner_is_in_sync() {
+        let none = ReplicaRecord::default();
+        let moved = none.with_moved((1, 0), 2, "10.0.0.9:7003").unwrap();
+        assert_eq!(moved.moved_to((1, 0)), Some("10.0.0.9:7003"));
+        assert_eq!(moved.moved_to((1, 1)), None);
+        assert!(!moved.in_sync((1, 0)) && moved.in_sync((1, 1)));
+        // Moved again before it caught up: the new address wins, still behind.
+        let again = moved.with_moved((1, 0), 2, "10.0.0.10:7003").unwrap();
+        assert_eq!(again.moved.len(), 1);
+        assert_eq!(again.moved_to((1, 0)), Some("10.0.0.10:7003"));
+        // Its partner cannot move while it is behind, nor a replica with no partner.
+        assert!(again.with_moved((1, 1), 2, "10.0.0.11:7004").is_err());
+        assert!(none.with_moved((0, 0), 1, "10.0.0.11:7004").is_err());
+        // A record without moves reads as before (no `moved` key written).
+        let text = serde_json::to_string(&none.with_behind((0, 1), 2).unwrap()).unwrap();
+        assert!(!text.contains("moved"), "{text}");
+        let old: ReplicaRecord = serde_json::from_str(r#"{"behind":[[0,1]]}"#).unwrap();
+        assert!(!old.in_sync((0, 1)) && old.moved.is_empty());
     }
 
     #[test]

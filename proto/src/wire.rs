@@ -75,6 +75,14 @@ pub enum ClientRequest {
     /// in-sync replicas — every record read against its CRC, and the replicas' copies
     /// compared — and repair what fails or differs from a good copy. Reply: `Scrubbed`.
     Scrub { shard: u32, start: u64, count: u64 },
+    /// Serve shard `shard`'s replica `replica` from the node at `addr` from now on (a
+    /// replacement machine, empty): it is rebuilt from an in-sync partner, then serves.
+    /// Reply: `Status`, taken once the move is recorded (the rebuild goes on).
+    ReplaceNode {
+        shard: u32,
+        replica: u32,
+        addr: String,
+    },
 }
 
 impl ClientRequest {
@@ -89,6 +97,7 @@ impl ClientRequest {
             ClientRequest::Commit => "commit",
             ClientRequest::Status => "status",
             ClientRequest::Scrub { .. } => "scrub",
+            ClientRequest::ReplaceNode { .. } => "replace-node",
         }
     }
 }
@@ -230,7 +239,8 @@ impl Request for ClientRequest {
             | ClientRequest::Delete { .. }
             | ClientRequest::Commit
             | ClientRequest::Status
-            | ClientRequest::Scrub { .. } => expect_empty(body),
+            | ClientRequest::Scrub { .. }
+            | ClientRequest::ReplaceNode { .. } => expect_empty(body),
         }
     }
 }

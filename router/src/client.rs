@@ -151,6 +151,27 @@ impl AsyncClient {
         }
     }
 
+    /// Serves shard `shard`'s replica `replica` from the (new, empty) node at `addr` from
+    /// now on: the router records the move, then rebuilds the node from an in-sync partner
+    /// before it serves. Returns the cluster's status once the move is recorded; the rebuild
+    /// shows in later ones (`NodeStatus::rebuild`, then `in_sync`).
+    pub async fn replace_node(
+        &self,
+        shard: u32,
+        replica: u32,
+        addr: SocketAddr,
+    ) -> Result<wire::ClusterStatus, Error> {
+        let request = ClientRequest::ReplaceNode {
+            shard,
+            replica,
+            addr: addr.to_string(),
+        };
+        match self.call(&request, Vec::new()).await?.0 {
+            Reply::Status(status) => Ok(status),
+            other => Err(unexpected("replace-node", &other)),
+        }
+    }
+
     /// Scrubs records `start..start + count` of shard `shard` (shard-local indices): each
     /// read on every in-sync replica against its CRC, the copies compared, and what fails or
     /// differs repaired from a good copy.
@@ -378,6 +399,17 @@ impl Client {
     /// The cluster as the router sees it (see [`AsyncClient::status`]).
     pub fn status(&self) -> Result<wire::ClusterStatus, Error> {
         self.runtime.block_on(self.inner.status())
+    }
+
+    /// Replaces a node (see [`AsyncClient::replace_node`]).
+    pub fn replace_node(
+        &self,
+        shard: u32,
+        replica: u32,
+        addr: SocketAddr,
+    ) -> Result<wire::ClusterStatus, Error> {
+        self.runtime
+            .block_on(self.inner.replace_node(shard, replica, addr))
     }
 
     /// Scrubs part of a shard (see [`AsyncClient::scrub`]).

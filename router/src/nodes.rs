@@ -34,8 +34,11 @@ pub(crate) type NodeId = usize;
 struct NodeLink {
     shard: u32,
     replica: u32,
-    addr: SocketAddr,
-    endpoint: Endpoint,
+    /// Its address in nodes.toml.
+    configured: SocketAddr,
+    /// Where it is served now (nodes.toml's address, or the one it was moved to by
+    /// `zr cluster replace-node`), and the endpoint to reach it through.
+    target: std::sync::Mutex<Target>,
     connection: Mutex<Option<Connection>>,
     /// When the node last answered.
     last_seen: std::sync::Mutex<Option<tokio::time::Instant>>,
@@ -59,6 +62,13 @@ struct NodeLink {
     /// The connection last given up on, until one is made anew: if the node closed it (it
     /// stopped), calls go to its partners without trying it meanwhile (heartbeats do).
     forgotten: std::sync::Mutex<Option<Connection>>,
+}
+
+/// Where a node is reached.
+#[derive(Clone)]
+struct Target {
+    addr: SocketAddr,
+    endpoint: Endpoint,
 }
 
 /// A node's reply, decoded, with the message as it arrived (chunks of received packets,
@@ -119,8 +129,11 @@ impl Nodes {
                 Ok(NodeLink {
                     shard: s.id,
                     replica: s.replica,
-                    addr: s.addr,
-                    endpoint: zr_net::client_endpoint(s.addr)?,
+                    configured: s.addr,
+                    target: std::sync::Mutex::new(Target {
+                        addr: s.addr,
+                        endpoint: zr_net::client_endpoint(s.addr)?,
+                    }),
                     connection: Mutex::new(None),
                     last_seen: std::sync::Mutex::new(None),
                     liveness: std::sync::Mutex::new(Liveness::default()),
@@ -201,7 +214,11 @@ impl Nodes {
 
     /// Node `node`'s address, for errors.
     pub(crate) fn addr(&self, node: NodeId) -> SocketAddr {
-        self.links[node].addr
+        self.links[node]
+            .target
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .addr
     }
 
     /// Node `node` could not be reached, or failed: `reason`.
@@ -321,12 +338,109 @@ impl Nodes {
         Arc::clone(&self.catch_up)
     }
 
-    /// Re-reads which replicas are behind from the metadata store.
+    /// Re-reads which replicas are behind, and where they are, from the metadata store.
     pub(crate) async fn refresh_replicas(&self) -> Result<(), Failure> {
         let (record, _) = replicas::load(&*self.meta)
             .await
             .map_err(|e| Failure::Metadata(e.to_string()))?;
+        self.set_record(record).await;
+        Ok(())
+    }
+
+    /// Takes `record` as the replica record: which replicas are behind, and the addresses
+    /// replicas were moved to. A node whose address changed is reached there from now on,
+    /// known afresh: its old connection closed, its health, length and incarnation
+    /// forgotten (the heartbeats learn the new node's).
+    async fn set_record(&self, record: ReplicaRecord) {
+        for (node, link) in self.links.iter().enumerate() {
+            let wanted = match record.moved_to((link.shard, link.replica)) {
+                None => link.configured,
+                Some(text) => match text.parse::<SocketAddr>() {
+                    Ok(addr) => addr,
+                    Err(e) => {
+                        tracing::error!(
+                            "the replica record moves shard {} replica {} to '{text}', which is no address ({e}); it stays at {}",
+                            link.shard,
+                            link.replica,
+                            self.addr(node)
+                        );
+                        continue;
+                    }
+                },
+            };
+            let current = link.target();
+            if current.addr == wanted {
+                continue;
+            }
+            let endpoint = if current.addr.is_ipv4() == wanted.is_ipv4() {
+                current.endpoint.clone()
+            } else {
+                match zr_net::client_endpoint(wanted) {
+                    Ok(endpoint) => endpoint,
+                    Err(e) => {
+                        tracing::error!(
+                            "shard {} replica {} moved to {wanted}, but no endpoint reaches it: {e}",
+                            link.shard,
+                            link.replica
+                        );
+                        continue;
+                    }
+                }
+            };
+            let mut cached = link.connection.lock().await;
+            *link.target.lock().unwrap_or_else(|e| e.into_inner()) = Target {
+                addr: wanted,
+                endpoint,
+            };
+            if let Some(old) = cached.take() {
+                old.close(0u32.into(), b"the node moved");
+            }
+            drop(cached);
+            *link.forgotten.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            *link.incarnation.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            *link.len.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            *link.last_seen.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            *link.liveness.lock().unwrap_or_else(|e| e.into_inner()) = Liveness::default();
+            link.written.store(false, Ordering::SeqCst);
+            link.health.send_replace(Health::Unknown);
+            tracing::warn!(
+                "shard {} replica {} moved from {} to {wanted}: reached there from now on",
+                link.shard,
+                link.replica,
+                current.addr
+            );
+        }
         self.replica_record.store(Arc::new(record));
+        self.catch_up.notify_one();
+    }
+
+    /// Serves shard `shard`'s replica `replica` from `addr` from now on: recorded in the
+    /// metadata store (the replica marked behind, as the node there holds nothing yet) and
+    /// taken up here; the catch-up task then rebuilds it from a partner. Refused unless a
+    /// partner is in sync.
+    pub(crate) async fn move_replica(
+        &self,
+        shard: u32,
+        replica: u32,
+        addr: SocketAddr,
+    ) -> Result<(), Failure> {
+        let record = replicas::move_replica(
+            &*self.meta,
+            (shard, replica),
+            self.replicas,
+            &addr.to_string(),
+        )
+        .await
+        .map_err(|e| match e {
+            replicas::MarkError::LastInSync(_) => Failure::BadRequest(format!(
+                "shard {shard} replica {replica} cannot be replaced now: no other replica of shard {shard} is in sync to rebuild it from"
+            )),
+            replicas::MarkError::Store(e) => Failure::Metadata(e.to_string()),
+        })?;
+        tracing::warn!(
+            "shard {shard} replica {replica} is being replaced by the node at {addr}: it serves nothing until it is rebuilt"
+        );
+        self.set_record(record).await;
         Ok(())
     }
 
@@ -343,8 +457,7 @@ impl Nodes {
                     "shard {shard} replica {replica} at {} is behind ({why}): it serves nothing until it has caught up",
                     self.addr(node)
                 );
-                self.replica_record.store(Arc::new(record));
-                self.catch_up.notify_one();
+                self.set_record(record).await;
                 Ok(())
             }
             Err(e) => Err(Failure::Metadata(format!(
@@ -363,7 +476,7 @@ impl Nodes {
             "shard {shard} replica {replica} at {} has caught up: in sync again",
             self.addr(node)
         );
-        self.replica_record.store(Arc::new(record));
+        self.set_record(record).await;
         Ok(())
     }
 
@@ -403,10 +516,11 @@ impl Nodes {
                     // Kept to tell calls meanwhile whether the node closed it (it stopped).
                     *node.forgotten.lock().unwrap_or_else(|e| e.into_inner()) = Some(closed);
                 }
+                let target = node.target();
                 let c = zr_net::connect_with_windows(
-                    &node.endpoint,
+                    &target.endpoint,
                     &self.security,
-                    node.addr,
+                    target.addr,
                     timeout,
                     zr_net::Windows::ROUTER_TO_NODE,
                 )
@@ -543,9 +657,9 @@ impl Nodes {
         if changed {
             let health = liveness.health().clone();
             match health.describe_down(sent.into_std()) {
-                Some(down) => tracing::warn!("shard {shard} at {}: {down}", link.addr),
+                Some(down) => tracing::warn!("shard {shard} at {}: {down}", link.target().addr),
                 None => {
-                    tracing::info!("shard {shard} at {} is up", link.addr);
+                    tracing::info!("shard {shard} at {} is up", link.target().addr);
                     self.catch_up.notify_one();
                 }
             }
@@ -614,7 +728,7 @@ impl Nodes {
             .describe_down(tokio::time::Instant::now().into_std())?;
         Some(Failure::ShardUnavailable {
             shard,
-            addr: link.addr,
+            addr: link.target().addr,
             reason,
         })
     }
@@ -726,6 +840,16 @@ impl Nodes {
             chunks,
             body_start,
         })
+    }
+}
+
+impl NodeLink {
+    /// Where the node is reached now.
+    fn target(&self) -> Target {
+        self.target
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 

@@ -463,6 +463,44 @@ impl Router {
         )))
     }
 
+    /// `zr cluster replace-node`: shard `shard`'s replica `replica` is served from the node
+    /// at `addr` from now on, rebuilt first from an in-sync partner (the catch-up task does
+    /// it, online). Recorded between writes, so none is in flight to the old node meanwhile.
+    async fn replace_node(&self, shard: u32, replica: u32, addr: &str) -> Result<(), Failure> {
+        let (shards, replicas) = (self.nodes.shards(), self.nodes.replicas());
+        if shard >= shards {
+            return Err(Failure::BadRequest(format!(
+                "there is no shard {shard}: the cluster has {shards} (0..{shards})"
+            )));
+        }
+        if replicas < 2 {
+            return Err(Failure::BadRequest(format!(
+                "shard {shard} has a single replica (nodes.toml: replicas = 1): a replacement is rebuilt from a partner replica, and there is none; restore the node's data directory instead"
+            )));
+        }
+        if replica >= replicas {
+            return Err(Failure::BadRequest(format!(
+                "shard {shard} has replicas 0..{replicas}, not {replica}"
+            )));
+        }
+        let addr: std::net::SocketAddr = addr.parse().map_err(|e| {
+            Failure::BadRequest(format!("'{addr}' is not an address (IP:PORT): {e}"))
+        })?;
+        if let Some(other) = self
+            .nodes
+            .all()
+            .find(|&n| self.nodes.addr(n) == addr && self.nodes.id(shard, replica) != n)
+        {
+            return Err(Failure::BadRequest(format!(
+                "{addr} already serves shard {} replica {}",
+                self.nodes.shard(other),
+                self.nodes.replica(other)
+            )));
+        }
+        self.exclusive(|| self.nodes.move_replica(shard, replica, addr))
+            .await
+    }
+
     /// The cluster as this router sees it now: every node asked at once.
     async fn status(&self) -> wire::ClusterStatus {
         if let Err(e) = self.reload_committed().await {
@@ -697,6 +735,14 @@ impl Router {
                 .scrub(shard, start, count)
                 .await
                 .map(|report| ready(Reply::Scrubbed(report))),
+            ClientRequest::ReplaceNode {
+                shard,
+                replica,
+                addr,
+            } => {
+                self.replace_node(shard, replica, &addr).await?;
+                Ok(ready(Reply::Status(self.status().await)))
+            }
             ClientRequest::Commit => {
                 self.exclusive(|| async {
                     for shard in 0..self.nodes.shards() {

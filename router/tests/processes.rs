@@ -700,12 +700,102 @@ fn a_replicated_cluster_shrugs_off_kill_9_of_a_node() {
         report.contains("on 2 replica(s) each") && report.contains(": 0 problem(s)"),
         "{report}"
     );
+
+    // Shard 1's replica 0 is lost with its machine; a new machine on another address and an
+    // empty disk takes its place with `zr cluster replace-node`, and the cluster serves all
+    // of it again, a router restarted on the old nodes.toml too.
+    nodes[2].kill().unwrap();
+    nodes[2].wait().unwrap();
+    let text = std::fs::read_to_string(&config).unwrap();
+    let old_addr = format!("127.0.0.1:{}", addr_port(&addr) + 3);
+    let new_port = free_port_run(1);
+    let new_addr = format!("127.0.0.1:{new_port}");
+    let entry = format!("id = 1\nreplica = 0\naddr = \"{old_addr}\"");
+    assert!(text.contains(&entry), "{text}");
+    let moved = text
+        .replace(
+            &entry,
+            &format!("id = 1\nreplica = 0\naddr = \"{new_addr}\""),
+        )
+        .replace("data/shard-1\"", "data/shard-1-replacement\"");
+    let moved_config = tmp.join("nodes-replacement.toml");
+    std::fs::write(&moved_config, moved).unwrap();
+    nodes[2] = spawn(
+        &node,
+        &[
+            "--shard",
+            "1",
+            "--replica",
+            "0",
+            "--nodes",
+            moved_config.to_str().unwrap(),
+        ],
+    );
+    let certs_arg = certs.to_str().unwrap();
+    let refused = zr_fails(&[
+        "cluster",
+        "replace-node",
+        "--shard",
+        "7",
+        "--replica",
+        "0",
+        "--with",
+        &new_addr,
+        "--router",
+        &addr,
+        "--certs",
+        certs_arg,
+    ]);
+    assert!(refused.contains("there is no shard 7"), "{refused}");
+    let replaced = zr(&[
+        "cluster",
+        "replace-node",
+        "--shard",
+        "1",
+        "--replica",
+        "0",
+        "--with",
+        &new_addr,
+        "--router",
+        &addr,
+        "--certs",
+        certs_arg,
+    ]);
+    assert!(
+        replaced.contains(&format!("at {new_addr} is in sync and serving")),
+        "{replaced}"
+    );
+    terminate(router);
+    let router = spawn_router(&binary("zr-router"), &config_path, &addr, &certs);
+    wait_in_sync(&addr, &certs);
+    let (_, status) = cluster_status(&addr, &certs);
+    assert!(
+        status.contains(&new_addr) && !status.contains(&old_addr),
+        "{status}"
+    );
+    // The replacement alone serves shard 1: its partner goes.
+    nodes[3].kill().unwrap();
+    nodes[3].wait().unwrap();
+    let client = connect(&addr, &certs);
+    let len = client.len().unwrap();
+    let all: Vec<u64> = (0..len).collect();
+    let columns = client.gather(&all, &[]).unwrap();
+    for &i in &all {
+        assert_eq!(columns[0].get(i as usize).unwrap(), &row(i)[..]);
+    }
+    nodes[3] = spawn_node(1, 1);
+    wait_in_sync(&addr, &certs);
     drop(client);
     terminate(router);
     for node in nodes {
         terminate(node);
     }
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// The port of `addr` (IP:PORT).
+fn addr_port(addr: &str) -> u16 {
+    addr.rsplit(':').next().unwrap().parse().unwrap()
 }
 
 /// A router stopped with SIGTERM in the middle of a bulk load gives the writer lease back

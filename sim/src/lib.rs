@@ -529,6 +529,43 @@ impl SimCluster {
         Ok(())
     }
 
+    /// Replaces node `node` with a new machine, as `zr cluster replace-node` expects it: the
+    /// old node is crashed and its data left behind, and a node with an empty data directory
+    /// starts on a new address, which is returned. The cluster's configuration (what routers
+    /// started later, and this node's restarts, use) names the new address and directory.
+    pub fn replace_node(&mut self, node: u32) -> Result<SocketAddr, SimError> {
+        self.crash_node(node);
+        if let Some(impostor) = self.impostors[node as usize].take() {
+            impostor.stop(&self.runtime);
+        }
+        let (shard, replica) = self.place(node);
+        let security = self.security(Role::Node)?;
+        let endpoint = {
+            let _guard = self.runtime.enter();
+            faulty_endpoint(
+                "127.0.0.1:0".parse()?,
+                &security,
+                &self.faults[node as usize],
+            )?
+        };
+        let addr = endpoint.local_addr()?;
+        let data = self
+            ._data
+            .path()
+            .join(format!("replacement-{shard}-{replica}-{}", addr.port()));
+        let entry = self
+            .config
+            .shards
+            .iter_mut()
+            .find(|s| s.id == shard && s.replica == replica)
+            .ok_or("no such node")?;
+        entry.addr = addr;
+        entry.data = Some(data);
+        let running = self.run_node(node, endpoint)?;
+        self.nodes[node as usize] = Some(running);
+        Ok(addr)
+    }
+
     /// Binds shard `shard`'s address again. In one process the old node's socket stays open
     /// until its endpoint's connections have drained (a separate process frees it at exit),
     /// which takes up to the transport's idle timeout (10 s) when a connection was left

@@ -162,6 +162,81 @@ fn a_wiped_node_rebuilds_online_and_then_serves_alone() {
 }
 
 #[test]
+fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() {
+    let mut cluster = SimCluster::start(3, options()).expect("cluster");
+    // A second router, started before the move, learns of it from the metadata store.
+    let second = cluster.add_router().expect("second router");
+    let client = cluster.client().expect("client");
+    let mut model = Vec::new();
+    append(&client, &mut model, 3, 2_000);
+    client.commit().expect("commit");
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = load(cluster.client().expect("client"), model, Arc::clone(&stop));
+    std::thread::sleep(Duration::from_millis(200));
+    let lost = cluster.node(2, 0);
+    let old_addr = cluster.config().node(2, 0).expect("node").addr;
+    let new_addr = cluster.replace_node(lost).expect("replacement");
+    assert_ne!(new_addr, old_addr);
+    // Wrong requests are refused, naming what is wrong, and change nothing.
+    let refused = |shard, replica, addr| {
+        client
+            .replace_node(shard, replica, addr)
+            .expect_err("refused")
+            .to_string()
+    };
+    assert!(refused(3, 0, new_addr).contains("there is no shard 3"));
+    assert!(refused(2, 2, new_addr).contains("replicas 0..2, not 2"));
+    let taken = cluster.config().node(0, 1).expect("node").addr;
+    assert!(refused(2, 0, taken).contains("already serves shard 0 replica 1"));
+    let status = client.replace_node(2, 0, new_addr).expect("replace");
+    let node = |status: &zr_proto::wire::ClusterStatus| {
+        status
+            .nodes
+            .iter()
+            .find(|n| (n.shard, n.replica) == (2, 0))
+            .cloned()
+            .expect("node 2/0")
+    };
+    assert_eq!(node(&status).addr, new_addr.to_string());
+    assert!(
+        !node(&status).in_sync,
+        "the replacement serves before it holds anything"
+    );
+    // Its partner cannot be replaced while it rebuilds from it.
+    if !node(&client.status().expect("status")).in_sync {
+        let message = refused(2, 1, "127.0.0.1:9".parse().expect("addr"));
+        assert!(
+            message.contains("no other replica of shard 2 is in sync"),
+            "{message}"
+        );
+    }
+    wait_in_sync(&client, Duration::from_secs(60));
+    stop.store(true, Ordering::SeqCst);
+    let (model, gathers) = worker.join().expect("no caller saw an error");
+    assert!(gathers > 0);
+    // The replacement alone serves shard 2, through either router.
+    cluster.crash_node(cluster.node(2, 1));
+    check_all(&client, &model);
+    let other = Client::connect_with_timeout(
+        second,
+        cluster
+            .security(zr_net::tls::Role::Client)
+            .expect("security"),
+        cluster.client_timeout(),
+    )
+    .expect("client of the second router");
+    let started = Instant::now();
+    while node(&other.status().expect("status")).addr != new_addr.to_string() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the second router never learnt of the move"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    check_all(&other, &model);
+}
+
+#[test]
 fn a_partitioned_replica_catches_up_before_it_serves() {
     let mut cluster = SimCluster::start(2, options()).expect("cluster");
     let client = cluster.client().expect("client");
