@@ -13,12 +13,13 @@
 //! slots out evenly in a seeded hashed order, so every full round is balanced to one slot and
 //! any prefix of the index space to within one round (E · SLOTS records).
 //!
-//! Adding a shard (a later operation) reassigns ⌊SLOTS/(S+1)⌋ slots, taken evenly from the
-//! others, to the newcomer: only the extents of those slots — about 1/(S+1) of the records —
-//! move between machines. The procedure: publish map v+1 with the new owners in *pending*
-//! state; copy the moving slots' extents to the new shard; renumber the local indices of the
-//! shards that gave slots (their ranks change; a local rewrite, like a rebalance); then swap
-//! the router's snapshot to v+1 and drop the moved extents from their old shards.
+//! Growth: [`ClusterMap::with_added_shard`] gives the next map version, in which the new
+//! shard takes ⌊SLOTS/(S+1)⌋ slots from the shards owning the most, and
+//! [`ClusterMap::with_drained_shard`] the one in which a shard's slots go to the others (it
+//! keeps its id, owning none). Only the extents of slots that change owner change shard, about
+//! 1/(S+1) of the records for an add; the shards that give or take slots renumber their local
+//! indices (ranks change), a local rewrite. Moving the records between nodes under a new
+//! map, online, is not built yet: a cluster's map is the one it was made with.
 
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +67,95 @@ impl ClusterMap {
             owners,
         })
     }
+
+    /// Slots each shard owns.
+    pub fn slot_counts(&self) -> Vec<u32> {
+        let mut counts = vec![0u32; self.shards as usize];
+        for &owner in &self.owners {
+            if let Some(count) = counts.get_mut(owner as usize) {
+                *count += 1;
+            }
+        }
+        counts
+    }
+
+    /// The next map version with one shard more (its id: the old shard count), which takes
+    /// ⌊SLOTS/(S+1)⌋ slots, one at a time from whichever shard owns the most (the lowest id
+    /// among equals). Only those slots change owner, so only their records move: about
+    /// 1/(S+1) of them, and every shard ends within one slot of an even share.
+    pub fn with_added_shard(&self) -> Result<ClusterMap, Error> {
+        let new = self.shards;
+        if new >= SHARDS_MAX {
+            return Err(Error::Placement(format!(
+                "a cluster has at most {SHARDS_MAX} shards"
+            )));
+        }
+        let active = self.slot_counts().iter().filter(|&&c| c > 0).count() as u32;
+        let mut next = self.clone();
+        next.version += 1;
+        next.shards += 1;
+        let mut counts = next.slot_counts();
+        for _ in 0..SLOTS / (active + 1) {
+            let donor = (0..new)
+                .max_by_key(|&s| (counts[s as usize], std::cmp::Reverse(s)))
+                .unwrap_or(0);
+            // The donor's slot that goes: chosen by hash, so that the slots a shard gives
+            // are spread over the index space as its others are.
+            let slot = (0..SLOTS as usize)
+                .filter(|&j| next.owners[j] == donor)
+                .max_by_key(|&j| mix2(next.version, j as u64))
+                .ok_or_else(|| Error::Placement(format!("shard {donor} owns no slot")))?;
+            next.owners[slot] = new;
+            counts[donor as usize] -= 1;
+            counts[new as usize] += 1;
+        }
+        Ok(next)
+    }
+
+    /// The next map version with shard `shard` drained: each of its slots goes to whichever
+    /// other shard owns the fewest (the lowest id among equals; shards drained before take
+    /// none). Only its records move. The shard keeps its id, owning nothing: its nodes may go.
+    pub fn with_drained_shard(&self, shard: u32) -> Result<ClusterMap, Error> {
+        let mut counts = self.slot_counts();
+        match counts.get(shard as usize) {
+            None => {
+                return Err(Error::Placement(format!(
+                    "there is no shard {shard}: the map has {} (0..{})",
+                    self.shards, self.shards
+                )))
+            }
+            Some(0) => {
+                return Err(Error::Placement(format!(
+                    "shard {shard} owns no slot: it is drained already"
+                )))
+            }
+            Some(_) => {}
+        }
+        let takers: Vec<u32> = (0..self.shards)
+            .filter(|&s| s != shard && counts[s as usize] > 0)
+            .collect();
+        if takers.is_empty() {
+            return Err(Error::Placement(format!(
+                "shard {shard} is the last one holding records: it cannot be drained"
+            )));
+        }
+        let mut next = self.clone();
+        next.version += 1;
+        for slot in 0..SLOTS as usize {
+            if next.owners[slot] != shard {
+                continue;
+            }
+            let taker = takers
+                .iter()
+                .copied()
+                .min_by_key(|&s| (counts[s as usize], s))
+                .unwrap_or(0);
+            next.owners[slot] = taker;
+            counts[taker as usize] += 1;
+            counts[shard as usize] -= 1;
+        }
+        Ok(next)
+    }
 }
 
 /// A cluster map with the tables that make every lookup O(1).
@@ -103,8 +193,9 @@ impl Placement {
             rank[slot] = list.len() as u32;
             list.push(slot as u32);
         }
-        if let Some(empty) = slots_of.iter().position(Vec::is_empty) {
-            return bad(format!("shard {empty} owns no slot"));
+        // A shard owning no slot is drained (it holds nothing); one must hold the records.
+        if slots_of.iter().all(Vec::is_empty) {
+            return bad("no shard owns a slot".into());
         }
         Ok(Placement {
             map,
@@ -136,9 +227,14 @@ impl Placement {
     }
 
     /// The global index at `local` of `shard` (the inverse of [`Placement::locate`]).
+    /// `shard` must own a slot (a drained shard has no local indices).
     pub fn global(&self, shard: u32, local: u64) -> u64 {
         let e_len = self.map.extent_records;
         let slots = &self.slots_of[shard as usize];
+        assert!(
+            !slots.is_empty(),
+            "shard {shard} is drained: it has no records"
+        );
         let (local_extent, offset) = (local / e_len, local % e_len);
         let (round, rank) = (
             local_extent / slots.len() as u64,
@@ -258,10 +354,106 @@ mod tests {
         map.owners[3] = 9;
         assert!(Placement::new(map).is_err());
         let mut map = ClusterMap::balanced(2, 64, 0).unwrap();
-        map.owners.iter_mut().for_each(|o| *o = 0);
+        map.owners.iter_mut().for_each(|o| *o = 9);
+        assert!(Placement::new(map).is_err());
+        let mut map = ClusterMap::balanced(2, 64, 0).unwrap();
+        map.shards = 0;
         assert!(Placement::new(map)
             .unwrap_err()
             .to_string()
-            .contains("shard 1 owns no slot"));
+            .contains("there are 0 shards"));
+    }
+
+    /// Records of `[0, n)` whose shard differs between `a` and `b`.
+    fn moved(a: &Placement, b: &Placement, n: u64) -> u64 {
+        (0..n).filter(|&g| a.locate(g).0 != b.locate(g).0).count() as u64
+    }
+
+    /// Every shard holding records is within 5% of an even share of `n`; drained ones hold
+    /// none, and the placement stays dense and invertible.
+    fn check_balanced(p: &Placement, n: u64) {
+        let active: Vec<u32> = (0..p.shards())
+            .filter(|&s| p.map().slot_counts()[s as usize] > 0)
+            .collect();
+        let share = n as f64 / active.len() as f64;
+        for s in 0..p.shards() {
+            let len = p.shard_len(s, n);
+            if active.contains(&s) {
+                assert!(
+                    (len as f64 - share).abs() <= 0.05 * share,
+                    "shard {s} holds {len}, an even share is {share}"
+                );
+            } else {
+                assert_eq!(len, 0, "drained shard {s} holds records");
+            }
+        }
+        let mut next = vec![0u64; p.shards() as usize];
+        for g in (0..n).step_by(7) {
+            let (s, local) = p.locate(g);
+            assert_eq!(p.global(s, local), g);
+            next[s as usize] += 1;
+        }
+    }
+
+    #[test]
+    fn adding_a_shard_moves_a_share_and_balances() {
+        let n = 1_000_000;
+        let mut p = placement(2, EXTENT_RECORDS_DEFAULT);
+        for shards in 3..=5 {
+            let next = Placement::new(p.map().with_added_shard().unwrap()).unwrap();
+            assert_eq!(next.shards(), shards);
+            assert_eq!(next.map().version, p.map().version + 1);
+            let moved = moved(&p, &next, n);
+            // Only to the new shard, and about 1/S of the records.
+            for g in (0..n).step_by(13) {
+                let (before, after) = (p.locate(g).0, next.locate(g).0);
+                assert!(before == after || after == shards - 1);
+            }
+            let share = n / shards as u64;
+            assert!(
+                moved <= share + share / 10 && moved >= share - share / 10,
+                "{} -> {shards} shards moved {moved} records, a share is {share}",
+                shards - 1
+            );
+            check_balanced(&next, n);
+            p = next;
+        }
+        // The same map always gives the same next one.
+        assert_eq!(
+            p.map().with_added_shard().unwrap(),
+            p.map().with_added_shard().unwrap()
+        );
+    }
+
+    #[test]
+    fn draining_a_shard_moves_only_its_records() {
+        let n = 1_000_000;
+        let p = placement(4, EXTENT_RECORDS_DEFAULT);
+        let drained = Placement::new(p.map().with_drained_shard(1).unwrap()).unwrap();
+        assert_eq!(drained.shards(), 4);
+        for g in (0..n).step_by(13) {
+            let (before, after) = (p.locate(g).0, drained.locate(g).0);
+            assert!(
+                before == after || before == 1,
+                "record {g} moved off shard {before}"
+            );
+            assert_ne!(after, 1);
+        }
+        assert_eq!(moved(&p, &drained, n), p.shard_len(1, n));
+        check_balanced(&drained, n);
+        // Drained twice, or to nothing, is refused; a shard added after takes its share.
+        let again = drained.map().with_drained_shard(1).unwrap_err().to_string();
+        assert!(again.contains("drained already"), "{again}");
+        assert!(drained.map().with_drained_shard(9).is_err());
+        let mut last = ClusterMap::balanced(1, 64, 0).unwrap();
+        assert!(last
+            .with_drained_shard(0)
+            .unwrap_err()
+            .to_string()
+            .contains("last one"));
+        last = drained.map().with_added_shard().unwrap();
+        let grown = Placement::new(last).unwrap();
+        assert_eq!(grown.shards(), 5);
+        check_balanced(&grown, n);
     }
 }
