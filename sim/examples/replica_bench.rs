@@ -167,36 +167,26 @@ fn main() -> Result<(), Failed> {
     );
     drop((c1, one));
 
-    // Rebuild of a wiped node vs a file copy of the same bytes.
+    // Rebuild of a wiped node, then of a replacement on another address (`zr cluster
+    // replace-node`), each vs a file copy of the same bytes.
     let mut two = two;
     let wiped = two.node(0, 1);
     two.crash_node(wiped);
     std::fs::remove_dir_all(two.data_dir(wiped))?;
     let started = Instant::now();
     two.start_node(wiped)?;
-    // From start to in sync, and from when the router first shows it catching up.
-    let mut catching_up = None;
-    loop {
-        let status = c2.status()?;
-        if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
-            break;
-        }
-        if catching_up.is_none() && status.nodes.iter().any(|n| !n.in_sync) {
-            catching_up = Some(Instant::now());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let rebuild_s = started.elapsed().as_secs_f64();
-    let copy_phase_s = catching_up.map_or(rebuild_s, |t| t.elapsed().as_secs_f64());
+    let (rebuild_s, copy_phase_s) = until_in_sync(&c2, started)?;
     let shard_bytes = dir_bytes(&two.data_dir(two.node(0, 0)).join("chunk"))?;
     let copy_s = file_copy_seconds(shard_bytes)?;
-    println!(
-        "rebuild   wiped node {:>6.1} MiB/s ({:.1} MiB in {copy_phase_s:.2} s behind; {rebuild_s:.2} s from its start to in sync)   file copy {:>7.1} MiB/s   rebuild/copy {:.2}x",
-        mib(shard_bytes as f64 / copy_phase_s),
-        mib(shard_bytes as f64),
-        mib(shard_bytes as f64 / copy_s),
-        copy_s / copy_phase_s
-    );
+    print_rebuild("wiped node", shard_bytes, rebuild_s, copy_phase_s, copy_s);
+    let replaced = two.node(1, 0);
+    let new_addr = two.replace_node(replaced)?;
+    let started = Instant::now();
+    c2.replace_node(1, 0, new_addr)?;
+    let (rebuild_s, copy_phase_s) = until_in_sync(&c2, started)?;
+    let shard_bytes = dir_bytes(&two.data_dir(replaced).join("chunk"))?;
+    let copy_s = file_copy_seconds(shard_bytes)?;
+    print_rebuild("replacement", shard_bytes, rebuild_s, copy_phase_s, copy_s);
     drop((c2, two));
 
     // The longest pause of a gather loop while a node is killed, then while one stalls.
@@ -254,6 +244,39 @@ fn meta_blocks(meta: &std::fs::Metadata) -> u64 {
 #[cfg(not(unix))]
 fn meta_blocks(meta: &std::fs::Metadata) -> u64 {
     meta.len()
+}
+
+/// Waits until every node is up and in sync; returns the seconds since `started` and since
+/// the router first showed a replica behind (the copy phase).
+fn until_in_sync(client: &Client, started: Instant) -> Result<(f64, f64), Failed> {
+    let mut catching_up = None;
+    loop {
+        let status = client.status()?;
+        if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
+            break;
+        }
+        if catching_up.is_none() && status.nodes.iter().any(|n| !n.in_sync) {
+            catching_up = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let rebuild_s = started.elapsed().as_secs_f64();
+    Ok((
+        rebuild_s,
+        catching_up.map_or(rebuild_s, |t| t.elapsed().as_secs_f64()),
+    ))
+}
+
+/// One rebuild's line: its copy rate next to a file copy's of the same bytes.
+fn print_rebuild(what: &str, bytes: u64, rebuild_s: f64, copy_phase_s: f64, copy_s: f64) {
+    let mib = |bytes: f64| bytes / (1 << 20) as f64;
+    println!(
+        "rebuild   {what:<11} {:>6.1} MiB/s ({:.1} MiB in {copy_phase_s:.2} s behind; {rebuild_s:.2} s from its start to in sync)   file copy {:>7.1} MiB/s   rebuild/copy {:.2}x",
+        mib(bytes as f64 / copy_phase_s),
+        mib(bytes as f64),
+        mib(bytes as f64 / copy_s),
+        copy_s / copy_phase_s
+    );
 }
 
 /// Seconds a plain file copy of `bytes` bytes between two directories takes (its source
