@@ -55,16 +55,22 @@ impl ReplicaRecord {
     /// `self` with `id` marked behind, in a cluster of `replicas` replicas per shard;
     /// refused if it is its shard's last replica in sync.
     pub fn with_behind(&self, id: ReplicaId, replicas: u32) -> Result<ReplicaRecord, LastInSync> {
-        let (shard, replica) = id;
-        let others_in_sync = (0..replicas)
-            .filter(|&r| r != replica)
-            .any(|r| self.in_sync((shard, r)));
-        if !others_in_sync && self.in_sync(id) {
-            return Err(LastInSync { shard, replica });
+        if self.in_sync(id) && !self.partner_in_sync(id, replicas) {
+            return Err(LastInSync {
+                shard: id.0,
+                replica: id.1,
+            });
         }
         let mut next = self.clone();
         next.behind.insert(id);
         Ok(next)
+    }
+
+    /// True if another replica of `id`'s shard, of `replicas`, is in sync.
+    fn partner_in_sync(&self, (shard, replica): ReplicaId, replicas: u32) -> bool {
+        (0..replicas)
+            .filter(|&r| r != replica)
+            .any(|r| self.in_sync((shard, r)))
     }
 
     /// The address replica `id` was moved to, if it was.
@@ -85,10 +91,7 @@ impl ReplicaRecord {
         addr: &str,
     ) -> Result<ReplicaRecord, LastInSync> {
         let (shard, replica) = id;
-        let partner_in_sync = (0..replicas)
-            .filter(|&r| r != replica)
-            .any(|r| self.in_sync((shard, r)));
-        if !partner_in_sync {
+        if !self.partner_in_sync(id, replicas) {
             return Err(LastInSync { shard, replica });
         }
         let mut next = self.with_behind(id, replicas)?;

@@ -352,6 +352,8 @@ impl Nodes {
     /// known afresh: its old connection closed, its health, length and incarnation
     /// forgotten (the heartbeats learn the new node's).
     async fn set_record(&self, record: ReplicaRecord) {
+        // Only a change gives the catch-up task something new to look at.
+        let changed = **self.replica_record.load() != record;
         for (node, link) in self.links.iter().enumerate() {
             let wanted = match record.moved_to((link.shard, link.replica)) {
                 None => link.configured,
@@ -411,7 +413,9 @@ impl Nodes {
             );
         }
         self.replica_record.store(Arc::new(record));
-        self.catch_up.notify_one();
+        if changed {
+            self.catch_up.notify_one();
+        }
     }
 
     /// Serves shard `shard`'s replica `replica` from `addr` from now on: recorded in the

@@ -731,36 +731,26 @@ fn a_replicated_cluster_shrugs_off_kill_9_of_a_node() {
             moved_config.to_str().unwrap(),
         ],
     );
-    let certs_arg = certs.to_str().unwrap();
-    let refused = zr_fails(&[
-        "cluster",
-        "replace-node",
-        "--shard",
-        "7",
-        "--replica",
-        "0",
-        "--with",
-        &new_addr,
-        "--router",
-        &addr,
-        "--certs",
-        certs_arg,
-    ]);
+    let (new_addr, certs_arg) = (new_addr.as_str(), certs.to_str().unwrap());
+    let replace_node = |shard: &'static str| {
+        [
+            "cluster",
+            "replace-node",
+            "--shard",
+            shard,
+            "--replica",
+            "0",
+            "--with",
+            new_addr,
+            "--router",
+            &addr,
+            "--certs",
+            certs_arg,
+        ]
+    };
+    let refused = zr_fails(&replace_node("7"));
     assert!(refused.contains("there is no shard 7"), "{refused}");
-    let replaced = zr(&[
-        "cluster",
-        "replace-node",
-        "--shard",
-        "1",
-        "--replica",
-        "0",
-        "--with",
-        &new_addr,
-        "--router",
-        &addr,
-        "--certs",
-        certs_arg,
-    ]);
+    let replaced = zr(&replace_node("1"));
     assert!(
         replaced.contains(&format!("at {new_addr} is in sync and serving")),
         "{replaced}"
@@ -770,7 +760,7 @@ fn a_replicated_cluster_shrugs_off_kill_9_of_a_node() {
     wait_in_sync(&addr, &certs);
     let (_, status) = cluster_status(&addr, &certs);
     assert!(
-        status.contains(&new_addr) && !status.contains(&old_addr),
+        status.contains(new_addr) && !status.contains(&old_addr),
         "{status}"
     );
     // The replacement alone serves shard 1: its partner goes.
