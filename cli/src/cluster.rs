@@ -14,6 +14,7 @@ use zr_node::convert::{Destination, Target};
 use zr_node::meta::FieldSpec;
 use zr_node::{Compression, Error};
 use zr_router::Client;
+use zr_router::MapChange;
 
 use crate::CliResult;
 
@@ -217,6 +218,38 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
 pub enum ClusterCommand {
     Status(StatusArgs),
     ReplaceNode(ReplaceNodeArgs),
+    AddShard(AddShardArgs),
+    DrainShard(DrainShardArgs),
+}
+
+/// Add a shard to a running cluster, online, moving only the records it takes.
+///
+/// First add the new shard to nodes.toml (`shards = S + 1` and its [[shard]] entries, id S),
+/// start its nodes (`zr-node --shard S --nodes nodes.toml`, empty data directories), and
+/// restart the routers with the new nodes.toml (they hold no data). Then this command
+/// publishes the next cluster map, in which the new shard takes an even share of the slots
+/// from the others; every node whose slots change builds its dataset for that map while
+/// gathers and appends go on (records it keeps are copied locally, records it gains are sent
+/// from their shard), then the cluster switches to it with appends held for a moment. Modify
+/// and delete wait for the move's end. Progress is shown; stopped anywhere (this command, the
+/// router, a node), running it again finishes the move.
+#[derive(Args)]
+pub struct AddShardArgs {
+    #[command(flatten)]
+    remote: RouterArgs,
+}
+
+/// Drain a shard of a running cluster, online: its records go to the others.
+///
+/// The next cluster map gives the shard's slots to the other shards (each to the one owning
+/// the fewest); the records move as for add-shard, and the shard ends holding none. It keeps
+/// its id: leave its entries in nodes.toml (its nodes must answer while the move runs).
+#[derive(Args)]
+pub struct DrainShardArgs {
+    /// The shard to drain.
+    shard: u32,
+    #[command(flatten)]
+    remote: RouterArgs,
 }
 
 /// Replace a node of a replicated cluster with another machine, online.
@@ -260,6 +293,75 @@ pub fn run(command: ClusterCommand) -> CliResult {
     match command {
         ClusterCommand::Status(args) => status(args),
         ClusterCommand::ReplaceNode(args) => replace_node(args),
+        ClusterCommand::AddShard(args) => move_shards(&args.remote, MapChange::AddShard),
+        ClusterCommand::DrainShard(args) => {
+            move_shards(&args.remote, MapChange::DrainShard(args.shard))
+        }
+    }
+}
+
+/// Starts (or goes on with) a move to the map with `change` and shows its progress until
+/// it ends.
+fn move_shards(remote: &RouterArgs, change: MapChange) -> CliResult {
+    let usage = match change {
+        MapChange::AddShard => "zr cluster add-shard --router ADDR --certs DIR",
+        MapChange::DrainShard(_) => "zr cluster drain-shard K --router ADDR --certs DIR",
+    };
+    let client = remote
+        .client()?
+        .ok_or_else(|| format!("--router is missing: {usage}"))?;
+    let started = std::time::Instant::now();
+    client.move_shards(change)?;
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {pos}/{len} records staged ({per_sec}, about {eta} left)",
+        )
+        .map_err(|e| e.to_string())?
+        .progress_chars("=> "),
+    );
+    let on_terminal = !bar.is_hidden();
+    let mut printed = std::time::Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let Some(report) = client.move_progress()? else {
+            bar.finish_and_clear();
+            return Err("the router runs no move (was it restarted? run the command again)".into());
+        };
+        if let Some(error) = &report.error {
+            bar.finish_and_clear();
+            return Err(format!("the move stopped: {error}").into());
+        }
+        if report.done {
+            bar.finish_and_clear();
+            let share = if report.records == 0 {
+                0.0
+            } else {
+                100.0 * report.moved as f64 / report.records as f64
+            };
+            println!(
+                "map version {} serves: {} of {} records moved ({share:.1}%), {} written into the new datasets, in {:.1} s",
+                report.version,
+                report.moved,
+                report.records,
+                report.staged,
+                started.elapsed().as_secs_f64()
+            );
+            println!("records per shard: zr cluster status");
+            return Ok(());
+        }
+        let message = format!("map version {}: {} moved", report.version, report.moved);
+        if on_terminal {
+            bar.set_length(report.staged_total);
+            bar.set_position(report.staged);
+            bar.set_message(message);
+        } else if printed.elapsed() >= Duration::from_secs(5) {
+            eprintln!(
+                "{message}, {} of {} records staged",
+                report.staged, report.staged_total
+            );
+            printed = std::time::Instant::now();
+        }
     }
 }
 

@@ -21,18 +21,57 @@ pub struct ClusterRecord {
     pub map: MapRecord,
     /// Records every shard has committed: no repair cuts below this.
     pub committed_len: u64,
+    /// The move under way (`zr cluster add-shard` / `drain-shard`), if any. Set and cleared
+    /// by compare-and-swap: one move at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving: Option<MapMove>,
 }
 
-/// The versioned cluster map: what placement is computed from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A move of records to the next map.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapMove {
+    /// The map moved to. While its records are copied, the record's `map` (the previous one)
+    /// places every read and write.
+    pub to: MapRecord,
+    /// Once `to` is published as the map, the cluster length at that moment (the nodes
+    /// switch with datasets of exactly their share of it); `None` while copying.
+    pub switched_at: Option<u64>,
+}
+
+/// The versioned cluster map: what placement is computed from — the balanced map of the
+/// cluster as it was made, then each change since, in order (`version` = 1 + changes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MapRecord {
     pub version: u64,
+    /// Shards the cluster was made with.
     pub shards: u32,
     pub extent_records: u64,
     pub seed: u64,
     /// Nodes holding each shard (a map recorded before replicas existed has one).
     #[serde(default = "one")]
     pub replicas: u32,
+    /// Shards added and drained since the cluster was made, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<MapChange>,
+}
+
+/// A change of the cluster map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MapChange {
+    /// A shard more (its id: the shard count before), taking an even share of slots.
+    AddShard,
+    /// The shard's slots go to the others; it keeps its id, owning none.
+    DrainShard(u32),
+}
+
+impl std::fmt::Display for MapChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MapChange::AddShard => write!(f, "add a shard"),
+            MapChange::DrainShard(shard) => write!(f, "drain shard {shard}"),
+        }
+    }
 }
 
 fn one() -> u32 {
@@ -40,11 +79,35 @@ fn one() -> u32 {
 }
 
 impl MapRecord {
+    /// Shards in the map now: those it was made with and those added since (drained ones
+    /// keep their ids).
+    pub fn total_shards(&self) -> u32 {
+        let added = self
+            .changes
+            .iter()
+            .filter(|c| **c == MapChange::AddShard)
+            .count();
+        self.shards + added as u32
+    }
+
+    /// The next version: `self` with `change`.
+    pub fn with(&self, change: MapChange) -> MapRecord {
+        let mut next = self.clone();
+        next.version += 1;
+        next.changes.push(change);
+        next
+    }
+
     /// The first key in which `self` and `other` differ, with both values, for a message
-    /// (`None` if the placements are the same; the version is not compared).
+    /// (`None` if they describe the same cluster; the version and changes are not compared,
+    /// and `shards` counts every shard either has now).
     pub fn difference(&self, other: &MapRecord) -> Option<(&'static str, u64, u64)> {
         [
-            ("shards", self.shards as u64, other.shards as u64),
+            (
+                "shards",
+                self.total_shards() as u64,
+                other.total_shards() as u64,
+            ),
             ("extent_records", self.extent_records, other.extent_records),
             ("seed", self.seed, other.seed),
             ("replicas", self.replicas as u64, other.replicas as u64),
@@ -100,15 +163,34 @@ mod tests {
             extent_records: 64,
             seed: 0,
             replicas: 1,
+            changes: Vec::new(),
         };
-        assert_eq!(map.difference(&MapRecord { version: 2, ..map }), None);
+        let next = map.with(MapChange::AddShard);
+        assert_eq!((next.version, next.total_shards()), (2, 4));
         assert_eq!(
-            map.difference(&MapRecord { shards: 4, ..map }),
-            Some(("shards", 3, 4))
+            map.difference(&MapRecord {
+                version: 2,
+                ..map.clone()
+            }),
+            None
         );
+        assert_eq!(map.difference(&next), Some(("shards", 3, 4)));
         assert_eq!(
-            map.difference(&MapRecord { seed: 9, ..map }),
+            map.difference(&MapRecord {
+                seed: 9,
+                ..map.clone()
+            }),
             Some(("seed", 0, 9))
+        );
+        // Records written before maps could change read as before.
+        let old = r#"{"version":1,"shards":3,"extent_records":64,"seed":0}"#;
+        let read: MapRecord = serde_json::from_str(old).expect("old record");
+        assert_eq!(read, map);
+        let drained = next.with(MapChange::DrainShard(1));
+        let text = serde_json::to_string(&drained).expect("encode");
+        assert!(
+            text.contains(r#""changes":["add_shard",{"drain_shard":1}]"#),
+            "{text}"
         );
     }
 }

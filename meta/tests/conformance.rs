@@ -101,8 +101,10 @@ async fn conformance(first: Arc<dyn MetaStore>, reopen: impl Fn() -> Arc<dyn Met
             extent_records: 64,
             seed: 7,
             replicas: 2,
+            changes: Vec::new(),
         },
         committed_len: 0,
+        moving: None,
     };
     let revision = cluster::store(store, None, &record)
         .await

@@ -111,6 +111,17 @@ impl Fence {
         Ok(read())
     }
 
+    /// Keeps this fence in the directory `dir` too (a dataset about to take this one's
+    /// place), durably.
+    pub fn copy_to(&self, dir: &Path) -> Result<()> {
+        let highest = *self.highest.lock().unwrap_or_else(|e| e.into_inner());
+        let path = dir.join(FENCE_FILE);
+        std::fs::write(&path, format!("{highest:020}\n")).ctx("write", &path)?;
+        std::fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .ctx("fsync", &path)
+    }
+
     /// Runs `write` if `token` is not below the fence; refused, saying why, otherwise.
     pub fn admit<T>(&self, token: u64, write: impl FnOnce() -> T) -> Result<T, String> {
         let highest = self.highest.lock().unwrap_or_else(|e| e.into_inner());

@@ -105,6 +105,46 @@ impl Identity {
         Ok(())
     }
 
+    /// The map version this directory's data is laid out by, once known.
+    pub fn map_version(&self) -> Option<u64> {
+        self.lock().map_version
+    }
+
+    /// Admits a request for cluster `cluster`, whatever map placed it (a switch to the next
+    /// map is placed by that map).
+    pub fn admit_cluster(&self, cluster: &str) -> std::result::Result<(), Mismatch> {
+        let kept = self.lock();
+        match &kept.cluster {
+            Some(ours) if ours != cluster => Err(Mismatch::Cluster {
+                ours: ours.clone(),
+                theirs: cluster.to_string(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// From now on the data is laid out by map `version` (its slots did not change).
+    pub fn adopt(&self, version: u64) -> Result<()> {
+        let mut kept = self.lock();
+        let mut next = kept.clone();
+        next.map_version = Some(version);
+        self.keep(&next)?;
+        *kept = next;
+        Ok(())
+    }
+
+    /// Keeps this identity, at map `version`, in the dataset directory `dir` (built for that
+    /// map, and about to take this one's place).
+    pub fn copy_to(&self, dir: &Path, version: u64) -> Result<()> {
+        let mut kept = self.lock().clone();
+        kept.map_version = Some(version);
+        let copy = Identity {
+            path: Some(dir.join(IDENTITY_FILE)),
+            kept: Mutex::new(kept.clone()),
+        };
+        copy.keep(&kept)
+    }
+
     /// Admits a request for cluster `cluster` placed by map `map_version`: the first one
     /// names the cluster and map this directory belongs to from then on.
     pub fn admit(&self, cluster: &str, map_version: u64) -> std::result::Result<(), Mismatch> {

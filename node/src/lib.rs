@@ -37,6 +37,7 @@ pub mod redo;
 mod runtime;
 pub mod server;
 mod source;
+pub mod stage;
 mod store;
 mod verify;
 mod view;

@@ -23,6 +23,7 @@ use crate::fence::Coordination;
 use crate::meta::{Compression, FieldSpec};
 use crate::prefetch::touch_pages;
 use crate::runtime::RuntimeOptions;
+use crate::stage::Shard;
 use crate::store::{CreateOptions, GatherOptions, ReadPath, Store};
 use crate::warm::Warmth;
 use crate::Error;
@@ -55,13 +56,7 @@ fn open_shard_store_fields(config: &ClusterConfig, dir: &Path) -> Result<Store, 
             Ok(FieldSpec::new(f.name.clone(), compress))
         })
         .collect::<Result<_, Error>>()?;
-    // Requests run side by side on blocking threads, one each: splitting one request over a
-    // reader pool as well only adds thread hand-offs (measured: spinning idle readers cost
-    // the network path more than the parallel copy saves).
-    let runtime = RuntimeOptions {
-        readers: 1,
-        ..RuntimeOptions::default()
-    };
+    let runtime = shard_runtime();
     let reads = GatherOptions {
         read: config
             .node
@@ -107,6 +102,16 @@ fn open_shard_store_fields(config: &ClusterConfig, dir: &Path) -> Result<Store, 
     Ok(store)
 }
 
+/// The runtime of a node's stores. Requests run side by side on blocking threads, one each:
+/// splitting one request over a reader pool as well only adds thread hand-offs (measured:
+/// spinning idle readers cost the network path more than the parallel copy saves).
+fn shard_runtime() -> RuntimeOptions {
+    RuntimeOptions {
+        readers: 1,
+        ..RuntimeOptions::default()
+    }
+}
+
 /// Serves `store` on `endpoint` until `shutdown` resolves; then stops accepting, lets
 /// requests in flight finish and commits. `timeout` bounds reading each request and sending
 /// each reply.
@@ -147,26 +152,41 @@ pub async fn serve_with(
     handling: Handling,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let handler_store = store.clone();
-    let coordination = Arc::new(Coordination::open(store.dir())?);
+    let coordination = Coordination::open(store.dir())?;
+    let shard = Arc::new(Shard::new(store, coordination, shard_runtime()));
     let warmth = Arc::new(Warmth::default());
+    let handler_shard = Arc::clone(&shard);
     let handler = move |bytes: Vec<u8>| {
-        let store = handler_store.clone();
-        let store_for_reads = handler_store.clone();
-        let coordination = Arc::clone(&coordination);
+        let shard = Arc::clone(&handler_shard);
         let warmth = Arc::clone(&warmth);
         async move {
             let answer = match handling {
-                Handling::Inline => Ok(handle(&store, &coordination, &bytes)),
+                Handling::Inline => {
+                    let serving = shard.serving();
+                    Ok(handle_on(
+                        &serving.store,
+                        &serving.coordination,
+                        Some(&shard),
+                        &bytes,
+                    ))
+                }
                 Handling::Adaptive => match decode(&bytes) {
                     Err(reply) => Ok(reply),
                     Ok((request, body_at)) => {
-                        let may_inline = runs_inline_when_warm(&store, &request.request);
-                        let call =
-                            move || respond(&store, &coordination, request, &bytes[body_at..]);
+                        let serving = shard.serving();
+                        let may_inline = runs_inline_when_warm(&serving.store, &request.request);
                         let reads = {
-                            let store = store_for_reads.clone();
-                            move || store.read_stats().direct_gathers
+                            let serving = Arc::clone(&serving);
+                            move || serving.store.read_stats().direct_gathers
+                        };
+                        let call = move || {
+                            respond(
+                                &serving.store,
+                                &serving.coordination,
+                                Some(&shard),
+                                request,
+                                &bytes[body_at..],
+                            )
                         };
                         if may_inline && warmth.is_warm() {
                             Ok(warmth.observe_reads(reads, call))
@@ -192,6 +212,7 @@ pub async fn serve_with(
         handler,
     )
     .await;
+    let store = shard.serving().store.clone();
     let committed = tokio::task::spawn_blocking(move || store.commit()).await;
     match committed {
         Ok(Err(Error::ReadOnly { .. })) | Ok(Ok(())) => Ok(()),
@@ -204,9 +225,19 @@ pub async fn serve_with(
 
 /// Decodes, executes and encodes one request: the whole protocol, without I/O.
 /// `coordination` holds this node's identity and fence.
+/// Requests of a shard move are refused: they need a [`Shard`] (see [`serve_with`]).
 pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
+    handle_on(store, coordination, None, bytes)
+}
+
+fn handle_on(
+    store: &Store,
+    coordination: &Coordination,
+    shard: Option<&Shard>,
+    bytes: &[u8],
+) -> (Vec<u8>, Vec<Bytes>) {
     match decode(bytes) {
-        Ok((message, body_at)) => respond(store, coordination, message, &bytes[body_at..]),
+        Ok((message, body_at)) => respond(store, coordination, shard, message, &bytes[body_at..]),
         Err(reply) => reply,
     }
 }
@@ -227,6 +258,7 @@ fn decode(bytes: &[u8]) -> Result<(NodeMessage, usize), (Vec<u8>, Vec<Bytes>)> {
 fn respond(
     store: &Store,
     coordination: &Coordination,
+    shard: Option<&Shard>,
     message: NodeMessage,
     body: &[u8],
 ) -> (Vec<u8>, Vec<Bytes>) {
@@ -236,7 +268,7 @@ fn respond(
         message.request.records(),
         body.len(),
     );
-    let (header, reply_body, ok) = respond_unrecorded(store, coordination, message, body);
+    let (header, reply_body, ok) = respond_unrecorded(store, coordination, shard, message, body);
     let outcome = if ok { "ok" } else { "error" };
     metrics::counter!("zr_node_requests_total", "kind" => kind, "outcome" => outcome).increment(1);
     metrics::histogram!("zr_node_request_duration_seconds", "kind" => kind)
@@ -262,17 +294,23 @@ fn respond(
 fn respond_unrecorded(
     store: &Store,
     coordination: &Coordination,
+    shard: Option<&Shard>,
     message: NodeMessage,
     body: &[u8],
 ) -> (Vec<u8>, Vec<Bytes>, bool) {
     let refused = |(header, body): (Vec<u8>, Vec<Bytes>)| (header, body, false);
     if let Some(cluster) = &message.cluster {
-        if let Err(mismatch) = coordination.identity.admit(cluster, message.map_version) {
+        let admitted = match message.request {
+            // Placed by the map it switches to.
+            NodeRequest::Switch { .. } => coordination.identity.admit_cluster(cluster),
+            _ => coordination.identity.admit(cluster, message.map_version),
+        };
+        if let Err(mismatch) = admitted {
             let refusal = Refusal::Identity(mismatch);
             return refused(error_reply(refusal.code(), refusal.to_string()));
         }
     }
-    match execute(store, coordination, message.request, body) {
+    match execute(store, coordination, shard, message.request, body) {
         Ok((reply, body)) => match wire::encode_reply(&reply) {
             Ok(header) => (header, body, true),
             Err(e) => refused(error_reply(ErrorCode::Storage, e.to_string())),
@@ -377,9 +415,17 @@ fn fenced(
 fn execute(
     store: &Store,
     coordination: &Coordination,
+    shard: Option<&Shard>,
     request: NodeRequest,
     body: &[u8],
 ) -> Outcome {
+    let mover = || {
+        shard.ok_or_else(|| {
+            Refusal::Store(Error::InvalidRecord(
+                "this server does not take part in shard moves".into(),
+            ))
+        })
+    };
     let fail = Refusal::Store;
     let info = || {
         let fields = store.fields().iter().map(field_info).collect();
@@ -449,17 +495,7 @@ fn execute(
                     });
                 }
             }
-            let columns = wire::split_columns(&lengths, body);
-            let count = lengths.first().map_or(0, Vec::len);
-            let records: Vec<Record> = (0..count)
-                .map(|k| {
-                    let mut record = Record::new();
-                    for (name, column) in fields.iter().zip(&columns) {
-                        record.set(name, column[k]);
-                    }
-                    record
-                })
-                .collect();
+            let records = records_of(&fields, &lengths, body);
             let range = store.append_many(&records).map_err(fail)?;
             Ok((
                 Reply::Appended {
@@ -498,6 +534,34 @@ fn execute(
             store.commit().map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }
+        NodeRequest::StageOpen { version } => {
+            let len = mover()?.open_stage(version).map_err(fail)?;
+            Ok((Reply::Staged { len }, Vec::new()))
+        }
+        NodeRequest::Stage {
+            version,
+            at,
+            sources,
+            fields,
+            lengths,
+        } => {
+            let received = records_of(&fields, &lengths, body);
+            let len = mover()?
+                .stage(version, at, &sources, received)
+                .map_err(fail)?;
+            Ok((Reply::Staged { len }, Vec::new()))
+        }
+        NodeRequest::Switch {
+            version,
+            staged,
+            len,
+            token,
+        } => {
+            // Checked, not held: the switch keeps the fence in the new dataset.
+            fenced(coordination, Some(token), || Ok((Reply::Done, Vec::new())))?;
+            mover()?.switch(version, staged, len).map_err(fail)?;
+            Ok((Reply::Done, Vec::new()))
+        }
         NodeRequest::Digest { start, count } => {
             let (crcs, corrupt) = digest(store, start, count).map_err(fail)?;
             Ok((
@@ -510,6 +574,21 @@ fn execute(
             ))
         }
     }
+}
+
+/// The records an append's body carries: per field of `fields`, `lengths` payloads.
+fn records_of<'a>(fields: &'a [String], lengths: &[Vec<u32>], body: &'a [u8]) -> Vec<Record<'a>> {
+    let columns = wire::split_columns(lengths, body);
+    let count = lengths.first().map_or(0, Vec::len);
+    (0..count)
+        .map(|k| {
+            let mut record = Record::new();
+            for (name, column) in fields.iter().zip(&columns) {
+                record.set(name, column[k]);
+            }
+            record
+        })
+        .collect()
 }
 
 /// Records read per gather of a digest.

@@ -18,8 +18,7 @@
 //! [`ClusterMap::with_drained_shard`] the one in which a shard's slots go to the others (it
 //! keeps its id, owning none). Only the extents of slots that change owner change shard, about
 //! 1/(S+1) of the records for an add; the shards that give or take slots renumber their local
-//! indices (ranks change), a local rewrite. Moving the records between nodes under a new
-//! map, online, is not built yet: a cluster's map is the one it was made with.
+//! indices (ranks change), a local rewrite: see `zr_node::stage` and the router's `moves`.
 
 use serde::{Deserialize, Serialize};
 
@@ -212,6 +211,22 @@ impl Placement {
     /// Number of shards.
     pub fn shards(&self) -> u32 {
         self.map.shards
+    }
+
+    /// The slots shard `shard` owns, in slot order (none for a drained shard or one beyond
+    /// the map).
+    pub fn slots(&self, shard: u32) -> &[u32] {
+        self.slots_of.get(shard as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// The same placement with `shards` shards, the ones beyond the map owning nothing
+    /// (shards a router knows of before the map gives them slots).
+    pub fn padded(mut self, shards: u32) -> Placement {
+        if shards > self.map.shards {
+            self.map.shards = shards;
+            self.slots_of.resize(shards as usize, Vec::new());
+        }
+        self
     }
 
     /// (shard, node-local index) of global index `g`.

@@ -18,7 +18,7 @@ use crate::error::Error;
 pub use crate::error::ErrorCode;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 10;
+pub const WIRE_VERSION: u16 = 11;
 
 /// Most records one `Digest` request covers.
 pub const DIGEST_RECORDS_MAX: u64 = 1 << 20;
@@ -83,6 +83,40 @@ pub enum ClientRequest {
         replica: u32,
         addr: String,
     },
+    /// Change the cluster map (add a shard, or drain one) and move the records whose shard
+    /// changes, online; or finish the move under way, if it is this one. The router starts
+    /// it and replies at once: `Moving`, its progress (see `MoveProgress`).
+    MoveShards { change: MapChange },
+    /// How far the move under way is. Reply: `Moving`.
+    MoveProgress,
+}
+
+/// A change of the cluster map, as a client asks for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MapChange {
+    /// A shard more: the first shard nodes.toml lists beyond the map.
+    AddShard,
+    /// Shard K's records go to the others.
+    DrainShard(u32),
+}
+
+/// What a move of records between shards did, or has done so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveReport {
+    /// The map version moved to.
+    pub version: u64,
+    /// Records that changed shard (copied from one shard's nodes to another's), of the
+    /// cluster's `records`.
+    pub moved: u64,
+    pub records: u64,
+    /// Records written into the datasets of the next map, in all (moved ones and those a
+    /// shard kept, renumbered), and of how many.
+    pub staged: u64,
+    pub staged_total: u64,
+    /// Whether the cluster serves the new map.
+    pub done: bool,
+    /// Why the move stopped, if it failed (running the command again goes on with it).
+    pub error: Option<String>,
 }
 
 impl ClientRequest {
@@ -98,6 +132,8 @@ impl ClientRequest {
             ClientRequest::Status => "status",
             ClientRequest::Scrub { .. } => "scrub",
             ClientRequest::ReplaceNode { .. } => "replace-node",
+            ClientRequest::MoveShards { .. } => "move-shards",
+            ClientRequest::MoveProgress => "move-progress",
         }
     }
 }
@@ -143,6 +179,28 @@ pub enum NodeRequest {
     /// and checked against its CRC: how replicas find the records in which they differ.
     /// Reply: `Digest`.
     Digest { start: u64, count: u64 },
+    /// A move: open (made empty if new) the dataset this node builds for map `version`.
+    /// Reply: `Staged`, its length.
+    StageOpen { version: u64 },
+    /// A move: the records of the dataset for map `version` from index `at` on — record k
+    /// is this node's current record `sources[k]`, or for `None` the next in the body (per
+    /// field of `fields`, the payloads, as for `Append`). Reply: `Staged`.
+    Stage {
+        version: u64,
+        at: u64,
+        sources: Vec<Option<u64>>,
+        fields: Vec<String>,
+        lengths: Vec<Vec<u32>>,
+    },
+    /// A move: serve map `version` from now on — with `staged`, the dataset built for it,
+    /// which must hold `len` records; else the current data, unchanged. Placed by the map
+    /// it switches to, and admitted by a node of the previous one. Reply: `Done`.
+    Switch {
+        version: u64,
+        staged: bool,
+        len: u64,
+        token: u64,
+    },
 }
 
 impl NodeRequest {
@@ -157,6 +215,9 @@ impl NodeRequest {
             NodeRequest::Fence { .. } => "fence",
             NodeRequest::Commit => "commit",
             NodeRequest::Digest { .. } => "digest",
+            NodeRequest::StageOpen { .. } => "stage-open",
+            NodeRequest::Stage { .. } => "stage",
+            NodeRequest::Switch { .. } => "switch",
         }
     }
 
@@ -240,7 +301,9 @@ impl Request for ClientRequest {
             | ClientRequest::Commit
             | ClientRequest::Status
             | ClientRequest::Scrub { .. }
-            | ClientRequest::ReplaceNode { .. } => expect_empty(body),
+            | ClientRequest::ReplaceNode { .. }
+            | ClientRequest::MoveShards { .. }
+            | ClientRequest::MoveProgress => expect_empty(body),
         }
     }
 }
@@ -273,11 +336,34 @@ impl Request for NodeMessage {
                     "a digest of {count} records (at most {DIGEST_RECORDS_MAX} at once)"
                 )))
             }
+            NodeRequest::Stage {
+                sources,
+                fields,
+                lengths,
+                ..
+            } => {
+                if sources.len() > RECORDS_MAX {
+                    return Err(Error::Malformed(format!(
+                        "{} records staged at once (at most {RECORDS_MAX})",
+                        sources.len()
+                    )));
+                }
+                let received = sources.iter().filter(|s| s.is_none()).count();
+                if lengths.first().map_or(0, Vec::len) != received {
+                    return Err(Error::Malformed(format!(
+                        "{received} records to receive, but the lengths describe {}",
+                        lengths.first().map_or(0, Vec::len)
+                    )));
+                }
+                check_append(fields, lengths, body)
+            }
             NodeRequest::Info
             | NodeRequest::Digest { .. }
             | NodeRequest::Truncate { .. }
             | NodeRequest::Commit
-            | NodeRequest::Fence { .. } => expect_empty(body),
+            | NodeRequest::Fence { .. }
+            | NodeRequest::StageOpen { .. }
+            | NodeRequest::Switch { .. } => expect_empty(body),
         }
     }
 }
@@ -337,6 +423,12 @@ pub enum Reply {
     Status(ClusterStatus),
     /// What a scrub of part of a shard found and did.
     Scrubbed(ScrubReport),
+    /// A node's dataset for the next map holds `len` records.
+    Staged {
+        len: u64,
+    },
+    /// The move this router runs or ran last, if any.
+    Moving(Option<MoveReport>),
 }
 
 /// What a scrub of records of one shard found and did (see `ClientRequest::Scrub`).

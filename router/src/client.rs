@@ -172,6 +172,30 @@ impl AsyncClient {
         }
     }
 
+    /// Starts moving the cluster to the map with `change` (or goes on with that move, if it
+    /// stopped); returns at once. See [`Self::move_progress`].
+    pub async fn move_shards(
+        &self,
+        change: wire::MapChange,
+    ) -> Result<Option<wire::MoveReport>, Error> {
+        match self
+            .call(&ClientRequest::MoveShards { change }, Vec::new())
+            .await?
+            .0
+        {
+            Reply::Moving(report) => Ok(report),
+            other => Err(unexpected("move-shards", &other)),
+        }
+    }
+
+    /// The move the router runs, or ran last: its progress, or how it ended.
+    pub async fn move_progress(&self) -> Result<Option<wire::MoveReport>, Error> {
+        match self.call(&ClientRequest::MoveProgress, Vec::new()).await?.0 {
+            Reply::Moving(report) => Ok(report),
+            other => Err(unexpected("move-progress", &other)),
+        }
+    }
+
     /// Scrubs records `start..start + count` of shard `shard` (shard-local indices): each
     /// read on every in-sync replica against its CRC, the copies compared, and what fails or
     /// differs repaired from a good copy.
@@ -208,6 +232,40 @@ impl AsyncClient {
     }
 
     async fn gather_with(
+        &self,
+        indices: &[u64],
+        fields: &[&str],
+        checked: bool,
+    ) -> Result<Vec<Contiguous>, Error> {
+        self.across_map_switches(|| self.gather_once(indices, fields, checked))
+            .await
+    }
+
+    /// Runs `call` again while the router answers that a node serves another map than the
+    /// one the router placed by (a move switching the cluster to its next map: the router
+    /// reloads it meanwhile), for up to the client's timeout. Such a refusal changed nothing.
+    async fn across_map_switches<'a, T, F, Fut>(&'a self, mut call: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>> + 'a,
+    {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut pause = std::time::Duration::from_millis(5);
+        loop {
+            match call().await {
+                Err(e)
+                    if e.code() == Some(wire::ErrorCode::StaleMap)
+                        && tokio::time::Instant::now() + pause < deadline =>
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_millis(200));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn gather_once(
         &self,
         indices: &[u64],
         fields: &[&str],
@@ -282,14 +340,18 @@ impl AsyncClient {
     /// Appends records; returns their global index range.
     pub async fn append_many(&self, records: &[Record<'_>]) -> Result<Range<u64>, Error> {
         let (fields, lengths, body) = self.encode_records(records)?;
-        match self
-            .call(&ClientRequest::Append { fields, lengths }, body)
-            .await?
-            .0
-        {
-            Reply::Appended { start, count } => Ok(start..start + count),
-            other => Err(unexpected("append", &other)),
-        }
+        // A refused append is cut back (where part of it landed) before the next write.
+        self.across_map_switches(|| async {
+            let request = ClientRequest::Append {
+                fields: fields.clone(),
+                lengths: lengths.clone(),
+            };
+            match self.call(&request, body.clone()).await?.0 {
+                Reply::Appended { start, count } => Ok(start..start + count),
+                other => Err(unexpected("append", &other)),
+            }
+        })
+        .await
     }
 
     /// Appends one record; returns its index.
@@ -410,6 +472,16 @@ impl Client {
     ) -> Result<wire::ClusterStatus, Error> {
         self.runtime
             .block_on(self.inner.replace_node(shard, replica, addr))
+    }
+
+    /// Starts a move (see [`AsyncClient::move_shards`]).
+    pub fn move_shards(&self, change: wire::MapChange) -> Result<Option<wire::MoveReport>, Error> {
+        self.runtime.block_on(self.inner.move_shards(change))
+    }
+
+    /// A move's progress (see [`AsyncClient::move_progress`]).
+    pub fn move_progress(&self) -> Result<Option<wire::MoveReport>, Error> {
+        self.runtime.block_on(self.inner.move_progress())
     }
 
     /// Scrubs part of a shard (see [`AsyncClient::scrub`]).

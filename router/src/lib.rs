@@ -17,3 +17,4 @@ pub mod server;
 pub use client::{AsyncClient, Client};
 pub use error::{Error, Failure};
 pub use server::Router;
+pub use zr_proto::wire::{MapChange, MoveReport};

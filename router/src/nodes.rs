@@ -104,7 +104,9 @@ pub(crate) struct Nodes {
     security: Security,
     timeout: Duration,
     /// The cluster id and map version every request carries, once the router knows them.
-    tag: std::sync::OnceLock<(String, u64)>,
+    tag: arc_swap::ArcSwapOption<(String, u64)>,
+    /// Woken when a node refuses a request as placed by another map than its own.
+    stale_map: Arc<tokio::sync::Notify>,
     /// Where the nodes' liveness leases are.
     meta: Arc<dyn zr_meta::MetaStore>,
 }
@@ -158,7 +160,8 @@ impl Nodes {
             suspects: std::sync::Mutex::new(Vec::new()),
             security,
             timeout: Duration::from_millis(config.router.timeout_ms),
-            tag: std::sync::OnceLock::new(),
+            tag: arc_swap::ArcSwapOption::empty(),
+            stale_map: Arc::new(tokio::sync::Notify::new()),
             meta,
         })
     }
@@ -166,12 +169,18 @@ impl Nodes {
     /// From now on every request carries cluster id `cluster` and map version `version`,
     /// and nodes refuse it if their data is of another cluster or map.
     pub(crate) fn set_cluster(&self, cluster: &str, version: u64) {
-        let _ = self.tag.set((cluster.to_string(), version));
+        self.tag
+            .store(Some(Arc::new((cluster.to_string(), version))));
+    }
+
+    /// Woken when a node refuses a request as placed by another map (see `set_cluster`).
+    pub(crate) fn stale_map(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.stale_map)
     }
 
     /// `request` encoded with this router's cluster id and map version.
     pub(crate) fn encode(&self, request: &NodeRequest) -> Result<Vec<u8>, zr_proto::Error> {
-        match self.tag.get() {
+        match self.tag.load().as_deref() {
             Some((cluster, version)) => wire::encode_node_request(Some(cluster), *version, request),
             None => wire::encode_node_request(None, 0, request),
         }
@@ -833,6 +842,9 @@ impl Nodes {
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
         if let Reply::Error { code, message } = reply {
+            if code == wire::ErrorCode::StaleMap {
+                self.stale_map.notify_one();
+            }
             return Err(Failure::ShardRefused {
                 shard,
                 code,

@@ -30,6 +30,8 @@ use zr_meta::cluster::{self, ClusterRecord, MapRecord};
 use zr_meta::MetaStore;
 
 mod lease;
+mod moves;
+pub use moves::MoveStep;
 mod rebuild;
 mod scrub;
 mod writes;
@@ -41,6 +43,10 @@ pub const CONNECTIONS_MAX: usize = 256;
 /// by then counts as down (its heartbeats find it later), so a router starts within this
 /// long whatever nodes are down.
 const START_PROBE: Duration = Duration::from_secs(2);
+
+/// How often the router reads the cluster map, at the latest (a node refusing a request as
+/// placed by another map makes it read the map at once).
+const MAP_RELOAD_EVERY: Duration = Duration::from_secs(1);
 
 /// How often the router's gauges are set.
 const GAUGES_EVERY: Duration = Duration::from_secs(5);
@@ -63,7 +69,12 @@ pub struct Router {
     /// The cluster's metadata: its id, map and committed length.
     meta: Arc<dyn MetaStore>,
     cluster_id: String,
-    map_version: u64,
+    /// The version of the map placing reads and writes.
+    map_version: AtomicU64,
+    /// The move this router runs, if any (see `moves.rs`).
+    moving: std::sync::Mutex<Option<wire::MoveReport>>,
+    /// Where moves stop (see [`Router::stop_moves_at`]).
+    move_stop: std::sync::Mutex<Option<MoveStep>>,
     /// The committed length as last read from or written to the metadata store.
     committed: AtomicU64,
     /// Per shard: `Some(records it holds)` while its node holds fewer records than the
@@ -132,7 +143,9 @@ impl Router {
             timeout: Duration::from_millis(config.router.timeout_ms),
             meta,
             cluster_id: String::new(),
-            map_version: 0,
+            map_version: AtomicU64::new(0),
+            moving: std::sync::Mutex::new(None),
+            move_stop: std::sync::Mutex::new(None),
             committed: AtomicU64::new(0),
             missing: std::sync::Mutex::new(vec![None; shards]),
             rebuilds: std::sync::Mutex::new(std::collections::HashMap::new()),
@@ -216,9 +229,10 @@ impl Router {
         let record = router
             .cluster_record(config, known.as_deref(), down.first())
             .await?;
-        router.nodes.set_cluster(&record.id, record.map.version);
-        router.map_version = record.map.version;
-        router.cluster_id = record.id;
+        router.cluster_id = record.id.clone();
+        let placement = moves::placement_of(&record.map, router.nodes.shards())
+            .map_err(|e| Error::Failed(Failure::Metadata(e)))?;
+        router.adopt_map(&record.map, placement);
         router
             .committed
             .store(record.committed_len, Ordering::SeqCst);
@@ -259,6 +273,7 @@ impl Router {
         let router = Arc::new(router);
         router.start_rebuilds();
         router.start_gauges();
+        router.start_map_reloads();
         // Gives the writer lease back once the router has been idle for a moment; ends with
         // the router.
         let keeper = Arc::downgrade(&router);
@@ -289,10 +304,25 @@ impl Router {
             shards: config.cluster.shards,
             extent_records: config.cluster.extent_records,
             seed: config.cluster.seed,
+            changes: Vec::new(),
         };
         loop {
             if let Some((record, _)) = cluster::load(&*self.meta).await? {
-                if let Some((key, stored, given)) = record.map.difference(&given) {
+                // nodes.toml may list shards the map does not place on yet (to be added).
+                let stored_shards = record.map.total_shards();
+                let compared = MapRecord {
+                    shards: record.map.shards,
+                    changes: record.map.changes.clone(),
+                    ..given.clone()
+                };
+                let differs = record.map.difference(&compared).or_else(|| {
+                    (config.cluster.shards < stored_shards).then_some((
+                        "shards",
+                        stored_shards as u64,
+                        config.cluster.shards as u64,
+                    ))
+                });
+                if let Some((key, stored, given)) = differs {
                     return Err(Error::MapMismatch {
                         key,
                         given,
@@ -313,8 +343,9 @@ impl Router {
             };
             let record = ClusterRecord {
                 id: cluster::new_cluster_id(),
-                map: given,
+                map: given.clone(),
                 committed_len: self.placement.load().consistent_len(lens),
+                moving: None,
             };
             match cluster::store(&*self.meta, None, &record).await {
                 Ok(_) => {
@@ -345,7 +376,8 @@ impl Router {
                 metrics::gauge!("zr_router_committed_records")
                     .set(router.committed.load(Ordering::SeqCst) as f64);
                 metrics::gauge!("zr_router_records").set(router.len() as f64);
-                metrics::gauge!("zr_router_map_version").set(router.map_version as f64);
+                metrics::gauge!("zr_router_map_version")
+                    .set(router.map_version.load(Ordering::SeqCst) as f64);
                 let behind = router
                     .nodes
                     .all()
@@ -356,6 +388,24 @@ impl Router {
                 metrics::gauge!("zr_router_reply_bytes").set(router.replies.held() as f64);
                 drop(router);
                 tokio::time::sleep(GAUGES_EVERY).await;
+            }
+        });
+    }
+
+    /// Reloads the map from the metadata store when a node refuses a request as placed by
+    /// another map, and every [`MAP_RELOAD_EVERY`] anyway; ends with the router.
+    fn start_map_reloads(self: &Arc<Self>) {
+        let router = Arc::downgrade(self);
+        let stale = self.nodes.stale_map();
+        tokio::spawn(async move {
+            loop {
+                let _ = tokio::time::timeout(MAP_RELOAD_EVERY, stale.notified()).await;
+                let Some(router) = router.upgrade() else {
+                    return;
+                };
+                if let Err(e) = router.reload_map().await {
+                    tracing::warn!("reloading the cluster map: {e}");
+                }
             }
         });
     }
@@ -549,7 +599,7 @@ impl Router {
             .collect();
         wire::ClusterStatus {
             cluster: self.cluster_id.clone(),
-            map_version: self.map_version,
+            map_version: self.map_version.load(Ordering::SeqCst),
             committed_len: committed,
             len: self.len(),
             nodes,
@@ -743,6 +793,11 @@ impl Router {
                 self.replace_node(shard, replica, &addr).await?;
                 Ok(ready(Reply::Status(self.status().await)))
             }
+            ClientRequest::MoveShards { change } => {
+                self.start_move(change);
+                Ok(ready(Reply::Moving(self.move_progress())))
+            }
+            ClientRequest::MoveProgress => Ok(ready(Reply::Moving(self.move_progress()))),
             ClientRequest::Commit => {
                 self.exclusive(|| async {
                     for shard in 0..self.nodes.shards() {

@@ -566,6 +566,45 @@ impl SimCluster {
         Ok(addr)
     }
 
+    /// Starts the nodes of one shard more (empty, on new addresses), as `zr cluster
+    /// add-shard` expects them, and adds them to the cluster's configuration (`shards` one
+    /// more): routers started from now on know them. Returns the new shard's id.
+    pub fn add_shard_nodes(&mut self) -> Result<u32, SimError> {
+        let shard = self.config.cluster.shards;
+        let replicas = self.config.cluster.replicas;
+        let security = self.security(Role::Node)?;
+        let mut started = Vec::new();
+        for replica in 0..replicas {
+            let node = shard * replicas + replica;
+            let state = Arc::new(FaultState::new(self.seed, node));
+            let endpoint = {
+                let _guard = self.runtime.enter();
+                faulty_endpoint("127.0.0.1:0".parse()?, &security, &state)?
+            };
+            let dir = if replica == 0 {
+                format!("shard-{shard}")
+            } else {
+                format!("shard-{shard}-r{replica}")
+            };
+            self.config.shards.push(ShardConfig {
+                id: shard,
+                replica,
+                addr: endpoint.local_addr()?,
+                data: Some(self._data.path().join(dir)),
+                metrics: None,
+            });
+            self.faults.push(state);
+            self.impostors.push(None);
+            started.push((node, endpoint));
+        }
+        self.config.cluster.shards += 1;
+        for (node, endpoint) in started {
+            let running = self.run_node(node, endpoint)?;
+            self.nodes.push(Some(running));
+        }
+        Ok(shard)
+    }
+
     /// Binds shard `shard`'s address again. In one process the old node's socket stays open
     /// until its endpoint's connections have drained (a separate process frees it at exit),
     /// which takes up to the transport's idle timeout (10 s) when a connection was left

@@ -300,6 +300,7 @@ impl Router {
         body: &[u8],
     ) -> Result<Reply, Failure> {
         self.check_index(index)?;
+        self.refuse_while_moving("modify").await?;
         if self.nodes.replicas() > 1 {
             // Should it stop halfway, its replicas would differ: the next write settles it.
             self.intend(Some(PendingWrite::Modify { index }))
@@ -444,6 +445,7 @@ impl Router {
     /// next write (see the module documentation).
     pub(super) async fn delete(&self, index: u64) -> Result<(Reply, Vec<Bytes>), Failure> {
         self.check_index(index)?;
+        self.refuse_while_moving("delete").await?;
         let len = self.len();
         self.withdraw_last(len).await?;
         // Recorded even when only the last record is cut: the writer record may still hold

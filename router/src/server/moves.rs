@@ -1,0 +1,534 @@
+//! Moving records to the next cluster map, online: `zr cluster add-shard` and `drain-shard`.
+//!
+//! ```text
+//! 1. record the move        cluster record: moving = {to: next map}            (CAS)
+//! 2. copy, writes going on  every node whose slots change builds its dataset for the next
+//!                           map (zr_node::stage): records it keeps, copied locally, and
+//!                           records it gains, sent from their shard — up to the length now
+//! 3. switch, writes held    under the write lock and lease: copy the rest, publish the map
+//!                           (CAS: map = next, switched_at = length), then every node
+//!                           switches (swaps in its dataset, or only takes the version);
+//!                           the move is cleared (CAS)
+//! ```
+//! Reads and writes use the current map throughout; a node refuses a request placed by
+//! another map than its own, so no router ever reads a record from a place that does not
+//! hold it: a router that is behind is refused, reloads the map, and its client retries. Each
+//! step is kept (the record in the metadata store, the datasets on the nodes), so a move
+//! stopped anywhere — router, donor or new node killed — is finished by running the same
+//! command again: the copy goes on from where each dataset ends, and a published map is
+//! switched to by the nodes that have not yet.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use zr_meta::cluster::{self, ClusterRecord, MapChange, MapMove, MapRecord};
+use zr_proto::placement::{ClusterMap, Placement};
+use zr_proto::wire::{self, MoveReport, NodeRequest, Reply};
+
+use super::Router;
+use crate::error::Failure;
+
+/// A point in a move at which [`Router::stop_moves_at`] stops it, as if the router died
+/// there: for tests of restarting a move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoveStep {
+    /// The move is recorded; nothing is copied.
+    Recorded,
+    /// The first copy (writes going on) is done.
+    Copied,
+    /// The new map is published; no node switched.
+    Published,
+    /// One node switched.
+    SwitchedOne,
+}
+
+/// Records staged per request.
+const STAGE_RECORDS: u64 = 2048;
+
+/// The placement `map` gives, with `shards` shards at least (those beyond the map own
+/// nothing).
+pub(crate) fn placement_of(map: &MapRecord, shards: u32) -> Result<Placement, String> {
+    let mut built = ClusterMap::balanced(map.shards, map.extent_records, map.seed)
+        .map_err(|e| e.to_string())?;
+    for change in &map.changes {
+        built = match change {
+            MapChange::AddShard => built.with_added_shard(),
+            MapChange::DrainShard(shard) => built.with_drained_shard(*shard),
+        }
+        .map_err(|e| e.to_string())?;
+    }
+    if built.version != map.version {
+        return Err(format!(
+            "map version {} records {} changes (a version {} map)",
+            map.version,
+            map.changes.len(),
+            built.version
+        ));
+    }
+    Ok(Placement::new(built)
+        .map_err(|e| e.to_string())?
+        .padded(shards))
+}
+
+/// The shards whose slots differ between `from` and `to`: they build a dataset to switch to.
+fn changed_shards(from: &Placement, to: &Placement) -> Vec<u32> {
+    (0..to.shards().max(from.shards()))
+        .filter(|&s| from.slots(s) != to.slots(s))
+        .collect()
+}
+
+fn metadata(e: zr_meta::Error) -> Failure {
+    Failure::Metadata(e.to_string())
+}
+
+impl Router {
+    /// From now on, moves stop with an error at `step` (`None`: they run to their end).
+    /// Fault injection for tests: a stopped move is what a router dying there leaves.
+    pub fn stop_moves_at(&self, step: Option<MoveStep>) {
+        *self.move_stop.lock().unwrap_or_else(|e| e.into_inner()) = step;
+    }
+
+    fn stop_here(&self, step: MoveStep) -> Result<(), Failure> {
+        if *self.move_stop.lock().unwrap_or_else(|e| e.into_inner()) == Some(step) {
+            return Err(Failure::Metadata(format!(
+                "the move was stopped at step {step:?} (injected)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs [`Self::move_shards`] in the background, unless a move runs here already; its
+    /// progress and outcome are [`Self::move_progress`].
+    pub(super) fn start_move(self: &Arc<Self>, change: wire::MapChange) {
+        {
+            let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
+            if moving
+                .as_ref()
+                .is_some_and(|m| !m.done && m.error.is_none())
+            {
+                return;
+            }
+            *moving = Some(MoveReport::default());
+        }
+        let router = Arc::clone(self);
+        tokio::spawn(async move {
+            let outcome = router.move_shards(change).await;
+            let mut moving = router.moving.lock().unwrap_or_else(|e| e.into_inner());
+            match outcome {
+                Ok(report) => *moving = Some(report),
+                Err(e) => {
+                    tracing::warn!("moving records ({change:?}): {e}");
+                    moving.get_or_insert_with(MoveReport::default).error = Some(e.to_string());
+                }
+            }
+        });
+    }
+
+    /// Moves the cluster to the map with `change`, or finishes the move under way if it is
+    /// this change; see the module documentation.
+    pub(super) async fn move_shards(&self, change: wire::MapChange) -> Result<MoveReport, Failure> {
+        let change = match change {
+            wire::MapChange::AddShard => MapChange::AddShard,
+            wire::MapChange::DrainShard(shard) => MapChange::DrainShard(shard),
+        };
+        let (record, revision) = self.load_cluster().await?;
+        if record.map.version > self.map_version.load(Ordering::SeqCst) {
+            self.reload_map().await?;
+        }
+        let (from, to) = match &record.moving {
+            Some(moving) if moving.switched_at.is_some() => {
+                // Published: what is left is switching the nodes that have not. Under the
+                // write lock and lease, without the repair a write starts with: it reads the
+                // nodes by the published map, which those not switched yet refuse.
+                let _writes = self.writes.lock().await;
+                self.acquire_lease().await?;
+                let finished = self.finish_switch(record.clone(), revision).await;
+                // The next write settles whatever the lease says is pending.
+                self.release_lease(false).await;
+                return finished;
+            }
+            Some(moving) if moving.to.version == record.map.version + 1
+                && moving.to.changes.last() == Some(&change) =>
+            {
+                (record.map.clone(), moving.to.clone())
+            }
+            Some(moving) => {
+                return Err(Failure::Busy {
+                    waited_ms: 0,
+                    reason: format!(
+                        "a move to map version {} ({}) is under way: run that command again to finish it",
+                        moving.to.version,
+                        moving.to.changes.last().map_or_else(String::new, |c| c.to_string())
+                    ),
+                })
+            }
+            None => {
+                let to = record.map.with(change);
+                if change == MapChange::AddShard && to.total_shards() > self.nodes.shards() {
+                    return Err(Failure::BadRequest(format!(
+                        "the new shard would be shard {new}, and this router's nodes.toml lists shards 0..{known} only: add shard {new}'s nodes to nodes.toml ([[shard]] id = {new}, and shards = {}), start them, restart the router with it, then run add-shard again",
+                        to.total_shards(),
+                        new = to.total_shards() - 1,
+                        known = self.nodes.shards(),
+                    )));
+                }
+                placement_of(&to, self.nodes.shards()).map_err(Failure::BadRequest)?;
+                let moving = ClusterRecord {
+                    moving: Some(MapMove {
+                        to: to.clone(),
+                        switched_at: None,
+                    }),
+                    ..record.clone()
+                };
+                cluster::store(&*self.meta, Some(revision), &moving)
+                    .await
+                    .map_err(metadata)?;
+                tracing::info!("move to map version {} ({change}) recorded", to.version);
+                (record.map.clone(), to)
+            }
+        };
+        let shards = self.nodes.shards();
+        let old = placement_of(&from, shards).map_err(Failure::Metadata)?;
+        let new = placement_of(&to, shards).map_err(Failure::Metadata)?;
+        if let Some(node) = self.nodes.all().find(|&n| !self.nodes.in_sync(n)) {
+            return Err(Failure::Busy {
+                waited_ms: 0,
+                reason: format!(
+                    "shard {} replica {} is behind: a move copies from and to in-sync replicas only; run the command again once it has caught up",
+                    self.nodes.shard(node),
+                    self.nodes.replica(node)
+                ),
+            });
+        }
+        let staged = changed_shards(&old, &new);
+        let started = Instant::now();
+        // Copy up to the length now while writes go on, then the rest with writes held.
+        let len = self.len.load(Ordering::SeqCst);
+        self.set_moving(to.version, &new, &staged, len);
+        let mut moved = 0;
+        self.stop_here(MoveStep::Recorded)?;
+        for &shard in &staged {
+            moved += self.copy_shard(shard, &old, &new, to.version, len).await?;
+        }
+        self.stop_here(MoveStep::Copied)?;
+        let report = self
+            .exclusive(|| async {
+                let len = self.len.load(Ordering::SeqCst);
+                for &shard in &staged {
+                    moved += self.copy_shard(shard, &old, &new, to.version, len).await?;
+                }
+                // Publish: from here on the new map is the cluster's.
+                let (record, revision) = self.load_cluster().await?;
+                let published = ClusterRecord {
+                    map: to.clone(),
+                    moving: Some(MapMove {
+                        to: to.clone(),
+                        switched_at: Some(len),
+                    }),
+                    ..record
+                };
+                let revision = cluster::store(&*self.meta, Some(revision), &published)
+                    .await
+                    .map_err(metadata)?;
+                tracing::info!(
+                    "map version {} published at {len} records; switching the nodes",
+                    to.version
+                );
+                let mut report = self.finish_switch(published, revision).await?;
+                report.moved = moved;
+                Ok(report)
+            })
+            .await?;
+        tracing::info!(
+            "move to map version {} done in {:.1} s: {} of {} records moved",
+            to.version,
+            started.elapsed().as_secs_f64(),
+            report.moved,
+            report.records
+        );
+        metrics::counter!("zr_router_records_moved_total").increment(report.moved);
+        Ok(report)
+    }
+
+    /// Refuses a `what` (a modify or delete: a change of records already copied) while a
+    /// move is under way; appends go on.
+    pub(super) async fn refuse_while_moving(&self, what: &str) -> Result<(), Failure> {
+        match self.load_cluster().await?.0.moving {
+            Some(moving) => Err(Failure::Busy {
+                waited_ms: 0,
+                reason: format!(
+                    "records are moving to map version {} ({}): a {what} waits until the move is done",
+                    moving.to.version,
+                    moving.to.changes.last().map_or_else(String::new, |c| c.to_string())
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The cluster record, which a move needs.
+    async fn load_cluster(&self) -> Result<(ClusterRecord, zr_meta::Revision), Failure> {
+        cluster::load(&*self.meta)
+            .await
+            .map_err(metadata)?
+            .ok_or_else(|| Failure::Metadata("the cluster record is gone".into()))
+    }
+
+    /// Switches every node to the published map of `record` (those switched already say so)
+    /// and clears the move. The new map is adopted here first.
+    async fn finish_switch(
+        &self,
+        record: ClusterRecord,
+        revision: zr_meta::Revision,
+    ) -> Result<MoveReport, Failure> {
+        let Some(MapMove {
+            to,
+            switched_at: Some(len),
+        }) = record.moving.clone()
+        else {
+            return Err(Failure::Metadata("no published move to finish".into()));
+        };
+        let shards = self.nodes.shards();
+        let new = placement_of(&to, shards).map_err(Failure::Metadata)?;
+        let previous = MapRecord {
+            version: to.version - 1,
+            changes: to.changes[..to.changes.len().saturating_sub(1)].to_vec(),
+            ..to.clone()
+        };
+        let old = placement_of(&previous, shards).map_err(Failure::Metadata)?;
+        let staged = changed_shards(&old, &new);
+        self.adopt_map(&to, new.clone());
+        let token =
+            self.usable_lease()
+                .map(|held| held.token)
+                .ok_or(Failure::LeaseRunningOut {
+                    shard: 0,
+                    timeout_ms: self.timeout.as_millis(),
+                })?;
+        self.stop_here(MoveStep::Published)?;
+        for node in self.nodes.all() {
+            if node > 0 {
+                self.stop_here(MoveStep::SwitchedOne)?;
+            }
+            let shard = self.nodes.shard(node);
+            let request = NodeRequest::Switch {
+                version: to.version,
+                staged: staged.contains(&shard),
+                len: new.shard_len(shard, len),
+                token,
+            };
+            self.nodes.call(node, &request, Vec::new()).await.map_err(|e| {
+                Failure::Metadata(format!(
+                    "map version {} is published, but shard {shard} replica {} did not switch to it: {e}; run the command again to finish",
+                    to.version,
+                    self.nodes.replica(node)
+                ))
+            })?;
+        }
+        let done = ClusterRecord {
+            moving: None,
+            ..record
+        };
+        cluster::store(&*self.meta, Some(revision), &done)
+            .await
+            .map_err(metadata)?;
+        let mut report = self.move_progress().unwrap_or_default();
+        report.version = to.version;
+        report.records = len;
+        report.done = true;
+        Ok(report)
+    }
+
+    /// Builds node datasets of shard `shard` for map `version` (placement `new`) up to the
+    /// cluster length `len`, from where they end; returns the records it copied from other
+    /// shards.
+    async fn copy_shard(
+        &self,
+        shard: u32,
+        old: &Placement,
+        new: &Placement,
+        version: u64,
+        len: u64,
+    ) -> Result<u64, Failure> {
+        let nodes: Vec<_> = self.nodes.of_shard(shard).collect();
+        let mut at = u64::MAX;
+        for &node in &nodes {
+            match self
+                .nodes
+                .call(node, &NodeRequest::StageOpen { version }, Vec::new())
+                .await?
+                .reply
+            {
+                Reply::Staged { len } => at = at.min(len),
+                other => {
+                    return Err(self
+                        .nodes
+                        .unavailable(node, format!("answered StageOpen with {other:?}")))
+                }
+            }
+        }
+        let target = new.shard_len(shard, len);
+        let fields = self.field_names();
+        let mut moved = 0;
+        if at > target {
+            // Built past the length (records since cut): dropped.
+            let cut = NodeRequest::Stage {
+                version,
+                at: target,
+                sources: Vec::new(),
+                fields: fields.clone(),
+                lengths: vec![Vec::new(); fields.len()],
+            };
+            for &node in &nodes {
+                self.nodes.call(node, &cut, Vec::new()).await?;
+            }
+            at = target;
+        }
+        while at < target {
+            let end = (at + STAGE_RECORDS).min(target);
+            let mut sources = Vec::with_capacity((end - at) as usize);
+            // Records it gains, by the shard holding them now: (their index there, their
+            // place among the received).
+            let mut wanted: Vec<Vec<(u64, usize)>> = vec![Vec::new(); old.shards() as usize];
+            let mut received = 0;
+            for local in at..end {
+                let (holder, there) = old.locate(new.global(shard, local));
+                if holder == shard {
+                    sources.push(Some(there));
+                } else {
+                    sources.push(None);
+                    wanted[holder as usize].push((there, received));
+                    received += 1;
+                }
+            }
+            // Per field, the received records' lengths and payloads, in order.
+            let mut lengths = vec![vec![0u32; received]; fields.len()];
+            let mut payloads: Vec<Vec<Option<Vec<u8>>>> = vec![vec![None; received]; fields.len()];
+            for (holder, wanted) in wanted.iter().enumerate() {
+                if wanted.is_empty() {
+                    continue;
+                }
+                let request = NodeRequest::Gather {
+                    indices: wanted.iter().map(|&(there, _)| there).collect(),
+                    fields: Vec::new(),
+                    checked: true,
+                };
+                let (node, read) = self.nodes.read(holder as u32, &request).await?;
+                let Reply::Gather { lengths: got } = &read.reply else {
+                    return Err(self
+                        .nodes
+                        .unavailable(node, format!("answered a gather with {:?}", read.reply)));
+                };
+                if got.len() != fields.len() || got.iter().any(|l| l.len() != wanted.len()) {
+                    return Err(self
+                        .nodes
+                        .unavailable(node, "answered a gather with the wrong shape".into()));
+                }
+                let body = read.body();
+                let columns = wire::split_columns(got, &body);
+                for f in 0..fields.len() {
+                    for (k, &(_, place)) in wanted.iter().enumerate() {
+                        lengths[f][place] = got[f][k];
+                        payloads[f][place] = Some(columns[f][k].to_vec());
+                    }
+                }
+            }
+            let mut body = Vec::new();
+            for field in payloads {
+                for payload in field.into_iter().flatten() {
+                    body.extend_from_slice(&payload);
+                }
+            }
+            let body = bytes::Bytes::from(body);
+            let request = NodeRequest::Stage {
+                version,
+                at,
+                sources,
+                fields: fields.clone(),
+                lengths,
+            };
+            for &node in &nodes {
+                match self
+                    .nodes
+                    .call(node, &request, vec![body.clone()])
+                    .await?
+                    .reply
+                {
+                    Reply::Staged { len } if len == end => {}
+                    other => {
+                        return Err(self.nodes.unavailable(
+                            node,
+                            format!("answered a stage of records {at}..{end} with {other:?}"),
+                        ))
+                    }
+                }
+            }
+            moved += received as u64;
+            self.note_staged(end - at, received as u64);
+            at = end;
+        }
+        Ok(moved)
+    }
+
+    /// Starts the progress of a move to map `version`.
+    fn set_moving(&self, version: u64, new: &Placement, staged: &[u32], len: u64) {
+        let total: u64 = staged.iter().map(|&s| new.shard_len(s, len)).sum();
+        *self.moving.lock().unwrap_or_else(|e| e.into_inner()) = Some(MoveReport {
+            version,
+            records: len,
+            staged_total: total,
+            ..MoveReport::default()
+        });
+    }
+
+    fn note_staged(&self, staged: u64, moved: u64) {
+        if let Some(report) = self
+            .moving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            report.staged += staged;
+            report.moved += moved;
+        }
+    }
+
+    /// The move under way here, if any.
+    pub(super) fn move_progress(&self) -> Option<MoveReport> {
+        self.moving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Places by `map` (with `placement`) from now on.
+    pub(super) fn adopt_map(&self, map: &MapRecord, placement: Placement) {
+        if self.map_version.load(Ordering::SeqCst) == map.version {
+            return;
+        }
+        self.placement.store(Arc::new(placement));
+        self.nodes.set_cluster(&self.cluster_id, map.version);
+        self.map_version.store(map.version, Ordering::SeqCst);
+        tracing::info!("placing by map version {}", map.version);
+    }
+
+    /// Reads the map from the metadata store and adopts it if it is newer than the one this
+    /// router places by (another router moved the cluster).
+    pub(super) async fn reload_map(&self) -> Result<(), Failure> {
+        let (record, _) = self.load_cluster().await?;
+        if record.map.version > self.map_version.load(Ordering::SeqCst) {
+            let placement =
+                placement_of(&record.map, self.nodes.shards()).map_err(Failure::Metadata)?;
+            if record.map.total_shards() > self.nodes.shards() {
+                return Err(Failure::Metadata(format!(
+                    "the cluster's map has {} shards, and this router's nodes.toml lists {}: add the new shards' nodes to it and restart the router",
+                    record.map.total_shards(),
+                    self.nodes.shards()
+                )));
+            }
+            self.adopt_map(&record.map, placement);
+        }
+        Ok(())
+    }
+}
