@@ -224,10 +224,10 @@ pub enum ClusterCommand {
 
 /// Add a shard to a running cluster, online, moving only the records it takes.
 ///
-/// First add the new shard to nodes.toml (`shards = S + 1` and its [[shard]] entries, id S),
-/// start its nodes (`zr-node --shard S --nodes nodes.toml`, empty data directories), and
-/// restart the routers with the new nodes.toml (they hold no data). Then this command
-/// publishes the next cluster map, in which the new shard takes an even share of the slots
+/// First add the new shard to nodes.toml (`shards = S + 1` and its [[shard]] entries, id S)
+/// and start its nodes (`zr-node --shard S --nodes nodes.toml`, empty data directories).
+/// Then run this command with that nodes.toml: routers started from an older one learn the
+/// new nodes from the metadata store, no restart needed. It publishes the next cluster map, in which the new shard takes an even share of the slots
 /// from the others; every node whose slots change builds its dataset for that map while
 /// gathers and appends go on (records it keeps are copied locally, records it gains are sent
 /// from their shard), then the cluster switches to it with appends held for a moment. Modify
@@ -235,6 +235,10 @@ pub enum ClusterCommand {
 /// router, a node), running it again finishes the move.
 #[derive(Args)]
 pub struct AddShardArgs {
+    /// The updated nodes.toml, listing the new shard's nodes (routers started from an older
+    /// one learn them from here, through the metadata store).
+    #[arg(long, value_name = "PATH")]
+    nodes: Option<PathBuf>,
     #[command(flatten)]
     remote: RouterArgs,
 }
@@ -293,25 +297,39 @@ pub fn run(command: ClusterCommand) -> CliResult {
     match command {
         ClusterCommand::Status(args) => status(args),
         ClusterCommand::ReplaceNode(args) => replace_node(args),
-        ClusterCommand::AddShard(args) => move_shards(&args.remote, MapChange::AddShard),
+        ClusterCommand::AddShard(args) => {
+            let nodes = match &args.nodes {
+                Some(path) => zr_net::config::ClusterConfig::load(path)?
+                    .shards
+                    .iter()
+                    .map(|s| (s.id, s.replica, s.addr))
+                    .collect(),
+                None => Vec::new(),
+            };
+            move_shards(&args.remote, MapChange::AddShard, nodes)
+        }
         ClusterCommand::DrainShard(args) => {
-            move_shards(&args.remote, MapChange::DrainShard(args.shard))
+            move_shards(&args.remote, MapChange::DrainShard(args.shard), Vec::new())
         }
     }
 }
 
 /// Starts (or goes on with) a move to the map with `change` and shows its progress until
 /// it ends.
-fn move_shards(remote: &RouterArgs, change: MapChange) -> CliResult {
+fn move_shards(
+    remote: &RouterArgs,
+    change: MapChange,
+    nodes: Vec<(u32, u32, SocketAddr)>,
+) -> CliResult {
     let usage = match change {
-        MapChange::AddShard => "zr cluster add-shard --router ADDR --certs DIR",
+        MapChange::AddShard => "zr cluster add-shard --nodes nodes.toml --router ADDR --certs DIR",
         MapChange::DrainShard(_) => "zr cluster drain-shard K --router ADDR --certs DIR",
     };
     let client = remote
         .client()?
         .ok_or_else(|| format!("--router is missing: {usage}"))?;
     let started = std::time::Instant::now();
-    client.move_shards(change)?;
+    client.move_shards(change, nodes)?;
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template(

@@ -25,6 +25,17 @@ pub struct ClusterRecord {
     /// by compare-and-swap: one move at a time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moving: Option<MapMove>,
+    /// Shards added since the cluster was made, with their nodes' addresses (replica
+    /// order): routers whose nodes.toml predates a shard reach its nodes here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added: Vec<AddedShard>,
+}
+
+/// A shard added to the cluster, and where its nodes are.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddedShard {
+    pub shard: u32,
+    pub addrs: Vec<String>,
 }
 
 /// A move of records to the next map.

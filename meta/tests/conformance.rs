@@ -105,6 +105,7 @@ async fn conformance(first: Arc<dyn MetaStore>, reopen: impl Fn() -> Arc<dyn Met
         },
         committed_len: 0,
         moving: None,
+        added: Vec::new(),
     };
     let revision = cluster::store(store, None, &record)
         .await

@@ -303,7 +303,20 @@ fn respond_unrecorded(
         let admitted = match message.request {
             // Placed by the map it switches to.
             NodeRequest::Switch { .. } => coordination.identity.admit_cluster(cluster),
-            _ => coordination.identity.admit(cluster, message.map_version),
+            _ => match coordination.identity.admit(cluster, message.map_version) {
+                // A node holding nothing holds it the same way under every map: it takes
+                // a newer one as it comes (a shard not added yet, or drained, that a switch
+                // passed by).
+                Err(crate::identity::Mismatch::Map { ours, theirs })
+                    if theirs > ours && shard.is_some_and(|s| s.holds_nothing(store)) =>
+                {
+                    coordination
+                        .identity
+                        .adopt(theirs)
+                        .map_err(|e| crate::identity::Mismatch::Storage(e.to_string()))
+                }
+                other => other,
+            },
         };
         if let Err(mismatch) = admitted {
             let refusal = Refusal::Identity(mismatch);

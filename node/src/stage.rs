@@ -79,6 +79,24 @@ impl Shard {
         self.current.load_full()
     }
 
+    /// True if `store` (what the node serves) is empty and no dataset is being built here:
+    /// the node holds nothing, under any map.
+    pub fn holds_nothing(&self, store: &Store) -> bool {
+        if !store.is_empty() || self.lock_staged().is_some() {
+            return false;
+        }
+        let dir = store.dir();
+        let (Ok(prefix), Some(parent)) = (staged_prefix(dir), dir.parent()) else {
+            return false;
+        };
+        match std::fs::read_dir(parent) {
+            Ok(entries) => !entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(&prefix)),
+            Err(_) => false,
+        }
+    }
+
     fn lock_staged(&self) -> std::sync::MutexGuard<'_, Option<Staged>> {
         self.staged.lock().unwrap_or_else(|e| e.into_inner())
     }

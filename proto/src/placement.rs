@@ -262,11 +262,12 @@ impl Placement {
     pub fn shard_len(&self, shard: u32, n: u64) -> u64 {
         let e_len = self.map.extent_records;
         let round_len = e_len * SLOTS as u64;
-        let owned = self.slots_of[shard as usize].len() as u64;
+        let slots = self.slots(shard);
+        let owned = slots.len() as u64;
         let (rounds, rest) = (n / round_len, n % round_len);
         let mut len = rounds * owned * e_len;
         let (full, partial) = (rest / e_len, rest % e_len);
-        for &slot in &self.slots_of[shard as usize] {
+        for &slot in slots {
             let slot = slot as u64;
             if slot < full {
                 len += e_len;
@@ -280,7 +281,10 @@ impl Placement {
     /// The largest cluster length consistent with shards holding `lens` records: every shard
     /// holds at least its share of it. Equals `lens.sum()` when the shards agree.
     pub fn consistent_len(&self, lens: &[u64]) -> u64 {
-        let fits = |n: u64| (0..self.shards()).all(|s| self.shard_len(s, n) <= lens[s as usize]);
+        let fits = |n: u64| {
+            (0..self.shards())
+                .all(|s| self.shard_len(s, n) <= lens.get(s as usize).copied().unwrap_or(0))
+        };
         let (mut low, mut high) = (0u64, lens.iter().sum::<u64>());
         while low < high {
             let mid = low + (high - low).div_ceil(2);

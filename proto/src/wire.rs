@@ -32,6 +32,8 @@ pub const MESSAGE_BYTES_MAX: usize = 1 << 30;
 pub const RECORDS_MAX: usize = 1 << 20;
 /// Most fields one message may name.
 pub const FIELDS_MAX: usize = 256;
+/// Most nodes a request may name.
+pub const NODES_MAX: usize = 1 << 16;
 /// Longest cluster id a node request may carry.
 pub const CLUSTER_ID_BYTES_MAX: usize = 128;
 
@@ -86,7 +88,12 @@ pub enum ClientRequest {
     /// Change the cluster map (add a shard, or drain one) and move the records whose shard
     /// changes, online; or finish the move under way, if it is this one. The router starts
     /// it and replies at once: `Moving`, its progress (see `MoveProgress`).
-    MoveShards { change: MapChange },
+    MoveShards {
+        change: MapChange,
+        /// Nodes as the operator's nodes.toml lists them — (shard, replica, address) — where
+        /// the router finds a new shard's nodes that its own nodes.toml predates.
+        nodes: Vec<(u32, u32, String)>,
+    },
     /// How far the move under way is. Reply: `Moving`.
     MoveProgress,
 }
@@ -291,6 +298,9 @@ impl Request for ClientRequest {
             ClientRequest::Modify {
                 fields, lengths, ..
             } => check_modify(fields, lengths, body),
+            ClientRequest::MoveShards { nodes, .. } if nodes.len() > NODES_MAX => Err(
+                Error::Malformed(format!("{} nodes (at most {NODES_MAX})", nodes.len())),
+            ),
             ClientRequest::Scrub { count, .. } if *count > DIGEST_RECORDS_MAX => {
                 Err(Error::Malformed(format!(
                     "a scrub of {count} records (at most {DIGEST_RECORDS_MAX} at once)"

@@ -173,13 +173,20 @@ impl AsyncClient {
     }
 
     /// Starts moving the cluster to the map with `change` (or goes on with that move, if it
-    /// stopped); returns at once. See [`Self::move_progress`].
+    /// stopped); returns at once. `nodes`: (shard, replica, address) of nodes the router may
+    /// not know yet — a new shard's, from the operator's nodes.toml. See
+    /// [`Self::move_progress`].
     pub async fn move_shards(
         &self,
         change: wire::MapChange,
+        nodes: Vec<(u32, u32, SocketAddr)>,
     ) -> Result<Option<wire::MoveReport>, Error> {
+        let nodes = nodes
+            .into_iter()
+            .map(|(shard, replica, addr)| (shard, replica, addr.to_string()))
+            .collect();
         match self
-            .call(&ClientRequest::MoveShards { change }, Vec::new())
+            .call(&ClientRequest::MoveShards { change, nodes }, Vec::new())
             .await?
             .0
         {
@@ -475,8 +482,12 @@ impl Client {
     }
 
     /// Starts a move (see [`AsyncClient::move_shards`]).
-    pub fn move_shards(&self, change: wire::MapChange) -> Result<Option<wire::MoveReport>, Error> {
-        self.runtime.block_on(self.inner.move_shards(change))
+    pub fn move_shards(
+        &self,
+        change: wire::MapChange,
+        nodes: Vec<(u32, u32, SocketAddr)>,
+    ) -> Result<Option<wire::MoveReport>, Error> {
+        self.runtime.block_on(self.inner.move_shards(change, nodes))
     }
 
     /// A move's progress (see [`AsyncClient::move_progress`]).

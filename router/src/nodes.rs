@@ -90,8 +90,13 @@ impl NodeReply {
 
 /// Every shard's nodes, in (shard, replica) order.
 pub(crate) struct Nodes {
-    links: Vec<NodeLink>,
-    shards: u32,
+    /// Append-only: a shard added to the cluster gets its links at the end (see
+    /// [`Nodes::grow`]); a link's place never changes.
+    links: boxcar::Vec<NodeLink>,
+    /// Shards whose links are all made.
+    shards: std::sync::atomic::AtomicU32,
+    /// Held while links are added.
+    growing: std::sync::Mutex<()>,
     replicas: u32,
     /// Which replicas are behind, as last read from or written to the metadata store.
     replica_record: ArcSwap<ReplicaRecord>,
@@ -120,39 +125,19 @@ impl Nodes {
     ) -> Result<Nodes, Error> {
         let mut entries: Vec<_> = config.shards.iter().collect();
         entries.sort_by_key(|s| (s.id, s.replica));
-        let links = entries
-            .into_iter()
-            .map(|s| {
-                let label = if config.cluster.replicas == 1 {
-                    s.id.to_string()
-                } else {
-                    format!("{}/{}", s.id, s.replica)
-                };
-                Ok(NodeLink {
-                    shard: s.id,
-                    replica: s.replica,
-                    configured: s.addr,
-                    target: std::sync::Mutex::new(Target {
-                        addr: s.addr,
-                        endpoint: zr_net::client_endpoint(s.addr)?,
-                    }),
-                    connection: Mutex::new(None),
-                    last_seen: std::sync::Mutex::new(None),
-                    liveness: std::sync::Mutex::new(Liveness::default()),
-                    health: tokio::sync::watch::Sender::new(Health::Unknown),
-                    incarnation: std::sync::Mutex::new(None),
-                    written: AtomicBool::new(false),
-                    len: std::sync::Mutex::new(None),
-                    in_flight: AtomicU64::new(0),
-                    in_flight_gauge: metrics::gauge!("zr_router_node_in_flight", "shard" => label.clone()),
-                    label,
-                    forgotten: std::sync::Mutex::new(None),
-                })
-            })
-            .collect::<Result<_, Error>>()?;
+        let links = boxcar::Vec::new();
+        for s in entries {
+            links.push(NodeLink::new(
+                s.id,
+                s.replica,
+                s.addr,
+                config.cluster.replicas,
+            )?);
+        }
         Ok(Nodes {
             links,
-            shards: config.cluster.shards,
+            shards: std::sync::atomic::AtomicU32::new(config.cluster.shards),
+            growing: std::sync::Mutex::new(()),
             replicas: config.cluster.replicas,
             replica_record: ArcSwap::from_pointee(ReplicaRecord::default()),
             turn: AtomicU64::new(0),
@@ -188,7 +173,37 @@ impl Nodes {
 
     /// How many shards there are.
     pub(crate) fn shards(&self) -> u32 {
-        self.shards
+        self.shards.load(Ordering::Acquire)
+    }
+
+    /// Adds links to shard `shard`'s nodes at `addrs` (one per replica, in order), and their
+    /// heartbeats: a shard added to the cluster after this router started. Nothing to do for
+    /// a shard it knows; refused for one that is not the next.
+    pub(crate) fn grow(self: &Arc<Self>, shard: u32, addrs: &[SocketAddr]) -> Result<(), String> {
+        let _growing = self.growing.lock().unwrap_or_else(|e| e.into_inner());
+        let known = self.shards();
+        if shard < known {
+            return Ok(());
+        }
+        if shard > known || addrs.len() != self.replicas as usize {
+            return Err(format!(
+                "cannot add links to shard {shard} with {} addresses: this router knows shards 0..{known}, with {} replicas each",
+                addrs.len(),
+                self.replicas
+            ));
+        }
+        let mut added = Vec::new();
+        for (replica, &addr) in addrs.iter().enumerate() {
+            let link = NodeLink::new(shard, replica as u32, addr, self.replicas)
+                .map_err(|e| e.to_string())?;
+            added.push(self.links.push(link));
+        }
+        self.shards.store(shard + 1, Ordering::Release);
+        for node in added {
+            self.watch_node(node);
+        }
+        tracing::info!("shard {shard}'s nodes added: {addrs:?}");
+        Ok(())
     }
 
     /// How many nodes hold each shard.
@@ -198,7 +213,7 @@ impl Nodes {
 
     /// Every node.
     pub(crate) fn all(&self) -> std::ops::Range<NodeId> {
-        0..self.links.len()
+        0..self.shards() as usize * self.replicas as usize
     }
 
     /// Shard `shard`'s replica `replica`.
@@ -336,7 +351,7 @@ impl Nodes {
     /// Sets every node's `zr_router_node_in_flight` again (gauges not set for a while drop
     /// out of the exposition).
     pub(crate) fn refresh_in_flight(&self) {
-        for link in &self.links {
+        for (_, link) in self.links.iter() {
             link.in_flight_gauge
                 .set(link.in_flight.load(Ordering::Relaxed) as f64);
         }
@@ -363,7 +378,7 @@ impl Nodes {
     async fn set_record(&self, record: ReplicaRecord) {
         // Only a change gives the catch-up task something new to look at.
         let changed = **self.replica_record.load() != record;
-        for (node, link) in self.links.iter().enumerate() {
+        for (node, link) in self.links.iter() {
             let wanted = match record.moved_to((link.shard, link.replica)) {
                 None => link.configured,
                 Some(text) => match text.parse::<SocketAddr>() {
@@ -568,6 +583,13 @@ impl Nodes {
     /// Starts a heartbeat task per node; each ends when the `Nodes` are dropped.
     pub(crate) fn watch(self: &Arc<Self>) {
         for node in self.all() {
+            self.watch_node(node);
+        }
+    }
+
+    /// Starts node `node`'s heartbeat task; it ends when the `Nodes` are dropped.
+    fn watch_node(self: &Arc<Self>, node: NodeId) {
+        {
             let nodes: Weak<Nodes> = Arc::downgrade(self);
             tokio::spawn(async move {
                 for beat in 0u32.. {
@@ -860,6 +882,35 @@ impl Nodes {
 }
 
 impl NodeLink {
+    /// The link to shard `shard`'s replica `replica` at `addr`; connected on first use.
+    fn new(shard: u32, replica: u32, addr: SocketAddr, replicas: u32) -> Result<NodeLink, Error> {
+        let label = if replicas == 1 {
+            shard.to_string()
+        } else {
+            format!("{shard}/{replica}")
+        };
+        Ok(NodeLink {
+            shard,
+            replica,
+            configured: addr,
+            target: std::sync::Mutex::new(Target {
+                addr,
+                endpoint: zr_net::client_endpoint(addr)?,
+            }),
+            connection: Mutex::new(None),
+            last_seen: std::sync::Mutex::new(None),
+            liveness: std::sync::Mutex::new(Liveness::default()),
+            health: tokio::sync::watch::Sender::new(Health::Unknown),
+            incarnation: std::sync::Mutex::new(None),
+            written: AtomicBool::new(false),
+            len: std::sync::Mutex::new(None),
+            in_flight: AtomicU64::new(0),
+            in_flight_gauge: metrics::gauge!("zr_router_node_in_flight", "shard" => label.clone()),
+            label,
+            forgotten: std::sync::Mutex::new(None),
+        })
+    }
+
     /// Where the node is reached now.
     fn target(&self) -> Target {
         self.target

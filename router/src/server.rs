@@ -230,6 +230,9 @@ impl Router {
             .cluster_record(config, known.as_deref(), down.first())
             .await?;
         router.cluster_id = record.id.clone();
+        router
+            .grow_from(&record)
+            .map_err(|e| Error::Failed(Failure::Metadata(e)))?;
         let placement = moves::placement_of(&record.map, router.nodes.shards())
             .map_err(|e| Error::Failed(Failure::Metadata(e)))?;
         router.adopt_map(&record.map, placement);
@@ -315,8 +318,14 @@ impl Router {
                     changes: record.map.changes.clone(),
                     ..given.clone()
                 };
+                // Shards added since are reached where the record says.
+                let known = record
+                    .added
+                    .iter()
+                    .map(|a| a.shard + 1)
+                    .fold(config.cluster.shards, u32::max);
                 let differs = record.map.difference(&compared).or_else(|| {
-                    (config.cluster.shards < stored_shards).then_some((
+                    (known < stored_shards).then_some((
                         "shards",
                         stored_shards as u64,
                         config.cluster.shards as u64,
@@ -346,6 +355,7 @@ impl Router {
                 map: given.clone(),
                 committed_len: self.placement.load().consistent_len(lens),
                 moving: None,
+                added: Vec::new(),
             };
             match cluster::store(&*self.meta, None, &record).await {
                 Ok(_) => {
@@ -416,6 +426,9 @@ impl Router {
         let placement = self.placement.load();
         let committed = self.committed.load(Ordering::SeqCst);
         let mut missing = self.missing.lock().unwrap_or_else(|e| e.into_inner());
+        if missing.len() < lens.len() {
+            missing.resize(lens.len(), None);
+        }
         for (shard, (&have, slot)) in lens.iter().zip(missing.iter_mut()).enumerate() {
             let share = placement.shard_len(shard as u32, committed);
             *slot = (have < share).then_some(have);
@@ -793,15 +806,18 @@ impl Router {
                 self.replace_node(shard, replica, &addr).await?;
                 Ok(ready(Reply::Status(self.status().await)))
             }
-            ClientRequest::MoveShards { change } => {
-                self.start_move(change);
+            ClientRequest::MoveShards { change, nodes } => {
+                self.start_move(change, nodes);
                 Ok(ready(Reply::Moving(self.move_progress())))
             }
             ClientRequest::MoveProgress => Ok(ready(Reply::Moving(self.move_progress()))),
             ClientRequest::Commit => {
                 self.exclusive(|| async {
+                    let placement = self.placement.load_full();
                     for shard in 0..self.nodes.shards() {
-                        self.commit_shard(shard).await?;
+                        if !placement.slots(shard).is_empty() {
+                            self.commit_shard(shard).await?;
+                        }
                     }
                     // Every shard holds the length durably now: the promise moves.
                     self.record_committed(self.len(), false).await?;
@@ -823,7 +839,7 @@ impl Router {
     ) -> Result<(Reply, Body), Failure> {
         let len = self
             .len_covering(indices.iter().copied().max().unwrap_or(0))
-            .await;
+            .await?;
         if let Some(&index) = indices.iter().find(|&&i| i >= len) {
             return Err(Failure::OutOfRange { index, len });
         }
@@ -917,11 +933,12 @@ impl Router {
             .map(|answer| Some(answer.map(|(len, _)| len)))
             .collect();
         let mut shards = Vec::with_capacity(self.nodes.shards() as usize);
+        let placement = self.placement.load_full();
         for shard in 0..self.nodes.shards() {
             let mut lens = ShardLens::default();
             let mut failed = Vec::new();
             for node in self.nodes.in_sync_of(shard) {
-                match answers[node].take() {
+                match answers.get_mut(node).and_then(Option::take) {
                     Some(Ok(len)) => {
                         lens.len = lens.len.max(len);
                         lens.replicas.push((node, len));
@@ -929,6 +946,12 @@ impl Router {
                     Some(Err(failure)) => failed.push((node, failure)),
                     None => {}
                 }
+            }
+            if placement.slots(shard).is_empty() && lens.replicas.is_empty() {
+                // A shard the map places nothing on (drained, or not added yet) holds
+                // nothing: its nodes may be gone.
+                shards.push(lens);
+                continue;
             }
             if lens.replicas.is_empty() {
                 return Err(failed.into_iter().next().map_or_else(
@@ -981,17 +1004,20 @@ impl Router {
     }
 
     /// The global length as the nodes have it now if `index` is past the cached one (another
-    /// router may have appended); the cached one otherwise, or if a node cannot say.
-    async fn len_covering(&self, index: u64) -> u64 {
+    /// router may have appended); the cached one otherwise, or if a node cannot say — unless
+    /// it refused as placed by another map (the cluster moved: the caller tries again once
+    /// this router has the new map).
+    async fn len_covering(&self, index: u64) -> Result<u64, Failure> {
         let len = self.len();
         if index < len {
-            return len;
+            return Ok(len);
         }
         match self.refresh_len().await {
-            Ok(len) => len,
+            Ok(len) => Ok(len),
+            Err(e) if e.code() == wire::ErrorCode::StaleMap => Err(e),
             Err(e) => {
                 tracing::debug!("cannot refresh the length: {e}");
-                len
+                Ok(len)
             }
         }
     }

@@ -70,10 +70,11 @@ fn check_all(client: &Client, model: &[Row]) {
     }
 }
 
-/// Random gathers and appends on their own thread until `stop`; returns the model and the
-/// gathers checked.
+/// Random gathers (through each of `readers` in turn) and appends (through `writer`) on
+/// their own thread until `stop`; returns the model and the gathers checked.
 fn load(
-    client: Client,
+    writer: Client,
+    readers: Vec<Client>,
     mut model: Vec<Row>,
     stop: Arc<AtomicBool>,
     seed: u64,
@@ -86,10 +87,10 @@ fn load(
             }
             let r = mix2(seed, step);
             if r.is_multiple_of(4) {
-                append(&client, &mut model, r, 1 + r % 16);
+                append(&writer, &mut model, r, 1 + r % 16);
             } else {
                 let indices: Vec<u64> = (0..64).map(|k| mix2(r, k) % model.len() as u64).collect();
-                check(&client, &model, &indices);
+                check(&readers[gathers as usize % readers.len()], &model, &indices);
                 gathers += 1;
             }
         }
@@ -99,8 +100,21 @@ fn load(
 
 /// Starts the move to the map with `change` and waits for its end: its report, or why it
 /// stopped.
-fn run_move(client: &Client, change: MapChange) -> Result<MoveReport, String> {
-    client.move_shards(change).map_err(|e| e.to_string())?;
+fn run_move(
+    cluster: &SimCluster,
+    client: &Client,
+    change: MapChange,
+) -> Result<MoveReport, String> {
+    // What `zr cluster add-shard --nodes nodes.toml` sends: every node nodes.toml lists.
+    let nodes = cluster
+        .config()
+        .shards
+        .iter()
+        .map(|s| (s.id, s.replica, s.addr))
+        .collect();
+    client
+        .move_shards(change, nodes)
+        .map_err(|e| e.to_string())?;
     let started = Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(50));
@@ -145,9 +159,11 @@ fn check_spread(client: &Client, records: u64, drained: &[u32], tolerance: f64) 
 }
 
 /// 2 → 3 → 4 shards, then shard 1 drained, each move under a running loop of gathers and
-/// appends; checked after each.
+/// appends through a second router (which learns the new nodes and maps from the metadata
+/// store and from its nodes' refusals); checked after each.
 fn grow_and_drain(replicas: u32) {
     let mut cluster = SimCluster::start(2, options(replicas)).expect("cluster");
+    let other = cluster.add_router().expect("second router");
     let client = cluster.client().expect("client");
     let mut model = Vec::new();
     append(&client, &mut model, 1, 6000);
@@ -161,19 +177,28 @@ fn grow_and_drain(replicas: u32) {
     {
         if change == MapChange::AddShard {
             cluster.add_shard_nodes().expect("new shard's nodes");
-            // Routers learn new shards' nodes from nodes.toml when they start.
-            cluster.restart_router().expect("router");
         }
         let client = cluster.client().expect("client");
         let stop = Arc::new(AtomicBool::new(false));
+        // Writes through one router (a second would wait for the write lease the first
+        // holds while it writes), reads through both.
+        let second = Client::connect_with_timeout(
+            other,
+            cluster
+                .security(zr_net::tls::Role::Client)
+                .expect("security"),
+            cluster.client_timeout(),
+        )
+        .expect("client of the second router");
         let running = load(
             cluster.client().expect("client"),
+            vec![second, cluster.client().expect("client")],
             std::mem::take(&mut model),
             Arc::clone(&stop),
             step as u64,
         );
         std::thread::sleep(Duration::from_millis(200));
-        let report = run_move(&client, change).expect("the move");
+        let report = run_move(&cluster, &client, change).expect("the move");
         std::thread::sleep(Duration::from_millis(200));
         stop.store(true, Ordering::SeqCst);
         let (grown, gathers) = running.join().expect("the load's checks");
@@ -239,9 +264,8 @@ fn adding_a_fifth_shard_moves_a_fifth_of_the_records() {
     let mut model = Vec::new();
     append(&client_of(&cluster), &mut model, 5, 40_960);
     cluster.add_shard_nodes().expect("new shard's nodes");
-    cluster.restart_router().expect("router");
     let client = client_of(&cluster);
-    let report = run_move(&client, MapChange::AddShard).expect("the move");
+    let report = run_move(&cluster, &client, MapChange::AddShard).expect("the move");
     let n = model.len() as u64;
     assert_eq!(report.records, n);
     assert!(
@@ -275,11 +299,10 @@ fn a_move_stopped_at_any_step_is_finished_by_running_it_again() {
         };
         if change == MapChange::AddShard {
             cluster.add_shard_nodes().expect("new shard's nodes");
-            cluster.restart_router().expect("router");
         }
         cluster.router(0).expect("router").stop_moves_at(Some(step));
         let client = client_of(&cluster);
-        let stopped = run_move(&client, change).expect_err("the move stops");
+        let stopped = run_move(&cluster, &client, change).expect_err("the move stops");
         assert!(stopped.contains("injected"), "{stopped}");
         // What a crash may lose: nothing acknowledged as committed.
         if step != MoveStep::Published && step != MoveStep::SwitchedOne {
@@ -301,7 +324,7 @@ fn a_move_stopped_at_any_step_is_finished_by_running_it_again() {
         if step != MoveStep::Published && step != MoveStep::SwitchedOne {
             append(&client, &mut model, 100 + round as u64, 50);
         }
-        let report = run_move(&client, change).expect("the move, run again");
+        let report = run_move(&cluster, &client, change).expect("the move, run again");
         assert!(report.done, "{report:?}");
         append(&client, &mut model, 200 + round as u64, 50);
         check_all(&client, &model);

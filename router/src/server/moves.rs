@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use zr_meta::cluster::{self, ClusterRecord, MapChange, MapMove, MapRecord};
+use zr_meta::cluster::{self, AddedShard, ClusterRecord, MapChange, MapMove, MapRecord};
 use zr_proto::placement::{ClusterMap, Placement};
 use zr_proto::wire::{self, MoveReport, NodeRequest, Reply};
 
@@ -100,7 +100,11 @@ impl Router {
 
     /// Runs [`Self::move_shards`] in the background, unless a move runs here already; its
     /// progress and outcome are [`Self::move_progress`].
-    pub(super) fn start_move(self: &Arc<Self>, change: wire::MapChange) {
+    pub(super) fn start_move(
+        self: &Arc<Self>,
+        change: wire::MapChange,
+        nodes: Vec<(u32, u32, String)>,
+    ) {
         {
             let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
             if moving
@@ -113,7 +117,7 @@ impl Router {
         }
         let router = Arc::clone(self);
         tokio::spawn(async move {
-            let outcome = router.move_shards(change).await;
+            let outcome = router.move_shards(change, &nodes).await;
             let mut moving = router.moving.lock().unwrap_or_else(|e| e.into_inner());
             match outcome {
                 Ok(report) => *moving = Some(report),
@@ -127,7 +131,11 @@ impl Router {
 
     /// Moves the cluster to the map with `change`, or finishes the move under way if it is
     /// this change; see the module documentation.
-    pub(super) async fn move_shards(&self, change: wire::MapChange) -> Result<MoveReport, Failure> {
+    pub(super) async fn move_shards(
+        &self,
+        change: wire::MapChange,
+        listed: &[(u32, u32, String)],
+    ) -> Result<MoveReport, Failure> {
         let change = match change {
             wire::MapChange::AddShard => MapChange::AddShard,
             wire::MapChange::DrainShard(shard) => MapChange::DrainShard(shard),
@@ -165,13 +173,32 @@ impl Router {
             }
             None => {
                 let to = record.map.with(change);
-                if change == MapChange::AddShard && to.total_shards() > self.nodes.shards() {
-                    return Err(Failure::BadRequest(format!(
-                        "the new shard would be shard {new}, and this router's nodes.toml lists shards 0..{known} only: add shard {new}'s nodes to nodes.toml ([[shard]] id = {new}, and shards = {}), start them, restart the router with it, then run add-shard again",
-                        to.total_shards(),
-                        new = to.total_shards() - 1,
-                        known = self.nodes.shards(),
-                    )));
+                let mut added = record.added.clone();
+                if change == MapChange::AddShard {
+                    let shard = to.total_shards() - 1;
+                    let addrs = self.new_shard_nodes(shard, listed).await?;
+                    added.retain(|a| a.shard != shard);
+                    added.push(AddedShard {
+                        shard,
+                        addrs: addrs.iter().map(ToString::to_string).collect(),
+                    });
+                    self.nodes.grow(shard, &addrs).map_err(Failure::BadRequest)?;
+                    for node in self.nodes.of_shard(shard) {
+                        match self.nodes.call(node, &NodeRequest::Info, Vec::new()).await?.reply {
+                            Reply::Info { len: 0, .. } => {}
+                            Reply::Info { len, .. } => {
+                                return Err(self.nodes.unavailable(
+                                    node,
+                                    format!("it holds {len} records, and a new shard's nodes start empty"),
+                                ))
+                            }
+                            other => {
+                                return Err(self
+                                    .nodes
+                                    .unavailable(node, format!("answered Info with {other:?}")))
+                            }
+                        }
+                    }
                 }
                 placement_of(&to, self.nodes.shards()).map_err(Failure::BadRequest)?;
                 let moving = ClusterRecord {
@@ -179,6 +206,7 @@ impl Router {
                         to: to.clone(),
                         switched_at: None,
                     }),
+                    added,
                     ..record.clone()
                 };
                 cluster::store(&*self.meta, Some(revision), &moving)
@@ -251,6 +279,74 @@ impl Router {
         Ok(report)
     }
 
+    /// Where the nodes of new shard `shard` are: this router's links if its nodes.toml lists
+    /// them, else the operator's nodes.toml (`listed`); each must answer, holding no records,
+    /// at an address no other node has.
+    async fn new_shard_nodes(
+        &self,
+        shard: u32,
+        listed: &[(u32, u32, String)],
+    ) -> Result<Vec<std::net::SocketAddr>, Failure> {
+        let replicas = self.nodes.replicas();
+        let addrs: Vec<std::net::SocketAddr> = if shard < self.nodes.shards() {
+            self.nodes
+                .of_shard(shard)
+                .map(|n| self.nodes.addr(n))
+                .collect()
+        } else {
+            (0..replicas)
+                .map(|replica| {
+                    let entry = listed
+                        .iter()
+                        .find(|(s, r, _)| (*s, *r) == (shard, replica))
+                        .ok_or_else(|| {
+                            Failure::BadRequest(format!(
+                                "the new shard is shard {shard}, and neither this router's nodes.toml nor the one given lists its replica {replica}: add its [[shard]] entries (id = {shard}) to nodes.toml, start its nodes, and pass that nodes.toml (--nodes)"
+                            ))
+                        })?;
+                    entry.2.parse().map_err(|e| {
+                        Failure::BadRequest(format!(
+                            "shard {shard} replica {replica}'s address '{}' is no address: {e}",
+                            entry.2
+                        ))
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        for (replica, addr) in addrs.iter().enumerate() {
+            if let Some(other) = self
+                .nodes
+                .all()
+                .find(|&n| self.nodes.shard(n) != shard && self.nodes.addr(n) == *addr)
+            {
+                return Err(Failure::BadRequest(format!(
+                    "shard {shard} replica {replica}'s address {addr} is shard {} replica {}'s",
+                    self.nodes.shard(other),
+                    self.nodes.replica(other)
+                )));
+            }
+        }
+        Ok(addrs)
+    }
+
+    /// Adds links to the shards `record` says were added, that this router does not know.
+    pub(super) fn grow_from(self: &Router, record: &ClusterRecord) -> Result<(), String> {
+        let mut added = record.added.clone();
+        added.sort_by_key(|a| a.shard);
+        for shard in added.iter().filter(|a| a.shard >= self.nodes.shards()) {
+            let addrs = shard
+                .addrs
+                .iter()
+                .map(|a| {
+                    a.parse()
+                        .map_err(|e| format!("shard {}'s recorded address '{a}': {e}", shard.shard))
+                })
+                .collect::<Result<Vec<std::net::SocketAddr>, String>>()?;
+            self.nodes.grow(shard.shard, &addrs)?;
+        }
+        Ok(())
+    }
+
     /// Refuses a `what` (a modify or delete: a change of records already copied) while a
     /// move is under way; appends go on.
     pub(super) async fn refuse_while_moving(&self, what: &str) -> Result<(), Failure> {
@@ -299,19 +395,24 @@ impl Router {
         let old = placement_of(&previous, shards).map_err(Failure::Metadata)?;
         let staged = changed_shards(&old, &new);
         self.adopt_map(&to, new.clone());
-        let token =
-            self.usable_lease()
-                .map(|held| held.token)
-                .ok_or(Failure::LeaseRunningOut {
-                    shard: 0,
-                    timeout_ms: self.timeout.as_millis(),
-                })?;
+        let token = self
+            .usable_lease()
+            .map(|held| held.token)
+            .ok_or(Failure::LeaseRunningOut {
+                shard: 0,
+                timeout_ms: self.timeout.as_millis(),
+            })?;
         self.stop_here(MoveStep::Published)?;
         for node in self.nodes.all() {
             if node > 0 {
                 self.stop_here(MoveStep::SwitchedOne)?;
             }
             let shard = self.nodes.shard(node);
+            if new.slots(shard).is_empty() && !staged.contains(&shard) {
+                // Holds nothing before and after (drained, or not added yet): it takes the
+                // map with its next request.
+                continue;
+            }
             let request = NodeRequest::Switch {
                 version: to.version,
                 staged: staged.contains(&shard),
@@ -517,6 +618,7 @@ impl Router {
     /// router places by (another router moved the cluster).
     pub(super) async fn reload_map(&self) -> Result<(), Failure> {
         let (record, _) = self.load_cluster().await?;
+        self.grow_from(&record).map_err(Failure::Metadata)?;
         if record.map.version > self.map_version.load(Ordering::SeqCst) {
             let placement =
                 placement_of(&record.map, self.nodes.shards()).map_err(Failure::Metadata)?;
