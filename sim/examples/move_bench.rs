@@ -1,0 +1,178 @@
+//! What growing a cluster online costs, on loopback, each figure next to its baseline from
+//! the same run: the records `zr cluster add-shard` moves per second next to a plain file
+//! copy of the same bytes, and random gathers through the router while the move runs next to
+//! gathers before it.
+//!
+//! ```text
+//! cargo run --release -p zr-sim --example move_bench -- [--shards 4] [--records 200000]
+//! ```
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use zr_common::hash::{mix2, reduce};
+use zr_common::Record;
+use zr_router::{Client, MapChange};
+use zr_sim::{SimCluster, SimOptions};
+
+/// Add-shard's cost on loopback, against same-run baselines.
+#[derive(Clone, Parser)]
+struct Args {
+    /// Shards before the add.
+    #[arg(long, default_value_t = 4)]
+    shards: u32,
+    /// Records loaded before the add.
+    #[arg(long, default_value_t = 200_000)]
+    records: u64,
+    /// Bytes per record.
+    #[arg(long, default_value_t = 1024)]
+    size: usize,
+    /// Records per gather.
+    #[arg(long, default_value_t = 1024)]
+    batch: usize,
+    /// Seconds of gathers before the move (the baseline).
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Log level of the cluster's processes.
+    #[arg(long, default_value = "error")]
+    log: String,
+}
+
+type Failed = Box<dyn std::error::Error + Send + Sync>;
+
+fn payload(i: u64, size: usize) -> Vec<u8> {
+    (0..size.div_ceil(8))
+        .flat_map(|k| mix2(i, k as u64).to_le_bytes())
+        .take(size)
+        .collect()
+}
+
+/// Random gathers until `seconds` pass or `stop` is set, every 97th record checked; returns
+/// (records, seconds).
+fn gather(
+    client: &Client,
+    args: &Args,
+    seconds: f64,
+    stop: &AtomicBool,
+    seed: u64,
+) -> Result<(u64, f64), Failed> {
+    let started = Instant::now();
+    let mut records = 0u64;
+    for n in 0u64.. {
+        if started.elapsed().as_secs_f64() >= seconds || stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let indices: Vec<u64> = (0..args.batch as u64)
+            .map(|k| reduce(mix2(seed ^ n, k), args.records))
+            .collect();
+        let columns = client.gather(&indices, &[])?;
+        for (pos, &i) in indices.iter().enumerate().step_by(97) {
+            if columns[0].get(pos) != Some(&payload(i, args.size)[..]) {
+                return Err(format!("record {i} came back wrong").into());
+            }
+        }
+        records += indices.len() as u64;
+    }
+    Ok((records, started.elapsed().as_secs_f64()))
+}
+
+/// Seconds a plain file copy of `bytes` bytes between two directories takes (its source
+/// warm in the page cache, as the move's sources are).
+fn file_copy_seconds(bytes: u64) -> Result<f64, Failed> {
+    let dir = tempfile::tempdir()?;
+    let (from, to) = (dir.path().join("a"), dir.path().join("b"));
+    let data: Vec<u8> = (0..bytes).map(|i| mix2(i, 7) as u8).collect();
+    std::fs::write(&from, &data)?;
+    let started = Instant::now();
+    std::fs::copy(&from, &to)?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+fn main() -> Result<(), Failed> {
+    zr_common::alloc::tune();
+    let args = Args::parse();
+    zr_net::logging::init_logging(&args.log, zr_net::logging::LogFormat::Text);
+    let mib = |bytes: f64| bytes / (1 << 20) as f64;
+    let mut cluster = SimCluster::start(args.shards, SimOptions::default())?;
+    let client = cluster.client()?;
+    let mut done = 0;
+    while done < args.records {
+        let n = 1024.min(args.records - done);
+        let payloads: Vec<Vec<u8>> = (0..n).map(|k| payload(done + k, args.size)).collect();
+        let records: Vec<Record> = payloads
+            .iter()
+            .map(|p| Record::new().with("data", p))
+            .collect();
+        client.append_many(&records)?;
+        done += n;
+    }
+    client.commit()?;
+    println!(
+        "{} shards -> {}, {} records of {} B each, gathers of {}; every process on this machine",
+        args.shards,
+        args.shards + 1,
+        args.records,
+        args.size,
+        args.batch
+    );
+    let idle = AtomicBool::new(false);
+    let (before, before_s) = gather(&client, &args, args.seconds, &idle, 1)?;
+    let before_rate = before as f64 / before_s;
+
+    cluster.add_shard_nodes()?;
+    let nodes = cluster
+        .config()
+        .shards
+        .iter()
+        .map(|s| (s.id, s.replica, s.addr))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let during = {
+        let (client, stop) = (cluster.client()?, Arc::clone(&stop));
+        let args = args.clone();
+        std::thread::spawn(move || gather(&client, &args, f64::INFINITY, &stop, 2))
+    };
+    let started = Instant::now();
+    client.move_shards(MapChange::AddShard, nodes)?;
+    let report = loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let report = client.move_progress()?.ok_or("the router runs no move")?;
+        if let Some(error) = report.error {
+            return Err(format!("the move stopped: {error}").into());
+        }
+        if report.done {
+            break report;
+        }
+    };
+    let move_s = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::SeqCst);
+    let (during, during_s) = during.join().map_err(|_| "the gather thread panicked")??;
+    let during_rate = during as f64 / during_s;
+
+    let moved_bytes = report.moved * args.size as u64;
+    let copy_s = file_copy_seconds(moved_bytes)?;
+    println!(
+        "add-shard   moved {} of {} records ({:.1}%), {} written into new datasets, in {move_s:.2} s",
+        report.moved,
+        report.records,
+        100.0 * report.moved as f64 / report.records as f64,
+        report.staged
+    );
+    println!(
+        "move rate   {:>10.0} records/s moved ({:.1} MiB/s)   file copy of the same {:.1} MiB {:>7.1} MiB/s   move/copy {:.2}x",
+        report.moved as f64 / move_s,
+        mib(moved_bytes as f64 / move_s),
+        mib(moved_bytes as f64),
+        mib(moved_bytes as f64 / copy_s),
+        copy_s / move_s
+    );
+    println!(
+        "gathers     during the move {:>10.0} records/s   before it {:>10.0} records/s   during/before {:.2}x",
+        during_rate,
+        before_rate,
+        during_rate / before_rate
+    );
+    Ok(())
+}
