@@ -557,10 +557,11 @@ fn execute(
             sources,
             fields,
             lengths,
+            commit,
         } => {
             let received = records_of(&fields, &lengths, body);
             let len = mover()?
-                .stage(version, at, &sources, received)
+                .stage(version, at, &sources, received, commit)
                 .map_err(fail)?;
             Ok((Reply::Staged { len }, Vec::new()))
         }

@@ -145,13 +145,14 @@ impl Shard {
     /// Sets the records of the dataset for map `version` from index `at` on: record k is
     /// this node's current record `sources[k]`, or for `None` the next of `received`.
     /// Records it held from `at` on are dropped first (a resumed move sends them again).
-    /// Returns its length.
+    /// With `commit`, everything staged so far is made durable. Returns its length.
     pub fn stage(
         &self,
         version: u64,
         at: u64,
         sources: &[Option<u64>],
         received: Vec<Record<'_>>,
+        commit: bool,
     ) -> Result<u64> {
         let staged = self.lock_staged();
         let Some(open) = staged.as_ref().filter(|s| s.version == version) else {
@@ -200,8 +201,10 @@ impl Shard {
             }
         }
         store.append_many(&records)?;
-        // Kept: a node restarted mid-move goes on from here.
-        store.commit()?;
+        if commit {
+            // Kept: a node restarted mid-move goes on from here.
+            store.commit()?;
+        }
         Ok(store.len())
     }
 

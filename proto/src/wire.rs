@@ -191,13 +191,15 @@ pub enum NodeRequest {
     StageOpen { version: u64 },
     /// A move: the records of the dataset for map `version` from index `at` on — record k
     /// is this node's current record `sources[k]`, or for `None` the next in the body (per
-    /// field of `fields`, the payloads, as for `Append`). Reply: `Staged`.
+    /// field of `fields`, the payloads, as for `Append`); with `commit`, made durable (a
+    /// restarted node goes on from there). Reply: `Staged`.
     Stage {
         version: u64,
         at: u64,
         sources: Vec<Option<u64>>,
         fields: Vec<String>,
         lengths: Vec<Vec<u32>>,
+        commit: bool,
     },
     /// A move: serve map `version` from now on — with `staged`, the dataset built for it,
     /// which must hold `len` records; else the current data, unchanged. Placed by the map

@@ -783,6 +783,109 @@ fn a_replicated_cluster_shrugs_off_kill_9_of_a_node() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// A cluster grows by a shard and shrinks by another with the binaries, as an operator runs
+/// it: the new shard's node started from an updated nodes.toml, `zr cluster add-shard
+/// --nodes` with it (the router, started from the old one, learns the node from there),
+/// then `zr cluster drain-shard`; every record served after each, and by a router restarted
+/// on the old nodes.toml.
+#[test]
+fn binaries_add_and_drain_a_shard_online() {
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("moves");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let mut processes = start(&node, &router, &config);
+    let client = connect(&addr, &certs);
+    let row = |i: u64| {
+        format!("record {i} ")
+            .repeat(1 + (i % 5) as usize)
+            .into_bytes()
+    };
+    let rows: Vec<Vec<u8>> = (0..3000).map(row).collect();
+    let batch: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
+    client.append_many(&batch).unwrap();
+    client.commit().unwrap();
+    let check_all = |client: &Client| {
+        let len = client.len().unwrap();
+        let all: Vec<u64> = (0..len).collect();
+        let columns = client.gather(&all, &[]).unwrap();
+        for &i in &all {
+            assert_eq!(columns[0].get(i as usize).unwrap(), &row(i)[..]);
+        }
+        len
+    };
+
+    // The new shard's node, from an updated nodes.toml.
+    let port = free_port_run(1);
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("shards = 2"), "{text}");
+    let grown = text.replace("shards = 2", "shards = 3")
+        + &format!(
+            "\n[[shard]]\nid = 2\nreplica = 0\naddr = \"127.0.0.1:{port}\"\ndata = \"{}\"\n",
+            tmp.join("data").join("shard-2").display()
+        );
+    let grown_config = tmp.join("nodes-grown.toml");
+    std::fs::write(&grown_config, grown).unwrap();
+    let grown_path = grown_config.to_str().unwrap();
+    processes.insert(0, spawn(&node, &["--shard", "2", "--nodes", grown_path]));
+    let certs_arg = certs.to_str().unwrap();
+    let added = zr(&[
+        "cluster",
+        "add-shard",
+        "--nodes",
+        grown_path,
+        "--router",
+        &addr,
+        "--certs",
+        certs_arg,
+    ]);
+    assert!(
+        added.contains("map version 2 serves") && added.contains("records moved"),
+        "{added}"
+    );
+    assert_eq!(check_all(&client), 3000);
+    let (_, status) = cluster_status(&addr, &certs);
+    assert!(status.contains(&format!("127.0.0.1:{port}")), "{status}");
+    assert!(status.contains("map version  2"), "{status}");
+
+    let drained = zr(&[
+        "cluster",
+        "drain-shard",
+        "0",
+        "--router",
+        &addr,
+        "--certs",
+        certs_arg,
+    ]);
+    assert!(drained.contains("map version 3 serves"), "{drained}");
+    let again = zr_fails(&[
+        "cluster",
+        "drain-shard",
+        "0",
+        "--router",
+        &addr,
+        "--certs",
+        certs_arg,
+    ]);
+    assert!(again.contains("drained already"), "{again}");
+    client.append(&Record::new().with("x", &row(3000))).unwrap();
+    assert_eq!(check_all(&client), 3001);
+
+    // A router started on the old nodes.toml reaches the added shard where the metadata
+    // store says.
+    terminate(processes.pop().unwrap());
+    processes.push(spawn_router(
+        &router,
+        config.to_str().unwrap(),
+        &addr,
+        &certs,
+    ));
+    let client = connect(&addr, &certs);
+    assert_eq!(check_all(&client), 3001);
+    drop(client);
+    stop_all(processes);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 /// The port of `addr` (IP:PORT).
 fn addr_port(addr: &str) -> u16 {
     addr.rsplit(':').next().unwrap().parse().unwrap()

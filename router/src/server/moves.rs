@@ -44,7 +44,11 @@ pub enum MoveStep {
 }
 
 /// Records staged per request.
-const STAGE_RECORDS: u64 = 2048;
+const STAGE_RECORDS: u64 = 4096;
+/// Time a move pauses after each batch, per unit of time the batch took.
+const PAUSE_PER_WORK: f64 = 1.0;
+/// Stage requests between two that make a node's dataset durable (and the last of a pass).
+const STAGES_PER_COMMIT: u64 = 16;
 
 /// The placement `map` gives, with `shards` shards at least (those beyond the map own
 /// nothing).
@@ -236,16 +240,16 @@ impl Router {
         self.set_moving(to.version, &new, &staged, len);
         let mut moved = 0;
         self.stop_here(MoveStep::Recorded)?;
-        for &shard in &staged {
-            moved += self.copy_shard(shard, &old, &new, to.version, len).await?;
-        }
+        moved += self
+            .copy_shards(&staged, &old, &new, to.version, len)
+            .await?;
         self.stop_here(MoveStep::Copied)?;
         let report = self
             .exclusive(|| async {
                 let len = self.len.load(Ordering::SeqCst);
-                for &shard in &staged {
-                    moved += self.copy_shard(shard, &old, &new, to.version, len).await?;
-                }
+                moved += self
+                    .copy_shards(&staged, &old, &new, to.version, len)
+                    .await?;
                 // Publish: from here on the new map is the cluster's.
                 let (record, revision) = self.load_cluster().await?;
                 let published = ClusterRecord {
@@ -441,6 +445,24 @@ impl Router {
         Ok(report)
     }
 
+    /// [`Self::copy_shard`] for each of `shards`, one after another (side by side, they
+    /// take the machines from the cluster's readers); returns the records copied from other
+    /// shards.
+    async fn copy_shards(
+        &self,
+        shards: &[u32],
+        old: &Placement,
+        new: &Placement,
+        version: u64,
+        len: u64,
+    ) -> Result<u64, Failure> {
+        let mut moved = 0;
+        for &shard in shards {
+            moved += self.copy_shard(shard, old, new, version, len).await?;
+        }
+        Ok(moved)
+    }
+
     /// Builds node datasets of shard `shard` for map `version` (placement `new`) up to the
     /// cluster length `len`, from where they end; returns the records it copied from other
     /// shards.
@@ -480,13 +502,18 @@ impl Router {
                 sources: Vec::new(),
                 fields: fields.clone(),
                 lengths: vec![Vec::new(); fields.len()],
+                commit: true,
             };
             for &node in &nodes {
                 self.nodes.call(node, &cut, Vec::new()).await?;
             }
             at = target;
         }
-        while at < target {
+        for step in 1u64.. {
+            if at >= target {
+                break;
+            }
+            let batch_started = Instant::now();
             let end = (at + STAGE_RECORDS).min(target);
             let mut sources = Vec::with_capacity((end - at) as usize);
             // Records it gains, by the shard holding them now: (their index there, their
@@ -548,6 +575,7 @@ impl Router {
                 sources,
                 fields: fields.clone(),
                 lengths,
+                commit: end == target || step % STAGES_PER_COMMIT == 0,
             };
             for &node in &nodes {
                 match self
@@ -568,6 +596,9 @@ impl Router {
             moved += received as u64;
             self.note_staged(end - at, received as u64);
             at = end;
+            // Leaves the nodes to the cluster's readers for a while: a move works at most
+            // about half the time.
+            tokio::time::sleep(batch_started.elapsed().mul_f64(PAUSE_PER_WORK)).await;
         }
         Ok(moved)
     }
