@@ -350,6 +350,14 @@ fn move_shards(
             bar.finish_and_clear();
             return Err(format!("the move stopped: {error}").into());
         }
+        if report.done && report.already {
+            bar.finish_and_clear();
+            println!(
+                "map version {} has this change already: nothing to move",
+                report.version
+            );
+            return Ok(());
+        }
         if report.done {
             bar.finish_and_clear();
             let share = if report.records == 0 {

@@ -124,6 +124,8 @@ pub struct MoveReport {
     pub done: bool,
     /// Why the move stopped, if it failed (running the command again goes on with it).
     pub error: Option<String>,
+    /// The map had this change already: nothing was moved.
+    pub already: bool,
 }
 
 impl ClientRequest {

@@ -413,8 +413,9 @@ impl Router {
                 let Some(router) = router.upgrade() else {
                     return;
                 };
-                if let Err(e) = router.reload_map().await {
-                    tracing::warn!("reloading the cluster map: {e}");
+                match router.reload_map().await {
+                    Ok(record) => router.finish_stopped_switch(record).await,
+                    Err(e) => tracing::warn!("reloading the cluster map: {e}"),
                 }
             }
         });

@@ -62,6 +62,24 @@ fn check(client: &Client, model: &[Row], indices: &[u64]) {
     }
 }
 
+/// Whether every record gathers as the model has it (an error: why not).
+fn serves_all(client: &Client, model: &[Row]) -> Result<(), String> {
+    let len = client.len().map_err(|e| e.to_string())?;
+    if len != model.len() as u64 {
+        return Err(format!("{len} records, not {}", model.len()));
+    }
+    let all: Vec<u64> = (0..len).collect();
+    let columns = client.gather(&all, &[]).map_err(|e| e.to_string())?;
+    for (i, row) in model.iter().enumerate() {
+        for (f, column) in columns.iter().enumerate() {
+            if column.get(i) != Some(&row[f][..]) {
+                return Err(format!("field {f} of record {i} differs"));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check_all(client: &Client, model: &[Row]) {
     assert_eq!(client.len().expect("len"), model.len() as u64);
     let all: Vec<u64> = (0..model.len() as u64).collect();
@@ -278,8 +296,10 @@ fn adding_a_fifth_shard_moves_a_fifth_of_the_records() {
 }
 
 /// A move stopped at each of its steps — its router killed there, a node of each role
-/// crashed and restarted meanwhile — is finished by running it again: every record present
-/// once, every acknowledged append kept.
+/// crashed and restarted meanwhile — leaves a cluster serving every record (by the old map
+/// while copying; once the new map is published, a router switches the nodes left behind on
+/// its own), and running the command again finishes it (or says it is done): every record
+/// present once, every acknowledged append kept.
 #[test]
 fn a_move_stopped_at_any_step_is_finished_by_running_it_again() {
     let mut cluster = SimCluster::start(2, options(1)).expect("cluster");
@@ -317,15 +337,33 @@ fn a_move_stopped_at_any_step_is_finished_by_running_it_again() {
         }
         cluster.add_router().expect("router");
         let client = client_of(&cluster);
-        // The killed router's write lease lapses first.
-        wait_for_lease(&client);
-        // Appends go on between the stop and the rerun (refused while the map is published
-        // but not switched to, and retried).
-        if step != MoveStep::Published && step != MoveStep::SwitchedOne {
+        let published = step == MoveStep::Published || step == MoveStep::SwitchedOne;
+        if published {
+            // The new router switches the nodes left behind on its own (once the killed
+            // one's write lease lapses): every record is served before anyone runs the
+            // command again.
+            let started = Instant::now();
+            while let Err(e) = serves_all(&client, &model) {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "the published map never served: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        } else {
+            // Served by the old map meanwhile; appends go on once the killed router's
+            // write lease lapses.
+            check_all(&client, &model);
+            wait_for_lease(&client);
             append(&client, &mut model, 100 + round as u64, 50);
         }
         let report = run_move(&cluster, &client, change).expect("the move, run again");
         assert!(report.done, "{report:?}");
+        assert_eq!(report.already, published, "{report:?}");
+        assert_eq!(
+            client.status().expect("status").map_version,
+            2 + round as u64
+        );
         append(&client, &mut model, 200 + round as u64, 50);
         check_all(&client, &model);
     }

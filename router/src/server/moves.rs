@@ -149,16 +149,12 @@ impl Router {
             self.reload_map().await?;
         }
         let (from, to) = match &record.moving {
-            Some(moving) if moving.switched_at.is_some() => {
-                // Published: what is left is switching the nodes that have not. Under the
-                // write lock and lease, without the repair a write starts with: it reads the
-                // nodes by the published map, which those not switched yet refuse.
-                let _writes = self.writes.lock().await;
-                self.acquire_lease().await?;
-                let finished = self.finish_switch(record.clone(), revision).await;
-                // The next write settles whatever the lease says is pending.
-                self.release_lease(false).await;
-                return finished;
+            Some(MapMove {
+                switched_at: Some(_),
+                ..
+            }) => {
+                // Published: what is left is switching the nodes that have not.
+                return self.finish_published(record.clone(), revision).await;
             }
             Some(moving) if moving.to.version == record.map.version + 1
                 && moving.to.changes.last() == Some(&change) =>
@@ -174,6 +170,16 @@ impl Router {
                         moving.to.changes.last().map_or_else(String::new, |c| c.to_string())
                     ),
                 })
+            }
+            None if self.done_already(&record.map, change, listed) => {
+                let mut report = MoveReport {
+                    version: record.map.version,
+                    records: self.len.load(Ordering::SeqCst),
+                    done: true,
+                    ..MoveReport::default()
+                };
+                report.already = true;
+                return Ok(report);
             }
             None => {
                 let to = record.map.with(change);
@@ -364,6 +370,80 @@ impl Router {
                 ),
             }),
             None => Ok(()),
+        }
+    }
+
+    /// Switches the nodes that have not to the map `record` has published, and clears the
+    /// move. Under the write lock and lease, without the repair a write starts with: it
+    /// reads the nodes by the published map, which those not switched yet refuse.
+    async fn finish_published(
+        &self,
+        record: ClusterRecord,
+        revision: zr_meta::Revision,
+    ) -> Result<MoveReport, Failure> {
+        let _writes = self.writes.lock().await;
+        self.acquire_lease().await?;
+        let finished = self.finish_switch(record, revision).await;
+        // The next write settles whatever the lease says is pending.
+        self.release_lease(false).await;
+        finished
+    }
+
+    /// True if the map's last change is `change` and asking for it again asks for nothing
+    /// new: the last shard the operator lists (`listed`, else this router's nodes.toml) is
+    /// in the map already, or the shard to drain is drained. A command run again after its
+    /// move ended (finished by it, or by a router) then says so instead of moving again.
+    fn done_already(
+        &self,
+        map: &MapRecord,
+        change: MapChange,
+        listed: &[(u32, u32, String)],
+    ) -> bool {
+        if map.changes.last() != Some(&change) {
+            return false;
+        }
+        match change {
+            MapChange::AddShard => {
+                let last_listed = listed
+                    .iter()
+                    .map(|(shard, _, _)| *shard + 1)
+                    .max()
+                    .unwrap_or_else(|| self.nodes.shards());
+                last_listed <= map.total_shards()
+            }
+            MapChange::DrainShard(_) => true,
+        }
+    }
+
+    /// Finishes a move whose map is published but whose nodes have not all switched (its
+    /// router died there), unless a move runs here: the cluster serves every shard again
+    /// without waiting for the command to be run again.
+    pub(super) async fn finish_stopped_switch(&self, record: ClusterRecord) {
+        let running = self
+            .moving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|m| !m.done && m.error.is_none());
+        if running
+            || record
+                .moving
+                .as_ref()
+                .is_none_or(|m| m.switched_at.is_none())
+        {
+            return;
+        }
+        let Ok((record, revision)) = self.load_cluster().await else {
+            return;
+        };
+        match self.finish_published(record, revision).await {
+            Ok(report) => tracing::info!(
+                "map version {}: the nodes a stopped move left unswitched are switched",
+                report.version
+            ),
+            Err(e) => {
+                tracing::warn!("finishing a stopped move's switch: {e} (tried again in a moment)")
+            }
         }
     }
 
@@ -647,7 +727,7 @@ impl Router {
 
     /// Reads the map from the metadata store and adopts it if it is newer than the one this
     /// router places by (another router moved the cluster).
-    pub(super) async fn reload_map(&self) -> Result<(), Failure> {
+    pub(super) async fn reload_map(&self) -> Result<ClusterRecord, Failure> {
         let (record, _) = self.load_cluster().await?;
         self.grow_from(&record).map_err(Failure::Metadata)?;
         if record.map.version > self.map_version.load(Ordering::SeqCst) {
@@ -662,6 +742,6 @@ impl Router {
             }
             self.adopt_map(&record.map, placement);
         }
-        Ok(())
+        Ok(record)
     }
 }
