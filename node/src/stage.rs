@@ -60,6 +60,50 @@ fn staged_prefix(dir: &Path) -> Result<String> {
     Ok(format!(".{}.map-v", name.to_string_lossy()))
 }
 
+/// Free space a dataset for the next map must leave beside it, at least.
+const ROOM_SPARE_BYTES: u64 = 256 << 20;
+
+/// Refuses to start a dataset beside `store` in `parent` unless the file system has room for
+/// a copy of it (what the next map's dataset of a shard keeping or gaining about its share
+/// needs, at most) and some to spare.
+fn check_room(parent: &Path, store: &Store) -> Result<()> {
+    let (_, needed) = store.chunk_stats();
+    let free = free_bytes(parent).ctx("statvfs", parent)?;
+    if free < needed + ROOM_SPARE_BYTES {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        return Err(Error::InvalidInput {
+            path: parent.to_path_buf(),
+            reason: format!(
+                "a shard move builds this node's dataset for the next map beside its own: it needs about {:.2} GiB there, and the file system has {:.2} GiB free",
+                gib(needed + ROOM_SPARE_BYTES),
+                gib(free)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Bytes an unprivileged writer may still use on the file system holding `path`.
+fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains a NUL byte")
+    })?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c_path` is a NUL-terminated path and `stat` points to writable memory of the
+    // type statvfs fills; it is read only after the call reports success.
+    let status = unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) };
+    if status != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it initialised `stat`.
+    let stat = unsafe { stat.assume_init() };
+    // The fields' widths differ between platforms.
+    #[allow(clippy::unnecessary_cast)]
+    let free = stat.f_bavail as u64 * stat.f_frsize as u64;
+    Ok(free)
+}
+
 impl Shard {
     /// Serves `store` with `coordination`; datasets built for a move are opened with
     /// `runtime`, as the store was.
@@ -130,6 +174,7 @@ impl Shard {
                 // Made but not yet a dataset: nothing in it counts.
                 disk::remove_tree(&path).ctx("remove an unfinished dataset", &path)?;
             }
+            check_room(parent, &serving.store)?;
             Store::create_with(
                 &path,
                 serving.store.fields().to_vec(),
@@ -266,5 +311,123 @@ impl Shard {
         );
         disk::remove_tree(&path).ctx("remove the previous map's dataset", &path)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::{Compression, FieldSpec};
+
+    fn shard_with(dir: &Path, records: &[&[u8]]) -> Shard {
+        let fields = vec![FieldSpec::new("x", Compression::Flate)];
+        let store = Store::create(dir, fields, CreateOptions::default()).expect("create");
+        let rows: Vec<Record> = records.iter().map(|r| Record::new().with("x", r)).collect();
+        store.append_many(&rows).expect("append");
+        store.commit().expect("commit");
+        let coordination = Coordination::open(dir).expect("coordination");
+        coordination.identity.admit("c", 1).expect("identity");
+        Shard::new(store, coordination, RuntimeOptions::default())
+    }
+
+    fn rows(shard: &Shard) -> Vec<Vec<u8>> {
+        let store = &shard.serving().store;
+        let all: Vec<u64> = (0..store.len()).collect();
+        let batch = store.gather(&all, &[]).expect("gather");
+        let column = batch.fields().next().expect("a field");
+        (0..all.len())
+            .map(|k| column.get(k).unwrap_or_default().to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn a_node_builds_the_next_maps_dataset_and_swaps_it_in() {
+        let scratch = tempfile::tempdir().expect("scratch");
+        let dir = scratch.path().join("shard");
+        let shard = shard_with(&dir, &[b"r0", b"r1", b"r2", b"r3"]);
+        assert!(!shard.holds_nothing(&shard.serving().store));
+        assert_eq!(shard.open_stage(2).expect("open"), 0);
+        let e = shard.stage(3, 0, &[], Vec::new(), false).unwrap_err();
+        assert!(
+            e.to_string().contains("no dataset for map version 3"),
+            "{e}"
+        );
+        let gained = [Record::new().with("x", b"gained")];
+        let len = shard
+            .stage(2, 0, &[Some(3), None, Some(1)], gained.to_vec(), true)
+            .expect("stage");
+        assert_eq!(len, 3);
+        let e = shard
+            .stage(2, 5, &[Some(0)], Vec::new(), false)
+            .unwrap_err();
+        assert!(e.to_string().contains("holds only 3"), "{e}");
+
+        // Built while the node serves its own data, untouched.
+        assert_eq!(
+            rows(&shard),
+            [b"r0".to_vec(), b"r1".into(), b"r2".into(), b"r3".into()]
+        );
+        let e = shard.switch(2, true, 4).unwrap_err();
+        assert!(e.to_string().contains("holds 3 records, not the 4"), "{e}");
+        shard.switch(2, true, 3).expect("switch");
+        assert_eq!(
+            rows(&shard),
+            [b"r3".to_vec(), b"gained".into(), b"r1".into()]
+        );
+        assert_eq!(shard.serving().coordination.identity.map_version(), Some(2));
+        assert!(!staged_dir(&dir, 2).expect("path").exists());
+        shard.switch(2, true, 3).expect("done already");
+
+        // Kept across a restart: the data, and the map it is laid out by.
+        drop(shard);
+        let identity = Identity::open(&dir).expect("identity");
+        assert_eq!(identity.map_version(), Some(2));
+        let reopened = Store::open(&dir).expect("reopen");
+        assert_eq!(reopened.len(), 3);
+    }
+
+    #[test]
+    fn a_staged_dataset_survives_a_restart_and_leftovers_go() {
+        let scratch = tempfile::tempdir().expect("scratch");
+        let dir = scratch.path().join("shard");
+        let shard = shard_with(&dir, &[b"a", b"b"]);
+        shard.open_stage(2).expect("open");
+        shard
+            .stage(2, 0, &[Some(1), Some(0)], Vec::new(), true)
+            .expect("stage");
+        // Not durable: lost with the process.
+        shard
+            .stage(2, 2, &[Some(1)], Vec::new(), false)
+            .expect("stage");
+        let store = shard.serving().store.clone();
+        drop(shard);
+        drop(store);
+        let shard = shard_with_existing(&dir);
+        assert_eq!(shard.open_stage(2).expect("reopen"), 2);
+        // Another version's leftover is removed when a move to another begins.
+        drop(shard);
+        let shard = shard_with_existing(&dir);
+        assert_eq!(shard.open_stage(3).expect("another move"), 0);
+        assert!(!staged_dir(&dir, 2).expect("path").exists());
+        // A node switched without a dataset of its own only takes the version.
+        shard.switch(3, false, 0).expect("adopt");
+        assert_eq!(shard.serving().coordination.identity.map_version(), Some(3));
+        assert_eq!(rows(&shard), [b"a".to_vec(), b"b".into()]);
+    }
+
+    fn shard_with_existing(dir: &Path) -> Shard {
+        let store = Store::open(dir).expect("open");
+        let coordination = Coordination::open(dir).expect("coordination");
+        Shard::new(store, coordination, RuntimeOptions::default())
+    }
+
+    #[test]
+    fn an_empty_node_holds_nothing_until_it_builds() {
+        let scratch = tempfile::tempdir().expect("scratch");
+        let dir = scratch.path().join("new");
+        let shard = shard_with(&dir, &[]);
+        assert!(shard.holds_nothing(&shard.serving().store));
+        shard.open_stage(2).expect("open");
+        assert!(!shard.holds_nothing(&shard.serving().store));
     }
 }
