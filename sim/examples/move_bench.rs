@@ -42,14 +42,10 @@ struct Args {
     log: String,
 }
 
-type Failed = Box<dyn std::error::Error + Send + Sync>;
+mod bench_common;
+use bench_common::{file_copy_seconds, payload};
 
-fn payload(i: u64, size: usize) -> Vec<u8> {
-    (0..size.div_ceil(8))
-        .flat_map(|k| mix2(i, k as u64).to_le_bytes())
-        .take(size)
-        .collect()
-}
+type Failed = Box<dyn std::error::Error + Send + Sync>;
 
 /// Random gathers until `seconds` pass or `stop` is set, every 97th record checked; returns
 /// (records, seconds).
@@ -78,18 +74,6 @@ fn gather(
         records += indices.len() as u64;
     }
     Ok((records, started.elapsed().as_secs_f64()))
-}
-
-/// Seconds a plain file copy of `bytes` bytes between two directories takes (its source
-/// warm in the page cache, as the move's sources are).
-fn file_copy_seconds(bytes: u64) -> Result<f64, Failed> {
-    let dir = tempfile::tempdir()?;
-    let (from, to) = (dir.path().join("a"), dir.path().join("b"));
-    let data: Vec<u8> = (0..bytes).map(|i| mix2(i, 7) as u8).collect();
-    std::fs::write(&from, &data)?;
-    let started = Instant::now();
-    std::fs::copy(&from, &to)?;
-    Ok(started.elapsed().as_secs_f64())
 }
 
 fn main() -> Result<(), Failed> {
@@ -124,12 +108,7 @@ fn main() -> Result<(), Failed> {
     let before_rate = before as f64 / before_s;
 
     cluster.add_shard_nodes()?;
-    let nodes = cluster
-        .config()
-        .shards
-        .iter()
-        .map(|s| (s.id, s.replica, s.addr))
-        .collect();
+    let nodes = cluster.listed_nodes();
     let stop = Arc::new(AtomicBool::new(false));
     let during = {
         let (client, stop) = (cluster.client()?, Arc::clone(&stop));

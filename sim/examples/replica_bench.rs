@@ -47,14 +47,10 @@ struct Args {
     log: String,
 }
 
-type Failed = Box<dyn std::error::Error + Send + Sync>;
+mod bench_common;
+use bench_common::{file_copy_seconds, payload};
 
-fn payload(i: u64, size: usize) -> Vec<u8> {
-    (0..size.div_ceil(8))
-        .flat_map(|k| mix2(i, k as u64).to_le_bytes())
-        .take(size)
-        .collect()
-}
+type Failed = Box<dyn std::error::Error + Send + Sync>;
 
 fn cluster(args: &Args, replicas: u32, timeout_ms: u64) -> Result<SimCluster, Failed> {
     SimCluster::start(
@@ -277,18 +273,4 @@ fn print_rebuild(what: &str, bytes: u64, rebuild_s: f64, copy_phase_s: f64, copy
         mib(bytes as f64 / copy_s),
         copy_s / copy_phase_s
     );
-}
-
-/// Seconds a plain file copy of `bytes` bytes between two directories takes (its source
-/// warm in the page cache, as the rebuild's is).
-fn file_copy_seconds(bytes: u64) -> Result<f64, Failed> {
-    let dir = tempfile::tempdir()?;
-    let (from, to) = (dir.path().join("a"), dir.path().join("b"));
-    std::fs::create_dir_all(&from)?;
-    std::fs::create_dir_all(&to)?;
-    let data: Vec<u8> = (0..bytes).map(|i| mix2(i, 7) as u8).collect();
-    std::fs::write(from.join("chunk"), &data)?;
-    let started = Instant::now();
-    std::fs::copy(from.join("chunk"), to.join("chunk"))?;
-    Ok(started.elapsed().as_secs_f64())
 }

@@ -566,6 +566,16 @@ impl SimCluster {
         Ok(addr)
     }
 
+    /// Every node as nodes.toml lists it, (shard, replica, address): what `zr cluster
+    /// add-shard --nodes nodes.toml` sends the router.
+    pub fn listed_nodes(&self) -> Vec<(u32, u32, SocketAddr)> {
+        self.config
+            .shards
+            .iter()
+            .map(|s| (s.id, s.replica, s.addr))
+            .collect()
+    }
+
     /// Starts the nodes of one shard more (empty, on new addresses), as `zr cluster
     /// add-shard` expects them, and adds them to the cluster's configuration (`shards` one
     /// more): routers started from now on know them. Returns the new shard's id.

@@ -361,3 +361,25 @@ pub fn binaries_beside_me(names: &[&str]) -> Result<Vec<PathBuf>> {
         })
         .collect()
 }
+
+/// Record `i`'s payload of `size` bytes in the benchmarks that check what they read.
+pub fn payload(i: u64, size: usize) -> Vec<u8> {
+    (0..size.div_ceil(8))
+        .flat_map(|k| zr_common::hash::mix2(i, k as u64).to_le_bytes())
+        .take(size)
+        .collect()
+}
+
+/// Seconds a plain file copy of `bytes` bytes takes (its source warm in the page cache, as
+/// a cluster's copies find theirs): the baseline of rebuilds and moves.
+pub fn file_copy_seconds(bytes: u64) -> Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let (from, to) = (dir.path().join("a"), dir.path().join("b"));
+    let data: Vec<u8> = (0..bytes)
+        .map(|i| zr_common::hash::mix2(i, 7) as u8)
+        .collect();
+    std::fs::write(&from, &data)?;
+    let started = Instant::now();
+    std::fs::copy(&from, &to)?;
+    Ok(started.elapsed().as_secs_f64())
+}
