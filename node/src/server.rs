@@ -308,7 +308,7 @@ fn respond_unrecorded(
                 // a newer one as it comes (a shard not added yet, or drained, that a switch
                 // passed by).
                 Err(crate::identity::Mismatch::Map { ours, theirs })
-                    if theirs > ours && shard.is_some_and(|s| s.holds_nothing(store)) =>
+                    if theirs > ours && shard.is_some_and(|s| s.holds_nothing(coordination)) =>
                 {
                     coordination
                         .identity

@@ -123,12 +123,20 @@ impl Shard {
         self.current.load_full()
     }
 
-    /// True if `store` (what the node serves) is empty and no dataset is being built here:
-    /// the node holds nothing, under any map.
-    pub fn holds_nothing(&self, store: &Store) -> bool {
-        if !store.is_empty() || self.lock_staged().is_some() {
+    /// True if the node holds nothing, under any map: `serving` (what a request found the
+    /// node serving) is what it serves still, its store is empty, and no dataset is being
+    /// built here.
+    pub fn holds_nothing(&self, serving: &Coordination) -> bool {
+        // Held: a switch under way finishes first.
+        let staged = self.lock_staged();
+        let current = self.serving();
+        if staged.is_some()
+            || !std::ptr::eq(&current.coordination, serving)
+            || !current.store.is_empty()
+        {
             return false;
         }
+        let store = &current.store;
         let dir = store.dir();
         let (Ok(prefix), Some(parent)) = (staged_prefix(dir), dir.parent()) else {
             return false;
@@ -345,7 +353,7 @@ mod tests {
         let scratch = tempfile::tempdir().expect("scratch");
         let dir = scratch.path().join("shard");
         let shard = shard_with(&dir, &[b"r0", b"r1", b"r2", b"r3"]);
-        assert!(!shard.holds_nothing(&shard.serving().store));
+        assert!(!shard.holds_nothing(&shard.serving().coordination));
         assert_eq!(shard.open_stage(2).expect("open"), 0);
         let e = shard.stage(3, 0, &[], Vec::new(), false).unwrap_err();
         assert!(
@@ -426,8 +434,13 @@ mod tests {
         let scratch = tempfile::tempdir().expect("scratch");
         let dir = scratch.path().join("new");
         let shard = shard_with(&dir, &[]);
-        assert!(shard.holds_nothing(&shard.serving().store));
+        let before = shard.serving();
+        assert!(shard.holds_nothing(&before.coordination));
         shard.open_stage(2).expect("open");
-        assert!(!shard.holds_nothing(&shard.serving().store));
+        assert!(!shard.holds_nothing(&before.coordination));
+        // A request that found the node serving what it served before a switch: not this.
+        shard.switch(2, true, 0).expect("switch");
+        assert!(!shard.holds_nothing(&before.coordination));
+        assert!(shard.holds_nothing(&shard.serving().coordination));
     }
 }

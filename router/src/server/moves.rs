@@ -46,7 +46,7 @@ pub enum MoveStep {
 /// Records staged per request.
 const STAGE_RECORDS: u64 = 4096;
 /// Time a move pauses after each batch, per unit of time the batch took.
-const PAUSE_PER_WORK: f64 = 1.0;
+const PAUSE_PER_WORK: f64 = 2.0;
 /// Stage requests between two that make a node's dataset durable (and the last of a pass).
 const STAGES_PER_COMMIT: u64 = 16;
 
@@ -677,7 +677,7 @@ impl Router {
             self.note_staged(end - at, received as u64);
             at = end;
             // Leaves the nodes to the cluster's readers for a while: a move works at most
-            // about half the time.
+            // about a third of the time.
             tokio::time::sleep(batch_started.elapsed().mul_f64(PAUSE_PER_WORK)).await;
         }
         Ok(moved)
