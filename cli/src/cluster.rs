@@ -460,6 +460,9 @@ fn status(args: StatusArgs) -> CliResult {
     println!("map version  {}", status.map_version);
     println!("committed    {} records", status.committed_len);
     println!("serving      {} records", status.len);
+    if let Some(moving) = &status.moving {
+        println!("moving       {moving}");
+    }
     println!(
         "{:<8} {:<22} {:>10} {:>10} {:>9}  state",
         "shard", "address", "records", "last seen", "rtt"

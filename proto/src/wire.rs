@@ -478,6 +478,8 @@ pub struct ClusterStatus {
     /// Records the router serves.
     pub len: u64,
     pub nodes: Vec<NodeStatus>,
+    /// The move of records to another map under way, if any, in words.
+    pub moving: Option<String>,
 }
 
 /// One node as the router sees it.

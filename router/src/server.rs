@@ -567,9 +567,17 @@ impl Router {
 
     /// The cluster as this router sees it now: every node asked at once.
     async fn status(&self) -> wire::ClusterStatus {
-        if let Err(e) = self.reload_committed().await {
-            tracing::debug!("status: {e}");
-        }
+        let moving = match cluster::load(&*self.meta).await {
+            Ok(Some((record, _))) => {
+                self.committed.store(record.committed_len, Ordering::SeqCst);
+                record.moving.map(|moving| self.describe_move(&moving))
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!("status: {e}");
+                None
+            }
+        };
         let committed = self.committed.load(Ordering::SeqCst);
         let placement = self.placement.load_full();
         let answers = self.each_node_info(None).await;
@@ -617,6 +625,7 @@ impl Router {
             committed_len: committed,
             len: self.len(),
             nodes,
+            moving,
         }
     }
 

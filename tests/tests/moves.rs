@@ -351,6 +351,13 @@ fn a_move_stopped_at_any_step_is_finished_by_running_it_again() {
                 std::thread::sleep(Duration::from_millis(200));
             }
         } else {
+            let moving = client.status().expect("status").moving;
+            assert!(
+                moving
+                    .as_deref()
+                    .is_some_and(|m| m.contains(&format!("to map version {}", 2 + round))),
+                "{moving:?}"
+            );
             // Served by the old map meanwhile; appends go on once the killed router's
             // write lease lapses.
             check_all(&client, &model);
@@ -360,10 +367,9 @@ fn a_move_stopped_at_any_step_is_finished_by_running_it_again() {
         let report = run_move(&cluster, &client, change).expect("the move, run again");
         assert!(report.done, "{report:?}");
         assert_eq!(report.already, published, "{report:?}");
-        assert_eq!(
-            client.status().expect("status").map_version,
-            2 + round as u64
-        );
+        let status = client.status().expect("status");
+        assert_eq!(status.map_version, 2 + round as u64);
+        assert_eq!(status.moving, None);
         append(&client, &mut model, 200 + round as u64, 50);
         check_all(&client, &model);
     }

@@ -706,6 +706,34 @@ impl Router {
         }
     }
 
+    /// `moving` in words, with its progress if this router runs it.
+    pub(super) fn describe_move(&self, moving: &MapMove) -> String {
+        let change = moving
+            .to
+            .changes
+            .last()
+            .map_or_else(String::new, |c| c.to_string());
+        let what = format!("to map version {} ({change})", moving.to.version);
+        if moving.switched_at.is_some() {
+            return format!("{what}: published, nodes switching");
+        }
+        match self.move_progress() {
+            Some(report) if report.version == moving.to.version && !report.done => {
+                let progress = format!(
+                    "{what}: {} of {} records written into the new datasets, {} moved",
+                    report.staged, report.staged_total, report.moved
+                );
+                match report.error {
+                    Some(error) => format!("{progress}; stopped: {error}"),
+                    None => progress,
+                }
+            }
+            _ => {
+                format!("{what}: stopped or run by another router (run the command again to go on)")
+            }
+        }
+    }
+
     /// The move under way here, if any.
     pub(super) fn move_progress(&self) -> Option<MoveReport> {
         self.moving
