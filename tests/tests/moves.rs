@@ -256,6 +256,23 @@ fn wait_for_lease(client: &Client) {
     }
 }
 
+/// Waits until every node is up and in sync (a crashed replica caught up), within 30 s.
+fn wait_in_sync(client: &Client) {
+    let started = Instant::now();
+    loop {
+        let status = client.status().expect("status");
+        if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not in sync: {:?}",
+            status.nodes
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn client_of(cluster: &SimCluster) -> Client {
     cluster.client().expect("client")
 }
@@ -302,7 +319,18 @@ fn adding_a_fifth_shard_moves_a_fifth_of_the_records() {
 /// present once, every acknowledged append kept.
 #[test]
 fn a_move_stopped_at_any_step_is_finished_by_running_it_again() {
-    let mut cluster = SimCluster::start(2, options(1)).expect("cluster");
+    stop_at_every_step(1);
+}
+
+/// [`a_move_stopped_at_any_step_is_finished_by_running_it_again`] with two replicas per
+/// shard: a crashed replica may come back behind, and is caught up before the move goes on.
+#[test]
+fn a_replicated_move_stopped_at_any_step_is_finished_by_running_it_again() {
+    stop_at_every_step(2);
+}
+
+fn stop_at_every_step(replicas: u32) {
+    let mut cluster = SimCluster::start(2, options(replicas)).expect("cluster");
     let mut model = Vec::new();
     append(&client_of(&cluster), &mut model, 7, 3000);
     let steps = [
@@ -364,6 +392,7 @@ fn a_move_stopped_at_any_step_is_finished_by_running_it_again() {
             wait_for_lease(&client);
             append(&client, &mut model, 100 + round as u64, 50);
         }
+        wait_in_sync(&client);
         let report = run_move(&cluster, &client, change).expect("the move, run again");
         assert!(report.done, "{report:?}");
         assert_eq!(report.already, published, "{report:?}");
