@@ -352,8 +352,19 @@ fn stop_at_every_step(replicas: u32) {
         let client = client_of(&cluster);
         let stopped = run_move(&cluster, &client, change).expect_err("the move stops");
         assert!(stopped.contains("injected"), "{stopped}");
-        // What a crash may lose: nothing acknowledged as committed.
         if step != MoveStep::Published && step != MoveStep::SwitchedOne {
+            // One move at a time: another is refused while this one is recorded.
+            let other = match change {
+                MapChange::AddShard => MapChange::DrainShard(1),
+                MapChange::DrainShard(_) => MapChange::AddShard,
+            };
+            let refused = run_move(&cluster, &client, other).expect_err("a second move");
+            assert!(
+                refused.contains(&format!("a move to map version {} ", 2 + round))
+                    && refused.contains("is under way"),
+                "{refused}"
+            );
+            // What a crash may lose: nothing acknowledged as committed.
             client.commit().expect("commit");
         }
         // The router dies there; a node of each kind (a donor, and the newest) crashes.
