@@ -145,6 +145,8 @@ impl Router {
             wire::MapChange::DrainShard(shard) => MapChange::DrainShard(shard),
         };
         let (record, revision) = self.load_cluster().await?;
+        // The nodes of a shard added by a move another router began.
+        self.grow_from(&record).map_err(Failure::Metadata)?;
         if record.map.version > self.map_version.load(Ordering::SeqCst) {
             self.reload_map().await?;
         }
@@ -154,7 +156,17 @@ impl Router {
                 ..
             }) => {
                 // Published: what is left is switching the nodes that have not.
-                return self.finish_published(record.clone(), revision).await;
+                return match self.finish_published().await? {
+                    Some(report) => Ok(report),
+                    // Finished meanwhile by another router.
+                    None => Ok(MoveReport {
+                        version: record.map.version,
+                        records: self.len.load(Ordering::SeqCst),
+                        done: true,
+                        already: true,
+                        ..MoveReport::default()
+                    }),
+                };
             }
             Some(moving) if moving.to.version == record.map.version + 1
                 && moving.to.changes.last() == Some(&change) =>
@@ -172,14 +184,13 @@ impl Router {
                 })
             }
             None if self.done_already(&record.map, change, listed) => {
-                let mut report = MoveReport {
+                return Ok(MoveReport {
                     version: record.map.version,
                     records: self.len.load(Ordering::SeqCst),
                     done: true,
+                    already: true,
                     ..MoveReport::default()
-                };
-                report.already = true;
-                return Ok(report);
+                });
             }
             None => {
                 let to = record.map.with(change);
@@ -376,14 +387,23 @@ impl Router {
     /// Switches the nodes that have not to the map `record` has published, and clears the
     /// move. Under the write lock and lease, without the repair a write starts with: it
     /// reads the nodes by the published map, which those not switched yet refuse.
-    async fn finish_published(
-        &self,
-        record: ClusterRecord,
-        revision: zr_meta::Revision,
-    ) -> Result<MoveReport, Failure> {
+    /// `None` if there is none to finish (another router finished it meanwhile).
+    async fn finish_published(&self) -> Result<Option<MoveReport>, Failure> {
         let _writes = self.writes.lock().await;
         self.acquire_lease().await?;
-        let finished = self.finish_switch(record, revision).await;
+        // Read under the lease: whoever held it before may have finished.
+        let finished = match self.load_cluster().await {
+            Ok((record, revision))
+                if record
+                    .moving
+                    .as_ref()
+                    .is_some_and(|m| m.switched_at.is_some()) =>
+            {
+                self.finish_switch(record, revision).await.map(Some)
+            }
+            Ok(_) => Ok(None),
+            Err(e) => Err(e),
+        };
         // The next write settles whatever the lease says is pending.
         self.release_lease(false).await;
         finished
@@ -433,11 +453,9 @@ impl Router {
         {
             return;
         }
-        let Ok((record, revision)) = self.load_cluster().await else {
-            return;
-        };
-        match self.finish_published(record, revision).await {
-            Ok(report) => tracing::info!(
+        match self.finish_published().await {
+            Ok(None) => {}
+            Ok(Some(report)) => tracing::info!(
                 "map version {}: the nodes a stopped move left unswitched are switched",
                 report.version
             ),
