@@ -364,6 +364,14 @@ fn stop_at_every_step(replicas: u32) {
                     && refused.contains("is under way"),
                 "{refused}"
             );
+            // Modify and delete would change records already copied: refused meanwhile.
+            let row = &model[5];
+            let e = client
+                .modify(5, &Record::new().with("a", &row[0]).with("b", &row[1]))
+                .expect_err("a modify during a move");
+            assert!(e.to_string().contains("records are moving"), "{e}");
+            let e = client.delete(5).expect_err("a delete during a move");
+            assert!(e.to_string().contains("records are moving"), "{e}");
             // What a crash may lose: nothing acknowledged as committed.
             client.commit().expect("commit");
         }
