@@ -1,7 +1,9 @@
 //! Which shard of which cluster a data directory holds, kept beside the store in
 //! `identity.json`: the shard when the node first opens the directory, the cluster id and
-//! map version when the first router request carrying them arrives. A directory of another
-//! shard or another cluster is refused, never served as if it were this one.
+//! map version when the first router request carrying them arrives; the map version changes
+//! only when the node switches to the next map's data (see `stage`), or, holding nothing,
+//! takes a newer map. A directory of another shard or another cluster is refused, never
+//! served as if it were this one.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
