@@ -52,6 +52,20 @@ pub fn staged_dir(dir: &Path, version: u64) -> Result<PathBuf> {
     Ok(dir.with_file_name(format!("{}{version}", staged_prefix(dir)?)))
 }
 
+/// The datasets for other maps beside the dataset at `dir`, whatever their version.
+fn staged_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    let prefix = staged_prefix(dir)?;
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(parent).ctx("list", parent)? {
+        let entry = entry.ctx("list", parent)?;
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            found.push(entry.path());
+        }
+    }
+    Ok(found)
+}
+
 fn staged_prefix(dir: &Path) -> Result<String> {
     let name = dir.file_name().ok_or_else(|| Error::InvalidInput {
         path: dir.to_path_buf(),
@@ -136,17 +150,7 @@ impl Shard {
         {
             return false;
         }
-        let store = &current.store;
-        let dir = store.dir();
-        let (Ok(prefix), Some(parent)) = (staged_prefix(dir), dir.parent()) else {
-            return false;
-        };
-        match std::fs::read_dir(parent) {
-            Ok(entries) => !entries
-                .flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with(&prefix)),
-            Err(_) => false,
-        }
+        staged_dirs(current.store.dir()).is_ok_and(|dirs| dirs.is_empty())
     }
 
     fn lock_staged(&self) -> std::sync::MutexGuard<'_, Option<Staged>> {
@@ -163,14 +167,10 @@ impl Shard {
         *staged = None;
         let serving = self.serving();
         let dir = serving.store.dir().to_path_buf();
-        let prefix = staged_prefix(&dir)?;
         let parent = dir.parent().unwrap_or(Path::new("."));
         let path = staged_dir(&dir, version)?;
-        for entry in std::fs::read_dir(parent).ctx("list", parent)? {
-            let entry = entry.ctx("list", parent)?;
-            let other = entry.path();
-            let is_leftover = entry.file_name().to_string_lossy().starts_with(&prefix);
-            if is_leftover && other != path {
+        for other in staged_dirs(&dir)? {
+            if other != path {
                 tracing::info!("removing {} (an abandoned move's)", other.display());
                 disk::remove_tree(&other).ctx("remove an abandoned move's dataset", &other)?;
             }

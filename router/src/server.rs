@@ -474,15 +474,7 @@ impl Router {
     /// Re-reads the committed length from the metadata store (another router may have
     /// committed since).
     pub(crate) async fn reload_committed(&self) -> Result<u64, Failure> {
-        let loaded = cluster::load(&*self.meta)
-            .await
-            .map_err(|e| Failure::Metadata(e.to_string()))?;
-        let Some((record, _)) = loaded else {
-            return Err(Failure::Metadata(format!(
-                "metadata store {} holds no cluster record any more",
-                self.meta.describe()
-            )));
-        };
+        let (record, _) = self.load_cluster().await?;
         self.committed.store(record.committed_len, Ordering::SeqCst);
         Ok(record.committed_len)
     }

@@ -847,36 +847,23 @@ fn binaries_add_and_drain_a_shard_online() {
     assert!(status.contains(&format!("127.0.0.1:{port}")), "{status}");
     assert!(status.contains("map version  2"), "{status}");
 
-    let drained = zr(&[
-        "cluster",
-        "drain-shard",
-        "0",
-        "--router",
-        &addr,
-        "--certs",
-        certs_arg,
-    ]);
+    let drain = |shard: &'static str| {
+        [
+            "cluster",
+            "drain-shard",
+            shard,
+            "--router",
+            addr.as_str(),
+            "--certs",
+            certs_arg,
+        ]
+    };
+    let drained = zr(&drain("0"));
     assert!(drained.contains("map version 3 serves"), "{drained}");
     // Run again, it has nothing to do; a shard that is not there is refused by name.
-    let again = zr(&[
-        "cluster",
-        "drain-shard",
-        "0",
-        "--router",
-        &addr,
-        "--certs",
-        certs_arg,
-    ]);
+    let again = zr(&drain("0"));
     assert!(again.contains("has this change already"), "{again}");
-    let refused = zr_fails(&[
-        "cluster",
-        "drain-shard",
-        "9",
-        "--router",
-        &addr,
-        "--certs",
-        certs_arg,
-    ]);
+    let refused = zr_fails(&drain("9"));
     assert!(refused.contains("there is no shard 9"), "{refused}");
     client.append(&Record::new().with("x", &row(3000))).unwrap();
     assert_eq!(check_all(&client), 3001);

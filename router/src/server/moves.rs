@@ -82,6 +82,21 @@ fn changed_shards(from: &Placement, to: &Placement) -> Vec<u32> {
         .collect()
 }
 
+/// Whether the move `report` tells of still runs.
+fn runs(report: &MoveReport) -> bool {
+    !report.done && report.error.is_none()
+}
+
+/// Where `moving` goes, for messages: "to map version N (add a shard)".
+fn target(moving: &MapMove) -> String {
+    let change = moving
+        .to
+        .changes
+        .last()
+        .map_or_else(String::new, ToString::to_string);
+    format!("to map version {} ({change})", moving.to.version)
+}
+
 fn metadata(e: zr_meta::Error) -> Failure {
     Failure::Metadata(e.to_string())
 }
@@ -111,10 +126,7 @@ impl Router {
     ) {
         {
             let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
-            if moving
-                .as_ref()
-                .is_some_and(|m| !m.done && m.error.is_none())
-            {
+            if moving.as_ref().is_some_and(runs) {
                 return;
             }
             *moving = Some(MoveReport::default());
@@ -168,8 +180,9 @@ impl Router {
                     }),
                 };
             }
-            Some(moving) if moving.to.version == record.map.version + 1
-                && moving.to.changes.last() == Some(&change) =>
+            Some(moving)
+                if moving.to.version == record.map.version + 1
+                    && moving.to.changes.last() == Some(&change) =>
             {
                 (record.map.clone(), moving.to.clone())
             }
@@ -177,9 +190,8 @@ impl Router {
                 return Err(Failure::Busy {
                     waited_ms: 0,
                     reason: format!(
-                        "a move to map version {} ({}) is under way: run that command again to finish it",
-                        moving.to.version,
-                        moving.to.changes.last().map_or_else(String::new, |c| c.to_string())
+                        "a move {} is under way: run that command again to finish it",
+                        target(moving)
                     ),
                 })
             }
@@ -203,14 +215,23 @@ impl Router {
                         shard,
                         addrs: addrs.iter().map(ToString::to_string).collect(),
                     });
-                    self.nodes.grow(shard, &addrs).map_err(Failure::BadRequest)?;
+                    self.nodes
+                        .grow(shard, &addrs)
+                        .map_err(Failure::BadRequest)?;
                     for node in self.nodes.of_shard(shard) {
-                        match self.nodes.call(node, &NodeRequest::Info, Vec::new()).await?.reply {
+                        match self
+                            .nodes
+                            .call(node, &NodeRequest::Info, Vec::new())
+                            .await?
+                            .reply
+                        {
                             Reply::Info { len: 0, .. } => {}
                             Reply::Info { len, .. } => {
                                 return Err(self.nodes.unavailable(
                                     node,
-                                    format!("it holds {len} records, and a new shard's nodes start empty"),
+                                    format!(
+                                    "it holds {len} records, and a new shard's nodes start empty"
+                                ),
                                 ))
                             }
                             other => {
@@ -375,9 +396,8 @@ impl Router {
             Some(moving) => Err(Failure::Busy {
                 waited_ms: 0,
                 reason: format!(
-                    "records are moving to map version {} ({}): a {what} waits until the move is done",
-                    moving.to.version,
-                    moving.to.changes.last().map_or_else(String::new, |c| c.to_string())
+                    "records are moving {}: a {what} waits until the move is done",
+                    target(&moving)
                 ),
             }),
             None => Ok(()),
@@ -439,13 +459,7 @@ impl Router {
     /// router died there), unless a move runs here: the cluster serves every shard again
     /// without waiting for the command to be run again.
     pub(super) async fn finish_stopped_switch(&self, record: ClusterRecord) {
-        let running = self
-            .moving
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .is_some_and(|m| !m.done && m.error.is_none());
-        if running
+        if self.move_progress().as_ref().is_some_and(runs)
             || record
                 .moving
                 .as_ref()
@@ -465,12 +479,17 @@ impl Router {
         }
     }
 
-    /// The cluster record, which a move needs.
-    async fn load_cluster(&self) -> Result<(ClusterRecord, zr_meta::Revision), Failure> {
+    /// The cluster record and its revision.
+    pub(super) async fn load_cluster(&self) -> Result<(ClusterRecord, zr_meta::Revision), Failure> {
         cluster::load(&*self.meta)
             .await
             .map_err(metadata)?
-            .ok_or_else(|| Failure::Metadata("the cluster record is gone".into()))
+            .ok_or_else(|| {
+                Failure::Metadata(format!(
+                    "metadata store {} holds no cluster record any more",
+                    self.meta.describe()
+                ))
+            })
     }
 
     /// Switches every node to the published map of `record` (those switched already say so)
@@ -629,8 +648,8 @@ impl Router {
                 }
             }
             // Per field, the received records' lengths and payloads, in order.
-            let mut lengths = vec![vec![0u32; received]; fields.len()];
-            let mut payloads: Vec<Vec<Option<Vec<u8>>>> = vec![vec![None; received]; fields.len()];
+            // Each holder's reply, kept whole: its payloads are copied once, into the body.
+            let mut reads = Vec::new();
             for (holder, wanted) in wanted.iter().enumerate() {
                 if wanted.is_empty() {
                     continue;
@@ -641,7 +660,7 @@ impl Router {
                     checked: true,
                 };
                 let (node, read) = self.nodes.read(holder as u32, &request).await?;
-                let Reply::Gather { lengths: got } = &read.reply else {
+                let Reply::Gather { lengths: got } = read.reply.clone() else {
                     return Err(self
                         .nodes
                         .unavailable(node, format!("answered a gather with {:?}", read.reply)));
@@ -651,21 +670,21 @@ impl Router {
                         .nodes
                         .unavailable(node, "answered a gather with the wrong shape".into()));
                 }
-                let body = read.body();
-                let columns = wire::split_columns(got, &body);
+                reads.push((wanted, got, read.body()));
+            }
+            // Per field, the received records' lengths and payloads, in their order.
+            let mut lengths = vec![vec![0u32; received]; fields.len()];
+            let mut payloads: Vec<Vec<&[u8]>> = vec![vec![&[][..]; received]; fields.len()];
+            for (wanted, got, body) in &reads {
+                let columns = wire::split_columns(got, body);
                 for f in 0..fields.len() {
                     for (k, &(_, place)) in wanted.iter().enumerate() {
                         lengths[f][place] = got[f][k];
-                        payloads[f][place] = Some(columns[f][k].to_vec());
+                        payloads[f][place] = columns[f][k];
                     }
                 }
             }
-            let mut body = Vec::new();
-            for field in payloads {
-                for payload in field.into_iter().flatten() {
-                    body.extend_from_slice(&payload);
-                }
-            }
+            let body = payloads.concat().concat();
             let body = bytes::Bytes::from(body);
             let request = NodeRequest::Stage {
                 version,
@@ -726,12 +745,7 @@ impl Router {
 
     /// `moving` in words, with its progress if this router runs it.
     pub(super) fn describe_move(&self, moving: &MapMove) -> String {
-        let change = moving
-            .to
-            .changes
-            .last()
-            .map_or_else(String::new, |c| c.to_string());
-        let what = format!("to map version {} ({change})", moving.to.version);
+        let what = target(moving);
         if moving.switched_at.is_some() {
             return format!("{what}: published, nodes switching");
         }
