@@ -10,6 +10,7 @@ use zr_node::{RuntimeOptions, Store};
 use crate::cluster::{target_dir, RouterArgs};
 use crate::dataset::ReadArgs;
 use crate::CliResult;
+use zr_net::tls::Access;
 
 /// Measure random-batch gathers on a dataset: records/s, GiB/s, p50/p99 batch latency.
 ///
@@ -56,7 +57,10 @@ pub fn run(args: BenchArgs) -> CliResult {
             )
         }
         None => {
-            let client = args.remote.client()?.ok_or("--router is missing")?;
+            let client = args
+                .remote
+                .client(Access::Read)?
+                .ok_or("--router is missing")?;
             let name = format!("the cluster at {}", client.router());
             Source::Cluster(Box::new(client), name)
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use zr_common::Record;
 use zr_net::config::{cluster_toml, CLIENT_TIMEOUT_MS_DEFAULT};
-use zr_net::tls::{self, Role};
+use zr_net::tls::{self, Access, Role};
 use zr_net::Security;
 use zr_node::convert::{Destination, Target};
 use zr_node::meta::FieldSpec;
@@ -24,10 +24,15 @@ pub struct RouterArgs {
     /// Act on a cluster through the router at ADDR instead of a dataset directory.
     #[arg(long, value_name = "ADDR")]
     pub router: Option<SocketAddr>,
-    /// The cluster's certificate directory (ca.pem, client.pem, client.key; made by
-    /// `zr cluster-init`).
+    /// The certificates to connect with: the cluster's certificate directory (made by
+    /// `zr cluster-init`), or one role's directory in it (e.g. certs/reader).
     #[arg(long, value_name = "DIR", requires = "router")]
     pub certs: Option<PathBuf>,
+    /// Connect as this role: reader (gather, info, status), writer (also append, modify,
+    /// delete, commit) or operator (everything). Default: the least role the command needs
+    /// that --certs holds.
+    #[arg(long, value_name = "reader|writer|operator", requires = "certs")]
+    pub role: Option<Role>,
     /// Connect without a certificate (only a router run with --insecure-dev accepts it).
     #[arg(long, requires = "router", conflicts_with = "certs")]
     pub insecure_dev: bool,
@@ -37,13 +42,14 @@ pub struct RouterArgs {
 }
 
 impl RouterArgs {
-    /// A client of the router, if `--router` was given.
-    pub fn client(&self) -> Result<Option<Client>, Box<dyn std::error::Error>> {
+    /// A client of the router, if `--router` was given, connected with a role that may do
+    /// what the command needs (`needs`).
+    pub fn client(&self, needs: Access) -> Result<Option<Client>, Box<dyn std::error::Error>> {
         let Some(addr) = self.router else {
             return Ok(None);
         };
         let security = match (&self.certs, self.insecure_dev) {
-            (Some(dir), _) => Security::load(dir, Role::Client)?,
+            (Some(dir), _) => Security::load(dir, choose_role(dir, self.role, needs)?)?,
             (None, true) => Security::InsecureDev,
             (None, false) => {
                 return Err(
@@ -55,6 +61,38 @@ impl RouterArgs {
         let timeout = Duration::from_millis(self.timeout_ms.max(1));
         Ok(Some(Client::connect_with_timeout(addr, security, timeout)?))
     }
+}
+
+/// The client role to connect with from certificate directory `dir`: `asked` if given (a
+/// role that cannot do what is needed is refused here, before connecting), else the least
+/// role that has `needs` and whose files `dir` holds.
+pub fn choose_role(dir: &Path, asked: Option<Role>, needs: Access) -> Result<Role, String> {
+    if let Some(role) = asked {
+        return match role.access() {
+            None => Err(format!(
+                "--role {role}: a {role} certificate does not connect to routers; use reader, writer or operator"
+            )),
+            Some(has) if has < needs => Err(format!(
+                "this command needs the {} role; --role {role} cannot do it",
+                needs.role_name()
+            )),
+            Some(_) => Ok(role),
+        };
+    }
+    Role::CLIENTS
+        .into_iter()
+        .filter(|r| r.access().is_some_and(|has| has >= needs))
+        .find(|&r| tls::holds_role(dir, r))
+        .ok_or_else(|| {
+            format!(
+                "{} holds no certificate that may do this: the command needs the {} role ({}.pem and its key, in {} or its {}/ directory)",
+                dir.display(),
+                needs.role_name(),
+                needs.role_name(),
+                dir.display(),
+                needs.role_name()
+            )
+        })
 }
 
 /// The dataset directory or the router: exactly one must be given.
@@ -72,9 +110,12 @@ pub fn target_dir<'a>(
 
 /// Create a cluster's CA, certificates and a ready nodes.toml, for S shards on this machine.
 ///
-/// DIR gets nodes.toml, certs/ (ca.pem, ca.key, and node, router and client certificates
-/// with their keys, keys readable by the owner only) and data/ (the shards' stores, created
-/// when the nodes first start). The router listens on --base-port and shard K on
+/// DIR gets nodes.toml, certs/ and data/ (the shards' stores, created when the nodes first
+/// start). certs/ holds a directory per role, each with ca.pem and that role's certificate
+/// and key (keys readable by the owner only): ca/ (the CA's key: keep it off the cluster),
+/// node/, router/, and for clients reader/ (gather, info, status: what a training job
+/// needs), writer/ (also append, modify, delete, commit) and operator/ (everything: moves,
+/// node replacement, scrub). Give each process only its role's directory. The router listens on --base-port and shard K on
 /// base-port + 1 + K, all on 127.0.0.1; edit nodes.toml for real hosts and copy each process
 /// its files (see ops/README.md). Refuses a DIR that already holds a cluster.
 #[derive(Args)]
@@ -95,23 +136,58 @@ pub struct ClusterInitArgs {
     /// A field of the dataset, as NAME or NAME:flate (repeat for several; default data).
     #[arg(long = "field", value_name = "NAME[:raw|flate]")]
     fields: Vec<String>,
-    /// Days the node, router and client certificates are valid (the CA: ten years); renew
-    /// them before then with `zr cluster-renew`.
+    /// Days the role certificates are valid (the CA: ten years); renew them before then
+    /// with `zr cluster-renew`.
     #[arg(long, default_value_t = tls::CERT_VALID_DAYS, value_parser = clap::value_parser!(u32).range(1..=tls::CA_VALID_DAYS as i64))]
     days: u32,
 }
 
-/// Issue new node, router and client certificates and keys from a cluster's CA.
+/// Issue one more client certificate, of a role, under a name of its own.
 ///
-/// Replaces node.pem/.key, router.pem/.key and client.pem/.key in the certificate directory
-/// (each file atomically), signed by its ca.pem with ca.key. Running processes keep their
+/// Writes DIR/ROLE-NAME/ (ca.pem, ROLE.pem, ROLE.key) from the CA in DIR/ca: give it to one
+/// job or person. Each certificate has its own allowance of router connections, so one
+/// job's leaks cannot lock out another's. `zr cluster-renew` renews it with the others.
+#[derive(Args)]
+pub struct ClusterIssueArgs {
+    /// The role: reader (gather, info, status), writer (also append, modify, delete,
+    /// commit) or operator (everything).
+    #[arg(long, value_name = "reader|writer|operator")]
+    role: Role,
+    /// Its name: a lower-case letter or digit, then up to 63 of those or '.', '_', '-'.
+    #[arg(long)]
+    name: String,
+    /// The certificate directory (holding ca/ca.pem and ca/ca.key).
+    #[arg(long)]
+    certs: PathBuf,
+    /// Days the certificate is valid (at most until the CA itself expires).
+    #[arg(long, default_value_t = tls::CERT_VALID_DAYS, value_parser = clap::value_parser!(u32).range(1..=tls::CA_VALID_DAYS as i64))]
+    days: u32,
+}
+
+pub fn issue(args: ClusterIssueArgs) -> CliResult {
+    let home = tls::issue_cert(&args.certs, args.role, &args.name, args.days)?;
+    println!(
+        "issued a {} certificate named {} in {} (valid for {} days)",
+        args.role,
+        args.name,
+        home.display(),
+        args.days
+    );
+    Ok(())
+}
+
+/// Issue new certificates and keys from a cluster's CA for every one in its directory.
+///
+/// Replaces each role's certificate and key in the certificate directory (each role's
+/// directory, those `zr cluster issue` added, or the flat files of an older cluster; each
+/// file atomically), signed by ca/ca.pem with ca/ca.key. Running processes keep their
 /// old certificates until restarted; old and new come from the same CA, so restart the
 /// processes one at a time (nodes, then routers) and clients reconnect on their own. Copy the
 /// new files to each host first (see ops/README.md). Processes warn in their log when their
 /// certificate expires within 30 days.
 #[derive(Args)]
 pub struct ClusterRenewArgs {
-    /// The certificate directory (holding ca.pem and ca.key), e.g. DIR/certs of `zr cluster-init`.
+    /// The certificate directory (holding ca/ca.pem and ca/ca.key), e.g. DIR/certs of `zr cluster-init`.
     #[arg(long)]
     certs: PathBuf,
     /// Days the new certificates are valid (at most until the CA itself expires).
@@ -122,7 +198,7 @@ pub struct ClusterRenewArgs {
 pub fn renew(args: ClusterRenewArgs) -> CliResult {
     let renewal = tls::renew_certs(&args.certs, args.days)?;
     println!(
-        "issued new node, router and client certificates in {}, valid until {} (UTC)",
+        "issued new certificates in {}, valid until {} (UTC)",
         args.certs.display(),
         renewal.until.date()
     );
@@ -190,9 +266,13 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
     let nodes = config_path.display();
     println!("created {nodes}");
     println!(
-        "created {} (CA, node, router, client; valid for {} days, then `zr cluster-renew`)",
+        "created {} (ca/, node/, router/, reader/, writer/, operator/; valid for {} days, then `zr cluster-renew`)",
         certs.display(),
         args.days
+    );
+    println!(
+        "give each process only its role's directory; keep {} off the cluster",
+        certs.join(tls::CA_DIR).display()
     );
     println!("start the cluster:");
     for shard in 0..args.shards {
@@ -208,7 +288,7 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
     println!(
         "then, e.g.: zr info --router 127.0.0.1:{} --certs {}",
         args.base_port,
-        certs.display()
+        certs.join("reader").display()
     );
     Ok(())
 }
@@ -217,6 +297,7 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
 #[derive(clap::Subcommand)]
 pub enum ClusterCommand {
     Status(StatusArgs),
+    Issue(ClusterIssueArgs),
     ReplaceNode(ReplaceNodeArgs),
     AddShard(AddShardArgs),
     DrainShard(DrainShardArgs),
@@ -296,6 +377,7 @@ pub struct StatusArgs {
 pub fn run(command: ClusterCommand) -> CliResult {
     match command {
         ClusterCommand::Status(args) => status(args),
+        ClusterCommand::Issue(args) => issue(args),
         ClusterCommand::ReplaceNode(args) => replace_node(args),
         ClusterCommand::AddShard(args) => {
             let nodes = match &args.nodes {
@@ -326,7 +408,7 @@ fn move_shards(
         MapChange::DrainShard(_) => "zr cluster drain-shard K --router ADDR --certs DIR",
     };
     let client = remote
-        .client()?
+        .client(Access::Operate)?
         .ok_or_else(|| format!("--router is missing: {usage}"))?;
     let started = std::time::Instant::now();
     client.move_shards(change, nodes)?;
@@ -346,6 +428,15 @@ fn move_shards(
             bar.finish_and_clear();
             return Err("the router runs no move (was it restarted? run the command again)".into());
         };
+        // Another command's move is never reported as this one's.
+        if report.change != Some(change) {
+            bar.finish_and_clear();
+            return Err(format!(
+                "the router reports a move of another change ({:?}), not this one ({change:?}): see `zr cluster status`, and run this command again once that move has ended",
+                report.change
+            )
+            .into());
+        }
         if let Some(error) = &report.error {
             bar.finish_and_clear();
             return Err(format!("the move stopped: {error}").into());
@@ -392,7 +483,7 @@ fn move_shards(
 }
 
 fn replace_node(args: ReplaceNodeArgs) -> CliResult {
-    let client = args.remote.client()?.ok_or(
+    let client = args.remote.client(Access::Operate)?.ok_or(
         "--router is missing: zr cluster replace-node --shard K --replica J --with NEW_ADDR --router ADDR --certs DIR",
     )?;
     let (shard, replica) = (args.shard, args.replica);
@@ -453,7 +544,7 @@ fn replace_node(args: ReplaceNodeArgs) -> CliResult {
 fn status(args: StatusArgs) -> CliResult {
     let client = args
         .remote
-        .client()?
+        .client(Access::Read)?
         .ok_or("--router is missing: zr cluster status --router ADDR --certs DIR")?;
     let status = client.status()?;
     println!("cluster      {}", status.cluster);

@@ -8,6 +8,7 @@ use zr_node::Compression;
 
 use crate::cluster::{target_dir, ClusterDestination, RouterArgs};
 use crate::{progress_bar, CliResult};
+use zr_net::tls::Access;
 
 /// Build a dataset from a NumPy .npy (one record per row) or from values.bin + offsets.npy.
 ///
@@ -74,7 +75,10 @@ pub fn run(args: ConvertArgs) -> CliResult {
             )
         }
         None => {
-            let client = args.remote.client()?.ok_or("--router is missing")?;
+            let client = args
+                .remote
+                .client(Access::Write)?
+                .ok_or("--router is missing")?;
             let cluster_compress = client
                 .fields()
                 .iter()

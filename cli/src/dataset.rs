@@ -9,6 +9,7 @@ use zr_node::{rebalance, Compression, GatherOptions, ReadPath, Store};
 
 use crate::cluster::{target_dir, RouterArgs};
 use crate::{human_bytes, progress_bar, CliResult};
+use zr_net::tls::Access;
 
 /// Show a dataset: length, fields, chunks, bytes on disk, utilization.
 ///
@@ -23,7 +24,10 @@ pub struct InfoArgs {
 
 pub fn info(args: InfoArgs) -> CliResult {
     let Some(dir) = target_dir(&args.dir, &args.remote)? else {
-        let client = args.remote.client()?.ok_or("--router is missing")?;
+        let client = args
+            .remote
+            .client(Access::Read)?
+            .ok_or("--router is missing")?;
         let (len, fields) = client.info()?;
         println!("cluster      router {}", client.router());
         println!("records      {len}");
@@ -200,7 +204,10 @@ pub fn gather(args: GatherArgs) -> CliResult {
             }
         }
         None => {
-            let client = args.remote.client()?.ok_or("--router is missing")?;
+            let client = args
+                .remote
+                .client(Access::Read)?
+                .ok_or("--router is missing")?;
             let field = one_field(
                 &args.field,
                 client.fields().iter().map(|f| f.name.as_str()).collect(),
@@ -366,7 +373,7 @@ const SCRUB_STEP: u64 = 4096;
 fn scrub_cluster(args: &VerifyArgs) -> CliResult {
     let client = args
         .remote
-        .client()?
+        .client(Access::Operate)?
         .ok_or("--router is missing: zr verify --router ADDR --certs DIR")?;
     let status = client.status()?;
     let shards = status.nodes.iter().map(|n| n.shard + 1).max().unwrap_or(0);

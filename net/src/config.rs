@@ -421,8 +421,8 @@ pub fn cluster_toml(
     let mut text = format!(
         "# A zrecord cluster made by `zr cluster-init`: {shards} shard(s) and a router on this\n\
          # machine. For real hosts, change the addresses and copy each process its files:\n\
-         # ca.pem plus node.pem/node.key to nodes, router.pem/router.key to routers,\n\
-         # client.pem/client.key to clients. Keep ca.key off the cluster.\n\n\
+         # certs/node/ to nodes, certs/router/ to routers, certs/reader/ (or writer/,\n\
+         # operator/) to clients. Keep certs/ca/ (the CA's key) off the cluster.\n\n\
          [cluster]\nshards = {shards}\nreplicas = {replicas}\nextent_records = {EXTENT_RECORDS_DEFAULT}\nseed = 0\n\n"
     );
     for (name, compress) in fields {

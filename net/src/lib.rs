@@ -30,5 +30,7 @@ pub use error::Error;
 pub use link::{Windows, SEND_WINDOW_BYTES, STREAMS_PER_CONNECTION_MAX};
 pub use refusal::describe;
 pub use rpc::{call, call_chunks, read_chunk, send_request, Body, ABANDONED, PROTOCOL_VIOLATION};
-pub use security::Security;
-pub use serve::{serve, shutdown_signal, Limits, DRAIN_TIMEOUT};
+pub use security::{Peer, Security};
+pub use serve::{
+    serve, serve_peers, shutdown_signal, Limits, DRAIN_TIMEOUT, IDLE_RECLAIM, RECLAIMED, TOO_MANY,
+};

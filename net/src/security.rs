@@ -1,6 +1,7 @@
 //! How an endpoint proves who it is and checks its peers: mutual TLS against the cluster CA
 //! ([`Security::Tls`], identities from [`crate::tls`]): nodes accept only routers, routers
-//! only clients, and each side checks the other's role. [`Security::InsecureDev`] (the
+//! only the client roles, and each side checks the other's role; [`Peer`] is what a server
+//! learnt of the peer of a connection. [`Security::InsecureDev`] (the
 //! binaries' `--insecure-dev`) keeps encryption but authenticates nobody.
 
 use std::sync::Arc;
@@ -47,12 +48,13 @@ impl Security {
         let tls_error = |e: rustls::Error| Error::Setup(format!("cannot configure TLS: {e}"));
         let mut server = match self {
             Security::Tls(identity) => {
-                let accepts = identity.role.accepts().ok_or_else(|| {
-                    Error::Setup(format!(
+                let accepts = identity.role.accepts();
+                if accepts.is_empty() {
+                    return Err(Error::Setup(format!(
                         "a {} certificate cannot serve connections",
                         identity.role
-                    ))
-                })?;
+                    )));
+                }
                 let provider = Arc::new(rustls::crypto::ring::default_provider());
                 let verifier = RoleVerifier::new(identity.roots(), Arc::clone(&provider), accepts)?;
                 let tls = rustls::ServerConfig::builder_with_provider(provider)
@@ -173,5 +175,54 @@ impl ServerCertVerifier for AcceptAnyCertificate {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Who is at the other end of an accepted connection, as its certificate says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// The peer's role; `None` on an `--insecure-dev` endpoint, where nobody is checked and
+    /// every request is allowed.
+    pub role: Option<Role>,
+    /// Tells identities apart (a hash of the peer's certificate, or of its IP address where
+    /// there is none): connection allowances are per identity.
+    pub identity: u64,
+}
+
+impl Peer {
+    /// The peer of `connection`, accepted by a server that takes `accepts`.
+    pub fn of(connection: &quinn::Connection, accepts: &[Role]) -> Peer {
+        use std::hash::Hasher;
+        let hasher = std::collections::hash_map::DefaultHasher::new;
+        let certificate = connection
+            .peer_identity()
+            .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
+            .and_then(|chain| chain.first().cloned());
+        match certificate {
+            Some(cert) => {
+                let mut h = hasher();
+                h.write(cert.as_ref());
+                Peer {
+                    role: Role::of_certificate(&cert, accepts),
+                    identity: h.finish(),
+                }
+            }
+            None => {
+                let mut h = hasher();
+                h.write(connection.remote_address().ip().to_string().as_bytes());
+                Peer {
+                    role: None,
+                    identity: h.finish(),
+                }
+            }
+        }
+    }
+
+    /// What this peer may ask of a router (everything on an `--insecure-dev` endpoint).
+    pub fn access(&self) -> Option<crate::tls::Access> {
+        match self.role {
+            None => Some(crate::tls::Access::Operate),
+            Some(role) => role.access(),
+        }
     }
 }

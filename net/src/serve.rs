@@ -9,6 +9,8 @@ use zr_proto::wire::{self, MESSAGE_BYTES_MAX};
 
 use crate::refusal::describe;
 use crate::rpc::{Body, Outgoing, PROTOCOL_VIOLATION};
+use crate::security::Peer;
+use crate::tls::Role;
 
 /// Resolves on SIGINT or SIGTERM: the binaries' signal to shut down gracefully. The
 /// handlers are installed when this is called (inside a runtime), not when the future is
@@ -39,8 +41,11 @@ async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
 /// What one serving endpoint allows.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    /// Connections open at once; more are refused.
+    /// Connections open at once; more are refused (after idle ones are reclaimed).
     pub connections: usize,
+    /// Connections open at once with one certificate (one identity, see [`Peer`]), so that
+    /// one identity's leaks cannot take every slot.
+    pub connections_per_identity: usize,
     /// Bytes of requests being read or handled at once, over all connections: a request
     /// that would exceed it waits (and QUIC flow control slows its sender) until others are
     /// answered. A single request larger than this (or than [`MESSAGE_BYTES_MAX`]) is
@@ -51,13 +56,87 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// `connections` and `timeout` with the default request budget (2 GiB).
+    /// `connections` and `timeout`, half the connections per identity, and the default
+    /// request budget (2 GiB).
     pub fn new(connections: usize, timeout: Duration) -> Limits {
         Limits {
             connections,
+            connections_per_identity: connections.div_ceil(2),
             request_bytes: 2 * MESSAGE_BYTES_MAX,
             timeout,
         }
+    }
+}
+
+/// A connection with no request in flight for this long may be closed to make room for
+/// others once the server is near a cap (clients reconnect on their next call).
+pub const IDLE_RECLAIM: Duration = Duration::from_millis(500);
+
+/// The application close code of a connection closed because it was idle and its slot was
+/// needed: nothing was in flight on it, so a client may simply reconnect.
+pub const RECLAIMED: u32 = 0x5a52;
+
+/// The application close code of a connection refused because its identity holds its whole
+/// allowance of connections.
+pub const TOO_MANY: u32 = 0x5a53;
+
+/// The open connections of one server, for reclaiming idle ones.
+#[derive(Default)]
+struct Open {
+    next: u64,
+    connections: std::collections::HashMap<u64, Tracked>,
+}
+
+/// One open connection: whose, how busy, since when idle.
+struct Tracked {
+    identity: u64,
+    connection: quinn::Connection,
+    /// Requests in flight on it.
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    /// When its last request ended (or it opened).
+    idle_since: Arc<std::sync::Mutex<std::time::Instant>>,
+}
+
+impl Tracked {
+    fn idle_for(&self, now: std::time::Instant) -> Option<Duration> {
+        if self.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let since = *self.idle_since.lock().unwrap_or_else(|e| e.into_inner());
+        Some(now.saturating_duration_since(since))
+    }
+}
+
+impl Open {
+    /// How many connections `identity` has open.
+    fn count(&self, identity: u64) -> usize {
+        self.connections
+            .values()
+            .filter(|t| t.identity == identity)
+            .count()
+    }
+
+    /// Closes connections (of `identity`, or of anyone) idle for [`IDLE_RECLAIM`] or more,
+    /// longest idle first, until `want` are closed; returns how many were.
+    fn reclaim(&mut self, identity: Option<u64>, want: usize) -> usize {
+        let now = std::time::Instant::now();
+        let mut idle: Vec<(Duration, u64)> = self
+            .connections
+            .iter()
+            .filter(|(_, t)| identity.is_none_or(|i| t.identity == i))
+            .filter_map(|(&id, t)| t.idle_for(now).map(|d| (d, id)))
+            .filter(|(d, _)| *d >= IDLE_RECLAIM)
+            .collect();
+        idle.sort_unstable_by(|a, b| b.cmp(a));
+        let mut closed = 0;
+        for (_, id) in idle.into_iter().take(want) {
+            if let Some(t) = self.connections.remove(&id) {
+                t.connection
+                    .close(VarInt::from_u32(RECLAIMED), b"idle connection reclaimed");
+                closed += 1;
+            }
+        }
+        closed
     }
 }
 
@@ -129,12 +208,33 @@ pub async fn serve<H, F>(
     H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
     F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
 {
+    serve_peers(endpoint, limits, shutdown, move |_: &Peer, bytes| {
+        handler(bytes)
+    })
+    .await
+}
+
+/// [`serve`], the handler told who sent each request (see [`Peer`]). Connections are capped
+/// in total and per identity; when either cap is near, connections idle for
+/// [`IDLE_RECLAIM`] are closed first (longest idle first), so that clients that leave
+/// connections open cannot lock others out.
+pub async fn serve_peers<H, F>(
+    endpoint: &Endpoint,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+    handler: H,
+) where
+    H: Fn(&Peer, Vec<u8>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
+{
     let Limits {
         connections: connections_max,
+        connections_per_identity,
         request_bytes,
         timeout,
     } = limits;
     let connections = Arc::new(tokio::sync::Semaphore::new(connections_max));
+    let open = Arc::new(std::sync::Mutex::new(Open::default()));
     let units = request_bytes.div_ceil(BUDGET_UNIT).max(1);
     let budget = Arc::new(tokio::sync::Semaphore::new(units));
     // No single request may need more than the whole budget.
@@ -148,8 +248,17 @@ pub async fn serve<H, F>(
         tokio::select! {
             biased;
             _ = &mut shutdown => break,
+            // Reap ended connections, so the set stays as large as what is open.
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
             incoming = endpoint.accept() => {
                 let Some(incoming) = incoming else { break };
+                // Near the cap, idle connections make room first.
+                if connections.available_permits() <= connections_max / 4 {
+                    let want = connections_max / 4 + 1 - connections.available_permits();
+                    open.lock().unwrap_or_else(|e| e.into_inner()).reclaim(None, want);
+                    // Their tasks end (and give back their permits) as the closes land.
+                    tokio::task::yield_now().await;
+                }
                 let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
                     tracing::warn!("refusing a connection from {}: {connections_max} already open", incoming.remote_address());
                     incoming.refuse();
@@ -158,10 +267,12 @@ pub async fn serve<H, F>(
                 let handler = handler.clone();
                 let in_flight = Arc::clone(&in_flight);
                 let budget = Arc::clone(&budget);
+                let open = Arc::clone(&open);
                 tasks.spawn(async move {
                     let _permit = permit;
                     let peer = incoming.remote_address();
-                    if let Err(e) = connection(incoming, handler, in_flight, budget, request_max, timeout).await {
+                    let serving = Serving { handler, in_flight, budget, request_max, timeout, open, per_identity: connections_per_identity };
+                    if let Err(e) = connection(incoming, serving).await {
                         tracing::debug!("connection from {peer} ended: {}", describe(&e));
                     }
                 });
@@ -184,20 +295,114 @@ pub async fn serve<H, F>(
     let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
 }
 
-async fn connection<H, F>(
-    incoming: quinn::Incoming,
+/// What each connection's task shares with the server.
+struct Serving<H> {
     handler: H,
     in_flight: Arc<tokio::sync::RwLock<()>>,
     budget: Arc<tokio::sync::Semaphore>,
     request_max: usize,
     timeout: Duration,
+    open: Arc<std::sync::Mutex<Open>>,
+    per_identity: usize,
+}
+
+/// Takes a connection out of the open set when its task ends.
+struct Registered {
+    open: Arc<std::sync::Mutex<Open>>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .connections
+            .remove(&self.id);
+    }
+}
+
+/// Counts a request in flight on its connection while it lives.
+struct Busy {
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    idle_since: Arc<std::sync::Mutex<std::time::Instant>>,
+}
+
+impl Busy {
+    fn start(
+        in_flight: &Arc<std::sync::atomic::AtomicUsize>,
+        idle_since: &Arc<std::sync::Mutex<std::time::Instant>>,
+    ) -> Busy {
+        in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Busy {
+            in_flight: Arc::clone(in_flight),
+            idle_since: Arc::clone(idle_since),
+        }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *self.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+        self.in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+async fn connection<H, F>(
+    incoming: quinn::Incoming,
+    serving: Serving<H>,
 ) -> Result<(), ConnectionError>
 where
-    H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(&Peer, Vec<u8>) -> F + Clone + Send + Sync + 'static,
     F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
 {
+    let Serving {
+        handler,
+        in_flight,
+        budget,
+        request_max,
+        timeout,
+        open,
+        per_identity,
+    } = serving;
     let connection = incoming.await?;
     let peer = connection.remote_address();
+    let who = Arc::new(Peer::of(&connection, &Role::ALL));
+    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let idle_since = Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
+    let _registered = {
+        let mut open_now = open.lock().unwrap_or_else(|e| e.into_inner());
+        if open_now.count(who.identity) >= per_identity {
+            let over = open_now.count(who.identity) + 1 - per_identity;
+            if open_now.reclaim(Some(who.identity), over) < over {
+                drop(open_now);
+                tracing::warn!(
+                    "refusing a connection from {peer}: its certificate already holds {per_identity} connections"
+                );
+                connection.close(
+                    VarInt::from_u32(TOO_MANY),
+                    b"too many connections with this certificate",
+                );
+                return Ok(());
+            }
+        }
+        let id = open_now.next;
+        open_now.next += 1;
+        open_now.connections.insert(
+            id,
+            Tracked {
+                identity: who.identity,
+                connection: connection.clone(),
+                in_flight: Arc::clone(&busy),
+                idle_since: Arc::clone(&idle_since),
+            },
+        );
+        Registered {
+            open: Arc::clone(&open),
+            id,
+        }
+    };
     let mut requests = tokio::task::JoinSet::new();
     let mut stats = tokio::time::interval(crate::metrics::PEER_STATS_EVERY);
     stats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -217,7 +422,10 @@ where
         let in_flight = Arc::clone(&in_flight);
         let budget = Arc::clone(&budget);
         let connection = connection.clone();
+        let who = Arc::clone(&who);
+        let counted = Busy::start(&busy, &idle_since);
         requests.spawn(async move {
+            let _counted = counted;
             let mut reply = Outgoing(Some(send));
             // The request's bytes hold their share of the budget until it is answered.
             let (bytes, _held) = match tokio::time::timeout(timeout, read_request(&mut recv, &budget, request_max)).await {
@@ -244,7 +452,7 @@ where
             }
             // A request that arrives while draining waits here and is reset at shutdown.
             let _guard = in_flight.read().await;
-            let (header, body) = handler(bytes).await;
+            let (header, body) = handler(&who, bytes).await;
             // On error `reply` is dropped unfinished, which resets the stream.
             if let Err(e) = reply.send_body(header, body, Some(timeout)).await {
                 tracing::warn!("reply to {peer} not sent whole, reset: {e}");
@@ -346,8 +554,18 @@ mod tests {
         use crate::tls::{init_certs, Role, CA_FILE, CERT_VALID_DAYS};
         let scratch = tempfile::tempdir().unwrap();
         let dir = |name: &str| scratch.path().join(name);
-        init_certs(&dir("old"), CERT_VALID_DAYS).unwrap();
-        init_certs(&dir("new"), CERT_VALID_DAYS).unwrap();
+        init_certs(&dir("made-old"), CERT_VALID_DAYS).unwrap();
+        init_certs(&dir("made-new"), CERT_VALID_DAYS).unwrap();
+        // Each CA's node and router files side by side, as an operator copies them.
+        for name in ["old", "new"] {
+            std::fs::create_dir(dir(name)).unwrap();
+            let made = dir(&format!("made-{name}"));
+            std::fs::copy(made.join("ca").join(CA_FILE), dir(name).join(CA_FILE)).unwrap();
+            for file in ["node.pem", "node.key", "router.pem", "router.key"] {
+                let role = file.split('.').next().unwrap();
+                std::fs::copy(made.join(role).join(file), dir(name).join(file)).unwrap();
+            }
+        }
         let both = [
             std::fs::read(dir("new").join(CA_FILE)).unwrap(),
             std::fs::read(dir("old").join(CA_FILE)).unwrap(),
@@ -503,8 +721,11 @@ mod tests {
     fn connections_beyond_the_cap_are_refused() {
         runtime().block_on(async {
             let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
-            let (addr, client, served) =
-                start(Limits::new(2, TIMEOUT), std::future::pending(), echo);
+            let limits = Limits {
+                connections_per_identity: 2,
+                ..Limits::new(2, TIMEOUT)
+            };
+            let (addr, client, served) = start(limits, std::future::pending(), echo);
             let message = b"ZRW1 hello".to_vec();
             let mut open = Vec::new();
             for _ in 0..2 {
@@ -527,6 +748,70 @@ mod tests {
         });
     }
 
+    /// At the cap, a connection idle for [`IDLE_RECLAIM`] makes room for a new one (closed
+    /// as reclaimed, so its client knows to reconnect); connections in use are kept.
+    #[test]
+    fn idle_connections_make_room_at_the_cap() {
+        runtime().block_on(async {
+            let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
+            let limits = Limits {
+                connections_per_identity: 2,
+                ..Limits::new(2, TIMEOUT)
+            };
+            let (addr, client, served) = start(limits, std::future::pending(), echo);
+            let message = b"ZRW1 hello".to_vec();
+            let idle = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+            call(&idle, message.clone(), Vec::new(), TIMEOUT).await.unwrap();
+            tokio::time::sleep(IDLE_RECLAIM + Duration::from_millis(200)).await;
+            let busy = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+            call(&busy, message.clone(), Vec::new(), TIMEOUT).await.unwrap();
+            // Full: the idle one goes, the new one is served, the busy one kept.
+            let third = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+            let reply = call(&third, message.clone(), Vec::new(), TIMEOUT).await.unwrap();
+            assert_eq!(reply, message);
+            let closed = idle.closed().await;
+            assert!(
+                matches!(&closed, quinn::ConnectionError::ApplicationClosed(c) if c.error_code == VarInt::from_u32(RECLAIMED)),
+                "{closed:?}"
+            );
+            call(&busy, message.clone(), Vec::new(), TIMEOUT).await.unwrap();
+            served.abort();
+        });
+    }
+
+    /// One identity cannot hold more than its allowance: its connections beyond it are
+    /// closed (`TOO_MANY`) while none of its own is idle, whatever room is left in total.
+    #[test]
+    fn one_identity_cannot_take_every_slot() {
+        runtime().block_on(async {
+            let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
+            let limits = Limits {
+                connections_per_identity: 2,
+                ..Limits::new(16, TIMEOUT)
+            };
+            let (addr, client, served) = start(limits, std::future::pending(), echo);
+            let message = b"ZRW1 hello".to_vec();
+            let mut open = Vec::new();
+            for _ in 0..2 {
+                let c = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+                call(&c, message.clone(), Vec::new(), TIMEOUT).await.unwrap();
+                open.push(c);
+            }
+            let third = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+            let refused = call(&third, message.clone(), Vec::new(), TIMEOUT).await;
+            assert!(refused.is_err(), "a third connection of one identity was served");
+            assert!(
+                matches!(third.close_reason(), Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == VarInt::from_u32(TOO_MANY)),
+                "{:?}",
+                third.close_reason()
+            );
+            for c in &open {
+                call(c, message.clone(), Vec::new(), TIMEOUT).await.unwrap();
+            }
+            served.abort();
+        });
+    }
+
     /// Requests share a byte budget: a request larger than the whole budget is refused
     /// (reset), requests that fit together all get through, and the endpoint keeps serving.
     #[test]
@@ -537,9 +822,8 @@ mod tests {
                 (bytes.len().to_le_bytes().to_vec(), Body::Ready(Vec::new()))
             };
             let limits = Limits {
-                connections: 4,
                 request_bytes: 256 << 10,
-                timeout: TIMEOUT,
+                ..Limits::new(4, TIMEOUT)
             };
             let (addr, client, served) = start(limits, std::future::pending(), slow_len);
             let c = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();

@@ -1,19 +1,28 @@
-//! Cluster identities: one CA per cluster signs a certificate for each role — nodes, routers,
-//! clients — and every connection is mutual TLS against that CA.
+//! Cluster identities: one CA per cluster signs a certificate for each role — nodes,
+//! routers, and clients that read, write or operate — and every connection is mutual TLS
+//! against that CA.
 //!
-//! A role is the certificate's DNS name (`node.zrecord`, `router.zrecord`,
-//! `client.zrecord`): a server proves its role by the name the connecting side asks for, a
+//! A role is the certificate's DNS name (`node.zrecord`, `router.zrecord`, `reader.zrecord`,
+//! `writer.zrecord`, `operator.zrecord`; `client.zrecord` from clusters made before roles,
+//! taken as a writer): a server proves its role by the name the connecting side asks for, a
 //! connecting peer by the name its client certificate carries. Nodes accept only routers;
-//! routers accept only clients. The name is a role, not a host, so the same files serve any
-//! address. A certificate directory (made by `zr cluster-init`) holds:
+//! routers accept the client roles and let each ask for what its role allows. The name is a
+//! role, not a host, so the same files serve any address. `zr cluster-init` makes one
+//! directory per role, so that what a process is given holds nothing another role needs:
 //!
 //! ```text
-//! ca.pem                          the cluster CA: every process needs it
-//! ca.key                          the CA's key: keep it off the cluster (it mints identities)
-//! node.pem node.key               for zr-node
-//! router.pem router.key           for zr-router
-//! client.pem client.key           for clients (zr --router, the client library)
+//! ca/        ca.pem ca.key                  the CA: keep it off the cluster (it mints identities)
+//! node/      ca.pem node.pem node.key       for zr-node
+//! router/    ca.pem router.pem router.key   for zr-router
+//! reader/    ca.pem reader.pem reader.key   for training jobs that read
+//! writer/    ca.pem writer.pem writer.key   for jobs that write
+//! operator/  ca.pem operator.pem …          for operators (moves, repair)
 //! ```
+//!
+//! A process given the whole directory finds its role's subdirectory; one given a role's
+//! directory uses it. `zr cluster issue --role R --name N` adds `R-N/` with a certificate of
+//! its own (one per job, so each has its own connection allowance). A flat directory of an
+//! older cluster (`ca.pem`, `node.pem`, `client.pem`, … side by side) still loads.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -38,25 +47,56 @@ pub const CA_FILE: &str = "ca.pem";
 pub const CA_KEY_FILE: &str = "ca.key";
 
 /// What a certificate entitles its holder to be.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Role {
     /// Serves a shard; accepts only routers.
     Node,
     /// Serves clients and connects to nodes.
     Router,
-    /// Connects to routers.
+    /// A client that reads: gather, info, status.
+    Reader,
+    /// A client that reads and writes: append, modify, delete, commit.
+    Writer,
+    /// A client that may do everything: moves, node replacement, scrub and repair.
+    Operator,
+    /// The one client role of clusters made before roles: accepted as a [`Role::Writer`].
     Client,
 }
 
+pub use zr_proto::wire::Access;
+
 impl Role {
     /// Every role, in file order.
-    pub const ALL: [Role; 3] = [Role::Node, Role::Router, Role::Client];
+    pub const ALL: [Role; 6] = [
+        Role::Node,
+        Role::Router,
+        Role::Reader,
+        Role::Writer,
+        Role::Operator,
+        Role::Client,
+    ];
 
-    /// The role's file stem: `node`, `router`, `client`.
+    /// The roles `zr cluster-init` issues (a `client` certificate is only ever kept from an
+    /// older cluster).
+    pub const ISSUED: [Role; 5] = [
+        Role::Node,
+        Role::Router,
+        Role::Reader,
+        Role::Writer,
+        Role::Operator,
+    ];
+
+    /// The client roles, least access first: the order in which `zr` picks one.
+    pub const CLIENTS: [Role; 4] = [Role::Reader, Role::Writer, Role::Client, Role::Operator];
+
+    /// The role's file stem: `node`, `router`, `reader`, `writer`, `operator`, `client`.
     pub fn name(self) -> &'static str {
         match self {
             Role::Node => "node",
             Role::Router => "router",
+            Role::Reader => "reader",
+            Role::Writer => "writer",
+            Role::Operator => "operator",
             Role::Client => "client",
         }
     }
@@ -66,16 +106,29 @@ impl Role {
         match self {
             Role::Node => "node.zrecord",
             Role::Router => "router.zrecord",
+            Role::Reader => "reader.zrecord",
+            Role::Writer => "writer.zrecord",
+            Role::Operator => "operator.zrecord",
             Role::Client => "client.zrecord",
         }
     }
 
-    /// The role a server of this role accepts as peers (`None`: it serves nobody).
-    pub fn accepts(self) -> Option<Role> {
+    /// What a client of this role may ask of a router (`None`: not a client role).
+    pub fn access(self) -> Option<Access> {
         match self {
-            Role::Node => Some(Role::Router),
-            Role::Router => Some(Role::Client),
-            Role::Client => None,
+            Role::Reader => Some(Access::Read),
+            Role::Writer | Role::Client => Some(Access::Write),
+            Role::Operator => Some(Access::Operate),
+            Role::Node | Role::Router => None,
+        }
+    }
+
+    /// The roles a server of this role accepts as peers (empty: it serves nobody).
+    pub fn accepts(self) -> &'static [Role] {
+        match self {
+            Role::Node => &[Role::Router],
+            Role::Router => &[Role::Reader, Role::Writer, Role::Operator, Role::Client],
+            Role::Reader | Role::Writer | Role::Operator | Role::Client => &[],
         }
     }
 
@@ -84,8 +137,29 @@ impl Role {
         match self {
             Role::Node => None,
             Role::Router => Some(Role::Node),
-            Role::Client => Some(Role::Router),
+            Role::Reader | Role::Writer | Role::Operator | Role::Client => Some(Role::Router),
         }
+    }
+
+    /// The role a certificate is for: the first of `among` its names are valid for.
+    pub fn of_certificate(cert: &CertificateDer<'_>, among: &[Role]) -> Option<Role> {
+        let cert = webpki::EndEntityCert::try_from(cert).ok()?;
+        among.iter().copied().find(|role| {
+            ServerName::try_from(role.dns_name())
+                .is_ok_and(|name| cert.verify_is_valid_for_subject_name(&name).is_ok())
+        })
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Role, String> {
+        Role::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| {
+                format!("unknown role {s:?}: one of node, router, reader, writer, operator")
+            })
     }
 }
 
@@ -123,11 +197,34 @@ fn cert_error(path: &Path, reason: impl fmt::Display) -> Error {
     }
 }
 
+/// Where `role`'s files are under `dir`: `dir` itself if it holds `<role>.pem` (a role's own
+/// directory, or the flat directory of an older cluster), else `dir/<role>/` if that exists,
+/// else `dir` (whose missing files the caller then names).
+pub fn role_dir(dir: &Path, role: Role) -> PathBuf {
+    let file = format!("{}.pem", role.name());
+    if dir.join(&file).exists() {
+        return dir.to_path_buf();
+    }
+    let sub = dir.join(role.name());
+    if sub.join(&file).exists() {
+        return sub;
+    }
+    dir.to_path_buf()
+}
+
+/// True if `dir` holds `role`'s certificate (see [`role_dir`]).
+pub fn holds_role(dir: &Path, role: Role) -> bool {
+    role_dir(dir, role)
+        .join(format!("{}.pem", role.name()))
+        .exists()
+}
+
 impl Identity {
     /// Loads `role`'s credentials from certificate directory `dir`; a missing or unreadable
     /// file is named in the error.
     pub fn load(dir: &Path, role: Role) -> Result<Identity, Error> {
         let hint = "(create the certificates with `zr cluster-init`)";
+        let dir = &role_dir(dir, role);
         let ca_path = dir.join(CA_FILE);
         let ca = CertificateDer::pem_file_iter(&ca_path)
             .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
@@ -157,6 +254,22 @@ impl Identity {
             })?;
         if chain.is_empty() {
             return Err(cert_error(&cert_path, "holds no certificate"));
+        }
+        // A certificate of another role would be refused by every peer: say so at start.
+        match Role::of_certificate(&chain[0], &Role::ALL) {
+            Some(is) if is == role => {}
+            Some(is) => {
+                return Err(cert_error(
+                    &cert_path,
+                    format!("this is a {is} certificate, not a {role} certificate: give this process the {role} files (`zr cluster-init` puts them in {role}/)"),
+                ))
+            }
+            None => {
+                return Err(cert_error(
+                    &cert_path,
+                    format!("this is not a zrecord {role} certificate (it is for no zrecord role)"),
+                ))
+            }
         }
         let key_path = dir.join(format!("{}.key", role.name()));
         let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| {
@@ -225,7 +338,7 @@ impl Identity {
         // both usages).
         let usage = match self.role {
             Role::Node => webpki::KeyUsage::server_auth(),
-            Role::Router | Role::Client => webpki::KeyUsage::client_auth(),
+            _ => webpki::KeyUsage::client_auth(),
         };
         cert.verify_for_usage(
             webpki::ALL_VERIFICATION_ALGS,
@@ -281,9 +394,14 @@ fn validity(days: u32) -> (time::OffsetDateTime, time::OffsetDateTime) {
     )
 }
 
-/// Creates a cluster CA in `dir` (valid [`CA_VALID_DAYS`]) and a certificate and key for
-/// every role, signed by it and valid for `days`. Refuses to overwrite an existing CA (that
-/// would orphan every certificate it signed). Key files are readable by their owner only.
+/// The directory of the CA in a certificate directory made by `zr cluster-init`.
+pub const CA_DIR: &str = "ca";
+
+/// Creates a cluster CA in `dir/ca/` (valid [`CA_VALID_DAYS`]) and, in a directory per role
+/// (`dir/node/`, `dir/router/`, `dir/reader/`, `dir/writer/`, `dir/operator/`), that role's
+/// certificate and key, signed by it and valid for `days`, with a copy of `ca.pem`. Refuses
+/// to overwrite an existing CA (that would orphan every certificate it signed). Key files
+/// are readable by their owner only.
 pub fn init_certs(dir: &Path, days: u32) -> Result<(), Error> {
     create_cluster_certs(dir, validity(CA_VALID_DAYS), validity(days))
 }
@@ -297,13 +415,13 @@ fn create_cluster_certs(
 ) -> Result<(), Error> {
     let io = |path: &Path, e: std::io::Error| cert_error(path, e);
     let gen = |what: &str, e: rcgen::Error| cert_error(dir, format!("cannot create {what}: {e}"));
-    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    let ca_path = dir.join(CA_FILE);
-    if ca_path.exists() {
-        return Err(cert_error(
-            &ca_path,
-            "a cluster CA already exists here; choose another directory (replacing it would invalidate every certificate it signed)",
-        ));
+    for existing in [dir.join(CA_DIR).join(CA_FILE), dir.join(CA_FILE)] {
+        if existing.exists() {
+            return Err(cert_error(
+                &existing,
+                "a cluster CA already exists here; choose another directory (replacing it would invalidate every certificate it signed)",
+            ));
+        }
     }
     let ca_key = KeyPair::generate().map_err(|e| gen("the CA key", e))?;
     let mut ca_params =
@@ -331,12 +449,20 @@ fn create_cluster_certs(
     let ca = ca_params
         .self_signed(&ca_key)
         .map_err(|e| gen("the CA", e))?;
+    let ca_dir = dir.join(CA_DIR);
     let mut files = vec![
-        (ca_path, ca.pem(), false),
-        (dir.join(CA_KEY_FILE), ca_key.serialize_pem(), true),
+        (ca_dir.join(CA_FILE), ca.pem(), false),
+        (ca_dir.join(CA_KEY_FILE), ca_key.serialize_pem(), true),
     ];
-    files.extend(issue_roles(dir, &ca, &ca_key, role_validity)?);
+    for role in Role::ISSUED {
+        let home = dir.join(role.name());
+        files.push((home.join(CA_FILE), ca.pem(), false));
+        files.extend(issue_role(&home, role, None, &ca, &ca_key, role_validity)?);
+    }
     for (path, text, secret) in files {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+        }
         write_file(&path, text.as_bytes(), secret).map_err(|e| io(&path, e))?;
     }
     Ok(())
@@ -350,11 +476,12 @@ pub struct Renewal {
     pub cut_to_ca: bool,
 }
 
-/// Issues every role a new key and certificate, valid for `days` but not past the CA's own
-/// expiry, from the CA in `dir` (`ca.pem` and `ca.key`), replacing the old files one by one
-/// (each replacement is atomic). Processes keep their old certificates until they restart;
-/// old and new are both from the same CA, so a cluster can restart its processes one at a
-/// time.
+/// Issues every certificate in `dir` (each role's directory, those `zr cluster issue` added,
+/// or the flat files of an older cluster) a new key and certificate, valid for `days` but not
+/// past the CA's own expiry, from the CA in `dir` (`ca/ca.pem` and `ca/ca.key`), replacing
+/// the old files one by one (each replacement is atomic). Processes keep their old
+/// certificates until they restart; old and new are both from the same CA, so a cluster can
+/// restart its processes one at a time.
 pub fn renew_certs(dir: &Path, days: u32) -> Result<Renewal, Error> {
     let asked = validity(days);
     let until = reissue_roles(dir, asked)?;
@@ -364,19 +491,21 @@ pub fn renew_certs(dir: &Path, days: u32) -> Result<Renewal, Error> {
     })
 }
 
-/// [`renew_certs`] with the new certificates valid from `not_before` to `not_after` (cut to
-/// the CA's expiry), which it returns.
-fn reissue_roles(
-    dir: &Path,
-    (not_before, not_after): (time::OffsetDateTime, time::OffsetDateTime),
-) -> Result<time::OffsetDateTime, Error> {
-    let ca_path = dir.join(CA_FILE);
-    let ca_key_path = dir.join(CA_KEY_FILE);
+/// The CA of certificate directory `dir`, able to sign: its certificate, params and key.
+#[allow(clippy::type_complexity)]
+fn load_ca(dir: &Path) -> Result<(rcgen::Certificate, CertificateParams, KeyPair, String), Error> {
+    let home = if dir.join(CA_DIR).join(CA_FILE).exists() {
+        dir.join(CA_DIR)
+    } else {
+        dir.to_path_buf()
+    };
+    let ca_path = home.join(CA_FILE);
+    let ca_key_path = home.join(CA_KEY_FILE);
     let read = |path: &Path| {
         std::fs::read_to_string(path).map_err(|e| {
             cert_error(
                 path,
-                format!("cannot read it: {e} (renewing needs the CA's certificate and key, as `zr cluster-init` wrote them)"),
+                format!("cannot read it: {e} (issuing certificates needs the CA's certificate and key, as `zr cluster-init` wrote them in {CA_DIR}/)"),
             )
         })
     };
@@ -391,55 +520,165 @@ fn reissue_roles(
             "the cluster CA has expired: create a new cluster CA with `zr cluster-init` and give every process its files",
         ));
     }
-    // A certificate that outlived its issuer would be refused by stricter peers.
-    let not_after = not_after.min(ca_params.not_after);
     // The same name and key as the CA file: what it signs verifies against that file.
     let ca = ca_params
+        .clone()
         .self_signed(&ca_key)
         .map_err(|e| cert_error(&ca_path, format!("cannot sign with this CA: {e}")))?;
-    for (path, text, secret) in issue_roles(dir, &ca, &ca_key, (not_before, not_after))? {
-        replace_file(&path, text.as_bytes(), secret).map_err(|e| cert_error(&path, e))?;
+    Ok((ca, ca_params, ca_key, ca_pem))
+}
+
+/// Every certificate in certificate directory `dir`: (its directory, role, name) — the flat
+/// files of `dir` itself, and those of its subdirectories `<role>/` and `<role>-<name>/`.
+fn certificates_in(dir: &Path) -> Result<Vec<(PathBuf, Role, Option<String>)>, Error> {
+    let mut found = Vec::new();
+    for role in Role::ALL {
+        if dir.join(format!("{}.pem", role.name())).exists() {
+            found.push((dir.to_path_buf(), role, None));
+        }
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| cert_error(dir, e))?;
+    let mut subdirs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    subdirs.sort();
+    for sub in subdirs {
+        let Some(base) = sub.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+            continue;
+        };
+        let (stem, name) = match base.split_once('-') {
+            Some((stem, name)) => (stem.to_string(), Some(name.to_string())),
+            None => (base.clone(), None),
+        };
+        let Ok(role) = stem.parse::<Role>() else {
+            continue;
+        };
+        if sub.join(format!("{}.pem", role.name())).exists() {
+            found.push((sub, role, name));
+        }
+    }
+    Ok(found)
+}
+
+/// [`renew_certs`] with the new certificates valid from `not_before` to `not_after` (cut to
+/// the CA's expiry), which it returns.
+fn reissue_roles(
+    dir: &Path,
+    (not_before, not_after): (time::OffsetDateTime, time::OffsetDateTime),
+) -> Result<time::OffsetDateTime, Error> {
+    let (ca, ca_params, ca_key, _) = load_ca(dir)?;
+    // A certificate that outlived its issuer would be refused by stricter peers.
+    let not_after = not_after.min(ca_params.not_after);
+    for (home, role, name) in certificates_in(dir)? {
+        let files = issue_role(
+            &home,
+            role,
+            name.as_deref(),
+            &ca,
+            &ca_key,
+            (not_before, not_after),
+        )?;
+        for (path, text, secret) in files {
+            replace_file(&path, text.as_bytes(), secret).map_err(|e| cert_error(&path, e))?;
+        }
     }
     Ok(not_after)
 }
 
-/// A new key and certificate for every role, signed by `ca`: (path, PEM, secret) per file.
-fn issue_roles(
-    dir: &Path,
+/// Checks a name given to `zr cluster issue --name`: `[a-z0-9][a-z0-9._-]{0,63}`.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || ".-_".contains(c));
+    if first_ok && rest_ok && name.len() <= 64 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a usable name: a lower-case letter or digit, then up to 63 of those or '.', '_', '-'"
+        ))
+    }
+}
+
+/// Issues one more certificate of `role` named `name` from the CA in `dir`, valid for
+/// `days` (not past the CA), into a directory of its own, `dir/<role>-<name>/` (with a copy
+/// of `ca.pem`), which it returns. Refuses a name already issued and the server roles'
+/// second certificates (they are not told apart by name).
+pub fn issue_cert(dir: &Path, role: Role, name: &str, days: u32) -> Result<PathBuf, Error> {
+    check_name(name).map_err(|reason| cert_error(dir, reason))?;
+    if role.access().is_none() || role == Role::Client {
+        return Err(cert_error(
+            dir,
+            format!("issue reader, writer or operator certificates; {role} certificates come with `zr cluster-init`"),
+        ));
+    }
+    let home = dir.join(format!("{}-{name}", role.name()));
+    if home.exists() {
+        return Err(cert_error(
+            &home,
+            "already exists: a certificate of that name was issued (renew it with `zr cluster-renew`, or choose another name)",
+        ));
+    }
+    let (ca, ca_params, ca_key, ca_pem) = load_ca(dir)?;
+    let (not_before, not_after) = validity(days);
+    let files = issue_role(
+        &home,
+        role,
+        Some(name),
+        &ca,
+        &ca_key,
+        (not_before, not_after.min(ca_params.not_after)),
+    )?;
+    std::fs::create_dir_all(&home).map_err(|e| cert_error(&home, e))?;
+    let all = std::iter::once((home.join(CA_FILE), ca_pem, false)).chain(files);
+    for (path, text, secret) in all {
+        write_file(&path, text.as_bytes(), secret).map_err(|e| cert_error(&path, e))?;
+    }
+    Ok(home)
+}
+
+/// A new key and certificate for `role` (named `name`, else after the role) in `home`,
+/// signed by `ca`: (path, PEM, secret) per file.
+fn issue_role(
+    home: &Path,
+    role: Role,
+    name: Option<&str>,
     ca: &rcgen::Certificate,
     ca_key: &KeyPair,
     (not_before, not_after): (time::OffsetDateTime, time::OffsetDateTime),
 ) -> Result<Vec<(PathBuf, String, bool)>, Error> {
-    let gen = |what: &str, e: rcgen::Error| cert_error(dir, format!("cannot create {what}: {e}"));
-    let mut files = Vec::new();
-    for role in Role::ALL {
-        let key = KeyPair::generate().map_err(|e| gen(role.name(), e))?;
-        let mut params = CertificateParams::new(vec![role.dns_name().to_string()])
-            .map_err(|e| gen(role.name(), e))?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, role.dns_name());
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = match role {
-            Role::Node => vec![ExtendedKeyUsagePurpose::ServerAuth],
-            Role::Router => vec![
-                ExtendedKeyUsagePurpose::ServerAuth,
-                ExtendedKeyUsagePurpose::ClientAuth,
-            ],
-            Role::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
-        };
-        (params.not_before, params.not_after) = (not_before, not_after);
-        let cert = params
-            .signed_by(&key, ca, ca_key)
-            .map_err(|e| gen(role.name(), e))?;
-        files.push((dir.join(format!("{}.pem", role.name())), cert.pem(), false));
-        files.push((
-            dir.join(format!("{}.key", role.name())),
+    let gen =
+        |e: rcgen::Error| cert_error(home, format!("cannot create the {role} certificate: {e}"));
+    let key = KeyPair::generate().map_err(gen)?;
+    let mut params = CertificateParams::new(vec![role.dns_name().to_string()]).map_err(gen)?;
+    let common_name = match name {
+        Some(name) => format!("{} {name}", role.dns_name()),
+        None => role.dns_name().to_string(),
+    };
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = match role {
+        Role::Node => vec![ExtendedKeyUsagePurpose::ServerAuth],
+        Role::Router => vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+        _ => vec![ExtendedKeyUsagePurpose::ClientAuth],
+    };
+    (params.not_before, params.not_after) = (not_before, not_after);
+    let cert = params.signed_by(&key, ca, ca_key).map_err(gen)?;
+    Ok(vec![
+        (home.join(format!("{}.pem", role.name())), cert.pem(), false),
+        (
+            home.join(format!("{}.key", role.name())),
             key.serialize_pem(),
             true,
-        ));
-    }
-    Ok(files)
+        ),
+    ])
 }
 
 /// Writes `path` anew through a temporary file renamed over it: a reader sees the old file
@@ -473,23 +712,24 @@ fn write_file(path: &Path, bytes: &[u8], secret: bool) -> std::io::Result<()> {
     file.sync_all()
 }
 
-/// Accepts a client certificate only if it chains to the cluster CA *and* is for `role`.
+/// Accepts a client certificate only if it chains to the cluster CA *and* is for one of
+/// `roles`.
 #[derive(Debug)]
 pub(crate) struct RoleVerifier {
     inner: Arc<dyn ClientCertVerifier>,
-    role: Role,
+    roles: &'static [Role],
 }
 
 impl RoleVerifier {
     pub(crate) fn new(
         roots: Arc<RootCertStore>,
         provider: Arc<rustls::crypto::CryptoProvider>,
-        role: Role,
+        roles: &'static [Role],
     ) -> Result<RoleVerifier, Error> {
         let inner = WebPkiClientVerifier::builder_with_provider(roots, provider)
             .build()
             .map_err(|e| Error::Setup(format!("cannot configure client authentication: {e}")))?;
-        Ok(RoleVerifier { inner, role })
+        Ok(RoleVerifier { inner, roles })
     }
 }
 
@@ -516,14 +756,11 @@ impl ClientCertVerifier for RoleVerifier {
             .inner
             .verify_client_cert(end_entity, intermediates, now)
             .inspect_err(|e| tracing::warn!("refused a peer's certificate: {e}"))?;
-        let name = ServerName::try_from(self.role.dns_name())
-            .map_err(|e| rustls::Error::General(e.to_string()))?;
-        let cert = webpki::EndEntityCert::try_from(end_entity)
-            .map_err(|e| rustls::Error::General(e.to_string()))?;
-        if cert.verify_is_valid_for_subject_name(&name).is_err() {
+        if Role::of_certificate(end_entity, self.roles).is_none() {
+            let names: Vec<&str> = self.roles.iter().map(|r| r.name()).collect();
             tracing::warn!(
-                "refused a peer whose certificate is not for the {} role",
-                self.role
+                "refused a peer whose certificate is not for a role this server accepts ({})",
+                names.join(", ")
             );
             return Err(rustls::Error::InvalidCertificate(
                 rustls::CertificateError::NotValidForName,
@@ -578,7 +815,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         init_certs(dir.path(), 30).unwrap();
         reissue(dir.path(), -30, -1);
-        for role in Role::ALL {
+        for role in Role::ISSUED {
             let e = Identity::load(dir.path(), role).unwrap_err().to_string();
             assert!(
                 e.contains("has expired") && e.contains("zr cluster-renew"),
@@ -591,7 +828,7 @@ mod tests {
             .to_string();
         assert!(e.contains("not valid yet"), "{e}");
         reissue(dir.path(), -1, 10);
-        for role in Role::ALL {
+        for role in Role::ISSUED {
             // Expires soon: a warning, not an error.
             let identity = Identity::load(dir.path(), role).unwrap();
             let warnings = identity.warnings().join("\n");
@@ -604,23 +841,23 @@ mod tests {
             );
         }
 
-        let old_key = std::fs::read(dir.path().join("router.key")).unwrap();
+        let old_key = std::fs::read(dir.path().join("router/router.key")).unwrap();
         renew_certs(dir.path(), 365).unwrap();
-        for role in Role::ALL {
+        for role in Role::ISSUED {
             Identity::load(dir.path(), role).unwrap();
         }
         assert_ne!(
-            std::fs::read(dir.path().join("router.key")).unwrap(),
+            std::fs::read(dir.path().join("router/router.key")).unwrap(),
             old_key
         );
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(dir.path().join("router.key"))
+        let mode = std::fs::metadata(dir.path().join("router/router.key"))
             .unwrap()
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
 
-        std::fs::remove_file(dir.path().join(CA_KEY_FILE)).unwrap();
+        std::fs::remove_file(dir.path().join(CA_DIR).join(CA_KEY_FILE)).unwrap();
         let e = renew_certs(dir.path(), 365).unwrap_err().to_string();
         assert!(e.contains(CA_KEY_FILE), "{e}");
     }
@@ -634,7 +871,7 @@ mod tests {
         let ca_end = now + time::Duration::days(20);
         let ca_validity = (now - time::Duration::days(1), ca_end);
         create_cluster_certs(dir.path(), ca_validity, validity(365)).unwrap();
-        for role in Role::ALL {
+        for role in Role::ISSUED {
             let identity = Identity::load(dir.path(), role).unwrap();
             let warnings = identity.warnings().join("\n");
             assert!(
@@ -676,7 +913,11 @@ mod tests {
         let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         init_certs(one.path(), 30).unwrap();
         init_certs(two.path(), 30).unwrap();
-        std::fs::copy(two.path().join("node.pem"), one.path().join("node.pem")).unwrap();
+        std::fs::copy(
+            two.path().join("node/node.pem"),
+            one.path().join("node/node.pem"),
+        )
+        .unwrap();
         let e = Identity::load(one.path(), Role::Node)
             .unwrap_err()
             .to_string();
@@ -687,12 +928,12 @@ mod tests {
     fn init_then_load_every_role_and_refuse_to_overwrite() {
         let dir = tempfile::tempdir().unwrap();
         init_certs(dir.path(), CERT_VALID_DAYS).unwrap();
-        for role in Role::ALL {
+        for role in Role::ISSUED {
             let identity = Identity::load(dir.path(), role).unwrap();
             assert_eq!(identity.role, role);
         }
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(dir.path().join("client.key"))
+        let mode = std::fs::metadata(dir.path().join("reader/reader.key"))
             .unwrap()
             .permissions()
             .mode();
@@ -701,7 +942,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(again.contains("already exists"), "{again}");
-        std::fs::remove_file(dir.path().join("router.key")).unwrap();
+        std::fs::remove_file(dir.path().join("router/router.key")).unwrap();
         let missing = Identity::load(dir.path(), Role::Router)
             .unwrap_err()
             .to_string();
@@ -709,5 +950,117 @@ mod tests {
             missing.contains("router.key") && missing.contains("cluster-init"),
             "{missing}"
         );
+    }
+}
+
+#[cfg(test)]
+mod role_tests {
+    use super::*;
+
+    /// `zr cluster-init`'s layout: a directory per role, none but ca/ holding the CA's key,
+    /// none but node/ and router/ a server key; each loads from the whole directory and from
+    /// its own; a certificate renamed as another role's is refused at load, naming both.
+    #[test]
+    fn each_role_has_a_directory_of_its_own_and_nothing_more() {
+        let dir = tempfile::tempdir().unwrap();
+        init_certs(dir.path(), CERT_VALID_DAYS).unwrap();
+        for role in Role::ISSUED {
+            let home = dir.path().join(role.name());
+            let mut files: Vec<String> = std::fs::read_dir(&home)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            files.sort();
+            let mut want = vec![
+                CA_FILE.to_string(),
+                format!("{}.key", role.name()),
+                format!("{}.pem", role.name()),
+            ];
+            want.sort();
+            assert_eq!(files, want, "{role}");
+            assert_eq!(Identity::load(dir.path(), role).unwrap().role, role);
+            assert_eq!(Identity::load(&home, role).unwrap().role, role);
+        }
+        assert!(dir.path().join(CA_DIR).join(CA_KEY_FILE).exists());
+        assert!(!holds_role(&dir.path().join("reader"), Role::Writer));
+        assert!(holds_role(dir.path(), Role::Operator));
+
+        // A node given the router's certificate.
+        let node = dir.path().join("node");
+        for ext in ["pem", "key"] {
+            std::fs::copy(
+                dir.path().join(format!("router/router.{ext}")),
+                node.join(format!("node.{ext}")),
+            )
+            .unwrap();
+        }
+        let e = Identity::load(&node, Role::Node).unwrap_err().to_string();
+        assert!(
+            e.contains("node.pem") && e.contains("is a router certificate, not a node certificate"),
+            "{e}"
+        );
+    }
+
+    /// `zr cluster issue`: a named certificate of a client role in a directory of its own,
+    /// loadable, renewed with the rest; bad names, server roles and a second issue of one
+    /// name are refused.
+    #[test]
+    fn named_certificates_are_issued_and_renewed() {
+        let dir = tempfile::tempdir().unwrap();
+        init_certs(dir.path(), CERT_VALID_DAYS).unwrap();
+        let home = issue_cert(dir.path(), Role::Reader, "job-7", 30).unwrap();
+        assert_eq!(home, dir.path().join("reader-job-7"));
+        Identity::load(&home, Role::Reader).unwrap();
+        let e = issue_cert(dir.path(), Role::Reader, "job-7", 30)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("already exists"), "{e}");
+        for bad in ["", "Job", "-x", &"x".repeat(65), "a/b"] {
+            assert!(
+                issue_cert(dir.path(), Role::Writer, bad, 30).is_err(),
+                "{bad:?}"
+            );
+        }
+        let e = issue_cert(dir.path(), Role::Node, "n1", 30)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cluster-init"), "{e}");
+        let before = std::fs::read(home.join("reader.pem")).unwrap();
+        renew_certs(dir.path(), 60).unwrap();
+        assert_ne!(std::fs::read(home.join("reader.pem")).unwrap(), before);
+        Identity::load(&home, Role::Reader).unwrap();
+        assert!(
+            issue_cert(&home, Role::Reader, "x", 30).is_err(),
+            "no CA there"
+        );
+    }
+
+    /// A flat certificate directory of a cluster made before roles loads as it did, its
+    /// `client` certificate a client role, and renews in place.
+    #[test]
+    fn an_older_flat_directory_still_loads_and_renews() {
+        let dir = tempfile::tempdir().unwrap();
+        init_certs(dir.path(), CERT_VALID_DAYS).unwrap();
+        let ca_dir = dir.path().join(CA_DIR);
+        let (ca, _, ca_key, ca_pem) = load_ca(dir.path()).unwrap();
+        let flat = tempfile::tempdir().unwrap();
+        std::fs::write(flat.path().join(CA_FILE), &ca_pem).unwrap();
+        std::fs::copy(ca_dir.join(CA_KEY_FILE), flat.path().join(CA_KEY_FILE)).unwrap();
+        for role in [Role::Node, Role::Router, Role::Client] {
+            for (path, text, _) in
+                issue_role(flat.path(), role, None, &ca, &ca_key, validity(30)).unwrap()
+            {
+                std::fs::write(path, text).unwrap();
+            }
+            assert_eq!(Identity::load(flat.path(), role).unwrap().role, role);
+        }
+        assert_eq!(Role::Client.access(), Some(Access::Write));
+        let before = std::fs::read(flat.path().join("client.pem")).unwrap();
+        renew_certs(flat.path(), 60).unwrap();
+        assert_ne!(
+            std::fs::read(flat.path().join("client.pem")).unwrap(),
+            before
+        );
+        Identity::load(flat.path(), Role::Client).unwrap();
     }
 }

@@ -344,12 +344,13 @@ fn rename_exchange(a: &Path, b: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Makes the directory `path` and any missing parents.
+/// Makes the directory `path` and any missing parents. A directory another process made
+/// meanwhile (nodes started together on a fresh cluster directory) is taken as made.
 pub(crate) fn create_dir_all(path: &Path) -> io::Result<()> {
     let mut missing: Vec<&Path> = path.ancestors().take_while(|p| !p.exists()).collect();
     missing.reverse();
     for dir in missing {
-        change(
+        let made = change(
             dir,
             || {
                 Some(Change::CreateDir {
@@ -357,7 +358,11 @@ pub(crate) fn create_dir_all(path: &Path) -> io::Result<()> {
                 })
             },
             || std::fs::create_dir(dir),
-        )?;
+        );
+        match made {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            other => other?,
+        }
     }
     Ok(())
 }
@@ -617,5 +622,33 @@ fn redo(change: &Change, stash: Option<Stash>) -> io::Result<()> {
             Some(Stash::Dir(aside)) => std::fs::rename(aside, path),
             _ => ignore(std::fs::create_dir(path), io::ErrorKind::AlreadyExists),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Processes started together on a fresh directory each make the same parents: every
+    /// one succeeds, whichever made each directory first.
+    #[test]
+    fn directories_made_meanwhile_by_others_are_taken_as_made() {
+        let scratch = tempfile::tempdir().expect("scratch");
+        for round in 0..20 {
+            let path = scratch.path().join(format!("c{round}/data/shard-0"));
+            let barrier = std::sync::Barrier::new(6);
+            std::thread::scope(|s| {
+                let made: Vec<_> = (0..6)
+                    .map(|k| {
+                        let (path, barrier) = (path.join(format!("r{k}")), &barrier);
+                        s.spawn(move || {
+                            barrier.wait();
+                            super::create_dir_all(&path)
+                        })
+                    })
+                    .collect();
+                for m in made {
+                    m.join().expect("thread").expect("made");
+                }
+            });
+        }
     }
 }

@@ -61,28 +61,26 @@ impl Coordination {
 
 /// A node's fence: the largest lease token it has been fenced with. Writes are checked and
 /// made under its lock, so a write admitted before the fence rises is finished before the
-/// fence's holder reads the node's length. Kept in [`FENCE_FILE`] (`Default`: in memory),
-/// overwritten in place with a fixed-width number before it rises, without an fsync (it
-/// rises before every write): it survives a restart of the node's process, and a power loss
-/// leaves the old or the new number, never a torn one.
+/// fence's holder reads the node's length. Kept in [`FENCE_FILE`] (`Default`: in memory):
+/// each rise writes the new number to a file of its own, syncs it, renames it over the old
+/// one and syncs the directory, all through [`crate::disk`], before the rise returns — so
+/// no write under the new token is acknowledged before the fence is durable, and no power
+/// loss brings back an older fence (which would admit a late write of an older holder).
 #[derive(Debug, Default)]
 pub struct Fence {
     highest: Mutex<u64>,
-    file: Option<(std::fs::File, PathBuf)>,
+    path: Option<PathBuf>,
 }
 
 impl Fence {
     /// The fence kept in `dir` (down if none is kept).
     pub fn open(dir: &Path) -> Result<Fence> {
         let path = dir.join(FENCE_FILE);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .ctx("open", &path)?;
-        let text = std::fs::read_to_string(&path).ctx("read", &path)?;
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e).ctx("read", &path),
+        };
         let highest = match text.trim() {
             "" => 0,
             number => number.parse().map_err(|_| Error::Corrupt {
@@ -92,18 +90,17 @@ impl Fence {
         };
         Ok(Fence {
             highest: Mutex::new(highest),
-            file: Some((file, path)),
+            path: Some(path),
         })
     }
 
-    /// Raises the fence to `token` (never lowers it; kept first), then runs `read` once any
-    /// write admitted before has finished. Refused if the fence cannot be kept.
+    /// Raises the fence to `token` (never lowers it; durable first), then runs `read` once
+    /// any write admitted before has finished. Refused if the fence cannot be kept.
     pub fn raise<T>(&self, token: u64, read: impl FnOnce() -> T) -> Result<T, String> {
-        use std::os::unix::fs::FileExt;
         let mut highest = self.highest.lock().unwrap_or_else(|e| e.into_inner());
         if token > *highest {
-            if let Some((file, path)) = &self.file {
-                file.write_all_at(format!("{token:020}\n").as_bytes(), 0)
+            if let Some(path) = &self.path {
+                keep(path, token)
                     .map_err(|e| format!("cannot keep the fence in {}: {e}", path.display()))?;
             }
             *highest = token;
@@ -116,10 +113,7 @@ impl Fence {
     pub fn copy_to(&self, dir: &Path) -> Result<()> {
         let highest = *self.highest.lock().unwrap_or_else(|e| e.into_inner());
         let path = dir.join(FENCE_FILE);
-        std::fs::write(&path, format!("{highest:020}\n")).ctx("write", &path)?;
-        std::fs::File::open(&path)
-            .and_then(|f| f.sync_all())
-            .ctx("fsync", &path)
+        keep(&path, highest).ctx("keep the fence in", &path)
     }
 
     /// Runs `write` if `token` is not below the fence; refused, saying why, otherwise.
@@ -134,6 +128,24 @@ impl Fence {
         let done = write();
         drop(highest);
         Ok(done)
+    }
+}
+
+/// Writes `token` to `path` durably: a new file, synced, renamed over the old one, its
+/// directory synced. A reader finds the old number or the new one, never a part, and once
+/// this returns, never the old one again.
+fn keep(path: &Path, token: u64) -> std::io::Result<()> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".new");
+    let temporary = PathBuf::from(temporary);
+    let file = crate::disk::create(&temporary)?;
+    crate::disk::write_at(&file, &temporary, format!("{token:020}\n").as_bytes(), 0)?;
+    crate::disk::sync(&file, &temporary)?;
+    drop(file);
+    crate::disk::rename(&temporary, path)?;
+    match path.parent() {
+        Some(dir) => crate::disk::sync_dir(dir),
+        None => Ok(()),
     }
 }
 

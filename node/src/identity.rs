@@ -10,6 +10,8 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
+use zr_proto::wire::Target;
+
 use crate::error::{Error, IoContext, Result};
 use crate::meta::sync_dir;
 
@@ -19,6 +21,9 @@ pub const IDENTITY_FILE: &str = "identity.json";
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Kept {
     shard: Option<u32>,
+    /// Absent in directories claimed before replicas were kept: taken at the next claim.
+    #[serde(default)]
+    replica: Option<u32>,
     cluster: Option<String>,
     map_version: Option<u64>,
 }
@@ -40,6 +45,9 @@ pub enum Mismatch {
     /// The sender placed the request by another map version.
     #[error("this node serves map version {ours}; the request was placed by version {theirs} (stale map)")]
     Map { ours: u64, theirs: u64 },
+    /// The request was meant for another node: another shard, or another replica.
+    #[error("this node serves {ours}; the request was meant for {theirs} (are two nodes' addresses swapped in the sender's nodes.toml?)")]
+    Node { ours: Target, theirs: Target },
     /// The identity could not be kept.
     #[error("{0}")]
     Storage(String),
@@ -63,23 +71,64 @@ impl Identity {
         })
     }
 
-    /// Claims `dir` for shard `shard`: kept if it has no shard yet, refused if it holds
-    /// another shard's data.
-    pub fn claim(dir: &Path, shard: u32) -> Result<()> {
+    /// Claims `dir` for shard `shard`'s replica `replica`: kept if it has no shard yet,
+    /// refused if it holds another shard's or replica's data. A directory that holds records
+    /// (`records`) but no identity is refused too: which shard it is cannot be known, and
+    /// taking it by its length alone would serve another shard's records as this one's.
+    pub fn claim(dir: &Path, shard: u32, replica: u32, records: u64) -> Result<()> {
         let identity = Identity::open(dir)?;
         let mut kept = identity.lock();
-        match kept.shard {
-            Some(ours) if ours != shard => Err(Error::InvalidInput {
-                path: dir.to_path_buf(),
+        let path = || dir.to_path_buf();
+        match (kept.shard, kept.replica) {
+            (Some(ours), _) if ours != shard => Err(Error::InvalidInput {
+                path: path(),
                 reason: format!(
                     "this directory holds shard {ours}'s data, not shard {shard}'s (a wrong --data or [[shard]] data path?)"
                 ),
             }),
-            Some(_) => Ok(()),
-            None => {
-                kept.shard = Some(shard);
+            (Some(_), Some(ours)) if ours != replica => Err(Error::InvalidInput {
+                path: path(),
+                reason: format!(
+                    "this directory holds shard {shard} replica {ours}'s data, not replica {replica}'s (a wrong --replica or data path?)"
+                ),
+            }),
+            (Some(_), Some(_)) => Ok(()),
+            (Some(_), None) => {
+                kept.replica = Some(replica);
                 identity.keep(&kept)
             }
+            (None, _) if records > 0 => Err(Error::InvalidInput {
+                path: path(),
+                reason: format!(
+                    "this directory holds {records} records but no {IDENTITY_FILE}, so which shard they belong to is unknown; it is not taken as shard {shard}'s. Restore its {IDENTITY_FILE}, or start on an empty directory and let the node be rebuilt (`zr cluster replace-node`)"
+                ),
+            }),
+            (None, _) => {
+                kept.shard = Some(shard);
+                kept.replica = Some(replica);
+                identity.keep(&kept)
+            }
+        }
+    }
+
+    /// Admits a request meant for `target`: refused if this directory is another node's.
+    /// A directory that knows no shard (a node without one) admits any.
+    pub fn admit_target(&self, target: Target) -> std::result::Result<(), Mismatch> {
+        let kept = self.lock();
+        let Some(shard) = kept.shard else {
+            return Ok(());
+        };
+        let ours = Target {
+            shard,
+            replica: kept.replica.unwrap_or(target.replica),
+        };
+        if ours == target {
+            Ok(())
+        } else {
+            Err(Mismatch::Node {
+                ours,
+                theirs: target,
+            })
         }
     }
 
@@ -181,13 +230,15 @@ mod tests {
     #[test]
     fn a_directory_keeps_its_shard_and_cluster() {
         let dir = tempfile::tempdir().expect("scratch");
-        Identity::claim(dir.path(), 2).expect("claim");
-        Identity::claim(dir.path(), 2).expect("the same shard again");
-        let e = Identity::claim(dir.path(), 1).expect_err("another shard");
+        Identity::claim(dir.path(), 2, 1, 0).expect("claim");
+        Identity::claim(dir.path(), 2, 1, 5).expect("the same shard again");
+        let e = Identity::claim(dir.path(), 1, 1, 0).expect_err("another shard");
         assert!(
             e.to_string().contains("shard 2's data, not shard 1's"),
             "{e}"
         );
+        let e = Identity::claim(dir.path(), 2, 0, 0).expect_err("another replica");
+        assert!(e.to_string().contains("not replica 0's"), "{e}");
 
         let identity = Identity::open(dir.path()).expect("open");
         identity.admit("c1", 1).expect("first request");
@@ -206,6 +257,43 @@ mod tests {
             again.admit("c2", 1),
             Err(Mismatch::Cluster { .. })
         ));
-        Identity::claim(dir.path(), 2).expect("the shard is still kept");
+        Identity::claim(dir.path(), 2, 1, 0).expect("the shard is still kept");
+        let meant = |shard, replica| Target { shard, replica };
+        again.admit_target(meant(2, 1)).expect("meant for it");
+        for other in [meant(1, 1), meant(2, 0)] {
+            let e = again
+                .admit_target(other)
+                .expect_err("meant for another node");
+            assert!(
+                e.to_string().contains("serves shard 2 replica 1")
+                    && e.to_string().contains(&other.to_string()),
+                "{e}"
+            );
+        }
+    }
+
+    /// A directory with records and no identity is another node's data as far as anyone
+    /// can tell: refused, naming the file; an empty one is claimed; one claimed before
+    /// replicas were kept takes its replica.
+    #[test]
+    fn records_without_an_identity_are_refused_and_old_identities_upgrade() {
+        let dir = tempfile::tempdir().expect("scratch");
+        let e = Identity::claim(dir.path(), 2, 0, 10_368).expect_err("records, no identity");
+        assert!(
+            e.to_string().contains("10368 records but no identity.json"),
+            "{e}"
+        );
+        assert!(!dir.path().join(IDENTITY_FILE).exists());
+        Identity::claim(dir.path(), 2, 0, 0).expect("empty: claimed");
+
+        let old = tempfile::tempdir().expect("scratch");
+        std::fs::write(
+            old.path().join(IDENTITY_FILE),
+            r#"{"shard": 3, "cluster": "c", "map_version": 1}"#,
+        )
+        .expect("an older identity");
+        Identity::claim(old.path(), 3, 1, 50).expect("upgraded");
+        let e = Identity::claim(old.path(), 3, 0, 50).expect_err("replica now kept");
+        assert!(e.to_string().contains("not replica 0's"), "{e}");
     }
 }

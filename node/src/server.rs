@@ -35,12 +35,18 @@ const ZERO_COPY_MEAN_BYTES: u64 = 4096;
 
 /// Most client connections (routers) a node serves at once.
 pub const CONNECTIONS_MAX: usize = 64;
-/// Opens shard `shard`'s store at `dir`, creating it with the cluster's fields if it does not
-/// exist yet; refuses a store whose fields differ from the configuration, and a directory
-/// that holds another shard's data (see `identity`).
-pub fn open_shard_store(config: &ClusterConfig, dir: &Path, shard: u32) -> Result<Store, Error> {
+/// Opens shard `shard` replica `replica`'s store at `dir`, creating it with the cluster's
+/// fields if it does not exist yet; refuses a store whose fields differ from the
+/// configuration, a directory that holds another node's data, and one that holds records but
+/// no identity (see `identity`).
+pub fn open_shard_store(
+    config: &ClusterConfig,
+    dir: &Path,
+    shard: u32,
+    replica: u32,
+) -> Result<Store, Error> {
     let store = open_shard_store_fields(config, dir)?;
-    crate::identity::Identity::claim(dir, shard)?;
+    crate::identity::Identity::claim(dir, shard, replica, store.len())?;
     Ok(store)
 }
 
@@ -205,13 +211,12 @@ pub async fn serve_with(
             (header, net::Body::Ready(body))
         }
     };
-    net::serve(
-        &endpoint,
-        net::Limits::new(CONNECTIONS_MAX, timeout),
-        shutdown,
-        handler,
-    )
-    .await;
+    // Every peer is a router, and routers share one certificate: one allowance for all.
+    let limits = net::Limits {
+        connections_per_identity: CONNECTIONS_MAX,
+        ..net::Limits::new(CONNECTIONS_MAX, timeout)
+    };
+    net::serve(&endpoint, limits, shutdown, handler).await;
     let store = shard.serving().store.clone();
     let committed = tokio::task::spawn_blocking(move || store.commit()).await;
     match committed {
@@ -299,6 +304,13 @@ fn respond_unrecorded(
     body: &[u8],
 ) -> (Vec<u8>, Vec<Bytes>, bool) {
     let refused = |(header, body): (Vec<u8>, Vec<Bytes>)| (header, body, false);
+    if let Some(target) = message.target {
+        if let Err(mismatch) = coordination.identity.admit_target(target) {
+            tracing::warn!("refused a request: {mismatch}");
+            let refusal = Refusal::Identity(mismatch);
+            return refused(error_reply(refusal.code(), refusal.to_string()));
+        }
+    }
     if let Some(cluster) = &message.cluster {
         let admitted = match message.request {
             // Placed by the map it switches to.
@@ -388,6 +400,7 @@ impl Refusal {
             Refusal::Identity(crate::identity::Mismatch::Cluster { .. }) => ErrorCode::WrongCluster,
             Refusal::Identity(crate::identity::Mismatch::Map { .. }) => ErrorCode::StaleMap,
             Refusal::Identity(crate::identity::Mismatch::Storage(_)) => ErrorCode::Storage,
+            Refusal::Identity(crate::identity::Mismatch::Node { .. }) => ErrorCode::WrongShard,
             Refusal::Fenced(_) | Refusal::OutOfStep { .. } => ErrorCode::Conflict,
         }
     }
@@ -740,7 +753,8 @@ pub async fn run_shard(
     let store = {
         let config = config.clone();
         let dir = dir.clone();
-        tokio::task::spawn_blocking(move || open_shard_store(&config, &dir, shard)).await??
+        tokio::task::spawn_blocking(move || open_shard_store(&config, &dir, shard, replica))
+            .await??
     };
     let addr: SocketAddr = entry.addr;
     let endpoint = net::server_endpoint(addr, security)?;

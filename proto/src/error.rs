@@ -27,6 +27,10 @@ pub enum ErrorCode {
     StaleMap,
     /// The node's data belongs to another cluster.
     WrongCluster,
+    /// The sender's role does not allow the request.
+    Forbidden,
+    /// The request was meant for another shard or replica than the node serves.
+    WrongShard,
 }
 
 impl ErrorCode {
@@ -43,6 +47,8 @@ impl ErrorCode {
             ErrorCode::CorruptRecord => "corrupt_record",
             ErrorCode::StaleMap => "stale_map",
             ErrorCode::WrongCluster => "wrong_cluster",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::WrongShard => "wrong_shard",
         }
     }
 }

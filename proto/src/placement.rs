@@ -168,6 +168,11 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// The version of the map this placement is of.
+    pub fn version(&self) -> u64 {
+        self.map.version
+    }
+
     /// Checks `map` and builds the lookup tables.
     pub fn new(map: ClusterMap) -> Result<Placement, Error> {
         let bad = |why: String| Err(Error::Placement(why));

@@ -18,7 +18,7 @@ use crate::error::Error;
 pub use crate::error::ErrorCode;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 11;
+pub const WIRE_VERSION: u16 = 12;
 
 /// Most records one `Digest` request covers.
 pub const DIGEST_RECORDS_MAX: u64 = 1 << 20;
@@ -126,9 +126,51 @@ pub struct MoveReport {
     pub error: Option<String>,
     /// The map had this change already: nothing was moved.
     pub already: bool,
+    /// The change this move makes (`None`: no move was started on this router).
+    pub change: Option<MapChange>,
+}
+
+/// What a client request needs of its sender's role, least first: readers read, writers
+/// also write, operators may do everything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Access {
+    /// Gather, info, status.
+    Read,
+    /// Read, and append, modify, delete, commit.
+    Write,
+    /// Everything: moves, node replacement, scrub and repair.
+    Operate,
+}
+
+impl Access {
+    /// The least role with this access: `reader`, `writer`, `operator`.
+    pub fn role_name(self) -> &'static str {
+        match self {
+            Access::Read => "reader",
+            Access::Write => "writer",
+            Access::Operate => "operator",
+        }
+    }
 }
 
 impl ClientRequest {
+    /// What the request needs of its sender's role.
+    pub fn access(&self) -> Access {
+        match self {
+            ClientRequest::Info
+            | ClientRequest::Gather { .. }
+            | ClientRequest::Status
+            | ClientRequest::MoveProgress => Access::Read,
+            ClientRequest::Append { .. }
+            | ClientRequest::Modify { .. }
+            | ClientRequest::Delete { .. }
+            | ClientRequest::Commit => Access::Write,
+            ClientRequest::Scrub { .. }
+            | ClientRequest::ReplaceNode { .. }
+            | ClientRequest::MoveShards { .. } => Access::Operate,
+        }
+    }
+
     /// The request's kind, for logs and metrics.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -252,24 +294,48 @@ pub struct NodeMessage {
     pub cluster: Option<String>,
     /// The version of the cluster map the sender placed the request by.
     pub map_version: u64,
+    /// The shard and replica the sender meant the request for (from its nodes.toml or the
+    /// cluster record); `None`: not checked.
+    pub target: Option<Target>,
     pub request: NodeRequest,
 }
 
+/// Which node a request is meant for: a shard and one of its replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    pub shard: u32,
+    pub replica: u32,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "shard {} replica {}", self.shard, self.replica)
+    }
+}
+
 impl NodeMessage {
-    /// `request` for cluster `cluster` placed by map `map_version`.
-    pub fn new(cluster: &str, map_version: u64, request: NodeRequest) -> NodeMessage {
+    /// `request` for cluster `cluster` placed by map `map_version`, meant for `target`.
+    pub fn new(
+        cluster: &str,
+        map_version: u64,
+        target: Option<Target>,
+        request: NodeRequest,
+    ) -> NodeMessage {
         NodeMessage {
             cluster: Some(cluster.to_string()),
             map_version,
+            target,
             request,
         }
     }
 
-    /// `request` without a cluster to check: for tools that talk to a node directly.
+    /// `request` without a cluster or a node to check: for tools that talk to a node
+    /// directly.
     pub fn unchecked(request: NodeRequest) -> NodeMessage {
         NodeMessage {
             cluster: None,
             map_version: 0,
+            target: None,
             request,
         }
     }
@@ -588,11 +654,12 @@ pub fn encode_request<R: Request>(request: &R) -> Result<Vec<u8>, Error> {
 }
 
 /// Encodes `request` as a [`NodeMessage`] for `cluster` (`None`: unchecked) placed by map
-/// `map_version`, the same bytes, without copying the request into one (a router's hot
+/// `map_version` and meant for `target`, the same bytes, without copying the request into one (a router's hot
 /// path: a gather's indices).
 pub fn encode_node_request(
     cluster: Option<&str>,
     map_version: u64,
+    target: Option<Target>,
     request: &NodeRequest,
 ) -> Result<Vec<u8>, Error> {
     /// [`NodeMessage`], borrowed: serde encodes `&str` as `String` and `&T` as `T`.
@@ -600,6 +667,7 @@ pub fn encode_node_request(
     struct Borrowed<'a> {
         cluster: Option<&'a str>,
         map_version: u64,
+        target: Option<Target>,
         request: &'a NodeRequest,
     }
     encode(
@@ -607,6 +675,7 @@ pub fn encode_node_request(
         &Borrowed {
             cluster,
             map_version,
+            target,
             request,
         },
     )
@@ -808,11 +877,19 @@ mod tests {
             fields: vec!["a".into(), "b".into()],
             lengths: vec![vec![1, 2], vec![0, 3]],
         };
-        let sent = NodeMessage::new("c1", 3, request);
+        let sent = NodeMessage::new(
+            "c1",
+            3,
+            Some(Target {
+                shard: 2,
+                replica: 1,
+            }),
+            request,
+        );
         // The borrowing encoder writes the same bytes as the message.
         let encoded = encode_request(&sent).unwrap();
         assert_eq!(
-            encode_node_request(Some("c1"), 3, &sent.request).unwrap(),
+            encode_node_request(Some("c1"), 3, sent.target, &sent.request).unwrap(),
             encoded
         );
         let bytes = message(encoded, b"xyy___");
@@ -947,7 +1024,7 @@ mod tests {
         let fence = encode_request(&node(NodeRequest::Fence { token: 3 })).unwrap();
         assert!(decode_request::<ClientRequest>(&fence).is_err());
         // A cluster id past the limit is refused before anything else.
-        let long = NodeMessage::new(&"c".repeat(200), 1, NodeRequest::Info);
+        let long = NodeMessage::new(&"c".repeat(200), 1, None, NodeRequest::Info);
         assert!(decode_request::<NodeMessage>(&encode_request(&long).unwrap()).is_err());
     }
 

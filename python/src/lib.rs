@@ -397,22 +397,41 @@ struct Client {
 
 #[pymethods]
 impl Client {
-    /// Connects to the router at `router` ("HOST:PORT") with the client certificate in
-    /// `certs` (None: a router run with --insecure-dev).
+    /// Connects to the router at `router` ("HOST:PORT") with a client certificate from
+    /// `certs` (None: a router run with --insecure-dev) of role `role` (reader, writer or
+    /// operator; None: the writer's if `certs` holds one, else the reader's, else the
+    /// operator's).
     #[staticmethod]
-    #[pyo3(signature = (router, certs=None, timeout_ms=30_000))]
+    #[pyo3(signature = (router, certs=None, timeout_ms=30_000, role=None))]
     fn connect(
         py: Python<'_>,
         router: &str,
         certs: Option<std::path::PathBuf>,
         timeout_ms: u64,
+        role: Option<&str>,
     ) -> PyResult<Client> {
+        use zr_net::tls::Role;
         let addr: std::net::SocketAddr = router
             .parse()
             .map_err(|e| PyValueError::new_err(format!("router '{router}': {e}")))?;
         let security = match certs {
-            Some(dir) => zr_net::Security::load(&dir, zr_net::tls::Role::Client)
-                .map_err(|e| Error::new_err(e.to_string()))?,
+            Some(dir) => {
+                let role = match role {
+                    Some(name) => match name.parse::<Role>() {
+                        Ok(role) if role.access().is_some() => role,
+                        _ => {
+                            return Err(PyValueError::new_err(format!(
+                                "role {name:?}: one of 'reader', 'writer', 'operator'"
+                            )))
+                        }
+                    },
+                    None => [Role::Writer, Role::Client, Role::Reader, Role::Operator]
+                        .into_iter()
+                        .find(|&r| zr_net::tls::holds_role(&dir, r))
+                        .unwrap_or(Role::Reader),
+                };
+                zr_net::Security::load(&dir, role).map_err(|e| Error::new_err(e.to_string()))?
+            }
             None => zr_net::Security::InsecureDev,
         };
         let timeout = std::time::Duration::from_millis(timeout_ms.max(1));

@@ -135,8 +135,8 @@ class Dataset:
                         path, writable = args
                         self._handle = _zrecord.Store.open(path, writable)
                     else:
-                        router, certs, timeout_ms = args
-                        self._handle = _zrecord.Client.connect(router, certs, timeout_ms)
+                        router, certs, timeout_ms, role = args
+                        self._handle = _zrecord.Client.connect(router, certs, timeout_ms, role)
                     self._pid = pid
         return self._handle
 
@@ -344,12 +344,17 @@ def create(path: str | os.PathLike, fields: Sequence[Any]) -> Dataset:
     return Dataset(("local", path, True), _zrecord.Store.create(path, specs))
 
 
-def connect(router: str, certs: str | os.PathLike | None = None, timeout_ms: int = 30_000) -> Dataset:
+def connect(router: str, certs: str | os.PathLike | None = None, timeout_ms: int = 30_000,
+            role: str | None = None) -> Dataset:
     """The dataset of the zrecord cluster whose router is at ``router`` ("HOST:PORT"), with
-    the client certificate in ``certs`` (the directory ``zr cluster-init`` made; None for a
-    router run with --insecure-dev)."""
+    a client certificate from ``certs`` (the directory ``zr cluster-init`` made, or one role's
+    directory in it; None for a router run with --insecure-dev). ``role`` is "reader"
+    (gather, info, status), "writer" (also append, modify, delete, commit) or "operator";
+    by default the writer certificate if ``certs`` holds one, else the reader's. A request
+    the role does not allow raises ``zrecord.Error`` naming the role it needs."""
     certs = os.fspath(certs) if certs is not None else None
-    return Dataset(("cluster", router, certs, timeout_ms), _zrecord.Client.connect(router, certs, timeout_ms))
+    opener = ("cluster", router, certs, timeout_ms, role)
+    return Dataset(opener, _zrecord.Client.connect(router, certs, timeout_ms, role))
 
 
 def from_numpy(array: np.ndarray, path: str | os.PathLike, field: str = "data", compress: str = "raw") -> Dataset:

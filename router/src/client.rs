@@ -44,7 +44,7 @@ impl std::fmt::Debug for AsyncClient {
 
 impl AsyncClient {
     /// Connects to the router at `addr` with `security` (a client identity from the
-    /// cluster's certificate directory: `Security::load(dir, Role::Client)`), with `timeout`
+    /// cluster's certificate directory: `Security::load(dir, Role::Writer)`), with `timeout`
     /// for every network wait. Make it longer than the router's `timeout_ms`, so that a
     /// failed node is reported by the router (naming the shard) rather than by this client's
     /// own timeout.
@@ -103,16 +103,28 @@ impl AsyncClient {
         body: Vec<Bytes>,
     ) -> Result<(Reply, Vec<Bytes>, usize), Error> {
         let header = wire::encode_request(request)?;
-        let connection = self.connection().await?;
-        // The exchange runs as a task of its own, beside the connection's driver: each packet
-        // it reads wakes it there, not a thread blocked on it.
+        let mut connection = self.connection().await?;
         let timeout = self.timeout;
-        let exchange =
-            tokio::spawn(async move { net::call_chunks(&connection, header, body, timeout).await });
-        let chunks = exchange
-            .await
-            .map_err(|e| Error::Client(format!("the call task failed: {e}")))?
-            .map_err(Error::Router)?;
+        let chunks = loop {
+            // The exchange runs as a task of its own, beside the connection's driver: each
+            // packet it reads wakes it there, not a thread blocked on it.
+            let exchange = {
+                let (connection, header, body) = (connection.clone(), header.clone(), body.clone());
+                tokio::spawn(
+                    async move { net::call_chunks(&connection, header, body, timeout).await },
+                )
+            };
+            let called = exchange
+                .await
+                .map_err(|e| Error::Client(format!("the call task failed: {e}")))?;
+            match called {
+                Ok(chunks) => break chunks,
+                // The router closed the connection as idle just as this call began: it had
+                // no request in flight, so this one was never carried out. Once more, anew.
+                Err(_) if reclaimed(&connection) => connection = self.connection().await?,
+                Err(e) => return Err(Error::Router(e)),
+            }
+        };
         let (reply, body_start) = wire::decode_reply_chunks(&chunks)?;
         if let Reply::Error { code, message } = reply {
             return Err(zr_proto::Error::Remote { code, message }.into());
@@ -397,6 +409,25 @@ impl AsyncClient {
     }
 }
 
+/// True if the router closed `connection` as idle, to make room for others.
+fn reclaimed(connection: &Connection) -> bool {
+    matches!(
+        connection.close_reason(),
+        Some(quinn::ConnectionError::ApplicationClosed(close))
+            if close.error_code == quinn::VarInt::from_u32(net::RECLAIMED)
+    )
+}
+
+impl Drop for AsyncClient {
+    /// Closes the connection, so that the router frees its slot at once rather than at its
+    /// idle timeout.
+    fn drop(&mut self) {
+        if let Ok(connection) = self.connection.lock() {
+            connection.close(quinn::VarInt::from_u32(0), b"client done");
+        }
+    }
+}
+
 /// A connection to a router with a blocking API: an [`AsyncClient`] on a small tokio runtime
 /// of its own, so training code and the loader use it like a local `Store`.
 pub struct Client {
@@ -412,9 +443,23 @@ impl std::fmt::Debug for Client {
     }
 }
 
+impl Drop for Client {
+    /// Closes the connection and lets the runtime send the close before it stops (briefly:
+    /// the router frees the slot as soon as it hears of it).
+    fn drop(&mut self) {
+        if let Ok(connection) = self.inner.connection.lock() {
+            connection.close(quinn::VarInt::from_u32(0), b"client done");
+        }
+        let endpoint = self.inner.endpoint.clone();
+        self.runtime.block_on(async move {
+            let _ = tokio::time::timeout(Duration::from_millis(100), endpoint.wait_idle()).await;
+        });
+    }
+}
+
 impl Client {
     /// Connects to the router at `addr` with `security` (a client identity from the
-    /// cluster's certificate directory: `Security::load(dir, Role::Client)`), with the
+    /// cluster's certificate directory: `Security::load(dir, Role::Writer)`), with the
     /// default timeout for every wait.
     pub fn connect(addr: SocketAddr, security: Security) -> Result<Client, Error> {
         Client::connect_with_timeout(

@@ -55,6 +55,13 @@ pub enum Failure {
         doing: String,
         failure: Box<Failure>,
     },
+    /// The sender's certificate is of a role that may not make the request.
+    #[error("{request} needs the {needs} role; this connection's certificate is a {has} certificate (an operator issues one with `zr cluster issue --role {needs} --name NAME`)")]
+    Forbidden {
+        request: &'static str,
+        needs: &'static str,
+        has: String,
+    },
     /// A delete that failed after it was recorded: the next write finishes it.
     #[error("{0}; the delete is recorded, and the next write through any router finishes it")]
     DeleteRecorded(Box<Failure>),
@@ -72,6 +79,7 @@ impl Failure {
             Failure::OutOfRange { .. } => ErrorCode::IndexOutOfRange,
             Failure::Busy { .. } => ErrorCode::Conflict,
             Failure::BadRequest(_) => ErrorCode::BadRequest,
+            Failure::Forbidden { .. } => ErrorCode::Forbidden,
             Failure::While { failure, .. } | Failure::DeleteRecorded(failure) => failure.code(),
         }
     }

@@ -48,6 +48,7 @@ enum Piece {
 /// frame began, and without it (the client's stream is reset) when one failed midway.
 pub(crate) async fn forward_parts(
     nodes: Arc<Nodes>,
+    map_version: u64,
     parts: Vec<Part>,
     fields: Vec<String>,
     checked: bool,
@@ -75,6 +76,7 @@ pub(crate) async fn forward_parts(
             readers.spawn(read_part(
                 Arc::clone(&nodes),
                 part.shard,
+                map_version,
                 request,
                 records,
                 charge,
@@ -190,18 +192,12 @@ impl Charge {
 async fn read_part(
     nodes: Arc<Nodes>,
     shard: u32,
+    map_version: u64,
     request: NodeRequest,
     records: usize,
     charge: Charge,
     pieces: mpsc::UnboundedSender<Piece>,
 ) {
-    let header = match nodes.encode(&request) {
-        Ok(header) => header,
-        Err(e) => {
-            let _ = pieces.send(Piece::Failed(Failure::BadRequest(e.to_string())));
-            return;
-        }
-    };
     let order = nodes.read_order(shard);
     let mut progress = Progress::default();
     let mut failure = None;
@@ -215,10 +211,20 @@ async fn read_part(
             failure = Some(down);
             continue;
         }
+        // Each replica is sent the request as meant for it (it checks which node it is),
+        // placed by the map version the plan was made by: a node serving another refuses
+        // it, however the router's own map moved meanwhile.
+        let header = match nodes.encode_at(node, Some(map_version), &request) {
+            Ok(header) => header,
+            Err(e) => {
+                let _ = pieces.send(Piece::Failed(Failure::BadRequest(e.to_string())));
+                return;
+            }
+        };
         match attempt(
             &nodes,
             node,
-            header.clone(),
+            header,
             records,
             &charge,
             &pieces,

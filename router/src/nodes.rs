@@ -163,12 +163,81 @@ impl Nodes {
         Arc::clone(&self.stale_map)
     }
 
-    /// `request` encoded with this router's cluster id and map version.
-    pub(crate) fn encode(&self, request: &NodeRequest) -> Result<Vec<u8>, zr_proto::Error> {
+    /// `request` for node `node`, encoded with this router's cluster id and map version and
+    /// the shard and replica it is meant for: a node that is not that one refuses it (a
+    /// nodes.toml with two nodes' addresses swapped fails loudly, and changes nothing).
+    pub(crate) fn encode(
+        &self,
+        node: NodeId,
+        request: &NodeRequest,
+    ) -> Result<Vec<u8>, zr_proto::Error> {
+        self.encode_at(node, None, request)
+    }
+
+    /// [`Self::encode`], placed by map `map_version` (`None`: the router's map now) — the
+    /// version of the placement the request's local indices were computed with, so that a
+    /// map adopted between planning and sending cannot pair the old indices with the new
+    /// version.
+    pub(crate) fn encode_at(
+        &self,
+        node: NodeId,
+        map_version: Option<u64>,
+        request: &NodeRequest,
+    ) -> Result<Vec<u8>, zr_proto::Error> {
+        let target = Some(wire::Target {
+            shard: self.shard(node),
+            replica: self.replica(node),
+        });
         match self.tag.load().as_deref() {
-            Some((cluster, version)) => wire::encode_node_request(Some(cluster), *version, request),
-            None => wire::encode_node_request(None, 0, request),
+            Some((cluster, version)) => wire::encode_node_request(
+                Some(cluster),
+                map_version.unwrap_or(*version),
+                target,
+                request,
+            ),
+            None => wire::encode_node_request(None, 0, target, request),
         }
+    }
+
+    /// Asks the node at `addr` — not (yet) a link of this router — for its length, as shard
+    /// `shard`'s replica `replica`, over a connection of its own that is closed after: a node
+    /// that does not answer, or is another node, leaves nothing behind.
+    pub(crate) async fn probe(
+        &self,
+        addr: SocketAddr,
+        shard: u32,
+        replica: u32,
+    ) -> Result<u64, String> {
+        let target = Some(wire::Target { shard, replica });
+        let header = match self.tag.load().as_deref() {
+            Some((cluster, version)) => {
+                wire::encode_node_request(Some(cluster), *version, target, &NodeRequest::Info)
+            }
+            None => wire::encode_node_request(None, 0, target, &NodeRequest::Info),
+        }
+        .map_err(|e| e.to_string())?;
+        let endpoint = zr_net::client_endpoint(addr).map_err(|e| e.to_string())?;
+        let asked = async {
+            let connection = zr_net::connect(&endpoint, &self.security, addr, self.timeout)
+                .await
+                .map_err(|e| e.to_string())?;
+            let chunks = zr_net::call_chunks(&connection, header, Vec::new(), self.timeout).await;
+            connection.close(0u32.into(), b"probed");
+            let chunks = chunks.map_err(|e| e.to_string())?;
+            match wire::decode_reply_chunks(&chunks)
+                .map_err(|e| e.to_string())?
+                .0
+            {
+                Reply::Info { len, .. } => Ok(len),
+                Reply::Error { message, .. } => Err(message),
+                other => Err(format!("answered Info with {other:?}")),
+            }
+        };
+        let answer = tokio::time::timeout(self.timeout, asked)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {} ms", self.timeout.as_millis())));
+        endpoint.close(0u32.into(), b"probed");
+        answer
     }
 
     /// How many shards there are.
@@ -555,7 +624,7 @@ impl Nodes {
                 .await?;
                 *node.forgotten.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 // Before anything else goes over it: is this the process written to before?
-                if let Some(incarnation) = self.incarnation_on(&c, timeout).await? {
+                if let Some(incarnation) = self.incarnation_on(id, &c, timeout).await? {
                     self.check_incarnation(id, incarnation).await;
                 }
                 *cached = Some(c.clone());
@@ -713,10 +782,11 @@ impl Nodes {
     /// connection is used (`None` if the node answers with a refusal of its own).
     async fn incarnation_on(
         &self,
+        node: NodeId,
         connection: &Connection,
         timeout: Duration,
     ) -> Result<Option<u64>, Error> {
-        let header = self.encode(&NodeRequest::Info)?;
+        let header = self.encode(node, &NodeRequest::Info)?;
         let chunks = zr_net::call_chunks(connection, header, Vec::new(), timeout).await?;
         match wire::decode_reply_chunks(&chunks)?.0 {
             Reply::Info { incarnation, .. } => Ok(Some(incarnation)),
@@ -835,7 +905,7 @@ impl Nodes {
             reason,
         };
         let header = self
-            .encode(request)
+            .encode(node, request)
             .map_err(|e| Failure::BadRequest(e.to_string()))?;
         // One deadline covers waiting for the link, connecting and the exchange, so callers
         // queued behind a dead node's connect also fail within the timeout.

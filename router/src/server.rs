@@ -36,8 +36,11 @@ mod rebuild;
 mod scrub;
 mod writes;
 
+/// Most client connections one certificate may hold open on a router at once (its idle ones
+/// are reclaimed first): one job's leaks cannot take every slot.
+pub const CONNECTIONS_PER_IDENTITY_MAX: usize = 256;
 /// Most client connections a router serves at once.
-pub const CONNECTIONS_MAX: usize = 256;
+pub const CONNECTIONS_MAX: usize = 1024;
 
 /// How long a starting router waits for each node's first answer: one that does not answer
 /// by then counts as down (its heartbeats find it later), so a router starts within this
@@ -678,22 +681,46 @@ impl Router {
     /// in flight finish.
     pub async fn serve(self: Arc<Self>, endpoint: Endpoint, shutdown: impl Future<Output = ()>) {
         let timeout = self.timeout;
-        let handler = move |bytes: Vec<u8>| {
+        let handler = move |peer: &net::Peer, bytes: Vec<u8>| {
             let router = Arc::clone(&self);
-            async move { router.handle(&bytes).await }
+            let peer = peer.clone();
+            async move { router.handle_from(&peer, &bytes).await }
         };
-        net::serve(
-            &endpoint,
-            net::Limits::new(CONNECTIONS_MAX, timeout),
-            shutdown,
-            handler,
-        )
-        .await;
+        let limits = net::Limits {
+            connections_per_identity: CONNECTIONS_PER_IDENTITY_MAX,
+            ..net::Limits::new(CONNECTIONS_MAX, timeout)
+        };
+        net::serve_peers(&endpoint, limits, shutdown, handler).await;
     }
 
-    /// Decodes, executes and encodes one client request.
+    /// Decodes, executes and encodes one client request, with every right (a caller inside
+    /// the process).
     pub async fn handle(self: &Arc<Self>, bytes: &[u8]) -> (Vec<u8>, Body) {
+        let anyone = net::Peer {
+            role: None,
+            identity: 0,
+        };
+        self.handle_from(&anyone, bytes).await
+    }
+
+    /// Decodes, executes and encodes one client request from `peer`: a request its role
+    /// does not allow is refused, naming the role it needs.
+    pub async fn handle_from(self: &Arc<Self>, peer: &net::Peer, bytes: &[u8]) -> (Vec<u8>, Body) {
         let outcome = match wire::decode_request::<ClientRequest>(bytes) {
+            Ok((request, _)) if peer.access().is_none_or(|has| has < request.access()) => {
+                let failure = Failure::Forbidden {
+                    request: request.kind(),
+                    needs: request.access().role_name(),
+                    has: peer.role.map_or("unknown".into(), |r| r.name().to_string()),
+                };
+                tracing::warn!("refused: {failure}");
+                metrics::counter!("zr_router_errors_total", "code" => failure.code().name())
+                    .increment(1);
+                Err(Reply::Error {
+                    code: failure.code(),
+                    message: failure.to_string(),
+                })
+            }
             Ok((request, body)) => {
                 let kind = request.kind();
                 let started = std::time::Instant::now();
@@ -809,7 +836,7 @@ impl Router {
                 Ok(ready(Reply::Status(self.status().await)))
             }
             ClientRequest::MoveShards { change, nodes } => {
-                self.start_move(change, nodes);
+                self.start_move(change, nodes)?;
                 Ok(ready(Reply::Moving(self.move_progress())))
             }
             ClientRequest::MoveProgress => Ok(ready(Reply::Moving(self.move_progress()))),
@@ -845,7 +872,9 @@ impl Router {
         if let Some(&index) = indices.iter().find(|&&i| i >= len) {
             return Err(Failure::OutOfRange { index, len });
         }
-        let parts = plan_gather(&self.placement.load(), indices);
+        // One snapshot of the map for the plan and for the version its requests carry.
+        let placement = self.placement.load_full();
+        let parts = plan_gather(&placement, indices);
         for part in &parts {
             if let Some(refusal) = self.still_missing(part.shard).await {
                 return Err(refusal);
@@ -869,6 +898,7 @@ impl Router {
         let (frames, body) = tokio::sync::mpsc::channel(FRAMES_QUEUED);
         tokio::spawn(crate::forward::forward_parts(
             Arc::clone(&self.nodes),
+            placement.version(),
             parts,
             fields,
             checked,

@@ -154,7 +154,7 @@ fn keep_starting(start: impl Fn() -> Child, answers: impl Fn() -> bool) -> Child
 fn connect(addr: &str, certs: &Path) -> Client {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let security = Security::load(certs, Role::Client).unwrap();
+        let security = Security::load(certs, Role::Writer).unwrap();
         match Client::connect_with_timeout(addr.parse().unwrap(), security, Duration::from_secs(2))
         {
             Ok(client) => return client,
@@ -643,7 +643,7 @@ fn a_replicated_cluster_shrugs_off_kill_9_of_a_node() {
     std::thread::scope(|scope| {
         let loader = scope.spawn(|| {
             // The clients' default timeout: longer than the router's.
-            let security = Security::load(&certs, Role::Client).unwrap();
+            let security = Security::load(&certs, Role::Writer).unwrap();
             let client = Client::connect(addr.parse().unwrap(), security).unwrap();
             let mut len = 500u64;
             let mut gathers = 0;

@@ -104,7 +104,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
     client.commit()?;
     // The same records in one local store, for the nodes' request handling alone.
     let local_dir = tempfile::tempdir()?;
-    let local = zr_node::server::open_shard_store(cluster.config(), local_dir.path(), 0)?;
+    let local = zr_node::server::open_shard_store(cluster.config(), local_dir.path(), 0, 0)?;
     load(&mut |batch| Ok(local.append_many(batch).map(|_| ())?))?;
     local.commit()?;
     let coordination = zr_node::fence::Coordination::open(local_dir.path())?;

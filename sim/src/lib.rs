@@ -291,7 +291,8 @@ impl SimCluster {
 
     fn run_node(&self, node: u32, endpoint: quinn::Endpoint) -> Result<Running, SimError> {
         let (shard, replica) = self.place(node);
-        let store = zr_node::server::open_shard_store(&self.config, &self.data_dir(node), shard)?;
+        let store =
+            zr_node::server::open_shard_store(&self.config, &self.data_dir(node), shard, replica)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let timeout = Duration::from_millis(self.config.router.timeout_ms);
         let handling = if self.virtual_time {
@@ -357,7 +358,8 @@ impl SimCluster {
         Duration::from_millis(3 * self.config.router.timeout_ms + 1000)
     }
 
-    /// A client of the first router. A cluster on virtual time runs only while
+    /// A client of the first router, with the operator role (everything: the tests drive
+    /// moves and repairs through it). A cluster on virtual time runs only while
     /// [`SimCluster::run`] drives it: use [`SimCluster::async_client`] there.
     pub fn client(&self) -> Result<Client, SimError> {
         if self.virtual_time {
@@ -367,7 +369,7 @@ impl SimCluster {
         }
         Ok(Client::connect_with_timeout(
             self.router_addr(),
-            self.security(Role::Client)?,
+            self.security(Role::Operator)?,
             self.client_timeout(),
         )?)
     }
@@ -378,9 +380,10 @@ impl SimCluster {
         self.async_client_of(self.router_addr())
     }
 
-    /// An async client of the router at `router` (see [`SimCluster::async_client`]).
+    /// An async client of the router at `router` (see [`SimCluster::async_client`]), with
+    /// the operator role.
     pub fn async_client_of(&self, router: SocketAddr) -> Result<AsyncClient, SimError> {
-        let security = self.security(Role::Client)?;
+        let security = self.security(Role::Operator)?;
         Ok(self.runtime.block_on(AsyncClient::connect(
             router,
             security,

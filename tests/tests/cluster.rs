@@ -153,7 +153,7 @@ fn restarted_and_second_routers_answer_identically() {
     cluster.restart_router().unwrap();
     let second = cluster.add_router().unwrap();
     let after = cluster.client().unwrap().gather(&indices, &[]).unwrap();
-    let other = Client::connect(second, cluster.security(Role::Client).unwrap())
+    let other = Client::connect(second, cluster.security(Role::Writer).unwrap())
         .unwrap()
         .gather(&indices, &[])
         .unwrap();
@@ -169,7 +169,7 @@ fn two_routers_writing_in_turn_stay_in_step() {
     let mut cluster = SimCluster::start(3, options()).unwrap();
     let second = cluster.add_router().unwrap();
     let a = cluster.client().unwrap();
-    let b = Client::connect(second, cluster.security(Role::Client).unwrap()).unwrap();
+    let b = Client::connect(second, cluster.security(Role::Writer).unwrap()).unwrap();
     let mut model: Vec<Row> = Vec::new();
     for step in 0..16u64 {
         let (writer, reader) = if step % 2 == 0 { (&a, &b) } else { (&b, &a) };
@@ -222,7 +222,7 @@ fn two_routers_writing_at_once_lose_and_double_nothing() {
         .unwrap()
         .append_many(&initial.iter().map(record).collect::<Vec<_>>())
         .unwrap();
-    let security = cluster.security(Role::Client).unwrap();
+    let security = cluster.security(Role::Writer).unwrap();
     let writers: Vec<_> = [cluster.router_addr(), second]
         .into_iter()
         .enumerate()

@@ -120,6 +120,7 @@ fn a_stalled_node_is_detected_by_the_timeout() {
 /// a genuine cluster certificate for the wrong role.
 fn impersonate(from: &Path, to: &Path, as_role: Role, claimed: Role) {
     std::fs::create_dir_all(to).unwrap();
+    let from = tls::role_dir(from, as_role);
     std::fs::copy(from.join(tls::CA_FILE), to.join(tls::CA_FILE)).unwrap();
     for ext in ["pem", "key"] {
         std::fs::copy(
@@ -168,7 +169,7 @@ fn only_the_right_certificates_get_in() {
     tls::init_certs(&other, tls::CERT_VALID_DAYS).unwrap();
     let err = Client::connect_with_timeout(
         router,
-        Security::load(&other, Role::Client).unwrap(),
+        Security::load(&other, Role::Writer).unwrap(),
         timeout,
     )
     .unwrap_err()
@@ -182,24 +183,26 @@ fn only_the_right_certificates_get_in() {
     };
     let err = Client::connect_with_timeout(
         nobody,
-        Security::load(&certs, Role::Client).unwrap(),
+        Security::load(&certs, Role::Writer).unwrap(),
         Duration::from_millis(500),
     )
     .unwrap_err()
     .to_string();
     assert!(err.contains(&format!("no answer from {nobody}")), "{err}");
 
-    // A node refuses a peer that is not a router, even with a genuine client certificate.
+    // A genuine client certificate passed off as a router's is refused before it is used
+    // (a process refuses to start on another role's certificate).
     let rogue = scratch.path().join("rogue");
-    impersonate(&certs, &rogue, Role::Client, Role::Router);
+    impersonate(&certs, &rogue, Role::Writer, Role::Router);
     let info = wire::encode_request(&NodeMessage::unchecked(NodeRequest::Info)).unwrap();
-    let err = raw_call(
-        &Security::load(&rogue, Role::Router).unwrap(),
-        node,
-        info.clone(),
-    )
-    .unwrap_err();
-    assert!(err.contains("refused the certificate"), "{err}");
+    let err = Security::load(&rogue, Role::Router)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("router.pem")
+            && err.contains("is a writer certificate, not a router certificate"),
+        "{err}"
+    );
     // ... and a router certificate gets in.
     let reply = raw_call(&Security::load(&certs, Role::Router).unwrap(), node, info).unwrap();
     assert!(matches!(
@@ -261,7 +264,7 @@ fn garbage_is_refused_while_a_client_keeps_gathering() {
             client_gather.clone(),
         ),
         (
-            Security::load(&certs, Role::Client).unwrap(),
+            Security::load(&certs, Role::Writer).unwrap(),
             cluster.router_addr(),
             client_gather,
             node_gather,
@@ -325,7 +328,7 @@ fn an_insecure_dev_cluster_works_and_refuses_certificate_clients() {
     tls::init_certs(certs.path(), tls::CERT_VALID_DAYS).unwrap();
     let err = Client::connect_with_timeout(
         cluster.router_addr(),
-        Security::load(certs.path(), Role::Client).unwrap(),
+        Security::load(certs.path(), Role::Writer).unwrap(),
         Duration::from_secs(3),
     )
     .unwrap_err()
@@ -512,7 +515,7 @@ fn refusing_node(
 ) -> RefusingNode {
     cluster.stop_node(shard).unwrap();
     let dir = cluster.data_dir(shard);
-    let store = zr_node::server::open_shard_store(cluster.config(), &dir, shard).unwrap();
+    let store = zr_node::server::open_shard_store(cluster.config(), &dir, shard, 0).unwrap();
     let coordination = Arc::new(zr_node::fence::Coordination::open(&dir).unwrap());
     let slot = Arc::new(Mutex::new(Some(store)));
     let serving = Arc::clone(&slot);
@@ -835,7 +838,7 @@ fn abandoned_gathers_hold_no_more_than_the_reply_budget() {
     })
     .unwrap();
     let addr = cluster.router_addr();
-    let security = cluster.security(Role::Client).unwrap();
+    let security = cluster.security(Role::Writer).unwrap();
     let (endpoint, connection, streams) = runtime.block_on(async {
         let endpoint = net::client_endpoint(addr).unwrap();
         let windows = net::Windows {

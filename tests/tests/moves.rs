@@ -203,7 +203,7 @@ fn grow_and_drain(replicas: u32) {
         let second = Client::connect_with_timeout(
             other,
             cluster
-                .security(zr_net::tls::Role::Client)
+                .security(zr_net::tls::Role::Writer)
                 .expect("security"),
             cluster.client_timeout(),
         )

@@ -220,7 +220,7 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
     let other = Client::connect_with_timeout(
         second,
         cluster
-            .security(zr_net::tls::Role::Client)
+            .security(zr_net::tls::Role::Writer)
             .expect("security"),
         cluster.client_timeout(),
     )
@@ -322,7 +322,7 @@ fn a_reply_broken_midway_is_finished_from_the_partner() {
     let broken = cluster.node(1, 1);
     cluster.stop_node(broken).expect("stop");
     let dir = cluster.data_dir(broken);
-    let store = zr_node::server::open_shard_store(cluster.config(), &dir, 1).expect("store");
+    let store = zr_node::server::open_shard_store(cluster.config(), &dir, 1, 1).expect("store");
     let coordination = Arc::new(zr_node::fence::Coordination::open(&dir).expect("coordination"));
     let cut_off = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&cut_off);

@@ -97,6 +97,15 @@ fn target(moving: &MapMove) -> String {
     format!("to map version {} ({change})", moving.to.version)
 }
 
+/// A move's change in words: "add a shard", "drain shard K".
+pub(crate) fn describe_change(change: Option<wire::MapChange>) -> String {
+    match change {
+        Some(wire::MapChange::AddShard) => "add a shard".into(),
+        Some(wire::MapChange::DrainShard(shard)) => format!("drain shard {shard}"),
+        None => "of another change".into(),
+    }
+}
+
 fn metadata(e: zr_meta::Error) -> Failure {
     Failure::Metadata(e.to_string())
 }
@@ -119,30 +128,53 @@ impl Router {
 
     /// Runs [`Self::move_shards`] in the background, unless a move runs here already; its
     /// progress and outcome are [`Self::move_progress`].
+    /// A move of another change than `change` running on this router is refused, naming
+    /// it: one command's result is never reported as another's.
     pub(super) fn start_move(
         self: &Arc<Self>,
         change: wire::MapChange,
         nodes: Vec<(u32, u32, String)>,
-    ) {
+    ) -> Result<(), Failure> {
         {
             let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
-            if moving.as_ref().is_some_and(runs) {
-                return;
+            if let Some(running) = moving.as_ref().filter(|m| runs(m)) {
+                if running.change == Some(change) {
+                    return Ok(());
+                }
+                return Err(Failure::Busy {
+                    waited_ms: 0,
+                    reason: format!(
+                        "another move ({}) is under way; this one ({}) was not started: run it again once that one has ended",
+                        describe_change(running.change),
+                        describe_change(Some(change))
+                    ),
+                });
             }
-            *moving = Some(MoveReport::default());
+            *moving = Some(MoveReport {
+                change: Some(change),
+                ..MoveReport::default()
+            });
         }
         let router = Arc::clone(self);
         tokio::spawn(async move {
             let outcome = router.move_shards(change, &nodes).await;
             let mut moving = router.moving.lock().unwrap_or_else(|e| e.into_inner());
             match outcome {
-                Ok(report) => *moving = Some(report),
+                Ok(report) => {
+                    *moving = Some(MoveReport {
+                        change: Some(change),
+                        ..report
+                    })
+                }
                 Err(e) => {
                     tracing::warn!("moving records ({change:?}): {e}");
-                    moving.get_or_insert_with(MoveReport::default).error = Some(e.to_string());
+                    let report = moving.get_or_insert_with(MoveReport::default);
+                    report.change = Some(change);
+                    report.error = Some(e.to_string());
                 }
             }
         });
+        Ok(())
     }
 
     /// Moves the cluster to the map with `change`, or finishes the move under way if it is
@@ -215,6 +247,26 @@ impl Router {
                         shard,
                         addrs: addrs.iter().map(ToString::to_string).collect(),
                     });
+                    // Each new node must answer, empty, as the node it is listed as, before
+                    // this router links to it: a refused add leaves no link behind.
+                    if shard >= self.nodes.shards() {
+                        for (replica, &addr) in addrs.iter().enumerate() {
+                            let unreachable = |reason: String| Failure::ShardUnavailable {
+                                shard,
+                                addr,
+                                reason,
+                            };
+                            match self.nodes.probe(addr, shard, replica as u32).await {
+                                Ok(0) => {}
+                                Ok(len) => {
+                                    return Err(unreachable(format!(
+                                    "it holds {len} records, and a new shard's nodes start empty"
+                                )))
+                                }
+                                Err(reason) => return Err(unreachable(reason)),
+                            }
+                        }
+                    }
                     self.nodes
                         .grow(shard, &addrs)
                         .map_err(Failure::BadRequest)?;
@@ -800,6 +852,10 @@ impl Router {
                     self.nodes.shards()
                 )));
             }
+            // Not amid a write of this router's: a write places its records by one map
+            // from start to end (none can be published while this router holds the lease,
+            // but one published before may be adopted only now).
+            let _writes = self.writes.lock().await;
             self.adopt_map(&record.map, placement);
         }
         Ok(record)

@@ -319,7 +319,7 @@ pub fn direct_gather(
 pub fn connect_router(addr: SocketAddr, certs: &Path, wait: Duration) -> Result<Client> {
     let deadline = Instant::now() + wait;
     loop {
-        let attempt = Client::connect(addr, net::Security::load(certs, Role::Client)?)
+        let attempt = Client::connect(addr, net::Security::load(certs, Role::Writer)?)
             .and_then(|client| client.len().map(|_| client));
         match attempt {
             Ok(client) => return Ok(client),
