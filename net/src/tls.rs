@@ -113,6 +113,12 @@ impl Role {
         }
     }
 
+    /// "a node", "an operator", …: for messages.
+    pub fn with_article(self) -> String {
+        let article = if self == Role::Operator { "an" } else { "a" };
+        format!("{article} {}", self.name())
+    }
+
     /// What a client of this role may ask of a router (`None`: not a client role).
     pub fn access(self) -> Option<Access> {
         match self {
@@ -261,7 +267,7 @@ impl Identity {
             Some(is) => {
                 return Err(cert_error(
                     &cert_path,
-                    format!("this is a {is} certificate, not a {role} certificate: give this process the {role} files (`zr cluster-init` puts them in {role}/)"),
+                    format!("this is {} certificate, not {} certificate: give this process the {role} files (`zr cluster-init` puts them in {role}/)", is.with_article(), role.with_article()),
                 ))
             }
             None => {

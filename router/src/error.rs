@@ -56,7 +56,7 @@ pub enum Failure {
         failure: Box<Failure>,
     },
     /// The sender's certificate is of a role that may not make the request.
-    #[error("{request} needs the {needs} role; this connection's certificate is a {has} certificate (an operator issues one with `zr cluster issue --role {needs} --name NAME`)")]
+    #[error("{request} needs the {needs} role; this connection's certificate is of the {has} role (an operator issues one with `zr cluster issue --role {needs} --name NAME`)")]
     Forbidden {
         request: &'static str,
         needs: &'static str,

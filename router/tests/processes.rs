@@ -1297,3 +1297,143 @@ fn a_cluster_across_network_namespaces_serves_byte_exact() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// Resident memory of process `pid`, in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+/// The audit's lock-out, reproduced with the binaries: 400 sequential `zr info` calls (each
+/// used to leave its connection open on the router until its idle timeout, and the 257th
+/// was refused), then 200 clients connecting, gathering and leaving from 8 threads, while a
+/// training job's reader gathers throughout: every call answers, every gather is
+/// byte-exact, and the router's memory stays flat. Roles hold from the command line too: a
+/// reader's directory cannot drain a shard, and a writer certificate renamed as an
+/// operator's is refused before it is used.
+#[test]
+fn ordinary_cli_use_cannot_lock_clients_out() {
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("lockout");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let processes = start(&node, &router, &config);
+    let router_pid = processes.last().unwrap().id();
+    let writer = connect(&addr, &certs);
+    let rows: Vec<Vec<u8>> = (0..2000u32)
+        .map(|i| format!("row {i} ").repeat(1 + i as usize % 9).into_bytes())
+        .collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
+    writer.append_many(&records).unwrap();
+    writer.commit().unwrap();
+    drop(writer);
+
+    let reader_dir = certs.join("reader");
+    let reader_arg = reader_dir.to_str().unwrap();
+    let refused = zr_fails(&[
+        "cluster",
+        "drain-shard",
+        "1",
+        "--router",
+        &addr,
+        "--certs",
+        reader_arg,
+    ]);
+    assert!(refused.contains("needs the operator role"), "{refused}");
+    let posing = tmp.join("posing");
+    std::fs::create_dir(&posing).unwrap();
+    std::fs::copy(certs.join("writer/ca.pem"), posing.join("ca.pem")).unwrap();
+    for ext in ["pem", "key"] {
+        std::fs::copy(
+            certs.join(format!("writer/writer.{ext}")),
+            posing.join(format!("operator.{ext}")),
+        )
+        .unwrap();
+    }
+    let refused = zr_fails(&[
+        "cluster",
+        "drain-shard",
+        "1",
+        "--router",
+        &addr,
+        "--certs",
+        posing.to_str().unwrap(),
+    ]);
+    assert!(
+        refused.contains("is a writer certificate, not an operator certificate"),
+        "{refused}"
+    );
+
+    // A training job's reader, gathering all along.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let training = {
+        let (addr, reader_dir, rows, stop) = (
+            addr.clone(),
+            reader_dir.clone(),
+            rows.clone(),
+            std::sync::Arc::clone(&stop),
+        );
+        std::thread::spawn(move || {
+            let security = Security::load(&reader_dir, Role::Reader).unwrap();
+            let client = Client::connect(addr.parse().unwrap(), security).unwrap();
+            let mut gathers = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let indices: Vec<u64> = (0..64).map(|k| (gathers * 131 + k * 17) % 2000).collect();
+                let columns = client.gather(&indices, &[]).unwrap();
+                for (pos, &i) in indices.iter().enumerate() {
+                    assert_eq!(columns[0].get(pos).unwrap(), &rows[i as usize][..]);
+                }
+                gathers += 1;
+            }
+            gathers
+        })
+    };
+
+    let started = Instant::now();
+    for call in 0..400 {
+        let out = Command::new(binary("zr"))
+            .args(["info", "--router", &addr, "--certs", reader_arg])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "zr info call {call} failed after {:.1} s: {}",
+            started.elapsed().as_secs_f64(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let rss_before = rss_bytes(router_pid);
+    let churners: Vec<_> = (0..8)
+        .map(|t| {
+            let (addr, reader_dir) = (addr.clone(), reader_dir.clone());
+            std::thread::spawn(move || {
+                for k in 0..25u64 {
+                    let security = Security::load(&reader_dir, Role::Reader).unwrap();
+                    let client = Client::connect(addr.parse().unwrap(), security).unwrap();
+                    client.gather(&[t * 25 + k], &[]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for churner in churners {
+        churner.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let gathers = training.join().unwrap();
+    assert!(gathers > 0);
+    let rss_after = rss_bytes(router_pid);
+    println!(
+        "router RSS {} MiB before 200 churning clients, {} MiB after; the training client made {gathers} gathers",
+        rss_before >> 20,
+        rss_after >> 20
+    );
+    assert!(
+        rss_after <= rss_before + (32 << 20),
+        "router RSS grew from {rss_before} to {rss_after} bytes under connection churn"
+    );
+    stop_all(processes);
+}

@@ -421,7 +421,12 @@ impl SimCluster {
 
     /// Starts another router over the same nodes; returns its address.
     pub fn add_router(&mut self) -> Result<SocketAddr, SimError> {
-        let config = self.config.clone();
+        self.add_router_with(self.config.clone())
+    }
+
+    /// Starts another router from `config` (the cluster's, changed as a test needs: a
+    /// mistaken nodes.toml, say) over the same metadata store; returns its address.
+    pub fn add_router_with(&mut self, config: ClusterConfig) -> Result<SocketAddr, SimError> {
         let metadata = self.metadata()?;
         let security = self.security(Role::Router)?;
         let (addr, running, serving) = self.runtime.block_on(async {
