@@ -515,7 +515,7 @@ fn interleaved_move_run(seed: u64) {
             while !moved.load(std::sync::atomic::Ordering::SeqCst) {
                 step += 1;
                 let r = mix2(seed ^ 0x5eed, step);
-                if r % 5 == 0 {
+                if r.is_multiple_of(5) {
                     let new: Vec<Vec<u8>> = (0..1 + r % 7).map(|j| row(mix2(r, j))).collect();
                     let records: Vec<Record> =
                         new.iter().map(|r| Record::new().with("data", r)).collect();
