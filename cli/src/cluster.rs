@@ -176,6 +176,51 @@ pub fn issue(args: ClusterIssueArgs) -> CliResult {
     Ok(())
 }
 
+/// Rebuild a cluster record lost from the metadata store, from the nodes.
+///
+/// A router that finds no cluster record while its nodes hold records refuses to start
+/// (a new record would give the cluster a new id, and every node would refuse it). This
+/// asks every node of nodes.toml which cluster and map version its data belongs to and how
+/// many records it holds, and stores the record they agree on where nodes.toml's [metadata]
+/// says; then start the routers. It talks to the nodes as a router does: run it with the
+/// router's certificate (nodes.toml's [tls] certs, or --certs). Refused if a record exists,
+/// a node does not answer or names another cluster, or the map changed by moves since the
+/// cluster was made (only the lost record kept those: restore the store from a backup).
+#[derive(Args)]
+pub struct RestoreRecordArgs {
+    /// The cluster's nodes.toml.
+    #[arg(long, default_value = "nodes.toml", value_name = "PATH")]
+    nodes: PathBuf,
+    /// The certificate directory holding the router's certificate (default: nodes.toml's).
+    #[arg(long, value_name = "DIR")]
+    certs: Option<PathBuf>,
+}
+
+fn restore_record(args: RestoreRecordArgs) -> CliResult {
+    let config = zr_net::config::ClusterConfig::load(&args.nodes)?;
+    let security = match &args.certs {
+        Some(dir) => Security::load(dir, Role::Router)?,
+        None => config.security(Role::Router, false)?,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let timeout = Duration::from_millis(config.router.timeout_ms);
+    let record = runtime.block_on(async {
+        let meta = zr_meta::open(&config.metadata_location(), timeout).await?;
+        let where_ = meta.describe();
+        let record = zr_router::restore_record(&config, security, meta).await?;
+        Ok::<_, Box<dyn std::error::Error>>((record, where_))
+    })?;
+    let (record, where_) = record;
+    println!(
+        "restored the record of cluster {} in {where_}: map version {}, {} records committed; start the routers",
+        record.id, record.map.version, record.committed_len
+    );
+    Ok(())
+}
+
 /// Issue new certificates and keys from a cluster's CA for every one in its directory.
 ///
 /// Replaces each role's certificate and key in the certificate directory (each role's
@@ -298,6 +343,7 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
 pub enum ClusterCommand {
     Status(StatusArgs),
     Issue(ClusterIssueArgs),
+    RestoreRecord(RestoreRecordArgs),
     ReplaceNode(ReplaceNodeArgs),
     AddShard(AddShardArgs),
     DrainShard(DrainShardArgs),
@@ -378,6 +424,7 @@ pub fn run(command: ClusterCommand) -> CliResult {
     match command {
         ClusterCommand::Status(args) => status(args),
         ClusterCommand::Issue(args) => issue(args),
+        ClusterCommand::RestoreRecord(args) => restore_record(args),
         ClusterCommand::ReplaceNode(args) => replace_node(args),
         ClusterCommand::AddShard(args) => {
             let nodes = match &args.nodes {

@@ -156,6 +156,11 @@ impl Identity {
         Ok(())
     }
 
+    /// The cluster this directory's data belongs to, once known.
+    pub fn cluster(&self) -> Option<String> {
+        self.lock().cluster.clone()
+    }
+
     /// The map version this directory's data is laid out by, once known.
     pub fn map_version(&self) -> Option<u64> {
         self.lock().map_version

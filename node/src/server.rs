@@ -466,6 +466,14 @@ fn execute(
     };
     match request {
         NodeRequest::Info => info(),
+        NodeRequest::Identity => Ok((
+            Reply::Identity {
+                cluster: coordination.identity.cluster(),
+                map_version: coordination.identity.map_version(),
+                len: store.len(),
+            },
+            Vec::new(),
+        )),
         NodeRequest::Gather {
             indices,
             fields,

@@ -254,6 +254,9 @@ pub enum NodeRequest {
         len: u64,
         token: u64,
     },
+    /// Which cluster and map the node's data belongs to, and its length (what
+    /// `zr cluster restore-record` rebuilds a lost cluster record from). Reply: `Identity`.
+    Identity,
 }
 
 impl NodeRequest {
@@ -271,6 +274,7 @@ impl NodeRequest {
             NodeRequest::StageOpen { .. } => "stage-open",
             NodeRequest::Stage { .. } => "stage",
             NodeRequest::Switch { .. } => "switch",
+            NodeRequest::Identity => "identity",
         }
     }
 
@@ -443,7 +447,8 @@ impl Request for NodeMessage {
             | NodeRequest::Commit
             | NodeRequest::Fence { .. }
             | NodeRequest::StageOpen { .. }
-            | NodeRequest::Switch { .. } => expect_empty(body),
+            | NodeRequest::Switch { .. }
+            | NodeRequest::Identity => expect_empty(body),
         }
     }
 }
@@ -509,6 +514,13 @@ pub enum Reply {
     },
     /// The move this router runs or ran last, if any.
     Moving(Option<MoveReport>),
+    /// A node's identity: the cluster and map version its data belongs to (`None` until a
+    /// router's first request names them), and how many records it holds.
+    Identity {
+        cluster: Option<String>,
+        map_version: Option<u64>,
+        len: u64,
+    },
 }
 
 /// What a scrub of records of one shard found and did (see `ClientRequest::Scrub`).

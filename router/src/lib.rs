@@ -4,6 +4,7 @@
 //! - [`server`] — the router: placement snapshot, scatter/gather over QUIC, writes.
 //! - `nodes` — the links to the nodes; `forward` — streamed gathers, shard by shard.
 //! - [`client`] — [`Client`]: the store's operations against a router.
+//! - `restore` — a lost cluster record rebuilt from the nodes (`zr cluster restore-record`).
 
 mod budget;
 pub mod client;
@@ -12,9 +13,11 @@ mod forward;
 mod liveness;
 mod nodes;
 pub mod plan;
+mod restore;
 pub mod server;
 
 pub use client::{AsyncClient, Client};
 pub use error::{Error, Failure};
+pub use restore::restore_record;
 pub use server::Router;
 pub use zr_proto::wire::{MapChange, MoveReport};

@@ -31,6 +31,7 @@ use zr_meta::MetaStore;
 
 mod lease;
 mod moves;
+pub(crate) use moves::placement_of;
 pub use moves::MoveStep;
 mod rebuild;
 mod scrub;
@@ -304,14 +305,7 @@ impl Router {
         lens: Option<&[u64]>,
         down: Option<&Failure>,
     ) -> Result<ClusterRecord, Error> {
-        let given = MapRecord {
-            version: 1,
-            replicas: config.cluster.replicas,
-            shards: config.cluster.shards,
-            extent_records: config.cluster.extent_records,
-            seed: config.cluster.seed,
-            changes: Vec::new(),
-        };
+        let given = crate::restore::initial_map(config);
         loop {
             if let Some((record, _)) = cluster::load(&*self.meta).await? {
                 // nodes.toml may list shards the map does not place on yet (to be added).
@@ -353,6 +347,16 @@ impl Router {
                     self.meta.describe()
                 ))));
             };
+            // Nodes holding records with no record to say whose: the record was lost. A new
+            // one would give the cluster a new id, which every node would refuse.
+            let held: u64 = lens.iter().sum();
+            if held > 0 {
+                return Err(Error::Failed(Failure::Metadata(format!(
+                    "{} holds no cluster record, but the nodes hold {held} records: the record was lost (or [metadata] names another cluster's store). A new record would orphan their data, so none is made: rebuild it from the nodes with `zr cluster restore-record --nodes {}` (run where the router's certificate is), or point [metadata] at the store that holds it",
+                    self.meta.describe(),
+                    config.origin
+                ))));
+            }
             let record = ClusterRecord {
                 id: cluster::new_cluster_id(),
                 map: given.clone(),

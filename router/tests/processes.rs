@@ -1437,3 +1437,58 @@ fn ordinary_cli_use_cannot_lock_clients_out() {
     );
     stop_all(processes);
 }
+
+/// The cluster record lost from the metadata store (its embedded store removed): a router
+/// that finds the nodes holding records refuses to make a new record — which would give the
+/// cluster a new id that every node refuses — and names the cure; `zr cluster
+/// restore-record` rebuilds the record from the nodes, and a router then serves every
+/// record as before. Run again, it says there is a record already.
+#[test]
+fn a_lost_cluster_record_is_restored_from_the_nodes_not_replaced() {
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("lost-record");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let mut processes = start(&node, &router, &config);
+    let client = connect(&addr, &certs);
+    let rows: Vec<Vec<u8>> = (0..300u32)
+        .map(|i| format!("kept {i} ").repeat(1 + i as usize % 5).into_bytes())
+        .collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
+    client.append_many(&records).unwrap();
+    client.commit().unwrap();
+    drop(client);
+    terminate(processes.pop().unwrap());
+    std::fs::remove_dir_all(tmp.join("metadata")).unwrap();
+
+    let config_arg = config.to_str().unwrap();
+    let out = Command::new(&router)
+        .args(["--nodes", config_arg])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a router made a new cluster record");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("holds no cluster record")
+            && said.contains("300 records")
+            && said.contains("zr cluster restore-record"),
+        "{said}"
+    );
+    let restored = zr(&["cluster", "restore-record", "--nodes", config_arg]);
+    assert!(
+        restored.contains("map version 1, 300 records committed"),
+        "{restored}"
+    );
+    let again = zr_fails(&["cluster", "restore-record", "--nodes", config_arg]);
+    assert!(again.contains("already"), "{again}");
+
+    processes.push(spawn_router(&router, config_arg, &addr, &certs));
+    let client = connect(&addr, &certs);
+    assert_eq!(client.len().unwrap(), 300);
+    let all: Vec<u64> = (0..300).collect();
+    let columns = client.gather(&all, &[]).unwrap();
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(columns[0].get(i).unwrap(), &row[..]);
+    }
+    drop(client);
+    stop_all(processes);
+}
