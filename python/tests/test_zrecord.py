@@ -257,6 +257,14 @@ def test_cluster_round_trip():
         # It pickles as the router and certificates.
         again = pickle.loads(pickle.dumps(ds))
         assert len(again) == 499
+        # A reader reads and may not write; the refusal names the role needed.
+        reader = zrecord.connect(cluster.router, cluster.certs, role="reader")
+        assert len(reader) == 499 and reader[0]["cap"] == b"caption 499"
+        with pytest.raises(zrecord.Error, match="needs the writer role"):
+            reader.append_many([{"img": b"x", "cap": "y"}])
+        assert len(pickle.loads(pickle.dumps(reader))) == 499
+        with pytest.raises(ValueError, match="reader"):
+            zrecord.connect(cluster.router, cluster.certs, role="node")
 
 
 def test_from_arrays(tmp_path):

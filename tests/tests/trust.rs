@@ -194,6 +194,7 @@ fn a_move_never_reports_another_moves_result() {
     let (code, message) = refusal(client.move_shards(MapChange::DrainShard(0), Vec::new()));
     let report = loop {
         let report = client.move_progress().expect("progress").expect("a move");
+        assert_eq!(report.change, Some(MapChange::DrainShard(1)), "{report:?}");
         if report.done || report.error.is_some() {
             break report;
         }

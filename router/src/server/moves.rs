@@ -775,10 +775,14 @@ impl Router {
     /// Starts the progress of a move to map `version`.
     fn set_moving(&self, version: u64, new: &Placement, staged: &[u32], len: u64) {
         let total: u64 = staged.iter().map(|&s| new.shard_len(s, len)).sum();
-        *self.moving.lock().unwrap_or_else(|e| e.into_inner()) = Some(MoveReport {
+        let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
+        // The change it makes, as start_move noted it.
+        let change = moving.as_ref().and_then(|m| m.change);
+        *moving = Some(MoveReport {
             version,
             records: len,
             staged_total: total,
+            change,
             ..MoveReport::default()
         });
     }
