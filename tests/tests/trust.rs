@@ -1,6 +1,6 @@
 //! The cluster's trust boundaries, as an outside audit probed them: what each client role may
 //! ask of a router, a router started from a nodes.toml with two nodes' addresses swapped,
-//! and two moves asked of one router at once.
+//! two moves asked of one router at once, and an add-shard refused for a dead address.
 
 use zr_common::hash::mix2;
 use zr_common::Record;
@@ -218,4 +218,39 @@ fn a_move_never_reports_another_moves_result() {
         .collect();
     assert!(held.iter().all(|&r| r > 0), "shard 0 was drained: {held:?}");
     check_all(&client, 6000);
+}
+
+/// An add-shard refused because nothing answers at the new shard's address leaves the
+/// router as it was: no link to that address (which used to make every later connect and
+/// status wait on it), status answering at once, every record served.
+#[test]
+fn a_refused_add_shard_leaves_no_link_behind() {
+    let cluster = loaded(2, 500);
+    let client = cluster.client().expect("client");
+    let nobody = {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("socket");
+        socket.local_addr().expect("address")
+    };
+    let mut nodes = cluster.listed_nodes();
+    nodes.push((2, 0, nobody));
+    client
+        .move_shards(MapChange::AddShard, nodes)
+        .expect("a move is started");
+    let stopped = loop {
+        let report = client.move_progress().expect("progress").expect("a move");
+        if let Some(error) = report.error {
+            break error;
+        }
+        assert!(!report.done, "a shard at {nobody} was added: {report:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(stopped.contains(&nobody.to_string()), "{stopped}");
+    let status = client.status().expect("status");
+    assert!(
+        status.nodes.iter().all(|n| n.shard < 2),
+        "a link to the refused shard remains: {:?}",
+        status.nodes
+    );
+    assert_eq!(status.map_version, 1, "{status:?}");
+    check_all(&client, 500);
 }
