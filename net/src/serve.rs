@@ -716,25 +716,45 @@ mod tests {
         });
     }
 
+    /// An echo server allowing `connections` in total and `per_identity` to one identity
+    /// (every insecure client is one), the message to send it, and its client endpoint.
+    fn echo_server(
+        connections: usize,
+        per_identity: usize,
+    ) -> (SocketAddr, Endpoint, tokio::task::JoinHandle<()>, Vec<u8>) {
+        let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
+        let limits = Limits {
+            connections_per_identity: per_identity,
+            ..Limits::new(connections, TIMEOUT)
+        };
+        let (addr, client, served) = start(limits, std::future::pending(), echo);
+        (addr, client, served, b"ZRW1 hello".to_vec())
+    }
+
+    /// `count` connections to `addr`, each answered once.
+    async fn answered(
+        client: &Endpoint,
+        addr: SocketAddr,
+        message: &[u8],
+        count: usize,
+    ) -> Vec<quinn::Connection> {
+        let mut open = Vec::new();
+        for _ in 0..count {
+            let c = connect(client, &SECURITY, addr, TIMEOUT).await.unwrap();
+            call(&c, message.to_vec(), Vec::new(), TIMEOUT)
+                .await
+                .unwrap();
+            open.push(c);
+        }
+        open
+    }
+
     /// Connections beyond the cap are refused; those within it keep working.
     #[test]
     fn connections_beyond_the_cap_are_refused() {
         runtime().block_on(async {
-            let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
-            let limits = Limits {
-                connections_per_identity: 2,
-                ..Limits::new(2, TIMEOUT)
-            };
-            let (addr, client, served) = start(limits, std::future::pending(), echo);
-            let message = b"ZRW1 hello".to_vec();
-            let mut open = Vec::new();
-            for _ in 0..2 {
-                let c = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
-                call(&c, message.clone(), Vec::new(), TIMEOUT)
-                    .await
-                    .unwrap();
-                open.push(c);
-            }
+            let (addr, client, served, message) = echo_server(2, 2);
+            let open = answered(&client, addr, &message, 2).await;
             let third = match connect(&client, &SECURITY, addr, TIMEOUT).await {
                 Ok(c) => call(&c, message.clone(), Vec::new(), TIMEOUT).await.err(),
                 Err(e) => Some(e),
@@ -753,18 +773,10 @@ mod tests {
     #[test]
     fn idle_connections_make_room_at_the_cap() {
         runtime().block_on(async {
-            let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
-            let limits = Limits {
-                connections_per_identity: 2,
-                ..Limits::new(2, TIMEOUT)
-            };
-            let (addr, client, served) = start(limits, std::future::pending(), echo);
-            let message = b"ZRW1 hello".to_vec();
-            let idle = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
-            call(&idle, message.clone(), Vec::new(), TIMEOUT).await.unwrap();
+            let (addr, client, served, message) = echo_server(2, 2);
+            let idle = answered(&client, addr, &message, 1).await.remove(0);
             tokio::time::sleep(IDLE_RECLAIM + Duration::from_millis(200)).await;
-            let busy = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
-            call(&busy, message.clone(), Vec::new(), TIMEOUT).await.unwrap();
+            let busy = answered(&client, addr, &message, 1).await.remove(0);
             // Full: the idle one goes, the new one is served, the busy one kept.
             let third = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
             let reply = call(&third, message.clone(), Vec::new(), TIMEOUT).await.unwrap();
@@ -784,19 +796,8 @@ mod tests {
     #[test]
     fn one_identity_cannot_take_every_slot() {
         runtime().block_on(async {
-            let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
-            let limits = Limits {
-                connections_per_identity: 2,
-                ..Limits::new(16, TIMEOUT)
-            };
-            let (addr, client, served) = start(limits, std::future::pending(), echo);
-            let message = b"ZRW1 hello".to_vec();
-            let mut open = Vec::new();
-            for _ in 0..2 {
-                let c = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
-                call(&c, message.clone(), Vec::new(), TIMEOUT).await.unwrap();
-                open.push(c);
-            }
+            let (addr, client, served, message) = echo_server(16, 2);
+            let open = answered(&client, addr, &message, 2).await;
             let third = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
             let refused = call(&third, message.clone(), Vec::new(), TIMEOUT).await;
             assert!(refused.is_err(), "a third connection of one identity was served");

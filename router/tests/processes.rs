@@ -1298,6 +1298,17 @@ fn a_cluster_across_network_namespaces_serves_byte_exact() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// Appends `count` records of field `x` through `client` and commits; returns them.
+fn load_rows(client: &Client, count: u32) -> Vec<Vec<u8>> {
+    let rows: Vec<Vec<u8>> = (0..count)
+        .map(|i| format!("row {i} ").repeat(1 + i as usize % 9).into_bytes())
+        .collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
+    client.append_many(&records).unwrap();
+    client.commit().unwrap();
+    rows
+}
+
 /// Resident memory of process `pid`, in bytes.
 fn rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -1323,14 +1334,7 @@ fn ordinary_cli_use_cannot_lock_clients_out() {
     let (config, addr, certs) = cluster_init(&tmp);
     let processes = start(&node, &router, &config);
     let router_pid = processes.last().unwrap().id();
-    let writer = connect(&addr, &certs);
-    let rows: Vec<Vec<u8>> = (0..2000u32)
-        .map(|i| format!("row {i} ").repeat(1 + i as usize % 9).into_bytes())
-        .collect();
-    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
-    writer.append_many(&records).unwrap();
-    writer.commit().unwrap();
-    drop(writer);
+    let rows = load_rows(&connect(&addr, &certs), 2000);
 
     let reader_dir = certs.join("reader");
     let reader_arg = reader_dir.to_str().unwrap();
@@ -1449,14 +1453,7 @@ fn a_lost_cluster_record_is_restored_from_the_nodes_not_replaced() {
     let tmp = tempfile_dir("lost-record");
     let (config, addr, certs) = cluster_init(&tmp);
     let mut processes = start(&node, &router, &config);
-    let client = connect(&addr, &certs);
-    let rows: Vec<Vec<u8>> = (0..300u32)
-        .map(|i| format!("kept {i} ").repeat(1 + i as usize % 5).into_bytes())
-        .collect();
-    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
-    client.append_many(&records).unwrap();
-    client.commit().unwrap();
-    drop(client);
+    let rows = load_rows(&connect(&addr, &certs), 300);
     terminate(processes.pop().unwrap());
     std::fs::remove_dir_all(tmp.join("metadata")).unwrap();
 
