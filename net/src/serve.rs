@@ -87,8 +87,10 @@ struct Open {
     connections: std::collections::HashMap<u64, Tracked>,
 }
 
-/// One open connection: whose, how busy, since when idle.
+/// One open connection: whose, how busy, since when idle, and its slot (given back the
+/// moment it is reclaimed, not when its task notices).
 struct Tracked {
+    _slot: tokio::sync::OwnedSemaphorePermit,
     identity: u64,
     connection: quinn::Connection,
     /// Requests in flight on it.
@@ -255,9 +257,8 @@ pub async fn serve_peers<H, F>(
                 // Near the cap, idle connections make room first.
                 if connections.available_permits() <= connections_max / 4 {
                     let want = connections_max / 4 + 1 - connections.available_permits();
+                    // Their slots come back at once; their tasks end as the closes land.
                     open.lock().unwrap_or_else(|e| e.into_inner()).reclaim(None, want);
-                    // Their tasks end (and give back their permits) as the closes land.
-                    tokio::task::yield_now().await;
                 }
                 let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
                     tracing::warn!("refusing a connection from {}: {connections_max} already open", incoming.remote_address());
@@ -269,10 +270,9 @@ pub async fn serve_peers<H, F>(
                 let budget = Arc::clone(&budget);
                 let open = Arc::clone(&open);
                 tasks.spawn(async move {
-                    let _permit = permit;
                     let peer = incoming.remote_address();
                     let serving = Serving { handler, in_flight, budget, request_max, timeout, open, per_identity: connections_per_identity };
-                    if let Err(e) = connection(incoming, serving).await {
+                    if let Err(e) = connection(incoming, permit, serving).await {
                         tracing::debug!("connection from {peer} ended: {}", describe(&e));
                     }
                 });
@@ -351,6 +351,7 @@ impl Drop for Busy {
 
 async fn connection<H, F>(
     incoming: quinn::Incoming,
+    slot: tokio::sync::OwnedSemaphorePermit,
     serving: Serving<H>,
 ) -> Result<(), ConnectionError>
 where
@@ -392,6 +393,7 @@ where
         open_now.connections.insert(
             id,
             Tracked {
+                _slot: slot,
                 identity: who.identity,
                 connection: connection.clone(),
                 in_flight: Arc::clone(&busy),
