@@ -192,29 +192,25 @@ pub struct Peer {
 impl Peer {
     /// The peer of `connection`, accepted by a server that takes `accepts`.
     pub fn of(connection: &quinn::Connection, accepts: &[Role]) -> Peer {
-        use std::hash::Hasher;
-        let hasher = std::collections::hash_map::DefaultHasher::new;
+        use std::hash::{Hash, Hasher};
         let certificate = connection
             .peer_identity()
             .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
-            .and_then(|chain| chain.first().cloned());
-        match certificate {
+            .and_then(|chain| chain.into_iter().next());
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        let role = match &certificate {
             Some(cert) => {
-                let mut h = hasher();
-                h.write(cert.as_ref());
-                Peer {
-                    role: Role::of_certificate(&cert, accepts),
-                    identity: h.finish(),
-                }
+                cert.as_ref().hash(&mut hasher);
+                Role::of_certificate(cert, accepts)
             }
             None => {
-                let mut h = hasher();
-                h.write(connection.remote_address().ip().to_string().as_bytes());
-                Peer {
-                    role: None,
-                    identity: h.finish(),
-                }
+                connection.remote_address().ip().hash(&mut hasher);
+                None
             }
+        };
+        Peer {
+            role,
+            identity: hasher.finish(),
         }
     }
 

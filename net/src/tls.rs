@@ -452,18 +452,24 @@ fn create_cluster_certs(
     ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     (ca_params.not_before, ca_params.not_after) = ca_validity;
     let role_validity = (not_before, not_after.min(ca_validity.1));
-    let ca = ca_params
+    let cert = ca_params
         .self_signed(&ca_key)
         .map_err(|e| gen("the CA", e))?;
+    let ca = Ca {
+        pem: cert.pem(),
+        cert,
+        key: ca_key,
+        not_after: ca_validity.1,
+    };
     let ca_dir = dir.join(CA_DIR);
     let mut files = vec![
-        (ca_dir.join(CA_FILE), ca.pem(), false),
-        (ca_dir.join(CA_KEY_FILE), ca_key.serialize_pem(), true),
+        (ca_dir.join(CA_FILE), ca.pem.clone(), false),
+        (ca_dir.join(CA_KEY_FILE), ca.key.serialize_pem(), true),
     ];
     for role in Role::ISSUED {
         let home = dir.join(role.name());
-        files.push((home.join(CA_FILE), ca.pem(), false));
-        files.extend(issue_role(&home, role, None, &ca, &ca_key, role_validity)?);
+        files.push((home.join(CA_FILE), ca.pem.clone(), false));
+        files.extend(issue_role(&home, role, None, &ca, role_validity)?);
     }
     for (path, text, secret) in files {
         if let Some(parent) = path.parent() {
@@ -497,9 +503,19 @@ pub fn renew_certs(dir: &Path, days: u32) -> Result<Renewal, Error> {
     })
 }
 
-/// The CA of certificate directory `dir`, able to sign: its certificate, params and key.
-#[allow(clippy::type_complexity)]
-fn load_ca(dir: &Path) -> Result<(rcgen::Certificate, CertificateParams, KeyPair, String), Error> {
+/// A cluster CA able to sign.
+struct Ca {
+    /// Signs (the same name and key as the CA file, so what it signs verifies against it).
+    cert: rcgen::Certificate,
+    key: KeyPair,
+    /// When it expires: what it issues ends by then.
+    not_after: time::OffsetDateTime,
+    /// Its certificate file's text, as role directories keep a copy of it.
+    pem: String,
+}
+
+/// The CA of certificate directory `dir` (`dir/ca/`, or `dir` itself in an older flat one).
+fn load_ca(dir: &Path) -> Result<Ca, Error> {
     let home = if dir.join(CA_DIR).join(CA_FILE).exists() {
         dir.join(CA_DIR)
     } else {
@@ -526,12 +542,16 @@ fn load_ca(dir: &Path) -> Result<(rcgen::Certificate, CertificateParams, KeyPair
             "the cluster CA has expired: create a new cluster CA with `zr cluster-init` and give every process its files",
         ));
     }
-    // The same name and key as the CA file: what it signs verifies against that file.
-    let ca = ca_params
-        .clone()
+    let not_after = ca_params.not_after;
+    let cert = ca_params
         .self_signed(&ca_key)
         .map_err(|e| cert_error(&ca_path, format!("cannot sign with this CA: {e}")))?;
-    Ok((ca, ca_params, ca_key, ca_pem))
+    Ok(Ca {
+        cert,
+        key: ca_key,
+        not_after,
+        pem: ca_pem,
+    })
 }
 
 /// Every certificate in certificate directory `dir`: (its directory, role, name) — the flat
@@ -573,18 +593,11 @@ fn reissue_roles(
     dir: &Path,
     (not_before, not_after): (time::OffsetDateTime, time::OffsetDateTime),
 ) -> Result<time::OffsetDateTime, Error> {
-    let (ca, ca_params, ca_key, _) = load_ca(dir)?;
+    let ca = load_ca(dir)?;
     // A certificate that outlived its issuer would be refused by stricter peers.
-    let not_after = not_after.min(ca_params.not_after);
+    let not_after = not_after.min(ca.not_after);
     for (home, role, name) in certificates_in(dir)? {
-        let files = issue_role(
-            &home,
-            role,
-            name.as_deref(),
-            &ca,
-            &ca_key,
-            (not_before, not_after),
-        )?;
+        let files = issue_role(&home, role, name.as_deref(), &ca, (not_before, not_after))?;
         for (path, text, secret) in files {
             replace_file(&path, text.as_bytes(), secret).map_err(|e| cert_error(&path, e))?;
         }
@@ -627,18 +640,17 @@ pub fn issue_cert(dir: &Path, role: Role, name: &str, days: u32) -> Result<PathB
             "already exists: a certificate of that name was issued (renew it with `zr cluster-renew`, or choose another name)",
         ));
     }
-    let (ca, ca_params, ca_key, ca_pem) = load_ca(dir)?;
+    let ca = load_ca(dir)?;
     let (not_before, not_after) = validity(days);
     let files = issue_role(
         &home,
         role,
         Some(name),
         &ca,
-        &ca_key,
-        (not_before, not_after.min(ca_params.not_after)),
+        (not_before, not_after.min(ca.not_after)),
     )?;
     std::fs::create_dir_all(&home).map_err(|e| cert_error(&home, e))?;
-    let all = std::iter::once((home.join(CA_FILE), ca_pem, false)).chain(files);
+    let all = std::iter::once((home.join(CA_FILE), ca.pem, false)).chain(files);
     for (path, text, secret) in all {
         write_file(&path, text.as_bytes(), secret).map_err(|e| cert_error(&path, e))?;
     }
@@ -651,8 +663,7 @@ fn issue_role(
     home: &Path,
     role: Role,
     name: Option<&str>,
-    ca: &rcgen::Certificate,
-    ca_key: &KeyPair,
+    ca: &Ca,
     (not_before, not_after): (time::OffsetDateTime, time::OffsetDateTime),
 ) -> Result<Vec<(PathBuf, String, bool)>, Error> {
     let gen =
@@ -676,7 +687,7 @@ fn issue_role(
         _ => vec![ExtendedKeyUsagePurpose::ClientAuth],
     };
     (params.not_before, params.not_after) = (not_before, not_after);
-    let cert = params.signed_by(&key, ca, ca_key).map_err(gen)?;
+    let cert = params.signed_by(&key, &ca.cert, &ca.key).map_err(gen)?;
     Ok(vec![
         (home.join(format!("{}.pem", role.name())), cert.pem(), false),
         (
@@ -1042,20 +1053,18 @@ mod role_tests {
     }
 
     /// A flat certificate directory of a cluster made before roles loads as it did, its
-    /// `client` certificate a client role, and renews in place.
+    /// `client` certificate a client role, and renews in place; its CA issues the new roles.
     #[test]
     fn an_older_flat_directory_still_loads_and_renews() {
         let dir = tempfile::tempdir().unwrap();
         init_certs(dir.path(), CERT_VALID_DAYS).unwrap();
         let ca_dir = dir.path().join(CA_DIR);
-        let (ca, _, ca_key, ca_pem) = load_ca(dir.path()).unwrap();
+        let ca = load_ca(dir.path()).unwrap();
         let flat = tempfile::tempdir().unwrap();
-        std::fs::write(flat.path().join(CA_FILE), &ca_pem).unwrap();
+        std::fs::write(flat.path().join(CA_FILE), &ca.pem).unwrap();
         std::fs::copy(ca_dir.join(CA_KEY_FILE), flat.path().join(CA_KEY_FILE)).unwrap();
         for role in [Role::Node, Role::Router, Role::Client] {
-            for (path, text, _) in
-                issue_role(flat.path(), role, None, &ca, &ca_key, validity(30)).unwrap()
-            {
+            for (path, text, _) in issue_role(flat.path(), role, None, &ca, validity(30)).unwrap() {
                 std::fs::write(path, text).unwrap();
             }
             assert_eq!(Identity::load(flat.path(), role).unwrap().role, role);
@@ -1068,5 +1077,9 @@ mod role_tests {
             before
         );
         Identity::load(flat.path(), Role::Client).unwrap();
+        // Its own CA issues it the new roles: an operator certificate for admin commands.
+        let operator = issue_cert(flat.path(), Role::Operator, "admin", 30).unwrap();
+        assert_eq!(operator, flat.path().join("operator-admin"));
+        Identity::load(&operator, Role::Operator).unwrap();
     }
 }

@@ -182,6 +182,17 @@ mod tests {
             "the old holder's late write"
         );
         assert!(fence.admit(12, || ()).is_ok());
+        // As the previous version left it: a fixed-width number written in place, beside
+        // nothing else. Read as before; the next rise replaces it whole.
+        std::fs::write(dir.path().join(FENCE_FILE), format!("{:020}\n", 30)).unwrap();
+        let fence = Fence::open(dir.path()).unwrap();
+        assert!(fence.admit(29, || ()).is_err() && fence.admit(30, || ()).is_ok());
+        fence.raise(31, || ()).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(FENCE_FILE)).unwrap(),
+            format!("{:020}\n", 31)
+        );
+        assert!(!dir.path().join(format!("{FENCE_FILE}.new")).exists());
         std::fs::write(dir.path().join(FENCE_FILE), "twelve").unwrap();
         let err = Fence::open(dir.path()).unwrap_err().to_string();
         assert!(err.contains(FENCE_FILE) && err.contains("twelve"), "{err}");

@@ -1024,6 +1024,42 @@ mod tests {
         assert!(e.to_string().contains("version 99"), "{e}");
     }
 
+    /// A peer of the previous protocol version (11: node requests without the shard and
+    /// replica they are meant for, move reports without their change) is refused by both
+    /// protocols' decoders and by the reply decoder, naming both versions — never read as
+    /// this version's layout (ops/README.md, Upgrading).
+    #[test]
+    fn the_previous_version_is_refused_by_name() {
+        let previous = (WIRE_VERSION - 1).to_le_bytes();
+        let at = MAGIC.len();
+        let named = |e: Error| {
+            assert!(
+                matches!(
+                    e,
+                    Error::Version {
+                        theirs: 11,
+                        ours: 12
+                    }
+                ),
+                "{e}"
+            );
+            assert!(
+                e.to_string()
+                    .contains("unsupported protocol version 11 (this build speaks 12)"),
+                "{e}"
+            );
+        };
+        let mut node = encode_request(&NodeMessage::unchecked(NodeRequest::Info)).unwrap();
+        node[at..at + 2].copy_from_slice(&previous);
+        named(decode_request::<NodeMessage>(&node).unwrap_err());
+        let mut client = encode_request(&ClientRequest::Info).unwrap();
+        client[at..at + 2].copy_from_slice(&previous);
+        named(decode_request::<ClientRequest>(&client).unwrap_err());
+        let mut reply = encode_reply(&Reply::Moving(None)).unwrap();
+        reply[at..at + 2].copy_from_slice(&previous);
+        named(decode_reply(&reply).unwrap_err());
+    }
+
     /// A client's request and a node's are different messages: a node refuses a client's
     /// unread, and a router a node's, so an internal request cannot come from a client.
     #[test]

@@ -102,14 +102,14 @@ impl AsyncClient {
         request: &ClientRequest,
         body: Vec<Bytes>,
     ) -> Result<(Reply, Vec<Bytes>, usize), Error> {
-        let header = wire::encode_request(request)?;
         let mut connection = self.connection().await?;
         let timeout = self.timeout;
         let chunks = loop {
+            let header = wire::encode_request(request)?;
             // The exchange runs as a task of its own, beside the connection's driver: each
             // packet it reads wakes it there, not a thread blocked on it.
             let exchange = {
-                let (connection, header, body) = (connection.clone(), header.clone(), body.clone());
+                let (connection, body) = (connection.clone(), body.clone());
                 tokio::spawn(
                     async move { net::call_chunks(&connection, header, body, timeout).await },
                 )
@@ -418,13 +418,19 @@ fn reclaimed(connection: &Connection) -> bool {
     )
 }
 
-impl Drop for AsyncClient {
+impl AsyncClient {
     /// Closes the connection, so that the router frees its slot at once rather than at its
     /// idle timeout.
-    fn drop(&mut self) {
+    fn close(&self) {
         if let Ok(connection) = self.connection.lock() {
             connection.close(quinn::VarInt::from_u32(0), b"client done");
         }
+    }
+}
+
+impl Drop for AsyncClient {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -447,9 +453,7 @@ impl Drop for Client {
     /// Closes the connection and lets the runtime send the close before it stops (briefly:
     /// the router frees the slot as soon as it hears of it).
     fn drop(&mut self) {
-        if let Ok(connection) = self.inner.connection.lock() {
-            connection.close(quinn::VarInt::from_u32(0), b"client done");
-        }
+        self.inner.close();
         let endpoint = self.inner.endpoint.clone();
         self.runtime.block_on(async move {
             let _ = tokio::time::timeout(Duration::from_millis(100), endpoint.wait_idle()).await;

@@ -184,18 +184,29 @@ impl Nodes {
         map_version: Option<u64>,
         request: &NodeRequest,
     ) -> Result<Vec<u8>, zr_proto::Error> {
-        let target = Some(wire::Target {
+        let target = wire::Target {
             shard: self.shard(node),
             replica: self.replica(node),
-        });
+        };
+        self.encode_for(target, map_version, request)
+    }
+
+    /// `request` for the node that is `target`, with this router's cluster id and map
+    /// version (`map_version`, if given).
+    fn encode_for(
+        &self,
+        target: wire::Target,
+        map_version: Option<u64>,
+        request: &NodeRequest,
+    ) -> Result<Vec<u8>, zr_proto::Error> {
         match self.tag.load().as_deref() {
             Some((cluster, version)) => wire::encode_node_request(
                 Some(cluster),
                 map_version.unwrap_or(*version),
-                target,
+                Some(target),
                 request,
             ),
-            None => wire::encode_node_request(None, 0, target, request),
+            None => wire::encode_node_request(None, 0, Some(target), request),
         }
     }
 
@@ -208,14 +219,9 @@ impl Nodes {
         shard: u32,
         replica: u32,
     ) -> Result<u64, String> {
-        let target = Some(wire::Target { shard, replica });
-        let header = match self.tag.load().as_deref() {
-            Some((cluster, version)) => {
-                wire::encode_node_request(Some(cluster), *version, target, &NodeRequest::Info)
-            }
-            None => wire::encode_node_request(None, 0, target, &NodeRequest::Info),
-        }
-        .map_err(|e| e.to_string())?;
+        let header = self
+            .encode_for(wire::Target { shard, replica }, None, &NodeRequest::Info)
+            .map_err(|e| e.to_string())?;
         let endpoint = zr_net::client_endpoint(addr).map_err(|e| e.to_string())?;
         let asked = async {
             let connection = zr_net::connect(&endpoint, &self.security, addr, self.timeout)

@@ -711,25 +711,19 @@ impl Router {
     /// does not allow is refused, naming the role it needs.
     pub async fn handle_from(self: &Arc<Self>, peer: &net::Peer, bytes: &[u8]) -> (Vec<u8>, Body) {
         let outcome = match wire::decode_request::<ClientRequest>(bytes) {
-            Ok((request, _)) if peer.access().is_none_or(|has| has < request.access()) => {
-                let failure = Failure::Forbidden {
-                    request: request.kind(),
-                    needs: request.access().role_name(),
-                    has: peer.role.map_or("unknown".into(), |r| r.name().to_string()),
-                };
-                tracing::warn!("refused: {failure}");
-                metrics::counter!("zr_router_errors_total", "code" => failure.code().name())
-                    .increment(1);
-                Err(Reply::Error {
-                    code: failure.code(),
-                    message: failure.to_string(),
-                })
-            }
             Ok((request, body)) => {
                 let kind = request.kind();
                 let started = std::time::Instant::now();
                 metrics::counter!("zr_router_received_bytes_total").increment(bytes.len() as u64);
-                let executed = self.execute(request, body).await;
+                let executed = if peer.access().is_some_and(|has| has >= request.access()) {
+                    self.execute(request, body).await
+                } else {
+                    Err(Failure::Forbidden {
+                        request: kind,
+                        needs: request.access().role_name(),
+                        has: peer.role.map_or("unknown".into(), |r| r.name().to_string()),
+                    })
+                };
                 let outcome = if executed.is_ok() { "ok" } else { "error" };
                 metrics::counter!("zr_router_requests_total", "kind" => kind, "outcome" => outcome)
                     .increment(1);

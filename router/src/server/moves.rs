@@ -97,12 +97,11 @@ fn target(moving: &MapMove) -> String {
     format!("to map version {} ({change})", moving.to.version)
 }
 
-/// A move's change in words: "add a shard", "drain shard K".
-pub(crate) fn describe_change(change: Option<wire::MapChange>) -> String {
+/// The map change a client asked for, as the cluster record keeps it.
+fn recorded(change: wire::MapChange) -> MapChange {
     match change {
-        Some(wire::MapChange::AddShard) => "add a shard".into(),
-        Some(wire::MapChange::DrainShard(shard)) => format!("drain shard {shard}"),
-        None => "of another change".into(),
+        wire::MapChange::AddShard => MapChange::AddShard,
+        wire::MapChange::DrainShard(shard) => MapChange::DrainShard(shard),
     }
 }
 
@@ -145,8 +144,8 @@ impl Router {
                     waited_ms: 0,
                     reason: format!(
                         "another move ({}) is under way; this one ({}) was not started: run it again once that one has ended",
-                        describe_change(running.change),
-                        describe_change(Some(change))
+                        running.change.map_or_else(String::new, |c| recorded(c).to_string()),
+                        recorded(change)
                     ),
                 });
             }
@@ -159,20 +158,17 @@ impl Router {
         tokio::spawn(async move {
             let outcome = router.move_shards(change, &nodes).await;
             let mut moving = router.moving.lock().unwrap_or_else(|e| e.into_inner());
-            match outcome {
-                Ok(report) => {
-                    *moving = Some(MoveReport {
-                        change: Some(change),
-                        ..report
-                    })
-                }
+            let mut report = match outcome {
+                Ok(report) => report,
                 Err(e) => {
                     tracing::warn!("moving records ({change:?}): {e}");
-                    let report = moving.get_or_insert_with(MoveReport::default);
-                    report.change = Some(change);
+                    let mut report = moving.take().unwrap_or_default();
                     report.error = Some(e.to_string());
+                    report
                 }
-            }
+            };
+            report.change = Some(change);
+            *moving = Some(report);
         });
         Ok(())
     }
@@ -184,10 +180,7 @@ impl Router {
         change: wire::MapChange,
         listed: &[(u32, u32, String)],
     ) -> Result<MoveReport, Failure> {
-        let change = match change {
-            wire::MapChange::AddShard => MapChange::AddShard,
-            wire::MapChange::DrainShard(shard) => MapChange::DrainShard(shard),
-        };
+        let change = recorded(change);
         let (record, revision) = self.load_cluster().await?;
         // The nodes of a shard added by a move another router began.
         self.grow_from(&record).map_err(Failure::Metadata)?;
@@ -249,50 +242,25 @@ impl Router {
                     });
                     // Each new node must answer, empty, as the node it is listed as, before
                     // this router links to it: a refused add leaves no link behind.
-                    if shard >= self.nodes.shards() {
-                        for (replica, &addr) in addrs.iter().enumerate() {
-                            let unreachable = |reason: String| Failure::ShardUnavailable {
-                                shard,
-                                addr,
-                                reason,
-                            };
-                            match self.nodes.probe(addr, shard, replica as u32).await {
-                                Ok(0) => {}
-                                Ok(len) => {
-                                    return Err(unreachable(format!(
+                    for (replica, &addr) in addrs.iter().enumerate() {
+                        let refused = |reason: String| Failure::ShardUnavailable {
+                            shard,
+                            addr,
+                            reason,
+                        };
+                        match self.nodes.probe(addr, shard, replica as u32).await {
+                            Ok(0) => {}
+                            Ok(len) => {
+                                return Err(refused(format!(
                                     "it holds {len} records, and a new shard's nodes start empty"
                                 )))
-                                }
-                                Err(reason) => return Err(unreachable(reason)),
                             }
+                            Err(reason) => return Err(refused(reason)),
                         }
                     }
                     self.nodes
                         .grow(shard, &addrs)
                         .map_err(Failure::BadRequest)?;
-                    for node in self.nodes.of_shard(shard) {
-                        match self
-                            .nodes
-                            .call(node, &NodeRequest::Info, Vec::new())
-                            .await?
-                            .reply
-                        {
-                            Reply::Info { len: 0, .. } => {}
-                            Reply::Info { len, .. } => {
-                                return Err(self.nodes.unavailable(
-                                    node,
-                                    format!(
-                                    "it holds {len} records, and a new shard's nodes start empty"
-                                ),
-                                ))
-                            }
-                            other => {
-                                return Err(self
-                                    .nodes
-                                    .unavailable(node, format!("answered Info with {other:?}")))
-                            }
-                        }
-                    }
                 }
                 placement_of(&to, self.nodes.shards()).map_err(Failure::BadRequest)?;
                 let moving = ClusterRecord {
