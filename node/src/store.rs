@@ -364,6 +364,68 @@ impl Store {
         })
     }
 
+    /// Adds field `spec` to the dataset: every record stored so far lacks it (an absent
+    /// entry) until a write gives it one (`Store::write_field`, `Store::modify`). Commits
+    /// first; returns the store with the new field, which replaces this handle: this one and
+    /// its clones still read, but refuse writes from now on. A typed field of fixed length
+    /// cannot be added (every record needs it, and the stored ones have none).
+    pub fn add_field(&self, spec: FieldSpec) -> Result<Store> {
+        let dir = self.inner.dir.clone();
+        let invalid = |reason: String| Error::InvalidSchema(reason);
+        if self.inner.field_ids.contains_key(&spec.name) {
+            return Err(invalid(format!(
+                "{}: the dataset has a field '{}' already",
+                dir.display(),
+                spec.name
+            )));
+        }
+        if spec.record_bytes().is_some_and(|n| n > 0) {
+            return Err(invalid(format!(
+                "field '{}' ({}) is in every record, and the records stored so far have none: add it without a dtype",
+                spec.name,
+                spec.describe_type()
+            )));
+        }
+        self.commit()?;
+        let writers = self.writers()?;
+        let _slots: Vec<_> = (0..writers.slots.len()).map(|i| writers.slot(i)).collect();
+        let mut shared = writers.shared();
+        {
+            let view = self.inner.read_view();
+            if view.len != view.committed_len || !view.overlay.is_empty() {
+                return Err(Error::InvalidRecord(
+                    "writes arrived while the field was being added; add it again".into(),
+                ));
+            }
+        }
+        let mut meta = shared.meta.clone();
+        meta.fields.push(spec.clone());
+        meta.validate().map_err(invalid)?;
+        // The new table first, all absent; meta.json, the commit point, then names it.
+        let path = dir.join(offset_file_name(&spec.name));
+        let file = disk::create(&path).ctx("create offset table", &path)?;
+        disk::set_len(
+            &file,
+            &path,
+            shared.offset_capacity.max(meta.length) * ENTRY_BYTES,
+        )
+        .ctx("size offset table", &path)?;
+        disk::sync(&file, &path).ctx("fsync", &path)?;
+        drop(file);
+        meta.store(&dir)?;
+        shared.failed = Some(format!(
+            "the dataset gained field '{}': this handle was replaced by the one add_field returned",
+            spec.name
+        ));
+        let lock = match &self.inner._lock {
+            Some(lock) => Some(lock.try_clone().ctx("share the lock", &dir)?),
+            None => None,
+        };
+        drop(shared);
+        let options = self.inner.runtime.options;
+        Ok(Store::open_locked(&dir, lock, false, options)?.with_gather_options(self.defaults))
+    }
+
     /// This handle, its [`Store::gather`] (and its gathers as a loader source) using
     /// `options`: how a server or a loader sets its read path once.
     pub fn with_gather_options(mut self, options: GatherOptions) -> Store {

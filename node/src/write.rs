@@ -15,7 +15,7 @@ use crate::writer::{no_entries, Writers};
 const PARALLEL_APPEND_MIN: usize = 64;
 
 impl Store {
-    fn writers(&self) -> Result<&Writers> {
+    pub(crate) fn writers(&self) -> Result<&Writers> {
         let Some(writers) = &self.inner.writers else {
             return Err(Error::ReadOnly {
                 path: self.inner.dir.clone(),
@@ -129,30 +129,111 @@ impl Store {
         Ok(start..end)
     }
 
-    /// Replaces record `index` with `record` (fields it does not name become absent). The new
-    /// payloads are appended; the old ones stay in their chunk until a rebalance.
+    /// Replaces the fields `record` names of record `index`; its other fields keep their
+    /// values (an empty payload makes a field absent). The new payloads are appended; the old
+    /// ones stay in their chunk until a rebalance.
     pub fn modify(&self, index: u64, record: &Record) -> Result<()> {
-        let payloads = self.payloads(record)?;
+        self.modify_many(&[index], std::slice::from_ref(record))
+    }
+
+    /// Writes field `field` of records `indices`: record `indices[k]` gets `values[k]`, its
+    /// other fields unchanged (how a value computed later — a label, a reward — is added to
+    /// records already stored). An empty value makes the field absent.
+    pub fn write_field(&self, field: &str, indices: &[u64], values: &[&[u8]]) -> Result<()> {
+        if indices.len() != values.len() {
+            return Err(Error::InvalidRecord(format!(
+                "{} indices but {} values",
+                indices.len(),
+                values.len()
+            )));
+        }
+        let records: Vec<Record> = values
+            .iter()
+            .map(|&value| {
+                let mut record = Record::new();
+                record.set(field, value);
+                record
+            })
+            .collect();
+        self.modify_many(indices, &records)
+    }
+
+    /// [`Store::modify`] of several records: all are checked before any is written.
+    pub fn modify_many(&self, indices: &[u64], records: &[Record]) -> Result<()> {
+        let payloads: Vec<_> = records
+            .iter()
+            .map(|r| self.changed_payloads(r))
+            .collect::<Result<_>>()?;
         let inner = &*self.inner;
         let writers = self.writers()?;
-        let len = inner.read_view().len;
-        if index >= len {
-            return Err(Error::IndexOutOfRange { index, len });
-        }
-        let mut entries = no_entries(inner.fields.len(), 1);
-        writers.any_slot().encode(
-            inner,
-            writers,
-            std::slice::from_ref(&payloads),
-            &mut entries,
-        )?;
+        let check = |len: u64| match indices.iter().find(|&&i| i >= len) {
+            Some(&index) => Err(Error::IndexOutOfRange { index, len }),
+            None => Ok(()),
+        };
+        check(inner.read_view().len)?;
+        let mut entries = no_entries(inner.fields.len(), records.len());
+        writers
+            .any_slot()
+            .encode(inner, writers, &payloads, &mut entries)?;
         let mut shared = writers.shared();
-        // A delete may have raced the encoding; check again where it counts.
-        let len = inner.read_view().len;
-        if index >= len {
-            return Err(Error::IndexOutOfRange { index, len });
+        // A delete may have raced the encoding; check again where it counts, and take the
+        // current entries of the fields a record does not name.
+        let merged: Vec<Vec<Entry>> = {
+            let view = inner.read_view();
+            check(view.len)?;
+            indices
+                .iter()
+                .enumerate()
+                .map(|(k, &index)| {
+                    (0..inner.fields.len())
+                        .map(|field| match payloads[k][field] {
+                            Some(_) => Ok(entries[field][k]),
+                            None => view.entry(field, index).ok_or_else(|| Error::Corrupt {
+                                path: inner.dir.clone(),
+                                reason: format!("offset table ends before entry {index}"),
+                            }),
+                        })
+                        .collect::<Result<Vec<Entry>>>()
+                })
+                .collect::<Result<_>>()?
+        };
+        for (&index, record) in indices.iter().zip(merged) {
+            let columns: Vec<Vec<Entry>> = record.into_iter().map(|e| vec![e]).collect();
+            shared.put_entries(inner, index, &columns, None)?;
         }
-        shared.put_entries(inner, index, &entries, None)
+        Ok(())
+    }
+
+    /// A modify's payloads: as for an append, except that a field not named is `None` (it
+    /// keeps its value) and a typed field may be left out.
+    fn changed_payloads<'r>(&self, record: &Record<'r>) -> Result<Vec<Option<&'r [u8]>>> {
+        let mut out = vec![None; self.inner.fields.len()];
+        for &(name, payload) in record.values() {
+            let id = self.field_id(name)?;
+            if out[id].is_some() {
+                return Err(Error::InvalidRecord(format!(
+                    "field '{name}' is given twice"
+                )));
+            }
+            let spec = &self.inner.fields[id];
+            if let Some(expected) = spec.record_bytes() {
+                if payload.len() as u64 != expected && !(expected == 0 && payload.is_empty()) {
+                    return Err(Error::InvalidRecord(format!(
+                        "field '{name}' holds {expected} bytes per record ({}); got {}",
+                        spec.describe_type(),
+                        payload.len()
+                    )));
+                }
+            }
+            if payload.len() > u32::MAX as usize {
+                return Err(Error::InvalidRecord(format!(
+                    "field '{name}': {} bytes exceed the 4 GiB record limit",
+                    payload.len()
+                )));
+            }
+            out[id] = Some(payload);
+        }
+        Ok(out)
     }
 
     /// Deletes record `index` by swap-remove: the last record takes its index and the length

@@ -68,10 +68,9 @@ fn row((seed, len, mask): (u8, u16, u8)) -> Row {
 
 fn record(row: &Row) -> Record<'_> {
     let mut r = Record::new();
+    // Every field named (an empty payload is an absent field): a modify replaces it all.
     for (f, name) in FIELDS.iter().enumerate() {
-        if !row[f].is_empty() {
-            r.set(name, &row[f]);
-        }
+        r.set(name, &row[f]);
     }
     r
 }

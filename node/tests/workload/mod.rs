@@ -44,12 +44,10 @@ pub fn op(round: u64, step: u64, len: u64) -> Op {
     }
 }
 
+/// Every field named (an empty payload is an absent field), so that a modify replaces the
+/// whole record.
 pub fn record(row: &Row) -> Record<'_> {
-    let mut rec = Record::new().with("raw", &row[0]);
-    if !row[1].is_empty() {
-        rec.set("zip", &row[1]);
-    }
-    rec
+    Record::new().with("raw", &row[0]).with("zip", &row[1])
 }
 
 pub fn options() -> CreateOptions {
