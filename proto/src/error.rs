@@ -31,6 +31,8 @@ pub enum ErrorCode {
     Forbidden,
     /// The request was meant for another shard or replica than the node serves.
     WrongShard,
+    /// The dataset the request names does not exist (never made, or dropped).
+    NoSuchDataset,
 }
 
 impl ErrorCode {
@@ -48,6 +50,7 @@ impl ErrorCode {
             ErrorCode::StaleMap => "stale_map",
             ErrorCode::WrongCluster => "wrong_cluster",
             ErrorCode::Forbidden => "forbidden",
+            ErrorCode::NoSuchDataset => "no_such_dataset",
             ErrorCode::WrongShard => "wrong_shard",
         }
     }

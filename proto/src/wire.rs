@@ -18,7 +18,7 @@ use crate::error::Error;
 pub use crate::error::ErrorCode;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 12;
+pub const WIRE_VERSION: u16 = 13;
 
 /// Most records one `Digest` request covers.
 pub const DIGEST_RECORDS_MAX: u64 = 1 << 20;
@@ -36,6 +36,51 @@ pub const FIELDS_MAX: usize = 256;
 pub const NODES_MAX: usize = 1 << 16;
 /// Longest cluster id a node request may carry.
 pub const CLUSTER_ID_BYTES_MAX: usize = 128;
+/// Longest dataset name (see [`check_dataset_name`]).
+pub const DATASET_NAME_BYTES_MAX: usize = 64;
+/// The dataset a request that names none addresses: the one `zr cluster-init` made.
+pub const DEFAULT_DATASET: &str = "default";
+/// Longest a gather may wait for records not committed yet (`wait_ms`).
+pub const WAIT_MS_MAX: u32 = 3_600_000;
+
+/// Checks a dataset name: `[a-z0-9][a-z0-9._-]{0,63}`.
+pub fn check_dataset_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c));
+    if !first_ok || !rest_ok || name.len() > DATASET_NAME_BYTES_MAX {
+        return Err(format!(
+            "dataset name '{}' must be 1-{DATASET_NAME_BYTES_MAX} characters of [a-z0-9._-], starting with a letter or digit",
+            name.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
+/// A client request as it crosses the wire: the dataset it addresses (`None`: the default
+/// one) and the request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientMessage {
+    pub dataset: Option<String>,
+    pub request: ClientRequest,
+}
+
+impl ClientMessage {
+    /// `request` for dataset `dataset` (`None`: the default one).
+    pub fn new(dataset: Option<&str>, request: ClientRequest) -> ClientMessage {
+        ClientMessage {
+            dataset: dataset.map(str::to_string),
+            request,
+        }
+    }
+
+    /// The dataset's name, the default one's if the message names none.
+    pub fn dataset(&self) -> &str {
+        self.dataset.as_deref().unwrap_or(DEFAULT_DATASET)
+    }
+}
 
 const KIND_CLIENT_REQUEST: u16 = 1;
 const KIND_REPLY: u16 = 2;
@@ -50,10 +95,13 @@ pub enum ClientRequest {
     /// Records `indices` of `fields` (empty = all). Reply: `GatherParts`. `checked`: every
     /// record is read against its CRC; a copy that fails is read from another replica instead
     /// (and repaired), or, with none left, the gather fails naming it.
+    /// `wait_ms`: an index not committed yet is waited for, this long at most (0: fails
+    /// at once as out of range).
     Gather {
         indices: Vec<u64>,
         fields: Vec<String>,
         checked: bool,
+        wait_ms: u32,
     },
     /// Append records; body: per field of `fields`, the payloads (`lengths[f][k]` bytes each).
     /// Reply: `Appended`, the global indices the records got.
@@ -61,12 +109,31 @@ pub enum ClientRequest {
         fields: Vec<String>,
         lengths: Vec<Vec<u32>>,
     },
-    /// Replace record `index`; body: per field, its payload. Fields not named become absent.
+    /// Replace the fields `fields` of record `index`; body: per field, its payload (empty:
+    /// the field becomes absent). Its other fields keep their values.
     Modify {
         index: u64,
         fields: Vec<String>,
         lengths: Vec<u32>,
     },
+    /// Write field `field` of records `start..start + lengths.len()`; body: their payloads
+    /// back to back. Their other fields keep their values.
+    WriteField {
+        field: String,
+        start: u64,
+        lengths: Vec<u32>,
+    },
+    /// Wait until the dataset's committed length reaches `len`, `wait_ms` at most. Reply:
+    /// `Info` (its length then).
+    WaitLen { len: u64, wait_ms: u32 },
+    /// The cluster's datasets. Reply: `Datasets`.
+    Datasets,
+    /// Create the message's dataset with `fields`. Reply: `Done`.
+    CreateDataset { fields: Vec<FieldInfo> },
+    /// Drop the message's dataset and every record in it. Reply: `Done`.
+    DropDataset,
+    /// Add `field` to the dataset; the records stored lack it until written. Reply: `Done`.
+    AddField { field: FieldInfo },
     /// Swap-remove record `index` (the last record takes its place).
     Delete { index: u64 },
     /// Make every write so far durable on every shard.
@@ -159,13 +226,19 @@ impl ClientRequest {
         match self {
             ClientRequest::Info
             | ClientRequest::Gather { .. }
+            | ClientRequest::WaitLen { .. }
+            | ClientRequest::Datasets
             | ClientRequest::Status
             | ClientRequest::MoveProgress => Access::Read,
             ClientRequest::Append { .. }
             | ClientRequest::Modify { .. }
+            | ClientRequest::WriteField { .. }
             | ClientRequest::Delete { .. }
             | ClientRequest::Commit => Access::Write,
-            ClientRequest::Scrub { .. }
+            ClientRequest::CreateDataset { .. }
+            | ClientRequest::DropDataset
+            | ClientRequest::AddField { .. }
+            | ClientRequest::Scrub { .. }
             | ClientRequest::ReplaceNode { .. }
             | ClientRequest::MoveShards { .. } => Access::Operate,
         }
@@ -178,6 +251,12 @@ impl ClientRequest {
             ClientRequest::Gather { .. } => "gather",
             ClientRequest::Append { .. } => "append",
             ClientRequest::Modify { .. } => "modify",
+            ClientRequest::WriteField { .. } => "write-field",
+            ClientRequest::WaitLen { .. } => "wait-len",
+            ClientRequest::Datasets => "datasets",
+            ClientRequest::CreateDataset { .. } => "create-dataset",
+            ClientRequest::DropDataset => "drop-dataset",
+            ClientRequest::AddField { .. } => "add-field",
             ClientRequest::Delete { .. } => "delete",
             ClientRequest::Commit => "commit",
             ClientRequest::Status => "status",
@@ -210,16 +289,34 @@ pub enum NodeRequest {
         fields: Vec<String>,
         lengths: Vec<Vec<u32>>,
     },
-    /// Replace record `index`; body: per field, its payload. Fields not named become absent.
-    /// `token` as for `Append`.
+    /// Replace the fields `fields` of record `index`; body: per field, its payload. Its
+    /// other fields keep their values. `token` as for `Append`.
     Modify {
         index: u64,
         token: Option<u64>,
         fields: Vec<String>,
         lengths: Vec<u32>,
     },
+    /// Write field `field` of records `indices` (shard-local); body: their payloads back to
+    /// back. `token` as for `Append`.
+    WriteField {
+        token: u64,
+        field: String,
+        indices: Vec<u64>,
+        lengths: Vec<u32>,
+    },
     /// Drop records from the end until `len` remain (repair, global delete).
     Truncate { len: u64, token: u64 },
+    /// The datasets this node holds. Reply: `Datasets` (`committed` unset).
+    Datasets,
+    /// Create the message's dataset, made as `id` (its creation's metadata revision), with
+    /// `fields`; a dataset of that name made earlier (dropped while this node was away) is
+    /// replaced. Reply: `Done`.
+    CreateDataset { id: u64, fields: Vec<FieldInfo> },
+    /// Drop the message's dataset if it was made as `id` or earlier. Reply: `Done`.
+    DropDataset { id: u64 },
+    /// Add `field` to the message's dataset (nothing if it has it already). Reply: `Done`.
+    AddField { field: FieldInfo },
     /// Holding the write lease whose token is `token`: refuse from now on every write with a
     /// smaller token (a router whose lease ran out and passed on, whose write arrives late).
     /// Reply: `Info`, the length read after any earlier write.
@@ -267,7 +364,12 @@ impl NodeRequest {
             NodeRequest::Gather { .. } => "gather",
             NodeRequest::Append { .. } => "append",
             NodeRequest::Modify { .. } => "modify",
+            NodeRequest::WriteField { .. } => "write-field",
             NodeRequest::Truncate { .. } => "truncate",
+            NodeRequest::Datasets => "datasets",
+            NodeRequest::CreateDataset { .. } => "create-dataset",
+            NodeRequest::DropDataset { .. } => "drop-dataset",
+            NodeRequest::AddField { .. } => "add-field",
             NodeRequest::Fence { .. } => "fence",
             NodeRequest::Commit => "commit",
             NodeRequest::Digest { .. } => "digest",
@@ -296,6 +398,8 @@ impl NodeRequest {
 pub struct NodeMessage {
     /// The cluster id (see zr-meta); `None`: not checked.
     pub cluster: Option<String>,
+    /// The dataset the request addresses (`None`: the default one).
+    pub dataset: Option<String>,
     /// The version of the cluster map the sender placed the request by.
     pub map_version: u64,
     /// The shard and replica the sender meant the request for (from its nodes.toml or the
@@ -327,10 +431,17 @@ impl NodeMessage {
     ) -> NodeMessage {
         NodeMessage {
             cluster: Some(cluster.to_string()),
+            dataset: None,
             map_version,
             target,
             request,
         }
+    }
+
+    /// This message, addressed to dataset `dataset` (`None`: the default one).
+    pub fn on(mut self, dataset: Option<&str>) -> NodeMessage {
+        self.dataset = dataset.map(str::to_string);
+        self
     }
 
     /// `request` without a cluster or a node to check: for tools that talk to a node
@@ -338,6 +449,7 @@ impl NodeMessage {
     pub fn unchecked(request: NodeRequest) -> NodeMessage {
         NodeMessage {
             cluster: None,
+            dataset: None,
             map_version: 0,
             target: None,
             request,
@@ -356,18 +468,25 @@ pub trait Request: Serialize + serde::de::DeserializeOwned + sealed::Sealed {
 
 mod sealed {
     pub trait Sealed {}
-    impl Sealed for super::ClientRequest {}
+    impl Sealed for super::ClientMessage {}
     impl Sealed for super::NodeMessage {}
 }
 
-impl Request for ClientRequest {
+impl Request for ClientMessage {
     const KIND: u16 = KIND_CLIENT_REQUEST;
 
     fn check(&self, body: usize) -> Result<(), Error> {
-        match self {
+        if let Some(name) = &self.dataset {
+            check_dataset_name(name).map_err(Error::Malformed)?;
+        }
+        match &self.request {
             ClientRequest::Gather {
                 indices, fields, ..
             } => check_gather(indices, fields, body),
+            ClientRequest::WriteField { lengths, .. } => check_field_values(lengths, body),
+            ClientRequest::CreateDataset { fields } if fields.len() > FIELDS_MAX => Err(
+                Error::Malformed(format!("{} fields (at most {FIELDS_MAX})", fields.len())),
+            ),
             ClientRequest::Append { fields, lengths } => check_append(fields, lengths, body),
             ClientRequest::Modify {
                 fields, lengths, ..
@@ -381,6 +500,11 @@ impl Request for ClientRequest {
                 )))
             }
             ClientRequest::Info
+            | ClientRequest::WaitLen { .. }
+            | ClientRequest::Datasets
+            | ClientRequest::CreateDataset { .. }
+            | ClientRequest::DropDataset
+            | ClientRequest::AddField { .. }
             | ClientRequest::Delete { .. }
             | ClientRequest::Commit
             | ClientRequest::Status
@@ -405,7 +529,25 @@ impl Request for NodeMessage {
                 "a cluster id longer than {CLUSTER_ID_BYTES_MAX} bytes"
             )));
         }
+        if let Some(name) = &self.dataset {
+            check_dataset_name(name).map_err(Error::Malformed)?;
+        }
         match &self.request {
+            NodeRequest::WriteField {
+                indices, lengths, ..
+            } => {
+                if indices.len() != lengths.len() {
+                    return Err(Error::Malformed(format!(
+                        "{} indices but {} lengths",
+                        indices.len(),
+                        lengths.len()
+                    )));
+                }
+                check_field_values(lengths, body)
+            }
+            NodeRequest::CreateDataset { fields, .. } if fields.len() > FIELDS_MAX => Err(
+                Error::Malformed(format!("{} fields (at most {FIELDS_MAX})", fields.len())),
+            ),
             NodeRequest::Gather {
                 indices, fields, ..
             } => check_gather(indices, fields, body),
@@ -442,6 +584,10 @@ impl Request for NodeMessage {
                 check_append(fields, lengths, body)
             }
             NodeRequest::Info
+            | NodeRequest::Datasets
+            | NodeRequest::CreateDataset { .. }
+            | NodeRequest::DropDataset { .. }
+            | NodeRequest::AddField { .. }
             | NodeRequest::Digest { .. }
             | NodeRequest::Truncate { .. }
             | NodeRequest::Commit
@@ -514,6 +660,8 @@ pub enum Reply {
     },
     /// The move this router runs or ran last, if any.
     Moving(Option<MoveReport>),
+    /// The datasets of the cluster (from a router) or of a node.
+    Datasets(Vec<DatasetInfo>),
     /// A node's identity: the cluster and map version its data belongs to (`None` until a
     /// router's first request names them), and how many records it holds.
     Identity {
@@ -521,6 +669,22 @@ pub enum Reply {
         map_version: Option<u64>,
         len: u64,
     },
+}
+
+/// A dataset as a router or a node describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatasetInfo {
+    pub name: String,
+    /// When it was made: its creation's revision in the metadata store (0: the default
+    /// dataset of a cluster made before datasets had names).
+    pub id: u64,
+    pub fields: Vec<FieldInfo>,
+    /// Records (a router's: every shard's; a node's: its own).
+    pub len: u64,
+    /// Records committed (a router's; `None` from a node).
+    pub committed: Option<u64>,
+    /// Bytes its chunks hold (on every in-sync replica, from a router).
+    pub bytes: u64,
 }
 
 /// What a scrub of records of one shard found and did (see `ClientRequest::Scrub`).
@@ -670,6 +834,7 @@ pub fn encode_request<R: Request>(request: &R) -> Result<Vec<u8>, Error> {
 /// path: a gather's indices).
 pub fn encode_node_request(
     cluster: Option<&str>,
+    dataset: Option<&str>,
     map_version: u64,
     target: Option<Target>,
     request: &NodeRequest,
@@ -678,6 +843,7 @@ pub fn encode_node_request(
     #[derive(Serialize)]
     struct Borrowed<'a> {
         cluster: Option<&'a str>,
+        dataset: Option<&'a str>,
         map_version: u64,
         target: Option<Target>,
         request: &'a NodeRequest,
@@ -686,6 +852,7 @@ pub fn encode_node_request(
         KIND_NODE_REQUEST,
         &Borrowed {
             cluster,
+            dataset,
             map_version,
             target,
             request,
@@ -849,6 +1016,24 @@ fn check_modify(fields: &[String], lengths: &[u32], body: usize) -> Result<(), E
     Ok(())
 }
 
+/// One field's values of many records: at most `RECORDS_MAX`, their lengths adding up to
+/// the body.
+fn check_field_values(lengths: &[u32], body: usize) -> Result<(), Error> {
+    if lengths.len() > RECORDS_MAX {
+        return Err(Error::Malformed(format!(
+            "{} records written at once (at most {RECORDS_MAX})",
+            lengths.len()
+        )));
+    }
+    let total: u64 = lengths.iter().map(|&l| l as u64).sum();
+    if total != body as u64 {
+        return Err(Error::Malformed(format!(
+            "lengths add up to {total} bytes but the body has {body}"
+        )));
+    }
+    Ok(())
+}
+
 fn expect_empty(body: usize) -> Result<(), Error> {
     if body != 0 {
         return Err(Error::Malformed(format!("unexpected body of {body} bytes")));
@@ -897,11 +1082,12 @@ mod tests {
                 replica: 1,
             }),
             request,
-        );
+        )
+        .on(Some("images"));
         // The borrowing encoder writes the same bytes as the message.
         let encoded = encode_request(&sent).unwrap();
         assert_eq!(
-            encode_node_request(Some("c1"), 3, sent.target, &sent.request).unwrap(),
+            encode_node_request(Some("c1"), Some("images"), 3, sent.target, &sent.request).unwrap(),
             encoded
         );
         let bytes = message(encoded, b"xyy___");
@@ -1024,8 +1210,8 @@ mod tests {
         assert!(e.to_string().contains("version 99"), "{e}");
     }
 
-    /// A peer of the previous protocol version (11: node requests without the shard and
-    /// replica they are meant for, move reports without their change) is refused by both
+    /// A peer of the previous protocol version (12: requests without the dataset they
+    /// address) is refused by both
     /// protocols' decoders and by the reply decoder, naming both versions — never read as
     /// this version's layout (ops/README.md, Upgrading).
     #[test]
@@ -1037,40 +1223,59 @@ mod tests {
                 matches!(
                     e,
                     Error::Version {
-                        theirs: 11,
-                        ours: 12
+                        theirs: 12,
+                        ours: 13
                     }
                 ),
                 "{e}"
             );
             assert!(
                 e.to_string()
-                    .contains("unsupported protocol version 11 (this build speaks 12)"),
+                    .contains("unsupported protocol version 12 (this build speaks 13)"),
                 "{e}"
             );
         };
         let mut node = encode_request(&NodeMessage::unchecked(NodeRequest::Info)).unwrap();
         node[at..at + 2].copy_from_slice(&previous);
         named(decode_request::<NodeMessage>(&node).unwrap_err());
-        let mut client = encode_request(&ClientRequest::Info).unwrap();
+        let mut client = encode_request(&ClientMessage::new(None, ClientRequest::Info)).unwrap();
         client[at..at + 2].copy_from_slice(&previous);
-        named(decode_request::<ClientRequest>(&client).unwrap_err());
+        named(decode_request::<ClientMessage>(&client).unwrap_err());
         let mut reply = encode_reply(&Reply::Moving(None)).unwrap();
         reply[at..at + 2].copy_from_slice(&previous);
         named(decode_reply(&reply).unwrap_err());
+    }
+
+    /// A dataset name outside the pattern is refused before anything else, and a message
+    /// naming none addresses the default dataset.
+    #[test]
+    fn dataset_names_follow_the_pattern() {
+        for good in ["default", "imagenet-1k", "a", "0.v2_b", &"x".repeat(64)] {
+            assert_eq!(check_dataset_name(good), Ok(()), "{good}");
+        }
+        for bad in ["", "Images", "-a", ".a", "a/b", "a b", &"x".repeat(65), "é"] {
+            assert!(check_dataset_name(bad).is_err(), "{bad}");
+            let message = ClientMessage::new(Some(bad), ClientRequest::Info);
+            let bytes = encode_request(&message).unwrap();
+            let e = decode_request::<ClientMessage>(&bytes);
+            assert!(matches!(e, Err(Error::Malformed(_))), "{bad}: {e:?}");
+        }
+        assert_eq!(ClientMessage::new(None, ClientRequest::Info).dataset(), "default");
     }
 
     /// A client's request and a node's are different messages: a node refuses a client's
     /// unread, and a router a node's, so an internal request cannot come from a client.
     #[test]
     fn the_two_protocols_do_not_mix() {
-        let client = encode_request(&ClientRequest::Delete { index: 7 }).unwrap();
-        let (back, _) = decode_request::<ClientRequest>(&client).unwrap();
-        assert_eq!(back, ClientRequest::Delete { index: 7 });
+        let sent = ClientMessage::new(Some("text"), ClientRequest::Delete { index: 7 });
+        let client = encode_request(&sent).unwrap();
+        let (back, _) = decode_request::<ClientMessage>(&client).unwrap();
+        assert_eq!(back.dataset(), "text");
+        assert_eq!(back.request, ClientRequest::Delete { index: 7 });
         let e = decode_request::<NodeMessage>(&client).unwrap_err();
         assert!(matches!(e, Error::Malformed(_)), "{e}");
         let fence = encode_request(&node(NodeRequest::Fence { token: 3 })).unwrap();
-        assert!(decode_request::<ClientRequest>(&fence).is_err());
+        assert!(decode_request::<ClientMessage>(&fence).is_err());
         // A cluster id past the limit is refused before anything else.
         let long = NodeMessage::new(&"c".repeat(200), 1, None, NodeRequest::Info);
         assert!(decode_request::<NodeMessage>(&encode_request(&long).unwrap()).is_err());
