@@ -2,10 +2,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zr_proto::wire::{self, ClientRequest};
+use zr_proto::wire::{self, ClientMessage};
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok((request, _rest)) = wire::decode_request::<ClientRequest>(data) {
+    if let Ok((request, _rest)) = wire::decode_request::<ClientMessage>(data) {
         let _ = wire::encode_request(&request);
     }
 });

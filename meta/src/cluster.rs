@@ -29,6 +29,83 @@ pub struct ClusterRecord {
     /// order): routers whose nodes.toml predates a shard reach its nodes here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub added: Vec<AddedShard>,
+    /// The named datasets (the default one, whose committed length is `committed_len`
+    /// above, is not listed: a record made before datasets had names reads as it was).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub datasets: Vec<DatasetRecord>,
+    /// The last dataset id given out: every create takes the next, and a drop counts one
+    /// too, so ids only grow (a node holding a dataset made later than a router's view of
+    /// this record knows it is newer).
+    #[serde(default)]
+    pub dataset_ids: u64,
+}
+
+/// A named dataset: what every router and node needs to agree on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatasetRecord {
+    pub name: String,
+    /// Given when it was made (see [`ClusterRecord::dataset_ids`]).
+    pub id: u64,
+    pub fields: Vec<FieldRecord>,
+}
+
+/// A dataset's field.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldRecord {
+    pub name: String,
+    /// `raw` or `flate`.
+    pub compress: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<u64>>,
+}
+
+impl ClusterRecord {
+    /// The named dataset `name`, if the cluster has it.
+    pub fn dataset(&self, name: &str) -> Option<&DatasetRecord> {
+        self.datasets.iter().find(|d| d.name == name)
+    }
+}
+
+/// A named dataset's committed length, under [`committed_key`]: its own key, so commits of
+/// different datasets do not contend for the cluster record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommittedRecord {
+    /// The dataset it belongs to: a record of an earlier dataset of the same name (dropped)
+    /// counts as nothing committed.
+    pub id: u64,
+    pub committed_len: u64,
+}
+
+/// The key of named dataset `name`'s committed length.
+pub fn committed_key(name: &str) -> String {
+    format!("dataset/{name}/committed")
+}
+
+/// Named dataset `name`'s committed-length record and its revision, if any.
+pub async fn load_committed(
+    store: &dyn MetaStore,
+    name: &str,
+) -> Result<Option<(CommittedRecord, Revision)>, Error> {
+    crate::load_json(store, &committed_key(name), "a dataset's committed length").await
+}
+
+/// Writes named dataset `name`'s committed-length record if it is still at `expected`.
+pub async fn store_committed(
+    store: &dyn MetaStore,
+    name: &str,
+    expected: Option<Revision>,
+    record: &CommittedRecord,
+) -> Result<Revision, Error> {
+    crate::store_json(
+        store,
+        &committed_key(name),
+        expected,
+        record,
+        "a dataset's committed length",
+    )
+    .await
 }
 
 /// A shard added to the cluster, and where its nodes are.

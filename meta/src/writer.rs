@@ -50,6 +50,9 @@ pub enum PendingWrite {
     /// Record `index` replaced on every in-sync replica of its shard: if it stopped halfway
     /// they may differ, so one's copy is written to all.
     Modify { index: u64 },
+    /// Records `start..start + count` had one field written on every in-sync replica of
+    /// their shards: each record's copy on one replica is written to all.
+    WriteField { start: u64, count: u64 },
 }
 
 /// The writer record.
@@ -63,18 +66,32 @@ pub struct WriterRecord {
     pub pending: Option<PendingWrite>,
 }
 
-/// The writer record and its revision, or `None` if the store holds none yet.
-pub async fn load(store: &dyn MetaStore) -> Result<Option<(WriterRecord, Revision)>, Error> {
-    crate::load_json(store, WRITER_KEY, "the writer record").await
+/// The key of dataset `dataset`'s writer record (`None`: the default dataset's,
+/// [`WRITER_KEY`], as it was before datasets had names).
+pub fn key(dataset: Option<&str>) -> String {
+    match dataset {
+        None => WRITER_KEY.to_string(),
+        Some(name) => format!("{WRITER_KEY}/{name}"),
+    }
 }
 
-/// Writes `record` if the writer record is still at `expected` (`None`: if there is none).
+/// The writer record at `key` (see [`key`]) and its revision, or `None` if the store holds
+/// none yet.
+pub async fn load(
+    store: &dyn MetaStore,
+    key: &str,
+) -> Result<Option<(WriterRecord, Revision)>, Error> {
+    crate::load_json(store, key, "the writer record").await
+}
+
+/// Writes `record` at `key` if it is still at `expected` (`None`: if there is none).
 pub async fn store(
     store: &dyn MetaStore,
+    key: &str,
     expected: Option<Revision>,
     record: &WriterRecord,
 ) -> Result<Revision, Error> {
-    crate::store_json(store, WRITER_KEY, expected, record, "the writer record").await
+    crate::store_json(store, key, expected, record, "the writer record").await
 }
 
 /// The lease as its holder has it.

@@ -106,6 +106,17 @@ async fn conformance(first: Arc<dyn MetaStore>, reopen: impl Fn() -> Arc<dyn Met
         committed_len: 0,
         moving: None,
         added: Vec::new(),
+        datasets: vec![cluster::DatasetRecord {
+            name: "text".into(),
+            id: 1,
+            fields: vec![cluster::FieldRecord {
+                name: "tokens".into(),
+                compress: "raw".into(),
+                dtype: Some("<u4".into()),
+                shape: None,
+            }],
+        }],
+        dataset_ids: 1,
     };
     let revision = cluster::store(store, None, &record)
         .await
@@ -131,13 +142,13 @@ async fn conformance(first: Arc<dyn MetaStore>, reopen: impl Fn() -> Arc<dyn Met
         .map(|(me, handle)| {
             tokio::spawn(async move {
                 let mut state = LeaseState::new(me, Duration::from_secs(30));
-                let read = writer::load(&*handle)
+                let read = writer::load(&*handle, writer::WRITER_KEY)
                     .await
                     .expect("load the writer record");
                 let now = Instant::now();
                 match state.observe(read.as_ref().map(|(r, revision)| (r, *revision)), now) {
                     Step::Take { expected, pending } => {
-                        writer::store(&*handle, expected, &state.record(pending))
+                        writer::store(&*handle, writer::WRITER_KEY, expected, &state.record(pending))
                             .await
                             .is_ok()
                     }

@@ -201,6 +201,17 @@ impl Identity {
         copy.keep(&kept)
     }
 
+    /// Keeps this identity as it is in the directory `dir` (a dataset made beside this
+    /// one, on the same node).
+    pub fn copy_as_is(&self, dir: &Path) -> Result<()> {
+        let kept = self.lock().clone();
+        let copy = Identity {
+            path: Some(dir.join(IDENTITY_FILE)),
+            kept: Mutex::new(kept.clone()),
+        };
+        copy.keep(&kept)
+    }
+
     /// Admits a request for cluster `cluster` placed by map `map_version`: the first one
     /// names the cluster and map this directory belongs to from then on.
     pub fn admit(&self, cluster: &str, map_version: u64) -> std::result::Result<(), Mismatch> {

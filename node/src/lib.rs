@@ -19,6 +19,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod batch;
+pub mod catalog;
 pub mod convert;
 pub mod disk;
 mod error;

@@ -19,6 +19,7 @@ use zr_net::config::ClusterConfig;
 use zr_proto::wire::{self, ErrorCode, FieldInfo, NodeMessage, NodeRequest, Reply};
 
 use crate::batch::Batch;
+use crate::catalog::Catalog;
 use crate::fence::Coordination;
 use crate::meta::{Compression, FieldSpec};
 use crate::prefetch::touch_pages;
@@ -159,26 +160,22 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let coordination = Coordination::open(store.dir())?;
-    let shard = Arc::new(Shard::new(store, coordination, shard_runtime()));
+    let shard = Shard::new(store, coordination, shard_runtime());
+    let catalog = Arc::new(Catalog::open(shard, shard_runtime())?);
     let warmth = Arc::new(Warmth::default());
-    let handler_shard = Arc::clone(&shard);
+    let handler_catalog = Arc::clone(&catalog);
     let handler = move |bytes: Vec<u8>| {
-        let shard = Arc::clone(&handler_shard);
+        let catalog = Arc::clone(&handler_catalog);
         let warmth = Arc::clone(&warmth);
         async move {
             let answer = match handling {
-                Handling::Inline => {
-                    let serving = shard.serving();
-                    Ok(handle_on(
-                        &serving.store,
-                        &serving.coordination,
-                        Some(&shard),
-                        &bytes,
-                    ))
-                }
-                Handling::Adaptive => match decode(&bytes) {
+                Handling::Inline => Ok(handle_in(&catalog, &bytes)),
+                Handling::Adaptive => match decode(&bytes).and_then(|(request, body_at)| {
+                    let shard = addressed(&catalog, &request)?;
+                    Ok((request, body_at, shard))
+                }) {
                     Err(reply) => Ok(reply),
-                    Ok((request, body_at)) => {
+                    Ok((request, body_at, shard)) => {
                         let serving = shard.serving();
                         let may_inline = runs_inline_when_warm(&serving.store, &request.request);
                         let reads = {
@@ -189,7 +186,7 @@ pub async fn serve_with(
                             respond(
                                 &serving.store,
                                 &serving.coordination,
-                                Some(&shard),
+                                Some((&shard, &catalog)),
                                 request,
                                 &bytes[body_at..],
                             )
@@ -217,35 +214,82 @@ pub async fn serve_with(
         ..net::Limits::new(CONNECTIONS_MAX, timeout)
     };
     net::serve(&endpoint, limits, shutdown, handler).await;
-    let store = shard.serving().store.clone();
-    let committed = tokio::task::spawn_blocking(move || store.commit()).await;
-    match committed {
-        Ok(Err(Error::ReadOnly { .. })) | Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e),
-        Err(e) => Err(Error::InvalidRecord(format!(
+    let committed = tokio::task::spawn_blocking(move || {
+        for shard in catalog.all() {
+            match shard.serving().store.commit() {
+                Ok(()) | Err(Error::ReadOnly { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    })
+    .await;
+    committed.unwrap_or_else(|e| {
+        Err(Error::InvalidRecord(format!(
             "commit at shutdown panicked: {e}"
-        ))),
+        )))
+    })
+}
+
+/// Decodes and answers one request of any dataset of `catalog`.
+fn handle_in(catalog: &Catalog, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
+    let (message, body_at) = match decode(bytes) {
+        Ok(decoded) => decoded,
+        Err(reply) => return reply,
+    };
+    let shard = match addressed(catalog, &message) {
+        Ok(shard) => shard,
+        Err(reply) => return reply,
+    };
+    let serving = shard.serving();
+    respond(
+        &serving.store,
+        &serving.coordination,
+        Some((&shard, catalog)),
+        message,
+        &bytes[body_at..],
+    )
+}
+
+/// The dataset `message` addresses (for a request about the node's datasets, the default
+/// one, whose identity it is checked against), or the reply that it has none of that name.
+fn addressed(
+    catalog: &Catalog,
+    message: &NodeMessage,
+) -> Result<Arc<Shard>, (Vec<u8>, Vec<Bytes>)> {
+    let of_node = matches!(
+        message.request,
+        NodeRequest::Datasets | NodeRequest::CreateDataset { .. } | NodeRequest::DropDataset { .. }
+    );
+    if of_node {
+        return Ok(Arc::clone(catalog.root()));
     }
+    catalog.get(message.dataset.as_deref()).ok_or_else(|| {
+        let name = message.dataset.as_deref().unwrap_or(crate::catalog::DEFAULT);
+        error_reply(
+            ErrorCode::NoSuchDataset,
+            format!("this node holds no dataset '{name}'"),
+        )
+    })
 }
 
 /// Decodes, executes and encodes one request: the whole protocol, without I/O.
 /// `coordination` holds this node's identity and fence.
 /// Requests of a shard move are refused: they need a [`Shard`] (see [`serve_with`]).
+/// Requests of other datasets are refused as the node holding none.
 pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
-    handle_on(store, coordination, None, bytes)
-}
-
-fn handle_on(
-    store: &Store,
-    coordination: &Coordination,
-    shard: Option<&Shard>,
-    bytes: &[u8],
-) -> (Vec<u8>, Vec<Bytes>) {
     match decode(bytes) {
-        Ok((message, body_at)) => respond(store, coordination, shard, message, &bytes[body_at..]),
+        Ok((message, _)) if message.dataset.is_some() => error_reply(
+            ErrorCode::NoSuchDataset,
+            "this server holds one dataset, the default one".into(),
+        ),
+        Ok((message, body_at)) => respond(store, coordination, None, message, &bytes[body_at..]),
         Err(reply) => reply,
     }
 }
+
+/// A node's datasets, and the one a request addresses.
+type OnNode<'a> = Option<(&'a Shard, &'a Catalog)>;
 
 /// Decodes a request: it and where its body starts in `bytes`, or the error reply.
 fn decode(bytes: &[u8]) -> Result<(NodeMessage, usize), (Vec<u8>, Vec<Bytes>)> {
@@ -263,7 +307,7 @@ fn decode(bytes: &[u8]) -> Result<(NodeMessage, usize), (Vec<u8>, Vec<Bytes>)> {
 fn respond(
     store: &Store,
     coordination: &Coordination,
-    shard: Option<&Shard>,
+    shard: OnNode<'_>,
     message: NodeMessage,
     body: &[u8],
 ) -> (Vec<u8>, Vec<Bytes>) {
@@ -299,7 +343,7 @@ fn respond(
 fn respond_unrecorded(
     store: &Store,
     coordination: &Coordination,
-    shard: Option<&Shard>,
+    on: OnNode<'_>,
     message: NodeMessage,
     body: &[u8],
 ) -> (Vec<u8>, Vec<Bytes>, bool) {
@@ -320,7 +364,7 @@ fn respond_unrecorded(
                 // a newer one as it comes (a shard not added yet, or drained, that a switch
                 // passed by).
                 Err(crate::identity::Mismatch::Map { ours, theirs })
-                    if theirs > ours && shard.is_some_and(|s| s.holds_nothing(coordination)) =>
+                    if theirs > ours && on.is_some_and(|(s, _)| s.holds_nothing(coordination)) =>
                 {
                     coordination
                         .identity
@@ -335,7 +379,8 @@ fn respond_unrecorded(
             return refused(error_reply(refusal.code(), refusal.to_string()));
         }
     }
-    match execute(store, coordination, shard, message.request, body) {
+    let dataset = message.dataset.as_deref();
+    match execute(store, coordination, on, dataset, message.request, body) {
         Ok((reply, body)) => match wire::encode_reply(&reply) {
             Ok(header) => (header, body, true),
             Err(e) => refused(error_reply(ErrorCode::Storage, e.to_string())),
@@ -441,14 +486,35 @@ fn fenced(
 fn execute(
     store: &Store,
     coordination: &Coordination,
-    shard: Option<&Shard>,
+    on: OnNode<'_>,
+    dataset: Option<&str>,
     request: NodeRequest,
     body: &[u8],
 ) -> Outcome {
+    let node = || {
+        on.map(|(_, catalog)| catalog).ok_or_else(|| {
+            Refusal::Store(Error::InvalidRecord(
+                "this server holds one dataset: it has no others to list, create or drop".into(),
+            ))
+        })
+    };
     let mover = || {
-        shard.ok_or_else(|| {
+        let (shard, catalog) = on.ok_or_else(|| {
             Refusal::Store(Error::InvalidRecord(
                 "this server does not take part in shard moves".into(),
+            ))
+        })?;
+        if catalog.has_named() {
+            return Err(Refusal::Store(Error::InvalidRecord(
+                "this node holds named datasets, and shards of a cluster with named datasets cannot be moved yet".into(),
+            )));
+        }
+        Ok(shard)
+    };
+    let named = || {
+        dataset.filter(|&d| d != crate::catalog::DEFAULT).ok_or_else(|| {
+            Refusal::Store(Error::InvalidRecord(
+                "the default dataset is the data directory itself: it is never created or dropped".into(),
             ))
         })
     };
@@ -554,6 +620,52 @@ fn execute(
             store.modify(index, &record).map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }),
+        NodeRequest::WriteField {
+            token,
+            field,
+            indices,
+            lengths,
+        } => fenced(coordination, Some(token), || {
+            let values = wire::split_columns(&[lengths], body);
+            let values = values.first().map_or(&[][..], Vec::as_slice);
+            store
+                .write_field(&field, &indices, values)
+                .map_err(fail)?;
+            Ok((Reply::Done, Vec::new()))
+        }),
+        NodeRequest::Datasets => {
+            let held = node()?
+                .list()
+                .into_iter()
+                .map(|held| wire::DatasetInfo {
+                    name: held.name,
+                    id: held.id,
+                    fields: held.fields.iter().map(field_info).collect(),
+                    len: held.len,
+                    committed: None,
+                    bytes: held.bytes,
+                })
+                .collect();
+            Ok((Reply::Datasets(held), Vec::new()))
+        }
+        NodeRequest::CreateDataset { id, fields } => {
+            let specs = fields
+                .iter()
+                .map(field_spec)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(fail)?;
+            node()?.create(named()?, id, specs).map_err(fail)?;
+            Ok((Reply::Done, Vec::new()))
+        }
+        NodeRequest::DropDataset { id } => {
+            node()?.drop_dataset(named()?, id).map_err(fail)?;
+            Ok((Reply::Done, Vec::new()))
+        }
+        NodeRequest::AddField { field } => {
+            let spec = field_spec(&field).map_err(fail)?;
+            node()?.add_field(dataset, spec).map_err(fail)?;
+            Ok((Reply::Done, Vec::new()))
+        }
         NodeRequest::Truncate { len, token } => fenced(coordination, Some(token), || {
             while store.len() > len {
                 store.delete(store.len() - 1).map_err(fail)?;
@@ -702,6 +814,19 @@ fn field_info(spec: &FieldSpec) -> FieldInfo {
         dtype: spec.dtype.clone(),
         shape: spec.shape.clone(),
     }
+}
+
+/// The field a wire description asks for: its compression and type checked.
+fn field_spec(info: &FieldInfo) -> Result<FieldSpec, Error> {
+    let compress = info
+        .compress
+        .parse::<Compression>()
+        .map_err(Error::InvalidSchema)?;
+    let spec = FieldSpec::new(info.name.clone(), compress);
+    Ok(match (&info.dtype, &info.shape) {
+        (Some(dtype), shape) => spec.typed(dtype.clone(), shape.clone().unwrap_or_default()),
+        (None, _) => spec,
+    })
 }
 
 /// Keeps the store's gauges and read counters current: every few seconds, off the request
@@ -871,7 +996,7 @@ mod tests {
             lengths: Vec::new(),
         };
         assert_eq!(ask(&untokened), ErrorCode::BadRequest);
-        let client = wire::ClientRequest::Commit;
+        let client = wire::ClientMessage::new(None, wire::ClientRequest::Commit);
         assert_eq!(
             code_of_reply(wire::encode_request(&client).expect("encode")),
             ErrorCode::BadRequest

@@ -261,6 +261,40 @@ impl Shard {
         Ok(store.len())
     }
 
+    /// Adds `field` to the dataset served (nothing if it has a field of that name and
+    /// compression); refused while a move builds the next map's dataset.
+    pub fn add_field(&self, field: crate::meta::FieldSpec) -> Result<()> {
+        let staged = self.lock_staged();
+        let serving = self.serving();
+        if let Some(have) = serving.store.fields().iter().find(|f| f.name == field.name) {
+            if have.compress == field.compress {
+                return Ok(());
+            }
+            return Err(Error::InvalidSchema(format!(
+                "the dataset has a field '{}' already, stored {:?}",
+                field.name, have.compress
+            )));
+        }
+        if staged.is_some() {
+            return Err(Error::InvalidInput {
+                path: serving.store.dir().to_path_buf(),
+                reason: "a shard move is building this node's next dataset: add the field once it is done".into(),
+            });
+        }
+        let store = serving.store.add_field(field)?;
+        let dir = store.dir().to_path_buf();
+        let coordination = Coordination {
+            fence: Fence::open(&dir)?,
+            identity: Identity::open(&dir)?,
+            incarnation: serving.coordination.incarnation,
+        };
+        self.current.store(Arc::new(Serving {
+            store,
+            coordination,
+        }));
+        Ok(())
+    }
+
     /// Serves map `version` from now on: with `staged`, the dataset built for it, which must
     /// hold `len` records; else the current data, unchanged. Done already: nothing to do.
     pub fn switch(&self, version: u64, staged: bool, len: u64) -> Result<()> {

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,19 +26,31 @@ type Encoded = (Vec<String>, Vec<Vec<u32>>, Vec<Bytes>);
 /// fails midway is not retried (an append might have landed), its error is returned; so is
 /// a call whose future is dropped: its exchange runs on to its reply or its timeout.
 /// [`Client`] is the same with a blocking API.
+///
+/// A client addresses one dataset (the default one, as connected); [`AsyncClient::dataset`]
+/// gives a handle on another over the same connection.
 pub struct AsyncClient {
+    link: Arc<Link>,
+    /// The dataset addressed (`None`: the default one).
+    dataset: Option<String>,
+    fields: Vec<FieldInfo>,
+}
+
+/// A connection to a router, shared by a client's dataset handles; closed when the last
+/// one goes.
+struct Link {
     endpoint: Endpoint,
     security: Security,
     addr: SocketAddr,
     connection: std::sync::Mutex<Connection>,
-    fields: Vec<FieldInfo>,
     timeout: Duration,
 }
 
 impl std::fmt::Debug for AsyncClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AsyncClient")
-            .field("router", &self.addr)
+            .field("router", &self.link.addr)
+            .field("dataset", &self.name())
             .finish()
     }
 }
@@ -58,12 +71,15 @@ impl AsyncClient {
             .await
             .map_err(Error::Router)?;
         let mut client = AsyncClient {
-            endpoint,
-            security,
-            addr,
-            connection: std::sync::Mutex::new(connection),
+            link: Arc::new(Link {
+                endpoint,
+                security,
+                addr,
+                connection: std::sync::Mutex::new(connection),
+                timeout,
+            }),
+            dataset: None,
             fields: Vec::new(),
-            timeout,
         };
         // The first request also completes authentication: a router that refuses this
         // client's certificate says so here.
@@ -74,13 +90,32 @@ impl AsyncClient {
 
     /// The router's address.
     pub fn router(&self) -> SocketAddr {
-        self.addr
+        self.link.addr
+    }
+
+    /// The name of the dataset this handle addresses.
+    pub fn name(&self) -> &str {
+        self.dataset.as_deref().unwrap_or(wire::DEFAULT_DATASET)
+    }
+
+    /// A handle on dataset `name` over the same connection (refused if the cluster has no
+    /// such dataset).
+    pub async fn dataset(&self, name: &str) -> Result<AsyncClient, Error> {
+        wire::check_dataset_name(name).map_err(|e| Error::Proto(zr_proto::Error::Malformed(e)))?;
+        let mut handle = AsyncClient {
+            link: Arc::clone(&self.link),
+            dataset: (name != wire::DEFAULT_DATASET).then(|| name.to_string()),
+            fields: Vec::new(),
+        };
+        handle.fields = handle.info().await?.1;
+        Ok(handle)
     }
 
     /// The open connection, reopened first if the router closed it.
     async fn connection(&self) -> Result<Connection, Error> {
+        let link = &self.link;
         let lock = || {
-            self.connection
+            link.connection
                 .lock()
                 .map_err(|_| Error::Client("the connection lock is poisoned".into()))
         };
@@ -88,7 +123,7 @@ impl AsyncClient {
         if open.close_reason().is_none() {
             return Ok(open);
         }
-        let fresh = net::connect(&self.endpoint, &self.security, self.addr, self.timeout)
+        let fresh = net::connect(&link.endpoint, &link.security, link.addr, link.timeout)
             .await
             .map_err(Error::Router)?;
         *lock()? = fresh.clone();
@@ -103,9 +138,9 @@ impl AsyncClient {
         body: Vec<Bytes>,
     ) -> Result<(Reply, Vec<Bytes>, usize), Error> {
         let mut connection = self.connection().await?;
-        let timeout = self.timeout;
+        let timeout = self.link.timeout;
         let chunks = loop {
-            let header = wire::encode_request(request)?;
+            let header = wire::encode_client_request(self.dataset.as_deref(), request)?;
             // The exchange runs as a task of its own, beside the connection's driver: each
             // packet it reads wakes it there, not a thread blocked on it.
             let exchange = {
@@ -127,6 +162,13 @@ impl AsyncClient {
         };
         let (reply, body_start) = wire::decode_reply_chunks(&chunks)?;
         if let Reply::Error { code, message } = reply {
+            if code == wire::ErrorCode::NoSuchDataset && !self.fields.is_empty() {
+                // This handle found its dataset when it was made.
+                return Err(Error::Dropped {
+                    dataset: self.name().to_string(),
+                    message,
+                });
+            }
             return Err(zr_proto::Error::Remote { code, message }.into());
         }
         Ok((reply, chunks, body_start))
@@ -256,8 +298,111 @@ impl AsyncClient {
         fields: &[&str],
         checked: bool,
     ) -> Result<Vec<Contiguous>, Error> {
-        self.across_map_switches(|| self.gather_once(indices, fields, checked))
+        self.across_map_switches(|| self.gather_once(indices, fields, checked, 0))
             .await
+    }
+
+    /// [`Self::gather`] of records that may not be committed yet: the router waits until
+    /// they are, `wait` at most (then fails, naming the length reached). No polling here:
+    /// the router answers once a commit covers them.
+    pub async fn gather_waiting(
+        &self,
+        indices: &[u64],
+        fields: &[&str],
+        wait: Duration,
+    ) -> Result<Vec<Contiguous>, Error> {
+        let wait_ms = wait.as_millis().min(wire::WAIT_MS_MAX as u128) as u32;
+        self.across_map_switches(|| self.gather_once(indices, fields, false, wait_ms.max(1)))
+            .await
+    }
+
+    /// Waits until the dataset has committed at least `len` records, `timeout` at most;
+    /// returns its committed length then.
+    pub async fn wait_len(&self, len: u64, timeout: Duration) -> Result<u64, Error> {
+        let wait_ms = timeout.as_millis().min(wire::WAIT_MS_MAX as u128) as u32;
+        match self
+            .call(&ClientRequest::WaitLen { len, wait_ms }, Vec::new())
+            .await?
+            .0
+        {
+            Reply::Info { len, .. } => Ok(len),
+            other => Err(unexpected("wait-len", &other)),
+        }
+    }
+
+    /// The cluster's datasets: name, records, committed, fields, bytes.
+    pub async fn datasets(&self) -> Result<Vec<wire::DatasetInfo>, Error> {
+        match self.call(&ClientRequest::Datasets, Vec::new()).await?.0 {
+            Reply::Datasets(all) => Ok(all),
+            other => Err(unexpected("datasets", &other)),
+        }
+    }
+
+    /// Creates dataset `name` with `fields` (operator role); returns a handle on it.
+    pub async fn create_dataset(
+        &self,
+        name: &str,
+        fields: Vec<FieldInfo>,
+    ) -> Result<AsyncClient, Error> {
+        let creator = AsyncClient {
+            link: Arc::clone(&self.link),
+            dataset: Some(name.to_string()),
+            fields: Vec::new(),
+        };
+        creator
+            .call(&ClientRequest::CreateDataset { fields }, Vec::new())
+            .await?;
+        self.dataset(name).await
+    }
+
+    /// Drops dataset `name` and every record in it (operator role).
+    pub async fn drop_dataset(&self, name: &str) -> Result<(), Error> {
+        let dropper = AsyncClient {
+            link: Arc::clone(&self.link),
+            dataset: Some(name.to_string()),
+            fields: Vec::new(),
+        };
+        dropper
+            .call(&ClientRequest::DropDataset, Vec::new())
+            .await
+            .map(|_| ())
+    }
+
+    /// Adds `field` to this handle's dataset (operator role): the records stored so far
+    /// lack it until written ([`Self::write_field`]). The handle knows it from then on.
+    pub async fn add_field(&mut self, field: FieldInfo) -> Result<(), Error> {
+        self.call(
+            &ClientRequest::AddField {
+                field: field.clone(),
+            },
+            Vec::new(),
+        )
+        .await?;
+        self.fields.push(field);
+        Ok(())
+    }
+
+    /// Writes field `field` of records `start..start + values.len()`, their other fields
+    /// unchanged.
+    pub async fn write_field(&self, field: &str, start: u64, values: &[&[u8]]) -> Result<(), Error> {
+        if !self.fields.iter().any(|f| f.name == field) {
+            return Err(Error::UnknownField {
+                name: field.to_string(),
+                known: self
+                    .fields
+                    .iter()
+                    .map(|f| f.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        let request = ClientRequest::WriteField {
+            field: field.to_string(),
+            start,
+            lengths: values.iter().map(|v| v.len() as u32).collect(),
+        };
+        let body = vec![Bytes::from(values.concat())];
+        self.call(&request, body).await.map(|_| ())
     }
 
     /// Runs `call` again while the router answers that a node serves another map than the
@@ -268,7 +413,7 @@ impl AsyncClient {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, Error>> + 'a,
     {
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let deadline = tokio::time::Instant::now() + self.link.timeout;
         let mut pause = std::time::Duration::from_millis(5);
         loop {
             match call().await {
@@ -289,11 +434,13 @@ impl AsyncClient {
         indices: &[u64],
         fields: &[&str],
         checked: bool,
+        wait_ms: u32,
     ) -> Result<Vec<Contiguous>, Error> {
         let request = ClientRequest::Gather {
             indices: indices.to_vec(),
             fields: fields.iter().map(|f| f.to_string()).collect(),
             checked,
+            wait_ms,
         };
         let (reply, chunks, body_start) = self.call(&request, Vec::new()).await?;
         let mut body = Chunks::new(&chunks);
@@ -329,6 +476,30 @@ impl AsyncClient {
             }
             other => Err(unexpected("gather", &other)),
         }
+    }
+
+    /// One record's fields as it names them: names, lengths, one body piece.
+    fn encode_named(&self, record: &Record) -> Result<(Vec<String>, Vec<u32>, Vec<Bytes>), Error> {
+        let mut names = Vec::new();
+        let mut lengths = Vec::new();
+        let mut body = Vec::new();
+        for &(name, payload) in record.values() {
+            if !self.fields.iter().any(|f| f.name == name) {
+                return Err(Error::UnknownField {
+                    name: name.to_string(),
+                    known: self
+                        .fields
+                        .iter()
+                        .map(|f| f.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+            names.push(name.to_string());
+            lengths.push(payload.len() as u32);
+            body.extend_from_slice(payload);
+        }
+        Ok((names, lengths, vec![Bytes::from(body)]))
     }
 
     fn encode_records(&self, records: &[Record]) -> Result<Encoded, Error> {
@@ -378,10 +549,10 @@ impl AsyncClient {
         Ok(self.append_many(std::slice::from_ref(record)).await?.start)
     }
 
-    /// Replaces record `index` (fields the record does not name become absent).
+    /// Replaces the fields `record` names of record `index`; its other fields keep their
+    /// values (an empty payload makes a field absent).
     pub async fn modify(&self, index: u64, record: &Record<'_>) -> Result<(), Error> {
-        let (fields, lengths, body) = self.encode_records(std::slice::from_ref(record))?;
-        let lengths = lengths.into_iter().map(|l| l[0]).collect();
+        let (fields, lengths, body) = self.encode_named(record)?;
         self.call(
             &ClientRequest::Modify {
                 index,
@@ -418,7 +589,7 @@ fn reclaimed(connection: &Connection) -> bool {
     )
 }
 
-impl AsyncClient {
+impl Link {
     /// Closes the connection, so that the router frees its slot at once rather than at its
     /// idle timeout.
     fn close(&self) {
@@ -428,7 +599,7 @@ impl AsyncClient {
     }
 }
 
-impl Drop for AsyncClient {
+impl Drop for Link {
     fn drop(&mut self) {
         self.close();
     }
@@ -436,15 +607,19 @@ impl Drop for AsyncClient {
 
 /// A connection to a router with a blocking API: an [`AsyncClient`] on a small tokio runtime
 /// of its own, so training code and the loader use it like a local `Store`.
+///
+/// A client addresses one dataset (the default one, as connected); [`Client::dataset`] gives
+/// a handle on another over the same connection.
 pub struct Client {
-    runtime: tokio::runtime::Runtime,
+    runtime: Arc<tokio::runtime::Runtime>,
     inner: AsyncClient,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("router", &self.inner.addr)
+            .field("router", &self.inner.link.addr)
+            .field("dataset", &self.inner.name())
             .finish()
     }
 }
@@ -453,8 +628,11 @@ impl Drop for Client {
     /// Closes the connection and lets the runtime send the close before it stops (briefly:
     /// the router frees the slot as soon as it hears of it).
     fn drop(&mut self) {
-        self.inner.close();
-        let endpoint = self.inner.endpoint.clone();
+        if Arc::strong_count(&self.inner.link) > 1 {
+            return; // another handle uses the connection
+        }
+        self.inner.link.close();
+        let endpoint = self.inner.link.endpoint.clone();
         self.runtime.block_on(async move {
             let _ = tokio::time::timeout(Duration::from_millis(100), endpoint.wait_idle()).await;
         });
@@ -486,7 +664,73 @@ impl Client {
             .build()
             .map_err(|e| Error::Client(format!("cannot start the runtime: {e}")))?;
         let inner = runtime.block_on(AsyncClient::connect(addr, security, timeout))?;
-        Ok(Client { runtime, inner })
+        Ok(Client {
+            runtime: Arc::new(runtime),
+            inner,
+        })
+    }
+
+    /// A handle on dataset `name` over the same connection (refused if the cluster has no
+    /// such dataset).
+    pub fn dataset(&self, name: &str) -> Result<Client, Error> {
+        let inner = self.runtime.block_on(self.inner.dataset(name))?;
+        Ok(Client {
+            runtime: Arc::clone(&self.runtime),
+            inner,
+        })
+    }
+
+    /// The name of the dataset this handle addresses.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// The cluster's datasets (see [`AsyncClient::datasets`]).
+    pub fn datasets(&self) -> Result<Vec<wire::DatasetInfo>, Error> {
+        self.runtime.block_on(self.inner.datasets())
+    }
+
+    /// Creates a dataset (see [`AsyncClient::create_dataset`]); returns a handle on it.
+    pub fn create_dataset(&self, name: &str, fields: Vec<FieldInfo>) -> Result<Client, Error> {
+        let inner = self
+            .runtime
+            .block_on(self.inner.create_dataset(name, fields))?;
+        Ok(Client {
+            runtime: Arc::clone(&self.runtime),
+            inner,
+        })
+    }
+
+    /// Drops a dataset (see [`AsyncClient::drop_dataset`]).
+    pub fn drop_dataset(&self, name: &str) -> Result<(), Error> {
+        self.runtime.block_on(self.inner.drop_dataset(name))
+    }
+
+    /// Adds a field (see [`AsyncClient::add_field`]).
+    pub fn add_field(&mut self, field: FieldInfo) -> Result<(), Error> {
+        self.runtime.block_on(self.inner.add_field(field))
+    }
+
+    /// Writes one field of a range of records (see [`AsyncClient::write_field`]).
+    pub fn write_field(&self, field: &str, start: u64, values: &[&[u8]]) -> Result<(), Error> {
+        self.runtime
+            .block_on(self.inner.write_field(field, start, values))
+    }
+
+    /// Gathers records, waiting for their commit (see [`AsyncClient::gather_waiting`]).
+    pub fn gather_waiting(
+        &self,
+        indices: &[u64],
+        fields: &[&str],
+        wait: Duration,
+    ) -> Result<Vec<Contiguous>, Error> {
+        self.runtime
+            .block_on(self.inner.gather_waiting(indices, fields, wait))
+    }
+
+    /// Waits for the dataset's committed length (see [`AsyncClient::wait_len`]).
+    pub fn wait_len(&self, len: u64, timeout: Duration) -> Result<u64, Error> {
+        self.runtime.block_on(self.inner.wait_len(len, timeout))
     }
 
     /// The router's address.
@@ -574,7 +818,7 @@ impl Client {
         self.runtime.block_on(self.inner.append(record))
     }
 
-    /// Replaces record `index` (fields the record does not name become absent).
+    /// Replaces the fields `record` names of record `index` (see [`AsyncClient::modify`]).
     pub fn modify(&self, index: u64, record: &Record) -> Result<(), Error> {
         self.runtime.block_on(self.inner.modify(index, record))
     }

@@ -65,6 +65,21 @@ pub enum Failure {
     /// A delete that failed after it was recorded: the next write finishes it.
     #[error("{0}; the delete is recorded, and the next write through any router finishes it")]
     DeleteRecorded(Box<Failure>),
+    /// The request names a dataset the cluster does not have.
+    #[error("the cluster has no dataset '{name}' (never created, or dropped){known}")]
+    NoSuchDataset { name: String, known: String },
+    /// The request conflicts with the cluster's state (a dataset or field that exists, a
+    /// move under way).
+    #[error("{0}")]
+    Conflict(String),
+    /// A consumer waited for records that were not committed in time.
+    #[error("waited {waited_ms} ms for {needed} records to be committed; dataset '{dataset}' has {committed}")]
+    WaitedOut {
+        dataset: String,
+        waited_ms: u32,
+        needed: u64,
+        committed: u64,
+    },
 }
 
 impl Failure {
@@ -76,7 +91,9 @@ impl Failure {
             | Failure::MissingData { .. }
             | Failure::Metadata(_) => ErrorCode::Unavailable,
             Failure::ShardRefused { code, .. } => *code,
-            Failure::OutOfRange { .. } => ErrorCode::IndexOutOfRange,
+            Failure::OutOfRange { .. } | Failure::WaitedOut { .. } => ErrorCode::IndexOutOfRange,
+            Failure::NoSuchDataset { .. } => ErrorCode::NoSuchDataset,
+            Failure::Conflict(_) => ErrorCode::Conflict,
             Failure::Busy { .. } => ErrorCode::Conflict,
             Failure::BadRequest(_) => ErrorCode::BadRequest,
             Failure::Forbidden { .. } => ErrorCode::Forbidden,
@@ -130,6 +147,9 @@ pub enum Error {
     /// The client library itself failed (its runtime, its state).
     #[error("client: {0}")]
     Client(String),
+    /// The dataset a handle addresses was dropped since the handle was made.
+    #[error("dataset '{dataset}' was dropped ({message})")]
+    Dropped { dataset: String, message: String },
 }
 
 impl Error {
@@ -139,6 +159,7 @@ impl Error {
             Error::Proto(zr_proto::Error::Remote { code, .. }) => Some(*code),
             Error::Failed(failure) => Some(failure.code()),
             Error::UnknownField { .. } => Some(ErrorCode::UnknownField),
+            Error::Dropped { .. } => Some(ErrorCode::NoSuchDataset),
             _ => None,
         }
     }

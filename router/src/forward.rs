@@ -48,6 +48,7 @@ enum Piece {
 /// frame began, and without it (the client's stream is reset) when one failed midway.
 pub(crate) async fn forward_parts(
     nodes: Arc<Nodes>,
+    dataset: Option<Arc<str>>,
     map_version: u64,
     parts: Vec<Part>,
     fields: Vec<String>,
@@ -75,6 +76,7 @@ pub(crate) async fn forward_parts(
             let turn = Arc::clone(&charge.turn);
             readers.spawn(read_part(
                 Arc::clone(&nodes),
+                dataset.clone(),
                 part.shard,
                 map_version,
                 request,
@@ -191,6 +193,7 @@ impl Charge {
 /// every replica did; a replica known down is tried last.
 async fn read_part(
     nodes: Arc<Nodes>,
+    dataset: Option<Arc<str>>,
     shard: u32,
     map_version: u64,
     request: NodeRequest,
@@ -214,7 +217,7 @@ async fn read_part(
         // Each replica is sent the request as meant for it (it checks which node it is),
         // placed by the map version the plan was made by: a node serving another refuses
         // it, however the router's own map moved meanwhile.
-        let header = match nodes.encode_at(node, Some(map_version), &request) {
+        let header = match nodes.encode_at(dataset.as_deref(), node, Some(map_version), &request) {
             Ok(header) => header,
             Err(e) => {
                 let _ = pieces.send(Piece::Failed(Failure::BadRequest(e.to_string())));
@@ -241,7 +244,7 @@ async fn read_part(
                     // A copy failed its check: the partner's is read instead, and the bad
                     // one is repaired from a good one.
                     if let NodeRequest::Gather { indices, .. } = &request {
-                        nodes.suspect(node, indices.clone());
+                        nodes.suspect(dataset.clone(), node, indices.clone());
                     }
                 }
                 if !last {

@@ -105,7 +105,7 @@ pub(crate) struct Nodes {
     /// Woken when a replica may want catching up (marked behind, or back up).
     catch_up: Arc<tokio::sync::Notify>,
     /// Records a checked read found damaged, by node, for the router to repair.
-    suspects: std::sync::Mutex<Vec<(NodeId, Vec<u64>)>>,
+    suspects: std::sync::Mutex<Vec<(Option<Arc<str>>, NodeId, Vec<u64>)>>,
     security: Security,
     timeout: Duration,
     /// The cluster id and map version every request carries, once the router knows them.
@@ -168,10 +168,11 @@ impl Nodes {
     /// nodes.toml with two nodes' addresses swapped fails loudly, and changes nothing).
     pub(crate) fn encode(
         &self,
+        dataset: Option<&str>,
         node: NodeId,
         request: &NodeRequest,
     ) -> Result<Vec<u8>, zr_proto::Error> {
-        self.encode_at(node, None, request)
+        self.encode_at(dataset, node, None, request)
     }
 
     /// [`Self::encode`], placed by map `map_version` (`None`: the router's map now) — the
@@ -180,6 +181,7 @@ impl Nodes {
     /// version.
     pub(crate) fn encode_at(
         &self,
+        dataset: Option<&str>,
         node: NodeId,
         map_version: Option<u64>,
         request: &NodeRequest,
@@ -188,13 +190,14 @@ impl Nodes {
             shard: self.shard(node),
             replica: self.replica(node),
         };
-        self.encode_for(target, map_version, request)
+        self.encode_for(dataset, target, map_version, request)
     }
 
     /// `request` for the node that is `target`, with this router's cluster id and map
     /// version (`map_version`, if given).
     fn encode_for(
         &self,
+        dataset: Option<&str>,
         target: wire::Target,
         map_version: Option<u64>,
         request: &NodeRequest,
@@ -202,11 +205,12 @@ impl Nodes {
         match self.tag.load().as_deref() {
             Some((cluster, version)) => wire::encode_node_request(
                 Some(cluster),
+                dataset,
                 map_version.unwrap_or(*version),
                 Some(target),
                 request,
             ),
-            None => wire::encode_node_request(None, 0, Some(target), request),
+            None => wire::encode_node_request(None, dataset, 0, Some(target), request),
         }
     }
 
@@ -220,7 +224,7 @@ impl Nodes {
         replica: u32,
     ) -> Result<u64, String> {
         let header = self
-            .encode_for(wire::Target { shard, replica }, None, &NodeRequest::Info)
+            .encode_for(None, wire::Target { shard, replica }, None, &NodeRequest::Info)
             .map_err(|e| e.to_string())?;
         let endpoint = zr_net::client_endpoint(addr).map_err(|e| e.to_string())?;
         let asked = async {
@@ -399,18 +403,18 @@ impl Nodes {
                 .is_some_and(closed_by_peer)
     }
 
-    /// A checked read of `indices` (shard-local) on node `node` found a copy damaged: noted
-    /// for the router's repair task, which it wakes.
-    pub(crate) fn suspect(&self, node: NodeId, indices: Vec<u64>) {
+    /// A checked read of `indices` (shard-local) of `dataset` on node `node` found a copy
+    /// damaged: noted for the router's repair task, which it wakes.
+    pub(crate) fn suspect(&self, dataset: Option<Arc<str>>, node: NodeId, indices: Vec<u64>) {
         self.suspects
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push((node, indices));
+            .push((dataset, node, indices));
         self.catch_up.notify_one();
     }
 
     /// The damaged reads noted since the last call.
-    pub(crate) fn take_suspects(&self) -> Vec<(NodeId, Vec<u64>)> {
+    pub(crate) fn take_suspects(&self) -> Vec<(Option<Arc<str>>, NodeId, Vec<u64>)> {
         std::mem::take(&mut *self.suspects.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -730,7 +734,7 @@ impl Nodes {
             liveness.timeout().min(self.timeout)
         };
         let outcome = self
-            .exchange(node, &NodeRequest::Info, Vec::new(), timeout)
+            .exchange(None, node, &NodeRequest::Info, Vec::new(), timeout)
             .await;
         if let Ok(NodeReply {
             reply: Reply::Info { len, .. },
@@ -792,7 +796,7 @@ impl Nodes {
         connection: &Connection,
         timeout: Duration,
     ) -> Result<Option<u64>, Error> {
-        let header = self.encode(node, &NodeRequest::Info)?;
+        let header = self.encode(None, node, &NodeRequest::Info)?;
         let chunks = zr_net::call_chunks(connection, header, Vec::new(), timeout).await?;
         match wire::decode_reply_chunks(&chunks)?.0 {
             Reply::Info { incarnation, .. } => Ok(Some(incarnation)),
@@ -846,18 +850,22 @@ impl Nodes {
 
     /// One request to node `node`; errors name its shard and address. Fails at once while
     /// the node is down.
+    /// `dataset`: the dataset the request addresses (`None`: the default one).
     pub(crate) async fn call(
         &self,
+        dataset: Option<&str>,
         node: NodeId,
         request: &NodeRequest,
         body: Vec<Bytes>,
     ) -> Result<NodeReply, Failure> {
-        self.call_within(node, request, body, self.timeout).await
+        self.call_within(dataset, node, request, body, self.timeout)
+            .await
     }
 
     /// [`Self::call`] within `timeout` rather than the router's.
     pub(crate) async fn call_within(
         &self,
+        dataset: Option<&str>,
         node: NodeId,
         request: &NodeRequest,
         body: Vec<Bytes>,
@@ -866,13 +874,14 @@ impl Nodes {
         if let Some(down) = self.down(node).await {
             return Err(down);
         }
-        self.exchange(node, request, body, timeout).await
+        self.exchange(dataset, node, request, body, timeout).await
     }
 
     /// A read of shard `shard`: `request` to its in-sync replicas in [`Self::read_order`]
     /// until one answers; the last failure if none does.
     pub(crate) async fn read(
         &self,
+        dataset: Option<&str>,
         shard: u32,
         request: &NodeRequest,
     ) -> Result<(NodeId, NodeReply), Failure> {
@@ -883,7 +892,7 @@ impl Nodes {
             let answer = if k + 1 < order.len() && self.is_down(node) {
                 Err(self.unavailable(node, "down".into()))
             } else {
-                self.call(node, request, Vec::new()).await
+                self.call(dataset, node, request, Vec::new()).await
             };
             match answer {
                 Ok(reply) => return Ok((node, reply)),
@@ -897,6 +906,7 @@ impl Nodes {
     /// One request to node `node` within `timeout`, whatever its health.
     async fn exchange(
         &self,
+        dataset: Option<&str>,
         node: NodeId,
         request: &NodeRequest,
         body: Vec<Bytes>,
@@ -911,7 +921,7 @@ impl Nodes {
             reason,
         };
         let header = self
-            .encode(node, request)
+            .encode(dataset, node, request)
             .map_err(|e| Failure::BadRequest(e.to_string()))?;
         // One deadline covers waiting for the link, connecting and the exchange, so callers
         // queued behind a dead node's connect also fail within the timeout.

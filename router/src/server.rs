@@ -20,7 +20,7 @@ use tokio::sync::Mutex;
 use zr_net::config::ClusterConfig;
 use zr_net::{self as net, Body};
 use zr_proto::placement::Placement;
-use zr_proto::wire::{self, ClientRequest, FieldInfo, NodeRequest, Reply};
+use zr_proto::wire::{self, ClientMessage, ClientRequest, FieldInfo, NodeRequest, Reply};
 
 use crate::budget::ReplyBudget;
 use crate::error::{Error, Failure};
@@ -29,6 +29,7 @@ use crate::plan::plan_gather;
 use zr_meta::cluster::{self, ClusterRecord, MapRecord};
 use zr_meta::MetaStore;
 
+mod datasets;
 mod lease;
 mod moves;
 pub(crate) use moves::placement_of;
@@ -58,17 +59,31 @@ const GAUGES_EVERY: Duration = Duration::from_secs(5);
 /// Writes of a streamed gather queued for the client's stream.
 const FRAMES_QUEUED: usize = 8;
 
-/// The router's state. See the module documentation.
+/// The router's state, of one dataset: the router of the default dataset is the one that
+/// serves, and sends each request to its dataset's (`datasets.rs`). See the module
+/// documentation.
 pub struct Router {
+    /// The dataset served (`None`: the default one).
+    dataset: Option<Arc<str>>,
+    /// Its id (0 for the default dataset).
+    dataset_id: u64,
+    /// The named datasets' routers (the default dataset's router holds them).
+    named: std::sync::RwLock<std::collections::BTreeMap<String, Arc<Router>>>,
+    /// Set when the dataset was dropped: its router serves nothing more.
+    dropped: std::sync::atomic::AtomicBool,
     placement: ArcSwap<Placement>,
     nodes: Arc<Nodes>,
     len: AtomicU64,
     writes: Mutex<()>,
-    /// The cluster's writer lease as this router knows it (see `lease.rs`).
+    /// The dataset's writer lease as this router knows it (see `lease.rs`), kept at
+    /// `writer_key` in the metadata store.
     lease: std::sync::Mutex<zr_meta::writer::LeaseState>,
+    writer_key: String,
     /// When this router's last write under the lease finished.
     lease_used: std::sync::Mutex<Option<tokio::time::Instant>>,
-    fields: Vec<FieldInfo>,
+    fields: std::sync::RwLock<Vec<FieldInfo>>,
+    /// The committed length, for consumers waiting on records (`datasets.rs`).
+    committed_watch: tokio::sync::watch::Sender<u64>,
     timeout: Duration,
     /// The cluster's metadata: its id, map and committed length.
     meta: Arc<dyn MetaStore>,
@@ -85,7 +100,7 @@ pub struct Router {
     /// committed length gives it (its data is missing); see [`Failure::MissingData`].
     missing: std::sync::Mutex<Vec<Option<u64>>>,
     /// Catch-ups of behind replicas running here (see `rebuild.rs`), by node.
-    rebuilds: std::sync::Mutex<std::collections::HashMap<NodeId, rebuild::Progress>>,
+    rebuilds: Arc<std::sync::Mutex<std::collections::HashMap<NodeId, rebuild::Progress>>>,
     /// The bytes of gather replies held at once (see `budget.rs`).
     replies: Arc<ReplyBudget>,
 }
@@ -130,6 +145,12 @@ impl Router {
         nodes.watch();
         let shards = nodes.shards() as usize;
         let mut router = Router {
+            dataset: None,
+            dataset_id: 0,
+            named: Default::default(),
+            dropped: Default::default(),
+            writer_key: zr_meta::writer::key(None),
+            committed_watch: tokio::sync::watch::Sender::new(0),
             placement: ArcSwap::from_pointee(placement),
             nodes,
             len: AtomicU64::new(0),
@@ -143,7 +164,7 @@ impl Router {
                 Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
             )),
             lease_used: std::sync::Mutex::new(None),
-            fields: Vec::new(),
+            fields: Default::default(),
             timeout: Duration::from_millis(config.router.timeout_ms),
             meta,
             cluster_id: String::new(),
@@ -152,7 +173,7 @@ impl Router {
             move_stop: std::sync::Mutex::new(None),
             committed: AtomicU64::new(0),
             missing: std::sync::Mutex::new(vec![None; shards]),
-            rebuilds: std::sync::Mutex::new(std::collections::HashMap::new()),
+            rebuilds: Default::default(),
             replies: Arc::new(ReplyBudget::new(config.router.reply_budget_mib)),
         };
         // Which replicas are behind (none if the store has no record of them).
@@ -212,7 +233,7 @@ impl Router {
                 None => fields = Some((shard as u32, theirs)),
             }
         }
-        router.fields = match fields {
+        *router.fields.get_mut().unwrap_or_else(|e| e.into_inner()) = match fields {
             Some((_, fields)) => fields.clone(),
             // No node answered: the fields nodes.toml gives them.
             None => config
@@ -240,9 +261,7 @@ impl Router {
         let placement = moves::placement_of(&record.map, router.nodes.shards())
             .map_err(|e| Error::Failed(Failure::Metadata(e)))?;
         router.adopt_map(&record.map, placement);
-        router
-            .committed
-            .store(record.committed_len, Ordering::SeqCst);
+        router.set_committed(record.committed_len);
         // A node that is down counts as holding its committed share until it answers.
         let lens: Vec<u64> = infos
             .iter()
@@ -278,6 +297,7 @@ impl Router {
             }
         }
         let router = Arc::new(router);
+        router.open_datasets(&record).await?;
         router.start_rebuilds();
         router.start_gauges();
         router.start_map_reloads();
@@ -291,9 +311,37 @@ impl Router {
                     return;
                 };
                 router.release_if_idle().await;
+                for named in router.named_routers() {
+                    named.release_if_idle().await;
+                }
             }
         });
         Ok(router)
+    }
+
+    /// The dataset this router's node requests address (`None`: the default one).
+    pub(crate) fn on(&self) -> Option<&str> {
+        self.dataset.as_deref()
+    }
+
+    /// The dataset's name.
+    pub fn dataset_name(&self) -> &str {
+        self.dataset.as_deref().unwrap_or(wire::DEFAULT_DATASET)
+    }
+
+    /// The dataset's fields now.
+    pub(crate) fn fields(&self) -> Vec<FieldInfo> {
+        self.fields.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Notes `len` as the committed length, waking the consumers it lets go on.
+    pub(crate) fn set_committed(&self, len: u64) {
+        self.committed.store(len, Ordering::SeqCst);
+        self.committed_watch.send_if_modified(|seen| {
+            let changed = *seen != len;
+            *seen = len;
+            changed
+        });
     }
 
     /// The cluster record of the metadata store, checked against nodes.toml's map; made if
@@ -363,6 +411,8 @@ impl Router {
                 committed_len: self.placement.load().consistent_len(lens),
                 moving: None,
                 added: Vec::new(),
+                datasets: Vec::new(),
+                dataset_ids: 0,
             };
             match cluster::store(&*self.meta, None, &record).await {
                 Ok(_) => {
@@ -424,6 +474,7 @@ impl Router {
                     Ok(record) => router.finish_stopped_switch(record).await,
                     Err(e) => tracing::warn!("reloading the cluster map: {e}"),
                 }
+                router.sync_datasets().await;
             }
         });
     }
@@ -481,8 +532,13 @@ impl Router {
     /// Re-reads the committed length from the metadata store (another router may have
     /// committed since).
     pub(crate) async fn reload_committed(&self) -> Result<u64, Failure> {
+        if self.dataset.is_some() {
+            let (len, _) = self.load_named_committed().await?;
+            self.set_committed(len);
+            return Ok(len);
+        }
         let (record, _) = self.load_cluster().await?;
-        self.committed.store(record.committed_len, Ordering::SeqCst);
+        self.set_committed(record.committed_len);
         Ok(record.committed_len)
     }
 
@@ -490,6 +546,9 @@ impl Router {
     /// write lease. Only a delete (`lowering`) may record less than is recorded: otherwise
     /// the nodes hold less than was committed, and the commit is refused.
     pub(crate) async fn record_committed(&self, len: u64, lowering: bool) -> Result<(), Failure> {
+        if self.dataset.is_some() {
+            return self.record_named_committed(len, lowering).await;
+        }
         let meta = |e: zr_meta::Error| Failure::Metadata(e.to_string());
         for _ in 0..8 {
             let Some((mut record, revision)) = cluster::load(&*self.meta).await.map_err(meta)?
@@ -500,11 +559,11 @@ impl Router {
                 )));
             };
             if record.committed_len == len {
-                self.committed.store(len, Ordering::SeqCst);
+                self.set_committed(len);
                 return Ok(());
             }
             if record.committed_len > len && !lowering {
-                self.committed.store(record.committed_len, Ordering::SeqCst);
+                self.set_committed(record.committed_len);
                 return Err(Failure::Metadata(format!(
                     "cluster {} has committed {} records but its shards hold {len}: data is missing; the commit is refused",
                     record.id, record.committed_len
@@ -513,7 +572,7 @@ impl Router {
             record.committed_len = len;
             match cluster::store(&*self.meta, Some(revision), &record).await {
                 Ok(_) => {
-                    self.committed.store(len, Ordering::SeqCst);
+                    self.set_committed(len);
                     return Ok(());
                 }
                 Err(zr_meta::Error::Conflict { .. }) => continue,
@@ -568,7 +627,7 @@ impl Router {
     async fn status(&self) -> wire::ClusterStatus {
         let moving = match cluster::load(&*self.meta).await {
             Ok(Some((record, _))) => {
-                self.committed.store(record.committed_len, Ordering::SeqCst);
+                self.set_committed(record.committed_len);
                 record.moving.map(|moving| self.describe_move(&moving))
             }
             Ok(None) => None,
@@ -642,7 +701,7 @@ impl Router {
             .placement
             .load()
             .shard_len(shard, self.committed.load(Ordering::SeqCst));
-        match self.nodes.read(shard, &NodeRequest::Info).await {
+        match self.nodes.read(self.on(), shard, &NodeRequest::Info).await {
             Ok((
                 _,
                 crate::nodes::NodeReply {
@@ -710,13 +769,14 @@ impl Router {
     /// Decodes, executes and encodes one client request from `peer`: a request its role
     /// does not allow is refused, naming the role it needs.
     pub async fn handle_from(self: &Arc<Self>, peer: &net::Peer, bytes: &[u8]) -> (Vec<u8>, Body) {
-        let outcome = match wire::decode_request::<ClientRequest>(bytes) {
-            Ok((request, body)) => {
+        let outcome = match wire::decode_request::<ClientMessage>(bytes) {
+            Ok((message, body)) => {
+                let request = &message.request;
                 let kind = request.kind();
                 let started = std::time::Instant::now();
                 metrics::counter!("zr_router_received_bytes_total").increment(bytes.len() as u64);
                 let executed = if peer.access().is_some_and(|has| has >= request.access()) {
-                    self.execute(request, body).await
+                    self.dispatch(message, body).await
                 } else {
                     Err(Failure::Forbidden {
                         request: kind,
@@ -782,7 +842,7 @@ impl Router {
                 };
                 Ok(ready(Reply::Info {
                     len,
-                    fields: self.fields.clone(),
+                    fields: self.fields(),
                     incarnation: 0,
                 }))
             }
@@ -790,7 +850,14 @@ impl Router {
                 indices,
                 fields,
                 checked,
+                wait_ms,
             } => {
+                if wait_ms > 0 {
+                    let last = indices.iter().copied().max().unwrap_or(0);
+                    if !indices.is_empty() {
+                        self.wait_committed(last + 1, wait_ms).await?;
+                    }
+                }
                 let gathered = self.gather(&indices, fields, checked).await;
                 if gathered.is_ok() {
                     metrics::counter!("zr_router_records_gathered_total")
@@ -816,6 +883,31 @@ impl Router {
             ClientRequest::Delete { index } => {
                 self.exclusive(|| self.delete(index)).await.map(ready_body)
             }
+            ClientRequest::WriteField {
+                field,
+                start,
+                lengths,
+            } => self
+                .exclusive(|| self.write_field(field, start, lengths, body))
+                .await
+                .map(ready),
+            ClientRequest::WaitLen { len, wait_ms } => {
+                let committed = self.wait_committed(len, wait_ms).await?;
+                Ok(ready(Reply::Info {
+                    len: committed,
+                    fields: self.fields(),
+                    incarnation: 0,
+                }))
+            }
+            ClientRequest::AddField { field } => {
+                self.add_field(field).await?;
+                Ok(ready(Reply::Done))
+            }
+            ClientRequest::Datasets
+            | ClientRequest::CreateDataset { .. }
+            | ClientRequest::DropDataset => Err(Failure::BadRequest(
+                "a dataset's own router cannot list, create or drop datasets".into(),
+            )),
             ClientRequest::Status => Ok(ready(Reply::Status(self.status().await))),
             ClientRequest::Scrub {
                 shard,
@@ -881,7 +973,7 @@ impl Router {
         if parts.is_empty() {
             // No index: an empty column per requested field.
             let count = if fields.is_empty() {
-                self.fields.len()
+                self.fields().len()
             } else {
                 fields.len()
             };
@@ -896,6 +988,7 @@ impl Router {
         let (frames, body) = tokio::sync::mpsc::channel(FRAMES_QUEUED);
         tokio::spawn(crate::forward::forward_parts(
             Arc::clone(&self.nodes),
+            self.dataset.clone(),
             placement.version(),
             parts,
             fields,
@@ -934,7 +1027,7 @@ impl Router {
                     return Err(self.nodes.unavailable(node, "down".into()));
                 }
                 self.nodes
-                    .call_within(node, request, Vec::new(), timeout)
+                    .call_within(self.on(), node, request, Vec::new(), timeout)
                     .await
             }
         });
@@ -1011,7 +1104,7 @@ impl Router {
         let targets = self.nodes.in_sync_of(shard);
         let calls = targets
             .iter()
-            .map(|&node| self.nodes.call(node, &NodeRequest::Commit, Vec::new()));
+            .map(|&node| self.nodes.call(self.on(), node, &NodeRequest::Commit, Vec::new()));
         let results = futures::future::join_all(calls).await;
         let (_, done) = self.all_or_behind(&targets, results).await?;
         for node in done {

@@ -250,11 +250,15 @@ fn garbage_is_refused_while_a_client_keeps_gathering() {
         checked: false,
     }))
     .unwrap();
-    let client_gather = wire::encode_request(&ClientRequest::Gather {
-        indices,
-        fields,
-        checked: false,
-    })
+    let client_gather = wire::encode_client_request(
+        None,
+        &ClientRequest::Gather {
+            indices,
+            fields,
+            checked: false,
+            wait_ms: 0,
+        },
+    )
     .unwrap();
     let targets = [
         (
@@ -423,7 +427,7 @@ fn wait_lease_free(cluster: &SimCluster) {
     let meta = cluster.metadata().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let record = cluster.run(async { writer::load(&*meta).await.unwrap() });
+        let record = cluster.run(async { writer::load(&*meta, writer::WRITER_KEY).await.unwrap() });
         if record.is_none_or(|(r, _)| r.holder.is_none()) {
             return;
         }
@@ -459,13 +463,13 @@ fn wait_node_down(mut status: impl FnMut() -> zr_proto::wire::ClusterStatus, sha
 fn take_lease_as_another_router(cluster: &SimCluster, lease_ms: u64) -> u64 {
     let meta = cluster.metadata().unwrap();
     cluster.run(async {
-        let expected = writer::load(&*meta).await.unwrap().map(|(_, r)| r);
+        let expected = writer::load(&*meta, writer::WRITER_KEY).await.unwrap().map(|(_, r)| r);
         let held = WriterRecord {
             holder: Some(7),
             lease_ms,
             pending: None,
         };
-        writer::store(&*meta, expected, &held).await.unwrap()
+        writer::store(&*meta, writer::WRITER_KEY, expected, &held).await.unwrap()
     })
 }
 
@@ -776,7 +780,7 @@ fn with_shard_zero_down_writes_fail_naming_it_and_resume_after() {
         );
     }
     let meta = cluster.metadata().unwrap();
-    let (writer, _) = cluster.run(writer::load(&*meta)).unwrap().unwrap();
+    let (writer, _) = cluster.run(writer::load(&*meta, writer::WRITER_KEY)).unwrap().unwrap();
     assert_eq!(writer.holder, None, "a failed write left the lease held");
     check(&client, &elsewhere);
 
@@ -831,11 +835,15 @@ fn abandoned_gathers_hold_no_more_than_the_reply_budget() {
         .enable_all()
         .build()
         .unwrap();
-    let request = wire::encode_request(&ClientRequest::Gather {
-        indices: (0..COUNT).collect(),
-        fields: Vec::new(),
-        checked: false,
-    })
+    let request = wire::encode_client_request(
+        None,
+        &ClientRequest::Gather {
+            indices: (0..COUNT).collect(),
+            fields: Vec::new(),
+            checked: false,
+            wait_ms: 0,
+        },
+    )
     .unwrap();
     let addr = cluster.router_addr();
     let security = cluster.security(Role::Writer).unwrap();

@@ -68,7 +68,7 @@ impl Router {
         let mut pause = Duration::from_millis(1);
         loop {
             let asked = now();
-            let read = writer::load(&*self.meta).await.map_err(metadata)?;
+            let read = writer::load(&*self.meta, &self.writer_key).await.map_err(metadata)?;
             let step = self
                 .lease_state()
                 .observe(read.as_ref().map(|(r, revision)| (r, *revision)), asked);
@@ -109,7 +109,7 @@ impl Router {
     ) -> Result<(), zr_meta::Error> {
         let asked = now();
         let record = self.lease_state().record(pending);
-        match writer::store(&*self.meta, expected, &record).await {
+        match writer::store(&*self.meta, &self.writer_key, expected, &record).await {
             Ok(revision) => {
                 self.lease_state().taken(revision, asked, pending);
                 Ok(())
@@ -154,7 +154,7 @@ impl Router {
         let Some((expected, record)) = self.lease_state().released(settled) else {
             return;
         };
-        if let Err(e) = writer::store(&*self.meta, Some(expected), &record).await {
+        if let Err(e) = writer::store(&*self.meta, &self.writer_key, Some(expected), &record).await {
             tracing::warn!("giving back the write lease: {e} (it lapses by itself)");
         }
     }

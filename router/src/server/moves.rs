@@ -134,6 +134,13 @@ impl Router {
         change: wire::MapChange,
         nodes: Vec<(u32, u32, String)>,
     ) -> Result<(), Failure> {
+        if let Some(named) = self.named_routers().first() {
+            return Err(Failure::Conflict(format!(
+                "the cluster holds named datasets ('{}'{}), and moving the shards of such a cluster is not supported yet: this move needs a cluster with the default dataset only",
+                named.dataset_name(),
+                if self.named_routers().len() > 1 { " and others" } else { "" }
+            )));
+        }
         {
             let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(running) = moving.as_ref().filter(|m| runs(m)) {
@@ -560,7 +567,7 @@ impl Router {
                 len: new.shard_len(shard, len),
                 token,
             };
-            self.nodes.call(node, &request, Vec::new()).await.map_err(|e| {
+            self.nodes.call(self.on(), node, &request, Vec::new()).await.map_err(|e| {
                 Failure::Metadata(format!(
                     "map version {} is published, but shard {shard} replica {} did not switch to it: {e}; run the command again to finish",
                     to.version,
@@ -616,7 +623,7 @@ impl Router {
         for &node in &nodes {
             match self
                 .nodes
-                .call(node, &NodeRequest::StageOpen { version }, Vec::new())
+                .call(self.on(), node, &NodeRequest::StageOpen { version }, Vec::new())
                 .await?
                 .reply
             {
@@ -642,7 +649,7 @@ impl Router {
                 commit: true,
             };
             for &node in &nodes {
-                self.nodes.call(node, &cut, Vec::new()).await?;
+                self.nodes.call(self.on(), node, &cut, Vec::new()).await?;
             }
             at = target;
         }
@@ -679,7 +686,7 @@ impl Router {
                     fields: Vec::new(),
                     checked: true,
                 };
-                let (node, read) = self.nodes.read(holder as u32, &request).await?;
+                let (node, read) = self.nodes.read(self.on(), holder as u32, &request).await?;
                 let Reply::Gather { lengths: got } = read.reply.clone() else {
                     return Err(self
                         .nodes
@@ -717,7 +724,7 @@ impl Router {
             for &node in &nodes {
                 match self
                     .nodes
-                    .call(node, &request, vec![body.clone()])
+                    .call(self.on(), node, &request, vec![body.clone()])
                     .await?
                     .reply
                 {

@@ -166,8 +166,12 @@ impl Router {
 
     /// Scrubs the records checked reads found damaged (see `Nodes::suspect`), repairing the
     /// bad copies from good ones.
-    async fn repair_suspects(&self) {
-        for (node, mut indices) in self.nodes.take_suspects() {
+    async fn repair_suspects(self: &Arc<Self>) {
+        for (dataset, node, mut indices) in self.nodes.take_suspects() {
+            let name = dataset.as_deref().unwrap_or(wire::DEFAULT_DATASET);
+            let Ok(router) = self.router_of(name).await else {
+                continue; // dropped meanwhile
+            };
             let shard = self.nodes.shard(node);
             indices.sort_unstable();
             indices.dedup();
@@ -180,7 +184,7 @@ impl Router {
                 }
             }
             for (start, end) in ranges {
-                match self.scrub(shard, start, end - start).await {
+                match router.scrub(shard, start, end - start).await {
                     Ok(report) => {
                         let repaired = report.problems.iter().filter(|p| p.repaired).count();
                         tracing::info!(
@@ -197,7 +201,7 @@ impl Router {
 
     /// Catches up behind node `node` from an in-sync partner and marks it in sync (see the
     /// module documentation).
-    pub(crate) async fn catch_up(&self, node: NodeId) -> Result<(), Failure> {
+    pub(crate) async fn catch_up(self: &Arc<Self>, node: NodeId) -> Result<(), Failure> {
         let shard = self.nodes.shard(node);
         let replica = self.nodes.replica(node);
         tracing::info!(
@@ -205,30 +209,22 @@ impl Router {
             self.nodes.addr(node)
         );
         let started = Instant::now();
+        // Every dataset: online passes until little is left, then one last pass of all of
+        // them with every dataset's writes held off, and the node marked in sync.
+        let all = self.all_routers();
         let result = async {
-            let mut pass = 1;
-            loop {
-                let last = pass > ONLINE_PASSES;
-                let copied = if last {
-                    self.exclusive(|| async {
-                        let copied = self.sync_pass(node, pass, true).await?;
-                        self.nodes.mark_in_sync(node).await?;
-                        Ok(copied)
-                    })
-                    .await?
-                } else {
-                    self.sync_pass(node, pass, false).await?
-                };
-                if last {
-                    return Ok(copied);
+            let mut copied = 0;
+            for router in &all {
+                let mut pass = 1;
+                while pass <= ONLINE_PASSES {
+                    let step = router.sync_pass(node, pass, false).await?;
+                    copied += step;
+                    // Nothing left to copy: the last pass will be short.
+                    pass = if step == 0 { ONLINE_PASSES + 1 } else { pass + 1 };
                 }
-                // Nothing left to copy: the last pass will be short.
-                pass = if copied == 0 {
-                    ONLINE_PASSES + 1
-                } else {
-                    pass + 1
-                };
             }
+            copied += Router::last_passes(&all, 0, node, ONLINE_PASSES + 1).await?;
+            Ok::<u64, Failure>(copied)
         }
         .await;
         let progress = self
@@ -250,7 +246,12 @@ impl Router {
 
     /// One pass over the shard: every slice compared and copied, each under the write lock
     /// (`locked`: the caller holds it for the whole pass); returns the records copied.
-    async fn sync_pass(&self, node: NodeId, pass: u32, locked: bool) -> Result<u64, Failure> {
+    pub(super) async fn sync_pass(
+        &self,
+        node: NodeId,
+        pass: u32,
+        locked: bool,
+    ) -> Result<u64, Failure> {
         let shard = self.nodes.shard(node);
         let mut from = 0;
         let mut copied = 0;
@@ -415,7 +416,7 @@ impl Router {
     async fn node_len(&self, node: NodeId) -> Result<u64, Failure> {
         match self
             .nodes
-            .call(node, &NodeRequest::Info, Vec::new())
+            .call(self.on(), node, &NodeRequest::Info, Vec::new())
             .await?
             .reply
         {
@@ -435,7 +436,7 @@ impl Router {
         count: u64,
     ) -> Result<(Vec<u32>, Vec<u64>), Failure> {
         let request = NodeRequest::Digest { start, count };
-        match self.nodes.call(node, &request, Vec::new()).await?.reply {
+        match self.nodes.call(self.on(), node, &request, Vec::new()).await?.reply {
             Reply::Digest { crcs, corrupt, .. } if crcs.len() as u64 == count => {
                 Ok((crcs, corrupt))
             }
@@ -454,7 +455,7 @@ impl Router {
             fields: Vec::new(),
             checked: true,
         };
-        self.nodes.call(node, &request, Vec::new()).await
+        self.nodes.call(self.on(), node, &request, Vec::new()).await
     }
 
     /// Records `indices` of node `node`, every field: per field their lengths, and the body.

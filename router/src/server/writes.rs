@@ -52,7 +52,7 @@ impl Router {
     /// token (see [`Self::write_node`]). Done once it is done on every in-sync replica, at
     /// least one: a replica that failed it is marked behind first (it serves nothing until
     /// it has caught up). Fails if it failed on all of them.
-    async fn write_call(
+    pub(super) async fn write_call(
         &self,
         shard: u32,
         request: NodeRequest,
@@ -136,10 +136,12 @@ impl Router {
             NodeRequest::Append { token: t, .. } | NodeRequest::Modify { token: t, .. } => {
                 *t = Some(token)
             }
-            NodeRequest::Truncate { token: t, .. } => *t = token,
+            NodeRequest::Truncate { token: t, .. } | NodeRequest::WriteField { token: t, .. } => {
+                *t = token
+            }
             _ => {}
         }
-        let reply = self.nodes.call(node, &request, body).await?;
+        let reply = self.nodes.call(self.on(), node, &request, body).await?;
         self.nodes.note_written(node);
         Ok(reply)
     }
@@ -229,6 +231,11 @@ impl Router {
                 // Its replicas may differ: one's copy goes to all.
                 self.copy_record(index).await?;
             }
+            Some(PendingWrite::WriteField { start, count }) => {
+                for index in start..(start + count).min(len) {
+                    self.copy_record(index).await?;
+                }
+            }
             _ => {}
         }
         if pending.is_some() {
@@ -261,7 +268,7 @@ impl Router {
 
     /// Every field's name, in order.
     pub(super) fn field_names(&self) -> Vec<String> {
-        self.fields.iter().map(|f| f.name.clone()).collect()
+        self.fields().iter().map(|f| f.name.clone()).collect()
     }
 
     /// Record `local` of shard `shard` from an in-sync replica holding it: every field's
@@ -270,6 +277,7 @@ impl Router {
         let (node, read) = self
             .nodes
             .read(
+                self.on(),
                 shard,
                 &NodeRequest::Gather {
                     indices: vec![local],

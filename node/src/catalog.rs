@@ -1,0 +1,298 @@
+//! A node's datasets. The default one lives in the data directory itself, as a node's one
+//! dataset always has (a directory made before datasets had names is read as it is); each
+//! named one in `datasets/<name>/`, a dataset directory of its own with its identity and
+//! fence, and `dataset.json` saying when it was made (its id: the metadata store's revision
+//! of its creation, so a dataset dropped while this node was away and made again under the
+//! same name is told from the old one).
+//!
+//! Creating builds the directory under a temporary name and renames it into place; dropping
+//! renames it aside and then removes it: a crash at any moment leaves a dataset whole or
+//! absent, and the leftovers (names starting with a dot) are removed when the node starts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use serde::{Deserialize, Serialize};
+
+use crate::disk;
+use crate::error::{Error, IoContext, Result};
+use crate::fence::{Coordination, Fence};
+use crate::identity::Identity;
+use crate::meta::{sync_dir, write_atomically, FieldSpec};
+use crate::runtime::RuntimeOptions;
+use crate::stage::Shard;
+use crate::store::{CreateOptions, Store};
+
+/// The directory of the named datasets, inside a node's data directory.
+pub const DATASETS_DIR: &str = "datasets";
+/// The file in a named dataset's directory that says which dataset it is.
+pub const DATASET_FILE: &str = "dataset.json";
+/// The dataset a request that names none addresses.
+pub const DEFAULT: &str = "default";
+
+#[derive(Serialize, Deserialize)]
+struct Kept {
+    name: String,
+    id: u64,
+}
+
+/// A named dataset a node holds.
+struct Named {
+    id: u64,
+    shard: Arc<Shard>,
+}
+
+/// What a node holds of one dataset, for a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub name: String,
+    /// 0 for the default dataset.
+    pub id: u64,
+    pub fields: Vec<FieldSpec>,
+    pub len: u64,
+    pub bytes: u64,
+}
+
+/// Every dataset of a node. See the module documentation.
+pub struct Catalog {
+    root: Arc<Shard>,
+    dir: PathBuf,
+    named: RwLock<BTreeMap<String, Named>>,
+    /// Held by creates, drops and field additions: one at a time.
+    changes: Mutex<()>,
+    runtime: RuntimeOptions,
+}
+
+impl Catalog {
+    /// The default dataset `root` (served from the data directory) and the named datasets
+    /// beside it, opened with `runtime` and read as the default one is.
+    pub fn open(root: Shard, runtime: RuntimeOptions) -> Result<Catalog> {
+        let dir = root.serving().store.dir().to_path_buf();
+        let catalog = Catalog {
+            root: Arc::new(root),
+            named: RwLock::new(BTreeMap::new()),
+            changes: Mutex::new(()),
+            runtime,
+            dir,
+        };
+        let parent = catalog.datasets_dir();
+        let entries = match std::fs::read_dir(&parent) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(catalog),
+            Err(e) => return Err(e).ctx("list", &parent),
+        };
+        let mut named = BTreeMap::new();
+        for entry in entries {
+            let path = entry.ctx("list", &parent)?.path();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name.starts_with('.') {
+                tracing::info!("removing {} (a create or drop cut short)", path.display());
+                disk::remove_tree(&path).ctx("remove", &path)?;
+                continue;
+            }
+            let kept: Kept = read_kept(&path)?;
+            if kept.name != name {
+                return Err(Error::Corrupt {
+                    path: path.join(DATASET_FILE),
+                    reason: format!("names dataset '{}' but lies in '{name}'", kept.name),
+                });
+            }
+            let shard = catalog.open_named(&path)?;
+            named.insert(
+                name,
+                Named {
+                    id: kept.id,
+                    shard: Arc::new(shard),
+                },
+            );
+        }
+        *catalog.write() = named;
+        Ok(catalog)
+    }
+
+    fn datasets_dir(&self) -> PathBuf {
+        self.dir.join(DATASETS_DIR)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Named>> {
+        self.named.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Named>> {
+        self.named.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn open_named(&self, path: &Path) -> Result<Shard> {
+        let reads = self.root.serving().store.defaults;
+        let store = Store::open_with(path, self.runtime)?.with_gather_options(reads);
+        let coordination = Coordination {
+            fence: Fence::open(path)?,
+            identity: Identity::open(path)?,
+            incarnation: self.root.serving().coordination.incarnation,
+        };
+        Ok(Shard::new(store, coordination, self.runtime))
+    }
+
+    /// The default dataset.
+    pub fn root(&self) -> &Arc<Shard> {
+        &self.root
+    }
+
+    /// The dataset `name` (`None`: the default one), if this node holds it.
+    pub fn get(&self, name: Option<&str>) -> Option<Arc<Shard>> {
+        match name {
+            None | Some(DEFAULT) => Some(Arc::clone(&self.root)),
+            Some(name) => self.read().get(name).map(|n| Arc::clone(&n.shard)),
+        }
+    }
+
+    /// Every dataset, the default one first.
+    pub fn all(&self) -> Vec<Arc<Shard>> {
+        let mut all = vec![Arc::clone(&self.root)];
+        all.extend(self.read().values().map(|n| Arc::clone(&n.shard)));
+        all
+    }
+
+    /// True if the node holds a named dataset.
+    pub fn has_named(&self) -> bool {
+        !self.read().is_empty()
+    }
+
+    /// Every dataset this node holds, the default one first.
+    pub fn list(&self) -> Vec<Held> {
+        let held = |name: &str, id: u64, shard: &Shard| {
+            let store = shard.serving().store.clone();
+            Held {
+                name: name.to_string(),
+                id,
+                fields: store.fields().to_vec(),
+                len: store.len(),
+                bytes: store.chunk_stats().1,
+            }
+        };
+        let mut all = vec![held(DEFAULT, 0, &self.root)];
+        all.extend(
+            self.read()
+                .iter()
+                .map(|(name, named)| held(name, named.id, &named.shard)),
+        );
+        all
+    }
+
+    /// Creates dataset `name`, made as `id`, with `fields`: done already if this node holds
+    /// it; one of that name made earlier (dropped while this node was away) is replaced; one
+    /// made later is left, and the create refused.
+    pub fn create(&self, name: &str, id: u64, fields: Vec<FieldSpec>) -> Result<()> {
+        let _one = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        let parent = self.datasets_dir();
+        if name == DEFAULT {
+            return Err(Error::InvalidInput {
+                path: self.dir.clone(),
+                reason: "the default dataset is the data directory itself: it is never created"
+                    .into(),
+            });
+        }
+        if let Some(held) = self.read().get(name).map(|n| n.id) {
+            if held == id {
+                return Ok(());
+            }
+            if held > id {
+                return Err(Error::InvalidInput {
+                    path: parent.join(name),
+                    reason: format!(
+                        "this node holds dataset '{name}' made as {held}, later than the one to create ({id})"
+                    ),
+                });
+            }
+            tracing::info!("dataset '{name}' was dropped and made again: replacing its data");
+            self.remove(name)?;
+        }
+        disk::create_dir_all(&parent).ctx("create", &parent)?;
+        let building = parent.join(format!(".{name}.creating"));
+        if building.exists() {
+            disk::remove_tree(&building).ctx("remove", &building)?;
+        }
+        drop(Store::create_with(
+            &building,
+            fields,
+            CreateOptions::default(),
+            self.runtime,
+        )?);
+        self.root.serving().coordination.identity.copy_as_is(&building)?;
+        let kept = serde_json::to_vec_pretty(&Kept {
+            name: name.to_string(),
+            id,
+        })
+        .map_err(|e| Error::InvalidRecord(e.to_string()))?;
+        write_atomically(&building, DATASET_FILE, &kept)?;
+        let path = parent.join(name);
+        disk::rename(&building, &path).ctx("rename into place", &path)?;
+        sync_dir(&parent)?;
+        let shard = self.open_named(&path)?;
+        self.write().insert(
+            name.to_string(),
+            Named {
+                id,
+                shard: Arc::new(shard),
+            },
+        );
+        tracing::info!("created dataset '{name}' (made as {id})");
+        Ok(())
+    }
+
+    /// Drops dataset `name` if this node holds it as made at `id` or earlier: its records
+    /// are gone. Requests that found it before still finish; later ones find no dataset.
+    pub fn drop_dataset(&self, name: &str, id: u64) -> Result<()> {
+        let _one = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        if name == DEFAULT {
+            return Err(Error::InvalidInput {
+                path: self.dir.clone(),
+                reason: "the default dataset cannot be dropped".into(),
+            });
+        }
+        match self.read().get(name).map(|n| n.id) {
+            Some(held) if held <= id => {}
+            _ => return Ok(()),
+        }
+        self.remove(name)?;
+        tracing::info!("dropped dataset '{name}'");
+        Ok(())
+    }
+
+    fn remove(&self, name: &str) -> Result<()> {
+        let parent = self.datasets_dir();
+        let path = parent.join(name);
+        let aside = parent.join(format!(".{name}.dropped"));
+        if aside.exists() {
+            disk::remove_tree(&aside).ctx("remove", &aside)?;
+        }
+        disk::rename(&path, &aside).ctx("rename aside", &path)?;
+        sync_dir(&parent)?;
+        self.write().remove(name);
+        disk::remove_tree(&aside).ctx("remove", &aside)?;
+        Ok(())
+    }
+
+    /// Adds `field` to dataset `name` (nothing if it has a field of that name and kind).
+    pub fn add_field(&self, name: Option<&str>, field: FieldSpec) -> Result<()> {
+        let _one = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        let shard = self.get(name).ok_or_else(|| Error::InvalidInput {
+            path: self.datasets_dir(),
+            reason: format!("no dataset '{}'", name.unwrap_or(DEFAULT)),
+        })?;
+        shard.add_field(field)
+    }
+}
+
+fn read_kept(dir: &Path) -> Result<Kept> {
+    let path = dir.join(DATASET_FILE);
+    let bytes = std::fs::read(&path).ctx("read", &path)?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
+        path,
+        reason: e.to_string(),
+    })
+}

@@ -1,0 +1,807 @@
+//! Named datasets: many in one cluster, each with its own fields, length, committed length,
+//! writer lease and replicas' state, all placed by the cluster's one map.
+//!
+//! The router of the default dataset serves; it keeps one [`Router`] per named dataset
+//! (sharing its node links, metadata store and reply budget) and sends each request to the
+//! router of the dataset it names. The cluster record lists the named datasets; creating and
+//! dropping one is a compare-and-swap there, so two routers never disagree on what exists —
+//! a router that does not know a dataset a request names reads the record again before it
+//! says there is none. Each second the record is read and every node that answers is
+//! brought in step with it: a dataset it lacks is created, one dropped while it was away is
+//! removed, a field added while it was away is added.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, FieldRecord};
+use zr_meta::writer::PendingWrite;
+use zr_net::Body;
+use zr_proto::wire::{
+    self, ClientMessage, ClientRequest, DatasetInfo, FieldInfo, NodeRequest, Reply,
+    DEFAULT_DATASET,
+};
+
+use super::Router;
+use crate::error::Failure;
+use crate::nodes::NodeId;
+
+/// How often a waiting consumer's router reads the committed length from the metadata store
+/// (a commit through this router wakes it at once; this is for commits through others).
+const WAIT_POLL: Duration = Duration::from_millis(20);
+
+/// Longest field name (as the engine allows).
+const FIELD_NAME_MAX: usize = 64;
+
+fn metadata(e: zr_meta::Error) -> Failure {
+    Failure::Metadata(e.to_string())
+}
+
+fn ready(reply: Reply) -> (Reply, Body) {
+    (reply, Body::Ready(Vec::new()))
+}
+
+fn record_fields(fields: &[FieldInfo]) -> Vec<FieldRecord> {
+    fields
+        .iter()
+        .map(|f| FieldRecord {
+            name: f.name.clone(),
+            compress: f.compress.clone(),
+            dtype: f.dtype.clone(),
+            shape: f.shape.clone(),
+        })
+        .collect()
+}
+
+fn wire_fields(fields: &[FieldRecord]) -> Vec<FieldInfo> {
+    fields
+        .iter()
+        .map(|f| FieldInfo {
+            name: f.name.clone(),
+            compress: f.compress.clone(),
+            dtype: f.dtype.clone(),
+            shape: f.shape.clone(),
+        })
+        .collect()
+}
+
+/// Checks a field as a client describes it: its name, compression and type.
+fn check_field(field: &FieldInfo) -> Result<(), Failure> {
+    let name = &field.name;
+    let valid = !name.is_empty()
+        && name.len() <= FIELD_NAME_MAX
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !valid {
+        return Err(Failure::BadRequest(format!(
+            "field name '{}' must be 1-{FIELD_NAME_MAX} characters of [A-Za-z0-9_.-], not starting with '.'",
+            name.escape_debug()
+        )));
+    }
+    if !matches!(field.compress.as_str(), "raw" | "flate") {
+        return Err(Failure::BadRequest(format!(
+            "field '{name}': compression '{}' is not raw or flate",
+            field.compress.escape_debug()
+        )));
+    }
+    if let Some(dtype) = &field.dtype {
+        let rest = dtype.strip_prefix(['<', '>', '|', '=']).unwrap_or(dtype);
+        let mut chars = rest.chars();
+        let kind_ok = chars.next().is_some_and(|k| "biufcSUV".contains(k));
+        let size_ok = chars.as_str().parse::<u32>().is_ok_and(|n| n > 0);
+        if !kind_ok || !size_ok {
+            return Err(Failure::BadRequest(format!(
+                "field '{name}': dtype '{}' is not a NumPy type string (e.g. <f4, |u1, <i8)",
+                dtype.escape_debug()
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Router {
+    /// Runs a client's request on the router of the dataset it names; requests about the
+    /// datasets themselves and about the whole cluster run here.
+    pub(super) async fn dispatch(
+        self: &Arc<Self>,
+        message: ClientMessage,
+        body: &[u8],
+    ) -> Result<(Reply, Body), Failure> {
+        let name = message.dataset().to_string();
+        match message.request {
+            ClientRequest::Datasets => Ok(ready(Reply::Datasets(self.list_datasets().await?))),
+            ClientRequest::CreateDataset { fields } => {
+                self.create_dataset(&name, fields).await?;
+                Ok(ready(Reply::Done))
+            }
+            ClientRequest::DropDataset => {
+                self.drop_dataset(&name).await?;
+                Ok(ready(Reply::Done))
+            }
+            request @ (ClientRequest::Status
+            | ClientRequest::ReplaceNode { .. }
+            | ClientRequest::MoveShards { .. }
+            | ClientRequest::MoveProgress) => self.execute(request, body).await,
+            request => {
+                let router = self.router_of(&name).await?;
+                let executed = router.execute(request, body).await;
+                if router.dropped.load(Ordering::SeqCst) {
+                    return Err(self.no_such(&name));
+                }
+                executed
+            }
+        }
+    }
+
+    /// The router of dataset `name`: the record is read again if this router does not know
+    /// it (another router may have made it a moment ago).
+    pub(super) async fn router_of(self: &Arc<Self>, name: &str) -> Result<Arc<Router>, Failure> {
+        if name == DEFAULT_DATASET {
+            return Ok(Arc::clone(self));
+        }
+        if let Some(router) = self.named_router(name) {
+            return Ok(router);
+        }
+        let (record, _) = self.load_cluster().await?;
+        self.adopt_datasets(&record).await;
+        self.named_router(name).ok_or_else(|| self.no_such(name))
+    }
+
+    fn no_such(&self, name: &str) -> Failure {
+        let mut names = vec![DEFAULT_DATASET.to_string()];
+        names.extend(self.named_routers().iter().map(|r| r.dataset_name().to_string()));
+        Failure::NoSuchDataset {
+            name: name.to_string(),
+            known: format!("; it has {}", names.join(", ")),
+        }
+    }
+
+    fn named_router(&self, name: &str) -> Option<Arc<Router>> {
+        self.named
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// The routers of the named datasets, by name.
+    pub(super) fn named_routers(&self) -> Vec<Arc<Router>> {
+        self.named
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// This router and those of the named datasets: every dataset, the default one first.
+    pub(super) fn all_routers(self: &Arc<Self>) -> Vec<Arc<Router>> {
+        let mut all = vec![Arc::clone(self)];
+        all.extend(self.named_routers());
+        all
+    }
+
+    /// Opens the routers of `record`'s named datasets (at start).
+    pub(super) async fn open_datasets(
+        self: &Arc<Self>,
+        record: &ClusterRecord,
+    ) -> Result<(), crate::Error> {
+        self.adopt_datasets(record).await;
+        Ok(())
+    }
+
+    /// Makes the named routers `record`'s: routers for datasets made since are opened,
+    /// those of datasets dropped since are closed (their requests find no dataset), and
+    /// fields added since are taken.
+    pub(super) async fn adopt_datasets(self: &Arc<Self>, record: &ClusterRecord) {
+        let known: Vec<Arc<Router>> = self.named_routers();
+        for gone in known.iter().filter(|r| {
+            record
+                .dataset(r.dataset_name())
+                .is_none_or(|d| d.id != r.dataset_id)
+        }) {
+            gone.dropped.store(true, Ordering::SeqCst);
+            self.named
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(gone.dataset_name());
+            tracing::info!("dataset '{}' was dropped", gone.dataset_name());
+        }
+        for dataset in &record.datasets {
+            match self.named_router(&dataset.name) {
+                Some(router) => {
+                    let fields = wire_fields(&dataset.fields);
+                    let mut ours = router.fields.write().unwrap_or_else(|e| e.into_inner());
+                    if ours.len() < fields.len() {
+                        *ours = fields;
+                    }
+                }
+                None => {
+                    let router = self.open_named(dataset).await;
+                    self.named
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .entry(dataset.name.clone())
+                        .or_insert(router);
+                }
+            }
+        }
+    }
+
+    /// A router for named dataset `dataset`, sharing this one's links, metadata store and
+    /// reply budget; its committed length read from the metadata store and its length from
+    /// the nodes (the committed one while they cannot say).
+    async fn open_named(self: &Arc<Self>, dataset: &DatasetRecord) -> Arc<Router> {
+        let (me, lease) = {
+            let state = self.lease_state();
+            (state.me(), state.lease())
+        };
+        let router = Arc::new(Router {
+            dataset: Some(Arc::from(dataset.name.as_str())),
+            dataset_id: dataset.id,
+            named: Default::default(),
+            dropped: Default::default(),
+            placement: ArcSwap::new(self.placement.load_full()),
+            nodes: Arc::clone(&self.nodes),
+            len: Default::default(),
+            writes: Default::default(),
+            lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(me, lease)),
+            writer_key: zr_meta::writer::key(Some(&dataset.name)),
+            lease_used: std::sync::Mutex::new(None),
+            fields: std::sync::RwLock::new(wire_fields(&dataset.fields)),
+            committed_watch: tokio::sync::watch::Sender::new(0),
+            timeout: self.timeout,
+            meta: Arc::clone(&self.meta),
+            cluster_id: self.cluster_id.clone(),
+            map_version: self.map_version.load(Ordering::SeqCst).into(),
+            moving: Default::default(),
+            move_stop: Default::default(),
+            committed: Default::default(),
+            missing: std::sync::Mutex::new(vec![None; self.nodes.shards() as usize]),
+            rebuilds: Arc::clone(&self.rebuilds),
+            replies: Arc::clone(&self.replies),
+        });
+        if let Err(e) = router.reload_committed().await {
+            tracing::warn!("dataset '{}': {e}", dataset.name);
+        }
+        if let Err(e) = router.refresh_len().await {
+            tracing::debug!("dataset '{}': its length: {e}", dataset.name);
+            router
+                .len
+                .store(router.committed.load(Ordering::SeqCst), Ordering::SeqCst);
+        }
+        router
+    }
+
+    /// A named dataset's committed length from the metadata store (0 if none is recorded
+    /// for this dataset: a record of an earlier one of the same name counts for nothing),
+    /// and the record's revision.
+    pub(super) async fn load_named_committed(
+        &self,
+    ) -> Result<(u64, Option<zr_meta::Revision>), Failure> {
+        let name = self.dataset_name();
+        let read = cluster::load_committed(&*self.meta, name)
+            .await
+            .map_err(metadata)?;
+        Ok(match read {
+            Some((record, revision)) if record.id == self.dataset_id => {
+                (record.committed_len, Some(revision))
+            }
+            Some((_, revision)) => (0, Some(revision)),
+            None => (0, None),
+        })
+    }
+
+    /// [`Router::record_committed`] of a named dataset: its own key.
+    pub(super) async fn record_named_committed(
+        &self,
+        len: u64,
+        lowering: bool,
+    ) -> Result<(), Failure> {
+        for _ in 0..8 {
+            let (committed, revision) = self.load_named_committed().await?;
+            if committed == len {
+                self.set_committed(len);
+                return Ok(());
+            }
+            if committed > len && !lowering {
+                self.set_committed(committed);
+                return Err(Failure::Metadata(format!(
+                    "dataset '{}' has committed {committed} records but its shards hold {len}: data is missing; the commit is refused",
+                    self.dataset_name()
+                )));
+            }
+            let record = CommittedRecord {
+                id: self.dataset_id,
+                committed_len: len,
+            };
+            match cluster::store_committed(&*self.meta, self.dataset_name(), revision, &record)
+                .await
+            {
+                Ok(_) => {
+                    self.set_committed(len);
+                    return Ok(());
+                }
+                Err(zr_meta::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(metadata(e)),
+            }
+        }
+        Err(Failure::Metadata(format!(
+            "dataset '{}''s committed length kept changing; the commit is not recorded",
+            self.dataset_name()
+        )))
+    }
+
+    /// `zr dataset create`: records dataset `name` with `fields` in the cluster record, then
+    /// creates it on every node (one that is down gets it when it is back).
+    async fn create_dataset(
+        self: &Arc<Self>,
+        name: &str,
+        fields: Vec<FieldInfo>,
+    ) -> Result<(), Failure> {
+        if name == DEFAULT_DATASET {
+            return Err(Failure::Conflict(
+                "dataset 'default' exists already: every cluster has it".into(),
+            ));
+        }
+        if fields.is_empty() {
+            return Err(Failure::BadRequest(format!(
+                "dataset '{name}' needs at least one field"
+            )));
+        }
+        for (k, field) in fields.iter().enumerate() {
+            check_field(field)?;
+            if fields[..k].iter().any(|f| f.name == field.name) {
+                return Err(Failure::BadRequest(format!(
+                    "field '{}' is named twice",
+                    field.name
+                )));
+            }
+        }
+        let id = loop {
+            let (record, revision) = self.load_cluster().await?;
+            if record.moving.is_some() {
+                return Err(Failure::Conflict(
+                    "a shard move is under way: create the dataset once it is done".into(),
+                ));
+            }
+            if record.dataset(name).is_some() {
+                return Err(Failure::Conflict(format!("dataset '{name}' exists already")));
+            }
+            let mut next = record.clone();
+            next.dataset_ids += 1;
+            let id = next.dataset_ids;
+            next.datasets.push(DatasetRecord {
+                name: name.to_string(),
+                id,
+                fields: record_fields(&fields),
+            });
+            match cluster::store(&*self.meta, Some(revision), &next).await {
+                Ok(_) => break id,
+                Err(zr_meta::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(metadata(e)),
+            }
+        };
+        let request = NodeRequest::CreateDataset { id, fields };
+        self.on_every_node(Some(name), &request, "create").await;
+        let (record, _) = self.load_cluster().await?;
+        self.adopt_datasets(&record).await;
+        tracing::info!("created dataset '{name}' (id {id})");
+        Ok(())
+    }
+
+    /// `zr dataset drop`: removes dataset `name` from the cluster record, then from every
+    /// node (one that is down loses it when it is back). Refused during a move, and while a
+    /// replica catches up.
+    async fn drop_dataset(self: &Arc<Self>, name: &str) -> Result<(), Failure> {
+        if name == DEFAULT_DATASET {
+            return Err(Failure::BadRequest(
+                "the default dataset cannot be dropped".into(),
+            ));
+        }
+        let router = self.router_of(name).await?;
+        // Writes in flight finish first; later ones find no dataset.
+        let _writes = router.writes.lock().await;
+        if let Some(node) = self.nodes.all().find(|&n| !self.nodes.in_sync(n)) {
+            return Err(Failure::Conflict(format!(
+                "shard {} replica {} is behind and being caught up: drop the dataset once it is in sync",
+                self.nodes.shard(node),
+                self.nodes.replica(node)
+            )));
+        }
+        let id = loop {
+            let (record, revision) = self.load_cluster().await?;
+            if record.moving.is_some() {
+                return Err(Failure::Conflict(
+                    "a shard move is under way: drop the dataset once it is done".into(),
+                ));
+            }
+            let Some(dataset) = record.dataset(name) else {
+                return Err(self.no_such(name));
+            };
+            let id = dataset.id;
+            let mut next = record.clone();
+            next.datasets.retain(|d| d.name != name);
+            next.dataset_ids += 1;
+            match cluster::store(&*self.meta, Some(revision), &next).await {
+                Ok(_) => break id,
+                Err(zr_meta::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(metadata(e)),
+            }
+        };
+        router.dropped.store(true, Ordering::SeqCst);
+        self.named
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        router.release_lease(true).await;
+        self.on_every_node(Some(name), &NodeRequest::DropDataset { id }, "drop")
+            .await;
+        tracing::info!("dropped dataset '{name}' (id {id})");
+        Ok(())
+    }
+
+    /// Sends `request` to every node not known down, at once; a node that fails it is
+    /// brought in step by the next sync (`sync_datasets`).
+    async fn on_every_node(&self, dataset: Option<&str>, request: &NodeRequest, what: &str) {
+        let calls = self
+            .nodes
+            .all()
+            .filter(|&node| !self.nodes.is_down(node))
+            .map(|node| async move {
+                (
+                    node,
+                    self.nodes.call(dataset, node, request, Vec::new()).await,
+                )
+            });
+        for (node, result) in futures::future::join_all(calls).await {
+            if let Err(e) = result {
+                tracing::warn!(
+                    "{what} dataset '{}' on shard {} replica {}: {e} (done when it is back)",
+                    dataset.unwrap_or(DEFAULT_DATASET),
+                    self.nodes.shard(node),
+                    self.nodes.replica(node)
+                );
+            }
+        }
+    }
+
+    /// `zr dataset list`: every dataset, with its length, committed length, fields and the
+    /// bytes its chunks hold on the nodes that answered.
+    async fn list_datasets(self: &Arc<Self>) -> Result<Vec<DatasetInfo>, Failure> {
+        let (record, _) = self.load_cluster().await?;
+        self.adopt_datasets(&record).await;
+        let asked = self
+            .nodes
+            .all()
+            .filter(|&node| !self.nodes.is_down(node))
+            .map(|node| self.nodes.call(None, node, &NodeRequest::Datasets, Vec::new()));
+        let mut bytes = std::collections::HashMap::<(String, u64), u64>::new();
+        for answer in futures::future::join_all(asked).await {
+            if let Ok(crate::nodes::NodeReply {
+                reply: Reply::Datasets(held),
+                ..
+            }) = answer
+            {
+                for dataset in held {
+                    *bytes.entry((dataset.name, dataset.id)).or_default() += dataset.bytes;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for router in self.all_routers() {
+            if router.dataset.is_some() {
+                let _ = router.reload_committed().await;
+            } else {
+                self.set_committed(record.committed_len);
+            }
+            let len = match router.refresh_len().await {
+                Ok(len) => len,
+                Err(_) => router.len(),
+            };
+            let name = router.dataset_name().to_string();
+            out.push(DatasetInfo {
+                bytes: bytes
+                    .get(&(name.clone(), router.dataset_id))
+                    .copied()
+                    .unwrap_or(0),
+                name,
+                id: router.dataset_id,
+                fields: router.fields(),
+                len,
+                committed: Some(router.committed.load(Ordering::SeqCst)),
+            });
+        }
+        Ok(out)
+    }
+
+    /// `zr dataset add-field`: adds `field` to this router's dataset, in the cluster record
+    /// (a named dataset) and on every node, between writes. Records stored so far lack it.
+    pub(super) async fn add_field(self: &Arc<Self>, field: FieldInfo) -> Result<(), Failure> {
+        check_field(&field)?;
+        if field.dtype.is_some() {
+            return Err(Failure::BadRequest(format!(
+                "field '{}' has a dtype, so every record would need it, and the records stored so far have none: add it without one",
+                field.name
+            )));
+        }
+        if self.fields().iter().any(|f| f.name == field.name) {
+            return Err(Failure::Conflict(format!(
+                "dataset '{}' has a field '{}' already",
+                self.dataset_name(),
+                field.name
+            )));
+        }
+        self.exclusive(|| async {
+            self.refuse_while_moving("add-field").await?;
+            if self.dataset.is_some() {
+                loop {
+                    let (record, revision) = self.load_cluster().await?;
+                    let mut next = record.clone();
+                    let Some(dataset) = next
+                        .datasets
+                        .iter_mut()
+                        .find(|d| d.name == self.dataset_name() && d.id == self.dataset_id)
+                    else {
+                        return Err(Failure::NoSuchDataset {
+                            name: self.dataset_name().to_string(),
+                            known: String::new(),
+                        });
+                    };
+                    if dataset.fields.iter().any(|f| f.name == field.name) {
+                        break;
+                    }
+                    dataset.fields.extend(record_fields(std::slice::from_ref(&field)));
+                    match cluster::store(&*self.meta, Some(revision), &next).await {
+                        Ok(_) => break,
+                        Err(zr_meta::Error::Conflict { .. }) => continue,
+                        Err(e) => return Err(metadata(e)),
+                    }
+                }
+            }
+            let request = NodeRequest::AddField {
+                field: field.clone(),
+            };
+            self.on_every_node(self.on(), &request, "add a field to")
+                .await;
+            self.fields
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(field.clone());
+            Ok(())
+        })
+        .await
+    }
+
+    /// Writes field `field` of records `start..start + lengths.len()` (the payloads back to
+    /// back in `body`), their other fields unchanged. The caller holds the lease.
+    pub(super) async fn write_field(
+        &self,
+        field: String,
+        start: u64,
+        lengths: Vec<u32>,
+        body: &[u8],
+    ) -> Result<Reply, Failure> {
+        let count = lengths.len() as u64;
+        let len = self.len();
+        let end = start.saturating_add(count);
+        if end > len {
+            return Err(Failure::OutOfRange {
+                index: end.saturating_sub(1).max(start),
+                len,
+            });
+        }
+        if !self.fields().iter().any(|f| f.name == field) {
+            return Err(Failure::BadRequest(format!(
+                "dataset '{}' has no field '{field}'",
+                self.dataset_name()
+            )));
+        }
+        if count == 0 {
+            return Ok(Reply::Done);
+        }
+        self.refuse_while_moving("write-field").await?;
+        if self.nodes.replicas() > 1 {
+            self.intend(Some(PendingWrite::WriteField { start, count }))
+                .await
+                .map_err(|e| e.while_("recording the write in the metadata store"))?;
+        }
+        // Per shard: its local indices, their lengths and their bytes, in order.
+        let placement = self.placement.load_full();
+        let mut parts: std::collections::BTreeMap<u32, (Vec<u64>, Vec<u32>, Vec<u8>)> =
+            Default::default();
+        let mut at = 0usize;
+        for (k, &length) in lengths.iter().enumerate() {
+            let (shard, local) = placement.locate(start + k as u64);
+            let part = parts.entry(shard).or_default();
+            part.0.push(local);
+            part.1.push(length);
+            part.2.extend_from_slice(&body[at..at + length as usize]);
+            at += length as usize;
+        }
+        let calls = parts.into_iter().map(|(shard, (indices, lengths, bytes))| {
+            let request = NodeRequest::WriteField {
+                token: 0, // write_call sets it
+                field: field.clone(),
+                indices,
+                lengths,
+            };
+            self.write_call(shard, request, vec![Bytes::from(bytes)])
+        });
+        for result in futures::future::join_all(calls).await {
+            result?;
+        }
+        Ok(Reply::Done)
+    }
+
+    /// Waits until the dataset has committed `needed` records, `wait_ms` at most; returns
+    /// the committed length then. A commit through this router wakes it at once; commits
+    /// through others are read from the metadata store every [`WAIT_POLL`].
+    pub(super) async fn wait_committed(&self, needed: u64, wait_ms: u32) -> Result<u64, Failure> {
+        let wait_ms = wait_ms.min(wire::WAIT_MS_MAX);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
+        let mut commits = self.committed_watch.subscribe();
+        loop {
+            let committed = self.committed.load(Ordering::SeqCst);
+            if committed >= needed {
+                return Ok(committed);
+            }
+            if self.dropped.load(Ordering::SeqCst) {
+                return Err(Failure::NoSuchDataset {
+                    name: self.dataset_name().to_string(),
+                    known: String::new(),
+                });
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(Failure::WaitedOut {
+                    dataset: self.dataset_name().to_string(),
+                    waited_ms: wait_ms,
+                    needed,
+                    committed,
+                });
+            }
+            let poll = WAIT_POLL.min(deadline - now);
+            tokio::select! {
+                _ = commits.changed() => {}
+                _ = tokio::time::sleep(poll) => {
+                    if let Err(e) = self.reload_committed().await {
+                        tracing::debug!("waiting for commits: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Brings every node that answers in step with the cluster record's datasets: creates
+    /// those it lacks, drops those dropped while it was away, adds fields added meanwhile.
+    pub(super) async fn sync_datasets(self: &Arc<Self>) {
+        let record = match self.load_cluster().await {
+            Ok((record, _)) => record,
+            Err(e) => {
+                tracing::debug!("syncing datasets: {e}");
+                return;
+            }
+        };
+        self.adopt_datasets(&record).await;
+        let default_fields = self.fields();
+        let asked = self
+            .nodes
+            .all()
+            .filter(|&node| !self.nodes.is_down(node))
+            .map(|node| async move {
+                let answer = self
+                    .nodes
+                    .call(None, node, &NodeRequest::Datasets, Vec::new())
+                    .await;
+                (node, answer)
+            })
+            .collect::<Vec<_>>();
+        for (node, answer) in futures::future::join_all(asked).await {
+            let Ok(crate::nodes::NodeReply {
+                reply: Reply::Datasets(held),
+                ..
+            }) = answer
+            else {
+                continue;
+            };
+            self.sync_node(node, &record, &default_fields, &held).await;
+        }
+    }
+
+    async fn sync_node(
+        &self,
+        node: NodeId,
+        record: &ClusterRecord,
+        default_fields: &[FieldInfo],
+        held: &[DatasetInfo],
+    ) {
+        let mut changes: Vec<(Option<&str>, NodeRequest)> = Vec::new();
+        let missing_fields = |want: &[FieldInfo], have: &[FieldInfo]| -> Vec<NodeRequest> {
+            want.iter()
+                .filter(|f| !have.iter().any(|h| h.name == f.name))
+                .map(|f| NodeRequest::AddField { field: f.clone() })
+                .collect()
+        };
+        for dataset in &record.datasets {
+            let fields = wire_fields(&dataset.fields);
+            match held.iter().find(|h| h.name == dataset.name) {
+                Some(h) if h.id == dataset.id => {
+                    for add in missing_fields(&fields, &h.fields) {
+                        changes.push((Some(&dataset.name), add));
+                    }
+                }
+                Some(h) if h.id > dataset.id => {} // made after this record was read
+                _ => changes.push((
+                    Some(&dataset.name),
+                    NodeRequest::CreateDataset {
+                        id: dataset.id,
+                        fields,
+                    },
+                )),
+            }
+        }
+        for h in held {
+            if h.name == DEFAULT_DATASET {
+                for add in missing_fields(default_fields, &h.fields) {
+                    changes.push((None, add));
+                }
+                continue;
+            }
+            // Ids only grow: one past the record's last was made after it was read.
+            let dropped = h.id <= record.dataset_ids
+                && record.dataset(&h.name).is_none_or(|d| d.id > h.id);
+            if dropped {
+                changes.push((Some(&h.name), NodeRequest::DropDataset { id: h.id }));
+            }
+        }
+        for (dataset, request) in changes {
+            let kind = request.kind();
+            match self.nodes.call(dataset, node, &request, Vec::new()).await {
+                Ok(_) => tracing::info!(
+                    "shard {} replica {}: {kind} of dataset '{}' done (it missed it)",
+                    self.nodes.shard(node),
+                    self.nodes.replica(node),
+                    dataset.unwrap_or(DEFAULT_DATASET)
+                ),
+                Err(e) => tracing::warn!(
+                    "shard {} replica {}: {kind} of dataset '{}': {e}",
+                    self.nodes.shard(node),
+                    self.nodes.replica(node),
+                    dataset.unwrap_or(DEFAULT_DATASET)
+                ),
+            }
+        }
+    }
+
+    /// The last pass of a catch-up of `node` over every dataset of `all` (from `held` on),
+    /// holding each one's writes off, then the node marked in sync: returns the records
+    /// copied.
+    pub(super) fn last_passes<'a>(
+        all: &'a [Arc<Router>],
+        held: usize,
+        node: NodeId,
+        pass: u32,
+    ) -> BoxFuture<'a, Result<u64, Failure>> {
+        Box::pin(async move {
+            let Some(router) = all.get(held) else {
+                let mut copied = 0;
+                for router in all {
+                    copied += router.sync_pass(node, pass, true).await?;
+                }
+                if let Some(first) = all.first() {
+                    first.nodes.mark_in_sync(node).await?;
+                }
+                return Ok(copied);
+            };
+            router
+                .exclusive(|| Router::last_passes(all, held + 1, node, pass))
+                .await
+        })
+    }
+}
