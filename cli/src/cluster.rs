@@ -39,6 +39,10 @@ pub struct RouterArgs {
     /// Milliseconds for every network wait (longer than the router's own timeout).
     #[arg(long, value_name = "MS", default_value_t = CLIENT_TIMEOUT_MS_DEFAULT)]
     pub timeout_ms: u64,
+    /// The cluster's dataset to act on (`zr dataset list` shows them; default: the one
+    /// `zr cluster-init` made, named default).
+    #[arg(long, value_name = "NAME", requires = "router")]
+    pub dataset: Option<String>,
 }
 
 impl RouterArgs {
@@ -59,7 +63,11 @@ impl RouterArgs {
             }
         };
         let timeout = Duration::from_millis(self.timeout_ms.max(1));
-        Ok(Some(Client::connect_with_timeout(addr, security, timeout)?))
+        let client = Client::connect_with_timeout(addr, security, timeout)?;
+        Ok(Some(match &self.dataset {
+            Some(name) => client.dataset(name)?,
+            None => client,
+        }))
     }
 }
 
@@ -601,6 +609,25 @@ fn status(args: StatusArgs) -> CliResult {
     if let Some(moving) = &status.moving {
         println!("moving       {moving}");
     }
+    let datasets = client.datasets()?;
+    println!(
+        "{:<24} {:>12} {:>12}  state",
+        "dataset", "records", "committed"
+    );
+    let catching_up = status.nodes.iter().any(|n| n.rebuild.is_some());
+    for dataset in &datasets {
+        let state = match (&status.moving, catching_up) {
+            (Some(_), _) => "moving",
+            (None, true) => "rebuilding",
+            (None, false) => "ok",
+        };
+        println!(
+            "{:<24} {:>12} {:>12}  {state}",
+            dataset.name,
+            dataset.len,
+            dataset.committed.map_or("-".into(), |c| c.to_string())
+        );
+    }
     println!(
         "{:<8} {:<22} {:>10} {:>10} {:>9}  state",
         "shard", "address", "records", "last seen", "rtt"
@@ -662,7 +689,7 @@ impl Destination for ClusterDestination {
                     .collect();
                 Error::Cluster(
                     format!(
-                        "the cluster has no field '{}' (it has: {}); its fields are set in nodes.toml",
+                        "the dataset has no field '{}' (it has: {}); add it with `zr dataset add-field`",
                         target.field,
                         names.join(", ")
                     )

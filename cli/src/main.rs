@@ -4,6 +4,7 @@ mod bench;
 mod cluster;
 mod convert;
 mod dataset;
+mod datasets;
 mod sample;
 
 use std::process::ExitCode;
@@ -27,6 +28,11 @@ enum Command {
         #[command(subcommand)]
         command: cluster::ClusterCommand,
     },
+    /// A cluster's datasets: `zr dataset create|list|info|drop|add-field`.
+    Dataset {
+        #[command(subcommand)]
+        command: datasets::DatasetCommand,
+    },
     Convert(convert::ConvertArgs),
     Info(dataset::InfoArgs),
     Gather(dataset::GatherArgs),
@@ -44,6 +50,7 @@ fn main() -> ExitCode {
         Command::ClusterInit(args) => cluster::init(args),
         Command::ClusterRenew(args) => cluster::renew(args),
         Command::Cluster { command } => cluster::run(command),
+        Command::Dataset { command } => datasets::run(command),
         Command::Convert(args) => convert::run(args),
         Command::Info(args) => dataset::info(args),
         Command::Gather(args) => dataset::gather(args),

@@ -147,11 +147,14 @@ async fn conformance(first: Arc<dyn MetaStore>, reopen: impl Fn() -> Arc<dyn Met
                     .expect("load the writer record");
                 let now = Instant::now();
                 match state.observe(read.as_ref().map(|(r, revision)| (r, *revision)), now) {
-                    Step::Take { expected, pending } => {
-                        writer::store(&*handle, writer::WRITER_KEY, expected, &state.record(pending))
-                            .await
-                            .is_ok()
-                    }
+                    Step::Take { expected, pending } => writer::store(
+                        &*handle,
+                        writer::WRITER_KEY,
+                        expected,
+                        &state.record(pending),
+                    )
+                    .await
+                    .is_ok(),
                     Step::Wait { .. } => false,
                 }
             })

@@ -222,7 +222,11 @@ impl Catalog {
             CreateOptions::default(),
             self.runtime,
         )?);
-        self.root.serving().coordination.identity.copy_as_is(&building)?;
+        self.root
+            .serving()
+            .coordination
+            .identity
+            .copy_as_is(&building)?;
         let kept = serde_json::to_vec_pretty(&Kept {
             name: name.to_string(),
             id,

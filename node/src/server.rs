@@ -265,7 +265,10 @@ fn addressed(
         return Ok(Arc::clone(catalog.root()));
     }
     catalog.get(message.dataset.as_deref()).ok_or_else(|| {
-        let name = message.dataset.as_deref().unwrap_or(crate::catalog::DEFAULT);
+        let name = message
+            .dataset
+            .as_deref()
+            .unwrap_or(crate::catalog::DEFAULT);
         error_reply(
             ErrorCode::NoSuchDataset,
             format!("this node holds no dataset '{name}'"),
@@ -628,9 +631,7 @@ fn execute(
         } => fenced(coordination, Some(token), || {
             let values = wire::split_columns(&[lengths], body);
             let values = values.first().map_or(&[][..], Vec::as_slice);
-            store
-                .write_field(&field, &indices, values)
-                .map_err(fail)?;
+            store.write_field(&field, &indices, values).map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }),
         NodeRequest::Datasets => {

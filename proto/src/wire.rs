@@ -1275,7 +1275,10 @@ mod tests {
             let e = decode_request::<ClientMessage>(&bytes);
             assert!(matches!(e, Err(Error::Malformed(_))), "{bad}: {e:?}");
         }
-        assert_eq!(ClientMessage::new(None, ClientRequest::Info).dataset(), "default");
+        assert_eq!(
+            ClientMessage::new(None, ClientRequest::Info).dataset(),
+            "default"
+        );
     }
 
     /// A client's request and a node's are different messages: a node refuses a client's

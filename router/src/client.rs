@@ -20,6 +20,8 @@ use crate::error::Error;
 
 /// Records encoded for the wire: field names, `lengths[f][k]`, one body piece per field.
 type Encoded = (Vec<String>, Vec<Vec<u32>>, Vec<Bytes>);
+/// One record encoded for the wire: field names, lengths, the body.
+type EncodedOne = (Vec<String>, Vec<u32>, Vec<Bytes>);
 
 /// A connection to a router, for async callers (inside a tokio runtime). A connection the
 /// router closed (a restart, an idle timeout) is reopened before the next call; a call that
@@ -300,6 +302,23 @@ impl AsyncClient {
     ) -> Result<Vec<Contiguous>, Error> {
         self.across_map_switches(|| self.gather_once(indices, fields, checked, 0))
             .await
+            .map_err(|e| self.dropped(e))
+    }
+
+    /// `e`, said as the dataset's drop if that is what it is: a node refusing a part of a
+    /// gather for a dataset this handle found when it was made.
+    fn dropped(&self, e: Error) -> Error {
+        match e {
+            Error::Proto(zr_proto::Error::Remote { code, message })
+                if code == wire::ErrorCode::NoSuchDataset && !self.fields.is_empty() =>
+            {
+                Error::Dropped {
+                    dataset: self.name().to_string(),
+                    message,
+                }
+            }
+            other => other,
+        }
     }
 
     /// [`Self::gather`] of records that may not be committed yet: the router waits until
@@ -314,6 +333,7 @@ impl AsyncClient {
         let wait_ms = wait.as_millis().min(wire::WAIT_MS_MAX as u128) as u32;
         self.across_map_switches(|| self.gather_once(indices, fields, false, wait_ms.max(1)))
             .await
+            .map_err(|e| self.dropped(e))
     }
 
     /// Waits until the dataset has committed at least `len` records, `timeout` at most;
@@ -384,7 +404,12 @@ impl AsyncClient {
 
     /// Writes field `field` of records `start..start + values.len()`, their other fields
     /// unchanged.
-    pub async fn write_field(&self, field: &str, start: u64, values: &[&[u8]]) -> Result<(), Error> {
+    pub async fn write_field(
+        &self,
+        field: &str,
+        start: u64,
+        values: &[&[u8]],
+    ) -> Result<(), Error> {
         if !self.fields.iter().any(|f| f.name == field) {
             return Err(Error::UnknownField {
                 name: field.to_string(),
@@ -479,7 +504,7 @@ impl AsyncClient {
     }
 
     /// One record's fields as it names them: names, lengths, one body piece.
-    fn encode_named(&self, record: &Record) -> Result<(Vec<String>, Vec<u32>, Vec<Bytes>), Error> {
+    fn encode_named(&self, record: &Record) -> Result<EncodedOne, Error> {
         let mut names = Vec::new();
         let mut lengths = Vec::new();
         let mut body = Vec::new();

@@ -46,10 +46,17 @@ enum Piece {
 /// received, not re-encoded), shard after shard in the order their replies begin. Ends the
 /// body with `None` when all are sent, after an error frame when a shard failed before its
 /// frame began, and without it (the client's stream is reset) when one failed midway.
+/// What a gather's node requests address: the dataset (`None`: the default one) and the
+/// version of the map its plan was made by.
+#[derive(Clone, Debug)]
+pub(crate) struct Placed {
+    pub(crate) dataset: Option<Arc<str>>,
+    pub(crate) map_version: u64,
+}
+
 pub(crate) async fn forward_parts(
     nodes: Arc<Nodes>,
-    dataset: Option<Arc<str>>,
-    map_version: u64,
+    placed: Placed,
     parts: Vec<Part>,
     fields: Vec<String>,
     checked: bool,
@@ -76,9 +83,8 @@ pub(crate) async fn forward_parts(
             let turn = Arc::clone(&charge.turn);
             readers.spawn(read_part(
                 Arc::clone(&nodes),
-                dataset.clone(),
+                placed.clone(),
                 part.shard,
-                map_version,
                 request,
                 records,
                 charge,
@@ -193,9 +199,8 @@ impl Charge {
 /// every replica did; a replica known down is tried last.
 async fn read_part(
     nodes: Arc<Nodes>,
-    dataset: Option<Arc<str>>,
+    placed: Placed,
     shard: u32,
-    map_version: u64,
     request: NodeRequest,
     records: usize,
     charge: Charge,
@@ -217,7 +222,12 @@ async fn read_part(
         // Each replica is sent the request as meant for it (it checks which node it is),
         // placed by the map version the plan was made by: a node serving another refuses
         // it, however the router's own map moved meanwhile.
-        let header = match nodes.encode_at(dataset.as_deref(), node, Some(map_version), &request) {
+        let header = match nodes.encode_at(
+            placed.dataset.as_deref(),
+            node,
+            Some(placed.map_version),
+            &request,
+        ) {
             Ok(header) => header,
             Err(e) => {
                 let _ = pieces.send(Piece::Failed(Failure::BadRequest(e.to_string())));
@@ -244,7 +254,7 @@ async fn read_part(
                     // A copy failed its check: the partner's is read instead, and the bad
                     // one is repaired from a good one.
                     if let NodeRequest::Gather { indices, .. } = &request {
-                        nodes.suspect(dataset.clone(), node, indices.clone());
+                        nodes.suspect(placed.dataset.clone(), node, indices.clone());
                     }
                 }
                 if !last {

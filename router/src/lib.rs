@@ -20,4 +20,4 @@ pub use client::{AsyncClient, Client};
 pub use error::{Error, Failure};
 pub use restore::restore_record;
 pub use server::Router;
-pub use zr_proto::wire::{MapChange, MoveReport};
+pub use zr_proto::wire::{DatasetInfo, FieldInfo, MapChange, MoveReport};

@@ -31,6 +31,10 @@ pub(crate) type NodeId = usize;
 
 /// One node, reconnected on demand, through an endpoint (a UDP socket) of its own: replies
 /// from several nodes are then received in parallel, not by one socket's driver in turn.
+/// Records a checked read found damaged: the dataset (`None`: the default one), the node,
+/// the shard-local indices.
+pub(crate) type Suspect = (Option<Arc<str>>, NodeId, Vec<u64>);
+
 struct NodeLink {
     shard: u32,
     replica: u32,
@@ -105,7 +109,7 @@ pub(crate) struct Nodes {
     /// Woken when a replica may want catching up (marked behind, or back up).
     catch_up: Arc<tokio::sync::Notify>,
     /// Records a checked read found damaged, by node, for the router to repair.
-    suspects: std::sync::Mutex<Vec<(Option<Arc<str>>, NodeId, Vec<u64>)>>,
+    suspects: std::sync::Mutex<Vec<Suspect>>,
     security: Security,
     timeout: Duration,
     /// The cluster id and map version every request carries, once the router knows them.
@@ -224,7 +228,12 @@ impl Nodes {
         replica: u32,
     ) -> Result<u64, String> {
         let header = self
-            .encode_for(None, wire::Target { shard, replica }, None, &NodeRequest::Info)
+            .encode_for(
+                None,
+                wire::Target { shard, replica },
+                None,
+                &NodeRequest::Info,
+            )
             .map_err(|e| e.to_string())?;
         let endpoint = zr_net::client_endpoint(addr).map_err(|e| e.to_string())?;
         let asked = async {
@@ -414,7 +423,7 @@ impl Nodes {
     }
 
     /// The damaged reads noted since the last call.
-    pub(crate) fn take_suspects(&self) -> Vec<(Option<Arc<str>>, NodeId, Vec<u64>)> {
+    pub(crate) fn take_suspects(&self) -> Vec<Suspect> {
         std::mem::take(&mut *self.suspects.lock().unwrap_or_else(|e| e.into_inner()))
     }
 

@@ -51,7 +51,9 @@ pub async fn restore_record(
     let mut lens = vec![u64::MAX; config.cluster.shards as usize];
     for node in nodes.all() {
         let (shard, replica) = (nodes.shard(node), nodes.replica(node));
-        let reply = nodes.call(None, node, &NodeRequest::Identity, Vec::new()).await?;
+        let reply = nodes
+            .call(None, node, &NodeRequest::Identity, Vec::new())
+            .await?;
         let Reply::Identity {
             cluster,
             map_version,
@@ -102,8 +104,8 @@ pub async fn restore_record(
         map,
         moving: None,
         added: Vec::new(),
-                datasets: Vec::new(),
-                dataset_ids: 0,
+        datasets: Vec::new(),
+        dataset_ids: 0,
     };
     cluster::store(&*meta, None, &record).await?;
     Ok(record)

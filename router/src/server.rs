@@ -71,6 +71,10 @@ pub struct Router {
     named: std::sync::RwLock<std::collections::BTreeMap<String, Arc<Router>>>,
     /// Set when the dataset was dropped: its router serves nothing more.
     dropped: std::sync::atomic::AtomicBool,
+    /// The revision of the cluster record whose datasets `named` holds, and the lock its
+    /// adoption takes (`datasets.rs`).
+    adopted: AtomicU64,
+    adopting: Mutex<()>,
     placement: ArcSwap<Placement>,
     nodes: Arc<Nodes>,
     len: AtomicU64,
@@ -149,6 +153,8 @@ impl Router {
             dataset_id: 0,
             named: Default::default(),
             dropped: Default::default(),
+            adopted: Default::default(),
+            adopting: Default::default(),
             writer_key: zr_meta::writer::key(None),
             committed_watch: tokio::sync::watch::Sender::new(0),
             placement: ArcSwap::from_pointee(placement),
@@ -331,7 +337,10 @@ impl Router {
 
     /// The dataset's fields now.
     pub(crate) fn fields(&self) -> Vec<FieldInfo> {
-        self.fields.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.fields
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Notes `len` as the committed length, waking the consumers it lets go on.
@@ -988,8 +997,10 @@ impl Router {
         let (frames, body) = tokio::sync::mpsc::channel(FRAMES_QUEUED);
         tokio::spawn(crate::forward::forward_parts(
             Arc::clone(&self.nodes),
-            self.dataset.clone(),
-            placement.version(),
+            crate::forward::Placed {
+                dataset: self.dataset.clone(),
+                map_version: placement.version(),
+            },
             parts,
             fields,
             checked,
@@ -1102,9 +1113,10 @@ impl Router {
     /// fails it is marked behind).
     async fn commit_shard(&self, shard: u32) -> Result<(), Failure> {
         let targets = self.nodes.in_sync_of(shard);
-        let calls = targets
-            .iter()
-            .map(|&node| self.nodes.call(self.on(), node, &NodeRequest::Commit, Vec::new()));
+        let calls = targets.iter().map(|&node| {
+            self.nodes
+                .call(self.on(), node, &NodeRequest::Commit, Vec::new())
+        });
         let results = futures::future::join_all(calls).await;
         let (_, done) = self.all_or_behind(&targets, results).await?;
         for node in done {

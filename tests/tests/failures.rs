@@ -463,13 +463,18 @@ fn wait_node_down(mut status: impl FnMut() -> zr_proto::wire::ClusterStatus, sha
 fn take_lease_as_another_router(cluster: &SimCluster, lease_ms: u64) -> u64 {
     let meta = cluster.metadata().unwrap();
     cluster.run(async {
-        let expected = writer::load(&*meta, writer::WRITER_KEY).await.unwrap().map(|(_, r)| r);
+        let expected = writer::load(&*meta, writer::WRITER_KEY)
+            .await
+            .unwrap()
+            .map(|(_, r)| r);
         let held = WriterRecord {
             holder: Some(7),
             lease_ms,
             pending: None,
         };
-        writer::store(&*meta, writer::WRITER_KEY, expected, &held).await.unwrap()
+        writer::store(&*meta, writer::WRITER_KEY, expected, &held)
+            .await
+            .unwrap()
     })
 }
 
@@ -780,7 +785,10 @@ fn with_shard_zero_down_writes_fail_naming_it_and_resume_after() {
         );
     }
     let meta = cluster.metadata().unwrap();
-    let (writer, _) = cluster.run(writer::load(&*meta, writer::WRITER_KEY)).unwrap().unwrap();
+    let (writer, _) = cluster
+        .run(writer::load(&*meta, writer::WRITER_KEY))
+        .unwrap()
+        .unwrap();
     assert_eq!(writer.holder, None, "a failed write left the lease held");
     check(&client, &elsewhere);
 

@@ -21,8 +21,7 @@ use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, Fiel
 use zr_meta::writer::PendingWrite;
 use zr_net::Body;
 use zr_proto::wire::{
-    self, ClientMessage, ClientRequest, DatasetInfo, FieldInfo, NodeRequest, Reply,
-    DEFAULT_DATASET,
+    self, ClientMessage, ClientRequest, DatasetInfo, FieldInfo, NodeRequest, Reply, DEFAULT_DATASET,
 };
 
 use super::Router;
@@ -35,6 +34,14 @@ const WAIT_POLL: Duration = Duration::from_millis(20);
 
 /// Longest field name (as the engine allows).
 const FIELD_NAME_MAX: usize = 64;
+
+/// One shard's part of a field write: its local indices, their lengths, their bytes.
+#[derive(Default)]
+struct ShardValues {
+    indices: Vec<u64>,
+    lengths: Vec<u32>,
+    bytes: Vec<u8>,
+}
 
 fn metadata(e: zr_meta::Error) -> Failure {
     Failure::Metadata(e.to_string())
@@ -128,8 +135,22 @@ impl Router {
             | ClientRequest::MoveShards { .. }
             | ClientRequest::MoveProgress) => self.execute(request, body).await,
             request => {
+                if matches!(request, ClientRequest::Info) {
+                    // Fields another router added since are in the record (a named dataset's)
+                    // or on the nodes (the default one's).
+                    self.refresh_fields(&name).await;
+                }
                 let router = self.router_of(&name).await?;
                 let executed = router.execute(request, body).await;
+                if executed
+                    .as_ref()
+                    .is_err_and(|e| e.code() == wire::ErrorCode::NoSuchDataset)
+                {
+                    // A node has no such dataset: perhaps another router dropped it.
+                    if let Ok((record, revision)) = self.load_cluster().await {
+                        self.adopt_datasets(&record, revision).await;
+                    }
+                }
                 if router.dropped.load(Ordering::SeqCst) {
                     return Err(self.no_such(&name));
                 }
@@ -147,14 +168,44 @@ impl Router {
         if let Some(router) = self.named_router(name) {
             return Ok(router);
         }
-        let (record, _) = self.load_cluster().await?;
-        self.adopt_datasets(&record).await;
+        let (record, revision) = self.load_cluster().await?;
+        self.adopt_datasets(&record, revision).await;
         self.named_router(name).ok_or_else(|| self.no_such(name))
+    }
+
+    /// Takes the fields of dataset `name` afresh: from the cluster record, or for the
+    /// default dataset from a node.
+    async fn refresh_fields(self: &Arc<Self>, name: &str) {
+        if name != DEFAULT_DATASET {
+            if let Ok((record, revision)) = self.load_cluster().await {
+                self.adopt_datasets(&record, revision).await;
+            }
+            return;
+        }
+        let placed = (0..self.nodes.shards()).find(|&s| !self.placement.load().slots(s).is_empty());
+        let Some(shard) = placed else { return };
+        if let Ok((
+            _,
+            crate::nodes::NodeReply {
+                reply: Reply::Info { fields, .. },
+                ..
+            },
+        )) = self.nodes.read(None, shard, &NodeRequest::Info).await
+        {
+            let mut ours = self.fields.write().unwrap_or_else(|e| e.into_inner());
+            if fields.len() > ours.len() && fields.starts_with(&ours) {
+                *ours = fields;
+            }
+        }
     }
 
     fn no_such(&self, name: &str) -> Failure {
         let mut names = vec![DEFAULT_DATASET.to_string()];
-        names.extend(self.named_routers().iter().map(|r| r.dataset_name().to_string()));
+        names.extend(
+            self.named_routers()
+                .iter()
+                .map(|r| r.dataset_name().to_string()),
+        );
         Failure::NoSuchDataset {
             name: name.to_string(),
             known: format!("; it has {}", names.join(", ")),
@@ -191,14 +242,20 @@ impl Router {
         self: &Arc<Self>,
         record: &ClusterRecord,
     ) -> Result<(), crate::Error> {
-        self.adopt_datasets(record).await;
+        self.adopt_datasets(record, 0).await;
         Ok(())
     }
 
     /// Makes the named routers `record`'s: routers for datasets made since are opened,
     /// those of datasets dropped since are closed (their requests find no dataset), and
-    /// fields added since are taken.
-    pub(super) async fn adopt_datasets(self: &Arc<Self>, record: &ClusterRecord) {
+    /// fields added since are taken. A record older (`revision`) than one adopted before is
+    /// ignored: it would bring back a dataset dropped since.
+    pub(super) async fn adopt_datasets(self: &Arc<Self>, record: &ClusterRecord, revision: u64) {
+        let _one = self.adopting.lock().await;
+        if revision < self.adopted.load(Ordering::SeqCst) {
+            return;
+        }
+        self.adopted.store(revision, Ordering::SeqCst);
         let known: Vec<Arc<Router>> = self.named_routers();
         for gone in known.iter().filter(|r| {
             record
@@ -246,6 +303,8 @@ impl Router {
             dataset_id: dataset.id,
             named: Default::default(),
             dropped: Default::default(),
+            adopted: Default::default(),
+            adopting: Default::default(),
             placement: ArcSwap::new(self.placement.load_full()),
             nodes: Arc::clone(&self.nodes),
             len: Default::default(),
@@ -371,7 +430,9 @@ impl Router {
                 ));
             }
             if record.dataset(name).is_some() {
-                return Err(Failure::Conflict(format!("dataset '{name}' exists already")));
+                return Err(Failure::Conflict(format!(
+                    "dataset '{name}' exists already"
+                )));
             }
             let mut next = record.clone();
             next.dataset_ids += 1;
@@ -389,8 +450,8 @@ impl Router {
         };
         let request = NodeRequest::CreateDataset { id, fields };
         self.on_every_node(Some(name), &request, "create").await;
-        let (record, _) = self.load_cluster().await?;
-        self.adopt_datasets(&record).await;
+        let (record, revision) = self.load_cluster().await?;
+        self.adopt_datasets(&record, revision).await;
         tracing::info!("created dataset '{name}' (id {id})");
         Ok(())
     }
@@ -429,7 +490,10 @@ impl Router {
             next.datasets.retain(|d| d.name != name);
             next.dataset_ids += 1;
             match cluster::store(&*self.meta, Some(revision), &next).await {
-                Ok(_) => break id,
+                Ok(stored) => {
+                    self.adopted.fetch_max(stored, Ordering::SeqCst);
+                    break id;
+                }
                 Err(zr_meta::Error::Conflict { .. }) => continue,
                 Err(e) => return Err(metadata(e)),
             }
@@ -474,13 +538,16 @@ impl Router {
     /// `zr dataset list`: every dataset, with its length, committed length, fields and the
     /// bytes its chunks hold on the nodes that answered.
     async fn list_datasets(self: &Arc<Self>) -> Result<Vec<DatasetInfo>, Failure> {
-        let (record, _) = self.load_cluster().await?;
-        self.adopt_datasets(&record).await;
+        let (record, revision) = self.load_cluster().await?;
+        self.adopt_datasets(&record, revision).await;
         let asked = self
             .nodes
             .all()
             .filter(|&node| !self.nodes.is_down(node))
-            .map(|node| self.nodes.call(None, node, &NodeRequest::Datasets, Vec::new()));
+            .map(|node| {
+                self.nodes
+                    .call(None, node, &NodeRequest::Datasets, Vec::new())
+            });
         let mut bytes = std::collections::HashMap::<(String, u64), u64>::new();
         for answer in futures::future::join_all(asked).await {
             if let Ok(crate::nodes::NodeReply {
@@ -556,7 +623,9 @@ impl Router {
                     if dataset.fields.iter().any(|f| f.name == field.name) {
                         break;
                     }
-                    dataset.fields.extend(record_fields(std::slice::from_ref(&field)));
+                    dataset
+                        .fields
+                        .extend(record_fields(std::slice::from_ref(&field)));
                     match cluster::store(&*self.meta, Some(revision), &next).await {
                         Ok(_) => break,
                         Err(zr_meta::Error::Conflict { .. }) => continue,
@@ -613,25 +682,25 @@ impl Router {
         }
         // Per shard: its local indices, their lengths and their bytes, in order.
         let placement = self.placement.load_full();
-        let mut parts: std::collections::BTreeMap<u32, (Vec<u64>, Vec<u32>, Vec<u8>)> =
-            Default::default();
+        let mut parts: std::collections::BTreeMap<u32, ShardValues> = Default::default();
         let mut at = 0usize;
         for (k, &length) in lengths.iter().enumerate() {
             let (shard, local) = placement.locate(start + k as u64);
             let part = parts.entry(shard).or_default();
-            part.0.push(local);
-            part.1.push(length);
-            part.2.extend_from_slice(&body[at..at + length as usize]);
+            part.indices.push(local);
+            part.lengths.push(length);
+            part.bytes
+                .extend_from_slice(&body[at..at + length as usize]);
             at += length as usize;
         }
-        let calls = parts.into_iter().map(|(shard, (indices, lengths, bytes))| {
+        let calls = parts.into_iter().map(|(shard, part)| {
             let request = NodeRequest::WriteField {
                 token: 0, // write_call sets it
                 field: field.clone(),
-                indices,
-                lengths,
+                indices: part.indices,
+                lengths: part.lengths,
             };
-            self.write_call(shard, request, vec![Bytes::from(bytes)])
+            self.write_call(shard, request, vec![Bytes::from(part.bytes)])
         });
         for result in futures::future::join_all(calls).await {
             result?;
@@ -681,14 +750,17 @@ impl Router {
     /// Brings every node that answers in step with the cluster record's datasets: creates
     /// those it lacks, drops those dropped while it was away, adds fields added meanwhile.
     pub(super) async fn sync_datasets(self: &Arc<Self>) {
-        let record = match self.load_cluster().await {
-            Ok((record, _)) => record,
+        let (record, revision) = match self.load_cluster().await {
+            Ok(read) => read,
             Err(e) => {
                 tracing::debug!("syncing datasets: {e}");
                 return;
             }
         };
-        self.adopt_datasets(&record).await;
+        self.adopt_datasets(&record, revision).await;
+        if revision < self.adopted.load(Ordering::SeqCst) {
+            return; // a newer record was adopted meanwhile: the next sync uses it
+        }
         let default_fields = self.fields();
         let asked = self
             .nodes
@@ -754,8 +826,8 @@ impl Router {
                 continue;
             }
             // Ids only grow: one past the record's last was made after it was read.
-            let dropped = h.id <= record.dataset_ids
-                && record.dataset(&h.name).is_none_or(|d| d.id > h.id);
+            let dropped =
+                h.id <= record.dataset_ids && record.dataset(&h.name).is_none_or(|d| d.id > h.id);
             if dropped {
                 changes.push((Some(&h.name), NodeRequest::DropDataset { id: h.id }));
             }

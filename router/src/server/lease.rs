@@ -68,7 +68,9 @@ impl Router {
         let mut pause = Duration::from_millis(1);
         loop {
             let asked = now();
-            let read = writer::load(&*self.meta, &self.writer_key).await.map_err(metadata)?;
+            let read = writer::load(&*self.meta, &self.writer_key)
+                .await
+                .map_err(metadata)?;
             let step = self
                 .lease_state()
                 .observe(read.as_ref().map(|(r, revision)| (r, *revision)), asked);
@@ -154,7 +156,8 @@ impl Router {
         let Some((expected, record)) = self.lease_state().released(settled) else {
             return;
         };
-        if let Err(e) = writer::store(&*self.meta, &self.writer_key, Some(expected), &record).await {
+        if let Err(e) = writer::store(&*self.meta, &self.writer_key, Some(expected), &record).await
+        {
             tracing::warn!("giving back the write lease: {e} (it lapses by itself)");
         }
     }

@@ -623,7 +623,12 @@ impl Router {
         for &node in &nodes {
             match self
                 .nodes
-                .call(self.on(), node, &NodeRequest::StageOpen { version }, Vec::new())
+                .call(
+                    self.on(),
+                    node,
+                    &NodeRequest::StageOpen { version },
+                    Vec::new(),
+                )
                 .await?
                 .reply
             {

@@ -220,7 +220,11 @@ impl Router {
                     let step = router.sync_pass(node, pass, false).await?;
                     copied += step;
                     // Nothing left to copy: the last pass will be short.
-                    pass = if step == 0 { ONLINE_PASSES + 1 } else { pass + 1 };
+                    pass = if step == 0 {
+                        ONLINE_PASSES + 1
+                    } else {
+                        pass + 1
+                    };
                 }
             }
             copied += Router::last_passes(&all, 0, node, ONLINE_PASSES + 1).await?;
@@ -436,7 +440,12 @@ impl Router {
         count: u64,
     ) -> Result<(Vec<u32>, Vec<u64>), Failure> {
         let request = NodeRequest::Digest { start, count };
-        match self.nodes.call(self.on(), node, &request, Vec::new()).await?.reply {
+        match self
+            .nodes
+            .call(self.on(), node, &request, Vec::new())
+            .await?
+            .reply
+        {
             Reply::Digest { crcs, corrupt, .. } if crcs.len() as u64 == count => {
                 Ok((crcs, corrupt))
             }

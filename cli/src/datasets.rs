@@ -1,0 +1,262 @@
+//! `zr dataset`: the named datasets of a cluster — create, list, show, drop, grow a field.
+
+use clap::{Args, Subcommand};
+use zr_net::tls::Access;
+use zr_router::Client;
+use zr_router::{DatasetInfo, FieldInfo};
+
+use crate::cluster::RouterArgs;
+use crate::{human_bytes, CliResult};
+
+/// The datasets of a cluster: each has its own fields, records and writes, and every shard
+/// holds a part of each.
+#[derive(Subcommand)]
+pub enum DatasetCommand {
+    Create(CreateArgs),
+    List(ListArgs),
+    Info(NamedArgs),
+    Drop(DropArgs),
+    AddField(AddFieldArgs),
+}
+
+/// Create a dataset (operator role).
+///
+/// Example: zr dataset create text --field tokens:raw:<u4 --field meta:flate --router ADDR --certs DIR
+#[derive(Args)]
+pub struct CreateArgs {
+    /// Its name: 1-64 characters of [a-z0-9._-], starting with a letter or digit.
+    name: String,
+    /// A field, as NAME[:raw|flate][:DTYPE[:SHAPE]] (DTYPE a NumPy type string such as <f4,
+    /// SHAPE dimensions joined by x, e.g. 3x224x224); repeat for several.
+    #[arg(long = "field", value_name = "SPEC", required = true)]
+    fields: Vec<String>,
+    #[command(flatten)]
+    remote: RouterArgs,
+}
+
+/// List the cluster's datasets: name, records, committed, fields, bytes.
+#[derive(Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    remote: RouterArgs,
+}
+
+/// Show one dataset: its records, committed records, fields and bytes.
+#[derive(Args)]
+pub struct NamedArgs {
+    name: String,
+    #[command(flatten)]
+    remote: RouterArgs,
+}
+
+/// Drop a dataset and every record in it, on every node (operator role). Refused while a
+/// shard move or a replica's catch-up runs.
+#[derive(Args)]
+pub struct DropArgs {
+    name: String,
+    /// Say yes: the records cannot be brought back.
+    #[arg(long)]
+    yes: bool,
+    #[command(flatten)]
+    remote: RouterArgs,
+}
+
+/// Add a field to a dataset (operator role): the records stored so far lack it until a
+/// write gives it one (Python: `write_field`).
+#[derive(Args)]
+pub struct AddFieldArgs {
+    name: String,
+    /// The field, as NAME[:raw|flate] (a field added later has no dtype: the records
+    /// stored so far have no value for it).
+    field: String,
+    #[command(flatten)]
+    remote: RouterArgs,
+}
+
+/// A field as `zr dataset create --field` spells it: NAME[:raw|flate][:DTYPE[:SHAPE]].
+pub fn parse_field(spec: &str) -> Result<FieldInfo, String> {
+    let mut parts = spec.split(':');
+    let name = parts.next().unwrap_or_default().to_string();
+    let mut compress = "raw".to_string();
+    let mut rest: Vec<&str> = parts.collect();
+    if let Some(&first) = rest.first() {
+        if first == "raw" || first == "flate" {
+            compress = first.to_string();
+            rest.remove(0);
+        }
+    }
+    let dtype = rest.first().map(|d| d.to_string());
+    let shape = match rest.get(1) {
+        None => None,
+        Some(dims) => Some(
+            dims.split(['x', ','])
+                .map(|d| {
+                    d.parse::<u64>().map_err(|_| {
+                        format!("field '{spec}': shape '{dims}' is not dimensions like 3x224x224")
+                    })
+                })
+                .collect::<Result<Vec<u64>, String>>()?,
+        ),
+    };
+    if rest.len() > 2 {
+        return Err(format!(
+            "field '{spec}' is not NAME[:raw|flate][:DTYPE[:SHAPE]]"
+        ));
+    }
+    if name.is_empty() {
+        return Err(format!("field '{spec}' has no name"));
+    }
+    Ok(FieldInfo {
+        name,
+        compress,
+        dtype,
+        shape,
+    })
+}
+
+fn connect(
+    remote: &RouterArgs,
+    needs: Access,
+    usage: &str,
+) -> Result<Client, Box<dyn std::error::Error>> {
+    let mut remote = remote.clone();
+    // The dataset is named by the command itself, not --dataset.
+    remote.dataset = None;
+    Ok(remote
+        .client(needs)?
+        .ok_or_else(|| format!("--router is missing: {usage}"))?)
+}
+
+fn describe_fields(fields: &[FieldInfo]) -> String {
+    fields
+        .iter()
+        .map(|f| {
+            let mut s = format!("{}:{}", f.name, f.compress);
+            if let Some(dtype) = &f.dtype {
+                s.push(':');
+                s.push_str(dtype);
+            }
+            if let Some(shape) = &f.shape {
+                s.push(':');
+                s.push_str(
+                    &shape
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join("x"),
+                );
+            }
+            s
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn run(command: DatasetCommand) -> CliResult {
+    match command {
+        DatasetCommand::Create(args) => {
+            let fields = args
+                .fields
+                .iter()
+                .map(|f| parse_field(f))
+                .collect::<Result<Vec<_>, _>>()?;
+            let client = connect(
+                &args.remote,
+                Access::Operate,
+                "zr dataset create NAME --field F --router ADDR --certs DIR",
+            )?;
+            client.create_dataset(&args.name, fields)?;
+            println!("created dataset '{}'", args.name);
+            Ok(())
+        }
+        DatasetCommand::List(args) => {
+            let client = connect(
+                &args.remote,
+                Access::Read,
+                "zr dataset list --router ADDR --certs DIR",
+            )?;
+            let all = client.datasets()?;
+            println!(
+                "{:<24} {:>12} {:>12} {:>10}  fields",
+                "name", "records", "committed", "bytes"
+            );
+            for dataset in &all {
+                println!(
+                    "{:<24} {:>12} {:>12} {:>10}  {}",
+                    dataset.name,
+                    dataset.len,
+                    dataset.committed.map_or("-".into(), |c| c.to_string()),
+                    human_bytes(dataset.bytes),
+                    describe_fields(&dataset.fields)
+                );
+            }
+            Ok(())
+        }
+        DatasetCommand::Info(args) => {
+            let client = connect(
+                &args.remote,
+                Access::Read,
+                "zr dataset info NAME --router ADDR --certs DIR",
+            )?;
+            let all = client.datasets()?;
+            let Some(dataset) = all.iter().find(|d| d.name == args.name) else {
+                let names: Vec<&str> = all.iter().map(|d| d.name.as_str()).collect();
+                return Err(format!(
+                    "the cluster has no dataset '{}' (it has: {})",
+                    args.name,
+                    names.join(", ")
+                )
+                .into());
+            };
+            print_info(dataset);
+            Ok(())
+        }
+        DatasetCommand::Drop(args) => {
+            if !args.yes {
+                return Err(format!(
+                    "dropping dataset '{}' deletes every record in it on every node; run again with --yes to do it",
+                    args.name
+                )
+                .into());
+            }
+            let client = connect(
+                &args.remote,
+                Access::Operate,
+                "zr dataset drop NAME --yes --router ADDR --certs DIR",
+            )?;
+            client.drop_dataset(&args.name)?;
+            println!("dropped dataset '{}'", args.name);
+            Ok(())
+        }
+        DatasetCommand::AddField(args) => {
+            let field = parse_field(&args.field)?;
+            let client = connect(
+                &args.remote,
+                Access::Operate,
+                "zr dataset add-field NAME FIELD --router ADDR --certs DIR",
+            )?;
+            let mut dataset = client.dataset(&args.name)?;
+            dataset.add_field(field.clone())?;
+            println!(
+                "dataset '{}' has field '{}' now (the records stored so far lack it until written)",
+                args.name, field.name
+            );
+            Ok(())
+        }
+    }
+}
+
+fn print_info(dataset: &DatasetInfo) {
+    println!("dataset      {}", dataset.name);
+    println!("records      {}", dataset.len);
+    if let Some(committed) = dataset.committed {
+        println!("committed    {committed}");
+    }
+    println!("bytes        {}", human_bytes(dataset.bytes));
+    for field in &dataset.fields {
+        println!(
+            "field        {}",
+            describe_fields(std::slice::from_ref(field))
+        );
+    }
+}
