@@ -56,6 +56,8 @@ fn cluster_error(e: zr_router::Error) -> PyErr {
 
 /// A field as Python sees it: (name, compression, dtype, shape).
 type FieldTuple = (String, String, Option<String>, Option<Vec<u64>>);
+/// A dataset as Python sees it: (name, records, committed, fields, bytes).
+type DatasetTuple = (String, u64, Option<u64>, Vec<FieldTuple>, u64);
 
 fn field_tuple(spec: &FieldSpec) -> FieldTuple {
     let compress = match spec.compress {
@@ -370,6 +372,34 @@ impl Store {
     fn commit(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.inner.commit()).map_err(node_error)
     }
+
+    /// Adds field `name` (`compress`: raw or flate): the records stored so far lack it.
+    /// Returns the store with the field, which replaces this one (it refuses writes now).
+    fn add_field(&self, py: Python<'_>, name: String, compress: &str) -> PyResult<Store> {
+        let compress = compress
+            .parse::<zr_node::Compression>()
+            .map_err(PyValueError::new_err)?;
+        let spec = zr_node::FieldSpec::new(name, compress);
+        let inner = py
+            .detach(|| self.inner.add_field(spec))
+            .map_err(node_error)?;
+        Ok(Store { inner })
+    }
+
+    /// Writes field `field` of records `start..start + len(values)`, their other fields
+    /// unchanged.
+    fn write_field(
+        &self,
+        py: Python<'_>,
+        field: &str,
+        start: u64,
+        values: Vec<Vec<u8>>,
+    ) -> PyResult<()> {
+        let indices: Vec<u64> = (start..start + values.len() as u64).collect();
+        let slices: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        py.detach(|| self.inner.write_field(field, &indices, &slices))
+            .map_err(node_error)
+    }
 }
 
 impl Store {
@@ -402,13 +432,14 @@ impl Client {
     /// operator; None: the writer's if `certs` holds one, else the reader's, else the
     /// operator's).
     #[staticmethod]
-    #[pyo3(signature = (router, certs=None, timeout_ms=30_000, role=None))]
+    #[pyo3(signature = (router, certs=None, timeout_ms=30_000, role=None, dataset=None))]
     fn connect(
         py: Python<'_>,
         router: &str,
         certs: Option<std::path::PathBuf>,
         timeout_ms: u64,
         role: Option<&str>,
+        dataset: Option<&str>,
     ) -> PyResult<Client> {
         use zr_net::tls::Role;
         let addr: std::net::SocketAddr = router
@@ -436,9 +467,101 @@ impl Client {
         };
         let timeout = std::time::Duration::from_millis(timeout_ms.max(1));
         let inner = py
-            .detach(|| zr_router::Client::connect_with_timeout(addr, security, timeout))
+            .detach(|| {
+                let client = zr_router::Client::connect_with_timeout(addr, security, timeout)?;
+                match dataset {
+                    Some(name) => client.dataset(name),
+                    None => Ok(client),
+                }
+            })
             .map_err(cluster_error)?;
         Ok(Client { inner })
+    }
+
+    /// The dataset this client addresses.
+    fn name(&self) -> String {
+        self.inner.name().to_string()
+    }
+
+    /// The cluster's datasets: (name, records, committed, fields, bytes) each.
+    fn datasets(&self, py: Python<'_>) -> PyResult<Vec<DatasetTuple>> {
+        let all = py.detach(|| self.inner.datasets()).map_err(cluster_error)?;
+        Ok(all
+            .into_iter()
+            .map(|d| {
+                let fields = d
+                    .fields
+                    .into_iter()
+                    .map(|f| (f.name, f.compress, f.dtype, f.shape))
+                    .collect();
+                (d.name, d.len, d.committed, fields, d.bytes)
+            })
+            .collect())
+    }
+
+    /// Creates dataset `name` with `fields` ((name, compression, dtype, shape) each).
+    fn create_dataset(&self, py: Python<'_>, name: &str, fields: Vec<FieldTuple>) -> PyResult<()> {
+        let fields = fields
+            .into_iter()
+            .map(|(name, compress, dtype, shape)| zr_router::FieldInfo {
+                name,
+                compress,
+                dtype,
+                shape,
+            })
+            .collect();
+        py.detach(|| self.inner.create_dataset(name, fields))
+            .map(|_| ())
+            .map_err(cluster_error)
+    }
+
+    /// Drops dataset `name` and every record in it.
+    fn drop_dataset(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        py.detach(|| self.inner.drop_dataset(name))
+            .map_err(cluster_error)
+    }
+
+    /// Adds field `name` (`compress`: raw or flate) to this client's dataset: the records
+    /// stored so far lack it. A client made before does not know it: reconnect.
+    fn add_field(&self, py: Python<'_>, name: String, compress: String) -> PyResult<()> {
+        py.detach(|| {
+            let mut handle = self.inner.dataset(self.inner.name())?;
+            handle.add_field(zr_router::FieldInfo {
+                name,
+                compress,
+                dtype: None,
+                shape: None,
+            })
+        })
+        .map_err(cluster_error)
+    }
+
+    /// Writes field `field` of records `start..start + len(values)`, their other fields
+    /// unchanged.
+    fn write_field(
+        &self,
+        py: Python<'_>,
+        field: &str,
+        start: u64,
+        values: Vec<Vec<u8>>,
+    ) -> PyResult<()> {
+        let slices: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        py.detach(|| {
+            // The field may be newer than this client.
+            let fresh = self.inner.dataset(self.inner.name())?;
+            fresh.write_field(field, start, &slices)
+        })
+        .map_err(cluster_error)
+    }
+
+    /// Waits until the dataset has committed `len` records, `timeout_ms` at most; returns
+    /// its committed length.
+    fn wait_len(&self, py: Python<'_>, len: u64, timeout_ms: u64) -> PyResult<u64> {
+        py.detach(|| {
+            self.inner
+                .wait_len(len, std::time::Duration::from_millis(timeout_ms))
+        })
+        .map_err(cluster_error)
     }
 
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
@@ -462,19 +585,23 @@ impl Client {
     }
 
     /// Fields `fields` (empty: all) of `indices`: per field, its bytes and offsets.
-    #[pyo3(signature = (indices, fields, checked=false))]
+    #[pyo3(signature = (indices, fields, checked=false, wait_ms=0))]
     fn gather_columns<'py>(
         &self,
         py: Python<'py>,
         indices: PyReadonlyArray1<'_, u64>,
         fields: Vec<String>,
         checked: bool,
+        wait_ms: u64,
     ) -> PyResult<Vec<PyColumn<'py>>> {
         let indices = indices_of(&indices);
         let names: Vec<&str> = fields.iter().map(String::as_str).collect();
         let columns = py
             .detach(|| {
-                if checked {
+                if wait_ms > 0 {
+                    let wait = std::time::Duration::from_millis(wait_ms);
+                    self.inner.gather_waiting(&indices, &names, wait)
+                } else if checked {
                     self.inner.gather_checked(&indices, &names)
                 } else {
                     self.inner.gather(&indices, &names)

@@ -267,6 +267,48 @@ def test_cluster_round_trip():
             zrecord.connect(cluster.router, cluster.certs, role="node")
 
 
+def test_cluster_datasets_by_name():
+    with LocalCluster(2, [("img", "raw")], replicas=1) as cluster:
+        admin = zrecord.connect(cluster.router, cluster.certs, role="operator")
+        text = admin.create_dataset("text", [("tokens", "raw", "<u4", [4]), ("doc", "flate")])
+        text.append_many([{"tokens": np.arange(4, dtype=np.uint32) + k, "doc": f"doc {k}"} for k in range(50)])
+        text.commit()
+        assert [d["name"] for d in admin.datasets()] == ["default", "text"]
+        assert admin.datasets()[1]["records"] == 50
+        # A writer opens it by name; it pickles with its name.
+        writer = zrecord.connect(cluster.router, cluster.certs, dataset="text")
+        assert len(writer) == 50 and len(admin) == 0
+        assert writer.gather([3])["tokens"].tolist() == [[3, 4, 5, 6]]
+        assert len(pickle.loads(pickle.dumps(writer))) == 50
+        # A field grown later, written for a range.
+        text.add_field("reward", "flate")
+        writer.write_field("reward", 10, [f"r{k}".encode() for k in range(10, 20)])
+        writer.commit()
+        grown = zrecord.connect(cluster.router, cluster.certs, dataset="text")
+        values, offsets = grown.gather([9, 10, 19])["reward"]
+        assert [values[offsets[k] : offsets[k + 1]].tobytes() for k in range(3)] == [b"", b"r10", b"r19"]
+        # A consumer waits for what is not committed yet, up to its limit.
+        with pytest.raises(IndexError, match="waited"):
+            grown.gather([50], wait_ms=100)
+        assert grown.wait_len(50, 1000) == 50
+        admin.drop_dataset("text")
+        with pytest.raises(zrecord.Error, match="dropped"):
+            grown.gather([0])
+        with pytest.raises(zrecord.Error):
+            zrecord.connect(cluster.router, cluster.certs, dataset="text")
+
+
+def test_local_field_growth(tmp_path):
+    ds = zrecord.create(tmp_path / "ds", ["x"])
+    ds.append_many([{"x": bytes([k])} for k in range(20)])
+    ds.add_field("label", "flate")
+    ds.write_field("label", 5, [b"five", b"six"])
+    ds.commit()
+    del ds  # the writer keeps the dataset to itself
+    again = zrecord.open(tmp_path / "ds")
+    assert again[5] == {"x": b"\x05", "label": b"five"} and again[7]["label"] == b""
+
+
 def test_from_arrays(tmp_path):
     values = np.frombuffer(b"abcdefghij", dtype=np.uint8)
     offsets = np.array([0, 3, 3, 10])

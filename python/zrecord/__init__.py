@@ -135,8 +135,8 @@ class Dataset:
                         path, writable = args
                         self._handle = _zrecord.Store.open(path, writable)
                     else:
-                        router, certs, timeout_ms, role = args
-                        self._handle = _zrecord.Client.connect(router, certs, timeout_ms, role)
+                        router, certs, timeout_ms, role, dataset = (list(args) + [None])[:5]
+                        self._handle = _zrecord.Client.connect(router, certs, timeout_ms, role, dataset)
                     self._pid = pid
         return self._handle
 
@@ -151,8 +151,11 @@ class Dataset:
         self.__init__(state["opener"])
 
     def __repr__(self) -> str:
-        kind, first, *_ = self._opener
-        where = f"router {first}" if kind == "cluster" else str(first)
+        kind, first, *rest = self._opener
+        where = str(first)
+        if kind == "cluster":
+            where = f"router {first}, dataset {(rest[3:] or [None])[0] or 'default'}"
+
         return f"<zrecord.Dataset {where}: {len(self)} records, fields {[f.name for f in self.fields]}>"
 
     # -- reading ---------------------------------------------------------------------------
@@ -183,14 +186,16 @@ class Dataset:
                 raise IndexError(f"index {bad} is out of range: the dataset holds {n} records")
         return array.astype(np.uint64, copy=False)
 
-    def gather(self, indices: Any, fields: Sequence[str] | None = None, out: Mapping[str, Any] | None = None, checked: bool = False) -> dict:
+    def gather(self, indices: Any, fields: Sequence[str] | None = None, out: Mapping[str, Any] | None = None, checked: bool = False, wait_ms: int = 0) -> dict:
         """Records ``indices`` (any integers; negative ones count from the end; repeats
         allowed) of ``fields`` (default: all). Per field: an array of shape ``(B, *shape)``
         with the field's dtype (fields with a dtype and shape), else ``(values, offsets)``.
         ``out`` maps fields to caller-owned destinations (NumPy arrays or anything with the
         buffer protocol, C-contiguous, of the right size) filled with no extra copy.
         ``checked``: each record is read against its CRC (a damaged one raises
-        ``CorruptRecord``; from a cluster with replicas, a partner's copy is read instead)."""
+        ``CorruptRecord``; from a cluster with replicas, a partner's copy is read instead).
+        ``wait_ms`` (a cluster's): records not committed yet are waited for, this long at
+        most, instead of raising at once (a consumer of what a producer appends)."""
         idx = self._indices(indices)
         names = [f.name for f in self.fields] if fields is None else list(fields)
         chosen = [self._field(n) for n in names]
@@ -208,7 +213,7 @@ class Dataset:
                 else:
                     result[f.name] = native.gather_columns(idx, f.name, checked)
             return result
-        columns = native.gather_columns(idx, names, checked)
+        columns = native.gather_columns(idx, names, checked, int(wait_ms))
         for f, (values, offsets) in zip(chosen, columns):
             if f.fixed:
                 typed = _typed(values, f, idx.size)
@@ -291,6 +296,64 @@ class Dataset:
         """Makes every write so far durable."""
         self._native().commit()
 
+    # -- fields and datasets ---------------------------------------------------------------
+
+    def add_field(self, name: str, compress: str = "raw") -> None:
+        """Adds field ``name`` (raw or flate): the records stored so far lack it (an empty
+        value) until ``write_field`` or ``modify`` gives them one."""
+        native = self._native()
+        if isinstance(native, _zrecord.Store):
+            self._handle = native.add_field(name, compress)
+        else:
+            native.add_field(name, compress)
+            self._handle = None  # reconnected: the new handle knows the field
+        self._fields = None
+
+    def write_field(self, field: str, start: int, values: Sequence[Any]) -> None:
+        """Writes field ``field`` of records ``start .. start + len(values)``, their other
+        fields unchanged (e.g. rewards computed after generation)."""
+        if all(f.name != field for f in self.fields) and not isinstance(self._native(), _zrecord.Store):
+            # Perhaps added since this handle was made (by another process): look again.
+            self._handle, self._fields = None, None
+        self._field(field)
+        payloads = [_to_bytes(v).tobytes() for v in values]
+        self._native().write_field(field, int(start), payloads)
+
+    def _cluster(self, what: str) -> Any:
+        native = self._native()
+        if isinstance(native, _zrecord.Store):
+            raise TypeError(f"{what} is a cluster's: this is a local dataset (a directory)")
+        return native
+
+    def dataset(self, name: str) -> "Dataset":
+        """The cluster's dataset ``name``, over the same router and certificates."""
+        self._cluster("dataset()")
+        _, router, certs, timeout_ms, role, *_ = list(self._opener) + [None]
+        opener = ("cluster", router, certs, timeout_ms, role, name)
+        return Dataset(opener, _zrecord.Client.connect(router, certs, timeout_ms, role, name))
+
+    def datasets(self) -> list[dict]:
+        """The cluster's datasets: name, records, committed, fields, bytes."""
+        return [
+            {"name": n, "records": r, "committed": c, "fields": [_field(f) for f in fs], "bytes": b}
+            for n, r, c, fs, b in self._cluster("datasets()").datasets()
+        ]
+
+    def create_dataset(self, name: str, fields: Sequence[Any]) -> "Dataset":
+        """Creates the cluster's dataset ``name`` with ``fields`` (as for ``create``:
+        names, or (name, compression[, dtype[, shape]]) tuples); needs the operator role."""
+        self._cluster("create_dataset()").create_dataset(name, _field_specs(fields))
+        return self.dataset(name)
+
+    def drop_dataset(self, name: str) -> None:
+        """Drops the cluster's dataset ``name`` and every record in it (operator role)."""
+        self._cluster("drop_dataset()").drop_dataset(name)
+
+    def wait_len(self, length: int, timeout_ms: int = 30_000) -> int:
+        """Waits until the cluster's dataset has committed ``length`` records (at most
+        ``timeout_ms``); returns its committed length."""
+        return self._cluster("wait_len()").wait_len(int(length), int(timeout_ms))
+
     def _check_names(self, records: Sequence[Mapping[str, Any]]) -> None:
         known = {f.name for f in self.fields}
         for r in records:
@@ -330,6 +393,11 @@ def create(path: str | os.PathLike, fields: Sequence[Any]) -> Dataset:
     (name, compress) or (name, compress, dtype, shape) tuples, or ``Field``s; ``compress`` is
     "raw" or "flate"."""
     path = os.fspath(path)
+    return Dataset(("local", path, True), _zrecord.Store.create(path, _field_specs(fields)))
+
+
+def _field_specs(fields: Sequence[Any]) -> list[tuple]:
+    """Fields as ``create`` takes them, as (name, compress, dtype, shape) tuples."""
     specs = []
     for f in fields:
         if isinstance(f, str):
@@ -341,20 +409,23 @@ def create(path: str | os.PathLike, fields: Sequence[Any]) -> Dataset:
             dtype = np.dtype(rest[0]).str if rest and rest[0] is not None else None
             shape = [int(s) for s in rest[1]] if len(rest) > 1 and rest[1] is not None else None
             specs.append((name, compress, dtype, shape))
-    return Dataset(("local", path, True), _zrecord.Store.create(path, specs))
+    return specs
 
 
 def connect(router: str, certs: str | os.PathLike | None = None, timeout_ms: int = 30_000,
-            role: str | None = None) -> Dataset:
+            role: str | None = None, dataset: str | None = None) -> Dataset:
     """The dataset of the zrecord cluster whose router is at ``router`` ("HOST:PORT"), with
     a client certificate from ``certs`` (the directory ``zr cluster-init`` made, or one role's
     directory in it; None for a router run with --insecure-dev). ``role`` is "reader"
     (gather, info, status), "writer" (also append, modify, delete, commit) or "operator";
     by default the writer certificate if ``certs`` holds one, else the reader's. A request
-    the role does not allow raises ``zrecord.Error`` naming the role it needs."""
+    the role does not allow raises ``zrecord.Error`` naming the role it needs. ``dataset``
+    names one of the cluster's datasets (default: the one named "default"); the result's
+    ``dataset(name)``, ``datasets()``, ``create_dataset`` and ``drop_dataset`` reach the
+    others."""
     certs = os.fspath(certs) if certs is not None else None
-    opener = ("cluster", router, certs, timeout_ms, role)
-    return Dataset(opener, _zrecord.Client.connect(router, certs, timeout_ms, role))
+    opener = ("cluster", router, certs, timeout_ms, role, dataset)
+    return Dataset(opener, _zrecord.Client.connect(router, certs, timeout_ms, role, dataset))
 
 
 def from_numpy(array: np.ndarray, path: str | os.PathLike, field: str = "data", compress: str = "raw") -> Dataset:
