@@ -1489,3 +1489,73 @@ fn a_lost_cluster_record_is_restored_from_the_nodes_not_replaced() {
     drop(client);
     stop_all(processes);
 }
+
+/// `zr dataset` with the real binaries: a dataset created, loaded with `zr convert
+/// --dataset`, listed, grown by a field, read back with `zr gather --dataset`, and dropped;
+/// bad names and a drop without `--yes` are refused, naming what is wrong.
+#[test]
+fn zr_dataset_commands_on_the_binaries() {
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("datasets");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let processes = start(&node, &router, &config);
+    let certs_arg = certs.to_str().unwrap();
+    let remote = ["--router", addr.as_str(), "--certs", certs_arg];
+    let created = zr(&[
+        &["dataset", "create", "rows", "--field", "y:flate"],
+        &remote[..],
+    ]
+    .concat());
+    assert!(created.contains("created dataset 'rows'"), "{created}");
+    let npy = tmp.join("rows.npy");
+    let width = 16usize;
+    let data: Vec<u8> = (0..30 * width).map(|i| (i * 5 % 253) as u8).collect();
+    write_npy(&npy, 30, width, &data);
+    zr(&[
+        &[
+            "convert",
+            "--npy",
+            npy.to_str().unwrap(),
+            "--field",
+            "y",
+            "--append",
+        ],
+        &["--dataset", "rows"][..],
+        &remote[..],
+    ]
+    .concat());
+    let listed = zr(&[&["dataset", "list"], &remote[..]].concat());
+    let row = listed
+        .lines()
+        .find(|l| l.starts_with("rows"))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(row.contains(" 30 ") && row.contains("y:flate"), "{listed}");
+    zr(&[&["dataset", "add-field", "rows", "note"], &remote[..]].concat());
+    let info = zr(&[&["dataset", "info", "rows"], &remote[..]].concat());
+    assert!(info.contains("field        note:raw"), "{info}");
+    let out = tmp.join("rows.bin");
+    let lengths = zr(&[
+        &[
+            "gather",
+            "--dataset",
+            "rows",
+            "--indices",
+            "29,0",
+            "--field",
+            "y",
+        ],
+        &["--out", out.to_str().unwrap()][..],
+        &remote[..],
+    ]
+    .concat());
+    assert_eq!(lengths.trim(), format!("{width} {width}"));
+    assert_eq!(std::fs::read(&out).unwrap()[..width], data[29 * width..]);
+    let bad = zr_fails(&[&["dataset", "create", "Rows!", "--field", "y"], &remote[..]].concat());
+    assert!(bad.contains("[a-z0-9._-]"), "{bad}");
+    let unasked = zr_fails(&[&["dataset", "drop", "rows"], &remote[..]].concat());
+    assert!(unasked.contains("--yes"), "{unasked}");
+    zr(&[&["dataset", "drop", "rows", "--yes"], &remote[..]].concat());
+    let gone = zr_fails(&[&["info", "--dataset", "rows"], &remote[..]].concat());
+    assert!(gone.contains("no dataset 'rows'"), "{gone}");
+    stop_all(processes);
+}
