@@ -782,6 +782,14 @@ impl Router {
             Ok((message, body)) => {
                 let request = &message.request;
                 let kind = request.kind();
+                // Labelled by dataset: a name this router knows (a hostile client cannot grow
+                // the label set with names that do not exist).
+                let dataset = match message.dataset() {
+                    name if name == wire::DEFAULT_DATASET || self.named_router(name).is_some() => {
+                        name.to_string()
+                    }
+                    _ => "unknown".to_string(),
+                };
                 let started = std::time::Instant::now();
                 metrics::counter!("zr_router_received_bytes_total").increment(bytes.len() as u64);
                 let executed = if peer.access().is_some_and(|has| has >= request.access()) {
@@ -794,9 +802,9 @@ impl Router {
                     })
                 };
                 let outcome = if executed.is_ok() { "ok" } else { "error" };
-                metrics::counter!("zr_router_requests_total", "kind" => kind, "outcome" => outcome)
+                metrics::counter!("zr_router_requests_total", "kind" => kind, "outcome" => outcome, "dataset" => dataset.clone())
                     .increment(1);
-                metrics::histogram!("zr_router_request_duration_seconds", "kind" => kind)
+                metrics::histogram!("zr_router_request_duration_seconds", "kind" => kind, "dataset" => dataset)
                     .record(started.elapsed());
                 executed.map_err(|failure| {
                     // Once per failed request, at a level a default run shows.

@@ -1110,12 +1110,12 @@ fn routers_and_nodes_serve_prometheus_metrics() {
 
     let text = scrape(router_metrics);
     for expected in [
-        "zr_router_requests_total{kind=\"append\",outcome=\"ok\"} 1",
-        "zr_router_requests_total{kind=\"gather\",outcome=\"error\"} 1",
+        "zr_router_requests_total{kind=\"append\",outcome=\"ok\",dataset=\"default\"} 1",
+        "zr_router_requests_total{kind=\"gather\",outcome=\"error\",dataset=\"default\"} 1",
         "zr_router_errors_total{code=\"index_out_of_range\"} 1",
         "zr_router_records_gathered_total 100",
         "zr_router_records_appended_total 100",
-        "zr_router_request_duration_seconds_bucket{kind=\"gather\",le=\"10\"}",
+        "zr_router_request_duration_seconds_bucket{kind=\"gather\",dataset=\"default\",le=\"10\"}",
         "zr_router_node_up{shard=\"1\"} 1",
         "zr_router_node_rtt_seconds{shard=\"0\"}",
         "zr_router_node_heartbeat_seconds_count{shard=\"0\"}",

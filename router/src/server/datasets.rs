@@ -212,7 +212,7 @@ impl Router {
         }
     }
 
-    fn named_router(&self, name: &str) -> Option<Arc<Router>> {
+    pub(super) fn named_router(&self, name: &str) -> Option<Arc<Router>> {
         self.named
             .read()
             .unwrap_or_else(|e| e.into_inner())
