@@ -281,4 +281,16 @@ mod tests {
             "{text}"
         );
     }
+
+    #[test]
+    fn cluster_records_made_before_datasets_had_names_read_as_before() {
+        let old = r#"{"id":"abc","map":{"version":1,"shards":2,"extent_records":64,"seed":0},"committed_len":7}"#;
+        let read: ClusterRecord = serde_json::from_str(old).expect("old record");
+        assert!(read.datasets.is_empty());
+        assert_eq!((read.dataset_ids, read.committed_len), (0, 7));
+        assert!(read.dataset("anything").is_none());
+        // And a record without named datasets is written as it always was.
+        let text = serde_json::to_string(&read).expect("encode");
+        assert!(!text.contains("datasets\""), "{text}");
+    }
 }

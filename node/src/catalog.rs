@@ -17,8 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::disk;
 use crate::error::{Error, IoContext, Result};
-use crate::fence::{Coordination, Fence};
-use crate::identity::Identity;
+use crate::fence::Coordination;
 use crate::meta::{sync_dir, write_atomically, FieldSpec};
 use crate::runtime::RuntimeOptions;
 use crate::stage::Shard;
@@ -129,11 +128,8 @@ impl Catalog {
     fn open_named(&self, path: &Path) -> Result<Shard> {
         let reads = self.root.serving().store.defaults;
         let store = Store::open_with(path, self.runtime)?.with_gather_options(reads);
-        let coordination = Coordination {
-            fence: Fence::open(path)?,
-            identity: Identity::open(path)?,
-            incarnation: self.root.serving().coordination.incarnation,
-        };
+        let coordination =
+            Coordination::open_as(path, self.root.serving().coordination.incarnation)?;
         Ok(Shard::new(store, coordination, self.runtime))
     }
 

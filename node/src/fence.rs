@@ -48,13 +48,20 @@ impl Coordination {
                 Err(e) => return Err(e).ctx("remove", &path),
             }
         }
+        let incarnation = std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            (std::process::id(), std::time::SystemTime::now()),
+        );
+        Coordination::open_as(dir, incarnation)
+    }
+
+    /// The fence and identity kept in `dir`, for a node of incarnation `incarnation` (a
+    /// store it serves anew, or another dataset of the same node).
+    pub fn open_as(dir: &Path, incarnation: u64) -> Result<Coordination> {
         Ok(Coordination {
             fence: Fence::open(dir)?,
             identity: crate::identity::Identity::open(dir)?,
-            incarnation: std::hash::BuildHasher::hash_one(
-                &std::collections::hash_map::RandomState::new(),
-                (std::process::id(), std::time::SystemTime::now()),
-            ),
+            incarnation,
         })
     }
 }

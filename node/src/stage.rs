@@ -21,8 +21,7 @@ use arc_swap::ArcSwap;
 
 use crate::disk;
 use crate::error::{Error, IoContext, Result};
-use crate::fence::{Coordination, Fence};
-use crate::identity::Identity;
+use crate::fence::Coordination;
 use crate::meta::sync_dir;
 use crate::runtime::RuntimeOptions;
 use crate::store::{CreateOptions, GatherOptions, Store};
@@ -283,11 +282,7 @@ impl Shard {
         }
         let store = serving.store.add_field(field)?;
         let dir = store.dir().to_path_buf();
-        let coordination = Coordination {
-            fence: Fence::open(&dir)?,
-            identity: Identity::open(&dir)?,
-            incarnation: serving.coordination.incarnation,
-        };
+        let coordination = Coordination::open_as(&dir, serving.coordination.incarnation)?;
         self.current.store(Arc::new(Serving {
             store,
             coordination,
@@ -337,11 +332,7 @@ impl Shard {
         }
         let store =
             Store::open_with(&dir, self.runtime)?.with_gather_options(serving.store.defaults);
-        let coordination = Coordination {
-            fence: Fence::open(&dir)?,
-            identity: Identity::open(&dir)?,
-            incarnation: serving.coordination.incarnation,
-        };
+        let coordination = Coordination::open_as(&dir, serving.coordination.incarnation)?;
         self.current.store(Arc::new(Serving {
             store,
             coordination,
@@ -422,7 +413,7 @@ mod tests {
 
         // Kept across a restart: the data, and the map it is laid out by.
         drop(shard);
-        let identity = Identity::open(&dir).expect("identity");
+        let identity = crate::identity::Identity::open(&dir).expect("identity");
         assert_eq!(identity.map_version(), Some(2));
         let reopened = Store::open(&dir).expect("reopen");
         assert_eq!(reopened.len(), 3);

@@ -30,8 +30,9 @@ impl Store {
         Ok(writers)
     }
 
-    /// Checks `record` against the schema and orders its payloads by field position.
-    fn payloads<'r>(&self, record: &Record<'r>) -> Result<Vec<Option<&'r [u8]>>> {
+    /// Checks `record` against the schema and orders its payloads by field position; a
+    /// field it does not name is `None`.
+    fn named_payloads<'r>(&self, record: &Record<'r>) -> Result<Vec<Option<&'r [u8]>>> {
         let mut out = vec![None; self.inner.fields.len()];
         for &(name, payload) in record.values() {
             let id = self.field_id(name)?;
@@ -58,11 +59,20 @@ impl Store {
             }
             out[id] = Some(payload);
         }
-        // A typed field of fixed, non-zero length is in every record: a record without it
-        // could not be told from a zeroed offset entry.
-        for (spec, payload) in self.inner.fields.iter().zip(&out) {
+        Ok(out)
+    }
+
+    /// A typed field of fixed, non-zero length is in every record: a record without it
+    /// could not be told from a zeroed offset entry. Refuses an empty payload for one, and
+    /// with `whole` (a record as appended, not a change to one) a missing one.
+    fn check_typed(&self, payloads: &[Option<&[u8]>], whole: bool) -> Result<()> {
+        for (spec, payload) in self.inner.fields.iter().zip(payloads) {
             if let Some(expected) = spec.record_bytes().filter(|&n| n > 0) {
-                if payload.is_none_or(|p| p.is_empty()) {
+                let lacking = match payload {
+                    None => whole,
+                    Some(p) => p.is_empty(),
+                };
+                if lacking {
                     return Err(Error::InvalidRecord(format!(
                         "field '{}' holds {expected} bytes per record ({}): every record needs it",
                         spec.name,
@@ -71,6 +81,13 @@ impl Store {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A record to append, checked: every field named or absent, typed ones present.
+    fn payloads<'r>(&self, record: &Record<'r>) -> Result<Vec<Option<&'r [u8]>>> {
+        let out = self.named_payloads(record)?;
+        self.check_typed(&out, true)?;
         Ok(out)
     }
 
@@ -205,34 +222,10 @@ impl Store {
     }
 
     /// A modify's payloads: as for an append, except that a field not named is `None` (it
-    /// keeps its value) and a typed field may be left out.
+    /// keeps its value).
     fn changed_payloads<'r>(&self, record: &Record<'r>) -> Result<Vec<Option<&'r [u8]>>> {
-        let mut out = vec![None; self.inner.fields.len()];
-        for &(name, payload) in record.values() {
-            let id = self.field_id(name)?;
-            if out[id].is_some() {
-                return Err(Error::InvalidRecord(format!(
-                    "field '{name}' is given twice"
-                )));
-            }
-            let spec = &self.inner.fields[id];
-            if let Some(expected) = spec.record_bytes() {
-                if payload.len() as u64 != expected && !(expected == 0 && payload.is_empty()) {
-                    return Err(Error::InvalidRecord(format!(
-                        "field '{name}' holds {expected} bytes per record ({}); got {}",
-                        spec.describe_type(),
-                        payload.len()
-                    )));
-                }
-            }
-            if payload.len() > u32::MAX as usize {
-                return Err(Error::InvalidRecord(format!(
-                    "field '{name}': {} bytes exceed the 4 GiB record limit",
-                    payload.len()
-                )));
-            }
-            out[id] = Some(payload);
-        }
+        let out = self.named_payloads(record)?;
+        self.check_typed(&out, false)?;
         Ok(out)
     }
 

@@ -1022,13 +1022,7 @@ fn check_modify(fields: &[String], lengths: &[u32], body: usize) -> Result<(), E
             lengths.len()
         )));
     }
-    let total: u64 = lengths.iter().map(|&l| l as u64).sum();
-    if total != body as u64 {
-        return Err(Error::Malformed(format!(
-            "lengths add up to {total} bytes but the body has {body}"
-        )));
-    }
-    Ok(())
+    check_body(lengths, body)
 }
 
 /// One field's values of many records: at most `RECORDS_MAX`, their lengths adding up to
@@ -1040,6 +1034,11 @@ fn check_field_values(lengths: &[u32], body: usize) -> Result<(), Error> {
             lengths.len()
         )));
     }
+    check_body(lengths, body)
+}
+
+/// Payload lengths that add up to the body.
+fn check_body(lengths: &[u32], body: usize) -> Result<(), Error> {
     let total: u64 = lengths.iter().map(|&l| l as u64).sum();
     if total != body as u64 {
         return Err(Error::Malformed(format!(

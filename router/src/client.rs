@@ -104,13 +104,19 @@ impl AsyncClient {
     /// such dataset).
     pub async fn dataset(&self, name: &str) -> Result<AsyncClient, Error> {
         wire::check_dataset_name(name).map_err(|e| Error::Proto(zr_proto::Error::Malformed(e)))?;
-        let mut handle = AsyncClient {
+        let mut handle = self.addressing(name);
+        handle.fields = handle.info().await?.1;
+        Ok(handle)
+    }
+
+    /// A handle on dataset `name` over the same connection, not yet checked (it knows no
+    /// fields).
+    fn addressing(&self, name: &str) -> AsyncClient {
+        AsyncClient {
             link: Arc::clone(&self.link),
             dataset: (name != wire::DEFAULT_DATASET).then(|| name.to_string()),
             fields: Vec::new(),
-        };
-        handle.fields = handle.info().await?.1;
-        Ok(handle)
+        }
     }
 
     /// The open connection, reopened first if the router closed it.
@@ -364,12 +370,7 @@ impl AsyncClient {
         name: &str,
         fields: Vec<FieldInfo>,
     ) -> Result<AsyncClient, Error> {
-        let creator = AsyncClient {
-            link: Arc::clone(&self.link),
-            dataset: Some(name.to_string()),
-            fields: Vec::new(),
-        };
-        creator
+        self.addressing(name)
             .call(&ClientRequest::CreateDataset { fields }, Vec::new())
             .await?;
         self.dataset(name).await
@@ -377,12 +378,7 @@ impl AsyncClient {
 
     /// Drops dataset `name` and every record in it (operator role).
     pub async fn drop_dataset(&self, name: &str) -> Result<(), Error> {
-        let dropper = AsyncClient {
-            link: Arc::clone(&self.link),
-            dataset: Some(name.to_string()),
-            fields: Vec::new(),
-        };
-        dropper
+        self.addressing(name)
             .call(&ClientRequest::DropDataset, Vec::new())
             .await
             .map(|_| ())
