@@ -124,6 +124,9 @@ pub struct MapMove {
     /// Once `to` is published as the map, the cluster length at that moment (the nodes
     /// switch with datasets of exactly their share of it); `None` while copying.
     pub switched_at: Option<u64>,
+    /// Beside `switched_at`, the default dataset's, each named dataset's length then.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub switched_lens: std::collections::BTreeMap<String, u64>,
 }
 
 /// The versioned cluster map: what placement is computed from — the balanced map of the

@@ -75,6 +75,7 @@ impl Catalog {
             runtime,
             dir,
         };
+        recover_named(&catalog.dir)?;
         let parent = catalog.datasets_dir();
         let entries = match std::fs::read_dir(&parent) {
             Ok(entries) => entries,
@@ -82,6 +83,7 @@ impl Catalog {
             Err(e) => return Err(e).ctx("list", &parent),
         };
         let mut named = BTreeMap::new();
+        let mut hidden = Vec::new();
         for entry in entries {
             let path = entry.ctx("list", &parent)?.path();
             let name = path
@@ -89,8 +91,7 @@ impl Catalog {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             if name.starts_with('.') {
-                tracing::info!("removing {} (a create or drop cut short)", path.display());
-                disk::remove_tree(&path).ctx("remove", &path)?;
+                hidden.push((name, path));
                 continue;
             }
             let kept: Kept = read_kept(&path)?;
@@ -108,6 +109,19 @@ impl Catalog {
                     shard: Arc::new(shard),
                 },
             );
+        }
+        // Leftovers of a create or drop cut short go; a dataset a move builds for the next
+        // map stays (the move goes on from it), unless its dataset is gone.
+        for (name, path) in hidden {
+            let building_for = name
+                .strip_prefix('.')
+                .and_then(|rest| rest.rsplit_once(".map-v"))
+                .map(|(dataset, _)| dataset);
+            if building_for.is_some_and(|dataset| named.contains_key(dataset)) {
+                continue;
+            }
+            tracing::info!("removing {} (a create, drop or move cut short)", path.display());
+            disk::remove_tree(&path).ctx("remove", &path)?;
         }
         *catalog.write() = named;
         Ok(catalog)
@@ -274,6 +288,10 @@ impl Catalog {
         sync_dir(&parent)?;
         self.write().remove(name);
         disk::remove_tree(&aside).ctx("remove", &aside)?;
+        // And what a move was building of it.
+        for staged in crate::stage::staged_dirs(&path)? {
+            disk::remove_tree(&staged).ctx("remove", &staged)?;
+        }
         Ok(())
     }
 
@@ -288,6 +306,29 @@ impl Catalog {
     }
 }
 
+/// Puts the named datasets back into the data directory `dir` if a switch of the default
+/// dataset was cut short after carrying them into the directory built for the next map and
+/// before swapping that one in (`Shard::switch`).
+fn recover_named(dir: &Path) -> Result<()> {
+    let named = dir.join(DATASETS_DIR);
+    if named.exists() {
+        return Ok(());
+    }
+    for staged in crate::stage::staged_dirs(dir)? {
+        let carried = staged.join(DATASETS_DIR);
+        if carried.exists() {
+            tracing::info!(
+                "putting the named datasets back from {} (a switch cut short)",
+                staged.display()
+            );
+            disk::rename(&carried, &named).ctx("put the named datasets back", &carried)?;
+            sync_dir(&staged)?;
+            sync_dir(dir)?;
+        }
+    }
+    Ok(())
+}
+
 fn read_kept(dir: &Path) -> Result<Kept> {
     let path = dir.join(DATASET_FILE);
     let bytes = std::fs::read(&path).ctx("read", &path)?;
@@ -295,4 +336,106 @@ fn read_kept(dir: &Path) -> Result<Kept> {
         path,
         reason: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::Compression;
+    use zr_common::Record;
+
+    fn fields() -> Vec<FieldSpec> {
+        vec![FieldSpec::new("x", Compression::Raw)]
+    }
+
+    fn append(shard: &Shard, rows: &[&[u8]]) {
+        let store = &shard.serving().store;
+        let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
+        store.append_many(&records).expect("append");
+        store.commit().expect("commit");
+    }
+
+    fn rows(shard: &Shard) -> Vec<Vec<u8>> {
+        let store = &shard.serving().store;
+        let all: Vec<u64> = (0..store.len()).collect();
+        let batch = store.gather(&all, &[]).expect("gather");
+        let column = batch.fields().next().expect("a field");
+        (0..all.len())
+            .map(|k| column.get(k).unwrap_or_default().to_vec())
+            .collect()
+    }
+
+    fn open(dir: &Path) -> Catalog {
+        let store = if dir.exists() {
+            Store::open(dir).expect("open")
+        } else {
+            Store::create(dir, fields(), CreateOptions::default()).expect("create")
+        };
+        let coordination = Coordination::open(dir).expect("coordination");
+        if coordination.identity.map_version().is_none() {
+            coordination.identity.admit("c", 1).expect("identity");
+        }
+        let root = Shard::new(store, coordination, RuntimeOptions::default());
+        Catalog::open(root, RuntimeOptions::default()).expect("catalog")
+    }
+
+    #[test]
+    fn named_datasets_ride_along_when_the_default_one_switches_maps() {
+        let scratch = tempfile::tempdir().expect("scratch");
+        let dir = scratch.path().join("node");
+        let catalog = open(&dir);
+        append(catalog.root(), &[b"d0", b"d1"]);
+        catalog.create("a", 1, fields()).expect("create");
+        let a = catalog.get(Some("a")).expect("a");
+        append(&a, &[b"a0", b"a1", b"a2"]);
+
+        // Both build their datasets for map version 2, and switch one after the other.
+        let root = Arc::clone(catalog.root());
+        root.open_stage(2).expect("open");
+        root.stage(2, 0, &[Some(1), Some(0)], Vec::new(), true)
+            .expect("stage");
+        a.open_stage(2).expect("open");
+        a.stage(2, 0, &[Some(2), Some(0)], Vec::new(), true)
+            .expect("stage");
+        // A move's dataset of a held dataset survives a restart; a stray one does not.
+        let stray = dir.join(DATASETS_DIR).join(".gone.map-v2");
+        std::fs::create_dir_all(&stray).expect("stray");
+        drop((root, a, catalog));
+        let catalog = open(&dir);
+        assert!(!stray.exists());
+        let a = catalog.get(Some("a")).expect("a");
+        assert_eq!(a.open_stage(2).expect("reopened"), 2);
+
+        catalog.root().switch(2, true, 2).expect("switch");
+        assert_eq!(rows(catalog.root()), [b"d1".to_vec(), b"d0".to_vec()]);
+        // Untouched by the default dataset's switch, and found again after a restart.
+        assert_eq!(rows(&a), [b"a0".to_vec(), b"a1".into(), b"a2".into()]);
+        a.switch(2, true, 2).expect("switch");
+        assert_eq!(rows(&a), [b"a2".to_vec(), b"a0".into()]);
+        drop((a, catalog));
+        let catalog = open(&dir);
+        let a = catalog.get(Some("a")).expect("a survives the switches");
+        assert_eq!(rows(&a), [b"a2".to_vec(), b"a0".into()]);
+        assert_eq!(a.serving().coordination.identity.map_version(), Some(2));
+        assert_eq!(rows(catalog.root()), [b"d1".to_vec(), b"d0".to_vec()]);
+    }
+
+    #[test]
+    fn named_datasets_cut_off_by_a_switch_are_put_back() {
+        let scratch = tempfile::tempdir().expect("scratch");
+        let dir = scratch.path().join("node");
+        let catalog = open(&dir);
+        catalog.create("a", 1, fields()).expect("create");
+        append(&catalog.get(Some("a")).expect("a"), &[b"a0"]);
+        catalog.root().open_stage(2).expect("open");
+        drop(catalog);
+        // What a crash between carrying them into the next map's directory and swapping
+        // that one in leaves.
+        let staged = crate::stage::staged_dir(&dir, 2).expect("path");
+        std::fs::rename(dir.join(DATASETS_DIR), staged.join(DATASETS_DIR)).expect("carry");
+        let catalog = open(&dir);
+        let a = catalog.get(Some("a")).expect("a is back");
+        assert_eq!(rows(&a), [b"a0".to_vec()]);
+        assert!(!staged.join(DATASETS_DIR).exists());
+    }
 }

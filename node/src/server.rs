@@ -502,17 +502,11 @@ fn execute(
         })
     };
     let mover = || {
-        let (shard, catalog) = on.ok_or_else(|| {
+        on.map(|(shard, _)| shard).ok_or_else(|| {
             Refusal::Store(Error::InvalidRecord(
                 "this server does not take part in shard moves".into(),
             ))
-        })?;
-        if catalog.has_named() {
-            return Err(Refusal::Store(Error::InvalidRecord(
-                "this node holds named datasets, and shards of a cluster with named datasets cannot be moved yet".into(),
-            )));
-        }
-        Ok(shard)
+        })
     };
     let named = || {
         dataset.filter(|&d| d != crate::catalog::DEFAULT).ok_or_else(|| {

@@ -52,13 +52,17 @@ pub fn staged_dir(dir: &Path, version: u64) -> Result<PathBuf> {
 }
 
 /// The datasets for other maps beside the dataset at `dir`, whatever their version.
-fn staged_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn staged_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
     let prefix = staged_prefix(dir)?;
     let parent = dir.parent().unwrap_or(Path::new("."));
     let mut found = Vec::new();
     for entry in std::fs::read_dir(parent).ctx("list", parent)? {
         let entry = entry.ctx("list", parent)?;
-        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        // The prefix, then only the version (a dataset named "a.map-v2" is not "a"'s).
+        let version = name.strip_prefix(&prefix);
+        if version.is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit())) {
             found.push(entry.path());
         }
     }
@@ -323,9 +327,24 @@ impl Shard {
         let path = built.store.dir().to_path_buf();
         built.store.commit()?;
         drop(built);
-        // The identity and fence that go with the data, then the swap.
+        // The identity, fence and name that go with the data, the named datasets that live
+        // inside the default one's directory (each switches on its own), then the swap. A
+        // crash between the two renames leaves the named datasets in the built directory,
+        // where the node finds them when it starts (`catalog::recover_named`).
         identity.copy_to(&path, version)?;
         serving.coordination.fence.copy_to(&path)?;
+        let kept = dir.join(crate::catalog::DATASET_FILE);
+        if kept.exists() {
+            let bytes = std::fs::read(&kept).ctx("read", &kept)?;
+            crate::meta::write_atomically(&path, crate::catalog::DATASET_FILE, &bytes)?;
+        }
+        let named = dir.join(crate::catalog::DATASETS_DIR);
+        if named.exists() {
+            let carried = path.join(crate::catalog::DATASETS_DIR);
+            disk::rename(&named, &carried).ctx("carry the named datasets along", &named)?;
+            sync_dir(&dir)?;
+            sync_dir(&path)?;
+        }
         disk::exchange(&path, &dir).ctx("swap in the dataset of the next map", &dir)?;
         if let Some(parent) = dir.parent() {
             sync_dir(parent)?;
