@@ -218,14 +218,24 @@ fn restore_record(args: RestoreRecordArgs) -> CliResult {
     let record = runtime.block_on(async {
         let meta = zr_meta::open(&config.metadata_location(), timeout).await?;
         let where_ = meta.describe();
-        let record = zr_router::restore_record(&config, security, meta).await?;
-        Ok::<_, Box<dyn std::error::Error>>((record, where_))
+        let restored = zr_router::restore_record(&config, security, meta).await?;
+        Ok::<_, Box<dyn std::error::Error>>((restored, where_))
     })?;
-    let (record, where_) = record;
+    let (zr_router::Restored { record, committed }, where_) = record;
     println!(
-        "restored the record of cluster {} in {where_}: map version {}, {} records committed; start the routers",
+        "restored the record of cluster {} in {where_}: map version {}, {} records committed",
         record.id, record.map.version, record.committed_len
     );
+    for dataset in &record.datasets {
+        let fields: Vec<&str> = dataset.fields.iter().map(|f| f.name.as_str()).collect();
+        println!(
+            "  dataset '{}': {} records committed, fields {}",
+            dataset.name,
+            committed.get(&dataset.name).copied().unwrap_or(0),
+            fields.join(", ")
+        );
+    }
+    println!("start the routers");
     Ok(())
 }
 

@@ -120,7 +120,10 @@ impl Catalog {
             if building_for.is_some_and(|dataset| named.contains_key(dataset)) {
                 continue;
             }
-            tracing::info!("removing {} (a create, drop or move cut short)", path.display());
+            tracing::info!(
+                "removing {} (a create, drop or move cut short)",
+                path.display()
+            );
             disk::remove_tree(&path).ctx("remove", &path)?;
         }
         *catalog.write() = named;
@@ -158,6 +161,17 @@ impl Catalog {
             None | Some(DEFAULT) => Some(Arc::clone(&self.root)),
             Some(name) => self.read().get(name).map(|n| Arc::clone(&n.shard)),
         }
+    }
+
+    /// Every dataset with its name, the default one first.
+    pub fn named_all(&self) -> Vec<(String, Arc<Shard>)> {
+        let mut all = vec![(DEFAULT.to_string(), Arc::clone(&self.root))];
+        all.extend(
+            self.read()
+                .iter()
+                .map(|(name, named)| (name.clone(), Arc::clone(&named.shard))),
+        );
+        all
     }
 
     /// Every dataset, the default one first.

@@ -162,6 +162,12 @@ pub async fn serve_with(
     let coordination = Coordination::open(store.dir())?;
     let shard = Shard::new(store, coordination, shard_runtime());
     let catalog = Arc::new(Catalog::open(shard, shard_runtime())?);
+    // Gauges where the binary serves (a simulation's events follow from its requests
+    // alone); stopped with the server.
+    let mut gauges = tokio::task::JoinSet::new();
+    if handling == Handling::Adaptive {
+        gauges.spawn(store_gauges(Arc::clone(&catalog)));
+    }
     let warmth = Arc::new(Warmth::default());
     let handler_catalog = Arc::clone(&catalog);
     let handler = move |bytes: Vec<u8>| {
@@ -824,18 +830,23 @@ fn field_spec(info: &FieldInfo) -> Result<FieldSpec, Error> {
     })
 }
 
-/// Keeps the store's gauges and read counters current: every few seconds, off the request
-/// path (the chunk list is walked).
-async fn store_gauges(store: Store) {
+/// Keeps every dataset's gauges and read counters current (labelled by dataset): every few
+/// seconds, off the request path (the chunk lists are walked).
+async fn store_gauges(catalog: Arc<Catalog>) {
     loop {
-        let (chunks, bytes) = store.chunk_stats();
-        metrics::gauge!("zr_node_chunks").set(chunks as f64);
-        metrics::gauge!("zr_node_chunk_bytes").set(bytes as f64);
-        metrics::gauge!("zr_node_records").set(store.len() as f64);
-        let reads = store.read_stats();
-        metrics::counter!("zr_node_gathers_total", "read" => "mmap").absolute(reads.mmap_gathers);
-        metrics::counter!("zr_node_gathers_total", "read" => "direct")
-            .absolute(reads.direct_gathers);
+        let (mut mmap, mut direct) = (0, 0);
+        for (name, shard) in catalog.named_all() {
+            let store = shard.serving().store.clone();
+            let (chunks, bytes) = store.chunk_stats();
+            metrics::gauge!("zr_node_chunks", "dataset" => name.clone()).set(chunks as f64);
+            metrics::gauge!("zr_node_chunk_bytes", "dataset" => name.clone()).set(bytes as f64);
+            metrics::gauge!("zr_node_records", "dataset" => name).set(store.len() as f64);
+            let reads = store.read_stats();
+            mmap += reads.mmap_gathers;
+            direct += reads.direct_gathers;
+        }
+        metrics::counter!("zr_node_gathers_total", "read" => "mmap").absolute(mmap);
+        metrics::counter!("zr_node_gathers_total", "read" => "direct").absolute(direct);
         if let Some((minor, major)) = page_faults() {
             metrics::counter!("zr_node_page_faults_total", "kind" => "minor").absolute(minor);
             metrics::counter!("zr_node_page_faults_total", "kind" => "major").absolute(major);
@@ -906,7 +917,6 @@ pub async fn run_shard(
         }
         Err(e) => tracing::warn!("shard {shard}: no liveness lease: {e}"),
     }
-    background.spawn(store_gauges(store.clone()));
     serve(endpoint, store, timeout, shutdown).await?;
     tracing::info!("shard {shard} stopped");
     Ok(())

@@ -18,6 +18,6 @@ pub mod server;
 
 pub use client::{AsyncClient, Client};
 pub use error::{Error, Failure};
-pub use restore::restore_record;
+pub use restore::{restore_record, Restored};
 pub use server::Router;
 pub use zr_proto::wire::{DatasetInfo, FieldInfo, MapChange, MoveReport};

@@ -1,14 +1,20 @@
 //! `zr cluster restore-record`: a cluster record lost from the metadata store (its key
 //! deleted, the embedded store's file removed) rebuilt from what the nodes keep — the cluster
-//! id and map version in each data directory's identity, and each node's length — instead
-//! of a new record whose new id every node would refuse.
+//! id and map version in each data directory's identity, each node's length, and the named
+//! datasets each node holds — instead of a new record whose new id every node would refuse.
+//!
+//! Every named dataset some node holds is listed again, as made at the latest id a node
+//! holds it under, with the most fields a node has for it: no data is left unlisted (a
+//! dataset dropped while a node was away comes back, to be dropped again). A dataset's
+//! committed length is restored beside it where its own record was lost too.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use zr_meta::cluster::{self, ClusterRecord, MapRecord};
+use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, MapRecord};
 use zr_net::config::ClusterConfig;
 use zr_net::Security;
-use zr_proto::wire::{NodeRequest, Reply};
+use zr_proto::wire::{DatasetInfo, NodeRequest, Reply};
 
 use crate::error::{Error, Failure};
 use crate::nodes::Nodes;
@@ -35,7 +41,7 @@ pub async fn restore_record(
     config: &ClusterConfig,
     security: Security,
     meta: Arc<dyn zr_meta::MetaStore>,
-) -> Result<ClusterRecord, Error> {
+) -> Result<Restored, Error> {
     if let Some((record, _)) = cluster::load(&*meta).await? {
         return Err(Failure::BadRequest(format!(
             "{} holds the record of cluster {} already (map version {}, {} records committed): nothing to restore",
@@ -98,15 +104,102 @@ pub async fn restore_record(
     }
     let placement =
         crate::server::placement_of(&map, config.cluster.shards).map_err(Failure::Metadata)?;
+    let named = named_datasets(&nodes, config.cluster.shards).await?;
     let record = ClusterRecord {
         id,
         committed_len: placement.consistent_len(&lens),
         map,
         moving: None,
         added: Vec::new(),
-        datasets: Vec::new(),
-        dataset_ids: 0,
+        dataset_ids: named.iter().map(|(d, _)| d.id).max().unwrap_or(0),
+        datasets: named.iter().map(|(d, _)| d.clone()).collect(),
     };
+    let mut committed = BTreeMap::new();
+    for (dataset, lens) in &named {
+        let rebuilt = CommittedRecord {
+            id: dataset.id,
+            committed_len: placement.consistent_len(lens),
+        };
+        let len = match cluster::load_committed(&*meta, &dataset.name).await? {
+            Some((kept, _)) if kept.id == dataset.id => kept.committed_len,
+            kept => {
+                let revision = kept.map(|(_, revision)| revision);
+                cluster::store_committed(&*meta, &dataset.name, revision, &rebuilt).await?;
+                rebuilt.committed_len
+            }
+        };
+        committed.insert(dataset.name.clone(), len);
+    }
     cluster::store(&*meta, None, &record).await?;
-    Ok(record)
+    Ok(Restored { record, committed })
+}
+
+/// What [`restore_record`] stored.
+#[derive(Debug)]
+pub struct Restored {
+    pub record: ClusterRecord,
+    /// Each named dataset's committed length (kept, or rebuilt from the nodes).
+    pub committed: BTreeMap<String, u64>,
+}
+
+type Found = (u64, Vec<DatasetInfo>, Vec<(u32, u64)>);
+
+/// The named datasets the nodes hold (see the module documentation), each with the least
+/// length any replica of each shard holds of it (0 for a shard none of whose nodes has it).
+async fn named_datasets(
+    nodes: &Nodes,
+    shards: u32,
+) -> Result<Vec<(DatasetRecord, Vec<u64>)>, Error> {
+    // Per name: the latest id, what each node holding it as that id says of it, and the
+    // length each such node holds, by shard.
+    let mut found: BTreeMap<String, Found> = BTreeMap::new();
+    for node in nodes.all() {
+        let reply = nodes
+            .call(None, node, &NodeRequest::Datasets, Vec::new())
+            .await?;
+        let Reply::Datasets(held) = reply.reply else {
+            return Err(nodes
+                .unavailable(node, format!("answered Datasets with {:?}", reply.reply))
+                .into());
+        };
+        for dataset in held
+            .into_iter()
+            .filter(|d| d.name != zr_proto::wire::DEFAULT_DATASET)
+        {
+            let shard = nodes.shard(node);
+            let entry = found
+                .entry(dataset.name.clone())
+                .or_insert_with(|| (dataset.id, Vec::new(), Vec::new()));
+            if dataset.id > entry.0 {
+                *entry = (dataset.id, Vec::new(), Vec::new());
+            }
+            if dataset.id == entry.0 {
+                entry.2.push((shard, dataset.len));
+                entry.1.push(dataset);
+            }
+        }
+    }
+    Ok(found
+        .into_values()
+        .filter_map(|(id, held, shard_lens)| {
+            let widest = held.into_iter().max_by_key(|d| d.fields.len())?;
+            let mut lens = vec![u64::MAX; shards as usize];
+            for (shard, len) in shard_lens {
+                if let Some(slot) = lens.get_mut(shard as usize) {
+                    *slot = (*slot).min(len);
+                }
+            }
+            for slot in &mut lens {
+                if *slot == u64::MAX {
+                    *slot = 0;
+                }
+            }
+            let record = DatasetRecord {
+                name: widest.name,
+                id,
+                fields: crate::server::record_fields(&widest.fields),
+            };
+            Some((record, lens))
+        })
+        .collect())
 }

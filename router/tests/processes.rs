@@ -1134,9 +1134,9 @@ fn routers_and_nodes_serve_prometheus_metrics() {
         "zr_node_requests_total{kind=\"info\",outcome=\"ok\"}",
         "zr_node_records_gathered_total",
         "zr_node_sent_bytes_total",
-        "zr_node_records ",
-        "zr_node_chunks ",
-        "zr_node_chunk_bytes ",
+        "zr_node_records{dataset=\"default\"}",
+        "zr_node_chunks{dataset=\"default\"}",
+        "zr_node_chunk_bytes{dataset=\"default\"}",
         "zr_node_page_faults_total{kind=\"minor\"}",
         "zr_node_page_faults_total{kind=\"major\"}",
         // The router's connection, seen from the node.
@@ -1446,7 +1446,8 @@ fn ordinary_cli_use_cannot_lock_clients_out() {
 /// that finds the nodes holding records refuses to make a new record — which would give the
 /// cluster a new id that every node refuses — and names the cure; `zr cluster
 /// restore-record` rebuilds the record from the nodes, and a router then serves every
-/// record as before. Run again, it says there is a record already.
+/// record as before, of the default dataset and of a named one. Run again, it says there is
+/// a record already.
 #[test]
 fn a_lost_cluster_record_is_restored_from_the_nodes_not_replaced() {
     let (node, router) = (binary("zr-node"), binary("zr-router"));
@@ -1454,6 +1455,20 @@ fn a_lost_cluster_record_is_restored_from_the_nodes_not_replaced() {
     let (config, addr, certs) = cluster_init(&tmp);
     let mut processes = start(&node, &router, &config);
     let rows = load_rows(&connect(&addr, &certs), 300);
+    // A named dataset beside the default one, with its own records and a field grown later.
+    let remote = [
+        "--router",
+        addr.as_str(),
+        "--certs",
+        certs.to_str().unwrap(),
+    ];
+    zr(&[
+        &["dataset", "create", "extra", "--field", "x:flate"],
+        &remote[..],
+    ]
+    .concat());
+    zr(&[&["dataset", "add-field", "extra", "y"], &remote[..]].concat());
+    let extra = load_rows(&connect(&addr, &certs).dataset("extra").unwrap(), 120);
     terminate(processes.pop().unwrap());
     std::fs::remove_dir_all(tmp.join("metadata")).unwrap();
 
@@ -1472,7 +1487,8 @@ fn a_lost_cluster_record_is_restored_from_the_nodes_not_replaced() {
     );
     let restored = zr(&["cluster", "restore-record", "--nodes", config_arg]);
     assert!(
-        restored.contains("map version 1, 300 records committed"),
+        restored.contains("map version 1, 300 records committed")
+            && restored.contains("dataset 'extra': 120 records committed, fields x, y"),
         "{restored}"
     );
     let again = zr_fails(&["cluster", "restore-record", "--nodes", config_arg]);
@@ -1486,7 +1502,14 @@ fn a_lost_cluster_record_is_restored_from_the_nodes_not_replaced() {
     for (i, row) in rows.iter().enumerate() {
         assert_eq!(columns[0].get(i).unwrap(), &row[..]);
     }
-    drop(client);
+    let named = client.dataset("extra").unwrap();
+    assert_eq!(named.len().unwrap(), 120);
+    let all: Vec<u64> = (0..120).collect();
+    let columns = named.gather(&all, &["x"]).unwrap();
+    for (i, row) in extra.iter().enumerate() {
+        assert_eq!(columns[0].get(i).unwrap(), &row[..]);
+    }
+    drop((client, named));
     stop_all(processes);
 }
 

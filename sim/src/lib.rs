@@ -584,6 +584,36 @@ impl SimCluster {
             .collect()
     }
 
+    /// Starts the move to the map with `change` through `client`'s router, as `zr cluster
+    /// add-shard`/`drain-shard --nodes nodes.toml` does, and waits for its end (2 minutes at
+    /// most): its report, or why it stopped.
+    pub fn run_move(
+        &self,
+        client: &Client,
+        change: zr_router::MapChange,
+    ) -> Result<zr_router::MoveReport, String> {
+        client
+            .move_shards(change, self.listed_nodes())
+            .map_err(|e| e.to_string())?;
+        let started = std::time::Instant::now();
+        loop {
+            std::thread::sleep(Duration::from_millis(50));
+            let report = client
+                .move_progress()
+                .map_err(|e| e.to_string())?
+                .ok_or("the router runs no move")?;
+            if let Some(error) = report.error {
+                return Err(error);
+            }
+            if report.done {
+                return Ok(report);
+            }
+            if started.elapsed() > Duration::from_secs(120) {
+                return Err(format!("the move did not end within 2 minutes: {report:?}"));
+            }
+        }
+    }
+
     /// Starts the nodes of one shard more (empty, on new addresses), as `zr cluster
     /// add-shard` expects them, and adds them to the cluster's configuration (`shards` one
     /// more): routers started from now on know them. Returns the new shard's id.

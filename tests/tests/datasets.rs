@@ -1,15 +1,17 @@
 //! Named datasets through the simulator: several side by side, each byte-exact against a
 //! model of its own through two routers; dropped, grown by a field, written one field at a
 //! time; consumers waiting for records a producer appends; nodes away during a create or a
-//! drop brought in step when they return.
+//! drop brought in step when they return; shards added and drained online with three
+//! datasets, one appended to and one read throughout.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use zr_common::hash::mix2;
 use zr_common::Record;
-use zr_router::{Client, Error, FieldInfo};
+use zr_router::server::MoveStep;
+use zr_router::{Client, Error, FieldInfo, MapChange};
 use zr_sim::{SimCluster, SimOptions};
 
 fn options(replicas: u32) -> SimOptions {
@@ -182,14 +184,6 @@ fn side_by_side(replicas: u32) {
     }
     let twice = grown.add_field(field("reward", "raw")).unwrap_err();
     assert!(twice.to_string().contains("already"), "{twice}");
-    // A shard move is refused while named datasets exist (not supported yet).
-    let refused = one.move_shards(zr_router::MapChange::DrainShard(2), Vec::new());
-    assert!(
-        refused
-            .as_ref()
-            .is_err_and(|e| e.to_string().contains("not supported yet")),
-        "{refused:?}"
-    );
 }
 
 fn text_two_or(text: &Client) -> Client {
@@ -322,4 +316,137 @@ fn the_default_dataset_of_a_cluster_made_before_names_serves_as_it_did() {
     let client = cluster.client().unwrap();
     check(&client, &["a"], 5, 80);
     check(&client.dataset("more").unwrap(), &["a"], 6, 40);
+}
+
+#[test]
+fn shards_move_online_with_three_datasets() {
+    moves_with_datasets(1);
+}
+
+#[test]
+fn replicated_shards_move_online_with_three_datasets() {
+    moves_with_datasets(2);
+}
+
+/// The default dataset and two named ones: a shard added, then one drained, while a
+/// producer appends to one and a reader gathers another (every gather byte-exact); all
+/// three byte-exact after each move; then a move whose router dies after switching one
+/// node, finished by the next router on its own.
+fn moves_with_datasets(replicas: u32) {
+    let mut cluster = SimCluster::start(2, options(replicas)).unwrap();
+    let client = cluster.client().unwrap();
+    let images = client
+        .create_dataset("images", vec![field("img", "raw"), field("label", "flate")])
+        .unwrap();
+    let text = client
+        .create_dataset("text", vec![field("tokens", "raw")])
+        .unwrap();
+    load(&client, &["a"], 0, 300);
+    load(&images, &["img", "label"], 1, 500);
+    load(&text, &["tokens"], 2, 400);
+    let check_all = |client: &Client, text_len: u64| {
+        check(client, &["a"], 0, 300);
+        check(
+            &client.dataset("images").unwrap(),
+            &["img", "label"],
+            1,
+            500,
+        );
+        check(&client.dataset("text").unwrap(), &["tokens"], 2, text_len);
+    };
+    let mut text_len = 400;
+    for change in [MapChange::AddShard, MapChange::DrainShard(0)] {
+        if change == MapChange::AddShard {
+            cluster.add_shard_nodes().unwrap();
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let producer = {
+            let (text, stop) = (
+                cluster.client().unwrap().dataset("text").unwrap(),
+                Arc::clone(&stop),
+            );
+            std::thread::spawn(move || {
+                let mut appended = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    load(&text, &["tokens"], 2, 7);
+                    appended += 7;
+                }
+                appended
+            })
+        };
+        let reader = {
+            let (images, stop) = (
+                cluster.client().unwrap().dataset("images").unwrap(),
+                Arc::clone(&stop),
+            );
+            std::thread::spawn(move || {
+                let mut gathers = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    let indices: Vec<u64> = (0..32).map(|k| mix2(gathers, k) % 500).collect();
+                    let columns = images.gather(&indices, &["img", "label"]).unwrap();
+                    for (pos, &i) in indices.iter().enumerate() {
+                        for (f, column) in columns.iter().enumerate() {
+                            assert!(
+                                column.get(pos).unwrap() == value(1, f as u64, i).as_slice(),
+                                "during the move: field {f} of images record {i} differs"
+                            );
+                        }
+                    }
+                    gathers += 1;
+                }
+                gathers
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        let report = cluster.run_move(&client, change).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        stop.store(true, Ordering::SeqCst);
+        text_len += producer.join().unwrap();
+        assert!(reader.join().unwrap() > 0, "no gather ran during the move");
+        assert!(report.done && report.moved > 0, "{report:?}");
+        check_all(&client, text_len);
+        let status = client.status().unwrap();
+        assert_eq!(status.moving, None);
+    }
+    // Every node of the added shard holds every dataset.
+    for replica in 0..replicas {
+        let dir = cluster.data_dir(cluster.node(2, replica)).join("datasets");
+        assert!(dir.join("images").exists() && dir.join("text").exists());
+    }
+
+    // A move whose router dies after one node switched: the next router switches the rest
+    // of every dataset on its own, and the command run again says it is done.
+    cluster.add_shard_nodes().unwrap();
+    cluster
+        .router(0)
+        .unwrap()
+        .stop_moves_at(Some(MoveStep::SwitchedOne));
+    let stopped = cluster.run_move(&client, MapChange::AddShard).unwrap_err();
+    assert!(stopped.contains("injected"), "{stopped}");
+    drop((client, images, text));
+    cluster.kill_router(0);
+    cluster.add_router().unwrap();
+    let client = cluster.client().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        check_all(&client, text_len)
+    }))
+    .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the published map never served every dataset"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let report = cluster.run_move(&client, MapChange::AddShard).unwrap();
+    assert!(report.done && report.already, "{report:?}");
+    check_all(&client, text_len);
+    load(&client.dataset("text").unwrap(), &["tokens"], 2, 10);
+    check(
+        &client.dataset("text").unwrap(),
+        &["tokens"],
+        2,
+        text_len + 10,
+    );
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_router::server::MoveStep;
-use zr_router::{Client, MapChange, MoveReport};
+use zr_router::{Client, MapChange};
 use zr_sim::{SimCluster, SimOptions};
 
 fn options(replicas: u32) -> SimOptions {
@@ -116,43 +116,6 @@ fn load(
     })
 }
 
-/// Starts the move to the map with `change` and waits for its end: its report, or why it
-/// stopped.
-fn run_move(
-    cluster: &SimCluster,
-    client: &Client,
-    change: MapChange,
-) -> Result<MoveReport, String> {
-    // What `zr cluster add-shard --nodes nodes.toml` sends: every node nodes.toml lists.
-    let nodes = cluster
-        .config()
-        .shards
-        .iter()
-        .map(|s| (s.id, s.replica, s.addr))
-        .collect();
-    client
-        .move_shards(change, nodes)
-        .map_err(|e| e.to_string())?;
-    let started = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(50));
-        let report = client
-            .move_progress()
-            .map_err(|e| e.to_string())?
-            .ok_or("the router runs no move")?;
-        if let Some(error) = report.error {
-            return Err(error);
-        }
-        if report.done {
-            return Ok(report);
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the move did not end: {report:?}"
-        );
-    }
-}
-
 /// Every shard holds what the map gives it (counted by the router's status), the shards
 /// holding records within `tolerance` of an even share, and `drained` none.
 fn check_spread(client: &Client, records: u64, drained: &[u32], tolerance: f64) {
@@ -216,7 +179,7 @@ fn grow_and_drain(replicas: u32) {
             step as u64,
         );
         std::thread::sleep(Duration::from_millis(200));
-        let report = run_move(&cluster, &client, change).expect("the move");
+        let report = cluster.run_move(&client, change).expect("the move");
         std::thread::sleep(Duration::from_millis(200));
         stop.store(true, Ordering::SeqCst);
         let (grown, gathers) = running.join().expect("the load's checks");
@@ -300,7 +263,9 @@ fn adding_a_fifth_shard_moves_a_fifth_of_the_records() {
     append(&client_of(&cluster), &mut model, 5, 40_960);
     cluster.add_shard_nodes().expect("new shard's nodes");
     let client = client_of(&cluster);
-    let report = run_move(&cluster, &client, MapChange::AddShard).expect("the move");
+    let report = cluster
+        .run_move(&client, MapChange::AddShard)
+        .expect("the move");
     let n = model.len() as u64;
     assert_eq!(report.records, n);
     assert!(
@@ -350,7 +315,9 @@ fn stop_at_every_step(replicas: u32) {
         }
         cluster.router(0).expect("router").stop_moves_at(Some(step));
         let client = client_of(&cluster);
-        let stopped = run_move(&cluster, &client, change).expect_err("the move stops");
+        let stopped = cluster
+            .run_move(&client, change)
+            .expect_err("the move stops");
         assert!(stopped.contains("injected"), "{stopped}");
         if step != MoveStep::Published && step != MoveStep::SwitchedOne {
             // One move at a time: another is refused while this one is recorded.
@@ -358,7 +325,7 @@ fn stop_at_every_step(replicas: u32) {
                 MapChange::AddShard => MapChange::DrainShard(1),
                 MapChange::DrainShard(_) => MapChange::AddShard,
             };
-            let refused = run_move(&cluster, &client, other).expect_err("a second move");
+            let refused = cluster.run_move(&client, other).expect_err("a second move");
             assert!(
                 refused.contains(&format!("a move to map version {} ", 2 + round))
                     && refused.contains("is under way"),
@@ -412,7 +379,9 @@ fn stop_at_every_step(replicas: u32) {
             append(&client, &mut model, 100 + round as u64, 50);
         }
         wait_in_sync(&client);
-        let report = run_move(&cluster, &client, change).expect("the move, run again");
+        let report = cluster
+            .run_move(&client, change)
+            .expect("the move, run again");
         assert!(report.done, "{report:?}");
         assert_eq!(report.already, published, "{report:?}");
         let status = client.status().expect("status");

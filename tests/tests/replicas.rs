@@ -161,6 +161,47 @@ fn a_wiped_node_rebuilds_online_and_then_serves_alone() {
     check_all(&client, &model);
 }
 
+/// A node wiped while the default dataset is empty and a named one holds every record: the
+/// router finds the named dataset short on it (no heartbeat tells), rebuilds it from the
+/// partner, and it then serves the dataset alone.
+#[test]
+fn a_wiped_node_rebuilds_a_named_dataset_and_then_serves_it_alone() {
+    let mut cluster = SimCluster::start(2, options()).expect("cluster");
+    let client = cluster.client().expect("client");
+    let fields = ["a", "b"].map(|name| zr_router::FieldInfo {
+        name: name.into(),
+        compress: "flate".into(),
+        dtype: None,
+        shape: None,
+    });
+    let named = client
+        .create_dataset("named", fields.to_vec())
+        .expect("create");
+    let mut model = Vec::new();
+    append(&named, &mut model, 3, 3_000);
+    named.commit().expect("commit");
+    let wiped = cluster.node(1, 1);
+    cluster.crash_node(wiped);
+    std::fs::remove_dir_all(cluster.data_dir(wiped)).expect("wipe");
+    cluster.start_node(wiped).expect("restart empty");
+    // Found short within a few seconds (once the node has the dataset again, empty), then
+    // caught up.
+    let started = Instant::now();
+    let mut behind = false;
+    while !behind && started.elapsed() < Duration::from_secs(20) {
+        let status = client.status().expect("status");
+        behind = status
+            .nodes
+            .iter()
+            .any(|n| (n.shard, n.replica) == (1, 1) && !n.in_sync);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(behind, "the wiped node was never found short");
+    wait_in_sync(&client, Duration::from_secs(60));
+    cluster.crash_node(cluster.node(1, 0));
+    check_all(&named, &model);
+}
+
 #[test]
 fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() {
     let mut cluster = SimCluster::start(3, options()).expect("cluster");

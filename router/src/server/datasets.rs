@@ -51,7 +51,7 @@ fn ready(reply: Reply) -> (Reply, Body) {
     (reply, Body::Ready(Vec::new()))
 }
 
-fn record_fields(fields: &[FieldInfo]) -> Vec<FieldRecord> {
+pub(crate) fn record_fields(fields: &[FieldInfo]) -> Vec<FieldRecord> {
     fields
         .iter()
         .map(|f| FieldRecord {
@@ -298,6 +298,8 @@ impl Router {
             let state = self.lease_state();
             (state.me(), state.lease())
         };
+        // The version before the placement (see `adopt_map`).
+        let map_version = self.map_version.load(Ordering::SeqCst);
         let router = Arc::new(Router {
             dataset: Some(Arc::from(dataset.name.as_str())),
             dataset_id: dataset.id,
@@ -317,7 +319,7 @@ impl Router {
             timeout: self.timeout,
             meta: Arc::clone(&self.meta),
             cluster_id: self.cluster_id.clone(),
-            map_version: self.map_version.load(Ordering::SeqCst).into(),
+            map_version: map_version.into(),
             moving: Default::default(),
             move_stop: Default::default(),
             committed: Default::default(),
@@ -851,17 +853,15 @@ impl Router {
         }
     }
 
-    /// The last pass of a catch-up of `node` over every dataset of `all` (from `held` on),
-    /// holding each one's writes off, then the node marked in sync: returns the records
-    /// copied.
-    pub(super) fn last_passes<'a>(
-        all: &'a [Arc<Router>],
-        held: usize,
+    /// One last pass of every dataset of `all` over `node`, with every dataset's writes
+    /// held, and the node marked in sync.
+    pub(super) async fn last_passes(
+        all: &[Arc<Router>],
         node: NodeId,
         pass: u32,
-    ) -> BoxFuture<'a, Result<u64, Failure>> {
-        Box::pin(async move {
-            let Some(router) = all.get(held) else {
+    ) -> Result<u64, Failure> {
+        Router::exclusive_all(all, || {
+            Box::pin(async move {
                 let mut copied = 0;
                 for router in all {
                     copied += router.sync_pass(node, pass, true).await?;
@@ -869,11 +869,68 @@ impl Router {
                 if let Some(first) = all.first() {
                     first.nodes.mark_in_sync(node).await?;
                 }
-                return Ok(copied);
-            };
-            router
-                .exclusive(|| Router::last_passes(all, held + 1, node, pass))
-                .await
+                Ok(copied)
+            })
         })
+        .await
+    }
+
+    /// Runs `work` holding every dataset's write lock and lease (`all`, in their order: the
+    /// default dataset first, then the named ones by name), each repaired as a write starts.
+    pub(super) fn exclusive_all<'a, T: Send + 'a>(
+        all: &'a [Arc<Router>],
+        work: impl FnOnce() -> BoxFuture<'a, Result<T, Failure>> + Send + 'a,
+    ) -> BoxFuture<'a, Result<T, Failure>> {
+        Box::pin(async move {
+            match all.split_first() {
+                None => work().await,
+                Some((first, rest)) => first.exclusive(|| Router::exclusive_all(rest, work)).await,
+            }
+        })
+    }
+
+    /// [`Self::exclusive_all`] without the repair, and giving the leases back after.
+    pub(super) fn leased_all<'a, T: Send + 'a>(
+        all: &'a [Arc<Router>],
+        work: impl FnOnce() -> BoxFuture<'a, Result<T, Failure>> + Send + 'a,
+    ) -> BoxFuture<'a, Result<T, Failure>> {
+        Box::pin(async move {
+            let Some((first, rest)) = all.split_first() else {
+                return work().await;
+            };
+            let _writes = first.writes.lock().await;
+            let result = match first.acquire_lease().await {
+                Ok(_) => Router::leased_all(rest, work).await,
+                Err(e) => Err(e),
+            };
+            // The next write settles whatever the lease says is pending.
+            first.release_lease(false).await;
+            result
+        })
+    }
+
+    /// Makes this named dataset, empty, on the nodes of `shards` that lack it (the nodes of
+    /// a shard a move adds), as `record` lists it.
+    pub(super) async fn create_on(
+        &self,
+        record: &ClusterRecord,
+        shards: &[u32],
+    ) -> Result<(), Failure> {
+        let name = self.dataset_name();
+        let dataset = record.dataset(name).ok_or_else(|| {
+            Failure::Metadata(format!("the cluster record lists no dataset '{name}'"))
+        })?;
+        let request = NodeRequest::CreateDataset {
+            id: dataset.id,
+            fields: wire_fields(&dataset.fields),
+        };
+        for &shard in shards {
+            for node in self.nodes.of_shard(shard) {
+                self.nodes
+                    .call(self.on(), node, &request, Vec::new())
+                    .await?;
+            }
+        }
+        Ok(())
     }
 }

@@ -134,13 +134,6 @@ impl Router {
         change: wire::MapChange,
         nodes: Vec<(u32, u32, String)>,
     ) -> Result<(), Failure> {
-        if let Some(named) = self.named_routers().first() {
-            return Err(Failure::Conflict(format!(
-                "the cluster holds named datasets ('{}'{}), and moving the shards of such a cluster is not supported yet: this move needs a cluster with the default dataset only",
-                named.dataset_name(),
-                if self.named_routers().len() > 1 { " and others" } else { "" }
-            )));
-        }
         {
             let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(running) = moving.as_ref().filter(|m| runs(m)) {
@@ -183,15 +176,18 @@ impl Router {
     /// Moves the cluster to the map with `change`, or finishes the move under way if it is
     /// this change; see the module documentation.
     pub(super) async fn move_shards(
-        &self,
+        self: &Arc<Self>,
         change: wire::MapChange,
         listed: &[(u32, u32, String)],
     ) -> Result<MoveReport, Failure> {
         let change = recorded(change);
         let (record, revision) = self.load_cluster().await?;
+        // Every dataset moves: this router knows each the record lists (none is made or
+        // dropped while a move runs).
+        self.adopt_datasets(&record, revision).await;
         // The nodes of a shard added by a move another router began.
         self.grow_from(&record).map_err(Failure::Metadata)?;
-        if record.map.version > self.map_version.load(Ordering::SeqCst) {
+        if self.behind(record.map.version) {
             self.reload_map().await?;
         }
         let (from, to) = match &record.moving {
@@ -274,6 +270,7 @@ impl Router {
                     moving: Some(MapMove {
                         to: to.clone(),
                         switched_at: None,
+                        switched_lens: Default::default(),
                     }),
                     added,
                     ..record.clone()
@@ -300,21 +297,39 @@ impl Router {
         }
         let staged = changed_shards(&old, &new);
         let started = Instant::now();
-        // Copy up to the length now while writes go on, then the rest with writes held.
-        let len = self.len.load(Ordering::SeqCst);
-        self.set_moving(to.version, &new, &staged, len);
-        let mut moved = 0;
+        let all = self.all_routers();
+        // The nodes of a new shard hold every named dataset, empty, before it is built.
+        for router in all.iter().filter(|r| r.dataset.is_some()) {
+            router.create_on(&record, &staged).await?;
+        }
+        // Copy up to the lengths now while writes go on, then the rest with every dataset's
+        // writes held.
+        let lens: Vec<u64> = all.iter().map(|r| r.len.load(Ordering::SeqCst)).collect();
+        self.set_moving(to.version, &new, &staged, &lens);
         self.stop_here(MoveStep::Recorded)?;
-        moved += self
-            .copy_shards(&staged, &old, &new, to.version, len)
-            .await?;
+        let mut moved = 0;
+        for (router, &len) in all.iter().zip(&lens) {
+            moved += router
+                .copy_shards(self, &staged, &old, &new, to.version, len)
+                .await?;
+        }
         self.stop_here(MoveStep::Copied)?;
-        let report = self
-            .exclusive(|| async {
-                let len = self.len.load(Ordering::SeqCst);
-                moved += self
-                    .copy_shards(&staged, &old, &new, to.version, len)
-                    .await?;
+        let report = Router::exclusive_all(&all, || {
+            Box::pin(async {
+                let mut len = 0;
+                let mut switched_lens = std::collections::BTreeMap::new();
+                for router in &all {
+                    let at = router.len.load(Ordering::SeqCst);
+                    moved += router
+                        .copy_shards(self, &staged, &old, &new, to.version, at)
+                        .await?;
+                    match &router.dataset {
+                        Some(name) => {
+                            switched_lens.insert(name.to_string(), at);
+                        }
+                        None => len = at,
+                    }
+                }
                 // Publish: from here on the new map is the cluster's.
                 let (record, revision) = self.load_cluster().await?;
                 let published = ClusterRecord {
@@ -322,6 +337,7 @@ impl Router {
                     moving: Some(MapMove {
                         to: to.clone(),
                         switched_at: Some(len),
+                        switched_lens,
                     }),
                     ..record
                 };
@@ -336,7 +352,8 @@ impl Router {
                 report.moved = moved;
                 Ok(report)
             })
-            .await?;
+        })
+        .await?;
         tracing::info!(
             "move to map version {} done in {:.1} s: {} of {} records moved",
             to.version,
@@ -432,28 +449,28 @@ impl Router {
     }
 
     /// Switches the nodes that have not to the map `record` has published, and clears the
-    /// move. Under the write lock and lease, without the repair a write starts with: it
+    /// move. Under every dataset's write lock and lease, without the repair a write starts
+    /// with: it
     /// reads the nodes by the published map, which those not switched yet refuse.
     /// `None` if there is none to finish (another router finished it meanwhile).
-    async fn finish_published(&self) -> Result<Option<MoveReport>, Failure> {
-        let _writes = self.writes.lock().await;
-        self.acquire_lease().await?;
-        // Read under the lease: whoever held it before may have finished.
-        let finished = match self.load_cluster().await {
-            Ok((record, revision))
+    async fn finish_published(self: &Arc<Self>) -> Result<Option<MoveReport>, Failure> {
+        let all = self.all_routers();
+        Router::leased_all(&all, || {
+            Box::pin(async {
+                // Read under the leases: whoever held them before may have finished.
+                let (record, revision) = self.load_cluster().await?;
                 if record
                     .moving
                     .as_ref()
-                    .is_some_and(|m| m.switched_at.is_some()) =>
-            {
-                self.finish_switch(record, revision).await.map(Some)
-            }
-            Ok(_) => Ok(None),
-            Err(e) => Err(e),
-        };
-        // The next write settles whatever the lease says is pending.
-        self.release_lease(false).await;
-        finished
+                    .is_some_and(|m| m.switched_at.is_some())
+                {
+                    self.finish_switch(record, revision).await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            })
+        })
+        .await
     }
 
     /// True if the map's last change is `change` and asking for it again asks for nothing
@@ -485,7 +502,7 @@ impl Router {
     /// Finishes a move whose map is published but whose nodes have not all switched (its
     /// router died there), unless a move runs here: the cluster serves every shard again
     /// without waiting for the command to be run again.
-    pub(super) async fn finish_stopped_switch(&self, record: ClusterRecord) {
+    pub(super) async fn finish_stopped_switch(self: &Arc<Self>, record: ClusterRecord) {
         if self.move_progress().as_ref().is_some_and(runs)
             || record
                 .moving
@@ -522,13 +539,14 @@ impl Router {
     /// Switches every node to the published map of `record` (those switched already say so)
     /// and clears the move. The new map is adopted here first.
     async fn finish_switch(
-        &self,
+        self: &Arc<Self>,
         record: ClusterRecord,
         revision: zr_meta::Revision,
     ) -> Result<MoveReport, Failure> {
         let Some(MapMove {
             to,
             switched_at: Some(len),
+            switched_lens,
         }) = record.moving.clone()
         else {
             return Err(Failure::Metadata("no published move to finish".into()));
@@ -543,13 +561,29 @@ impl Router {
         let old = placement_of(&previous, shards).map_err(Failure::Metadata)?;
         let staged = changed_shards(&old, &new);
         self.adopt_map(&to, new.clone());
-        let token = self
-            .usable_lease()
-            .map(|held| held.token)
-            .ok_or(Failure::LeaseRunningOut {
-                shard: 0,
-                timeout_ms: self.timeout.as_millis(),
-            })?;
+        // Each dataset switches with its own lease's token (its nodes' fence) and its own
+        // length at the switch.
+        let mut switching = Vec::new();
+        for router in self.all_routers() {
+            let token =
+                router
+                    .usable_lease()
+                    .map(|held| held.token)
+                    .ok_or(Failure::LeaseRunningOut {
+                        shard: 0,
+                        timeout_ms: self.timeout.as_millis(),
+                    })?;
+            let len = match &router.dataset {
+                None => len,
+                Some(name) => *switched_lens.get(&**name).ok_or_else(|| {
+                    Failure::Metadata(format!(
+                        "map version {} was published without the length of dataset '{name}'",
+                        to.version
+                    ))
+                })?,
+            };
+            switching.push((router, token, len));
+        }
         self.stop_here(MoveStep::Published)?;
         for node in self.nodes.all() {
             if node > 0 {
@@ -561,19 +595,22 @@ impl Router {
                 // map with its next request.
                 continue;
             }
-            let request = NodeRequest::Switch {
-                version: to.version,
-                staged: staged.contains(&shard),
-                len: new.shard_len(shard, len),
-                token,
-            };
-            self.nodes.call(self.on(), node, &request, Vec::new()).await.map_err(|e| {
-                Failure::Metadata(format!(
-                    "map version {} is published, but shard {shard} replica {} did not switch to it: {e}; run the command again to finish",
-                    to.version,
-                    self.nodes.replica(node)
-                ))
-            })?;
+            for (router, token, len) in &switching {
+                let request = NodeRequest::Switch {
+                    version: to.version,
+                    staged: staged.contains(&shard),
+                    len: new.shard_len(shard, *len),
+                    token: *token,
+                };
+                self.nodes.call(router.on(), node, &request, Vec::new()).await.map_err(|e| {
+                    Failure::Metadata(format!(
+                        "map version {} is published, but shard {shard} replica {} did not switch dataset '{}' to it: {e}; run the command again to finish",
+                        to.version,
+                        self.nodes.replica(node),
+                        router.dataset_name()
+                    ))
+                })?;
+            }
         }
         let done = ClusterRecord {
             moving: None,
@@ -594,6 +631,7 @@ impl Router {
     /// shards.
     async fn copy_shards(
         &self,
+        progress: &Router,
         shards: &[u32],
         old: &Placement,
         new: &Placement,
@@ -602,16 +640,19 @@ impl Router {
     ) -> Result<u64, Failure> {
         let mut moved = 0;
         for &shard in shards {
-            moved += self.copy_shard(shard, old, new, version, len).await?;
+            moved += self
+                .copy_shard(progress, shard, old, new, version, len)
+                .await?;
         }
         Ok(moved)
     }
 
-    /// Builds node datasets of shard `shard` for map `version` (placement `new`) up to the
-    /// cluster length `len`, from where they end; returns the records it copied from other
-    /// shards.
+    /// Builds this dataset's node datasets of shard `shard` for map `version` (placement
+    /// `new`) up to its length `len`, from where they end; returns the records it copied
+    /// from other shards, and counts them in `progress` (the move's router).
     async fn copy_shard(
         &self,
+        progress: &Router,
         shard: u32,
         old: &Placement,
         new: &Placement,
@@ -743,7 +784,7 @@ impl Router {
                 }
             }
             moved += received as u64;
-            self.note_staged(end - at, received as u64);
+            progress.note_staged(end - at, received as u64);
             at = end;
             // Leaves the nodes to the cluster's readers for a while: a move works at most
             // about a third of the time.
@@ -753,8 +794,13 @@ impl Router {
     }
 
     /// Starts the progress of a move to map `version`.
-    fn set_moving(&self, version: u64, new: &Placement, staged: &[u32], len: u64) {
-        let total: u64 = staged.iter().map(|&s| new.shard_len(s, len)).sum();
+    /// `lens`: each dataset's length, the default one's first.
+    fn set_moving(&self, version: u64, new: &Placement, staged: &[u32], lens: &[u64]) {
+        let total: u64 = lens
+            .iter()
+            .flat_map(|&len| staged.iter().map(move |&s| new.shard_len(s, len)))
+            .sum();
+        let len = lens.first().copied().unwrap_or(0);
         let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
         // The change it makes, as start_move noted it.
         let change = moving.as_ref().and_then(|m| m.change);
@@ -810,15 +856,33 @@ impl Router {
             .clone()
     }
 
-    /// Places by `map` (with `placement`) from now on.
+    /// Places every dataset by `map` (with `placement`) from now on.
+    /// Each router's placement is stored before its version: one that reads the version
+    /// first never pairs a newer version with an older placement.
     pub(super) fn adopt_map(&self, map: &MapRecord, placement: Placement) {
-        if self.map_version.load(Ordering::SeqCst) == map.version {
-            return;
+        let placement = Arc::new(placement);
+        for named in self.named_routers() {
+            if named.map_version.load(Ordering::SeqCst) != map.version {
+                named.placement.store(Arc::clone(&placement));
+                named.map_version.store(map.version, Ordering::SeqCst);
+            }
         }
-        self.placement.store(Arc::new(placement));
-        self.nodes.set_cluster(&self.cluster_id, map.version);
-        self.map_version.store(map.version, Ordering::SeqCst);
-        tracing::info!("placing by map version {}", map.version);
+        if self.map_version.load(Ordering::SeqCst) != map.version {
+            self.placement.store(placement);
+            self.nodes.set_cluster(&self.cluster_id, map.version);
+            self.map_version.store(map.version, Ordering::SeqCst);
+            tracing::info!("placing by map version {}", map.version);
+        }
+    }
+
+    /// True if this router or one of its named datasets' places by an older map than
+    /// `version`.
+    fn behind(&self, version: u64) -> bool {
+        self.map_version.load(Ordering::SeqCst) < version
+            || self
+                .named_routers()
+                .iter()
+                .any(|r| r.map_version.load(Ordering::SeqCst) < version)
     }
 
     /// Reads the map from the metadata store and adopts it if it is newer than the one this
@@ -826,7 +890,7 @@ impl Router {
     pub(super) async fn reload_map(&self) -> Result<ClusterRecord, Failure> {
         let (record, _) = self.load_cluster().await?;
         self.grow_from(&record).map_err(Failure::Metadata)?;
-        if record.map.version > self.map_version.load(Ordering::SeqCst) {
+        if self.behind(record.map.version) {
             let placement =
                 placement_of(&record.map, self.nodes.shards()).map_err(Failure::Metadata)?;
             if record.map.total_shards() > self.nodes.shards() {
@@ -836,10 +900,16 @@ impl Router {
                     self.nodes.shards()
                 )));
             }
-            // Not amid a write of this router's: a write places its records by one map
-            // from start to end (none can be published while this router holds the lease,
-            // but one published before may be adopted only now).
+            // Not amid a write of this router's, to any dataset: a write places its records
+            // by one map from start to end (none can be published while this router holds
+            // the lease, but one published before may be adopted only now). Locked in the
+            // order moves lock them.
+            let named = self.named_routers();
             let _writes = self.writes.lock().await;
+            let mut _named_writes = Vec::with_capacity(named.len());
+            for router in &named {
+                _named_writes.push(router.writes.lock().await);
+            }
             self.adopt_map(&record.map, placement);
         }
         Ok(record)

@@ -127,19 +127,34 @@ impl Router {
     }
 
     /// Marks behind every in-sync replica whose heartbeats say it holds fewer records than
-    /// the committed length gives its shard, while a partner holds them: it came back empty
-    /// (a wiped or replaced disk) or lost data, and is caught up rather than read from.
-    async fn find_short(&self) {
+    /// the committed length gives its shard, of any dataset, while a partner holds them: it
+    /// came back empty (a wiped or replaced disk) or lost data, and is caught up rather than
+    /// read from. The default dataset's lengths come with the heartbeats; a named one's are
+    /// asked for (with one replica there is no partner, and nothing to ask).
+    async fn find_short(self: &Arc<Self>) {
+        self.find_short_of().await;
+        if self.nodes.replicas() > 1 {
+            for named in self.named_routers() {
+                named.find_short_of().await;
+            }
+        }
+    }
+
+    /// [`Self::find_short`] of this router's dataset.
+    async fn find_short_of(&self) {
         let placement = self.placement.load_full();
         let committed = self.committed.load(std::sync::atomic::Ordering::SeqCst);
         for shard in 0..self.nodes.shards() {
             let share = placement.shard_len(shard, committed);
-            let heard: Vec<(NodeId, Option<u64>)> = self
-                .nodes
-                .in_sync_of(shard)
-                .into_iter()
-                .map(|n| (n, self.nodes.heard_len(n)))
-                .collect();
+            let mut heard: Vec<(NodeId, Option<u64>)> = Vec::new();
+            for node in self.nodes.in_sync_of(shard) {
+                let len = match self.dataset {
+                    None => self.nodes.heard_len(node),
+                    Some(_) if self.nodes.is_down(node) => None,
+                    Some(_) => self.node_len(node).await.ok(),
+                };
+                heard.push((node, len));
+            }
             if !heard
                 .iter()
                 .any(|&(_, len)| len.is_some_and(|l| l >= share))
@@ -155,7 +170,10 @@ impl Router {
                     continue;
                 };
                 if len < share {
-                    let why = format!("it holds {len} of the {share} records committed on it");
+                    let why = format!(
+                        "it holds {len} of the {share} records of dataset '{}' committed on it",
+                        self.dataset_name()
+                    );
                     if let Err(e) = self.nodes.mark_behind(node, &why).await {
                         tracing::warn!("{e}");
                     }
@@ -227,7 +245,7 @@ impl Router {
                     };
                 }
             }
-            copied += Router::last_passes(&all, 0, node, ONLINE_PASSES + 1).await?;
+            copied += Router::last_passes(&all, node, ONLINE_PASSES + 1).await?;
             Ok::<u64, Failure>(copied)
         }
         .await;
