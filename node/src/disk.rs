@@ -347,7 +347,11 @@ fn rename_exchange(a: &Path, b: &Path) -> io::Result<()> {
 /// Makes the directory `path` and any missing parents. A directory another process made
 /// meanwhile (nodes started together on a fresh cluster directory) is taken as made.
 pub(crate) fn create_dir_all(path: &Path) -> io::Result<()> {
-    let mut missing: Vec<&Path> = path.ancestors().take_while(|p| !p.exists()).collect();
+    // A relative path's last ancestor is "" (the working directory): never made.
+    let mut missing: Vec<&Path> = path
+        .ancestors()
+        .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+        .collect();
     missing.reverse();
     for dir in missing {
         let made = change(

@@ -29,6 +29,7 @@ pub mod frame;
 mod gather;
 pub mod identity;
 mod io;
+mod lock;
 mod map;
 pub mod meta;
 pub mod offset;
@@ -54,6 +55,7 @@ pub use prefetch::Prefetched;
 pub use runtime::{RuntimeOptions, CLEANERS_MAX, READERS_MAX, WRITERS_MAX};
 pub use store::{
     chunk_path, CreateOptions, GatherOptions, ReadPath, ReadStats, Store, CHUNK_DIR, LOCK_FILE,
+    WRITER_LOCK_FILE,
 };
 pub use verify::{Problem, Utilization, VerifyReport};
 pub use zr_common::Contiguous;

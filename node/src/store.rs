@@ -8,7 +8,7 @@
 //! any reader can reach. Chunks are append-only, so spans stay valid for as long as a batch
 //! holds their mappings.
 
-use std::fs::{self, File, OpenOptions, TryLockError};
+use std::fs::{self, File, OpenOptions};
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
@@ -17,6 +17,7 @@ use ahash::AHashMap;
 use crate::disk;
 use crate::error::{Error, IoContext, Result};
 use crate::io::IoBackend;
+use crate::lock::Locks;
 use crate::map::Mapped;
 use crate::meta::{sync_dir, FieldSpec, Meta, FORMAT_NAME, FORMAT_VERSION, META_FILE};
 use crate::offset::{offset_file_name, ENTRY_BYTES};
@@ -26,8 +27,7 @@ pub use crate::view::{chunk_path, CHUNK_DIR};
 use crate::view::{Core, Maps, View};
 use crate::writer::Writers;
 
-/// Name of the lock file inside a dataset directory.
-pub const LOCK_FILE: &str = "lock";
+pub use crate::lock::{LOCK_FILE, WRITER_LOCK_FILE};
 
 /// Parameters fixed when a dataset is created.
 #[derive(Clone, Debug)]
@@ -121,8 +121,8 @@ pub struct ReadStats {
 pub(crate) struct Inner {
     pub(crate) core: Core,
     pub(crate) writers: Option<Writers>,
-    /// The dataset's lock (`None`: a reader of a read-only directory without a lock file).
-    _lock: Option<File>,
+    /// The dataset's locks (see `lock`).
+    pub(crate) locks: Locks,
 }
 
 /// What the readers and the writers share; see [`Core`].
@@ -196,7 +196,7 @@ impl Store {
             }
             Err(e) => return Err(e).ctx("read directory", dir),
         }
-        let lock = lock_dir(dir, true)?;
+        let lock = Locks::writer(dir)?;
         disk::create_dir_all(&dir.join(CHUNK_DIR)).ctx("create directory", &dir.join(CHUNK_DIR))?;
         for field in &meta.fields {
             let path = dir.join(offset_file_name(&field.name));
@@ -227,7 +227,7 @@ impl Store {
     pub fn open_with(dir: impl AsRef<Path>, runtime: RuntimeOptions) -> Result<Store> {
         let dir = dir.as_ref();
         Meta::load(dir)?; // a clear "not a dataset" before any lock file is created
-        let lock = lock_dir(dir, true)?;
+        let lock = Locks::writer(dir)?;
         Store::open_locked(dir, lock, false, runtime)
     }
 
@@ -241,13 +241,13 @@ impl Store {
     pub fn open_read_only_with(dir: impl AsRef<Path>, runtime: RuntimeOptions) -> Result<Store> {
         let dir = dir.as_ref();
         Meta::load(dir)?;
-        let lock = lock_dir(dir, false)?;
+        let lock = Locks::reader(dir)?;
         Store::open_locked(dir, lock, true, runtime)
     }
 
     fn open_locked(
         dir: &Path,
-        lock: Option<File>,
+        lock: Locks,
         read_only: bool,
         runtime: RuntimeOptions,
     ) -> Result<Store> {
@@ -333,7 +333,7 @@ impl Store {
             )?;
             {
                 let mut shared = writers.shared();
-                shared.settle_redo(&mut view)?;
+                shared.settle_redo(&mut view, &lock)?;
                 shared.remove_uncommitted_chunks()?;
             }
             Some(writers)
@@ -358,7 +358,7 @@ impl Store {
                     read_counters: Default::default(),
                 },
                 writers,
-                _lock: lock,
+                locks: lock,
             }),
             defaults: GatherOptions::default(),
         })
@@ -417,10 +417,7 @@ impl Store {
             "the dataset gained field '{}': this handle was replaced by the one add_field returned",
             spec.name
         ));
-        let lock = match &self.inner._lock {
-            Some(lock) => Some(lock.try_clone().ctx("share the lock", &dir)?),
-            None => None,
-        };
+        let lock = self.inner.locks.try_clone(&dir)?;
         drop(shared);
         let options = self.inner.runtime.options;
         Ok(Store::open_locked(&dir, lock, false, options)?.with_gather_options(self.defaults))
@@ -500,73 +497,5 @@ impl Store {
             index,
             reason,
         }
-    }
-}
-
-/// True for the errors of writing where one may not: a read-only file system, or no
-/// permission.
-fn is_read_only(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
-    )
-}
-
-/// Retries of a contended lock, [`LOCK_RETRY_WAIT`] apart.
-const LOCK_RETRIES: u32 = 20;
-const LOCK_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// Takes the dataset's lock file: exclusive for a writer, shared for a reader.
-fn lock_dir(dir: &Path, exclusive: bool) -> Result<Option<File>> {
-    let path = dir.join(LOCK_FILE);
-    let opened = disk::open(
-        &path,
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false),
-    );
-    let file = match opened {
-        Ok(file) => file,
-        // A reader of a directory it may not write (a read-only mount, another user's
-        // data): a lock file that exists is locked through a read-only descriptor; without
-        // one, no writer can have the dataset open (it would have made it).
-        Err(e) if !exclusive && is_read_only(&e) => match File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e).ctx("open lock file", &path),
-        },
-        Err(e) => return Err(e).ctx("open lock file", &path),
-    };
-    let try_lock = || {
-        if exclusive {
-            file.try_lock()
-        } else {
-            file.try_lock_shared()
-        }
-    };
-    // A lock just released can linger for a moment: a process that forks (any program
-    // spawning a subprocess) shares the lock's file description with the child until the
-    // child execs. So a contended lock is retried briefly before it counts as taken.
-    let mut taken = try_lock();
-    for _ in 0..LOCK_RETRIES {
-        if !matches!(taken, Err(TryLockError::WouldBlock)) {
-            break;
-        }
-        std::thread::sleep(LOCK_RETRY_WAIT);
-        taken = try_lock();
-    }
-    match taken {
-        Ok(()) => Ok(Some(file)),
-        Err(TryLockError::WouldBlock) => Err(Error::Locked {
-            path: dir.to_path_buf(),
-            why: if exclusive {
-                "it is open elsewhere; a writer needs it alone"
-            } else {
-                "it is open for writing elsewhere"
-            },
-        }),
-        Err(TryLockError::Error(e)) => Err(e).ctx("lock", &path),
     }
 }

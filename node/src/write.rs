@@ -273,6 +273,6 @@ impl Store {
         for slot in &mut slots {
             slot.sync(&mut shared)?;
         }
-        shared.commit(&self.inner)
+        shared.commit(&self.inner, &self.inner.locks)
     }
 }

@@ -90,12 +90,10 @@ fn errors_name_the_problem() {
         store.modify(3, &Record::new()),
         Err(Error::IndexOutOfRange { .. })
     ));
-    // A second writer is refused while the first holds the dataset.
+    // A second writer is refused while the first holds the dataset; readers are not (and
+    // see what is committed: nothing yet).
     assert!(matches!(Store::open(&path), Err(Error::Locked { .. })));
-    assert!(matches!(
-        Store::open_read_only(&path),
-        Err(Error::Locked { .. })
-    ));
+    assert_eq!(Store::open_read_only(&path).unwrap().len(), 0);
     assert!(matches!(
         Store::create(&path, schema(), small()),
         Err(Error::AlreadyExists { .. })
@@ -175,7 +173,12 @@ fn read_only_stores_refuse_writes_and_share() {
             .unwrap(),
         b"hello"
     );
+    // A writer opens beside them; a second one does not.
+    let writer = Store::open(&path).unwrap();
     assert!(matches!(Store::open(&path), Err(Error::Locked { .. })));
+    writer.append(&Record::new().with("a", b"more")).unwrap();
+    writer.commit().unwrap();
+    assert_eq!((r1.len(), r2.len()), (1, 1));
 }
 
 #[test]
@@ -283,4 +286,67 @@ fn parallel_gathers_match_serial_ones() {
         results.push(columns);
     }
     assert_eq!(results[0], results[1]);
+}
+
+fn column(store: &Store, field: &str) -> Vec<Vec<u8>> {
+    let all: Vec<u64> = (0..store.len()).collect();
+    let batch = store.gather(&all, &[field]).unwrap();
+    let view = batch.field(field).unwrap();
+    (0..all.len())
+        .map(|k| view.get(k).unwrap().to_vec())
+        .collect()
+}
+
+/// Readers open beside the writer, each seeing the dataset as of the last commit before it
+/// opened: appends since lie past its length, and a modify or delete committed while it
+/// reads waits for it to go before it is written in place — readers opened after the commit
+/// see it at once (from the redo log), and the writer's next commit alone applies it.
+#[test]
+fn readers_beside_a_writer_see_the_commit_they_opened_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ds");
+    let writer = Store::create(&path, vec![FieldSpec::raw("a")], small()).unwrap();
+    let rows = |from: u8, to: u8| -> Vec<Vec<u8>> { (from..to).map(|i| vec![i; 3]).collect() };
+    let append = |rows: &[Vec<u8>]| {
+        let records: Vec<Record> = rows.iter().map(|r| Record::new().with("a", r)).collect();
+        writer.append_many(&records).unwrap();
+    };
+    append(&rows(0, 10));
+    writer.commit().unwrap();
+    let early = Store::open_read_only(&path).unwrap();
+    append(&rows(10, 20));
+    // Not committed: no new reader sees it either.
+    assert_eq!(Store::open_read_only(&path).unwrap().len(), 10);
+    writer.commit().unwrap();
+    writer
+        .modify(3, &Record::new().with("a", b"changed"))
+        .unwrap();
+    writer.delete(0).unwrap(); // record 19 takes index 0
+    writer.commit().unwrap();
+
+    assert_eq!(
+        column(&early, "a"),
+        rows(0, 10),
+        "a reader's snapshot changed"
+    );
+    let late = Store::open_read_only(&path).unwrap();
+    let mut expected = rows(0, 19);
+    expected[0] = vec![19; 3];
+    expected[3] = b"changed".to_vec();
+    assert_eq!(column(&late, "a"), expected);
+    assert_eq!(column(&writer, "a"), expected);
+
+    // Alone again, the next commit writes the changes in place; a writer reopened after
+    // that, and readers, see the same.
+    drop((early, late));
+    writer.append(&Record::new().with("a", b"last")).unwrap();
+    writer.commit().unwrap();
+    drop(writer);
+    std::fs::remove_file(path.join(zr_node::redo::REDO_FILE)).unwrap();
+    expected.push(b"last".to_vec());
+    assert_eq!(
+        column(&Store::open_read_only(&path).unwrap(), "a"),
+        expected
+    );
+    assert_eq!(column(&Store::open(&path).unwrap(), "a"), expected);
 }

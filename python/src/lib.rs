@@ -35,7 +35,10 @@ fn node_error(e: NodeError) -> PyErr {
         NodeError::Io { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             PyFileNotFoundError::new_err(message)
         }
-        NodeError::NotADataset { .. } => PyFileNotFoundError::new_err(message),
+        // No meta.json at all is a missing dataset; a damaged one is not.
+        NodeError::NotADataset { ref reason, .. } if reason.ends_with("not found") => {
+            PyFileNotFoundError::new_err(message)
+        }
         NodeError::InvalidSchema(_)
         | NodeError::InvalidRecord(_)
         | NodeError::InvalidInput { .. } => PyValueError::new_err(message),

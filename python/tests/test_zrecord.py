@@ -90,7 +90,7 @@ def test_out_fills_caller_memory(tmp_path):
     raw = bytearray(3 * 16 * 4)
     ds.gather([4, 5, 6], out={"data": raw})
     np.testing.assert_array_equal(np.frombuffer(raw, dtype="<f4").reshape(3, 16), rows[4:7])
-    with pytest.raises(ValueError, match="destination holds"):
+    with pytest.raises(ValueError, match=r"gathers 2 records into float32\[2, 16\]"):
         ds.gather([1, 2], out={"data": np.zeros((3, 16), dtype="<f4")})
     with pytest.raises(ValueError, match="writable"):
         ds.gather([1], out={"data": bytes(64)})
@@ -100,8 +100,10 @@ def test_errors_are_python_exceptions(tmp_path):
     with pytest.raises(FileNotFoundError):
         zrecord.open(tmp_path / "missing")
     ds = zrecord.from_numpy(np.arange(100, dtype="<u8"), tmp_path / "ds")
-    with pytest.raises(zrecord.Error, match="locked"):
-        zrecord.open(tmp_path / "ds", writable=True)  # a reader has it open
+    writer = zrecord.open(tmp_path / "ds", writable=True)  # beside a reader
+    with pytest.raises(zrecord.Error, match="one writer at a time"):
+        zrecord.open(tmp_path / "ds", writable=True)
+    writer.close()
     with pytest.raises(KeyError):
         ds.append({"other": b"x"})
     del ds
@@ -152,9 +154,17 @@ def test_writes_modify_delete_and_reads_during_appends(tmp_path):
 
 
 def test_sampler_shards_ranks_and_resumes(tmp_path):
-    full = zrecord.Sampler(1000, order="shuffle", seed=3, batch=32)
+    full = zrecord.Sampler(1000, order="shuffle", seed=3, batch=32, drop_last=True)
     seen = np.concatenate(list(full))
     assert len(set(seen.tolist())) == seen.size == 992  # drop_last: 31 whole batches
+    # PyTorch's default: the last, partial batch kept.
+    kept = list(zrecord.Sampler(1000, order="shuffle", seed=3, batch=32))
+    assert len(kept) == 32 and kept[-1].size == 8
+    assert sorted(np.concatenate(kept).tolist()) == list(range(1000))
+    # A split across ranks that must leave records out says so.
+    with pytest.warns(UserWarning, match="2 of 1002 records are left out of each epoch"):
+        uneven = zrecord.Sampler(1002, rank=0, ranks=4, batch=10)
+    assert uneven.left_out == 2
     ranks = [zrecord.Sampler(1000, order="shuffle", seed=3, rank=r, ranks=4, batch=10) for r in range(4)]
     per_rank = [np.concatenate(list(s)) for s in ranks]
     assert len({len(p) for p in per_rank}) == 1
@@ -191,7 +201,7 @@ def test_loader_resume_equals_an_uninterrupted_run(tmp_path):
     rest = [b["data"].tolist() for b in resumed]
     assert first + rest == whole
     flat = sum(whole, [])
-    assert len(set(flat)) == len(flat) == 3000 // 64 * 64
+    assert len(set(flat)) == len(flat) == 3000
 
 
 def _child_sum(ds) -> int:
@@ -371,3 +381,221 @@ def test_a_dataset_on_a_read_only_directory_opens(tmp_path, lock_file):
         import subprocess
 
         subprocess.run(["umount", str(mounted)], check=True)
+
+
+def _gather_all(ds) -> list:
+    # In a worker process (forked or spawned): every record the dataset holds there.
+    return ds.gather(np.arange(len(ds)))["data"].tolist()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_dataset_written_in_a_process_feeds_its_workers(tmp_path, method):
+    # create -> append -> commit, the writer still open: workers read the committed records.
+    ds = zrecord.create(tmp_path / "ds", [("data", "raw", "<i8", ())])
+    ds.append_many([{"data": np.int64(k)} for k in range(300)])
+    ds.commit()
+    ds.append_many([{"data": np.int64(-1)}])  # not committed: no worker sees it
+    with multiprocessing.get_context(method).Pool(2) as pool:
+        got = pool.map(_gather_all, [ds] * 4)
+    assert got == [list(range(300))] * 4
+    ds.close()
+    with pytest.raises(ValueError, match="closed"):
+        len(ds)
+    # Closed, the writer's lock is gone: another writer opens it (and the uncommitted
+    # record was never kept).
+    with zrecord.open(tmp_path / "ds", writable=True) as again:
+        assert len(again) == 300
+        again.append({"data": np.int64(300)})
+    # Leaving the block committed it.
+    assert len(zrecord.open(tmp_path / "ds")) == 301
+
+
+def _append_and_commit(path, rounds: int) -> None:
+    ds = zrecord.open(path, writable=True)
+    for r in range(rounds):
+        start = len(ds)
+        ds.append_many([{"data": np.full(64, start + k, dtype="<u4")} for k in range(37)])
+        ds.commit()
+    ds.close()
+
+
+def test_a_reader_process_gathers_while_a_writer_process_appends(tmp_path):
+    path = tmp_path / "ds"
+    with zrecord.create(path, [("data", "raw", "<u4", (64,))]) as ds:
+        ds.append_many([{"data": np.full(64, k, dtype="<u4")} for k in range(37)])
+    reader = zrecord.open(path)
+    writer = multiprocessing.get_context("spawn").Process(target=_append_and_commit, args=(path, 40))
+    writer.start()
+    seen = set()
+    while writer.is_alive() or len(seen) < 2:
+        n = len(reader)  # the last commit, taken at this call
+        assert n % 37 == 0, f"a length between commits: {n}"
+        rows = reader.gather(np.arange(n))["data"]
+        # Every record whole and in place: row k holds k in every element.
+        assert (rows == np.arange(n, dtype="<u4")[:, None]).all()
+        seen.add(n)
+        if not writer.is_alive():
+            break
+    writer.join()
+    assert writer.exitcode == 0
+    assert reader.refresh() == 41 * 37
+    assert reader.wait_len(41 * 37, timeout_ms=10) == 41 * 37
+    with pytest.raises(TimeoutError, match=f"committed {41 * 37}"):
+        reader.wait_len(41 * 37 + 1, timeout_ms=20)
+
+
+def test_modifies_wait_for_readers_elsewhere_and_readers_see_them(tmp_path):
+    path = tmp_path / "ds"
+    writer = zrecord.create(path, [("data", "raw")])
+    writer.append_many([{"data": f"r{k}"} for k in range(10)])
+    writer.commit()
+    reader = zrecord.open(path)
+    assert reader[3]["data"] == b"r3"
+    writer.modify(3, {"data": "changed"})
+    writer.delete(0)
+    writer.commit()
+    # A reader takes the commit at its next call: the modify and the delete, whole.
+    assert [reader[k]["data"] for k in range(len(reader))] == [b"r9", b"r1", b"r2", b"changed"] + [
+        f"r{k}".encode() for k in range(4, 9)
+    ]
+
+
+class _FakeTensor:
+    """What ``out=`` uses of a CPU torch tensor, without torch: ``numpy()`` (its memory, no
+    copy) and ``is_pinned``."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def numpy(self):
+        return self.array
+
+    def is_pinned(self):
+        return True
+
+
+def test_out_is_checked_for_keys_dtype_and_shape_and_takes_tensors(tmp_path):
+    rows = np.arange(10 * 48, dtype="u1").reshape(10, 48)
+    ds = zrecord.create(tmp_path / "ds", [("img", "raw", "u1", (48,)), ("name", "flate")])
+    ds.append_many([{"img": r, "name": f"n{k}"} for k, r in enumerate(rows)])
+    ds.commit()
+    with pytest.raises(ValueError, match=r"float32\[3, 12\]; field 'img' gathers 3 records into uint8\[3, 48\]"):
+        ds.gather([0, 1, 2], ["img"], out={"img": np.empty((3, 12), "<f4")})
+    with pytest.raises(ValueError, match="uint8"):
+        ds.gather([0, 1, 2], ["img"], out={"img": np.empty((3, 48), "i1")})
+    with pytest.raises(KeyError, match="'label'"):
+        ds.gather([0], ["img"], out={"label": np.empty((1, 48), "u1")})
+    with pytest.raises(ValueError, match="varying size"):
+        ds.gather([0], ["name"], out={"name": bytearray(8)})
+    tensor = _FakeTensor(np.zeros((2, 48), "u1"))
+    got = ds.gather([9, 4], ["img"], out={"img": tensor})["img"]
+    assert got is tensor
+    np.testing.assert_array_equal(tensor.array, rows[[9, 4]])
+
+
+def test_out_takes_a_pinned_torch_tensor():
+    torch = pytest.importorskip("torch")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = np.arange(20 * 8, dtype="<f4").reshape(20, 8)
+        ds = zrecord.from_numpy(rows, os.path.join(tmp, "ds"))
+        out = torch.empty((3, 8), dtype=torch.float32)
+        if torch.cuda.is_available():
+            out = out.pin_memory()
+        ds.gather([3, 1, 19], out={"data": out})
+        np.testing.assert_array_equal(out.numpy(), rows[[3, 1, 19]])
+
+
+def test_what_newcomers_type_first(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # Paths without a directory part.
+    ds = zrecord.from_numpy(np.arange(6, dtype="<i8"), "train")
+    assert len(ds) == 6
+    with zrecord.create("other", ["x"]) as other:
+        other.append({"x": b"1"})
+    n = len(ds)
+    with pytest.raises(IndexError, match="out of range"):
+        ds.view(-n - 1, "data")
+    assert ds.view(-1, "data").item() == 5
+    # Negative indices of a narrow type (NumPy 2 would overflow adding the length).
+    assert ds.gather(np.array([-1, -6], dtype=np.int8))["data"].tolist() == [5, 0]
+    with pytest.raises(ValueError, match="one-dimensional"):
+        ds.gather(np.zeros((2, 2), dtype=np.int64))
+    # A garbage meta.json is named, not a missing file.
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "meta.json").write_text("{not json")
+    with pytest.raises(zrecord.Error, match="meta.json"):
+        zrecord.open("bad")
+
+
+class _PrefetchingLoader:
+    """What ``torch.utils.data.DataLoader(batch_sampler=..., num_workers=2)`` does with the
+    sampler, without torch: takes batches of indices from it ``ahead`` batches before the
+    loop gets them (its workers prefetch), and yields them gathered, in order."""
+
+    def __init__(self, dataset, batch_sampler, ahead=4):
+        self.dataset, self.batch_sampler, self.ahead = dataset, batch_sampler, ahead
+
+    def __iter__(self):
+        taken = []
+        for indices in self.batch_sampler:
+            taken.append(indices)
+            if len(taken) > self.ahead:
+                yield self.dataset.__getitems__(taken.pop(0))
+        while taken:
+            yield self.dataset.__getitems__(taken.pop(0))
+
+
+def test_a_plain_prefetching_loader_resumes_exactly_through_track(tmp_path):
+    from zrecord.torch import Batch, collate_columns
+
+    ds = zrecord.from_numpy(np.arange(1000, dtype="<i8"), tmp_path / "ds")
+    mapped = MapDataset(ds)
+
+    def run(sampler, stop_after=None):
+        got = []
+        for k, batch in enumerate(sampler.track(_PrefetchingLoader(mapped, sampler))):
+            assert isinstance(batch, Batch)
+            got.append(collate_columns(batch)["data"].tolist())
+            if stop_after is not None and k + 1 == stop_after:
+                break
+        return got
+
+    whole = run(StatefulSampler(zrecord.Sampler(1000, seed=7, batch=64)))
+    assert len(whole) == 16 and sorted(sum(whole, [])) == list(range(1000))
+    for k in (1, 7, 15):
+        sampler = StatefulSampler(zrecord.Sampler(1000, seed=7, batch=64))
+        first = run(sampler, stop_after=k)
+        # The state after the k batches received, not the k + 4 handed out.
+        state = pickle.loads(pickle.dumps(sampler.state_dict()))
+        assert (state["epoch"], state["position"]) == (0, min(64 * k, 1000))
+        resumed = StatefulSampler(zrecord.Sampler(1000, seed=7, batch=64))
+        resumed.load_state_dict(state)
+        assert first + run(resumed) == whole, k
+        # Broken off and iterated again, the same sampler goes on after batch k.
+        assert first + run(sampler) == whole, k
+    # Once an epoch is done the next begins; its batches differ.
+    sampler = StatefulSampler(zrecord.Sampler(1000, seed=7, batch=64))
+    assert run(sampler) == whole
+    assert sampler.state_dict()["epoch"] == 1 and run(sampler) != whole
+
+
+def test_map_dataset_batches_stay_whole(tmp_path):
+    from zrecord.torch import Batch, collate_columns
+
+    rows = np.arange(40 * 3, dtype="<f4").reshape(40, 3)
+    ds = zrecord.create(tmp_path / "ds", [("x", "raw", "<f4", (3,)), ("name", "flate")])
+    ds.append_many([{"x": r, "name": f"r{k}"} for k, r in enumerate(rows)])
+    ds.commit()
+    batch = MapDataset(ds).__getitems__([5, 0, 39])
+    assert isinstance(batch, Batch) and len(batch) == 3
+    # The gathered arrays as they are: no split into records and stack again.
+    columns = collate_columns(batch)
+    assert columns["x"] is batch.columns["x"]
+    np.testing.assert_array_equal(columns["x"], rows[[5, 0, 39]])
+    # Per record on demand (what torch's default collate reads).
+    assert batch[1]["name"] == b"r0" and batch[-1]["x"].tolist() == rows[39].tolist()
+    assert [r["name"] for r in batch] == [b"r5", b"r0", b"r39"]
+    with pytest.raises(IndexError):
+        batch[3]

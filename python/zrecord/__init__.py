@@ -13,6 +13,12 @@ those frameworks without depending on them.
 
 Datasets and clients are fork-safe: they pickle as their path (or router and certificates)
 and reopen themselves in a child process, so a forking ``DataLoader`` works.
+
+A local dataset has one writer at a time and any number of readers beside it, in any
+processes. A reader sees the dataset as of the last commit: records appended and committed
+since appear at its next call (``len``, ``gather``, ``refresh()``), never a record in part,
+and records modified or deleted since change under no gather. ``close()`` (or ``with``) lets
+a dataset go; leaving a ``with`` block of a writable dataset without an error commits it.
 """
 
 from __future__ import annotations
@@ -80,10 +86,16 @@ def _as_indices(indices: Any) -> np.ndarray:
     """Any integer sequence or array as a uint64 array; negative indices count from the end
     only when the caller's length is known (see ``Dataset._indices``)."""
     array = np.asarray(indices)
-    if array.ndim != 1:
-        array = array.reshape(-1)
+    if array.ndim == 0:
+        array = array.reshape(1)
+    elif array.ndim != 1:
+        raise ValueError(f"indices must be one-dimensional, not of shape {array.shape} (flatten them first if that is meant)")
     if array.size and not np.issubdtype(array.dtype, np.integer):
+        if array.dtype == object and all(isinstance(i, (int, np.integer)) for i in array):
+            return array.astype(np.int64)
         raise TypeError(f"indices must be integers, not {array.dtype}")
+    if array.dtype.kind == "i" and array.dtype.itemsize < 8:
+        array = array.astype(np.int64)  # negative ones get the length added
     return array
 
 
@@ -120,25 +132,70 @@ class Dataset:
         self._pid = os.getpid() if handle is not None else None
         self._lock = threading.Lock()
         self._fields: list[Field] | None = None
+        self._closed = False
+        # A local reader's: meta.json as it was when opened (a commit replaces it).
+        self._seen = self._meta_signature() if handle is not None else None
 
     # -- opening, per process --------------------------------------------------------------
 
     def _native(self) -> Any:
         """The native handle of this process (reopened after a fork: thread pools and
-        runtimes do not survive one)."""
+        runtimes do not survive one; and, for a local reader, after a commit elsewhere)."""
+        if self._closed:
+            raise ValueError("the dataset is closed")
         pid = os.getpid()
-        if self._handle is None or self._pid != pid:
+        if self._handle is None or self._pid != pid or self._committed_since():
             with self._lock:
-                if self._handle is None or self._pid != pid:
+                if self._handle is None or self._pid != pid or self._committed_since():
                     kind, *args = self._opener
                     if kind == "local":
                         path, writable = args
+                        seen = self._meta_signature()
                         self._handle = _zrecord.Store.open(path, writable)
+                        self._seen = seen
+                        self._fields = None
                     else:
                         router, certs, timeout_ms, role, dataset = (list(args) + [None])[:5]
                         self._handle = _zrecord.Client.connect(router, certs, timeout_ms, role, dataset)
                     self._pid = pid
         return self._handle
+
+    def _meta_signature(self) -> tuple | None:
+        """A local reader's view of meta.json (which each commit replaces): None for a
+        writer or a cluster, or if it cannot be read (the open says why)."""
+        kind, *args = self._opener
+        if kind != "local" or args[1]:
+            return None
+        try:
+            st = os.stat(os.path.join(args[0], "meta.json"))
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _committed_since(self) -> bool:
+        return self._seen is not None and self._meta_signature() != self._seen
+
+    def refresh(self) -> int:
+        """A local reader: takes the last commit of the dataset now (done anyway at each
+        call after a commit); returns the length."""
+        return len(self)
+
+    def close(self) -> None:
+        """Lets the dataset go: a writer's lock (writes not committed are lost) or a
+        cluster's connection. Calls after it raise ``ValueError``."""
+        with self._lock:
+            self._handle = None
+            self._closed = True
+
+    def __enter__(self) -> "Dataset":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        try:
+            if kind is None and not self._closed and self._opener[0] == "local" and self._opener[2]:
+                self.commit()
+        finally:
+            self.close()
 
     def __getstate__(self) -> dict:
         # Reopened read-only: a child process reads (a writer keeps the dataset to itself).
@@ -199,6 +256,10 @@ class Dataset:
         idx = self._indices(indices)
         names = [f.name for f in self.fields] if fields is None else list(fields)
         chosen = [self._field(n) for n in names]
+        given = {}
+        if out is not None:
+            given = dict(out)
+            out = _check_out(out, chosen, idx.size)
         native = self._native()
         result = {}
         if isinstance(native, _zrecord.Store):
@@ -209,7 +270,10 @@ class Dataset:
                         dest = np.empty((idx.size, *f.shape), dtype=f.dtype)
                     flat = _writable_bytes(dest)
                     native.gather_into(idx, f.name, flat, checked)
-                    result[f.name] = dest if isinstance(dest, np.ndarray) else _typed(flat, f, idx.size)
+                    if given.get(f.name) is not None:
+                        result[f.name] = given[f.name]  # the caller's own object (a tensor stays one)
+                    else:
+                        result[f.name] = dest if isinstance(dest, np.ndarray) else _typed(flat, f, idx.size)
                 else:
                     result[f.name] = native.gather_columns(idx, f.name, checked)
             return result
@@ -218,9 +282,8 @@ class Dataset:
             if f.fixed:
                 typed = _typed(values, f, idx.size)
                 if out is not None and out.get(f.name) is not None:
-                    dest = out[f.name]
-                    _writable_bytes(dest)[:] = values
-                    result[f.name] = dest
+                    _writable_bytes(out[f.name])[:] = values
+                    result[f.name] = given[f.name]
                 else:
                     result[f.name] = typed
             else:
@@ -249,6 +312,8 @@ class Dataset:
         f = self._field(field)
         n = len(self)
         i = int(index) + n if int(index) < 0 else int(index)
+        if not 0 <= i < n:
+            raise IndexError(f"index {int(index)} is out of range: the dataset holds {n} records")
         raw = native.record_view(i, field)
         if f.fixed:
             return raw.view(f.dtype).reshape(f.shape)
@@ -350,9 +415,22 @@ class Dataset:
         self._cluster("drop_dataset()").drop_dataset(name)
 
     def wait_len(self, length: int, timeout_ms: int = 30_000) -> int:
-        """Waits until the cluster's dataset has committed ``length`` records (at most
-        ``timeout_ms``); returns its committed length."""
-        return self._cluster("wait_len()").wait_len(int(length), int(timeout_ms))
+        """Waits until the dataset has committed ``length`` records (at most
+        ``timeout_ms``); returns its committed length. Raises ``TimeoutError`` naming the
+        length reached if it has not."""
+        native = self._native()
+        if not isinstance(native, _zrecord.Store):
+            return native.wait_len(int(length), int(timeout_ms))
+        import time  # noqa: PLC0415
+
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            have = len(self)
+            if have >= length:
+                return have
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"waited {timeout_ms} ms for {length} records: the dataset has committed {have}")
+            time.sleep(0.002)
 
     def _check_names(self, records: Sequence[Mapping[str, Any]]) -> None:
         known = {f.name for f in self.fields}
@@ -360,6 +438,38 @@ class Dataset:
             for name in r:
                 if name not in known:
                     raise KeyError(f"unknown field '{name}' (the dataset has: {', '.join(sorted(known))})")
+
+
+def _check_out(out: Mapping[str, Any], chosen: list[Field], count: int) -> dict:
+    """``out`` checked against the fields gathered: each key one of them, each a typed
+    field's, each destination of its dtype and shape ``(count, *shape)`` (NumPy arrays and
+    CPU torch tensors, pinned or not) or, for any other buffer, of its size in bytes."""
+    by_name = {f.name: f for f in chosen}
+    checked = {}
+    for name, dest in out.items():
+        f = by_name.get(name)
+        if f is None:
+            raise KeyError(f"out names field '{name}', which this gather does not read (it reads: {', '.join(by_name)})")
+        if not f.fixed:
+            raise ValueError(f"out['{name}']: field '{name}' has records of varying size; only fields with a dtype and shape gather into out")
+        if dest is None:
+            continue
+        if not isinstance(dest, np.ndarray) and callable(getattr(dest, "numpy", None)) and hasattr(dest, "is_pinned"):
+            # A torch tensor: its CPU memory as an array, no copy (a GPU tensor refuses).
+            try:
+                dest = dest.numpy()
+            except (RuntimeError, TypeError) as e:
+                raise ValueError(f"out['{name}']: a tensor gathered into must be on the CPU ({e})") from None
+        want = (count, *f.shape)
+        if isinstance(dest, np.ndarray):
+            if dest.dtype != f.dtype or dest.shape != want:
+                raise ValueError(f"out['{name}'] is {dest.dtype}{list(dest.shape)}; field '{name}' gathers {count} records into {f.dtype}{list(want)}")
+        else:
+            size = memoryview(dest).nbytes
+            if size != count * f.record_bytes:
+                raise ValueError(f"out['{name}'] holds {size} bytes; {count} records of field '{name}' take {count * f.record_bytes}")
+        checked[name] = dest
+    return checked
 
 
 def _writable_bytes(dest: Any) -> np.ndarray:
@@ -463,18 +573,30 @@ def from_arrays(values: np.ndarray, offsets: np.ndarray, path: str | os.PathLike
 class Sampler:
     """Batches of indices for one rank: ``order`` "sequential", "shuffle" (a seeded
     permutation per epoch), "random" (with replacement) or "sliding" (windows); every rank of
-    ``ranks`` gets as many batches, with no communication; ``drop_last`` drops each epoch's
+    ``ranks`` gets as many batches, with no communication (records left over by the split are
+    left out of the epoch, with a warning saying how many); ``drop_last`` drops each epoch's
     last, partial batch. Iterating yields the rest of the
     current epoch; ``set_epoch`` moves to another. ``state_dict()`` / ``load_state_dict()``
     resume exactly."""
 
-    def __init__(self, length: int, order: str = "shuffle", seed: int = 0, rank: int = 0, ranks: int = 1, batch: int = 1, drop_last: bool = True, window: int = 0, stride: int = 0):
+    def __init__(self, length: int, order: str = "shuffle", seed: int = 0, rank: int = 0, ranks: int = 1, batch: int = 1, drop_last: bool = False, window: int = 0, stride: int = 0):
         self.config = dict(length=length, order=order, seed=seed, rank=rank, ranks=ranks, batch=batch, drop_last=drop_last, window=window, stride=stride)
-        # Ranks always get equal shares (the engine drops the uneven tail); `drop_last`
-        # drops each epoch's last, partial batch.
+        # Ranks always get equal shares (the engine leaves the uneven tail out, and says
+        # so); `drop_last` drops each epoch's last, partial batch (PyTorch's default keeps it).
         self._native = _zrecord.Sampler(length, order, seed, rank, ranks, batch, window, stride)
         self.epoch = 0
         self.position = 0
+        #: Records of each epoch no rank gets (an uneven split across ``ranks``).
+        self.left_out = 0
+        if order in ("sequential", "shuffle") and ranks > 1:
+            self.left_out = int(length) - self._native.items_per_epoch() * int(ranks)
+            if self.left_out:
+                import warnings  # noqa: PLC0415
+
+                warnings.warn(
+                    f"{self.left_out} of {length} records are left out of each epoch, so that each of {ranks} ranks gets {self._native.items_per_epoch()}",
+                    stacklevel=2,
+                )
 
     def epoch_items(self) -> int:
         """Indices this rank gets per epoch (whole batches only with ``drop_last``)."""

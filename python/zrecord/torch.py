@@ -1,26 +1,69 @@
-"""PyTorch adapters, duck-typed (PyTorch is not imported here).
+"""PyTorch adapters, duck-typed (PyTorch is imported only by ``collate``).
 
 ``MapDataset(ds)`` is a map-style dataset whose ``__getitems__`` gathers a whole batch at
-once (``torch.utils.data.DataLoader`` calls it with the batch's indices). ``StatefulSampler``
-is a batch-index sampler with ``state_dict()``/``load_state_dict()`` that torchdata's
-``StatefulDataLoader`` checkpoints. Both pickle as the dataset's path, so workers forked by
-``DataLoader(num_workers > 0)`` reopen the dataset in their own process.
+once (``torch.utils.data.DataLoader`` calls it with the batch's indices) and returns it as a
+``Batch``: the gathered arrays whole, and per record on demand. ``collate`` (pass it as the
+loader's ``collate_fn``) turns a ``Batch`` into tensors of the whole arrays, with no split
+into records and no stacking again; torch's default collate still works on it, record by
+record.
+
+``StatefulSampler`` is a batch-index sampler with ``state_dict()``/``load_state_dict()``.
+torchdata's ``StatefulDataLoader`` checkpoints it as it is. A plain ``DataLoader`` takes
+batches from it ahead of the training loop (its workers prefetch), so its own position runs
+ahead of what the loop consumed: iterate ``sampler.track(loader)`` instead of ``loader``,
+and ``state_dict()`` is the state after the last batch the loop received — resuming from it
+(with any ``num_workers``) gives exactly the batches an uninterrupted run would have — and
+a loop broken off and iterated again goes on after that batch.
+
+Everything pickles as the dataset's path, so workers of ``DataLoader(num_workers > 0)``
+(forked or spawned) reopen the dataset in their own process.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Sequence as _Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from . import Dataset, Sampler
 
 
-class MapDataset:
-    """``ds`` as a map-style dataset: ``ds[i]`` per record, ``__getitems__`` per batch."""
+class Batch(_Sequence):
+    """A gathered batch: ``columns`` (per field, an array of shape ``(B, *shape)`` or
+    ``(values, offsets)``) as ``Dataset.gather`` returns it; as a sequence, its records
+    ({field: value}), made only when asked for."""
 
-    def __init__(self, dataset: Dataset):
+    def __init__(self, columns: dict, count: int):
+        self.columns = columns
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self.count))]
+        if not -self.count <= k < self.count:
+            raise IndexError(f"record {k} of a batch of {self.count}")
+        k %= self.count
+        record = {}
+        for name, value in self.columns.items():
+            if isinstance(value, np.ndarray):
+                record[name] = value[k]
+            else:
+                values, offsets = value
+                record[name] = values[offsets[k] : offsets[k + 1]].tobytes()
+        return record
+
+
+class MapDataset:
+    """``ds`` as a map-style dataset: ``ds[i]`` per record, ``__getitems__`` per batch
+    (one gather; a ``Batch``)."""
+
+    def __init__(self, dataset: Dataset, fields: Sequence[str] | None = None):
         self.dataset = dataset
+        self.fields = fields
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -28,16 +71,38 @@ class MapDataset:
     def __getitem__(self, index: int) -> dict:
         return self.dataset[index]
 
-    def __getitems__(self, indices: Sequence[int]) -> list[dict]:
-        return self.dataset.__getitems__(indices)
+    def __getitems__(self, indices: Sequence[int]) -> Batch:
+        count = len(indices)
+        return Batch(self.dataset.gather(indices, self.fields), count)
+
+
+def collate(batch: Any) -> Any:
+    """A ``DataLoader`` ``collate_fn``: a ``Batch`` as {field: tensor of the whole batch}
+    (a varying-size field as (values, offsets) tensors), taken over from the gathered arrays
+    without a copy; anything else through torch's default collate."""
+    import torch  # noqa: PLC0415 - optional dependency
+    from torch.utils.data import default_collate  # noqa: PLC0415
+
+    if not isinstance(batch, Batch):
+        return default_collate(batch)
+    out = {}
+    for name, value in batch.columns.items():
+        if isinstance(value, np.ndarray):
+            out[name] = torch.from_numpy(value)
+        else:
+            values, offsets = value
+            out[name] = (torch.from_numpy(values), torch.from_numpy(offsets))
+    return out
 
 
 class StatefulSampler:
-    """Yields each batch's index list from a ``zrecord.Sampler``; its ``state_dict()`` is the
-    position after the last batch handed out (pass it as ``batch_sampler``)."""
+    """Yields each batch's index list from a ``zrecord.Sampler`` (pass it as
+    ``batch_sampler``); see the module documentation for ``track``."""
 
     def __init__(self, sampler: Sampler):
         self.sampler = sampler
+        # While `track` runs: (epoch, position) after the last batch the loop received.
+        self._consumed: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -48,16 +113,47 @@ class StatefulSampler:
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
+        self._consumed = None
+
+    def track(self, loader: Iterable) -> Iterator:
+        """Iterates ``loader`` (a ``DataLoader`` over this sampler, in order), counting the
+        batches the loop receives: ``state_dict()`` meanwhile, and after the loop ends or
+        breaks off, is the state after the last of them, and the next iteration starts
+        there."""
+        s = self.sampler
+        epoch, start = s.epoch, s.position
+        per_epoch, size = s.epoch_items(), s.config["batch"]
+        self._consumed = (epoch, start)
+        finished = False
+        try:
+            for batch in loader:
+                position = min(self._consumed[1] + size, per_epoch)
+                self._consumed = (epoch, position)
+                yield batch
+            finished = True
+        finally:
+            consumed, self._consumed = self._consumed, None
+            if finished:
+                s.epoch, s.position = epoch + 1, 0
+            else:
+                # Batches handed out but not received are handed out again.
+                s.epoch, s.position = consumed
 
     def state_dict(self) -> dict[str, Any]:
-        return self.sampler.state_dict()
+        state = self.sampler.state_dict()
+        if self._consumed is not None:
+            state["epoch"], state["position"] = self._consumed
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state)
+        self._consumed = None
 
 
 def collate_columns(records: list[dict]) -> dict:
     """Stacks records' fixed-size fields into arrays and keeps variable ones as lists."""
+    if isinstance(records, Batch):
+        return dict(records.columns)
     out = {}
     for name in records[0]:
         values = [r[name] for r in records]

@@ -5,6 +5,7 @@
 use std::fs;
 
 use crate::disk;
+use crate::lock::Locks;
 use crate::map::Mapped;
 
 use super::{publish, Shared};
@@ -17,11 +18,16 @@ use crate::view::{Core, View, CHUNK_DIR};
 impl Shared {
     /// Applies a redo log found at open (it is in `view.overlay`) to the offset tables, then
     /// removes the log so no later commit can mistake it for its own.
-    pub(crate) fn settle_redo(&mut self, view: &mut View) -> Result<()> {
+    pub(crate) fn settle_redo(&mut self, view: &mut View, locks: &Locks) -> Result<()> {
         if !view.overlay.is_empty() {
             let mut changes: Vec<_> = view.overlay.iter().map(|(&i, e)| (i, e.clone())).collect();
             changes.sort_unstable_by_key(|(i, _)| *i);
-            self.apply_in_place(&changes)?;
+            // With readers elsewhere, the changes stay in the overlay and the log (see
+            // `lock`); the next commit writes them again, and applies them once alone.
+            match locks.alone(|| self.apply_in_place(&changes)) {
+                Some(applied) => applied?,
+                None => return Ok(()),
+            }
             view.overlay.clear();
         }
         let path = self.dir.join(redo::REDO_FILE);
@@ -147,7 +153,7 @@ impl Shared {
     }
 
     /// Steps 2–5 of the commit protocol (the caller has synced every chunk).
-    pub(crate) fn commit(&mut self, inner: &Core) -> Result<()> {
+    pub(crate) fn commit(&mut self, inner: &Core, locks: &Locks) -> Result<()> {
         if self.new_chunk_files {
             sync_dir(&self.dir.join(CHUNK_DIR))?;
             self.new_chunk_files = false;
@@ -180,19 +186,29 @@ impl Shared {
         next.chunks = self.chunks.clone();
         next.store(&self.dir)?;
         self.meta = next;
-        // 5. The committed changes, in place. Past the commit point a failure cannot be undone
-        // here; the redo log holds the changes, and a reopen applies them.
-        let applied = self.apply_in_place(&changes);
-        if let Err(e) = &applied {
+        // 5. The committed changes, in place, unless another process reads the dataset
+        // (then they stay in the overlay and the log: see `lock`). Past the commit point a
+        // failure cannot be undone here; the redo log holds the changes, and a reopen
+        // applies them.
+        let applied = if changes.is_empty() {
+            Some(Ok(()))
+        } else {
+            locks.alone(|| self.apply_in_place(&changes))
+        };
+        if let Some(Err(e)) = &applied {
             self.failed = Some(format!(
                 "applying commit {generation} in place failed ({e}); reopen the dataset"
             ));
         }
         let mut view = inner.write_view();
         view.committed_len = len;
-        if applied.is_ok() {
-            view.overlay.clear();
+        match applied {
+            Some(Ok(())) => {
+                view.overlay.clear();
+                Ok(())
+            }
+            Some(Err(e)) => Err(e),
+            None => Ok(()),
         }
-        applied
     }
 }
