@@ -15,9 +15,10 @@ Datasets and clients are fork-safe: they pickle as their path (or router and cer
 and reopen themselves in a child process, so a forking ``DataLoader`` works.
 
 A local dataset has one writer at a time and any number of readers beside it, in any
-processes. A reader sees the dataset as of the last commit: records appended and committed
-since appear at its next call (``len``, ``gather``, ``refresh()``), never a record in part,
-and records modified or deleted since change under no gather. ``close()`` (or ``with``) lets
+processes. A reader sees the dataset as of a commit, never a record in part: the last one
+when it opened, and the last one again at ``len()``, ``refresh()`` or a gather of an index
+past the length it has (so records committed since appear when asked for); records modified
+or deleted meanwhile change under no gather. ``close()`` (or ``with``) lets
 a dataset go; leaving a ``with`` block of a writable dataset without an error commits it.
 """
 
@@ -138,15 +139,16 @@ class Dataset:
 
     # -- opening, per process --------------------------------------------------------------
 
-    def _native(self) -> Any:
+    def _native(self, fresh: bool = False) -> Any:
         """The native handle of this process (reopened after a fork: thread pools and
-        runtimes do not survive one; and, for a local reader, after a commit elsewhere)."""
+        runtimes do not survive one; and, for a local reader asked for the ``fresh`` one,
+        after a commit elsewhere)."""
         if self._closed:
             raise ValueError("the dataset is closed")
         pid = os.getpid()
-        if self._handle is None or self._pid != pid or self._committed_since():
+        if self._handle is None or self._pid != pid or (fresh and self._committed_since()):
             with self._lock:
-                if self._handle is None or self._pid != pid or self._committed_since():
+                if self._handle is None or self._pid != pid or (fresh and self._committed_since()):
                     kind, *args = self._opener
                     if kind == "local":
                         path, writable = args
@@ -176,8 +178,8 @@ class Dataset:
         return self._seen is not None and self._meta_signature() != self._seen
 
     def refresh(self) -> int:
-        """A local reader: takes the last commit of the dataset now (done anyway at each
-        call after a commit); returns the length."""
+        """A local reader: takes the last commit of the dataset now (``len()`` does too, and
+        a gather of an index past the length it has); returns the length."""
         return len(self)
 
     def close(self) -> None:
@@ -218,7 +220,7 @@ class Dataset:
     # -- reading ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._native())
+        return len(self._native(fresh=True))
 
     @property
     def fields(self) -> list[Field]:
@@ -261,22 +263,15 @@ class Dataset:
             given = dict(out)
             out = _check_out(out, chosen, idx.size)
         native = self._native()
-        result = {}
         if isinstance(native, _zrecord.Store):
-            for f in chosen:
-                if f.fixed:
-                    dest = out.get(f.name) if out is not None else None
-                    if dest is None:
-                        dest = np.empty((idx.size, *f.shape), dtype=f.dtype)
-                    flat = _writable_bytes(dest)
-                    native.gather_into(idx, f.name, flat, checked)
-                    if given.get(f.name) is not None:
-                        result[f.name] = given[f.name]  # the caller's own object (a tensor stays one)
-                    else:
-                        result[f.name] = dest if isinstance(dest, np.ndarray) else _typed(flat, f, idx.size)
-                else:
-                    result[f.name] = native.gather_columns(idx, f.name, checked)
-            return result
+            try:
+                return self._gather_local(native, idx, chosen, out, given, checked)
+            except IndexError:
+                if not self._committed_since():
+                    raise
+                # Committed since this reader opened: the records asked for may be there now.
+                return self._gather_local(self._native(fresh=True), idx, chosen, out, given, checked)
+        result = {}
         columns = native.gather_columns(idx, names, checked, int(wait_ms))
         for f, (values, offsets) in zip(chosen, columns):
             if f.fixed:
@@ -288,6 +283,23 @@ class Dataset:
                     result[f.name] = typed
             else:
                 result[f.name] = (values, offsets)
+        return result
+
+    def _gather_local(self, native: Any, idx: np.ndarray, chosen: list[Field], out: dict | None, given: dict, checked: bool) -> dict:
+        result = {}
+        for f in chosen:
+            if f.fixed:
+                dest = out.get(f.name) if out is not None else None
+                if dest is None:
+                    dest = np.empty((idx.size, *f.shape), dtype=f.dtype)
+                flat = _writable_bytes(dest)
+                native.gather_into(idx, f.name, flat, checked)
+                if given.get(f.name) is not None:
+                    result[f.name] = given[f.name]  # the caller's own object (a tensor stays one)
+                else:
+                    result[f.name] = dest if isinstance(dest, np.ndarray) else _typed(flat, f, idx.size)
+            else:
+                result[f.name] = native.gather_columns(idx, f.name, checked)
         return result
 
     def __getitem__(self, index: int) -> dict:

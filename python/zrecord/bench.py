@@ -5,7 +5,9 @@ same run.
   fancy indexing of the same rows of a plain row file (1 KiB and 16 KiB records);
 - the same gathers from a Rust loop in the same process (no Python between gathers), the
   bound of what a Python caller can reach;
-- the prefetching ``Loader`` vs a bare gather loop over the same batches.
+- the prefetching ``Loader`` vs a bare gather loop over the same batches;
+- with Grain installed: Grain iterating whole batches from zrecord (``zrecord.grain.batches``)
+  vs Grain batching a NumPy array source (``MapDataset.source(array).batch(B)``), in process.
 
 Warm cache: both files are read once before timing.
 """
@@ -90,7 +92,37 @@ def main() -> None:
             if i + 1 == len(batches):
                 break
         looped = time.perf_counter() - started
-        print(f"loader (prefetch 2, 2 workers) {len(batches) / looped:,.0f} batches/s vs a bare gather loop {len(batches) / bare:,.0f}: overhead {100 * (looped / bare - 1):+.0f}%")
+        print(f"loader (prefetch 2, 2 workers) {len(batches) / looped:,.0f} batches/s vs a bare gather loop {len(batches) / bare:,.0f}: loader/bare {bare / looped:.2f}x")
+        _grain(ds, args)
+
+
+def _grain(ds, args) -> None:
+    try:
+        import grain  # noqa: PLC0415 - optional
+    except ImportError:
+        print("grain: not installed (pip install grain), skipped")
+        return
+    from zrecord.grain import batches  # noqa: PLC0415
+
+    count = min(200, len(ds) // args.batch)
+    rows = ds.gather(np.arange(len(ds)))["data"]  # the same records, in memory
+    sampler = zrecord.Sampler(len(ds), order="shuffle", seed=2, batch=args.batch)
+    ours = iter(batches(ds, sampler).to_iter_dataset())
+    theirs = iter(grain.MapDataset.source(rows).shuffle(seed=2).batch(args.batch).to_iter_dataset())
+    zr = npy = 0.0
+    for _ in range(args.rounds):
+        for which in ("zr", "npy"):
+            it = ours if which == "zr" else theirs
+            started = time.perf_counter()
+            for _ in range(count // args.rounds):
+                next(it)
+            rate = (count // args.rounds) / (time.perf_counter() - started)
+            if which == "zr":
+                zr += rate
+            else:
+                npy += rate
+    zr, npy = zr / args.rounds, npy / args.rounds
+    print(f"grain, batches of {args.batch} (1 KiB records): zrecord.grain.batches {zr:,.0f} batches/s vs a NumPy array source batched by Grain {npy:,.0f}: {zr / npy:.2f}x")
 
 
 if __name__ == "__main__":
