@@ -788,9 +788,92 @@ impl LocalCluster {
     }
 }
 
+/// The engine's prefetching loader over a local dataset: batches of a sampler's order
+/// gathered ahead on background threads, without the GIL, each handed over as its columns
+/// (moved into NumPy, not copied). Python's `zrecord.Loader` drives it for local datasets.
+#[pyclass(module = "zrecord._zrecord")]
+struct NativeLoader {
+    /// Locked only by the thread taking the next batch (a loader is iterated by one).
+    inner: std::sync::Mutex<zr_common::Loader>,
+}
+
+#[pymethods]
+impl NativeLoader {
+    /// Batches of `sampler` from (`epoch`, `position`) to the end of that epoch, of `fields`
+    /// (empty: all), `prefetch` ahead on `workers` threads.
+    #[new]
+    #[pyo3(signature = (store, sampler, epoch, position, fields, prefetch, workers))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        store: &Store,
+        sampler: &Sampler,
+        epoch: u64,
+        position: u64,
+        fields: Vec<String>,
+        prefetch: usize,
+        workers: usize,
+    ) -> PyResult<NativeLoader> {
+        let options = zr_common::LoaderOptions {
+            fields,
+            prefetch,
+            workers,
+            end_epoch: Some(epoch + 1),
+        };
+        let inner = zr_common::Loader::new(
+            std::sync::Arc::new(store.inner.clone()),
+            sampler.inner.clone(),
+            sampler.inner.state_at(epoch, position),
+            options,
+        )
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(NativeLoader {
+            inner: std::sync::Mutex::new(inner),
+        })
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next batch: (epoch, its first position, its end position, its columns as
+    /// (values, offsets) per field).
+    fn __next__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<(u64, u64, u64, Vec<PyColumn<'py>>)>> {
+        let next = py.detach(|| self.inner.lock().unwrap_or_else(|e| e.into_inner()).next());
+        let Some(next) = next else {
+            return Ok(None);
+        };
+        let mut batch = next.map_err(loader_error)?;
+        let end = batch.position + batch.indices.len() as u64;
+        let columns = std::mem::take(&mut batch.columns)
+            .into_iter()
+            .map(|column| py_column(py, column))
+            .collect();
+        Ok(Some((batch.epoch, batch.position, end, columns)))
+    }
+}
+
+/// The Python exception for a loader's failure: the engine's own, where it says which.
+fn loader_error(e: zr_common::Error) -> PyErr {
+    let message = e.to_string();
+    if let zr_common::Error::Gather { source, .. } = &e {
+        match source.downcast_ref::<NodeError>() {
+            Some(NodeError::IndexOutOfRange { .. }) => return PyIndexError::new_err(message),
+            Some(NodeError::BadRecord { .. } | NodeError::Corrupt { .. }) => {
+                return CorruptRecord::new_err(message)
+            }
+            _ => {}
+        }
+    }
+    Error::new_err(message)
+}
+
 #[pymodule]
 fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
+    m.add_class::<NativeLoader>()?;
     m.add_class::<Client>()?;
     m.add_class::<Sampler>()?;
     m.add_class::<LocalCluster>()?;

@@ -668,6 +668,10 @@ class Loader:
         self._consumed = (sampler.epoch, sampler.position)
 
     def __iter__(self) -> Iterator[dict]:
+        native = self.dataset._native()
+        if isinstance(native, _zrecord.Store):
+            yield from self._native_batches(native)
+            return
         epoch, position = self.sampler.epoch, self.sampler.position
         per_epoch = self.sampler.epoch_items()
         starts = []
@@ -687,6 +691,27 @@ class Loader:
                 batch = future.result()
                 self.sampler.epoch, self.sampler.position = epoch, start + size
                 self._consumed = (epoch, start + size)
+                yield batch
+        self.sampler.epoch, self.sampler.position = epoch + 1, 0
+        self._consumed = (epoch + 1, 0)
+
+    def _native_batches(self, store: Any) -> Iterator[dict]:
+        """A local dataset's batches, gathered ahead by the engine's own loader (threads
+        without the GIL; each batch's buffers moved into NumPy)."""
+        epoch, position = self.sampler.epoch, self.sampler.position
+        per_epoch = self.sampler.epoch_items()
+        fields = [f.name for f in self.dataset.fields] if self.fields is None else list(self.fields)
+        chosen = [self.dataset._field(n) for n in fields]
+        if position < per_epoch:
+            loader = _zrecord.NativeLoader(store, self.sampler._native, epoch, position, fields, self.prefetch, self.workers)
+            for _, start, end, columns in loader:
+                if end > per_epoch:
+                    break  # drop_last: the partial batch is not this epoch's
+                batch = {}
+                for f, (values, offsets) in zip(chosen, columns):
+                    batch[f.name] = _typed(values, f, end - start) if f.fixed else (values, offsets)
+                self.sampler.epoch, self.sampler.position = epoch, end
+                self._consumed = (epoch, end)
                 yield batch
         self.sampler.epoch, self.sampler.position = epoch + 1, 0
         self._consumed = (epoch + 1, 0)
