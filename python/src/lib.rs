@@ -837,10 +837,7 @@ impl NativeLoader {
 
     /// The next batch: (epoch, its first position, its end position, its columns as
     /// (values, offsets) per field).
-    fn __next__<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<Option<(u64, u64, u64, Vec<PyColumn<'py>>)>> {
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<LoadedColumns<'py>>> {
         let next = py.detach(|| self.inner.lock().unwrap_or_else(|e| e.into_inner()).next());
         let Some(next) = next else {
             return Ok(None);
@@ -854,6 +851,9 @@ impl NativeLoader {
         Ok(Some((batch.epoch, batch.position, end, columns)))
     }
 }
+
+/// A loaded batch for Python: (epoch, first position, end position, columns).
+type LoadedColumns<'py> = (u64, u64, u64, Vec<PyColumn<'py>>);
 
 /// The Python exception for a loader's failure: the engine's own, where it says which.
 fn loader_error(e: zr_common::Error) -> PyErr {
