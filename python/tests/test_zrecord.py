@@ -630,3 +630,20 @@ def test_grain_batches_arrive_whole_and_resume():
         # Grain's own batch() over the record source still gives the same records.
         by_record = grain.MapDataset.source(DataSource(ds)).batch(10)
         np.testing.assert_array_equal(by_record[1]["data"], rows[10:20])
+
+
+def test_from_numpy_takes_several_fields(tmp_path):
+    images = np.arange(30 * 4 * 4, dtype="u1").reshape(30, 4, 4)
+    labels = np.arange(30, dtype="<i8") * 7
+    text = [f"caption {k}".encode() * (k % 3) for k in range(30)]
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t in text])]).astype(np.int64)
+    values = np.frombuffer(b"".join(text), dtype=np.uint8)
+    ds = zrecord.from_numpy({"image": images, "label": labels, "text": (values, offsets)}, tmp_path / "ds", compress={"text": "flate"})
+    assert [(f.name, f.compress, f.shape) for f in ds.fields] == [("image", "raw", (4, 4)), ("label", "raw", ()), ("text", "flate", None)]
+    batch = ds.gather([29, 0, 5])
+    np.testing.assert_array_equal(batch["image"], images[[29, 0, 5]])
+    assert batch["label"].tolist() == [203, 0, 35]
+    got, offs = batch["text"]
+    assert [got[offs[k] : offs[k + 1]].tobytes() for k in range(3)] == [text[29], text[0], text[5]]
+    with pytest.raises(ValueError, match="has 29 records and the fields before it 30"):
+        zrecord.from_numpy({"image": images, "label": labels[:29]}, tmp_path / "bad")

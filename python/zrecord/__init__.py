@@ -550,36 +550,51 @@ def connect(router: str, certs: str | os.PathLike | None = None, timeout_ms: int
     return Dataset(opener, _zrecord.Client.connect(router, certs, timeout_ms, role, dataset))
 
 
-def from_numpy(array: np.ndarray, path: str | os.PathLike, field: str = "data", compress: str = "raw") -> Dataset:
-    """A dataset at ``path`` with one record per row of ``array`` (its dtype and row shape
-    kept), committed; returned open read-only (so other processes may read it too)."""
-    array = np.ascontiguousarray(array)
-    if array.ndim < 1:
-        raise ValueError("from_numpy needs an array with at least one dimension (rows)")
-    ds = create(path, [(field, compress, array.dtype, array.shape[1:])])
-    rows = array.shape[0]
-    size = array[0].nbytes if rows else 0
-    values = array.reshape(-1).view(np.uint8) if rows else np.empty(0, np.uint8)
-    offsets = np.arange(rows + 1, dtype=np.int64) * size
-    if rows:
-        ds._native().append_columns({field: (values, offsets)})
-    ds.commit()
-    del ds  # the writer's lock goes with it
+def from_numpy(arrays: np.ndarray | Mapping[str, Any], path: str | os.PathLike, field: str = "data", compress: str | Mapping[str, str] = "raw") -> Dataset:
+    """A dataset at ``path`` with one record per row of ``arrays``, committed; returned open
+    read-only (so other processes may read it too). ``arrays`` is one array (the field
+    ``field``) or {field: array} for several fields, all with the same number of rows (each
+    field's dtype and row shape kept); {field: (values, offsets)} gives a field of records of
+    varying size, as in ``from_arrays``. ``compress``: "raw" or "flate", for all or per field."""
+    columns = dict(arrays) if isinstance(arrays, Mapping) else {field: arrays}
+    if not columns:
+        raise ValueError("from_numpy needs at least one array")
+    specs, data, rows = [], {}, None
+    for name, value in columns.items():
+        how = compress.get(name, "raw") if isinstance(compress, Mapping) else compress
+        if isinstance(value, tuple):
+            values, offsets = value
+            values = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+            offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+            if offsets.ndim != 1 or offsets.size < 1:
+                raise ValueError(f"field '{name}': offsets must be one-dimensional, with one more entry than records")
+            count = offsets.size - 1
+            first, last = int(offsets[0]), int(offsets[-1])
+            specs.append((name, how))
+            data[name] = (values[first:last], offsets - first)
+        else:
+            array = np.ascontiguousarray(value)
+            if array.ndim < 1:
+                raise ValueError(f"field '{name}': an array with at least one dimension (rows) is needed")
+            count = array.shape[0]
+            specs.append((name, how, array.dtype, array.shape[1:]))
+            size = array[0].nbytes if count else 0
+            flat = array.reshape(-1).view(np.uint8) if count else np.empty(0, np.uint8)
+            data[name] = (flat, np.arange(count + 1, dtype=np.int64) * size)
+        if rows is not None and count != rows:
+            raise ValueError(f"field '{name}' has {count} records and the fields before it {rows}: every field needs one per record")
+        rows = count
+    with create(path, specs) as ds:
+        if rows:
+            ds._native().append_columns(data)
     return open(path)
 
 
 def from_arrays(values: np.ndarray, offsets: np.ndarray, path: str | os.PathLike, field: str = "data", compress: str = "raw") -> Dataset:
     """A dataset at ``path`` with record k = ``values[offsets[k]:offsets[k + 1]]``,
-    committed; returned open read-only."""
-    values = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
-    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-    ds = create(path, [(field, compress)])
-    if offsets.size > 1:
-        first, last = int(offsets[0]), int(offsets[-1])
-        ds._native().append_columns({field: (values[first:last], offsets - first)})
-    ds.commit()
-    del ds
-    return open(path)
+    committed; returned open read-only. Several fields: ``from_numpy({name: (values,
+    offsets), ...}, path)``."""
+    return from_numpy({field: (values, offsets)}, path, compress=compress)
 
 
 class Sampler:
