@@ -150,6 +150,11 @@ class Dataset:
             with self._lock:
                 if self._handle is None or self._pid != pid or (fresh and self._committed_since()):
                     kind, *args = self._opener
+                    if kind == "local" and self._pid is not None and self._pid != pid:
+                        # A forked child of the process holding it: it reads (the parent
+                        # keeps the writer's lock; a writer's handle is never shared).
+                        self._opener = ("local", args[0], False)
+                        kind, *args = self._opener
                     if kind == "local":
                         path, writable = args
                         seen = self._meta_signature()

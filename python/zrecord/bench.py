@@ -6,6 +6,9 @@ same run.
 - the same gathers from a Rust loop in the same process (no Python between gathers), the
   bound of what a Python caller can reach;
 - the prefetching ``Loader`` vs a bare gather loop over the same batches;
+- with PyTorch installed: a ``DataLoader`` (2 workers, batches of 256) over zrecord
+  (``MapDataset``, ``StatefulSampler``, ``collate``) vs over an in-memory ``TensorDataset`` of
+  the same records (shuffled, torch's default collate);
 - with Grain installed: Grain iterating whole batches from zrecord (``zrecord.grain.batches``)
   vs Grain batching a NumPy array source (``MapDataset.source(array).batch(B)``), in process.
 
@@ -93,7 +96,36 @@ def main() -> None:
                 break
         looped = time.perf_counter() - started
         print(f"loader (prefetch 2, 2 workers) {len(batches) / looped:,.0f} batches/s vs a bare gather loop {len(batches) / bare:,.0f}: loader/bare {bare / looped:.2f}x")
+        _torch(ds, args)
         _grain(ds, args)
+
+
+def _torch(ds, args) -> None:
+    try:
+        import torch  # noqa: PLC0415 - optional
+    except ImportError:
+        print("torch: not installed, skipped")
+        return
+    from zrecord.torch import MapDataset, StatefulSampler, collate  # noqa: PLC0415
+
+    batch, count = 256, 300
+    tensors = torch.utils.data.TensorDataset(torch.from_numpy(ds.gather(np.arange(len(ds)))["data"]))
+
+    def rate(loader) -> float:
+        it = iter(loader)
+        next(it)  # workers started
+        started = time.perf_counter()
+        for _ in range(count):
+            next(it)
+        return count / (time.perf_counter() - started)
+
+    zr = npy = 0.0
+    for _ in range(args.rounds):
+        sampler = StatefulSampler(zrecord.Sampler(len(ds), seed=3, batch=batch))
+        zr += rate(torch.utils.data.DataLoader(MapDataset(ds), batch_sampler=sampler, num_workers=2, collate_fn=collate))
+        npy += rate(torch.utils.data.DataLoader(tensors, batch_size=batch, shuffle=True, num_workers=2))
+    zr, npy = zr / args.rounds, npy / args.rounds
+    print(f"torch DataLoader, 2 workers, batches of {batch} (1 KiB records): zrecord {zr:,.0f} batches/s vs an in-memory TensorDataset {npy:,.0f}: {zr / npy:.2f}x")
 
 
 def _grain(ds, args) -> None:

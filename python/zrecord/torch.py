@@ -8,7 +8,8 @@ into records and no stacking again; torch's default collate still works on it, r
 record.
 
 ``StatefulSampler`` is a batch-index sampler with ``state_dict()``/``load_state_dict()``.
-torchdata's ``StatefulDataLoader`` checkpoints it as it is. A plain ``DataLoader`` takes
+torchdata's ``StatefulDataLoader`` checkpoints it as it is; ``resume(sampler, state)`` takes
+such a checkpoint to a loader with another number of workers. A plain ``DataLoader`` takes
 batches from it ahead of the training loop (its workers prefetch), so its own position runs
 ahead of what the loop consumed: iterate ``sampler.track(loader)`` instead of ``loader``,
 and ``state_dict()`` is the state after the last batch the loop received — resuming from it
@@ -148,6 +149,27 @@ class StatefulSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state)
         self._consumed = None
+
+
+def resume(sampler: StatefulSampler, loader_state: dict) -> StatefulSampler:
+    """Sets ``sampler`` to where a torchdata ``StatefulDataLoader`` was when it took
+    ``loader_state`` (its ``state_dict()``), with any number of workers then and now: build
+    a new loader over ``sampler`` and do not load the state into it (torchdata refuses a
+    state taken with another ``num_workers``). Returns ``sampler``."""
+    snapshot = loader_state.get("_snapshot")
+    if snapshot is not None:  # taken with workers: the main process's snapshot
+        main = snapshot["_main_snapshot"]
+        state = dict(main["_index_sampler_state"])
+        # Batches yielded since the snapshot (with snapshot_every_n_steps > 1).
+        steps = int(loader_state.get("_steps_since_snapshot", 0))
+    else:  # taken in a single process
+        state = dict(loader_state["_index_sampler_state"])
+        steps = 0
+    if steps:
+        per_epoch = sampler.sampler.epoch_items()
+        state["position"] = min(int(state["position"]) + steps * sampler.sampler.config["batch"], per_epoch)
+    sampler.load_state_dict(state)
+    return sampler
 
 
 def collate_columns(records: list[dict]) -> dict:
