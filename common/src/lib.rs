@@ -1,5 +1,6 @@
 //! zr-common: what a training job needs from zrecord whatever it reads from — the samplers
-//! (index orders as pure functions of seed, epoch and position), the Feistel permutation
+//! (index orders as pure functions of seed, epoch and position) and mixtures of datasets
+//! read as one stream of global batches, the Feistel permutation
 //! behind shuffles, the prefetching loader over any [`GatherSource`], and the shapes every
 //! part of zrecord shares ([`Record`], [`Contiguous`]). It depends on no async runtime and
 //! no network stack.
@@ -10,11 +11,13 @@ pub mod error;
 pub mod feistel;
 pub mod hash;
 pub mod loader;
+pub mod mixture;
 pub mod record;
 pub mod sampler;
 
 pub use columns::Contiguous;
 pub use error::{BoxError, Error};
 pub use loader::{GatherSource, LoadedBatch, Loader, LoaderOptions};
+pub use mixture::{Mixture, MixtureConfig, MixtureState, Stage};
 pub use record::Record;
 pub use sampler::{Order, Sampler, SamplerConfig, SamplerState, Tail};
