@@ -788,6 +788,78 @@ impl LocalCluster {
     }
 }
 
+/// A mixture of datasets read by weight as one stream of global batches (see
+/// `zr_common::mixture`).
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct Mixture {
+    inner: zr_common::Mixture,
+}
+
+#[pymethods]
+impl Mixture {
+    /// `stages`: (start global batch, weights) pairs, the first starting at 0.
+    #[new]
+    fn new(
+        lengths: Vec<u64>,
+        stages: Vec<(u64, Vec<f64>)>,
+        seed: u64,
+        rank: u64,
+        ranks: u64,
+        batch: u64,
+    ) -> PyResult<Mixture> {
+        let config = zr_common::MixtureConfig {
+            lengths,
+            stages: stages
+                .into_iter()
+                .map(|(start, weights)| zr_common::Stage { start, weights })
+                .collect(),
+            seed,
+            rank,
+            ranks,
+            batch,
+        };
+        let inner =
+            zr_common::Mixture::new(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Mixture { inner })
+    }
+
+    /// This rank's part of global batch `batch`: (source dataset, record) per position.
+    fn batch<'py>(
+        &self,
+        py: Python<'py>,
+        batch: u64,
+    ) -> (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>) {
+        let (mut sources, mut records) = (Vec::new(), Vec::new());
+        self.inner.fill(batch, &mut sources, &mut records);
+        (
+            PyArray1::from_vec(py, sources.into_iter().map(i64::from).collect()),
+            PyArray1::from_vec(py, records.into_iter().map(|r| r as i64).collect()),
+        )
+    }
+
+    /// Every dataset's draws before global batch `batch`.
+    fn drawn_before(&self, batch: u64) -> Vec<u64> {
+        self.inner.drawn_before(batch)
+    }
+
+    /// The state after `batches` global batches, as JSON (the same on every rank).
+    fn state_at(&self, batches: u64) -> PyResult<String> {
+        serde_json::to_string(&self.inner.state_at(batches))
+            .map_err(|e| Error::new_err(e.to_string()))
+    }
+
+    /// Raises ValueError, naming what differs, unless the state (JSON) is of this stream;
+    /// returns its global batches consumed.
+    fn check_state(&self, state: &str) -> PyResult<u64> {
+        let state: zr_common::MixtureState = serde_json::from_str(state)
+            .map_err(|e| PyValueError::new_err(format!("not a mixture state: {e}")))?;
+        self.inner
+            .check_state(&state)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(state.batches)
+    }
+}
+
 /// The engine's prefetching loader over a local dataset: batches of a sampler's order
 /// gathered ahead on background threads, without the GIL, each handed over as its columns
 /// (moved into NumPy, not copied). Python's `zrecord.Loader` drives it for local datasets.
@@ -874,6 +946,7 @@ fn loader_error(e: zr_common::Error) -> PyErr {
 fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
     m.add_class::<NativeLoader>()?;
+    m.add_class::<Mixture>()?;
     m.add_class::<Client>()?;
     m.add_class::<Sampler>()?;
     m.add_class::<LocalCluster>()?;

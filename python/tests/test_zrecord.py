@@ -647,3 +647,116 @@ def test_from_numpy_takes_several_fields(tmp_path):
     assert [got[offs[k] : offs[k + 1]].tobytes() for k in range(3)] == [text[29], text[0], text[5]]
     with pytest.raises(ValueError, match="has 29 records and the fields before it 30"):
         zrecord.from_numpy({"image": images, "label": labels[:29]}, tmp_path / "bad")
+
+
+def _global_batches(mixture_args, ranks, per_rank, start, stop, **kw):
+    """Global batches start..stop of a mixture read by `ranks` ranks: per batch, the rows of
+    every rank in rank order."""
+    out = []
+    for b in range(start, stop):
+        rows = []
+        for r in range(ranks):
+            m = zrecord.Mixture(*mixture_args, rank=r, ranks=ranks, batch=per_rank, **kw)
+            source, index = m.batch_at(b)
+            rows += list(zip(source.tolist(), index.tolist()))
+        out.append(rows)
+    return out
+
+
+def test_a_mixture_resumes_on_any_number_of_ranks_and_keeps_its_proportions():
+    args = ([5000, 800, 120], [0.7, 0.2, 0.1])
+    stages = [(30, [0.2, 0.2, 0.6])]
+    whole = _global_batches(args, 1, 12, 0, 60, seed=4, stages=stages)
+    # 4 ranks for 10 batches, then 2, then 3 (across the stage boundary at 30), then 1;
+    # each resumed from the state a rank of the run before took.
+    chain, at = [], 0
+    for ranks, until in ((4, 10), (2, 25), (3, 41), (1, 60)):
+        m = zrecord.Mixture(*args, seed=4, rank=ranks - 1, ranks=ranks, batch=12 // ranks, stages=stages)
+        if at:
+            m.load_state_dict(state)
+        assert m.batches == at
+        chain += _global_batches(args, ranks, 12 // ranks, at, until, seed=4, stages=stages)
+        m.batches = until
+        state = m.state_dict()
+        at = until
+    assert chain == whole
+    # Proportions over 10^5 records within 1% of the weights.
+    m = zrecord.Mixture(*args, seed=1, batch=1000)
+    sources = np.concatenate([m.batch_at(b)[0] for b in range(100)])
+    for i, w in enumerate(args[1]):
+        assert abs((sources == i).mean() - w) < 0.01 * w
+    assert m.drawn_before(100) == [int((sources == i).sum()) for i in range(3)]
+    # Another global batch, other lengths or other weights are refused, naming them.
+    with pytest.raises(ValueError, match="global batch .* of 12, this mixture has 10"):
+        zrecord.Mixture(*args, seed=4, ranks=2, batch=5, stages=stages).load_state_dict(state)
+    with pytest.raises(ValueError, match="dataset lengths"):
+        zrecord.Mixture([5000, 800, 121], args[1], seed=4, batch=12, stages=stages).load_state_dict(state)
+    with pytest.raises(ValueError, match="weights"):
+        zrecord.Mixture(*args, seed=4, batch=12, stages=[(30, [0.3, 0.1, 0.6])]).load_state_dict(state)
+
+
+def test_a_sampler_state_is_the_same_on_every_rank_and_resumes_under_other_ranks():
+    def global_batches(ranks, batch, epoch, start_batch, count):
+        out = []
+        for j in range(start_batch, start_batch + count):
+            rows = set()
+            for r in range(ranks):
+                s = zrecord.Sampler(1200, seed=8, rank=r, ranks=ranks, batch=batch)
+                rows |= set(s.batch_at(epoch, j * batch).tolist())
+            out.append(rows)
+        return out
+
+    whole = global_batches(1, 12, 0, 0, 100)
+    a = [zrecord.Sampler(1200, seed=8, rank=r, ranks=4, batch=3) for r in range(4)]
+    for s in a:
+        it = iter(s)
+        for _ in range(30):
+            next(it)
+    states = [s.state_dict() for s in a]
+    assert all(st == states[0] for st in states)
+    b = zrecord.Sampler(1200, seed=8, rank=1, ranks=3, batch=4)
+    b.load_state_dict(states[0])
+    assert (b.epoch, b.position) == (0, 120)
+    assert global_batches(4, 3, 0, 0, 30) + global_batches(3, 4, 0, 30, 70) == whole
+    with pytest.raises(ValueError, match="global batch .* of 12; this sampler has 10"):
+        zrecord.Sampler(1200, seed=8, rank=0, ranks=2, batch=5).load_state_dict(states[0])
+
+
+def test_a_loader_over_a_mixture_reads_each_row_from_its_dataset_and_resumes(tmp_path):
+    datasets = []
+    for i, n in enumerate((400, 90, 30)):
+        with zrecord.create(tmp_path / f"d{i}", [("x", "raw", "<i8", ()), ("text", "flate"), (f"only{i}", "raw")]) as ds:
+            ds.append_many([{"x": np.int64(1000 * i + k), "text": f"d{i} r{k} " * (k % 4)} for k in range(n)])
+        datasets.append(zrecord.open(tmp_path / f"d{i}"))
+
+    def loader(mixture):
+        return zrecord.Loader(datasets, mixture, prefetch=3, workers=2, fields=["x", "text"])
+
+    mix = lambda: zrecord.Mixture([400, 90, 30], [0.5, 0.3, 0.2], seed=2, batch=16)  # noqa: E731
+    it = iter(loader(mix()))
+    whole = [next(it) for _ in range(40)]
+    for batch in whole:
+        source = batch["source"]
+        values, offsets = batch["text"]
+        for k, (s, x) in enumerate(zip(source.tolist(), batch["x"].tolist())):
+            assert x // 1000 == s
+            want = f"d{s} r{x % 1000} " * ((x % 1000) % 4)
+            assert values[offsets[k] : offsets[k + 1]].tobytes() == want.encode()
+    # Stopped after 9 batches (3 more in flight), resumed from its state.
+    first = loader(mix())
+    it = iter(first)
+    for _ in range(9):
+        next(it)
+    state = first.state_dict()
+    assert state["batches"] == 9
+    resumed_mix = mix()
+    resumed = loader(resumed_mix)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    for expected in whole[9:]:
+        got = next(it)
+        assert got["x"].tolist() == expected["x"].tolist()
+    with pytest.raises(KeyError, match="dataset 0 has no field 'only1'"):
+        zrecord.Loader(datasets, mix(), fields=["only1"])
+    with pytest.raises(ValueError, match="dataset 1 holds 90 records and the mixture has it at 91"):
+        zrecord.Loader(datasets, zrecord.Mixture([400, 91, 30], [1, 1, 1]), fields=["x"])

@@ -42,6 +42,7 @@ __all__ = [
     "Error",
     "Field",
     "Loader",
+    "Mixture",
     "Sampler",
     "connect",
     "create",
@@ -661,15 +662,85 @@ class Sampler:
         self.position = 0
 
     def state_dict(self) -> dict:
-        """Where the sampler is: enough to resume exactly."""
+        """Where the run is: the same on every rank (each rank's batch k of an epoch is its
+        part of the epoch's global batch k), enough to resume exactly."""
         c = self.config
-        return {"seed": c["seed"], "epoch": self.epoch, "position": self.position, "len": c["length"], "rank": c["rank"], "ranks": c["ranks"]}
+        epoch, position = self.epoch, self.position
+        if position >= self.epoch_items():
+            epoch, position = epoch + 1, 0
+        return {
+            "seed": c["seed"],
+            "epoch": epoch,
+            "position": position,
+            "global_batches": -(-position // c["batch"]),
+            "len": c["length"],
+            "ranks": c["ranks"],
+            "batch": c["batch"],
+        }
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Resumes from ``state`` (refused if it belongs to another configuration)."""
-        self._native.check_state(state["seed"], state["epoch"], state["position"], state["len"], state["rank"], state["ranks"])
-        self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
+        """Resumes from ``state``, taken with these ranks or any others with the same global
+        batch (``batch × ranks``): every whole global batch from there on is the one an
+        uninterrupted run reads (an epoch's last, partial one splits as evenly as the ranks
+        allow). Refused, naming what differs, if it belongs to another configuration."""
+        c = self.config
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if int(state["ranks"]) != c["ranks"]:
+            theirs = state.get("batch")
+            if theirs is None:
+                raise ValueError(f"the checkpoint was taken with {state['ranks']} ranks and does not say its batch size, so it resumes only under {state['ranks']} ranks; this sampler has {c['ranks']}")
+            if int(theirs) * int(state["ranks"]) != c["batch"] * c["ranks"]:
+                raise ValueError(f"the checkpoint was taken with a global batch (batch × ranks) of {int(theirs) * int(state['ranks'])}; this sampler has {c['batch'] * c['ranks']}")
+            position = int(state["global_batches"]) * c["batch"]
+            if position >= self._native.items_per_epoch():
+                epoch, position = epoch + 1, 0
+        self._native.check_state(state["seed"], epoch, position, state["len"], c["rank"], c["ranks"])
+        self.epoch, self.position = epoch, position
+
+
+class Mixture:
+    """Several datasets read by weight as one stream of global batches of ``batch × ranks``
+    records, rank ``rank`` taking ``batch`` of each. ``lengths``: each dataset's records;
+    ``weights``: their proportions (any non-negative numbers); ``stages``: weights that change
+    at global-batch boundaries, ``[(start_batch, weights), ...]`` after the first. Each
+    dataset is read without replacement in its own shuffled epochs, continuing across
+    epochs and stages. Batches are pairs of int64 arrays ``(source, index)``: which dataset,
+    and which of its records. Iterating yields batch after batch (the stream has no end);
+    ``state_dict()`` is the same on every rank and resumes under any ``ranks`` that divides
+    the same global batch."""
+
+    def __init__(self, lengths: Sequence[int], weights: Sequence[float], seed: int = 0, rank: int = 0, ranks: int = 1, batch: int = 1, stages: Sequence[tuple[int, Sequence[float]]] | None = None):
+        all_stages = [(0, [float(w) for w in weights])] + [(int(b), [float(w) for w in ws]) for b, ws in (stages or [])]
+        self.config = dict(lengths=[int(n) for n in lengths], seed=seed, rank=rank, ranks=ranks, batch=batch, stages=all_stages)
+        self._native = _zrecord.Mixture([int(n) for n in lengths], all_stages, seed, rank, ranks, batch)
+        #: Global batches consumed.
+        self.batches = 0
+
+    def batch_at(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's part of global batch ``batch``: (source, index)."""
+        return self._native.batch(int(batch))
+
+    def drawn_before(self, batch: int) -> list[int]:
+        """Records of each dataset read before global batch ``batch`` (by every rank)."""
+        return self._native.drawn_before(int(batch))
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        while True:
+            batch = self.batch_at(self.batches)
+            self.batches += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        import json  # noqa: PLC0415
+
+        return json.loads(self._native.state_at(self.batches))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes from ``state`` (taken with any ranks of the same global batch); refused,
+        naming what differs, if it is of another stream."""
+        import json  # noqa: PLC0415
+
+        self.batches = self._native.check_state(json.dumps(dict(state)))
 
 
 class Loader:
@@ -677,17 +748,30 @@ class Loader:
     ``workers`` threads (gathers release the GIL). Yields {field: array or (values,
     offsets)}. ``state_dict()`` is the state after the last batch yielded — batches
     prefetched but not yet yielded are not counted — so a loader resumed from it yields
-    exactly the batches an uninterrupted one would have."""
+    exactly the batches an uninterrupted one would have.
 
-    def __init__(self, dataset: Dataset, sampler: Sampler, prefetch: int = 2, workers: int | None = None, fields: Sequence[str] | None = None):
+    Over a ``Mixture``, ``dataset`` is the sequence of its datasets (local or a cluster's,
+    each as long as the mixture says), ``fields`` names what to read (each dataset must have
+    each, with the same dtype and shape where typed), and each batch has a ``source`` array
+    besides: which dataset each row came from. It yields batches with no end; its
+    ``state_dict()`` is the mixture's after the last batch yielded."""
+
+    def __init__(self, dataset: Dataset | Sequence[Dataset], sampler: Sampler | Mixture, prefetch: int = 2, workers: int | None = None, fields: Sequence[str] | None = None):
         self.dataset = dataset
         self.sampler = sampler
         self.prefetch = max(1, int(prefetch))
         self.workers = workers or min(4, os.cpu_count() or 1)
         self.fields = fields
-        self._consumed = (sampler.epoch, sampler.position)
+        if isinstance(sampler, Mixture):
+            self._chosen = _mixture_fields(list(dataset), sampler, fields)
+            self._consumed = sampler.batches
+        else:
+            self._consumed = (sampler.epoch, sampler.position)
 
     def __iter__(self) -> Iterator[dict]:
+        if isinstance(self.sampler, Mixture):
+            yield from self._mixture_batches()
+            return
         native = self.dataset._native()
         if isinstance(native, _zrecord.Store):
             yield from self._native_batches(native)
@@ -736,14 +820,93 @@ class Loader:
         self.sampler.epoch, self.sampler.position = epoch + 1, 0
         self._consumed = (epoch + 1, 0)
 
+    def _mixture_batches(self) -> Iterator[dict]:
+        datasets, mixture = list(self.dataset), self.sampler
+        pending: deque = deque()
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            b = mixture.batches
+            while True:
+                while len(pending) < self.prefetch:
+                    pending.append((b, pool.submit(_gather_mixed, datasets, self._chosen, *mixture.batch_at(b))))
+                    b += 1
+                done, future = pending.popleft()
+                batch = future.result()
+                mixture.batches = done + 1
+                self._consumed = done + 1
+                yield batch
+
     def __len__(self) -> int:
         return len(self.sampler)
 
     def state_dict(self) -> dict:
         state = self.sampler.state_dict()
-        state["epoch"], state["position"] = self._consumed
+        if isinstance(self.sampler, Mixture):
+            state["batches"] = self._consumed
+        else:
+            state["epoch"], state["position"] = self._consumed
+            state["global_batches"] = -(-state["position"] // self.sampler.config["batch"])
         return state
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         self.sampler.load_state_dict(state)
-        self._consumed = (self.sampler.epoch, self.sampler.position)
+        if isinstance(self.sampler, Mixture):
+            self._consumed = self.sampler.batches
+        else:
+            self._consumed = (self.sampler.epoch, self.sampler.position)
+
+
+def _mixture_fields(datasets: list[Dataset], mixture: Mixture, fields: Sequence[str] | None) -> list[Field]:
+    """The fields a loader over ``mixture`` reads from ``datasets``, checked: one dataset per
+    source, each as long as the mixture has it, each holding every field alike."""
+    lengths = mixture.config["lengths"]
+    if len(datasets) != len(lengths):
+        raise ValueError(f"the mixture has {len(lengths)} datasets and the loader was given {len(datasets)}")
+    for i, (ds, n) in enumerate(zip(datasets, lengths)):
+        if len(ds) != n:
+            raise ValueError(f"dataset {i} holds {len(ds)} records and the mixture has it at {n}")
+    names = list(fields) if fields is not None else [f.name for f in datasets[0].fields]
+    chosen = []
+    for name in names:
+        first = None
+        for i, ds in enumerate(datasets):
+            if all(f.name != name for f in ds.fields):
+                raise KeyError(f"dataset {i} has no field '{name}' (it has: {', '.join(f.name for f in ds.fields)})")
+            f = ds._field(name)
+            if first is None:
+                first = f
+            elif (f.dtype, f.shape) != (first.dtype, first.shape):
+                raise ValueError(f"field '{name}' is {f.dtype}{list(f.shape or [])} in dataset {i} and {first.dtype}{list(first.shape or [])} in dataset 0: a batch needs one kind")
+        chosen.append(first)
+    return chosen
+
+
+def _gather_mixed(datasets: list[Dataset], chosen: list[Field], source: np.ndarray, index: np.ndarray) -> dict:
+    """Rows ``index`` of datasets ``source`` (row by row), gathered per dataset and put back
+    in batch order; with the ``source`` array."""
+    count = source.size
+    names = [f.name for f in chosen]
+    parts = []
+    for i in np.unique(source):
+        rows = np.flatnonzero(source == i)
+        parts.append((rows, datasets[int(i)].gather(index[rows], names)))
+    batch: dict[str, Any] = {"source": source}
+    for f in chosen:
+        if f.fixed:
+            out = np.empty((count, *f.shape), dtype=f.dtype)
+            for rows, got in parts:
+                out[rows] = got[f.name]
+            batch[f.name] = out
+            continue
+        lengths = np.zeros(count, dtype=np.int64)
+        for rows, got in parts:
+            lengths[rows] = np.diff(got[f.name][1])
+        offsets = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.empty(int(offsets[-1]), dtype=np.uint8)
+        for rows, got in parts:
+            part_values, part_offsets = got[f.name]
+            sizes = np.diff(part_offsets)
+            within = np.arange(part_values.size) - np.repeat(part_offsets[:-1], sizes)
+            values[np.repeat(offsets[rows], sizes) + within] = part_values
+        batch[f.name] = (values, offsets)
+    return batch
