@@ -79,15 +79,29 @@ pub struct Mixture {
     global: u64,
     /// Per stage: start batch, integer weights, and every dataset's draws before it.
     stages: Vec<Compiled>,
+    /// Datasets padded with ones of weight 0 to a power of two: the split tree is complete,
+    /// `depth` levels of splits, node k's sides nodes 2k + 1 and 2k + 2 (a heap).
+    width: usize,
+    depth: u32,
 }
 
 #[derive(Clone, Debug)]
 struct Compiled {
     start: u64,
     weights: Vec<u64>,
-    /// Prefix sums of `weights` (m + 1 entries): a subtree's weight in O(1).
+    /// Prefix sums of the padded weights (width + 1 entries): a subtree's weight in O(1).
     prefix: Vec<u128>,
     drawn: Vec<u64>,
+    /// Per split of the tree, in heap order: (weight of its left side, its weight).
+    splits: Vec<(u64, u64)>,
+}
+
+/// Where a batch's fill is in one dataset's draws: its epoch, the draw's place in it, and
+/// the epoch's permutation.
+struct Cursor {
+    epoch: u64,
+    offset: u64,
+    permutation: Feistel,
 }
 
 impl Compiled {
@@ -97,7 +111,7 @@ impl Compiled {
 
     /// (dataset, draw of it within this stage) of local position `q`.
     fn locate(&self, mut q: u64) -> (usize, u64) {
-        let (mut lo, mut hi) = (0, self.weights.len());
+        let (mut lo, mut hi) = (0, self.prefix.len() - 1);
         while hi - lo > 1 {
             let mid = (lo + hi) / 2;
             let (a, total) = (self.weight(lo, mid), self.weight(lo, hi));
@@ -115,6 +129,14 @@ impl Compiled {
     }
 
     /// Adds every dataset's draws among the first `n` local positions to `counts`.
+    fn add_counts(&self, n: u64, counts: &mut [u64]) {
+        let mut padded = vec![0u64; self.prefix.len() - 1];
+        self.count(0, padded.len(), n, &mut padded);
+        for (c, p) in counts.iter_mut().zip(padded) {
+            *c += p;
+        }
+    }
+
     fn count(&self, lo: usize, hi: usize, n: u64, counts: &mut [u64]) {
         // A subtree of weight 0 receives nothing (and has no share to divide by).
         if n == 0 {
@@ -184,9 +206,10 @@ impl Mixture {
                 ));
             }
             let weights = integer_weights(&stage.weights, s)?;
-            let mut prefix = vec![0u128; m + 1];
-            for (i, &w) in weights.iter().enumerate() {
-                prefix[i + 1] = prefix[i] + w as u128;
+            let width = m.next_power_of_two();
+            let mut prefix = vec![0u128; width + 1];
+            for i in 0..width {
+                prefix[i + 1] = prefix[i] + weights.get(i).copied().unwrap_or(0) as u128;
             }
             let drawn = match stages.last() {
                 None => vec![0; m],
@@ -203,7 +226,7 @@ impl Mixture {
                         .checked_mul(global)
                         .ok_or_else(|| Error::Sampler("stage start × batch overflows".into()))?;
                     let mut drawn = previous.drawn.clone();
-                    previous.count(0, m, positions, &mut drawn);
+                    previous.add_counts(positions, &mut drawn);
                     drawn
                 }
             };
@@ -212,12 +235,30 @@ impl Mixture {
                 weights,
                 prefix,
                 drawn,
+                splits: Vec::new(),
             });
+        }
+        let width = m.next_power_of_two();
+        let depth = width.trailing_zeros();
+        for stage in &mut stages {
+            stage.splits = (0..width - 1)
+                .map(|k| {
+                    // Node k: level ⌊log₂(k + 1)⌋, the (k + 1 − 2^level)-th of its level.
+                    let level = usize::BITS - 1 - (k + 1).leading_zeros();
+                    let size = width >> level;
+                    let lo = (k + 1 - (1 << level)) * size;
+                    let (mid, hi) = (lo + size / 2, lo + size);
+                    // At most m × 2³²: fits.
+                    (stage.weight(lo, mid) as u64, stage.weight(lo, hi) as u64)
+                })
+                .collect();
         }
         Ok(Mixture {
             config,
             global,
             stages,
+            width,
+            depth,
         })
     }
 
@@ -247,12 +288,7 @@ impl Mixture {
     pub fn drawn_before(&self, batch: u64) -> Vec<u64> {
         let stage = self.stage_of(batch);
         let mut counts = stage.drawn.clone();
-        stage.count(
-            0,
-            counts.len(),
-            (batch - stage.start) * self.global,
-            &mut counts,
-        );
+        stage.add_counts((batch - stage.start) * self.global, &mut counts);
         counts
     }
 
@@ -271,20 +307,74 @@ impl Mixture {
 
     /// This rank's part of global batch `batch`: per position, (dataset, record), appended
     /// to `sources` and `records`.
+    ///
+    /// The positions are consecutive, and so are those each node of the split tree receives:
+    /// each node's first local position (and `first × a mod (a + b)`) is computed once, then
+    /// every position descends the tree by additions alone, as a line is drawn on a grid;
+    /// each dataset's draws run on from its first one, epoch by epoch.
     pub fn fill(&self, batch: u64, sources: &mut Vec<u32>, records: &mut Vec<u64>) {
-        let start = batch * self.global + self.config.rank * self.config.batch;
-        // One permutation per (dataset, epoch) met in the batch, kept while it lasts.
-        let mut cached: Vec<Option<(u64, Feistel)>> = vec![None; self.config.lengths.len()];
-        for p in start..start + self.config.batch {
-            let (i, k) = self.draw(p);
+        let stage = self.stage_of(batch);
+        let first = (batch - stage.start) * self.global + self.config.rank * self.config.batch;
+        let splits = &stage.splits;
+        let inner = self.width - 1;
+        // Per node, leaves after the splits: the first local position it receives, and for
+        // a split `position × left weight mod weight` as its positions go by.
+        let mut next = vec![0u64; inner + self.width];
+        let mut rem = vec![0u64; inner];
+        next[0] = first;
+        for k in 0..inner {
+            let (a, total) = splits[k];
+            let at = next[k];
+            let (to_left, r) = if total == 0 {
+                (0, 0)
+            } else {
+                let scaled = at as u128 * a as u128;
+                (
+                    (scaled / total as u128) as u64,
+                    (scaled % total as u128) as u64,
+                )
+            };
+            rem[k] = r;
+            next[2 * k + 1] = to_left;
+            next[2 * k + 2] = at - to_left;
+        }
+        let mut cursors: Vec<Option<Cursor>> =
+            (0..self.config.lengths.len()).map(|_| None).collect();
+        sources.reserve(self.config.batch as usize);
+        records.reserve(self.config.batch as usize);
+        for _ in 0..self.config.batch {
+            // Every descent takes `depth` steps, with no branch on the data.
+            let mut k = 0;
+            for _ in 0..self.depth {
+                let (a, total) = splits[k];
+                let r = rem[k] + a;
+                let to_left = r >= total;
+                rem[k] = r - if to_left { total } else { 0 };
+                k = 2 * k + 2 - usize::from(to_left);
+            }
+            let i = k - inner;
             let len = self.config.lengths[i];
-            let epoch = k / len;
-            let permutation = match &cached[i] {
-                Some((e, f)) if *e == epoch => f,
-                _ => &cached[i].insert((epoch, self.permutation(i, epoch))).1,
+            let cursor = match &mut cursors[i] {
+                Some(cursor) => {
+                    cursor.offset += 1;
+                    if cursor.offset == len {
+                        cursor.epoch += 1;
+                        cursor.offset = 0;
+                        cursor.permutation = self.permutation(i, cursor.epoch);
+                    }
+                    cursor
+                }
+                slot => {
+                    let k = stage.drawn[i] + next[k];
+                    slot.insert(Cursor {
+                        epoch: k / len,
+                        offset: k % len,
+                        permutation: self.permutation(i, k / len),
+                    })
+                }
             };
             sources.push(i as u32);
-            records.push(permutation.apply(k % len));
+            records.push(cursor.permutation.apply(cursor.offset));
         }
     }
 
@@ -516,6 +606,14 @@ mod tests {
                 counts[s as usize] += 1;
             }
             prop_assert_eq!(mix.drawn_before(batches), counts.clone());
+            // The batch fill agrees with the position-by-position map.
+            let one_by_one: Vec<(u32, u64)> = (0..drawn.len() as u64)
+                .map(|p| {
+                    let (i, k) = mix.draw(p);
+                    (i as u32, mix.record(i, k))
+                })
+                .collect();
+            prop_assert_eq!(&one_by_one, &drawn);
             // Each dataset's records repeat only once its epoch is exhausted.
             for (i, &len) in lengths.iter().enumerate() {
                 let seq: Vec<u64> = drawn.iter().filter(|d| d.0 as usize == i).map(|d| d.1).collect();
