@@ -58,7 +58,7 @@ fn main() {
     .expect("mixture");
     let mut rates = (0.0, 0.0, 0.0);
     let mut sink = 0u64;
-    let mut shuffled = |sampler: &Sampler, sink: &mut u64| {
+    let shuffled = |sampler: &Sampler, sink: &mut u64| {
         let started = Instant::now();
         let epoch = sampler.epoch(0);
         let mut out = Vec::with_capacity(batch as usize);
