@@ -17,7 +17,7 @@ pub mod sampler;
 
 pub use columns::Contiguous;
 pub use error::{BoxError, Error};
-pub use loader::{GatherSource, LoadedBatch, Loader, LoaderOptions};
+pub use loader::{GatherSource, LoadedBatch, Loader, LoaderOptions, MixtureLoader};
 pub use mixture::{Mixture, MixtureConfig, MixtureState, Stage};
 pub use record::Record;
 pub use sampler::{Order, Sampler, SamplerConfig, SamplerState, Tail};

@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 
 use crate::columns::Contiguous;
 use crate::error::{BoxError, Error};
+use crate::mixture::{Mixture, MixtureState};
 use crate::sampler::{Sampler, SamplerState};
 
 /// Anything that can gather records into columns: a local store, a cluster client.
@@ -91,6 +92,8 @@ pub struct LoadedBatch {
     pub position: u64,
     /// The record indices, in order.
     pub indices: Vec<u64>,
+    /// Over a mixture: the dataset each row came from (empty over one dataset).
+    pub sources: Vec<u32>,
     /// One column per loaded field, in the order of `LoaderOptions::fields` (or schema order).
     /// Dropping the batch hands these buffers back to the loader for reuse; `mem::take` them
     /// to keep them.
@@ -151,12 +154,100 @@ impl Plan {
 /// A prefetching, resumable batch iterator. See the module documentation.
 pub struct Loader {
     plan: Plan,
-    receivers: Vec<Receiver<Result<LoadedBatch, Error>>>,
-    workers: Vec<JoinHandle<()>>,
-    stop: Arc<AtomicBool>,
+    workers: Workers,
     /// Batches handed to the caller.
     delivered: u64,
+}
+
+/// The threads preparing batches ahead, and the channels they hand them over in.
+struct Workers {
+    receivers: Vec<Receiver<Result<LoadedBatch, Error>>>,
+    handles: Vec<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
     finished: bool,
+}
+
+impl Workers {
+    /// Worker `w` of `W` prepares batches `w, w+W, …` with `produce(seq, buffers, pool)`
+    /// (`None`: the run has no batch `seq`) until stopped, an error, or the end.
+    fn start<F>(options: &LoaderOptions, produce: F) -> Result<Workers, Error>
+    where
+        F: Fn(u64, Vec<Contiguous>, &Arc<Pool>) -> Option<Result<LoadedBatch, Error>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let workers = options.workers.clamp(1, LOADER_WORKERS_MAX);
+        let capacity = options.prefetch.div_ceil(workers);
+        let stop = Arc::new(AtomicBool::new(false));
+        let pool = Arc::new(Pool {
+            free: Mutex::new(Vec::new()),
+            capacity: options.prefetch + 2 * workers,
+        });
+        let produce = Arc::new(produce);
+        let mut receivers = Vec::with_capacity(workers);
+        let mut handles = Vec::with_capacity(workers);
+        for worker in 0..workers {
+            let (tx, rx) = sync_channel(capacity);
+            receivers.push(rx);
+            let (produce, stop, pool) =
+                (Arc::clone(&produce), Arc::clone(&stop), Arc::clone(&pool));
+            let handle = std::thread::Builder::new()
+                .name(format!("zr-loader-{worker}"))
+                .spawn(move || {
+                    let mut seq = worker as u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let Some(result) = produce(seq, pool.take(), &pool) else {
+                            break;
+                        };
+                        let failed = result.is_err();
+                        if tx.send(result).is_err() || failed {
+                            break; // the loader is gone, or the error ends the run
+                        }
+                        seq += workers as u64;
+                    }
+                })
+                .map_err(|e| Error::Sampler(format!("cannot start a loader thread: {e}")))?;
+            handles.push(handle);
+        }
+        Ok(Workers {
+            receivers,
+            handles,
+            stop,
+            finished: false,
+        })
+    }
+
+    /// Batch `seq` (the one after the `seq` handed out), or `None` at the end.
+    fn next(&mut self, seq: u64) -> Option<Result<LoadedBatch, Error>> {
+        if self.finished {
+            return None;
+        }
+        let channel = &self.receivers[(seq % self.receivers.len() as u64) as usize];
+        match channel.recv() {
+            Ok(Ok(batch)) => Some(Ok(batch)),
+            Ok(Err(e)) => {
+                self.finished = true;
+                Some(Err(e))
+            }
+            // The worker stopped: the run's last batch is done.
+            Err(_) => {
+                self.finished = true;
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Closing the channels wakes workers blocked on a full one.
+        self.receivers.clear();
+        for worker in self.handles.drain(..) {
+            let _ = worker.join();
+        }
+    }
 }
 
 impl Loader {
@@ -174,70 +265,37 @@ impl Loader {
             sampler,
             end_epoch: options.end_epoch,
         };
-        let workers = options.workers.clamp(1, LOADER_WORKERS_MAX);
-        let capacity = options.prefetch.div_ceil(workers);
-        let stop = Arc::new(AtomicBool::new(false));
-        let fields: Arc<[String]> = options.fields.into();
-        let pool = Arc::new(Pool {
-            free: Mutex::new(Vec::new()),
-            capacity: options.prefetch + 2 * workers,
-        });
-        let mut receivers = Vec::with_capacity(workers);
-        let mut handles = Vec::with_capacity(workers);
-        for worker in 0..workers {
-            let (tx, rx) = sync_channel(capacity);
-            receivers.push(rx);
-            let (plan, source, stop, fields, pool) = (
-                plan.clone(),
-                Arc::clone(&source),
-                Arc::clone(&stop),
-                Arc::clone(&fields),
-                Arc::clone(&pool),
-            );
-            let handle = std::thread::Builder::new()
-                .name(format!("zr-loader-{worker}"))
-                .spawn(move || {
-                    let mut seq = worker as u64;
-                    let mut indices = Vec::new();
-                    while !stop.load(Ordering::Relaxed) {
-                        let Some((epoch, start, end)) = plan.batch(seq) else {
-                            break;
-                        };
-                        indices.clear();
-                        plan.sampler.epoch(epoch).fill(start, end, &mut indices);
-                        let mut columns = pool.take();
-                        let result = match source.gather_into(&indices, &fields, &mut columns) {
-                            Ok(()) => Ok(LoadedBatch {
-                                epoch,
-                                position: start,
-                                indices: indices.clone(),
-                                columns,
-                                pool: Some(Arc::clone(&pool)),
-                            }),
-                            Err(source) => Err(Error::Gather {
-                                epoch,
-                                start,
-                                end,
-                                source,
-                            }),
-                        };
-                        let failed = result.is_err();
-                        if tx.send(result).is_err() || failed {
-                            break; // the loader is gone, or the error ends the run
-                        }
-                        seq += workers as u64;
-                    }
+        let fields: Arc<[String]> = options.fields.clone().into();
+        let produce = {
+            let plan = plan.clone();
+            move |seq: u64, columns: Vec<Contiguous>, pool: &Arc<Pool>| {
+                let (epoch, start, end) = plan.batch(seq)?;
+                let mut indices = Vec::new();
+                plan.sampler.epoch(epoch).fill(start, end, &mut indices);
+                let mut columns = columns;
+                Some(match source.gather_into(&indices, &fields, &mut columns) {
+                    Ok(()) => Ok(LoadedBatch {
+                        epoch,
+                        position: start,
+                        indices,
+                        sources: Vec::new(),
+                        columns,
+                        pool: Some(Arc::clone(pool)),
+                    }),
+                    Err(source) => Err(Error::Gather {
+                        epoch,
+                        start,
+                        end,
+                        source,
+                    }),
                 })
-                .map_err(|e| Error::Sampler(format!("cannot start a loader thread: {e}")))?;
-            handles.push(handle);
-        }
+            }
+        };
+        let workers = Workers::start(&options, produce)?;
         Ok(Loader {
             plan,
-            receivers,
-            workers: handles,
-            stop,
+            workers,
             delivered: 0,
-            finished: false,
         })
     }
 
@@ -262,35 +320,153 @@ impl Iterator for Loader {
     type Item = Result<LoadedBatch, Error>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.finished {
-            return None;
+        let batch = self.workers.next(self.delivered)?;
+        if batch.is_ok() {
+            self.delivered += 1;
         }
-        let channel = &self.receivers[(self.delivered % self.receivers.len() as u64) as usize];
-        match channel.recv() {
-            Ok(Ok(batch)) => {
-                self.delivered += 1;
-                Some(Ok(batch))
-            }
-            Ok(Err(e)) => {
-                self.finished = true;
-                Some(Err(e))
-            }
-            // The worker stopped: the run's last epoch is done.
-            Err(_) => {
-                self.finished = true;
-                None
-            }
-        }
+        Some(batch)
     }
 }
 
-impl Drop for Loader {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        // Closing the channels wakes workers blocked on a full one.
-        self.receivers.clear();
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
+/// A prefetching, resumable iterator over a [`Mixture`]'s global batches (this rank's part
+/// of each), each row gathered from its own dataset's source: per batch, every dataset's
+/// rows in one gather, put back in batch order. It has no end.
+pub struct MixtureLoader {
+    mixture: Arc<Mixture>,
+    start: u64,
+    workers: Workers,
+    delivered: u64,
+}
+
+impl MixtureLoader {
+    /// A loader over `sources` (dataset i's is `sources[i]`), from `state` (a checkpoint,
+    /// or `mixture.state_at(0)`), reading `options.fields` (which every source must hold).
+    pub fn new(
+        sources: Vec<Arc<dyn GatherSource>>,
+        mixture: Mixture,
+        state: &MixtureState,
+        options: LoaderOptions,
+    ) -> Result<MixtureLoader, Error> {
+        mixture.check_state(state)?;
+        if sources.len() != mixture.config().lengths.len() {
+            return Err(Error::Sampler(format!(
+                "the mixture has {} datasets and the loader was given {} sources",
+                mixture.config().lengths.len(),
+                sources.len()
+            )));
+        }
+        let mixture = Arc::new(mixture);
+        let start = state.batches;
+        let fields: Arc<[String]> = options.fields.clone().into();
+        let produce = {
+            let mixture = Arc::clone(&mixture);
+            move |seq: u64, columns: Vec<Contiguous>, pool: &Arc<Pool>| {
+                let batch = start + seq;
+                Some(
+                    gather_mixed(&mixture, &sources, &fields, batch, columns).map(
+                        |(rows, columns)| LoadedBatch {
+                            epoch: 0,
+                            position: batch,
+                            indices: rows.1,
+                            sources: rows.0,
+                            columns,
+                            pool: Some(Arc::clone(pool)),
+                        },
+                    ),
+                )
+            }
+        };
+        let workers = Workers::start(&options, produce)?;
+        Ok(MixtureLoader {
+            mixture,
+            start,
+            workers,
+            delivered: 0,
+        })
+    }
+
+    /// The checkpoint after the last batch handed to the caller (the same on every rank).
+    pub fn state(&self) -> MixtureState {
+        self.mixture.state_at(self.start + self.delivered)
+    }
+}
+
+impl Iterator for MixtureLoader {
+    type Item = Result<LoadedBatch, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let batch = self.workers.next(self.delivered)?;
+        if batch.is_ok() {
+            self.delivered += 1;
+        }
+        Some(batch)
+    }
+}
+
+/// This rank's part of global batch `batch`: its (sources, records), and per field the rows
+/// in batch order, each dataset's gathered at once into `buffers` first.
+#[allow(clippy::type_complexity)]
+fn gather_mixed(
+    mixture: &Mixture,
+    sources: &[Arc<dyn GatherSource>],
+    fields: &[String],
+    batch: u64,
+    mut buffers: Vec<Contiguous>,
+) -> Result<((Vec<u32>, Vec<u64>), Vec<Contiguous>), Error> {
+    let (mut from, mut records) = (Vec::new(), Vec::new());
+    mixture.fill(batch, &mut from, &mut records);
+    // Per dataset: its rows' places in the batch and their records.
+    let mut rows: Vec<(Vec<usize>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); sources.len()];
+    for (place, (&i, &record)) in from.iter().zip(&records).enumerate() {
+        rows[i as usize].0.push(place);
+        rows[i as usize].1.push(record);
+    }
+    let mut parts: Vec<(usize, Vec<Contiguous>)> = Vec::new();
+    for (i, (_, indices)) in rows.iter().enumerate() {
+        if indices.is_empty() {
+            continue;
+        }
+        let mut columns = Vec::new();
+        sources[i]
+            .gather_into(indices, fields, &mut columns)
+            .map_err(|source| Error::Gather {
+                epoch: 0,
+                start: batch,
+                end: batch + 1,
+                source: format!("dataset {i}: {source}").into(),
+            })?;
+        parts.push((i, columns));
+    }
+    let count = from.len();
+    let width = parts.first().map_or(fields.len(), |(_, c)| c.len());
+    buffers.resize_with(width, Contiguous::default);
+    for (f, out) in buffers.iter_mut().enumerate() {
+        // Row lengths in batch order, then the rows.
+        let mut lengths = vec![0u64; count];
+        for (i, columns) in &parts {
+            let column = &columns[f];
+            for (k, &place) in rows[*i].0.iter().enumerate() {
+                lengths[place] = column.offsets[k + 1] - column.offsets[k];
+            }
+        }
+        out.offsets.clear();
+        out.offsets.reserve(count + 1);
+        out.offsets.push(0);
+        let mut total = 0;
+        for &len in &lengths {
+            total += len;
+            out.offsets.push(total);
+        }
+        out.data.clear();
+        out.data.resize(total as usize, 0);
+        for (i, columns) in &parts {
+            let column = &columns[f];
+            for (k, &place) in rows[*i].0.iter().enumerate() {
+                let (from, to) = (column.offsets[k] as usize, column.offsets[k + 1] as usize);
+                let at = out.offsets[place] as usize;
+                out.data[at..at + (to - from)].copy_from_slice(&column.data[from..to]);
+            }
         }
     }
+    Ok(((from, records), buffers))
 }

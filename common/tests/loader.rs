@@ -310,3 +310,119 @@ fn shuffle_is_well_mixed() {
         }
     }
 }
+
+/// A source whose record i holds `salt + i` (varying lengths: `i % 5 + 1` copies).
+struct Salted(u64);
+
+impl GatherSource for Salted {
+    fn gather_into(
+        &self,
+        indices: &[u64],
+        _fields: &[String],
+        columns: &mut Vec<Contiguous>,
+    ) -> Result<(), BoxError> {
+        columns.resize_with(1, Contiguous::default);
+        let column = &mut columns[0];
+        column.data.clear();
+        column.offsets.clear();
+        column.offsets.push(0);
+        for &i in indices {
+            for _ in 0..i % 5 + 1 {
+                column.data.extend_from_slice(&(self.0 + i).to_le_bytes());
+            }
+            column.offsets.push(column.data.len() as u64);
+        }
+        Ok(())
+    }
+}
+
+fn mixture(rank: u64, ranks: u64) -> zr_common::Mixture {
+    zr_common::Mixture::new(zr_common::MixtureConfig {
+        lengths: vec![300, 70, 20],
+        stages: vec![
+            zr_common::Stage {
+                start: 0,
+                weights: vec![0.6, 0.3, 0.1],
+            },
+            zr_common::Stage {
+                start: 8,
+                weights: vec![0.1, 0.1, 0.8],
+            },
+        ],
+        seed: 5,
+        rank,
+        ranks,
+        batch: 12 / ranks,
+    })
+    .unwrap()
+}
+
+fn sources() -> Vec<Arc<dyn GatherSource>> {
+    vec![
+        Arc::new(Salted(0)),
+        Arc::new(Salted(1_000_000)),
+        Arc::new(Salted(2_000_000)),
+    ]
+}
+
+/// Each row as (source, its payload's first value, its length), checked against the record
+/// the mixture says it is.
+fn rows(batch: &zr_common::LoadedBatch) -> Vec<(u32, u64)> {
+    let column = &batch.columns[0];
+    (0..batch.indices.len())
+        .map(|k| {
+            let payload = column.get(k).unwrap();
+            let (s, i) = (batch.sources[k], batch.indices[k]);
+            assert_eq!(payload.len() as u64, 8 * (i % 5 + 1));
+            let value = u64::from_le_bytes(payload[..8].try_into().unwrap());
+            assert_eq!(value, s as u64 * 1_000_000 + i);
+            (s, i)
+        })
+        .collect()
+}
+
+#[test]
+fn a_mixture_loader_resumes_exactly_under_other_ranks_with_prefetch_in_flight() {
+    let options = || LoaderOptions {
+        prefetch: 4,
+        workers: 2,
+        ..LoaderOptions::default()
+    };
+    let one = mixture(0, 1);
+    let start = one.state_at(0);
+    let whole: Vec<Vec<(u32, u64)>> =
+        zr_common::MixtureLoader::new(sources(), one, &start, options())
+            .unwrap()
+            .take(20)
+            .map(|b| rows(&b.unwrap()))
+            .collect();
+    // 4 ranks for 5 global batches (prefetch running ahead), then 3 ranks, across the stage
+    // boundary at 8: each rank's rows are its slice of the same global batch.
+    let mut state = start;
+    let mut chained: Vec<Vec<(u32, u64)>> = vec![Vec::new(); 20];
+    for (ranks, count) in [(4u64, 5usize), (3, 15)] {
+        let mut next = None;
+        for rank in 0..ranks {
+            let mut loader =
+                zr_common::MixtureLoader::new(sources(), mixture(rank, ranks), &state, options())
+                    .unwrap();
+            for (k, batch) in loader.by_ref().take(count).enumerate() {
+                let b = batch.unwrap();
+                chained[b.position as usize].extend(rows(&b));
+                assert_eq!(b.position, state.batches + k as u64);
+            }
+            next = Some(loader.state());
+        }
+        state = next.unwrap();
+    }
+    assert_eq!(chained, whole);
+    let e =
+        zr_common::MixtureLoader::new(sources()[..2].to_vec(), mixture(0, 1), &state, options())
+            .err()
+            .unwrap();
+    assert!(
+        e.to_string()
+            .contains("3 datasets and the loader was given 2"),
+        "{e}"
+    );
+}
