@@ -425,7 +425,8 @@ struct Held {
 /// A client of a zrecord cluster's router.
 #[pyclass(module = "zrecord._zrecord", frozen)]
 struct Client {
-    inner: zr_router::Client,
+    /// Shared with the loaders reading through it.
+    inner: std::sync::Arc<zr_router::Client>,
 }
 
 #[pymethods]
@@ -478,7 +479,9 @@ impl Client {
                 }
             })
             .map_err(cluster_error)?;
-        Ok(Client { inner })
+        Ok(Client {
+            inner: std::sync::Arc::new(inner),
+        })
     }
 
     /// The dataset this client addresses.
@@ -788,6 +791,87 @@ impl LocalCluster {
     }
 }
 
+/// The engine's prefetching loader over a mixture: each batch's rows gathered from their
+/// own datasets (local stores or cluster clients) on background threads, without the GIL.
+#[pyclass(module = "zrecord._zrecord")]
+struct NativeMixtureLoader {
+    inner: std::sync::Mutex<zr_common::MixtureLoader>,
+}
+
+#[pymethods]
+impl NativeMixtureLoader {
+    /// Global batches of `mixture` from `batches` on, this rank's part of each, of `fields`
+    /// from `sources` (`Store`s or `Client`s, one per dataset), `prefetch` ahead on
+    /// `workers` threads.
+    #[new]
+    fn new(
+        sources: Vec<Bound<'_, PyAny>>,
+        mixture: &Mixture,
+        batches: u64,
+        fields: Vec<String>,
+        prefetch: usize,
+        workers: usize,
+    ) -> PyResult<NativeMixtureLoader> {
+        let mut gathers: Vec<std::sync::Arc<dyn zr_common::GatherSource>> = Vec::new();
+        for (i, source) in sources.iter().enumerate() {
+            if let Ok(store) = source.cast::<Store>() {
+                gathers.push(std::sync::Arc::new(store.get().inner.clone()));
+            } else if let Ok(client) = source.cast::<Client>() {
+                gathers.push(client.get().inner.clone());
+            } else {
+                return Err(PyValueError::new_err(format!(
+                    "source {i} is neither a local dataset nor a cluster client"
+                )));
+            }
+        }
+        let options = zr_common::LoaderOptions {
+            fields,
+            prefetch,
+            workers,
+            end_epoch: None,
+        };
+        let state = mixture.inner.state_at(batches);
+        let inner = zr_common::MixtureLoader::new(gathers, mixture.inner.clone(), &state, options)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(NativeMixtureLoader {
+            inner: std::sync::Mutex::new(inner),
+        })
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next batch: (global batch, sources, records, columns as (values, offsets)).
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<MixedColumns<'py>>> {
+        let next = py.detach(|| self.inner.lock().unwrap_or_else(|e| e.into_inner()).next());
+        let Some(next) = next else {
+            return Ok(None);
+        };
+        let mut batch = next.map_err(loader_error)?;
+        let columns = std::mem::take(&mut batch.columns)
+            .into_iter()
+            .map(|column| py_column(py, column))
+            .collect();
+        let sources: Vec<i64> = batch.sources.iter().map(|&s| i64::from(s)).collect();
+        let records: Vec<i64> = batch.indices.iter().map(|&r| r as i64).collect();
+        Ok(Some((
+            batch.position,
+            PyArray1::from_vec(py, sources),
+            PyArray1::from_vec(py, records),
+            columns,
+        )))
+    }
+}
+
+/// A loaded mixture batch for Python: (global batch, sources, records, columns).
+type MixedColumns<'py> = (
+    u64,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+    Vec<PyColumn<'py>>,
+);
+
 /// A mixture of datasets read by weight as one stream of global batches (see
 /// `zr_common::mixture`).
 #[pyclass(module = "zrecord._zrecord", frozen)]
@@ -947,6 +1031,7 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
     m.add_class::<NativeLoader>()?;
     m.add_class::<Mixture>()?;
+    m.add_class::<NativeMixtureLoader>()?;
     m.add_class::<Client>()?;
     m.add_class::<Sampler>()?;
     m.add_class::<LocalCluster>()?;

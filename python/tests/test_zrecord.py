@@ -760,3 +760,32 @@ def test_a_loader_over_a_mixture_reads_each_row_from_its_dataset_and_resumes(tmp
         zrecord.Loader(datasets, mix(), fields=["only1"])
     with pytest.raises(ValueError, match="dataset 1 holds 90 records and the mixture has it at 91"):
         zrecord.Loader(datasets, zrecord.Mixture([400, 91, 30], [1, 1, 1]), fields=["x"])
+
+
+def test_a_loader_over_a_mixture_of_a_clusters_datasets():
+    with LocalCluster(2, [("x", "raw")], replicas=1) as cluster:
+        admin = zrecord.connect(cluster.router, cluster.certs, role="operator")
+        datasets = []
+        for i, n in enumerate((120, 40)):
+            ds = admin.create_dataset(f"part{i}", [("x", "raw", "<i8", ())])
+            ds.append_many([{"x": np.int64(1000 * i + k)} for k in range(n)])
+            ds.commit()
+            datasets.append(zrecord.connect(cluster.router, cluster.certs, dataset=f"part{i}"))
+        mixture = lambda: zrecord.Mixture([120, 40], [0.5, 0.5], seed=6, batch=10)  # noqa: E731
+        it = iter(zrecord.Loader(datasets, mixture(), fields=["x"]))
+        whole = [next(it) for _ in range(12)]
+        for batch in whole:
+            assert (batch["x"] // 1000 == batch["source"]).all()
+        m = mixture()
+        assert [b["x"].tolist() for b in whole] == [
+            [1000 * s + k for s, k in zip(*(a.tolist() for a in m.batch_at(b)))] for b in range(12)
+        ]
+        # Resumed after 5 batches: the same 7 after.
+        first = zrecord.Loader(datasets, mixture(), fields=["x"])
+        it = iter(first)
+        for _ in range(5):
+            next(it)
+        resumed = zrecord.Loader(datasets, mixture(), fields=["x"])
+        resumed.load_state_dict(first.state_dict())
+        it = iter(resumed)
+        assert [next(it)["x"].tolist() for _ in range(7)] == [b["x"].tolist() for b in whole[5:]]

@@ -821,19 +821,20 @@ class Loader:
         self._consumed = (epoch + 1, 0)
 
     def _mixture_batches(self) -> Iterator[dict]:
-        datasets, mixture = list(self.dataset), self.sampler
-        pending: deque = deque()
-        with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            b = mixture.batches
-            while True:
-                while len(pending) < self.prefetch:
-                    pending.append((b, pool.submit(_gather_mixed, datasets, self._chosen, *mixture.batch_at(b))))
-                    b += 1
-                done, future = pending.popleft()
-                batch = future.result()
-                mixture.batches = done + 1
-                self._consumed = done + 1
-                yield batch
+        """A mixture's batches, gathered ahead by the engine's mixture loader (each dataset's
+        rows of a batch in one gather, put back in batch order, on threads without the GIL)."""
+        mixture = self.sampler
+        natives = [ds._native() for ds in self.dataset]
+        names = [f.name for f in self._chosen]
+        loader = _zrecord.NativeMixtureLoader(natives, mixture._native, mixture.batches, names, self.prefetch, self.workers)
+        for done, source, _, columns in loader:
+            count = source.size
+            batch: dict[str, Any] = {"source": source}
+            for f, (values, offsets) in zip(self._chosen, columns):
+                batch[f.name] = _typed(values, f, count) if f.fixed else (values, offsets)
+            mixture.batches = done + 1
+            self._consumed = done + 1
+            yield batch
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -878,35 +879,3 @@ def _mixture_fields(datasets: list[Dataset], mixture: Mixture, fields: Sequence[
                 raise ValueError(f"field '{name}' is {f.dtype}{list(f.shape or [])} in dataset {i} and {first.dtype}{list(first.shape or [])} in dataset 0: a batch needs one kind")
         chosen.append(first)
     return chosen
-
-
-def _gather_mixed(datasets: list[Dataset], chosen: list[Field], source: np.ndarray, index: np.ndarray) -> dict:
-    """Rows ``index`` of datasets ``source`` (row by row), gathered per dataset and put back
-    in batch order; with the ``source`` array."""
-    count = source.size
-    names = [f.name for f in chosen]
-    parts = []
-    for i in np.unique(source):
-        rows = np.flatnonzero(source == i)
-        parts.append((rows, datasets[int(i)].gather(index[rows], names)))
-    batch: dict[str, Any] = {"source": source}
-    for f in chosen:
-        if f.fixed:
-            out = np.empty((count, *f.shape), dtype=f.dtype)
-            for rows, got in parts:
-                out[rows] = got[f.name]
-            batch[f.name] = out
-            continue
-        lengths = np.zeros(count, dtype=np.int64)
-        for rows, got in parts:
-            lengths[rows] = np.diff(got[f.name][1])
-        offsets = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        values = np.empty(int(offsets[-1]), dtype=np.uint8)
-        for rows, got in parts:
-            part_values, part_offsets = got[f.name]
-            sizes = np.diff(part_offsets)
-            within = np.arange(part_values.size) - np.repeat(part_offsets[:-1], sizes)
-            values[np.repeat(offsets[rows], sizes) + within] = part_values
-        batch[f.name] = (values, offsets)
-    return batch

@@ -6,6 +6,7 @@ same run.
 - the same gathers from a Rust loop in the same process (no Python between gathers), the
   bound of what a Python caller can reach;
 - the prefetching ``Loader`` vs a bare gather loop over the same batches;
+- a ``Loader`` over a mixture of three datasets vs over one dataset of the same records;
 - with PyTorch installed: a ``DataLoader`` (2 workers, batches of 256) over zrecord
   (``MapDataset``, ``StatefulSampler``, ``collate``) vs over an in-memory ``TensorDataset`` of
   the same records (shuffled, torch's default collate);
@@ -85,19 +86,55 @@ def main() -> None:
         ds = zrecord.open(os.path.join(tmp, "zr-1024"))
         sampler = zrecord.Sampler(len(ds), order="shuffle", seed=1, batch=args.batch)
         batches = [sampler.batch_at(0, p) for p in range(0, min(len(ds), 200 * args.batch), args.batch)]
-        started = time.perf_counter()
-        for b in batches:
+        for b in batches:  # warm: every record read once
             ds.gather(b)
-        bare = time.perf_counter() - started
-        loader = zrecord.Loader(ds, zrecord.Sampler(len(ds), order="shuffle", seed=1, batch=args.batch), prefetch=2, workers=2)
-        started = time.perf_counter()
-        for i, _ in enumerate(loader):
-            if i + 1 == len(batches):
-                break
-        looped = time.perf_counter() - started
+        bare = looped = 0.0
+        for _ in range(args.rounds):  # in turns
+            started = time.perf_counter()
+            for b in batches:
+                ds.gather(b)
+            bare += time.perf_counter() - started
+            loader = zrecord.Loader(ds, zrecord.Sampler(len(ds), order="shuffle", seed=1, batch=args.batch), prefetch=2, workers=2)
+            started = time.perf_counter()
+            for i, _ in enumerate(loader):
+                if i + 1 == len(batches):
+                    break
+            looped += time.perf_counter() - started
         print(f"loader (prefetch 2, 2 workers) {len(batches) / looped:,.0f} batches/s vs a bare gather loop {len(batches) / bare:,.0f}: loader/bare {bare / looped:.2f}x")
+        _mixture(tmp, ds, args)
         _torch(ds, args)
         _grain(ds, args)
+
+
+def _mixture(tmp, ds, args) -> None:
+    """The loader over three datasets (half, three tenths and a fifth of ``ds``'s records,
+    weighted so) vs over ``ds`` itself, the same number of batches each."""
+    n = len(ds)
+    cuts = [0, n // 2, n // 2 + 3 * n // 10, n]
+    parts = []
+    for k in range(3):
+        rows = ds.gather(np.arange(cuts[k], cuts[k + 1]))["data"]
+        parts.append(zrecord.from_numpy(rows, os.path.join(tmp, f"part-{k}")))
+    lengths = [len(p) for p in parts]
+    count = min(200, n // args.batch)
+    one = mixed = 0.0
+    for _ in range(args.rounds):
+        for which in ("one", "mixed"):
+            if which == "one":
+                loader = zrecord.Loader(ds, zrecord.Sampler(n, seed=4, batch=args.batch), prefetch=2, workers=2)
+            else:
+                loader = zrecord.Loader(parts, zrecord.Mixture(lengths, lengths, seed=4, batch=args.batch), prefetch=2, workers=2)
+            started = time.perf_counter()
+            for i, _ in enumerate(loader):
+                if i + 1 == count:
+                    break
+            rate = count / (time.perf_counter() - started)
+            if which == "one":
+                one += rate
+            else:
+                mixed += rate
+    one, mixed = one / args.rounds, mixed / args.rounds
+    print(f"loader over a 3-dataset mixture {mixed:,.0f} batches/s vs over one dataset of the same records {one:,.0f}: mixture/one {mixed / one:.2f}x")
 
 
 def _torch(ds, args) -> None:
