@@ -126,3 +126,59 @@ fn usage_errors_exit_2_and_failures_exit_1() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
+
+/// `--mixture`: this rank's part of each global batch as `dataset:record` pairs; a state
+/// taken on 2 ranks resumes on 1 with the rest of the same global batches; a bad mixture is
+/// refused by name.
+#[test]
+fn a_mixture_prints_pairs_and_resumes_on_other_ranks() {
+    let pairs = |stdout: &str| -> Vec<Vec<(u32, u64)>> {
+        stdout
+            .lines()
+            .filter(|l| !l.starts_with("state "))
+            .map(|l| {
+                l.split(' ')
+                    .map(|p| {
+                        let (s, r) = p.split_once(':').unwrap();
+                        (s.parse().unwrap(), r.parse().unwrap())
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let mix = ["sample", "--mixture", "100:0.7,20:0.3", "--stage", "2:0,1"];
+    let (ok, whole, _) = zr(&[&mix[..], &["--batch", "8", "--count", "5"]].concat());
+    assert!(ok);
+    let whole = pairs(&whole);
+    assert!(whole[2..].iter().flatten().all(|&(s, r)| s == 1 && r < 20));
+    let (ok, halves, _) = zr(&[
+        &mix[..],
+        &[
+            "--batch", "4", "--ranks", "2", "--rank", "1", "--count", "2", "--state",
+        ],
+    ]
+    .concat());
+    assert!(ok);
+    assert_eq!(
+        pairs(&halves),
+        whole[..2]
+            .iter()
+            .map(|b| b[4..].to_vec())
+            .collect::<Vec<_>>()
+    );
+    let state = halves.lines().last().unwrap();
+    let (ok, rest, _) = zr(&[
+        &mix[..],
+        &["--batch", "8", "--count", "3", "--resume", state],
+    ]
+    .concat());
+    assert!(ok);
+    assert_eq!(pairs(&rest), whole[2..]);
+    let (ok, _, err) = zr(&[&mix[..], &["--batch", "5", "--resume", state]].concat());
+    assert!(
+        !ok && err.contains("global batch (batch × ranks) of 8"),
+        "{err}"
+    );
+    let (ok, _, err) = zr(&["sample", "--mixture", "100:0,20:0", "--count", "1"]);
+    assert!(!ok && err.contains("every weight is 0"), "{err}");
+}

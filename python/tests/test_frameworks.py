@@ -95,3 +95,37 @@ def test_a_stateful_dataloader_resumes_under_another_number_of_workers(tmp_path,
     sampler = resume(StatefulSampler(zrecord.Sampler(1000, seed=2, batch=50)), state)
     rest = [b["x"][:, 0].tolist() for b in loader(sampler, after)]
     assert first + rest == expected
+
+
+def test_a_stateful_dataloader_over_a_mixture_resumes_on_other_ranks_and_workers(tmp_path):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    from zrecord.torch import MixtureDataset, MixtureSampler
+
+    datasets = []
+    for i, n in enumerate((300, 80)):
+        with zrecord.create(tmp_path / f"m{i}", [("x", "raw", "<i8", ())]) as ds:
+            ds.append_many([{"x": np.int64(1000 * i + k)} for k in range(n)])
+        datasets.append(zrecord.open(tmp_path / f"m{i}"))
+
+    def loader(rank, ranks, workers):
+        mixture = zrecord.Mixture([300, 80], [0.7, 0.3], seed=1, rank=rank, ranks=ranks, batch=12 // ranks)
+        sampler = MixtureSampler(mixture)
+        return sampler, stateful.StatefulDataLoader(
+            MixtureDataset(datasets, mixture), batch_sampler=sampler, num_workers=workers, collate_fn=collate
+        )
+
+    _, whole_loader = loader(0, 1, 0)
+    it = iter(whole_loader)
+    whole = [next(it)["x"].tolist() for _ in range(15)]
+    # Rank 1 of 2, two workers, for 6 global batches.
+    _, first_loader = loader(1, 2, 2)
+    it = iter(first_loader)
+    first = [next(it)["x"].tolist() for _ in range(6)]
+    assert first == [b[6:] for b in whole[:6]]
+    state = first_loader.state_dict()["_snapshot"]["_main_snapshot"]["_index_sampler_state"]
+    assert state["batches"] == 6
+    # On one rank with no workers: the rest of the same global batches.
+    sampler, rest_loader = loader(0, 1, 0)
+    sampler.load_state_dict(state)
+    it = iter(rest_loader)
+    assert [next(it)["x"].tolist() for _ in range(9)] == whole[6:]

@@ -789,3 +789,52 @@ def test_a_loader_over_a_mixture_of_a_clusters_datasets():
         resumed.load_state_dict(first.state_dict())
         it = iter(resumed)
         assert [next(it)["x"].tolist() for _ in range(7)] == [b["x"].tolist() for b in whole[5:]]
+
+
+def _mixture_parts(tmp_path):
+    datasets = []
+    for i, n in enumerate((200, 60)):
+        with zrecord.create(tmp_path / f"m{i}", [("x", "raw", "<i8", ()), ("text", "flate")]) as ds:
+            ds.append_many([{"x": np.int64(1000 * i + k), "text": f"{i}:{k}"} for k in range(n)])
+        datasets.append(zrecord.open(tmp_path / f"m{i}"))
+    return datasets
+
+
+def test_a_mixture_through_the_torch_and_grain_protocols(tmp_path):
+    from zrecord.torch import MixtureDataset, MixtureSampler
+
+    datasets = _mixture_parts(tmp_path)
+    mixture = lambda **kw: zrecord.Mixture([200, 60], [0.6, 0.4], seed=9, batch=8, **kw)  # noqa: E731
+    mapped = MixtureDataset(datasets, mixture())
+
+    def run(sampler, stop_after):
+        got = []
+        for batch in sampler.track(_PrefetchingLoader(mapped, sampler)):
+            columns = batch.columns
+            assert (columns["x"] // 1000 == columns["source"]).all()
+            values, offsets = columns["text"]
+            assert [values[offsets[k] : offsets[k + 1]].tobytes().decode() for k in range(8)] == [
+                f"{x // 1000}:{x % 1000}" for x in columns["x"].tolist()
+            ]
+            got.append(columns["x"].tolist())
+            if len(got) == stop_after:
+                break
+        return got
+
+    whole = run(MixtureSampler(mixture()), 20)
+    sampler = MixtureSampler(mixture())
+    first = run(sampler, 6)
+    state = sampler.state_dict()
+    assert state["batches"] == 6  # received, not the 10 handed out
+    resumed = MixtureSampler(mixture())
+    resumed.load_state_dict(state)
+    assert first + run(resumed, 14) == whole
+    grain = pytest.importorskip("grain")
+    from zrecord.grain import MixtureSource
+
+    it = iter(grain.MapDataset.source(MixtureSource(datasets, mixture(), 20)).to_iter_dataset())
+    got = [next(it)["x"].tolist() for _ in range(7)]
+    checkpoint = it.get_state()
+    again = iter(grain.MapDataset.source(MixtureSource(datasets, mixture(), 20)).to_iter_dataset())
+    again.set_state(checkpoint)
+    assert got + [b["x"].tolist() for b in again] == whole

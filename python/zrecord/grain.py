@@ -4,7 +4,8 @@
 and the batched ``_getitems``. Grain's ``batch()`` reads its parent record by record,
 though, so for whole batches use ``batches(ds, sampler)``: a ``grain.MapDataset`` whose
 element k is the k-th batch of ``sampler``'s order, gathered at once (``BatchSource``
-underneath). Iterators of it checkpoint with Grain's ``get_state``/``set_state``, and
+underneath); ``MixtureSource`` does the same for a ``Mixture``'s global batches. Iterators
+of them checkpoint with Grain's ``get_state``/``set_state``, and
 everything pickles as the dataset's path, so Grain's worker processes reopen it.
 """
 
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from . import Dataset, Sampler
-from .torch import MapDataset
+from . import Dataset, Mixture, Sampler, _mixture_fields
+from .torch import MapDataset, gather_mixed
 
 
 class DataSource(MapDataset):
@@ -53,6 +54,31 @@ class BatchSource:
 
     def __repr__(self) -> str:
         return f"zrecord.grain.BatchSource({self.dataset!r}, {len(self)} batches)"
+
+
+class MixtureSource:
+    """A random-access source of a mixture's global batches: element k is this rank's part
+    of global batch ``mixture.batches + k`` (``count`` of them), each dataset's rows gathered
+    at once, with a ``source`` column."""
+
+    def __init__(self, datasets: Sequence[Dataset], mixture: Mixture, count: int, fields: Sequence[str] | None = None):
+        self.datasets = list(datasets)
+        self.mixture = mixture
+        self.count = int(count)
+        self.fields = [f.name for f in _mixture_fields(self.datasets, mixture, fields)]
+        self._first = mixture.batches
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, k: int) -> dict:
+        k = int(k)
+        if not 0 <= k < self.count:
+            raise IndexError(f"batch {k} of {self.count}")
+        return gather_mixed(self.datasets, self.fields, *self.mixture.batch_at(self._first + k))
+
+    def __repr__(self) -> str:
+        return f"zrecord.grain.MixtureSource({len(self.datasets)} datasets, {self.count} batches)"
 
 
 def batches(dataset: Dataset, sampler: Sampler, epochs: int = 1, fields: Sequence[str] | None = None) -> Any:

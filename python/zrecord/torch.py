@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from . import Dataset, Sampler
+from . import Dataset, Mixture, Sampler, _mixture_fields
 
 
 class Batch(_Sequence):
@@ -149,6 +149,95 @@ class StatefulSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state)
         self._consumed = None
+
+
+class MixtureSampler:
+    """A batch sampler over a ``zrecord.Mixture``: each batch this rank's part of the next
+    global batch, as (source, index) pairs for a ``MixtureDataset``. It has no end (the
+    mixture has none). ``state_dict()`` is the mixture's — the same on every rank — and, as
+    with ``StatefulSampler``, ``track(loader)`` makes it the state after the last batch a
+    plain ``DataLoader``'s loop received."""
+
+    def __init__(self, mixture: Mixture):
+        self.mixture = mixture
+        self._consumed: int | None = None
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        while True:
+            source, index = self.mixture.batch_at(self.mixture.batches)
+            self.mixture.batches += 1
+            yield list(zip(source.tolist(), index.tolist()))
+
+    def track(self, loader: Iterable) -> Iterator:
+        start = self.mixture.batches
+        self._consumed = start
+        try:
+            for batch in loader:
+                self._consumed += 1
+                yield batch
+        finally:
+            consumed, self._consumed = self._consumed, None
+            self.mixture.batches = consumed
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.mixture.state_dict()
+        if self._consumed is not None:
+            state["batches"] = self._consumed
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.mixture.load_state_dict(state)
+        self._consumed = None
+
+
+class MixtureDataset:
+    """The datasets of a mixture as one map-style dataset whose items are addressed by
+    (source, index) pairs (what ``MixtureSampler`` yields): ``__getitems__`` gathers each
+    dataset's rows of a batch at once and returns a ``Batch`` with a ``source`` column."""
+
+    def __init__(self, datasets: Sequence[Dataset], mixture: Mixture, fields: Sequence[str] | None = None):
+        self.datasets = list(datasets)
+        self.fields = [f.name for f in _mixture_fields(self.datasets, mixture, fields)]
+
+    def __getitem__(self, pair: tuple[int, int]) -> dict:
+        return self.__getitems__([pair])[0]
+
+    def __getitems__(self, pairs: Sequence[tuple[int, int]]) -> Batch:
+        source = np.fromiter((s for s, _ in pairs), dtype=np.int64, count=len(pairs))
+        index = np.fromiter((i for _, i in pairs), dtype=np.int64, count=len(pairs))
+        return Batch(gather_mixed(self.datasets, self.fields, source, index), len(pairs))
+
+
+def gather_mixed(datasets: Sequence[Dataset], fields: Sequence[str], source: np.ndarray, index: np.ndarray) -> dict:
+    """Rows ``index`` of datasets ``source`` (row by row), gathered per dataset and put back
+    in batch order, with the ``source`` column: what a mixture loader yields."""
+    count = source.size
+    parts = []
+    for i in np.unique(source):
+        rows = np.flatnonzero(source == i)
+        parts.append((rows, datasets[int(i)].gather(index[rows], list(fields))))
+    columns: dict[str, Any] = {"source": source}
+    for name in fields:
+        first = parts[0][1][name] if parts else None
+        if isinstance(first, np.ndarray):
+            out = np.empty((count, *first.shape[1:]), dtype=first.dtype)
+            for rows, got in parts:
+                out[rows] = got[name]
+            columns[name] = out
+            continue
+        lengths = np.zeros(count, dtype=np.int64)
+        for rows, got in parts:
+            lengths[rows] = np.diff(got[name][1])
+        offsets = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.empty(int(offsets[-1]), dtype=np.uint8)
+        for rows, got in parts:
+            part_values, part_offsets = got[name]
+            sizes = np.diff(part_offsets)
+            within = np.arange(part_values.size) - np.repeat(part_offsets[:-1], sizes)
+            values[np.repeat(offsets[rows], sizes) + within] = part_values
+        columns[name] = (values, offsets)
+    return columns
 
 
 def resume(sampler: StatefulSampler, loader_state: dict) -> StatefulSampler:
