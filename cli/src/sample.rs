@@ -113,8 +113,7 @@ pub fn run(args: SampleArgs) -> CliResult {
         Some(text) => {
             let state: SamplerState = serde_json::from_str(&resumed(text)?)
                 .map_err(|e| format!("--resume: not a sampler state: {e}"))?;
-            sampler.check_state(&state)?;
-            state
+            sampler.adopt(&state)?
         }
         None => {
             if args.from > sampler.items_per_epoch() {

@@ -46,13 +46,24 @@ fn resume_continues_exactly() {
     assert!(ok, "{stderr}");
     assert_eq!([batches(&first), batches(&rest)].concat(), whole);
 
-    // A state from another rank is refused with a reason.
+    // A state is the same on every rank: rank 0 resumes from rank 1's at the same place.
     let other = [
         "sample", "--len", "37", "--kind", "shuffle", "--seed", "9", "--batch", "5", "--rank", "0",
         "--ranks", "2",
     ];
-    let (ok, _, stderr) = zr(&[&other[..], &["--resume", &state]].concat());
-    assert!(!ok && stderr.contains("rank 1"), "{stderr}");
+    let (ok, resumed, stderr) = zr(&[&other[..], &["--count", "1", "--resume", &state]].concat());
+    assert!(ok, "{stderr}");
+    let (_, all, _) = zr(&[&other[..], &["--count", "3"]].concat());
+    assert_eq!(batches(&resumed), batches(&all)[2..]);
+    // Another global batch is refused with a reason.
+    let narrower = [
+        "sample", "--len", "37", "--kind", "shuffle", "--seed", "9", "--batch", "4", "--ranks", "3",
+    ];
+    let (ok, _, stderr) = zr(&[&narrower[..], &["--resume", &state]].concat());
+    assert!(
+        !ok && stderr.contains("global batch (batch × ranks) of 10, this sampler has 12"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -258,7 +258,7 @@ impl Loader {
         state: SamplerState,
         options: LoaderOptions,
     ) -> Result<Loader, Error> {
-        sampler.check_state(&state)?;
+        let state = sampler.adopt(&state)?;
         let sampler = Arc::new(sampler);
         let plan = Plan {
             start: sampler.state_at(state.epoch, state.position),

@@ -61,8 +61,11 @@ pub struct SamplerConfig {
     pub tail: Tail,
 }
 
-/// Where a rank is in its stream of batches: enough to resume exactly. `len`, `rank` and
-/// `ranks` are kept to refuse a resume under a different configuration.
+/// Where a run is in its stream of batches: enough to resume exactly. Every rank's batch k of
+/// an epoch is its part of the epoch's global batch k, so the state is the same on every
+/// rank, and resumes under other ranks with the same global batch (`batch × ranks`; see
+/// [`Sampler::adopt`]). `len`, `ranks` and `batch` are kept to refuse a resume under a
+/// configuration it does not fit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SamplerState {
     /// Seed of the run.
@@ -77,6 +80,10 @@ pub struct SamplerState {
     pub rank: u64,
     /// Ranks of the run.
     pub ranks: u64,
+    /// Indices per rank per batch (0 in a state from before it was kept: such a state
+    /// resumes only under its own ranks).
+    #[serde(default)]
+    pub batch: u64,
 }
 
 /// A configured sampler. Cheap to share; all methods are pure.
@@ -192,11 +199,21 @@ impl Sampler {
             len: self.config.len,
             rank: self.config.rank,
             ranks: self.config.ranks,
+            batch: self.config.batch,
         }
     }
 
-    /// Checks that `state` was taken under this configuration.
+    /// Checks that `state` fits this configuration (see [`Sampler::adopt`]).
     pub fn check_state(&self, state: &SamplerState) -> Result<(), Error> {
+        self.adopt(state).map(|_| ())
+    }
+
+    /// `state` — taken on any rank of these ranks, or of other ranks with the same global
+    /// batch (`batch × ranks`) — as this rank's: the same epoch, and the position of the same
+    /// number of global batches. Every whole global batch from there on is the one the run
+    /// the state was taken in would have read next (an epoch's last, partial one splits as
+    /// evenly as the ranks allow). Refused, naming what differs, if it does not fit.
+    pub fn adopt(&self, state: &SamplerState) -> Result<SamplerState, Error> {
         let c = &self.config;
         let mismatch = |what: &str, theirs: u64, ours: u64| {
             Err(Error::Sampler(format!(
@@ -209,16 +226,23 @@ impl Sampler {
         if state.len != c.len {
             return mismatch("dataset length", state.len, c.len);
         }
-        if state.rank != c.rank {
-            return mismatch("rank", state.rank, c.rank);
-        }
+        let mut position = state.position;
         if state.ranks != c.ranks {
-            return mismatch("ranks", state.ranks, c.ranks);
-        }
-        if state.position > self.items_per_epoch() {
+            if state.batch == 0 {
+                return Err(Error::Sampler(format!(
+                    "the checkpoint was taken with {} ranks and does not say its batch size, so it resumes only under {} ranks; this sampler has {}",
+                    state.ranks, state.ranks, c.ranks
+                )));
+            }
+            let (theirs, ours) = (state.batch * state.ranks, c.batch * c.ranks);
+            if theirs != ours {
+                return mismatch("a global batch (batch × ranks) of", theirs, ours);
+            }
+            position = state.position.div_ceil(state.batch) * c.batch;
+        } else if state.position > self.items_per_epoch() {
             return mismatch("position", state.position, self.items_per_epoch());
         }
-        Ok(())
+        Ok(self.state_at(state.epoch, position.min(self.items_per_epoch())))
     }
 }
 
@@ -434,6 +458,49 @@ mod tests {
             }
         ))
         .is_err());
+    }
+
+    #[test]
+    fn states_resume_under_other_ranks_with_the_same_global_batch() {
+        let on = |rank, ranks, batch| {
+            Sampler::new(SamplerConfig {
+                rank,
+                ranks,
+                batch,
+                ..config(1200, Order::Shuffle)
+            })
+            .unwrap()
+        };
+        // Global batch j of an epoch: every rank's batch j together.
+        let global = |ranks: u64, batch: u64, j: u64| {
+            let mut rows: Vec<u64> = (0..ranks)
+                .flat_map(|r| {
+                    let s = on(r, ranks, batch);
+                    (j * batch..(j + 1) * batch)
+                        .map(|p| s.index(0, p))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            rows.sort_unstable();
+            rows
+        };
+        let taken = on(2, 4, 3).state_at(0, 30);
+        let three = on(1, 3, 4);
+        let adopted = three.adopt(&taken).unwrap();
+        assert_eq!((adopted.epoch, adopted.position, adopted.rank), (0, 40, 1));
+        for j in 10..20 {
+            assert_eq!(global(3, 4, j), global(4, 3, j), "global batch {j}");
+        }
+        // Another rank of the same ranks: the same position.
+        assert_eq!(on(0, 4, 3).adopt(&taken).unwrap().position, 30);
+        let e = on(0, 2, 5).adopt(&taken).unwrap_err().to_string();
+        assert!(
+            e.contains("global batch (batch × ranks) of 12, this sampler has 10"),
+            "{e}"
+        );
+        let old = SamplerState { batch: 0, ..taken };
+        let e = three.adopt(&old).unwrap_err().to_string();
+        assert!(e.contains("does not say its batch size"), "{e}");
     }
 
     #[test]

@@ -234,11 +234,30 @@ fn resume_rejects_a_foreign_checkpoint() {
         tail: Tail::Drop,
     };
     let a = Sampler::new(config).unwrap();
+    // Another rank's state is this rank's too (the same global batches consumed).
     let b = Sampler::new(SamplerConfig { rank: 1, ..config }).unwrap();
-    let err = Loader::new(Echo::new(), b, a.state_at(0, 8), LoaderOptions::default())
+    let loader = Loader::new(Echo::new(), b, a.state_at(0, 8), LoaderOptions::default()).unwrap();
+    assert_eq!((loader.state().position, loader.state().rank), (8, 1));
+    // Another global batch, or another dataset, is refused by name.
+    let c = Sampler::new(SamplerConfig {
+        ranks: 3,
+        rank: 2,
+        ..config
+    })
+    .unwrap();
+    let err = Loader::new(Echo::new(), c, a.state_at(0, 8), LoaderOptions::default())
         .err()
         .unwrap();
-    assert!(err.to_string().contains("rank 0"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("global batch (batch × ranks) of 8, this sampler has 12"),
+        "{err}"
+    );
+    let d = Sampler::new(SamplerConfig { len: 51, ..config }).unwrap();
+    let err = Loader::new(Echo::new(), d, a.state_at(0, 8), LoaderOptions::default())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("dataset length 50"), "{err}");
 }
 
 #[test]

@@ -730,6 +730,7 @@ impl Sampler {
             len,
             rank,
             ranks,
+            batch: 0,
         };
         self.inner
             .check_state(&state)
