@@ -450,3 +450,70 @@ fn moves_with_datasets(replicas: u32) {
         text_len + 10,
     );
 }
+
+/// A mixture of two named datasets read through the cluster client by the Rust mixture
+/// loader: every row is the record the mixture names, and a state taken on 2 ranks
+/// resumes on 1 with the same global batches.
+#[test]
+fn a_mixture_of_named_datasets_loads_through_the_client() {
+    use zr_common::{GatherSource, LoaderOptions, Mixture, MixtureConfig, MixtureLoader, Stage};
+
+    let cluster = SimCluster::start(2, options(1)).unwrap();
+    let client = cluster.client().unwrap();
+    let mut sources: Vec<Arc<dyn GatherSource>> = Vec::new();
+    for (salt, n) in [(21u64, 90u64), (22, 30)] {
+        let ds = client
+            .create_dataset(&format!("mix{salt}"), vec![field("v", "raw")])
+            .unwrap();
+        load(&ds, &["v"], salt, n);
+        sources.push(Arc::new(ds));
+    }
+    let mixture = |rank, ranks| {
+        Mixture::new(MixtureConfig {
+            lengths: vec![90, 30],
+            stages: vec![Stage {
+                start: 0,
+                weights: vec![0.6, 0.4],
+            }],
+            seed: 2,
+            rank,
+            ranks,
+            batch: 8 / ranks,
+        })
+        .unwrap()
+    };
+    let options = || LoaderOptions {
+        fields: vec!["v".into()],
+        prefetch: 3,
+        workers: 2,
+        end_epoch: None,
+    };
+    let rows = |batch: zr_common::LoadedBatch| -> Vec<Vec<u8>> {
+        (0..batch.indices.len())
+            .map(|k| {
+                let salt = 21 + batch.sources[k] as u64;
+                let got = batch.columns[0].get(k).unwrap().to_vec();
+                assert_eq!(got, value(salt, 0, batch.indices[k]), "row {k}");
+                got
+            })
+            .collect()
+    };
+    let start = mixture(0, 1).state_at(0);
+    let whole: Vec<Vec<Vec<u8>>> =
+        MixtureLoader::new(sources.clone(), mixture(0, 1), &start, options())
+            .unwrap()
+            .take(10)
+            .map(|b| rows(b.unwrap()))
+            .collect();
+    let mut halves = MixtureLoader::new(sources.clone(), mixture(1, 2), &start, options()).unwrap();
+    for expected in &whole[..4] {
+        assert_eq!(&rows(halves.next().unwrap().unwrap()), &expected[4..]);
+    }
+    let state = halves.state();
+    let rest: Vec<Vec<Vec<u8>>> = MixtureLoader::new(sources, mixture(0, 1), &state, options())
+        .unwrap()
+        .take(6)
+        .map(|b| rows(b.unwrap()))
+        .collect();
+    assert_eq!(rest, whole[4..]);
+}
