@@ -12,7 +12,7 @@ use zr_net::tls::{self, Access, Role};
 use zr_net::Security;
 use zr_node::convert::{Destination, Target};
 use zr_node::meta::FieldSpec;
-use zr_node::{Compression, Error};
+use zr_node::Error;
 use zr_router::Client;
 use zr_router::MapChange;
 
@@ -142,7 +142,7 @@ pub struct ClusterInitArgs {
     #[arg(long, default_value_t = 7000)]
     base_port: u16,
     /// A field of the dataset, as NAME or NAME:flate (repeat for several; default data).
-    #[arg(long = "field", value_name = "NAME[:raw|flate]")]
+    #[arg(long = "field", value_name = "NAME[:raw|flate|zstd[:LEVEL]]")]
     fields: Vec<String>,
     /// Days the role certificates are valid (the CA: ten years); renew them before then
     /// with `zr cluster-renew`.
@@ -706,11 +706,9 @@ impl Destination for ClusterDestination {
                     .into(),
                 )
             })?;
-        let compress = match target.compress {
-            Compression::Raw => "raw",
-            Compression::Flate => "flate",
-        };
-        if field.compress != compress {
+        let compress = target.storage();
+        let kind = |storage: &str| zr_node::meta::parse_storage(storage).map(|(k, _)| k).ok();
+        if kind(&field.compress) != kind(&compress) {
             return Err(Error::Cluster(
                 format!(
                     "the cluster stores field '{}' as {}, not {compress} (drop --compress or match nodes.toml)",

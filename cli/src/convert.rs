@@ -40,21 +40,26 @@ pub struct ConvertArgs {
     /// Field to fill.
     #[arg(long, default_value = "data")]
     field: String,
-    /// Storage of the field: raw or flate (default raw; a cluster's is set in nodes.toml).
+    /// Storage of the field: raw, flate, zstd or zstd:LEVEL (1-22, default 3); default raw
+    /// (a cluster's is set in nodes.toml or `zr dataset create`).
     #[arg(long, value_parser = parse_compression)]
-    compress: Option<Compression>,
+    compress: Option<(Compression, Option<i32>)>,
     /// Add to an existing dataset instead of creating a new one.
     #[arg(long)]
     append: bool,
 }
 
-fn parse_compression(s: &str) -> Result<Compression, String> {
-    s.parse()
+fn parse_compression(s: &str) -> Result<(Compression, Option<i32>), String> {
+    zr_node::meta::parse_storage(s)
 }
 
 pub fn run(args: ConvertArgs) -> CliResult {
     let dir = target_dir(&args.dir, &args.remote)?;
-    let (mut dest, compress, name): (Box<dyn Destination>, Compression, String) = match dir {
+    let (mut dest, (compress, level), name): (
+        Box<dyn Destination>,
+        (Compression, Option<i32>),
+        String,
+    ) = match dir {
         Some(dir) => {
             // Appending without --compress keeps the field's own compression.
             let existing = if args.append && args.compress.is_none() {
@@ -63,14 +68,16 @@ pub fn run(args: ConvertArgs) -> CliResult {
                         .fields()
                         .iter()
                         .find(|f| f.name == args.field)
-                        .map(|f| f.compress)
+                        .map(|f| (f.compress, f.level))
                 })
             } else {
                 None
             };
             (
                 Box::new(LocalDataset::new(dir)),
-                args.compress.or(existing).unwrap_or(Compression::Raw),
+                args.compress
+                    .or(existing)
+                    .unwrap_or((Compression::Raw, None)),
                 dir.display().to_string(),
             )
         }
@@ -83,13 +90,13 @@ pub fn run(args: ConvertArgs) -> CliResult {
                 .fields()
                 .iter()
                 .find(|f| f.name == args.field)
-                .and_then(|f| f.compress.parse().ok());
+                .and_then(|f| zr_node::meta::parse_storage(&f.compress).ok());
             let name = format!("the cluster at {}", client.router());
             (
                 Box::new(ClusterDestination { client }),
                 args.compress
                     .or(cluster_compress)
-                    .unwrap_or(Compression::Raw),
+                    .unwrap_or((Compression::Raw, None)),
                 name,
             )
         }
@@ -97,6 +104,7 @@ pub fn run(args: ConvertArgs) -> CliResult {
     let target = Target {
         field: &args.field,
         compress,
+        level,
         append: args.append,
     };
     let (input_bytes, source) = match (&args.npy, &args.values) {
@@ -152,10 +160,7 @@ pub fn run(args: ConvertArgs) -> CliResult {
         "converted {records} records from {source} into {} (field '{}', {}) in {:.1} s",
         name,
         args.field,
-        match compress {
-            Compression::Raw => "raw",
-            Compression::Flate => "flate",
-        },
+        target.storage(),
         started.elapsed().as_secs_f64()
     );
     Ok(())

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use zr_node::meta::Meta;
-use zr_node::{rebalance, Compression, GatherOptions, ReadPath, Store};
+use zr_node::{rebalance, GatherOptions, ReadPath, Store};
 
 use crate::cluster::{target_dir, RouterArgs};
 use crate::{human_bytes, progress_bar, CliResult};
@@ -47,10 +47,7 @@ pub fn info(args: InfoArgs) -> CliResult {
     println!("records      {}", store.len());
     println!("fields       {}", meta.fields.len());
     for field in &meta.fields {
-        let compress = match field.compress {
-            Compression::Raw => "raw",
-            Compression::Flate => "flate",
-        };
+        let compress = field.storage();
         let typed = match (&field.dtype, &field.shape) {
             (Some(dtype), Some(shape)) => format!(" dtype {dtype} shape {shape:?}"),
             (Some(dtype), None) => format!(" dtype {dtype}"),

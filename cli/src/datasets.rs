@@ -73,16 +73,24 @@ pub struct AddFieldArgs {
     remote: RouterArgs,
 }
 
-/// A field as `zr dataset create --field` spells it: NAME[:raw|flate][:DTYPE[:SHAPE]].
+/// A field as `zr dataset create --field` spells it: NAME[:raw|flate|zstd[:LEVEL]][:DTYPE[:SHAPE]].
 pub fn parse_field(spec: &str) -> Result<FieldInfo, String> {
     let mut parts = spec.split(':');
     let name = parts.next().unwrap_or_default().to_string();
     let mut compress = "raw".to_string();
     let mut rest: Vec<&str> = parts.collect();
     if let Some(&first) = rest.first() {
-        if first == "raw" || first == "flate" {
+        if first == "raw" || first == "flate" || first == "zstd" {
             compress = first.to_string();
             rest.remove(0);
+            // zstd:LEVEL (a dtype is never a bare number).
+            if first == "zstd"
+                && rest
+                    .first()
+                    .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()))
+            {
+                compress = format!("zstd:{}", rest.remove(0));
+            }
         }
     }
     let dtype = rest.first().map(|d| d.to_string());

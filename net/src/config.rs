@@ -10,7 +10,7 @@
 //!
 //! [[field]]
 //! name = "image"
-//! compress = "raw"           # or "flate"
+//! compress = "raw"           # or "flate", "zstd", "zstd:LEVEL"
 //!
 //! [[shard]]
 //! id = 0
@@ -306,11 +306,8 @@ impl ClusterConfig {
             )));
         }
         for field in &config.fields {
-            if field.compress != "raw" && field.compress != "flate" {
-                return Err(bad(format!(
-                    "field '{}': compress must be raw or flate, not '{}'",
-                    field.name, field.compress
-                )));
+            if let Err(e) = zr_proto::wire::parse_storage(&field.compress) {
+                return Err(bad(format!("field '{}': {e}", field.name)));
             }
         }
         if config.router.timeout_ms == 0 {
@@ -408,7 +405,7 @@ impl ClusterConfig {
 /// The nodes.toml `zr cluster-init` writes: `shards` shards of `replicas` nodes each on
 /// 127.0.0.1, the router on `base_port` and node N (shard K, replica J: N = K·replicas + J) on
 /// `base_port + 1 + N`, data in `dir/data/shard-K` (replica 0) or `dir/data/shard-K-rJ`,
-/// certificates in `certs`, and `fields` as (name, "raw" | "flate"). Paths are written as
+/// certificates in `certs`, and `fields` as (name, storage: "raw", "flate", "zstd[:LEVEL]"). Paths are written as
 /// given (make them absolute so the file works from any directory).
 pub fn cluster_toml(
     shards: u32,

@@ -150,10 +150,26 @@ impl Input {
 pub struct Target<'a> {
     /// Field to fill.
     pub field: &'a str,
-    /// Its storage.
+    /// Its storage, and Zstandard's level for a zstd field (`None`: the default).
     pub compress: Compression,
+    pub level: Option<i32>,
     /// Add to an existing dataset instead of creating one.
     pub append: bool,
+}
+
+impl Target<'_> {
+    /// The field as the target describes it (untyped).
+    pub fn spec(&self) -> FieldSpec {
+        FieldSpec {
+            level: self.level,
+            ..FieldSpec::new(self.field, self.compress)
+        }
+    }
+
+    /// Its storage as commands spell it (`raw`, `flate`, `zstd`, `zstd:LEVEL`).
+    pub fn storage(&self) -> String {
+        self.spec().storage()
+    }
 }
 
 /// Where converted records go: a dataset directory ([`LocalDataset`]), or a cluster through
@@ -276,6 +292,7 @@ fn compression_name(compress: Compression) -> &'static str {
     match compress {
         Compression::Raw => "raw",
         Compression::Flate => "flate",
+        Compression::Zstd => "zstd",
     }
 }
 
@@ -400,7 +417,8 @@ pub fn convert_npy(
         )));
     }
     check_room(dest, npy, rows, data_bytes)?;
-    let spec = FieldSpec::new(target.field, target.compress)
+    let spec = target
+        .spec()
         .typed(header.descr.clone(), row_shape.to_vec());
     dest.open(target, spec)?;
     let data = &bytes[header.data_offset as usize..];
@@ -476,7 +494,7 @@ pub fn convert_values(
         }
     }
     check_room(dest, offsets, count - 1, at(count - 1) - at(0))?;
-    dest.open(target, FieldSpec::new(target.field, target.compress))?;
+    dest.open(target, target.spec())?;
     let data = values_input.bytes();
     append_all(
         dest,

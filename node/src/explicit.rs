@@ -17,8 +17,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use flate2::{Decompress, FlushDecompress, Status};
-
 use crate::batch::{Batch, Column, ColumnData, Span};
 use crate::error::{Error, Result};
 use crate::frame::{FrameHeader, FRAME_HEADER_BYTES};
@@ -331,10 +329,10 @@ impl Store {
             }
             let bytes = match spec.compress {
                 Compression::Raw => std::mem::take(&mut payloads[f]),
-                Compression::Flate => {
+                Compression::Flate | Compression::Zstd => {
                     let total = offsets.last().copied().unwrap_or(0) as usize;
                     let mut bytes = vec![0u8; total];
-                    let mut inflater = Decompress::new(false);
+                    let mut decoder = crate::codec::Decoder::new(spec.compress);
                     let mut cursor = 0usize;
                     for (k, span) in spans.iter().enumerate() {
                         let len = span.len as usize;
@@ -344,25 +342,9 @@ impl Store {
                         let input = &payloads[f][cursor..cursor + len];
                         cursor += len;
                         let out = &mut bytes[offsets[k] as usize..offsets[k + 1] as usize];
-                        inflater.reset(false);
-                        let status = inflater
-                            .decompress(input, out, FlushDecompress::Finish)
-                            .map_err(|e| {
-                                self.bad(field, indices[k], format!("cannot inflate: {e}"))
-                            })?;
-                        if status != Status::StreamEnd
-                            || inflater.total_out() != offsets[k + 1] - offsets[k]
-                        {
-                            return Err(self.bad(
-                                field,
-                                indices[k],
-                                format!(
-                                    "inflates to {} bytes, frame says {}",
-                                    inflater.total_out(),
-                                    offsets[k + 1] - offsets[k]
-                                ),
-                            ));
-                        }
+                        decoder
+                            .decode(input, out)
+                            .map_err(|e| self.bad(field, indices[k], e))?;
                     }
                     bytes
                 }

@@ -8,7 +8,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use flate2::{Decompress, FlushDecompress, Status};
 use rayon::prelude::*;
 
 use crate::batch::{Batch, Column, ColumnData, Span};
@@ -199,7 +198,7 @@ impl Store {
                     }
                     ColumnData::Mapped(spans)
                 }
-                Compression::Flate => {
+                Compression::Flate | Compression::Zstd => {
                     self.inflate(&maps, field, indices, &spans, options.verify)?
                 }
             };
@@ -475,7 +474,7 @@ impl Store {
         // Decompress each record into its slot; parts own disjoint slices of `bytes`.
         let inflate_part =
             |first: usize, indices: &[u64], spans: &[Span], out: &mut [u8]| -> Result<()> {
-                let mut inflater = Decompress::new(false);
+                let mut decoder = crate::codec::Decoder::new(self.inner.fields[field].compress);
                 let base = offsets[first];
                 for (k, (&index, span)) in indices.iter().zip(spans).enumerate() {
                     let (start, end) = (offsets[first + k] - base, offsets[first + k + 1] - base);
@@ -486,30 +485,9 @@ impl Store {
                         .chunk(span.chunk)
                         .and_then(|c| c.bytes(span.start, span.len as u64))
                         .unwrap_or_default();
-                    inflater.reset(false);
-                    let status = inflater
-                        .decompress(
-                            input,
-                            &mut out[start as usize..end as usize],
-                            FlushDecompress::Finish,
-                        )
-                        .map_err(|e| self.bad(field, index, format!("cannot inflate: {e}")))?;
-                    if status != Status::StreamEnd || inflater.total_out() != end - start {
-                        return Err(self.bad(
-                            field,
-                            index,
-                            format!(
-                                "inflates to {} bytes (stream {}), frame says {}",
-                                inflater.total_out(),
-                                if status == Status::StreamEnd {
-                                    "complete"
-                                } else {
-                                    "incomplete"
-                                },
-                                end - start
-                            ),
-                        ));
-                    }
+                    decoder
+                        .decode(input, &mut out[start as usize..end as usize])
+                        .map_err(|e| self.bad(field, index, e))?;
                 }
                 Ok(())
             };

@@ -20,6 +20,7 @@
 
 mod batch;
 pub mod catalog;
+mod codec;
 pub mod convert;
 pub mod disk;
 mod error;

@@ -30,6 +30,20 @@ pub enum Compression {
     Raw,
     /// Deflate per record; gathers decompress into buffers owned by the batch.
     Flate,
+    /// Zstandard per record (at the field's level), as `Flate` otherwise; a record that
+    /// would not get smaller is stored as given (its frame's stored and logical lengths are
+    /// then equal, which a compressed record's never are).
+    Zstd,
+}
+
+/// Zstandard's level when a field names none.
+pub const ZSTD_LEVEL_DEFAULT: i32 = 3;
+
+/// A field's storage as written in commands and on the wire: `raw`, `flate`, `zstd` or
+/// `zstd:LEVEL` (1–22; see `zr_proto::wire::parse_storage`).
+pub fn parse_storage(text: &str) -> Result<(Compression, Option<i32>), String> {
+    let (kind, level) = zr_proto::wire::parse_storage(text)?;
+    Ok((kind.parse()?, level))
 }
 
 impl std::str::FromStr for Compression {
@@ -38,8 +52,9 @@ impl std::str::FromStr for Compression {
         match s {
             "raw" => Ok(Compression::Raw),
             "flate" => Ok(Compression::Flate),
+            "zstd" => Ok(Compression::Zstd),
             other => Err(format!(
-                "unknown compression '{other}' (expected raw or flate)"
+                "unknown compression '{other}' (expected raw, flate, zstd or zstd:LEVEL)"
             )),
         }
     }
@@ -58,6 +73,9 @@ pub struct FieldSpec {
     /// Per-record shape, for typed views. With a dtype, it fixes every record's length.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<Vec<u64>>,
+    /// Zstandard's level for a `zstd` field (default [`ZSTD_LEVEL_DEFAULT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<i32>,
 }
 
 impl FieldSpec {
@@ -68,7 +86,32 @@ impl FieldSpec {
             compress,
             dtype: None,
             shape: None,
+            level: None,
         }
+    }
+
+    /// An untyped field stored as `storage` says (see [`parse_storage`]).
+    pub fn stored(name: impl Into<String>, storage: &str) -> Result<FieldSpec, String> {
+        let (compress, level) = parse_storage(storage)?;
+        Ok(FieldSpec {
+            level,
+            ..FieldSpec::new(name, compress)
+        })
+    }
+
+    /// Its storage as [`parse_storage`] reads it: `raw`, `flate`, `zstd` or `zstd:LEVEL`.
+    pub fn storage(&self) -> String {
+        match (self.compress, self.level) {
+            (Compression::Raw, _) => "raw".into(),
+            (Compression::Flate, _) => "flate".into(),
+            (Compression::Zstd, None) => "zstd".into(),
+            (Compression::Zstd, Some(level)) => format!("zstd:{level}"),
+        }
+    }
+
+    /// Zstandard's level for this field.
+    pub fn zstd_level(&self) -> i32 {
+        self.level.unwrap_or(ZSTD_LEVEL_DEFAULT)
     }
 
     /// A raw, untyped field.

@@ -808,10 +808,7 @@ impl AsRef<[u8]> for RecordBytes {
 fn field_info(spec: &FieldSpec) -> FieldInfo {
     FieldInfo {
         name: spec.name.clone(),
-        compress: match spec.compress {
-            Compression::Raw => "raw".into(),
-            Compression::Flate => "flate".into(),
-        },
+        compress: spec.storage(),
         dtype: spec.dtype.clone(),
         shape: spec.shape.clone(),
     }
@@ -819,11 +816,8 @@ fn field_info(spec: &FieldSpec) -> FieldInfo {
 
 /// The field a wire description asks for: its compression and type checked.
 fn field_spec(info: &FieldInfo) -> Result<FieldSpec, Error> {
-    let compress = info
-        .compress
-        .parse::<Compression>()
-        .map_err(Error::InvalidSchema)?;
-    let spec = FieldSpec::new(info.name.clone(), compress);
+    let spec =
+        FieldSpec::stored(info.name.clone(), &info.compress).map_err(Error::InvalidSchema)?;
     Ok(match (&info.dtype, &info.shape) {
         (Some(dtype), shape) => spec.typed(dtype.clone(), shape.clone().unwrap_or_default()),
         (None, _) => spec,

@@ -599,11 +599,37 @@ impl Request for NodeMessage {
     }
 }
 
+/// A field's storage as commands, configurations and the wire spell it: `raw`, `flate`,
+/// `zstd` or `zstd:LEVEL` (1–22). Returns the kind and the level, if given.
+pub fn parse_storage(text: &str) -> Result<(&'static str, Option<i32>), String> {
+    match text {
+        "raw" => Ok(("raw", None)),
+        "flate" => Ok(("flate", None)),
+        "zstd" => Ok(("zstd", None)),
+        _ => match text.strip_prefix("zstd:") {
+            Some(level) => {
+                let level = level
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|l| (1..=22).contains(l))
+                    .ok_or_else(|| {
+                        format!("zstd level '{level}' is not a whole number from 1 to 22")
+                    })?;
+                Ok(("zstd", Some(level)))
+            }
+            None => Err(format!(
+                "unknown compression '{}' (expected raw, flate, zstd or zstd:LEVEL)",
+                text.escape_debug()
+            )),
+        },
+    }
+}
+
 /// A field as the wire describes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FieldInfo {
     pub name: String,
-    /// `raw` or `flate`.
+    /// Its storage (see [`parse_storage`]).
     pub compress: String,
     pub dtype: Option<String>,
     pub shape: Option<Vec<u64>>,

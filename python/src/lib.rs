@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use zr_common::sampler::{Order, SamplerConfig, SamplerState, Tail};
 use zr_common::Record;
 use zr_node::meta::FieldSpec;
-use zr_node::{Compression, CreateOptions, Error as NodeError};
+use zr_node::{CreateOptions, Error as NodeError};
 use zr_proto::ErrorCode;
 
 create_exception!(zrecord, Error, PyException, "A zrecord operation failed.");
@@ -63,13 +63,9 @@ type FieldTuple = (String, String, Option<String>, Option<Vec<u64>>);
 type DatasetTuple = (String, u64, Option<u64>, Vec<FieldTuple>, u64);
 
 fn field_tuple(spec: &FieldSpec) -> FieldTuple {
-    let compress = match spec.compress {
-        Compression::Raw => "raw",
-        Compression::Flate => "flate",
-    };
     (
         spec.name.clone(),
-        compress.to_string(),
+        spec.storage(),
         spec.dtype.clone(),
         spec.shape.clone(),
     )
@@ -195,20 +191,12 @@ impl Store {
         let specs = fields
             .into_iter()
             .map(|(name, compress, dtype, shape)| {
-                let compress = match compress.as_str() {
-                    "raw" => Compression::Raw,
-                    "flate" => Compression::Flate,
-                    other => {
-                        return Err(PyValueError::new_err(format!(
-                            "field '{name}': compression must be 'raw' or 'flate', not '{other}'"
-                        )))
-                    }
-                };
+                let spec = FieldSpec::stored(name.clone(), &compress)
+                    .map_err(|e| PyValueError::new_err(format!("field '{name}': {e}")))?;
                 Ok(FieldSpec {
-                    name,
-                    compress,
                     dtype,
                     shape,
+                    ..spec
                 })
             })
             .collect::<PyResult<Vec<_>>>()?;
@@ -376,13 +364,11 @@ impl Store {
         py.detach(|| self.inner.commit()).map_err(node_error)
     }
 
-    /// Adds field `name` (`compress`: raw or flate): the records stored so far lack it.
-    /// Returns the store with the field, which replaces this one (it refuses writes now).
+    /// Adds field `name` (`compress`: raw, flate, zstd or zstd:LEVEL): the records stored
+    /// so far lack it. Returns the store with the field, which replaces this one (it
+    /// refuses writes now).
     fn add_field(&self, py: Python<'_>, name: String, compress: &str) -> PyResult<Store> {
-        let compress = compress
-            .parse::<zr_node::Compression>()
-            .map_err(PyValueError::new_err)?;
-        let spec = zr_node::FieldSpec::new(name, compress);
+        let spec = zr_node::FieldSpec::stored(name, compress).map_err(PyValueError::new_err)?;
         let inner = py
             .detach(|| self.inner.add_field(spec))
             .map_err(node_error)?;
@@ -527,7 +513,7 @@ impl Client {
             .map_err(cluster_error)
     }
 
-    /// Adds field `name` (`compress`: raw or flate) to this client's dataset: the records
+    /// Adds field `name` (`compress`: raw, flate, zstd or zstd:LEVEL) to this client's dataset: the records
     /// stored so far lack it. A client made before does not know it: reconnect.
     fn add_field(&self, py: Python<'_>, name: String, compress: String) -> PyResult<()> {
         py.detach(|| {

@@ -382,7 +382,7 @@ class Dataset:
     # -- fields and datasets ---------------------------------------------------------------
 
     def add_field(self, name: str, compress: str = "raw") -> None:
-        """Adds field ``name`` (raw or flate): the records stored so far lack it (an empty
+        """Adds field ``name`` (raw, flate, zstd or zstd:LEVEL): the records stored so far lack it (an empty
         value) until ``write_field`` or ``modify`` gives them one."""
         native = self._native()
         if isinstance(native, _zrecord.Store):
@@ -519,7 +519,7 @@ def open(path: str | os.PathLike, writable: bool = False) -> Dataset:  # noqa: A
 def create(path: str | os.PathLike, fields: Sequence[Any]) -> Dataset:
     """Creates a dataset at ``path`` (a new or empty directory). ``fields``: names, or
     (name, compress) or (name, compress, dtype, shape) tuples, or ``Field``s; ``compress`` is
-    "raw" or "flate"."""
+    "raw", "flate", "zstd" or "zstd:LEVEL" (1-22, default 3)."""
     path = os.fspath(path)
     return Dataset(("local", path, True), _zrecord.Store.create(path, _field_specs(fields)))
 
@@ -561,7 +561,7 @@ def from_numpy(arrays: np.ndarray | Mapping[str, Any], path: str | os.PathLike, 
     read-only (so other processes may read it too). ``arrays`` is one array (the field
     ``field``) or {field: array} for several fields, all with the same number of rows (each
     field's dtype and row shape kept); {field: (values, offsets)} gives a field of records of
-    varying size, as in ``from_arrays``. ``compress``: "raw" or "flate", for all or per field."""
+    varying size, as in ``from_arrays``. ``compress``: "raw", "flate", "zstd" or "zstd:LEVEL", for all or per field."""
     columns = dict(arrays) if isinstance(arrays, Mapping) else {field: arrays}
     if not columns:
         raise ValueError("from_numpy needs at least one array")

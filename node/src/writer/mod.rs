@@ -62,6 +62,8 @@ pub(crate) struct Slot {
     /// Reused Deflate state and output buffer for flate fields.
     pub(crate) compressor: Option<Compress>,
     pub(crate) compressed: Vec<u8>,
+    /// Reused Zstandard contexts, per field (with the level each was made at).
+    pub(crate) zstd: Vec<Option<(i32, zstd::bulk::Compressor<'static>)>>,
 }
 
 /// State every writer shares: the chunk list, the offset tables, the commit protocol.

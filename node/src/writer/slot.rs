@@ -108,6 +108,37 @@ impl Slot {
                             })?;
                             &self.compressed
                         }
+                        Compression::Zstd => {
+                            let level = spec.zstd_level();
+                            if self.zstd.len() <= field {
+                                self.zstd.resize_with(field + 1, || None);
+                            }
+                            let compressor = match &mut self.zstd[field] {
+                                Some((l, c)) if *l == level => c,
+                                slot => {
+                                    let made = zstd::bulk::Compressor::new(level).map_err(|e| {
+                                        Error::InvalidRecord(format!(
+                                            "field '{}': cannot start zstd at level {level}: {e}",
+                                            spec.name
+                                        ))
+                                    })?;
+                                    &mut slot.insert((level, made)).1
+                                }
+                            };
+                            let smaller = crate::codec::zstd_smaller(
+                                compressor,
+                                payload,
+                                &mut self.compressed,
+                            )
+                            .map_err(|e| {
+                                Error::InvalidRecord(format!("field '{}': {e}", spec.name))
+                            })?;
+                            if smaller {
+                                &self.compressed
+                            } else {
+                                payload
+                            }
+                        }
                     };
                     let len = u32::try_from(stored.len()).map_err(|_| {
                         Error::InvalidRecord(format!(

@@ -90,11 +90,8 @@ fn check_field(field: &FieldInfo) -> Result<(), Failure> {
             name.escape_debug()
         )));
     }
-    if !matches!(field.compress.as_str(), "raw" | "flate") {
-        return Err(Failure::BadRequest(format!(
-            "field '{name}': compression '{}' is not raw or flate",
-            field.compress.escape_debug()
-        )));
+    if let Err(e) = wire::parse_storage(&field.compress) {
+        return Err(Failure::BadRequest(format!("field '{name}': {e}")));
     }
     if let Some(dtype) = &field.dtype {
         let rest = dtype.strip_prefix(['<', '>', '|', '=']).unwrap_or(dtype);
