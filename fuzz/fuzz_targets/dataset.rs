@@ -22,7 +22,7 @@ struct File {
 /// Bytes of each file kept (every record of the template lies within them).
 const HEAD_BYTES: usize = 64 << 10;
 
-/// The undamaged dataset, made once and kept in memory: two fields (raw, Deflate), records
+/// The undamaged dataset, made once and kept in memory: three fields (raw, Deflate, zstd), records
 /// of varied sizes, some modified and one deleted after a first commit (so a redo log
 /// exists).
 fn build_template() -> &'static [File] {
@@ -30,13 +30,28 @@ fn build_template() -> &'static [File] {
     TEMPLATE.get_or_init(|| {
         let dir = tempfile::tempdir_in(scratch_root()).expect("scratch directory");
         let data = dir.path().join("ds");
-        let fields = vec![FieldSpec::raw("a"), FieldSpec::flate("b")];
+        let fields = vec![
+            FieldSpec::raw("a"),
+            FieldSpec::flate("b"),
+            FieldSpec::stored("c", "zstd").expect("zstd"),
+        ];
         let store = Store::create(&data, fields, CreateOptions::default()).expect("create");
         for i in 0..40u64 {
             let a = vec![i as u8; (i as usize * 37) % 300];
             let b = format!("record {i} ").repeat(1 + i as usize % 7);
+            // Compressed, and (every fifth, one byte) stored as given.
+            let c = if i % 5 == 0 {
+                vec![i as u8]
+            } else {
+                b.clone().into_bytes()
+            };
             store
-                .append(&Record::new().with("a", &a).with("b", b.as_bytes()))
+                .append(
+                    &Record::new()
+                        .with("a", &a)
+                        .with("b", b.as_bytes())
+                        .with("c", &c),
+                )
                 .expect("append");
         }
         store.commit().expect("commit");
