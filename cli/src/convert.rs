@@ -47,6 +47,10 @@ pub struct ConvertArgs {
     /// Add to an existing dataset instead of creating a new one.
     #[arg(long)]
     append: bool,
+    /// Then train a zstd dictionary for the field on a sample of its records and rewrite
+    /// the dataset with it (as `zr dict train`; local datasets): for small records.
+    #[arg(long)]
+    dict: bool,
 }
 
 fn parse_compression(s: &str) -> Result<(Compression, Option<i32>), String> {
@@ -55,6 +59,12 @@ fn parse_compression(s: &str) -> Result<(Compression, Option<i32>), String> {
 
 pub fn run(args: ConvertArgs) -> CliResult {
     let dir = target_dir(&args.dir, &args.remote)?;
+    if args.dict && dir.is_none() {
+        return Err(
+            "--dict trains a local dataset's dictionary; a cluster's datasets cannot have one yet"
+                .into(),
+        );
+    }
     let (mut dest, (compress, level), name): (
         Box<dyn Destination>,
         (Compression, Option<i32>),
@@ -163,5 +173,8 @@ pub fn run(args: ConvertArgs) -> CliResult {
         target.storage(),
         started.elapsed().as_secs_f64()
     );
+    if let (true, Some(dir)) = (args.dict, dir) {
+        crate::dataset::train_dict(dir, &args.field, zr_node::dict::DICT_BYTES_DEFAULT, level)?;
+    }
     Ok(())
 }

@@ -38,6 +38,11 @@ enum Command {
     Gather(dataset::GatherArgs),
     Verify(dataset::VerifyArgs),
     Rebalance(dataset::RebalanceArgs),
+    /// Zstandard dictionaries of a dataset's fields: `zr dict train`.
+    Dict {
+        #[command(subcommand)]
+        command: dataset::DictCommand,
+    },
     Bench(bench::BenchArgs),
     Sample(sample::SampleArgs),
 }
@@ -56,6 +61,7 @@ fn main() -> ExitCode {
         Command::Gather(args) => dataset::gather(args),
         Command::Verify(args) => dataset::verify(args),
         Command::Rebalance(args) => dataset::rebalance(args),
+        Command::Dict { command } => dataset::dict(command),
         Command::Bench(args) => bench::run(args),
         Command::Sample(args) => sample::run(args),
     };

@@ -1,5 +1,5 @@
 //! Compression benchmark: bytes on disk and random-gather records/s of the same records
-//! stored raw, flate and zstd, in one run.
+//! stored raw, flate, zstd and zstd with a dictionary trained on them, in one run.
 //!
 //! ```text
 //! cargo run --release -p zr-node --example compression_bench -- [--seconds 2]
@@ -118,8 +118,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             given as f64 / (1 << 20) as f64
         );
         let mut flate = (0.0, 0u64);
-        for storage in ["raw", "flate", "zstd", "zstd:9"] {
-            let dir = tmp.path().join(format!("{}-{storage}", n));
+        for label in ["raw", "flate", "zstd", "zstd:9", "zstd+dict"] {
+            let storage = label.trim_end_matches("+dict");
+            let dir = tmp.path().join(format!("{}-{label}", n));
             let store = Store::create(
                 &dir,
                 vec![FieldSpec::stored("v", storage)?],
@@ -131,6 +132,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 store.append_many(&rows)?;
             }
             store.commit()?;
+            let store = if label.ends_with("+dict") {
+                // Trained on the records, the dataset rewritten with it (zr dict train).
+                drop(store);
+                zr_node::rebalance::train_dict(
+                    &dir,
+                    "v",
+                    zr_node::dict::DICT_BYTES_DEFAULT,
+                    None,
+                    |_, _| {},
+                )?;
+                Store::open_read_only(&dir)?
+            } else {
+                store
+            };
             let write = given as f64 / built.elapsed().as_secs_f64() / (1 << 20) as f64;
             // Bytes the chunks hold (frames and padding), not their preallocated size.
             let bytes: u64 = zr_node::meta::Meta::load(&dir)?
@@ -140,7 +155,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .sum();
             store.gather(&(0..n).collect::<Vec<_>>(), &[])?; // warm
             let rate = gather_rate(&store, n, args.seconds);
-            let vs_flate = match storage {
+            let vs_flate = match label {
                 "flate" => {
                     flate = (rate, bytes);
                     String::new()
@@ -153,7 +168,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ),
             };
             println!(
-                "  {storage:<7} {:>8.1} MiB on disk  {:>11.0} rec/s gathered  {:>6.0} MiB/s written{vs_flate}",
+                "  {label:<9} {:>8.1} MiB on disk  {:>11.0} rec/s gathered  {:>6.0} MiB/s written{vs_flate}",
                 bytes as f64 / (1 << 20) as f64,
                 rate,
                 write

@@ -10,14 +10,17 @@ use crate::meta::Compression;
 /// Decodes records of one compression (see the module documentation).
 pub(crate) struct Decoder {
     compress: Compression,
+    /// The field's zstd dictionary, if it has one.
+    dict: Option<std::sync::Arc<[u8]>>,
     inflater: Option<Decompress>,
     zstd: Option<zstd::bulk::Decompressor<'static>>,
 }
 
 impl Decoder {
-    pub(crate) fn new(compress: Compression) -> Decoder {
+    pub(crate) fn new(compress: Compression, dict: Option<std::sync::Arc<[u8]>>) -> Decoder {
         Decoder {
             compress,
+            dict,
             inflater: None,
             zstd: None,
         }
@@ -67,8 +70,11 @@ impl Decoder {
                 let decompressor = match &mut self.zstd {
                     Some(d) => d,
                     slot => slot.insert(
-                        zstd::bulk::Decompressor::new()
-                            .map_err(|e| format!("cannot start zstd: {e}"))?,
+                        match &self.dict {
+                            Some(dict) => zstd::bulk::Decompressor::with_dictionary(dict),
+                            None => zstd::bulk::Decompressor::new(),
+                        }
+                        .map_err(|e| format!("cannot start zstd: {e}"))?,
                     ),
                 };
                 let written = decompressor
@@ -114,7 +120,7 @@ mod tests {
         let mut out = Vec::new();
         let text = b"a caption about a cat on a mat, a cat on a mat, a cat on a mat".repeat(4);
         assert!(zstd_smaller(&mut compressor, &text, &mut out).unwrap());
-        let mut decoder = Decoder::new(Compression::Zstd);
+        let mut decoder = Decoder::new(Compression::Zstd, None);
         let mut back = vec![0u8; text.len()];
         decoder.decode(&out, &mut back).unwrap();
         assert_eq!(back, text);

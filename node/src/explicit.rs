@@ -332,7 +332,8 @@ impl Store {
                 Compression::Flate | Compression::Zstd => {
                     let total = offsets.last().copied().unwrap_or(0) as usize;
                     let mut bytes = vec![0u8; total];
-                    let mut decoder = crate::codec::Decoder::new(spec.compress);
+                    let mut decoder =
+                        crate::codec::Decoder::new(spec.compress, inner.dicts[field].clone());
                     let mut cursor = 0usize;
                     for (k, span) in spans.iter().enumerate() {
                         let len = span.len as usize;

@@ -474,7 +474,10 @@ impl Store {
         // Decompress each record into its slot; parts own disjoint slices of `bytes`.
         let inflate_part =
             |first: usize, indices: &[u64], spans: &[Span], out: &mut [u8]| -> Result<()> {
-                let mut decoder = crate::codec::Decoder::new(self.inner.fields[field].compress);
+                let mut decoder = crate::codec::Decoder::new(
+                    self.inner.fields[field].compress,
+                    self.inner.dicts[field].clone(),
+                );
                 let base = offsets[first];
                 for (k, (&index, span)) in indices.iter().zip(spans).enumerate() {
                     let (start, end) = (offsets[first + k] - base, offsets[first + k + 1] - base);

@@ -22,6 +22,7 @@ mod batch;
 pub mod catalog;
 mod codec;
 pub mod convert;
+pub mod dict;
 pub mod disk;
 mod error;
 mod explicit;

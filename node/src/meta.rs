@@ -76,6 +76,14 @@ pub struct FieldSpec {
     /// Zstandard's level for a `zstd` field (default [`ZSTD_LEVEL_DEFAULT`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub level: Option<i32>,
+    /// The id of the dictionary a `zstd` field's records are compressed with, kept in
+    /// `dict/<field>.zdict` (see `dict`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dict: Option<u32>,
+    /// CRC32 of that dictionary's file: a damaged one is refused when the dataset opens
+    /// (records decoded with it would be wrong while their frames' CRCs held).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dict_crc: Option<u32>,
 }
 
 impl FieldSpec {
@@ -87,6 +95,8 @@ impl FieldSpec {
             dtype: None,
             shape: None,
             level: None,
+            dict: None,
+            dict_crc: None,
         }
     }
 
@@ -152,6 +162,15 @@ impl FieldSpec {
 
     fn validate(&self) -> Result<(), String> {
         let name = &self.name;
+        if self.compress != Compression::Zstd && (self.level.is_some() || self.dict.is_some()) {
+            return Err(format!(
+                "field '{name}': a level or a dictionary is for zstd fields, and it is stored {}",
+                self.storage()
+            ));
+        }
+        if self.level.is_some_and(|l| !(1..=22).contains(&l)) {
+            return Err(format!("field '{name}': zstd level must be 1 to 22"));
+        }
         let valid_chars = name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));

@@ -45,11 +45,132 @@ pub fn scratch_dir(dir: &Path) -> Result<PathBuf> {
 }
 
 /// Rebalances the dataset at `dir`; `progress` gets the records copied so far.
-pub fn rebalance(dir: &Path, mut progress: impl FnMut(u64, u64)) -> Result<RebalanceReport> {
+pub fn rebalance(dir: &Path, progress: impl FnMut(u64, u64)) -> Result<RebalanceReport> {
+    rewrite(dir, |_, _| Ok(None), progress)
+}
+
+/// What a dictionary training did.
+#[derive(Clone, Copy, Debug)]
+pub struct DictReport {
+    /// The rewrite.
+    pub rewrite: RebalanceReport,
+    /// The dictionary's id and size.
+    pub id: u32,
+    pub bytes: usize,
+    /// Records it was trained on.
+    pub samples: usize,
+}
+
+/// Most bytes of records a dictionary is trained on (zstd suggests about 100 times the
+/// dictionary's size).
+const SAMPLE_BYTES_MAX: usize = 16 << 20;
+
+/// Trains a zstd dictionary of at most `max_bytes` for field `field` of the dataset at `dir`
+/// on a sample of its records (spread over the whole dataset), and rewrites the dataset with
+/// the field stored zstd (at `level`, or the field's own) with it, as [`rebalance`] does:
+/// offline, atomic. `progress` gets the records copied so far.
+pub fn train_dict(
+    dir: &Path,
+    field: &str,
+    max_bytes: usize,
+    level: Option<i32>,
+    progress: impl FnMut(u64, u64),
+) -> Result<DictReport> {
+    let mut trained = None;
+    let rewrite = rewrite(
+        dir,
+        |old, fields| {
+            let spec =
+                fields
+                    .iter_mut()
+                    .find(|f| f.name == field)
+                    .ok_or_else(|| Error::UnknownField {
+                        name: field.to_string(),
+                        known: old
+                            .fields()
+                            .iter()
+                            .map(|f| f.name.clone())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    })?;
+            if spec.dtype.is_some() && spec.shape.is_some() {
+                return Err(Error::InvalidSchema(format!(
+                    "field '{field}' has records of one fixed size ({}): a dictionary is for varied records",
+                    spec.describe_type()
+                )));
+            }
+            let len = old.len();
+            if len == 0 {
+                return Err(Error::InvalidRecord(format!(
+                    "the dataset is empty: there are no records of field '{field}' to train a dictionary on"
+                )));
+            }
+            // Evenly spread records, up to SAMPLE_BYTES_MAX of them.
+            let step = (len / 100_000).max(1);
+            let indices: Vec<u64> = (0..len).step_by(step as usize).collect();
+            let batch = old.gather_with(&indices, &[field], crate::GatherOptions::verified())?;
+            let column = batch.field(field).ok_or_else(|| Error::UnknownField {
+                name: field.to_string(),
+                known: String::new(),
+            })?;
+            let mut samples = Vec::new();
+            let mut total = 0;
+            for k in 0..indices.len() {
+                let record = column.get(k).unwrap_or_default();
+                if record.is_empty() {
+                    continue;
+                }
+                total += record.len();
+                if total > SAMPLE_BYTES_MAX {
+                    break;
+                }
+                samples.push(record);
+            }
+            let dict = crate::dict::train(&samples, max_bytes)?;
+            spec.compress = crate::meta::Compression::Zstd;
+            spec.level = level.or(spec.level);
+            trained = Some((dict.len(), samples.len()));
+            Ok(Some((field.to_string(), dict)))
+        },
+        progress,
+    )?;
+    let (bytes, samples) = trained.unwrap_or_default();
+    let id = Meta::load(dir)?
+        .fields
+        .iter()
+        .find(|f| f.name == field)
+        .and_then(|f| f.dict)
+        .unwrap_or_default();
+    Ok(DictReport {
+        rewrite,
+        id,
+        bytes,
+        samples,
+    })
+}
+
+/// Rewrites the dataset at `dir` into fresh chunks, its fields as `change` leaves them
+/// (given the open dataset and its fields; it may return a new dictionary for a field),
+/// the other fields' dictionaries kept.
+fn rewrite(
+    dir: &Path,
+    change: impl FnOnce(&Store, &mut Vec<crate::meta::FieldSpec>) -> Result<Option<(String, Vec<u8>)>>,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<RebalanceReport> {
     let dir = &fs::canonicalize(dir).ctx("resolve", dir)?;
     let old = Store::open(dir)?;
     let before = old.utilization()?;
     let meta = Meta::load(dir)?;
+    let mut fields = meta.fields.clone();
+    let added = change(&old, &mut fields)?;
+    let mut dicts = Vec::new();
+    for spec in &mut fields {
+        if let Some((name, dict)) = added.as_ref().filter(|(name, _)| name == &spec.name) {
+            dicts.push((name.clone(), dict.clone()));
+        } else if let Some(dict) = crate::dict::load(dir, spec)? {
+            dicts.push((spec.name.clone(), dict.to_vec()));
+        }
+    }
     let scratch = scratch_dir(dir)?;
     if scratch.exists() {
         disk::remove_tree(&scratch)
@@ -65,8 +186,8 @@ pub fn rebalance(dir: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Rebal
         writers: 1,
         ..RuntimeOptions::default()
     };
-    let new = Store::create_with(&scratch, meta.fields.clone(), options, runtime)?;
-    let names: Vec<&str> = meta.fields.iter().map(|f| f.name.as_str()).collect();
+    let new = Store::create_with_dicts(&scratch, fields.clone(), options, runtime, &dicts)?;
+    let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
     let len = old.len();
     let mut first = 0;
     while first < len {

@@ -170,7 +170,42 @@ impl Store {
         options: CreateOptions,
         runtime: RuntimeOptions,
     ) -> Result<Store> {
+        Store::create_with_dicts(dir, fields, options, runtime, &[])
+    }
+
+    /// [`Store::create_with`], with zstd dictionaries for some fields: (field, dictionary
+    /// bytes, e.g. from [`crate::dict::train`]); each such field must be stored zstd.
+    pub fn create_with_dicts(
+        dir: impl AsRef<Path>,
+        mut fields: Vec<FieldSpec>,
+        options: CreateOptions,
+        runtime: RuntimeOptions,
+        dicts: &[(String, Vec<u8>)],
+    ) -> Result<Store> {
         let dir = dir.as_ref();
+        if let Some(spec) = fields
+            .iter()
+            .find(|f| f.dict.is_some() && !dicts.iter().any(|(name, _)| name == &f.name))
+        {
+            return Err(Error::InvalidSchema(format!(
+                "field '{}' names dictionary {}, and its bytes were not given",
+                spec.name,
+                spec.dict.unwrap_or_default()
+            )));
+        }
+        for (name, dict) in dicts {
+            let spec = fields.iter_mut().find(|f| &f.name == name).ok_or_else(|| {
+                Error::InvalidSchema(format!(
+                    "a dictionary for field '{name}', which the dataset does not have"
+                ))
+            })?;
+            spec.dict = Some(crate::dict::id(dict).ok_or_else(|| {
+                Error::InvalidSchema(format!(
+                    "field '{name}': the dictionary is no zstd dictionary"
+                ))
+            })?);
+            spec.dict_crc = Some(crc32fast::hash(dict));
+        }
         let meta = Meta {
             format: FORMAT_NAME.into(),
             version: FORMAT_VERSION,
@@ -206,6 +241,9 @@ impl Store {
             disk::sync(&file, &path).ctx("fsync", &path)?;
         }
         sync_dir(&dir.join(CHUNK_DIR))?;
+        for (name, dict) in dicts {
+            crate::dict::write(dir, name, dict)?;
+        }
         // meta.json last: a directory without it is not a dataset yet.
         meta.store(dir)?;
         // And the dataset's own entry in its parent, or a power cut could lose it whole.
@@ -339,6 +377,11 @@ impl Store {
             Some(writers)
         };
 
+        let dicts = meta
+            .fields
+            .iter()
+            .map(|spec| crate::dict::load(dir, spec))
+            .collect::<Result<Vec<_>>>()?;
         let field_ids = meta
             .fields
             .iter()
@@ -351,6 +394,7 @@ impl Store {
                     dir: dir.to_path_buf(),
                     fields: meta.fields,
                     field_ids,
+                    dicts,
                     chunk_records: meta.chunk_records,
                     chunk_grow_bytes: meta.chunk_grow_bytes,
                     view: RwLock::new(view),

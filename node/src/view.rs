@@ -68,6 +68,8 @@ impl View {
 pub(crate) struct Core {
     pub(crate) dir: PathBuf,
     pub(crate) fields: Vec<FieldSpec>,
+    /// Per field, its zstd dictionary (see `dict`), if it has one.
+    pub(crate) dicts: Vec<Option<std::sync::Arc<[u8]>>>,
     pub(crate) field_ids: AHashMap<String, usize>,
     pub(crate) chunk_records: u32,
     pub(crate) chunk_grow_bytes: u64,

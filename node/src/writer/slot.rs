@@ -65,7 +65,7 @@ impl Slot {
             if self.open.is_none() {
                 self.open_new_chunk(inner, writers)?;
             }
-            self.encode_record(fields, payloads, entries)?;
+            self.encode_record(fields, &inner.dicts, payloads, entries)?;
             if self
                 .open
                 .as_ref()
@@ -81,6 +81,7 @@ impl Slot {
     pub(crate) fn encode_record(
         &mut self,
         fields: &[FieldSpec],
+        dicts: &[Option<std::sync::Arc<[u8]>>],
         payloads: &[Option<&[u8]>],
         entries: &mut [Vec<Entry>],
     ) -> Result<()> {
@@ -116,7 +117,14 @@ impl Slot {
                             let compressor = match &mut self.zstd[field] {
                                 Some((l, c)) if *l == level => c,
                                 slot => {
-                                    let made = zstd::bulk::Compressor::new(level).map_err(|e| {
+                                    let dict = dicts.get(field).and_then(Option::as_deref);
+                                    let made = match dict {
+                                        Some(dict) => {
+                                            zstd::bulk::Compressor::with_dictionary(level, dict)
+                                        }
+                                        None => zstd::bulk::Compressor::new(level),
+                                    }
+                                    .map_err(|e| {
                                         Error::InvalidRecord(format!(
                                             "field '{}': cannot start zstd at level {level}: {e}",
                                             spec.name

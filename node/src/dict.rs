@@ -1,0 +1,96 @@
+//! Zstandard dictionaries of a dataset's fields: `dict/<field>.zdict` in the dataset
+//! directory, trained on a sample of the field's records (`zr dict train`, `zr convert
+//! --dict`). meta.json keeps each field's dictionary id (`FieldSpec::dict`), and opening the
+//! dataset checks the file against it: a record compressed with one dictionary is never
+//! read with another. Small records, which give a compressor too little context alone,
+//! compress well with one.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, IoContext, Result};
+use crate::meta::{sync_dir, write_atomically, FieldSpec};
+
+/// The directory of a dataset's dictionaries.
+pub const DICT_DIR: &str = "dict";
+/// Dictionary bytes trained when no size is asked for (zstd's own default).
+pub const DICT_BYTES_DEFAULT: usize = 112_640;
+
+/// Where field `field`'s dictionary of the dataset at `dir` is kept.
+pub fn path(dir: &Path, field: &str) -> PathBuf {
+    dir.join(DICT_DIR).join(format!("{field}.zdict"))
+}
+
+/// A dictionary of at most `max_bytes` trained on `samples`; refused, saying why, when they
+/// are too few or too alike to train one.
+pub fn train(samples: &[&[u8]], max_bytes: usize) -> Result<Vec<u8>> {
+    zstd::dict::from_samples(samples, max_bytes).map_err(|e| {
+        Error::InvalidRecord(format!(
+            "cannot train a dictionary from {} records: {e} (a dictionary needs many, varied records)",
+            samples.len()
+        ))
+    })
+}
+
+/// The id a dictionary carries (`None` for bytes that are no zstd dictionary).
+pub fn id(dict: &[u8]) -> Option<u32> {
+    zstd::zstd_safe::get_dict_id_from_dict(dict).map(|id| id.get())
+}
+
+/// Writes `dict` as field `field`'s dictionary of the dataset at `dir` (durably); returns
+/// its id.
+pub(crate) fn write(dir: &Path, field: &str, dict: &[u8]) -> Result<u32> {
+    let id = id(dict).ok_or_else(|| {
+        Error::InvalidRecord(format!(
+            "field '{field}': the dictionary is no zstd dictionary"
+        ))
+    })?;
+    let parent = dir.join(DICT_DIR);
+    crate::disk::create_dir_all(&parent).ctx("create directory", &parent)?;
+    write_atomically(&parent, &format!("{field}.zdict"), dict)?;
+    sync_dir(dir)?;
+    Ok(id)
+}
+
+/// Field `spec`'s dictionary of the dataset at `dir`, if it has one, checked against the id
+/// meta.json keeps.
+pub(crate) fn load(dir: &Path, spec: &FieldSpec) -> Result<Option<Arc<[u8]>>> {
+    let Some(want) = spec.dict else {
+        return Ok(None);
+    };
+    let path = path(dir, &spec.name);
+    let bytes = std::fs::read(&path).map_err(|e| Error::Corrupt {
+        path: path.clone(),
+        reason: format!(
+            "field '{}' is compressed with dictionary {want}, and its file cannot be read: {e}",
+            spec.name
+        ),
+    })?;
+    match id(&bytes) {
+        Some(have) if have == want => {
+            let crc = crc32fast::hash(&bytes);
+            if spec.dict_crc.is_some_and(|expected| expected != crc) {
+                return Err(Error::Corrupt {
+                    path,
+                    reason: format!(
+                        "field '{}''s dictionary {want} is damaged: its CRC32 is {crc:08x}, meta.json says {:08x}",
+                        spec.name,
+                        spec.dict_crc.unwrap_or_default()
+                    ),
+                });
+            }
+            Ok(Some(bytes.into()))
+        }
+        have => Err(Error::Corrupt {
+            path,
+            reason: format!(
+                "field '{}' is compressed with dictionary {want}; this file {}",
+                spec.name,
+                match have {
+                    Some(have) => format!("is dictionary {have}"),
+                    None => "is no zstd dictionary (damaged?)".into(),
+                }
+            ),
+        }),
+    }
+}
