@@ -173,6 +173,8 @@ pub fn run(args: ConvertArgs) -> CliResult {
         target.storage(),
         started.elapsed().as_secs_f64()
     );
+    // The dataset let go before its rewrite, which needs it alone.
+    drop(dest);
     if let (true, Some(dir)) = (args.dict, dir) {
         crate::dataset::train_dict(dir, &args.field, zr_node::dict::DICT_BYTES_DEFAULT, level)?;
     }

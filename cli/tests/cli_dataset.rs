@@ -683,3 +683,75 @@ fn a_conversion_the_disk_cannot_hold_is_refused_up_front() {
     );
     assert!(!dir.exists(), "a refused conversion left {}", dir.display());
 }
+
+/// `zr convert --compress zstd:5 --dict`: short JSON lines stored with a trained dictionary,
+/// shown by `zr info`, read back by `zr gather`; `zr dict train` refuses a field the dataset
+/// lacks; `zr verify` names a damaged dictionary.
+#[test]
+fn zstd_with_a_trained_dictionary_on_the_command_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lines: Vec<Vec<u8>> = (0..2000u64)
+        .map(|i| {
+            format!(
+                "{{\"id\": {i}, \"caption\": \"a photo of {} dogs on the beach\", \"w\": {}}}",
+                i % 13,
+                200 + i % 97
+            )
+            .into_bytes()
+        })
+        .collect();
+    let values: Vec<u8> = lines.concat();
+    let mut offsets = vec![0u64];
+    for line in &lines {
+        offsets.push(offsets.last().unwrap() + line.len() as u64);
+    }
+    let values_path = tmp.path().join("values.bin");
+    let offsets_path = tmp.path().join("offsets.npy");
+    std::fs::write(&values_path, &values).unwrap();
+    let raw: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+    write_npy(&offsets_path, "<u8", &[offsets.len() as u64], &raw);
+    let dir = tmp.path().join("captions");
+    let (ok, stdout, err) = zr(&[
+        "convert",
+        "--values",
+        p(&values_path),
+        "--offsets",
+        p(&offsets_path),
+        p(&dir),
+        "--compress",
+        "zstd:5",
+        "--dict",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        stdout.contains("(field 'data', zstd:5)") && stdout.contains("trained on"),
+        "{stdout}"
+    );
+    let (ok, info, _) = zr(&["info", p(&dir)]);
+    assert!(ok && info.contains("zstd:5 dict "), "{info}");
+    assert_eq!(all_records(&dir, "data"), lines);
+    let (ok, _, err) = zr(&["dict", "train", p(&dir), "--field", "nope"]);
+    assert!(!ok && err.contains("'nope'"), "{err}");
+    let (ok, _, err) = zr(&[
+        "convert",
+        "--values",
+        p(&values_path),
+        "--offsets",
+        p(&offsets_path),
+        p(&tmp.path().join("x")),
+        "--compress",
+        "zstd:0",
+    ]);
+    assert!(!ok && err.contains("zstd level '0'"), "{err}");
+    // A damaged dictionary is named, by verify as by every open.
+    let file = zr_node::dict::path(&dir, "data");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes.len() - 10;
+    bytes[at] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    let (ok, _, err) = zr(&["verify", p(&dir)]);
+    assert!(
+        !ok && err.contains("data.zdict") && err.contains("damaged"),
+        "{err}"
+    );
+}

@@ -838,3 +838,18 @@ def test_a_mixture_through_the_torch_and_grain_protocols(tmp_path):
     again = iter(grain.MapDataset.source(MixtureSource(datasets, mixture(), 20)).to_iter_dataset())
     again.set_state(checkpoint)
     assert got + [b["x"].tolist() for b in again] == whole
+
+
+def test_zstd_fields(tmp_path):
+    records = [b"", b"x", os.urandom(3000), b"a caption about a dog on a beach " * 20, bytes(1 << 20)]
+    with zrecord.create(tmp_path / "ds", [("a", "zstd"), ("b", "zstd:9")]) as ds:
+        ds.append_many([{"a": r, "b": r} for r in records])
+    ds = zrecord.open(tmp_path / "ds")
+    assert [f.compress for f in ds.fields] == ["zstd", "zstd:9"]
+    batch = ds.gather(list(range(len(records)))[::-1])
+    for name in ("a", "b"):
+        values, offsets = batch[name]
+        got = [values[offsets[k] : offsets[k + 1]].tobytes() for k in range(len(records))]
+        assert got == records[::-1]
+    with pytest.raises(ValueError, match="zstd level '23'"):
+        zrecord.create(tmp_path / "bad", [("a", "zstd:23")])
