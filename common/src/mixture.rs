@@ -99,6 +99,7 @@ struct Compiled {
 /// Where a batch's fill is in one dataset's draws: its epoch, the draw's place in it, and
 /// the epoch's permutation.
 struct Cursor {
+    len: u64,
     epoch: u64,
     offset: u64,
     permutation: Feistel,
@@ -338,11 +339,15 @@ impl Mixture {
             next[2 * k + 1] = to_left;
             next[2 * k + 2] = at - to_left;
         }
+        // Each dataset's draws run on from its first in this batch: cursors made when a
+        // dataset is first met, then advanced (apply, then step) record by record.
         let mut cursors: Vec<Option<Cursor>> =
             (0..self.config.lengths.len()).map(|_| None).collect();
-        sources.reserve(self.config.batch as usize);
-        records.reserve(self.config.batch as usize);
-        for _ in 0..self.config.batch {
+        let count = self.config.batch as usize;
+        let (from, to) = (sources.len(), records.len());
+        sources.resize(from + count, 0);
+        records.resize(to + count, 0);
+        for (source, record) in sources[from..].iter_mut().zip(&mut records[to..]) {
             // Every descent takes `depth` steps, with no branch on the data.
             let mut k = 0;
             for _ in 0..self.depth {
@@ -353,28 +358,27 @@ impl Mixture {
                 k = 2 * k + 2 - usize::from(to_left);
             }
             let i = k - inner;
-            let len = self.config.lengths[i];
             let cursor = match &mut cursors[i] {
-                Some(cursor) => {
-                    cursor.offset += 1;
-                    if cursor.offset == len {
-                        cursor.epoch += 1;
-                        cursor.offset = 0;
-                        cursor.permutation = self.permutation(i, cursor.epoch);
-                    }
-                    cursor
-                }
+                Some(cursor) => cursor,
                 slot => {
+                    let len = self.config.lengths[i];
                     let k = stage.drawn[i] + next[k];
                     slot.insert(Cursor {
+                        len,
                         epoch: k / len,
                         offset: k % len,
                         permutation: self.permutation(i, k / len),
                     })
                 }
             };
-            sources.push(i as u32);
-            records.push(cursor.permutation.apply(cursor.offset));
+            *source = i as u32;
+            *record = cursor.permutation.apply(cursor.offset);
+            cursor.offset += 1;
+            if cursor.offset == cursor.len {
+                cursor.epoch += 1;
+                cursor.offset = 0;
+                cursor.permutation = self.permutation(i, cursor.epoch);
+            }
         }
     }
 
