@@ -1013,8 +1013,30 @@ fn loader_error(e: zr_common::Error) -> PyErr {
     Error::new_err(message)
 }
 
+/// Trains a zstd dictionary for field `field` of the local dataset at `path` and rewrites
+/// the dataset with the field compressed with it (as `zr dict train`); returns (dictionary
+/// id, its bytes, records trained on).
+#[pyfunction]
+#[pyo3(signature = (path, field, size=zr_node::dict::DICT_BYTES_DEFAULT, level=None))]
+fn train_dict(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    field: &str,
+    size: usize,
+    level: Option<i32>,
+) -> PyResult<(u32, usize, usize)> {
+    if let Some(level) = level {
+        zr_node::meta::parse_storage(&format!("zstd:{level}")).map_err(PyValueError::new_err)?;
+    }
+    let report = py
+        .detach(|| zr_node::rebalance::train_dict(&path, field, size, level, |_, _| {}))
+        .map_err(node_error)?;
+    Ok((report.id, report.bytes, report.samples))
+}
+
 #[pymodule]
 fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(train_dict, m)?)?;
     m.add_class::<Store>()?;
     m.add_class::<NativeLoader>()?;
     m.add_class::<Mixture>()?;

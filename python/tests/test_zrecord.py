@@ -853,3 +853,16 @@ def test_zstd_fields(tmp_path):
         assert got == records[::-1]
     with pytest.raises(ValueError, match="zstd level '23'"):
         zrecord.create(tmp_path / "bad", [("a", "zstd:23")])
+
+
+def test_a_trained_dictionary_from_python(tmp_path):
+    lines = [f'{{"id": {k}, "caption": "a photo of {k % 13} dogs on a beach", "w": {200 + k % 97}}}'.encode() for k in range(3000)]
+    with zrecord.create(tmp_path / "ds", [("j", "zstd")]) as ds:
+        ds.append_many([{"j": line} for line in lines])
+    report = zrecord.train_dict(tmp_path / "ds", "j", size=16384)
+    assert report["samples"] > 1000 and report["bytes"] > 0
+    ds = zrecord.open(tmp_path / "ds")
+    values, offsets = ds.gather(np.arange(3000))["j"]
+    assert [values[offsets[k] : offsets[k + 1]].tobytes() for k in range(3000)] == lines
+    with pytest.raises(KeyError, match="'nope'"):
+        zrecord.train_dict(tmp_path / "ds", "nope")

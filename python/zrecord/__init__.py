@@ -49,6 +49,7 @@ __all__ = [
     "from_arrays",
     "from_numpy",
     "open",
+    "train_dict",
 ]
 
 
@@ -594,6 +595,16 @@ def from_numpy(arrays: np.ndarray | Mapping[str, Any], path: str | os.PathLike, 
         if rows:
             ds._native().append_columns(data)
     return open(path)
+
+
+def train_dict(path: str | os.PathLike, field: str, size: int = 112_640, level: int | None = None) -> dict:
+    """Trains a zstd dictionary for ``field`` of the local dataset at ``path`` on a sample of
+    its records and rewrites the dataset with the field compressed with it (``zstd``, at
+    ``level`` or the field's own): for small records, which compress poorly alone. Offline
+    and atomic, like ``zr dict train``: no other process may have the dataset open for
+    writing. Returns the dictionary's id, size and the records it was trained on."""
+    dict_id, size, samples = _zrecord.train_dict(os.fspath(path), field, int(size), level)
+    return {"id": dict_id, "bytes": size, "samples": samples}
 
 
 def from_arrays(values: np.ndarray, offsets: np.ndarray, path: str | os.PathLike, field: str = "data", compress: str = "raw") -> Dataset:
