@@ -155,8 +155,6 @@ impl Plan {
 pub struct Loader {
     plan: Plan,
     workers: Workers,
-    /// Batches handed to the caller.
-    delivered: u64,
 }
 
 /// The threads preparing batches ahead, and the channels they hand them over in.
@@ -165,6 +163,8 @@ struct Workers {
     handles: Vec<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     finished: bool,
+    /// Batches handed to the caller.
+    delivered: u64,
 }
 
 impl Workers {
@@ -215,17 +215,21 @@ impl Workers {
             handles,
             stop,
             finished: false,
+            delivered: 0,
         })
     }
 
-    /// Batch `seq` (the one after the `seq` handed out), or `None` at the end.
-    fn next(&mut self, seq: u64) -> Option<Result<LoadedBatch, Error>> {
+    /// The next batch in order, or `None` at the end.
+    fn next(&mut self) -> Option<Result<LoadedBatch, Error>> {
         if self.finished {
             return None;
         }
-        let channel = &self.receivers[(seq % self.receivers.len() as u64) as usize];
+        let channel = &self.receivers[(self.delivered % self.receivers.len() as u64) as usize];
         match channel.recv() {
-            Ok(Ok(batch)) => Some(Ok(batch)),
+            Ok(Ok(batch)) => {
+                self.delivered += 1;
+                Some(Ok(batch))
+            }
             Ok(Err(e)) => {
                 self.finished = true;
                 Some(Err(e))
@@ -292,19 +296,16 @@ impl Loader {
             }
         };
         let workers = Workers::start(&options, produce)?;
-        Ok(Loader {
-            plan,
-            workers,
-            delivered: 0,
-        })
+        Ok(Loader { plan, workers })
     }
 
     /// The checkpoint after the last batch handed to the caller.
     pub fn state(&self) -> SamplerState {
-        if self.delivered == 0 {
+        let delivered = self.workers.delivered;
+        if delivered == 0 {
             return self.plan.start;
         }
-        match self.plan.batch(self.delivered - 1) {
+        match self.plan.batch(delivered - 1) {
             Some((epoch, _, end)) => self.plan.sampler.state_at(epoch, end),
             None => self.plan.start,
         }
@@ -320,11 +321,7 @@ impl Iterator for Loader {
     type Item = Result<LoadedBatch, Error>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let batch = self.workers.next(self.delivered)?;
-        if batch.is_ok() {
-            self.delivered += 1;
-        }
-        Some(batch)
+        self.workers.next()
     }
 }
 
@@ -335,7 +332,6 @@ pub struct MixtureLoader {
     mixture: Arc<Mixture>,
     start: u64,
     workers: Workers,
-    delivered: u64,
 }
 
 impl MixtureLoader {
@@ -381,13 +377,12 @@ impl MixtureLoader {
             mixture,
             start,
             workers,
-            delivered: 0,
         })
     }
 
     /// The checkpoint after the last batch handed to the caller (the same on every rank).
     pub fn state(&self) -> MixtureState {
-        self.mixture.state_at(self.start + self.delivered)
+        self.mixture.state_at(self.start + self.workers.delivered)
     }
 }
 
@@ -395,11 +390,7 @@ impl Iterator for MixtureLoader {
     type Item = Result<LoadedBatch, Error>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let batch = self.workers.next(self.delivered)?;
-        if batch.is_ok() {
-            self.delivered += 1;
-        }
-        Some(batch)
+        self.workers.next()
     }
 }
 

@@ -181,11 +181,6 @@ impl Catalog {
         all
     }
 
-    /// True if the node holds a named dataset.
-    pub fn has_named(&self) -> bool {
-        !self.read().is_empty()
-    }
-
     /// Every dataset this node holds, the default one first.
     pub fn list(&self) -> Vec<Held> {
         let held = |name: &str, id: u64, shard: &Shard| {

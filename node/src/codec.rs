@@ -100,14 +100,11 @@ pub(crate) fn zstd_smaller(
     out: &mut Vec<u8>,
 ) -> Result<bool, String> {
     out.clear();
-    // Room for one byte less than the payload: a result that does not fit is no smaller.
-    out.reserve(payload.len().saturating_sub(1));
-    match compressor.compress_to_buffer(payload, out) {
-        Ok(n) => Ok(n < payload.len()),
-        // zstd says the destination is too small: the record does not get smaller.
-        Err(e) if e.to_string().contains("Destination buffer is too small") => Ok(false),
-        Err(e) => Err(format!("cannot compress (zstd): {e}")),
-    }
+    out.reserve(zstd::zstd_safe::compress_bound(payload.len()));
+    let n = compressor
+        .compress_to_buffer(payload, out)
+        .map_err(|e| format!("cannot compress (zstd): {e}"))?;
+    Ok(n < payload.len())
 }
 
 #[cfg(test)]

@@ -129,18 +129,16 @@ pub fn train_dict(
             let dict = crate::dict::train(&samples, max_bytes)?;
             spec.compress = crate::meta::Compression::Zstd;
             spec.level = level.or(spec.level);
-            trained = Some((dict.len(), samples.len()));
+            trained = Some((
+                crate::dict::id(&dict).unwrap_or_default(),
+                dict.len(),
+                samples.len(),
+            ));
             Ok(Some((field.to_string(), dict)))
         },
         progress,
     )?;
-    let (bytes, samples) = trained.unwrap_or_default();
-    let id = Meta::load(dir)?
-        .fields
-        .iter()
-        .find(|f| f.name == field)
-        .and_then(|f| f.dict)
-        .unwrap_or_default();
+    let (id, bytes, samples) = trained.unwrap_or_default();
     Ok(DictReport {
         rewrite,
         id,

@@ -831,15 +831,9 @@ impl NativeMixtureLoader {
 
     /// The next batch: (global batch, sources, records, columns as (values, offsets)).
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<MixedColumns<'py>>> {
-        let next = py.detach(|| self.inner.lock().unwrap_or_else(|e| e.into_inner()).next());
-        let Some(next) = next else {
+        let Some((batch, columns)) = next_loaded(py, &self.inner)? else {
             return Ok(None);
         };
-        let mut batch = next.map_err(loader_error)?;
-        let columns = std::mem::take(&mut batch.columns)
-            .into_iter()
-            .map(|column| py_column(py, column))
-            .collect();
         let sources: Vec<i64> = batch.sources.iter().map(|&s| i64::from(s)).collect();
         let records: Vec<i64> = batch.indices.iter().map(|&r| r as i64).collect();
         Ok(Some((
@@ -981,18 +975,32 @@ impl NativeLoader {
     /// The next batch: (epoch, its first position, its end position, its columns as
     /// (values, offsets) per field).
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<LoadedColumns<'py>>> {
-        let next = py.detach(|| self.inner.lock().unwrap_or_else(|e| e.into_inner()).next());
-        let Some(next) = next else {
+        let Some((batch, columns)) = next_loaded(py, &self.inner)? else {
             return Ok(None);
         };
-        let mut batch = next.map_err(loader_error)?;
         let end = batch.position + batch.indices.len() as u64;
-        let columns = std::mem::take(&mut batch.columns)
-            .into_iter()
-            .map(|column| py_column(py, column))
-            .collect();
         Ok(Some((batch.epoch, batch.position, end, columns)))
     }
+}
+
+/// The next batch of a loader (waited for without the GIL), its columns moved into NumPy.
+fn next_loaded<'py, L>(
+    py: Python<'py>,
+    loader: &std::sync::Mutex<L>,
+) -> PyResult<Option<(zr_common::LoadedBatch, Vec<PyColumn<'py>>)>>
+where
+    L: Iterator<Item = Result<zr_common::LoadedBatch, zr_common::Error>> + Send,
+{
+    let next = py.detach(|| loader.lock().unwrap_or_else(|e| e.into_inner()).next());
+    let Some(next) = next else {
+        return Ok(None);
+    };
+    let mut batch = next.map_err(loader_error)?;
+    let columns = std::mem::take(&mut batch.columns)
+        .into_iter()
+        .map(|column| py_column(py, column))
+        .collect();
+    Ok(Some((batch, columns)))
 }
 
 /// A loaded batch for Python: (epoch, first position, end position, columns).

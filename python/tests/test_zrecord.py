@@ -569,7 +569,7 @@ def test_a_plain_prefetching_loader_resumes_exactly_through_track(tmp_path):
         first = run(sampler, stop_after=k)
         # The state after the k batches received, not the k + 4 handed out.
         state = pickle.loads(pickle.dumps(sampler.state_dict()))
-        assert (state["epoch"], state["position"]) == (0, min(64 * k, 1000))
+        assert (state["epoch"], state["position"], state["global_batches"]) == (0, min(64 * k, 1000), k)
         resumed = StatefulSampler(zrecord.Sampler(1000, seed=7, batch=64))
         resumed.load_state_dict(state)
         assert first + run(resumed) == whole, k

@@ -675,8 +675,11 @@ class Sampler:
     def state_dict(self) -> dict:
         """Where the run is: the same on every rank (each rank's batch k of an epoch is its
         part of the epoch's global batch k), enough to resume exactly."""
+        return self.state_at(self.epoch, self.position)
+
+    def state_at(self, epoch: int, position: int) -> dict:
+        """The state at ``position`` of ``epoch`` (the end of an epoch is the next's start)."""
         c = self.config
-        epoch, position = self.epoch, self.position
         if position >= self.epoch_items():
             epoch, position = epoch + 1, 0
         return {
@@ -851,13 +854,11 @@ class Loader:
         return len(self.sampler)
 
     def state_dict(self) -> dict:
-        state = self.sampler.state_dict()
         if isinstance(self.sampler, Mixture):
+            state = self.sampler.state_dict()
             state["batches"] = self._consumed
-        else:
-            state["epoch"], state["position"] = self._consumed
-            state["global_batches"] = -(-state["position"] // self.sampler.config["batch"])
-        return state
+            return state
+        return self.sampler.state_at(*self._consumed)
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         self.sampler.load_state_dict(state)

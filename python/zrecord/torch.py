@@ -141,10 +141,9 @@ class StatefulSampler:
                 s.epoch, s.position = consumed
 
     def state_dict(self) -> dict[str, Any]:
-        state = self.sampler.state_dict()
         if self._consumed is not None:
-            state["epoch"], state["position"] = self._consumed
-        return state
+            return self.sampler.state_at(*self._consumed)
+        return self.sampler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state)
