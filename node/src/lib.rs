@@ -43,6 +43,7 @@ pub mod server;
 mod source;
 pub mod stage;
 mod store;
+pub mod stream;
 mod verify;
 mod view;
 mod warm;

@@ -160,7 +160,7 @@ impl FieldSpec {
             .try_fold(item, |acc, &d| acc.checked_mul(d))
     }
 
-    fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         let name = &self.name;
         if self.compress != Compression::Zstd && (self.level.is_some() || self.dict.is_some()) {
             return Err(format!(

@@ -1,0 +1,553 @@
+//! Observations of a stream, computed at read time: windows of `W + 1` tokens every `S`
+//! tokens (inputs and the labels shifted by one), or whole documents cut or padded to
+//! `W + 1`. Either is an index space `[0, n)`, so samplers, mixtures and loaders use it as
+//! they use records.
+//!
+//! A gather copies each observation's tokens once — from the mapping, or read from the disk
+//! (whole 4 KiB pages, each checked against its CRC) — and gives each token its document
+//! (a binary search per observation, then runs) and each observation the spans it overlaps.
+
+use std::sync::Arc;
+
+use zr_common::{BoxError, Contiguous, GatherSource};
+
+use super::{Stream, StreamView, METADATA_FIELD};
+use crate::error::{Error, Result};
+use crate::io::{self, ReadError, ReadOp};
+use crate::map::PAGE_BYTES;
+use crate::store::{GatherOptions, ReadPath};
+
+/// What an observation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowMode {
+    /// Observation i: tokens `[i·stride, i·stride + seq_len + 1)`; the last incomplete
+    /// window is dropped.
+    Windows { seq_len: u64, stride: u64 },
+    /// Observation i: document i, its first `seq_len + 1` tokens, padded with zeros (and
+    /// mask 0, document -1) when shorter.
+    Documents { seq_len: u64 },
+}
+
+/// One span an observation overlaps: `[start, end)` within the observation's row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpanHit {
+    /// The observation's row in the batch.
+    pub row: u64,
+    pub start: u64,
+    pub end: u64,
+    /// The span's index in the stream (its metadata is record `span` of the metadata).
+    pub span: u64,
+}
+
+/// A gathered batch of observations, `rows × width` tokens.
+#[derive(Clone, Debug, Default)]
+pub struct Observations {
+    pub rows: usize,
+    /// Tokens per row: `seq_len + 1`.
+    pub width: usize,
+    /// The tokens, `rows × width` elements.
+    pub tokens: Vec<u8>,
+    /// Each token's document index (-1 for padding).
+    pub document: Vec<i64>,
+    /// Document mode: 1 for a token, 0 for padding (empty for windows).
+    pub mask: Vec<u8>,
+    /// The spans each row overlaps, by row then start.
+    pub spans: Vec<SpanHit>,
+    /// The spans hit, each once, ascending; `metadata` holds their records in this order.
+    pub span_ids: Vec<u64>,
+    pub metadata: Contiguous,
+}
+
+/// The observations of a stream (see [`WindowMode`]).
+#[derive(Clone, Debug)]
+pub struct Windows {
+    stream: Arc<Stream>,
+    mode: WindowMode,
+    options: GatherOptions,
+}
+
+impl Windows {
+    /// Observations of `stream` as `mode` says; `seq_len` and `stride` must be at least 1.
+    pub fn new(stream: Arc<Stream>, mode: WindowMode) -> Result<Windows> {
+        let (seq_len, stride) = match mode {
+            WindowMode::Windows { seq_len, stride } => (seq_len, stride),
+            WindowMode::Documents { seq_len } => (seq_len, 1),
+        };
+        if seq_len == 0 || stride == 0 || seq_len >= u32::MAX as u64 {
+            return Err(Error::InvalidRecord(format!(
+                "windows need 1 <= seq_len < 2^32 and stride >= 1 (got seq_len {seq_len}, stride {stride})"
+            )));
+        }
+        Ok(Windows {
+            stream,
+            mode,
+            options: GatherOptions {
+                read: ReadPath::Mmap,
+                ..GatherOptions::default()
+            },
+        })
+    }
+
+    /// The same observations read as `options` say (the read path, `uncached`, `verify`).
+    pub fn with_options(mut self, options: GatherOptions) -> Windows {
+        self.options = options;
+        self
+    }
+
+    /// The stream observed.
+    pub fn stream(&self) -> &Arc<Stream> {
+        &self.stream
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> WindowMode {
+        self.mode
+    }
+
+    /// Tokens per observation: `seq_len + 1`.
+    pub fn width(&self) -> usize {
+        match self.mode {
+            WindowMode::Windows { seq_len, .. } | WindowMode::Documents { seq_len } => {
+                seq_len as usize + 1
+            }
+        }
+    }
+
+    /// Observations in the stream as this handle sees it.
+    pub fn len(&self) -> u64 {
+        count(&self.stream.view(), self.mode)
+    }
+
+    /// True if there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Gathers observations `indices` into `out` (its buffers reused).
+    pub fn gather(&self, indices: &[u64], out: &mut Observations) -> Result<()> {
+        let width = self.width();
+        let e = self.stream.view().element_bytes as usize;
+        out.rows = indices.len();
+        out.width = width;
+        out.tokens.resize(indices.len() * width * e, 0);
+        out.document.resize(indices.len() * width, 0);
+        let documents = matches!(self.mode, WindowMode::Documents { .. });
+        out.mask
+            .resize(if documents { indices.len() * width } else { 0 }, 0);
+        let mask = documents.then_some(&mut out.mask[..]);
+        let mut spans = SpanSink {
+            hits: std::mem::take(&mut out.spans),
+            ids: std::mem::take(&mut out.span_ids),
+            metadata: std::mem::take(&mut out.metadata),
+        };
+        let result = self.gather_to(
+            indices,
+            &mut out.tokens,
+            &mut out.document,
+            mask,
+            Some(&mut spans),
+        );
+        out.spans = spans.hits;
+        out.span_ids = spans.ids;
+        out.metadata = spans.metadata;
+        result
+    }
+
+    /// Gathers observations `indices` into the caller's buffers: `tokens` of `rows × width`
+    /// elements, `document` of `rows × width`, `mask` (document mode; optional) of
+    /// `rows × width`, and the spans hit (optional).
+    pub fn gather_to(
+        &self,
+        indices: &[u64],
+        tokens: &mut [u8],
+        document: &mut [i64],
+        mut mask: Option<&mut [u8]>,
+        mut spans: Option<&mut SpanSink>,
+    ) -> Result<()> {
+        let view = self.stream.view();
+        let width = self.width();
+        let e = view.element_bytes as usize;
+        let rows = indices.len();
+        if tokens.len() != rows * width * e
+            || document.len() != rows * width
+            || mask.as_ref().is_some_and(|m| m.len() != rows * width)
+        {
+            return Err(Error::InvalidRecord(format!(
+                "buffers for {rows} observations of {width} tokens need {} token bytes and {} documents (got {} and {})",
+                rows * width * e,
+                rows * width,
+                tokens.len(),
+                document.len()
+            )));
+        }
+        // Where each row's tokens come from: (first token, tokens to copy).
+        let n = count(&view, self.mode);
+        let mut ranges = Vec::with_capacity(rows);
+        for &i in indices {
+            if i >= n {
+                return Err(Error::IndexOutOfRange { index: i, len: n });
+            }
+            ranges.push(match self.mode {
+                WindowMode::Windows { stride, .. } => (i * stride, width as u64),
+                WindowMode::Documents { .. } => {
+                    let (start, end) = (view.document_start(i), view.document_end(i));
+                    (start, (end - start).min(width as u64))
+                }
+            });
+        }
+        let explicit = match self.options.read {
+            ReadPath::Mmap => false,
+            ReadPath::Direct => true,
+            ReadPath::Auto => !resident(&view, &ranges),
+        };
+        if explicit {
+            read_explicit(&view, &ranges, tokens, width, self.options)?;
+        } else {
+            for (k, &(start, len)) in ranges.iter().enumerate() {
+                let row = &mut tokens[k * width * e..(k + 1) * width * e];
+                let (have, pad) = row.split_at_mut(len as usize * e);
+                let bytes = view.token_bytes(start, len);
+                if self.options.verify {
+                    check_range(&view, start, len)?;
+                }
+                have.copy_from_slice(bytes);
+                pad.fill(0);
+            }
+        }
+        if let Some(sink) = spans.as_deref_mut() {
+            sink.hits.clear();
+            sink.ids.clear();
+        }
+        for (k, &(start, len)) in ranges.iter().enumerate() {
+            let row = &mut document[k * width..(k + 1) * width];
+            fill_documents(&view, start, &mut row[..len as usize]);
+            row[len as usize..].fill(-1);
+            if let Some(mask) = mask.as_deref_mut() {
+                let row = &mut mask[k * width..(k + 1) * width];
+                row[..len as usize].fill(1);
+                row[len as usize..].fill(0);
+            }
+            if let Some(sink) = spans.as_deref_mut() {
+                sink.collect(&view, k as u64, start, len);
+            }
+        }
+        if let Some(sink) = spans {
+            sink.finish(&view)?;
+        }
+        Ok(())
+    }
+}
+
+/// Where a gather puts the spans it finds (see [`Observations`]).
+#[derive(Debug, Default)]
+pub struct SpanSink {
+    pub hits: Vec<SpanHit>,
+    pub ids: Vec<u64>,
+    pub metadata: Contiguous,
+}
+
+impl SpanSink {
+    /// Records the spans that overlap tokens `[start, start + len)`, row `row`.
+    fn collect(&mut self, view: &StreamView, row: u64, start: u64, len: u64) {
+        let spans = view.meta.spans;
+        if spans == 0 || len == 0 {
+            return;
+        }
+        let end = start + len;
+        // The first span that reaches past `start` (reach is non-decreasing).
+        let (mut lo, mut hi) = (0, spans);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if view.span(mid).2 > start {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        let mut j = lo;
+        while j < spans {
+            let (s, t, _) = view.span(j);
+            if s >= end {
+                break;
+            }
+            if t > start {
+                self.hits.push(SpanHit {
+                    row,
+                    start: s.max(start) - start,
+                    end: t.min(end) - start,
+                    span: j,
+                });
+                self.ids.push(j);
+            }
+            j += 1;
+        }
+    }
+
+    /// Deduplicates the spans hit and reads their metadata.
+    fn finish(&mut self, view: &StreamView) -> Result<()> {
+        self.ids.sort_unstable();
+        self.ids.dedup();
+        self.metadata.data.clear();
+        self.metadata.offsets.clear();
+        self.metadata.offsets.push(0);
+        if self.ids.is_empty() {
+            return Ok(());
+        }
+        self.metadata = metadata_of(view, &self.ids)?;
+        Ok(())
+    }
+}
+
+/// Metadata records `ids` (committed spans) in order.
+pub(crate) fn metadata_of(view: &StreamView, ids: &[u64]) -> Result<Contiguous> {
+    let Some(store) = &view.metadata else {
+        return Err(Error::Corrupt {
+            path: std::path::PathBuf::from(super::METADATA_DIR),
+            reason: "the stream has spans and no metadata records".into(),
+        });
+    };
+    let batch = store.gather(ids, &[METADATA_FIELD])?;
+    let mut out = Contiguous::default();
+    if let Some(field) = batch.field(METADATA_FIELD) {
+        field.write_contiguous(&mut out.data, &mut out.offsets);
+    }
+    Ok(out)
+}
+
+/// Observations of `mode` in `view`.
+fn count(view: &StreamView, mode: WindowMode) -> u64 {
+    match mode {
+        WindowMode::Windows { seq_len, stride } => {
+            let width = seq_len + 1;
+            if view.meta.tokens < width {
+                0
+            } else {
+                (view.meta.tokens - width) / stride + 1
+            }
+        }
+        WindowMode::Documents { .. } => view.meta.documents,
+    }
+}
+
+/// Each of tokens `[start, start + out.len())`'s document.
+fn fill_documents(view: &StreamView, start: u64, out: &mut [i64]) {
+    if out.is_empty() {
+        return;
+    }
+    let end = start + out.len() as u64;
+    let mut d = view.document_of(start);
+    let mut pos = start;
+    while pos < end && d < view.meta.documents {
+        let stop = view.document_end(d).min(end);
+        if stop > pos {
+            out[(pos - start) as usize..(stop - start) as usize].fill(d as i64);
+            pos = stop;
+        }
+        d += 1;
+    }
+}
+
+/// True if the pages of a sample of `ranges` are in the page cache.
+fn resident(view: &StreamView, ranges: &[(u64, u64)]) -> bool {
+    let Some(map) = &view.tokens else {
+        return true;
+    };
+    let e = view.element_bytes;
+    let take = ranges.len().min(4);
+    (0..take).all(|k| {
+        let (start, len) = ranges[k * ranges.len() / take];
+        map.resident(start * e, len * e)
+    })
+}
+
+/// The CRC of page `p` of tokens.bin as the view commits it, and the bytes it covers:
+/// whole pages from `tokens.crc`, the tail page from `stream.json`.
+fn page_crc(view: &StreamView, p: u64) -> Option<(u32, u64)> {
+    let token_bytes = view.meta.tokens * view.element_bytes;
+    let full = token_bytes / PAGE_BYTES;
+    if p < full {
+        let bytes = view.crcs.as_ref()?.bytes(p * 4, 4)?;
+        Some((u32::from_le_bytes(bytes.try_into().ok()?), PAGE_BYTES))
+    } else if p == full && !token_bytes.is_multiple_of(PAGE_BYTES) {
+        Some((view.meta.tail_crc, token_bytes % PAGE_BYTES))
+    } else {
+        None
+    }
+}
+
+/// Checks the pages `bytes` holds, which start at page `first_page` (the last one may be
+/// cut short where the read stopped).
+fn check_pages(view: &StreamView, first_page: u64, bytes: &[u8]) -> Result<()> {
+    for (k, page) in bytes.chunks(PAGE_BYTES as usize).enumerate() {
+        let p = first_page + k as u64;
+        let Some((crc, len)) = page_crc(view, p) else {
+            continue;
+        };
+        let Some(covered) = page.get(..len as usize) else {
+            continue;
+        };
+        if crc32fast::hash(covered) != crc {
+            return Err(Error::Corrupt {
+                path: view_path(view),
+                reason: format!(
+                    "bytes {}..{} do not match their CRC",
+                    p * PAGE_BYTES,
+                    p * PAGE_BYTES + len
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks the pages under tokens `[start, start + len)` through the mapping.
+fn check_range(view: &StreamView, start: u64, len: u64) -> Result<()> {
+    let e = view.element_bytes;
+    let token_bytes = view.meta.tokens * e;
+    let first = start * e / PAGE_BYTES;
+    let last = ((start + len) * e)
+        .div_ceil(PAGE_BYTES)
+        .min(token_bytes.div_ceil(PAGE_BYTES));
+    let Some(map) = &view.tokens else {
+        return Ok(());
+    };
+    let from = first * PAGE_BYTES;
+    let to = (last * PAGE_BYTES).min(token_bytes);
+    let bytes = map.bytes(from, to.saturating_sub(from)).unwrap_or_default();
+    check_pages(view, first, bytes)
+}
+
+fn view_path(view: &StreamView) -> std::path::PathBuf {
+    view.tokens
+        .as_ref()
+        .map(|m| m.path().to_path_buf())
+        .unwrap_or_default()
+}
+
+/// Reads each range's tokens from the disk: the whole pages under it, at once (io_uring or
+/// `preadv` threads), each page checked against its CRC, then copied into its row.
+fn read_explicit(
+    view: &StreamView,
+    ranges: &[(u64, u64)],
+    tokens: &mut [u8],
+    width: usize,
+    options: GatherOptions,
+) -> Result<()> {
+    let Some(map) = &view.tokens else {
+        return Ok(());
+    };
+    let e = view.element_bytes;
+    let file_len = map.len();
+    // Per range: its first page, and the bytes to read from there.
+    let pages: Vec<(u64, u64)> = ranges
+        .iter()
+        .map(|&(start, len)| {
+            let first = start * e / PAGE_BYTES * PAGE_BYTES;
+            let end = ((start + len) * e).div_ceil(PAGE_BYTES) * PAGE_BYTES;
+            let end = if options.uncached {
+                end
+            } else {
+                end.min(file_len)
+            };
+            (first, end - first)
+        })
+        .collect();
+    let total: u64 = pages.iter().map(|p| p.1).sum();
+    let mut scratch = vec![0u8; total as usize + PAGE_BYTES as usize];
+    let base = scratch.as_ptr().align_offset(PAGE_BYTES as usize);
+    let fd = if options.uncached {
+        map.uncached_fd()?
+    } else {
+        map.fd()
+    };
+    {
+        let mut rest = &mut scratch[base..base + total as usize];
+        let mut ops = Vec::with_capacity(ranges.len());
+        for (&(start, len), &(first, bytes)) in ranges.iter().zip(&pages) {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(bytes as usize);
+            rest = tail;
+            ops.push(if options.uncached {
+                let need = ((start + len) * e - first) as usize;
+                ReadOp::aligned(fd, first, piece, need)
+            } else {
+                ReadOp::new(fd, first, piece, &mut [])
+            });
+        }
+        io::read_all(&mut ops, options.io).map_err(|failure| {
+            let (first, bytes) = pages[failure.op];
+            match failure.error {
+                ReadError::Eof { read } => Error::Corrupt {
+                    path: map.path().to_path_buf(),
+                    reason: format!(
+                        "the file ends inside bytes {first}..{} (the read found {read} bytes; truncated?)",
+                        first + bytes
+                    ),
+                },
+                ReadError::Io(source) => Error::Io {
+                    op: "read",
+                    path: map.path().to_path_buf(),
+                    source,
+                },
+            }
+        })?;
+    }
+    let mut at = base;
+    for (k, (&(start, len), &(first, bytes))) in ranges.iter().zip(&pages).enumerate() {
+        let read = &scratch[at..at + bytes as usize];
+        check_pages(view, first / PAGE_BYTES, read)?;
+        let from = (start * e - first) as usize;
+        let row = &mut tokens[k * width * e as usize..(k + 1) * width * e as usize];
+        let (have, pad) = row.split_at_mut((len * e) as usize);
+        have.copy_from_slice(&read[from..from + (len * e) as usize]);
+        pad.fill(0);
+        at += bytes as usize;
+    }
+    Ok(())
+}
+
+impl GatherSource for Windows {
+    /// Columns `tokens` (rows of `width` elements), `document` (i64 per token) and, in
+    /// document mode, `mask`; `fields` picks and orders them (empty: all).
+    fn gather_into(
+        &self,
+        indices: &[u64],
+        fields: &[String],
+        columns: &mut Vec<Contiguous>,
+    ) -> Result<(), BoxError> {
+        let mut out = Observations::default();
+        self.gather(indices, &mut out)?;
+        let names: Vec<&str> = if fields.is_empty() {
+            let mut all = vec!["tokens", "document"];
+            if !out.mask.is_empty() {
+                all.push("mask");
+            }
+            all
+        } else {
+            fields.iter().map(String::as_str).collect()
+        };
+        columns.resize_with(names.len(), Contiguous::default);
+        for (column, name) in columns.iter_mut().zip(names) {
+            let (data, row): (Vec<u8>, usize) = match name {
+                "tokens" => (
+                    std::mem::take(&mut out.tokens),
+                    out.width * self.stream.view().element_bytes as usize,
+                ),
+                "document" => (
+                    out.document.iter().flat_map(|d| d.to_le_bytes()).collect(),
+                    out.width * 8,
+                ),
+                "mask" if !out.mask.is_empty() => (std::mem::take(&mut out.mask), out.width),
+                other => {
+                    return Err(format!(
+                        "unknown field '{other}' of windows (they have: tokens, document{})",
+                        if out.mask.is_empty() { "" } else { ", mask" }
+                    )
+                    .into())
+                }
+            };
+            column.data = data;
+            column.offsets = (0..=out.rows as u64).map(|r| r * row as u64).collect();
+        }
+        Ok(())
+    }
+}
