@@ -1,4 +1,5 @@
-//! `zr convert`: build a dataset from NumPy files.
+//! `zr convert`: build a dataset from NumPy files, or a token stream from Megatron-LM's
+//! indexed dataset or NumPy tokens.
 
 use std::path::PathBuf;
 
@@ -10,7 +11,8 @@ use crate::cluster::{target_dir, ClusterDestination, RouterArgs};
 use crate::{progress_bar, CliResult};
 use zr_net::tls::Access;
 
-/// Build a dataset from a NumPy .npy (one record per row) or from values.bin + offsets.npy.
+/// Build a dataset from a NumPy .npy (one record per row) or from values.bin + offsets.npy;
+/// or a token stream from --megatron PREFIX or --tokens with --doc-lengths.
 ///
 /// With --npy every row becomes one record; the dtype and row shape are recorded in
 /// meta.json. With --values and --offsets, record i is `values[offsets[i]..offsets[i+1]]`
@@ -22,6 +24,12 @@ use zr_net::tls::Access;
 /// its router (the field must be one of the cluster's; an empty cluster unless --append).
 /// A cluster shows appended records at once, so a conversion that fails midway leaves the
 /// records appended so far in place; the error says where it stopped.
+///
+/// A token stream (--megatron, --tokens) keeps the tokens densely with their document
+/// boundaries; training reads windows of any length from it (`zrecord.open_stream(DIR)
+/// .windows(seq_len=2048)`), so the window length is not fixed here. Its input is checked
+/// whole before anything is written, and a failed conversion leaves nothing behind. Streams
+/// are local directories (a cluster cannot hold one yet).
 #[derive(Args)]
 pub struct ConvertArgs {
     /// Dataset directory to create (or extend, with --append).
@@ -29,8 +37,19 @@ pub struct ConvertArgs {
     #[command(flatten)]
     remote: RouterArgs,
     /// A .npy array: one record per row (C order, any fixed-size dtype).
-    #[arg(long, conflicts_with_all = ["values", "offsets"], required_unless_present = "values")]
+    #[arg(long, conflicts_with_all = ["values", "offsets", "megatron", "tokens"], required_unless_present_any = ["values", "megatron", "tokens"])]
     npy: Option<PathBuf>,
+    /// A Megatron-LM indexed dataset, PREFIX.bin + PREFIX.idx: builds a token stream (one
+    /// document per Megatron document; uint16 tokens stay uint16, int32 become uint32).
+    #[arg(long, value_name = "PREFIX", conflicts_with_all = ["values", "offsets", "tokens"])]
+    megatron: Option<PathBuf>,
+    /// Token ids back to back (a 1-D integer .npy): builds a token stream, cut into documents
+    /// by --doc-lengths.
+    #[arg(long, requires = "doc_lengths", conflicts_with_all = ["values", "offsets"])]
+    tokens: Option<PathBuf>,
+    /// Document lengths in tokens (a 1-D integer .npy summing to the number of tokens).
+    #[arg(long, requires = "tokens")]
+    doc_lengths: Option<PathBuf>,
     /// Payloads back to back, for variable-length records.
     #[arg(long, requires = "offsets")]
     values: Option<PathBuf>,
@@ -58,6 +77,9 @@ fn parse_compression(s: &str) -> Result<(Compression, Option<i32>), String> {
 }
 
 pub fn run(args: ConvertArgs) -> CliResult {
+    if args.megatron.is_some() || args.tokens.is_some() {
+        return convert_stream(&args);
+    }
     let dir = target_dir(&args.dir, &args.remote)?;
     if args.dict && dir.is_none() {
         return Err(
@@ -178,5 +200,46 @@ pub fn run(args: ConvertArgs) -> CliResult {
     if let (true, Some(dir)) = (args.dict, dir) {
         crate::dataset::train_dict(dir, &args.field, zr_node::dict::DICT_BYTES_DEFAULT, level)?;
     }
+    Ok(())
+}
+
+/// `--megatron` / `--tokens`: a token stream in a new local directory.
+fn convert_stream(args: &ConvertArgs) -> CliResult {
+    let Some(dir) = target_dir(&args.dir, &args.remote)? else {
+        return Err("token streams are local directories: a cluster cannot hold one yet".into());
+    };
+    if args.append || args.dict || args.compress.is_some() {
+        return Err(
+            "--append, --compress and --dict are for record datasets, not token streams".into(),
+        );
+    }
+    let bar = progress_bar(0, true);
+    bar.set_message("converting");
+    let started = std::time::Instant::now();
+    let progress = |done: u64, total: u64| {
+        bar.set_length(total);
+        bar.set_position(done);
+    };
+    let (meta, source) = match (&args.megatron, &args.tokens, &args.doc_lengths) {
+        (Some(prefix), _, _) => (
+            zr_node::stream::convert_megatron(prefix, dir, progress),
+            format!("{}.{{bin,idx}}", prefix.display()),
+        ),
+        (None, Some(tokens), Some(lengths)) => (
+            zr_node::stream::convert_tokens(tokens, lengths, dir, progress),
+            tokens.display().to_string(),
+        ),
+        _ => return Err("--tokens needs --doc-lengths".into()),
+    };
+    bar.finish_and_clear();
+    let meta = meta?;
+    println!(
+        "converted {} tokens in {} documents from {source} into the token stream {} ({}) in {:.1} s",
+        meta.tokens,
+        meta.documents,
+        dir.display(),
+        meta.element[0].dtype,
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }

@@ -37,6 +37,9 @@ pub fn info(args: InfoArgs) -> CliResult {
         }
         return Ok(());
     };
+    if zr_node::stream::is_stream(dir) {
+        return stream_info(dir);
+    }
     let store = Store::open_read_only(dir)?;
     let meta = Meta::load(dir)?;
     println!("dataset      {}", dir.display());
@@ -301,6 +304,9 @@ pub fn verify(args: VerifyArgs) -> CliResult {
     let Some(dir) = target_dir(&args.dir, &args.remote)? else {
         return scrub_cluster(&args);
     };
+    if zr_node::stream::is_stream(dir) {
+        return stream_verify(dir);
+    }
     let store = Store::open_read_only(dir)?;
     let bar = progress_bar(store.len(), false);
     bar.set_message("verifying");
@@ -496,4 +502,70 @@ fn scrub_cluster(args: &VerifyArgs) -> CliResult {
         return Err(format!("{left} record copies could not be repaired (no intact copy)").into());
     }
     Ok(())
+}
+
+/// `zr info` of a token stream.
+fn stream_info(dir: &std::path::Path) -> CliResult {
+    let stream = zr_node::stream::Stream::open_read_only(dir)?;
+    let meta = stream.meta();
+    let element: Vec<String> = meta
+        .element
+        .iter()
+        .map(|c| format!("{} {}", c.name, c.dtype))
+        .collect();
+    println!("token stream {}", dir.display());
+    println!("format       {} v{}", meta.format, meta.version);
+    println!(
+        "element      {} ({} bytes)",
+        element.join(", "),
+        stream.element_bytes()
+    );
+    println!(
+        "tokens       {} ({})",
+        meta.tokens,
+        human_bytes(meta.tokens * stream.element_bytes())
+    );
+    println!("documents    {}", meta.documents);
+    println!("spans        {}", meta.spans);
+    for seq_len in [2048u64, 4096, 8192] {
+        let windows = if meta.tokens > seq_len {
+            (meta.tokens - seq_len - 1) / seq_len + 1
+        } else {
+            0
+        };
+        println!("windows      {windows} of {seq_len} + 1 tokens at stride {seq_len}");
+    }
+    Ok(())
+}
+
+/// `zr verify` of a token stream.
+fn stream_verify(dir: &std::path::Path) -> CliResult {
+    let stream = zr_node::stream::Stream::open_read_only(dir)?;
+    let bar = progress_bar(stream.len() * stream.element_bytes(), true);
+    bar.set_message("verifying");
+    let report = stream.verify(|done| bar.set_position(done))?;
+    bar.finish_and_clear();
+    for problem in &report.problems {
+        println!(
+            "bad {}: entry {}: {}",
+            problem.field, problem.index, problem.reason
+        );
+    }
+    if report.problems.is_empty() {
+        println!(
+            "ok: {} tokens ({}), {} documents, {} spans verified",
+            report.tokens,
+            human_bytes(report.bytes),
+            stream.documents(),
+            stream.spans()
+        );
+        Ok(())
+    } else {
+        Err(format!(
+            "{} problem(s) in the token stream {}",
+            report.problems.len(),
+            dir.display()
+        )
+        .into())
+    }
 }

@@ -755,3 +755,76 @@ fn zstd_with_a_trained_dictionary_on_the_command_line() {
         "{err}"
     );
 }
+
+#[test]
+fn token_streams_convert_show_and_verify() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 10,000 int64 tokens in three documents.
+    let tokens: Vec<u8> = (0..10_000i64)
+        .flat_map(|t| (t * 13).to_le_bytes())
+        .collect();
+    let lengths: Vec<u8> = [3000i64, 0, 7000]
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .collect();
+    write_npy(&tmp.path().join("t.npy"), "<i8", &[10_000], &tokens);
+    write_npy(&tmp.path().join("l.npy"), "<i8", &[3], &lengths);
+    let dest = tmp.path().join("stream");
+    let (ok, out, err) = zr(&[
+        "convert",
+        p(&dest),
+        "--tokens",
+        p(&tmp.path().join("t.npy")),
+        "--doc-lengths",
+        p(&tmp.path().join("l.npy")),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("converted 10000 tokens in 3 documents"),
+        "{out}"
+    );
+    let (ok, out, err) = zr(&["info", p(&dest)]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("token stream") && out.contains("token <u4"),
+        "{out}"
+    );
+    assert!(out.contains("documents    3"), "{out}");
+    assert!(out.contains("windows      4 of 2048"), "{out}");
+    let (ok, out, err) = zr(&["verify", p(&dest)]);
+    assert!(ok && out.starts_with("ok: 10000 tokens"), "{out}{err}");
+
+    // A damaged page is named.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dest.join("tokens.bin"))
+            .unwrap();
+        f.write_all_at(&[0xFF], 9000).unwrap();
+    }
+    let (ok, out, _) = zr(&["verify", p(&dest)]);
+    assert!(!ok && out.contains("bad tokens: entry 2"), "{out}");
+
+    // A Megatron .idx with a bad magic is refused by name, and nothing is made.
+    std::fs::write(
+        tmp.path().join("m.idx"),
+        b"NOTANIDX_and_more_bytes_here_to_be_long",
+    )
+    .unwrap();
+    std::fs::write(tmp.path().join("m.bin"), b"").unwrap();
+    let dest = tmp.path().join("m");
+    let (ok, _, err) = zr(&["convert", p(&dest), "--megatron", p(&tmp.path().join("m"))]);
+    assert!(
+        !ok && err.contains("m.idx") && err.contains("bad magic"),
+        "{err}"
+    );
+    assert!(!dest.exists());
+    let (ok, _, err) = zr(&[
+        "convert",
+        p(&dest),
+        "--tokens",
+        p(&tmp.path().join("t.npy")),
+    ]);
+    assert!(!ok && err.contains("--doc-lengths"), "{err}");
+}

@@ -28,10 +28,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use io_uring::{opcode, types, IoUring};
 use zr_node::{GatherOptions, ReadPath, Store};
 
-use bench_util::{build_dataset, Rng};
+use bench_util::{build_dataset, uring_read, Cgroup, Rng};
 
 #[derive(Parser)]
 #[command(
@@ -273,16 +272,7 @@ impl DatasetFiles {
 
     /// Drops every file's pages from the page cache, so that the next method starts cold.
     fn evict(&self) -> BoxResult<()> {
-        for path in &self.all {
-            let file = File::open(path)?;
-            // SAFETY: plain advice on an open descriptor.
-            let status =
-                unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-            if status != 0 {
-                return Err(format!("{}: posix_fadvise failed ({status})", path.display()).into());
-            }
-        }
-        Ok(())
+        bench_util::evict(&self.all)
     }
 }
 
@@ -379,69 +369,25 @@ fn device_read_bytes(device: Option<(u32, u32)>) -> u64 {
         .unwrap_or(0)
 }
 
-/// The baseline: each record's frame in one read, `depth` reads in flight.
+/// Each record's frame read with one read, `depth` in flight (see `bench_util::uring_read`).
 fn raw_uring(
     files: &DatasetFiles,
     ranges: &[(u32, u64, u32)],
     indices: &[u64],
     depth: u32,
 ) -> BoxResult<()> {
-    thread_local! {
-        static RING: std::cell::RefCell<Option<IoUring>> = const { std::cell::RefCell::new(None) };
-    }
-    let total: usize = indices.iter().map(|&i| ranges[i as usize].2 as usize).sum();
-    let mut buffer = vec![0u8; total];
-    RING.with(|cell| -> BoxResult<()> {
-        let mut slot = cell.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(IoUring::new(depth)?);
-        }
-        let ring = slot.as_mut().ok_or("no ring")?;
-        let mut pieces = Vec::with_capacity(indices.len());
-        let mut rest = &mut buffer[..];
-        for &i in indices {
-            let (piece, tail) =
-                std::mem::take(&mut rest).split_at_mut(ranges[i as usize].2 as usize);
-            pieces.push(piece);
-            rest = tail;
-        }
-        let (mut next, mut in_flight) = (0usize, 0usize);
-        while next < indices.len() || in_flight > 0 {
-            while next < indices.len() && in_flight < depth as usize {
-                let (chunk, offset, _) = ranges[indices[next] as usize];
-                let piece = &mut pieces[next];
-                let entry = opcode::Read::new(
-                    types::Fd(files.chunks[chunk as usize].as_raw_fd()),
-                    piece.as_mut_ptr(),
-                    piece.len() as u32,
-                )
-                .offset(offset)
-                .build()
-                .user_data(next as u64);
-                // SAFETY: `pieces` (and the buffer they cut) outlive every read submitted
-                // here: this loop waits for all of them before returning.
-                if unsafe { ring.submission().push(&entry) }.is_err() {
-                    break;
-                }
-                next += 1;
-                in_flight += 1;
-            }
-            ring.submit_and_wait(1)?;
-            let done: Vec<i32> = ring.completion().map(|c| c.result()).collect();
-            in_flight -= done.len();
-            if let Some(e) = done.iter().find(|&&r| r < 0) {
-                // Wait out the rest before the buffers go.
-                while in_flight > 0 {
-                    ring.submit_and_wait(1)?;
-                    in_flight -= ring.completion().count();
-                }
-                return Err(std::io::Error::from_raw_os_error(-e).into());
-            }
-        }
-        Ok(())
-    })?;
-    std::hint::black_box(&buffer);
-    Ok(())
+    let reads: Vec<(std::os::fd::RawFd, u64, usize)> = indices
+        .iter()
+        .map(|&i| {
+            let (chunk, offset, len) = ranges[i as usize];
+            (
+                files.chunks[chunk as usize].as_raw_fd(),
+                offset,
+                len as usize,
+            )
+        })
+        .collect();
+    uring_read(&reads, depth)
 }
 
 /// The simplest baseline: one `pread` per record, one after another.
@@ -454,60 +400,4 @@ fn pread_loop(files: &DatasetFiles, ranges: &[(u32, u64, u32)], indices: &[u64])
         std::hint::black_box(&buffer);
     }
     Ok(())
-}
-
-/// A memory cgroup holding this process for as long as it lives.
-struct Cgroup {
-    dir: PathBuf,
-    /// Where this process goes back to.
-    parent_procs: PathBuf,
-    kind: &'static str,
-}
-
-impl Cgroup {
-    /// Makes a cgroup limited to `limit` bytes (page cache included) and moves this process
-    /// into it.
-    fn create(limit: u64) -> BoxResult<Cgroup> {
-        let name = format!("zr-cold-bench-{}", std::process::id());
-        let v1 = Path::new("/sys/fs/cgroup/memory");
-        let (root, limit_file, kind) = if v1.join("memory.limit_in_bytes").exists() {
-            (v1.to_path_buf(), "memory.limit_in_bytes", "cgroup v1")
-        } else if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-            (PathBuf::from("/sys/fs/cgroup"), "memory.max", "cgroup v2")
-        } else {
-            return Err("no memory cgroup controller found under /sys/fs/cgroup".into());
-        };
-        let dir = root.join(name);
-        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let cgroup = Cgroup {
-            parent_procs: root.join("cgroup.procs"),
-            dir,
-            kind,
-        };
-        std::fs::write(cgroup.dir.join(limit_file), limit.to_string())
-            .map_err(|e| format!("cannot limit {}: {e}", cgroup.dir.display()))?;
-        std::fs::write(
-            cgroup.dir.join("cgroup.procs"),
-            std::process::id().to_string(),
-        )
-        .map_err(|e| format!("cannot move into {}: {e}", cgroup.dir.display()))?;
-        Ok(cgroup)
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::write(&self.parent_procs, std::process::id().to_string());
-        // A cgroup empties a moment after its last process leaves.
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!(
-            "could not remove {}; remove it by hand (rmdir)",
-            self.dir.display()
-        );
-    }
 }

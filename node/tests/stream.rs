@@ -761,3 +761,79 @@ fn numpy_tokens_with_document_lengths_convert() {
     assert!(err.to_string().contains("token 1"), "{err}");
     assert!(!dest.exists());
 }
+
+#[test]
+fn a_shuffled_window_loader_resumes_exactly_and_on_other_ranks() {
+    use zr_common::{Loader, LoaderOptions, Order, Sampler, SamplerConfig, Tail};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stream = Stream::create(dir.path().join("s"), u32_element()).expect("create");
+    let mut model = Model::default();
+    fill(&stream, &mut model, &mut Rng(8), 200, 400);
+    stream.commit().expect("commit");
+    let (seq_len, stride) = (31, 32);
+    let windows = Arc::new(
+        Windows::new(Arc::new(stream), WindowMode::Windows { seq_len, stride }).expect("windows"),
+    );
+    let sampler = |rank, ranks| {
+        Sampler::new(SamplerConfig {
+            len: windows.len(),
+            order: Order::Shuffle,
+            seed: 5,
+            rank,
+            ranks,
+            batch: 4 / ranks, // the global batch stays 4
+            tail: Tail::Drop,
+        })
+        .expect("sampler")
+    };
+    let options = LoaderOptions {
+        fields: vec!["tokens".into(), "document".into()],
+        prefetch: 2,
+        workers: 2,
+        end_epoch: Some(2),
+    };
+    // Every batch equals a direct gather; returns the indices seen and the state after.
+    let run = |loader: Loader, take: usize| {
+        let mut loader = loader;
+        let mut seen = Vec::new();
+        for batch in loader.by_ref().take(take) {
+            let batch = batch.expect("batch");
+            let want = expected(&model, windows.mode(), &batch.indices);
+            assert_eq!(batch.columns[0].data, want.tokens);
+            let docs: Vec<u8> = want.document.iter().flat_map(|d| d.to_le_bytes()).collect();
+            assert_eq!(batch.columns[1].data, docs);
+            seen.extend(batch.indices.clone());
+        }
+        (seen, loader.state())
+    };
+    let one = sampler(0, 1);
+    let start = one.start(0);
+    let (whole, _) = run(
+        Loader::new(windows.clone(), one.clone(), start.clone(), options.clone()).expect("loader"),
+        usize::MAX,
+    );
+    let (first, state) = run(
+        Loader::new(windows.clone(), one.clone(), start, options.clone()).expect("loader"),
+        7,
+    );
+    let (rest, _) = run(
+        Loader::new(windows.clone(), one, state.clone(), options.clone()).expect("loader"),
+        usize::MAX,
+    );
+    assert_eq!([first.clone(), rest].concat(), whole);
+    // The same checkpoint resumed on two ranks: together they read what one rank would.
+    let mut split = Vec::new();
+    for rank in 0..2 {
+        let ranked = sampler(rank, 2);
+        let state = ranked.adopt(&state).expect("adopt");
+        let (seen, _) = run(
+            Loader::new(windows.clone(), ranked, state, options.clone()).expect("loader"),
+            usize::MAX,
+        );
+        split.extend(seen);
+    }
+    let mut after: Vec<u64> = whole[first.len()..].to_vec();
+    after.sort_unstable();
+    split.sort_unstable();
+    assert_eq!(split, after);
+}

@@ -1,7 +1,7 @@
 //! Helpers shared by the benchmark examples.
 #![allow(dead_code)] // each example uses a subset
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use zr_node::{CreateOptions, FieldSpec, Record, Store};
@@ -79,4 +79,136 @@ pub fn time_batches(seconds: f64, mut step: impl FnMut(usize)) -> f64 {
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
+}
+
+/// Reads `(fd, offset, len)` each with one io_uring read, `depth` in flight, into one
+/// buffer: the device's limit, as the raw baseline of the cold benchmarks.
+pub fn uring_read(
+    reads: &[(std::os::fd::RawFd, u64, usize)],
+    depth: u32,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use io_uring::{opcode, types, IoUring};
+    thread_local! {
+        static RING: std::cell::RefCell<Option<IoUring>> = const { std::cell::RefCell::new(None) };
+    }
+    let total: usize = reads.iter().map(|r| r.2).sum();
+    let mut buffer = vec![0u8; total];
+    RING.with(|cell| -> Result<(), Box<dyn std::error::Error>> {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(IoUring::new(depth)?);
+        }
+        let ring = slot.as_mut().ok_or("no ring")?;
+        let mut pieces = Vec::with_capacity(reads.len());
+        let mut rest = &mut buffer[..];
+        for read in reads {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(read.2);
+            pieces.push(piece);
+            rest = tail;
+        }
+        let (mut next, mut in_flight) = (0usize, 0usize);
+        while next < reads.len() || in_flight > 0 {
+            while next < reads.len() && in_flight < depth as usize {
+                let (fd, offset, _) = reads[next];
+                let piece = &mut pieces[next];
+                let entry =
+                    opcode::Read::new(types::Fd(fd), piece.as_mut_ptr(), piece.len() as u32)
+                        .offset(offset)
+                        .build()
+                        .user_data(next as u64);
+                // SAFETY: `pieces` (and the buffer they cut) outlive every read submitted
+                // here: this loop waits for all of them before returning.
+                if unsafe { ring.submission().push(&entry) }.is_err() {
+                    break;
+                }
+                next += 1;
+                in_flight += 1;
+            }
+            ring.submit_and_wait(1)?;
+            let done: Vec<i32> = ring.completion().map(|c| c.result()).collect();
+            in_flight -= done.len();
+            if let Some(e) = done.iter().find(|&&r| r < 0) {
+                // Wait out the rest before the buffers go.
+                while in_flight > 0 {
+                    ring.submit_and_wait(1)?;
+                    in_flight -= ring.completion().count();
+                }
+                return Err(std::io::Error::from_raw_os_error(-e).into());
+            }
+        }
+        Ok(())
+    })?;
+    std::hint::black_box(&buffer);
+    Ok(())
+}
+
+/// Drops the pages of `paths` from the page cache, so that the next method starts cold.
+pub fn evict(paths: &[std::path::PathBuf]) -> Result<(), Box<dyn std::error::Error>> {
+    use std::os::fd::AsRawFd;
+    for path in paths {
+        let file = std::fs::File::open(path)?;
+        // SAFETY: plain advice on an open descriptor.
+        let status =
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if status != 0 {
+            return Err(format!("{}: posix_fadvise failed ({status})", path.display()).into());
+        }
+    }
+    Ok(())
+}
+
+/// A memory cgroup holding this process for as long as it lives.
+pub struct Cgroup {
+    dir: PathBuf,
+    /// Where this process goes back to.
+    parent_procs: PathBuf,
+    pub kind: &'static str,
+}
+
+impl Cgroup {
+    /// Makes a cgroup limited to `limit` bytes (page cache included) and moves this process
+    /// into it.
+    pub fn create(limit: u64) -> Result<Cgroup, Box<dyn std::error::Error>> {
+        let name = format!("zr-bench-{}", std::process::id());
+        let v1 = Path::new("/sys/fs/cgroup/memory");
+        let (root, limit_file, kind) = if v1.join("memory.limit_in_bytes").exists() {
+            (v1.to_path_buf(), "memory.limit_in_bytes", "cgroup v1")
+        } else if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            (PathBuf::from("/sys/fs/cgroup"), "memory.max", "cgroup v2")
+        } else {
+            return Err("no memory cgroup controller found under /sys/fs/cgroup".into());
+        };
+        let dir = root.join(name);
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let cgroup = Cgroup {
+            parent_procs: root.join("cgroup.procs"),
+            dir,
+            kind,
+        };
+        std::fs::write(cgroup.dir.join(limit_file), limit.to_string())
+            .map_err(|e| format!("cannot limit {}: {e}", cgroup.dir.display()))?;
+        std::fs::write(
+            cgroup.dir.join("cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .map_err(|e| format!("cannot move into {}: {e}", cgroup.dir.display()))?;
+        Ok(cgroup)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.parent_procs, std::process::id().to_string());
+        // A cgroup empties a moment after its last process leaves.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!(
+            "could not remove {}; remove it by hand (rmdir)",
+            self.dir.display()
+        );
+    }
 }

@@ -215,7 +215,7 @@ fn remove_made(dest: &Path, existed: bool) -> std::io::Result<()> {
 
 /// `zr convert --megatron PREFIX`: the stream of `PREFIX.bin` + `PREFIX.idx` at `dest` (one
 /// document per Megatron document, its sequences concatenated). `progress` gets token bytes
-/// converted so far.
+/// converted so far, and their total.
 pub fn convert_megatron(
     prefix: &Path,
     dest: &Path,
@@ -324,9 +324,11 @@ impl NpyVector {
             "<i2" | "=i2" => (true, 2),
             "<i4" | "=i4" => (true, 4),
             "<i8" | "=i8" => (true, 8),
-            other => return Err(bad(format!(
+            other => {
+                return Err(bad(format!(
                 "{what} must be little-endian integers (uint16/32/64 or int16/32/64), not {other}"
-            ))),
+            )))
+            }
         };
         if header.shape.len() != 1 {
             return Err(bad(format!(
@@ -377,7 +379,7 @@ impl NpyVector {
 /// `zr convert --tokens --doc-lengths`: the stream of the token ids in `tokens` (a 1-D
 /// `.npy`), cut into documents of the lengths in `lengths` (a 1-D `.npy`, summing to the
 /// token count). uint16 tokens stay uint16; other integer types become uint32 (values must
-/// fit). `progress` gets tokens converted so far.
+/// fit). `progress` gets bytes of `tokens` converted so far, and their total.
 pub fn convert_tokens(
     tokens: &Path,
     lengths: &Path,
@@ -435,7 +437,7 @@ pub fn convert_tokens(
                 }
                 stream.append_tokens(&converted)?;
             }
-            progress(end, total);
+            progress(end * tokens.itemsize as u64, total * tokens.itemsize as u64);
             start = end;
         }
         let mut ends = Vec::with_capacity(lengths.len().min(1 << 16) as usize);

@@ -143,7 +143,7 @@ impl Windows {
         let result = self.gather_to(
             indices,
             &mut out.tokens,
-            &mut out.document,
+            Some(&mut out.document),
             mask,
             Some(&mut spans),
         );
@@ -154,13 +154,13 @@ impl Windows {
     }
 
     /// Gathers observations `indices` into the caller's buffers: `tokens` of `rows × width`
-    /// elements, `document` of `rows × width`, `mask` (document mode; optional) of
-    /// `rows × width`, and the spans hit (optional).
+    /// elements, and optionally `document` of `rows × width`, `mask` (document mode) of
+    /// `rows × width`, and the spans hit.
     pub fn gather_to(
         &self,
         indices: &[u64],
         tokens: &mut [u8],
-        document: &mut [i64],
+        mut document: Option<&mut [i64]>,
         mut mask: Option<&mut [u8]>,
         mut spans: Option<&mut SpanSink>,
     ) -> Result<()> {
@@ -169,15 +169,16 @@ impl Windows {
         let e = view.element_bytes as usize;
         let rows = indices.len();
         if tokens.len() != rows * width * e
-            || document.len() != rows * width
+            || document.as_ref().is_some_and(|d| d.len() != rows * width)
             || mask.as_ref().is_some_and(|m| m.len() != rows * width)
         {
             return Err(Error::InvalidRecord(format!(
-                "buffers for {rows} observations of {width} tokens need {} token bytes and {} documents (got {} and {})",
-                rows * width * e,
-                rows * width,
+                "buffers for {rows} observations of {width} tokens hold {} token bytes (need {}), and {} document and {} mask entries (need {} each)",
                 tokens.len(),
-                document.len()
+                rows * width * e,
+                document.as_ref().map_or(0, |d| d.len()),
+                mask.as_ref().map_or(0, |m| m.len()),
+                rows * width,
             )));
         }
         // Where each row's tokens come from: (first token, tokens to copy).
@@ -219,9 +220,11 @@ impl Windows {
             sink.ids.clear();
         }
         for (k, &(start, len)) in ranges.iter().enumerate() {
-            let row = &mut document[k * width..(k + 1) * width];
-            fill_documents(&view, start, &mut row[..len as usize]);
-            row[len as usize..].fill(-1);
+            if let Some(document) = document.as_deref_mut() {
+                let row = &mut document[k * width..(k + 1) * width];
+                fill_documents(&view, start, &mut row[..len as usize]);
+                row[len as usize..].fill(-1);
+            }
             if let Some(mask) = mask.as_deref_mut() {
                 let row = &mut mask[k * width..(k + 1) * width];
                 row[..len as usize].fill(1);
