@@ -809,7 +809,7 @@ fn a_shuffled_window_loader_resumes_exactly_and_on_other_ranks() {
     let one = sampler(0, 1);
     let start = one.start(0);
     let (whole, _) = run(
-        Loader::new(windows.clone(), one.clone(), start.clone(), options.clone()).expect("loader"),
+        Loader::new(windows.clone(), one.clone(), start, options.clone()).expect("loader"),
         usize::MAX,
     );
     let (first, state) = run(
@@ -817,7 +817,7 @@ fn a_shuffled_window_loader_resumes_exactly_and_on_other_ranks() {
         7,
     );
     let (rest, _) = run(
-        Loader::new(windows.clone(), one, state.clone(), options.clone()).expect("loader"),
+        Loader::new(windows.clone(), one, state, options.clone()).expect("loader"),
         usize::MAX,
     );
     assert_eq!([first.clone(), rest].concat(), whole);
