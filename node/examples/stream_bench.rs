@@ -169,14 +169,14 @@ fn warm(args: &Args, dir: &Path) -> BoxResult<()> {
         }
     };
     let round = args.seconds / ROUNDS as f64;
-    let mut rates = [[0f64; ROUNDS]; 4];
-    for r in 0..ROUNDS {
-        rates[0][r] = time_batches(round, |b| {
+    let mut rates: [Vec<f64>; 4] = Default::default();
+    for _ in 0..ROUNDS {
+        rates[0].push(time_batches(round, |b| {
             batch_starts(b, args.batch, n, args.seq_len, &mut starts);
             slice_into(&starts, &mut out);
             std::hint::black_box(&out);
-        });
-        rates[1][r] = time_batches(round, |b| {
+        }));
+        rates[1].push(time_batches(round, |b| {
             batch_starts(b, args.batch, n, args.seq_len, &mut starts);
             indices.clear();
             indices.extend(starts.iter().map(|s| s / args.seq_len));
@@ -184,14 +184,14 @@ fn warm(args: &Args, dir: &Path) -> BoxResult<()> {
                 .gather_to(&indices, &mut out, None, None, None)
                 .expect("gather");
             std::hint::black_box(&out);
-        });
-        rates[2][r] = time_batches(round, |b| {
+        }));
+        rates[2].push(time_batches(round, |b| {
             batch_starts(b, args.batch, n, args.seq_len, &mut starts);
             slice_into(&starts, &mut out);
             search_documents(&starts, &mut documents);
             std::hint::black_box((&out, &documents));
-        });
-        rates[3][r] = time_batches(round, |b| {
+        }));
+        rates[3].push(time_batches(round, |b| {
             batch_starts(b, args.batch, n, args.seq_len, &mut starts);
             indices.clear();
             indices.extend(starts.iter().map(|s| s / args.seq_len));
@@ -199,9 +199,9 @@ fn warm(args: &Args, dir: &Path) -> BoxResult<()> {
                 .gather_to(&indices, &mut out, Some(&mut documents), None, None)
                 .expect("gather");
             std::hint::black_box((&out, &documents));
-        });
+        }));
     }
-    let [slice, tokens, slice_docs, tokens_docs] = rates.map(|r| median(r.to_vec()));
+    let [slice, tokens, slice_docs, tokens_docs] = rates.map(median);
     let per_s = |batches: f64| batches * args.batch as f64;
     let gib = |batches: f64| batches * (args.batch * width * 4) as f64 / (1u64 << 30) as f64;
     println!(
