@@ -1021,6 +1021,260 @@ fn loader_error(e: zr_common::Error) -> PyErr {
     Error::new_err(message)
 }
 
+/// A token stream (the engine's `stream::Stream`).
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct Stream {
+    inner: std::sync::Arc<zr_node::stream::Stream>,
+}
+
+/// An element type for Python: (component name, NumPy type string) per component.
+type ElementTuple = Vec<(String, String)>;
+
+#[pymethods]
+impl Stream {
+    /// Opens the stream at `path`: read-only (beside other readers and one writer) or for
+    /// appending (one writer at a time).
+    #[staticmethod]
+    fn open(py: Python<'_>, path: std::path::PathBuf, writable: bool) -> PyResult<Stream> {
+        let inner = py
+            .detach(|| {
+                if writable {
+                    zr_node::stream::Stream::open(&path)
+                } else {
+                    zr_node::stream::Stream::open_read_only(&path)
+                }
+            })
+            .map_err(node_error)?;
+        Ok(Stream {
+            inner: std::sync::Arc::new(inner),
+        })
+    }
+
+    /// Creates an empty stream of `element` at `path`, open for appending.
+    #[staticmethod]
+    fn create(py: Python<'_>, path: std::path::PathBuf, element: ElementTuple) -> PyResult<Stream> {
+        let element = element
+            .into_iter()
+            .map(|(name, dtype)| zr_node::stream::Component::new(name, dtype))
+            .collect();
+        let inner = py
+            .detach(|| zr_node::stream::Stream::create(&path, element))
+            .map_err(node_error)?;
+        Ok(Stream {
+            inner: std::sync::Arc::new(inner),
+        })
+    }
+
+    /// Committed tokens.
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    fn documents(&self) -> u64 {
+        self.inner.documents()
+    }
+
+    fn spans(&self) -> u64 {
+        self.inner.spans()
+    }
+
+    fn element(&self) -> ElementTuple {
+        self.inner
+            .element()
+            .into_iter()
+            .map(|c| (c.name, c.dtype))
+            .collect()
+    }
+
+    /// Sees what was committed since; returns the tokens.
+    fn refresh(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.inner.refresh()).map_err(node_error)
+    }
+
+    /// Document `d`'s token range (start, end).
+    fn document(&self, d: u64) -> PyResult<(u64, u64)> {
+        self.inner.document(d).map_err(node_error)
+    }
+
+    /// Span `j`: (start, end, metadata bytes).
+    fn span<'py>(
+        &self,
+        py: Python<'py>,
+        j: u64,
+    ) -> PyResult<(u64, u64, Bound<'py, pyo3::types::PyBytes>)> {
+        let (start, end, metadata) = self.inner.span(j).map_err(node_error)?;
+        Ok((start, end, pyo3::types::PyBytes::new(py, &metadata)))
+    }
+
+    /// Copies tokens from `start` into `out` (uint8, whole elements).
+    fn read_tokens(
+        &self,
+        py: Python<'_>,
+        start: u64,
+        out: &Bound<'_, PyArray1<u8>>,
+    ) -> PyResult<()> {
+        let mut out = out
+            .try_readwrite()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let out = out
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(format!("out: {e}")))?;
+        py.detach(|| self.inner.read_tokens(start, out))
+            .map_err(node_error)
+    }
+
+    /// Appends a document: its tokens' bytes and its spans as (start, end, metadata);
+    /// returns its index.
+    fn append_document(
+        &self,
+        py: Python<'_>,
+        tokens: PyReadonlyArray1<'_, u8>,
+        spans: Vec<(u64, u64, Vec<u8>)>,
+    ) -> PyResult<u64> {
+        let tokens = tokens
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(format!("tokens: {e}")))?;
+        let spans: Vec<zr_node::stream::Span> = spans
+            .iter()
+            .map(|(start, end, metadata)| zr_node::stream::Span {
+                start: *start,
+                end: *end,
+                metadata,
+            })
+            .collect();
+        py.detach(|| self.inner.append_document(tokens, &spans))
+            .map_err(node_error)
+    }
+
+    fn commit(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.commit()).map_err(node_error)
+    }
+
+    /// Every problem `verify` finds, as (table, entry, reason).
+    fn verify(&self, py: Python<'_>) -> PyResult<Vec<(String, u64, String)>> {
+        let report = py
+            .detach(|| self.inner.verify(|_| {}))
+            .map_err(node_error)?;
+        Ok(report
+            .problems
+            .into_iter()
+            .map(|p| (p.field, p.index, p.reason))
+            .collect())
+    }
+
+    /// Observations: windows of `seq_len + 1` tokens every `stride`, or (`documents`) one
+    /// per document, cut or padded to `seq_len + 1`; `read` is mmap, direct or auto.
+    #[pyo3(signature = (seq_len, stride, documents, read="mmap", uncached=false, checked=false))]
+    fn windows(
+        &self,
+        seq_len: u64,
+        stride: u64,
+        documents: bool,
+        read: &str,
+        uncached: bool,
+        checked: bool,
+    ) -> PyResult<StreamWindows> {
+        let mode = if documents {
+            zr_node::stream::WindowMode::Documents { seq_len }
+        } else {
+            zr_node::stream::WindowMode::Windows { seq_len, stride }
+        };
+        let read: zr_node::ReadPath = read.parse().map_err(PyValueError::new_err)?;
+        let inner = zr_node::stream::Windows::new(self.inner.clone(), mode)
+            .map_err(node_error)?
+            .with_options(zr_node::GatherOptions {
+                read,
+                uncached,
+                verify: checked,
+                ..zr_node::GatherOptions::default()
+            });
+        Ok(StreamWindows { inner })
+    }
+}
+
+/// The observations of a stream (see `Stream.windows`).
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct StreamWindows {
+    inner: zr_node::stream::Windows,
+}
+
+/// The spans a gather found: (hits as row, start, end, span — flat, 4 per hit; the spans
+/// hit, ascending; their metadata as (values, offsets)).
+type SpanColumns<'py> = (
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<u64>>,
+    PyColumn<'py>,
+);
+
+#[pymethods]
+impl StreamWindows {
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    /// Tokens per observation.
+    fn width(&self) -> usize {
+        self.inner.width()
+    }
+
+    /// Gathers observations `indices`: tokens into `tokens` (uint8 view of rows × width
+    /// elements), documents into `document` (int64, rows × width) and the mask into `mask`
+    /// (uint8, document mode) when given; with `spans`, the spans hit.
+    #[pyo3(signature = (indices, tokens, document=None, mask=None, spans=false))]
+    fn gather<'py>(
+        &self,
+        py: Python<'py>,
+        indices: PyReadonlyArray1<'_, u64>,
+        tokens: &Bound<'_, PyArray1<u8>>,
+        document: Option<&Bound<'_, PyArray1<i64>>>,
+        mask: Option<&Bound<'_, PyArray1<u8>>>,
+        spans: bool,
+    ) -> PyResult<Option<SpanColumns<'py>>> {
+        let indices = indices_of(&indices);
+        let bad =
+            |what: &str, e: &dyn std::fmt::Display| PyValueError::new_err(format!("{what}: {e}"));
+        let mut tokens = tokens.try_readwrite().map_err(|e| bad("tokens", &e))?;
+        let tokens = tokens.as_slice_mut().map_err(|e| bad("tokens", &e))?;
+        let mut document = document
+            .map(|d| d.try_readwrite())
+            .transpose()
+            .map_err(|e| bad("document", &e))?;
+        let document = document
+            .as_mut()
+            .map(|d| d.as_slice_mut())
+            .transpose()
+            .map_err(|e| bad("document", &e))?;
+        let mut mask = mask
+            .map(|m| m.try_readwrite())
+            .transpose()
+            .map_err(|e| bad("mask", &e))?;
+        let mask = mask
+            .as_mut()
+            .map(|m| m.as_slice_mut())
+            .transpose()
+            .map_err(|e| bad("mask", &e))?;
+        let mut sink = zr_node::stream::SpanSink::default();
+        py.detach(|| {
+            self.inner
+                .gather_to(&indices, tokens, document, mask, spans.then_some(&mut sink))
+        })
+        .map_err(node_error)?;
+        if !spans {
+            return Ok(None);
+        }
+        let hits: Vec<i64> = sink
+            .hits
+            .iter()
+            .flat_map(|h| [h.row as i64, h.start as i64, h.end as i64, h.span as i64])
+            .collect();
+        Ok(Some((
+            PyArray1::from_vec(py, hits),
+            PyArray1::from_vec(py, sink.ids),
+            py_column(py, sink.metadata),
+        )))
+    }
+}
+
 /// Trains a zstd dictionary for field `field` of the local dataset at `path` and rewrites
 /// the dataset with the field compressed with it (as `zr dict train`); returns (dictionary
 /// id, its bytes, records trained on).
@@ -1046,6 +1300,8 @@ fn train_dict(
 fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(train_dict, m)?)?;
     m.add_class::<Store>()?;
+    m.add_class::<Stream>()?;
+    m.add_class::<StreamWindows>()?;
     m.add_class::<NativeLoader>()?;
     m.add_class::<Mixture>()?;
     m.add_class::<NativeMixtureLoader>()?;

@@ -7,6 +7,10 @@ dtype and shape gathers into a NumPy array of shape ``(B, *shape)``; any other f
 ``(values: uint8[...], offsets: int64[B + 1])``. Gathers release the GIL and copy each record
 once, straight into its destination.
 
+Token streams (``zrecord.create_stream``, ``zrecord.open_stream``; see ``zrecord.stream``)
+hold LLM pre-training tokens with their document boundaries; ``stream.windows(seq_len)`` is
+a dataset of windows computed at read time.
+
 Samplers (``zrecord.Sampler``) and a prefetching loader (``zrecord.Loader``) resume exactly
 from ``state_dict()``. ``zrecord.torch``, ``zrecord.grain`` and ``zrecord.jax`` adapt them to
 those frameworks without depending on them.
@@ -49,6 +53,10 @@ __all__ = [
     "from_arrays",
     "from_numpy",
     "open",
+    "Stream",
+    "Windows",
+    "create_stream",
+    "open_stream",
     "train_dict",
 ]
 
@@ -891,3 +899,6 @@ def _mixture_fields(datasets: list[Dataset], mixture: Mixture, fields: Sequence[
                 raise ValueError(f"field '{name}' is {f.dtype}{list(f.shape or [])} in dataset {i} and {first.dtype}{list(first.shape or [])} in dataset 0: a batch needs one kind")
         chosen.append(first)
     return chosen
+
+
+from .stream import Stream, Windows, create_stream, open_stream  # noqa: E402  (uses the helpers above)

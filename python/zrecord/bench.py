@@ -10,6 +10,9 @@ same run.
 - with PyTorch installed: a ``DataLoader`` (2 workers, batches of 256) over zrecord
   (``MapDataset``, ``StatefulSampler``, ``collate``) vs over an in-memory ``TensorDataset`` of
   the same records (shuffled, torch's default collate);
+- token windows: random windows of 2,049 uint32 tokens in batches of 32 from a token stream
+  (``Windows.gather(out=)``, tokens only and with each token's document) vs NumPy memmap
+  slicing of the same ``tokens.bin`` (and ``np.searchsorted`` over the document ends);
 - with Grain installed: Grain iterating whole batches from zrecord (``zrecord.grain.batches``)
   vs Grain batching a NumPy array source (``MapDataset.source(array).batch(B)``), in process.
 
@@ -102,8 +105,59 @@ def main() -> None:
             looped += time.perf_counter() - started
         print(f"loader (prefetch 2, 2 workers) {len(batches) / looped:,.0f} batches/s vs a bare gather loop {len(batches) / bare:,.0f}: loader/bare {bare / looped:.2f}x")
         _mixture(tmp, ds, args)
+        _stream(tmp, args)
         _torch(ds, args)
         _grain(ds, args)
+
+
+def _stream(tmp, args, tokens: int = 64 << 20, seq_len: int = 2048, batch: int = 32) -> None:
+    """Random windows from a token stream vs memmap slicing of its own tokens file."""
+    rng = np.random.default_rng(11)
+    path = os.path.join(tmp, "stream")
+    with zrecord.create_stream(path) as s:
+        left = tokens
+        while left:
+            n = int(min(left, rng.integers(1, 4000)))
+            s.append_document(rng.integers(0, 1 << 31, size=n, dtype=np.uint32))
+            left -= n
+    stream = zrecord.open_stream(path)
+    windows = stream.windows(seq_len)
+    n, width = len(windows), seq_len + 1
+    mm = np.memmap(os.path.join(path, "tokens.bin"), dtype=np.uint32, mode="r")
+    ends = np.array([stream._native().document(d)[1] for d in range(stream.documents)], dtype=np.int64)
+    np.asarray(mm).sum()  # warm
+    batches = [rng.integers(0, n, size=batch, dtype=np.uint64) for _ in range(64)]
+    k = [0]
+
+    def next_batch():
+        k[0] = (k[0] + 1) % len(batches)
+        return batches[k[0]]
+
+    tokens_out = np.empty((batch, width), np.uint32)
+    documents_out = np.empty((batch, width), np.int64)
+    offsets = np.arange(width, dtype=np.int64)
+
+    def memmap_slices(with_documents: bool):
+        starts = next_batch().astype(np.int64) * seq_len
+        for row, start in enumerate(starts):
+            tokens_out[row] = mm[start : start + width]
+        if with_documents:
+            positions = starts[:, None] + offsets
+            documents_out[...] = np.searchsorted(ends, positions, side="right")
+
+    rates = {"zr": 0.0, "np": 0.0, "zr_docs": 0.0, "np_docs": 0.0}
+    for _ in range(args.rounds):
+        part = args.seconds / args.rounds
+        rates["zr"] += _rate(lambda: windows.gather(next_batch(), fields=["tokens"], out={"tokens": tokens_out}), part)
+        rates["np"] += _rate(lambda: memmap_slices(False), part)
+        rates["zr_docs"] += _rate(lambda: windows.gather(next_batch(), out={"tokens": tokens_out, "document": documents_out}), part)
+        rates["np_docs"] += _rate(lambda: memmap_slices(True), part)
+    zr, npm, zr_docs, np_docs = (rates[key] / args.rounds * batch for key in ("zr", "np", "zr_docs", "np_docs"))
+    print(f"token windows of {width} uint32 tokens, {len(stream):,} tokens in {stream.documents:,} documents, random batches of {batch}:")
+    print(f"  zrecord Windows.gather(out=), tokens      {zr:>10,.0f} windows/s")
+    print(f"  numpy memmap slicing                      {npm:>10,.0f} windows/s   zrecord/numpy {zr / npm:.2f}x")
+    print(f"  zrecord, tokens + documents               {zr_docs:>10,.0f} windows/s")
+    print(f"  numpy slicing + searchsorted documents    {np_docs:>10,.0f} windows/s   zrecord/numpy {zr_docs / np_docs:.2f}x")
 
 
 def _mixture(tmp, ds, args) -> None:

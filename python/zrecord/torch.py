@@ -50,7 +50,11 @@ class Batch(_Sequence):
         k %= self.count
         record = {}
         for name, value in self.columns.items():
-            if isinstance(value, np.ndarray):
+            if name == "spans" and isinstance(value, np.ndarray):
+                record[name] = value[value[:, 0] == k]  # a window's spans: (row, start, end, span)
+            elif name in ("span_ids", "metadata"):
+                continue  # a batch's span metadata, once per batch: in ``columns``
+            elif isinstance(value, np.ndarray):
                 record[name] = value[k]
             else:
                 values, offsets = value

@@ -1,0 +1,235 @@
+"""Token streams from Python: windows and documents against NumPy slicing, out=, spans,
+structured elements, readers beside a writer, loaders and resume, Megatron files."""
+
+import pathlib
+import pickle
+import shutil
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+
+import zrecord
+
+
+def _documents(rng, count, high=50_000, longest=600):
+    return [rng.integers(0, high, size=int(rng.integers(0, longest))).astype(np.uint32) for _ in range(count)]
+
+
+def _make(path, docs, dtype=np.uint32, spans=None):
+    with zrecord.create_stream(path, dtype=dtype) as s:
+        for d, doc in enumerate(docs):
+            s.append_document(doc, spans[d] if spans else ())
+    return zrecord.open_stream(path)
+
+
+def _document_of(docs):
+    return np.concatenate([np.full(len(doc), d, dtype=np.int64) for d, doc in enumerate(docs)])
+
+
+def test_windows_match_numpy_slicing(tmp_path):
+    rng = np.random.default_rng(0)
+    docs = _documents(rng, 200)
+    stream = _make(tmp_path / "s", docs)
+    flat = np.concatenate(docs)
+    doc_of = _document_of(docs)
+    assert len(stream) == flat.size and stream.documents == len(docs)
+    assert stream.dtype == np.uint32
+    np.testing.assert_array_equal(stream.document(3), docs[3])
+    for seq_len, stride in [(127, 128), (64, 7), (2048, 2048)]:
+        w = stream.windows(seq_len, stride)
+        n = (flat.size - seq_len - 1) // stride + 1
+        assert len(w) == n
+        idx = rng.integers(0, n, size=50)
+        batch = w.gather(idx)
+        assert set(batch) == {"tokens", "document"}
+        for row, i in enumerate(idx):
+            s = i * stride
+            np.testing.assert_array_equal(batch["tokens"][row], flat[s : s + seq_len + 1])
+            np.testing.assert_array_equal(batch["document"][row], doc_of[s : s + seq_len + 1])
+        # The same from the disk, around the page cache.
+        direct = stream.windows(seq_len, stride, read="direct", uncached=True).gather(idx)
+        np.testing.assert_array_equal(direct["tokens"], batch["tokens"])
+        # Into caller-owned arrays: returned as given, filled.
+        out = {"tokens": np.empty((idx.size, seq_len + 1), np.uint32), "document": np.empty((idx.size, seq_len + 1), np.int64)}
+        got = w.gather(idx, out=out)
+        assert got["tokens"] is out["tokens"]
+        np.testing.assert_array_equal(out["tokens"], batch["tokens"])
+        np.testing.assert_array_equal(out["document"], batch["document"])
+        with pytest.raises(IndexError):
+            w.gather([n])
+    w = stream.windows(127, 128)
+    with pytest.raises(ValueError, match="out\\['tokens'\\]"):
+        w.gather([0], out={"tokens": np.empty((1, 128), np.uint16)})
+    with pytest.raises(KeyError):
+        w.gather([0], fields=["labels"])
+    only = w.gather([0, 1], fields=["tokens"])
+    assert set(only) == {"tokens"}
+    np.testing.assert_array_equal(w[1]["tokens"], flat[128:256])
+    rows = w.__getitems__([2, 0])
+    np.testing.assert_array_equal(rows[1]["tokens"], flat[:128])
+
+
+def test_document_mode_and_spans(tmp_path):
+    rng = np.random.default_rng(1)
+    docs = _documents(rng, 40, longest=300)
+    spans = []
+    for d, doc in enumerate(docs):
+        mine = []
+        if len(doc) > 2:
+            mine.append((1, len(doc) - 1, f"doc {d} middle".encode()))
+            mine.append((0, 1, f"doc {d} first"))
+        spans.append(mine)
+    stream = _make(tmp_path / "s", docs, spans=spans)
+    assert stream.spans == sum(len(s) for s in spans)
+    dw = stream.document_windows(99)
+    assert len(dw) == len(docs)
+    batch = dw.gather(np.arange(len(docs)))
+    for d, doc in enumerate(docs):
+        k = min(len(doc), 100)
+        np.testing.assert_array_equal(batch["tokens"][d, :k], doc[:k])
+        assert not batch["tokens"][d, k:].any()
+        assert batch["mask"][d].sum() == k and batch["mask"].dtype == np.bool_
+        assert (batch["document"][d, :k] == d).all() and (batch["document"][d, k:] == -1).all()
+    # Spans clipped to each window, their metadata once per batch.
+    flat = np.concatenate(docs)
+    absolute = []
+    start = 0
+    for d, doc in enumerate(docs):
+        for a, b, m in sorted(spans[d], key=lambda s: s[0]):
+            absolute.append((start + a, start + b, m if isinstance(m, bytes) else m.encode()))
+        start += len(doc)
+    w = stream.windows(50, 50)
+    idx = np.array([3, 0, 3, len(w) - 1])
+    got = w.gather(idx)
+    want = []
+    for row, i in enumerate(idx):
+        lo, hi = i * 50, i * 50 + 51
+        for j, (a, b, _) in enumerate(absolute):
+            if a < hi and b > lo:
+                want.append((row, max(a, lo) - lo, min(b, hi) - lo, j))
+    assert sorted(map(tuple, got["spans"].tolist())) == sorted(want)
+    ids = sorted({h[3] for h in want})
+    assert got["span_ids"].tolist() == ids
+    assert got["metadata"] == [absolute[j][2] for j in ids]
+    assert stream.span(ids[0])[2] == absolute[ids[0]][2]
+    assert flat.size == len(stream)
+
+
+def test_structured_and_uint16_elements(tmp_path):
+    element = np.dtype([("token", "<u4"), ("concept", "<u2")])
+    with zrecord.create_stream(tmp_path / "c", dtype=element) as s:
+        doc = np.zeros(300, dtype=element)
+        doc["token"] = np.arange(300)
+        doc["concept"] = np.arange(300) % 11
+        s.append_document(doc)
+    stream = zrecord.open_stream(tmp_path / "c")
+    assert stream.dtype == element
+    batch = stream.windows(9, 10).gather([2])
+    assert batch["tokens"].dtype == element
+    np.testing.assert_array_equal(batch["tokens"][0]["concept"], np.arange(20, 30) % 11)
+    small = _make(tmp_path / "u16", [np.arange(1000, dtype=np.uint16)], dtype=np.uint16)
+    assert small.windows(9).gather([1])["tokens"].dtype == np.uint16
+    with zrecord.create_stream(tmp_path / "u16b", dtype=np.uint16) as s:
+        with pytest.raises(ValueError, match="do not fit"):
+            s.append_document(np.array([70_000]))
+    with pytest.raises(ValueError, match="uint16"):
+        zrecord.create_stream(tmp_path / "f", dtype=np.float32)
+
+
+def test_a_reader_sees_commits_and_pickles(tmp_path):
+    writer = zrecord.create_stream(tmp_path / "s")
+    reader = zrecord.open_stream(tmp_path / "s")
+    writer.append_document(np.arange(100, dtype=np.uint32))
+    assert len(reader) == 0
+    writer.commit()
+    assert len(reader) == 100
+    w = reader.windows(9, 10)
+    assert len(w) == 10
+    writer.append_document(np.arange(50, dtype=np.uint32))
+    writer.commit()
+    assert len(w) == 15, "windows follow the stream's commits"
+    clone = pickle.loads(pickle.dumps(w))
+    np.testing.assert_array_equal(clone.gather([14])["tokens"][0], np.arange(40, 50))
+    with pytest.raises(TypeError):
+        pickle.dumps(writer)
+    assert reader.verify() == []
+
+
+def test_loader_and_resume_over_windows(tmp_path):
+    rng = np.random.default_rng(2)
+    docs = _documents(rng, 100)
+    stream = _make(tmp_path / "s", docs)
+    w = stream.windows(31, 32)
+    sampler = zrecord.Sampler(len(w), seed=3, batch=8)
+    whole = [b["tokens"].copy() for b in zrecord.Loader(w, sampler)]
+    sampler = zrecord.Sampler(len(w), seed=3, batch=8)
+    loader = zrecord.Loader(w, sampler)
+    first = []
+    for k, b in enumerate(loader):
+        first.append(b["tokens"].copy())
+        if k == 4:
+            break
+    state = loader.state_dict()
+    again = zrecord.Sampler(len(w), seed=3, batch=8)
+    again.load_state_dict(state)
+    rest = [b["tokens"].copy() for b in zrecord.Loader(w, again)]
+    assert len(first) + len(rest) == len(whole)
+    for got, want in zip(first + rest, whole):
+        np.testing.assert_array_equal(got, want)
+
+
+def _write_megatron(prefix, docs, code):
+    dtype = {8: np.uint16, 4: np.int32}[code]
+    with open(f"{prefix}.bin", "wb") as f:
+        for doc in docs:
+            f.write(doc.astype(dtype).tobytes())
+    lengths = np.array([len(d) for d in docs], dtype=np.int32)
+    pointers = np.concatenate([[0], np.cumsum(lengths.astype(np.int64) * np.dtype(dtype).itemsize)[:-1]]).astype(np.int64)
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00")
+        f.write(struct.pack("<Q", 1))
+        f.write(struct.pack("<B", code))
+        f.write(struct.pack("<Q", len(docs)))
+        f.write(struct.pack("<Q", len(docs) + 1))
+        f.write(lengths.tobytes())
+        f.write(pointers.tobytes())
+        f.write(np.arange(len(docs) + 1, dtype=np.int64).tobytes())
+
+
+def test_megatron_files_convert_with_the_cli(tmp_path):
+    zr = shutil.which("zr")
+    for build in ("release", "debug"):
+        built = pathlib.Path(__file__).resolve().parents[2] / "target" / build / "zr"
+        if zr is None and built.exists():
+            zr = str(built)
+    if zr is None:
+        pytest.skip("no zr command: install it or build the workspace (cargo build)")
+    rng = np.random.default_rng(4)
+    docs = _documents(rng, 30, high=30_000)
+    _write_megatron(tmp_path / "corpus", docs, 8)
+    subprocess.run([zr, "convert", str(tmp_path / "s"), "--megatron", str(tmp_path / "corpus")], check=True, capture_output=True)
+    stream = zrecord.open_stream(tmp_path / "s")
+    assert stream.dtype == np.uint16
+    flat = np.concatenate(docs).astype(np.uint16)
+    w = stream.windows(63)
+    np.testing.assert_array_equal(w.gather([2])["tokens"][0], flat[126:190])
+
+
+def test_windows_as_a_map_dataset_and_a_grain_source(tmp_path):
+    from zrecord.grain import DataSource
+    from zrecord.torch import MapDataset
+
+    docs = [np.arange(100, dtype=np.uint32), np.arange(100, 200, dtype=np.uint32)]
+    stream = _make(tmp_path / "s", docs, spans=[[(10, 20, b"a")], [(0, 100, b"b")]])
+    w = stream.windows(49, 50)
+    for source in (MapDataset(w), DataSource(w)):
+        assert len(source) == 4
+        batch = source.__getitems__([1, 2])
+        np.testing.assert_array_equal(batch[0]["tokens"], np.arange(50, 100))
+        np.testing.assert_array_equal(batch[1]["document"], np.full(50, 1))
+        assert batch[0]["spans"].tolist() == []
+        assert batch[1]["spans"].tolist() == [[1, 0, 50, 1]]
+        assert batch.columns["metadata"] == [b"b"]
+        np.testing.assert_array_equal(source[0]["tokens"], np.arange(50))

@@ -1,0 +1,281 @@
+"""Token streams: one long sequence of tokens cut into documents, read as windows.
+
+``zrecord.create_stream(path, dtype=np.uint32)`` makes one; ``append_document(tokens,
+spans=[(start, end, metadata_bytes), ...])`` and ``commit()`` fill it (or ``zr convert
+--megatron PREFIX DIR`` from a Megatron-LM ``.bin/.idx``). ``zrecord.open_stream(path)``
+reads it: ``len(stream)`` tokens, ``stream.documents`` of them, and
+``stream.windows(seq_len=2048)``: observation i is tokens ``[i*stride, i*stride + seq_len +
+1)`` (inputs and labels shifted by one), computed at read time, so ``seq_len`` is chosen when
+reading, not when converting. ``stream.document_windows(seq_len)`` has one observation per
+document instead, cut or padded to ``seq_len + 1`` with a mask.
+
+Windows are a dataset like any other: ``len(w)``, ``w.gather(indices, out=None)``,
+``w[i]``, samplers, ``zrecord.Loader``, ``zrecord.torch.MapDataset`` and
+``zrecord.grain.DataSource`` take them. A gather returns ``tokens`` (B, seq_len + 1) of the
+stream's dtype, ``document`` (B, seq_len + 1) int64 — each token's document, for document
+masking and position ids that restart — ``mask`` in document mode, and, when the stream has
+spans, ``spans`` (K, 4) int64 rows of (row, start, end, span) within the window,
+``span_ids`` (the spans hit, ascending) and ``metadata`` (their bytes, one per id).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from . import _zrecord
+
+__all__ = ["Stream", "Windows", "create_stream", "open_stream"]
+
+_FIELDS = ("tokens", "document", "mask")
+
+
+def _element_of(dtype: Any) -> list[tuple[str, str]]:
+    dtype = np.dtype(dtype)
+    if dtype.names:
+        return [(name, dtype.fields[name][0].str) for name in dtype.names]
+    return [("token", dtype.str)]
+
+
+def _dtype_of(element: list[tuple[str, str]]) -> np.dtype:
+    if len(element) == 1:
+        return np.dtype(element[0][1])
+    return np.dtype([(name, dtype) for name, dtype in element])
+
+
+class Stream:
+    """A token stream (see the module documentation). Read-only handles see the stream as
+    of a commit: the last one when opened, and again at ``len()`` or ``refresh()``."""
+
+    def __init__(self, native: Any, path: str, writable: bool):
+        self._handle = native
+        self.path = path
+        self.writable = writable
+        self.dtype = _dtype_of(native.element())
+
+    def _native(self) -> Any:
+        if self._handle is None:
+            raise ValueError(f"the stream {self.path} is closed")
+        return self._handle
+
+    def close(self) -> None:
+        self._handle = None
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None and self.writable and self._handle is not None:
+            self.commit()
+        self.close()
+
+    def __getstate__(self) -> dict:
+        if self.writable:
+            raise TypeError("a writable stream cannot be pickled: open it read-only in the worker")
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(_zrecord.Stream.open(state["path"], False), state["path"], False)
+
+    def __repr__(self) -> str:
+        if self._handle is None:
+            return f"Stream({self.path!r}, closed)"
+        return f"Stream({self.path!r}, {len(self)} tokens, {self.documents} documents, dtype={self.dtype})"
+
+    def refresh(self) -> int:
+        """Sees what was committed since; returns the tokens."""
+        return self._native().refresh()
+
+    def __len__(self) -> int:
+        native = self._native()
+        if not self.writable:
+            native.refresh()
+        return len(native)
+
+    @property
+    def documents(self) -> int:
+        return self._native().documents()
+
+    @property
+    def spans(self) -> int:
+        return self._native().spans()
+
+    def document(self, d: int) -> np.ndarray:
+        """Document ``d``'s tokens."""
+        native = self._native()
+        start, end = native.document(int(d))
+        return self.tokens(start, end)
+
+    def tokens(self, start: int, end: int) -> np.ndarray:
+        """Tokens ``[start, end)`` as an array of the stream's dtype."""
+        out = np.empty(max(0, int(end) - int(start)), dtype=self.dtype)
+        self._native().read_tokens(int(start), out.view(np.uint8).reshape(-1))
+        return out
+
+    def span(self, j: int) -> tuple[int, int, bytes]:
+        """Span ``j``: (start, end, metadata)."""
+        start, end, metadata = self._native().span(int(j))
+        return start, end, bytes(metadata)
+
+    def append_document(self, tokens: Any, spans: Iterable[tuple[int, int, Any]] = ()) -> int:
+        """Appends a document of ``tokens`` (of the stream's dtype, or integers that fit it)
+        with ``spans``: (start, end, metadata bytes) within the document. Returns its index;
+        visible at ``commit()``."""
+        array = np.asarray(tokens)
+        if array.dtype != self.dtype:
+            if self.dtype.names or not np.issubdtype(array.dtype, np.integer):
+                raise TypeError(f"tokens must be {self.dtype}, not {array.dtype}")
+            info = np.iinfo(self.dtype)
+            if array.size and (array.min() < info.min or array.max() > info.max):
+                raise ValueError(f"tokens do not fit {self.dtype}")
+            array = array.astype(self.dtype)
+        flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        prepared = []
+        for start, end, metadata in spans:
+            if isinstance(metadata, str):
+                metadata = metadata.encode()
+            prepared.append((int(start), int(end), bytes(metadata)))
+        return self._native().append_document(flat, prepared)
+
+    def commit(self) -> None:
+        self._native().commit()
+
+    def verify(self) -> list[tuple[str, int, str]]:
+        """Every problem found (table, entry, reason); empty when the stream is whole."""
+        return self._native().verify()
+
+    def windows(self, seq_len: int, stride: int | None = None, read: str = "mmap", uncached: bool = False, checked: bool = False) -> "Windows":
+        """Windows of ``seq_len + 1`` tokens every ``stride`` (default ``seq_len``); the last
+        incomplete window is dropped. ``read="direct"`` reads them from the disk (each page
+        checked against its CRC; ``uncached`` bypasses the page cache), ``"auto"`` chooses by
+        what is in memory; ``checked`` checks pages read through the mapping too."""
+        stride = seq_len if stride is None else stride
+        return Windows(self, int(seq_len), int(stride), False, read, uncached, checked)
+
+    def document_windows(self, seq_len: int, read: str = "mmap", uncached: bool = False, checked: bool = False) -> "Windows":
+        """One observation per document: its first ``seq_len + 1`` tokens, padded with zeros
+        (``mask`` 0, ``document`` -1) when shorter."""
+        return Windows(self, int(seq_len), 1, True, read, uncached, checked)
+
+
+class Windows:
+    """Observations of a stream, as a dataset: see ``Stream.windows``."""
+
+    def __init__(self, stream: Stream, seq_len: int, stride: int, documents: bool, read: str = "mmap", uncached: bool = False, checked: bool = False):
+        self.stream = stream
+        self.seq_len = seq_len
+        self.stride = stride
+        self.by_document = documents
+        self._args = (seq_len, stride, documents, read, uncached, checked)
+        self._handle = stream._native().windows(*self._args)
+        self.width = seq_len + 1
+
+    def _native(self) -> Any:
+        return self._handle
+
+    def __getstate__(self) -> dict:
+        return {"stream": self.stream, "args": self._args}
+
+    def __setstate__(self, state: dict) -> None:
+        seq_len, stride, documents, read, uncached, checked = state["args"]
+        self.__init__(state["stream"], seq_len, stride, documents, read, uncached, checked)
+
+    def __repr__(self) -> str:
+        kind = "document windows" if self.by_document else f"windows (stride {self.stride})"
+        return f"<{len(self)} {kind} of {self.width} tokens of {self.stream.path}>"
+
+    def __len__(self) -> int:
+        if not self.stream.writable:
+            self.stream._native().refresh()
+        return len(self._handle)
+
+    @property
+    def fields(self) -> list[str]:
+        return ["tokens", "document", "mask"] if self.by_document else ["tokens", "document"]
+
+    def gather(self, indices: Any, fields: Sequence[str] | None = None, out: Mapping[str, Any] | None = None) -> dict:
+        """Observations ``indices`` as {"tokens": (B, W+1), "document": (B, W+1) int64,
+        ["mask": (B, W+1) bool], ["spans", "span_ids", "metadata"]}. ``fields`` picks among
+        tokens, document and mask (default all; spans come with the stream's spans);
+        ``out`` gives caller-owned arrays to fill (C-contiguous, of the right dtype and
+        shape, e.g. pinned tensors' NumPy views), returned as given."""
+        from . import _as_indices, _writable_bytes
+
+        idx = _as_indices(indices)
+        if idx.dtype.kind == "i":
+            n = len(self._handle)
+            idx = np.where(idx < 0, idx + n, idx)
+            if idx.size and idx.min() < 0:
+                raise IndexError(f"index {int(np.asarray(indices).reshape(-1)[int(np.argmin(idx))])} is out of range: there are {n} windows")
+        idx = idx.astype(np.uint64, copy=False)
+        names = list(self.fields) if fields is None else list(fields)
+        for name in names:
+            if name not in self.fields:
+                raise KeyError(f"windows have no field '{name}' (they have: {', '.join(self.fields)})")
+        given = dict(out or {})
+        for name in given:
+            if name not in self.fields:
+                raise KeyError(f"out names '{name}', which windows do not have (they have: {', '.join(self.fields)})")
+        count = idx.size
+        shape = (count, self.width)
+        kinds = {"tokens": self.stream.dtype, "document": np.dtype(np.int64), "mask": np.dtype(np.bool_)}
+        arrays: dict[str, Any] = {}
+        flats: dict[str, np.ndarray] = {}
+        for name in _FIELDS:
+            if name not in self.fields or (name not in names and name != "tokens" and name not in given):
+                continue
+            if name in given:
+                dest = given[name]
+                array = np.asarray(dest) if not hasattr(dest, "numpy") else dest.numpy()
+                if tuple(array.shape) != shape or np.dtype(array.dtype) != kinds[name]:
+                    raise ValueError(f"out['{name}'] must be {kinds[name]} of shape {shape}, not {array.dtype} of shape {tuple(array.shape)}")
+                flats[name] = _writable_bytes(array)
+                arrays[name] = dest
+            else:
+                array = np.empty(shape, dtype=kinds[name])
+                flats[name] = array.reshape(-1).view(np.uint8)
+                arrays[name] = array
+        document = flats["document"].view(np.int64) if "document" in flats else None
+        spans = self.stream.spans > 0
+        found = self._handle.gather(idx, flats["tokens"], document, flats.get("mask"), spans)
+        result = {name: arrays[name] for name in names}
+        if spans and found is not None:
+            hits, ids, (values, offsets) = found
+            result["spans"] = hits.reshape(-1, 4)
+            result["span_ids"] = ids.astype(np.int64)
+            result["metadata"] = [values[offsets[k] : offsets[k + 1]].tobytes() for k in range(ids.size)]
+        return result
+
+    def __getitem__(self, index: int) -> dict:
+        """Observation ``index`` as {field: its row}."""
+        if not isinstance(index, (int, np.integer)):
+            raise TypeError(f"window indices are integers, not {type(index).__name__}")
+        batch = self.gather([int(index)])
+        return {name: value[0] if name in _FIELDS else value for name, value in batch.items()}
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict]:
+        """Observations ``indices`` as a list of {field: row}: one gather for the batch."""
+        batch = self.gather(indices)
+        count = _count(indices)
+        return [{name: batch[name][k] for name in self.fields if name in batch} for k in range(count)]
+
+
+def _count(indices: Any) -> int:
+    return int(np.asarray(indices).reshape(-1).size)
+
+
+def open_stream(path: str | os.PathLike, writable: bool = False) -> Stream:
+    """Opens the token stream at ``path``: read-only (beside other readers and a writer),
+    or for appending (one writer at a time)."""
+    path = os.fspath(path)
+    return Stream(_zrecord.Stream.open(path, writable), path, writable)
+
+
+def create_stream(path: str | os.PathLike, dtype: Any = np.uint32) -> Stream:
+    """Creates an empty token stream at ``path`` (which must not exist or be empty) of
+    ``dtype``: uint16, uint32, or a structured dtype whose first field is the token (e.g.
+    ``[("token", "<u4"), ("concept", "<u2")]``). Opened for appending."""
+    path = os.fspath(path)
+    return Stream(_zrecord.Stream.create(path, _element_of(dtype)), path, True)
