@@ -49,11 +49,14 @@ class Batch(_Sequence):
             raise IndexError(f"record {k} of a batch of {self.count}")
         k %= self.count
         record = {}
+        # Token windows' spans: (row, start, end, span) for the whole batch, with the spans'
+        # ids and metadata once per batch (a list): a row takes its own spans only.
+        windows = isinstance(self.columns.get("metadata"), list) and "span_ids" in self.columns
         for name, value in self.columns.items():
-            if name == "spans" and isinstance(value, np.ndarray):
-                record[name] = value[value[:, 0] == k]  # a window's spans: (row, start, end, span)
-            elif name in ("span_ids", "metadata"):
-                continue  # a batch's span metadata, once per batch: in ``columns``
+            if windows and name == "spans":
+                record[name] = value[value[:, 0] == k]
+            elif windows and name in ("span_ids", "metadata"):
+                continue  # once per batch: in ``columns``
             elif isinstance(value, np.ndarray):
                 record[name] = value[k]
             else:
