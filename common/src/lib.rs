@@ -14,6 +14,7 @@ pub mod loader;
 pub mod mixture;
 pub mod record;
 pub mod sampler;
+pub mod windows;
 
 pub use columns::Contiguous;
 pub use error::{BoxError, Error};
@@ -21,3 +22,4 @@ pub use loader::{GatherSource, LoadedBatch, Loader, LoaderOptions, MixtureLoader
 pub use mixture::{Mixture, MixtureConfig, MixtureState, Stage};
 pub use record::Record;
 pub use sampler::{Order, Sampler, SamplerConfig, SamplerState, Tail};
+pub use windows::WindowMode;

@@ -1275,6 +1275,202 @@ impl StreamWindows {
     }
 }
 
+/// A token stream held by a cluster's named dataset (`zr_router::ClusterStream`).
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct ClusterStream {
+    /// Gathers share it; appends and commits take it alone.
+    inner: std::sync::Arc<std::sync::RwLock<zr_router::ClusterStream>>,
+}
+
+impl ClusterStream {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, zr_router::ClusterStream> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, zr_router::ClusterStream> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wrap(inner: zr_router::ClusterStream) -> ClusterStream {
+        ClusterStream {
+            inner: std::sync::Arc::new(std::sync::RwLock::new(inner)),
+        }
+    }
+}
+
+fn local_only(what: &str) -> PyErr {
+    Error::new_err(format!(
+        "{what} is offered for local token streams; a cluster's stream is read as windows"
+    ))
+}
+
+#[pymethods]
+impl ClusterStream {
+    /// The token stream `client`'s dataset holds.
+    #[staticmethod]
+    fn open(py: Python<'_>, client: &Client) -> PyResult<ClusterStream> {
+        let inner = py
+            .detach(|| {
+                let handle = client.inner.dataset(client.inner.name())?;
+                zr_router::ClusterStream::open(handle)
+            })
+            .map_err(cluster_error)?;
+        Ok(ClusterStream::wrap(inner))
+    }
+
+    /// Makes dataset `name` a token stream of `dtype` in blocks of `block_tokens`.
+    #[staticmethod]
+    fn create(
+        py: Python<'_>,
+        client: &Client,
+        name: &str,
+        dtype: &str,
+        block_tokens: u64,
+    ) -> PyResult<ClusterStream> {
+        let inner = py
+            .detach(|| zr_router::ClusterStream::create(&client.inner, name, dtype, block_tokens))
+            .map_err(cluster_error)?;
+        Ok(ClusterStream::wrap(inner))
+    }
+
+    fn __len__(&self) -> usize {
+        self.read().len() as usize
+    }
+
+    fn documents(&self) -> u64 {
+        self.read().documents()
+    }
+
+    fn spans(&self) -> u64 {
+        0
+    }
+
+    fn element(&self) -> ElementTuple {
+        vec![("token".into(), self.read().dtype().to_string())]
+    }
+
+    fn refresh(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.write().refresh()).map_err(cluster_error)
+    }
+
+    fn document(&self, _d: u64) -> PyResult<(u64, u64)> {
+        Err(local_only("document()"))
+    }
+
+    fn span<'py>(&self, _j: u64) -> PyResult<(u64, u64, Bound<'py, pyo3::types::PyBytes>)> {
+        Err(local_only("span metadata"))
+    }
+
+    fn read_tokens(&self, _start: u64, _out: &Bound<'_, PyArray1<u8>>) -> PyResult<()> {
+        Err(local_only("tokens()"))
+    }
+
+    fn verify(&self) -> PyResult<Vec<(String, u64, String)>> {
+        Err(local_only(
+            "verify() (a cluster checks its blocks with zr cluster scrub)",
+        ))
+    }
+
+    /// Appends a document; `spans` must be empty (a cluster's streams carry none).
+    fn append_document(
+        &self,
+        py: Python<'_>,
+        tokens: PyReadonlyArray1<'_, u8>,
+        spans: Vec<(u64, u64, Vec<u8>)>,
+    ) -> PyResult<u64> {
+        if !spans.is_empty() {
+            return Err(local_only("span metadata"));
+        }
+        let tokens = tokens
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(format!("tokens: {e}")))?;
+        py.detach(|| self.write().append_document(tokens))
+            .map_err(cluster_error)
+    }
+
+    fn commit(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.write().commit()).map_err(cluster_error)
+    }
+
+    /// Windows of `seq_len + 1` tokens every `stride` (document windows are local only).
+    #[pyo3(signature = (seq_len, stride, documents, read="mmap", uncached=false, checked=false))]
+    fn windows(
+        &self,
+        seq_len: u64,
+        stride: u64,
+        documents: bool,
+        read: &str,
+        uncached: bool,
+        checked: bool,
+    ) -> PyResult<ClusterStreamWindows> {
+        let _ = (read, uncached, checked); // the nodes choose how they read
+        if documents {
+            return Err(local_only("document_windows()"));
+        }
+        let mode = zr_common::WindowMode::Windows { seq_len, stride };
+        self.read().count(mode).map_err(cluster_error)?;
+        Ok(ClusterStreamWindows {
+            stream: self.inner.clone(),
+            mode,
+        })
+    }
+}
+
+/// Windows of a cluster's token stream.
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct ClusterStreamWindows {
+    stream: std::sync::Arc<std::sync::RwLock<zr_router::ClusterStream>>,
+    mode: zr_common::WindowMode,
+}
+
+#[pymethods]
+impl ClusterStreamWindows {
+    fn __len__(&self) -> PyResult<usize> {
+        let stream = self.stream.read().unwrap_or_else(|e| e.into_inner());
+        Ok(stream.count(self.mode).map_err(cluster_error)? as usize)
+    }
+
+    fn width(&self) -> usize {
+        self.mode.width() as usize
+    }
+
+    /// As `StreamWindows.gather` (no mask, no spans).
+    #[pyo3(signature = (indices, tokens, document=None, mask=None, spans=false))]
+    fn gather(
+        &self,
+        py: Python<'_>,
+        indices: PyReadonlyArray1<'_, u64>,
+        tokens: &Bound<'_, PyArray1<u8>>,
+        document: Option<&Bound<'_, PyArray1<i64>>>,
+        mask: Option<&Bound<'_, PyArray1<u8>>>,
+        spans: bool,
+    ) -> PyResult<Option<(u8,)>> {
+        if mask.is_some() || spans {
+            return Err(local_only("masks and spans"));
+        }
+        let indices = indices_of(&indices);
+        let bad =
+            |what: &str, e: &dyn std::fmt::Display| PyValueError::new_err(format!("{what}: {e}"));
+        let mut tokens = tokens.try_readwrite().map_err(|e| bad("tokens", &e))?;
+        let tokens = tokens.as_slice_mut().map_err(|e| bad("tokens", &e))?;
+        let mut document = document
+            .map(|d| d.try_readwrite())
+            .transpose()
+            .map_err(|e| bad("document", &e))?;
+        let document = document
+            .as_mut()
+            .map(|d| d.as_slice_mut())
+            .transpose()
+            .map_err(|e| bad("document", &e))?;
+        py.detach(|| {
+            let stream = self.stream.read().unwrap_or_else(|e| e.into_inner());
+            stream.gather(self.mode, &indices, tokens, document)
+        })
+        .map_err(cluster_error)?;
+        Ok(None)
+    }
+}
+
 /// Trains a zstd dictionary for field `field` of the local dataset at `path` and rewrites
 /// the dataset with the field compressed with it (as `zr dict train`); returns (dictionary
 /// id, its bytes, records trained on).
@@ -1302,6 +1498,8 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
     m.add_class::<Stream>()?;
     m.add_class::<StreamWindows>()?;
+    m.add_class::<ClusterStream>()?;
+    m.add_class::<ClusterStreamWindows>()?;
     m.add_class::<NativeLoader>()?;
     m.add_class::<Mixture>()?;
     m.add_class::<NativeMixtureLoader>()?;

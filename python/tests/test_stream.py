@@ -233,3 +233,40 @@ def test_windows_as_a_map_dataset_and_a_grain_source(tmp_path):
         assert batch[1]["spans"].tolist() == [[1, 0, 50, 1]]
         assert batch.columns["metadata"] == [b"b"]
         np.testing.assert_array_equal(source[0]["tokens"], np.arange(50))
+
+
+def test_a_clusters_stream_reads_as_the_local_one(tmp_path):
+    from zrecord.testing import LocalCluster
+
+    rng = np.random.default_rng(5)
+    docs = _documents(rng, 80, longest=900)
+    local = _make(tmp_path / "s", docs)
+    with LocalCluster(2, [("x", "raw")], replicas=1) as cluster:
+        admin = zrecord.connect(cluster.router, cluster.certs, role="operator")
+        writer = admin.create_stream("corpus", block_tokens=256)
+        assert writer.dtype == np.uint32
+        for k, doc in enumerate(docs):
+            assert writer.append_document(doc) == k
+            if k == 40:
+                writer.commit()
+        writer.commit()
+        reader = zrecord.open_stream(zrecord.connect(cluster.router, cluster.certs, role="reader", dataset="corpus"))
+        assert len(reader) == len(local) and reader.documents == local.documents
+        w, lw = reader.windows(127, 100), local.windows(127, 100)
+        assert len(w) == len(lw)
+        idx = rng.integers(0, len(w), size=40)
+        got, want = w.gather(idx), lw.gather(idx)
+        np.testing.assert_array_equal(got["tokens"], want["tokens"])
+        np.testing.assert_array_equal(got["document"], want["document"])
+        out = {"tokens": np.empty((idx.size, 128), np.uint32)}
+        assert w.gather(idx, fields=["tokens"], out=out)["tokens"] is out["tokens"]
+        np.testing.assert_array_equal(out["tokens"], want["tokens"])
+        seen = [b["tokens"] for b in zrecord.Loader(w, zrecord.Sampler(len(w), seed=1, batch=8))]
+        assert sum(b.shape[0] for b in seen) == len(w)
+        with pytest.raises(zrecord.Error, match="local"):
+            reader.document_windows(16)
+        with pytest.raises(IndexError):
+            w.gather([len(w)])
+        plain = admin.dataset("default")
+        with pytest.raises(zrecord.Error, match="not a token stream"):
+            zrecord.open_stream(plain)

@@ -424,6 +424,19 @@ class Dataset:
         opener = ("cluster", router, certs, timeout_ms, role, name)
         return Dataset(opener, _zrecord.Client.connect(router, certs, timeout_ms, role, name))
 
+    def create_stream(self, name: str, dtype: Any = np.uint32, block_tokens: int = 16_384) -> "Stream":
+        """Makes the cluster's dataset ``name`` a token stream (see ``zrecord.stream``);
+        returns it, open for appending."""
+        from .stream import create_cluster_stream
+
+        return create_cluster_stream(self, name, dtype, block_tokens)
+
+    def stream(self) -> "Stream":
+        """The token stream this cluster dataset holds (as ``zrecord.open_stream(self)``)."""
+        from .stream import open_stream
+
+        return open_stream(self, writable=True)
+
     def datasets(self) -> list[dict]:
         """The cluster's datasets: name, records, committed, fields, bytes."""
         return [

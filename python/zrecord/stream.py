@@ -16,6 +16,12 @@ stream's dtype, ``document`` (B, seq_len + 1) int64 — each token's document, f
 masking and position ids that restart — ``mask`` in document mode, and, when the stream has
 spans, ``spans`` (K, 4) int64 rows of (row, start, end, span) within the window,
 ``span_ids`` (the spans hit, ascending) and ``metadata`` (their bytes, one per id).
+
+A cluster holds streams too (``zrecord.connect(...).create_stream(name)``,
+``zrecord.open_stream(zrecord.connect(..., dataset=name))``): a named dataset of blocks of
+tokens, placed, replicated and moved as records are, each window read as the blocks under it
+and joined in order. A cluster's streams have plain uint16/uint32 tokens and windows (no
+spans, no document windows).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import numpy as np
 
 from . import _zrecord
 
-__all__ = ["Stream", "Windows", "create_stream", "open_stream"]
+__all__ = ["Stream", "Windows", "create_cluster_stream", "create_stream", "open_stream"]
 
 _FIELDS = ("tokens", "document", "mask")
 
@@ -49,10 +55,11 @@ class Stream:
     """A token stream (see the module documentation). Read-only handles see the stream as
     of a commit: the last one when opened, and again at ``len()`` or ``refresh()``."""
 
-    def __init__(self, native: Any, path: str, writable: bool):
+    def __init__(self, native: Any, path: str, writable: bool, dataset: Any = None):
         self._handle = native
         self.path = path
         self.writable = writable
+        self.dataset = dataset  # a cluster's: the dataset holding the stream
         self.dtype = _dtype_of(native.element())
 
     def _native(self) -> Any:
@@ -74,10 +81,14 @@ class Stream:
     def __getstate__(self) -> dict:
         if self.writable:
             raise TypeError("a writable stream cannot be pickled: open it read-only in the worker")
-        return {"path": self.path}
+        return {"path": self.path, "dataset": self.dataset}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(_zrecord.Stream.open(state["path"], False), state["path"], False)
+        if state.get("dataset") is not None:
+            reopened = open_stream(state["dataset"])
+            self.__init__(reopened._handle, reopened.path, False, state["dataset"])
+        else:
+            self.__init__(_zrecord.Stream.open(state["path"], False), state["path"], False)
 
     def __repr__(self) -> str:
         if self._handle is None:
@@ -266,11 +277,33 @@ def _count(indices: Any) -> int:
     return int(np.asarray(indices).reshape(-1).size)
 
 
-def open_stream(path: str | os.PathLike, writable: bool = False) -> Stream:
+def open_stream(path: Any, writable: bool = False) -> Stream:
     """Opens the token stream at ``path``: read-only (beside other readers and a writer),
-    or for appending (one writer at a time)."""
+    or for appending (one writer at a time). ``path`` may also be a cluster's dataset
+    (``zrecord.connect(..., dataset=name)``) holding a stream: its windows are read from the
+    cluster's blocks and joined here; appending needs a writer's certificate."""
+    from . import Dataset
+
+    if isinstance(path, Dataset):
+        native = _zrecord.ClusterStream.open(path._cluster("open_stream()"))
+        return Stream(native, f"{path._opener[1]}/{native_name(path)}", writable, path)
     path = os.fspath(path)
     return Stream(_zrecord.Stream.open(path, writable), path, writable)
+
+
+def native_name(dataset: Any) -> str:
+    return dataset._cluster("open_stream()").name()
+
+
+def create_cluster_stream(dataset: Any, name: str, dtype: Any = np.uint32, block_tokens: int = 16_384) -> Stream:
+    """Makes the cluster's dataset ``name`` a token stream of ``dtype`` (uint16 or uint32)
+    in blocks of ``block_tokens`` tokens, through ``dataset`` (an operator's connection);
+    returns it, open for appending (a writer's certificate)."""
+    element = _element_of(dtype)
+    if len(element) != 1:
+        raise ValueError("a cluster's token streams hold plain uint16 or uint32 tokens")
+    native = _zrecord.ClusterStream.create(dataset._cluster("create_stream()"), name, element[0][1], int(block_tokens))
+    return Stream(native, f"{dataset._opener[1]}/{name}", True, dataset.dataset(name))
 
 
 def create_stream(path: str | os.PathLike, dtype: Any = np.uint32) -> Stream:

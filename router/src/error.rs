@@ -150,6 +150,10 @@ pub enum Error {
     /// The dataset a handle addresses was dropped since the handle was made.
     #[error("dataset '{dataset}' was dropped ({message})")]
     Dropped { dataset: String, message: String },
+    /// A token stream's dataset is not one, holds a malformed block, or was asked for
+    /// something it cannot give.
+    #[error("token stream '{dataset}': {reason}")]
+    Stream { dataset: String, reason: String },
 }
 
 impl Error {

@@ -15,9 +15,11 @@ mod nodes;
 pub mod plan;
 mod restore;
 pub mod server;
+pub mod stream;
 
 pub use client::{AsyncClient, Client};
 pub use error::{Error, Failure};
 pub use restore::{restore_record, Restored};
 pub use server::Router;
+pub use stream::{ClusterStream, ClusterWindows};
 pub use zr_proto::wire::{DatasetInfo, FieldInfo, MapChange, MoveReport};

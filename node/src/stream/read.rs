@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+pub use zr_common::WindowMode;
 use zr_common::{BoxError, Contiguous, GatherSource};
 
 use super::{Stream, StreamView, METADATA_FIELD};
@@ -16,17 +17,6 @@ use crate::error::{Error, Result};
 use crate::io::{self, ReadError, ReadOp};
 use crate::map::PAGE_BYTES;
 use crate::store::{GatherOptions, ReadPath};
-
-/// What an observation is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WindowMode {
-    /// Observation i: tokens `[i·stride, i·stride + seq_len + 1)`; the last incomplete
-    /// window is dropped.
-    Windows { seq_len: u64, stride: u64 },
-    /// Observation i: document i, its first `seq_len + 1` tokens, padded with zeros (and
-    /// mask 0, document -1) when shorter.
-    Documents { seq_len: u64 },
-}
 
 /// One span an observation overlaps: `[start, end)` within the observation's row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,15 +59,7 @@ pub struct Windows {
 impl Windows {
     /// Observations of `stream` as `mode` says; `seq_len` and `stride` must be at least 1.
     pub fn new(stream: Arc<Stream>, mode: WindowMode) -> Result<Windows> {
-        let (seq_len, stride) = match mode {
-            WindowMode::Windows { seq_len, stride } => (seq_len, stride),
-            WindowMode::Documents { seq_len } => (seq_len, 1),
-        };
-        if seq_len == 0 || stride == 0 || seq_len >= u32::MAX as u64 {
-            return Err(Error::InvalidRecord(format!(
-                "windows need 1 <= seq_len < 2^32 and stride >= 1 (got seq_len {seq_len}, stride {stride})"
-            )));
-        }
+        mode.check().map_err(Error::InvalidRecord)?;
         Ok(Windows {
             stream,
             mode,
@@ -106,11 +88,7 @@ impl Windows {
 
     /// Tokens per observation: `seq_len + 1`.
     pub fn width(&self) -> usize {
-        match self.mode {
-            WindowMode::Windows { seq_len, .. } | WindowMode::Documents { seq_len } => {
-                seq_len as usize + 1
-            }
-        }
+        self.mode.width() as usize
     }
 
     /// Observations in the stream as this handle sees it.
@@ -319,17 +297,7 @@ pub(crate) fn metadata_of(view: &StreamView, ids: &[u64]) -> Result<Contiguous> 
 
 /// Observations of `mode` in `view`.
 fn count(view: &StreamView, mode: WindowMode) -> u64 {
-    match mode {
-        WindowMode::Windows { seq_len, stride } => {
-            let width = seq_len + 1;
-            if view.meta.tokens < width {
-                0
-            } else {
-                (view.meta.tokens - width) / stride + 1
-            }
-        }
-        WindowMode::Documents { .. } => view.meta.documents,
-    }
+    mode.count(view.meta.tokens, view.meta.documents)
 }
 
 /// Each of tokens `[start, start + out.len())`'s document.

@@ -1,0 +1,82 @@
+//! Observations of a token stream, as pure functions of its counts: windows of `W + 1`
+//! tokens at a stride (inputs and labels shifted by one), or whole documents. Shared by the
+//! local engine and the cluster client, which read the tokens in their own ways.
+
+/// What an observation of a token stream is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowMode {
+    /// Observation i: tokens `[i·stride, i·stride + seq_len + 1)`; the last incomplete
+    /// window is dropped.
+    Windows { seq_len: u64, stride: u64 },
+    /// Observation i: document i, its first `seq_len + 1` tokens, padded with zeros (and
+    /// mask 0, document -1) when shorter.
+    Documents { seq_len: u64 },
+}
+
+impl WindowMode {
+    /// Tokens per observation: `seq_len + 1`.
+    pub fn width(&self) -> u64 {
+        match *self {
+            WindowMode::Windows { seq_len, .. } | WindowMode::Documents { seq_len } => seq_len + 1,
+        }
+    }
+
+    /// Checks `seq_len` (1 to 2^32 - 2) and `stride` (at least 1).
+    pub fn check(&self) -> Result<(), String> {
+        let (seq_len, stride) = match *self {
+            WindowMode::Windows { seq_len, stride } => (seq_len, stride),
+            WindowMode::Documents { seq_len } => (seq_len, 1),
+        };
+        if seq_len == 0 || stride == 0 || seq_len >= u32::MAX as u64 {
+            return Err(format!(
+                "windows need 1 <= seq_len < 2^32 and stride >= 1 (got seq_len {seq_len}, stride {stride})"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Observations in a stream of `tokens` tokens in `documents` documents.
+    pub fn count(&self, tokens: u64, documents: u64) -> u64 {
+        match *self {
+            WindowMode::Windows { seq_len, stride } => {
+                let width = seq_len + 1;
+                if tokens < width {
+                    0
+                } else {
+                    (tokens - width) / stride.max(1) + 1
+                }
+            }
+            WindowMode::Documents { .. } => documents,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts() {
+        let w = WindowMode::Windows {
+            seq_len: 9,
+            stride: 10,
+        };
+        assert_eq!(w.count(9, 1), 0);
+        assert_eq!(w.count(10, 1), 1);
+        assert_eq!(w.count(19, 1), 1);
+        assert_eq!(w.count(20, 1), 2);
+        assert_eq!(WindowMode::Documents { seq_len: 5 }.count(100, 7), 7);
+        assert!(WindowMode::Windows {
+            seq_len: 0,
+            stride: 1
+        }
+        .check()
+        .is_err());
+        assert!(WindowMode::Windows {
+            seq_len: 1,
+            stride: 0
+        }
+        .check()
+        .is_err());
+    }
+}
