@@ -10,7 +10,10 @@
 //!
 //! The writer fills the last block; a commit stores it (appended, or replacing the partial
 //! block the previous commit stored) with the blocks filled since, then commits. A reader's
-//! length is the committed blocks': `(N - 1)·B` plus the last block's tokens.
+//! length is the committed blocks': `(N - 1)·B` plus the last block's tokens. A replaced
+//! last block only grows by whole documents, so a reader that reads it between the
+//! replacement and the commit sees a stream a few documents longer, never a torn one; blocks
+//! a failed commit appended are removed before the next write.
 
 use zr_common::{Contiguous, Record, WindowMode};
 
@@ -31,10 +34,10 @@ const APPEND_BLOCKS_MAX: usize = 64;
 #[derive(Clone, Debug, Default)]
 struct Block {
     tokens: Vec<u8>,
-    /// Documents that ended before the block starts.
+    /// Documents that ended before the block starts (set at commit).
     first_document: u64,
-    /// Ends (exclusive, within the block: 1..=B, or 0 for the empty first document of an
-    /// empty stream) of the documents ending in it.
+    /// Where the documents ending in it end, within it: 1..=B, or 0 for a document that
+    /// ended where the block starts (an empty one after a commit).
     ends: Vec<u32>,
 }
 
@@ -95,13 +98,18 @@ pub struct ClusterStream {
     blocks: u64,
     tokens: u64,
     documents: u64,
-    /// The writer's blocks not yet committed: the first replaces the last committed block
-    /// when `replaces_last` (it was partial), the rest are appended.
-    pending: Vec<Block>,
+    /// The writer's blocks not yet committed, from token `pending_start` on (`None`: not
+    /// writing since the last commit): the first replaces the last committed block when
+    /// `replaces_last` (it was partial), the rest are appended. Block k starts at
+    /// `pending_start + k·B`; documents ended before the first: `pending_documents`.
+    pending: Option<Vec<Block>>,
+    pending_start: u64,
+    pending_documents: u64,
     replaces_last: bool,
-    /// Tokens and documents appended, committed or not.
+    /// Tokens and documents appended, committed or not; where the last document ended.
     appended: u64,
     appended_documents: u64,
+    last_end: u64,
 }
 
 impl ClusterStream {
@@ -161,10 +169,13 @@ impl ClusterStream {
             blocks: 0,
             tokens: 0,
             documents: 0,
-            pending: Vec::new(),
+            pending: None,
+            pending_start: 0,
+            pending_documents: 0,
             replaces_last: false,
             appended: 0,
             appended_documents: 0,
+            last_end: 0,
         }
     }
 
@@ -189,7 +200,7 @@ impl ClusterStream {
 
     /// Reads the committed length again; returns the tokens.
     pub fn refresh(&mut self) -> Result<u64, Error> {
-        let blocks = self.client.len()?;
+        let blocks = self.committed_blocks()?;
         if blocks == 0 {
             return Err(self.error("it holds no block 0 (made by an interrupted create?)".into()));
         }
@@ -224,11 +235,13 @@ impl ClusterStream {
         self.blocks = blocks;
         self.tokens = last * block_tokens + last_bytes / self.element_bytes;
         self.documents = first + ends.len() as u64;
-        if self.pending.is_empty() {
-            self.appended = self.tokens;
-            self.appended_documents = self.documents;
-        }
         Ok(self.tokens)
+    }
+
+    /// Blocks the cluster has committed (blocks appended by a commit that failed midway
+    /// are past them).
+    fn committed_blocks(&self) -> Result<u64, Error> {
+        self.client.wait_len(0, std::time::Duration::from_millis(1))
     }
 
     fn error(&self, reason: String) -> Error {
@@ -395,6 +408,18 @@ impl ClusterStream {
     /// Appends a document of `tokens` (whole elements' bytes); returns its index. Visible
     /// at [`ClusterStream::commit`].
     pub fn append_document(&mut self, tokens: &[u8]) -> Result<u64, Error> {
+        self.check_elements(tokens)?;
+        self.resume()?;
+        if self.appended != self.last_end {
+            return Err(self.error(
+                "a document is open (append_tokens without end_document): end it first".into(),
+            ));
+        }
+        self.append_tokens(tokens)?;
+        self.end_document()
+    }
+
+    fn check_elements(&self, tokens: &[u8]) -> Result<(), Error> {
         let e = self.element_bytes;
         if !(tokens.len() as u64).is_multiple_of(e) {
             return Err(self.error(format!(
@@ -402,49 +427,85 @@ impl ClusterStream {
                 tokens.len()
             )));
         }
-        let b = self.block_tokens;
-        if self.pending.is_empty() {
-            self.resume_last_block()?;
-        }
+        Ok(())
+    }
+
+    /// Appends tokens to the open document (see [`ClusterStream::end_document_at`]);
+    /// returns the tokens appended so far.
+    pub fn append_tokens(&mut self, tokens: &[u8]) -> Result<u64, Error> {
+        self.check_elements(tokens)?;
+        self.resume()?;
+        let (b, e) = (self.block_tokens, self.element_bytes);
+        let full = (b * e) as usize;
+        let pending = self.pending.get_or_insert_with(Vec::new);
         let mut rest = tokens;
-        loop {
-            let room = (b * e) as usize - self.last_block().tokens.len();
-            if room == 0 && !rest.is_empty() {
-                let first_document = self.appended_documents;
-                self.pending.push(Block {
-                    first_document,
-                    ..Block::default()
-                });
-                continue;
+        while !rest.is_empty() {
+            if pending
+                .last()
+                .is_none_or(|block| block.tokens.len() == full)
+            {
+                pending.push(Block::default());
             }
-            let (piece, more) = rest.split_at(room.min(rest.len()));
-            self.last_block().tokens.extend_from_slice(piece);
-            self.appended += piece.len() as u64 / e;
-            rest = more;
-            if rest.is_empty() {
-                break;
+            if let Some(block) = pending.last_mut() {
+                let room = full - block.tokens.len();
+                let (piece, more) = rest.split_at(room.min(rest.len()));
+                block.tokens.extend_from_slice(piece);
+                rest = more;
             }
         }
-        // The end lies in the last block (at its very end when it is full).
-        let block_start = self.appended - self.last_block().tokens.len() as u64 / e;
-        let end = (self.appended - block_start) as u32;
-        self.last_block().ends.push(end);
-        self.appended_documents += 1;
+        self.appended += tokens.len() as u64 / e;
+        Ok(self.appended)
+    }
+
+    /// Ends the open document at the last token appended; returns its index.
+    pub fn end_document(&mut self) -> Result<u64, Error> {
+        self.end_document_at(self.appended)?;
         Ok(self.appended_documents - 1)
     }
 
-    fn last_block(&mut self) -> &mut Block {
-        if self.pending.is_empty() {
-            self.pending.push(Block::default());
+    /// Ends a document at token position `end` (absolute; at least where the last one
+    /// ended, at most the tokens appended): a converter's way to mark boundaries after
+    /// handing over the tokens in slices.
+    pub fn end_document_at(&mut self, end: u64) -> Result<(), Error> {
+        self.resume()?;
+        if end < self.last_end || end > self.appended {
+            return Err(self.error(format!(
+                "a document cannot end at token {end}: the last one ends at {} and {} tokens are appended",
+                self.last_end, self.appended
+            )));
         }
-        let last = self.pending.len() - 1;
-        &mut self.pending[last]
+        let b = self.block_tokens;
+        let start = self.pending_start;
+        let pending = self.pending.get_or_insert_with(Vec::new);
+        // The block the end closes: the one holding token end - 1, or (an empty document
+        // where a block starts) the block starting there.
+        let k = if end == start {
+            0
+        } else {
+            (end - start - 1) / b
+        };
+        while pending.len() as u64 <= k {
+            pending.push(Block::default());
+        }
+        pending[k as usize].ends.push((end - start - k * b) as u32);
+        self.last_end = end;
+        self.appended_documents += 1;
+        Ok(())
     }
 
-    /// Starts writing: the last committed block, if it has room, is extended (and replaced
-    /// at the next commit); else a new block follows it.
-    fn resume_last_block(&mut self) -> Result<(), Error> {
+    /// Starts writing after the last commit: the last committed block, if it has room, is
+    /// extended (and replaced at the next commit); else new blocks follow it.
+    fn resume(&mut self) -> Result<(), Error> {
+        if self.pending.is_some() {
+            return Ok(());
+        }
         self.refresh()?;
+        // Blocks a failed commit appended and did not commit would be committed by the
+        // next one, past blocks they do not follow: they go first.
+        let served = self.client.len()?;
+        for index in (self.blocks..served).rev() {
+            self.client.delete(index)?;
+        }
         let last = self.blocks - 1;
         let columns = self
             .client
@@ -452,41 +513,58 @@ impl ClusterStream {
         let tokens = columns[0].get(0).unwrap_or_default().to_vec();
         let parsed = parse_documents(columns[1].get(0).unwrap_or_default(), last)
             .map_err(|r| self.error(r))?;
-        let (first_document, ends) = (parsed.first_document, parsed.ends);
-        if (tokens.len() as u64) < self.block_tokens * self.element_bytes {
-            self.pending = vec![Block {
+        let b = self.block_tokens;
+        if (tokens.len() as u64) < b * self.element_bytes {
+            self.pending = Some(vec![Block {
                 tokens,
-                first_document,
-                ends,
-            }];
+                first_document: parsed.first_document,
+                ends: parsed.ends,
+            }]);
+            self.pending_start = last * b;
+            self.pending_documents = parsed.first_document;
             self.replaces_last = true;
         } else {
-            self.pending = vec![Block {
-                first_document: self.documents,
-                ..Block::default()
-            }];
+            self.pending = Some(Vec::new());
+            self.pending_start = self.blocks * b;
+            self.pending_documents = self.documents;
             self.replaces_last = false;
         }
         self.appended = self.tokens;
         self.appended_documents = self.documents;
+        self.last_end = self.tokens;
         Ok(())
     }
 
-    /// Stores the blocks written since the last commit and commits them.
+    /// Stores the blocks written since the last commit and commits them; refused while a
+    /// document is open (its tokens would belong to none).
     pub fn commit(&mut self) -> Result<(), Error> {
-        if self.pending.is_empty() {
-            return self.client.commit();
+        if self.appended != self.last_end {
+            return Err(self.error(format!(
+                "tokens {}..{} belong to no document yet: end the document before committing",
+                self.last_end, self.appended
+            )));
         }
-        let b = self.block_tokens;
-        let mut blocks = self.pending.iter();
-        let documents: Vec<Vec<u8>> = self
-            .pending
+        let Some(mut pending) = self.pending.take() else {
+            return self.client.commit();
+        };
+        let (b, e) = (self.block_tokens, self.element_bytes);
+        let mut first_document = self.pending_documents;
+        for block in &mut pending {
+            block.first_document = first_document;
+            first_document += block.ends.len() as u64;
+        }
+        let documents: Vec<Vec<u8>> = pending
             .iter()
-            .map(|block| block.documents_record(b, self.element_bytes))
+            .map(|block| block.documents_record(b, e))
             .collect();
-        let mut documents = documents.iter();
-        if self.replaces_last {
-            if let (Some(block), Some(docs)) = (blocks.next(), documents.next()) {
+        let mut blocks = pending.iter().zip(&documents);
+        let stored = if self.replaces_last {
+            blocks.next()
+        } else {
+            None
+        };
+        let result = (|| {
+            if let Some((block, docs)) = stored {
                 self.client.modify(
                     self.blocks - 1,
                     &Record::new()
@@ -494,21 +572,31 @@ impl ClusterStream {
                         .with(DOCUMENTS_FIELD, docs),
                 )?;
             }
+            let rest: Vec<Record> = blocks
+                .map(|(block, docs)| {
+                    Record::new()
+                        .with(TOKENS_FIELD, &block.tokens)
+                        .with(DOCUMENTS_FIELD, docs)
+                })
+                .collect();
+            for part in rest.chunks(APPEND_BLOCKS_MAX) {
+                self.client.append_many(part)?;
+            }
+            self.client.commit()
+        })();
+        if let Err(e) = result {
+            // What was sent may be in part applied: the next write starts again from what
+            // the cluster committed.
+            self.refresh().ok();
+            self.appended = self.tokens;
+            self.appended_documents = self.documents;
+            self.last_end = self.tokens;
+            return Err(e);
         }
-        let rest: Vec<Record> = blocks
-            .zip(documents)
-            .map(|(block, docs)| {
-                Record::new()
-                    .with(TOKENS_FIELD, &block.tokens)
-                    .with(DOCUMENTS_FIELD, docs)
-            })
-            .collect();
-        for part in rest.chunks(APPEND_BLOCKS_MAX) {
-            self.client.append_many(part)?;
-        }
-        self.client.commit()?;
-        self.pending.clear();
         self.refresh()?;
+        self.appended = self.tokens;
+        self.appended_documents = self.documents;
+        self.last_end = self.tokens;
         Ok(())
     }
 }

@@ -74,11 +74,33 @@ fn check_streams(replicas: u32) {
 
     let mut d = 0;
     for round in 0..4 {
-        for _ in 0..25 + round * 10 {
-            let tokens = document(7, d, block);
-            assert_eq!(writer.append_document(&tokens).unwrap(), d);
-            local.append_document(&tokens, &[]).unwrap();
-            d += 1;
+        let docs: Vec<Vec<u8>> = (d..d + 25 + round * 10)
+            .map(|d| document(7, d, block))
+            .collect();
+        for tokens in &docs {
+            local.append_document(tokens, &[]).unwrap();
+        }
+        if round % 2 == 0 {
+            for tokens in &docs {
+                assert_eq!(writer.append_document(tokens).unwrap(), d);
+                d += 1;
+            }
+        } else {
+            // As a converter writes: tokens in slices that ignore documents, then the ends.
+            let all = docs.concat();
+            let mut ends = Vec::new();
+            let mut end = writer.len();
+            for tokens in &docs {
+                end += tokens.len() as u64 / 4;
+                ends.push(end);
+            }
+            for slice in all.chunks(4 * 37) {
+                writer.append_tokens(slice).unwrap();
+            }
+            for &end in &ends {
+                writer.end_document_at(end).unwrap();
+            }
+            d += docs.len() as u64;
         }
         writer.commit().unwrap();
         local.commit().unwrap();
