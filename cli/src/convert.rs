@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use zr_node::convert::{convert_npy, convert_values, Destination, LocalDataset, Target};
+use zr_node::stream::{convert_megatron, convert_tokens, megatron_into, tokens_into, TokenSink};
 use zr_node::Compression;
 
 use crate::cluster::{target_dir, ClusterDestination, RouterArgs};
@@ -28,8 +29,10 @@ use zr_net::tls::Access;
 /// A token stream (--megatron, --tokens) keeps the tokens densely with their document
 /// boundaries; training reads windows of any length from it (`zrecord.open_stream(DIR)
 /// .windows(seq_len=2048)`), so the window length is not fixed here. Its input is checked
-/// whole before anything is written, and a failed conversion leaves nothing behind. Streams
-/// are local directories (a cluster cannot hold one yet).
+/// whole before anything is written, and a failed conversion leaves nothing behind. With
+/// --router and --dataset NAME the stream becomes a new dataset of the cluster (operator
+/// certificate), committed every 256 MiB of tokens: a conversion that fails midway leaves
+/// the documents committed so far.
 #[derive(Args)]
 pub struct ConvertArgs {
     /// Dataset directory to create (or extend, with --append).
@@ -50,6 +53,10 @@ pub struct ConvertArgs {
     /// Document lengths in tokens (a 1-D integer .npy summing to the number of tokens).
     #[arg(long, requires = "tokens")]
     doc_lengths: Option<PathBuf>,
+    /// A token stream in a cluster: tokens per block (a record; the cluster places blocks
+    /// by extents as it places records). A window crossing blocks is read in pieces.
+    #[arg(long, default_value_t = zr_router::stream::BLOCK_TOKENS_DEFAULT)]
+    block_tokens: u64,
     /// Payloads back to back, for variable-length records.
     #[arg(long, requires = "offsets")]
     values: Option<PathBuf>,
@@ -203,16 +210,35 @@ pub fn run(args: ConvertArgs) -> CliResult {
     Ok(())
 }
 
-/// `--megatron` / `--tokens`: a token stream in a new local directory.
+/// `--megatron` / `--tokens`: a token stream in a new local directory, or (with
+/// `--router`) a new dataset of the cluster (`--dataset NAME`).
 fn convert_stream(args: &ConvertArgs) -> CliResult {
-    let Some(dir) = target_dir(&args.dir, &args.remote)? else {
-        return Err("token streams are local directories: a cluster cannot hold one yet".into());
-    };
     if args.append || args.dict || args.compress.is_some() {
         return Err(
             "--append, --compress and --dict are for record datasets, not token streams".into(),
         );
     }
+    let dir = target_dir(&args.dir, &args.remote)?;
+    let mut remote = args.remote.clone();
+    let name = remote.dataset.take();
+    let mut sink = match dir {
+        Some(_) => None,
+        None => {
+            let name = name.ok_or(
+                "a token stream in a cluster is a new dataset: name it with --dataset NAME",
+            )?;
+            let client = remote
+                .client(Access::Operate)?
+                .ok_or("--router is missing")?;
+            Some(ClusterSink {
+                client,
+                name,
+                block_tokens: args.block_tokens,
+                stream: None,
+                since_commit: 0,
+            })
+        }
+    };
     let bar = progress_bar(0, true);
     bar.set_message("converting");
     let started = std::time::Instant::now();
@@ -220,26 +246,105 @@ fn convert_stream(args: &ConvertArgs) -> CliResult {
         bar.set_length(total);
         bar.set_position(done);
     };
-    let (meta, source) = match (&args.megatron, &args.tokens, &args.doc_lengths) {
-        (Some(prefix), _, _) => (
-            zr_node::stream::convert_megatron(prefix, dir, progress),
-            format!("{}.{{bin,idx}}", prefix.display()),
+    let megatron = |prefix: &PathBuf| format!("{}.{{bin,idx}}", prefix.display());
+    let (converted, source) = match (
+        &args.megatron,
+        &args.tokens,
+        &args.doc_lengths,
+        dir,
+        sink.as_mut(),
+    ) {
+        (Some(prefix), _, _, Some(dir), _) => (
+            convert_megatron(prefix, dir, progress).map(|m| (m.tokens, m.documents)),
+            megatron(prefix),
         ),
-        (None, Some(tokens), Some(lengths)) => (
-            zr_node::stream::convert_tokens(tokens, lengths, dir, progress),
+        (Some(prefix), _, _, None, Some(sink)) => (
+            megatron_into(prefix, sink, progress).map(|c| (c.tokens, c.documents)),
+            megatron(prefix),
+        ),
+        (None, Some(tokens), Some(lengths), Some(dir), _) => (
+            convert_tokens(tokens, lengths, dir, progress).map(|m| (m.tokens, m.documents)),
+            tokens.display().to_string(),
+        ),
+        (None, Some(tokens), Some(lengths), None, Some(sink)) => (
+            tokens_into(tokens, lengths, sink, progress).map(|c| (c.tokens, c.documents)),
             tokens.display().to_string(),
         ),
         _ => return Err("--tokens needs --doc-lengths".into()),
     };
     bar.finish_and_clear();
-    let meta = meta?;
+    let (tokens, documents) = converted?;
+    let target = match dir {
+        Some(dir) => dir.display().to_string(),
+        None => format!(
+            "the cluster's dataset '{}'",
+            args.remote.dataset.as_deref().unwrap_or_default()
+        ),
+    };
     println!(
-        "converted {} tokens in {} documents from {source} into the token stream {} ({}) in {:.1} s",
-        meta.tokens,
-        meta.documents,
-        dir.display(),
-        meta.element[0].dtype,
+        "converted {tokens} tokens in {documents} documents from {source} into the token stream {target} in {:.1} s",
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Bytes of tokens a cluster conversion hands over between commits.
+const CLUSTER_COMMIT_BYTES: u64 = 256 << 20;
+
+/// A new token stream in a cluster as a conversion's sink: committed every
+/// [`CLUSTER_COMMIT_BYTES`] at a document boundary, and at the end.
+struct ClusterSink {
+    client: zr_router::Client,
+    name: String,
+    block_tokens: u64,
+    stream: Option<zr_router::ClusterStream>,
+    since_commit: u64,
+}
+
+impl ClusterSink {
+    fn stream(&mut self) -> zr_node::Result<&mut zr_router::ClusterStream> {
+        self.stream
+            .as_mut()
+            .ok_or_else(|| zr_node::Error::Cluster("tokens before the stream was made".into()))
+    }
+}
+
+fn cluster(e: zr_router::Error) -> zr_node::Error {
+    zr_node::Error::Cluster(Box::new(e))
+}
+
+impl TokenSink for ClusterSink {
+    fn start(&mut self, dtype: &str) -> zr_node::Result<()> {
+        let stream =
+            zr_router::ClusterStream::create(&self.client, &self.name, dtype, self.block_tokens)
+                .map_err(cluster)?;
+        self.stream = Some(stream);
+        Ok(())
+    }
+
+    fn append_tokens(&mut self, bytes: &[u8]) -> zr_node::Result<()> {
+        self.since_commit += bytes.len() as u64;
+        self.stream()?.append_tokens(bytes).map_err(cluster)?;
+        Ok(())
+    }
+
+    fn end_documents_at(&mut self, ends: &[u64]) -> zr_node::Result<()> {
+        let stream = self.stream()?;
+        for &end in ends {
+            stream.end_document_at(end).map_err(cluster)?;
+        }
+        Ok(())
+    }
+
+    fn aligned(&mut self) -> zr_node::Result<()> {
+        if self.since_commit >= CLUSTER_COMMIT_BYTES {
+            self.stream()?.commit().map_err(cluster)?;
+            self.since_commit = 0;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> zr_node::Result<()> {
+        self.stream()?.commit().map_err(cluster)
+    }
 }

@@ -22,4 +22,4 @@ pub use loader::{GatherSource, LoadedBatch, Loader, LoaderOptions, MixtureLoader
 pub use mixture::{Mixture, MixtureConfig, MixtureState, Stage};
 pub use record::Record;
 pub use sampler::{Order, Sampler, SamplerConfig, SamplerState, Tail};
-pub use windows::WindowMode;
+pub use windows::{WindowColumns, WindowMode};

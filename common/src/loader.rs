@@ -256,7 +256,7 @@ impl Drop for Workers {
 
 impl Loader {
     /// A loader over `source` starting at `state` (e.g. `sampler.start(0)` or a checkpoint).
-    pub fn new<S: GatherSource>(
+    pub fn new<S: GatherSource + ?Sized>(
         source: Arc<S>,
         sampler: Sampler,
         state: SamplerState,

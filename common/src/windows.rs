@@ -2,6 +2,9 @@
 //! tokens at a stride (inputs and labels shifted by one), or whole documents. Shared by the
 //! local engine and the cluster client, which read the tokens in their own ways.
 
+use crate::columns::Contiguous;
+use crate::error::BoxError;
+
 /// What an observation of a token stream is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WindowMode {
@@ -48,6 +51,66 @@ impl WindowMode {
             }
             WindowMode::Documents { .. } => documents,
         }
+    }
+}
+
+/// Gathered windows, as a loader hands them over.
+#[derive(Debug, Default)]
+pub struct WindowColumns {
+    pub rows: usize,
+    /// Tokens per row.
+    pub width: usize,
+    pub element_bytes: usize,
+    /// `rows × width` elements.
+    pub tokens: Vec<u8>,
+    /// Each token's document.
+    pub document: Vec<i64>,
+    /// Document mode: 1 for a token, 0 for padding (empty otherwise).
+    pub mask: Vec<u8>,
+}
+
+impl WindowColumns {
+    /// The columns `fields` names (`tokens`, `document`, `mask` in document mode; empty:
+    /// all), each row one window, into `columns`.
+    pub fn into_columns(
+        mut self,
+        fields: &[String],
+        columns: &mut Vec<Contiguous>,
+    ) -> Result<(), BoxError> {
+        let has_mask = !self.mask.is_empty();
+        let names: Vec<&str> = if fields.is_empty() {
+            let mut all = vec!["tokens", "document"];
+            if has_mask {
+                all.push("mask");
+            }
+            all
+        } else {
+            fields.iter().map(String::as_str).collect()
+        };
+        columns.resize_with(names.len(), Contiguous::default);
+        for (column, name) in columns.iter_mut().zip(names) {
+            let (data, row) = match name {
+                "tokens" => (
+                    std::mem::take(&mut self.tokens),
+                    self.width * self.element_bytes,
+                ),
+                "document" => (
+                    self.document.iter().flat_map(|d| d.to_le_bytes()).collect(),
+                    self.width * 8,
+                ),
+                "mask" if has_mask => (std::mem::take(&mut self.mask), self.width),
+                other => {
+                    return Err(format!(
+                        "unknown field '{other}' of windows (they have: tokens, document{})",
+                        if has_mask { ", mask" } else { "" }
+                    )
+                    .into())
+                }
+            };
+            column.data = data;
+            column.offsets = (0..=self.rows as u64).map(|r| r * row as u64).collect();
+        }
+        Ok(())
     }
 }
 

@@ -799,18 +799,11 @@ impl NativeMixtureLoader {
         prefetch: usize,
         workers: usize,
     ) -> PyResult<NativeMixtureLoader> {
-        let mut gathers: Vec<std::sync::Arc<dyn zr_common::GatherSource>> = Vec::new();
-        for (i, source) in sources.iter().enumerate() {
-            if let Ok(store) = source.cast::<Store>() {
-                gathers.push(std::sync::Arc::new(store.get().inner.clone()));
-            } else if let Ok(client) = source.cast::<Client>() {
-                gathers.push(client.get().inner.clone());
-            } else {
-                return Err(PyValueError::new_err(format!(
-                    "source {i} is neither a local dataset nor a cluster client"
-                )));
-            }
-        }
+        let gathers = sources
+            .iter()
+            .enumerate()
+            .map(|(i, source)| gather_source(source, i))
+            .collect::<PyResult<Vec<_>>>()?;
         let options = zr_common::LoaderOptions {
             fields,
             prefetch,
@@ -942,7 +935,7 @@ impl NativeLoader {
     #[pyo3(signature = (store, sampler, epoch, position, fields, prefetch, workers))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        store: &Store,
+        store: &Bound<'_, PyAny>,
         sampler: &Sampler,
         epoch: u64,
         position: u64,
@@ -957,7 +950,7 @@ impl NativeLoader {
             end_epoch: Some(epoch + 1),
         };
         let inner = zr_common::Loader::new(
-            std::sync::Arc::new(store.inner.clone()),
+            gather_source(store, 0)?,
             sampler.inner.clone(),
             sampler.inner.state_at(epoch, position),
             options,
@@ -980,6 +973,49 @@ impl NativeLoader {
         };
         let end = batch.position + batch.indices.len() as u64;
         Ok(Some((batch.epoch, batch.position, end, columns)))
+    }
+}
+
+/// What a loader reads from: a local dataset, a cluster's, or a token stream's windows
+/// (local or a cluster's); `i` names it in the error.
+fn gather_source(
+    source: &Bound<'_, PyAny>,
+    i: usize,
+) -> PyResult<std::sync::Arc<dyn zr_common::GatherSource>> {
+    if let Ok(store) = source.cast::<Store>() {
+        Ok(std::sync::Arc::new(store.get().inner.clone()))
+    } else if let Ok(client) = source.cast::<Client>() {
+        Ok(client.get().inner.clone())
+    } else if let Ok(windows) = source.cast::<StreamWindows>() {
+        Ok(std::sync::Arc::new(windows.get().inner.clone()))
+    } else if let Ok(windows) = source.cast::<ClusterStreamWindows>() {
+        let windows = windows.get();
+        Ok(std::sync::Arc::new(SharedClusterWindows {
+            stream: windows.stream.clone(),
+            mode: windows.mode,
+        }))
+    } else {
+        Err(PyValueError::new_err(format!(
+            "source {i} is neither a dataset (local or a cluster's) nor a stream's windows"
+        )))
+    }
+}
+
+/// A cluster stream's windows as a loader source, the stream shared with its handle.
+struct SharedClusterWindows {
+    stream: std::sync::Arc<std::sync::RwLock<zr_router::ClusterStream>>,
+    mode: zr_common::WindowMode,
+}
+
+impl zr_common::GatherSource for SharedClusterWindows {
+    fn gather_into(
+        &self,
+        indices: &[u64],
+        fields: &[String],
+        columns: &mut Vec<zr_common::Contiguous>,
+    ) -> Result<(), zr_common::BoxError> {
+        let stream = self.stream.read().unwrap_or_else(|e| e.into_inner());
+        stream.gather_columns(self.mode, indices, fields, columns)
     }
 }
 

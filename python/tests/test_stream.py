@@ -270,3 +270,31 @@ def test_a_clusters_stream_reads_as_the_local_one(tmp_path):
         plain = admin.dataset("default")
         with pytest.raises(zrecord.Error, match="not a token stream"):
             zrecord.open_stream(plain)
+
+
+def test_windows_in_a_mixture_with_records_of_the_same_shape(tmp_path):
+    docs = [np.arange(k * 1000, k * 1000 + 700, dtype=np.uint32) for k in range(6)]
+    a = _make(tmp_path / "a", docs[:3]).windows(63)
+    b = _make(tmp_path / "b", docs[3:]).windows(63)
+    mixture = zrecord.Mixture([len(a), len(b)], [0.5, 0.5], seed=2, batch=4)
+    loader = zrecord.Loader([a, b], mixture, fields=["tokens", "document"])
+    flat = [np.concatenate(docs[:3]), np.concatenate(docs[3:])]
+    for k, batch in enumerate(loader):
+        assert batch["tokens"].shape == (4, 64)
+        source, index = mixture.batch_at(k)
+        for row, (s, i) in enumerate(zip(source, index)):
+            np.testing.assert_array_equal(batch["tokens"][row], flat[s][i * 63 : i * 63 + 64])
+            assert batch["source"][row] == s
+        if k == 5:
+            break
+    state = loader.state_dict()
+    again = zrecord.Mixture([len(a), len(b)], [0.5, 0.5], seed=2, batch=4)
+    resumed = zrecord.Loader([a, b], again)
+    resumed.load_state_dict(state)
+    first = next(iter(resumed))
+    source, index = again.batch_at(6)
+    np.testing.assert_array_equal(first["tokens"][0], flat[source[0]][index[0] * 63 : index[0] * 63 + 64])
+    # Windows of another length do not mix with these.
+    c = _make(tmp_path / "c", docs[:1]).windows(31)
+    with pytest.raises(ValueError, match="field 'tokens'"):
+        zrecord.Loader([a, c], zrecord.Mixture([len(a), len(c)], [0.5, 0.5], batch=4))

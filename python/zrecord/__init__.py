@@ -808,7 +808,9 @@ class Loader:
             yield from self._mixture_batches()
             return
         native = self.dataset._native()
-        if isinstance(native, _zrecord.Store):
+        windows = isinstance(native, (_zrecord.StreamWindows, _zrecord.ClusterStreamWindows))
+        # The engine's loader reads records and windows (a stream's spans come with gathers).
+        if isinstance(native, _zrecord.Store) or (windows and self.dataset.stream.spans == 0):
             yield from self._native_batches(native)
             return
         epoch, position = self.sampler.epoch, self.sampler.position

@@ -203,8 +203,28 @@ class Windows:
         return len(self._handle)
 
     @property
-    def fields(self) -> list[str]:
-        return ["tokens", "document", "mask"] if self.by_document else ["tokens", "document"]
+    def fields(self) -> list:
+        """As a dataset's: ``tokens`` (seq_len + 1 of the stream's dtype), ``document``
+        (seq_len + 1 int64) and, for document windows, ``mask`` (seq_len + 1 bool)."""
+        from . import Field
+
+        fields = [
+            Field("tokens", "raw", self.stream.dtype, (self.width,)),
+            Field("document", "raw", np.dtype(np.int64), (self.width,)),
+        ]
+        if self.by_document:
+            fields.append(Field("mask", "raw", np.dtype(np.bool_), (self.width,)))
+        return fields
+
+    @property
+    def _names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+    def _field(self, name: str) -> Any:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"windows have no field '{name}' (they have: {', '.join(self._names)})")
 
     def gather(self, indices: Any, fields: Sequence[str] | None = None, out: Mapping[str, Any] | None = None) -> dict:
         """Observations ``indices`` as {"tokens": (B, W+1), "document": (B, W+1) int64,
@@ -221,21 +241,22 @@ class Windows:
             if idx.size and idx.min() < 0:
                 raise IndexError(f"index {int(np.asarray(indices).reshape(-1)[int(np.argmin(idx))])} is out of range: there are {n} windows")
         idx = idx.astype(np.uint64, copy=False)
-        names = list(self.fields) if fields is None else list(fields)
+        known = self._names
+        names = list(known) if fields is None else list(fields)
         for name in names:
-            if name not in self.fields:
-                raise KeyError(f"windows have no field '{name}' (they have: {', '.join(self.fields)})")
+            if name not in known:
+                raise KeyError(f"windows have no field '{name}' (they have: {', '.join(known)})")
         given = dict(out or {})
         for name in given:
-            if name not in self.fields:
-                raise KeyError(f"out names '{name}', which windows do not have (they have: {', '.join(self.fields)})")
+            if name not in known:
+                raise KeyError(f"out names '{name}', which windows do not have (they have: {', '.join(known)})")
         count = idx.size
         shape = (count, self.width)
         kinds = {"tokens": self.stream.dtype, "document": np.dtype(np.int64), "mask": np.dtype(np.bool_)}
         arrays: dict[str, Any] = {}
         flats: dict[str, np.ndarray] = {}
         for name in _FIELDS:
-            if name not in self.fields or (name not in names and name != "tokens" and name not in given):
+            if name not in known or (name not in names and name != "tokens" and name not in given):
                 continue
             if name in given:
                 dest = given[name]
@@ -270,7 +291,7 @@ class Windows:
         """Observations ``indices`` as a list of {field: row}: one gather for the batch."""
         batch = self.gather(indices)
         count = _count(indices)
-        return [{name: batch[name][k] for name in self.fields if name in batch} for k in range(count)]
+        return [{name: batch[name][k] for name in self._names if name in batch} for k in range(count)]
 
 
 def _count(indices: Any) -> int:

@@ -661,36 +661,36 @@ impl zr_common::GatherSource for ClusterWindows {
         fields: &[String],
         columns: &mut Vec<Contiguous>,
     ) -> Result<(), zr_common::BoxError> {
-        let width = self.mode.width() as usize;
-        let e = self.stream.element_bytes as usize;
+        self.stream
+            .gather_columns(self.mode, indices, fields, columns)
+    }
+}
+
+impl ClusterStream {
+    /// Windows `indices` of `mode` as loader columns: `tokens` (rows of `seq_len + 1`
+    /// elements) and `document` (i64 per token), as `fields` picks and orders them (empty:
+    /// both).
+    pub fn gather_columns(
+        &self,
+        mode: WindowMode,
+        indices: &[u64],
+        fields: &[String],
+        columns: &mut Vec<Contiguous>,
+    ) -> Result<(), zr_common::BoxError> {
+        let width = mode.width() as usize;
+        let e = self.element_bytes as usize;
         let rows = indices.len();
         let mut tokens = vec![0u8; rows * width * e];
         let mut document = vec![0i64; rows * width];
-        self.stream
-            .gather(self.mode, indices, &mut tokens, Some(&mut document))?;
-        let names: Vec<&str> = if fields.is_empty() {
-            vec!["tokens", "document"]
-        } else {
-            fields.iter().map(String::as_str).collect()
-        };
-        columns.resize_with(names.len(), Contiguous::default);
-        for (column, name) in columns.iter_mut().zip(names) {
-            let (data, row) = match name {
-                "tokens" => (std::mem::take(&mut tokens), width * e),
-                "document" => (
-                    document.iter().flat_map(|d| d.to_le_bytes()).collect(),
-                    width * 8,
-                ),
-                other => {
-                    return Err(format!(
-                        "unknown field '{other}' of windows (they have: tokens, document)"
-                    )
-                    .into())
-                }
-            };
-            column.data = data;
-            column.offsets = (0..=rows as u64).map(|r| r * row as u64).collect();
+        self.gather(mode, indices, &mut tokens, Some(&mut document))?;
+        zr_common::WindowColumns {
+            rows,
+            width,
+            element_bytes: e,
+            tokens,
+            document,
+            mask: Vec::new(),
         }
-        Ok(())
+        .into_columns(fields, columns)
     }
 }

@@ -1582,3 +1582,96 @@ fn zr_dataset_commands_on_the_binaries() {
     assert!(gone.contains("no dataset 'rows'"), "{gone}");
     stop_all(processes);
 }
+
+/// A Megatron-LM indexed dataset of uint16 tokens, one sequence per document, as
+/// Megatron's `_IndexWriter` writes it; returns the documents.
+fn write_megatron_u16(prefix: &Path, documents: usize) -> Vec<Vec<u16>> {
+    let docs: Vec<Vec<u16>> = (0..documents)
+        .map(|d| {
+            (0..(d * 37) % 500)
+                .map(|k| (d * 131 + k * 7) as u16)
+                .collect()
+        })
+        .collect();
+    let bin: Vec<u8> = docs
+        .iter()
+        .flatten()
+        .flat_map(|t| t.to_le_bytes())
+        .collect();
+    let mut idx = b"MMIDIDX\x00\x00".to_vec();
+    idx.extend_from_slice(&1u64.to_le_bytes());
+    idx.push(8);
+    idx.extend_from_slice(&(docs.len() as u64).to_le_bytes());
+    idx.extend_from_slice(&(docs.len() as u64 + 1).to_le_bytes());
+    for doc in &docs {
+        idx.extend_from_slice(&(doc.len() as i32).to_le_bytes());
+    }
+    let mut pointer = 0i64;
+    for doc in &docs {
+        idx.extend_from_slice(&pointer.to_le_bytes());
+        pointer += doc.len() as i64 * 2;
+    }
+    for d in 0..=docs.len() as i64 {
+        idx.extend_from_slice(&d.to_le_bytes());
+    }
+    std::fs::write(prefix.with_extension("bin"), bin).unwrap();
+    std::fs::write(prefix.with_extension("idx"), idx).unwrap();
+    docs
+}
+
+/// `zr convert --megatron` into a cluster: the stream becomes a named dataset, and every
+/// window read through a client matches the concatenated documents; a second conversion to
+/// the same name is refused by name.
+#[test]
+fn a_megatron_corpus_converts_into_a_clusters_token_stream() {
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("megatron-cluster");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let processes = start(&node, &router, &config);
+    let docs = write_megatron_u16(&tmp.join("corpus"), 200);
+    let remote = [
+        "--router",
+        addr.as_str(),
+        "--certs",
+        certs.to_str().unwrap(),
+    ];
+    let _ = connect(&addr, &certs);
+    let prefix = tmp.join("corpus");
+    let args = [
+        "convert",
+        "--megatron",
+        prefix.to_str().unwrap(),
+        "--dataset",
+        "corpus",
+        "--block-tokens",
+        "300",
+    ];
+    let out = zr(&[&args[..], &remote[..]].concat());
+    let flat: Vec<u16> = docs.concat();
+    assert!(
+        out.contains(&format!("converted {} tokens in 200 documents", flat.len()))
+            && out.contains("'corpus'"),
+        "{out}"
+    );
+    let stream =
+        zr_router::ClusterStream::open(connect(&addr, &certs).dataset("corpus").unwrap()).unwrap();
+    assert_eq!((stream.len(), stream.documents()), (flat.len() as u64, 200));
+    assert_eq!(stream.dtype(), "<u2");
+    let mode = zr_common::WindowMode::Windows {
+        seq_len: 511,
+        stride: 512,
+    };
+    let n = stream.count(mode).unwrap();
+    let all: Vec<u64> = (0..n).collect();
+    let mut tokens = vec![0u8; all.len() * 512 * 2];
+    stream.gather(mode, &all, &mut tokens, None).unwrap();
+    let want: Vec<u8> = flat[..n as usize * 512]
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .collect();
+    assert_eq!(tokens, want);
+    let again = zr_fails(&[&args[..], &remote[..]].concat());
+    assert!(again.contains("corpus"), "{again}");
+    stop_all(processes);
+    let _ = std::fs::remove_dir_all(&tmp);
+}

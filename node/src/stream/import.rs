@@ -177,19 +177,82 @@ impl MegatronIndex {
     }
 }
 
-/// Runs `fill` on a new stream at `dest`, committing at the end; removes `dest` if it fails.
-fn build(
+/// Where a conversion's tokens go: a new local stream ([`convert_megatron`],
+/// [`convert_tokens`]), or anything else that takes tokens and document ends in order (the
+/// command line's cluster streams).
+pub trait TokenSink {
+    /// Called first, once the input is checked, with the token type (`<u2` or `<u4`).
+    fn start(&mut self, dtype: &str) -> Result<()>;
+    /// Tokens, back to back.
+    fn append_tokens(&mut self, bytes: &[u8]) -> Result<()>;
+    /// Documents end at these token positions (absolute, ascending).
+    fn end_documents_at(&mut self, ends: &[u64]) -> Result<()>;
+    /// Every token handed over so far belongs to a document: a sink may commit here.
+    fn aligned(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// The conversion is done: commit.
+    fn finish(&mut self) -> Result<()>;
+}
+
+/// What a conversion handed over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Converted {
+    pub tokens: u64,
+    pub documents: u64,
+    /// `<u2` or `<u4`.
+    pub dtype: &'static str,
+}
+
+/// A new local stream as a sink.
+struct LocalSink<'a> {
+    dest: &'a Path,
+    stream: Option<Stream>,
+}
+
+impl LocalSink<'_> {
+    fn stream(&self) -> Result<&Stream> {
+        self.stream.as_ref().ok_or_else(|| Error::InvalidInput {
+            path: self.dest.to_path_buf(),
+            reason: "tokens before the stream was made".into(),
+        })
+    }
+}
+
+impl TokenSink for LocalSink<'_> {
+    fn start(&mut self, dtype: &str) -> Result<()> {
+        self.stream = Some(Stream::create(
+            self.dest,
+            vec![Component::new("token", dtype)],
+        )?);
+        Ok(())
+    }
+
+    fn append_tokens(&mut self, bytes: &[u8]) -> Result<()> {
+        self.stream()?.append_tokens(bytes).map(|_| ())
+    }
+
+    fn end_documents_at(&mut self, ends: &[u64]) -> Result<()> {
+        self.stream()?.end_documents_at(ends)
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.stream()?.commit()
+    }
+}
+
+/// Runs a conversion into a new stream at `dest`, committed once at the end; removes what
+/// it made if it fails.
+fn local(
     dest: &Path,
-    element: Vec<Component>,
-    fill: impl FnOnce(&Stream) -> Result<()>,
+    convert: impl FnOnce(&mut dyn TokenSink) -> Result<Converted>,
 ) -> Result<StreamMeta> {
     let existed = dest.exists();
-    let result = Stream::create(dest, element).and_then(|stream| {
-        fill(&stream)?;
-        stream.commit()?;
-        Ok(stream.meta())
-    });
-    if result.is_err() && !matches!(result, Err(Error::AlreadyExists { .. })) {
+    let mut sink = LocalSink { dest, stream: None };
+    let result = convert(&mut sink).and_then(|_| Ok(sink.stream()?.meta()));
+    let made = sink.stream.take().is_some();
+    drop(sink);
+    if result.is_err() && made {
         let _ = remove_made(dest, existed);
     }
     result
@@ -219,8 +282,17 @@ fn remove_made(dest: &Path, existed: bool) -> std::io::Result<()> {
 pub fn convert_megatron(
     prefix: &Path,
     dest: &Path,
-    mut progress: impl FnMut(u64, u64),
+    progress: impl FnMut(u64, u64),
 ) -> Result<StreamMeta> {
+    local(dest, |sink| megatron_into(prefix, sink, progress))
+}
+
+/// [`convert_megatron`] into any sink.
+pub fn megatron_into(
+    prefix: &Path,
+    sink: &mut dyn TokenSink,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<Converted> {
     let with = |ext: &str| -> PathBuf {
         let mut name = prefix.as_os_str().to_owned();
         name.push(ext);
@@ -236,13 +308,14 @@ pub fn convert_megatron(
         .map(|i| index.sequence(idx, i).1 * index.token_bytes)
         .sum();
     let dtype = if index.token_bytes == 2 { "<u2" } else { "<u4" };
-    build(dest, vec![Component::new("token", dtype)], |stream| {
-        let mut done = 0;
-        let mut ends = Vec::new();
-        let mut position = 0u64;
-        // Runs of sequences contiguous in `.bin` are appended together.
-        let mut run: Option<(u64, u64)> = None;
-        let flush = |run: &mut Option<(u64, u64)>, done: &mut u64| -> Result<()> {
+    sink.start(dtype)?;
+    let mut done = 0;
+    let mut ends = Vec::new();
+    let mut position = 0u64;
+    // Runs of sequences contiguous in `.bin` are appended together.
+    let mut run: Option<(u64, u64)> = None;
+    let mut flush =
+        |run: &mut Option<(u64, u64)>, done: &mut u64, sink: &mut dyn TokenSink| -> Result<()> {
             if let Some((start, end)) = run.take() {
                 let bytes = &bin[start as usize..end as usize];
                 if index.dtype_code == 4 {
@@ -259,43 +332,46 @@ pub fn convert_megatron(
                         });
                     }
                 }
-                stream.append_tokens(bytes)?;
+                sink.append_tokens(bytes)?;
                 *done += end - start;
+                progress(*done, total);
             }
             Ok(())
         };
-        for d in 0..index.documents() {
-            let (first, last) = (
-                index.document_entry(idx, d),
-                index.document_entry(idx, d + 1),
-            );
-            for i in first..last {
-                let (pointer, len) = index.sequence(idx, i);
-                let end = pointer + len * index.token_bytes;
-                run = match run {
-                    Some((start, at)) if at == pointer && end - start <= SLICE_BYTES as u64 => {
-                        Some((start, end))
-                    }
-                    other => {
-                        let mut other = other;
-                        flush(&mut other, &mut done)?;
-                        progress(done, total);
-                        Some((pointer, end))
-                    }
-                };
-                position += len;
-            }
-            ends.push(position);
-            if ends.len() >= 1 << 16 {
-                flush(&mut run, &mut done)?;
-                stream.end_documents_at(&ends)?;
-                ends.clear();
-            }
+    for d in 0..index.documents() {
+        let (first, last) = (
+            index.document_entry(idx, d),
+            index.document_entry(idx, d + 1),
+        );
+        for i in first..last {
+            let (pointer, len) = index.sequence(idx, i);
+            let end = pointer + len * index.token_bytes;
+            run = match run {
+                Some((start, at)) if at == pointer && end - start <= SLICE_BYTES as u64 => {
+                    Some((start, end))
+                }
+                mut other => {
+                    flush(&mut other, &mut done, sink)?;
+                    Some((pointer, end))
+                }
+            };
+            position += len;
         }
-        flush(&mut run, &mut done)?;
-        stream.end_documents_at(&ends)?;
-        progress(done, total);
-        Ok(())
+        ends.push(position);
+        if ends.len() >= 1 << 16 {
+            flush(&mut run, &mut done, sink)?;
+            sink.end_documents_at(&ends)?;
+            sink.aligned()?;
+            ends.clear();
+        }
+    }
+    flush(&mut run, &mut done, sink)?;
+    sink.end_documents_at(&ends)?;
+    sink.finish()?;
+    Ok(Converted {
+        tokens: position,
+        documents: index.documents(),
+        dtype,
     })
 }
 
@@ -384,8 +460,18 @@ pub fn convert_tokens(
     tokens: &Path,
     lengths: &Path,
     dest: &Path,
-    mut progress: impl FnMut(u64, u64),
+    progress: impl FnMut(u64, u64),
 ) -> Result<StreamMeta> {
+    local(dest, |sink| tokens_into(tokens, lengths, sink, progress))
+}
+
+/// [`convert_tokens`] into any sink.
+pub fn tokens_into(
+    tokens: &Path,
+    lengths: &Path,
+    sink: &mut dyn TokenSink,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<Converted> {
     let tokens = NpyVector::open(tokens, "tokens")?;
     let lengths = NpyVector::open(lengths, "document lengths")?;
     let mut sum = 0u64;
@@ -411,17 +497,17 @@ pub fn convert_tokens(
     let narrow = tokens.itemsize == 2 && !tokens.signed;
     let dtype = if narrow { "<u2" } else { "<u4" };
     let total = tokens.len();
-    build(dest, vec![Component::new("token", dtype)], |stream| {
-        let step = (SLICE_BYTES / tokens.itemsize) as u64;
-        let mut converted = Vec::new();
-        let mut start = 0;
-        while start < total {
-            let end = (start + step).min(total);
-            if narrow || (tokens.itemsize == 4 && !tokens.signed) {
-                let data = tokens.data();
-                stream.append_tokens(
-                    &data[start as usize * tokens.itemsize..end as usize * tokens.itemsize],
-                )?;
+    sink.start(dtype)?;
+    let step = (SLICE_BYTES / tokens.itemsize) as u64;
+    let size = tokens.itemsize;
+    let mut converted = Vec::new();
+    // Tokens [from, to) handed over in slices, converted to uint32 where they are not.
+    let mut append = |from: u64, to: u64, sink: &mut dyn TokenSink| -> Result<()> {
+        let mut start = from;
+        while start < to {
+            let end = (start + step).min(to);
+            if narrow || (size == 4 && !tokens.signed) {
+                sink.append_tokens(&tokens.data()[start as usize * size..end as usize * size])?;
             } else {
                 converted.clear();
                 for i in start..end {
@@ -435,21 +521,31 @@ pub fn convert_tokens(
                     })?;
                     converted.extend_from_slice(&(value as u32).to_le_bytes());
                 }
-                stream.append_tokens(&converted)?;
+                sink.append_tokens(&converted)?;
             }
-            progress(end * tokens.itemsize as u64, total * tokens.itemsize as u64);
+            progress(end * size as u64, total * size as u64);
             start = end;
         }
-        let mut ends = Vec::with_capacity(lengths.len().min(1 << 16) as usize);
-        let mut position = 0;
-        for d in 0..lengths.len() {
-            position += lengths.get(d).unwrap_or_default();
-            ends.push(position);
-            if ends.len() >= 1 << 16 {
-                stream.end_documents_at(&ends)?;
-                ends.clear();
-            }
+        Ok(())
+    };
+    // Documents in batches: their tokens, then their ends.
+    let mut ends = Vec::with_capacity(lengths.len().min(1 << 16) as usize);
+    let (mut handed, mut position) = (0, 0);
+    for d in 0..lengths.len() {
+        position += lengths.get(d).unwrap_or_default();
+        ends.push(position);
+        if ends.len() >= 1 << 16 || position - handed >= step || d + 1 == lengths.len() {
+            append(handed, position, sink)?;
+            handed = position;
+            sink.end_documents_at(&ends)?;
+            sink.aligned()?;
+            ends.clear();
         }
-        stream.end_documents_at(&ends)
+    }
+    sink.finish()?;
+    Ok(Converted {
+        tokens: total,
+        documents: lengths.len(),
+        dtype,
     })
 }

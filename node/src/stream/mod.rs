@@ -39,7 +39,10 @@ use crate::meta::{dtype_itemsize, write_atomically, FieldSpec};
 use crate::store::Store;
 
 pub use check::StreamReport;
-pub use import::{convert_megatron, convert_tokens, MegatronIndex};
+pub use import::{
+    convert_megatron, convert_tokens, megatron_into, tokens_into, Converted, MegatronIndex,
+    TokenSink,
+};
 pub use read::{Observations, SpanHit, SpanSink, WindowMode, Windows};
 pub use write::Span;
 

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 pub use zr_common::WindowMode;
-use zr_common::{BoxError, Contiguous, GatherSource};
+use zr_common::{BoxError, Contiguous, GatherSource, WindowColumns};
 
 use super::{Stream, StreamView, METADATA_FIELD};
 use crate::error::{Error, Result};
@@ -487,38 +487,14 @@ impl GatherSource for Windows {
     ) -> Result<(), BoxError> {
         let mut out = Observations::default();
         self.gather(indices, &mut out)?;
-        let names: Vec<&str> = if fields.is_empty() {
-            let mut all = vec!["tokens", "document"];
-            if !out.mask.is_empty() {
-                all.push("mask");
-            }
-            all
-        } else {
-            fields.iter().map(String::as_str).collect()
-        };
-        columns.resize_with(names.len(), Contiguous::default);
-        for (column, name) in columns.iter_mut().zip(names) {
-            let (data, row): (Vec<u8>, usize) = match name {
-                "tokens" => (
-                    std::mem::take(&mut out.tokens),
-                    out.width * self.stream.view().element_bytes as usize,
-                ),
-                "document" => (
-                    out.document.iter().flat_map(|d| d.to_le_bytes()).collect(),
-                    out.width * 8,
-                ),
-                "mask" if !out.mask.is_empty() => (std::mem::take(&mut out.mask), out.width),
-                other => {
-                    return Err(format!(
-                        "unknown field '{other}' of windows (they have: tokens, document{})",
-                        if out.mask.is_empty() { "" } else { ", mask" }
-                    )
-                    .into())
-                }
-            };
-            column.data = data;
-            column.offsets = (0..=out.rows as u64).map(|r| r * row as u64).collect();
+        WindowColumns {
+            rows: out.rows,
+            width: out.width,
+            element_bytes: self.stream.view().element_bytes as usize,
+            tokens: out.tokens,
+            document: out.document,
+            mask: out.mask,
         }
-        Ok(())
+        .into_columns(fields, columns)
     }
 }
