@@ -1,17 +1,35 @@
-//! The etcd backend (v3 API). Every key lives under a prefix; a compare-and-swap is a
-//! transaction on the key's `mod_revision`; a write's revision is etcd's, which grows with
-//! every write to the etcd cluster and survives restarts.
+//! The etcd backend (v3 API), spoken through etcd's JSON gateway (`POST /v3/kv/range`,
+//! `/v3/kv/txn`: the same calls as gRPC, as JSON over HTTP/1.1). zrecord needs two calls —
+//! a read and a compare-and-swap — and the gateway serves them from every etcd since 3.4
+//! with no generated code, so building zrecord needs no `protoc`.
+//!
+//! Every key lives under a prefix; a compare-and-swap is a transaction on the key's
+//! `mod_revision` (or, to create, on its `create_revision` being 0); a write's revision is
+//! etcd's, which grows with every write to the etcd cluster and survives restarts. Keys and
+//! values cross base64-encoded and 64-bit integers as strings, as the gateway's JSON
+//! mapping of the protocol has them. Each call tries the endpoints in turn until one
+//! answers.
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
 
 use crate::{Call, Error, MetaStore, Revision};
+
+/// Most bytes of a gateway answer read (the calls here return one small key).
+const ANSWER_BYTES_MAX: usize = 16 << 20;
 
 /// A connection to an etcd cluster.
 #[derive(Clone)]
 pub struct EtcdStore {
-    client: Client,
+    http: Client<HttpConnector, Full<Bytes>>,
     endpoints: Vec<String>,
     prefix: String,
     timeout: Duration,
@@ -28,60 +46,102 @@ impl std::fmt::Debug for EtcdStore {
 
 impl EtcdStore {
     /// Connects to the etcd cluster at `endpoints` (`http://host:port`), keeping this
-    /// cluster's keys under `prefix`; every call gets `timeout`.
+    /// cluster's keys under `prefix`; every call gets `timeout`. Fails, naming the
+    /// endpoints, if none answers.
     pub async fn connect(
         endpoints: &[String],
         prefix: &str,
         timeout: Duration,
     ) -> Result<EtcdStore, Error> {
         let name = endpoints.join(",");
-        let options = ConnectOptions::new()
-            .with_connect_timeout(timeout)
-            .with_timeout(timeout);
-        let connecting = Client::connect(endpoints, Some(options));
-        let client = match tokio::time::timeout(timeout, connecting).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => {
-                return Err(Error::Unavailable {
-                    store: name,
-                    reason: e.to_string(),
-                })
-            }
-            Err(_) => {
-                return Err(Error::Unavailable {
-                    store: name,
-                    reason: format!("no answer within {} ms", timeout.as_millis()),
-                })
-            }
-        };
-        Ok(EtcdStore {
-            client,
-            endpoints: endpoints.to_vec(),
+        if let Some(bad) = endpoints.iter().find(|e| !e.starts_with("http://")) {
+            return Err(Error::Unavailable {
+                store: name,
+                reason: format!(
+                    "endpoint {bad}: give etcd's client URL as http://HOST:PORT (TLS to etcd is not offered)"
+                ),
+            });
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(timeout));
+        connector.set_nodelay(true);
+        let http = Client::builder(TokioExecutor::new()).build(connector);
+        let store = EtcdStore {
+            http,
+            endpoints: endpoints
+                .iter()
+                .map(|e| e.trim_end_matches('/').to_string())
+                .collect(),
             prefix: prefix.trim_end_matches('/').to_string(),
             timeout,
-        })
+        };
+        // One answer proves an endpoint speaks etcd's v3 gateway.
+        store.call("/v3/maintenance/status", json!({})).await?;
+        Ok(store)
     }
 
     fn key(&self, key: &str) -> String {
         format!("{}/{key}", self.prefix)
     }
 
-    /// `call` within the timeout; its errors as [`Error::Unavailable`].
-    async fn bounded<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, Error> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(out)) => Ok(out),
-            Ok(Err(e)) => Err(Error::Unavailable {
-                store: self.describe(),
-                reason: e.to_string(),
-            }),
-            Err(_) => Err(Error::Unavailable {
-                store: self.describe(),
-                reason: format!("no answer within {} ms", self.timeout.as_millis()),
-            }),
+    /// `path` with `body`, at the first endpoint that answers within the timeout; its JSON
+    /// answer, or [`Error::Unavailable`] saying why each failed.
+    async fn call(&self, path: &str, body: Value) -> Result<Value, Error> {
+        let body = Bytes::from(body.to_string());
+        let mut reasons = Vec::new();
+        for endpoint in &self.endpoints {
+            let attempt = self.post(endpoint, path, body.clone());
+            match tokio::time::timeout(self.timeout, attempt).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(reason)) => reasons.push(format!("{endpoint}: {reason}")),
+                Err(_) => reasons.push(format!(
+                    "{endpoint}: no answer within {} ms",
+                    self.timeout.as_millis()
+                )),
+            }
         }
+        Err(Error::Unavailable {
+            store: self.describe(),
+            reason: reasons.join("; "),
+        })
+    }
+
+    async fn post(&self, endpoint: &str, path: &str, body: Bytes) -> Result<Value, String> {
+        let request = hyper::Request::post(format!("{endpoint}{path}"))
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(body))
+            .map_err(|e| e.to_string())?;
+        let answer = self.http.request(request).await.map_err(|e| {
+            // The cause (connection refused, reset) says more than "client error".
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                text = format!("{text}: {cause}");
+                source = cause.source();
+            }
+            text
+        })?;
+        let status = answer.status();
+        let body = http_body_util::Limited::new(answer.into_body(), ANSWER_BYTES_MAX)
+            .collect()
+            .await
+            .map_err(|e| format!("reading the answer: {e}"))?
+            .to_bytes();
+        let value: Value = serde_json::from_slice(&body).map_err(|e| {
+            format!(
+                "HTTP {status}, not etcd's JSON ({e}): {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            )
+        })?;
+        if !status.is_success() {
+            let message = value
+                .get("message")
+                .or_else(|| value.get("error"))
+                .and_then(Value::as_str)
+                .unwrap_or("no message");
+            return Err(format!("HTTP {status}: {message}"));
+        }
+        Ok(value)
     }
 
     fn corrupt(&self, reason: String) -> Error {
@@ -89,6 +149,35 @@ impl EtcdStore {
             store: self.describe(),
             reason,
         }
+    }
+
+    /// The first key-value of a range answer: (value, mod revision).
+    fn first_kv(&self, range: &Value, full: &str) -> Result<Option<(String, Revision)>, Error> {
+        let Some(kv) = range
+            .get("kvs")
+            .and_then(Value::as_array)
+            .and_then(|kvs| kvs.first())
+        else {
+            return Ok(None);
+        };
+        let value = kv.get("value").and_then(Value::as_str).unwrap_or_default();
+        let value = BASE64
+            .decode(value)
+            .map_err(|e| self.corrupt(format!("{full}: its value is not base64: {e}")))?;
+        let value = String::from_utf8(value)
+            .map_err(|e| self.corrupt(format!("{full}: its value is not UTF-8: {e}")))?;
+        let revision = int(kv.get("mod_revision"))
+            .ok_or_else(|| self.corrupt(format!("{full}: no mod_revision")))?;
+        Ok(Some((value, revision)))
+    }
+}
+
+/// A 64-bit integer of the gateway's JSON: a string of digits (or a plain number).
+fn int(value: Option<&Value>) -> Option<u64> {
+    match value? {
+        Value::String(text) => text.parse().ok(),
+        Value::Number(number) => number.as_u64(),
+        _ => None,
     }
 }
 
@@ -99,17 +188,11 @@ impl MetaStore for EtcdStore {
 
     fn get<'a>(&'a self, key: &'a str) -> Call<'a, Option<(String, Revision)>> {
         Box::pin(async move {
-            let mut client = self.client.clone();
             let full = self.key(key);
-            let answer = self.bounded(client.get(full.as_str(), None)).await?;
-            let Some(kv) = answer.kvs().first() else {
-                return Ok(None);
-            };
-            let value = kv
-                .value_str()
-                .map_err(|e| self.corrupt(format!("{full}: {e}")))?
-                .to_string();
-            Ok(Some((value, kv.mod_revision() as Revision)))
+            let answer = self
+                .call("/v3/kv/range", json!({ "key": BASE64.encode(&full) }))
+                .await?;
+            self.first_kv(&answer, &full)
         })
     }
 
@@ -120,38 +203,48 @@ impl MetaStore for EtcdStore {
         value: &'a str,
     ) -> Call<'a, Revision> {
         Box::pin(async move {
-            let mut client = self.client.clone();
             let full = self.key(key);
+            let encoded = BASE64.encode(&full);
             let compare = match expected {
-                Some(revision) => {
-                    Compare::mod_revision(full.as_str(), CompareOp::Equal, revision as i64)
-                }
-                None => Compare::create_revision(full.as_str(), CompareOp::Equal, 0),
+                Some(revision) => json!({
+                    "key": encoded, "result": "EQUAL", "target": "MOD",
+                    "mod_revision": revision.to_string(),
+                }),
+                None => json!({
+                    "key": encoded, "result": "EQUAL", "target": "CREATE",
+                    "create_revision": "0",
+                }),
             };
-            let txn = Txn::new()
-                .when([compare])
-                .and_then([TxnOp::put(full.as_str(), value, None)])
-                .or_else([TxnOp::get(full.as_str(), None)]);
-            let answer = self.bounded(client.txn(txn)).await?;
-            if !answer.succeeded() {
-                let found = answer.op_responses().into_iter().find_map(|r| match r {
-                    etcd_client::TxnOpResponse::Get(get) => {
-                        get.kvs().first().map(|kv| kv.mod_revision())
-                    }
-                    _ => None,
-                });
+            let txn = json!({
+                "compare": [compare],
+                "success": [{ "request_put": { "key": encoded, "value": BASE64.encode(value) } }],
+                "failure": [{ "request_range": { "key": encoded } }],
+            });
+            let answer = self.call("/v3/kv/txn", txn).await?;
+            // The JSON mapping leaves out false.
+            let succeeded = answer
+                .get("succeeded")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            if !succeeded {
+                let range = answer
+                    .get("responses")
+                    .and_then(Value::as_array)
+                    .and_then(|r| r.first())
+                    .and_then(|r| r.get("response_range"));
+                let found = match range {
+                    Some(range) => self.first_kv(range, &full)?.map(|(_, revision)| revision),
+                    None => None,
+                };
                 return Err(Error::Conflict {
                     store: self.describe(),
                     key: key.to_string(),
                     expected,
-                    found: found.map(|r| r as Revision),
+                    found,
                 });
             }
-            let revision = answer
-                .header()
-                .map(|h| h.revision())
-                .ok_or_else(|| self.corrupt("a write came back without a revision".into()))?;
-            Ok(revision as Revision)
+            int(answer.get("header").and_then(|h| h.get("revision")))
+                .ok_or_else(|| self.corrupt("a write came back without a revision".into()))
         })
     }
 }
