@@ -15,7 +15,7 @@
 //! **Tokens.** The revision at which a router took the lease is its token: the store's
 //! revisions only grow, across restarts and processes. The holder fences every node with it
 //! and stamps it on every write, so a node refuses the late writes of a holder whose lease
-//! lapsed and passed on (see `zr_node::fence`).
+//! lapsed and passed on (see `zr_shard::fence`).
 //!
 //! **The pending write.** An append or a delete is recorded in the record before it starts,
 //! in place of the one before it (which is done). If its router stops halfway, whoever takes

@@ -197,7 +197,7 @@ fn read_range(path: &Path, offset: u64, len: usize) -> (Vec<u8>, u64) {
 }
 
 /// `pwrite` of all of `bytes` at `offset`.
-pub(crate) fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> io::Result<()> {
+pub fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> io::Result<()> {
     change(
         path,
         || {
@@ -215,7 +215,7 @@ pub(crate) fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> i
 }
 
 /// `ftruncate` to `len`.
-pub(crate) fn set_len(file: &File, path: &Path, len: u64) -> io::Result<()> {
+pub fn set_len(file: &File, path: &Path, len: u64) -> io::Result<()> {
     change(
         path,
         || {
@@ -237,7 +237,7 @@ pub(crate) fn set_len(file: &File, path: &Path, len: u64) -> io::Result<()> {
 }
 
 /// `fdatasync`: the file's data changes so far are durable.
-pub(crate) fn sync(file: &File, path: &Path) -> io::Result<()> {
+pub fn sync(file: &File, path: &Path) -> io::Result<()> {
     let Some(recorder) = recorder(path) else {
         return file.sync_data();
     };
@@ -252,7 +252,7 @@ pub(crate) fn sync(file: &File, path: &Path) -> io::Result<()> {
 
 /// Opens `path` with `options`, logging its creation if it did not exist (`options` must
 /// not truncate an existing file: that is [`create`]).
-pub(crate) fn open(path: &Path, options: &OpenOptions) -> io::Result<File> {
+pub fn open(path: &Path, options: &OpenOptions) -> io::Result<File> {
     change(
         path,
         || {
@@ -265,7 +265,7 @@ pub(crate) fn open(path: &Path, options: &OpenOptions) -> io::Result<File> {
 }
 
 /// Creates `path` for reading and writing, or empties it (a length change) if it exists.
-pub(crate) fn create(path: &Path) -> io::Result<File> {
+pub fn create(path: &Path) -> io::Result<File> {
     let file = open(
         path,
         OpenOptions::new()
@@ -279,7 +279,7 @@ pub(crate) fn create(path: &Path) -> io::Result<File> {
 }
 
 /// Renames `from` to `to` (replacing it).
-pub(crate) fn rename(from: &Path, to: &Path) -> io::Result<()> {
+pub fn rename(from: &Path, to: &Path) -> io::Result<()> {
     change(
         to,
         || {
@@ -294,7 +294,7 @@ pub(crate) fn rename(from: &Path, to: &Path) -> io::Result<()> {
 }
 
 /// Removes the file `path`.
-pub(crate) fn remove(path: &Path) -> io::Result<()> {
+pub fn remove(path: &Path) -> io::Result<()> {
     change(
         path,
         || {
@@ -308,7 +308,7 @@ pub(crate) fn remove(path: &Path) -> io::Result<()> {
 }
 
 /// Swaps the directories `a` and `b` atomically (Linux `renameat2` with `RENAME_EXCHANGE`).
-pub(crate) fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+pub fn exchange(a: &Path, b: &Path) -> io::Result<()> {
     change(
         b,
         || {
@@ -346,7 +346,7 @@ fn rename_exchange(a: &Path, b: &Path) -> io::Result<()> {
 
 /// Makes the directory `path` and any missing parents. A directory another process made
 /// meanwhile (nodes started together on a fresh cluster directory) is taken as made.
-pub(crate) fn create_dir_all(path: &Path) -> io::Result<()> {
+pub fn create_dir_all(path: &Path) -> io::Result<()> {
     // A relative path's last ancestor is "" (the working directory): never made.
     let mut missing: Vec<&Path> = path
         .ancestors()
@@ -372,7 +372,7 @@ pub(crate) fn create_dir_all(path: &Path) -> io::Result<()> {
 }
 
 /// Removes the directory `path` and everything in it.
-pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
+pub fn remove_tree(path: &Path) -> io::Result<()> {
     let Some(recorder) = recorder(path) else {
         return std::fs::remove_dir_all(path);
     };
@@ -393,7 +393,7 @@ pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
 }
 
 /// `fsync` of the directory `dir`: its name changes so far are durable.
-pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
     let recorder = recorder(dir);
     if recorder.as_ref().is_some_and(|r| r.log().cut) {
         return Err(power_failed());

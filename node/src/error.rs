@@ -82,7 +82,7 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Attaches "what was being done to which file" to an `io::Error`.
-pub(crate) trait IoContext<T> {
+pub trait IoContext<T> {
     fn ctx(self, op: &'static str, path: &Path) -> Result<T>;
 }
 

@@ -19,39 +19,33 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod batch;
-pub mod catalog;
 mod codec;
 pub mod convert;
 pub mod dict;
 pub mod disk;
 mod error;
 mod explicit;
-pub mod fence;
 pub mod frame;
 mod gather;
-pub mod identity;
 mod io;
 mod lock;
 mod map;
 pub mod meta;
 pub mod offset;
-mod prefetch;
+pub mod prefetch;
 pub mod rebalance;
 pub mod redo;
 mod runtime;
-pub mod server;
 mod source;
-pub mod stage;
 mod store;
 pub mod stream;
 mod verify;
 mod view;
-mod warm;
 mod write;
 mod writer;
 
 pub use batch::{Batch, FieldView};
-pub use error::{Error, Result};
+pub use error::{Error, IoContext, Result};
 pub use io::IoBackend;
 pub use meta::{Compression, FieldSpec, Meta};
 pub use prefetch::Prefetched;

@@ -352,7 +352,7 @@ impl Meta {
 }
 
 /// Writes `dir/name` as a whole or not at all: temp file, fsync, rename, fsync directory.
-pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+pub fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     let tmp: PathBuf = dir.join(format!("{name}.tmp"));
     let path = dir.join(name);
     let file = disk::create(&tmp).ctx("create", &tmp)?;
@@ -364,7 +364,7 @@ pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(
 }
 
 /// Makes renames and creations inside `dir` durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+pub fn sync_dir(dir: &Path) -> Result<()> {
     disk::sync_dir(dir).ctx("fsync directory", dir)
 }
 

@@ -82,7 +82,7 @@ impl Store {
 }
 
 /// Reads one byte of every 4 KiB page of `payload` (and its last byte).
-pub(crate) fn touch_pages(payload: &[u8]) {
+pub fn touch_pages(payload: &[u8]) {
     const PAGE: usize = 4096;
     for byte in payload.iter().step_by(PAGE).chain(payload.last()) {
         std::hint::black_box(*byte);

@@ -467,6 +467,11 @@ impl Store {
         Ok(Store::open_locked(&dir, lock, false, options)?.with_gather_options(self.defaults))
     }
 
+    /// The options gathers use unless told otherwise (see [`Store::with_gather_options`]).
+    pub fn gather_options(&self) -> GatherOptions {
+        self.defaults
+    }
+
     /// This handle, its [`Store::gather`] (and its gathers as a loader source) using
     /// `options`: how a server or a loader sets its read path once.
     pub fn with_gather_options(mut self, options: GatherOptions) -> Store {

@@ -18,7 +18,7 @@
 //! [`ClusterMap::with_drained_shard`] the one in which a shard's slots go to the others (it
 //! keeps its id, owning none). Only the extents of slots that change owner change shard, about
 //! 1/(S+1) of the records for an add; the shards that give or take slots renumber their local
-//! indices (ranks change), a local rewrite: see `zr_node::stage` and the router's `moves`.
+//! indices (ranks change), a local rewrite: see `zr_shard::stage` and the router's `moves`.
 
 use serde::{Deserialize, Serialize};
 

@@ -104,10 +104,10 @@ fn run(args: &Args, size: usize) -> Result<()> {
     client.commit()?;
     // The same records in one local store, for the nodes' request handling alone.
     let local_dir = tempfile::tempdir()?;
-    let local = zr_node::server::open_shard_store(cluster.config(), local_dir.path(), 0, 0)?;
+    let local = zr_shard::server::open_shard_store(cluster.config(), local_dir.path(), 0, 0)?;
     load(&mut |batch| Ok(local.append_many(batch).map(|_| ())?))?;
     local.commit()?;
-    let coordination = zr_node::fence::Coordination::open(local_dir.path())?;
+    let coordination = zr_shard::fence::Coordination::open(local_dir.path())?;
     let batch_bytes = args.batch * size;
     let indices = |b: usize| -> Vec<u64> {
         (0..args.batch as u64)
@@ -130,7 +130,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
             fields: Vec::new(),
             checked: false,
         }))?;
-        let (header, body) = zr_node::server::handle(&local, &coordination, &request);
+        let (header, body) = zr_shard::server::handle(&local, &coordination, &request);
         let sent: usize = body.iter().map(|piece| piece.len()).sum();
         if sent != batch_bytes {
             return Err(

@@ -7,7 +7,7 @@
 //! restart too.
 //!
 //! ```text
-//! cargo build --release -p zr-node -p zr-router -p zr-sim --bins --examples
+//! cargo build --release -p zr-shard -p zr-router -p zr-sim --bins --examples
 //! target/release/examples/soak --seconds 600            # the 10-minute soak
 //! ```
 //! Uses the zr-node and zr-router binaries beside the example (debug or release alike), on

@@ -7,7 +7,7 @@
 //! of every ratio — over the same links.
 //!
 //! ```text
-//! cargo build --release -p zr-node -p zr-router -p zr-sim --bins --examples
+//! cargo build --release -p zr-shard -p zr-router -p zr-sim --bins --examples
 //! sudo target/release/examples/testbed_bench [--rate 10gbit] [--delay-ms 0.05 --loss 0]
 //! ```
 //! Needs root (namespaces, tc) and the release binaries of zr-node and zr-router beside the

@@ -33,9 +33,9 @@ use zr_net::config::{
 };
 use zr_net::tls::{self, Role};
 use zr_net::{self as net, Security};
-use zr_node::server::Handling;
 use zr_proto::placement::EXTENT_RECORDS_DEFAULT;
 use zr_router::{AsyncClient, Client, Router};
+use zr_shard::server::Handling;
 
 pub mod faults;
 pub use faults::Faults;
@@ -292,7 +292,7 @@ impl SimCluster {
     fn run_node(&self, node: u32, endpoint: quinn::Endpoint) -> Result<Running, SimError> {
         let (shard, replica) = self.place(node);
         let store =
-            zr_node::server::open_shard_store(&self.config, &self.data_dir(node), shard, replica)?;
+            zr_shard::server::open_shard_store(&self.config, &self.data_dir(node), shard, replica)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let timeout = Duration::from_millis(self.config.router.timeout_ms);
         let handling = if self.virtual_time {
@@ -306,7 +306,7 @@ impl SimCluster {
             // The node's liveness lease, stopped with the node (or its crash).
             let mut lease = tokio::task::JoinSet::new();
             lease.spawn(zr_meta::nodes::keep_alive(meta, shard, replica, addr));
-            zr_node::server::serve_with(endpoint, store, timeout, handling, async {
+            zr_shard::server::serve_with(endpoint, store, timeout, handling, async {
                 let _ = stopped.await;
             })
             .await

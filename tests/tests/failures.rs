@@ -524,8 +524,8 @@ fn refusing_node(
 ) -> RefusingNode {
     cluster.stop_node(shard).unwrap();
     let dir = cluster.data_dir(shard);
-    let store = zr_node::server::open_shard_store(cluster.config(), &dir, shard, 0).unwrap();
-    let coordination = Arc::new(zr_node::fence::Coordination::open(&dir).unwrap());
+    let store = zr_shard::server::open_shard_store(cluster.config(), &dir, shard, 0).unwrap();
+    let coordination = Arc::new(zr_shard::fence::Coordination::open(&dir).unwrap());
     let slot = Arc::new(Mutex::new(Some(store)));
     let serving = Arc::clone(&slot);
     cluster
@@ -546,7 +546,7 @@ fn refusing_node(
                     );
                 };
                 let (header, body) = tokio::task::spawn_blocking(move || {
-                    zr_node::server::handle(&store, &coordination, &request)
+                    zr_shard::server::handle(&store, &coordination, &request)
                 })
                 .await
                 .unwrap();

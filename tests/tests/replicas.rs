@@ -363,8 +363,8 @@ fn a_reply_broken_midway_is_finished_from_the_partner() {
     let broken = cluster.node(1, 1);
     cluster.stop_node(broken).expect("stop");
     let dir = cluster.data_dir(broken);
-    let store = zr_node::server::open_shard_store(cluster.config(), &dir, 1, 1).expect("store");
-    let coordination = Arc::new(zr_node::fence::Coordination::open(&dir).expect("coordination"));
+    let store = zr_shard::server::open_shard_store(cluster.config(), &dir, 1, 1).expect("store");
+    let coordination = Arc::new(zr_shard::fence::Coordination::open(&dir).expect("coordination"));
     let cut_off = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&cut_off);
     cluster
@@ -378,7 +378,7 @@ fn a_reply_broken_midway_is_finished_from_the_partner() {
                 let gather = wire::decode_request::<NodeMessage>(&request)
                     .is_ok_and(|(m, _)| matches!(m.request, NodeRequest::Gather { .. }));
                 let (header, body) = tokio::task::spawn_blocking(move || {
-                    zr_node::server::handle(&store, &coordination, &request)
+                    zr_shard::server::handle(&store, &coordination, &request)
                 })
                 .await
                 .expect("handled");

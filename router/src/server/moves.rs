@@ -3,7 +3,7 @@
 //! ```text
 //! 1. record the move        cluster record: moving = {to: next map}            (CAS)
 //! 2. copy, writes going on  every node whose slots change builds its dataset for the next
-//!                           map (zr_node::stage): records it keeps, copied locally, and
+//!                           map (zr_shard::stage): records it keeps, copied locally, and
 //!                           records it gains, sent from their shard — up to the length now
 //! 3. switch, writes held    under the write lock and lease: copy the rest, publish the map
 //!                           (CAS: map = next, switched_at = length), then every node

@@ -81,7 +81,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let result = runtime.block_on(zr_node::server::run_shard(
+    let result = runtime.block_on(zr_shard::server::run_shard(
         &config,
         &security,
         args.shard,

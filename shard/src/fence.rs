@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::error::{Error, IoContext, Result};
+use zr_node::{Error, IoContext, Result};
 
 /// File in a node's store directory holding its fence, as text: the highest token seen.
 pub const FENCE_FILE: &str = "writer-fence";
@@ -70,7 +70,7 @@ impl Coordination {
 /// made under its lock, so a write admitted before the fence rises is finished before the
 /// fence's holder reads the node's length. Kept in [`FENCE_FILE`] (`Default`: in memory):
 /// each rise writes the new number to a file of its own, syncs it, renames it over the old
-/// one and syncs the directory, all through [`crate::disk`], before the rise returns — so
+/// one and syncs the directory, all through [`zr_node::disk`], before the rise returns — so
 /// no write under the new token is acknowledged before the fence is durable, and no power
 /// loss brings back an older fence (which would admit a late write of an older holder).
 #[derive(Debug, Default)]
@@ -145,13 +145,13 @@ fn keep(path: &Path, token: u64) -> std::io::Result<()> {
     let mut temporary = path.as_os_str().to_owned();
     temporary.push(".new");
     let temporary = PathBuf::from(temporary);
-    let file = crate::disk::create(&temporary)?;
-    crate::disk::write_at(&file, &temporary, format!("{token:020}\n").as_bytes(), 0)?;
-    crate::disk::sync(&file, &temporary)?;
+    let file = zr_node::disk::create(&temporary)?;
+    zr_node::disk::write_at(&file, &temporary, format!("{token:020}\n").as_bytes(), 0)?;
+    zr_node::disk::sync(&file, &temporary)?;
     drop(file);
-    crate::disk::rename(&temporary, path)?;
+    zr_node::disk::rename(&temporary, path)?;
     match path.parent() {
-        Some(dir) => crate::disk::sync_dir(dir),
+        Some(dir) => zr_node::disk::sync_dir(dir),
         None => Ok(()),
     }
 }

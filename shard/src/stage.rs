@@ -19,13 +19,13 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
-use crate::disk;
-use crate::error::{Error, IoContext, Result};
 use crate::fence::Coordination;
-use crate::meta::sync_dir;
-use crate::runtime::RuntimeOptions;
-use crate::store::{CreateOptions, GatherOptions, Store};
 use zr_common::Record;
+use zr_node::disk;
+use zr_node::meta::sync_dir;
+use zr_node::RuntimeOptions;
+use zr_node::{CreateOptions, GatherOptions, Store};
+use zr_node::{Error, IoContext, Result};
 
 /// What a node serves now: its store and, kept in the store's directory, its identity and
 /// fence.
@@ -178,7 +178,7 @@ impl Shard {
                 disk::remove_tree(&other).ctx("remove an abandoned move's dataset", &other)?;
             }
         }
-        let store = if path.join(crate::meta::META_FILE).exists() {
+        let store = if path.join(zr_node::meta::META_FILE).exists() {
             Store::open_with(&path, self.runtime)?
         } else {
             if path.exists() {
@@ -266,7 +266,7 @@ impl Shard {
 
     /// Adds `field` to the dataset served (nothing if it has a field of that name and
     /// compression); refused while a move builds the next map's dataset.
-    pub fn add_field(&self, field: crate::meta::FieldSpec) -> Result<()> {
+    pub fn add_field(&self, field: zr_node::meta::FieldSpec) -> Result<()> {
         let staged = self.lock_staged();
         let serving = self.serving();
         if let Some(have) = serving.store.fields().iter().find(|f| f.name == field.name) {
@@ -336,7 +336,7 @@ impl Shard {
         let kept = dir.join(crate::catalog::DATASET_FILE);
         if kept.exists() {
             let bytes = std::fs::read(&kept).ctx("read", &kept)?;
-            crate::meta::write_atomically(&path, crate::catalog::DATASET_FILE, &bytes)?;
+            zr_node::meta::write_atomically(&path, crate::catalog::DATASET_FILE, &bytes)?;
         }
         let named = dir.join(crate::catalog::DATASETS_DIR);
         if named.exists() {
@@ -349,8 +349,8 @@ impl Shard {
         if let Some(parent) = dir.parent() {
             sync_dir(parent)?;
         }
-        let store =
-            Store::open_with(&dir, self.runtime)?.with_gather_options(serving.store.defaults);
+        let store = Store::open_with(&dir, self.runtime)?
+            .with_gather_options(serving.store.gather_options());
         let coordination = Coordination::open_as(&dir, serving.coordination.incarnation)?;
         self.current.store(Arc::new(Serving {
             store,
@@ -369,7 +369,7 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::{Compression, FieldSpec};
+    use zr_node::meta::{Compression, FieldSpec};
 
     fn shard_with(dir: &Path, records: &[&[u8]]) -> Shard {
         let fields = vec![FieldSpec::new("x", Compression::Flate)];

@@ -15,13 +15,13 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::disk;
-use crate::error::{Error, IoContext, Result};
 use crate::fence::Coordination;
-use crate::meta::{sync_dir, write_atomically, FieldSpec};
-use crate::runtime::RuntimeOptions;
 use crate::stage::Shard;
-use crate::store::{CreateOptions, Store};
+use zr_node::disk;
+use zr_node::meta::{sync_dir, write_atomically, FieldSpec};
+use zr_node::RuntimeOptions;
+use zr_node::{CreateOptions, Store};
+use zr_node::{Error, IoContext, Result};
 
 /// The directory of the named datasets, inside a node's data directory.
 pub const DATASETS_DIR: &str = "datasets";
@@ -143,7 +143,7 @@ impl Catalog {
     }
 
     fn open_named(&self, path: &Path) -> Result<Shard> {
-        let reads = self.root.serving().store.defaults;
+        let reads = self.root.serving().store.gather_options();
         let store = Store::open_with(path, self.runtime)?.with_gather_options(reads);
         let coordination =
             Coordination::open_as(path, self.root.serving().coordination.incarnation)?;
@@ -350,8 +350,8 @@ fn read_kept(dir: &Path) -> Result<Kept> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::Compression;
     use zr_common::Record;
+    use zr_node::meta::Compression;
 
     fn fields() -> Vec<FieldSpec> {
         vec![FieldSpec::new("x", Compression::Raw)]

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use zr_proto::wire::Target;
 
-use crate::error::{Error, IoContext, Result};
-use crate::meta::sync_dir;
+use zr_node::meta::sync_dir;
+use zr_node::{Error, IoContext, Result};
 
 /// The identity file inside a dataset directory.
 pub const IDENTITY_FILE: &str = "identity.json";

@@ -18,16 +18,16 @@ use zr_net as net;
 use zr_net::config::ClusterConfig;
 use zr_proto::wire::{self, ErrorCode, FieldInfo, NodeMessage, NodeRequest, Reply};
 
-use crate::batch::Batch;
 use crate::catalog::Catalog;
 use crate::fence::Coordination;
-use crate::meta::{Compression, FieldSpec};
-use crate::prefetch::touch_pages;
-use crate::runtime::RuntimeOptions;
 use crate::stage::Shard;
-use crate::store::{CreateOptions, GatherOptions, ReadPath, Store};
 use crate::warm::Warmth;
-use crate::Error;
+use zr_node::meta::{Compression, FieldSpec};
+use zr_node::prefetch::touch_pages;
+use zr_node::Batch;
+use zr_node::Error;
+use zr_node::RuntimeOptions;
+use zr_node::{CreateOptions, GatherOptions, ReadPath, Store};
 
 /// Records at least this long on average are sent from the mapping one by one; shorter
 /// ones are copied into one buffer per field (measured: per-record handles cost more for
@@ -76,7 +76,7 @@ fn open_shard_store_fields(config: &ClusterConfig, dir: &Path) -> Result<Store, 
         uncached: config.node.uncached,
         ..GatherOptions::default()
     };
-    if !dir.join(crate::meta::META_FILE).exists() {
+    if !dir.join(zr_node::meta::META_FILE).exists() {
         return Ok(
             Store::create_with(dir, fields, CreateOptions::default(), runtime)?
                 .with_gather_options(reads),
@@ -550,8 +550,8 @@ fn execute(
         } => {
             let names: Vec<&str> = fields.iter().map(String::as_str).collect();
             let options = GatherOptions {
-                verify: checked || store.defaults.verify,
-                ..store.defaults
+                verify: checked || store.gather_options().verify,
+                ..store.gather_options()
             };
             let batch = Arc::new(store.gather_with(&indices, &names, options).map_err(fail)?);
             // The reply's body is sent straight from the batch: raw payloads from the mapped
@@ -745,13 +745,13 @@ const DIGEST_BATCH: u64 = 4096;
 /// Per record of `start..start + count` (clamped to the store's length): a CRC32 of each
 /// field's length and contents, each read checked against its CRC; and the records that
 /// failed the check (their digest is 0).
-fn digest(store: &Store, start: u64, count: u64) -> crate::Result<(Vec<u32>, Vec<u64>)> {
+fn digest(store: &Store, start: u64, count: u64) -> zr_node::Result<(Vec<u32>, Vec<u64>)> {
     let end = start.saturating_add(count).min(store.len());
     let mut crcs = Vec::with_capacity(end.saturating_sub(start) as usize);
     let mut corrupt = Vec::new();
     let checked = GatherOptions {
         verify: true,
-        ..store.defaults
+        ..store.gather_options()
     };
     let record_crc = |batch: &Batch, k: usize| {
         let mut hasher = crc32fast::Hasher::new();
@@ -963,7 +963,7 @@ mod tests {
         store.commit().expect("commit");
         drop(store);
         // Record 1's entry now claims a length past the chunk's end.
-        let table = dir.path().join(crate::offset::offset_file_name("image"));
+        let table = dir.path().join(zr_node::offset::offset_file_name("image"));
         let mut bytes = std::fs::read(&table).expect("offset table");
         bytes[16 + 12..16 + 16].copy_from_slice(&u32::MAX.to_le_bytes());
         std::fs::write(&table, bytes).expect("damage the entry");
@@ -1022,7 +1022,7 @@ mod tests {
             store.append_many(&records).expect("append");
             store.commit().expect("commit");
             drop(store);
-            for chunk in std::fs::read_dir(dir.path().join(crate::CHUNK_DIR)).expect("chunks") {
+            for chunk in std::fs::read_dir(dir.path().join(zr_node::CHUNK_DIR)).expect("chunks") {
                 if !crate::warm::tests::evict(&chunk.expect("chunk").path()) {
                     eprintln!("skipped: the page cache keeps the chunks in memory");
                     return;
