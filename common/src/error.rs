@@ -2,6 +2,7 @@
 
 /// Errors of the sampler and the loader.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A sampler configuration or checkpoint that cannot be used.
     #[error("sampler: {0}")]

@@ -36,6 +36,7 @@ pub type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a
 
 /// Errors of the metadata store. Each names the store (its directory or endpoints).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A compare-and-swap found another revision (`None`: no value): someone else wrote first.
     #[error(

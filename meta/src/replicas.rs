@@ -119,6 +119,7 @@ pub async fn load(store: &dyn MetaStore) -> Result<(ReplicaRecord, Option<Revisi
 
 /// Why a replica could not be marked.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MarkError {
     #[error(transparent)]
     LastInSync(#[from] LastInSync),

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 
 /// Errors of endpoints, connections and calls.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A message broke the protocol or came from another version, or the peer answered
     /// with an error.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 /// Everything the engine can fail with.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A gather, modify or delete named an index outside `[0, len)`.
     #[error("index {index} is out of range: the dataset holds {len} records")]

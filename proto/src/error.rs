@@ -58,6 +58,7 @@ impl ErrorCode {
 
 /// Errors of the protocol crate.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A message that breaks the protocol: truncated, over a limit, inconsistent.
     #[error("protocol: {0}")]

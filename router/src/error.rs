@@ -3,11 +3,13 @@
 //! the client library's calls return.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use zr_proto::ErrorCode;
 
 /// Why a router operation failed. Each names the shard and address where one is involved.
 #[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Failure {
     /// A shard's node could not be reached, did not answer in time, or broke the protocol.
     #[error("shard {shard} at {addr}: {reason}")]
@@ -46,9 +48,24 @@ pub enum Failure {
         committed: u64,
         cluster: String,
     },
-    /// The metadata store failed or could not be reached.
+    /// The metadata store failed or could not be reached; its own error is the source.
     #[error("{0}")]
-    Metadata(String),
+    Store(#[source] Arc<zr_meta::Error>),
+    /// A shard has no replica in sync: nothing reads from or writes to it until one is.
+    #[error("{}", match .shard { Some(shard) => format!("shard {shard} has no replica in sync"), None => "a shard has no replica in sync".to_string() })]
+    NoReplicaInSync { shard: Option<u32> },
+    /// The write lease lapsed, or another router took it, before the write was recorded.
+    #[error("{0}")]
+    LeaseLost(String),
+    /// A record of the metadata store kept changing under this router's compare-and-swap
+    /// (other routers writing it): nothing was recorded; try again.
+    #[error("{0}")]
+    Contended(String),
+    /// The cluster's record, or the copies of a shard, contradict what this router needs
+    /// (a map it cannot place, an address it cannot read, a move that is not there, no good
+    /// copy to repair from).
+    #[error("{0}")]
+    Inconsistent(String),
     /// A failure, and what the router was doing when it happened.
     #[error("{doing}: {failure}")]
     While {
@@ -82,6 +99,12 @@ pub enum Failure {
     },
 }
 
+impl From<zr_meta::Error> for Failure {
+    fn from(e: zr_meta::Error) -> Failure {
+        Failure::Store(Arc::new(e))
+    }
+}
+
 impl Failure {
     /// The code the failure reaches the client with.
     pub fn code(&self) -> ErrorCode {
@@ -89,7 +112,11 @@ impl Failure {
             Failure::ShardUnavailable { .. }
             | Failure::LeaseRunningOut { .. }
             | Failure::MissingData { .. }
-            | Failure::Metadata(_) => ErrorCode::Unavailable,
+            | Failure::Store(_)
+            | Failure::NoReplicaInSync { .. }
+            | Failure::LeaseLost(_)
+            | Failure::Contended(_)
+            | Failure::Inconsistent(_) => ErrorCode::Unavailable,
             Failure::ShardRefused { code, .. } => *code,
             Failure::OutOfRange { .. } | Failure::WaitedOut { .. } => ErrorCode::IndexOutOfRange,
             Failure::NoSuchDataset { .. } => ErrorCode::NoSuchDataset,
@@ -112,6 +139,7 @@ impl Failure {
 
 /// Errors of the router and the client library.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// Connecting or talking to a peer failed: timeouts, refused certificates, broken links.
     #[error(transparent)]

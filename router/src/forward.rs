@@ -106,7 +106,7 @@ pub(crate) async fn forward_parts(
             }) => (chunks, message_len),
             Some(Piece::Failed(failure)) => return fail(&frames, failure).await,
             Some(Piece::Chunk(_) | Piece::End) | None => {
-                let failure = Failure::Metadata(format!(
+                let failure = Failure::Inconsistent(format!(
                     "shard {shard}: its reader stopped before the reply"
                 ));
                 return fail(&frames, failure).await;
@@ -268,9 +268,7 @@ async fn read_part(
             }
         }
     }
-    let failure = failure.unwrap_or_else(|| {
-        Failure::Metadata(format!("shard {shard} has no replica in sync to read from"))
-    });
+    let failure = failure.unwrap_or(Failure::NoReplicaInSync { shard: Some(shard) });
     let _ = pieces.send(Piece::Failed(failure));
 }
 

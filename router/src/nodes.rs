@@ -267,23 +267,28 @@ impl Nodes {
     /// Adds links to shard `shard`'s nodes at `addrs` (one per replica, in order), and their
     /// heartbeats: a shard added to the cluster after this router started. Nothing to do for
     /// a shard it knows; refused for one that is not the next.
-    pub(crate) fn grow(self: &Arc<Self>, shard: u32, addrs: &[SocketAddr]) -> Result<(), String> {
+    pub(crate) fn grow(self: &Arc<Self>, shard: u32, addrs: &[SocketAddr]) -> Result<(), Failure> {
         let _growing = self.growing.lock().unwrap_or_else(|e| e.into_inner());
         let known = self.shards();
         if shard < known {
             return Ok(());
         }
         if shard > known || addrs.len() != self.replicas as usize {
-            return Err(format!(
+            return Err(Failure::Inconsistent(format!(
                 "cannot add links to shard {shard} with {} addresses: this router knows shards 0..{known}, with {} replicas each",
                 addrs.len(),
                 self.replicas
-            ));
+            )));
         }
         let mut added = Vec::new();
         for (replica, &addr) in addrs.iter().enumerate() {
-            let link = NodeLink::new(shard, replica as u32, addr, self.replicas)
-                .map_err(|e| e.to_string())?;
+            let link = NodeLink::new(shard, replica as u32, addr, self.replicas).map_err(|e| {
+                Failure::ShardUnavailable {
+                    shard,
+                    addr,
+                    reason: e.to_string(),
+                }
+            })?;
             added.push(self.links.push(link));
         }
         self.shards.store(shard + 1, Ordering::Release);
@@ -452,9 +457,7 @@ impl Nodes {
 
     /// Re-reads which replicas are behind, and where they are, from the metadata store.
     pub(crate) async fn refresh_replicas(&self) -> Result<(), Failure> {
-        let (record, _) = replicas::load(&*self.meta)
-            .await
-            .map_err(|e| Failure::Metadata(e.to_string()))?;
+        let (record, _) = replicas::load(&*self.meta).await.map_err(Failure::from)?;
         self.set_record(record).await;
         Ok(())
     }
@@ -551,7 +554,8 @@ impl Nodes {
             replicas::MarkError::LastInSync(_) => Failure::BadRequest(format!(
                 "shard {shard} replica {replica} cannot be replaced now: no other replica of shard {shard} is in sync to rebuild it from"
             )),
-            replicas::MarkError::Store(e) => Failure::Metadata(e.to_string()),
+            replicas::MarkError::Store(e) => Failure::from(e),
+            other => Failure::Inconsistent(other.to_string()),
         })?;
         tracing::warn!(
             "shard {shard} replica {replica} is being replaced by the node at {addr}: it serves nothing until it is rebuilt"
@@ -576,7 +580,8 @@ impl Nodes {
                 self.set_record(record).await;
                 Ok(())
             }
-            Err(e) => Err(Failure::Metadata(format!(
+            Err(replicas::MarkError::Store(e)) => Err(Failure::from(e)),
+            Err(e) => Err(Failure::Inconsistent(format!(
                 "shard {shard} replica {replica} missed a write ({why}) but cannot be marked behind: {e}"
             ))),
         }
@@ -587,7 +592,7 @@ impl Nodes {
         let (shard, replica) = (self.shard(node), self.replica(node));
         let record = replicas::mark_in_sync(&*self.meta, (shard, replica))
             .await
-            .map_err(|e| Failure::Metadata(e.to_string()))?;
+            .map_err(Failure::from)?;
         tracing::info!(
             "shard {shard} replica {replica} at {} has caught up: in sync again",
             self.addr(node)
@@ -908,8 +913,7 @@ impl Nodes {
                 Err(failure) => last = Some(failure),
             }
         }
-        Err(last
-            .unwrap_or_else(|| Failure::Metadata(format!("shard {shard} has no replica in sync"))))
+        Err(last.unwrap_or(Failure::NoReplicaInSync { shard: Some(shard) }))
     }
 
     /// One request to node `node` within `timeout`, whatever its health.

@@ -102,8 +102,7 @@ pub async fn restore_record(
         ))
         .into());
     }
-    let placement =
-        crate::server::placement_of(&map, config.cluster.shards).map_err(Failure::Metadata)?;
+    let placement = crate::server::placement_of(&map, config.cluster.shards)?;
     let named = named_datasets(&nodes, config.cluster.shards).await?;
     let record = ClusterRecord {
         id,

@@ -262,11 +262,9 @@ impl Router {
             .cluster_record(config, known.as_deref(), down.first())
             .await?;
         router.cluster_id = record.id.clone();
-        router
-            .grow_from(&record)
-            .map_err(|e| Error::Failed(Failure::Metadata(e)))?;
-        let placement = moves::placement_of(&record.map, router.nodes.shards())
-            .map_err(|e| Error::Failed(Failure::Metadata(e)))?;
+        router.grow_from(&record).map_err(Error::Failed)?;
+        let placement =
+            moves::placement_of(&record.map, router.nodes.shards()).map_err(Error::Failed)?;
         router.adopt_map(&record.map, placement);
         router.set_committed(record.committed_len);
         // A node that is down counts as holding its committed share until it answers.
@@ -400,7 +398,7 @@ impl Router {
             let Some(lens) = lens else {
                 let why =
                     down.map_or_else(|| "a node did not answer".to_string(), |f| f.to_string());
-                return Err(Error::Failed(Failure::Metadata(format!(
+                return Err(Error::Failed(Failure::Inconsistent(format!(
                     "the cluster is not recorded in {} yet, and recording it needs every node: {why}",
                     self.meta.describe()
                 ))));
@@ -409,7 +407,7 @@ impl Router {
             // one would give the cluster a new id, which every node would refuse.
             let held: u64 = lens.iter().sum();
             if held > 0 {
-                return Err(Error::Failed(Failure::Metadata(format!(
+                return Err(Error::Failed(Failure::Inconsistent(format!(
                     "{} holds no cluster record, but the nodes hold {held} records: the record was lost (or [metadata] names another cluster's store). A new record would orphan their data, so none is made: rebuild it from the nodes with `zr cluster restore-record --nodes {}` (run where the router's certificate is), or point [metadata] at the store that holds it",
                     self.meta.describe(),
                     config.origin
@@ -559,11 +557,11 @@ impl Router {
         if self.dataset.is_some() {
             return self.record_named_committed(len, lowering).await;
         }
-        let meta = |e: zr_meta::Error| Failure::Metadata(e.to_string());
+        let meta = Failure::from;
         for _ in 0..8 {
             let Some((mut record, revision)) = cluster::load(&*self.meta).await.map_err(meta)?
             else {
-                return Err(Failure::Metadata(format!(
+                return Err(Failure::Inconsistent(format!(
                     "metadata store {} holds no cluster record any more",
                     self.meta.describe()
                 )));
@@ -574,7 +572,7 @@ impl Router {
             }
             if record.committed_len > len && !lowering {
                 self.set_committed(record.committed_len);
-                return Err(Failure::Metadata(format!(
+                return Err(Failure::Inconsistent(format!(
                     "cluster {} has committed {} records but its shards hold {len}: data is missing; the commit is refused",
                     record.id, record.committed_len
                 )));
@@ -589,7 +587,7 @@ impl Router {
                 Err(e) => return Err(meta(e)),
             }
         }
-        Err(Failure::Metadata(format!(
+        Err(Failure::Contended(format!(
             "the cluster record in {} kept changing; the commit is not recorded",
             self.meta.describe()
         )))
@@ -1098,7 +1096,7 @@ impl Router {
             }
             if lens.replicas.is_empty() {
                 return Err(failed.into_iter().next().map_or_else(
-                    || Failure::Metadata(format!("shard {shard} has no replica in sync")),
+                    || Failure::NoReplicaInSync { shard: Some(shard) },
                     |(_, failure)| failure,
                 ));
             }

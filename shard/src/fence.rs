@@ -103,12 +103,14 @@ impl Fence {
 
     /// Raises the fence to `token` (never lowers it; durable first), then runs `read` once
     /// any write admitted before has finished. Refused if the fence cannot be kept.
-    pub fn raise<T>(&self, token: u64, read: impl FnOnce() -> T) -> Result<T, String> {
+    pub fn raise<T>(&self, token: u64, read: impl FnOnce() -> T) -> Result<T, FenceError> {
         let mut highest = self.highest.lock().unwrap_or_else(|e| e.into_inner());
         if token > *highest {
             if let Some(path) = &self.path {
-                keep(path, token)
-                    .map_err(|e| format!("cannot keep the fence in {}: {e}", path.display()))?;
+                keep(path, token).map_err(|source| FenceError::Storage {
+                    path: path.clone(),
+                    source,
+                })?;
             }
             *highest = token;
         }
@@ -124,18 +126,34 @@ impl Fence {
     }
 
     /// Runs `write` if `token` is not below the fence; refused, saying why, otherwise.
-    pub fn admit<T>(&self, token: u64, write: impl FnOnce() -> T) -> Result<T, String> {
+    pub fn admit<T>(&self, token: u64, write: impl FnOnce() -> T) -> Result<T, FenceError> {
         let highest = self.highest.lock().unwrap_or_else(|e| e.into_inner());
         if token < *highest {
-            return Err(format!(
-                "a write from a router whose write lease has since passed to another (its token {token} is below the node's fence {})",
-                *highest
-            ));
+            return Err(FenceError::Below {
+                token,
+                fence: *highest,
+            });
         }
         let done = write();
         drop(highest);
         Ok(done)
     }
+}
+
+/// Why the fence refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FenceError {
+    /// A write's lease token is below the fence: its router's lease has passed on.
+    #[error("a write from a router whose write lease has since passed to another (its token {token} is below the node's fence {fence})")]
+    Below { token: u64, fence: u64 },
+    /// A raised fence could not be kept durably.
+    #[error("cannot keep the fence in {}: {source}", path.display())]
+    Storage {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Writes `token` to `path` durably: a new file, synced, renamed over the old one, its
@@ -163,11 +181,18 @@ mod tests {
     #[test]
     fn fences_hold_back_older_tokens() {
         let fence = Fence::default();
-        assert_eq!(fence.admit(5, || 1), Ok(1));
-        assert_eq!(fence.raise(9, || 2), Ok(2));
+        assert_eq!(fence.admit(5, || 1).ok(), Some(1));
+        assert_eq!(fence.raise(9, || 2).ok(), Some(2));
         let refused = fence.admit(7, || 3).unwrap_err();
-        assert!(refused.contains("passed to another"), "{refused}");
-        assert_eq!(fence.admit(9, || 4), Ok(4));
+        assert!(
+            matches!(refused, FenceError::Below { token: 7, fence: 9 }),
+            "{refused}"
+        );
+        assert!(
+            refused.to_string().contains("passed to another"),
+            "{refused}"
+        );
+        assert_eq!(fence.admit(9, || 4).ok(), Some(4));
         // A late, lower fence does not lower it.
         fence.raise(5, || ()).unwrap();
         assert!(fence.admit(7, || 5).is_err());

@@ -38,6 +38,7 @@ pub struct Identity {
 
 /// Why a request is refused by the identity check.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Mismatch {
     /// The directory belongs to another cluster.
     #[error("this node's data belongs to cluster {ours}, not {theirs}: a data directory of another cluster?")]

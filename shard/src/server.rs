@@ -423,19 +423,20 @@ fn runs_inline_when_warm(store: &Store, request: &NodeRequest) -> bool {
 
 /// Why a node refused a request. Each crosses the wire as its code and its message.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Refusal {
     /// The store refused or failed.
     #[error(transparent)]
     Store(#[from] Error),
     /// The fence could not be kept.
-    #[error("{0}")]
-    FenceStorage(String),
+    #[error(transparent)]
+    FenceStorage(crate::fence::FenceError),
     /// A write without a lease token.
     #[error("a node takes writes only from a router holding the write lease, and this one carries no lease token")]
     NoLeaseToken,
     /// A write whose lease token is below the node's fence.
-    #[error("{0}")]
-    Fenced(String),
+    #[error(transparent)]
+    Fenced(crate::fence::FenceError),
     /// The request is for another cluster or map than this node's data.
     #[error(transparent)]
     Identity(crate::identity::Mismatch),

@@ -44,7 +44,7 @@ struct ShardValues {
 }
 
 fn metadata(e: zr_meta::Error) -> Failure {
-    Failure::Metadata(e.to_string())
+    Failure::from(e)
 }
 
 fn ready(reply: Reply) -> (Reply, Body) {
@@ -369,7 +369,7 @@ impl Router {
             }
             if committed > len && !lowering {
                 self.set_committed(committed);
-                return Err(Failure::Metadata(format!(
+                return Err(Failure::Inconsistent(format!(
                     "dataset '{}' has committed {committed} records but its shards hold {len}: data is missing; the commit is refused",
                     self.dataset_name()
                 )));
@@ -389,7 +389,7 @@ impl Router {
                 Err(e) => return Err(metadata(e)),
             }
         }
-        Err(Failure::Metadata(format!(
+        Err(Failure::Contended(format!(
             "dataset '{}''s committed length kept changing; the commit is not recorded",
             self.dataset_name()
         )))
@@ -915,7 +915,7 @@ impl Router {
     ) -> Result<(), Failure> {
         let name = self.dataset_name();
         let dataset = record.dataset(name).ok_or_else(|| {
-            Failure::Metadata(format!("the cluster record lists no dataset '{name}'"))
+            Failure::Inconsistent(format!("the cluster record lists no dataset '{name}'"))
         })?;
         let request = NodeRequest::CreateDataset {
             id: dataset.id,

@@ -28,7 +28,7 @@ fn now() -> std::time::Instant {
 }
 
 fn metadata(e: zr_meta::Error) -> Failure {
-    Failure::Metadata(e.to_string())
+    Failure::from(e)
 }
 
 impl Router {
@@ -129,14 +129,14 @@ impl Router {
     /// clears it, once settled). The caller holds the lease.
     pub(super) async fn intend(&self, write: Option<PendingWrite>) -> Result<(), Failure> {
         let Some(held) = self.usable_lease() else {
-            return Err(Failure::Metadata(
+            return Err(Failure::LeaseLost(
                 "the write lease ran out before the write could be recorded".into(),
             ));
         };
         self.write_record(Some(held.revision), write)
             .await
             .map_err(|e| match e {
-                zr_meta::Error::Conflict { .. } => Failure::Metadata(format!(
+                zr_meta::Error::Conflict { .. } => Failure::LeaseLost(format!(
                     "the write lease lapsed and another router took it ({e})"
                 )),
                 e => metadata(e),

@@ -52,27 +52,26 @@ const STAGES_PER_COMMIT: u64 = 16;
 
 /// The placement `map` gives, with `shards` shards at least (those beyond the map own
 /// nothing).
-pub(crate) fn placement_of(map: &MapRecord, shards: u32) -> Result<Placement, String> {
-    let mut built = ClusterMap::balanced(map.shards, map.extent_records, map.seed)
-        .map_err(|e| e.to_string())?;
+pub(crate) fn placement_of(map: &MapRecord, shards: u32) -> Result<Placement, Failure> {
+    let inconsistent = |e: zr_proto::Error| Failure::Inconsistent(e.to_string());
+    let mut built =
+        ClusterMap::balanced(map.shards, map.extent_records, map.seed).map_err(inconsistent)?;
     for change in &map.changes {
         built = match change {
             MapChange::AddShard => built.with_added_shard(),
             MapChange::DrainShard(shard) => built.with_drained_shard(*shard),
         }
-        .map_err(|e| e.to_string())?;
+        .map_err(inconsistent)?;
     }
     if built.version != map.version {
-        return Err(format!(
+        return Err(Failure::Inconsistent(format!(
             "map version {} records {} changes (a version {} map)",
             map.version,
             map.changes.len(),
             built.version
-        ));
+        )));
     }
-    Ok(Placement::new(built)
-        .map_err(|e| e.to_string())?
-        .padded(shards))
+    Ok(Placement::new(built).map_err(inconsistent)?.padded(shards))
 }
 
 /// The shards whose slots differ between `from` and `to`: they build a dataset to switch to.
@@ -106,7 +105,7 @@ fn recorded(change: wire::MapChange) -> MapChange {
 }
 
 fn metadata(e: zr_meta::Error) -> Failure {
-    Failure::Metadata(e.to_string())
+    Failure::from(e)
 }
 
 impl Router {
@@ -118,7 +117,7 @@ impl Router {
 
     fn stop_here(&self, step: MoveStep) -> Result<(), Failure> {
         if *self.move_stop.lock().unwrap_or_else(|e| e.into_inner()) == Some(step) {
-            return Err(Failure::Metadata(format!(
+            return Err(Failure::Inconsistent(format!(
                 "the move was stopped at step {step:?} (injected)"
             )));
         }
@@ -186,7 +185,7 @@ impl Router {
         // dropped while a move runs).
         self.adopt_datasets(&record, revision).await;
         // The nodes of a shard added by a move another router began.
-        self.grow_from(&record).map_err(Failure::Metadata)?;
+        self.grow_from(&record)?;
         if self.behind(record.map.version) {
             self.reload_map().await?;
         }
@@ -263,9 +262,10 @@ impl Router {
                     }
                     self.nodes
                         .grow(shard, &addrs)
-                        .map_err(Failure::BadRequest)?;
+                        .map_err(|e| Failure::BadRequest(e.to_string()))?;
                 }
-                placement_of(&to, self.nodes.shards()).map_err(Failure::BadRequest)?;
+                placement_of(&to, self.nodes.shards())
+                    .map_err(|e| Failure::BadRequest(e.to_string()))?;
                 let moving = ClusterRecord {
                     moving: Some(MapMove {
                         to: to.clone(),
@@ -283,8 +283,8 @@ impl Router {
             }
         };
         let shards = self.nodes.shards();
-        let old = placement_of(&from, shards).map_err(Failure::Metadata)?;
-        let new = placement_of(&to, shards).map_err(Failure::Metadata)?;
+        let old = placement_of(&from, shards)?;
+        let new = placement_of(&to, shards)?;
         if let Some(node) = self.nodes.all().find(|&n| !self.nodes.in_sync(n)) {
             return Err(Failure::Busy {
                 waited_ms: 0,
@@ -416,7 +416,7 @@ impl Router {
     }
 
     /// Adds links to the shards `record` says were added, that this router does not know.
-    pub(super) fn grow_from(self: &Router, record: &ClusterRecord) -> Result<(), String> {
+    pub(super) fn grow_from(self: &Router, record: &ClusterRecord) -> Result<(), Failure> {
         let mut added = record.added.clone();
         added.sort_by_key(|a| a.shard);
         for shard in added.iter().filter(|a| a.shard >= self.nodes.shards()) {
@@ -424,10 +424,14 @@ impl Router {
                 .addrs
                 .iter()
                 .map(|a| {
-                    a.parse()
-                        .map_err(|e| format!("shard {}'s recorded address '{a}': {e}", shard.shard))
+                    a.parse().map_err(|e| {
+                        Failure::Inconsistent(format!(
+                            "shard {}'s recorded address '{a}': {e}",
+                            shard.shard
+                        ))
+                    })
                 })
-                .collect::<Result<Vec<std::net::SocketAddr>, String>>()?;
+                .collect::<Result<Vec<std::net::SocketAddr>, Failure>>()?;
             self.nodes.grow(shard.shard, &addrs)?;
         }
         Ok(())
@@ -529,7 +533,7 @@ impl Router {
             .await
             .map_err(metadata)?
             .ok_or_else(|| {
-                Failure::Metadata(format!(
+                Failure::Inconsistent(format!(
                     "metadata store {} holds no cluster record any more",
                     self.meta.describe()
                 ))
@@ -549,16 +553,16 @@ impl Router {
             switched_lens,
         }) = record.moving.clone()
         else {
-            return Err(Failure::Metadata("no published move to finish".into()));
+            return Err(Failure::Inconsistent("no published move to finish".into()));
         };
         let shards = self.nodes.shards();
-        let new = placement_of(&to, shards).map_err(Failure::Metadata)?;
+        let new = placement_of(&to, shards)?;
         let previous = MapRecord {
             version: to.version - 1,
             changes: to.changes[..to.changes.len().saturating_sub(1)].to_vec(),
             ..to.clone()
         };
-        let old = placement_of(&previous, shards).map_err(Failure::Metadata)?;
+        let old = placement_of(&previous, shards)?;
         let staged = changed_shards(&old, &new);
         self.adopt_map(&to, new.clone());
         // Each dataset switches with its own lease's token (its nodes' fence) and its own
@@ -576,7 +580,7 @@ impl Router {
             let len = match &router.dataset {
                 None => len,
                 Some(name) => *switched_lens.get(&**name).ok_or_else(|| {
-                    Failure::Metadata(format!(
+                    Failure::Inconsistent(format!(
                         "map version {} was published without the length of dataset '{name}'",
                         to.version
                     ))
@@ -603,7 +607,7 @@ impl Router {
                     token: *token,
                 };
                 self.nodes.call(router.on(), node, &request, Vec::new()).await.map_err(|e| {
-                    Failure::Metadata(format!(
+                    Failure::Inconsistent(format!(
                         "map version {} is published, but shard {shard} replica {} did not switch dataset '{}' to it: {e}; run the command again to finish",
                         to.version,
                         self.nodes.replica(node),
@@ -889,12 +893,11 @@ impl Router {
     /// router places by (another router moved the cluster).
     pub(super) async fn reload_map(&self) -> Result<ClusterRecord, Failure> {
         let (record, _) = self.load_cluster().await?;
-        self.grow_from(&record).map_err(Failure::Metadata)?;
+        self.grow_from(&record)?;
         if self.behind(record.map.version) {
-            let placement =
-                placement_of(&record.map, self.nodes.shards()).map_err(Failure::Metadata)?;
+            let placement = placement_of(&record.map, self.nodes.shards())?;
             if record.map.total_shards() > self.nodes.shards() {
-                return Err(Failure::Metadata(format!(
+                return Err(Failure::Inconsistent(format!(
                     "the cluster's map has {} shards, and this router's nodes.toml lists {}: add the new shards' nodes to it and restart the router",
                     record.map.total_shards(),
                     self.nodes.shards()

@@ -283,7 +283,7 @@ impl Router {
             let step = if locked {
                 // Renewed as it runs; lost, it stops (another router's writes may follow).
                 if self.acquire_lease().await?.is_some() {
-                    return Err(Failure::Metadata(
+                    return Err(Failure::LeaseLost(
                         "the write lease passed on during the last pass of a catch-up".into(),
                     ));
                 }
@@ -333,7 +333,7 @@ impl Router {
             .into_iter()
             .find(|&n| !self.nodes.is_down(n))
             .ok_or_else(|| {
-                Failure::Metadata(format!(
+                Failure::Inconsistent(format!(
                     "shard {shard} has no in-sync replica up to copy from"
                 ))
             })

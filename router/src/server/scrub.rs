@@ -99,7 +99,7 @@ impl Router {
                 .iter()
                 .find(|(_, crc)| *crc == Some(good))
                 .map(|&(node, _)| node)
-                .ok_or_else(|| Failure::Metadata("no good copy after all".into()))?;
+                .ok_or_else(|| Failure::Inconsistent("no good copy after all".into()))?;
             let (lengths, body) = self.read_records(source, vec![index]).await?;
             let columns = wire::split_columns(&lengths, &body);
             for (node, what) in wrong {

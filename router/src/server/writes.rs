@@ -107,7 +107,7 @@ impl Router {
         }
         let Some(reply) = answered else {
             return Err(failed.into_iter().next().map_or_else(
-                || Failure::Metadata("a shard has no replica in sync".into()),
+                || Failure::NoReplicaInSync { shard: None },
                 |(_, failure)| failure,
             ));
         };
@@ -192,7 +192,7 @@ impl Router {
         if len < committed {
             // Cannot happen while every shard holds its committed share; refuse rather than
             // cut, whatever went wrong.
-            return Err(Failure::Metadata(format!(
+            return Err(Failure::Inconsistent(format!(
                 "the nodes agree on {len} records but {committed} are committed; nothing is cut"
             )));
         }
