@@ -13,6 +13,7 @@ mod forward;
 mod liveness;
 mod nodes;
 pub mod plan;
+mod repair;
 mod restore;
 pub mod server;
 pub mod stream;

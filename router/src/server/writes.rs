@@ -25,6 +25,7 @@ use super::Router;
 use crate::error::Failure;
 use crate::nodes::{NodeId, NodeReply};
 use crate::plan::plan_append;
+use crate::repair;
 
 impl Router {
     /// Runs `write` holding this router's write lock and the cluster's write lease, with
@@ -155,23 +156,17 @@ impl Router {
         let token = self.lease_state().held().map(|held| held.token);
         let shards = self.shard_lens(token, true).await?;
         let lens: Vec<u64> = shards.iter().map(|s| s.len).collect();
+        let replicas: Vec<repair::ReplicaLens<'_>> =
+            shards.iter().map(|s| s.replicas.as_slice()).collect();
         let placement = self.placement.load_full();
-        let mut len = placement.consistent_len(&lens);
-        // Committed data is never cut. When there is nothing to cut or settle (every replica
-        // holds exactly its shard's share of a length at least the committed one this router
-        // knows), the cached committed length does; otherwise it is read afresh first
-        // (another router may have committed more), once per such write, not per record.
+        // Committed data is never cut. When there is nothing to cut or settle, the cached
+        // committed length does; otherwise it is read afresh first (another router may have
+        // committed more), once per such write, not per record.
         let cached = self.committed.load(Ordering::SeqCst);
-        let clean = pending.is_none()
-            && len >= cached
-            && shards.iter().enumerate().all(|(shard, lens)| {
-                let share = placement.shard_len(shard as u32, len);
-                lens.replicas.iter().all(|&(_, have)| have == share)
-            });
-        let committed = if clean {
-            cached
-        } else {
+        let committed = if repair::needs_fresh_committed(&placement, &replicas, pending, cached) {
             self.reload_committed().await?
+        } else {
+            cached
         };
         // A shard holding less than the committed length gives it is missing data, and no
         // write goes on until it is back.
@@ -180,29 +175,24 @@ impl Router {
                 return Err(refusal);
             }
         }
-        if let Some(PendingWrite::Append { start, count }) = pending {
-            if start < len && len < start + count {
-                tracing::warn!(
-                    "cutting off the {} records that landed of an append of {count} from index {start} (a write cut off midway)",
-                    len - start
-                );
-                len = start;
-            }
+        let plan = repair::plan(&placement, &replicas, pending, committed)?;
+        if let Some((start, landed)) = plan.cut_append {
+            tracing::warn!(
+                "cutting off the {landed} records that landed of an append from index {start} (a write cut off midway)"
+            );
         }
-        if len < committed {
-            // Cannot happen while every shard holds its committed share; refuse rather than
-            // cut, whatever went wrong.
-            return Err(Failure::Inconsistent(format!(
-                "the nodes agree on {len} records but {committed} are committed; nothing is cut"
-            )));
-        }
-        for (shard, lens) in shards.iter().enumerate() {
-            let want = placement.shard_len(shard as u32, len);
-            for &(node, have) in &lens.replicas {
-                if have > want {
+        for action in plan.actions {
+            match action {
+                repair::Action::Truncate {
+                    shard,
+                    node,
+                    have,
+                    want,
+                } => {
                     tracing::warn!(
-                        "shard {shard} at {} holds {have} records but a cluster of {len} gives it {want}: dropping its last {} (a write that did not reach every shard)",
+                        "shard {shard} at {} holds {have} records but a cluster of {} gives it {want}: dropping its last {} (a write that did not reach every shard)",
                         self.nodes.addr(node),
+                        plan.len,
                         have - want
                     );
                     let cut = NodeRequest::Truncate {
@@ -210,38 +200,26 @@ impl Router {
                         token: 0, // write_node sets it
                     };
                     self.write_node(node, cut, Vec::new()).await?;
-                } else if have < want {
+                }
+                repair::Action::MarkBehind {
+                    have, want, node, ..
+                } => {
                     // Its partners hold records it lacks: it missed a write.
                     let why = format!("it holds {have} records, its partners {want}");
                     self.nodes.mark_behind(node, &why).await?;
                 }
-            }
-        }
-        self.len.store(len, Ordering::SeqCst);
-        match pending {
-            Some(PendingWrite::Delete { index, len: before }) if len == before => {
-                tracing::warn!(
-                    "finishing the delete of record {index} that a router left half done"
-                );
-                self.withdraw_last(before).await?;
-                self.finish_delete(index, before).await?;
-                self.len.store(before - 1, Ordering::SeqCst);
-            }
-            Some(PendingWrite::Modify { index }) if index < len => {
-                // Its replicas may differ: one's copy goes to all.
-                self.copy_record(index).await?;
-            }
-            Some(PendingWrite::WriteField { start, count }) => {
-                for index in start..(start + count).min(len) {
-                    self.copy_record(index).await?;
+                repair::Action::SetLen { len } => self.len.store(len, Ordering::SeqCst),
+                repair::Action::FinishDelete { index, len } => {
+                    tracing::warn!(
+                        "finishing the delete of record {index} that a router left half done"
+                    );
+                    self.withdraw_last(len).await?;
+                    self.finish_delete(index, len).await?;
+                    self.len.store(len - 1, Ordering::SeqCst);
                 }
+                repair::Action::CopyRecord { index } => self.copy_record(index).await?,
+                repair::Action::ClearPending => self.intend(None).await?,
             }
-            _ => {}
-        }
-        if pending.is_some() {
-            // Settled: cleared now, so that no later write, which may change the length
-            // without recording itself (cutting the last record off), reads it again.
-            self.intend(None).await?;
         }
         Ok(())
     }
