@@ -16,6 +16,7 @@ pub mod plan;
 mod repair;
 mod restore;
 pub mod server;
+mod startup;
 pub mod stream;
 
 pub use client::{AsyncClient, Client};

@@ -26,7 +26,8 @@ use crate::budget::ReplyBudget;
 use crate::error::{Error, Failure};
 use crate::nodes::{NodeId, Nodes};
 use crate::plan::plan_gather;
-use zr_meta::cluster::{self, ClusterRecord, MapRecord};
+use crate::startup;
+use zr_meta::cluster::{self, ClusterRecord};
 use zr_meta::MetaStore;
 
 mod datasets;
@@ -363,60 +364,56 @@ impl Router {
     ) -> Result<ClusterRecord, Error> {
         let given = crate::restore::initial_map(config);
         loop {
-            if let Some((record, _)) = cluster::load(&*self.meta).await? {
-                // nodes.toml may list shards the map does not place on yet (to be added).
-                let stored_shards = record.map.total_shards();
-                let compared = MapRecord {
-                    shards: record.map.shards,
-                    changes: record.map.changes.clone(),
-                    ..given.clone()
-                };
-                // Shards added since are reached where the record says.
-                let known = record
-                    .added
-                    .iter()
-                    .map(|a| a.shard + 1)
-                    .fold(config.cluster.shards, u32::max);
-                let differs = record.map.difference(&compared).or_else(|| {
-                    (known < stored_shards).then_some((
-                        "shards",
-                        stored_shards as u64,
-                        config.cluster.shards as u64,
-                    ))
-                });
-                if let Some((key, stored, given)) = differs {
+            let stored = cluster::load(&*self.meta).await?.map(|(record, _)| record);
+            let decision = startup::decide_record(
+                stored.as_ref(),
+                &given,
+                config.cluster.shards,
+                lens,
+                || down.map_or_else(|| "a node did not answer".to_string(), |f| f.to_string()),
+                |lens| self.placement.load().consistent_len(lens),
+            );
+            let committed_len = match decision {
+                startup::RecordDecision::Use => {
+                    return stored.ok_or_else(|| {
+                        Error::Failed(Failure::Inconsistent("the cluster record went".into()))
+                    })
+                }
+                startup::RecordDecision::MapMismatch {
+                    key,
+                    given,
+                    stored,
+                    version,
+                } => {
                     return Err(Error::MapMismatch {
                         key,
                         given,
                         stored,
-                        version: record.map.version,
+                        version,
                         store: self.meta.describe(),
-                    });
+                    })
                 }
-                return Ok(record);
-            }
-            let Some(lens) = lens else {
-                let why =
-                    down.map_or_else(|| "a node did not answer".to_string(), |f| f.to_string());
-                return Err(Error::Failed(Failure::Inconsistent(format!(
-                    "the cluster is not recorded in {} yet, and recording it needs every node: {why}",
-                    self.meta.describe()
-                ))));
+                startup::RecordDecision::NodesMissing { why } => {
+                    return Err(Error::Failed(Failure::Inconsistent(format!(
+                        "the cluster is not recorded in {} yet, and recording it needs every node: {why}",
+                        self.meta.describe()
+                    ))))
+                }
+                // Nodes holding records with no record to say whose: the record was lost. A
+                // new one would give the cluster a new id, which every node would refuse.
+                startup::RecordDecision::RecordLost { held } => {
+                    return Err(Error::Failed(Failure::Inconsistent(format!(
+                        "{} holds no cluster record, but the nodes hold {held} records: the record was lost (or [metadata] names another cluster's store). A new record would orphan their data, so none is made: rebuild it from the nodes with `zr cluster restore-record --nodes {}` (run where the router's certificate is), or point [metadata] at the store that holds it",
+                        self.meta.describe(),
+                        config.origin
+                    ))))
+                }
+                startup::RecordDecision::Create { committed_len } => committed_len,
             };
-            // Nodes holding records with no record to say whose: the record was lost. A new
-            // one would give the cluster a new id, which every node would refuse.
-            let held: u64 = lens.iter().sum();
-            if held > 0 {
-                return Err(Error::Failed(Failure::Inconsistent(format!(
-                    "{} holds no cluster record, but the nodes hold {held} records: the record was lost (or [metadata] names another cluster's store). A new record would orphan their data, so none is made: rebuild it from the nodes with `zr cluster restore-record --nodes {}` (run where the router's certificate is), or point [metadata] at the store that holds it",
-                    self.meta.describe(),
-                    config.origin
-                ))));
-            }
             let record = ClusterRecord {
                 id: cluster::new_cluster_id(),
                 map: given.clone(),
-                committed_len: self.placement.load().consistent_len(lens),
+                committed_len,
                 moving: None,
                 added: Vec::new(),
                 datasets: Vec::new(),
