@@ -1,1 +1,148 @@
-//! Workspace-level integration tests live in `tests/tests/`.
+//! Workspace-level integration tests live in `tests/tests/`; this is their kit: model rows
+//! of the two fields the simulated clusters are made with (`a` raw, `b` flate), appends
+//! that keep the model, checks of gathers against it, a background load of gathers and
+//! appends, and waits on a condition with a deadline.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zr_common::hash::mix2;
+use zr_common::Record;
+use zr_router::Client;
+
+/// A record of the model: field `a`, field `b`.
+pub type Row = [Vec<u8>; 2];
+
+/// Row `seed`: `a` up to `longest` bytes from a hash, `b` text naming the seed.
+pub fn row(seed: u64, longest: u64) -> Row {
+    let len = (mix2(seed, 1) % longest.max(1)) as usize;
+    let a: Vec<u8> = (0..len).map(|i| mix2(seed, i as u64) as u8).collect();
+    let b = format!("record {seed} ").repeat(1 + len / 50).into_bytes();
+    [a, b]
+}
+
+/// `row` as a record of fields `a` and `b`.
+pub fn record(row: &Row) -> Record<'_> {
+    Record::new().with("a", &row[0]).with("b", &row[1])
+}
+
+/// Appends `count` rows (seeds from `seed`, `a` up to `longest` bytes) through `client`,
+/// checks they landed at the model's end, and adds them to it.
+pub fn append(client: &Client, model: &mut Vec<Row>, seed: u64, count: u64, longest: u64) {
+    let rows: Vec<Row> = (0..count).map(|k| row(mix2(seed, k), longest)).collect();
+    let records: Vec<Record> = rows.iter().map(record).collect();
+    let range = client.append_many(&records).expect("append");
+    assert_eq!(
+        range.start,
+        model.len() as u64,
+        "appended at the wrong index"
+    );
+    model.extend(rows);
+}
+
+/// Gathers `indices` through `client`: every field of every record as the model has it.
+pub fn check(client: &Client, model: &[Row], indices: &[u64]) {
+    let columns = client.gather(indices, &[]).expect("gather");
+    for (pos, &i) in indices.iter().enumerate() {
+        for (f, column) in columns.iter().enumerate() {
+            assert!(
+                column.get(pos) == Some(&model[i as usize][f][..]),
+                "field {f} of record {i} differs"
+            );
+        }
+    }
+}
+
+/// The cluster's length and every record, as the model has them.
+pub fn check_all(client: &Client, model: &[Row]) {
+    assert_eq!(client.len().expect("len"), model.len() as u64);
+    let all: Vec<u64> = (0..model.len() as u64).collect();
+    for batch in all.chunks(1000) {
+        check(client, model, batch);
+    }
+}
+
+/// Whether every record gathers as the model has it (an error: why not).
+pub fn serves_all(client: &Client, model: &[Row]) -> Result<(), String> {
+    let len = client.len().map_err(|e| e.to_string())?;
+    if len != model.len() as u64 {
+        return Err(format!("{len} records, not {}", model.len()));
+    }
+    let all: Vec<u64> = (0..len).collect();
+    let columns = client.gather(&all, &[]).map_err(|e| e.to_string())?;
+    for (i, row) in model.iter().enumerate() {
+        for (f, column) in columns.iter().enumerate() {
+            if column.get(i) != Some(&row[f][..]) {
+                return Err(format!("field {f} of record {i} differs"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Polls `done` every 100 ms until it holds; fails naming `what` after `within`.
+pub fn eventually(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until every node is up and in sync (caught up), within `within`.
+pub fn wait_in_sync(client: &Client, within: Duration) {
+    let started = Instant::now();
+    loop {
+        let status = client.status().expect("status");
+        if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "not in sync within {within:?}: {:?}",
+            status
+                .nodes
+                .iter()
+                .map(|n| (n.shard, n.replica, n.in_sync, &n.state, &n.rebuild))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A background load: random gathers of 64 records (through each of `readers` in turn),
+/// each checked against the model, and appends of up to `longest_batch` rows (through
+/// `writer`), on its own thread until `stop`. Joined, it gives the model and the gathers
+/// it checked.
+pub fn load(
+    writer: Client,
+    readers: Vec<Client>,
+    mut model: Vec<Row>,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+    longest_batch: u64,
+    longest: u64,
+) -> std::thread::JoinHandle<(Vec<Row>, u64)> {
+    std::thread::spawn(move || {
+        let mut gathers = 0;
+        for step in 0u64.. {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let r = mix2(seed, step);
+            if r.is_multiple_of(4) {
+                append(&writer, &mut model, r, 1 + r % longest_batch, longest);
+            } else {
+                let indices: Vec<u64> = (0..64).map(|k| mix2(r, k) % model.len() as u64).collect();
+                let reader = match readers.get(gathers as usize % readers.len().max(1)) {
+                    Some(reader) => reader,
+                    None => &writer,
+                };
+                check(reader, &model, &indices);
+                gathers += 1;
+            }
+        }
+        (model, gathers)
+    })
+}

@@ -7,11 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_router::server::MoveStep;
 use zr_router::{Client, MapChange};
 use zr_sim::{SimCluster, SimOptions};
+use zr_tests::{append, check_all, serves_all, wait_in_sync, Row};
+
+/// Longest field `a` of a row: small, as every move copies them.
+const LONGEST: u64 = 48;
 
 fn options(replicas: u32) -> SimOptions {
     if std::env::var("ZR_TEST_LOG").is_ok() {
@@ -26,94 +29,16 @@ fn options(replicas: u32) -> SimOptions {
     }
 }
 
-type Row = [Vec<u8>; 2];
-
-fn row(seed: u64) -> Row {
-    let len = (mix2(seed, 1) % 48) as usize;
-    let a: Vec<u8> = (0..len).map(|i| mix2(seed, i as u64) as u8).collect();
-    let b = format!("record {seed}").into_bytes();
-    [a, b]
-}
-
-fn append(client: &Client, model: &mut Vec<Row>, seed: u64, count: u64) {
-    let rows: Vec<Row> = (0..count).map(|k| row(mix2(seed, k))).collect();
-    let records: Vec<Record> = rows
-        .iter()
-        .map(|r| Record::new().with("a", &r[0]).with("b", &r[1]))
-        .collect();
-    let range = client.append_many(&records).expect("append");
-    assert_eq!(
-        range.start,
-        model.len() as u64,
-        "appended at the wrong index"
-    );
-    model.extend(rows);
-}
-
-fn check(client: &Client, model: &[Row], indices: &[u64]) {
-    let columns = client.gather(indices, &[]).expect("gather");
-    for (pos, &i) in indices.iter().enumerate() {
-        for (f, column) in columns.iter().enumerate() {
-            assert!(
-                column.get(pos) == Some(&model[i as usize][f][..]),
-                "field {f} of record {i} differs"
-            );
-        }
-    }
-}
-
-/// Whether every record gathers as the model has it (an error: why not).
-fn serves_all(client: &Client, model: &[Row]) -> Result<(), String> {
-    let len = client.len().map_err(|e| e.to_string())?;
-    if len != model.len() as u64 {
-        return Err(format!("{len} records, not {}", model.len()));
-    }
-    let all: Vec<u64> = (0..len).collect();
-    let columns = client.gather(&all, &[]).map_err(|e| e.to_string())?;
-    for (i, row) in model.iter().enumerate() {
-        for (f, column) in columns.iter().enumerate() {
-            if column.get(i) != Some(&row[f][..]) {
-                return Err(format!("field {f} of record {i} differs"));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn check_all(client: &Client, model: &[Row]) {
-    assert_eq!(client.len().expect("len"), model.len() as u64);
-    let all: Vec<u64> = (0..model.len() as u64).collect();
-    for batch in all.chunks(2000) {
-        check(client, model, batch);
-    }
-}
-
 /// Random gathers (through each of `readers` in turn) and appends (through `writer`) on
 /// their own thread until `stop`; returns the model and the gathers checked.
 fn load(
     writer: Client,
     readers: Vec<Client>,
-    mut model: Vec<Row>,
+    model: Vec<Row>,
     stop: Arc<AtomicBool>,
     seed: u64,
 ) -> std::thread::JoinHandle<(Vec<Row>, u64)> {
-    std::thread::spawn(move || {
-        let mut gathers = 0;
-        for step in 0u64.. {
-            if stop.load(Ordering::SeqCst) {
-                break;
-            }
-            let r = mix2(seed, step);
-            if r.is_multiple_of(4) {
-                append(&writer, &mut model, r, 1 + r % 16);
-            } else {
-                let indices: Vec<u64> = (0..64).map(|k| mix2(r, k) % model.len() as u64).collect();
-                check(&readers[gathers as usize % readers.len()], &model, &indices);
-                gathers += 1;
-            }
-        }
-        (model, gathers)
-    })
+    zr_tests::load(writer, readers, model, stop, seed, 16, LONGEST)
 }
 
 /// Every shard holds what the map gives it (counted by the router's status), the shards
@@ -147,7 +72,7 @@ fn grow_and_drain(replicas: u32) {
     let other = cluster.add_router().expect("second router");
     let client = cluster.client().expect("client");
     let mut model = Vec::new();
-    append(&client, &mut model, 1, 6000);
+    append(&client, &mut model, 1, 6000, LONGEST);
     for (step, change) in [
         MapChange::AddShard,
         MapChange::AddShard,
@@ -195,7 +120,7 @@ fn grow_and_drain(replicas: u32) {
         );
     }
     // Still writable and readable as a whole.
-    append(&client_of(&cluster), &mut model, 99, 100);
+    append(&client_of(&cluster), &mut model, 99, 100, LONGEST);
     check_all(&client_of(&cluster), &model);
 }
 
@@ -216,23 +141,6 @@ fn wait_for_lease(client: &Client) {
             }
             Err(e) => panic!("the write lease: {e}"),
         }
-    }
-}
-
-/// Waits until every node is up and in sync (a crashed replica caught up), within 30 s.
-fn wait_in_sync(client: &Client) {
-    let started = Instant::now();
-    loop {
-        let status = client.status().expect("status");
-        if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "not in sync: {:?}",
-            status.nodes
-        );
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -260,7 +168,7 @@ fn adding_a_fifth_shard_moves_a_fifth_of_the_records() {
     };
     let mut cluster = SimCluster::start(4, options).expect("cluster");
     let mut model = Vec::new();
-    append(&client_of(&cluster), &mut model, 5, 40_960);
+    append(&client_of(&cluster), &mut model, 5, 40_960, LONGEST);
     cluster.add_shard_nodes().expect("new shard's nodes");
     let client = client_of(&cluster);
     let report = cluster
@@ -297,7 +205,7 @@ fn a_replicated_move_stopped_at_any_step_is_finished_by_running_it_again() {
 fn stop_at_every_step(replicas: u32) {
     let mut cluster = SimCluster::start(2, options(replicas)).expect("cluster");
     let mut model = Vec::new();
-    append(&client_of(&cluster), &mut model, 7, 3000);
+    append(&client_of(&cluster), &mut model, 7, 3000, LONGEST);
     let steps = [
         MoveStep::Recorded,
         MoveStep::Copied,
@@ -376,9 +284,9 @@ fn stop_at_every_step(replicas: u32) {
             // write lease lapses.
             check_all(&client, &model);
             wait_for_lease(&client);
-            append(&client, &mut model, 100 + round as u64, 50);
+            append(&client, &mut model, 100 + round as u64, 50, LONGEST);
         }
-        wait_in_sync(&client);
+        wait_in_sync(&client, Duration::from_secs(30));
         let report = cluster
             .run_move(&client, change)
             .expect("the move, run again");
@@ -387,7 +295,7 @@ fn stop_at_every_step(replicas: u32) {
         let status = client.status().expect("status");
         assert_eq!(status.map_version, 2 + round as u64);
         assert_eq!(status.moving, None);
-        append(&client, &mut model, 200 + round as u64, 50);
+        append(&client, &mut model, 200 + round as u64, 50, LONGEST);
         check_all(&client, &model);
     }
 }

@@ -11,6 +11,11 @@ use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_router::Client;
 use zr_sim::{Faults, SimCluster, SimOptions};
+use zr_tests as kit;
+use zr_tests::{append, check, check_all, record, row, wait_in_sync, Row};
+
+/// Longest field `a` of a row.
+const LONGEST: u64 = 300;
 
 fn options() -> SimOptions {
     if std::env::var("ZR_TEST_LOG").is_ok() {
@@ -25,91 +30,13 @@ fn options() -> SimOptions {
     }
 }
 
-type Row = [Vec<u8>; 2];
-
-fn row(seed: u64) -> Row {
-    let len = (mix2(seed, 1) % 300) as usize;
-    let a: Vec<u8> = (0..len).map(|i| mix2(seed, i as u64) as u8).collect();
-    let b = format!("record {seed} ").repeat(1 + len / 50).into_bytes();
-    [a, b]
-}
-
-fn record(row: &Row) -> Record<'_> {
-    Record::new().with("a", &row[0]).with("b", &row[1])
-}
-
-fn append(client: &Client, model: &mut Vec<Row>, seed: u64, count: u64) {
-    let rows: Vec<Row> = (0..count).map(|k| row(mix2(seed, k))).collect();
-    let records: Vec<Record> = rows.iter().map(record).collect();
-    let range = client.append_many(&records).expect("append");
-    assert_eq!(range.start, model.len() as u64);
-    model.extend(rows);
-}
-
-fn check(client: &Client, model: &[Row], indices: &[u64]) {
-    let columns = client.gather(indices, &[]).expect("gather");
-    for (pos, &i) in indices.iter().enumerate() {
-        for (f, column) in columns.iter().enumerate() {
-            assert!(
-                column.get(pos) == Some(&model[i as usize][f][..]),
-                "field {f} of record {i} differs"
-            );
-        }
-    }
-}
-
-fn check_all(client: &Client, model: &[Row]) {
-    assert_eq!(client.len().expect("len"), model.len() as u64);
-    let all: Vec<u64> = (0..model.len() as u64).collect();
-    for batch in all.chunks(500) {
-        check(client, model, batch);
-    }
-}
-
-/// Waits until every node is up and in sync (caught up).
-fn wait_in_sync(client: &Client, within: Duration) {
-    let started = Instant::now();
-    loop {
-        let status = client.status().expect("status");
-        if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
-            return;
-        }
-        assert!(
-            started.elapsed() < within,
-            "not in sync within {within:?}: {:?}",
-            status
-                .nodes
-                .iter()
-                .map(|n| (n.shard, n.replica, n.in_sync, &n.state, &n.rebuild))
-                .collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Random gathers and appends on their own thread until `stop`; returns the model.
+/// Random gathers and appends through `client` on their own thread until `stop`.
 fn load(
     client: Client,
-    mut model: Vec<Row>,
+    model: Vec<Row>,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<(Vec<Row>, u64)> {
-    std::thread::spawn(move || {
-        let mut gathers = 0;
-        for step in 0u64.. {
-            if stop.load(Ordering::SeqCst) {
-                break;
-            }
-            let r = mix2(0x5eed, step);
-            if r.is_multiple_of(4) {
-                append(&client, &mut model, r, 1 + r % 8);
-            } else {
-                let indices: Vec<u64> = (0..64).map(|k| mix2(r, k) % model.len() as u64).collect();
-                check(&client, &model, &indices);
-                gathers += 1;
-            }
-        }
-        (model, gathers)
-    })
+    kit::load(client, Vec::new(), model, stop, 0x5eed, 8, LONGEST)
 }
 
 #[test]
@@ -117,7 +44,7 @@ fn any_one_node_killed_in_turn_loses_no_gather_and_no_append() {
     let mut cluster = SimCluster::start(3, options()).expect("cluster");
     let client = cluster.client().expect("client");
     let mut model = Vec::new();
-    append(&client, &mut model, 1, 400);
+    append(&client, &mut model, 1, 400, LONGEST);
     client.commit().expect("commit");
     let stop = Arc::new(AtomicBool::new(false));
     let worker = load(cluster.client().expect("client"), model, Arc::clone(&stop));
@@ -144,7 +71,7 @@ fn a_wiped_node_rebuilds_online_and_then_serves_alone() {
     let mut cluster = SimCluster::start(3, options()).expect("cluster");
     let client = cluster.client().expect("client");
     let mut model = Vec::new();
-    append(&client, &mut model, 2, 3_000);
+    append(&client, &mut model, 2, 3_000, LONGEST);
     client.commit().expect("commit");
     let wiped = cluster.node(1, 1);
     cluster.crash_node(wiped);
@@ -178,7 +105,7 @@ fn a_wiped_node_rebuilds_a_named_dataset_and_then_serves_it_alone() {
         .create_dataset("named", fields.to_vec())
         .expect("create");
     let mut model = Vec::new();
-    append(&named, &mut model, 3, 3_000);
+    append(&named, &mut model, 3, 3_000, LONGEST);
     named.commit().expect("commit");
     let wiped = cluster.node(1, 1);
     cluster.crash_node(wiped);
@@ -209,7 +136,7 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
     let second = cluster.add_router().expect("second router");
     let client = cluster.client().expect("client");
     let mut model = Vec::new();
-    append(&client, &mut model, 3, 2_000);
+    append(&client, &mut model, 3, 2_000, LONGEST);
     client.commit().expect("commit");
     let stop = Arc::new(AtomicBool::new(false));
     let worker = load(cluster.client().expect("client"), model, Arc::clone(&stop));
@@ -282,7 +209,7 @@ fn a_replacement_survives_its_router_and_itself_restarting_before_it_is_rebuilt(
     let mut cluster = SimCluster::start(2, options()).expect("cluster");
     let client = cluster.client().expect("client");
     let mut model = Vec::new();
-    append(&client, &mut model, 4, 1_000);
+    append(&client, &mut model, 4, 1_000, LONGEST);
     client.commit().expect("commit");
     let lost = cluster.node(1, 1);
     let new_addr = cluster.replace_node(lost).expect("replacement");
@@ -292,7 +219,7 @@ fn a_replacement_survives_its_router_and_itself_restarting_before_it_is_rebuilt(
     client.replace_node(1, 1, new_addr).expect("replace");
     cluster.restart_router().expect("router");
     let client = cluster.client().expect("client");
-    append(&client, &mut model, 5, 100);
+    append(&client, &mut model, 5, 100, LONGEST);
     cluster.start_node(lost).expect("replacement back");
     wait_in_sync(&client, Duration::from_secs(60));
     let status = client.status().expect("status");
@@ -309,7 +236,7 @@ fn a_partitioned_replica_catches_up_before_it_serves() {
     let mut cluster = SimCluster::start(2, options()).expect("cluster");
     let client = cluster.client().expect("client");
     let mut model = Vec::new();
-    append(&client, &mut model, 3, 200);
+    append(&client, &mut model, 3, 200, LONGEST);
     let cut = cluster.node(0, 1);
     cluster
         .set_faults(
@@ -322,9 +249,9 @@ fn a_partitioned_replica_catches_up_before_it_serves() {
         .expect("partition");
     // Appends and modifies go on without it; it is marked behind.
     for step in 0..30u64 {
-        append(&client, &mut model, 100 + step, 5);
+        append(&client, &mut model, 100 + step, 5, LONGEST);
         let i = mix2(step, 9) % model.len() as u64;
-        let new = row(mix2(step, 10));
+        let new = row(mix2(step, 10), LONGEST);
         client.modify(i, &record(&new)).expect("modify");
         model[i as usize] = new;
     }
@@ -358,7 +285,7 @@ fn a_reply_broken_midway_is_finished_from_the_partner() {
     let mut cluster = SimCluster::start(2, options()).expect("cluster");
     let client = cluster.client().expect("client");
     let mut model = Vec::new();
-    append(&client, &mut model, 4, 600);
+    append(&client, &mut model, 4, 600, LONGEST);
     client.commit().expect("commit");
     let broken = cluster.node(1, 1);
     cluster.stop_node(broken).expect("stop");
