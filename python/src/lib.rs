@@ -724,57 +724,65 @@ impl Sampler {
     }
 }
 
-/// An in-process cluster (nodes and a router on 127.0.0.1, mutual TLS from a generated CA):
-/// for tests and examples.
-#[pyclass(module = "zrecord._zrecord", unsendable)]
-struct LocalCluster {
-    cluster: Option<zr_sim::SimCluster>,
-}
+/// An in-process cluster for tests and examples: only in a build with the `testing`
+/// feature, so the wheel users install does not link the simulator.
+#[cfg(feature = "testing")]
+mod local_cluster {
+    use super::Error;
+    use pyo3::prelude::*;
 
-#[pymethods]
-impl LocalCluster {
-    #[new]
-    #[pyo3(signature = (shards, fields, replicas=1))]
-    fn new(
-        py: Python<'_>,
-        shards: u32,
-        fields: Vec<(String, String)>,
-        replicas: u32,
-    ) -> PyResult<LocalCluster> {
-        let options = zr_sim::SimOptions {
-            fields,
-            replicas,
-            ..zr_sim::SimOptions::default()
-        };
-        let cluster = py
-            .detach(|| zr_sim::SimCluster::start(shards, options))
-            .map_err(|e| Error::new_err(e.to_string()))?;
-        Ok(LocalCluster {
-            cluster: Some(cluster),
-        })
+    /// An in-process cluster (nodes and a router on 127.0.0.1, mutual TLS from a generated CA):
+    /// for tests and examples.
+    #[pyclass(module = "zrecord._zrecord", unsendable)]
+    pub(super) struct LocalCluster {
+        cluster: Option<zr_sim::SimCluster>,
     }
 
-    /// The router's address.
-    fn router(&self) -> PyResult<String> {
-        Ok(self.running()?.router_addr().to_string())
+    #[pymethods]
+    impl LocalCluster {
+        #[new]
+        #[pyo3(signature = (shards, fields, replicas=1))]
+        fn new(
+            py: Python<'_>,
+            shards: u32,
+            fields: Vec<(String, String)>,
+            replicas: u32,
+        ) -> PyResult<LocalCluster> {
+            let options = zr_sim::SimOptions {
+                fields,
+                replicas,
+                ..zr_sim::SimOptions::default()
+            };
+            let cluster = py
+                .detach(|| zr_sim::SimCluster::start(shards, options))
+                .map_err(|e| Error::new_err(e.to_string()))?;
+            Ok(LocalCluster {
+                cluster: Some(cluster),
+            })
+        }
+
+        /// The router's address.
+        fn router(&self) -> PyResult<String> {
+            Ok(self.running()?.router_addr().to_string())
+        }
+
+        /// The certificate directory clients use.
+        fn certs(&self) -> PyResult<Option<String>> {
+            Ok(self.running()?.certs_dir().map(|p| p.display().to_string()))
+        }
+
+        /// Stops every node and router.
+        fn stop(&mut self) {
+            self.cluster = None;
+        }
     }
 
-    /// The certificate directory clients use.
-    fn certs(&self) -> PyResult<Option<String>> {
-        Ok(self.running()?.certs_dir().map(|p| p.display().to_string()))
-    }
-
-    /// Stops every node and router.
-    fn stop(&mut self) {
-        self.cluster = None;
-    }
-}
-
-impl LocalCluster {
-    fn running(&self) -> PyResult<&zr_sim::SimCluster> {
-        self.cluster
-            .as_ref()
-            .ok_or_else(|| Error::new_err("the cluster is stopped"))
+    impl LocalCluster {
+        fn running(&self) -> PyResult<&zr_sim::SimCluster> {
+            self.cluster
+                .as_ref()
+                .ok_or_else(|| Error::new_err("the cluster is stopped"))
+        }
     }
 }
 
@@ -1541,7 +1549,8 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeMixtureLoader>()?;
     m.add_class::<Client>()?;
     m.add_class::<Sampler>()?;
-    m.add_class::<LocalCluster>()?;
+    #[cfg(feature = "testing")]
+    m.add_class::<local_cluster::LocalCluster>()?;
     m.add("Error", m.py().get_type::<Error>())?;
     m.add("CorruptRecord", m.py().get_type::<CorruptRecord>())?;
     Ok(())

@@ -9,8 +9,17 @@ from typing import Sequence
 from . import _zrecord
 
 
+BUILT_WITH_TESTING = hasattr(_zrecord, "LocalCluster")
+
+
 class LocalCluster:
     def __init__(self, shards: int, fields: Sequence[tuple[str, str]], replicas: int = 1):
+        if not BUILT_WITH_TESTING:
+            raise RuntimeError(
+                "this build of zrecord has no in-process cluster (the simulator is left out of "
+                "wheels): build it with MATURIN_PEP517_ARGS=\"--features extension-module,testing\" "
+                "pip install ./python"
+            )
         self._cluster = _zrecord.LocalCluster(shards, list(fields), replicas)
         self.router = self._cluster.router()
         self.certs = self._cluster.certs()
