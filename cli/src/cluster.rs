@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use clap::Args;
 use zr_common::Record;
-use zr_net::config::{cluster_toml, CLIENT_TIMEOUT_MS_DEFAULT};
 use zr_net::tls::{self, Access, Role};
 use zr_net::Security;
 use zr_node::convert::{Destination, Target};
@@ -15,6 +14,7 @@ use zr_node::meta::FieldSpec;
 use zr_node::Error;
 use zr_router::Client;
 use zr_router::MapChange;
+use zr_service::config::{cluster_toml, CLIENT_TIMEOUT_MS_DEFAULT};
 
 use crate::CliResult;
 
@@ -133,7 +133,7 @@ pub struct ClusterInitArgs {
     shards: u32,
     /// Nodes holding each shard (the same records on each): 1 keeps one copy; production
     /// wants 2 or more, so that a node's failure or a lost disk loses nothing.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=zr_net::config::REPLICAS_MAX as i64))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=zr_service::config::REPLICAS_MAX as i64))]
     replicas: u32,
     /// Directory for nodes.toml, certs/ and data/.
     #[arg(long)]
@@ -205,7 +205,7 @@ pub struct RestoreRecordArgs {
 }
 
 fn restore_record(args: RestoreRecordArgs) -> CliResult {
-    let config = zr_net::config::ClusterConfig::load(&args.nodes)?;
+    let config = zr_service::config::ClusterConfig::load(&args.nodes)?;
     let security = match &args.certs {
         Some(dir) => Security::load(dir, Role::Router)?,
         None => config.security(Role::Router, false)?,
@@ -322,7 +322,7 @@ pub fn init(args: ClusterInitArgs) -> CliResult {
         &fields,
     );
     // Check the file before writing anything (bad field names, compressions).
-    zr_net::config::ClusterConfig::parse(&text, &config_path.display().to_string())?;
+    zr_service::config::ClusterConfig::parse(&text, &config_path.display().to_string())?;
     tls::init_certs(&certs, args.days)?;
     std::fs::write(&config_path, text)
         .map_err(|e| format!("cannot write {}: {e}", config_path.display()))?;
@@ -446,7 +446,7 @@ pub fn run(command: ClusterCommand) -> CliResult {
         ClusterCommand::ReplaceNode(args) => replace_node(args),
         ClusterCommand::AddShard(args) => {
             let nodes = match &args.nodes {
-                Some(path) => zr_net::config::ClusterConfig::load(path)?
+                Some(path) => zr_service::config::ClusterConfig::load(path)?
                     .shards
                     .iter()
                     .map(|s| (s.id, s.replica, s.addr))

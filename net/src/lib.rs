@@ -1,6 +1,6 @@
 //! zr-net: the cluster's transport — QUIC endpoints secured by the cluster's TLS identities,
-//! one request and one reply per stream, and the accept loop every server runs — plus the
-//! cluster configuration file that says where everything is.
+//! one request and one reply per stream, and the accept loop every server runs. What the
+//! servers share besides (nodes.toml, logging, the metrics exporter) is `zr_service`'s.
 //!
 //! - [`security`]: mutual TLS by role, or the explicit `--insecure-dev` mode.
 //! - [`tls`]: the cluster CA and each role's certificate: making, renewing, loading, checking.
@@ -8,13 +8,11 @@
 //! - [`endpoint`]: sockets, endpoints, connecting within a deadline.
 //! - [`rpc`]: calls; messages sent whole or reset, never cut off to look whole.
 //! - [`serve`]: the accept loop (caps, budgets, deadlines, drain on shutdown).
-//! - [`config`]: the cluster's configuration file, nodes.toml.
+//! - [`metrics`]: each connection's QUIC statistics as gauges.
 
-pub mod config;
 pub mod endpoint;
 mod error;
 mod link;
-pub mod logging;
 pub mod metrics;
 mod refusal;
 pub mod rpc;

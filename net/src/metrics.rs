@@ -1,20 +1,8 @@
-//! The servers' metrics in Prometheus text, served on `--metrics ADDR` at `/metrics`.
-//! Metrics are recorded through the `metrics` facade wherever they arise (nothing is
-//! recorded, at almost no cost, when no exporter is installed); this installs the exporter.
+//! The transport's own metrics: each connection's QUIC statistics, recorded through the
+//! `metrics` facade (nothing is recorded, at almost no cost, when no exporter is installed;
+//! `zr_service::metrics` installs one).
 
-use std::net::SocketAddr;
 use std::time::Duration;
-
-use metrics_exporter_prometheus::PrometheusBuilder;
-
-/// Histogram buckets for durations, in seconds: 100 µs to 10 s.
-const SECONDS_BUCKETS: [f64; 12] = [
-    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0, 10.0,
-];
-
-/// A gauge not set for this long is dropped from the exposition: the per-peer gauges of a
-/// connection that has closed. Servers set every gauge of theirs more often than this.
-pub const GAUGE_IDLE: Duration = Duration::from_secs(60);
 
 /// How often each connection's transport statistics are sampled.
 pub const PEER_STATS_EVERY: Duration = Duration::from_secs(5);
@@ -29,17 +17,4 @@ pub fn record_peer_stats(connection: &quinn::Connection) {
     metrics::gauge!("zr_quic_peer_lost_packets", "peer" => peer.clone())
         .set(path.lost_packets as f64);
     metrics::gauge!("zr_quic_peer_sent_packets", "peer" => peer).set(path.sent_packets as f64);
-}
-
-/// Serves every metric recorded from now on at `http://listen/metrics`. Call from within
-/// the runtime that should run the listener.
-pub fn serve_metrics(listen: SocketAddr) -> Result<(), String> {
-    PrometheusBuilder::new()
-        .with_http_listener(listen)
-        .set_buckets(&SECONDS_BUCKETS)
-        .map_err(|e| format!("metrics buckets: {e}"))?
-        .upkeep_timeout(Duration::from_secs(5))
-        .idle_timeout(metrics_util::MetricKindMask::GAUGE, Some(GAUGE_IDLE))
-        .install()
-        .map_err(|e| format!("cannot serve metrics on {listen}: {e}"))
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use zr_net::config::ClusterConfig;
+use zr_service::config::ClusterConfig;
 
 /// Route a zrecord cluster: accept clients over QUIC, scatter gathers to the shards named in
 /// nodes.toml, reassemble them in order, and route writes.
@@ -39,13 +39,13 @@ struct Args {
     metrics: Option<std::net::SocketAddr>,
     /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
     #[arg(long, default_value = "text", value_name = "text|json")]
-    log_format: zr_net::logging::LogFormat,
+    log_format: zr_service::logging::LogFormat,
 }
 
 fn main() -> ExitCode {
     zr_common::alloc::tune();
     let args = Args::parse();
-    zr_net::logging::init_logging(&args.log, args.log_format);
+    zr_service::logging::init_logging(&args.log, args.log_format);
     let role = zr_net::tls::Role::Router;
     let (config, security) =
         match ClusterConfig::load_for(&args.nodes, role, args.insecure_dev, "zr-router") {
@@ -70,7 +70,7 @@ fn main() -> ExitCode {
     };
     if let Some(listen) = args.metrics.or(config.router.metrics) {
         let _runtime = runtime.enter();
-        if let Err(e) = zr_net::metrics::serve_metrics(listen) {
+        if let Err(e) = zr_service::metrics::serve_metrics(listen) {
             eprintln!("zr-router: {e}");
             return ExitCode::FAILURE;
         }

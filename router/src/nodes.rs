@@ -15,10 +15,10 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use quinn::{Connection, Endpoint};
 use tokio::sync::Mutex;
-use zr_net::config::ClusterConfig;
 use zr_net::Security;
 use zr_proto::chunks::Chunks;
 use zr_proto::wire::{self, NodeRequest, Reply};
+use zr_service::config::ClusterConfig;
 
 use arc_swap::ArcSwap;
 use zr_meta::replicas::{self, ReplicaRecord};

@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, MapRecord};
-use zr_net::config::ClusterConfig;
 use zr_net::Security;
 use zr_proto::wire::{DatasetInfo, NodeRequest, Reply};
+use zr_service::config::ClusterConfig;
 
 use crate::error::{Error, Failure};
 use crate::nodes::Nodes;

@@ -17,10 +17,10 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use quinn::Endpoint;
 use tokio::sync::Mutex;
-use zr_net::config::ClusterConfig;
 use zr_net::{self as net, Body};
 use zr_proto::placement::Placement;
 use zr_proto::wire::{self, ClientMessage, ClientRequest, FieldInfo, NodeRequest, Reply};
+use zr_service::config::ClusterConfig;
 
 use crate::budget::ReplyBudget;
 use crate::error::{Error, Failure};

@@ -172,7 +172,7 @@ fn start(node: &Path, router: &Path, config: &Path) -> Vec<Child> {
         spawn(node, &["--shard", "0", "--nodes", config]),
         spawn(node, &["--shard", "1", "--nodes", config]),
     ];
-    let cluster = zr_net::config::ClusterConfig::load(Path::new(config)).unwrap();
+    let cluster = zr_service::config::ClusterConfig::load(Path::new(config)).unwrap();
     let addr = cluster.router.listen.to_string();
     let certs = cluster.tls.unwrap().certs;
     let mut all = nodes;
@@ -452,7 +452,7 @@ fn a_node_restarted_on_an_empty_directory_costs_no_data() {
     let processes = start(&node, &router, &config);
     let client = connect(&addr, &certs);
     assert_eq!(client.len().unwrap(), 500, "the committed length holds");
-    let placement = zr_net::config::ClusterConfig::load(&config)
+    let placement = zr_service::config::ClusterConfig::load(&config)
         .unwrap()
         .placement()
         .unwrap();
@@ -508,12 +508,12 @@ fn a_killed_node_is_reported_down_at_once() {
     let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
     client.append_many(&records).unwrap();
     client.commit().unwrap();
-    let placement = zr_net::config::ClusterConfig::load(&config)
+    let placement = zr_service::config::ClusterConfig::load(&config)
         .unwrap()
         .placement()
         .unwrap();
     let (on0, on1): (Vec<u64>, Vec<u64>) = (0..200).partition(|&i| placement.locate(i).0 == 0);
-    let shard1 = zr_net::config::ClusterConfig::load(&config)
+    let shard1 = zr_service::config::ClusterConfig::load(&config)
         .unwrap()
         .shard(1)
         .unwrap()

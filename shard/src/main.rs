@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use zr_net::config::ClusterConfig;
+use zr_service::config::ClusterConfig;
 
 /// Serve shard K (one of its replicas) of the cluster described by nodes.toml over QUIC.
 ///
@@ -43,13 +43,13 @@ struct Args {
     metrics: Option<std::net::SocketAddr>,
     /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
     #[arg(long, default_value = "text", value_name = "text|json")]
-    log_format: zr_net::logging::LogFormat,
+    log_format: zr_service::logging::LogFormat,
 }
 
 fn main() -> ExitCode {
     zr_common::alloc::tune();
     let args = Args::parse();
-    zr_net::logging::init_logging(&args.log, args.log_format);
+    zr_service::logging::init_logging(&args.log, args.log_format);
     let role = zr_net::tls::Role::Node;
     let (config, security) =
         match ClusterConfig::load_for(&args.nodes, role, args.insecure_dev, "zr-node") {
@@ -76,7 +76,7 @@ fn main() -> ExitCode {
         .and_then(|s| s.metrics);
     if let Some(listen) = args.metrics.or(configured) {
         let _runtime = runtime.enter();
-        if let Err(e) = zr_net::metrics::serve_metrics(listen) {
+        if let Err(e) = zr_service::metrics::serve_metrics(listen) {
             eprintln!("zr-node: {e}");
             return ExitCode::FAILURE;
         }

@@ -15,8 +15,8 @@ use bytes::Bytes;
 use quinn::Endpoint;
 use zr_common::Record;
 use zr_net as net;
-use zr_net::config::ClusterConfig;
 use zr_proto::wire::{self, ErrorCode, FieldInfo, NodeMessage, NodeRequest, Reply};
+use zr_service::config::ClusterConfig;
 
 use crate::catalog::Catalog;
 use crate::fence::Coordination;

@@ -79,7 +79,7 @@ fn gather(
 fn main() -> Result<(), Failed> {
     zr_common::alloc::tune();
     let args = Args::parse();
-    zr_net::logging::init_logging(&args.log, zr_net::logging::LogFormat::Text);
+    zr_service::logging::init_logging(&args.log, zr_service::logging::LogFormat::Text);
     let mib = |bytes: f64| bytes / (1 << 20) as f64;
     let mut cluster = SimCluster::start(args.shards, SimOptions::default())?;
     let client = cluster.client()?;

@@ -114,7 +114,7 @@ fn gather(
 fn main() -> Result<(), Failed> {
     zr_common::alloc::tune();
     let args = Args::parse();
-    zr_net::logging::init_logging(&args.log, zr_net::logging::LogFormat::Text);
+    zr_service::logging::init_logging(&args.log, zr_service::logging::LogFormat::Text);
     let mib = |bytes: f64| bytes / (1 << 20) as f64;
     let one = cluster(&args, 1, 5_000)?;
     let two = cluster(&args, 2, 5_000)?;

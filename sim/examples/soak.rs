@@ -195,7 +195,7 @@ fn main() -> Result<()> {
     tls::init_certs(&certs, tls::CERT_VALID_DAYS)?;
     let count = args.shards * args.replicas;
     let base = free_ports(1 + count as u16)?;
-    let text = zr_net::config::cluster_toml(
+    let text = zr_service::config::cluster_toml(
         args.shards,
         args.replicas,
         base,

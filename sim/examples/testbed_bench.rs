@@ -29,8 +29,8 @@ use clap::{Parser, ValueEnum};
 use zr_common::hash::{mix2, reduce};
 use zr_common::Record;
 use zr_net as net;
-use zr_net::config::ClusterConfig;
 use zr_net::tls::{self, Role};
+use zr_service::config::ClusterConfig;
 
 /// Router and direct gathers vs plain quinn and TCP, each process in a network namespace
 /// of its own, over shaped veth links (needs root).
@@ -226,7 +226,7 @@ fn orchestrate(args: &Args) -> Result<()> {
     let certs = dir.join("certs");
     tls::init_certs(&certs, tls::CERT_VALID_DAYS)?;
     // The cluster's file, its addresses moved into the namespaces.
-    let mut text = net::config::cluster_toml(
+    let mut text = zr_service::config::cluster_toml(
         args.shards,
         1,
         PORT,

@@ -28,13 +28,13 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use zr_net::config::{
-    ClusterConfig, ClusterSection, FieldConfig, RouterConfig, ShardConfig, TlsConfig,
-};
 use zr_net::tls::{self, Role};
 use zr_net::{self as net, Security};
 use zr_proto::placement::EXTENT_RECORDS_DEFAULT;
 use zr_router::{AsyncClient, Client, Router};
+use zr_service::config::{
+    ClusterConfig, ClusterSection, FieldConfig, RouterConfig, ShardConfig, TlsConfig,
+};
 use zr_shard::server::Handling;
 
 pub mod faults;
@@ -97,7 +97,7 @@ impl Default for SimOptions {
             virtual_time: false,
             metadata: None,
             replicas: 1,
-            reply_budget_mib: zr_net::config::REPLY_BUDGET_MIB_DEFAULT,
+            reply_budget_mib: zr_service::config::REPLY_BUDGET_MIB_DEFAULT,
         }
     }
 }
@@ -225,7 +225,7 @@ impl SimCluster {
                 reply_budget_mib: options.reply_budget_mib,
             },
             node: Default::default(),
-            metadata: Some(zr_net::config::MetadataConfig {
+            metadata: Some(zr_service::config::MetadataConfig {
                 dir: Some(data.path().join("metadata")),
                 ..Default::default()
             }),
@@ -404,7 +404,7 @@ impl SimCluster {
             return Ok(Arc::clone(store));
         }
         let dir = match self.config.metadata_location() {
-            zr_net::config::MetadataLocation::Embedded(dir) => dir,
+            zr_service::config::MetadataLocation::Embedded(dir) => dir,
             other => {
                 return Err(format!("a simulated cluster keeps no metadata in {other:?}").into())
             }

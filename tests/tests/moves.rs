@@ -18,7 +18,7 @@ const LONGEST: u64 = 48;
 
 fn options(replicas: u32) -> SimOptions {
     if std::env::var("ZR_TEST_LOG").is_ok() {
-        zr_net::logging::init_logging("info", zr_net::logging::LogFormat::Text);
+        zr_service::logging::init_logging("info", zr_service::logging::LogFormat::Text);
     }
     SimOptions {
         fields: vec![("a".into(), "raw".into()), ("b".into(), "flate".into())],

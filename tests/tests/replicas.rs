@@ -19,7 +19,7 @@ const LONGEST: u64 = 300;
 
 fn options() -> SimOptions {
     if std::env::var("ZR_TEST_LOG").is_ok() {
-        zr_net::logging::init_logging("info", zr_net::logging::LogFormat::Text);
+        zr_service::logging::init_logging("info", zr_service::logging::LogFormat::Text);
     }
     SimOptions {
         fields: vec![("a".into(), "raw".into()), ("b".into(), "flate".into())],

@@ -36,8 +36,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
-use crate::security::Security;
+use zr_net::Error;
+use zr_net::Security;
 use zr_proto::placement::{ClusterMap, Placement, EXTENT_RECORDS_DEFAULT, SHARDS_MAX};
 
 /// Default for every network wait of the router (and of nodes' peers).
@@ -336,7 +336,7 @@ impl ClusterConfig {
     /// configuration at `path` and its security. Logs the `--insecure-dev` warning.
     pub fn load_for(
         path: &Path,
-        role: crate::tls::Role,
+        role: zr_net::tls::Role,
         insecure_dev: bool,
         process: &str,
     ) -> Result<(ClusterConfig, Security), Error> {
@@ -348,7 +348,7 @@ impl ClusterConfig {
 
     /// How a process of `role` secures its connections: the `[tls]` certificates, or no
     /// authentication at all if `insecure_dev` (the binaries' `--insecure-dev`).
-    pub fn security(&self, role: crate::tls::Role, insecure_dev: bool) -> Result<Security, Error> {
+    pub fn security(&self, role: zr_net::tls::Role, insecure_dev: bool) -> Result<Security, Error> {
         if insecure_dev {
             return Ok(Security::InsecureDev);
         }
@@ -534,7 +534,7 @@ mod tests {
         // No [tls]: refused unless insecure on purpose.
         let bare = ClusterConfig::parse(GOOD, "nodes.toml").unwrap();
         let err = bare
-            .security(crate::tls::Role::Node, false)
+            .security(zr_net::tls::Role::Node, false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -542,7 +542,7 @@ mod tests {
             "{err}"
         );
         assert!(matches!(
-            bare.security(crate::tls::Role::Node, true),
+            bare.security(zr_net::tls::Role::Node, true),
             Ok(Security::InsecureDev)
         ));
     }

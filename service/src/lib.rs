@@ -1,0 +1,11 @@
+//! zr-service: what zrecord's servers and the `zr` command share beside the transport —
+//! the cluster's configuration file, log output, and the metrics exporter. Kept apart from
+//! `zr_net` so that the transport depends on no metadata store.
+//!
+//! - [`config`]: nodes.toml (where every node, router and store is; TLS; fields).
+//! - [`logging`]: text or JSON log lines.
+//! - [`metrics`]: the Prometheus exporter of the servers' metrics.
+
+pub mod config;
+pub mod logging;
+pub mod metrics;
