@@ -320,10 +320,14 @@ async fn attempt(
             })
     };
     // A node its heartbeats find down meanwhile (killed, cut off) is not waited for to the
-    // end of the timeout when a partner can be asked instead.
+    // end of the timeout: a partner is asked instead, or, with none, the gather fails
+    // naming the shard.
+    // (A sole replica already down when asked is still tried: it may be back before its
+    // heartbeats say so.)
+    let race = nodes.replicas() > 1 || !nodes.found_down(node);
     let received = tokio::select! {
         received = bounded => received,
-        _ = nodes.wait_down(node), if nodes.replicas() > 1 => {
+        _ = nodes.wait_down(node), if race => {
             Err(Received::Net("its heartbeats found it down meanwhile".into()))
         }
     };

@@ -399,6 +399,11 @@ impl Nodes {
         }
     }
 
+    /// True if node `node`'s heartbeats have found it down (and not up since).
+    pub(crate) fn found_down(&self, node: NodeId) -> bool {
+        matches!(*self.links[node].health.borrow(), Health::Down { .. })
+    }
+
     /// True if node `node`'s heartbeats have found it down, or it closed its last
     /// connection and none was made since.
     pub(crate) fn is_down(&self, node: NodeId) -> bool {
@@ -863,7 +868,7 @@ impl Nodes {
     }
 
     /// One request to node `node`; errors name its shard and address. Fails at once while
-    /// the node is down.
+    /// the node is down, and as soon as its heartbeats find it down while the call waits.
     /// `dataset`: the dataset the request addresses (`None`: the default one).
     pub(crate) async fn call(
         &self,
@@ -888,7 +893,16 @@ impl Nodes {
         if let Some(down) = self.down(node).await {
             return Err(down);
         }
-        self.exchange(dataset, node, request, body, timeout).await
+        // A node its heartbeats find down meanwhile (killed, cut off) fails the call then,
+        // naming it, rather than at the end of the timeout.
+        tokio::select! {
+            biased;
+            answer = self.exchange(dataset, node, request, body, timeout) => answer,
+            () = self.wait_down(node) => Err(self.unavailable(
+                node,
+                "its heartbeats found it down while this call waited for it".into(),
+            )),
+        }
     }
 
     /// A read of shard `shard`: `request` to its in-sync replicas in [`Self::read_order`]

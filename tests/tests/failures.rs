@@ -116,6 +116,60 @@ fn a_stalled_node_is_detected_by_the_timeout() {
     check(&client, &on_one);
 }
 
+/// With one replica and a long timeout, calls already waiting on a node that stops
+/// answering (a `kill -9` as its peers see it: no close, no reply) fail once its heartbeats
+/// find it down — naming the shard — not at the end of the 20 s timeout; an `info` answers
+/// from what is known; the other shards serve throughout.
+#[test]
+fn calls_waiting_on_a_node_found_down_fail_then_not_at_the_timeout() {
+    let mut cluster = SimCluster::start(
+        3,
+        SimOptions {
+            extent_records: 4,
+            timeout_ms: 20_000,
+            ..SimOptions::default()
+        },
+    )
+    .unwrap();
+    let client = cluster.client().unwrap();
+    let rows: Vec<Vec<u8>> = (0..RECORDS).map(payload).collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
+    client.append_many(&records).unwrap();
+    client.commit().unwrap();
+    let (on_one, elsewhere) = split_by_shard(&cluster, 1);
+    let waiter = cluster.client().unwrap();
+    cluster.stall_node(1).unwrap();
+    let started = Instant::now();
+    let gather = std::thread::spawn(move || waiter.gather(&on_one, &[]));
+    let err = gather.join().unwrap().unwrap_err();
+    let waited = started.elapsed();
+    let text = err.to_string();
+    assert!(
+        text.contains("shard 1") && text.contains("found it down"),
+        "{text}"
+    );
+    // Well before the timeout: a bound only waiting for the timeout would break.
+    assert!(
+        waited < Duration::from_secs(15),
+        "the gather waited {waited:?}"
+    );
+    let started = Instant::now();
+    assert_eq!(
+        client.len().unwrap(),
+        RECORDS,
+        "info answers from what is known"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "info waited {:?}",
+        started.elapsed()
+    );
+    check(&client, &elsewhere);
+    cluster.start_node(1).unwrap();
+    let all: Vec<u64> = (0..RECORDS).collect();
+    check(&client, &all);
+}
+
 /// Copies `from`'s CA and `as_role`'s files under `claimed`'s file names: a peer presenting
 /// a genuine cluster certificate for the wrong role.
 fn impersonate(from: &Path, to: &Path, as_role: Role, claimed: Role) {
