@@ -325,10 +325,19 @@ async fn attempt(
     // (A sole replica already down when asked is still tried: it may be back before its
     // heartbeats say so.)
     let race = nodes.replicas() > 1 || !nodes.found_down(node);
-    let received = tokio::select! {
-        received = bounded => received,
-        _ = nodes.wait_down(node), if race => {
-            Err(Received::Net("its heartbeats found it down meanwhile".into()))
+    let received = {
+        let mut bounded = std::pin::pin!(bounded);
+        tokio::select! {
+            biased;
+            received = &mut bounded => received,
+            _ = nodes.wait_down(node), if race => {
+                // A reply under way may still finish (heartbeats can lag a node that
+                // answers this call): a moment's grace, then the call fails.
+                match tokio::time::timeout(crate::liveness::WAIT_FOR_UP, &mut bounded).await {
+                    Ok(received) => received,
+                    Err(_) => Err(Received::Net("its heartbeats found it down meanwhile".into())),
+                }
+            }
         }
     };
     match received {

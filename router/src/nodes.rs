@@ -895,13 +895,21 @@ impl Nodes {
         }
         // A node its heartbeats find down meanwhile (killed, cut off) fails the call then,
         // naming it, rather than at the end of the timeout.
+        let mut exchange = std::pin::pin!(self.exchange(dataset, node, request, body, timeout));
         tokio::select! {
             biased;
-            answer = self.exchange(dataset, node, request, body, timeout) => answer,
-            () = self.wait_down(node) => Err(self.unavailable(
-                node,
-                "its heartbeats found it down while this call waited for it".into(),
-            )),
+            answer = &mut exchange => answer,
+            () = self.wait_down(node) => {
+                // An answer under way may still come (heartbeats can lag a node that answers
+                // this call): a moment's grace, then the call fails.
+                match tokio::time::timeout(liveness::WAIT_FOR_UP, &mut exchange).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(self.unavailable(
+                        node,
+                        "its heartbeats found it down while this call waited for it".into(),
+                    )),
+                }
+            }
         }
     }
 
