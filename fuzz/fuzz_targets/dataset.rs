@@ -1,5 +1,5 @@
 //! A whole dataset with one of its files damaged — meta.json, an offset table, a chunk, the
-//! redo log: overwritten at any place with any bytes, or cut short. Opening it, verifying
+//! redo log, a zstd dictionary: overwritten at any place with any bytes, or cut short. Opening it, verifying
 //! it and gathering every record (unchecked and checked) either works or fails with an
 //! error; never a panic, never a read outside the files.
 #![no_main]
@@ -22,9 +22,9 @@ struct File {
 /// Bytes of each file kept (every record of the template lies within them).
 const HEAD_BYTES: usize = 64 << 10;
 
-/// The undamaged dataset, made once and kept in memory: three fields (raw, Deflate, zstd), records
-/// of varied sizes, some modified and one deleted after a first commit (so a redo log
-/// exists).
+/// The undamaged dataset, made once and kept in memory: four fields (raw, Deflate, zstd, and
+/// zstd with a dictionary trained on captions), records of varied sizes, some modified and
+/// one deleted after a first commit (so a redo log exists).
 fn build_template() -> &'static [File] {
     static TEMPLATE: OnceLock<Vec<File>> = OnceLock::new();
     TEMPLATE.get_or_init(|| {
@@ -34,8 +34,19 @@ fn build_template() -> &'static [File] {
             FieldSpec::raw("a"),
             FieldSpec::flate("b"),
             FieldSpec::stored("c", "zstd").expect("zstd"),
+            FieldSpec::stored("d", "zstd").expect("zstd"),
         ];
-        let store = Store::create(&data, fields, CreateOptions::default()).expect("create");
+        let samples: Vec<Vec<u8>> = (0..600u64).map(caption).collect();
+        let sample_refs: Vec<&[u8]> = samples.iter().map(Vec::as_slice).collect();
+        let dict = zr_node::dict::train(&sample_refs, 4096).expect("a dictionary");
+        let store = Store::create_with_dicts(
+            &data,
+            fields,
+            CreateOptions::default(),
+            RuntimeOptions::default(),
+            &[("d".to_string(), dict)],
+        )
+        .expect("create");
         for i in 0..40u64 {
             let a = vec![i as u8; (i as usize * 37) % 300];
             let b = format!("record {i} ").repeat(1 + i as usize % 7);
@@ -50,7 +61,8 @@ fn build_template() -> &'static [File] {
                     &Record::new()
                         .with("a", &a)
                         .with("b", b.as_bytes())
-                        .with("c", &c),
+                        .with("c", &c)
+                        .with("d", &caption(i)),
                 )
                 .expect("append");
         }
@@ -91,6 +103,21 @@ fn build_template() -> &'static [File] {
             })
             .collect()
     })
+}
+
+/// A caption-like line for record `i` (what a dictionary is for: short, alike records).
+fn caption(i: u64) -> Vec<u8> {
+    const WORDS: [&str; 12] = [
+        "a", "photo", "of", "the", "dog", "cat", "on", "grass", "beach", "red", "small", "city",
+    ];
+    let words: Vec<&str> = (0..6 + i % 9)
+        .map(|k| WORDS[((i * 7 + k * 13 + i / 3) % 12) as usize])
+        .collect();
+    format!(
+        "{{\"id\": {i}, \"caption\": \"{}\", \"lang\": \"en\"}}",
+        words.join(" ")
+    )
+    .into_bytes()
 }
 
 /// The template, checked once: written out undamaged it opens, holds its 39 records (the last was deleted) and
