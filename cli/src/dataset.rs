@@ -528,11 +528,11 @@ fn stream_info(dir: &std::path::Path) -> CliResult {
     println!("documents    {}", meta.documents);
     println!("spans        {}", meta.spans);
     for seq_len in [2048u64, 4096, 8192] {
-        let windows = if meta.tokens > seq_len {
-            (meta.tokens - seq_len - 1) / seq_len + 1
-        } else {
-            0
+        let mode = zr_common::WindowMode::Windows {
+            seq_len,
+            stride: seq_len,
         };
+        let windows = mode.count(meta.tokens, meta.documents);
         println!("windows      {windows} of {seq_len} + 1 tokens at stride {seq_len}");
     }
     Ok(())

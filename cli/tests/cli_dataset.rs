@@ -1,6 +1,6 @@
 //! The `zr` dataset commands as a user runs them: convert, info, gather, verify, rebalance.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -46,6 +46,21 @@ fn write_npy(path: &Path, descr: &str, shape: &[u64], data: &[u8]) {
     bytes.extend_from_slice(header.as_bytes());
     bytes.extend_from_slice(data);
     std::fs::write(path, bytes).unwrap();
+}
+
+/// `dir/values.bin` holding `values` and `dir/offsets.npy` cutting it into records of
+/// `lengths` (N+1 u64 offsets), as `zr convert --values --offsets` reads them.
+fn write_values(dir: &Path, values: &[u8], lengths: &[usize]) -> (PathBuf, PathBuf) {
+    let mut offsets = vec![0u64];
+    for &len in lengths {
+        offsets.push(offsets.last().unwrap() + len as u64);
+    }
+    let values_path = dir.join("values.bin");
+    let offsets_path = dir.join("offsets.npy");
+    std::fs::write(&values_path, values).unwrap();
+    let raw: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+    write_npy(&offsets_path, "<u8", &[offsets.len() as u64], &raw);
+    (values_path, offsets_path)
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
@@ -145,15 +160,7 @@ fn convert_variable_layout_round_trips_and_appends() {
     let tmp = tempfile::tempdir().unwrap();
     let lengths = [0usize, 5, 1000, 1, 0, 70_000, 3];
     let values = pattern(lengths.iter().sum(), 9);
-    let mut offsets = vec![0u64];
-    for len in lengths {
-        offsets.push(offsets.last().unwrap() + len as u64);
-    }
-    let values_path = tmp.path().join("values.bin");
-    let offsets_path = tmp.path().join("offsets.npy");
-    std::fs::write(&values_path, &values).unwrap();
-    let raw: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
-    write_npy(&offsets_path, "<u8", &[offsets.len() as u64], &raw);
+    let (values_path, offsets_path) = write_values(tmp.path(), &values, &lengths);
     let dir = tmp.path().join("var");
     let (ok, _, err) = zr(&[
         "convert",
@@ -166,9 +173,13 @@ fn convert_variable_layout_round_trips_and_appends() {
         "flate",
     ]);
     assert!(ok, "{err}");
-    let expect: Vec<Vec<u8>> = offsets
-        .windows(2)
-        .map(|w| values[w[0] as usize..w[1] as usize].to_vec())
+    let mut start = 0;
+    let expect: Vec<Vec<u8>> = lengths
+        .iter()
+        .map(|&len| {
+            start += len;
+            values[start - len..start].to_vec()
+        })
         .collect();
     assert_eq!(all_records(&dir, "data"), expect);
 
@@ -700,16 +711,8 @@ fn zstd_with_a_trained_dictionary_on_the_command_line() {
             .into_bytes()
         })
         .collect();
-    let values: Vec<u8> = lines.concat();
-    let mut offsets = vec![0u64];
-    for line in &lines {
-        offsets.push(offsets.last().unwrap() + line.len() as u64);
-    }
-    let values_path = tmp.path().join("values.bin");
-    let offsets_path = tmp.path().join("offsets.npy");
-    std::fs::write(&values_path, &values).unwrap();
-    let raw: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
-    write_npy(&offsets_path, "<u8", &[offsets.len() as u64], &raw);
+    let lengths: Vec<usize> = lines.iter().map(Vec::len).collect();
+    let (values_path, offsets_path) = write_values(tmp.path(), &lines.concat(), &lengths);
     let dir = tmp.path().join("captions");
     let (ok, stdout, err) = zr(&[
         "convert",

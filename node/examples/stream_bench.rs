@@ -128,15 +128,20 @@ fn batch_starts(number: usize, batch: usize, windows: u64, stride: u64, out: &mu
     out.extend((0..batch).map(|_| rng.next() % windows * stride));
 }
 
-fn warm(args: &Args, dir: &Path) -> BoxResult<()> {
-    let (stream, ends) = build(dir, (args.tokens_mib << 20) / 4)?;
-    let width = args.seq_len as usize + 1;
+/// Windows of `--seq-len` at that stride over a new stream of `tokens` tokens, and its
+/// document ends.
+fn windows_of(args: &Args, dir: &Path, tokens: u64) -> BoxResult<(Windows, Vec<u64>)> {
+    let (stream, ends) = build(dir, tokens)?;
     let mode = WindowMode::Windows {
         seq_len: args.seq_len,
         stride: args.seq_len,
     };
-    let windows = Windows::new(stream.clone(), mode)?;
-    let n = windows.len();
+    Ok((Windows::new(stream, mode)?, ends))
+}
+
+fn warm(args: &Args, dir: &Path) -> BoxResult<()> {
+    let (windows, ends) = windows_of(args, dir, (args.tokens_mib << 20) / 4)?;
+    let (width, n) = (windows.width(), windows.len());
     let file = std::fs::File::open(dir.join("tokens.bin"))?;
     // SAFETY: a read-only mapping of a file nothing writes to during the benchmark.
     let map = unsafe { memmap2::Mmap::map(&file) }?;
@@ -244,14 +249,8 @@ fn cold(args: &Args, dir: &Path) -> BoxResult<()> {
     }
     let limit = args.memory_mib << 20;
     let tokens = (limit as f64 * args.factor / 4.0) as u64;
-    let (stream, _) = build(dir, tokens)?;
-    let width = args.seq_len as usize + 1;
-    let mode = WindowMode::Windows {
-        seq_len: args.seq_len,
-        stride: args.seq_len,
-    };
-    let windows = Windows::new(stream.clone(), mode)?;
-    let n = windows.len();
+    let (windows, _) = windows_of(args, dir, tokens)?;
+    let (width, n) = (windows.width(), windows.len());
     let file = std::fs::File::open(dir.join("tokens.bin"))?;
     let files: Vec<_> = ["tokens.bin", "tokens.crc", "documents.bin"]
         .iter()

@@ -52,14 +52,14 @@ fn sample(n: usize) -> impl Iterator<Item = usize> {
 }
 
 /// A buffer of at least `len` bytes whose `start..start + len` begins on a page.
-fn aligned(len: usize) -> (Vec<u8>, usize) {
+pub(crate) fn aligned(len: usize) -> (Vec<u8>, usize) {
     let buffer = vec![0u8; len + PAGE_BYTES as usize];
     let start = buffer.as_ptr().align_offset(PAGE_BYTES as usize);
     (buffer, start)
 }
 
 /// The page-aligned range around `[start, start + len)`.
-fn pages_around(start: u64, len: u64) -> (u64, u64) {
+pub(crate) fn pages_around(start: u64, len: u64) -> (u64, u64) {
     let first = start / PAGE_BYTES * PAGE_BYTES;
     let end = (start + len).div_ceil(PAGE_BYTES) * PAGE_BYTES;
     (first, end - first)

@@ -149,6 +149,26 @@ fn py_column(py: Python<'_>, column: zr_common::Contiguous) -> PyColumn<'_> {
     )
 }
 
+/// Caller-owned array `array` borrowed for writing; `what` names it in errors.
+fn borrow_out<'py, T: numpy::Element>(
+    array: &Bound<'py, PyArray1<T>>,
+    what: &str,
+) -> PyResult<numpy::PyReadwriteArray1<'py, T>> {
+    array
+        .try_readwrite()
+        .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
+}
+
+/// The memory of a borrowed array, which must be contiguous.
+fn out_slice<'a, T: numpy::Element>(
+    array: &'a mut numpy::PyReadwriteArray1<'_, T>,
+    what: &str,
+) -> PyResult<&'a mut [T]> {
+    array
+        .as_slice_mut()
+        .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
+}
+
 /// Indices as a slice (a copy only if the array is not contiguous).
 fn indices_of(indices: &PyReadonlyArray1<'_, u64>) -> Vec<u64> {
     match indices.as_slice() {
@@ -228,12 +248,8 @@ impl Store {
         checked: bool,
     ) -> PyResult<()> {
         let indices = indices_of(&indices);
-        let mut out = out
-            .try_readwrite()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let out = out
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(format!("out: {e}")))?;
+        let mut out = borrow_out(out, "out")?;
+        let out = out_slice(&mut out, "out")?;
         let options = self.options(checked);
         py.detach(|| self.inner.gather_into_with(&indices, field, out, options))
             .map_err(node_error)
@@ -289,12 +305,8 @@ impl Store {
         if batches.is_empty() {
             return Err(PyValueError::new_err("no batches to time"));
         }
-        let mut out = out
-            .try_readwrite()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let out = out
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(format!("out: {e}")))?;
+        let mut out = borrow_out(out, "out")?;
+        let out = out_slice(&mut out, "out")?;
         py.detach(|| {
             let started = std::time::Instant::now();
             let mut calls = 0u64;
@@ -1157,12 +1169,8 @@ impl Stream {
         start: u64,
         out: &Bound<'_, PyArray1<u8>>,
     ) -> PyResult<()> {
-        let mut out = out
-            .try_readwrite()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let out = out
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(format!("out: {e}")))?;
+        let mut out = borrow_out(out, "out")?;
+        let out = out_slice(&mut out, "out")?;
         py.detach(|| self.inner.read_tokens(start, out))
             .map_err(node_error)
     }
@@ -1275,28 +1283,15 @@ impl StreamWindows {
         spans: bool,
     ) -> PyResult<Option<SpanColumns<'py>>> {
         let indices = indices_of(&indices);
-        let bad =
-            |what: &str, e: &dyn std::fmt::Display| PyValueError::new_err(format!("{what}: {e}"));
-        let mut tokens = tokens.try_readwrite().map_err(|e| bad("tokens", &e))?;
-        let tokens = tokens.as_slice_mut().map_err(|e| bad("tokens", &e))?;
-        let mut document = document
-            .map(|d| d.try_readwrite())
-            .transpose()
-            .map_err(|e| bad("document", &e))?;
+        let mut tokens = borrow_out(tokens, "tokens")?;
+        let tokens = out_slice(&mut tokens, "tokens")?;
+        let mut document = document.map(|d| borrow_out(d, "document")).transpose()?;
         let document = document
             .as_mut()
-            .map(|d| d.as_slice_mut())
-            .transpose()
-            .map_err(|e| bad("document", &e))?;
-        let mut mask = mask
-            .map(|m| m.try_readwrite())
-            .transpose()
-            .map_err(|e| bad("mask", &e))?;
-        let mask = mask
-            .as_mut()
-            .map(|m| m.as_slice_mut())
-            .transpose()
-            .map_err(|e| bad("mask", &e))?;
+            .map(|d| out_slice(d, "document"))
+            .transpose()?;
+        let mut mask = mask.map(|m| borrow_out(m, "mask")).transpose()?;
+        let mask = mask.as_mut().map(|m| out_slice(m, "mask")).transpose()?;
         let mut sink = zr_node::stream::SpanSink::default();
         py.detach(|| {
             self.inner
@@ -1493,19 +1488,13 @@ impl ClusterStreamWindows {
             return Err(local_only("masks and spans"));
         }
         let indices = indices_of(&indices);
-        let bad =
-            |what: &str, e: &dyn std::fmt::Display| PyValueError::new_err(format!("{what}: {e}"));
-        let mut tokens = tokens.try_readwrite().map_err(|e| bad("tokens", &e))?;
-        let tokens = tokens.as_slice_mut().map_err(|e| bad("tokens", &e))?;
-        let mut document = document
-            .map(|d| d.try_readwrite())
-            .transpose()
-            .map_err(|e| bad("document", &e))?;
+        let mut tokens = borrow_out(tokens, "tokens")?;
+        let tokens = out_slice(&mut tokens, "tokens")?;
+        let mut document = document.map(|d| borrow_out(d, "document")).transpose()?;
         let document = document
             .as_mut()
-            .map(|d| d.as_slice_mut())
-            .transpose()
-            .map_err(|e| bad("document", &e))?;
+            .map(|d| out_slice(d, "document"))
+            .transpose()?;
         py.detach(|| {
             let stream = self.stream.read().unwrap_or_else(|e| e.into_inner());
             stream.gather(self.mode, &indices, tokens, document)

@@ -306,14 +306,11 @@ def open_stream(path: Any, writable: bool = False) -> Stream:
     from . import Dataset
 
     if isinstance(path, Dataset):
-        native = _zrecord.ClusterStream.open(path._cluster("open_stream()"))
-        return Stream(native, f"{path._opener[1]}/{native_name(path)}", writable, path)
+        client = path._cluster("open_stream()")
+        native = _zrecord.ClusterStream.open(client)
+        return Stream(native, f"{path._opener[1]}/{client.name()}", writable, path)
     path = os.fspath(path)
     return Stream(_zrecord.Stream.open(path, writable), path, writable)
-
-
-def native_name(dataset: Any) -> str:
-    return dataset._cluster("open_stream()").name()
 
 
 def create_cluster_stream(dataset: Any, name: str, dtype: Any = np.uint32, block_tokens: int = 16_384) -> Stream:

@@ -146,7 +146,7 @@ impl ClusterStream {
             },
         ];
         let client = client.create_dataset(name, fields)?;
-        // Block 0 fixes B for every reader; an empty stream is one empty block.
+        // An empty stream is one empty block (whose record, like every block's, says B).
         let mut stream = ClusterStream::empty(client, dtype.into(), element_bytes, block_tokens);
         let block = Block::default();
         stream
@@ -200,6 +200,13 @@ impl ClusterStream {
 
     /// Reads the committed length again; returns the tokens.
     pub fn refresh(&mut self) -> Result<u64, Error> {
+        self.read_last()?;
+        Ok(self.tokens)
+    }
+
+    /// Reads the committed length and the last committed block, whose record also says the
+    /// block size and token width (every block's does); returns its tokens and documents.
+    fn read_last(&mut self) -> Result<(Vec<u8>, Parsed), Error> {
         let blocks = self.committed_blocks()?;
         if blocks == 0 {
             return Err(self.error("it holds no block 0 (made by an interrupted create?)".into()));
@@ -207,35 +214,30 @@ impl ClusterStream {
         let last = blocks - 1;
         let columns = self
             .client
-            .gather(&[0, last], &[TOKENS_FIELD, DOCUMENTS_FIELD])?;
-        let (tokens, documents) = (&columns[0], &columns[1]);
-        let head =
-            parse_documents(documents.get(0).unwrap_or_default(), 0).map_err(|r| self.error(r))?;
-        let (block_tokens, element) = (head.block_tokens, head.element_bytes);
+            .gather(&[last], &[TOKENS_FIELD, DOCUMENTS_FIELD])?;
+        let tokens = columns[0].get(0).unwrap_or_default().to_vec();
+        let parsed = parse_documents(columns[1].get(0).unwrap_or_default(), last)
+            .map_err(|r| self.error(r))?;
+        let (block_tokens, element) = (parsed.block_tokens, parsed.element_bytes);
         if block_tokens == 0 || (self.block_tokens != 0 && block_tokens != self.block_tokens) {
-            return Err(self.error(format!("block 0 says {block_tokens} tokens per block")));
+            return Err(self.error(format!("block {last} says {block_tokens} tokens per block")));
         }
         let dtype = match element {
             2 => "<u2",
             4 => "<u4",
-            other => return Err(self.error(format!("block 0 says {other} bytes per token"))),
+            other => return Err(self.error(format!("block {last} says {other} bytes per token"))),
         };
-        self.dtype = dtype.into();
-        self.element_bytes = element;
-        let tail = parse_documents(documents.get(1).unwrap_or_default(), last)
-            .map_err(|r| self.error(r))?;
-        let (first, ends) = (tail.first_document, tail.ends);
-        let last_bytes = tokens.get(1).unwrap_or_default().len() as u64;
-        if !last_bytes.is_multiple_of(self.element_bytes)
-            || last_bytes > block_tokens * self.element_bytes
-        {
+        let last_bytes = tokens.len() as u64;
+        if !last_bytes.is_multiple_of(element) || last_bytes > block_tokens * element {
             return Err(self.error(format!("block {last} holds {last_bytes} bytes of tokens")));
         }
+        self.dtype = dtype.into();
+        self.element_bytes = element;
         self.block_tokens = block_tokens;
         self.blocks = blocks;
-        self.tokens = last * block_tokens + last_bytes / self.element_bytes;
-        self.documents = first + ends.len() as u64;
-        Ok(self.tokens)
+        self.tokens = last * block_tokens + last_bytes / element;
+        self.documents = parsed.first_document + parsed.ends.len() as u64;
+        Ok((tokens, parsed))
     }
 
     /// Blocks the cluster has committed (blocks appended by a commit that failed midway
@@ -499,7 +501,7 @@ impl ClusterStream {
         if self.pending.is_some() {
             return Ok(());
         }
-        self.refresh()?;
+        let (tokens, parsed) = self.read_last()?;
         // Blocks a failed commit appended and did not commit would be committed by the
         // next one, past blocks they do not follow: they go first.
         let served = self.client.len()?;
@@ -507,12 +509,6 @@ impl ClusterStream {
             self.client.delete(index)?;
         }
         let last = self.blocks - 1;
-        let columns = self
-            .client
-            .gather(&[last], &[TOKENS_FIELD, DOCUMENTS_FIELD])?;
-        let tokens = columns[0].get(0).unwrap_or_default().to_vec();
-        let parsed = parse_documents(columns[1].get(0).unwrap_or_default(), last)
-            .map_err(|r| self.error(r))?;
         let b = self.block_tokens;
         if (tokens.len() as u64) < b * self.element_bytes {
             self.pending = Some(vec![Block {

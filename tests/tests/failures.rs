@@ -28,11 +28,16 @@ fn payload(i: u64) -> Vec<u8> {
 
 /// A 4-shard cluster holding RECORDS committed records.
 fn loaded_cluster() -> SimCluster {
+    loaded_cluster_of(4, TIMEOUT_MS)
+}
+
+/// A cluster of `shards` shards, every wait `timeout_ms`, holding RECORDS committed records.
+fn loaded_cluster_of(shards: u32, timeout_ms: u64) -> SimCluster {
     let cluster = SimCluster::start(
-        4,
+        shards,
         SimOptions {
             extent_records: 4,
-            timeout_ms: TIMEOUT_MS,
+            timeout_ms,
             ..SimOptions::default()
         },
     )
@@ -122,20 +127,8 @@ fn a_stalled_node_is_detected_by_the_timeout() {
 /// from what is known; the other shards serve throughout.
 #[test]
 fn calls_waiting_on_a_node_found_down_fail_then_not_at_the_timeout() {
-    let mut cluster = SimCluster::start(
-        3,
-        SimOptions {
-            extent_records: 4,
-            timeout_ms: 20_000,
-            ..SimOptions::default()
-        },
-    )
-    .unwrap();
+    let mut cluster = loaded_cluster_of(3, 20_000);
     let client = cluster.client().unwrap();
-    let rows: Vec<Vec<u8>> = (0..RECORDS).map(payload).collect();
-    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
-    client.append_many(&records).unwrap();
-    client.commit().unwrap();
     let (on_one, elsewhere) = split_by_shard(&cluster, 1);
     let waiter = cluster.client().unwrap();
     cluster.stall_node(1).unwrap();

@@ -53,14 +53,7 @@ impl Stream {
                 .as_ref()
                 .and_then(|m| m.bytes(start, len))
                 .unwrap_or_default();
-            let want = if len == PAGE_BYTES {
-                view.crcs
-                    .as_ref()
-                    .and_then(|m| m.bytes(p * 4, 4))
-                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            } else {
-                Some(meta.tail_crc)
-            };
+            let want = super::read::page_crc(&view, p).map(|(crc, _)| crc);
             if want != Some(crc32fast::hash(bytes)) {
                 problem(
                     "tokens",

@@ -14,6 +14,7 @@ use zr_common::{BoxError, Contiguous, GatherSource, WindowColumns};
 
 use super::{Stream, StreamView, METADATA_FIELD};
 use crate::error::{Error, Result};
+use crate::explicit::{aligned, pages_around};
 use crate::io::{self, ReadError, ReadOp};
 use crate::map::PAGE_BYTES;
 use crate::store::{GatherOptions, ReadPath};
@@ -333,7 +334,7 @@ fn resident(view: &StreamView, ranges: &[(u64, u64)]) -> bool {
 
 /// The CRC of page `p` of tokens.bin as the view commits it, and the bytes it covers:
 /// whole pages from `tokens.crc`, the tail page from `stream.json`.
-fn page_crc(view: &StreamView, p: u64) -> Option<(u32, u64)> {
+pub(super) fn page_crc(view: &StreamView, p: u64) -> Option<(u32, u64)> {
     let token_bytes = view.meta.tokens * view.element_bytes;
     let full = token_bytes / PAGE_BYTES;
     if p < full {
@@ -413,19 +414,18 @@ fn read_explicit(
     let pages: Vec<(u64, u64)> = ranges
         .iter()
         .map(|&(start, len)| {
-            let first = start * e / PAGE_BYTES * PAGE_BYTES;
-            let end = ((start + len) * e).div_ceil(PAGE_BYTES) * PAGE_BYTES;
-            let end = if options.uncached {
-                end
+            let (first, bytes) = pages_around(start * e, len * e);
+            // Through the cache, the last page is read only as far as the file goes.
+            let bytes = if options.uncached {
+                bytes
             } else {
-                end.min(file_len)
+                bytes.min(file_len - first)
             };
-            (first, end - first)
+            (first, bytes)
         })
         .collect();
     let total: u64 = pages.iter().map(|p| p.1).sum();
-    let mut scratch = vec![0u8; total as usize + PAGE_BYTES as usize];
-    let base = scratch.as_ptr().align_offset(PAGE_BYTES as usize);
+    let (mut scratch, base) = aligned(total as usize);
     let fd = if options.uncached {
         map.uncached_fd()?
     } else {
