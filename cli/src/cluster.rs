@@ -12,8 +12,8 @@ use zr_net::Security;
 use zr_node::convert::{Destination, Target};
 use zr_node::meta::FieldSpec;
 use zr_node::Error;
-use zr_router::Client;
 use zr_router::MapChange;
+use zr_router::{Client, ClientOptions};
 use zr_service::config::{cluster_toml, CLIENT_TIMEOUT_MS_DEFAULT};
 
 use crate::CliResult;
@@ -43,6 +43,11 @@ pub struct RouterArgs {
     /// `zr cluster-init` made, named default).
     #[arg(long, value_name = "NAME", requires = "router")]
     pub dataset: Option<String>,
+    /// Gather through the router rather than straight from the nodes (by default a client
+    /// reads one hop once the router has said where the records are; it falls back to the
+    /// router by itself when it cannot reach the nodes).
+    #[arg(long, requires = "router")]
+    pub via_router: bool,
 }
 
 impl RouterArgs {
@@ -62,8 +67,13 @@ impl RouterArgs {
                 )
             }
         };
-        let timeout = Duration::from_millis(self.timeout_ms.max(1));
-        let client = Client::connect_with_timeout(addr, security, timeout)?;
+        let options = ClientOptions {
+            timeout: Duration::from_millis(self.timeout_ms.max(1)),
+            // Reads go one hop; a command that writes or administers only talks to the
+            // router, so it makes no links to the nodes.
+            direct: !self.via_router && needs == Access::Read,
+        };
+        let client = Client::connect_with(addr, security, options)?;
         Ok(Some(match &self.dataset {
             Some(name) => client.dataset(name)?,
             None => client,

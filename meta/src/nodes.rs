@@ -47,11 +47,80 @@ pub async fn load(
     crate::load_json(store, &key(shard, replica), &what).await
 }
 
+/// How long a node serves clients' reads by itself after it last read, in the replica
+/// record, that it is in sync (see [`ReadLease`]). A router that marks a replica behind waits
+/// [`READ_LEASE_WAIT`] before it counts on the node refusing them.
+pub const READ_LEASE: Duration = Duration::from_secs(2);
+/// [`READ_LEASE`] and a margin for clocks that run at slightly different rates.
+pub const READ_LEASE_WAIT: Duration = Duration::from_millis(2_250);
+
+/// Whether a node may serve a client's read by itself: only while it knows it is in sync.
+/// A replica marked behind has missed writes, and the router that marked it waits
+/// [`READ_LEASE_WAIT`] before acknowledging the write it missed; the node serves clients only
+/// within [`READ_LEASE`] of starting a read of the replica record that found it in sync, so
+/// no client reads a missed write's old value after the write was acknowledged. Routers'
+/// reads do not need it: they know which replicas are behind.
+#[derive(Debug)]
+pub struct ReadLease {
+    /// A shard's only replica is never behind: it always serves.
+    always: bool,
+    until: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Reads of the record asked before this grant nothing (see [`START_HOLD`]).
+    hold_until: tokio::time::Instant,
+}
+
+/// How long after its start a node with partners serves no client by itself: a node that
+/// restarted may have lost writes not yet made durable, and a router marks it behind when it
+/// first reconnects (within a heartbeat or two); the hold gives that mark time to land in
+/// the replica record before the node reads it.
+pub const START_HOLD: Duration = Duration::from_secs(3);
+
+impl ReadLease {
+    /// The lease of a replica among `replicas` of its shard: held from the first read of the
+    /// replica record that finds it in sync, unless it is the only one.
+    pub fn new(replicas: u32) -> ReadLease {
+        ReadLease {
+            always: replicas <= 1,
+            until: std::sync::Mutex::new(None),
+            hold_until: tokio::time::Instant::now() + START_HOLD,
+        }
+    }
+
+    /// A lease always held: for a node with no partner.
+    pub fn always() -> ReadLease {
+        ReadLease::new(1)
+    }
+
+    /// Whether clients' reads may be served now.
+    pub fn held(&self) -> bool {
+        self.always
+            || self
+                .until
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some_and(|until| tokio::time::Instant::now() < until)
+    }
+
+    /// A read of the replica record started at `asked` found the node in sync (`true`) or
+    /// behind.
+    pub fn read(&self, asked: tokio::time::Instant, in_sync: bool) {
+        let mut until = self.until.lock().unwrap_or_else(|e| e.into_inner());
+        *until = (in_sync && asked >= self.hold_until).then_some(asked + READ_LEASE);
+    }
+}
+
 /// Renews the lease of shard `shard`'s replica `replica` for the node serving on `addr` every
 /// [`RENEW_EVERY`], until
 /// the future is dropped. A renewal that fails is logged (once per run of failures) and
-/// tried again; the lease lapses meanwhile, which is what it is for.
-pub async fn keep_alive(store: Arc<dyn MetaStore>, shard: u32, replica: u32, addr: String) {
+/// tried again; the lease lapses meanwhile, which is what it is for. Each renewal also reads
+/// the replica record into `reads` (see [`ReadLease`]).
+pub async fn keep_alive(
+    store: Arc<dyn MetaStore>,
+    shard: u32,
+    replica: u32,
+    addr: String,
+    reads: Arc<ReadLease>,
+) {
     let key = key(shard, replica);
     let mut lease = NodeLease {
         addr,
@@ -79,6 +148,13 @@ pub async fn keep_alive(store: Arc<dyn MetaStore>, shard: u32, replica: u32, add
             }
         }
         lease.renewals += 1;
+        if !reads.always {
+            let asked = tokio::time::Instant::now();
+            match crate::replicas::load(&*store).await {
+                Ok((record, _)) => reads.read(asked, record.in_sync((shard, replica))),
+                Err(e) => tracing::debug!("shard {shard}: cannot read the replica record: {e}"),
+            }
+        }
         tokio::time::sleep(RENEW_EVERY).await;
     }
 }
@@ -148,6 +224,29 @@ impl LeaseView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_lease_is_held_only_within_its_term_of_a_read_finding_the_node_in_sync() {
+        let lease = ReadLease::new(2);
+        assert!(!lease.held(), "not before the record was read");
+        lease.read(tokio::time::Instant::now(), true);
+        assert!(!lease.held(), "not from a read asked right after the start");
+        tokio::time::advance(START_HOLD).await;
+        let asked = tokio::time::Instant::now();
+        lease.read(asked, true);
+        assert!(lease.held());
+        tokio::time::advance(READ_LEASE - Duration::from_millis(1)).await;
+        assert!(lease.held());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!lease.held(), "counted from when the read was asked");
+        lease.read(tokio::time::Instant::now(), true);
+        assert!(lease.held());
+        lease.read(tokio::time::Instant::now(), false);
+        assert!(!lease.held(), "marked behind: given up at once");
+        assert!(READ_LEASE_WAIT > READ_LEASE);
+        assert!(ReadLease::always().held(), "a shard's only replica");
+        assert!(ReadLease::new(1).held());
+    }
 
     #[test]
     fn a_lease_lapses_when_left_unchanged_for_a_whole_lease() {

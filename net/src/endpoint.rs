@@ -149,13 +149,26 @@ pub async fn connect_with_windows(
     timeout: Duration,
     windows: Windows,
 ) -> Result<Connection, Error> {
+    connect_to(endpoint, security, addr, timeout, windows, None).await
+}
+
+/// [`connect_with_windows`] to a server of role `server` (`None`: the one this side's role
+/// connects to by default; a client reading from a node says `Some(Role::Node)`).
+pub async fn connect_to(
+    endpoint: &Endpoint,
+    security: &Security,
+    addr: SocketAddr,
+    timeout: Duration,
+    windows: Windows,
+    server: Option<crate::tls::Role>,
+) -> Result<Connection, Error> {
     // The endpoint's own address decides its packet sizes, as its socket's GSO cap does.
     let unusable = |reason: String| Error::Link {
         peer: addr,
         reason: format!("cannot connect: {reason}"),
     };
     let local = endpoint.local_addr().map_err(|e| unusable(e.to_string()))?;
-    let (config, name) = security.client_config(Link::of(local), windows)?;
+    let (config, name) = security.client_config(Link::of(local), windows, server)?;
     let connecting = endpoint
         .connect_with(config, addr, name)
         .map_err(|e| unusable(e.to_string()))?;

@@ -21,8 +21,8 @@ pub mod serve;
 pub mod tls;
 
 pub use endpoint::{
-    client_endpoint, connect, connect_with_windows, seed_endpoints_on_this_thread, server_endpoint,
-    server_endpoint_wrapped,
+    client_endpoint, connect, connect_to, connect_with_windows, seed_endpoints_on_this_thread,
+    server_endpoint, server_endpoint_wrapped,
 };
 pub use error::Error;
 pub use link::{Windows, SEND_WINDOW_BYTES, STREAMS_PER_CONNECTION_MAX};
@@ -30,5 +30,6 @@ pub use refusal::describe;
 pub use rpc::{call, call_chunks, read_chunk, send_request, Body, ABANDONED, PROTOCOL_VIOLATION};
 pub use security::{Peer, Security};
 pub use serve::{
-    serve, serve_peers, shutdown_signal, Limits, DRAIN_TIMEOUT, IDLE_RECLAIM, RECLAIMED, TOO_MANY,
+    requests, serve, serve_peers, shutdown_signal, Limits, DRAIN_TIMEOUT, IDLE_RECLAIM, RECLAIMED,
+    TOO_MANY,
 };

@@ -1,6 +1,6 @@
 //! How an endpoint proves who it is and checks its peers: mutual TLS against the cluster CA
-//! ([`Security::Tls`], identities from [`crate::tls`]): nodes accept only routers, routers
-//! only the client roles, and each side checks the other's role; [`Peer`] is what a server
+//! ([`Security::Tls`], identities from [`crate::tls`]): nodes accept routers and (for reads)
+//! clients, routers only the client roles, and each side checks the other's role; [`Peer`] is what a server
 //! learnt of the peer of a connection. [`Security::InsecureDev`] (the
 //! binaries' `--insecure-dev`) keeps encryption but authenticates nobody.
 
@@ -86,11 +86,13 @@ impl Security {
         Ok(server)
     }
 
-    /// The client configuration for connecting to a server, and the name to ask it for.
+    /// The client configuration for connecting to a server of role `server` (`None`: the
+    /// one this role connects to by default), and the name to ask it for.
     pub(crate) fn client_config(
         &self,
         link: Link,
         windows: Windows,
+        server: Option<Role>,
     ) -> Result<(ClientConfig, &'static str), Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
@@ -98,9 +100,18 @@ impl Security {
             .map_err(|e| Error::Setup(format!("cannot configure TLS: {e}")))?;
         let (tls, name) = match self {
             Security::Tls(identity) => {
-                let target = identity.role.connects_to().ok_or_else(|| {
-                    Error::Setup(format!("a {} certificate cannot connect", identity.role))
-                })?;
+                let target = match server {
+                    Some(server) if identity.role.may_connect_to(server) => server,
+                    Some(server) => {
+                        return Err(Error::Setup(format!(
+                            "a {} certificate cannot connect to a {server}",
+                            identity.role
+                        )))
+                    }
+                    None => identity.role.connects_to().ok_or_else(|| {
+                        Error::Setup(format!("a {} certificate cannot connect", identity.role))
+                    })?,
+                };
                 let tls = builder
                     .with_root_certificates(identity.roots())
                     .with_client_auth_cert(identity.chain(), identity.key())

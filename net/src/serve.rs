@@ -53,6 +53,10 @@ pub struct Limits {
     pub request_bytes: usize,
     /// Bound on reading a request (including waiting for budget) and on each reply write.
     pub timeout: Duration,
+    /// Connections kept for peers of one role: `Some((role, n))` lets peers of other roles
+    /// hold at most `connections - n` (a node keeps room for its routers however many
+    /// clients read from it).
+    pub reserved: Option<(Role, usize)>,
 }
 
 impl Limits {
@@ -64,6 +68,7 @@ impl Limits {
             connections_per_identity: connections.div_ceil(2),
             request_bytes: 2 * MESSAGE_BYTES_MAX,
             timeout,
+            reserved: None,
         }
     }
 }
@@ -92,6 +97,8 @@ struct Open {
 struct Tracked {
     _slot: tokio::sync::OwnedSemaphorePermit,
     identity: u64,
+    /// Its peer is of the role connections are reserved for (see [`Limits::reserved`]).
+    privileged: bool,
     connection: quinn::Connection,
     /// Requests in flight on it.
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
@@ -118,14 +125,24 @@ impl Open {
             .count()
     }
 
+    /// How many connections peers not of the reserved role have open.
+    fn unprivileged(&self) -> usize {
+        self.connections.values().filter(|t| !t.privileged).count()
+    }
+
     /// Closes connections (of `identity`, or of anyone) idle for [`IDLE_RECLAIM`] or more,
     /// longest idle first, until `want` are closed; returns how many were.
     fn reclaim(&mut self, identity: Option<u64>, want: usize) -> usize {
+        self.reclaim_where(|t| identity.is_none_or(|i| t.identity == i), want)
+    }
+
+    /// [`Self::reclaim`] among the connections `which` picks.
+    fn reclaim_where(&mut self, which: impl Fn(&Tracked) -> bool, want: usize) -> usize {
         let now = std::time::Instant::now();
         let mut idle: Vec<(Duration, u64)> = self
             .connections
             .iter()
-            .filter(|(_, t)| identity.is_none_or(|i| t.identity == i))
+            .filter(|(_, t)| which(t))
             .filter_map(|(&id, t)| t.idle_for(now).map(|d| (d, id)))
             .filter(|(d, _)| *d >= IDLE_RECLAIM)
             .collect();
@@ -234,6 +251,7 @@ pub async fn serve_peers<H, F>(
         connections_per_identity,
         request_bytes,
         timeout,
+        reserved,
     } = limits;
     let connections = Arc::new(tokio::sync::Semaphore::new(connections_max));
     let open = Arc::new(std::sync::Mutex::new(Open::default()));
@@ -271,7 +289,8 @@ pub async fn serve_peers<H, F>(
                 let open = Arc::clone(&open);
                 tasks.spawn(async move {
                     let peer = incoming.remote_address();
-                    let serving = Serving { handler, in_flight, budget, request_max, timeout, open, per_identity: connections_per_identity };
+                    let unprivileged_max = reserved.map(|(role, n)| (role, connections_max.saturating_sub(n)));
+                    let serving = Serving { handler, in_flight, budget, request_max, timeout, open, per_identity: connections_per_identity, unprivileged_max };
                     if let Err(e) = connection(incoming, permit, serving).await {
                         tracing::debug!("connection from {peer} ended: {}", describe(&e));
                     }
@@ -304,6 +323,8 @@ struct Serving<H> {
     timeout: Duration,
     open: Arc<std::sync::Mutex<Open>>,
     per_identity: usize,
+    /// The reserved role, and the most connections peers of other roles may hold.
+    unprivileged_max: Option<(Role, usize)>,
 }
 
 /// Takes a connection out of the open set when its task ends.
@@ -322,7 +343,21 @@ impl Drop for Registered {
     }
 }
 
-/// Counts a request in flight on its connection while it lives.
+/// Requests begun by this process's servers, and those not finished yet: what tells the
+/// allocator's idle trim (`zr_common::alloc::trim_when_idle`) that a burst is over.
+static REQUESTS_BEGUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static REQUESTS_OPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Requests begun by this process's servers so far, and how many are not finished (their
+/// replies still being sent).
+pub fn requests() -> (u64, usize) {
+    (
+        REQUESTS_BEGUN.load(std::sync::atomic::Ordering::Relaxed),
+        REQUESTS_OPEN.load(std::sync::atomic::Ordering::Relaxed),
+    )
+}
+
+/// Counts a request in flight on its connection (and in the process) while it lives.
 struct Busy {
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
     idle_since: Arc<std::sync::Mutex<std::time::Instant>>,
@@ -334,6 +369,8 @@ impl Busy {
         idle_since: &Arc<std::sync::Mutex<std::time::Instant>>,
     ) -> Busy {
         in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        REQUESTS_BEGUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        REQUESTS_OPEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Busy {
             in_flight: Arc::clone(in_flight),
             idle_since: Arc::clone(idle_since),
@@ -346,6 +383,7 @@ impl Drop for Busy {
         *self.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
         self.in_flight
             .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        REQUESTS_OPEN.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -366,14 +404,33 @@ where
         timeout,
         open,
         per_identity,
+        unprivileged_max,
     } = serving;
     let connection = incoming.await?;
     let peer = connection.remote_address();
     let who = Arc::new(Peer::of(&connection, &Role::ALL));
     let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let idle_since = Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
+    // On an `--insecure-dev` endpoint nobody has a role: every peer counts as privileged.
+    let privileged = unprivileged_max.is_none_or(|(role, _)| who.role.is_none_or(|r| r == role));
     let _registered = {
         let mut open_now = open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((role, most)) = unprivileged_max.filter(|_| !privileged) {
+            if open_now.unprivileged() >= most {
+                let over = open_now.unprivileged() + 1 - most;
+                if open_now.reclaim_where(|t| !t.privileged, over) < over {
+                    drop(open_now);
+                    tracing::warn!(
+                        "refusing a connection from {peer}: {most} connections are open from peers other than {role}s, and the rest are kept for {role}s"
+                    );
+                    connection.close(
+                        VarInt::from_u32(TOO_MANY),
+                        b"too many connections from clients; the rest are kept for routers",
+                    );
+                    return Ok(());
+                }
+            }
+        }
         if open_now.count(who.identity) >= per_identity {
             let over = open_now.count(who.identity) + 1 - per_identity;
             if open_now.reclaim(Some(who.identity), over) < over {
@@ -395,6 +452,7 @@ where
             Tracked {
                 _slot: slot,
                 identity: who.identity,
+                privileged,
                 connection: connection.clone(),
                 in_flight: Arc::clone(&busy),
                 idle_since: Arc::clone(&idle_since),

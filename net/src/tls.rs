@@ -5,8 +5,9 @@
 //! A role is the certificate's DNS name (`node.zrecord`, `router.zrecord`, `reader.zrecord`,
 //! `writer.zrecord`, `operator.zrecord`; `client.zrecord` from clusters made before roles,
 //! taken as a writer): a server proves its role by the name the connecting side asks for, a
-//! connecting peer by the name its client certificate carries. Nodes accept only routers;
-//! routers accept the client roles and let each ask for what its role allows. The name is a
+//! connecting peer by the name its client certificate carries. Nodes accept routers, and
+//! clients for reads only (gathers one hop, see `zr_router::direct`); routers accept the
+//! client roles and let each ask for what its role allows. The name is a
 //! role, not a host, so the same files serve any address. `zr cluster-init` makes one
 //! directory per role, so that what a process is given holds nothing another role needs:
 //!
@@ -49,7 +50,7 @@ pub const CA_KEY_FILE: &str = "ca.key";
 /// What a certificate entitles its holder to be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Role {
-    /// Serves a shard; accepts only routers.
+    /// Serves a shard; accepts routers, and clients for reads only.
     Node,
     /// Serves clients and connects to nodes.
     Router,
@@ -132,7 +133,13 @@ impl Role {
     /// The roles a server of this role accepts as peers (empty: it serves nobody).
     pub fn accepts(self) -> &'static [Role] {
         match self {
-            Role::Node => &[Role::Router],
+            Role::Node => &[
+                Role::Router,
+                Role::Reader,
+                Role::Writer,
+                Role::Operator,
+                Role::Client,
+            ],
             Role::Router => &[Role::Reader, Role::Writer, Role::Operator, Role::Client],
             Role::Reader | Role::Writer | Role::Operator | Role::Client => &[],
         }
@@ -144,6 +151,18 @@ impl Role {
             Role::Node => None,
             Role::Router => Some(Role::Node),
             Role::Reader | Role::Writer | Role::Operator | Role::Client => Some(Role::Router),
+        }
+    }
+
+    /// Whether this role may connect to a server of role `server`: routers to nodes, clients
+    /// to routers and (for reads) to nodes.
+    pub fn may_connect_to(self, server: Role) -> bool {
+        match self {
+            Role::Node => false,
+            Role::Router => server == Role::Node,
+            Role::Reader | Role::Writer | Role::Operator | Role::Client => {
+                matches!(server, Role::Router | Role::Node)
+            }
         }
     }
 

@@ -33,6 +33,9 @@ pub enum ErrorCode {
     WrongShard,
     /// The dataset the request names does not exist (never made, or dropped).
     NoSuchDataset,
+    /// A node asked by a client does not know itself in sync with its partners (marked
+    /// behind, or cut off from the metadata store): read elsewhere, or through the router.
+    NotInSync,
 }
 
 impl ErrorCode {
@@ -51,6 +54,7 @@ impl ErrorCode {
             ErrorCode::WrongCluster => "wrong_cluster",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::NoSuchDataset => "no_such_dataset",
+            ErrorCode::NotInSync => "not_in_sync",
             ErrorCode::WrongShard => "wrong_shard",
         }
     }

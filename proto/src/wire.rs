@@ -163,6 +163,11 @@ pub enum ClientRequest {
     },
     /// How far the move under way is. Reply: `Moving`.
     MoveProgress,
+    /// What a client needs to read from the nodes itself (one hop): the cluster id, the
+    /// map, every node's address and whether it is in sync, and the length — read afresh
+    /// from the nodes if `covering` is past the router's (as for a gather of that index).
+    /// Reply: `Topology`.
+    Topology { covering: u64 },
 }
 
 /// A change of the cluster map, as a client asks for it.
@@ -229,7 +234,8 @@ impl ClientRequest {
             | ClientRequest::WaitLen { .. }
             | ClientRequest::Datasets
             | ClientRequest::Status
-            | ClientRequest::MoveProgress => Access::Read,
+            | ClientRequest::MoveProgress
+            | ClientRequest::Topology { .. } => Access::Read,
             ClientRequest::Append { .. }
             | ClientRequest::Modify { .. }
             | ClientRequest::WriteField { .. }
@@ -264,6 +270,7 @@ impl ClientRequest {
             ClientRequest::ReplaceNode { .. } => "replace-node",
             ClientRequest::MoveShards { .. } => "move-shards",
             ClientRequest::MoveProgress => "move-progress",
+            ClientRequest::Topology { .. } => "topology",
         }
     }
 }
@@ -511,7 +518,8 @@ impl Request for ClientMessage {
             | ClientRequest::Scrub { .. }
             | ClientRequest::ReplaceNode { .. }
             | ClientRequest::MoveShards { .. }
-            | ClientRequest::MoveProgress => expect_empty(body),
+            | ClientRequest::MoveProgress
+            | ClientRequest::Topology { .. } => expect_empty(body),
         }
     }
 }
@@ -695,6 +703,39 @@ pub enum Reply {
         map_version: Option<u64>,
         len: u64,
     },
+    /// The cluster as a client reading one hop needs it (see `ClientRequest::Topology`).
+    Topology(Topology),
+}
+
+/// What a client needs to read a dataset from the nodes itself: where each record is (the
+/// map), who holds it (the nodes, in shard × replica order) and what requests must carry
+/// (the cluster id and map version).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topology {
+    pub cluster: String,
+    /// The map placing the dataset's records; its version goes on every request.
+    pub map: crate::placement::ClusterMap,
+    /// Shards with nodes (at least the map's: a shard being added has nodes first).
+    pub shards: u32,
+    pub replicas: u32,
+    pub nodes: Vec<NodeAddr>,
+    /// The dataset's length as the router serves it.
+    pub len: u64,
+    /// Shards whose node holds less than its committed share: read through the router,
+    /// which refuses them naming what is missing.
+    pub missing: Vec<u32>,
+    /// The router's bound on each exchange with a node, in milliseconds.
+    pub timeout_ms: u64,
+}
+
+/// Where one node is served, and whether it may be read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAddr {
+    pub shard: u32,
+    pub replica: u32,
+    pub addr: String,
+    /// False while it is behind: it serves no reads until it has caught up.
+    pub in_sync: bool,
 }
 
 /// A dataset as a router or a node describes it.

@@ -432,9 +432,9 @@ impl Client {
     /// Connects to the router at `router` ("HOST:PORT") with a client certificate from
     /// `certs` (None: a router run with --insecure-dev) of role `role` (reader, writer or
     /// operator; None: the writer's if `certs` holds one, else the reader's, else the
-    /// operator's).
+    /// operator's); gathers one hop, straight from the nodes, unless `direct` is false.
     #[staticmethod]
-    #[pyo3(signature = (router, certs=None, timeout_ms=30_000, role=None, dataset=None))]
+    #[pyo3(signature = (router, certs=None, timeout_ms=30_000, role=None, dataset=None, direct=true))]
     fn connect(
         py: Python<'_>,
         router: &str,
@@ -442,6 +442,7 @@ impl Client {
         timeout_ms: u64,
         role: Option<&str>,
         dataset: Option<&str>,
+        direct: bool,
     ) -> PyResult<Client> {
         use zr_net::tls::Role;
         let addr: std::net::SocketAddr = router
@@ -470,7 +471,8 @@ impl Client {
         let timeout = std::time::Duration::from_millis(timeout_ms.max(1));
         let inner = py
             .detach(|| {
-                let client = zr_router::Client::connect_with_timeout(addr, security, timeout)?;
+                let options = zr_router::ClientOptions { timeout, direct };
+                let client = zr_router::Client::connect_with(addr, security, options)?;
                 match dataset {
                     Some(name) => client.dataset(name),
                     None => Ok(client),
@@ -480,6 +482,11 @@ impl Client {
         Ok(Client {
             inner: std::sync::Arc::new(inner),
         })
+    }
+
+    /// True if gathers go straight to the nodes (one hop), False if through the router.
+    fn reads_direct(&self) -> bool {
+        self.inner.reads_direct()
     }
 
     /// The dataset this client addresses.

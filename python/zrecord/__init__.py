@@ -172,8 +172,8 @@ class Dataset:
                         self._seen = seen
                         self._fields = None
                     else:
-                        router, certs, timeout_ms, role, dataset = (list(args) + [None])[:5]
-                        self._handle = _zrecord.Client.connect(router, certs, timeout_ms, role, dataset)
+                        router, certs, timeout_ms, role, dataset, direct = (list(args) + [None, True])[:6]
+                        self._handle = _zrecord.Client.connect(router, certs, timeout_ms, role, dataset, direct)
                     self._pid = pid
         return self._handle
 
@@ -420,9 +420,9 @@ class Dataset:
     def dataset(self, name: str) -> "Dataset":
         """The cluster's dataset ``name``, over the same router and certificates."""
         self._cluster("dataset()")
-        _, router, certs, timeout_ms, role, *_ = list(self._opener) + [None]
-        opener = ("cluster", router, certs, timeout_ms, role, name)
-        return Dataset(opener, _zrecord.Client.connect(router, certs, timeout_ms, role, name))
+        _, router, certs, timeout_ms, role, _, direct = (list(self._opener) + [None, True])[:7]
+        opener = ("cluster", router, certs, timeout_ms, role, name, direct)
+        return Dataset(opener, _zrecord.Client.connect(router, certs, timeout_ms, role, name, direct))
 
     def create_stream(self, name: str, dtype: Any = np.uint32, block_tokens: int = 16_384) -> "Stream":
         """Makes the cluster's dataset ``name`` a token stream (see ``zrecord.stream``);
@@ -563,7 +563,7 @@ def _field_specs(fields: Sequence[Any]) -> list[tuple]:
 
 
 def connect(router: str, certs: str | os.PathLike | None = None, timeout_ms: int = 30_000,
-            role: str | None = None, dataset: str | None = None) -> Dataset:
+            role: str | None = None, dataset: str | None = None, direct: bool = True) -> Dataset:
     """The dataset of the zrecord cluster whose router is at ``router`` ("HOST:PORT"), with
     a client certificate from ``certs`` (the directory ``zr cluster-init`` made, or one role's
     directory in it; None for a router run with --insecure-dev). ``role`` is "reader"
@@ -572,10 +572,13 @@ def connect(router: str, certs: str | os.PathLike | None = None, timeout_ms: int
     the role does not allow raises ``zrecord.Error`` naming the role it needs. ``dataset``
     names one of the cluster's datasets (default: the one named "default"); the result's
     ``dataset(name)``, ``datasets()``, ``create_dataset`` and ``drop_dataset`` reach the
-    others."""
+    others. Gathers go straight to the nodes that hold the records (one hop; the router says
+    where they are, and stays where writes and admin requests go); ``direct=False`` sends
+    them through the router, as does a client that cannot reach the nodes (said once in the
+    log)."""
     certs = os.fspath(certs) if certs is not None else None
-    opener = ("cluster", router, certs, timeout_ms, role, dataset)
-    return Dataset(opener, _zrecord.Client.connect(router, certs, timeout_ms, role, dataset))
+    opener = ("cluster", router, certs, timeout_ms, role, dataset, bool(direct))
+    return Dataset(opener, _zrecord.Client.connect(router, certs, timeout_ms, role, dataset, bool(direct)))
 
 
 def from_numpy(arrays: np.ndarray | Mapping[str, Any], path: str | os.PathLike, field: str = "data", compress: str | Mapping[str, str] = "raw") -> Dataset:

@@ -16,6 +16,7 @@ use zr_proto::chunks::Chunks;
 use zr_proto::wire::{self, ClientRequest, FieldInfo, Reply};
 use zr_service::config::CLIENT_TIMEOUT_MS_DEFAULT;
 
+use crate::direct::{self, Direct, Gathered};
 use crate::error::Error;
 
 /// Records encoded for the wire: field names, `lengths[f][k]`, one body piece per field.
@@ -46,6 +47,31 @@ struct Link {
     addr: SocketAddr,
     connection: std::sync::Mutex<Connection>,
     timeout: Duration,
+    /// Gathers one hop, straight from the nodes (`None`: through the router); set once at
+    /// connect.
+    direct: std::sync::OnceLock<Option<Direct>>,
+}
+
+/// How a client connects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// Bound on every network wait. Make it longer than the router's `timeout_ms`, so that
+    /// a failed node is reported naming its shard rather than by this client's own timeout.
+    pub timeout: Duration,
+    /// Gathers go straight to the nodes (one hop) once the router has said where they are;
+    /// `false` reads through the router. Writes, commits and admin requests always go
+    /// through the router. A client that cannot reach any node at connect reads through the
+    /// router, and says so once in its log.
+    pub direct: bool,
+}
+
+impl Default for ClientOptions {
+    fn default() -> ClientOptions {
+        ClientOptions {
+            timeout: Duration::from_millis(CLIENT_TIMEOUT_MS_DEFAULT),
+            direct: true,
+        }
+    }
 }
 
 impl std::fmt::Debug for AsyncClient {
@@ -68,6 +94,21 @@ impl AsyncClient {
         security: Security,
         timeout: Duration,
     ) -> Result<AsyncClient, Error> {
+        let options = ClientOptions {
+            timeout,
+            ..ClientOptions::default()
+        };
+        AsyncClient::connect_with(addr, security, options).await
+    }
+
+    /// Connects to the router at `addr` as `options` say: gathers one hop, straight from the
+    /// nodes, unless `options.direct` is false or no node can be reached.
+    pub async fn connect_with(
+        addr: SocketAddr,
+        security: Security,
+        options: ClientOptions,
+    ) -> Result<AsyncClient, Error> {
+        let timeout = options.timeout;
         let endpoint = net::client_endpoint(addr)?;
         let connection = net::connect(&endpoint, &security, addr, timeout)
             .await
@@ -79,6 +120,7 @@ impl AsyncClient {
                 addr,
                 connection: std::sync::Mutex::new(connection),
                 timeout,
+                direct: std::sync::OnceLock::new(),
             }),
             dataset: None,
             fields: Vec::new(),
@@ -87,7 +129,46 @@ impl AsyncClient {
         // client's certificate says so here.
         let (_, fields) = client.info().await?;
         client.fields = fields;
+        let direct = match options.direct {
+            true => client.connect_direct().await,
+            false => None,
+        };
+        let _ = client.link.direct.set(direct);
         Ok(client)
+    }
+
+    /// Links to the nodes for one-hop gathers, or `None` (said in the log) if the router
+    /// cannot describe them or none answers.
+    async fn connect_direct(&self) -> Option<Direct> {
+        let described = async {
+            let topology = direct::topology_of(
+                self.call(&ClientRequest::Topology { covering: 0 }, Vec::new())
+                    .await?
+                    .0,
+            )?;
+            Direct::connect(
+                self.name(),
+                topology,
+                self.link.security.clone(),
+                self.link.timeout,
+            )
+            .await
+        };
+        match described.await {
+            Ok(direct) => Some(direct),
+            Err(e) => {
+                tracing::warn!(
+                    "gathers go through the router at {}: the nodes cannot be read directly ({e})",
+                    self.link.addr
+                );
+                None
+            }
+        }
+    }
+
+    /// True if gathers go straight to the nodes (one hop), false if through the router.
+    pub fn reads_direct(&self) -> bool {
+        self.link.direct().is_some()
     }
 
     /// The router's address.
@@ -457,6 +538,16 @@ impl AsyncClient {
         checked: bool,
         wait_ms: u32,
     ) -> Result<Vec<Contiguous>, Error> {
+        // Checked gathers (a damaged copy is repaired) and those that wait for commits are
+        // the router's to serve.
+        if let Some(direct) = self.link.direct().filter(|_| !checked && wait_ms == 0) {
+            match self.gather_direct(direct, indices, fields).await? {
+                Gathered::Columns(columns) => return Ok(columns),
+                Gathered::ViaRouter(why) => {
+                    tracing::debug!("a gather goes through the router: {why}");
+                }
+            }
+        }
         let request = ClientRequest::Gather {
             indices: indices.to_vec(),
             fields: fields.iter().map(|f| f.to_string()).collect(),
@@ -496,6 +587,111 @@ impl AsyncClient {
                     .map_err(|e| zr_proto::Error::Malformed(e).into())
             }
             other => Err(unexpected("gather", &other)),
+        }
+    }
+
+    /// The topology of this handle's dataset, fresh from the router (its length read
+    /// afresh from the nodes if `covering` is past the router's), taken as the one one-hop
+    /// gathers go by.
+    async fn topology(&self, direct: &Direct, covering: u64) -> Result<Arc<direct::View>, Error> {
+        let request = ClientRequest::Topology { covering };
+        let topology = direct::topology_of(self.call(&request, Vec::new()).await?.0)?;
+        direct.adopt(self.name(), &topology).await
+    }
+
+    /// [`Self::gather_once`] one hop: planned by the map the router last gave, read from
+    /// the nodes. An index past the length known asks the router for it again; a node placed
+    /// by another map makes this take the topology anew and try again within the client's
+    /// timeout; a shard that failed is tried again if the router's description changed
+    /// meanwhile, and else read through the router.
+    async fn gather_direct(
+        &self,
+        direct: &Direct,
+        indices: &[u64],
+        fields: &[&str],
+    ) -> Result<Gathered, Error> {
+        let deadline = tokio::time::Instant::now() + self.link.timeout;
+        let mut pause = Duration::from_millis(5);
+        let covering = indices.iter().copied().max().unwrap_or(0);
+        let mut view = match direct.view(self.name()).filter(|v| v.is_recent()) {
+            Some(view) => view,
+            None => self.topology(direct, covering).await?,
+        };
+        let (mut len_asked, mut failed_over) = (false, false);
+        let names: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
+        let field_count = if fields.is_empty() {
+            self.fields.len()
+        } else {
+            fields.len()
+        };
+        loop {
+            let past = |view: &direct::View| indices.iter().copied().find(|&i| i >= view.len());
+            if past(&view).is_some() && !len_asked {
+                view = self.topology(direct, covering).await?;
+                len_asked = true;
+            }
+            if let Some(index) = past(&view) {
+                let failure = crate::error::Failure::OutOfRange {
+                    index,
+                    len: view.len(),
+                };
+                return Err(zr_proto::Error::Remote {
+                    code: failure.code(),
+                    message: failure.to_string(),
+                }
+                .into());
+            }
+            let gathered = direct
+                .gather(
+                    self.dataset.as_deref(),
+                    &view,
+                    indices,
+                    names.clone(),
+                    field_count,
+                )
+                .await;
+            let Err(e) = &gathered else {
+                return gathered;
+            };
+            match e.code() {
+                // A move switched the map: as long as it takes, within the timeout.
+                Some(wire::ErrorCode::StaleMap | wire::ErrorCode::WrongShard)
+                    if tokio::time::Instant::now() + pause < deadline =>
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                    view = self.topology(direct, covering).await?;
+                }
+                // A shard's replicas all failed, could not say they are in sync, or hold
+                // fewer records than asked for: again if the router's description changed
+                // (replicas caught up, records deleted), else the router serves it — it knows
+                // which replicas are in sync now, without a node's lease to wait for. (A
+                // shard with one replica that failed fails here: the router has no other.)
+                Some(
+                    code @ (wire::ErrorCode::Unavailable
+                    | wire::ErrorCode::NotInSync
+                    | wire::ErrorCode::IndexOutOfRange),
+                ) => {
+                    let router_knows_more =
+                        code != wire::ErrorCode::Unavailable || direct.replicas() > 1;
+                    if std::mem::replace(&mut failed_over, true) {
+                        return match router_knows_more {
+                            true => Ok(Gathered::ViaRouter("a shard's nodes failed it twice")),
+                            false => gathered,
+                        };
+                    }
+                    let fresh = self.topology(direct, covering).await?;
+                    let changed = fresh.in_sync() != view.in_sync() || fresh.len() != view.len();
+                    view = fresh;
+                    if !changed {
+                        return match router_knows_more {
+                            true => Ok(Gathered::ViaRouter("a shard's nodes failed it")),
+                            false => gathered,
+                        };
+                    }
+                }
+                _ => return gathered,
+            }
         }
     }
 
@@ -611,12 +807,23 @@ fn reclaimed(connection: &Connection) -> bool {
 }
 
 impl Link {
-    /// Closes the connection, so that the router frees its slot at once rather than at its
-    /// idle timeout.
-    fn close(&self) {
+    /// The one-hop reads, if gathers go straight to the nodes.
+    fn direct(&self) -> Option<&Direct> {
+        self.direct.get().and_then(Option::as_ref)
+    }
+
+    /// Closes the connection, and those to the nodes, so that the router and the nodes free
+    /// their slots at once rather than at their idle timeouts; returns the endpoints to wait
+    /// on while the closes go out.
+    fn close(&self) -> Vec<Endpoint> {
         if let Ok(connection) = self.connection.lock() {
             connection.close(quinn::VarInt::from_u32(0), b"client done");
         }
+        let mut endpoints = vec![self.endpoint.clone()];
+        if let Some(direct) = self.direct() {
+            endpoints.extend(direct.close());
+        }
+        endpoints
     }
 }
 
@@ -652,10 +859,10 @@ impl Drop for Client {
         if Arc::strong_count(&self.inner.link) > 1 {
             return; // another handle uses the connection
         }
-        self.inner.link.close();
-        let endpoint = self.inner.link.endpoint.clone();
+        let endpoints = self.inner.link.close();
         self.runtime.block_on(async move {
-            let _ = tokio::time::timeout(Duration::from_millis(100), endpoint.wait_idle()).await;
+            let idle = futures::future::join_all(endpoints.iter().map(Endpoint::wait_idle));
+            let _ = tokio::time::timeout(Duration::from_millis(100), idle).await;
         });
     }
 }
@@ -678,13 +885,26 @@ impl Client {
         security: Security,
         timeout: Duration,
     ) -> Result<Client, Error> {
+        let options = ClientOptions {
+            timeout,
+            ..ClientOptions::default()
+        };
+        Client::connect_with(addr, security, options)
+    }
+
+    /// Connects as `options` say (see [`AsyncClient::connect_with`]).
+    pub fn connect_with(
+        addr: SocketAddr,
+        security: Security,
+        options: ClientOptions,
+    ) -> Result<Client, Error> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("zr-client")
             .enable_all()
             .build()
             .map_err(|e| Error::Client(format!("cannot start the runtime: {e}")))?;
-        let inner = runtime.block_on(AsyncClient::connect(addr, security, timeout))?;
+        let inner = runtime.block_on(AsyncClient::connect_with(addr, security, options))?;
         Ok(Client {
             runtime: Arc::new(runtime),
             inner,
@@ -757,6 +977,11 @@ impl Client {
     /// The router's address.
     pub fn router(&self) -> SocketAddr {
         self.inner.router()
+    }
+
+    /// True if gathers go straight to the nodes (one hop), false if through the router.
+    pub fn reads_direct(&self) -> bool {
+        self.inner.reads_direct()
     }
 
     /// Length and fields.

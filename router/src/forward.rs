@@ -42,10 +42,6 @@ enum Piece {
     Failed(Failure),
 }
 
-/// Sends each shard's reply on as a `Part` frame and the shard's own message (forwarded as
-/// received, not re-encoded), shard after shard in the order their replies begin. Ends the
-/// body with `None` when all are sent, after an error frame when a shard failed before its
-/// frame began, and without it (the client's stream is reset) when one failed midway.
 /// What a gather's node requests address: the dataset (`None`: the default one) and the
 /// version of the map its plan was made by.
 #[derive(Clone, Debug)]
@@ -54,6 +50,12 @@ pub(crate) struct Placed {
     pub(crate) map_version: u64,
 }
 
+/// Sends each shard's reply on as a `Part` frame and the shard's own message (forwarded as
+/// received, not re-encoded), shard after shard in the order their replies begin. Ends the
+/// body with `None` when all are sent, after an error frame when a shard failed before its
+/// frame began, and without it (the reader resets the client's stream) when one failed
+/// midway: that failure is returned (and logged). The router forwards the frames to its
+/// client; a client reading one hop (`crate::direct`) reassembles them itself.
 pub(crate) async fn forward_parts(
     nodes: Arc<Nodes>,
     placed: Placed,
@@ -62,7 +64,7 @@ pub(crate) async fn forward_parts(
     checked: bool,
     budget: Arc<GatherBudget>,
     frames: mpsc::Sender<Option<Vec<Bytes>>>,
-) {
+) -> Result<(), Failure> {
     // Readers run on their own so every shard keeps receiving while one is forwarded;
     // dropping the set (the client went away, a shard failed) abandons them.
     let mut readers = tokio::task::JoinSet::new();
@@ -104,18 +106,25 @@ pub(crate) async fn forward_parts(
                 chunks,
                 message_len,
             }) => (chunks, message_len),
-            Some(Piece::Failed(failure)) => return fail(&frames, failure).await,
+            Some(Piece::Failed(failure)) => {
+                fail(&frames, failure).await;
+                return Ok(());
+            }
             Some(Piece::Chunk(_) | Piece::End) | None => {
                 let failure = Failure::Inconsistent(format!(
                     "shard {shard}: its reader stopped before the reply"
                 ));
-                return fail(&frames, failure).await;
+                fail(&frames, failure).await;
+                return Ok(());
             }
         };
         let mut out = Vec::with_capacity(chunks.len() + 3);
         match wire::encode_reply(&Reply::Part { positions }) {
             Ok(part) => push_frame(&mut out, vec![Bytes::from(part)]),
-            Err(e) => return fail(&frames, Failure::BadRequest(e.to_string())).await,
+            Err(e) => {
+                fail(&frames, Failure::BadRequest(e.to_string())).await;
+                return Ok(());
+            }
         }
         out.push(Bytes::copy_from_slice(&message_len.to_le_bytes()));
         out.extend(chunks);
@@ -124,7 +133,7 @@ pub(crate) async fn forward_parts(
         loop {
             if !out.is_empty() && frames.send(Some(std::mem::take(&mut out))).await.is_err() {
                 // The client is gone: dropping the readers abandons the shards.
-                return;
+                return Ok(());
             }
             let mut next = queue.recv().await;
             let ended = loop {
@@ -133,13 +142,14 @@ pub(crate) async fn forward_parts(
                     Some(Piece::End) => break true,
                     Some(Piece::Failed(failure)) => {
                         tracing::warn!("gather abandoned midway, its reply is reset: {failure}");
-                        return;
+                        return Err(failure);
                     }
                     Some(Piece::Head { .. }) | None => {
-                        tracing::warn!(
-                            "gather abandoned midway, its reply is reset: shard {shard}'s reader stopped"
-                        );
-                        return;
+                        let failure = Failure::Inconsistent(format!(
+                            "shard {shard}'s reader stopped midway through its reply"
+                        ));
+                        tracing::warn!("gather abandoned midway, its reply is reset: {failure}");
+                        return Err(failure);
                     }
                 }
                 if out.len() >= PIECES_PER_WRITE_MAX {
@@ -152,13 +162,14 @@ pub(crate) async fn forward_parts(
             };
             if ended {
                 if !out.is_empty() && frames.send(Some(out)).await.is_err() {
-                    return;
+                    return Ok(());
                 }
                 break;
             }
         }
     }
     let _ = frames.send(None).await;
+    Ok(())
 }
 
 /// Ends the body with an error frame: it fails the client's whole gather with `failure`.

@@ -3,11 +3,13 @@
 //! - [`plan`] — pure planning: split a gather or an append by shard, reassemble in order.
 //! - [`server`] — the router: placement snapshot, scatter/gather over QUIC, writes.
 //! - `nodes` — the links to the nodes; `forward` — streamed gathers, shard by shard.
-//! - [`client`] — [`Client`]: the store's operations against a router.
+//! - [`client`] — [`Client`]: the store's operations against a router; `direct` — its
+//!   gathers one hop, straight from the nodes.
 //! - `restore` — a lost cluster record rebuilt from the nodes (`zr cluster restore-record`).
 
 mod budget;
 pub mod client;
+mod direct;
 mod error;
 mod forward;
 mod liveness;
@@ -19,7 +21,7 @@ pub mod server;
 mod startup;
 pub mod stream;
 
-pub use client::{AsyncClient, Client};
+pub use client::{AsyncClient, Client, ClientOptions};
 pub use error::{Error, Failure};
 pub use restore::{restore_record, Restored};
 pub use server::Router;

@@ -44,6 +44,7 @@ struct Args {
 
 fn main() -> ExitCode {
     zr_common::alloc::tune();
+    zr_common::alloc::trim_when_idle(zr_net::requests);
     let args = Args::parse();
     zr_service::logging::init_logging(&args.log, args.log_format);
     let role = zr_net::tls::Role::Router;

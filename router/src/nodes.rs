@@ -116,8 +116,10 @@ pub(crate) struct Nodes {
     tag: arc_swap::ArcSwapOption<(String, u64)>,
     /// Woken when a node refuses a request as placed by another map than its own.
     stale_map: Arc<tokio::sync::Notify>,
-    /// Where the nodes' liveness leases are.
-    meta: Arc<dyn zr_meta::MetaStore>,
+    /// Where the nodes' liveness leases and the replica record are: a router's. A client
+    /// reading one hop has none; it learns which replicas are in sync from its router
+    /// ([`Nodes::adopt`]).
+    meta: Option<Arc<dyn zr_meta::MetaStore>>,
 }
 
 impl Nodes {
@@ -127,32 +129,120 @@ impl Nodes {
         security: Security,
         meta: Arc<dyn zr_meta::MetaStore>,
     ) -> Result<Nodes, Error> {
-        let mut entries: Vec<_> = config.shards.iter().collect();
-        entries.sort_by_key(|s| (s.id, s.replica));
+        let mut entries: Vec<_> = config
+            .shards
+            .iter()
+            .map(|s| (s.id, s.replica, s.addr))
+            .collect();
+        entries.sort_by_key(|&(shard, replica, _)| (shard, replica));
+        Nodes::with_links(
+            &entries,
+            config.cluster.shards,
+            config.cluster.replicas,
+            security,
+            Duration::from_millis(config.router.timeout_ms),
+            Some(meta),
+        )
+    }
+
+    /// A client's links to the nodes of `topology`, as its router gave it: reads go to the
+    /// replicas the router has in sync, every request carries its cluster id and map version.
+    /// Heartbeats start with [`Nodes::watch`].
+    pub(crate) fn for_client(
+        topology: &wire::Topology,
+        security: Security,
+        timeout: Duration,
+    ) -> Result<Nodes, Error> {
+        let mut entries = Vec::with_capacity(topology.nodes.len());
+        for node in &topology.nodes {
+            let addr = node.addr.parse::<SocketAddr>().map_err(|e| {
+                Error::Client(format!(
+                    "the router gives shard {} replica {} the address '{}', which is no address: {e}",
+                    node.shard, node.replica, node.addr
+                ))
+            })?;
+            entries.push((node.shard, node.replica, addr));
+        }
+        entries.sort_by_key(|&(shard, replica, _)| (shard, replica));
+        let expected = topology.shards as usize * topology.replicas as usize;
+        let in_order = entries
+            .iter()
+            .enumerate()
+            .all(|(k, &(shard, replica, _))| (shard * topology.replicas + replica) as usize == k);
+        if entries.len() != expected || !in_order {
+            return Err(Error::Client(format!(
+                "the router lists {} nodes for {} shards of {} replicas: not one per shard and replica",
+                entries.len(),
+                topology.shards,
+                topology.replicas
+            )));
+        }
+        let nodes = Nodes::with_links(
+            &entries,
+            topology.shards,
+            topology.replicas,
+            security,
+            timeout,
+            None,
+        )?;
+        nodes.set_cluster(&topology.cluster, topology.map.version);
+        nodes
+            .replica_record
+            .store(Arc::new(client_record(topology, &nodes)));
+        Ok(nodes)
+    }
+
+    fn with_links(
+        entries: &[(u32, u32, SocketAddr)],
+        shards: u32,
+        replicas: u32,
+        security: Security,
+        timeout: Duration,
+        meta: Option<Arc<dyn zr_meta::MetaStore>>,
+    ) -> Result<Nodes, Error> {
         let links = boxcar::Vec::new();
-        for s in entries {
-            links.push(NodeLink::new(
-                s.id,
-                s.replica,
-                s.addr,
-                config.cluster.replicas,
-            )?);
+        for &(shard, replica, addr) in entries {
+            links.push(NodeLink::new(shard, replica, addr, replicas)?);
         }
         Ok(Nodes {
             links,
-            shards: std::sync::atomic::AtomicU32::new(config.cluster.shards),
+            shards: std::sync::atomic::AtomicU32::new(shards),
             growing: std::sync::Mutex::new(()),
-            replicas: config.cluster.replicas,
+            replicas,
             replica_record: ArcSwap::from_pointee(ReplicaRecord::default()),
             turn: AtomicU64::new(0),
             catch_up: Arc::new(tokio::sync::Notify::new()),
             suspects: std::sync::Mutex::new(Vec::new()),
             security,
-            timeout: Duration::from_millis(config.router.timeout_ms),
+            timeout,
             tag: arc_swap::ArcSwapOption::empty(),
             stale_map: Arc::new(tokio::sync::Notify::new()),
             meta,
         })
+    }
+
+    /// A client takes `topology` from its router anew: links to shards added since, which
+    /// replicas are in sync and where each is served, the cluster id and map version its
+    /// requests carry.
+    pub(crate) async fn adopt(self: &Arc<Self>, topology: &wire::Topology) -> Result<(), Failure> {
+        for shard in self.shards()..topology.shards {
+            let mut addrs: Vec<(u32, SocketAddr)> = Vec::new();
+            for node in topology.nodes.iter().filter(|n| n.shard == shard) {
+                let addr = node.addr.parse::<SocketAddr>().map_err(|e| {
+                    Failure::Inconsistent(format!(
+                        "the router gives shard {shard} replica {} the address '{}', which is no address: {e}",
+                        node.replica, node.addr
+                    ))
+                })?;
+                addrs.push((node.replica, addr));
+            }
+            addrs.sort_by_key(|&(replica, _)| replica);
+            let addrs: Vec<SocketAddr> = addrs.into_iter().map(|(_, addr)| addr).collect();
+            self.grow(shard, &addrs)?;
+        }
+        self.set_cluster(&topology.cluster, topology.map.version);
+        self.set_record(client_record(topology, self)).await;
+        Ok(())
     }
 
     /// From now on every request carries cluster id `cluster` and map version `version`,
@@ -460,9 +550,16 @@ impl Nodes {
         Arc::clone(&self.catch_up)
     }
 
+    /// The metadata store, which only a router's links have.
+    fn meta(&self) -> Result<&dyn zr_meta::MetaStore, Failure> {
+        self.meta.as_deref().ok_or_else(|| {
+            Failure::Inconsistent("a client's links to the nodes keep no replica record".into())
+        })
+    }
+
     /// Re-reads which replicas are behind, and where they are, from the metadata store.
     pub(crate) async fn refresh_replicas(&self) -> Result<(), Failure> {
-        let (record, _) = replicas::load(&*self.meta).await.map_err(Failure::from)?;
+        let (record, _) = replicas::load(self.meta()?).await.map_err(Failure::from)?;
         self.set_record(record).await;
         Ok(())
     }
@@ -549,7 +646,7 @@ impl Nodes {
         addr: SocketAddr,
     ) -> Result<(), Failure> {
         let record = replicas::move_replica(
-            &*self.meta,
+            self.meta()?,
             (shard, replica),
             self.replicas,
             &addr.to_string(),
@@ -566,6 +663,9 @@ impl Nodes {
             "shard {shard} replica {replica} is being replaced by the node at {addr}: it serves nothing until it is rebuilt"
         );
         self.set_record(record).await;
+        // The replaced node, if it still runs, stops serving clients before anything is
+        // written without it (see `zr_meta::nodes::ReadLease`).
+        tokio::time::sleep(zr_meta::nodes::READ_LEASE_WAIT).await;
         Ok(())
     }
 
@@ -576,13 +676,16 @@ impl Nodes {
             return Ok(());
         }
         let (shard, replica) = (self.shard(node), self.replica(node));
-        match replicas::mark_behind(&*self.meta, (shard, replica), self.replicas).await {
+        match replicas::mark_behind(self.meta()?, (shard, replica), self.replicas).await {
             Ok(record) => {
                 tracing::warn!(
                     "shard {shard} replica {replica} at {} is behind ({why}): it serves nothing until it has caught up",
                     self.addr(node)
                 );
                 self.set_record(record).await;
+                // Clients read one hop from nodes that know themselves in sync: the node's
+                // read lease runs out before what it missed is acknowledged.
+                tokio::time::sleep(zr_meta::nodes::READ_LEASE_WAIT).await;
                 Ok(())
             }
             Err(replicas::MarkError::Store(e)) => Err(Failure::from(e)),
@@ -595,7 +698,7 @@ impl Nodes {
     /// Marks node `node` in sync again: it holds what its partners hold.
     pub(crate) async fn mark_in_sync(&self, node: NodeId) -> Result<(), Failure> {
         let (shard, replica) = (self.shard(node), self.replica(node));
-        let record = replicas::mark_in_sync(&*self.meta, (shard, replica))
+        let record = replicas::mark_in_sync(self.meta()?, (shard, replica))
             .await
             .map_err(Failure::from)?;
         tracing::info!(
@@ -643,12 +746,13 @@ impl Nodes {
                     *node.forgotten.lock().unwrap_or_else(|e| e.into_inner()) = Some(closed);
                 }
                 let target = node.target();
-                let c = zr_net::connect_with_windows(
+                let c = zr_net::connect_to(
                     &target.endpoint,
                     &self.security,
                     target.addr,
                     timeout,
                     zr_net::Windows::ROUTER_TO_NODE,
+                    Some(zr_net::tls::Role::Node),
                 )
                 .await?;
                 *node.forgotten.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -678,6 +782,22 @@ impl Nodes {
         }
     }
 
+    /// Closes every node's connection (a client going away: the nodes free its slots at
+    /// once); returns the endpoints, to wait on while the closes go out.
+    pub(crate) fn close_all(&self) -> Vec<Endpoint> {
+        self.links
+            .iter()
+            .map(|(_, link)| {
+                if let Ok(cached) = link.connection.try_lock() {
+                    if let Some(connection) = cached.as_ref() {
+                        connection.close(0u32.into(), b"client done");
+                    }
+                }
+                link.target().endpoint
+            })
+            .collect()
+    }
+
     /// Starts a heartbeat task per node; each ends when the `Nodes` are dropped.
     pub(crate) fn watch(self: &Arc<Self>) {
         for node in self.all() {
@@ -695,7 +815,7 @@ impl Nodes {
                         Some(nodes) => {
                             if beat % liveness::LEASE_READ_EVERY == 0 {
                                 nodes.read_lease(node).await;
-                                if node == 0 && nodes.replicas > 1 {
+                                if node == 0 && nodes.replicas > 1 && nodes.meta.is_some() {
                                     // Marks other routers made.
                                     if let Err(e) = nodes.refresh_replicas().await {
                                         tracing::debug!("replica record: {e}");
@@ -718,7 +838,10 @@ impl Nodes {
     /// changes nothing).
     async fn read_lease(&self, node: NodeId) {
         let (shard, replica) = (self.shard(node), self.replica(node));
-        match zr_meta::nodes::load(&*self.meta, shard, replica).await {
+        let Some(meta) = self.meta.as_deref() else {
+            return;
+        };
+        match zr_meta::nodes::load(meta, shard, replica).await {
             Ok(lease) => self.links[node]
                 .liveness
                 .lock()
@@ -1039,6 +1162,27 @@ impl NodeLink {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
+}
+
+/// The replica record `topology` describes for a client's `nodes`: the replicas it has
+/// behind, and as moved those it serves elsewhere than the client's links were made with.
+fn client_record(topology: &wire::Topology, nodes: &Nodes) -> ReplicaRecord {
+    let mut record = ReplicaRecord::default();
+    for node in &topology.nodes {
+        if !node.in_sync {
+            record.behind.insert((node.shard, node.replica));
+        }
+        let id = nodes.id(node.shard, node.replica);
+        let configured = (node.shard < nodes.shards()).then(|| nodes.links[id].configured);
+        if configured.is_some_and(|c| c.to_string() != node.addr) {
+            record.moved.push(zr_meta::replicas::Moved {
+                shard: node.shard,
+                replica: node.replica,
+                addr: node.addr.clone(),
+            });
+        }
+    }
+    record
 }
 
 /// True if `connection` was closed by its peer (a node that stopped says so as it goes).

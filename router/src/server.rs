@@ -692,6 +692,46 @@ impl Router {
         }
     }
 
+    /// What a client reading one hop needs: the map this dataset is placed by, every node
+    /// and whether it is in sync, the length (read afresh from the nodes if `covering` is
+    /// past it, as for a gather of that index), and the shards it must read through this
+    /// router.
+    /// A node refusing the length as placed by another map fails it (the cluster moved: the
+    /// client asks again once this router has the new map).
+    async fn topology(&self, covering: u64) -> Result<wire::Topology, Failure> {
+        let len = self.len_covering(covering).await?;
+        let placement = self.placement.load_full();
+        let nodes = self
+            .nodes
+            .all()
+            .map(|node| wire::NodeAddr {
+                shard: self.nodes.shard(node),
+                replica: self.nodes.replica(node),
+                addr: self.nodes.addr(node).to_string(),
+                in_sync: self.nodes.in_sync(node),
+            })
+            .collect();
+        let missing = self
+            .missing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .enumerate()
+            .filter(|(_, holds)| holds.is_some())
+            .map(|(shard, _)| shard as u32)
+            .collect();
+        Ok(wire::Topology {
+            cluster: self.cluster_id.clone(),
+            map: placement.map().clone(),
+            shards: self.nodes.shards(),
+            replicas: self.nodes.replicas(),
+            nodes,
+            len,
+            missing,
+            timeout_ms: self.timeout.as_millis() as u64,
+        })
+    }
+
     /// Shard `shard` is missing data: `Some(refusal)` unless its node holds its share of the
     /// committed length again (its directory was restored), which clears the mark.
     async fn still_missing(&self, shard: u32) -> Option<Failure> {
@@ -943,6 +983,9 @@ impl Router {
                 Ok(ready(Reply::Moving(self.move_progress())))
             }
             ClientRequest::MoveProgress => Ok(ready(Reply::Moving(self.move_progress()))),
+            ClientRequest::Topology { covering } => {
+                Ok(ready(Reply::Topology(self.topology(covering).await?)))
+            }
             ClientRequest::Commit => {
                 self.exclusive(|| async {
                     let placement = self.placement.load_full();
@@ -999,7 +1042,7 @@ impl Router {
         };
         // A few writes' worth queued: the shards' readers keep receiving meanwhile.
         let (frames, body) = tokio::sync::mpsc::channel(FRAMES_QUEUED);
-        tokio::spawn(crate::forward::forward_parts(
+        let forwarded = crate::forward::forward_parts(
             Arc::clone(&self.nodes),
             crate::forward::Placed {
                 dataset: self.dataset.clone(),
@@ -1010,7 +1053,11 @@ impl Router {
             checked,
             self.replies.gather(),
             frames,
-        ));
+        );
+        // A failure midway is logged there; the client's stream is reset.
+        tokio::spawn(async move {
+            let _ = forwarded.await;
+        });
         Ok((reply, Body::Streamed(body)))
     }
 

@@ -150,13 +150,21 @@ fn keep_starting(start: impl Fn() -> Child, answers: impl Fn() -> bool) -> Child
     }
 }
 
-/// Connects once the router is up (it starts after the nodes answer).
+/// Connects once the router is up (it starts after the nodes answer); gathers go one hop.
 fn connect(addr: &str, certs: &Path) -> Client {
+    connect_with(addr, certs, true)
+}
+
+/// [`connect`], gathering one hop if `direct`, else through the router.
+fn connect_with(addr: &str, certs: &Path, direct: bool) -> Client {
     let deadline = Instant::now() + Duration::from_secs(30);
+    let options = zr_router::ClientOptions {
+        timeout: Duration::from_secs(2),
+        direct,
+    };
     loop {
         let security = Security::load(certs, Role::Writer).unwrap();
-        match Client::connect_with_timeout(addr.parse().unwrap(), security, Duration::from_secs(2))
-        {
+        match Client::connect_with(addr.parse().unwrap(), security, options) {
             Ok(client) => return client,
             Err(e) => {
                 assert!(Instant::now() < deadline, "router never came up: {e}");
@@ -1094,7 +1102,8 @@ fn routers_and_nodes_serve_prometheus_metrics() {
     );
     std::fs::write(&config, text).unwrap();
     processes.push(spawn(&router, &["--nodes", config_arg]));
-    let client = connect(&addr, &certs);
+    // Gathers through the router: its figures are what is checked.
+    let client = connect_with(&addr, &certs, false);
     let rows: Vec<Vec<u8>> = (0..100u32).map(|i| vec![i as u8; 10]).collect();
     let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
     client.append_many(&records).unwrap();
@@ -1672,6 +1681,144 @@ fn a_megatron_corpus_converts_into_a_clusters_token_stream() {
     assert_eq!(tokens, want);
     let again = zr_fails(&[&args[..], &remote[..]].concat());
     assert!(again.contains("corpus"), "{again}");
+    stop_all(processes);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Memory goes back: a router that served gathers its clients abandoned (never read, then
+/// the connection dropped) returns to near its idle resident size within 10 s — the
+/// servers give freed memory back to the system once a burst is over. Prints the figures.
+#[test]
+fn router_memory_returns_after_abandoned_gathers() {
+    use zr_proto::wire::{self, ClientRequest};
+    const RECORDS: u64 = 4096;
+    const SIZE: usize = 16 << 10;
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("memory");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let processes = start(&node, &router, &config);
+    let router_pid = processes.last().unwrap().id();
+    let node_pids: Vec<u32> = processes[..2].iter().map(Child::id).collect();
+    let nodes_resident = || -> u64 { node_pids.iter().map(|&pid| rss_bytes(pid)).sum() };
+    let client = connect(&addr, &certs);
+    let row = vec![0x5au8; SIZE];
+    for _ in 0..RECORDS / 512 {
+        let batch: Vec<Record> = (0..512).map(|_| Record::new().with("x", &row)).collect();
+        client.append_many(&batch).unwrap();
+    }
+    client.commit().unwrap();
+    // Gathers through the router, read as they come: its idle level after work.
+    let options = zr_router::ClientOptions {
+        timeout: Duration::from_secs(10),
+        direct: false,
+    };
+    let routed = Client::connect_with(
+        addr.parse().unwrap(),
+        Security::load(&certs, Role::Reader).unwrap(),
+        options,
+    )
+    .unwrap();
+    for b in 0..20u64 {
+        let indices: Vec<u64> = (0..256)
+            .map(|k| (b * 7919 + k * 104_729) % RECORDS)
+            .collect();
+        routed.gather(&indices, &[]).unwrap();
+    }
+    drop(routed);
+    std::thread::sleep(Duration::from_secs(3));
+    let idle = rss_bytes(router_pid);
+    let nodes_idle = nodes_resident();
+
+    // Eight gathers of every record (64 MiB each) on a connection that lets 1 MiB through
+    // and is never read, then dropped: clients that went away.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let request = wire::encode_client_request(
+        None,
+        &ClientRequest::Gather {
+            indices: (0..RECORDS).collect(),
+            fields: Vec::new(),
+            checked: false,
+            wait_ms: 0,
+        },
+    )
+    .unwrap();
+    let router_addr: std::net::SocketAddr = addr.parse().unwrap();
+    let security = Security::load(&certs, Role::Reader).unwrap();
+    let (endpoint, connection, streams) = runtime.block_on(async {
+        let endpoint = zr_net::client_endpoint(router_addr).unwrap();
+        let windows = zr_net::Windows {
+            stream: 1 << 20,
+            connection: 1 << 20,
+        };
+        let connection = zr_net::connect_with_windows(
+            &endpoint,
+            &security,
+            router_addr,
+            Duration::from_secs(5),
+            windows,
+        )
+        .await
+        .unwrap();
+        let mut streams = Vec::new();
+        for _ in 0..8 {
+            let stream = zr_net::send_request(&connection, request.clone(), Vec::new());
+            streams.push(stream.await.unwrap());
+        }
+        (endpoint, connection, streams)
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut peak = idle;
+    let mut nodes_peak = nodes_idle;
+    while peak < idle + (128 << 20) && Instant::now() < deadline {
+        peak = peak.max(rss_bytes(router_pid));
+        nodes_peak = nodes_peak.max(nodes_resident());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The clients leave: their streams and connection closed (the router resets what it
+    // was sending them; a client that vanished without a word is reset at the router's
+    // write timeout instead).
+    drop(streams);
+    runtime.block_on(async {
+        connection.close(0u32.into(), b"gone");
+        let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+    });
+    drop(endpoint);
+    drop(runtime);
+    let gone = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    let after = rss_bytes(router_pid);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "nodes resident (both): idle {:.1} MiB, serving the gathers {:.1} MiB, after {:.1} MiB",
+        mib(nodes_idle),
+        mib(nodes_peak),
+        mib(nodes_resident())
+    );
+    println!(
+        "router resident: idle {:.1} MiB, holding abandoned gathers {:.1} MiB, {:.1} s after they were dropped {:.1} MiB ({:.2}x idle)",
+        mib(idle),
+        mib(peak),
+        gone.elapsed().as_secs_f64(),
+        mib(after),
+        after as f64 / idle as f64
+    );
+    assert!(
+        peak >= idle + (64 << 20),
+        "the abandoned gathers never held memory (peak {:.1} MiB, idle {:.1} MiB)",
+        mib(peak),
+        mib(idle)
+    );
+    assert!(
+        after as f64 <= idle as f64 * 1.2,
+        "the router kept {:.1} MiB, idle was {:.1} MiB",
+        mib(after),
+        mib(idle)
+    );
+    drop(client);
     stop_all(processes);
     let _ = std::fs::remove_dir_all(&tmp);
 }

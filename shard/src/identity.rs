@@ -49,6 +49,11 @@ pub enum Mismatch {
     /// The request was meant for another node: another shard, or another replica.
     #[error("this node serves {ours}; the request was meant for {theirs} (are two nodes' addresses swapped in the sender's nodes.toml?)")]
     Node { ours: Target, theirs: Target },
+    /// A client's request reached a node that no router has placed in a cluster yet.
+    #[error(
+        "this node belongs to no cluster yet: a client reads only from nodes its router has placed"
+    )]
+    Unplaced,
     /// The identity could not be kept.
     #[error("{0}")]
     Storage(String),
@@ -213,21 +218,23 @@ impl Identity {
         copy.keep(&kept)
     }
 
+    /// Admits a client's request for cluster `cluster` placed by map `map_version`: only as
+    /// this node's data is placed already (a client never names the cluster for a node).
+    pub fn admit_placed(
+        &self,
+        cluster: &str,
+        map_version: u64,
+    ) -> std::result::Result<(), Mismatch> {
+        placed(&self.lock(), cluster, map_version).unwrap_or(Err(Mismatch::Unplaced))
+    }
+
     /// Admits a request for cluster `cluster` placed by map `map_version`: the first one
     /// names the cluster and map this directory belongs to from then on.
     pub fn admit(&self, cluster: &str, map_version: u64) -> std::result::Result<(), Mismatch> {
         let mut kept = self.lock();
-        match (&kept.cluster, kept.map_version) {
-            (Some(ours), _) if ours != cluster => Err(Mismatch::Cluster {
-                ours: ours.clone(),
-                theirs: cluster.to_string(),
-            }),
-            (Some(_), Some(ours)) if ours != map_version => Err(Mismatch::Map {
-                ours,
-                theirs: map_version,
-            }),
-            (Some(_), Some(_)) => Ok(()),
-            _ => {
+        match placed(&kept, cluster, map_version) {
+            Some(admitted) => admitted,
+            None => {
                 let mut next = kept.clone();
                 next.cluster = Some(cluster.to_string());
                 next.map_version = Some(map_version);
@@ -237,6 +244,27 @@ impl Identity {
                 Ok(())
             }
         }
+    }
+}
+
+/// Whether `kept` admits a request for `cluster` placed by map `map_version`; `None` while
+/// it names no cluster and map yet.
+fn placed(
+    kept: &Kept,
+    cluster: &str,
+    map_version: u64,
+) -> Option<std::result::Result<(), Mismatch>> {
+    match (&kept.cluster, kept.map_version) {
+        (Some(ours), _) if ours != cluster => Some(Err(Mismatch::Cluster {
+            ours: ours.clone(),
+            theirs: cluster.to_string(),
+        })),
+        (Some(_), Some(ours)) if ours != map_version => Some(Err(Mismatch::Map {
+            ours,
+            theirs: map_version,
+        })),
+        (Some(_), Some(_)) => Some(Ok(())),
+        _ => None,
     }
 }
 

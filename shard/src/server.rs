@@ -34,8 +34,48 @@ use zr_node::{CreateOptions, GatherOptions, ReadPath, Store};
 /// 1 KiB records than the copy they save).
 const ZERO_COPY_MEAN_BYTES: u64 = 4096;
 
-/// Most client connections (routers) a node serves at once.
-pub const CONNECTIONS_MAX: usize = 64;
+/// Most connections a node serves at once: routers and clients reading one hop.
+pub const CONNECTIONS_MAX: usize = 1024;
+/// Of those, kept for routers: however many clients read from a node, its routers can reach
+/// it.
+pub const ROUTER_CONNECTIONS: usize = 64;
+
+/// Who sent a request, as far as what it may ask goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sender {
+    /// A router (or anyone, on an `--insecure-dev` node): every request.
+    Router,
+    /// A client reading one hop (its role named): gathers and info only, for the cluster
+    /// and map this node's data is placed by already.
+    Client(net::tls::Role),
+}
+
+impl Sender {
+    /// The sender of a request from `peer`.
+    pub fn of(peer: &net::Peer) -> Sender {
+        match peer.role {
+            None | Some(net::tls::Role::Router) => Sender::Router,
+            Some(role) => Sender::Client(role),
+        }
+    }
+
+    /// The client's role if this sender may not ask `message` of a node (a client only
+    /// reads); `None` if it may.
+    fn refuses(self, message: &NodeMessage) -> Option<net::tls::Role> {
+        match self {
+            Sender::Router => None,
+            Sender::Client(_)
+                if matches!(
+                    message.request,
+                    NodeRequest::Gather { .. } | NodeRequest::Info
+                ) =>
+            {
+                None
+            }
+            Sender::Client(role) => Some(role),
+        }
+    }
+}
 /// Opens shard `shard` replica `replica`'s store at `dir`, creating it with the cluster's
 /// fields if it does not exist yet; refuses a store whose fields differ from the
 /// configuration, a directory that holds another node's data, and one that holds records but
@@ -121,14 +161,24 @@ fn shard_runtime() -> RuntimeOptions {
 
 /// Serves `store` on `endpoint` until `shutdown` resolves; then stops accepting, lets
 /// requests in flight finish and commits. `timeout` bounds reading each request and sending
-/// each reply.
+/// each reply. Clients' reads are served while `reads` is held (see
+/// [`zr_meta::nodes::ReadLease`]; `ReadLease::always()` for a node with no partner).
 pub async fn serve(
     endpoint: Endpoint,
     store: Store,
     timeout: std::time::Duration,
+    reads: Arc<zr_meta::nodes::ReadLease>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    serve_with(endpoint, store, timeout, Handling::Adaptive, shutdown).await
+    serve_with(
+        endpoint,
+        store,
+        timeout,
+        Handling::Adaptive,
+        reads,
+        shutdown,
+    )
+    .await
 }
 
 /// Where a node runs its store calls.
@@ -151,12 +201,14 @@ pub enum Handling {
 /// handling`); longer records are sent from the mapping, and only touched.
 const INLINE_GATHER_RECORDS_MAX: usize = 1024;
 
-/// [`serve`], with store calls run as `handling` says.
+/// [`serve`], with store calls run as `handling` says, serving clients' reads while `reads`
+/// is held (see [`zr_meta::nodes::ReadLease`]; `keep_alive` keeps it).
 pub async fn serve_with(
     endpoint: Endpoint,
     store: Store,
     timeout: std::time::Duration,
     handling: Handling,
+    reads: Arc<zr_meta::nodes::ReadLease>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let coordination = Coordination::open(store.dir())?;
@@ -170,13 +222,27 @@ pub async fn serve_with(
     }
     let warmth = Arc::new(Warmth::default());
     let handler_catalog = Arc::clone(&catalog);
-    let handler = move |bytes: Vec<u8>| {
+    let handler = move |peer: &net::Peer, bytes: Vec<u8>| {
         let catalog = Arc::clone(&handler_catalog);
         let warmth = Arc::clone(&warmth);
+        let sender = Sender::of(peer);
+        let reads = Arc::clone(&reads);
         async move {
+            if let Sender::Client(role) = sender {
+                if !reads.held() && is_gather(&bytes) {
+                    let (header, body) = error_reply(
+                        ErrorCode::NotInSync,
+                        format!(
+                            "this node cannot serve {} now: it does not know itself in sync with its partners (behind, or cut off from the metadata store); read through the router",
+                            role.with_article()
+                        ),
+                    );
+                    return (header, net::Body::Ready(body));
+                }
+            }
             let answer = match handling {
-                Handling::Inline => Ok(handle_in(&catalog, &bytes)),
-                Handling::Adaptive => match decode(&bytes).and_then(|(request, body_at)| {
+                Handling::Inline => Ok(handle_in(&catalog, &bytes, sender)),
+                Handling::Adaptive => match decode(&bytes, sender).and_then(|(request, body_at)| {
                     let shard = addressed(&catalog, &request)?;
                     Ok((request, body_at, shard))
                 }) {
@@ -193,6 +259,7 @@ pub async fn serve_with(
                                 &serving.store,
                                 &serving.coordination,
                                 Some((&shard, &catalog)),
+                                sender,
                                 request,
                                 &bytes[body_at..],
                             )
@@ -214,12 +281,14 @@ pub async fn serve_with(
             (header, net::Body::Ready(body))
         }
     };
-    // Every peer is a router, and routers share one certificate: one allowance for all.
+    // Routers share one certificate: one allowance for all of them, and room kept for them
+    // however many clients connect; a client's certificate gets half of the rest.
     let limits = net::Limits {
-        connections_per_identity: CONNECTIONS_MAX,
+        connections_per_identity: (CONNECTIONS_MAX - ROUTER_CONNECTIONS) / 2,
+        reserved: Some((net::tls::Role::Router, ROUTER_CONNECTIONS)),
         ..net::Limits::new(CONNECTIONS_MAX, timeout)
     };
-    net::serve(&endpoint, limits, shutdown, handler).await;
+    net::serve_peers(&endpoint, limits, shutdown, handler).await;
     let committed = tokio::task::spawn_blocking(move || {
         for shard in catalog.all() {
             match shard.serving().store.commit() {
@@ -237,9 +306,24 @@ pub async fn serve_with(
     })
 }
 
-/// Decodes and answers one request of any dataset of `catalog`.
-fn handle_in(catalog: &Catalog, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
-    let (message, body_at) = match decode(bytes) {
+/// Whether `bytes` is a gather (decoded again where it is served; a request that does not
+/// decode is not one).
+fn is_gather(bytes: &[u8]) -> bool {
+    matches!(
+        wire::decode_request::<NodeMessage>(bytes),
+        Ok((
+            NodeMessage {
+                request: NodeRequest::Gather { .. },
+                ..
+            },
+            _
+        ))
+    )
+}
+
+/// Decodes and answers one request of any dataset of `catalog` from `sender`.
+fn handle_in(catalog: &Catalog, bytes: &[u8], sender: Sender) -> (Vec<u8>, Vec<Bytes>) {
+    let (message, body_at) = match decode(bytes, sender) {
         Ok(decoded) => decoded,
         Err(reply) => return reply,
     };
@@ -252,6 +336,7 @@ fn handle_in(catalog: &Catalog, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
         &serving.store,
         &serving.coordination,
         Some((&shard, catalog)),
+        sender,
         message,
         &bytes[body_at..],
     )
@@ -287,12 +372,19 @@ fn addressed(
 /// Requests of a shard move are refused: they need a [`Shard`] (see [`serve_with`]).
 /// Requests of other datasets are refused as the node holding none.
 pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<u8>, Vec<Bytes>) {
-    match decode(bytes) {
+    match decode(bytes, Sender::Router) {
         Ok((message, _)) if message.dataset.is_some() => error_reply(
             ErrorCode::NoSuchDataset,
             "this server holds one dataset, the default one".into(),
         ),
-        Ok((message, body_at)) => respond(store, coordination, None, message, &bytes[body_at..]),
+        Ok((message, body_at)) => respond(
+            store,
+            coordination,
+            None,
+            Sender::Router,
+            message,
+            &bytes[body_at..],
+        ),
         Err(reply) => reply,
     }
 }
@@ -300,10 +392,28 @@ pub fn handle(store: &Store, coordination: &Coordination, bytes: &[u8]) -> (Vec<
 /// A node's datasets, and the one a request addresses.
 type OnNode<'a> = Option<(&'a Shard, &'a Catalog)>;
 
-/// Decodes a request: it and where its body starts in `bytes`, or the error reply.
-fn decode(bytes: &[u8]) -> Result<(NodeMessage, usize), (Vec<u8>, Vec<Bytes>)> {
-    match wire::decode_request(bytes) {
-        Ok((request, body)) => Ok((request, bytes.len() - body.len())),
+/// Decodes a request from `sender`: it and where its body starts in `bytes`, or the error
+/// reply (a client's request other than a read is refused here, before anything else).
+fn decode(bytes: &[u8], sender: Sender) -> Result<(NodeMessage, usize), (Vec<u8>, Vec<Bytes>)> {
+    match wire::decode_request::<NodeMessage>(bytes) {
+        Ok((message, body)) => match sender.refuses(&message) {
+            None => Ok((message, bytes.len() - body.len())),
+            Some(role) => {
+                tracing::warn!(
+                    "refused {} from {}: clients may only read from a node",
+                    message.request.kind(),
+                    role.with_article()
+                );
+                Err(error_reply(
+                    ErrorCode::Forbidden,
+                    format!(
+                        "{} certificate may only read from a node (gather, info); {} goes through the router",
+                        role.with_article(),
+                        message.request.kind()
+                    ),
+                ))
+            }
+        },
         Err(e) => {
             tracing::warn!("bad request: {e}");
             Err(error_reply(e.code(), e.to_string()))
@@ -317,6 +427,7 @@ fn respond(
     store: &Store,
     coordination: &Coordination,
     shard: OnNode<'_>,
+    sender: Sender,
     message: NodeMessage,
     body: &[u8],
 ) -> (Vec<u8>, Vec<Bytes>) {
@@ -326,7 +437,8 @@ fn respond(
         message.request.records(),
         body.len(),
     );
-    let (header, reply_body, ok) = respond_unrecorded(store, coordination, shard, message, body);
+    let (header, reply_body, ok) =
+        respond_unrecorded(store, coordination, shard, sender, message, body);
     let outcome = if ok { "ok" } else { "error" };
     metrics::counter!("zr_node_requests_total", "kind" => kind, "outcome" => outcome).increment(1);
     metrics::histogram!("zr_node_request_duration_seconds", "kind" => kind)
@@ -353,6 +465,7 @@ fn respond_unrecorded(
     store: &Store,
     coordination: &Coordination,
     on: OnNode<'_>,
+    sender: Sender,
     message: NodeMessage,
     body: &[u8],
 ) -> (Vec<u8>, Vec<Bytes>, bool) {
@@ -364,7 +477,19 @@ fn respond_unrecorded(
             return refused(error_reply(refusal.code(), refusal.to_string()));
         }
     }
-    if let Some(cluster) = &message.cluster {
+    if let Sender::Client(_) = sender {
+        // A client names no cluster or map for a node: it reads by the ones it has.
+        let admitted = match &message.cluster {
+            Some(cluster) => coordination
+                .identity
+                .admit_placed(cluster, message.map_version),
+            None => Err(crate::identity::Mismatch::Unplaced),
+        };
+        if let Err(mismatch) = admitted {
+            let refusal = Refusal::Identity(mismatch);
+            return refused(error_reply(refusal.code(), refusal.to_string()));
+        }
+    } else if let Some(cluster) = &message.cluster {
         let admitted = match message.request {
             // Placed by the map it switches to.
             NodeRequest::Switch { .. } => coordination.identity.admit_cluster(cluster),
@@ -453,7 +578,9 @@ impl Refusal {
             Refusal::FenceStorage(_) => ErrorCode::Storage,
             Refusal::NoLeaseToken => ErrorCode::BadRequest,
             Refusal::Identity(crate::identity::Mismatch::Cluster { .. }) => ErrorCode::WrongCluster,
-            Refusal::Identity(crate::identity::Mismatch::Map { .. }) => ErrorCode::StaleMap,
+            Refusal::Identity(
+                crate::identity::Mismatch::Map { .. } | crate::identity::Mismatch::Unplaced,
+            ) => ErrorCode::StaleMap,
             Refusal::Identity(crate::identity::Mismatch::Storage(_)) => ErrorCode::Storage,
             Refusal::Identity(crate::identity::Mismatch::Node { .. }) => ErrorCode::WrongShard,
             Refusal::Fenced(_) | Refusal::OutOfStep { .. } => ErrorCode::Conflict,
@@ -901,6 +1028,8 @@ pub async fn run_shard(
     // The node's liveness lease in the metadata store, renewed while it serves; a node that
     // cannot reach the store serves all the same (the lease says so by lapsing).
     let mut background = tokio::task::JoinSet::new(); // dropped (so stopped) with the node
+                                                      // Clients read from it while it knows itself in sync (see `Sender`).
+    let reads = Arc::new(zr_meta::nodes::ReadLease::new(config.cluster.replicas));
     match zr_meta::open(&config.metadata_location(), timeout).await {
         Ok(meta) => {
             background.spawn(zr_meta::nodes::keep_alive(
@@ -908,11 +1037,12 @@ pub async fn run_shard(
                 shard,
                 replica,
                 addr.to_string(),
+                Arc::clone(&reads),
             ));
         }
         Err(e) => tracing::warn!("shard {shard}: no liveness lease: {e}"),
     }
-    serve(endpoint, store, timeout, shutdown).await?;
+    serve(endpoint, store, timeout, reads, shutdown).await?;
     tracing::info!("shard {shard} stopped");
     Ok(())
 }

@@ -226,7 +226,7 @@ fn main() -> Result<()> {
             .stderr(Stdio::null())
             .spawn()?;
         cluster.router = Some(router);
-        match bench_common::connect_router(addr, &certs, Duration::from_secs(60)) {
+        match bench_common::connect_router(addr, &certs, Duration::from_secs(60), true) {
             Ok(client) => break client,
             Err(e) => {
                 if let Some(mut router) = cluster.router.take() {

@@ -2,7 +2,8 @@
 //! processes of their own, each in a Linux network namespace of its own, joined by the veth
 //! links of `ops/netns/testbed.sh` and shaped there (rate always; delay and loss where the
 //! kernel has netem). Measured in one run, taking turns: router gathers (client → router →
-//! nodes), the same gathers sent straight to the nodes, and plain quinn and plain TCP
+//! nodes), the client library's one-hop gathers (client → nodes), the same requests sent to
+//! the nodes by hand, and plain quinn and plain TCP
 //! transfers of the same bytes from a server in the first node's namespace — the baseline
 //! of every ratio — over the same links.
 //!
@@ -316,7 +317,11 @@ fn client(args: &Args) -> Result<()> {
     let dir = args.dir.as_deref().ok_or("--dir is missing")?;
     let certs = dir.join("certs");
     let config = ClusterConfig::load(&dir.join("nodes.toml"))?;
-    let client = connect_router(config.router.listen, &certs, Duration::from_secs(30))?;
+    let client = connect_router(config.router.listen, &certs, Duration::from_secs(30), false)?;
+    let one_hop = connect_router(config.router.listen, &certs, Duration::from_secs(30), true)?;
+    if !one_hop.reads_direct() {
+        return Err("the client library could not reach the nodes: no one-hop row".into());
+    }
     let as_router = net::Security::load(&certs, Role::Router)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -396,14 +401,23 @@ fn client(args: &Args) -> Result<()> {
             }
             Ok(())
         };
+        let mut client_one_hop = |b: usize| -> Result<()> {
+            let got = one_hop.gather(&indices(b), &[])?;
+            let bytes: usize = got.iter().map(|c| c.data.len()).sum();
+            if bytes != batch_bytes {
+                return Err(format!("one-hop gather: {bytes} bytes, not {batch_bytes}").into());
+            }
+            Ok(())
+        };
         let mut direct =
             |b: usize| direct_gather(&runtime, &placement, &nodes, &indices(b), timeout);
         let mut plain_quinn = |_: usize| transfer(&runtime, &quinn, batch_bytes, timeout);
         let mut tcp = |_: usize| tcp_link.transfer(&runtime, batch_bytes);
-        let mut methods: [(&str, Step, Figures); 4] = [
+        let mut methods: [(&str, Step, Figures); 5] = [
             ("router gather (2 hops)", &mut router, Figures::default()),
+            ("client one hop", &mut client_one_hop, Figures::default()),
             (
-                "direct node gather (1 hop)",
+                "direct node gather (by hand)",
                 &mut direct,
                 Figures::default(),
             ),
@@ -417,7 +431,7 @@ fn client(args: &Args) -> Result<()> {
             args.min_batches,
             |_| true,
         )?;
-        let quinn_rate = methods[2].2.batches_per_second();
+        let quinn_rate = methods[3].2.batches_per_second();
         for (name, _, figures) in &methods {
             println!("{}", figures.row(size, name, args.batch, quinn_rate));
         }

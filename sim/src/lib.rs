@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 use zr_net::tls::{self, Role};
 use zr_net::{self as net, Security};
 use zr_proto::placement::EXTENT_RECORDS_DEFAULT;
-use zr_router::{AsyncClient, Client, Router};
+use zr_router::{AsyncClient, Client, ClientOptions, Router};
 use zr_service::config::{
     ClusterConfig, ClusterSection, FieldConfig, RouterConfig, ShardConfig, TlsConfig,
 };
@@ -302,11 +302,13 @@ impl SimCluster {
         };
         let meta = self.metadata()?;
         let addr = endpoint.local_addr()?.to_string();
+        let reads = Arc::new(zr_meta::nodes::ReadLease::new(self.config.cluster.replicas));
         let task = self.runtime.spawn(async move {
             // The node's liveness lease, stopped with the node (or its crash).
             let mut lease = tokio::task::JoinSet::new();
-            lease.spawn(zr_meta::nodes::keep_alive(meta, shard, replica, addr));
-            zr_shard::server::serve_with(endpoint, store, timeout, handling, async {
+            let kept = Arc::clone(&reads);
+            lease.spawn(zr_meta::nodes::keep_alive(meta, shard, replica, addr, kept));
+            zr_shard::server::serve_with(endpoint, store, timeout, handling, reads, async {
                 let _ = stopped.await;
             })
             .await
@@ -362,15 +364,28 @@ impl SimCluster {
     /// moves and repairs through it). A cluster on virtual time runs only while
     /// [`SimCluster::run`] drives it: use [`SimCluster::async_client`] there.
     pub fn client(&self) -> Result<Client, SimError> {
+        self.client_with(true)
+    }
+
+    /// [`SimCluster::client`], its gathers through the router rather than one hop.
+    pub fn client_via_router(&self) -> Result<Client, SimError> {
+        self.client_with(false)
+    }
+
+    fn client_with(&self, direct: bool) -> Result<Client, SimError> {
         if self.virtual_time {
             return Err(
                 "a cluster on virtual time has async clients only: use async_client".into(),
             );
         }
-        Ok(Client::connect_with_timeout(
+        let options = ClientOptions {
+            timeout: self.client_timeout(),
+            direct,
+        };
+        Ok(Client::connect_with(
             self.router_addr(),
             self.security(Role::Operator)?,
-            self.client_timeout(),
+            options,
         )?)
     }
 

@@ -493,7 +493,8 @@ fn wait_node_down(mut status: impl FnMut() -> zr_proto::wire::ClusterStatus, sha
         if status()
             .nodes
             .iter()
-            .any(|n| n.shard == shard && n.state.starts_with("down"))
+            // Found down by its heartbeats (not merely failing one call).
+            .any(|n| n.shard == shard && n.state.contains("down since"))
         {
             return;
         }
@@ -871,7 +872,8 @@ fn abandoned_gathers_hold_no_more_than_the_reply_budget() {
         },
     )
     .unwrap();
-    let client = cluster.client().unwrap();
+    // Through the router: its budget is what is tested.
+    let client = cluster.client_via_router().unwrap();
     let row = |i: u64| -> Vec<u8> { (0..SIZE).map(|k| mix2(i, k as u64) as u8).collect() };
     let payloads: Vec<Vec<u8>> = (0..COUNT).map(row).collect();
     let rows: Vec<Record> = payloads

@@ -314,13 +314,24 @@ pub fn direct_gather(
     })
 }
 
-/// A client of the router at `addr` (client certificate from `certs`), retried until the
-/// router answers or `wait` has passed (its processes may be starting).
-pub fn connect_router(addr: SocketAddr, certs: &Path, wait: Duration) -> Result<Client> {
+/// A client of the router at `addr` (client certificate from `certs`), gathering one hop if
+/// `direct`, retried until the router answers or `wait` has passed (its processes may be
+/// starting).
+pub fn connect_router(
+    addr: SocketAddr,
+    certs: &Path,
+    wait: Duration,
+    direct: bool,
+) -> Result<Client> {
     let deadline = Instant::now() + wait;
+    let options = zr_router::ClientOptions {
+        direct,
+        ..zr_router::ClientOptions::default()
+    };
     loop {
-        let attempt = Client::connect(addr, net::Security::load(certs, Role::Writer)?)
-            .and_then(|client| client.len().map(|_| client));
+        let attempt =
+            Client::connect_with(addr, net::Security::load(certs, Role::Writer)?, options)
+                .and_then(|client| client.len().map(|_| client));
         match attempt {
             Ok(client) => return Ok(client),
             Err(e) if Instant::now() > deadline => {

@@ -1,0 +1,356 @@
+//! One-hop reads: clients gather straight from the nodes once the router has said where
+//! they are. Byte-exact without the router in the path; nodes take only reads from client
+//! certificates; a client that cannot reach the nodes reads through the router; a replica
+//! set behind stops serving clients by itself; a node that stops answering is failed over
+//! (R = 2) at once, not at the end of the timeout.
+
+use std::time::{Duration, Instant};
+
+use zr_common::hash::mix2;
+use zr_common::Record;
+use zr_net::tls::Role;
+use zr_proto::wire::{self, NodeRequest, Reply, Target};
+use zr_proto::ErrorCode;
+use zr_router::{Client, ClientOptions};
+use zr_sim::{SimCluster, SimOptions};
+
+fn options(replicas: u32, timeout_ms: u64) -> SimOptions {
+    SimOptions {
+        fields: vec![("x".into(), "raw".into()), ("y".into(), "flate".into())],
+        extent_records: 5,
+        timeout_ms,
+        replicas,
+        ..SimOptions::default()
+    }
+}
+
+fn row(k: u64) -> Vec<u8> {
+    let len = 8 + (mix2(k, 1) % 300) as usize;
+    (0..len).map(|i| mix2(k, i as u64) as u8).collect()
+}
+
+/// A cluster of `shards` shards holding `records` committed records (row(k) in both fields).
+fn loaded(shards: u32, records: u64, options: SimOptions) -> SimCluster {
+    let cluster = SimCluster::start(shards, options).expect("cluster");
+    let client = cluster.client().expect("client");
+    let rows: Vec<Vec<u8>> = (0..records).map(row).collect();
+    let batch: Vec<Record> = rows
+        .iter()
+        .map(|r| Record::new().with("x", r).with("y", r))
+        .collect();
+    client.append_many(&batch).expect("append");
+    client.commit().expect("commit");
+    cluster
+}
+
+/// Gathers `indices` through `client` and checks every record.
+fn check(client: &Client, indices: &[u64]) -> Result<(), String> {
+    let columns = client.gather(indices, &[]).map_err(|e| e.to_string())?;
+    for (pos, &k) in indices.iter().enumerate() {
+        for column in &columns {
+            if column.get(pos) != Some(&row(k)[..]) {
+                return Err(format!("record {k} differs"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn batch(seed: u64, records: u64) -> Vec<u64> {
+    (0..257).map(|k| mix2(seed, k) % records).collect()
+}
+
+/// One request, as `role`, to shard `shard`'s replica `replica` — straight to the node — as
+/// placed by `cluster` and `map_version`; the reply's head.
+fn ask_node(
+    cluster: &SimCluster,
+    role: Role,
+    (shard, replica): (u32, u32),
+    placed: (&str, u64),
+    request: &NodeRequest,
+) -> Reply {
+    let addr = cluster
+        .listed_nodes()
+        .into_iter()
+        .find(|&(s, r, _)| (s, r) == (shard, replica))
+        .expect("listed")
+        .2;
+    let security = cluster.security(role).expect("certs");
+    let header = wire::encode_node_request(
+        Some(placed.0),
+        None,
+        placed.1,
+        Some(Target { shard, replica }),
+        request,
+    )
+    .expect("encode");
+    cluster.run(async {
+        let timeout = Duration::from_secs(5);
+        let endpoint = zr_net::client_endpoint(addr).expect("endpoint");
+        let connection = zr_net::connect_to(
+            &endpoint,
+            &security,
+            addr,
+            timeout,
+            zr_net::Windows::DEFAULT,
+            Some(Role::Node),
+        )
+        .await
+        .expect("a node accepts a client's certificate");
+        let chunks = zr_net::call_chunks(&connection, header, Vec::new(), timeout)
+            .await
+            .expect("an answer");
+        connection.close(0u32.into(), b"done");
+        wire::decode_reply_chunks(&chunks).expect("a reply").0
+    })
+}
+
+/// Gathers go to the nodes, not through the router: with the router stopped, a client that
+/// connected before it reads on, byte-exact, in both fields.
+#[test]
+fn one_hop_gathers_are_byte_exact_and_go_around_the_router() {
+    const RECORDS: u64 = 3_000;
+    let mut cluster = loaded(3, RECORDS, options(1, 2_000));
+    let client = cluster.client().expect("client");
+    assert!(client.reads_direct(), "gathers should go one hop");
+    let routed = cluster.client_via_router().expect("client");
+    assert!(!routed.reads_direct());
+    for seed in 0..20 {
+        check(&client, &batch(seed, RECORDS)).expect("one hop");
+        check(&routed, &batch(seed, RECORDS)).expect("through the router");
+    }
+    // Empty and repeated batches, and a batch of one shard's records only.
+    check(&client, &[]).expect("empty");
+    check(&client, &[7, 7, 7, 0, RECORDS - 1]).expect("repeated");
+    // Past the end: refused naming the index and the length, as the router refuses it.
+    let e = client.gather(&[1, RECORDS], &[]).expect_err("past the end");
+    assert_eq!(e.code(), Some(ErrorCode::IndexOutOfRange), "{e}");
+    assert!(e.to_string().contains(&RECORDS.to_string()), "{e}");
+
+    cluster.stop_router(0).expect("stop the router");
+    for seed in 20..30 {
+        check(&client, &batch(seed, RECORDS)).expect("one hop, no router");
+    }
+    assert!(
+        check(&routed, &batch(0, RECORDS)).is_err(),
+        "a client reading through a stopped router should fail"
+    );
+}
+
+/// A node takes only reads from a client's certificate, whatever its role: info and gathers
+/// answer; writes, fences, commits, truncations and dataset changes are refused as
+/// forbidden and change nothing. A client's request names no cluster for a node: one
+/// placed for another cluster or map is refused.
+#[test]
+fn a_client_certificate_only_reads_from_a_node() {
+    const RECORDS: u64 = 400;
+    let cluster = loaded(2, RECORDS, options(1, 2_000));
+    let client = cluster.client().expect("client");
+    let status = client.status().expect("status");
+    let placed = (status.cluster.as_str(), status.map_version);
+    let held = match ask_node(&cluster, Role::Router, (0, 0), placed, &NodeRequest::Info) {
+        Reply::Info { len, .. } => len,
+        other => panic!("info: {other:?}"),
+    };
+    let forbidden = [
+        NodeRequest::Append {
+            at: Some(held),
+            token: Some(u64::MAX),
+            fields: vec!["x".into(), "y".into()],
+            lengths: vec![vec![], vec![]],
+        },
+        NodeRequest::Truncate {
+            len: 0,
+            token: u64::MAX,
+        },
+        NodeRequest::Fence { token: u64::MAX },
+        NodeRequest::Commit,
+        NodeRequest::DropDataset { id: 1 },
+        NodeRequest::Digest { start: 0, count: 4 },
+    ];
+    for role in [Role::Reader, Role::Writer, Role::Operator] {
+        match ask_node(&cluster, role, (0, 0), placed, &NodeRequest::Info) {
+            Reply::Info { len, .. } => assert_eq!(len, held),
+            other => panic!("{role} info: {other:?}"),
+        }
+        let gather = NodeRequest::Gather {
+            indices: vec![0, 1, 2],
+            fields: Vec::new(),
+            checked: false,
+        };
+        match ask_node(&cluster, role, (0, 0), placed, &gather) {
+            Reply::Gather { lengths } => assert_eq!(lengths.len(), 2),
+            other => panic!("{role} gather: {other:?}"),
+        }
+        for request in &forbidden {
+            match ask_node(&cluster, role, (0, 0), placed, request) {
+                Reply::Error { code, message } => {
+                    assert_eq!(code, ErrorCode::Forbidden, "{role} {request:?}: {message}");
+                    assert!(message.contains("only read"), "{message}");
+                }
+                other => panic!("{role} {request:?} was not refused: {other:?}"),
+            }
+        }
+        // Placed for another cluster, or by another map: refused, and nothing claimed.
+        let elsewhere = ("another-cluster", placed.1);
+        match ask_node(&cluster, role, (0, 0), elsewhere, &gather) {
+            Reply::Error { code, .. } => assert_eq!(code, ErrorCode::WrongCluster),
+            other => panic!("another cluster's gather: {other:?}"),
+        }
+        match ask_node(&cluster, role, (0, 0), (placed.0, placed.1 + 1), &gather) {
+            Reply::Error { code, .. } => assert_eq!(code, ErrorCode::StaleMap),
+            other => panic!("another map's gather: {other:?}"),
+        }
+    }
+    // Nothing changed: every record as written, the node still of this cluster.
+    assert_eq!(client.len().expect("len"), RECORDS);
+    let all: Vec<u64> = (0..RECORDS).collect();
+    check(&client, &all).expect("unchanged");
+    let routed = cluster.client_via_router().expect("client");
+    check(&routed, &all).expect("unchanged, through the router");
+}
+
+/// A client that reaches no node at connect reads through the router (and says so once in
+/// its log); one asked not to read one hop does the same.
+#[test]
+fn a_client_that_cannot_reach_the_nodes_reads_through_the_router() {
+    const RECORDS: u64 = 300;
+    let mut cluster = loaded(2, RECORDS, options(1, 2_000));
+    for shard in 0..2 {
+        cluster.stall_node(shard).expect("stall");
+    }
+    let options = ClientOptions {
+        timeout: cluster.client_timeout(),
+        direct: true,
+    };
+    let started = Instant::now();
+    let client = Client::connect_with(
+        cluster.router_addr(),
+        cluster.security(Role::Reader).expect("certs"),
+        options,
+    )
+    .expect("the router answers");
+    assert!(
+        !client.reads_direct(),
+        "no node answered: gathers should go through the router"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    for shard in 0..2 {
+        cluster.start_node(shard).expect("start");
+    }
+    let all: Vec<u64> = (0..RECORDS).collect();
+    kit_eventually(|| check(&client, &all).is_ok());
+    let asked = Client::connect_with(
+        cluster.router_addr(),
+        cluster.security(Role::Reader).expect("certs"),
+        ClientOptions {
+            direct: false,
+            ..options
+        },
+    )
+    .expect("connect");
+    assert!(!asked.reads_direct());
+    check(&asked, &all).expect("through the router");
+}
+
+fn kit_eventually(mut done: impl FnMut() -> bool) {
+    zr_tests::eventually("gathers to be served", Duration::from_secs(30), &mut done);
+}
+
+/// A replica set behind in the metadata store stops serving clients by itself within its
+/// read lease — a client's own request to it is refused as not in sync — while one-hop
+/// gathers go on, byte-exact, from its partner; set in sync again, it serves again.
+#[test]
+fn a_replica_set_behind_stops_serving_clients_by_itself() {
+    const RECORDS: u64 = 600;
+    let cluster = loaded(2, RECORDS, options(2, 2_000));
+    let client = cluster.client().expect("client");
+    assert!(client.reads_direct());
+    let status = client.status().expect("status");
+    let placed = (status.cluster.as_str(), status.map_version);
+    let gather = NodeRequest::Gather {
+        indices: vec![0],
+        fields: Vec::new(),
+        checked: false,
+    };
+    let refused = || {
+        matches!(
+            ask_node(&cluster, Role::Reader, (1, 1), placed, &gather),
+            Reply::Error {
+                code: ErrorCode::NotInSync,
+                ..
+            }
+        )
+    };
+    // Once past its start (see `zr_meta::nodes::START_HOLD`), an in-sync replica serves
+    // clients.
+    zr_tests::eventually(
+        "the replica to serve clients",
+        Duration::from_secs(10),
+        || !refused(),
+    );
+    let meta = cluster.metadata().expect("metadata");
+    cluster
+        .run(zr_meta::replicas::mark_behind(&*meta, (1, 1), 2))
+        .expect("mark behind");
+    let marked = Instant::now();
+    zr_tests::eventually(
+        "the replica to refuse clients",
+        Duration::from_secs(10),
+        refused,
+    );
+    assert!(
+        marked.elapsed() < zr_meta::nodes::READ_LEASE + zr_meta::nodes::RENEW_EVERY * 2,
+        "refused only after {:?}",
+        marked.elapsed()
+    );
+    // The router's replica record catches up too; meanwhile, and after, gathers go on.
+    for seed in 0..20 {
+        check(&client, &batch(seed, RECORDS)).expect("served by the partner");
+    }
+    cluster
+        .run(zr_meta::replicas::mark_in_sync(&*meta, (1, 1)))
+        .expect("mark in sync");
+    zr_tests::eventually(
+        "the replica to serve again",
+        Duration::from_secs(10),
+        || !refused(),
+    );
+    check(&client, &(0..RECORDS).collect::<Vec<_>>()).expect("all");
+}
+
+/// With two replicas and a 20 s timeout, a node that stops answering mid-run (its peers
+/// hear nothing: no close, no reply) costs one-hop gathers no error and no wait near the
+/// timeout: its partner serves them.
+#[test]
+fn a_node_that_stops_answering_is_failed_over_at_once() {
+    const RECORDS: u64 = 1_000;
+    let mut cluster = loaded(2, RECORDS, options(2, 20_000));
+    let client = cluster.client().expect("client");
+    assert!(client.reads_direct());
+    check(&client, &batch(1, RECORDS)).expect("before");
+    cluster.stall_node(cluster.node(0, 0)).expect("stall");
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for seed in 0..40 {
+        let one = Instant::now();
+        check(&client, &batch(seed, RECORDS)).expect("the partner serves");
+        slowest = slowest.max(one.elapsed());
+    }
+    assert!(
+        slowest < Duration::from_secs(5),
+        "a gather waited {slowest:?} for a node that stopped answering"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let info = Instant::now();
+    assert_eq!(client.len().expect("info"), RECORDS);
+    assert!(
+        info.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        info.elapsed()
+    );
+}
