@@ -277,6 +277,25 @@ def test_cluster_round_trip():
             zrecord.connect(cluster.router, cluster.certs, role="node")
 
 
+def test_cluster_gathers_one_hop_or_through_the_router():
+    with LocalCluster(2, [("x", "raw")], replicas=2) as cluster:
+        ds = zrecord.connect(cluster.router, cluster.certs)
+        ds.append_many([{"x": f"record {k}".encode()} for k in range(300)])
+        ds.commit()
+        routed = zrecord.connect(cluster.router, cluster.certs, role="reader", direct=False)
+        assert ds.reads_direct and not routed.reads_direct
+        indices = [299, 0, 17, 17, 150]
+        for reader in (ds, routed):
+            values, offsets = reader.gather(indices)["x"]
+            assert [values[offsets[k] : offsets[k + 1]].tobytes() for k in range(5)] == [f"record {i}".encode() for i in indices]
+        # Each pickles as it was asked to read.
+        assert not pickle.loads(pickle.dumps(routed)).reads_direct
+        assert pickle.loads(pickle.dumps(ds)).reads_direct
+        assert not routed.dataset("default").reads_direct
+        with pytest.raises(IndexError):
+            ds.gather([300])
+
+
 def test_cluster_datasets_by_name():
     with LocalCluster(2, [("img", "raw")], replicas=1) as cluster:
         admin = zrecord.connect(cluster.router, cluster.certs, role="operator")

@@ -437,6 +437,12 @@ class Dataset:
 
         return open_stream(self, writable=True)
 
+    @property
+    def reads_direct(self) -> bool:
+        """True if this cluster dataset's gathers go straight to the nodes (one hop), False
+        if through the router (``connect(..., direct=False)``, or nodes it cannot reach)."""
+        return self._cluster("reads_direct").reads_direct()
+
     def datasets(self) -> list[dict]:
         """The cluster's datasets: name, records, committed, fields, bytes."""
         return [

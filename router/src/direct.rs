@@ -28,15 +28,11 @@ use zr_proto::chunks::Chunks;
 use zr_proto::placement::Placement;
 use zr_proto::wire::{self, Topology};
 
-use crate::budget::ReplyBudget;
 use crate::error::Error;
 use crate::forward::{forward_parts, Placed};
 use crate::nodes::Nodes;
 use crate::plan::plan_gather;
 
-/// The most bytes of replies a client's one-hop gathers hold at once (a gather larger than
-/// a quarter of it is read a window at a time, as the router does).
-const REPLY_BUDGET_MIB: u64 = 4096;
 /// Writes of a gather's frames queued between the nodes' readers and the reassembly.
 const FRAMES_QUEUED: usize = 64;
 /// How long a client goes by the router's description of a dataset before it asks again
@@ -50,7 +46,6 @@ const REACH_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) struct Direct {
     nodes: Arc<Nodes>,
     views: std::sync::Mutex<HashMap<String, Arc<View>>>,
-    replies: Arc<ReplyBudget>,
 }
 
 /// One dataset as the router last described it.
@@ -137,7 +132,6 @@ impl Direct {
         let direct = Direct {
             nodes,
             views: std::sync::Mutex::new(HashMap::new()),
-            replies: Arc::new(ReplyBudget::new(REPLY_BUDGET_MIB)),
         };
         direct.keep(dataset, &topology)?;
         Ok(direct)
@@ -213,7 +207,7 @@ impl Direct {
             parts,
             fields,
             false,
-            self.replies.gather(),
+            None,
             frames,
         );
         let collect = async {

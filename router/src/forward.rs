@@ -62,7 +62,7 @@ pub(crate) async fn forward_parts(
     parts: Vec<Part>,
     fields: Vec<String>,
     checked: bool,
-    budget: Arc<GatherBudget>,
+    budget: Option<Arc<GatherBudget>>,
     frames: mpsc::Sender<Option<Vec<Bytes>>>,
 ) -> Result<(), Failure> {
     // Readers run on their own so every shard keeps receiving while one is forwarded;
@@ -79,7 +79,7 @@ pub(crate) async fn forward_parts(
             };
             let records = part.positions.len();
             let charge = Charge {
-                budget: Arc::clone(&budget),
+                budget: budget.clone(),
                 turn: Arc::new(Turn::default()),
             };
             let turn = Arc::clone(&charge.turn);
@@ -186,15 +186,20 @@ async fn fail(frames: &mpsc::Sender<Option<Vec<Bytes>>>, failure: Failure) {
     }
 }
 
-/// What a part's reader charges the bytes it receives to (see [`crate::budget`]).
+/// What a part's reader charges the bytes it receives to (see [`crate::budget`]): the
+/// router's reply budget, or nothing for a client reading one hop (it keeps every chunk
+/// until its batch is whole, and asked for that batch itself).
 struct Charge {
-    budget: Arc<GatherBudget>,
+    budget: Option<Arc<GatherBudget>>,
     turn: Arc<Turn>,
 }
 
 impl Charge {
     async fn charge(&self, chunk: Bytes) -> Result<Bytes, Received> {
-        self.budget
+        let Some(budget) = &self.budget else {
+            return Ok(chunk);
+        };
+        budget
             .charge(&self.turn, chunk)
             .await
             .ok_or_else(|| Received::Net("the router is stopping".into()))

@@ -1051,7 +1051,7 @@ impl Router {
             parts,
             fields,
             checked,
-            self.replies.gather(),
+            Some(self.replies.gather()),
             frames,
         );
         // A failure midway is logged there; the client's stream is reset.

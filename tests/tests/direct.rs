@@ -137,6 +137,31 @@ fn one_hop_gathers_are_byte_exact_and_go_around_the_router() {
     );
 }
 
+/// A one-hop gather larger than any reply window — every shard's part held until the batch
+/// is whole — comes back whole and byte-exact.
+#[test]
+fn a_gather_of_many_megabytes_goes_one_hop() {
+    const RECORDS: u64 = 480;
+    let cluster = SimCluster::start(3, options(1, 5_000)).expect("cluster");
+    let client = cluster.client().expect("client");
+    let big = |k: u64| -> Vec<u8> { (0..64 << 10).map(|i| mix2(k, i) as u8).collect() };
+    let rows: Vec<Vec<u8>> = (0..RECORDS).map(big).collect();
+    for chunk in rows.chunks(64) {
+        let batch: Vec<Record> = chunk.iter().map(|r| Record::new().with("x", r)).collect();
+        client.append_many(&batch).expect("append");
+    }
+    client.commit().expect("commit");
+    assert!(client.reads_direct());
+    let all: Vec<u64> = (0..RECORDS).rev().collect();
+    let columns = client.gather(&all, &["x"]).expect("30 MiB in one gather");
+    for (pos, &k) in all.iter().enumerate() {
+        assert!(
+            columns[0].get(pos) == Some(&rows[k as usize][..]),
+            "record {k}"
+        );
+    }
+}
+
 /// A node takes only reads from a client's certificate, whatever its role: info and gathers
 /// answer; writes, fences, commits, truncations and dataset changes are refused as
 /// forbidden and change nothing. A client's request names no cluster for a node: one
