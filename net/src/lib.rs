@@ -27,7 +27,9 @@ pub use endpoint::{
 pub use error::Error;
 pub use link::{Windows, SEND_WINDOW_BYTES, STREAMS_PER_CONNECTION_MAX};
 pub use refusal::describe;
-pub use rpc::{call, call_chunks, read_chunk, send_request, Body, ABANDONED, PROTOCOL_VIOLATION};
+pub use rpc::{
+    call, call_chunks, read_chunk, read_chunks, send_request, Body, ABANDONED, PROTOCOL_VIOLATION,
+};
 pub use security::{Peer, Security};
 pub use serve::{
     requests, serve, serve_peers, shutdown_signal, Limits, DRAIN_TIMEOUT, IDLE_RECLAIM, RECLAIMED,

@@ -181,6 +181,34 @@ pub async fn read_chunk(
     }
 }
 
+/// Most pieces [`read_chunks`] takes at once.
+const CHUNKS_PER_READ: usize = 64;
+
+/// The pieces of a reply arriving on `recv` that are ready, at least one (waiting for it),
+/// appended to `out`; false once the reply is whole (nothing appended then). One call per
+/// burst of packets rather than per packet: on a network link a reply arrives in pieces of
+/// about a packet each.
+pub async fn read_chunks(
+    connection: &Connection,
+    recv: &mut quinn::RecvStream,
+    out: &mut Vec<Bytes>,
+) -> Result<bool, Error> {
+    let mut bufs: [Bytes; CHUNKS_PER_READ] = std::array::from_fn(|_| Bytes::new());
+    match recv.read_chunks(&mut bufs).await {
+        Ok(Some(n)) => {
+            out.extend(bufs.into_iter().take(n));
+            Ok(true)
+        }
+        Ok(None) => Ok(false),
+        Err(quinn::ReadError::Reset(code)) if code == VarInt::from_u32(ABANDONED) => Err(lost(
+            connection,
+            "receiving failed",
+            "the peer abandoned the reply midway (its log says why)".into(),
+        )),
+        Err(e) => Err(lost(connection, "receiving failed", e.to_string())),
+    }
+}
+
 /// An exchange with `connection`'s peer failed at `what`: a closed connection explains
 /// itself better than the stream error `e`, and a refused certificate (which a client may
 /// learn of only after its handshake, once it sends) is [`Error::NotAuthorised`].

@@ -37,7 +37,8 @@ enum Piece {
         chunks: Vec<Bytes>,
         message_len: u64,
     },
-    Chunk(Bytes),
+    /// The next pieces, as they were read together.
+    Chunks(Vec<Bytes>),
     End,
     Failed(Failure),
 }
@@ -110,7 +111,7 @@ pub(crate) async fn forward_parts(
                 fail(&frames, failure).await;
                 return Ok(());
             }
-            Some(Piece::Chunk(_) | Piece::End) | None => {
+            Some(Piece::Chunks(_) | Piece::End) | None => {
                 let failure = Failure::Inconsistent(format!(
                     "shard {shard}: its reader stopped before the reply"
                 ));
@@ -138,7 +139,7 @@ pub(crate) async fn forward_parts(
             let mut next = queue.recv().await;
             let ended = loop {
                 match next {
-                    Some(Piece::Chunk(chunk)) => out.push(chunk),
+                    Some(Piece::Chunks(chunks)) => out.extend(chunks),
                     Some(Piece::End) => break true,
                     Some(Piece::Failed(failure)) => {
                         tracing::warn!("gather abandoned midway, its reply is reset: {failure}");
@@ -460,26 +461,36 @@ async fn receive(
                 ));
             }
             let mut skip = progress.sent;
+            let mut batch = Vec::new();
             for chunk in chunks {
-                if !pass_on(chunk, &mut skip, pieces, progress) {
-                    return Ok(());
-                }
+                pass_on(chunk, &mut skip, &mut batch, progress);
+            }
+            if !send_batch(batch, pieces) {
+                return Ok(());
             }
             skip
         }
     };
-    while let Some(chunk) = net::read_chunk(connection, &mut recv).await.map_err(net)? {
-        received += chunk.len() as u64;
-        if received > message_len {
-            return Err(too_long());
+    let mut read = Vec::new();
+    while net::read_chunks(connection, &mut recv, &mut read)
+        .await
+        .map_err(net)?
+    {
+        let mut batch = Vec::with_capacity(read.len());
+        for chunk in read.drain(..) {
+            received += chunk.len() as u64;
+            if received > message_len {
+                return Err(too_long());
+            }
+            // Bytes passed on already (from another replica) are not charged again.
+            let chunk = if skip >= chunk.len() as u64 {
+                chunk
+            } else {
+                charge.charge(chunk).await?
+            };
+            pass_on(chunk, &mut skip, &mut batch, progress);
         }
-        // Bytes passed on already (from another replica) are not charged again.
-        let chunk = if skip >= chunk.len() as u64 {
-            chunk
-        } else {
-            charge.charge(chunk).await?
-        };
-        if !pass_on(chunk, &mut skip, pieces, progress) {
+        if !send_batch(batch, pieces) {
             // The gather was abandoned: nobody reads on.
             return Ok(());
         }
@@ -492,21 +503,21 @@ async fn receive(
     Ok(())
 }
 
-/// Passes `chunk` on, less the first `skip` bytes (already passed on from another replica);
-/// false if nobody reads on.
-fn pass_on(
-    chunk: Bytes,
-    skip: &mut u64,
-    pieces: &mpsc::UnboundedSender<Piece>,
-    progress: &mut Progress,
-) -> bool {
+/// Adds `chunk` to `batch`, less the first `skip` bytes (already passed on from another
+/// replica).
+fn pass_on(chunk: Bytes, skip: &mut u64, batch: &mut Vec<Bytes>, progress: &mut Progress) {
     let len = chunk.len() as u64;
     if *skip >= len {
         *skip -= len;
-        return true;
+        return;
     }
     let rest = chunk.slice(*skip as usize..);
     *skip = 0;
     progress.sent += rest.len() as u64;
-    pieces.send(Piece::Chunk(rest)).is_ok()
+    batch.push(rest);
+}
+
+/// Passes `batch` on (if it holds anything); false if nobody reads on.
+fn send_batch(batch: Vec<Bytes>, pieces: &mpsc::UnboundedSender<Piece>) -> bool {
+    batch.is_empty() || pieces.send(Piece::Chunks(batch)).is_ok()
 }
