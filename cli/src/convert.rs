@@ -79,8 +79,8 @@ pub struct ConvertArgs {
     dict: bool,
 }
 
-fn parse_compression(s: &str) -> Result<(Compression, Option<i32>), String> {
-    zr_node::meta::parse_storage(s)
+fn parse_compression(s: &str) -> Result<(Compression, Option<i32>), zr_node::SchemaError> {
+    Ok(zr_node::meta::parse_storage(s)?)
 }
 
 pub fn run(args: ConvertArgs) -> CliResult {

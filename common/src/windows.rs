@@ -16,6 +16,16 @@ pub enum WindowMode {
     Documents { seq_len: u64 },
 }
 
+/// Windows asked for with a `seq_len` or `stride` out of range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "windows need 1 <= seq_len < 2^32 and stride >= 1 (got seq_len {seq_len}, stride {stride})"
+)]
+pub struct BadWindows {
+    pub seq_len: u64,
+    pub stride: u64,
+}
+
 impl WindowMode {
     /// Tokens per observation: `seq_len + 1`.
     pub fn width(&self) -> u64 {
@@ -25,15 +35,13 @@ impl WindowMode {
     }
 
     /// Checks `seq_len` (1 to 2^32 - 2) and `stride` (at least 1).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), BadWindows> {
         let (seq_len, stride) = match *self {
             WindowMode::Windows { seq_len, stride } => (seq_len, stride),
             WindowMode::Documents { seq_len } => (seq_len, 1),
         };
         if seq_len == 0 || stride == 0 || seq_len >= u32::MAX as u64 {
-            return Err(format!(
-                "windows need 1 <= seq_len < 2^32 and stride >= 1 (got seq_len {seq_len}, stride {stride})"
-            ));
+            return Err(BadWindows { seq_len, stride });
         }
         Ok(())
     }

@@ -44,6 +44,28 @@ impl std::fmt::Debug for EtcdStore {
     }
 }
 
+/// Why one endpoint did not answer a call.
+#[derive(Debug, thiserror::Error)]
+enum PostFailed {
+    #[error("{0}")]
+    Request(#[from] hyper::http::Error),
+    #[error("{0}")]
+    Connect(String),
+    #[error("reading the answer: {0}")]
+    Reading(String),
+    #[error("HTTP {status}, not etcd's JSON ({error}): {start}")]
+    NotJson {
+        status: hyper::StatusCode,
+        error: serde_json::Error,
+        start: String,
+    },
+    #[error("HTTP {status}: {message}")]
+    Status {
+        status: hyper::StatusCode,
+        message: String,
+    },
+}
+
 impl EtcdStore {
     /// Connects to the etcd cluster at `endpoints` (`http://host:port`), keeping this
     /// cluster's keys under `prefix`; every call gets `timeout`. Fails, naming the
@@ -106,11 +128,10 @@ impl EtcdStore {
         })
     }
 
-    async fn post(&self, endpoint: &str, path: &str, body: Bytes) -> Result<Value, String> {
+    async fn post(&self, endpoint: &str, path: &str, body: Bytes) -> Result<Value, PostFailed> {
         let request = hyper::Request::post(format!("{endpoint}{path}"))
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(body))
-            .map_err(|e| e.to_string())?;
+            .body(Full::new(body))?;
         let answer = self.http.request(request).await.map_err(|e| {
             // The cause (connection refused, reset) says more than "client error".
             let mut text = e.to_string();
@@ -119,27 +140,27 @@ impl EtcdStore {
                 text = format!("{text}: {cause}");
                 source = cause.source();
             }
-            text
+            PostFailed::Connect(text)
         })?;
         let status = answer.status();
         let body = http_body_util::Limited::new(answer.into_body(), ANSWER_BYTES_MAX)
             .collect()
             .await
-            .map_err(|e| format!("reading the answer: {e}"))?
+            .map_err(|e| PostFailed::Reading(e.to_string()))?
             .to_bytes();
-        let value: Value = serde_json::from_slice(&body).map_err(|e| {
-            format!(
-                "HTTP {status}, not etcd's JSON ({e}): {}",
-                String::from_utf8_lossy(&body[..body.len().min(200)])
-            )
+        let value: Value = serde_json::from_slice(&body).map_err(|e| PostFailed::NotJson {
+            status,
+            error: e,
+            start: String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
         })?;
         if !status.is_success() {
             let message = value
                 .get("message")
                 .or_else(|| value.get("error"))
                 .and_then(Value::as_str)
-                .unwrap_or("no message");
-            return Err(format!("HTTP {status}: {message}"));
+                .unwrap_or("no message")
+                .to_string();
+            return Err(PostFailed::Status { status, message });
         }
         Ok(value)
     }

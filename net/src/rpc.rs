@@ -29,8 +29,23 @@ pub enum Body {
 /// (quinn finishes a dropped stream, which would make a truncated message look whole.)
 pub(crate) struct Outgoing(pub(crate) Option<SendStream>);
 
+/// Why a message was not sent whole.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendFailed {
+    #[error("stream already finished")]
+    Finished,
+    #[error("{0}")]
+    Write(#[from] quinn::WriteError),
+    #[error("the peer took nothing for {0} ms")]
+    Stalled(u128),
+    #[error("the reply's producer gave up")]
+    ProducerGone,
+    #[error("{0}")]
+    Closed(#[from] quinn::ClosedStream),
+}
+
 impl Outgoing {
-    async fn send(&mut self, header: Vec<u8>, body: Vec<Bytes>) -> Result<(), String> {
+    async fn send(&mut self, header: Vec<u8>, body: Vec<Bytes>) -> Result<(), SendFailed> {
         self.send_body(header, Body::Ready(body), None).await
     }
 
@@ -42,21 +57,21 @@ impl Outgoing {
         header: Vec<u8>,
         body: Body,
         timeout: Option<Duration>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SendFailed> {
         let Some(stream) = self.0.as_mut() else {
-            return Err("stream already finished".into());
+            return Err(SendFailed::Finished);
         };
         async fn write(
             stream: &mut SendStream,
             mut pieces: Vec<Bytes>,
             timeout: Option<Duration>,
-        ) -> Result<(), String> {
+        ) -> Result<(), SendFailed> {
             let written = stream.write_all_chunks(&mut pieces);
             match timeout {
-                None => written.await.map_err(|e| e.to_string()),
+                None => Ok(written.await?),
                 Some(t) => match tokio::time::timeout(t, written).await {
-                    Ok(result) => result.map_err(|e| e.to_string()),
-                    Err(_) => Err(format!("the peer took nothing for {} ms", t.as_millis())),
+                    Ok(result) => Ok(result?),
+                    Err(_) => Err(SendFailed::Stalled(t.as_millis())),
                 },
             }
         }
@@ -71,12 +86,12 @@ impl Outgoing {
                     match pieces.recv().await {
                         Some(Some(batch)) => write(stream, batch, timeout).await?,
                         Some(None) => break,
-                        None => return Err("the reply's producer gave up".into()),
+                        None => return Err(SendFailed::ProducerGone),
                     }
                 }
             }
         }
-        stream.finish().map_err(|e| e.to_string())?;
+        stream.finish()?;
         let finished = self.0.take();
         // A server's reply: wait (within the timeout) until the peer has it all, so that
         // what the reply holds stays counted until then, and a shutdown that waits for
@@ -160,7 +175,7 @@ pub async fn send_request(
     Outgoing(Some(send))
         .send(header, body)
         .await
-        .map_err(|e| lost(connection, "sending failed", e))?;
+        .map_err(|e| lost(connection, "sending failed", e.to_string()))?;
     Ok(recv)
 }
 

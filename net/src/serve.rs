@@ -162,24 +162,31 @@ impl Open {
 /// Granularity of the request budget.
 const BUDGET_UNIT: usize = 64 << 10;
 
+/// Why a request was not read whole.
+#[derive(Debug, thiserror::Error)]
+enum ReadFailed {
+    #[error("{0}")]
+    Read(#[from] quinn::ReadError),
+    #[error("request exceeds the limit of {0} bytes")]
+    TooLong(usize),
+    #[error("the server is stopping")]
+    Stopping,
+}
+
 /// Reads a whole request of at most `max` bytes, taking its size from `budget` as it
 /// arrives.
 async fn read_request(
     recv: &mut quinn::RecvStream,
     budget: &Arc<tokio::sync::Semaphore>,
     max: usize,
-) -> Result<(Vec<u8>, Option<tokio::sync::OwnedSemaphorePermit>), String> {
+) -> Result<(Vec<u8>, Option<tokio::sync::OwnedSemaphorePermit>), ReadFailed> {
     let mut bytes = Vec::new();
     let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
     let mut reserved = 0usize;
-    while let Some(chunk) = recv
-        .read_chunk(usize::MAX, true)
-        .await
-        .map_err(|e| e.to_string())?
-    {
+    while let Some(chunk) = recv.read_chunk(usize::MAX, true).await? {
         let need = bytes.len() + chunk.bytes.len();
         if need > max {
-            return Err(format!("request exceeds the limit of {max} bytes"));
+            return Err(ReadFailed::TooLong(max));
         }
         if need > reserved {
             let more = (need - reserved).div_ceil(BUDGET_UNIT) as u32;
@@ -196,7 +203,7 @@ async fn read_request(
                     let permit = Arc::clone(budget)
                         .acquire_many_owned(all)
                         .await
-                        .map_err(|e| e.to_string())?;
+                        .map_err(|_| ReadFailed::Stopping)?;
                     held = Some(permit);
                 }
             }

@@ -177,16 +177,19 @@ impl Role {
 }
 
 impl std::str::FromStr for Role {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Role, String> {
+    type Err = UnknownRole;
+    fn from_str(s: &str) -> Result<Role, UnknownRole> {
         Role::ALL
             .into_iter()
             .find(|r| r.name() == s)
-            .ok_or_else(|| {
-                format!("unknown role {s:?}: one of node, router, reader, writer, operator")
-            })
+            .ok_or_else(|| UnknownRole(s.to_string()))
     }
 }
+
+/// A role name that is none of the roles.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown role {0:?}: one of node, router, reader, writer, operator")]
+pub struct UnknownRole(pub String);
 
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -624,8 +627,13 @@ fn reissue_roles(
     Ok(not_after)
 }
 
+/// A name given to `zr cluster issue --name` that cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a usable name: a lower-case letter or digit, then up to 63 of those or '.', '_', '-'")]
+pub struct BadName(pub String);
+
 /// Checks a name given to `zr cluster issue --name`: `[a-z0-9][a-z0-9._-]{0,63}`.
-pub fn check_name(name: &str) -> Result<(), String> {
+pub fn check_name(name: &str) -> Result<(), BadName> {
     let mut chars = name.chars();
     let first_ok = chars
         .next()
@@ -634,9 +642,7 @@ pub fn check_name(name: &str) -> Result<(), String> {
     if first_ok && rest_ok && name.len() <= 64 {
         Ok(())
     } else {
-        Err(format!(
-            "{name:?} is not a usable name: a lower-case letter or digit, then up to 63 of those or '.', '_', '-'"
-        ))
+        Err(BadName(name.to_string()))
     }
 }
 
@@ -645,7 +651,7 @@ pub fn check_name(name: &str) -> Result<(), String> {
 /// of `ca.pem`), which it returns. Refuses a name already issued and the server roles'
 /// second certificates (they are not told apart by name).
 pub fn issue_cert(dir: &Path, role: Role, name: &str, days: u32) -> Result<PathBuf, Error> {
-    check_name(name).map_err(|reason| cert_error(dir, reason))?;
+    check_name(name).map_err(|e| cert_error(dir, e.to_string()))?;
     if role.access().is_none() || role == Role::Client {
         return Err(cert_error(
             dir,

@@ -28,15 +28,14 @@ impl Decoder {
 
     /// Decodes `stored` into `out`, which is exactly the record's logical length; `Err`
     /// says what is wrong with the stored bytes.
-    pub(crate) fn decode(&mut self, stored: &[u8], out: &mut [u8]) -> Result<(), String> {
+    pub(crate) fn decode(&mut self, stored: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
         match self.compress {
             Compression::Raw => {
                 if stored.len() != out.len() {
-                    return Err(format!(
-                        "holds {} bytes, frame says {}",
-                        stored.len(),
-                        out.len()
-                    ));
+                    return Err(CodecError::RawLength {
+                        stored: stored.len(),
+                        logical: out.len(),
+                    });
                 }
                 out.copy_from_slice(stored);
                 Ok(())
@@ -46,18 +45,17 @@ impl Decoder {
                 inflater.reset(false);
                 let status = inflater
                     .decompress(stored, out, FlushDecompress::Finish)
-                    .map_err(|e| format!("cannot inflate: {e}"))?;
+                    .map_err(CodecError::Inflate)?;
                 if status != Status::StreamEnd || inflater.total_out() != out.len() as u64 {
-                    return Err(format!(
-                        "inflates to {} bytes (stream {}), frame says {}",
-                        inflater.total_out(),
-                        if status == Status::StreamEnd {
+                    return Err(CodecError::InflatedLength {
+                        inflated: inflater.total_out(),
+                        stream: if status == Status::StreamEnd {
                             "complete"
                         } else {
                             "incomplete"
                         },
-                        out.len()
-                    ));
+                        logical: out.len(),
+                    });
                 }
                 Ok(())
             }
@@ -74,17 +72,17 @@ impl Decoder {
                             Some(dict) => zstd::bulk::Decompressor::with_dictionary(dict),
                             None => zstd::bulk::Decompressor::new(),
                         }
-                        .map_err(|e| format!("cannot start zstd: {e}"))?,
+                        .map_err(CodecError::ZstdStart)?,
                     ),
                 };
                 let written = decompressor
                     .decompress_to_buffer(stored, out)
-                    .map_err(|e| format!("cannot decompress (zstd): {e}"))?;
+                    .map_err(CodecError::Zstd)?;
                 if written != out.len() {
-                    return Err(format!(
-                        "decompresses to {written} bytes (zstd), frame says {}",
-                        out.len()
-                    ));
+                    return Err(CodecError::ZstdLength {
+                        written,
+                        logical: out.len(),
+                    });
                 }
                 Ok(())
             }
@@ -98,13 +96,38 @@ pub(crate) fn zstd_smaller(
     compressor: &mut zstd::bulk::Compressor<'static>,
     payload: &[u8],
     out: &mut Vec<u8>,
-) -> Result<bool, String> {
+) -> Result<bool, CodecError> {
     out.clear();
     out.reserve(zstd::zstd_safe::compress_bound(payload.len()));
     let n = compressor
         .compress_to_buffer(payload, out)
-        .map_err(|e| format!("cannot compress (zstd): {e}"))?;
+        .map_err(CodecError::ZstdCompress)?;
     Ok(n < payload.len())
+}
+
+/// What is wrong with a record's stored bytes, or why a codec failed on them.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CodecError {
+    #[error("holds {stored} bytes, frame says {logical}")]
+    RawLength { stored: usize, logical: usize },
+    #[error("cannot inflate: {0}")]
+    Inflate(#[source] flate2::DecompressError),
+    #[error("inflates to {inflated} bytes (stream {stream}), frame says {logical}")]
+    InflatedLength {
+        inflated: u64,
+        stream: &'static str,
+        logical: usize,
+    },
+    #[error("cannot start zstd: {0}")]
+    ZstdStart(#[source] std::io::Error),
+    #[error("cannot decompress (zstd): {0}")]
+    Zstd(#[source] std::io::Error),
+    #[error("decompresses to {written} bytes (zstd), frame says {logical}")]
+    ZstdLength { written: usize, logical: usize },
+    #[error("cannot compress (zstd): {0}")]
+    ZstdCompress(#[source] std::io::Error),
+    #[error("cannot deflate: {0}")]
+    Deflate(#[source] flate2::CompressError),
 }
 
 #[cfg(test)]
@@ -139,6 +162,6 @@ mod tests {
         damaged.truncate(damaged.len() / 2);
         let mut back = vec![0u8; text.len()];
         let e = decoder.decode(&damaged, &mut back).unwrap_err();
-        assert!(e.contains("zstd"), "{e}");
+        assert!(e.to_string().contains("zstd"), "{e}");
     }
 }

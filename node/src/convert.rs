@@ -397,7 +397,7 @@ pub fn convert_npy(
     let Some((&rows, row_shape)) = header.shape.split_first() else {
         return Err(bad("a 0-dimensional array has no rows".into()));
     };
-    let itemsize = dtype_itemsize(&header.descr).map_err(bad)?;
+    let itemsize = dtype_itemsize(&header.descr).map_err(|e| bad(e.to_string()))?;
     let row_bytes = row_shape
         .iter()
         .try_fold(itemsize, |acc, &d| acc.checked_mul(d))

@@ -79,6 +79,73 @@ pub enum Error {
     },
 }
 
+/// Why a description — a field, a NumPy type, a dataset's settings, a token stream's
+/// element — is unusable: which rule it breaks, and where (`In` names the field or component).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchemaError {
+    /// A storage that is not raw, flate, zstd or zstd:LEVEL.
+    #[error(transparent)]
+    Storage(#[from] zr_proto::Invalid),
+    #[error("a level or a dictionary is for zstd fields, and it is stored {storage}")]
+    NotZstd { storage: String },
+    #[error("zstd level must be 1 to 22")]
+    ZstdLevel,
+    #[error("field name '{0}' must be 1-{max} characters of [A-Za-z0-9_.-], not starting with '.'", max = crate::meta::FIELD_NAME_MAX)]
+    FieldName(String),
+    #[error("dtype '{0}' is not a NumPy type string (e.g. <f4, |u1, <i8)")]
+    Dtype(String),
+    #[error("shape {0:?} overflows a record length")]
+    ShapeOverflow(Vec<u64>),
+    #[error("records of {0} bytes exceed the 4 GiB record limit")]
+    RecordTooLarge(u64),
+    #[error("a dataset needs at least one field")]
+    NoFields,
+    #[error("field '{0}' is given twice")]
+    FieldTwice(String),
+    #[error("{setting} must be at least {min}")]
+    TooSmall { setting: &'static str, min: u64 },
+    #[error("chunk ids not strictly increasing ({0} then {1})")]
+    ChunkOrder(u32, u32),
+    #[error("chunk {id} holds {records} records, more than chunk_records {max}")]
+    ChunkOverfull { id: u32, records: u64, max: u64 },
+    #[error("an element needs at least its token component")]
+    NoToken,
+    #[error("the token component '{name}' is {dtype}: tokens are uint16 (<u2) or uint32 (<u4)")]
+    TokenType { name: String, dtype: String },
+    #[error("element component '{0}' appears twice")]
+    ComponentTwice(String),
+    #[error(
+        "element component '{name}' is big-endian ({dtype}); streams store little-endian values"
+    )]
+    BigEndian { name: String, dtype: String },
+    #[error("an element of {bytes} bytes is larger than the {max} allowed")]
+    ElementTooLarge { bytes: u64, max: u64 },
+    /// A rule broken by one field or component, named here.
+    #[error("{what}: {source}")]
+    In {
+        what: String,
+        #[source]
+        source: Box<SchemaError>,
+    },
+}
+
+impl SchemaError {
+    /// `self`, said of `what` (a field, a component).
+    pub fn of(self, what: impl Into<String>) -> SchemaError {
+        SchemaError::In {
+            what: what.into(),
+            source: Box::new(self),
+        }
+    }
+}
+
+impl From<SchemaError> for Error {
+    fn from(e: SchemaError) -> Error {
+        Error::InvalidSchema(e.to_string())
+    }
+}
+
 /// The engine's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -345,7 +345,7 @@ impl Store {
                         let out = &mut bytes[offsets[k] as usize..offsets[k + 1] as usize];
                         decoder
                             .decode(input, out)
-                            .map_err(|e| self.bad(field, indices[k], e))?;
+                            .map_err(|e| self.bad(field, indices[k], e.to_string()))?;
                     }
                     bytes
                 }

@@ -30,11 +30,22 @@ pub struct FrameHeader {
     pub crc: u32,
 }
 
+/// A frame header that is not one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// Its first four bytes are not the frame magic (`ZRF1`).
+    #[error("frame header has bad magic {0:02x?}")]
+    BadMagic([u8; 4]),
+}
+
 impl FrameHeader {
     /// Decodes a header; `Err` says what is wrong with it.
-    pub fn decode(bytes: [u8; 16]) -> Result<FrameHeader, String> {
+    pub fn decode(bytes: [u8; 16]) -> Result<FrameHeader, FrameError> {
         if bytes[0..4] != MAGIC {
-            return Err(format!("frame header has bad magic {:02x?}", &bytes[0..4]));
+            return Err(FrameError::BadMagic([
+                bytes[0], bytes[1], bytes[2], bytes[3],
+            ]));
         }
         let word =
             |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);

@@ -355,7 +355,8 @@ impl Store {
         span: &Span,
         bytes: [u8; 16],
     ) -> Result<FrameHeader> {
-        let header = FrameHeader::decode(bytes).map_err(|reason| self.bad(field, index, reason))?;
+        let header =
+            FrameHeader::decode(bytes).map_err(|e| self.bad(field, index, e.to_string()))?;
         if header.stored_len != span.len {
             return Err(self.bad(
                 field,
@@ -490,7 +491,7 @@ impl Store {
                         .unwrap_or_default();
                     decoder
                         .decode(input, &mut out[start as usize..end as usize])
-                        .map_err(|e| self.bad(field, index, e))?;
+                        .map_err(|e| self.bad(field, index, e.to_string()))?;
                 }
                 Ok(())
             };

@@ -45,14 +45,14 @@ mod write;
 mod writer;
 
 pub use batch::{Batch, FieldView};
-pub use error::{Error, IoContext, Result};
+pub use error::{Error, IoContext, Result, SchemaError};
 pub use io::IoBackend;
 pub use meta::{Compression, FieldSpec, Meta};
 pub use prefetch::Prefetched;
 pub use runtime::{RuntimeOptions, CLEANERS_MAX, READERS_MAX, WRITERS_MAX};
 pub use store::{
-    chunk_path, CreateOptions, GatherOptions, ReadPath, ReadStats, Store, CHUNK_DIR, LOCK_FILE,
-    WRITER_LOCK_FILE,
+    chunk_path, CreateOptions, GatherOptions, ReadPath, ReadStats, Store, UnknownReadPath,
+    CHUNK_DIR, LOCK_FILE, WRITER_LOCK_FILE,
 };
 pub use verify::{Problem, Utilization, VerifyReport};
 pub use zr_common::Contiguous;

@@ -26,7 +26,7 @@ pub(crate) struct Mapped {
     file: File,
     path: PathBuf,
     /// The file opened again with `O_DIRECT`, on first use.
-    uncached: OnceLock<std::result::Result<File, String>>,
+    uncached: OnceLock<std::result::Result<File, std::sync::Arc<std::io::Error>>>,
 }
 
 impl Mapped {
@@ -74,14 +74,14 @@ impl Mapped {
                 .read(true)
                 .custom_flags(libc::O_DIRECT)
                 .open(&self.path)
-                .map_err(|e| e.to_string())
+                .map_err(std::sync::Arc::new)
         });
         match opened {
             Ok(file) => Ok(file.as_raw_fd()),
-            Err(reason) => Err(crate::Error::Io {
+            Err(e) => Err(crate::Error::Io {
                 op: "open with O_DIRECT",
                 path: self.path.clone(),
-                source: std::io::Error::other(reason.clone()),
+                source: std::io::Error::new(e.kind(), std::sync::Arc::clone(e)),
             }),
         }
     }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::disk;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, IoContext, Result, SchemaError};
 
 /// The `format` key every dataset carries.
 pub const FORMAT_NAME: &str = "zrecord";
@@ -41,20 +41,20 @@ pub const ZSTD_LEVEL_DEFAULT: i32 = 3;
 
 /// A field's storage as written in commands and on the wire: `raw`, `flate`, `zstd` or
 /// `zstd:LEVEL` (1–22; see `zr_proto::wire::parse_storage`).
-pub fn parse_storage(text: &str) -> Result<(Compression, Option<i32>), String> {
+pub fn parse_storage(text: &str) -> Result<(Compression, Option<i32>), zr_proto::Invalid> {
     let (kind, level) = zr_proto::wire::parse_storage(text)?;
     Ok((kind.parse()?, level))
 }
 
 impl std::str::FromStr for Compression {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = zr_proto::Invalid;
+    fn from_str(s: &str) -> Result<Self, zr_proto::Invalid> {
         match s {
             "raw" => Ok(Compression::Raw),
             "flate" => Ok(Compression::Flate),
             "zstd" => Ok(Compression::Zstd),
-            other => Err(format!(
-                "unknown compression '{other}' (expected raw, flate, zstd or zstd:LEVEL)"
+            other => Err(zr_proto::Invalid::Compression(
+                other.escape_debug().to_string(),
             )),
         }
     }
@@ -101,7 +101,7 @@ impl FieldSpec {
     }
 
     /// An untyped field stored as `storage` says (see [`parse_storage`]).
-    pub fn stored(name: impl Into<String>, storage: &str) -> Result<FieldSpec, String> {
+    pub fn stored(name: impl Into<String>, storage: &str) -> Result<FieldSpec, SchemaError> {
         let (compress, level) = parse_storage(storage)?;
         Ok(FieldSpec {
             level,
@@ -160,48 +160,38 @@ impl FieldSpec {
             .try_fold(item, |acc, &d| acc.checked_mul(d))
     }
 
-    pub(crate) fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), SchemaError> {
         let name = &self.name;
-        if self.compress != Compression::Zstd && (self.level.is_some() || self.dict.is_some()) {
-            return Err(format!(
-                "field '{name}': a level or a dictionary is for zstd fields, and it is stored {}",
-                self.storage()
-            ));
-        }
-        if self.level.is_some_and(|l| !(1..=22).contains(&l)) {
-            return Err(format!("field '{name}': zstd level must be 1 to 22"));
-        }
         let valid_chars = name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
         if name.is_empty() || name.len() > FIELD_NAME_MAX || !valid_chars || name.starts_with('.') {
-            return Err(format!(
-                "field name '{name}' must be 1-{FIELD_NAME_MAX} characters of [A-Za-z0-9_.-], not starting with '.'"
-            ));
+            return Err(SchemaError::FieldName(name.clone()));
+        }
+        let field = || format!("field '{name}'");
+        if self.compress != Compression::Zstd && (self.level.is_some() || self.dict.is_some()) {
+            let storage = self.storage();
+            return Err(SchemaError::NotZstd { storage }.of(field()));
+        }
+        if self.level.is_some_and(|l| !(1..=22).contains(&l)) {
+            return Err(SchemaError::ZstdLevel.of(field()));
         }
         if let Some(dtype) = &self.dtype {
-            dtype_itemsize(dtype).map_err(|e| format!("field '{name}': {e}"))?;
+            dtype_itemsize(dtype).map_err(|e| e.of(field()))?;
         }
-        if self.shape.is_some() && self.record_bytes().is_none() && self.dtype.is_some() {
-            return Err(format!(
-                "field '{name}': shape {:?} overflows a record length",
-                self.shape
-            ));
+        if let (Some(shape), None, Some(_)) = (&self.shape, self.record_bytes(), &self.dtype) {
+            return Err(SchemaError::ShapeOverflow(shape.clone()).of(field()));
         }
-        if let Some(bytes) = self.record_bytes() {
-            if bytes > u32::MAX as u64 {
-                return Err(format!(
-                    "field '{name}': records of {bytes} bytes exceed the 4 GiB record limit"
-                ));
-            }
+        if let Some(bytes) = self.record_bytes().filter(|&b| b > u32::MAX as u64) {
+            return Err(SchemaError::RecordTooLarge(bytes).of(field()));
         }
         Ok(())
     }
 }
 
 /// Element size of a NumPy type string such as `<f4`, `|u1`, `>i8`, `<c16`, `|b1`, `|S10`.
-pub fn dtype_itemsize(dtype: &str) -> Result<u64, String> {
-    let bad = || format!("dtype '{dtype}' is not a NumPy type string (e.g. <f4, |u1, <i8)");
+pub fn dtype_itemsize(dtype: &str) -> Result<u64, SchemaError> {
+    let bad = || SchemaError::Dtype(dtype.to_string());
     let rest = dtype.strip_prefix(['<', '>', '|', '=']).unwrap_or(dtype);
     let mut chars = rest.chars();
     let kind = chars.next().ok_or_else(bad)?;
@@ -253,39 +243,37 @@ pub struct Meta {
 
 impl Meta {
     /// Checks everything that does not need the other files.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SchemaError> {
         if self.fields.is_empty() {
-            return Err("a dataset needs at least one field".into());
+            return Err(SchemaError::NoFields);
         }
         for (i, field) in self.fields.iter().enumerate() {
             field.validate()?;
             if self.fields[..i].iter().any(|f| f.name == field.name) {
-                return Err(format!("field '{}' is given twice", field.name));
+                return Err(SchemaError::FieldTwice(field.name.clone()));
             }
         }
-        if self.chunk_records == 0 {
-            return Err("chunk_records must be at least 1".into());
-        }
-        if self.chunk_grow_bytes < 4096 {
-            return Err("chunk_grow_bytes must be at least 4096".into());
-        }
-        if self.offset_grow_entries == 0 {
-            return Err("offset_grow_entries must be at least 1".into());
+        for (setting, value, min) in [
+            ("chunk_records", u64::from(self.chunk_records), 1),
+            ("chunk_grow_bytes", self.chunk_grow_bytes, 4096),
+            ("offset_grow_entries", self.offset_grow_entries, 1),
+        ] {
+            if value < min {
+                return Err(SchemaError::TooSmall { setting, min });
+            }
         }
         for pair in self.chunks.windows(2) {
             if pair[0].id >= pair[1].id {
-                return Err(format!(
-                    "chunk ids not strictly increasing ({} then {})",
-                    pair[0].id, pair[1].id
-                ));
+                return Err(SchemaError::ChunkOrder(pair[0].id, pair[1].id));
             }
         }
         for chunk in &self.chunks {
             if chunk.records > self.chunk_records {
-                return Err(format!(
-                    "chunk {} holds {} records, more than chunk_records {}",
-                    chunk.id, chunk.records, self.chunk_records
-                ));
+                return Err(SchemaError::ChunkOverfull {
+                    id: chunk.id,
+                    records: chunk.records.into(),
+                    max: self.chunk_records.into(),
+                });
             }
         }
         Ok(())
@@ -336,8 +324,10 @@ impl Meta {
             path: path.clone(),
             reason: e.to_string(),
         })?;
-        meta.validate()
-            .map_err(|reason| Error::Corrupt { path, reason })?;
+        meta.validate().map_err(|e| Error::Corrupt {
+            path,
+            reason: e.to_string(),
+        })?;
         Ok(meta)
     }
 

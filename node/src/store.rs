@@ -93,19 +93,22 @@ pub enum ReadPath {
 }
 
 impl std::str::FromStr for ReadPath {
-    type Err = String;
+    type Err = UnknownReadPath;
 
-    fn from_str(s: &str) -> std::result::Result<ReadPath, String> {
+    fn from_str(s: &str) -> std::result::Result<ReadPath, UnknownReadPath> {
         match s {
             "mmap" => Ok(ReadPath::Mmap),
             "direct" => Ok(ReadPath::Direct),
             "auto" => Ok(ReadPath::Auto),
-            other => Err(format!(
-                "unknown read path '{other}' (expected mmap, direct or auto)"
-            )),
+            other => Err(UnknownReadPath(other.to_string())),
         }
     }
 }
+
+/// A read path that is not mmap, direct or auto.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown read path '{0}' (expected mmap, direct or auto)")]
+pub struct UnknownReadPath(pub String);
 
 /// How a store's gathers have read their records so far (see [`ReadPath`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -217,7 +220,7 @@ impl Store {
             fields,
             chunks: Vec::new(),
         };
-        meta.validate().map_err(Error::InvalidSchema)?;
+        meta.validate()?;
         match fs::read_dir(dir) {
             Ok(mut entries) => {
                 if entries.next().is_some() {
@@ -444,7 +447,7 @@ impl Store {
         }
         let mut meta = shared.meta.clone();
         meta.fields.push(spec.clone());
-        meta.validate().map_err(invalid)?;
+        meta.validate()?;
         // The new table first, all absent; meta.json, the commit point, then names it.
         let path = dir.join(offset_file_name(&spec.name));
         let file = disk::create(&path).ctx("create offset table", &path)?;

@@ -25,46 +25,73 @@ pub struct PartReply<'a> {
     pub body: Chunks<'a>,
 }
 
+/// Why a gather's parts do not make its batch.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Misfit {
+    #[error("a part has {0} columns, another {1}")]
+    Columns(usize, usize),
+    #[error("a part lists {positions} positions but columns of {columns:?} records")]
+    Positions {
+        positions: usize,
+        columns: Vec<usize>,
+    },
+    #[error("a part's lengths add up to {total} bytes but its body has {body}")]
+    Body { total: u64, body: usize },
+    #[error("position {0} is filled twice")]
+    Twice(u32),
+    #[error("position {position} is outside a batch of {records}")]
+    Outside { position: u32, records: usize },
+    #[error("position {position} of {records} is missing")]
+    Missing { position: usize, records: usize },
+    #[error("a part's body ends early")]
+    Short,
+}
+
 /// The columns of `records` records from `parts`, in position order. `fields` is the number
 /// of columns to return when there are no parts (an empty gather).
 pub fn reassemble(
     records: usize,
     fields: usize,
     parts: &[PartReply],
-) -> Result<Vec<Contiguous>, String> {
+) -> Result<Vec<Contiguous>, Misfit> {
     let fields = parts.first().map_or(fields, |p| p.lengths.len());
     let mut covered = vec![false; records];
     for part in parts {
         if part.lengths.len() != fields {
-            return Err(format!(
-                "a part has {} columns, another {fields}",
-                part.lengths.len()
-            ));
+            return Err(Misfit::Columns(part.lengths.len(), fields));
         }
         if part.lengths.iter().any(|l| l.len() != part.positions.len()) {
-            return Err(format!(
-                "a part lists {} positions but columns of {:?} records",
-                part.positions.len(),
-                part.lengths.iter().map(Vec::len).collect::<Vec<_>>()
-            ));
+            return Err(Misfit::Positions {
+                positions: part.positions.len(),
+                columns: part.lengths.iter().map(Vec::len).collect(),
+            });
         }
         let total: u64 = part.lengths.iter().flatten().map(|&l| l as u64).sum();
         if total != part.body.len() as u64 {
-            return Err(format!(
-                "a part's lengths add up to {total} bytes but its body has {}",
-                part.body.len()
-            ));
+            return Err(Misfit::Body {
+                total,
+                body: part.body.len(),
+            });
         }
         for &pos in part.positions {
             match covered.get_mut(pos as usize) {
                 Some(seen) if !*seen => *seen = true,
-                Some(_) => return Err(format!("position {pos} is filled twice")),
-                None => return Err(format!("position {pos} is outside a batch of {records}")),
+                Some(_) => return Err(Misfit::Twice(pos)),
+                None => {
+                    return Err(Misfit::Outside {
+                        position: pos,
+                        records,
+                    })
+                }
             }
         }
     }
     if let Some(missing) = covered.iter().position(|&c| !c) {
-        return Err(format!("position {missing} of {records} is missing"));
+        return Err(Misfit::Missing {
+            position: missing,
+            records,
+        });
     }
     let mut columns = Vec::with_capacity(fields);
     // Each part's body holds field 0's payloads, then field 1's, ...: walk them in step.
@@ -91,7 +118,7 @@ pub fn reassemble(
                 let at = offsets[pos as usize] as usize;
                 if !cursor.read_into_uninit(&mut slots[at..at + len as usize]) {
                     // Unreachable: each body's length was checked against its lengths.
-                    return Err("a part's body ends early".into());
+                    return Err(Misfit::Short);
                 }
             }
         }
@@ -188,7 +215,7 @@ pub fn decode_gather_parts(
             body: body.clone(),
         })
         .collect();
-    reassemble(records as usize, fields, &views).map_err(bad)
+    reassemble(records as usize, fields, &views).map_err(|e| bad(e.to_string()))
 }
 
 #[cfg(test)]

@@ -60,6 +60,25 @@ impl ErrorCode {
     }
 }
 
+/// A name or a storage a caller wrote that breaks the rules it must follow (what it says
+/// is what was written, escaped for printing).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Invalid {
+    #[error("dataset name '{0}' must be 1-{max} characters of [a-z0-9._-], starting with a letter or digit", max = crate::wire::DATASET_NAME_BYTES_MAX)]
+    DatasetName(String),
+    #[error("zstd level '{0}' is not a whole number from 1 to 22")]
+    ZstdLevel(String),
+    #[error("unknown compression '{0}' (expected raw, flate, zstd or zstd:LEVEL)")]
+    Compression(String),
+}
+
+impl From<Invalid> for Error {
+    fn from(invalid: Invalid) -> Error {
+        Error::Malformed(invalid.to_string())
+    }
+}
+
 /// Errors of the protocol crate.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

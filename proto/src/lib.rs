@@ -14,4 +14,4 @@ mod error;
 pub mod placement;
 pub mod wire;
 
-pub use error::{Error, ErrorCode};
+pub use error::{Error, ErrorCode, Invalid};

@@ -14,8 +14,8 @@ use bincode::Options;
 use serde::{Deserialize, Serialize};
 
 use crate::chunks::Chunks;
-use crate::error::Error;
 pub use crate::error::ErrorCode;
+use crate::error::{Error, Invalid};
 
 /// Protocol version spoken by this build.
 pub const WIRE_VERSION: u16 = 13;
@@ -44,17 +44,14 @@ pub const DEFAULT_DATASET: &str = "default";
 pub const WAIT_MS_MAX: u32 = 3_600_000;
 
 /// Checks a dataset name: `[a-z0-9][a-z0-9._-]{0,63}`.
-pub fn check_dataset_name(name: &str) -> Result<(), String> {
+pub fn check_dataset_name(name: &str) -> Result<(), Invalid> {
     let mut chars = name.chars();
     let first_ok = chars
         .next()
         .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c));
     if !first_ok || !rest_ok || name.len() > DATASET_NAME_BYTES_MAX {
-        return Err(format!(
-            "dataset name '{}' must be 1-{DATASET_NAME_BYTES_MAX} characters of [a-z0-9._-], starting with a letter or digit",
-            name.escape_debug()
-        ));
+        return Err(Invalid::DatasetName(name.escape_debug().to_string()));
     }
     Ok(())
 }
@@ -484,7 +481,7 @@ impl Request for ClientMessage {
 
     fn check(&self, body: usize) -> Result<(), Error> {
         if let Some(name) = &self.dataset {
-            check_dataset_name(name).map_err(Error::Malformed)?;
+            check_dataset_name(name)?;
         }
         match &self.request {
             ClientRequest::Gather {
@@ -538,7 +535,7 @@ impl Request for NodeMessage {
             )));
         }
         if let Some(name) = &self.dataset {
-            check_dataset_name(name).map_err(Error::Malformed)?;
+            check_dataset_name(name)?;
         }
         match &self.request {
             NodeRequest::WriteField {
@@ -609,7 +606,7 @@ impl Request for NodeMessage {
 
 /// A field's storage as commands, configurations and the wire spell it: `raw`, `flate`,
 /// `zstd` or `zstd:LEVEL` (1–22). Returns the kind and the level, if given.
-pub fn parse_storage(text: &str) -> Result<(&'static str, Option<i32>), String> {
+pub fn parse_storage(text: &str) -> Result<(&'static str, Option<i32>), Invalid> {
     match text {
         "raw" => Ok(("raw", None)),
         "flate" => Ok(("flate", None)),
@@ -620,15 +617,10 @@ pub fn parse_storage(text: &str) -> Result<(&'static str, Option<i32>), String> 
                     .parse::<i32>()
                     .ok()
                     .filter(|l| (1..=22).contains(l))
-                    .ok_or_else(|| {
-                        format!("zstd level '{level}' is not a whole number from 1 to 22")
-                    })?;
+                    .ok_or_else(|| Invalid::ZstdLevel(level.escape_debug().to_string()))?;
                 Ok(("zstd", Some(level)))
             }
-            None => Err(format!(
-                "unknown compression '{}' (expected raw, flate, zstd or zstd:LEVEL)",
-                text.escape_debug()
-            )),
+            None => Err(Invalid::Compression(text.escape_debug().to_string())),
         },
     }
 }

@@ -380,7 +380,8 @@ impl Store {
     /// so far lack it. Returns the store with the field, which replaces this one (it
     /// refuses writes now).
     fn add_field(&self, py: Python<'_>, name: String, compress: &str) -> PyResult<Store> {
-        let spec = zr_node::FieldSpec::stored(name, compress).map_err(PyValueError::new_err)?;
+        let spec = zr_node::FieldSpec::stored(name, compress)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let inner = py
             .detach(|| self.inner.add_field(spec))
             .map_err(node_error)?;
@@ -1238,7 +1239,9 @@ impl Stream {
         } else {
             zr_node::stream::WindowMode::Windows { seq_len, stride }
         };
-        let read: zr_node::ReadPath = read.parse().map_err(PyValueError::new_err)?;
+        let read: zr_node::ReadPath = read
+            .parse()
+            .map_err(|e: zr_node::UnknownReadPath| PyValueError::new_err(e.to_string()))?;
         let inner = zr_node::stream::Windows::new(self.inner.clone(), mode)
             .map_err(node_error)?
             .with_options(zr_node::GatherOptions {
@@ -1524,7 +1527,8 @@ fn train_dict(
     level: Option<i32>,
 ) -> PyResult<(u32, usize, usize)> {
     if let Some(level) = level {
-        zr_node::meta::parse_storage(&format!("zstd:{level}")).map_err(PyValueError::new_err)?;
+        zr_node::meta::parse_storage(&format!("zstd:{level}"))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
     }
     let report = py
         .detach(|| zr_node::rebalance::train_dict(&path, field, size, level, |_, _| {}))

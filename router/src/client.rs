@@ -184,7 +184,7 @@ impl AsyncClient {
     /// A handle on dataset `name` over the same connection (refused if the cluster has no
     /// such dataset).
     pub async fn dataset(&self, name: &str) -> Result<AsyncClient, Error> {
-        wire::check_dataset_name(name).map_err(|e| Error::Proto(zr_proto::Error::Malformed(e)))?;
+        wire::check_dataset_name(name).map_err(|e| Error::Proto(e.into()))?;
         let mut handle = self.addressing(name);
         handle.fields = handle.info().await?.1;
         Ok(handle)
@@ -584,7 +584,7 @@ impl AsyncClient {
                 };
                 let parts: &[PartReply] = if lengths.is_empty() { &[] } else { &[whole] };
                 reassemble(indices.len(), lengths.len(), parts)
-                    .map_err(|e| zr_proto::Error::Malformed(e).into())
+                    .map_err(|e| zr_proto::Error::Malformed(e.to_string()).into())
             }
             other => Err(unexpected("gather", &other)),
         }
@@ -613,8 +613,17 @@ impl AsyncClient {
         let deadline = tokio::time::Instant::now() + self.link.timeout;
         let mut pause = Duration::from_millis(5);
         let covering = indices.iter().copied().max().unwrap_or(0);
-        let mut view = match direct.view(self.name()).filter(|v| v.is_recent()) {
-            Some(view) => view,
+        let mut view = match direct.view(self.name()) {
+            Some(view) if view.is_recent() => view,
+            // Asked again now and then; a router that cannot answer leaves the reads to go
+            // by what it said last (the nodes refuse what that no longer places).
+            Some(view) => match self.topology(direct, covering).await {
+                Ok(fresh) => fresh,
+                Err(e) => {
+                    tracing::debug!("reading by the map the router gave last ({e})");
+                    view
+                }
+            },
             None => self.topology(direct, covering).await?,
         };
         let (mut len_asked, mut failed_over) = (false, false);

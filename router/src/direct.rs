@@ -193,7 +193,8 @@ impl Direct {
             ));
         }
         if parts.is_empty() {
-            let empty = reassemble(0, field_count, &[]).map_err(zr_proto::Error::Malformed)?;
+            let empty = reassemble(0, field_count, &[])
+                .map_err(|e| zr_proto::Error::Malformed(e.to_string()))?;
             return Ok(Gathered::Columns(empty));
         }
         let part_count = parts.len() as u32;

@@ -316,7 +316,12 @@ impl Nodes {
         addr: SocketAddr,
         shard: u32,
         replica: u32,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, Failure> {
+        let unavailable = |reason: String| Failure::ShardUnavailable {
+            shard,
+            addr,
+            reason,
+        };
         let header = self
             .encode_for(
                 None,
@@ -324,27 +329,36 @@ impl Nodes {
                 None,
                 &NodeRequest::Info,
             )
-            .map_err(|e| e.to_string())?;
-        let endpoint = zr_net::client_endpoint(addr).map_err(|e| e.to_string())?;
+            .map_err(|e| Failure::BadRequest(e.to_string()))?;
+        let endpoint = zr_net::client_endpoint(addr).map_err(|e| unavailable(e.to_string()))?;
         let asked = async {
             let connection = zr_net::connect(&endpoint, &self.security, addr, self.timeout)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| unavailable(e.to_string()))?;
             let chunks = zr_net::call_chunks(&connection, header, Vec::new(), self.timeout).await;
             connection.close(0u32.into(), b"probed");
-            let chunks = chunks.map_err(|e| e.to_string())?;
+            let chunks = chunks.map_err(|e| unavailable(e.to_string()))?;
             match wire::decode_reply_chunks(&chunks)
-                .map_err(|e| e.to_string())?
+                .map_err(|e| unavailable(e.to_string()))?
                 .0
             {
                 Reply::Info { len, .. } => Ok(len),
-                Reply::Error { message, .. } => Err(message),
-                other => Err(format!("answered Info with {other:?}")),
+                Reply::Error { code, message } => Err(Failure::ShardRefused {
+                    shard,
+                    code,
+                    message,
+                }),
+                other => Err(unavailable(format!("answered Info with {other:?}"))),
             }
         };
         let answer = tokio::time::timeout(self.timeout, asked)
             .await
-            .unwrap_or_else(|_| Err(format!("no answer within {} ms", self.timeout.as_millis())));
+            .unwrap_or_else(|_| {
+                Err(unavailable(format!(
+                    "no answer within {} ms",
+                    self.timeout.as_millis()
+                )))
+            });
         endpoint.close(0u32.into(), b"probed");
         answer
     }

@@ -66,12 +66,23 @@ struct Parsed {
     ends: Vec<u32>,
 }
 
-fn parse_documents(bytes: &[u8], block: u64) -> Result<Parsed, String> {
+/// What is wrong with a stream's dataset as a token stream.
+#[derive(Debug, thiserror::Error)]
+enum Malformed {
+    #[error(
+        "block {block}'s {DOCUMENTS_FIELD} record has {bytes} bytes: not 16 + 4 per document end"
+    )]
+    Documents { block: u64, bytes: usize },
+    #[error("tokens of {0}: a cluster's token streams hold uint16 (<u2) or uint32 (<u4)")]
+    TokenType(String),
+}
+
+fn parse_documents(bytes: &[u8], block: u64) -> Result<Parsed, Malformed> {
     if bytes.len() < 16 || !(bytes.len() - 16).is_multiple_of(4) {
-        return Err(format!(
-            "block {block}'s {DOCUMENTS_FIELD} record has {} bytes: not 16 + 4 per document end",
-            bytes.len()
-        ));
+        return Err(Malformed::Documents {
+            block,
+            bytes: bytes.len(),
+        });
     }
     let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
     let ends = bytes[16..]
@@ -122,7 +133,7 @@ impl ClusterStream {
         dtype: &str,
         block_tokens: u64,
     ) -> Result<ClusterStream, Error> {
-        let element_bytes = element_bytes(dtype).map_err(|reason| stream_error(name, reason))?;
+        let element_bytes = element_bytes(dtype).map_err(|e| stream_error(name, e.to_string()))?;
         if block_tokens == 0 || block_tokens * element_bytes > u32::MAX as u64 / 2 {
             return Err(stream_error(
                 name,
@@ -217,7 +228,7 @@ impl ClusterStream {
             .gather(&[last], &[TOKENS_FIELD, DOCUMENTS_FIELD])?;
         let tokens = columns[0].get(0).unwrap_or_default().to_vec();
         let parsed = parse_documents(columns[1].get(0).unwrap_or_default(), last)
-            .map_err(|r| self.error(r))?;
+            .map_err(|e| self.error(e.to_string()))?;
         let (block_tokens, element) = (parsed.block_tokens, parsed.element_bytes);
         if block_tokens == 0 || (self.block_tokens != 0 && block_tokens != self.block_tokens) {
             return Err(self.error(format!("block {last} says {block_tokens} tokens per block")));
@@ -293,7 +304,7 @@ impl ClusterStream {
     }
 
     fn check_mode(&self, mode: WindowMode) -> Result<(), Error> {
-        mode.check().map_err(|r| self.error(r))?;
+        mode.check().map_err(|e| self.error(e.to_string()))?;
         if matches!(mode, WindowMode::Documents { .. }) {
             return Err(self.error(
                 "document windows are offered for local streams only; read windows".into(),
@@ -362,7 +373,7 @@ impl ClusterStream {
                     )));
                 }
                 let parsed = parse_documents(columns[1].get(k).unwrap_or_default(), block)
-                    .map_err(|r| self.error(r))?;
+                    .map_err(|e| self.error(e.to_string()))?;
                 Ok((parsed.first_document, parsed.ends))
             })
             .collect::<Result<_, Error>>()?;
@@ -602,13 +613,11 @@ fn piece(column: &Contiguous, k: usize, from: u64, until: u64) -> Option<&[u8]> 
     column.get(k)?.get(from as usize..until as usize)
 }
 
-fn element_bytes(dtype: &str) -> Result<u64, String> {
+fn element_bytes(dtype: &str) -> Result<u64, Malformed> {
     match dtype {
         "<u2" | "=u2" | "u2" => Ok(2),
         "<u4" | "=u4" | "u4" => Ok(4),
-        other => Err(format!(
-            "tokens of {other}: a cluster's token streams hold uint16 (<u2) or uint32 (<u4)"
-        )),
+        other => Err(Malformed::TokenType(other.to_string())),
     }
 }
 

@@ -16,16 +16,21 @@ pub enum LogFormat {
 }
 
 impl std::str::FromStr for LogFormat {
-    type Err = String;
+    type Err = UnknownLogFormat;
 
-    fn from_str(text: &str) -> Result<LogFormat, String> {
+    fn from_str(text: &str) -> Result<LogFormat, UnknownLogFormat> {
         match text {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
-            other => Err(format!("'{other}' is not a log format: text or json")),
+            other => Err(UnknownLogFormat(other.to_string())),
         }
     }
 }
+
+/// A log format that is neither text nor json.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not a log format: text or json")]
+pub struct UnknownLogFormat(pub String);
 
 /// Starts logging to stderr at `level` (unless `RUST_LOG` says otherwise) in `format`.
 pub fn init_logging(level: &str, format: LogFormat) {

@@ -19,13 +19,23 @@ pub const GAUGE_IDLE: Duration = Duration::from_secs(60);
 
 /// Serves every metric recorded from now on at `http://listen/metrics`. Call from within
 /// the runtime that should run the listener.
-pub fn serve_metrics(listen: SocketAddr) -> Result<(), String> {
+pub fn serve_metrics(listen: SocketAddr) -> Result<(), MetricsError> {
+    let failed = |source| MetricsError { listen, source };
     PrometheusBuilder::new()
         .with_http_listener(listen)
         .set_buckets(&SECONDS_BUCKETS)
-        .map_err(|e| format!("metrics buckets: {e}"))?
+        .map_err(failed)?
         .upkeep_timeout(Duration::from_secs(5))
         .idle_timeout(metrics_util::MetricKindMask::GAUGE, Some(GAUGE_IDLE))
         .install()
-        .map_err(|e| format!("cannot serve metrics on {listen}: {e}"))
+        .map_err(failed)
+}
+
+/// The metrics exporter could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot serve metrics on {listen}: {source}")]
+pub struct MetricsError {
+    pub listen: SocketAddr,
+    #[source]
+    pub source: metrics_exporter_prometheus::BuildError,
 }

@@ -99,7 +99,7 @@ fn open_shard_store_fields(config: &ClusterConfig, dir: &Path) -> Result<Store, 
             let compress = f
                 .compress
                 .parse::<Compression>()
-                .map_err(Error::InvalidSchema)?;
+                .map_err(|e| Error::InvalidSchema(e.to_string()))?;
             Ok(FieldSpec::new(f.name.clone(), compress))
         })
         .collect::<Result<_, Error>>()?;
@@ -109,9 +109,9 @@ fn open_shard_store_fields(config: &ClusterConfig, dir: &Path) -> Result<Store, 
             .node
             .read
             .parse::<ReadPath>()
-            .map_err(|reason| Error::InvalidInput {
+            .map_err(|e| Error::InvalidInput {
                 path: config.origin.clone().into(),
-                reason,
+                reason: e.to_string(),
             })?,
         uncached: config.node.uncached,
         ..GatherOptions::default()
@@ -944,8 +944,7 @@ fn field_info(spec: &FieldSpec) -> FieldInfo {
 
 /// The field a wire description asks for: its compression and type checked.
 fn field_spec(info: &FieldInfo) -> Result<FieldSpec, Error> {
-    let spec =
-        FieldSpec::stored(info.name.clone(), &info.compress).map_err(Error::InvalidSchema)?;
+    let spec = FieldSpec::stored(info.name.clone(), &info.compress)?;
     Ok(match (&info.dtype, &info.shape) {
         (Some(dtype), shape) => spec.typed(dtype.clone(), shape.clone().unwrap_or_default()),
         (None, _) => spec,

@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::SchemaError;
 use crate::error::{Error, IoContext, Result};
 use crate::lock::Locks;
 use crate::map::{Mapped, PAGE_BYTES};
@@ -87,40 +88,41 @@ impl Component {
 }
 
 /// Checks an element type; returns its size in bytes.
-pub fn element_bytes(element: &[Component]) -> Result<u64, String> {
+pub fn element_bytes(element: &[Component]) -> Result<u64, SchemaError> {
     let Some(token) = element.first() else {
-        return Err("an element needs at least its token component".into());
+        return Err(SchemaError::NoToken);
     };
     if !matches!(
         token.dtype.as_str(),
         "<u2" | "<u4" | "=u2" | "=u4" | "u2" | "u4"
     ) {
-        return Err(format!(
-            "the token component '{}' is {}: tokens are uint16 (<u2) or uint32 (<u4)",
-            token.name, token.dtype
-        ));
+        return Err(SchemaError::TokenType {
+            name: token.name.clone(),
+            dtype: token.dtype.clone(),
+        });
     }
     let mut bytes = 0;
     for (k, c) in element.iter().enumerate() {
         FieldSpec::raw(c.name.clone())
             .validate()
-            .map_err(|e| format!("element component {k}: {e}"))?;
+            .map_err(|e| e.of(format!("element component {k}")))?;
         if element[..k].iter().any(|o| o.name == c.name) {
-            return Err(format!("element component '{}' appears twice", c.name));
+            return Err(SchemaError::ComponentTwice(c.name.clone()));
         }
         if c.dtype.starts_with('>') {
-            return Err(format!(
-                "element component '{}' is big-endian ({}); streams store little-endian values",
-                c.name, c.dtype
-            ));
+            return Err(SchemaError::BigEndian {
+                name: c.name.clone(),
+                dtype: c.dtype.clone(),
+            });
         }
-        bytes +=
-            dtype_itemsize(&c.dtype).map_err(|e| format!("element component '{}': {e}", c.name))?;
+        bytes += dtype_itemsize(&c.dtype)
+            .map_err(|e| e.of(format!("element component '{}'", c.name)))?;
     }
     if bytes > ELEMENT_BYTES_MAX {
-        return Err(format!(
-            "an element of {bytes} bytes is larger than the {ELEMENT_BYTES_MAX} allowed"
-        ));
+        return Err(SchemaError::ElementTooLarge {
+            bytes,
+            max: ELEMENT_BYTES_MAX,
+        });
     }
     Ok(bytes)
 }
@@ -197,7 +199,7 @@ impl StreamMeta {
             reason,
         };
         let meta: StreamMeta = serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?;
-        element_bytes(&meta.element).map_err(corrupt)?;
+        element_bytes(&meta.element).map_err(|e| corrupt(e.to_string()))?;
         if meta.documents == 0 && meta.tokens != 0 {
             return Err(corrupt(format!("{} tokens in no document", meta.tokens)));
         }
@@ -236,7 +238,7 @@ impl StreamView {
     ) -> Result<StreamView> {
         let element_bytes = element_bytes(&meta.element).map_err(|reason| Error::Corrupt {
             path: dir.join(STREAM_FILE),
-            reason,
+            reason: reason.to_string(),
         })?;
         let need =
             |name: &str, bytes: u64, old: Option<&Arc<Mapped>>| map_at_least(dir, name, bytes, old);
@@ -405,7 +407,7 @@ impl Stream {
     /// opens it for writing.
     pub fn create(dir: impl AsRef<Path>, element: Vec<Component>) -> Result<Stream> {
         let dir = dir.as_ref();
-        element_bytes(&element).map_err(Error::InvalidSchema)?;
+        element_bytes(&element)?;
         if dir.exists() {
             let mut entries = std::fs::read_dir(dir).ctx("read directory", dir)?;
             if entries.next().is_some() {

@@ -60,7 +60,8 @@ pub struct Windows {
 impl Windows {
     /// Observations of `stream` as `mode` says; `seq_len` and `stride` must be at least 1.
     pub fn new(stream: Arc<Stream>, mode: WindowMode) -> Result<Windows> {
-        mode.check().map_err(Error::InvalidRecord)?;
+        mode.check()
+            .map_err(|e| Error::InvalidRecord(e.to_string()))?;
         Ok(Windows {
             stream,
             mode,

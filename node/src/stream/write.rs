@@ -77,7 +77,7 @@ impl Tail {
         let meta = StreamMeta::load(dir)?;
         let e = element_bytes(&meta.element).map_err(|reason| Error::Corrupt {
             path: dir.join(super::STREAM_FILE),
-            reason,
+            reason: reason.to_string(),
         })?;
         let open = |name: &str| {
             let path = dir.join(name);

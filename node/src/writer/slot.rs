@@ -102,10 +102,7 @@ impl Slot {
                                 Compress::new(flate2::Compression::default(), false)
                             });
                             deflate(compressor, payload, &mut self.compressed).map_err(|e| {
-                                Error::InvalidRecord(format!(
-                                    "field '{}': cannot deflate: {e}",
-                                    spec.name
-                                ))
+                                Error::InvalidRecord(format!("field '{}': {e}", spec.name))
                             })?;
                             &self.compressed
                         }
@@ -236,7 +233,11 @@ impl Slot {
 const STORED_BYTES_MAX: usize = 32;
 
 /// `payload` as a raw Deflate stream in `out`.
-fn deflate(compressor: &mut Compress, payload: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+fn deflate(
+    compressor: &mut Compress,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), crate::codec::CodecError> {
     if payload.len() <= STORED_BYTES_MAX {
         let len = payload.len() as u16;
         out.clear();
@@ -253,7 +254,7 @@ fn deflate(compressor: &mut Compress, payload: &[u8], out: &mut Vec<u8>) -> Resu
         let consumed = compressor.total_in() as usize;
         let status = compressor
             .compress_vec(&payload[consumed..], out, FlushCompress::Finish)
-            .map_err(|e| e.to_string())?;
+            .map_err(crate::codec::CodecError::Deflate)?;
         match status {
             Status::StreamEnd => return Ok(()),
             Status::Ok | Status::BufError => out.reserve(out.capacity().max(64)),

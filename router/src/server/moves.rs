@@ -257,7 +257,7 @@ impl Router {
                                     "it holds {len} records, and a new shard's nodes start empty"
                                 )))
                             }
-                            Err(reason) => return Err(refused(reason)),
+                            Err(failure) => return Err(failure),
                         }
                     }
                     self.nodes
