@@ -20,7 +20,9 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+// The runtime's clock: virtual in a simulated cluster on virtual time, so a seed replays a
+// move's pacing too.
+use tokio::time::Instant;
 
 use zr_meta::cluster::{self, AddedShard, ClusterRecord, MapChange, MapMove, MapRecord};
 use zr_proto::placement::{ClusterMap, Placement};

@@ -15,7 +15,10 @@
 //! before any write goes on: then it holds exactly what its partners hold.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The runtime's clock: virtual in a simulated cluster on virtual time.
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use zr_proto::wire::{self, NodeRequest, Reply};
