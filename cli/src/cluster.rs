@@ -72,6 +72,7 @@ impl RouterArgs {
             // Reads go one hop; a command that writes or administers only talks to the
             // router, so it makes no links to the nodes.
             direct: !self.via_router && needs == Access::Read,
+            ..ClientOptions::default()
         };
         let client = Client::connect_with(addr, security, options)?;
         Ok(Some(match &self.dataset {

@@ -472,7 +472,11 @@ impl Client {
         let timeout = std::time::Duration::from_millis(timeout_ms.max(1));
         let inner = py
             .detach(|| {
-                let options = zr_router::ClientOptions { timeout, direct };
+                let options = zr_router::ClientOptions {
+                    timeout,
+                    direct,
+                    ..zr_router::ClientOptions::default()
+                };
                 let client = zr_router::Client::connect_with(addr, security, options)?;
                 match dataset {
                     Some(name) => client.dataset(name),

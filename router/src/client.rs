@@ -63,6 +63,9 @@ pub struct ClientOptions {
     /// through the router. A client that cannot reach any node at connect reads through the
     /// router, and says so once in its log.
     pub direct: bool,
+    /// Connections to each node for one-hop gathers, taken in turn (0: by the core count,
+    /// one per four cores beyond four, up to four).
+    pub connections_per_node: usize,
 }
 
 impl Default for ClientOptions {
@@ -70,6 +73,7 @@ impl Default for ClientOptions {
         ClientOptions {
             timeout: Duration::from_millis(CLIENT_TIMEOUT_MS_DEFAULT),
             direct: true,
+            connections_per_node: 0,
         }
     }
 }
@@ -130,7 +134,7 @@ impl AsyncClient {
         let (_, fields) = client.info().await?;
         client.fields = fields;
         let direct = match options.direct {
-            true => client.connect_direct().await,
+            true => client.connect_direct(options.connections_per_node).await,
             false => None,
         };
         let _ = client.link.direct.set(direct);
@@ -139,7 +143,11 @@ impl AsyncClient {
 
     /// Links to the nodes for one-hop gathers, or `None` (said in the log) if the router
     /// cannot describe them or none answers.
-    async fn connect_direct(&self) -> Option<Direct> {
+    async fn connect_direct(&self, connections: usize) -> Option<Direct> {
+        let connections = match connections {
+            0 => direct::connections_per_node(),
+            n => n,
+        };
         let described = async {
             let topology = direct::topology_of(
                 self.call(&ClientRequest::Topology { covering: 0 }, Vec::new())
@@ -151,6 +159,7 @@ impl AsyncClient {
                 topology,
                 self.link.security.clone(),
                 self.link.timeout,
+                connections,
             )
             .await
         };

@@ -44,7 +44,10 @@ const REACH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A client's one-hop reads: its links to the nodes and, per dataset, how it is placed.
 pub(crate) struct Direct {
-    nodes: Arc<Nodes>,
+    /// One set of links per connection a node gets (see [`connections_per_node`]); gathers
+    /// take them in turn.
+    sets: Vec<Arc<Nodes>>,
+    turn: std::sync::atomic::AtomicUsize,
     views: std::sync::Mutex<HashMap<String, Arc<View>>>,
 }
 
@@ -95,11 +98,16 @@ impl Direct {
         topology: Topology,
         security: Security,
         timeout: Duration,
+        connections: usize,
     ) -> Result<Direct, Error> {
         // Each exchange with a node is bounded as the router bounds its own, so that a node
         // that fails is reported naming its shard, as through the router.
         let node_timeout = Duration::from_millis(topology.timeout_ms.max(1)).min(timeout);
-        let nodes = Arc::new(Nodes::for_client(&topology, security, node_timeout)?);
+        let nodes = Arc::new(Nodes::for_client(
+            &topology,
+            security.clone(),
+            node_timeout,
+        )?);
         // One node answering is enough: the others fail over as a router's do.
         let reach = REACH_TIMEOUT.min(timeout);
         let mut attempts: futures::stream::FuturesUnordered<_> = nodes
@@ -128,9 +136,17 @@ impl Direct {
                 last.unwrap_or_else(|| "the cluster has no nodes".into())
             )));
         }
-        nodes.watch();
+        let mut sets = vec![nodes];
+        for _ in 1..connections.max(1) {
+            let more = Nodes::for_client(&topology, security.clone(), node_timeout)?;
+            sets.push(Arc::new(more));
+        }
+        for set in &sets {
+            set.watch();
+        }
         let direct = Direct {
-            nodes,
+            sets,
+            turn: std::sync::atomic::AtomicUsize::new(0),
             views: std::sync::Mutex::new(HashMap::new()),
         };
         direct.keep(dataset, &topology)?;
@@ -153,7 +169,9 @@ impl Direct {
         dataset: &str,
         topology: &Topology,
     ) -> Result<Arc<View>, Error> {
-        self.nodes.adopt(topology).await?;
+        for set in &self.sets {
+            set.adopt(topology).await?;
+        }
         self.keep(dataset, topology)
     }
 
@@ -200,7 +218,7 @@ impl Direct {
         let part_count = parts.len() as u32;
         let (frames, mut received) = tokio::sync::mpsc::channel(FRAMES_QUEUED);
         let forwarded = forward_parts(
-            Arc::clone(&self.nodes),
+            Arc::clone(self.next_set()),
             Placed {
                 dataset: dataset.map(Arc::from),
                 map_version: view.placement.version(),
@@ -231,14 +249,31 @@ impl Direct {
 
     /// How many replicas each shard has.
     pub(crate) fn replicas(&self) -> u32 {
-        self.nodes.replicas()
+        self.sets[0].replicas()
     }
 
     /// Closes every link to the nodes; returns their endpoints, to wait on while the closes
     /// go out.
     pub(crate) fn close(&self) -> Vec<quinn::Endpoint> {
-        self.nodes.close_all()
+        self.sets.iter().flat_map(|set| set.close_all()).collect()
     }
+}
+
+impl Direct {
+    /// The set of links the next gather goes through.
+    fn next_set(&self) -> &Arc<Nodes> {
+        let k = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.sets[k % self.sets.len()]
+    }
+}
+
+/// Connections a client opens to each node by default: one per four cores beyond the first
+/// four, up to four. A QUIC connection is driven by one task, so one node's replies reach a
+/// client at what one core decodes; more connections let more cores take part where a
+/// client has them (with S shards a gather already spreads over S connections).
+pub(crate) fn connections_per_node() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / 4).clamp(1, 4)
 }
 
 /// The topology reply's contents, or what else the router answered.

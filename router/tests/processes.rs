@@ -161,6 +161,7 @@ fn connect_with(addr: &str, certs: &Path, direct: bool) -> Client {
     let options = zr_router::ClientOptions {
         timeout: Duration::from_secs(2),
         direct,
+        ..zr_router::ClientOptions::default()
     };
     loop {
         let security = Security::load(certs, Role::Writer).unwrap();
@@ -1711,6 +1712,7 @@ fn router_memory_returns_after_abandoned_gathers() {
     let options = zr_router::ClientOptions {
         timeout: Duration::from_secs(10),
         direct: false,
+        ..zr_router::ClientOptions::default()
     };
     let routed = Client::connect_with(
         addr.parse().unwrap(),

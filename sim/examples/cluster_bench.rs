@@ -55,6 +55,9 @@ struct Args {
     /// Fewest batches per method (its turns run longer until then): a p99 needs a few hundred.
     #[arg(long, default_value_t = 300)]
     min_batches: usize,
+    /// Connections the one-hop client opens to each node (0: by the core count).
+    #[arg(long, default_value_t = 0)]
+    connections: usize,
     /// Measure only the methods whose names contain one of these words (plain quinn, the
     /// baseline, always runs), e.g. `--only direct` to profile one path.
     #[arg(long, value_delimiter = ',')]
@@ -103,10 +106,14 @@ fn run(args: &Args, size: usize) -> Result<()> {
     };
     load(&mut |batch| Ok(client.append_many(batch).map(|_| ())?))?;
     client.commit()?;
+    let routed = cluster.client_via_router()?;
+    let client = cluster.client_with_options(zr_router::ClientOptions {
+        connections_per_node: args.connections,
+        ..zr_router::ClientOptions::default()
+    })?;
     if !client.reads_direct() {
         return Err("the client library could not reach the nodes: no one-hop row".into());
     }
-    let routed = cluster.client_via_router()?;
     // The same records in one local store, for the nodes' request handling alone.
     let local_dir = tempfile::tempdir()?;
     let local = zr_shard::server::open_shard_store(cluster.config(), local_dir.path(), 0, 0)?;

@@ -372,7 +372,9 @@ impl SimCluster {
         self.client_with(false)
     }
 
-    fn client_with(&self, direct: bool) -> Result<Client, SimError> {
+    /// A client of the first router connected as `options` say (its timeout: the
+    /// cluster's client timeout), with the operator role.
+    pub fn client_with_options(&self, options: ClientOptions) -> Result<Client, SimError> {
         if self.virtual_time {
             return Err(
                 "a cluster on virtual time has async clients only: use async_client".into(),
@@ -380,13 +382,20 @@ impl SimCluster {
         }
         let options = ClientOptions {
             timeout: self.client_timeout(),
-            direct,
+            ..options
         };
         Ok(Client::connect_with(
             self.router_addr(),
             self.security(Role::Operator)?,
             options,
         )?)
+    }
+
+    fn client_with(&self, direct: bool) -> Result<Client, SimError> {
+        self.client_with_options(ClientOptions {
+            direct,
+            ..ClientOptions::default()
+        })
     }
 
     /// An async client of the first router, on the cluster's runtime: use it inside

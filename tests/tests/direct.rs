@@ -127,9 +127,22 @@ fn one_hop_gathers_are_byte_exact_and_go_around_the_router() {
     assert_eq!(e.code(), Some(ErrorCode::IndexOutOfRange), "{e}");
     assert!(e.to_string().contains(&RECORDS.to_string()), "{e}");
 
+    // Several connections to each node, taken in turn: the same records.
+    let spread = cluster
+        .client_with_options(ClientOptions {
+            connections_per_node: 3,
+            ..ClientOptions::default()
+        })
+        .expect("client");
+    assert!(spread.reads_direct());
+    for seed in 30..40 {
+        check(&spread, &batch(seed, RECORDS)).expect("three connections a node");
+    }
+
     cluster.stop_router(0).expect("stop the router");
     for seed in 20..30 {
         check(&client, &batch(seed, RECORDS)).expect("one hop, no router");
+        check(&spread, &batch(seed, RECORDS)).expect("three connections, no router");
     }
     assert!(
         check(&routed, &batch(0, RECORDS)).is_err(),
@@ -247,6 +260,7 @@ fn a_client_that_cannot_reach_the_nodes_reads_through_the_router() {
     let options = ClientOptions {
         timeout: cluster.client_timeout(),
         direct: true,
+        ..ClientOptions::default()
     };
     let started = Instant::now();
     let client = Client::connect_with(
