@@ -558,3 +558,117 @@ fn interleaved_move_run(seed: u64) {
         }
     });
 }
+
+/// With two replicas, any one node killed in turn while a client gathers and appends — on
+/// virtual time, so the seed orders every kill, heartbeat and catch-up against the load —
+/// costs the client nothing: no error, no wrong byte; each node restarted catches up, and
+/// the cluster equals the model at the end.
+#[test]
+fn any_one_node_killed_in_turn_costs_nothing_with_two_replicas() {
+    let seed = zr_sim::SimOptions::default().seed;
+    eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run)");
+    let mut cluster = SimCluster::start(
+        2,
+        SimOptions {
+            extent_records: 3,
+            timeout_ms: 2_000,
+            seed,
+            virtual_time: true,
+            replicas: 2,
+            ..SimOptions::default()
+        },
+    )
+    .unwrap();
+    let client = cluster.async_client().unwrap();
+    let mut model: Vec<Vec<u8>> = (0..300).map(|k| row(mix2(seed, k))).collect();
+    cluster.run(async {
+        let records: Vec<Record> = model
+            .iter()
+            .map(|r| Record::new().with("data", r))
+            .collect();
+        client.append_many(&records).await.unwrap();
+        client.commit().await.unwrap();
+    });
+    let mut step = 0u64;
+    // Gathers and appends for `span` of the cluster's clock, each checked against the model.
+    let mut load = |cluster: &SimCluster, model: &mut Vec<Vec<u8>>, span: Duration| {
+        cluster.run(async {
+            let until = Instant::now() + span;
+            while Instant::now() < until {
+                step += 1;
+                let r = mix2(seed, step);
+                if r.is_multiple_of(4) {
+                    let new: Vec<Vec<u8>> = (0..1 + r % 5).map(|j| row(mix2(r, j))).collect();
+                    let records: Vec<Record> =
+                        new.iter().map(|r| Record::new().with("data", r)).collect();
+                    let range = client
+                        .append_many(&records)
+                        .await
+                        .unwrap_or_else(|e| panic!("seed {seed}: an append failed: {e}"));
+                    assert_eq!(range.start, model.len() as u64, "seed {seed}");
+                    model.extend(new);
+                } else {
+                    let indices: Vec<u64> = (0..1 + r % 48)
+                        .map(|j| mix2(r, j) % model.len() as u64)
+                        .collect();
+                    let columns = client
+                        .gather(&indices, &[])
+                        .await
+                        .unwrap_or_else(|e| panic!("seed {seed}: a gather failed: {e}"));
+                    for (pos, &i) in indices.iter().enumerate() {
+                        assert!(
+                            columns[0].get(pos).unwrap() == &model[i as usize][..],
+                            "seed {seed}: record {i} differs"
+                        );
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    for node in 0..cluster.node_count() {
+        load(&cluster, &mut model, Duration::from_millis(300));
+        cluster.crash_node(node);
+        load(&cluster, &mut model, Duration::from_millis(1_500));
+        // The kill was seen: the node is down, and the load went on regardless.
+        let status = cluster.run(async { client.status().await }).unwrap();
+        let (shard, replica) = cluster.place(node);
+        let seen = status
+            .nodes
+            .iter()
+            .find(|n| (n.shard, n.replica) == (shard, replica))
+            .unwrap();
+        assert!(seen.state.starts_with("down"), "seed {seed}: {seen:?}");
+        cluster.start_node(node).unwrap();
+        // Load goes on until the router has every replica in sync again.
+        let mut waited = Duration::ZERO;
+        loop {
+            load(&cluster, &mut model, Duration::from_millis(200));
+            waited += Duration::from_millis(200);
+            let status = cluster.run(async { client.status().await }).unwrap();
+            if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
+                break;
+            }
+            assert!(
+                waited < Duration::from_secs(120),
+                "seed {seed}: node {node} never caught up: {status:?}"
+            );
+        }
+    }
+    eprintln!(
+        "seed {seed}: {step} steps, {} records, every node killed once",
+        model.len()
+    );
+    cluster.run(async {
+        client.commit().await.unwrap();
+        assert_eq!(client.len().await.unwrap(), model.len() as u64);
+        let all: Vec<u64> = (0..model.len() as u64).collect();
+        let columns = client.gather(&all, &[]).await.unwrap();
+        for (i, want) in model.iter().enumerate() {
+            assert!(
+                columns[0].get(i).unwrap() == &want[..],
+                "seed {seed}: record {i}"
+            );
+        }
+    });
+}
