@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use zr_common::hash::mix2;
 use zr_common::Record;
-use zr_router::Client;
+use zr_router::{AsyncClient, Client};
 
 /// A record of the model: field `a`, field `b`.
 pub type Row = [Vec<u8>; 2];
@@ -39,6 +39,38 @@ pub fn append(client: &Client, model: &mut Vec<Row>, seed: u64, count: u64, long
         "appended at the wrong index"
     );
     model.extend(rows);
+}
+
+/// [`append`] through an async client (a cluster on virtual time).
+pub async fn append_async(
+    client: &AsyncClient,
+    model: &mut Vec<Row>,
+    seed: u64,
+    count: u64,
+    longest: u64,
+) {
+    let rows: Vec<Row> = (0..count).map(|k| row(mix2(seed, k), longest)).collect();
+    let records: Vec<Record> = rows.iter().map(record).collect();
+    let range = client.append_many(&records).await.expect("append");
+    assert_eq!(
+        range.start,
+        model.len() as u64,
+        "appended at the wrong index"
+    );
+    model.extend(rows);
+}
+
+/// [`check`] through an async client (a cluster on virtual time).
+pub async fn check_async(client: &AsyncClient, model: &[Row], indices: &[u64]) {
+    let columns = client.gather(indices, &[]).await.expect("gather");
+    for (pos, &i) in indices.iter().enumerate() {
+        for (f, column) in columns.iter().enumerate() {
+            assert!(
+                column.get(pos) == Some(&model[i as usize][f][..]),
+                "field {f} of record {i} differs"
+            );
+        }
+    }
 }
 
 /// Gathers `indices` through `client`: every field of every record as the model has it.

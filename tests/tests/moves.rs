@@ -4,14 +4,14 @@
 //! (its router killed there, a node crashed meanwhile) finished by running it again.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_router::server::MoveStep;
 use zr_router::{Client, MapChange};
 use zr_sim::{SimCluster, SimOptions};
-use zr_tests::{append, check_all, serves_all, wait_in_sync, Row};
+use zr_tests::{self as kit, append, check_all, serves_all, wait_in_sync};
 
 /// Longest field `a` of a row: small, as every move copies them.
 const LONGEST: u64 = 48;
@@ -29,22 +29,14 @@ fn options(replicas: u32) -> SimOptions {
     }
 }
 
-/// Random gathers (through each of `readers` in turn) and appends (through `writer`) on
-/// their own thread until `stop`; returns the model and the gathers checked.
-fn load(
-    writer: Client,
-    readers: Vec<Client>,
-    model: Vec<Row>,
-    stop: Arc<AtomicBool>,
-    seed: u64,
-) -> std::thread::JoinHandle<(Vec<Row>, u64)> {
-    zr_tests::load(writer, readers, model, stop, seed, 16, LONGEST)
-}
-
 /// Every shard holds what the map gives it (counted by the router's status), the shards
 /// holding records within `tolerance` of an even share, and `drained` none.
-fn check_spread(client: &Client, records: u64, drained: &[u32], tolerance: f64) {
-    let status = client.status().expect("status");
+fn check_spread(
+    status: &zr_proto::wire::ClusterStatus,
+    records: u64,
+    drained: &[u32],
+    tolerance: f64,
+) {
     let mut per_shard: std::collections::BTreeMap<u32, u64> = Default::default();
     for node in status.nodes.iter().filter(|n| n.replica == 0) {
         per_shard.insert(node.shard, node.records.expect("every node answers"));
@@ -65,14 +57,29 @@ fn check_spread(client: &Client, records: u64, drained: &[u32], tolerance: f64) 
 }
 
 /// 2 → 3 → 4 shards, then shard 1 drained, each move under a running loop of gathers and
-/// appends through a second router (which learns the new nodes and maps from the metadata
-/// store and from its nodes' refusals); checked after each.
+/// appends (gathers through a second router's map too, which learns the new nodes and maps
+/// from the metadata store and from its nodes' refusals); checked after each. On virtual
+/// time: the seed orders every copy, switch and request (`ZR_SIM_SEED` replays a run).
 fn grow_and_drain(replicas: u32) {
-    let mut cluster = SimCluster::start(2, options(replicas)).expect("cluster");
+    let seed = SimOptions::default().seed;
+    eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run)");
+    let mut cluster = SimCluster::start(
+        2,
+        SimOptions {
+            virtual_time: true,
+            seed,
+            ..options(replicas)
+        },
+    )
+    .expect("cluster");
     let other = cluster.add_router().expect("second router");
-    let client = cluster.client().expect("client");
+    let client = cluster.async_client().expect("client");
+    let second = cluster
+        .async_client_of(other)
+        .expect("client of the second router");
+    let mover = cluster.async_client().expect("client");
     let mut model = Vec::new();
-    append(&client, &mut model, 1, 6000, LONGEST);
+    cluster.run(kit::append_async(&client, &mut model, 1, 6000, LONGEST));
     for (step, change) in [
         MapChange::AddShard,
         MapChange::AddShard,
@@ -84,44 +91,68 @@ fn grow_and_drain(replicas: u32) {
         if change == MapChange::AddShard {
             cluster.add_shard_nodes().expect("new shard's nodes");
         }
-        let client = cluster.client().expect("client");
-        let stop = Arc::new(AtomicBool::new(false));
-        // Writes through one router (a second would wait for the write lease the first
-        // holds while it writes), reads through both.
-        let second = Client::connect_with_timeout(
-            other,
-            cluster
-                .security(zr_net::tls::Role::Writer)
-                .expect("security"),
-            cluster.client_timeout(),
-        )
-        .expect("client of the second router");
-        let running = load(
-            cluster.client().expect("client"),
-            vec![second, cluster.client().expect("client")],
-            std::mem::take(&mut model),
-            Arc::clone(&stop),
-            step as u64,
-        );
-        std::thread::sleep(Duration::from_millis(200));
-        let report = cluster.run_move(&client, change).expect("the move");
-        std::thread::sleep(Duration::from_millis(200));
-        stop.store(true, Ordering::SeqCst);
-        let (grown, gathers) = running.join().expect("the load's checks");
-        model = grown;
+        let nodes = cluster.listed_nodes();
+        let moved = AtomicBool::new(false);
+        let (report, gathers) = cluster.run(async {
+            let moving = async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                mover
+                    .move_shards(change, nodes)
+                    .await
+                    .expect("start the move");
+                let report = loop {
+                    let report = mover.move_progress().await.expect("progress");
+                    let report = report.expect("a move");
+                    assert!(report.error.is_none(), "seed {seed}: {report:?}");
+                    if report.done {
+                        break report;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                };
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                moved.store(true, Ordering::SeqCst);
+                report
+            };
+            let working = async {
+                let mut gathers = 0u64;
+                for k in 0u64.. {
+                    if moved.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let r = mix2(seed ^ step as u64, k);
+                    if r.is_multiple_of(4) {
+                        kit::append_async(&client, &mut model, r, 1 + r % 16, LONGEST).await;
+                    } else {
+                        let indices: Vec<u64> =
+                            (0..64).map(|j| mix2(r, j) % model.len() as u64).collect();
+                        let reader = if k % 2 == 0 { &client } else { &second };
+                        kit::check_async(reader, &model, &indices).await;
+                        gathers += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                gathers
+            };
+            tokio::join!(moving, working)
+        });
         assert!(gathers > 0, "no gather ran during the move");
         assert!(report.done && report.moved > 0 && report.moved < report.records);
-        check_all(&client, &model);
+        let status = cluster.run(async {
+            let all: Vec<u64> = (0..model.len() as u64).collect();
+            assert_eq!(client.len().await.expect("len"), model.len() as u64);
+            kit::check_async(&client, &model, &all).await;
+            client.status().await.expect("status")
+        });
         let drained: &[u32] = if step == 2 { &[1] } else { &[] };
-        check_spread(&client, model.len() as u64, drained, 0.25);
-        assert_eq!(
-            client.status().expect("status").map_version,
-            2 + step as u64
-        );
+        check_spread(&status, model.len() as u64, drained, 0.25);
+        assert_eq!(status.map_version, 2 + step as u64);
     }
     // Still writable and readable as a whole.
-    append(&client_of(&cluster), &mut model, 99, 100, LONGEST);
-    check_all(&client_of(&cluster), &model);
+    cluster.run(async {
+        kit::append_async(&client, &mut model, 99, 100, LONGEST).await;
+        let all: Vec<u64> = (0..model.len() as u64).collect();
+        kit::check_async(&second, &model, &all).await;
+    });
 }
 
 /// Waits until a write could take the cluster's write lease (a killed router's lapses
@@ -181,7 +212,7 @@ fn adding_a_fifth_shard_moves_a_fifth_of_the_records() {
         "moved {} of {n} records",
         report.moved
     );
-    check_spread(&client, n, &[], 0.05);
+    check_spread(&client.status().expect("status"), n, &[], 0.05);
     check_all(&client, &model);
 }
 

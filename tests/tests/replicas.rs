@@ -39,32 +39,7 @@ fn load(
     kit::load(client, Vec::new(), model, stop, 0x5eed, 8, LONGEST)
 }
 
-#[test]
-fn any_one_node_killed_in_turn_loses_no_gather_and_no_append() {
-    let mut cluster = SimCluster::start(3, options()).expect("cluster");
-    let client = cluster.client().expect("client");
-    let mut model = Vec::new();
-    append(&client, &mut model, 1, 400, LONGEST);
-    client.commit().expect("commit");
-    let stop = Arc::new(AtomicBool::new(false));
-    let worker = load(cluster.client().expect("client"), model, Arc::clone(&stop));
-    for node in 0..cluster.node_count() {
-        std::thread::sleep(Duration::from_millis(300));
-        cluster.crash_node(node);
-        std::thread::sleep(Duration::from_millis(1_000));
-        cluster.start_node(node).expect("restart");
-        wait_in_sync(&client, Duration::from_secs(60));
-    }
-    stop.store(true, Ordering::SeqCst);
-    let (model, gathers) = worker.join().expect("no caller saw an error");
-    assert!(gathers > 0);
-    check_all(&client, &model);
-    // And each replica alone holds all of it: every partner down in turn.
-    for shard in 0..3 {
-        cluster.crash_node(cluster.node(shard, 0));
-    }
-    check_all(&client, &model);
-}
+// Any one node killed in turn under load: `virtual_time.rs`, on the cluster's clock.
 
 #[test]
 fn a_wiped_node_rebuilds_online_and_then_serves_alone() {

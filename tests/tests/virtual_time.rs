@@ -561,8 +561,8 @@ fn interleaved_move_run(seed: u64) {
 
 /// With two replicas, any one node killed in turn while a client gathers and appends — on
 /// virtual time, so the seed orders every kill, heartbeat and catch-up against the load —
-/// costs the client nothing: no error, no wrong byte; each node restarted catches up, and
-/// the cluster equals the model at the end.
+/// costs the client nothing: no error, no wrong byte; each node restarted catches up, the
+/// cluster equals the model at the end, and each replica alone then serves all of it.
 #[test]
 fn any_one_node_killed_in_turn_costs_nothing_with_two_replicas() {
     let seed = zr_sim::SimOptions::default().seed;
@@ -668,6 +668,20 @@ fn any_one_node_killed_in_turn_costs_nothing_with_two_replicas() {
             assert!(
                 columns[0].get(i).unwrap() == &want[..],
                 "seed {seed}: record {i}"
+            );
+        }
+    });
+    // And each caught-up replica alone holds all of it: every partner down in turn.
+    for shard in 0..2 {
+        cluster.crash_node(cluster.node(shard, 0));
+    }
+    cluster.run(async {
+        let all: Vec<u64> = (0..model.len() as u64).collect();
+        let columns = client.gather(&all, &[]).await.unwrap();
+        for (i, want) in model.iter().enumerate() {
+            assert!(
+                columns[0].get(i).unwrap() == &want[..],
+                "seed {seed}: record {i} from the other replicas"
             );
         }
     });
