@@ -73,6 +73,61 @@ pub async fn check_async(client: &AsyncClient, model: &[Row], indices: &[u64]) {
     }
 }
 
+/// Gathers (of 64 random records) and appends (of up to `longest_batch` rows) through
+/// `client` for `span` of the cluster's clock, each gather checked against `model`; on a
+/// cluster on virtual time, inside `SimCluster::run`. Returns the gathers made.
+pub async fn load_for(
+    client: &AsyncClient,
+    model: &mut Vec<Row>,
+    seed: u64,
+    span: Duration,
+    longest_batch: u64,
+    longest: u64,
+) -> u64 {
+    let until = tokio::time::Instant::now() + span;
+    let mut gathers = 0;
+    for step in 0u64.. {
+        if tokio::time::Instant::now() >= until {
+            break;
+        }
+        let r = mix2(seed, step);
+        if r.is_multiple_of(4) {
+            append_async(client, model, r, 1 + r % longest_batch, longest).await;
+        } else {
+            let indices: Vec<u64> = (0..64).map(|k| mix2(r, k) % model.len() as u64).collect();
+            check_async(client, model, &indices).await;
+            gathers += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    gathers
+}
+
+/// [`load_for`] in slices of 200 ms of the cluster's clock until the router has every
+/// replica in sync and up, `within` at most; returns the gathers made.
+pub fn load_until_in_sync(
+    cluster: &zr_sim::SimCluster,
+    client: &AsyncClient,
+    model: &mut Vec<Row>,
+    seed: u64,
+    within: Duration,
+    longest: u64,
+) -> u64 {
+    let mut gathers = 0;
+    let mut waited = Duration::ZERO;
+    for slice in 0u64.. {
+        let span = Duration::from_millis(200);
+        gathers += cluster.run(load_for(client, model, mix2(seed, slice), span, 8, longest));
+        waited += span;
+        let status = cluster.run(client.status()).expect("status");
+        if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
+            break;
+        }
+        assert!(waited < within, "not in sync within {within:?}: {status:?}");
+    }
+    gathers
+}
+
 /// Gathers `indices` through `client`: every field of every record as the model has it.
 pub fn check(client: &Client, model: &[Row], indices: &[u64]) {
     let columns = client.gather(indices, &[]).expect("gather");

@@ -41,26 +41,44 @@ fn load(
 
 // Any one node killed in turn under load: `virtual_time.rs`, on the cluster's clock.
 
+/// The options of a cluster on virtual time (a seed orders the whole run).
+fn on_virtual_time() -> SimOptions {
+    let seed = SimOptions::default().seed;
+    eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run)");
+    SimOptions {
+        virtual_time: true,
+        seed,
+        ..options()
+    }
+}
+
 #[test]
 fn a_wiped_node_rebuilds_online_and_then_serves_alone() {
-    let mut cluster = SimCluster::start(3, options()).expect("cluster");
-    let client = cluster.client().expect("client");
+    let mut cluster = SimCluster::start(3, on_virtual_time()).expect("cluster");
+    let client = cluster.async_client().expect("client");
     let mut model = Vec::new();
-    append(&client, &mut model, 2, 3_000, LONGEST);
-    client.commit().expect("commit");
+    cluster.run(async {
+        kit::append_async(&client, &mut model, 2, 3_000, LONGEST).await;
+        client.commit().await.expect("commit");
+    });
     let wiped = cluster.node(1, 1);
     cluster.crash_node(wiped);
     std::fs::remove_dir_all(cluster.data_dir(wiped)).expect("wipe");
     cluster.start_node(wiped).expect("restart empty");
     // Gathers and appends go on while it rebuilds.
-    let stop = Arc::new(AtomicBool::new(false));
-    let worker = load(cluster.client().expect("client"), model, Arc::clone(&stop));
-    wait_in_sync(&client, Duration::from_secs(60));
-    stop.store(true, Ordering::SeqCst);
-    let (model, _) = worker.join().expect("no caller saw an error");
+    let gathers = kit::load_until_in_sync(
+        &cluster,
+        &client,
+        &mut model,
+        0x5eed,
+        Duration::from_secs(120),
+        LONGEST,
+    );
+    assert!(gathers > 0);
     // Its partner gone, the rebuilt node serves shard 1 alone.
     cluster.crash_node(cluster.node(1, 0));
-    check_all(&client, &model);
+    let all: Vec<u64> = (0..model.len() as u64).collect();
+    cluster.run(kit::check_async(&client, &model, &all));
 }
 
 /// A node wiped while the default dataset is empty and a named one holds every record: the
@@ -68,40 +86,56 @@ fn a_wiped_node_rebuilds_online_and_then_serves_alone() {
 /// partner, and it then serves the dataset alone.
 #[test]
 fn a_wiped_node_rebuilds_a_named_dataset_and_then_serves_it_alone() {
-    let mut cluster = SimCluster::start(2, options()).expect("cluster");
-    let client = cluster.client().expect("client");
+    let mut cluster = SimCluster::start(2, on_virtual_time()).expect("cluster");
+    let client = cluster.async_client().expect("client");
     let fields = ["a", "b"].map(|name| zr_router::FieldInfo {
         name: name.into(),
         compress: "flate".into(),
         dtype: None,
         shape: None,
     });
-    let named = client
-        .create_dataset("named", fields.to_vec())
-        .expect("create");
     let mut model = Vec::new();
-    append(&named, &mut model, 3, 3_000, LONGEST);
-    named.commit().expect("commit");
+    let named = cluster.run(async {
+        let named = client
+            .create_dataset("named", fields.to_vec())
+            .await
+            .expect("create");
+        kit::append_async(&named, &mut model, 3, 3_000, LONGEST).await;
+        named.commit().await.expect("commit");
+        named
+    });
     let wiped = cluster.node(1, 1);
     cluster.crash_node(wiped);
     std::fs::remove_dir_all(cluster.data_dir(wiped)).expect("wipe");
     cluster.start_node(wiped).expect("restart empty");
-    // Found short within a few seconds (once the node has the dataset again, empty), then
-    // caught up.
-    let started = Instant::now();
-    let mut behind = false;
-    while !behind && started.elapsed() < Duration::from_secs(20) {
-        let status = client.status().expect("status");
-        behind = status
-            .nodes
-            .iter()
-            .any(|n| (n.shard, n.replica) == (1, 1) && !n.in_sync);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // Found short within a few seconds of the cluster's clock (once the node has the
+    // dataset again, empty), then caught up.
+    let behind = cluster.run(async {
+        for _ in 0..1_000 {
+            let status = client.status().await.expect("status");
+            if status
+                .nodes
+                .iter()
+                .any(|n| (n.shard, n.replica) == (1, 1) && !n.in_sync)
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    });
     assert!(behind, "the wiped node was never found short");
-    wait_in_sync(&client, Duration::from_secs(60));
+    kit::load_until_in_sync(
+        &cluster,
+        &named,
+        &mut model,
+        0x5eed,
+        Duration::from_secs(120),
+        LONGEST,
+    );
     cluster.crash_node(cluster.node(1, 0));
-    check_all(&named, &model);
+    let all: Vec<u64> = (0..model.len() as u64).collect();
+    cluster.run(kit::check_async(&named, &model, &all));
 }
 
 #[test]
