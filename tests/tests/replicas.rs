@@ -215,29 +215,41 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
 
 #[test]
 fn a_replacement_survives_its_router_and_itself_restarting_before_it_is_rebuilt() {
-    let mut cluster = SimCluster::start(2, options()).expect("cluster");
-    let client = cluster.client().expect("client");
+    let mut cluster = SimCluster::start(2, on_virtual_time()).expect("cluster");
+    let client = cluster.async_client().expect("client");
     let mut model = Vec::new();
-    append(&client, &mut model, 4, 1_000, LONGEST);
-    client.commit().expect("commit");
+    cluster.run(async {
+        kit::append_async(&client, &mut model, 4, 1_000, LONGEST).await;
+        client.commit().await.expect("commit");
+    });
     let lost = cluster.node(1, 1);
     let new_addr = cluster.replace_node(lost).expect("replacement");
     // The replacement goes down before anything is copied to it, and the router that
     // recorded the move restarts: the move is in the metadata store, and is finished.
     cluster.crash_node(lost);
-    client.replace_node(1, 1, new_addr).expect("replace");
+    cluster
+        .run(client.replace_node(1, 1, new_addr))
+        .expect("replace");
     cluster.restart_router().expect("router");
-    let client = cluster.client().expect("client");
-    append(&client, &mut model, 5, 100, LONGEST);
+    let client = cluster.async_client().expect("client");
+    cluster.run(kit::append_async(&client, &mut model, 5, 100, LONGEST));
     cluster.start_node(lost).expect("replacement back");
-    wait_in_sync(&client, Duration::from_secs(60));
-    let status = client.status().expect("status");
+    kit::load_until_in_sync(
+        &cluster,
+        &client,
+        &mut model,
+        0x5eed,
+        Duration::from_secs(120),
+        LONGEST,
+    );
+    let status = cluster.run(client.status()).expect("status");
     assert!(status
         .nodes
         .iter()
         .any(|n| (n.shard, n.replica) == (1, 1) && n.addr == new_addr.to_string()));
     cluster.crash_node(cluster.node(1, 0));
-    check_all(&client, &model);
+    let all: Vec<u64> = (0..model.len() as u64).collect();
+    cluster.run(kit::check_async(&client, &model, &all));
 }
 
 #[test]
