@@ -254,10 +254,10 @@ fn a_replacement_survives_its_router_and_itself_restarting_before_it_is_rebuilt(
 
 #[test]
 fn a_partitioned_replica_catches_up_before_it_serves() {
-    let mut cluster = SimCluster::start(2, options()).expect("cluster");
-    let client = cluster.client().expect("client");
+    let mut cluster = SimCluster::start(2, on_virtual_time()).expect("cluster");
+    let client = cluster.async_client().expect("client");
     let mut model = Vec::new();
-    append(&client, &mut model, 3, 200, LONGEST);
+    cluster.run(kit::append_async(&client, &mut model, 3, 200, LONGEST));
     let cut = cluster.node(0, 1);
     cluster
         .set_faults(
@@ -269,14 +269,16 @@ fn a_partitioned_replica_catches_up_before_it_serves() {
         )
         .expect("partition");
     // Appends and modifies go on without it; it is marked behind.
-    for step in 0..30u64 {
-        append(&client, &mut model, 100 + step, 5, LONGEST);
-        let i = mix2(step, 9) % model.len() as u64;
-        let new = row(mix2(step, 10), LONGEST);
-        client.modify(i, &record(&new)).expect("modify");
-        model[i as usize] = new;
-    }
-    let status = client.status().expect("status");
+    let status = cluster.run(async {
+        for step in 0..30u64 {
+            kit::append_async(&client, &mut model, 100 + step, 5, LONGEST).await;
+            let i = mix2(step, 9) % model.len() as u64;
+            let new = row(mix2(step, 10), LONGEST);
+            client.modify(i, &record(&new)).await.expect("modify");
+            model[i as usize] = new;
+        }
+        client.status().await.expect("status")
+    });
     let node = status
         .nodes
         .iter()
@@ -286,12 +288,20 @@ fn a_partitioned_replica_catches_up_before_it_serves() {
         !node.in_sync,
         "a replica that missed writes is behind: {node:?}"
     );
-    check_all(&client, &model);
+    let all = |model: &[Row]| (0..model.len() as u64).collect::<Vec<u64>>();
+    cluster.run(kit::check_async(&client, &model, &all(&model)));
     cluster.set_faults(cut, Faults::default()).expect("heal");
-    wait_in_sync(&client, Duration::from_secs(60));
+    kit::load_until_in_sync(
+        &cluster,
+        &client,
+        &mut model,
+        0x5eed,
+        Duration::from_secs(120),
+        LONGEST,
+    );
     // Only the caught-up replica left for shard 0.
     cluster.crash_node(cluster.node(0, 0));
-    check_all(&client, &model);
+    cluster.run(kit::check_async(&client, &model, &all(&model)));
 }
 
 /// A replica whose gather replies break off midway (after their head and half their body):
