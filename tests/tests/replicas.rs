@@ -3,13 +3,12 @@
 //! wrong byte or a lost acknowledged append; a node that comes back catches up from its
 //! partner, online, and serves reads only once it has.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use zr_common::hash::mix2;
 use zr_common::Record;
-use zr_router::Client;
 use zr_sim::{Faults, SimCluster, SimOptions};
 use zr_tests as kit;
 use zr_tests::{append, check, check_all, record, row, wait_in_sync, Row};
@@ -28,15 +27,6 @@ fn options() -> SimOptions {
         replicas: 2,
         ..SimOptions::default()
     }
-}
-
-/// Random gathers and appends through `client` on their own thread until `stop`.
-fn load(
-    client: Client,
-    model: Vec<Row>,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(Vec<Row>, u64)> {
-    kit::load(client, Vec::new(), model, stop, 0x5eed, 8, LONGEST)
 }
 
 // Any one node killed in turn under load: `virtual_time.rs`, on the cluster's clock.
@@ -140,32 +130,20 @@ fn a_wiped_node_rebuilds_a_named_dataset_and_then_serves_it_alone() {
 
 #[test]
 fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() {
-    let mut cluster = SimCluster::start(3, options()).expect("cluster");
+    let mut cluster = SimCluster::start(3, on_virtual_time()).expect("cluster");
     // A second router, started before the move, learns of it from the metadata store.
     let second = cluster.add_router().expect("second router");
-    let client = cluster.client().expect("client");
+    let client = cluster.async_client().expect("client");
     let mut model = Vec::new();
-    append(&client, &mut model, 3, 2_000, LONGEST);
-    client.commit().expect("commit");
-    let stop = Arc::new(AtomicBool::new(false));
-    let worker = load(cluster.client().expect("client"), model, Arc::clone(&stop));
-    std::thread::sleep(Duration::from_millis(200));
+    cluster.run(async {
+        kit::append_async(&client, &mut model, 3, 2_000, LONGEST).await;
+        client.commit().await.expect("commit");
+    });
     let lost = cluster.node(2, 0);
     let old_addr = cluster.config().node(2, 0).expect("node").addr;
     let new_addr = cluster.replace_node(lost).expect("replacement");
     assert_ne!(new_addr, old_addr);
-    // Wrong requests are refused, naming what is wrong, and change nothing.
-    let refused = |shard, replica, addr| {
-        client
-            .replace_node(shard, replica, addr)
-            .expect_err("refused")
-            .to_string()
-    };
-    assert!(refused(3, 0, new_addr).contains("there is no shard 3"));
-    assert!(refused(2, 2, new_addr).contains("replicas 0..2, not 2"));
     let taken = cluster.config().node(0, 1).expect("node").addr;
-    assert!(refused(2, 0, taken).contains("already serves shard 0 replica 1"));
-    let status = client.replace_node(2, 0, new_addr).expect("replace");
     let node = |status: &zr_proto::wire::ClusterStatus| {
         status
             .nodes
@@ -174,43 +152,81 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
             .cloned()
             .expect("node 2/0")
     };
-    assert_eq!(node(&status).addr, new_addr.to_string());
-    assert!(
-        !node(&status).in_sync,
-        "the replacement serves before it holds anything"
-    );
-    // Its partner cannot be replaced while it rebuilds from it.
-    if !node(&client.status().expect("status")).in_sync {
-        let message = refused(2, 1, "127.0.0.1:9".parse().expect("addr"));
+    let mut gathers = cluster.run(kit::load_for(
+        &client,
+        &mut model,
+        1,
+        Duration::from_millis(200),
+        8,
+        LONGEST,
+    ));
+    cluster.run(async {
+        // Wrong requests are refused, naming what is wrong, and change nothing.
+        let refused = |shard, replica, addr| {
+            let client = &client;
+            async move {
+                client
+                    .replace_node(shard, replica, addr)
+                    .await
+                    .expect_err("refused")
+                    .to_string()
+            }
+        };
+        assert!(refused(3, 0, new_addr)
+            .await
+            .contains("there is no shard 3"));
+        assert!(refused(2, 2, new_addr)
+            .await
+            .contains("replicas 0..2, not 2"));
+        assert!(refused(2, 0, taken)
+            .await
+            .contains("already serves shard 0 replica 1"));
+        let status = client.replace_node(2, 0, new_addr).await.expect("replace");
+        assert_eq!(node(&status).addr, new_addr.to_string());
         assert!(
-            message.contains("no other replica of shard 2 is in sync"),
-            "{message}"
+            !node(&status).in_sync,
+            "the replacement serves before it holds anything"
         );
-    }
-    wait_in_sync(&client, Duration::from_secs(60));
-    stop.store(true, Ordering::SeqCst);
-    let (model, gathers) = worker.join().expect("no caller saw an error");
+        // Its partner cannot be replaced while it rebuilds from it.
+        if !node(&client.status().await.expect("status")).in_sync {
+            let message = refused(2, 1, "127.0.0.1:9".parse().expect("addr")).await;
+            assert!(
+                message.contains("no other replica of shard 2 is in sync"),
+                "{message}"
+            );
+        }
+    });
+    gathers += kit::load_until_in_sync(
+        &cluster,
+        &client,
+        &mut model,
+        0x5eed,
+        Duration::from_secs(120),
+        LONGEST,
+    );
     assert!(gathers > 0);
     // The replacement alone serves shard 2, through either router.
     cluster.crash_node(cluster.node(2, 1));
-    check_all(&client, &model);
-    let other = Client::connect_with_timeout(
-        second,
-        cluster
-            .security(zr_net::tls::Role::Writer)
-            .expect("security"),
-        cluster.client_timeout(),
-    )
-    .expect("client of the second router");
-    let started = Instant::now();
-    while node(&other.status().expect("status")).addr != new_addr.to_string() {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
+    let all: Vec<u64> = (0..model.len() as u64).collect();
+    cluster.run(kit::check_async(&client, &model, &all));
+    let other = cluster
+        .async_client_of(second)
+        .expect("client of the second router");
+    cluster.run(async {
+        for _ in 0..300 {
+            if node(&other.status().await.expect("status")).addr == new_addr.to_string() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let status = other.status().await.expect("status");
+        assert_eq!(
+            node(&status).addr,
+            new_addr.to_string(),
             "the second router never learnt of the move"
         );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    check_all(&other, &model);
+        kit::check_async(&other, &model, &all).await;
+    });
 }
 
 #[test]
