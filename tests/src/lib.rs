@@ -128,6 +128,23 @@ pub fn load_until_in_sync(
     gathers
 }
 
+/// Waits, on the cluster's clock, until `client`'s router has every replica in sync and up,
+/// `within` at most.
+pub async fn in_sync(client: &AsyncClient, within: Duration) {
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let status = client.status().await.expect("status");
+        if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "not in sync within {within:?}: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Gathers `indices` through `client`: every field of every record as the model has it.
 pub fn check(client: &Client, model: &[Row], indices: &[u64]) {
     let columns = client.gather(indices, &[]).expect("gather");

@@ -11,7 +11,7 @@ use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_sim::{Faults, SimCluster, SimOptions};
 use zr_tests as kit;
-use zr_tests::{append, check, check_all, record, row, wait_in_sync, Row};
+use zr_tests::{append, check, record, row, Row};
 
 /// Longest field `a` of a row.
 const LONGEST: u64 = 300;
@@ -427,8 +427,8 @@ fn damage(cluster: &mut SimCluster, node: u32, payload: &[u8]) {
 /// copy and repairs it. Then the partner may fail without a record lost.
 #[test]
 fn damaged_copies_are_never_returned_by_checked_gathers_and_are_repaired() {
-    let mut cluster = SimCluster::start(2, options()).expect("cluster");
-    let client = cluster.client().expect("client");
+    let mut cluster = SimCluster::start(2, on_virtual_time()).expect("cluster");
+    let client = cluster.async_client().expect("client");
     // Every record's first field is distinct: a damaged one can be found in the chunks.
     let model: Vec<Row> = (0..300u64)
         .map(|k| {
@@ -436,9 +436,11 @@ fn damaged_copies_are_never_returned_by_checked_gathers_and_are_repaired() {
             [a, format!("record {k}").into_bytes()]
         })
         .collect();
-    let records: Vec<Record> = model.iter().map(record).collect();
-    client.append_many(&records).expect("append");
-    client.commit().expect("commit");
+    cluster.run(async {
+        let records: Vec<Record> = model.iter().map(record).collect();
+        client.append_many(&records).await.expect("append");
+        client.commit().await.expect("commit");
+    });
     let placement = cluster.config().placement().expect("placement");
     let on_shard_1 = |local: u64| {
         (0..300u64)
@@ -450,54 +452,59 @@ fn damaged_copies_are_never_returned_by_checked_gathers_and_are_repaired() {
     // The scrub.
     let scrubbed = on_shard_1(5);
     damage(&mut cluster, damaged, &model[scrubbed as usize][0]);
-    wait_in_sync(&client, Duration::from_secs(30));
-    let mut problems = Vec::new();
-    for shard in 0..2 {
-        let report = client.scrub(shard, 0, 10_000).expect("scrub");
-        assert_eq!(report.replicas, 2);
-        problems.extend(report.problems.into_iter().map(|p| (shard, p)));
-    }
-    assert_eq!(problems.len(), 1, "{problems:?}");
-    let (shard, problem) = &problems[0];
-    assert_eq!((*shard, problem.replica, problem.index), (1, 1, 5));
-    assert!(
-        problem.repaired && problem.what.contains("check"),
-        "{problem:?}"
-    );
-    assert!(client
-        .scrub(1, 0, 10_000)
-        .expect("scrub")
-        .problems
-        .is_empty());
+    cluster.run(async {
+        kit::in_sync(&client, Duration::from_secs(30)).await;
+        let mut problems = Vec::new();
+        for shard in 0..2 {
+            let report = client.scrub(shard, 0, 10_000).await.expect("scrub");
+            assert_eq!(report.replicas, 2);
+            problems.extend(report.problems.into_iter().map(|p| (shard, p)));
+        }
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let (shard, problem) = &problems[0];
+        assert_eq!((*shard, problem.replica, problem.index), (1, 1, 5));
+        assert!(
+            problem.repaired && problem.what.contains("check"),
+            "{problem:?}"
+        );
+        let again = client.scrub(1, 0, 10_000).await.expect("scrub");
+        assert!(again.problems.is_empty());
+        // Committed before the next damage: the node then restarts with nothing lost, and
+        // is not caught up — which would repair the copy too.
+        client.commit().await.expect("commit");
+    });
 
     // Checked gathers: the damaged copy is asked in turn, never returned, and repaired.
-    // (Committed first: the node then restarts with nothing lost, and is not caught up —
-    // which would repair the copy too.)
-    client.commit().expect("commit");
     let read = on_shard_1(7);
     damage(&mut cluster, damaged, &model[read as usize][0]);
-    wait_in_sync(&client, Duration::from_secs(30));
-    for _ in 0..6 {
-        let columns = client.gather_checked(&[read], &[]).expect("checked gather");
-        assert_eq!(columns[0].get(0), Some(&model[read as usize][0][..]));
-    }
-    // Repaired in the background: wait until unchecked gathers, which take the replicas in
-    // turn, return the right bytes ten times running.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut right = 0;
-    while right < 10 {
-        assert!(
-            Instant::now() < deadline,
-            "the damaged copy was not repaired"
-        );
-        let columns = client.gather(&[read], &[]).expect("gather");
-        if columns[0].get(0) == Some(&model[read as usize][0][..]) {
-            right += 1;
-        } else {
-            right = 0;
-            std::thread::sleep(Duration::from_millis(50));
+    cluster.run(async {
+        kit::in_sync(&client, Duration::from_secs(30)).await;
+        for _ in 0..6 {
+            let columns = client
+                .gather_checked(&[read], &[])
+                .await
+                .expect("checked gather");
+            assert_eq!(columns[0].get(0), Some(&model[read as usize][0][..]));
         }
-    }
+        // Repaired in the background: wait until unchecked gathers, which take the
+        // replicas in turn, return the right bytes ten times running.
+        let until = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mut right = 0;
+        while right < 10 {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "the damaged copy was not repaired"
+            );
+            let columns = client.gather(&[read], &[]).await.expect("gather");
+            if columns[0].get(0) == Some(&model[read as usize][0][..]) {
+                right += 1;
+            } else {
+                right = 0;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
     cluster.crash_node(cluster.node(1, 0));
-    check_all(&client, &model);
+    let all: Vec<u64> = (0..model.len() as u64).collect();
+    cluster.run(kit::check_async(&client, &model, &all));
 }
