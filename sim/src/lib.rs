@@ -622,18 +622,30 @@ impl SimCluster {
         let started = std::time::Instant::now();
         loop {
             std::thread::sleep(Duration::from_millis(50));
-            let report = client
-                .move_progress()
-                .map_err(|e| e.to_string())?
-                .ok_or("the router runs no move")?;
-            if let Some(error) = report.error {
-                return Err(error);
+            let report = client.move_progress().map_err(|e| e.to_string())?;
+            if let Some(ended) = move_ended(report, started.elapsed())? {
+                return Ok(ended);
             }
-            if report.done {
-                return Ok(report);
-            }
-            if started.elapsed() > Duration::from_secs(120) {
-                return Err(format!("the move did not end within 2 minutes: {report:?}"));
+        }
+    }
+
+    /// [`SimCluster::run_move`] through an async client, on the cluster's clock (a cluster
+    /// on virtual time: inside [`SimCluster::run`]).
+    pub async fn run_move_async(
+        &self,
+        client: &AsyncClient,
+        change: zr_router::MapChange,
+    ) -> Result<zr_router::MoveReport, String> {
+        client
+            .move_shards(change, self.listed_nodes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let started = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let report = client.move_progress().await.map_err(|e| e.to_string())?;
+            if let Some(ended) = move_ended(report, started.elapsed())? {
+                return Ok(ended);
             }
         }
     }
@@ -739,4 +751,23 @@ impl Drop for SimCluster {
             }
         }
     }
+}
+
+/// A move's progress as [`SimCluster::run_move`] judges it after `waited`: its report once
+/// done, why it stopped, or `None` while it runs (2 minutes at most).
+fn move_ended(
+    report: Option<zr_router::MoveReport>,
+    waited: Duration,
+) -> Result<Option<zr_router::MoveReport>, String> {
+    let report = report.ok_or("the router runs no move")?;
+    if let Some(error) = report.error {
+        return Err(error);
+    }
+    if report.done {
+        return Ok(Some(report));
+    }
+    if waited > Duration::from_secs(120) {
+        return Err(format!("the move did not end within 2 minutes: {report:?}"));
+    }
+    Ok(None)
 }

@@ -1,10 +1,8 @@
 //! Workspace-level integration tests live in `tests/tests/`; this is their kit: model rows
 //! of the two fields the simulated clusters are made with (`a` raw, `b` flate), appends
-//! that keep the model, checks of gathers against it, a background load of gathers and
-//! appends, and waits on a condition with a deadline.
+//! that keep the model, checks of gathers against it, loads of gathers and appends on the
+//! cluster's clock (a cluster on virtual time), and waits on a condition with a deadline.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use zr_common::hash::mix2;
@@ -167,14 +165,14 @@ pub fn check_all(client: &Client, model: &[Row]) {
     }
 }
 
-/// Whether every record gathers as the model has it (an error: why not).
-pub fn serves_all(client: &Client, model: &[Row]) -> Result<(), String> {
-    let len = client.len().map_err(|e| e.to_string())?;
+/// [`serves_all`] through an async client (a cluster on virtual time).
+pub async fn serves_all_async(client: &AsyncClient, model: &[Row]) -> Result<(), String> {
+    let len = client.len().await.map_err(|e| e.to_string())?;
     if len != model.len() as u64 {
         return Err(format!("{len} records, not {}", model.len()));
     }
     let all: Vec<u64> = (0..len).collect();
-    let columns = client.gather(&all, &[]).map_err(|e| e.to_string())?;
+    let columns = client.gather(&all, &[]).await.map_err(|e| e.to_string())?;
     for (i, row) in model.iter().enumerate() {
         for (f, column) in columns.iter().enumerate() {
             if column.get(i) != Some(&row[f][..]) {
@@ -192,61 +190,4 @@ pub fn eventually(what: &str, within: Duration, mut done: impl FnMut() -> bool) 
         assert!(started.elapsed() < within, "{what}: not within {within:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-/// Waits until every node is up and in sync (caught up), within `within`.
-pub fn wait_in_sync(client: &Client, within: Duration) {
-    let started = Instant::now();
-    loop {
-        let status = client.status().expect("status");
-        if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
-            return;
-        }
-        assert!(
-            started.elapsed() < within,
-            "not in sync within {within:?}: {:?}",
-            status
-                .nodes
-                .iter()
-                .map(|n| (n.shard, n.replica, n.in_sync, &n.state, &n.rebuild))
-                .collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// A background load: random gathers of 64 records (through each of `readers` in turn),
-/// each checked against the model, and appends of up to `longest_batch` rows (through
-/// `writer`), on its own thread until `stop`. Joined, it gives the model and the gathers
-/// it checked.
-pub fn load(
-    writer: Client,
-    readers: Vec<Client>,
-    mut model: Vec<Row>,
-    stop: Arc<AtomicBool>,
-    seed: u64,
-    longest_batch: u64,
-    longest: u64,
-) -> std::thread::JoinHandle<(Vec<Row>, u64)> {
-    std::thread::spawn(move || {
-        let mut gathers = 0;
-        for step in 0u64.. {
-            if stop.load(Ordering::SeqCst) {
-                break;
-            }
-            let r = mix2(seed, step);
-            if r.is_multiple_of(4) {
-                append(&writer, &mut model, r, 1 + r % longest_batch, longest);
-            } else {
-                let indices: Vec<u64> = (0..64).map(|k| mix2(r, k) % model.len() as u64).collect();
-                let reader = match readers.get(gathers as usize % readers.len().max(1)) {
-                    Some(reader) => reader,
-                    None => &writer,
-                };
-                check(reader, &model, &indices);
-                gathers += 1;
-            }
-        }
-        (model, gathers)
-    })
 }

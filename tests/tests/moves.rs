@@ -4,14 +4,14 @@
 //! (its router killed there, a node crashed meanwhile) finished by running it again.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_router::server::MoveStep;
-use zr_router::{Client, MapChange};
+use zr_router::{AsyncClient, MapChange};
 use zr_sim::{SimCluster, SimOptions};
-use zr_tests::{self as kit, append, check_all, serves_all, wait_in_sync};
+use zr_tests as kit;
 
 /// Longest field `a` of a row: small, as every move copies them.
 const LONGEST: u64 = 48;
@@ -62,16 +62,7 @@ fn check_spread(
 /// time: the seed orders every copy, switch and request (`ZR_SIM_SEED` replays a run).
 fn grow_and_drain(replicas: u32) {
     let seed = SimOptions::default().seed;
-    eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run)");
-    let mut cluster = SimCluster::start(
-        2,
-        SimOptions {
-            virtual_time: true,
-            seed,
-            ..options(replicas)
-        },
-    )
-    .expect("cluster");
+    let mut cluster = on_virtual_time(2, options(replicas));
     let other = cluster.add_router().expect("second router");
     let client = cluster.async_client().expect("client");
     let second = cluster
@@ -155,12 +146,12 @@ fn grow_and_drain(replicas: u32) {
     });
 }
 
-/// Waits until a write could take the cluster's write lease (a killed router's lapses
-/// within 2 × its timeout).
-fn wait_for_lease(client: &Client) {
-    let started = Instant::now();
+/// Waits, on the cluster's clock, until a write could take the cluster's write lease (a
+/// killed router's lapses within 2 × its timeout).
+async fn wait_for_lease(client: &AsyncClient) {
+    let started = tokio::time::Instant::now();
     loop {
-        match client.commit() {
+        match client.commit().await {
             Ok(()) => return,
             // Taken, then refused by nodes not yet switched to a published map.
             Err(e) if e.to_string().contains("stale map") => return,
@@ -168,15 +159,23 @@ fn wait_for_lease(client: &Client) {
                 if e.to_string().contains("busy")
                     && started.elapsed() < Duration::from_secs(20) =>
             {
-                std::thread::sleep(Duration::from_millis(100))
+                tokio::time::sleep(Duration::from_millis(100)).await
             }
             Err(e) => panic!("the write lease: {e}"),
         }
     }
 }
 
-fn client_of(cluster: &SimCluster) -> Client {
-    cluster.client().expect("client")
+/// A cluster of `shards` shards on virtual time (the seed orders the whole run).
+fn on_virtual_time(shards: u32, options: SimOptions) -> SimCluster {
+    let seed = SimOptions::default().seed;
+    eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run)");
+    let options = SimOptions {
+        virtual_time: true,
+        seed,
+        ..options
+    };
+    SimCluster::start(shards, options).expect("cluster")
 }
 
 #[test]
@@ -197,13 +196,13 @@ fn adding_a_fifth_shard_moves_a_fifth_of_the_records() {
         extent_records: 1,
         ..options(1)
     };
-    let mut cluster = SimCluster::start(4, options).expect("cluster");
+    let mut cluster = on_virtual_time(4, options);
+    let client = cluster.async_client().expect("client");
     let mut model = Vec::new();
-    append(&client_of(&cluster), &mut model, 5, 40_960, LONGEST);
+    cluster.run(kit::append_async(&client, &mut model, 5, 40_960, LONGEST));
     cluster.add_shard_nodes().expect("new shard's nodes");
-    let client = client_of(&cluster);
     let report = cluster
-        .run_move(&client, MapChange::AddShard)
+        .run(cluster.run_move_async(&client, MapChange::AddShard))
         .expect("the move");
     let n = model.len() as u64;
     assert_eq!(report.records, n);
@@ -212,8 +211,11 @@ fn adding_a_fifth_shard_moves_a_fifth_of_the_records() {
         "moved {} of {n} records",
         report.moved
     );
-    check_spread(&client.status().expect("status"), n, &[], 0.05);
-    check_all(&client, &model);
+    let status = cluster.run(client.status()).expect("status");
+    check_spread(&status, n, &[], 0.05);
+    cluster
+        .run(kit::serves_all_async(&client, &model))
+        .expect("every record");
 }
 
 /// A move stopped at each of its steps — its router killed there, a node of each role
@@ -234,9 +236,10 @@ fn a_replicated_move_stopped_at_any_step_is_finished_by_running_it_again() {
 }
 
 fn stop_at_every_step(replicas: u32) {
-    let mut cluster = SimCluster::start(2, options(replicas)).expect("cluster");
+    let mut cluster = on_virtual_time(2, options(replicas));
     let mut model = Vec::new();
-    append(&client_of(&cluster), &mut model, 7, 3000, LONGEST);
+    let client = cluster.async_client().expect("client");
+    cluster.run(kit::append_async(&client, &mut model, 7, 3000, LONGEST));
     let steps = [
         MoveStep::Recorded,
         MoveStep::Copied,
@@ -253,33 +256,39 @@ fn stop_at_every_step(replicas: u32) {
             cluster.add_shard_nodes().expect("new shard's nodes");
         }
         cluster.router(0).expect("router").stop_moves_at(Some(step));
-        let client = client_of(&cluster);
+        let client = cluster.async_client().expect("client");
         let stopped = cluster
-            .run_move(&client, change)
+            .run(cluster.run_move_async(&client, change))
             .expect_err("the move stops");
         assert!(stopped.contains("injected"), "{stopped}");
         if step != MoveStep::Published && step != MoveStep::SwitchedOne {
-            // One move at a time: another is refused while this one is recorded.
-            let other = match change {
-                MapChange::AddShard => MapChange::DrainShard(1),
-                MapChange::DrainShard(_) => MapChange::AddShard,
-            };
-            let refused = cluster.run_move(&client, other).expect_err("a second move");
-            assert!(
-                refused.contains(&format!("a move to map version {} ", 2 + round))
-                    && refused.contains("is under way"),
-                "{refused}"
-            );
-            // Modify and delete would change records already copied: refused meanwhile.
-            let row = &model[5];
-            let e = client
-                .modify(5, &Record::new().with("a", &row[0]).with("b", &row[1]))
-                .expect_err("a modify during a move");
-            assert!(e.to_string().contains("records are moving"), "{e}");
-            let e = client.delete(5).expect_err("a delete during a move");
-            assert!(e.to_string().contains("records are moving"), "{e}");
-            // What a crash may lose: nothing acknowledged as committed.
-            client.commit().expect("commit");
+            cluster.run(async {
+                // One move at a time: another is refused while this one is recorded.
+                let other = match change {
+                    MapChange::AddShard => MapChange::DrainShard(1),
+                    MapChange::DrainShard(_) => MapChange::AddShard,
+                };
+                let refused = cluster
+                    .run_move_async(&client, other)
+                    .await
+                    .expect_err("a second move");
+                assert!(
+                    refused.contains(&format!("a move to map version {} ", 2 + round))
+                        && refused.contains("is under way"),
+                    "{refused}"
+                );
+                // Modify and delete would change records already copied: refused meanwhile.
+                let row = &model[5];
+                let e = client
+                    .modify(5, &Record::new().with("a", &row[0]).with("b", &row[1]))
+                    .await
+                    .expect_err("a modify during a move");
+                assert!(e.to_string().contains("records are moving"), "{e}");
+                let e = client.delete(5).await.expect_err("a delete during a move");
+                assert!(e.to_string().contains("records are moving"), "{e}");
+                // What a crash may lose: nothing acknowledged as committed.
+                client.commit().await.expect("commit");
+            });
         }
         // The router dies there; a node of each kind (a donor, and the newest) crashes.
         cluster.kill_router(0);
@@ -289,44 +298,51 @@ fn stop_at_every_step(replicas: u32) {
             cluster.start_node(node).expect("node back");
         }
         cluster.add_router().expect("router");
-        let client = client_of(&cluster);
+        let client = cluster.async_client().expect("client");
         let published = step == MoveStep::Published || step == MoveStep::SwitchedOne;
-        if published {
-            // The new router switches the nodes left behind on its own (once the killed
-            // one's write lease lapses): every record is served before anyone runs the
-            // command again.
-            let started = Instant::now();
-            while let Err(e) = serves_all(&client, &model) {
+        cluster.run(async {
+            if published {
+                // The new router switches the nodes left behind on its own (once the killed
+                // one's write lease lapses): every record is served before anyone runs the
+                // command again.
+                let started = tokio::time::Instant::now();
+                while let Err(e) = kit::serves_all_async(&client, &model).await {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(30),
+                        "the published map never served: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            } else {
+                let moving = client.status().await.expect("status").moving;
                 assert!(
-                    started.elapsed() < Duration::from_secs(30),
-                    "the published map never served: {e}"
+                    moving
+                        .as_deref()
+                        .is_some_and(|m| m.contains(&format!("to map version {}", 2 + round))),
+                    "{moving:?}"
                 );
-                std::thread::sleep(Duration::from_millis(200));
+                // Served by the old map meanwhile; appends go on once the killed router's
+                // write lease lapses.
+                kit::serves_all_async(&client, &model)
+                    .await
+                    .expect("every record by the old map");
+                wait_for_lease(&client).await;
+                kit::append_async(&client, &mut model, 100 + round as u64, 50, LONGEST).await;
             }
-        } else {
-            let moving = client.status().expect("status").moving;
-            assert!(
-                moving
-                    .as_deref()
-                    .is_some_and(|m| m.contains(&format!("to map version {}", 2 + round))),
-                "{moving:?}"
-            );
-            // Served by the old map meanwhile; appends go on once the killed router's
-            // write lease lapses.
-            check_all(&client, &model);
-            wait_for_lease(&client);
-            append(&client, &mut model, 100 + round as u64, 50, LONGEST);
-        }
-        wait_in_sync(&client, Duration::from_secs(30));
-        let report = cluster
-            .run_move(&client, change)
-            .expect("the move, run again");
-        assert!(report.done, "{report:?}");
-        assert_eq!(report.already, published, "{report:?}");
-        let status = client.status().expect("status");
-        assert_eq!(status.map_version, 2 + round as u64);
-        assert_eq!(status.moving, None);
-        append(&client, &mut model, 200 + round as u64, 50, LONGEST);
-        check_all(&client, &model);
+            kit::in_sync(&client, Duration::from_secs(30)).await;
+            let report = cluster
+                .run_move_async(&client, change)
+                .await
+                .expect("the move, run again");
+            assert!(report.done, "{report:?}");
+            assert_eq!(report.already, published, "{report:?}");
+            let status = client.status().await.expect("status");
+            assert_eq!(status.map_version, 2 + round as u64);
+            assert_eq!(status.moving, None);
+            kit::append_async(&client, &mut model, 200 + round as u64, 50, LONGEST).await;
+            kit::serves_all_async(&client, &model)
+                .await
+                .expect("every record");
+        });
     }
 }
