@@ -690,18 +690,16 @@ impl AsyncClient {
                     | wire::ErrorCode::NotInSync
                     | wire::ErrorCode::IndexOutOfRange),
                 ) => {
-                    let router_knows_more =
-                        code != wire::ErrorCode::Unavailable || direct.replicas() > 1;
-                    if std::mem::replace(&mut failed_over, true) {
-                        return match router_knows_more {
-                            true => Ok(Gathered::ViaRouter("a shard's nodes failed it twice")),
-                            false => gathered,
-                        };
-                    }
-                    let fresh = self.topology(direct, covering).await?;
-                    let changed = fresh.in_sync() != view.in_sync() || fresh.len() != view.len();
-                    view = fresh;
+                    let changed = !std::mem::replace(&mut failed_over, true) && {
+                        let fresh = self.topology(direct, covering).await?;
+                        let changed =
+                            fresh.in_sync() != view.in_sync() || fresh.len() != view.len();
+                        view = fresh;
+                        changed
+                    };
                     if !changed {
+                        let router_knows_more =
+                            code != wire::ErrorCode::Unavailable || direct.replicas() > 1;
                         return match router_knows_more {
                             true => Ok(Gathered::ViaRouter("a shard's nodes failed it")),
                             false => gathered,

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use zr_common::hash::mix2;
 use zr_common::Record;
+use zr_router::AsyncClient;
 use zr_sim::{Faults, SimCluster, SimOptions};
 use zr_tests as kit;
 use zr_tests::{append, check, record, row, Row};
@@ -29,7 +30,80 @@ fn options() -> SimOptions {
     }
 }
 
-// Any one node killed in turn under load: `virtual_time.rs`, on the cluster's clock.
+/// Gathers and appends through `client` until every replica is in sync again (each
+/// checked against `model`, which the appends grow); returns the gathers made.
+fn load_until_in_sync(cluster: &SimCluster, client: &AsyncClient, model: &mut Vec<Row>) -> u64 {
+    kit::load_until_in_sync(
+        cluster,
+        client,
+        model,
+        0x5eed,
+        Duration::from_secs(120),
+        LONGEST,
+    )
+}
+
+/// Every record of `model`, read through `client` once shard `shard`'s replica `replica`
+/// (a partner) is down: the other replica alone serves its shard.
+fn served_without(
+    cluster: &mut SimCluster,
+    (shard, replica): (u32, u32),
+    client: &AsyncClient,
+    model: &[Row],
+) {
+    cluster.crash_node(cluster.node(shard, replica));
+    let all: Vec<u64> = (0..model.len() as u64).collect();
+    cluster.run(kit::check_async(client, model, &all));
+}
+
+/// Any one node killed in turn while a client gathers and appends costs the client nothing:
+/// no error, no wrong byte; each node restarted catches up, and each replica alone then
+/// serves all of it. On virtual time, the seed orders every kill, heartbeat and catch-up
+/// against the load.
+#[test]
+fn any_one_node_killed_in_turn_costs_nothing() {
+    let mut cluster = SimCluster::start(2, on_virtual_time()).expect("cluster");
+    let client = cluster.async_client().expect("client");
+    let mut model = Vec::new();
+    cluster.run(async {
+        kit::append_async(&client, &mut model, 1, 300, LONGEST).await;
+        client.commit().await.expect("commit");
+    });
+    let mut gathers = 0;
+    for node in 0..cluster.node_count() {
+        let seed = mix2(node.into(), 0x5eed);
+        let span = Duration::from_millis(300);
+        gathers += cluster.run(kit::load_for(&client, &mut model, seed, span, 8, LONGEST));
+        cluster.crash_node(node);
+        let span = Duration::from_millis(1_500);
+        gathers += cluster.run(kit::load_for(&client, &mut model, !seed, span, 8, LONGEST));
+        // The kill was seen: the node is down, and the load went on regardless.
+        let status = cluster.run(client.status()).expect("status");
+        let (shard, replica) = cluster.place(node);
+        let seen = status
+            .nodes
+            .iter()
+            .find(|n| (n.shard, n.replica) == (shard, replica))
+            .expect("its status");
+        assert!(seen.state.starts_with("down"), "{seen:?}");
+        cluster.start_node(node).expect("restart");
+        gathers += load_until_in_sync(&cluster, &client, &mut model);
+    }
+    assert!(gathers > 0);
+    cluster.run(async {
+        client.commit().await.expect("commit");
+        kit::serves_all_async(&client, &model)
+            .await
+            .expect("every record");
+    });
+    // And each caught-up replica alone holds all of it: every partner down in turn.
+    for shard in 0..2 {
+        cluster.crash_node(cluster.node(shard, 0));
+    }
+    cluster
+        .run(kit::serves_all_async(&client, &model))
+        .expect("from the other replicas");
+}
 
 /// The options of a cluster on virtual time (a seed orders the whole run).
 fn on_virtual_time() -> SimOptions {
@@ -56,19 +130,10 @@ fn a_wiped_node_rebuilds_online_and_then_serves_alone() {
     std::fs::remove_dir_all(cluster.data_dir(wiped)).expect("wipe");
     cluster.start_node(wiped).expect("restart empty");
     // Gathers and appends go on while it rebuilds.
-    let gathers = kit::load_until_in_sync(
-        &cluster,
-        &client,
-        &mut model,
-        0x5eed,
-        Duration::from_secs(120),
-        LONGEST,
-    );
+    let gathers = load_until_in_sync(&cluster, &client, &mut model);
     assert!(gathers > 0);
     // Its partner gone, the rebuilt node serves shard 1 alone.
-    cluster.crash_node(cluster.node(1, 0));
-    let all: Vec<u64> = (0..model.len() as u64).collect();
-    cluster.run(kit::check_async(&client, &model, &all));
+    served_without(&mut cluster, (1, 0), &client, &model);
 }
 
 /// A node wiped while the default dataset is empty and a named one holds every record: the
@@ -115,17 +180,8 @@ fn a_wiped_node_rebuilds_a_named_dataset_and_then_serves_it_alone() {
         false
     });
     assert!(behind, "the wiped node was never found short");
-    kit::load_until_in_sync(
-        &cluster,
-        &named,
-        &mut model,
-        0x5eed,
-        Duration::from_secs(120),
-        LONGEST,
-    );
-    cluster.crash_node(cluster.node(1, 0));
-    let all: Vec<u64> = (0..model.len() as u64).collect();
-    cluster.run(kit::check_async(&named, &model, &all));
+    load_until_in_sync(&cluster, &named, &mut model);
+    served_without(&mut cluster, (1, 0), &named, &model);
 }
 
 #[test]
@@ -196,19 +252,10 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
             );
         }
     });
-    gathers += kit::load_until_in_sync(
-        &cluster,
-        &client,
-        &mut model,
-        0x5eed,
-        Duration::from_secs(120),
-        LONGEST,
-    );
+    gathers += load_until_in_sync(&cluster, &client, &mut model);
     assert!(gathers > 0);
     // The replacement alone serves shard 2, through either router.
-    cluster.crash_node(cluster.node(2, 1));
-    let all: Vec<u64> = (0..model.len() as u64).collect();
-    cluster.run(kit::check_async(&client, &model, &all));
+    served_without(&mut cluster, (2, 1), &client, &model);
     let other = cluster
         .async_client_of(second)
         .expect("client of the second router");
@@ -225,7 +272,9 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
             new_addr.to_string(),
             "the second router never learnt of the move"
         );
-        kit::check_async(&other, &model, &all).await;
+        kit::serves_all_async(&other, &model)
+            .await
+            .expect("every record through the second router");
     });
 }
 
@@ -250,22 +299,13 @@ fn a_replacement_survives_its_router_and_itself_restarting_before_it_is_rebuilt(
     let client = cluster.async_client().expect("client");
     cluster.run(kit::append_async(&client, &mut model, 5, 100, LONGEST));
     cluster.start_node(lost).expect("replacement back");
-    kit::load_until_in_sync(
-        &cluster,
-        &client,
-        &mut model,
-        0x5eed,
-        Duration::from_secs(120),
-        LONGEST,
-    );
+    load_until_in_sync(&cluster, &client, &mut model);
     let status = cluster.run(client.status()).expect("status");
     assert!(status
         .nodes
         .iter()
         .any(|n| (n.shard, n.replica) == (1, 1) && n.addr == new_addr.to_string()));
-    cluster.crash_node(cluster.node(1, 0));
-    let all: Vec<u64> = (0..model.len() as u64).collect();
-    cluster.run(kit::check_async(&client, &model, &all));
+    served_without(&mut cluster, (1, 0), &client, &model);
 }
 
 #[test]
@@ -307,14 +347,7 @@ fn a_partitioned_replica_catches_up_before_it_serves() {
     let all = |model: &[Row]| (0..model.len() as u64).collect::<Vec<u64>>();
     cluster.run(kit::check_async(&client, &model, &all(&model)));
     cluster.set_faults(cut, Faults::default()).expect("heal");
-    kit::load_until_in_sync(
-        &cluster,
-        &client,
-        &mut model,
-        0x5eed,
-        Duration::from_secs(120),
-        LONGEST,
-    );
+    load_until_in_sync(&cluster, &client, &mut model);
     // Only the caught-up replica left for shard 0.
     cluster.crash_node(cluster.node(0, 0));
     cluster.run(kit::check_async(&client, &model, &all(&model)));
@@ -504,7 +537,5 @@ fn damaged_copies_are_never_returned_by_checked_gathers_and_are_repaired() {
             }
         }
     });
-    cluster.crash_node(cluster.node(1, 0));
-    let all: Vec<u64> = (0..model.len() as u64).collect();
-    cluster.run(kit::check_async(&client, &model, &all));
+    served_without(&mut cluster, (1, 0), &client, &model);
 }
