@@ -73,11 +73,16 @@ pub struct ConvertArgs {
     /// Add to an existing dataset instead of creating a new one.
     #[arg(long)]
     append: bool,
-    /// Then train a zstd dictionary for the field on a sample of its records and rewrite
-    /// the dataset with it (as `zr dict train`; local datasets): for small records.
+    /// Compress the field with a zstd dictionary trained on a sample of its records: for
+    /// small records. A local dataset is converted, then rewritten with it (as `zr dict
+    /// train`); with --router, the dictionary is trained on the --values records first and
+    /// --dataset NAME is made with it (a new dataset: operator certificate), then filled.
     #[arg(long)]
     dict: bool,
 }
+
+/// A field's storage and Zstandard level.
+type Storage = (Compression, Option<i32>);
 
 fn parse_compression(s: &str) -> Result<(Compression, Option<i32>), zr_node::SchemaError> {
     Ok(zr_node::meta::parse_storage(s)?)
@@ -88,12 +93,6 @@ pub fn run(args: ConvertArgs) -> CliResult {
         return convert_stream(&args);
     }
     let dir = target_dir(&args.dir, &args.remote)?;
-    if args.dict && dir.is_none() {
-        return Err(
-            "--dict trains a local dataset's dictionary; a cluster's datasets cannot have one yet"
-                .into(),
-        );
-    }
     let (mut dest, (compress, level), name): (
         Box<dyn Destination>,
         (Compression, Option<i32>),
@@ -119,6 +118,15 @@ pub fn run(args: ConvertArgs) -> CliResult {
                     .unwrap_or((Compression::Raw, None)),
                 dir.display().to_string(),
             )
+        }
+        None if args.dict => {
+            let (client, storage) = cluster_dataset_with_dict(&args)?;
+            let name = format!(
+                "dataset '{}' of the cluster at {}",
+                client.name(),
+                client.router()
+            );
+            (Box::new(ClusterDestination { client }), storage, name)
         }
         None => {
             let client = args
@@ -208,6 +216,62 @@ pub fn run(args: ConvertArgs) -> CliResult {
         crate::dataset::train_dict(dir, &args.field, zr_node::dict::DICT_BYTES_DEFAULT, level)?;
     }
     Ok(())
+}
+
+/// `--dict` with `--router`: a dictionary trained on the `--values` records, and the new
+/// dataset `--dataset NAME` made with the field stored zstd with it. Returns a client of the
+/// dataset and the field's storage.
+fn cluster_dataset_with_dict(
+    args: &ConvertArgs,
+) -> Result<(zr_router::Client, Storage), Box<dyn std::error::Error>> {
+    let (Some(values), Some(offsets)) = (&args.values, &args.offsets) else {
+        return Err("--dict trains on records of varied length: give --values and --offsets (an --npy array's rows are all one size)".into());
+    };
+    if args.append {
+        return Err("--dict with --router makes a new dataset, and --append adds to one that exists: train a dictionary when a dataset is made".into());
+    }
+    let storage = match args.compress {
+        None => (Compression::Zstd, None),
+        Some((Compression::Zstd, level)) => (Compression::Zstd, level),
+        Some(_) => return Err("--dict compresses the field with zstd: give --compress zstd[:LEVEL] or leave --compress out".into()),
+    };
+    let mut remote = args.remote.clone();
+    let name = remote.dataset.take().ok_or(
+        "--dict with --router makes a new dataset with the dictionary: name it with --dataset NAME",
+    )?;
+    let client = remote
+        .client(Access::Operate)?
+        .ok_or("--router is missing")?;
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_message(format!("training a dictionary on {}", values.display()));
+    spinner.enable_steady_tick(std::time::Duration::from_millis(200));
+    let trained =
+        zr_node::convert::train_dict_on_values(values, offsets, zr_node::dict::DICT_BYTES_DEFAULT);
+    spinner.finish_and_clear();
+    let (dict, samples) = trained?;
+    let id = zr_node::dict::id(&dict).unwrap_or_default();
+    let storage_name = zr_node::meta::FieldSpec {
+        level: storage.1,
+        ..zr_node::meta::FieldSpec::new(args.field.clone(), Compression::Zstd)
+    }
+    .storage();
+    let client = client.create_dataset_with_dicts(
+        &name,
+        vec![zr_router::FieldInfo::new(
+            args.field.clone(),
+            storage_name.clone(),
+        )],
+        vec![zr_router::FieldDict {
+            field: args.field.clone(),
+            bytes: dict.clone(),
+        }],
+    )?;
+    println!(
+        "made dataset '{name}': field '{}' stored {storage_name} with dictionary {id} ({} bytes, trained on {samples} records)",
+        args.field,
+        dict.len()
+    );
+    Ok((client, storage))
 }
 
 /// `--megatron` / `--tokens`: a token stream in a new local directory, or (with

@@ -33,7 +33,10 @@ pub fn info(args: InfoArgs) -> CliResult {
         println!("records      {len}");
         println!("fields       {}", fields.len());
         for field in &fields {
-            println!("  {:<20} {}", field.name, field.compress);
+            let dict = field
+                .dict
+                .map_or_else(String::new, |d| format!(" dict {}", d.id));
+            println!("  {:<20} {}{dict}", field.name, field.compress);
         }
         return Ok(());
     };

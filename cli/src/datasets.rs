@@ -22,14 +22,22 @@ pub enum DatasetCommand {
 /// Create a dataset (operator role).
 ///
 /// Example: zr dataset create text --field tokens:raw:<u4 --field meta:flate --router ADDR --certs DIR
+///
+/// A zstd field can be compressed with a dictionary (for small records): --dict
+/// caption=FILE, FILE a zstd dictionary (e.g. a local dataset's dict/caption.zdict from `zr
+/// dict train`, or `zstd --train`'s). `zr convert --router --dataset NAME --dict` trains one
+/// on the records it converts and makes the dataset with it.
 #[derive(Args)]
 pub struct CreateArgs {
     /// Its name: 1-64 characters of [a-z0-9._-], starting with a letter or digit.
     name: String,
-    /// A field, as NAME[:raw|flate][:DTYPE[:SHAPE]] (DTYPE a NumPy type string such as <f4,
-    /// SHAPE dimensions joined by x, e.g. 3x224x224); repeat for several.
+    /// A field, as NAME[:raw|flate|zstd[:LEVEL]][:DTYPE[:SHAPE]] (DTYPE a NumPy type string
+    /// such as <f4, SHAPE dimensions joined by x, e.g. 3x224x224); repeat for several.
     #[arg(long = "field", value_name = "SPEC", required = true)]
     fields: Vec<String>,
+    /// A zstd field's dictionary, as FIELD=FILE; repeat for several fields.
+    #[arg(long = "dict", value_name = "FIELD=FILE")]
+    dicts: Vec<String>,
     #[command(flatten)]
     remote: RouterArgs,
 }
@@ -119,6 +127,7 @@ pub fn parse_field(spec: &str) -> Result<FieldInfo, String> {
         compress,
         dtype,
         shape,
+        dict: None,
     })
 }
 
@@ -133,6 +142,24 @@ fn connect(
     Ok(remote
         .client(needs)?
         .ok_or_else(|| format!("--router is missing: {usage}"))?)
+}
+
+/// A `--dict FIELD=FILE`: the field and the file's bytes.
+fn read_dict(spec: &str) -> Result<zr_router::FieldDict, String> {
+    let (field, file) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("--dict '{spec}' is not FIELD=FILE"))?;
+    let bytes =
+        std::fs::read(file).map_err(|e| format!("--dict {spec}: cannot read {file}: {e}"))?;
+    if zr_router::DictRef::of(&bytes).is_none() {
+        return Err(format!(
+            "--dict {spec}: {file} is no zstd dictionary (train one with `zr dict train` or zstd --train)"
+        ));
+    }
+    Ok(zr_router::FieldDict {
+        field: field.to_string(),
+        bytes,
+    })
 }
 
 fn describe_fields(fields: &[FieldInfo]) -> String {
@@ -154,6 +181,9 @@ fn describe_fields(fields: &[FieldInfo]) -> String {
                         .join("x"),
                 );
             }
+            if let Some(dict) = f.dict {
+                s.push_str(&format!(" (dict {})", dict.id));
+            }
             s
         })
         .collect::<Vec<_>>()
@@ -168,13 +198,29 @@ pub fn run(command: DatasetCommand) -> CliResult {
                 .iter()
                 .map(|f| parse_field(f))
                 .collect::<Result<Vec<_>, _>>()?;
+            let dicts = args
+                .dicts
+                .iter()
+                .map(|spec| read_dict(spec))
+                .collect::<Result<Vec<_>, _>>()?;
             let client = connect(
                 &args.remote,
                 Access::Operate,
                 "zr dataset create NAME --field F --router ADDR --certs DIR",
             )?;
-            client.create_dataset(&args.name, fields)?;
-            println!("created dataset '{}'", args.name);
+            let described: Vec<String> = dicts
+                .iter()
+                .filter_map(|d| {
+                    let id = zr_router::DictRef::of(&d.bytes)?.id;
+                    Some(format!("field '{}' with dictionary {id}", d.field))
+                })
+                .collect();
+            client.create_dataset_with_dicts(&args.name, fields, dicts)?;
+            if described.is_empty() {
+                println!("created dataset '{}'", args.name);
+            } else {
+                println!("created dataset '{}' ({})", args.name, described.join(", "));
+            }
             Ok(())
         }
         DatasetCommand::List(args) => {

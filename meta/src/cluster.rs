@@ -53,12 +53,77 @@ pub struct DatasetRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FieldRecord {
     pub name: String,
-    /// `raw` or `flate`.
+    /// Its storage: `raw`, `flate`, `zstd` or `zstd:LEVEL`.
     pub compress: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<Vec<u64>>,
+    /// The zstd dictionary its records are compressed with: its id and the CRC32 of its
+    /// bytes, which are kept under [`dict_key`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dict: Option<DictRef>,
+}
+
+/// Which zstd dictionary a field is compressed with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DictRef {
+    pub id: u32,
+    pub crc: u32,
+}
+
+/// The key of a zstd dictionary's bytes: named by its id and CRC32, written once and never
+/// changed (a dataset made again with the same dictionary finds it there), so a node that
+/// was away when its dataset was made, or that is rebuilt, gets the same bytes.
+pub fn dict_key(dict: DictRef) -> String {
+    format!("dict/{}-{:08x}", dict.id, dict.crc)
+}
+
+#[derive(Serialize, Deserialize)]
+struct DictValue {
+    /// The dictionary, base64.
+    bytes: String,
+}
+
+/// Keeps dictionary `dict`'s bytes under [`dict_key`]; done already if they are there.
+pub async fn store_dict(store: &dyn MetaStore, dict: DictRef, bytes: &[u8]) -> Result<(), Error> {
+    use base64::Engine;
+    let value = DictValue {
+        bytes: base64::engine::general_purpose::STANDARD.encode(bytes),
+    };
+    match crate::store_json(store, &dict_key(dict), None, &value, "a dictionary").await {
+        Ok(_) => Ok(()),
+        Err(Error::Conflict { .. }) => match load_dict(store, dict).await? {
+            Some(held) if held == bytes => Ok(()),
+            _ => Err(Error::Corrupt {
+                store: store.describe(),
+                reason: format!(
+                    "{} holds other bytes than dictionary {} with CRC32 {:08x}",
+                    dict_key(dict),
+                    dict.id,
+                    dict.crc
+                ),
+            }),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+/// Dictionary `dict`'s bytes, if the store keeps them (the caller checks them against its
+/// id and CRC32).
+pub async fn load_dict(store: &dyn MetaStore, dict: DictRef) -> Result<Option<Vec<u8>>, Error> {
+    use base64::Engine;
+    let key = dict_key(dict);
+    let Some((value, _)) = crate::load_json::<DictValue>(store, &key, "a dictionary").await? else {
+        return Ok(None);
+    };
+    base64::engine::general_purpose::STANDARD
+        .decode(value.bytes)
+        .map(Some)
+        .map_err(|e| Error::Corrupt {
+            store: store.describe(),
+            reason: format!("{key}: not base64: {e}"),
+        })
 }
 
 impl ClusterRecord {

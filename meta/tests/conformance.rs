@@ -114,6 +114,7 @@ async fn conformance(first: Arc<dyn MetaStore>, reopen: impl Fn() -> Arc<dyn Met
                 compress: "raw".into(),
                 dtype: Some("<u4".into()),
                 shape: None,
+                dict: None,
             }],
         }],
         dataset_ids: 1,
@@ -136,6 +137,25 @@ async fn conformance(first: Arc<dyn MetaStore>, reopen: impl Fn() -> Arc<dyn Met
         .expect("load")
         .expect("a record");
     assert_eq!(back, longer);
+    // A dictionary's bytes: kept once under its name; the same bytes again are no change,
+    // other bytes under that name are refused.
+    let dict = cluster::DictRef { id: 7, crc: 0xabcd };
+    let bytes: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    assert_eq!(cluster::load_dict(store, dict).await.expect("load"), None);
+    cluster::store_dict(store, dict, &bytes)
+        .await
+        .expect("store");
+    cluster::store_dict(&*other, dict, &bytes)
+        .await
+        .expect("store again");
+    let e = cluster::store_dict(store, dict, b"other")
+        .await
+        .expect_err("other bytes");
+    assert!(e.to_string().contains("dict/7-0000abcd"), "{e}");
+    assert_eq!(
+        cluster::load_dict(&*other, dict).await.expect("load"),
+        Some(bytes)
+    );
     // Two routers race for the free writer lease through two handles: exactly one takes it.
     let racers: Vec<_> = [(1, Arc::clone(&first)), (2, reopen())]
         .into_iter()

@@ -432,6 +432,92 @@ pub fn convert_npy(
     )
 }
 
+/// A values file and its offsets, checked: record i is `values[offsets[i]..offsets[i + 1]]`.
+struct Values {
+    values: Input,
+    offsets: Input,
+    /// Where the offsets' data starts in their file.
+    data_offset: usize,
+    /// Offsets (records + 1).
+    count: u64,
+}
+
+impl Values {
+    fn open(values: &Path, offsets: &Path) -> Result<Values> {
+        let values_input = Input::open(values)?;
+        let offsets_input = Input::open(offsets)?;
+        let header = NpyHeader::parse(offsets_input.bytes(), offsets)?;
+        let bad = |reason: String| Error::InvalidInput {
+            path: offsets.to_path_buf(),
+            reason,
+        };
+        if !matches!(header.descr.as_str(), "<u8" | "<i8") || header.shape.len() != 1 {
+            return Err(bad(format!(
+                "offsets must be a 1-D array of little-endian 64-bit integers (<u8); found dtype {} shape {:?}",
+                header.descr, header.shape
+            )));
+        }
+        let count = header.shape[0];
+        let raw_len = offsets_input.bytes().len() - header.data_offset as usize;
+        // `count` comes from the file: checked, so that a huge shape is an error, not an
+        // overflow.
+        if count == 0 || count.checked_mul(8) != Some(raw_len as u64) {
+            return Err(bad(format!(
+                "holds {raw_len} data bytes for {count} offsets (need N+1 ≥ 1 of 8 bytes)"
+            )));
+        }
+        let checked = Values {
+            values: values_input,
+            offsets: offsets_input,
+            data_offset: header.data_offset as usize,
+            count,
+        };
+        let values_len = checked.values.bytes().len() as u64;
+        for i in 0..count {
+            let offset = checked.at(i);
+            if i > 0 && offset < checked.at(i - 1) {
+                return Err(bad(format!(
+                    "offsets are not monotonic: offsets[{i}] = {offset} < offsets[{}] = {}",
+                    i - 1,
+                    checked.at(i - 1)
+                )));
+            }
+            if offset > values_len {
+                return Err(bad(format!(
+                    "offsets[{i}] = {offset} points past the end of {} ({values_len} bytes)",
+                    values.display()
+                )));
+            }
+            if i > 0 && offset - checked.at(i - 1) > u32::MAX as u64 {
+                return Err(bad(format!(
+                    "record {} is longer than the 4 GiB record limit",
+                    i - 1
+                )));
+            }
+        }
+        Ok(checked)
+    }
+
+    /// Offset `i` (< `count`).
+    fn at(&self, i: u64) -> u64 {
+        let raw = &self.offsets.bytes()[self.data_offset..];
+        u64::from_le_bytes(
+            raw[(i * 8) as usize..(i * 8 + 8) as usize]
+                .try_into()
+                .unwrap_or_default(),
+        )
+    }
+
+    fn records(&self) -> u64 {
+        self.count - 1
+    }
+
+    /// Record `i` (< `records()`).
+    fn record(&self, i: u64) -> &[u8] {
+        &self.values.bytes()[self.at(i) as usize..self.at(i + 1) as usize]
+    }
+}
+
 /// `zr convert --values --offsets`: record i is `values[offsets[i]..offsets[i + 1]]`.
 pub fn convert_values(
     values: &Path,
@@ -440,68 +526,36 @@ pub fn convert_values(
     dest: &mut dyn Destination,
     progress: impl FnMut(u64),
 ) -> Result<u64> {
-    let values_input = Input::open(values)?;
-    let offsets_input = Input::open(offsets)?;
-    let header = NpyHeader::parse(offsets_input.bytes(), offsets)?;
-    let bad = |reason: String| Error::InvalidInput {
-        path: offsets.to_path_buf(),
-        reason,
-    };
-    if !matches!(header.descr.as_str(), "<u8" | "<i8") || header.shape.len() != 1 {
-        return Err(bad(format!(
-            "offsets must be a 1-D array of little-endian 64-bit integers (<u8); found dtype {} shape {:?}",
-            header.descr, header.shape
-        )));
-    }
-    let count = header.shape[0];
-    let raw = &offsets_input.bytes()[header.data_offset as usize..];
-    // `count` comes from the file: checked, so that a huge shape is an error, not an
-    // overflow.
-    if count == 0 || count.checked_mul(8) != Some(raw.len() as u64) {
-        return Err(bad(format!(
-            "holds {} data bytes for {count} offsets (need N+1 ≥ 1 of 8 bytes)",
-            raw.len()
-        )));
-    }
-    let at = |i: u64| {
-        u64::from_le_bytes(
-            raw[(i * 8) as usize..(i * 8 + 8) as usize]
-                .try_into()
-                .unwrap_or_default(),
-        )
-    };
-    let values_len = values_input.bytes().len() as u64;
-    for i in 0..count {
-        let offset = at(i);
-        if i > 0 && offset < at(i - 1) {
-            return Err(bad(format!(
-                "offsets are not monotonic: offsets[{i}] = {offset} < offsets[{}] = {}",
-                i - 1,
-                at(i - 1)
-            )));
-        }
-        if offset > values_len {
-            return Err(bad(format!(
-                "offsets[{i}] = {offset} points past the end of {} ({values_len} bytes)",
-                values.display()
-            )));
-        }
-        if i > 0 && offset - at(i - 1) > u32::MAX as u64 {
-            return Err(bad(format!(
-                "record {} is longer than the 4 GiB record limit",
-                i - 1
-            )));
-        }
-    }
-    check_room(dest, offsets, count - 1, at(count - 1) - at(0))?;
+    let input = Values::open(values, offsets)?;
+    let records = input.records();
+    check_room(dest, offsets, records, input.at(records) - input.at(0))?;
     dest.open(target, target.spec())?;
-    let data = values_input.bytes();
     append_all(
         dest,
         target.field,
-        count - 1,
-        |a, b| at(b) - at(a),
-        |i| &data[at(i) as usize..at(i + 1) as usize],
+        records,
+        |a, b| input.at(b) - input.at(a),
+        |i| input.record(i),
         progress,
     )
+}
+
+/// A zstd dictionary of at most `max_bytes` trained on records of `values` + `offsets`
+/// spread evenly over them (as [`crate::rebalance::train_dict`] samples a dataset), for a
+/// dataset made with it before its records are converted into it; with the number of
+/// records it was trained on.
+pub fn train_dict_on_values(
+    values: &Path,
+    offsets: &Path,
+    max_bytes: usize,
+) -> Result<(Vec<u8>, usize)> {
+    let input = Values::open(values, offsets)?;
+    let samples = crate::dict::spread_samples(input.records(), |i| input.record(i));
+    if samples.is_empty() {
+        return Err(Error::InvalidInput {
+            path: values.to_path_buf(),
+            reason: "has no records with bytes to train a dictionary on".into(),
+        });
+    }
+    Ok((crate::dict::train(&samples, max_bytes)?, samples.len()))
 }

@@ -32,6 +32,30 @@ pub fn train(samples: &[&[u8]], max_bytes: usize) -> Result<Vec<u8>> {
     })
 }
 
+/// Most bytes of records a dictionary is trained on (zstd suggests about 100 times the
+/// dictionary's size).
+pub const SAMPLE_BYTES_MAX: usize = 16 << 20;
+
+/// Records to train a dictionary on, of `len` records read by `record`: evenly spread (at
+/// most about 100,000), the empty ones left out, up to [`SAMPLE_BYTES_MAX`] bytes in all.
+pub fn spread_samples<'a>(len: u64, record: impl Fn(u64) -> &'a [u8]) -> Vec<&'a [u8]> {
+    let step = (len / 100_000).max(1);
+    let mut samples = Vec::new();
+    let mut total = 0;
+    for i in (0..len).step_by(step as usize) {
+        let bytes = record(i);
+        if bytes.is_empty() {
+            continue;
+        }
+        total += bytes.len();
+        if total > SAMPLE_BYTES_MAX {
+            break;
+        }
+        samples.push(bytes);
+    }
+    samples
+}
+
 /// The id a dictionary carries (`None` for bytes that are no zstd dictionary).
 pub fn id(dict: &[u8]) -> Option<u32> {
     zstd::zstd_safe::get_dict_id_from_dict(dict).map(|id| id.get())

@@ -61,10 +61,6 @@ pub struct DictReport {
     pub samples: usize,
 }
 
-/// Most bytes of records a dictionary is trained on (zstd suggests about 100 times the
-/// dictionary's size).
-const SAMPLE_BYTES_MAX: usize = 16 << 20;
-
 /// Trains a zstd dictionary of at most `max_bytes` for field `field` of the dataset at `dir`
 /// on a sample of its records (spread over the whole dataset), and rewrites the dataset with
 /// the field stored zstd (at `level`, or the field's own) with it, as [`rebalance`] does:
@@ -113,19 +109,9 @@ pub fn train_dict(
                 name: field.to_string(),
                 known: String::new(),
             })?;
-            let mut samples = Vec::new();
-            let mut total = 0;
-            for k in 0..indices.len() {
-                let record = column.get(k).unwrap_or_default();
-                if record.is_empty() {
-                    continue;
-                }
-                total += record.len();
-                if total > SAMPLE_BYTES_MAX {
-                    break;
-                }
-                samples.push(record);
-            }
+            let samples = crate::dict::spread_samples(indices.len() as u64, |k| {
+                column.get(k as usize).unwrap_or_default()
+            });
             let dict = crate::dict::train(&samples, max_bytes)?;
             spec.compress = crate::meta::Compression::Zstd;
             spec.level = level.or(spec.level);

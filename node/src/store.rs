@@ -502,6 +502,17 @@ impl Store {
         &self.inner.fields
     }
 
+    /// The zstd dictionaries of its fields that have one: (field, dictionary bytes), as
+    /// [`Store::create_with_dicts`] takes them.
+    pub fn dicts(&self) -> Vec<(String, Vec<u8>)> {
+        self.inner
+            .fields
+            .iter()
+            .zip(&self.inner.dicts)
+            .filter_map(|(spec, dict)| Some((spec.name.clone(), dict.as_ref()?.to_vec())))
+            .collect()
+    }
+
     /// Position of field `name` in the schema.
     pub fn field_id(&self, name: &str) -> Result<usize> {
         self.inner

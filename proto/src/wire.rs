@@ -18,7 +18,7 @@ pub use crate::error::ErrorCode;
 use crate::error::{Error, Invalid};
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 13;
+pub const WIRE_VERSION: u16 = 14;
 
 /// Most records one `Digest` request covers.
 pub const DIGEST_RECORDS_MAX: u64 = 1 << 20;
@@ -38,6 +38,10 @@ pub const NODES_MAX: usize = 1 << 16;
 pub const CLUSTER_ID_BYTES_MAX: usize = 128;
 /// Longest dataset name (see [`check_dataset_name`]).
 pub const DATASET_NAME_BYTES_MAX: usize = 64;
+/// Largest zstd dictionary a cluster's dataset may have (zstd trains 110 KiB by default):
+/// it is kept in the metadata store, whose requests etcd bounds to 1.5 MiB by default, and
+/// a value crosses etcd's gateway base64-encoded twice.
+pub const DICT_BYTES_MAX: usize = 512 << 10;
 /// The dataset a request that names none addresses: the one `zr cluster-init` made.
 pub const DEFAULT_DATASET: &str = "default";
 /// Longest a gather may wait for records not committed yet (`wait_ms`).
@@ -125,8 +129,12 @@ pub enum ClientRequest {
     WaitLen { len: u64, wait_ms: u32 },
     /// The cluster's datasets. Reply: `Datasets`.
     Datasets,
-    /// Create the message's dataset with `fields`. Reply: `Done`.
-    CreateDataset { fields: Vec<FieldInfo> },
+    /// Create the message's dataset with `fields`, zstd fields among them compressed with
+    /// the dictionaries `dicts` (a field's `dict` is then that dictionary's id). Reply: `Done`.
+    CreateDataset {
+        fields: Vec<FieldInfo>,
+        dicts: Vec<FieldDict>,
+    },
     /// Drop the message's dataset and every record in it. Reply: `Done`.
     DropDataset,
     /// Add `field` to the dataset; the records stored lack it until written. Reply: `Done`.
@@ -314,9 +322,13 @@ pub enum NodeRequest {
     /// The datasets this node holds. Reply: `Datasets` (`committed` unset).
     Datasets,
     /// Create the message's dataset, made as `id` (its creation's metadata revision), with
-    /// `fields`; a dataset of that name made earlier (dropped while this node was away) is
-    /// replaced. Reply: `Done`.
-    CreateDataset { id: u64, fields: Vec<FieldInfo> },
+    /// `fields` and the zstd dictionaries `dicts`; a dataset of that name made earlier
+    /// (dropped while this node was away) is replaced. Reply: `Done`.
+    CreateDataset {
+        id: u64,
+        fields: Vec<FieldInfo>,
+        dicts: Vec<FieldDict>,
+    },
     /// Drop the message's dataset if it was made as `id` or earlier. Reply: `Done`.
     DropDataset { id: u64 },
     /// Add `field` to the message's dataset (nothing if it has it already). Reply: `Done`.
@@ -488,9 +500,7 @@ impl Request for ClientMessage {
                 indices, fields, ..
             } => check_gather(indices, fields, body),
             ClientRequest::WriteField { lengths, .. } => check_field_values(lengths, body),
-            ClientRequest::CreateDataset { fields } if fields.len() > FIELDS_MAX => Err(
-                Error::Malformed(format!("{} fields (at most {FIELDS_MAX})", fields.len())),
-            ),
+            ClientRequest::CreateDataset { fields, dicts } => check_create(fields, dicts, body),
             ClientRequest::Append { fields, lengths } => check_append(fields, lengths, body),
             ClientRequest::Modify {
                 fields, lengths, ..
@@ -506,7 +516,6 @@ impl Request for ClientMessage {
             ClientRequest::Info
             | ClientRequest::WaitLen { .. }
             | ClientRequest::Datasets
-            | ClientRequest::CreateDataset { .. }
             | ClientRequest::DropDataset
             | ClientRequest::AddField { .. }
             | ClientRequest::Delete { .. }
@@ -550,9 +559,7 @@ impl Request for NodeMessage {
                 }
                 check_field_values(lengths, body)
             }
-            NodeRequest::CreateDataset { fields, .. } if fields.len() > FIELDS_MAX => Err(
-                Error::Malformed(format!("{} fields (at most {FIELDS_MAX})", fields.len())),
-            ),
+            NodeRequest::CreateDataset { fields, dicts, .. } => check_create(fields, dicts, body),
             NodeRequest::Gather {
                 indices, fields, ..
             } => check_gather(indices, fields, body),
@@ -590,7 +597,6 @@ impl Request for NodeMessage {
             }
             NodeRequest::Info
             | NodeRequest::Datasets
-            | NodeRequest::CreateDataset { .. }
             | NodeRequest::DropDataset { .. }
             | NodeRequest::AddField { .. }
             | NodeRequest::Digest { .. }
@@ -633,6 +639,59 @@ pub struct FieldInfo {
     pub compress: String,
     pub dtype: Option<String>,
     pub shape: Option<Vec<u64>>,
+    /// The zstd dictionary its records are compressed with, if any.
+    pub dict: Option<DictRef>,
+}
+
+/// A zstd dictionary as a field names it: its id and the CRC32 of its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DictRef {
+    pub id: u32,
+    pub crc: u32,
+}
+
+impl DictRef {
+    /// How `bytes` are named, or `None` if they are no zstd dictionary.
+    pub fn of(bytes: &[u8]) -> Option<DictRef> {
+        Some(DictRef {
+            id: zstd_dict_id(bytes)?,
+            crc: crc32fast::hash(bytes),
+        })
+    }
+}
+
+impl FieldInfo {
+    /// A field of storage `compress` (see [`parse_storage`]), untyped, with no dictionary.
+    pub fn new(name: impl Into<String>, compress: impl Into<String>) -> FieldInfo {
+        FieldInfo {
+            name: name.into(),
+            compress: compress.into(),
+            dtype: None,
+            shape: None,
+            dict: None,
+        }
+    }
+}
+
+/// A zstd dictionary for field `field`, as a dataset is created with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldDict {
+    pub field: String,
+    pub bytes: Vec<u8>,
+}
+
+/// The id a zstd dictionary names itself by (RFC 8878, section 5: the magic number
+/// 0xEC30A437, then the id, both little-endian), or `None` for bytes that do not start like
+/// one (or whose id is 0, "no id").
+pub fn zstd_dict_id(bytes: &[u8]) -> Option<u32> {
+    const MAGIC: u32 = 0xEC30_A437;
+    let word = |at: usize| {
+        bytes
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    (word(0)? == MAGIC).then_some(())?;
+    word(4).filter(|&id| id != 0)
 }
 
 /// What comes back.
@@ -1049,6 +1108,31 @@ fn column_bytes(lengths: &[Vec<u32>]) -> Result<u64, Error> {
     Ok(lengths.iter().flatten().map(|&l| l as u64).sum())
 }
 
+fn check_create(fields: &[FieldInfo], dicts: &[FieldDict], body: usize) -> Result<(), Error> {
+    if fields.len() > FIELDS_MAX {
+        return Err(Error::Malformed(format!(
+            "{} fields (at most {FIELDS_MAX})",
+            fields.len()
+        )));
+    }
+    for dict in dicts {
+        if !fields.iter().any(|f| f.name == dict.field) {
+            return Err(Error::Malformed(format!(
+                "a dictionary for field '{}', which the dataset does not have",
+                dict.field.escape_debug()
+            )));
+        }
+        if dict.bytes.len() > DICT_BYTES_MAX {
+            return Err(Error::Malformed(format!(
+                "field '{}''s dictionary holds {} bytes (at most {DICT_BYTES_MAX})",
+                dict.field.escape_debug(),
+                dict.bytes.len()
+            )));
+        }
+    }
+    expect_empty(body)
+}
+
 fn check_gather(indices: &[u64], fields: &[String], body: usize) -> Result<(), Error> {
     check_fields(fields)?;
     if indices.len() > RECORDS_MAX {
@@ -1283,10 +1367,9 @@ mod tests {
         assert!(e.to_string().contains("version 99"), "{e}");
     }
 
-    /// A peer of the previous protocol version (12: requests without the dataset they
-    /// address) is refused by both
-    /// protocols' decoders and by the reply decoder, naming both versions — never read as
-    /// this version's layout (ops/README.md, Upgrading).
+    /// A peer of the previous protocol version (13: creates without dictionaries) is refused
+    /// by both protocols' decoders and by the reply decoder, naming both versions — never
+    /// read as this version's layout (ops/README.md, Upgrading).
     #[test]
     fn the_previous_version_is_refused_by_name() {
         let previous = (WIRE_VERSION - 1).to_le_bytes();
@@ -1296,15 +1379,15 @@ mod tests {
                 matches!(
                     e,
                     Error::Version {
-                        theirs: 12,
-                        ours: 13
+                        theirs: 13,
+                        ours: 14
                     }
                 ),
                 "{e}"
             );
             assert!(
                 e.to_string()
-                    .contains("unsupported protocol version 12 (this build speaks 13)"),
+                    .contains("unsupported protocol version 13 (this build speaks 14)"),
                 "{e}"
             );
         };
@@ -1317,6 +1400,40 @@ mod tests {
         let mut reply = encode_reply(&Reply::Moving(None)).unwrap();
         reply[at..at + 2].copy_from_slice(&previous);
         named(decode_reply(&reply).unwrap_err());
+    }
+
+    /// A zstd dictionary names itself by its header; a create's dictionaries are for its
+    /// fields and bounded in size.
+    #[test]
+    fn dictionaries_are_named_and_bounded() {
+        let mut dict = 0xEC30_A437u32.to_le_bytes().to_vec();
+        dict.extend_from_slice(&77u32.to_le_bytes());
+        dict.extend_from_slice(b"entropy tables and content");
+        assert_eq!(zstd_dict_id(&dict), Some(77));
+        assert_eq!(DictRef::of(&dict).map(|d| d.id), Some(77));
+        assert_eq!(zstd_dict_id(&dict[..7]), None);
+        assert_eq!(zstd_dict_id(b"plain text, no dictionary"), None);
+        let mut no_id = dict.clone();
+        no_id[4..8].copy_from_slice(&[0; 4]);
+        assert_eq!(zstd_dict_id(&no_id), None);
+        let create = |field: &str, bytes: Vec<u8>| {
+            let message = ClientMessage::new(
+                Some("captions"),
+                ClientRequest::CreateDataset {
+                    fields: vec![FieldInfo::new("c", "zstd")],
+                    dicts: vec![FieldDict {
+                        field: field.into(),
+                        bytes,
+                    }],
+                },
+            );
+            decode_request::<ClientMessage>(&encode_request(&message).unwrap()).map(|_| ())
+        };
+        assert!(create("c", dict.clone()).is_ok());
+        let e = create("d", dict).unwrap_err();
+        assert!(e.to_string().contains("field 'd'"), "{e}");
+        let e = create("c", vec![0; DICT_BYTES_MAX + 1]).unwrap_err();
+        assert!(e.to_string().contains("at most"), "{e}");
     }
 
     /// A dataset name outside the pattern is refused before anything else, and a message

@@ -515,8 +515,16 @@ impl Client {
             .collect())
     }
 
-    /// Creates dataset `name` with `fields` ((name, compression, dtype, shape) each).
-    fn create_dataset(&self, py: Python<'_>, name: &str, fields: Vec<FieldTuple>) -> PyResult<()> {
+    /// Creates dataset `name` with `fields` ((name, compression, dtype, shape) each), zstd
+    /// fields among them compressed with the dictionaries `dicts` ((field, bytes) each).
+    #[pyo3(signature = (name, fields, dicts=Vec::new()))]
+    fn create_dataset(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        fields: Vec<FieldTuple>,
+        dicts: Vec<(String, Vec<u8>)>,
+    ) -> PyResult<()> {
         let fields = fields
             .into_iter()
             .map(|(name, compress, dtype, shape)| zr_router::FieldInfo {
@@ -524,9 +532,14 @@ impl Client {
                 compress,
                 dtype,
                 shape,
+                dict: None,
             })
             .collect();
-        py.detach(|| self.inner.create_dataset(name, fields))
+        let dicts = dicts
+            .into_iter()
+            .map(|(field, bytes)| zr_router::FieldDict { field, bytes })
+            .collect();
+        py.detach(|| self.inner.create_dataset_with_dicts(name, fields, dicts))
             .map(|_| ())
             .map_err(cluster_error)
     }
@@ -547,6 +560,7 @@ impl Client {
                 compress,
                 dtype: None,
                 shape: None,
+                dict: None,
             })
         })
         .map_err(cluster_error)
@@ -1540,9 +1554,28 @@ fn train_dict(
     Ok((report.id, report.bytes, report.samples))
 }
 
+/// A zstd dictionary of at most `size` bytes trained on `samples` (records like those it
+/// will compress); refused, saying why, when they are too few or too alike.
+#[pyfunction]
+#[pyo3(signature = (samples, size=zr_node::dict::DICT_BYTES_DEFAULT))]
+fn train_dictionary<'py>(
+    py: Python<'py>,
+    samples: Vec<Vec<u8>>,
+    size: usize,
+) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    let dict = py
+        .detach(|| {
+            let refs: Vec<&[u8]> = samples.iter().map(Vec::as_slice).collect();
+            zr_node::dict::train(&refs, size)
+        })
+        .map_err(node_error)?;
+    Ok(pyo3::types::PyBytes::new(py, &dict))
+}
+
 #[pymodule]
 fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(train_dict, m)?)?;
+    m.add_function(wrap_pyfunction!(train_dictionary, m)?)?;
     m.add_class::<Store>()?;
     m.add_class::<Stream>()?;
     m.add_class::<StreamWindows>()?;

@@ -885,3 +885,22 @@ def test_a_trained_dictionary_from_python(tmp_path):
     assert [values[offsets[k] : offsets[k + 1]].tobytes() for k in range(3000)] == lines
     with pytest.raises(KeyError, match="'nope'"):
         zrecord.train_dict(tmp_path / "ds", "nope")
+
+
+def test_a_cluster_dataset_with_a_dictionary_trained_in_python():
+    lines = [f'{{"id": {k}, "caption": "a photo of {k % 13} dogs on a beach at {k % 7} pm", "w": {200 + k % 97}}}'.encode() for k in range(3000)]
+    dictionary = zrecord.train_dictionary(lines[::3], size=16384)
+    assert isinstance(dictionary, bytes) and 0 < len(dictionary) <= 16384
+    with pytest.raises(ValueError, match="cannot train a dictionary from 1 records"):
+        zrecord.train_dictionary([b"x"])
+    with LocalCluster(2, [("img", "raw")], replicas=1) as cluster:
+        admin = zrecord.connect(cluster.router, cluster.certs, role="operator")
+        with pytest.raises(zrecord.Error, match="for zstd fields"):
+            admin.create_dataset("bad", [("j", "raw")], dicts={"j": dictionary})
+        ds = admin.create_dataset("captions", [("j", "zstd")], dicts={"j": dictionary})
+        ds.append_many([{"j": line} for line in lines] + [{"j": b""}, {"j": os.urandom(2000)}])
+        ds.commit()
+        reader = zrecord.connect(cluster.router, cluster.certs, role="reader", dataset="captions")
+        values, offsets = reader.gather(np.arange(3000))["j"]
+        assert [values[offsets[k] : offsets[k + 1]].tobytes() for k in range(3000)] == lines
+        assert reader[3000] == {"j": b""}

@@ -58,6 +58,7 @@ __all__ = [
     "create_stream",
     "open_stream",
     "train_dict",
+    "train_dictionary",
 ]
 
 
@@ -450,10 +451,14 @@ class Dataset:
             for n, r, c, fs, b in self._cluster("datasets()").datasets()
         ]
 
-    def create_dataset(self, name: str, fields: Sequence[Any]) -> "Dataset":
+    def create_dataset(self, name: str, fields: Sequence[Any], dicts: Mapping[str, bytes] | None = None) -> "Dataset":
         """Creates the cluster's dataset ``name`` with ``fields`` (as for ``create``:
-        names, or (name, compression[, dtype[, shape]]) tuples); needs the operator role."""
-        self._cluster("create_dataset()").create_dataset(name, _field_specs(fields))
+        names, or (name, compression[, dtype[, shape]]) tuples); needs the operator role.
+        ``dicts``: {field: zstd dictionary} for zstd fields of small records, e.g. from
+        ``train_dictionary`` on a sample of them; the cluster keeps each and every node
+        compresses the field's records with it."""
+        pairs = [(str(field), bytes(data)) for field, data in (dicts or {}).items()]
+        self._cluster("create_dataset()").create_dataset(name, _field_specs(fields), pairs)
         return self.dataset(name)
 
     def drop_dataset(self, name: str) -> None:
@@ -635,6 +640,12 @@ def train_dict(path: str | os.PathLike, field: str, size: int = 112_640, level: 
     writing. Returns the dictionary's id, size and the records it was trained on."""
     dict_id, size, samples = _zrecord.train_dict(os.fspath(path), field, int(size), level)
     return {"id": dict_id, "bytes": size, "samples": samples}
+
+
+def train_dictionary(samples: Sequence[bytes], size: int = 112_640) -> bytes:
+    """A zstd dictionary of at most ``size`` bytes trained on ``samples`` (records like the
+    ones it will compress: thousands of them, varied), for ``create_dataset(..., dicts=)``."""
+    return _zrecord.train_dictionary([bytes(s) for s in samples], int(size))
 
 
 def from_arrays(values: np.ndarray, offsets: np.ndarray, path: str | os.PathLike, field: str = "data", compress: str = "raw") -> Dataset:

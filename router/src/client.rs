@@ -13,7 +13,7 @@ use zr_common::{BoxError, Contiguous, GatherSource, Record};
 use zr_net::{self as net, Security};
 use zr_proto::assemble::{decode_gather_parts, reassemble, PartReply};
 use zr_proto::chunks::Chunks;
-use zr_proto::wire::{self, ClientRequest, FieldInfo, Reply};
+use zr_proto::wire::{self, ClientRequest, FieldDict, FieldInfo, Reply};
 use zr_service::config::CLIENT_TIMEOUT_MS_DEFAULT;
 
 use crate::direct::{self, Direct, Gathered};
@@ -460,8 +460,22 @@ impl AsyncClient {
         name: &str,
         fields: Vec<FieldInfo>,
     ) -> Result<AsyncClient, Error> {
+        self.create_dataset_with_dicts(name, fields, Vec::new())
+            .await
+    }
+
+    /// Creates dataset `name` with `fields`, zstd fields among them compressed with the
+    /// dictionaries `dicts` (e.g. trained by `zr_node::dict::train` on a sample of the
+    /// records to come); returns a handle on it. The cluster keeps each dictionary in its
+    /// metadata store and gives it to every node holding the dataset, now or later.
+    pub async fn create_dataset_with_dicts(
+        &self,
+        name: &str,
+        fields: Vec<FieldInfo>,
+        dicts: Vec<FieldDict>,
+    ) -> Result<AsyncClient, Error> {
         self.addressing(name)
-            .call(&ClientRequest::CreateDataset { fields }, Vec::new())
+            .call(&ClientRequest::CreateDataset { fields, dicts }, Vec::new())
             .await?;
         self.dataset(name).await
     }
@@ -949,9 +963,20 @@ impl Client {
 
     /// Creates a dataset (see [`AsyncClient::create_dataset`]); returns a handle on it.
     pub fn create_dataset(&self, name: &str, fields: Vec<FieldInfo>) -> Result<Client, Error> {
+        self.create_dataset_with_dicts(name, fields, Vec::new())
+    }
+
+    /// Creates a dataset with zstd dictionaries (see
+    /// [`AsyncClient::create_dataset_with_dicts`]); returns a handle on it.
+    pub fn create_dataset_with_dicts(
+        &self,
+        name: &str,
+        fields: Vec<FieldInfo>,
+        dicts: Vec<FieldDict>,
+    ) -> Result<Client, Error> {
         let inner = self
             .runtime
-            .block_on(self.inner.create_dataset(name, fields))?;
+            .block_on(self.inner.create_dataset_with_dicts(name, fields, dicts))?;
         Ok(Client {
             runtime: Arc::clone(&self.runtime),
             inner,

@@ -26,4 +26,4 @@ pub use error::{Error, Failure};
 pub use restore::{restore_record, Restored};
 pub use server::Router;
 pub use stream::{ClusterStream, ClusterWindows};
-pub use zr_proto::wire::{DatasetInfo, FieldInfo, MapChange, MoveReport};
+pub use zr_proto::wire::{DatasetInfo, DictRef, FieldDict, FieldInfo, MapChange, MoveReport};

@@ -247,12 +247,7 @@ impl Router {
             None => config
                 .fields
                 .iter()
-                .map(|f| FieldInfo {
-                    name: f.name.clone(),
-                    compress: f.compress.clone(),
-                    dtype: None,
-                    shape: None,
-                })
+                .map(|f| FieldInfo::new(f.name.clone(), f.compress.clone()))
                 .collect(),
         };
         let known: Option<Vec<u64>> = infos

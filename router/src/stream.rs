@@ -143,18 +143,8 @@ impl ClusterStream {
         let fields = vec![
             // Untyped: blocks vary in length (the last); the token type is in each block's
             // documents record.
-            FieldInfo {
-                name: TOKENS_FIELD.into(),
-                compress: "raw".into(),
-                dtype: None,
-                shape: None,
-            },
-            FieldInfo {
-                name: DOCUMENTS_FIELD.into(),
-                compress: "raw".into(),
-                dtype: None,
-                shape: None,
-            },
+            FieldInfo::new(TOKENS_FIELD, "raw"),
+            FieldInfo::new(DOCUMENTS_FIELD, "raw"),
         ];
         let client = client.create_dataset(name, fields)?;
         // An empty stream is one empty block (whose record, like every block's, says B).

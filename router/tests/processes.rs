@@ -378,8 +378,13 @@ fn zr_fails(args: &[&str]) -> String {
 
 /// A `.npy` of `rows` x `width` unsigned bytes.
 fn write_npy(path: &Path, rows: usize, width: usize, data: &[u8]) {
-    let mut header =
-        format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({rows}, {width}), }}");
+    write_npy_of(path, "|u1", &format!("({rows}, {width})"), data);
+}
+
+/// A .npy of dtype `descr` and shape `shape` (as NumPy writes it, e.g. "(5,)") holding
+/// `data`.
+fn write_npy_of(path: &Path, descr: &str, shape: &str, data: &[u8]) {
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');
     }
@@ -1591,6 +1596,144 @@ fn zr_dataset_commands_on_the_binaries() {
     let gone = zr_fails(&[&["info", "--dataset", "rows"], &remote[..]].concat());
     assert!(gone.contains("no dataset 'rows'"), "{gone}");
     stop_all(processes);
+}
+
+/// A caption of an image-text dataset: JSON whose keys and words recur across records.
+fn caption(i: usize) -> Vec<u8> {
+    const WORDS: [&str; 16] = [
+        "a", "dog", "cat", "on", "the", "beach", "at", "sunset", "with", "red", "ball", "photo",
+        "of", "two", "people", "park",
+    ];
+    let words: Vec<&str> = (0..10 + i * 7 % 25)
+        .map(|k| WORDS[(i * 31 + k * k * 17 + k) % WORDS.len()])
+        .collect();
+    format!(
+        "{{\"id\": {i}, \"url\": \"https://img.example.com/{:06}.jpg\", \"caption\": \"{}\"}}",
+        i * 7919 % 1_000_000,
+        words.join(" ")
+    )
+    .into_bytes()
+}
+
+/// `zr convert --router --dataset NAME --dict`: a dictionary trained on the records to
+/// convert, the dataset made with it, the records read back byte-exact; `zr dataset create
+/// --dict` with a dictionary file; bad uses refused by name.
+#[test]
+fn zr_convert_makes_a_cluster_dataset_with_a_trained_dictionary() {
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("dict");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let processes = start(&node, &router, &config);
+    let remote = [
+        "--router",
+        addr.as_str(),
+        "--certs",
+        certs.to_str().unwrap(),
+    ];
+    let records: Vec<Vec<u8>> = (0..3_000).map(caption).collect();
+    let values = tmp.join("captions.bin");
+    std::fs::write(&values, records.concat()).unwrap();
+    let mut offsets = vec![0u64];
+    for record in &records {
+        offsets.push(offsets.last().unwrap() + record.len() as u64);
+    }
+    let offsets_path = tmp.join("offsets.npy");
+    let offsets_bytes: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+    let shape = format!("({},)", offsets.len());
+    write_npy_of(&offsets_path, "<u8", &shape, &offsets_bytes);
+    let input = [
+        "convert",
+        "--values",
+        values.to_str().unwrap(),
+        "--offsets",
+        offsets_path.to_str().unwrap(),
+        "--field",
+        "caption",
+        "--dict",
+    ];
+    let unnamed = zr_fails(&[&input[..], &remote[..]].concat());
+    assert!(unnamed.contains("--dataset NAME"), "{unnamed}");
+    let made = zr(&[&input[..], &["--dataset", "captions"][..], &remote[..]].concat());
+    assert!(
+        made.contains("made dataset 'captions'") && made.contains("with dictionary"),
+        "{made}"
+    );
+    let info = zr(&[&["dataset", "info", "captions"], &remote[..]].concat());
+    assert!(info.contains("caption:zstd (dict "), "{info}");
+    let out = tmp.join("gathered.bin");
+    let lengths = zr(&[
+        &[
+            "gather",
+            "--dataset",
+            "captions",
+            "--indices",
+            "2999,0,1234",
+        ],
+        &["--field", "caption", "--out", out.to_str().unwrap()][..],
+        &remote[..],
+    ]
+    .concat());
+    let want = [&records[2999][..], &records[0], &records[1234]];
+    let lengths: Vec<usize> = lengths
+        .split_whitespace()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(lengths, want.map(<[u8]>::len));
+    assert_eq!(std::fs::read(&out).unwrap(), want.concat());
+    // Made again from the dictionary file a node keeps: the same dictionary.
+    let file = find_file(&tmp, "caption.zdict").expect("a node's dictionary file");
+    let spec = format!("c={}", file.display());
+    let again = zr(&[
+        &[
+            "dataset", "create", "again", "--field", "c:zstd:7", "--dict", &spec,
+        ],
+        &remote[..],
+    ]
+    .concat());
+    assert!(again.contains("with dictionary"), "{again}");
+    let missing = zr_fails(
+        &[
+            &[
+                "dataset",
+                "create",
+                "other",
+                "--field",
+                "c:zstd",
+                "--dict",
+                "c=/no/such.zdict",
+            ],
+            &remote[..],
+        ]
+        .concat(),
+    );
+    assert!(missing.contains("/no/such.zdict"), "{missing}");
+    let raw = zr_fails(
+        &[
+            &[
+                "dataset", "create", "other", "--field", "c:raw", "--dict", &spec,
+            ],
+            &remote[..],
+        ]
+        .concat(),
+    );
+    assert!(raw.contains("for zstd fields"), "{raw}");
+    stop_all(processes);
+}
+
+/// The first file named `name` under `dir`, searched depth first.
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()? {
+        let path = entry.ok()?.path();
+        if path.file_name().is_some_and(|n| n == name) {
+            return Some(path);
+        }
+        if path.is_dir() {
+            if let Some(found) = find_file(&path, name) {
+                return Some(found);
+            }
+        }
+    }
+    None
 }
 
 /// A Megatron-LM indexed dataset of uint16 tokens, one sequence per document, as

@@ -205,7 +205,14 @@ impl Catalog {
     /// Creates dataset `name`, made as `id`, with `fields`: done already if this node holds
     /// it; one of that name made earlier (dropped while this node was away) is replaced; one
     /// made later is left, and the create refused.
-    pub fn create(&self, name: &str, id: u64, fields: Vec<FieldSpec>) -> Result<()> {
+    /// `dicts`: zstd dictionaries of its fields, as [`Store::create_with_dicts`] takes them.
+    pub fn create(
+        &self,
+        name: &str,
+        id: u64,
+        fields: Vec<FieldSpec>,
+        dicts: &[(String, Vec<u8>)],
+    ) -> Result<()> {
         let _one = self.changes.lock().unwrap_or_else(|e| e.into_inner());
         let parent = self.datasets_dir();
         if name == DEFAULT {
@@ -235,11 +242,12 @@ impl Catalog {
         if building.exists() {
             disk::remove_tree(&building).ctx("remove", &building)?;
         }
-        drop(Store::create_with(
+        drop(Store::create_with_dicts(
             &building,
             fields,
             CreateOptions::default(),
             self.runtime,
+            dicts,
         )?);
         self.root
             .serving()
@@ -394,7 +402,7 @@ mod tests {
         let dir = scratch.path().join("node");
         let catalog = open(&dir);
         append(catalog.root(), &[b"d0", b"d1"]);
-        catalog.create("a", 1, fields()).expect("create");
+        catalog.create("a", 1, fields(), &[]).expect("create");
         let a = catalog.get(Some("a")).expect("a");
         append(&a, &[b"a0", b"a1", b"a2"]);
 
@@ -434,7 +442,7 @@ mod tests {
         let scratch = tempfile::tempdir().expect("scratch");
         let dir = scratch.path().join("node");
         let catalog = open(&dir);
-        catalog.create("a", 1, fields()).expect("create");
+        catalog.create("a", 1, fields(), &[]).expect("create");
         append(&catalog.get(Some("a")).expect("a"), &[b"a0"]);
         catalog.root().open_stage(2).expect("open");
         drop(catalog);

@@ -15,7 +15,9 @@ use bytes::Bytes;
 use quinn::Endpoint;
 use zr_common::Record;
 use zr_net as net;
-use zr_proto::wire::{self, ErrorCode, FieldInfo, NodeMessage, NodeRequest, Reply};
+use zr_proto::wire::{
+    self, DictRef, ErrorCode, FieldDict, FieldInfo, NodeMessage, NodeRequest, Reply,
+};
 use zr_service::config::ClusterConfig;
 
 use crate::catalog::Catalog;
@@ -568,6 +570,13 @@ pub enum Refusal {
     /// An append that does not start at the shard's length.
     #[error("append expected to start at {at} but the shard holds {len} records")]
     OutOfStep { at: u64, len: u64 },
+    /// A create whose field names another dictionary than the one sent for it.
+    #[error("field '{field}' names dictionary {}, and the dictionary sent {sent}", want.map_or("none".into(), |id| id.to_string()))]
+    DictMismatch {
+        field: String,
+        want: Option<u32>,
+        sent: String,
+    },
 }
 
 impl Refusal {
@@ -576,7 +585,7 @@ impl Refusal {
         match self {
             Refusal::Store(e) => code_of(e),
             Refusal::FenceStorage(_) => ErrorCode::Storage,
-            Refusal::NoLeaseToken => ErrorCode::BadRequest,
+            Refusal::NoLeaseToken | Refusal::DictMismatch { .. } => ErrorCode::BadRequest,
             Refusal::Identity(crate::identity::Mismatch::Cluster { .. }) => ErrorCode::WrongCluster,
             Refusal::Identity(
                 crate::identity::Mismatch::Map { .. } | crate::identity::Mismatch::Unplaced,
@@ -777,13 +786,14 @@ fn execute(
                 .collect();
             Ok((Reply::Datasets(held), Vec::new()))
         }
-        NodeRequest::CreateDataset { id, fields } => {
+        NodeRequest::CreateDataset { id, fields, dicts } => {
             let specs = fields
                 .iter()
                 .map(field_spec)
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(fail)?;
-            node()?.create(named()?, id, specs).map_err(fail)?;
+            let dicts = field_dicts(&fields, dicts)?;
+            node()?.create(named()?, id, specs, &dicts).map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }
         NodeRequest::DropDataset { id } => {
@@ -939,7 +949,45 @@ fn field_info(spec: &FieldSpec) -> FieldInfo {
         compress: spec.storage(),
         dtype: spec.dtype.clone(),
         shape: spec.shape.clone(),
+        // A cluster's datasets are made with their dictionary's CRC32 (only local
+        // datasets of an early format lack it).
+        dict: spec.dict.map(|id| DictRef {
+            id,
+            crc: spec.dict_crc.unwrap_or_default(),
+        }),
     }
+}
+
+/// The dictionaries a create sends, each checked against the id its field names (the
+/// engine checks that the bytes are a dictionary of that id and that the field is zstd).
+fn field_dicts(
+    fields: &[FieldInfo],
+    dicts: Vec<FieldDict>,
+) -> Result<Vec<(String, Vec<u8>)>, Refusal> {
+    for field in fields {
+        let sent = dicts
+            .iter()
+            .find(|d| d.field == field.name)
+            .map(|d| DictRef::of(&d.bytes));
+        match (field.dict, sent) {
+            (None, None) => {}
+            (Some(want), Some(Some(have))) if want == have => {}
+            (want, sent) => {
+                return Err(Refusal::DictMismatch {
+                    field: field.name.clone(),
+                    want: want.map(|d| d.id),
+                    sent: match sent {
+                        None => "is none".into(),
+                        Some(None) => "is no zstd dictionary".into(),
+                        Some(Some(have)) => {
+                            format!("is dictionary {} with CRC32 {:08x}", have.id, have.crc)
+                        }
+                    },
+                })
+            }
+        }
+    }
+    Ok(dicts.into_iter().map(|d| (d.field, d.bytes)).collect())
 }
 
 /// The field a wire description asks for: its compression and type checked.

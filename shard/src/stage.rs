@@ -186,11 +186,12 @@ impl Shard {
                 disk::remove_tree(&path).ctx("remove an unfinished dataset", &path)?;
             }
             check_room(parent, &serving.store)?;
-            Store::create_with(
+            Store::create_with_dicts(
                 &path,
                 serving.store.fields().to_vec(),
                 CreateOptions::default(),
                 self.runtime,
+                &serving.store.dicts(),
             )?
         };
         let len = store.len();

@@ -46,12 +46,7 @@ const CLIENTS: usize = 8;
 const ROUNDS: u32 = 6;
 
 fn field() -> Vec<FieldInfo> {
-    vec![FieldInfo {
-        name: "x".into(),
-        compress: "raw".into(),
-        dtype: None,
-        shape: None,
-    }]
+    vec![FieldInfo::new("x", "raw")]
 }
 
 fn connect(cluster: &SimCluster, dataset: &str) -> Result<Client> {

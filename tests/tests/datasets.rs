@@ -15,6 +15,9 @@ use zr_router::{Client, Error, FieldInfo, MapChange};
 use zr_sim::{SimCluster, SimOptions};
 
 fn options(replicas: u32) -> SimOptions {
+    if std::env::var("ZR_TEST_LOG").is_ok() {
+        zr_service::logging::init_logging("info", zr_service::logging::LogFormat::Text);
+    }
     SimOptions {
         fields: vec![("a".into(), "raw".into())],
         extent_records: 3,
@@ -25,12 +28,7 @@ fn options(replicas: u32) -> SimOptions {
 }
 
 fn field(name: &str, compress: &str) -> FieldInfo {
-    FieldInfo {
-        name: name.into(),
-        compress: compress.into(),
-        dtype: None,
-        shape: None,
-    }
+    FieldInfo::new(name, compress)
 }
 
 /// Record `i` of dataset `salt`: one value per field, lengths varying.
@@ -556,4 +554,197 @@ fn zstd_fields_round_trip_through_the_cluster() {
     }
     let fields: Vec<String> = ds.fields().iter().map(|f| f.compress.clone()).collect();
     assert_eq!(fields, ["zstd", "zstd:9"]);
+}
+
+/// A caption such as a dataset of image-text pairs holds: a few hundred bytes of JSON whose
+/// words and keys recur across records (what a dictionary learns), varying per record.
+fn caption(i: u64) -> Vec<u8> {
+    const WORDS: [&str; 24] = [
+        "a", "dog", "cat", "running", "on", "the", "beach", "sunset", "with", "red", "ball",
+        "photo", "of", "two", "people", "walking", "in", "park", "near", "lake", "blue", "sky",
+        "small", "house",
+    ];
+    let words = 12 + mix2(i, 1) % 30;
+    let text: Vec<&str> = (0..words)
+        .map(|k| WORDS[(mix2(i, k + 2) % WORDS.len() as u64) as usize])
+        .collect();
+    format!(
+        "{{\"id\": {i}, \"url\": \"https://images.example.com/{:08x}.jpg\", \"width\": {}, \"height\": {}, \"caption\": \"{}\", \"license\": \"cc-by-4.0\"}}",
+        mix2(i, 0) as u32,
+        256 + mix2(i, 40) % 1024,
+        256 + mix2(i, 41) % 1024,
+        text.join(" ")
+    )
+    .into_bytes()
+}
+
+/// Record `i` of the dictionary test: captions, and every kind of record besides (empty,
+/// one byte, incompressible, 1 MiB).
+fn dict_record(i: u64) -> Vec<u8> {
+    match i {
+        0 => Vec::new(),
+        1 => vec![b'{'],
+        2 => (0..4096).map(|k| mix2(i, k) as u8).collect(),
+        3 => caption(i).repeat((1 << 20) / caption(i).len() + 1)[..1 << 20].to_vec(),
+        _ => caption(i),
+    }
+}
+
+/// Every record of the dictionary test's `count`, read back byte-exact through `client`.
+fn check_dict_records(client: &Client, count: u64) {
+    let indices: Vec<u64> = (0..count).rev().collect();
+    let column = &client.gather(&indices, &["c"]).unwrap()[0];
+    for (pos, &i) in indices.iter().enumerate() {
+        assert!(
+            column.get(pos).unwrap() == dict_record(i).as_slice(),
+            "{}: record {i} differs",
+            client.name()
+        );
+    }
+}
+
+/// A cluster dataset whose zstd field has a dictionary: bad dictionaries refused by name;
+/// the records of every kind compressed with it on every node and read back one hop and
+/// through the router; smaller on disk than without it; then a wiped replica and a shard
+/// added later get the same dictionary, from the metadata store, and serve the records.
+#[test]
+fn a_zstd_dictionary_reaches_every_node_now_and_later() {
+    let mut cluster = SimCluster::start(2, options(2)).unwrap();
+    let client = cluster.client().unwrap();
+    let samples: Vec<Vec<u8>> = (10..3_010).map(caption).collect();
+    let refs: Vec<&[u8]> = samples.iter().map(Vec::as_slice).collect();
+    let dict = zr_node::dict::train(&refs, 16 << 10).unwrap();
+    let id = zr_node::dict::id(&dict).unwrap();
+    let with = |field: &str, bytes: &[u8]| {
+        vec![zr_router::FieldDict {
+            field: field.into(),
+            bytes: bytes.to_vec(),
+        }]
+    };
+    // Refused, each naming what is wrong.
+    for (fields, dicts, says) in [
+        (
+            vec![field("c", "raw")],
+            with("c", &dict),
+            "a dictionary is for zstd fields",
+        ),
+        (
+            vec![field("c", "zstd")],
+            with("c", b"not one"),
+            "no zstd dictionary",
+        ),
+        (vec![field("c", "zstd")], with("d", &dict), "does not have"),
+    ] {
+        let e = client
+            .create_dataset_with_dicts("bad", fields, dicts)
+            .unwrap_err();
+        assert!(e.to_string().contains(says), "{e}");
+    }
+    let captions = client
+        .create_dataset_with_dicts("captions", vec![field("c", "zstd")], with("c", &dict))
+        .unwrap();
+    let plain = client
+        .create_dataset("plain", vec![field("c", "zstd")])
+        .unwrap();
+    assert_eq!(captions.fields()[0].dict.map(|d| d.id), Some(id));
+    assert_eq!(plain.fields()[0].dict, None);
+    let count = 2_000;
+    for dataset in [&captions, &plain] {
+        let records: Vec<Vec<u8>> = (0..count).map(dict_record).collect();
+        let rows: Vec<Record> = records.iter().map(|r| Record::new().with("c", r)).collect();
+        for batch in rows.chunks(500) {
+            dataset.append_many(batch).unwrap();
+        }
+        dataset.commit().unwrap();
+    }
+    check_dict_records(&captions, count);
+    let via_router = cluster
+        .client_via_router()
+        .unwrap()
+        .dataset("captions")
+        .unwrap();
+    check_dict_records(&via_router, count);
+    // Bytes on disk (chunks are sparse files grown ahead of their data).
+    let bytes = |name: &str| {
+        let mut total = 0;
+        for node in 0..cluster.node_count() {
+            let chunks = cluster
+                .data_dir(node)
+                .join("datasets")
+                .join(name)
+                .join("chunk");
+            for file in std::fs::read_dir(chunks).unwrap() {
+                total += std::os::unix::fs::MetadataExt::blocks(&file.unwrap().metadata().unwrap())
+                    * 512;
+            }
+        }
+        total
+    };
+    let (small, large) = (bytes("captions"), bytes("plain"));
+    assert!(
+        small < large,
+        "with the dictionary {small} bytes, without {large}"
+    );
+    let holds_dict = |cluster: &SimCluster, node: u32| {
+        let path = cluster
+            .data_dir(node)
+            .join("datasets/captions/dict/c.zdict");
+        std::fs::read(path).ok().as_deref() == Some(&dict[..])
+    };
+    for node in 0..cluster.node_count() {
+        assert!(
+            holds_dict(&cluster, node),
+            "node {node} lacks the dictionary"
+        );
+    }
+
+    // A wiped replica gets the dataset back with its dictionary, catches up, and serves it
+    // alone.
+    let wiped = cluster.node(1, 1);
+    cluster.crash_node(wiped);
+    std::fs::remove_dir_all(cluster.data_dir(wiped)).unwrap();
+    cluster.start_node(wiped).unwrap();
+    // Caught up: in sync, and holding as many records as its partner (committed: a
+    // read-only open sees what is durable).
+    let held = |node: u32| {
+        let dir = cluster.data_dir(node).join("datasets/captions");
+        zr_node::Store::open_read_only(dir).map_or(0, |store| store.len())
+    };
+    let caught_up = || {
+        let status = client.status().unwrap();
+        let in_sync = status
+            .nodes
+            .iter()
+            .any(|n| (n.shard, n.replica) == (1, 1) && n.in_sync);
+        in_sync && captions.commit().is_ok() && held(wiped) == held(cluster.node(1, 0))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !caught_up() {
+        assert!(
+            Instant::now() < deadline,
+            "the wiped node never caught up: {} vs {}",
+            held(wiped),
+            held(cluster.node(1, 0))
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(held(wiped) > 0 && holds_dict(&cluster, wiped));
+    cluster.crash_node(cluster.node(1, 0));
+    check_dict_records(&captions, count);
+    cluster.start_node(cluster.node(1, 0)).unwrap();
+
+    // A shard added later: its nodes, and every dataset staged for the next map, hold it.
+    cluster.add_shard_nodes().unwrap();
+    let report = cluster.run_move(&client, MapChange::AddShard).unwrap();
+    assert!(report.done && report.moved > 0, "{report:?}");
+    for replica in 0..2 {
+        assert!(holds_dict(&cluster, cluster.node(2, replica)));
+    }
+    for node in 0..cluster.node_count() {
+        assert!(
+            holds_dict(&cluster, node),
+            "node {node} lacks the dictionary after the move"
+        );
+    }
+    check_dict_records(&client.dataset("captions").unwrap(), count);
 }

@@ -143,12 +143,7 @@ fn a_wiped_node_rebuilds_online_and_then_serves_alone() {
 fn a_wiped_node_rebuilds_a_named_dataset_and_then_serves_it_alone() {
     let mut cluster = SimCluster::start(2, on_virtual_time()).expect("cluster");
     let client = cluster.async_client().expect("client");
-    let fields = ["a", "b"].map(|name| zr_router::FieldInfo {
-        name: name.into(),
-        compress: "flate".into(),
-        dtype: None,
-        shape: None,
-    });
+    let fields = ["a", "b"].map(|name| zr_router::FieldInfo::new(name, "flate"));
     let mut model = Vec::new();
     let named = cluster.run(async {
         let named = client

@@ -145,15 +145,7 @@ fn check_streams(replicas: u32) {
         .unwrap_err();
     assert!(matches!(err, Error::Stream { .. }), "{err}");
     let plain = operator
-        .create_dataset(
-            "plain",
-            vec![zr_router::FieldInfo {
-                name: "x".into(),
-                compress: "raw".into(),
-                dtype: None,
-                shape: None,
-            }],
-        )
+        .create_dataset("plain", vec![zr_router::FieldInfo::new("x", "raw")])
         .unwrap();
     let err = ClusterStream::open(plain).unwrap_err();
     assert!(err.to_string().contains("not a token stream"), "{err}");

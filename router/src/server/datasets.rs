@@ -17,11 +17,12 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, FieldRecord};
+use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, DictRef, FieldRecord};
 use zr_meta::writer::PendingWrite;
 use zr_net::Body;
 use zr_proto::wire::{
-    self, ClientMessage, ClientRequest, DatasetInfo, FieldInfo, NodeRequest, Reply, DEFAULT_DATASET,
+    self, ClientMessage, ClientRequest, DatasetInfo, FieldDict, FieldInfo, NodeRequest, Reply,
+    DEFAULT_DATASET,
 };
 
 use super::Router;
@@ -51,6 +52,7 @@ fn ready(reply: Reply) -> (Reply, Body) {
     (reply, Body::Ready(Vec::new()))
 }
 
+/// `fields` as the cluster record keeps them.
 pub(crate) fn record_fields(fields: &[FieldInfo]) -> Vec<FieldRecord> {
     fields
         .iter()
@@ -59,6 +61,10 @@ pub(crate) fn record_fields(fields: &[FieldInfo]) -> Vec<FieldRecord> {
             compress: f.compress.clone(),
             dtype: f.dtype.clone(),
             shape: f.shape.clone(),
+            dict: f.dict.map(|d| DictRef {
+                id: d.id,
+                crc: d.crc,
+            }),
         })
         .collect()
 }
@@ -71,8 +77,67 @@ fn wire_fields(fields: &[FieldRecord]) -> Vec<FieldInfo> {
             compress: f.compress.clone(),
             dtype: f.dtype.clone(),
             shape: f.shape.clone(),
+            dict: f.dict.map(|d| wire::DictRef {
+                id: d.id,
+                crc: d.crc,
+            }),
         })
         .collect()
+}
+
+/// How the cluster record names a dictionary: its id and CRC32 (`None`: no dictionary).
+fn dict_ref(bytes: &[u8]) -> Option<DictRef> {
+    wire::DictRef::of(bytes).map(|d| DictRef {
+        id: d.id,
+        crc: d.crc,
+    })
+}
+
+/// Checks the dictionaries a create sends: each for a zstd field, one per field, each a
+/// zstd dictionary; a field naming a dictionary has it sent. Sets each field's `dict`.
+fn check_dicts(fields: &mut [FieldInfo], dicts: &[FieldDict]) -> Result<(), Failure> {
+    for (k, dict) in dicts.iter().enumerate() {
+        let name = &dict.field;
+        if dicts[..k].iter().any(|d| &d.field == name) {
+            return Err(Failure::BadRequest(format!(
+                "field '{name}' is given two dictionaries"
+            )));
+        }
+        let Some(field) = fields.iter_mut().find(|f| &f.name == name) else {
+            return Err(Failure::BadRequest(format!(
+                "a dictionary for field '{name}', which the dataset does not have"
+            )));
+        };
+        if !matches!(wire::parse_storage(&field.compress), Ok(("zstd", _))) {
+            return Err(Failure::BadRequest(format!(
+                "field '{name}' is stored {}: a dictionary is for zstd fields",
+                field.compress
+            )));
+        }
+        let Some(sent) = wire::DictRef::of(&dict.bytes) else {
+            return Err(Failure::BadRequest(format!(
+                "field '{name}': the dictionary sent is no zstd dictionary (train one with `zr dict train` or zstd --train)"
+            )));
+        };
+        if let Some(want) = field.dict.filter(|&want| want != sent) {
+            return Err(Failure::BadRequest(format!(
+                "field '{name}' names dictionary {} (CRC32 {:08x}), and the one sent is {} (CRC32 {:08x})",
+                want.id, want.crc, sent.id, sent.crc
+            )));
+        }
+        field.dict = Some(sent);
+    }
+    if let Some(field) = fields
+        .iter()
+        .find(|f| f.dict.is_some() && !dicts.iter().any(|d| d.field == f.name))
+    {
+        return Err(Failure::BadRequest(format!(
+            "field '{}' names dictionary {}, and its bytes were not sent",
+            field.name,
+            field.dict.map_or(0, |d| d.id)
+        )));
+    }
+    Ok(())
 }
 
 /// Checks a field as a client describes it: its name, compression and type.
@@ -119,8 +184,8 @@ impl Router {
         let name = message.dataset().to_string();
         match message.request {
             ClientRequest::Datasets => Ok(ready(Reply::Datasets(self.list_datasets().await?))),
-            ClientRequest::CreateDataset { fields } => {
-                self.create_dataset(&name, fields).await?;
+            ClientRequest::CreateDataset { fields, dicts } => {
+                self.create_dataset(&name, fields, dicts).await?;
                 Ok(ready(Reply::Done))
             }
             ClientRequest::DropDataset => {
@@ -400,7 +465,8 @@ impl Router {
     async fn create_dataset(
         self: &Arc<Self>,
         name: &str,
-        fields: Vec<FieldInfo>,
+        mut fields: Vec<FieldInfo>,
+        dicts: Vec<FieldDict>,
     ) -> Result<(), Failure> {
         if name == DEFAULT_DATASET {
             return Err(Failure::Conflict(
@@ -419,6 +485,15 @@ impl Router {
                     "field '{}' is named twice",
                     field.name
                 )));
+            }
+        }
+        check_dicts(&mut fields, &dicts)?;
+        // The bytes first: the record never names a dictionary the store lacks.
+        for dict in &dicts {
+            if let Some(at) = dict_ref(&dict.bytes) {
+                cluster::store_dict(&*self.meta, at, &dict.bytes)
+                    .await
+                    .map_err(metadata)?;
             }
         }
         let id = loop {
@@ -447,7 +522,7 @@ impl Router {
                 Err(e) => return Err(metadata(e)),
             }
         };
-        let request = NodeRequest::CreateDataset { id, fields };
+        let request = NodeRequest::CreateDataset { id, fields, dicts };
         self.on_every_node(Some(name), &request, "create").await;
         let (record, revision) = self.load_cluster().await?;
         self.adopt_datasets(&record, revision).await;
@@ -590,6 +665,12 @@ impl Router {
     /// (a named dataset) and on every node, between writes. Records stored so far lack it.
     pub(super) async fn add_field(self: &Arc<Self>, field: FieldInfo) -> Result<(), Failure> {
         check_field(&field)?;
+        if let Some(dict) = field.dict {
+            return Err(Failure::BadRequest(format!(
+                "field '{}' names dictionary {}: a field added later has none (a dictionary comes with the dataset's create)",
+                field.name, dict.id
+            )));
+        }
         if field.dtype.is_some() {
             return Err(Failure::BadRequest(format!(
                 "field '{}' has a dtype, so every record would need it, and the records stored so far have none: add it without one",
@@ -808,13 +889,15 @@ impl Router {
                     }
                 }
                 Some(h) if h.id > dataset.id => {} // made after this record was read
-                _ => changes.push((
-                    Some(&dataset.name),
-                    NodeRequest::CreateDataset {
-                        id: dataset.id,
-                        fields,
-                    },
-                )),
+                _ => match self.create_request(dataset).await {
+                    Ok(request) => changes.push((Some(&dataset.name), request)),
+                    Err(e) => tracing::warn!(
+                        "shard {} replica {} lacks dataset '{}', which cannot be made there: {e}",
+                        self.nodes.shard(node),
+                        self.nodes.replica(node),
+                        dataset.name
+                    ),
+                },
             }
         }
         for h in held {
@@ -906,6 +989,38 @@ impl Router {
         })
     }
 
+    /// The request that makes `dataset` on a node, with its dictionaries from the metadata
+    /// store (each checked against the id and CRC32 the record names it by).
+    async fn create_request(&self, dataset: &DatasetRecord) -> Result<NodeRequest, Failure> {
+        let mut dicts = Vec::new();
+        for field in &dataset.fields {
+            let Some(at) = field.dict else { continue };
+            let bytes = cluster::load_dict(&*self.meta, at)
+                .await
+                .map_err(metadata)?
+                .filter(|bytes| dict_ref(bytes) == Some(at))
+                .ok_or_else(|| {
+                    Failure::Inconsistent(format!(
+                        "dataset '{}' field '{}': dictionary {} (CRC32 {:08x}) is missing from the metadata store, or damaged there ({})",
+                        dataset.name,
+                        field.name,
+                        at.id,
+                        at.crc,
+                        cluster::dict_key(at)
+                    ))
+                })?;
+            dicts.push(FieldDict {
+                field: field.name.clone(),
+                bytes,
+            });
+        }
+        Ok(NodeRequest::CreateDataset {
+            id: dataset.id,
+            fields: wire_fields(&dataset.fields),
+            dicts,
+        })
+    }
+
     /// Makes this named dataset, empty, on the nodes of `shards` that lack it (the nodes of
     /// a shard a move adds), as `record` lists it.
     pub(super) async fn create_on(
@@ -917,10 +1032,7 @@ impl Router {
         let dataset = record.dataset(name).ok_or_else(|| {
             Failure::Inconsistent(format!("the cluster record lists no dataset '{name}'"))
         })?;
-        let request = NodeRequest::CreateDataset {
-            id: dataset.id,
-            fields: wire_fields(&dataset.fields),
-        };
+        let request = self.create_request(dataset).await?;
         for &shard in shards {
             for node in self.nodes.of_shard(shard) {
                 self.nodes
