@@ -135,6 +135,7 @@ impl Role {
         match self {
             Role::Node => &[
                 Role::Router,
+                Role::Node,
                 Role::Reader,
                 Role::Writer,
                 Role::Operator,
@@ -155,10 +156,11 @@ impl Role {
     }
 
     /// Whether this role may connect to a server of role `server`: routers to nodes, clients
-    /// to routers and (for reads) to nodes.
+    /// to routers and (for reads) to nodes, nodes to nodes (a rebuild copying a partner's
+    /// files).
     pub fn may_connect_to(self, server: Role) -> bool {
         match self {
-            Role::Node => false,
+            Role::Node => server == Role::Node,
             Role::Router => server == Role::Node,
             Role::Reader | Role::Writer | Role::Operator | Role::Client => {
                 matches!(server, Role::Router | Role::Node)
@@ -704,8 +706,8 @@ fn issue_role(
         .push(DnType::CommonName, common_name);
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = match role {
-        Role::Node => vec![ExtendedKeyUsagePurpose::ServerAuth],
-        Role::Router => vec![
+        // Nodes connect to nodes too, to rebuild from a partner's files.
+        Role::Node | Role::Router => vec![
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
         ],

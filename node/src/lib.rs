@@ -36,6 +36,7 @@ pub mod prefetch;
 pub mod rebalance;
 pub mod redo;
 mod runtime;
+pub mod ship;
 mod source;
 mod store;
 pub mod stream;

@@ -42,6 +42,10 @@ pub const DATASET_NAME_BYTES_MAX: usize = 64;
 /// it is kept in the metadata store, whose requests etcd bounds to 1.5 MiB by default, and
 /// a value crosses etcd's gateway base64-encoded twice.
 pub const DICT_BYTES_MAX: usize = 512 << 10;
+/// Largest piece of a file one `ShipRead` asks for.
+pub const SHIP_PIECE_MAX: usize = 16 << 20;
+/// Longest node address a request names.
+pub const ADDR_BYTES_MAX: usize = 256;
 /// The dataset a request that names none addresses: the one `zr cluster-init` made.
 pub const DEFAULT_DATASET: &str = "default";
 /// Longest a gather may wait for records not committed yet (`wait_ms`).
@@ -370,6 +374,22 @@ pub enum NodeRequest {
     /// Which cluster and map the node's data belongs to, and its length (what
     /// `zr cluster restore-record` rebuilds a lost cluster record from). Reply: `Identity`.
     Identity,
+    /// A rebuild by files: takes a snapshot of the message's dataset (its files as of its
+    /// last commit) for `ShipRead`s; sent by a replica rebuilding itself from this one.
+    /// Reply: `Manifest`.
+    ShipOpen,
+    /// Bytes `offset..offset + len` of file `file` of snapshot `ship` (fewer at its end).
+    /// Reply: `Piece`, their CRC32; body: the bytes.
+    ShipRead {
+        ship: u64,
+        file: u32,
+        offset: u64,
+        len: u32,
+    },
+    /// Rebuild the message's dataset on this node from the files of its partner, the node
+    /// at `addr` serving replica `replica`: started if it is not running (a finished one is
+    /// reported once, then forgotten). Reply: `Shipping`, how far it got.
+    ShipFrom { addr: String, replica: u32 },
 }
 
 impl NodeRequest {
@@ -393,6 +413,9 @@ impl NodeRequest {
             NodeRequest::Stage { .. } => "stage",
             NodeRequest::Switch { .. } => "switch",
             NodeRequest::Identity => "identity",
+            NodeRequest::ShipOpen => "ship-open",
+            NodeRequest::ShipRead { .. } => "ship-read",
+            NodeRequest::ShipFrom { .. } => "ship-from",
         }
     }
 
@@ -605,7 +628,15 @@ impl Request for NodeMessage {
             | NodeRequest::Fence { .. }
             | NodeRequest::StageOpen { .. }
             | NodeRequest::Switch { .. }
-            | NodeRequest::Identity => expect_empty(body),
+            | NodeRequest::Identity
+            | NodeRequest::ShipOpen => expect_empty(body),
+            NodeRequest::ShipRead { len, .. } if *len as usize > SHIP_PIECE_MAX => Err(
+                Error::Malformed(format!("a piece of {len} bytes (at most {SHIP_PIECE_MAX})")),
+            ),
+            NodeRequest::ShipFrom { addr, .. } if addr.len() > ADDR_BYTES_MAX => Err(
+                Error::Malformed(format!("an address of {} bytes", addr.len())),
+            ),
+            NodeRequest::ShipRead { .. } | NodeRequest::ShipFrom { .. } => expect_empty(body),
         }
     }
 }
@@ -756,6 +787,38 @@ pub enum Reply {
     },
     /// The cluster as a client reading one hop needs it (see `ClientRequest::Topology`).
     Topology(Topology),
+    /// A snapshot of a dataset, to read with `ShipRead`: its id, committed records and files.
+    Manifest {
+        ship: u64,
+        len: u64,
+        files: Vec<ShipFile>,
+    },
+    /// A piece of a snapshot's file; body: the bytes, whose CRC32 is `crc`.
+    Piece {
+        crc: u32,
+    },
+    /// How far a rebuild by files got (see `NodeRequest::ShipFrom`).
+    Shipping(ShipStatus),
+}
+
+/// A file of a dataset snapshot: its path inside the dataset directory and its length.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShipFile {
+    pub name: String,
+    pub len: u64,
+}
+
+/// A rebuild by files, as the node rebuilding says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShipStatus {
+    /// Finished: the snapshot installed (`error` unset) or given up (`error` says why).
+    pub done: bool,
+    /// Bytes received so far, of `total` (0 until the partner's manifest arrives).
+    pub bytes: u64,
+    pub total: u64,
+    /// Records the snapshot holds.
+    pub len: u64,
+    pub error: Option<String>,
 }
 
 /// What a client needs to read a dataset from the nodes itself: where each record is (the
@@ -1066,6 +1129,11 @@ fn check_reply(reply: &Reply, body: usize) -> Result<(), Error> {
         Reply::Gather { lengths } => check_columns(lengths, body),
         // Frames, checked as they are taken apart (crate::assemble).
         Reply::GatherParts { .. } => Ok(()),
+        // The piece's bytes, checked against its CRC32 by the receiver.
+        Reply::Piece { .. } if body <= SHIP_PIECE_MAX => Ok(()),
+        Reply::Piece { .. } => Err(Error::Malformed(format!(
+            "a piece of {body} bytes (at most {SHIP_PIECE_MAX})"
+        ))),
         _ => expect_empty(body),
     }
 }

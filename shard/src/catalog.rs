@@ -61,6 +61,8 @@ pub struct Catalog {
     /// Held by creates, drops and field additions: one at a time.
     changes: Mutex<()>,
     runtime: RuntimeOptions,
+    /// Rebuilds by files: snapshots served to partners, and this node's own.
+    pub ships: Arc<crate::ship::Ships>,
 }
 
 impl Catalog {
@@ -74,8 +76,11 @@ impl Catalog {
             changes: Mutex::new(()),
             runtime,
             dir,
+            ships: Arc::default(),
         };
         recover_named(&catalog.dir)?;
+        // A rebuild cut short is started again from the beginning.
+        crate::ship::remove_if_there(&crate::ship::ship_dir(&catalog.dir)?)?;
         let parent = catalog.datasets_dir();
         let entries = match std::fs::read_dir(&parent) {
             Ok(entries) => entries,
@@ -121,7 +126,7 @@ impl Catalog {
                 continue;
             }
             tracing::info!(
-                "removing {} (a create, drop or move cut short)",
+                "removing {} (a create, drop, move or rebuild cut short)",
                 path.display()
             );
             disk::remove_tree(&path).ctx("remove", &path)?;
@@ -331,11 +336,13 @@ fn recover_named(dir: &Path) -> Result<()> {
     if named.exists() {
         return Ok(());
     }
-    for staged in crate::stage::staged_dirs(dir)? {
+    let mut beside = crate::stage::staged_dirs(dir)?;
+    beside.push(crate::ship::ship_dir(dir)?);
+    for staged in beside {
         let carried = staged.join(DATASETS_DIR);
         if carried.exists() {
             tracing::info!(
-                "putting the named datasets back from {} (a switch cut short)",
+                "putting the named datasets back from {} (a switch or a rebuild cut short)",
                 staged.display()
             );
             disk::rename(&carried, &named).ctx("put the named datasets back", &carried)?;

@@ -162,6 +162,15 @@ impl Identity {
         Ok(())
     }
 
+    /// The shard and replica this directory's data is, once claimed.
+    pub fn place(&self) -> Option<Target> {
+        let kept = self.lock();
+        Some(Target {
+            shard: kept.shard?,
+            replica: kept.replica?,
+        })
+    }
+
     /// The cluster this directory's data belongs to, once known.
     pub fn cluster(&self) -> Option<String> {
         self.lock().cluster.clone()

@@ -13,5 +13,6 @@ pub mod catalog;
 pub mod fence;
 pub mod identity;
 pub mod server;
+pub mod ship;
 pub mod stage;
 mod warm;

@@ -48,7 +48,8 @@ pub enum Sender {
     /// A router (or anyone, on an `--insecure-dev` node): every request.
     Router,
     /// A client reading one hop (its role named): gathers and info only, for the cluster
-    /// and map this node's data is placed by already.
+    /// and map this node's data is placed by already. A partner node (role `node`)
+    /// rebuilding from this one: snapshots of its files (`ShipOpen`, `ShipRead`) and info.
     Client(net::tls::Role),
 }
 
@@ -64,17 +65,17 @@ impl Sender {
     /// The client's role if this sender may not ask `message` of a node (a client only
     /// reads); `None` if it may.
     fn refuses(self, message: &NodeMessage) -> Option<net::tls::Role> {
+        let allowed = match (self, &message.request) {
+            (Sender::Router, _) | (Sender::Client(_), NodeRequest::Info) => true,
+            (Sender::Client(net::tls::Role::Node), request) => matches!(
+                request,
+                NodeRequest::ShipOpen | NodeRequest::ShipRead { .. }
+            ),
+            (Sender::Client(_), request) => matches!(request, NodeRequest::Gather { .. }),
+        };
         match self {
-            Sender::Router => None,
-            Sender::Client(_)
-                if matches!(
-                    message.request,
-                    NodeRequest::Gather { .. } | NodeRequest::Info
-                ) =>
-            {
-                None
-            }
-            Sender::Client(role) => Some(role),
+            Sender::Client(role) if !allowed => Some(role),
+            _ => None,
         }
     }
 }
@@ -161,26 +162,18 @@ fn shard_runtime() -> RuntimeOptions {
     }
 }
 
-/// Serves `store` on `endpoint` until `shutdown` resolves; then stops accepting, lets
-/// requests in flight finish and commits. `timeout` bounds reading each request and sending
-/// each reply. Clients' reads are served while `reads` is held (see
-/// [`zr_meta::nodes::ReadLease`]; `ReadLease::always()` for a node with no partner).
-pub async fn serve(
-    endpoint: Endpoint,
-    store: Store,
-    timeout: std::time::Duration,
-    reads: Arc<zr_meta::nodes::ReadLease>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), Error> {
-    serve_with(
-        endpoint,
-        store,
-        timeout,
-        Handling::Adaptive,
-        reads,
-        shutdown,
-    )
-    .await
+/// How a node serves (see [`serve_with`]).
+pub struct Serving {
+    /// Bounds reading each request and sending each reply.
+    pub timeout: std::time::Duration,
+    /// Where store calls run.
+    pub handling: Handling,
+    /// Clients' reads are served while it is held (see [`zr_meta::nodes::ReadLease`];
+    /// `ReadLease::always()` for a node with no partner).
+    pub reads: Arc<zr_meta::nodes::ReadLease>,
+    /// The node's own credentials, with which it connects to a partner to rebuild a
+    /// dataset from its files (`None`: it rebuilds only record by record, through a router).
+    pub security: Option<net::Security>,
 }
 
 /// Where a node runs its store calls.
@@ -203,19 +196,26 @@ pub enum Handling {
 /// handling`); longer records are sent from the mapping, and only touched.
 const INLINE_GATHER_RECORDS_MAX: usize = 1024;
 
-/// [`serve`], with store calls run as `handling` says, serving clients' reads while `reads`
-/// is held (see [`zr_meta::nodes::ReadLease`]; `keep_alive` keeps it).
+/// Serves `store` on `endpoint` as `serving` says until `shutdown` resolves; then stops
+/// accepting, lets requests in flight finish and commits.
 pub async fn serve_with(
     endpoint: Endpoint,
     store: Store,
-    timeout: std::time::Duration,
-    handling: Handling,
-    reads: Arc<zr_meta::nodes::ReadLease>,
+    serving: Serving,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
+    let Serving {
+        timeout,
+        handling,
+        reads,
+        security,
+    } = serving;
     let coordination = Coordination::open(store.dir())?;
     let shard = Shard::new(store, coordination, shard_runtime());
     let catalog = Arc::new(Catalog::open(shard, shard_runtime())?);
+    if let Some(security) = security {
+        catalog.ships.set_reach(endpoint.clone(), security);
+    }
     // Gauges where the binary serves (a simulation's events follow from its requests
     // alone); stopped with the server.
     let mut gauges = tokio::task::JoinSet::new();
@@ -401,15 +401,21 @@ fn decode(bytes: &[u8], sender: Sender) -> Result<(NodeMessage, usize), (Vec<u8>
         Ok((message, body)) => match sender.refuses(&message) {
             None => Ok((message, bytes.len() - body.len())),
             Some(role) => {
+                let may = match role {
+                    net::tls::Role::Node => {
+                        "copy a dataset's files from a node (ship-open, ship-read, info)"
+                    }
+                    _ => "read from a node (gather, info)",
+                };
                 tracing::warn!(
-                    "refused {} from {}: clients may only read from a node",
+                    "refused {} from {}: it may only {may}",
                     message.request.kind(),
                     role.with_article()
                 );
                 Err(error_reply(
                     ErrorCode::Forbidden,
                     format!(
-                        "{} certificate may only read from a node (gather, info); {} goes through the router",
+                        "{} certificate may only {may}; {} goes through the router",
                         role.with_article(),
                         message.request.kind()
                     ),
@@ -796,6 +802,41 @@ fn execute(
             node()?.create(named()?, id, specs, &dicts).map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }
+        NodeRequest::ShipOpen => {
+            let reply = node()?
+                .ships
+                .open(store, coordination.incarnation)
+                .map_err(fail)?;
+            Ok((reply, Vec::new()))
+        }
+        NodeRequest::ShipRead {
+            ship,
+            file,
+            offset,
+            len,
+        } => {
+            let (reply, bytes) = node()?.ships.read(ship, file, offset, len).map_err(fail)?;
+            Ok((reply, vec![Bytes::from(bytes)]))
+        }
+        NodeRequest::ShipFrom { addr, replica } => {
+            let catalog = node()?;
+            let shard = catalog.get(dataset).ok_or_else(|| {
+                Refusal::Store(Error::InvalidRecord(format!(
+                    "this node holds no dataset '{}'",
+                    dataset.unwrap_or(crate::catalog::DEFAULT)
+                )))
+            })?;
+            let place = coordination.identity.place().ok_or_else(|| {
+                Refusal::Store(Error::InvalidRecord(
+                    "this node belongs to no cluster yet: nothing to rebuild".into(),
+                ))
+            })?;
+            let status = catalog
+                .ships
+                .start(shard, dataset.map(str::to_string), place, &addr, replica)
+                .map_err(fail)?;
+            Ok((Reply::Shipping(status), Vec::new()))
+        }
         NodeRequest::DropDataset { id } => {
             node()?.drop_dataset(named()?, id).map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
@@ -1089,7 +1130,13 @@ pub async fn run_shard(
         }
         Err(e) => tracing::warn!("shard {shard}: no liveness lease: {e}"),
     }
-    serve(endpoint, store, timeout, reads, shutdown).await?;
+    let serving = Serving {
+        timeout,
+        handling: Handling::Adaptive,
+        reads,
+        security: Some(security.clone()),
+    };
+    serve_with(endpoint, store, serving, shutdown).await?;
     tracing::info!("shard {shard} stopped");
     Ok(())
 }
@@ -1129,6 +1176,45 @@ mod tests {
     /// Each refusal crosses the wire with a code a router can act on: a damaged record is
     /// `CorruptRecord` (the data is at fault), an index past the end `IndexOutOfRange`, a
     /// write without a lease token `BadRequest`, a client's request `BadRequest` unread.
+    /// What each sender may ask of a node: a router anything, a client reads, a partner
+    /// node its files (and nothing it could change or read records with).
+    #[test]
+    fn each_sender_may_ask_what_it_is_for() {
+        use net::tls::Role;
+        let message = |request: NodeRequest| NodeMessage::unchecked(request);
+        let requests = [
+            gather(1, &[]),
+            NodeRequest::Info,
+            NodeRequest::ShipOpen,
+            NodeRequest::ShipRead {
+                ship: 1,
+                file: 0,
+                offset: 0,
+                len: 10,
+            },
+            NodeRequest::ShipFrom {
+                addr: "127.0.0.1:1".into(),
+                replica: 0,
+            },
+            NodeRequest::Commit,
+            NodeRequest::Digest { start: 0, count: 1 },
+        ];
+        let allowed = |sender: Sender| -> Vec<&'static str> {
+            requests
+                .iter()
+                .filter(|r| sender.refuses(&message((*r).clone())).is_none())
+                .map(NodeRequest::kind)
+                .collect()
+        };
+        assert_eq!(allowed(Sender::Router).len(), requests.len());
+        assert_eq!(allowed(Sender::Client(Role::Reader)), ["gather", "info"]);
+        assert_eq!(allowed(Sender::Client(Role::Operator)), ["gather", "info"]);
+        assert_eq!(
+            allowed(Sender::Client(Role::Node)),
+            ["info", "ship-open", "ship-read"]
+        );
+    }
+
     #[test]
     fn refusals_carry_their_codes() {
         let dir = tempfile::tempdir().expect("temporary directory");

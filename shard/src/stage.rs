@@ -324,29 +324,58 @@ impl Shard {
                 "the dataset for map version {version} holds {holds} records, not the {len} the switch needs"
             )));
         }
-        let dir = serving.store.dir().to_path_buf();
         let path = built.store.dir().to_path_buf();
         built.store.commit()?;
         drop(built);
+        self.swap_in(&serving, &path, version)?;
+        tracing::info!(
+            "serving map version {version}: {len} records, from {}",
+            serving.store.dir().display()
+        );
+        Ok(())
+    }
+
+    /// Serves the dataset in `path` — a rebuild's copy of a partner's files — instead of the
+    /// current one, under the same map; refused while a move builds the next map's dataset.
+    pub fn install(&self, path: &Path) -> Result<()> {
+        let staged = self.lock_staged();
+        let serving = self.serving();
+        if staged.is_some() {
+            return Err(Error::InvalidInput {
+                path: serving.store.dir().to_path_buf(),
+                reason: "a shard move is building this node's next dataset: rebuild it once the move is done".into(),
+            });
+        }
+        let version = serving.coordination.identity.map_version().ok_or_else(|| {
+            Error::InvalidRecord("this node belongs to no cluster yet: nothing to rebuild".into())
+        })?;
+        self.swap_in(&serving, path, version)
+    }
+
+    /// Swaps the dataset in `path` in for `serving`'s, as the data of map `version`, and
+    /// serves it; the one it replaces is removed.
+    fn swap_in(&self, serving: &Serving, path: &Path, version: u64) -> Result<()> {
+        let dir = serving.store.dir().to_path_buf();
+        let identity = &serving.coordination.identity;
         // The identity, fence and name that go with the data, the named datasets that live
         // inside the default one's directory (each switches on its own), then the swap. A
         // crash between the two renames leaves the named datasets in the built directory,
         // where the node finds them when it starts (`catalog::recover_named`).
-        identity.copy_to(&path, version)?;
-        serving.coordination.fence.copy_to(&path)?;
+        identity.copy_to(path, version)?;
+        serving.coordination.fence.copy_to(path)?;
         let kept = dir.join(crate::catalog::DATASET_FILE);
         if kept.exists() {
             let bytes = std::fs::read(&kept).ctx("read", &kept)?;
-            zr_node::meta::write_atomically(&path, crate::catalog::DATASET_FILE, &bytes)?;
+            zr_node::meta::write_atomically(path, crate::catalog::DATASET_FILE, &bytes)?;
         }
         let named = dir.join(crate::catalog::DATASETS_DIR);
         if named.exists() {
             let carried = path.join(crate::catalog::DATASETS_DIR);
             disk::rename(&named, &carried).ctx("carry the named datasets along", &named)?;
             sync_dir(&dir)?;
-            sync_dir(&path)?;
+            sync_dir(path)?;
         }
-        disk::exchange(&path, &dir).ctx("swap in the dataset of the next map", &dir)?;
+        disk::exchange(path, &dir).ctx("swap in the dataset of the next map", &dir)?;
         if let Some(parent) = dir.parent() {
             sync_dir(parent)?;
         }
@@ -357,12 +386,7 @@ impl Shard {
             store,
             coordination,
         }));
-        drop(serving);
-        tracing::info!(
-            "serving map version {version}: {len} records, from {}",
-            dir.display()
-        );
-        disk::remove_tree(&path).ctx("remove the previous map's dataset", &path)?;
+        disk::remove_tree(path).ctx("remove the dataset swapped out", path)?;
         Ok(())
     }
 }

@@ -303,12 +303,19 @@ impl SimCluster {
         let meta = self.metadata()?;
         let addr = endpoint.local_addr()?.to_string();
         let reads = Arc::new(zr_meta::nodes::ReadLease::new(self.config.cluster.replicas));
+        let security = Some(self.security(Role::Node)?);
         let task = self.runtime.spawn(async move {
             // The node's liveness lease, stopped with the node (or its crash).
             let mut lease = tokio::task::JoinSet::new();
             let kept = Arc::clone(&reads);
             lease.spawn(zr_meta::nodes::keep_alive(meta, shard, replica, addr, kept));
-            zr_shard::server::serve_with(endpoint, store, timeout, handling, reads, async {
+            let serving = zr_shard::server::Serving {
+                timeout,
+                handling,
+                reads,
+                security,
+            };
+            zr_shard::server::serve_with(endpoint, store, serving, async {
                 let _ = stopped.await;
             })
             .await

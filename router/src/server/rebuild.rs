@@ -36,6 +36,14 @@ const SLICE_MIN: u64 = 256;
 const SLICE_MAX: u64 = 1 << 16;
 /// Passes with writes going on between slices before the last pass, which holds them off.
 const ONLINE_PASSES: u32 = 1;
+/// Fewest records a partner holds for a behind replica to be rebuilt from its files (fewer
+/// are copied record by record at once).
+const SHIP_RECORDS_MIN: u64 = 1024;
+/// How often the router asks how far a rebuild from files got.
+const SHIP_POLL: Duration = Duration::from_millis(50);
+/// A rebuild from files that receives nothing for this long is given up (and the replica
+/// caught up record by record).
+const SHIP_STALL: Duration = Duration::from_secs(60);
 /// How often the router looks for behind replicas to catch up, at the latest (a replica
 /// marked behind, or a node back up, starts a look at once).
 const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -236,6 +244,12 @@ impl Router {
         let result = async {
             let mut copied = 0;
             for router in &all {
+                if let Err(e) = router.ship(node).await {
+                    tracing::warn!(
+                        "shard {shard} replica {replica}: dataset '{}' is caught up record by record: rebuilding it from a partner's files failed: {e}",
+                        router.dataset_name()
+                    );
+                }
                 let mut pass = 1;
                 while pass <= ONLINE_PASSES {
                     let step = router.sync_pass(node, pass, false).await?;
@@ -267,6 +281,77 @@ impl Router {
             metrics::counter!("zr_router_records_rebuilt_total").increment(copied);
         }
         result.map(|_| ())
+    }
+
+    /// Rebuilds this dataset on behind node `node` from the files of an in-sync partner
+    /// (`NodeRequest::ShipFrom`; see `zr_shard::ship`) when it holds less than half of what
+    /// the partner holds: a wiped or replaced disk. The passes that follow catch up what was
+    /// written since the partner's snapshot, comparing digests as for any behind replica.
+    async fn ship(&self, node: NodeId) -> Result<(), Failure> {
+        let shard = self.nodes.shard(node);
+        let partner = self.partner(shard)?;
+        let (len, partner_len) = (self.node_len(node).await?, self.node_len(partner).await?);
+        if partner_len < SHIP_RECORDS_MIN || len >= partner_len / 2 {
+            return Ok(());
+        }
+        let request = NodeRequest::ShipFrom {
+            addr: self.nodes.addr(partner).to_string(),
+            replica: self.nodes.replica(partner),
+        };
+        let started = Instant::now();
+        let mut heard = (0, Instant::now());
+        loop {
+            let reply = self
+                .nodes
+                .call(self.on(), node, &request, Vec::new())
+                .await?;
+            let Reply::Shipping(status) = reply.reply else {
+                return Err(self
+                    .nodes
+                    .unavailable(node, format!("answered ship-from with {:?}", reply.reply)));
+            };
+            if status.done {
+                if let Some(error) = status.error {
+                    return Err(self.nodes.unavailable(node, error));
+                }
+                let mut rebuilds = self.rebuilds.lock().unwrap_or_else(|e| e.into_inner());
+                let progress = rebuilds.entry(node).or_insert_with(|| Progress {
+                    partner: self.nodes.replica(partner),
+                    pass: 0,
+                    last_pass: false,
+                    done: 0,
+                    total: 0,
+                    copied: 0,
+                    bytes: 0,
+                    started,
+                });
+                progress.copied += status.len;
+                progress.bytes += status.total;
+                tracing::info!(
+                    "shard {shard} replica {}: dataset '{}' rebuilt from replica {}'s files in {:.1} s: {} records ({:.1} MiB)",
+                    self.nodes.replica(node),
+                    self.dataset_name(),
+                    self.nodes.replica(partner),
+                    started.elapsed().as_secs_f64(),
+                    status.len,
+                    status.total as f64 / (1 << 20) as f64
+                );
+                return Ok(());
+            }
+            if status.bytes > heard.0 {
+                heard = (status.bytes, Instant::now());
+            } else if heard.1.elapsed() > SHIP_STALL {
+                return Err(self.nodes.unavailable(
+                    node,
+                    format!(
+                        "its rebuild from replica {}'s files made no progress for {} s",
+                        self.nodes.replica(partner),
+                        SHIP_STALL.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(SHIP_POLL).await;
+        }
     }
 
     /// One pass over the shard: every slice compared and copied, each under the write lock

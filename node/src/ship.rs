@@ -1,0 +1,266 @@
+//! A dataset as the files that make it, to copy elsewhere: how a cluster rebuilds a replica
+//! from a partner at the speed of a file copy (`zr-node` ships them node to node).
+//!
+//! A snapshot is the dataset as of its last commit: `meta.json` (the commit point), the redo
+//! log that goes with it, each field's offset table up to the committed length, the
+//! dictionaries, and each chunk up to its committed bytes. The small files are read into
+//! memory together while no commit can run, so they agree; chunks are append-only, so the
+//! committed bytes of each are read later, as they are sent. A dataset written from the
+//! files of a snapshot opens as the dataset was at that commit.
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, IoContext, Result};
+use crate::meta::{Meta, META_FILE};
+use crate::offset::{offset_file_name, ENTRY_BYTES};
+use crate::store::Store;
+
+/// One file of a snapshot: its path inside the dataset directory and where its bytes are.
+#[derive(Clone, Debug)]
+pub struct SnapshotFile {
+    /// Relative to the dataset directory (`meta.json`, `chunk/3.zr`, …).
+    pub name: String,
+    pub source: Source,
+}
+
+/// Where a snapshot file's bytes are.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// Read when the snapshot was taken.
+    Bytes(Arc<[u8]>),
+    /// The first `len` bytes of a file that only grows (a chunk).
+    File { path: PathBuf, len: u64 },
+}
+
+impl SnapshotFile {
+    /// Its length in bytes.
+    pub fn len(&self) -> u64 {
+        match &self.source {
+            Source::Bytes(bytes) => bytes.len() as u64,
+            Source::File { len, .. } => *len,
+        }
+    }
+
+    /// True for an empty file.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Up to `len` of its bytes from `offset` (fewer at its end).
+    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let end = self.len().min(offset.saturating_add(len as u64));
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        match &self.source {
+            Source::Bytes(bytes) => Ok(bytes[offset as usize..end as usize].to_vec()),
+            Source::File { path, .. } => {
+                let file = std::fs::File::open(path).ctx("open", path)?;
+                let mut out = vec![0u8; (end - offset) as usize];
+                file.read_exact_at(&mut out, offset).ctx("read", path)?;
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// A dataset's files as of its last commit (see the module documentation).
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// The committed records.
+    pub len: u64,
+    pub files: Vec<SnapshotFile>,
+}
+
+impl Snapshot {
+    /// Bytes in all.
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(SnapshotFile::len).sum()
+    }
+}
+
+impl Store {
+    /// The dataset's files as of its last commit, to copy elsewhere (see the module
+    /// documentation). No commit runs while the small files are read.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let dir = self.dir().to_path_buf();
+        let _no_commit = self.inner.writers.as_ref().map(|w| w.shared());
+        let meta_path = dir.join(META_FILE);
+        let meta_bytes = std::fs::read(&meta_path).ctx("read", &meta_path)?;
+        let meta = Meta::parse(&meta_bytes, &dir)?;
+        let mut files = vec![SnapshotFile {
+            name: META_FILE.into(),
+            source: Source::Bytes(meta_bytes.into()),
+        }];
+        let redo = dir.join(crate::redo::REDO_FILE);
+        match std::fs::read(&redo) {
+            Ok(bytes) => files.push(SnapshotFile {
+                name: crate::redo::REDO_FILE.into(),
+                source: Source::Bytes(bytes.into()),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).ctx("read", &redo),
+        }
+        for field in &meta.fields {
+            let name = offset_file_name(&field.name);
+            let path = dir.join(&name);
+            let file = std::fs::File::open(&path).ctx("open", &path)?;
+            let mut entries = vec![0u8; (meta.length * ENTRY_BYTES) as usize];
+            file.read_exact_at(&mut entries, 0).ctx("read", &path)?;
+            files.push(SnapshotFile {
+                name,
+                source: Source::Bytes(entries.into()),
+            });
+            if field.dict.is_some() {
+                let path = crate::dict::path(&dir, &field.name);
+                let bytes = std::fs::read(&path).ctx("read", &path)?;
+                files.push(SnapshotFile {
+                    name: format!("{}/{}.zdict", crate::dict::DICT_DIR, field.name),
+                    source: Source::Bytes(bytes.into()),
+                });
+            }
+        }
+        for chunk in &meta.chunks {
+            files.push(SnapshotFile {
+                name: format!("{}/{}.zr", crate::view::CHUNK_DIR, chunk.id),
+                source: Source::File {
+                    path: crate::view::chunk_path(&dir, chunk.id),
+                    len: chunk.bytes,
+                },
+            });
+        }
+        Ok(Snapshot {
+            len: meta.length,
+            files,
+        })
+    }
+}
+
+/// Where snapshot file `name` goes in dataset directory `dir`: refused unless it is one of
+/// the names a snapshot has (so a peer cannot write outside the directory).
+pub fn target_path(dir: &Path, name: &str) -> Result<PathBuf> {
+    let bad = || Error::InvalidInput {
+        path: dir.to_path_buf(),
+        reason: format!(
+            "'{}' is not a file of a dataset snapshot",
+            name.escape_debug()
+        ),
+    };
+    let plain = |part: &str| {
+        !part.is_empty()
+            && !part.starts_with('.')
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    };
+    let top = |name: &str| {
+        name == META_FILE
+            || name == crate::redo::REDO_FILE
+            || name.strip_suffix(".offset").is_some_and(plain)
+    };
+    match name.split_once('/') {
+        None if top(name) => Ok(dir.join(name)),
+        Some((folder, file))
+            if (folder == crate::view::CHUNK_DIR || folder == crate::dict::DICT_DIR)
+                && plain(file) =>
+        {
+            Ok(dir.join(folder).join(file))
+        }
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::{Compression, FieldSpec};
+    use crate::{CreateOptions, Record};
+
+    /// A snapshot's files written into another directory open as the dataset was at the
+    /// commit: appends after it are not in it.
+    #[test]
+    fn a_snapshot_copied_opens_as_the_committed_dataset() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("a");
+        let fields = vec![
+            FieldSpec::new("x", Compression::Raw),
+            FieldSpec::new("y", Compression::Flate),
+        ];
+        let options = CreateOptions {
+            chunk_records: 16,
+            ..CreateOptions::default()
+        };
+        let store = Store::create(&dir, fields, options).unwrap();
+        let value = |i: u64| {
+            format!("record {i} ")
+                .repeat(1 + i as usize % 5)
+                .into_bytes()
+        };
+        for i in 0..100u64 {
+            store
+                .append(&Record::new().with("x", &value(i)).with("y", &value(i + 7)))
+                .unwrap();
+        }
+        store
+            .modify(3, &Record::new().with("x", b"changed"))
+            .unwrap();
+        store.commit().unwrap();
+        let snapshot = store.snapshot().unwrap();
+        store.append(&Record::new().with("x", b"later")).unwrap();
+        assert_eq!(snapshot.len, 100);
+        let copy = tmp.path().join("b");
+        for file in &snapshot.files {
+            let path = target_path(&copy, &file.name).unwrap();
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let mut bytes = Vec::new();
+            let mut at = 0;
+            while at < file.len() {
+                let piece = file.read(at, 1000).unwrap();
+                at += piece.len() as u64;
+                bytes.extend(piece);
+            }
+            std::fs::write(path, bytes).unwrap();
+        }
+        let copied = Store::open(&copy).unwrap();
+        assert_eq!(copied.len(), 100);
+        let all: Vec<u64> = (0..100).collect();
+        let ours = copied.gather(&all, &["x", "y"]).unwrap();
+        let theirs = store.gather(&all, &["x", "y"]).unwrap();
+        for f in ["x", "y"] {
+            let (a, b) = (ours.field(f).unwrap(), theirs.field(f).unwrap());
+            for k in 0..100 {
+                assert_eq!(a.get(k), b.get(k), "field {f} record {k}");
+            }
+        }
+        assert!(copied.verify(|_| {}).unwrap().problems.is_empty());
+    }
+
+    #[test]
+    fn only_snapshot_names_are_written() {
+        let dir = Path::new("/d");
+        for good in [
+            "meta.json",
+            "redo.log",
+            "x.offset",
+            "chunk/3.zr",
+            "dict/c.zdict",
+        ] {
+            assert!(target_path(dir, good).is_ok(), "{good}");
+        }
+        for bad in [
+            "../x",
+            "chunk/../../x",
+            "/etc/passwd",
+            "identity.json",
+            "writer-fence",
+            "a/b",
+            ".hidden",
+            "chunk/",
+            "",
+        ] {
+            assert!(target_path(dir, bad).is_err(), "{bad}");
+        }
+    }
+}

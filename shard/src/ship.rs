@@ -1,0 +1,423 @@
+//! Rebuilding a replica's dataset from its partner's files, node to node.
+//!
+//! A replica that lost a dataset (a wiped or replaced disk) would be caught up record by
+//! record through the router; instead the router asks it (`NodeRequest::ShipFrom`) to copy
+//! the dataset's files from an in-sync partner. The partner takes a snapshot — the files as
+//! of its last commit (`zr_node::ship`) — and serves their bytes in pieces
+//! (`ShipOpen`, `ShipRead`), each with its CRC32, checked on arrival (a damaged piece is
+//! asked for again). The replica writes them into `.<dataset>.ship` beside its dataset,
+//! makes them durable, opens them as a dataset, and swaps them in as a move's switch does
+//! (its own identity and fence kept). The records written since the snapshot, and any that
+//! differ, are then caught up by the router's digest comparison, as for any behind replica.
+//!
+//! Nodes connect to nodes with their own certificates for this (a node certificate made
+//! before these rebuilds cannot: the router then catches up record by record, and says so).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use quinn::Endpoint;
+use zr_net as net;
+use zr_node::ship::{target_path, Snapshot};
+use zr_node::{Error, IoContext, Result, Store};
+use zr_proto::wire::{
+    self, NodeMessage, NodeRequest, Reply, ShipFile, ShipStatus, Target, SHIP_PIECE_MAX,
+};
+
+use crate::stage::Shard;
+
+/// Bytes one `ShipRead` asks for.
+const PIECE_BYTES: u32 = 4 << 20;
+/// Pieces asked for at once.
+const PIECES_IN_FLIGHT: usize = 8;
+/// Times a piece whose CRC does not match is asked for before the rebuild gives up.
+const PIECE_TRIES: u32 = 3;
+/// Snapshots a node keeps open for partners at once (the oldest is let go first).
+const OPEN_MAX: usize = 8;
+/// Bound on each exchange with the partner.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Pieces still to be served damaged: a test's way to damage a file in transit.
+static DAMAGE_NEXT: AtomicU32 = AtomicU32::new(0);
+/// Datasets this process's nodes rebuilt from files, and pieces they asked for again.
+static REBUILT: AtomicU64 = AtomicU64::new(0);
+static ASKED_AGAIN: AtomicU64 = AtomicU64::new(0);
+
+/// Datasets the nodes of this process rebuilt from a partner's files, and pieces they asked
+/// for again because they arrived damaged (also the metrics
+/// `zr_node_datasets_rebuilt_from_files_total` and `zr_node_ship_pieces_asked_again_total`).
+pub fn counts() -> (u64, u64) {
+    (
+        REBUILT.load(Ordering::SeqCst),
+        ASKED_AGAIN.load(Ordering::SeqCst),
+    )
+}
+
+/// Makes the next `pieces` pieces any node of this process serves arrive damaged (one byte
+/// flipped after their CRC is taken), as a fault in transit would: for tests.
+pub fn damage_next_pieces(pieces: u32) {
+    DAMAGE_NEXT.store(pieces, Ordering::SeqCst);
+}
+
+/// A node's rebuilds by files: the snapshots it serves its partners, and its own datasets
+/// being rebuilt.
+#[derive(Default)]
+pub struct Ships {
+    open: Mutex<Vec<(u64, Arc<Snapshot>)>>,
+    next_id: AtomicU64,
+    fetches: Mutex<HashMap<String, Arc<Mutex<ShipStatus>>>>,
+    /// How this node reaches its partners: its endpoint and credentials (unset: it cannot).
+    reach: Mutex<Option<(Endpoint, net::Security)>>,
+}
+
+impl Ships {
+    /// Lets this node connect to its partners from `endpoint` with `security`.
+    pub fn set_reach(&self, endpoint: Endpoint, security: net::Security) {
+        *lock(&self.reach) = Some((endpoint, security));
+    }
+
+    /// `ShipOpen`: a snapshot of `store` kept for `ShipRead`s, and its manifest.
+    pub fn open(&self, store: &Store, incarnation: u64) -> Result<Reply> {
+        let snapshot = Arc::new(store.snapshot()?);
+        let id = zr_common::hash::mix2(incarnation, self.next_id.fetch_add(1, Ordering::Relaxed));
+        let files = snapshot
+            .files
+            .iter()
+            .map(|f| ShipFile {
+                name: f.name.clone(),
+                len: f.len(),
+            })
+            .collect();
+        let len = snapshot.len;
+        let mut open = lock(&self.open);
+        if open.len() >= OPEN_MAX {
+            open.remove(0);
+        }
+        open.push((id, snapshot));
+        Ok(Reply::Manifest {
+            ship: id,
+            len,
+            files,
+        })
+    }
+
+    /// `ShipRead`: a piece of a file of an open snapshot, with its CRC32.
+    pub fn read(&self, ship: u64, file: u32, offset: u64, len: u32) -> Result<(Reply, Vec<u8>)> {
+        let snapshot = lock(&self.open)
+            .iter()
+            .find(|(id, _)| *id == ship)
+            .map(|(_, s)| Arc::clone(s))
+            .ok_or_else(|| {
+                Error::InvalidRecord(format!(
+                    "no snapshot {ship:016x} is open here (this node restarted, or opened {OPEN_MAX} since): open another"
+                ))
+            })?;
+        let file = snapshot.files.get(file as usize).ok_or_else(|| {
+            Error::InvalidRecord(format!("snapshot {ship:016x} has no file {file}"))
+        })?;
+        let mut bytes = file.read(offset, (len as usize).min(SHIP_PIECE_MAX))?;
+        let crc = crc32fast::hash(&bytes);
+        let damage = DAMAGE_NEXT
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if damage {
+            if let Some(byte) = bytes.last_mut() {
+                *byte ^= 0x5a;
+            }
+        }
+        Ok((Reply::Piece { crc }, bytes))
+    }
+
+    /// `ShipFrom`: starts rebuilding dataset `dataset` of this node (served by `shard`,
+    /// this node being `place`) from the partner at `addr` (replica `replica`), unless it
+    /// runs already; returns how far it got (a finished rebuild is reported once).
+    pub fn start(
+        self: &Arc<Self>,
+        shard: Arc<Shard>,
+        dataset: Option<String>,
+        place: Target,
+        addr: &str,
+        replica: u32,
+    ) -> Result<ShipStatus> {
+        let key = dataset.clone().unwrap_or_default();
+        let mut fetches = lock(&self.fetches);
+        if let Some(status) = fetches.get(&key) {
+            let status = lock(status).clone();
+            if status.done {
+                fetches.remove(&key);
+            }
+            return Ok(status);
+        }
+        let addr: SocketAddr = addr.parse().map_err(|e| {
+            Error::InvalidRecord(format!("partner address '{}': {e}", addr.escape_debug()))
+        })?;
+        let Some((endpoint, security)) = lock(&self.reach).clone() else {
+            return Err(Error::InvalidRecord(
+                "this node cannot reach its partners (it serves without an endpoint of its own)"
+                    .into(),
+            ));
+        };
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::InvalidRecord("this node runs no async runtime to rebuild from".into())
+        })?;
+        let status = Arc::new(Mutex::new(ShipStatus {
+            done: false,
+            bytes: 0,
+            total: 0,
+            len: 0,
+            error: None,
+        }));
+        fetches.insert(key, Arc::clone(&status));
+        let reported = lock(&status).clone();
+        let partner = Target {
+            shard: place.shard,
+            replica,
+        };
+        let job = Fetch {
+            shard,
+            dataset,
+            partner,
+            addr,
+            endpoint,
+            security,
+            status: Arc::clone(&status),
+        };
+        runtime.spawn(async move {
+            let outcome = job.run().await;
+            let mut status = lock(&status);
+            status.done = true;
+            match outcome {
+                Ok(len) => status.len = len,
+                Err(e) => status.error = Some(e.to_string()),
+            }
+        });
+        Ok(reported)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One rebuild of a dataset from a partner's files.
+struct Fetch {
+    shard: Arc<Shard>,
+    dataset: Option<String>,
+    partner: Target,
+    addr: SocketAddr,
+    endpoint: Endpoint,
+    security: net::Security,
+    status: Arc<Mutex<ShipStatus>>,
+}
+
+impl Fetch {
+    /// Connects to the partner, copies its snapshot's files into `.<dataset>.ship`, and
+    /// swaps them in; returns the records they hold.
+    async fn run(&self) -> Result<u64> {
+        let serving = self.shard.serving();
+        let identity = &serving.coordination.identity;
+        let (Some(cluster), Some(version)) = (identity.cluster(), identity.map_version()) else {
+            return Err(Error::InvalidRecord(
+                "this node belongs to no cluster yet: nothing to rebuild".into(),
+            ));
+        };
+        let dir = serving.store.dir().to_path_buf();
+        drop(serving);
+        let connection = net::endpoint::connect_to(
+            &self.endpoint,
+            &self.security,
+            self.addr,
+            CALL_TIMEOUT,
+            net::Windows::DEFAULT,
+            Some(net::tls::Role::Node),
+        )
+        .await
+        .map_err(|e| self.failed(e))?;
+        let partner = Partner {
+            fetch: self,
+            connection,
+            cluster,
+            version,
+        };
+        let (ship, len, files) = match partner.call(NodeRequest::ShipOpen).await? {
+            (
+                Reply::Manifest {
+                    ship, len, files, ..
+                },
+                _,
+            ) => (ship, len, files),
+            (other, _) => return Err(self.unexpected(&other)),
+        };
+        {
+            let mut status = lock(&self.status);
+            status.total = files.iter().map(|f| f.len).sum();
+            status.len = len;
+        }
+        let building = ship_dir(&dir)?;
+        remove_if_there(&building)?;
+        std::fs::create_dir_all(&building).ctx("create", &building)?;
+        for (k, file) in files.iter().enumerate() {
+            partner.copy(ship, k as u32, file, &building).await?;
+        }
+        for folder in [zr_node::dict::DICT_DIR, "chunk"] {
+            let path = building.join(folder);
+            if path.exists() {
+                zr_node::meta::sync_dir(&path)?;
+            }
+        }
+        zr_node::meta::sync_dir(&building)?;
+        // Opened once as a dataset: its structure checked, its redo log applied.
+        let opened = Store::open(&building)?;
+        if opened.len() != len {
+            return Err(Error::InvalidRecord(format!(
+                "the files copied from {} hold {} records, the snapshot {len}",
+                self.partner,
+                opened.len()
+            )));
+        }
+        drop(opened);
+        self.shard.install(&building)?;
+        REBUILT.fetch_add(1, Ordering::SeqCst);
+        metrics::counter!("zr_node_datasets_rebuilt_from_files_total").increment(1);
+        tracing::info!(
+            "{}: dataset '{}' rebuilt from the files of {} at {} ({len} records)",
+            dir.display(),
+            self.dataset.as_deref().unwrap_or(wire::DEFAULT_DATASET),
+            self.partner,
+            self.addr
+        );
+        Ok(len)
+    }
+
+    fn failed(&self, e: impl std::fmt::Display) -> Error {
+        Error::InvalidRecord(format!(
+            "rebuilding from {} at {}: {e}",
+            self.partner, self.addr
+        ))
+    }
+
+    fn unexpected(&self, reply: &Reply) -> Error {
+        self.failed(format!("unexpected reply {reply:?}"))
+    }
+}
+
+/// The partner a rebuild copies from, on one connection.
+struct Partner<'a> {
+    fetch: &'a Fetch,
+    connection: quinn::Connection,
+    cluster: String,
+    version: u64,
+}
+
+impl Partner<'_> {
+    /// One request to the partner, placed as this node's data is; its reply and body.
+    async fn call(&self, request: NodeRequest) -> Result<(Reply, Vec<u8>)> {
+        let message = NodeMessage {
+            dataset: self.fetch.dataset.clone(),
+            ..NodeMessage::new(
+                &self.cluster,
+                self.version,
+                Some(self.fetch.partner),
+                request,
+            )
+        };
+        let header = wire::encode_request(&message).map_err(|e| self.fetch.failed(e))?;
+        let reply = net::rpc::call(&self.connection, header, Vec::new(), CALL_TIMEOUT)
+            .await
+            .map_err(|e| self.fetch.failed(e))?;
+        let (reply, body) = wire::decode_reply(&reply).map_err(|e| self.fetch.failed(e))?;
+        match reply {
+            Reply::Error { code, message } => {
+                Err(self.fetch.failed(format!("refused ({code:?}): {message}")))
+            }
+            reply => Ok((reply, body.to_vec())),
+        }
+    }
+
+    /// Copies file `file` (number `k` of snapshot `ship`) into `building`, piece by piece,
+    /// several at once, each checked against its CRC32 and asked for again if it fails.
+    async fn copy(&self, ship: u64, k: u32, file: &ShipFile, building: &Path) -> Result<()> {
+        let path = target_path(building, &file.name)?;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).ctx("create", parent)?;
+        }
+        let out = std::fs::File::create(&path).ctx("create", &path)?;
+        let offsets: Vec<u64> = (0..file.len).step_by(PIECE_BYTES as usize).collect();
+        let mut pieces = futures::stream::iter(offsets)
+            .map(|offset| {
+                let len = (file.len - offset).min(u64::from(PIECE_BYTES)) as u32;
+                async move { (offset, self.piece(ship, k, offset, len, &file.name).await) }
+            })
+            .buffered(PIECES_IN_FLIGHT);
+        while let Some((offset, bytes)) = pieces.next().await {
+            let bytes = bytes?;
+            out.write_all_at(&bytes, offset).ctx("write", &path)?;
+            lock(&self.fetch.status).bytes += bytes.len() as u64;
+        }
+        out.sync_all().ctx("sync", &path)?;
+        Ok(())
+    }
+
+    /// Piece `offset..offset + len` of file `k`, checked against its CRC32.
+    async fn piece(&self, ship: u64, k: u32, offset: u64, len: u32, name: &str) -> Result<Vec<u8>> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let request = NodeRequest::ShipRead {
+                ship,
+                file: k,
+                offset,
+                len,
+            };
+            let (reply, bytes) = self.call(request).await?;
+            let Reply::Piece { crc } = reply else {
+                return Err(self.fetch.unexpected(&reply));
+            };
+            if bytes.len() == len as usize && crc32fast::hash(&bytes) == crc {
+                return Ok(bytes);
+            }
+            let why = if bytes.len() != len as usize {
+                format!("{} bytes arrived of {len}", bytes.len())
+            } else {
+                "its CRC32 does not match".to_string()
+            };
+            if tries >= PIECE_TRIES {
+                return Err(self.fetch.failed(format!(
+                    "{name} bytes {offset}..{}: {why}, {tries} times",
+                    offset + u64::from(len)
+                )));
+            }
+            ASKED_AGAIN.fetch_add(1, Ordering::SeqCst);
+            metrics::counter!("zr_node_ship_pieces_asked_again_total").increment(1);
+            tracing::warn!(
+                "{name} bytes {offset}..{} from {}: {why}; asking again",
+                offset + u64::from(len),
+                self.fetch.partner
+            );
+        }
+    }
+}
+
+/// Where a rebuild of the dataset at `dir` writes the files it copies.
+pub fn ship_dir(dir: &Path) -> Result<PathBuf> {
+    let name = dir.file_name().ok_or_else(|| Error::InvalidInput {
+        path: dir.to_path_buf(),
+        reason: "a dataset path must end in a directory name".into(),
+    })?;
+    Ok(dir.with_file_name(format!(".{}.ship", name.to_string_lossy())))
+}
+
+/// Removes `path` and all in it, if it is there (a rebuild cut short leaves it).
+pub fn remove_if_there(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => zr_node::disk::remove_tree(path).ctx("remove", path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).ctx("stat", path),
+    }
+}
