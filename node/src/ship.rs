@@ -48,6 +48,41 @@ impl SnapshotFile {
         self.len() == 0
     }
 
+    /// Up to `len` of its bytes from `offset` (fewer at its end), without copying them: a
+    /// chunk's from a read-only mapping of its file (a chunk's committed bytes never change).
+    pub fn piece(&self, offset: u64, len: usize) -> Result<Piece> {
+        let end = self.len().min(offset.saturating_add(len as u64));
+        if offset >= end {
+            return Ok(Piece::Bytes(Arc::from(Vec::new()), 0..0));
+        }
+        match &self.source {
+            Source::Bytes(bytes) => Ok(Piece::Bytes(
+                Arc::clone(bytes),
+                offset as usize..end as usize,
+            )),
+            Source::File { path, .. } => {
+                let file = std::fs::File::open(path).ctx("open", path)?;
+                // The mapping starts on a page; the piece within it.
+                let page = crate::map::PAGE_BYTES;
+                let start = offset - offset % page;
+                // SAFETY: a chunk's bytes below its committed length are never written again
+                // (chunks are append-only), and the mapping is read-only; a file truncated
+                // by another process meanwhile would fault, as with any mapped reader.
+                let map = unsafe {
+                    memmap2::MmapOptions::new()
+                        .offset(start)
+                        .len((end - start) as usize)
+                        .map(&file)
+                }
+                .ctx("mmap", path)?;
+                Ok(Piece::Mapped(
+                    map,
+                    (offset - start) as usize..(end - start) as usize,
+                ))
+            }
+        }
+    }
+
     /// Up to `len` of its bytes from `offset` (fewer at its end).
     pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         let end = self.len().min(offset.saturating_add(len as u64));
@@ -62,6 +97,21 @@ impl SnapshotFile {
                 file.read_exact_at(&mut out, offset).ctx("read", path)?;
                 Ok(out)
             }
+        }
+    }
+}
+
+/// Bytes of a snapshot file, where they are (see [`SnapshotFile::piece`]).
+pub enum Piece {
+    Bytes(Arc<[u8]>, std::ops::Range<usize>),
+    Mapped(memmap2::Mmap, std::ops::Range<usize>),
+}
+
+impl AsRef<[u8]> for Piece {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Piece::Bytes(bytes, range) => &bytes[range.clone()],
+            Piece::Mapped(map, range) => &map[range.clone()],
         }
     }
 }

@@ -816,7 +816,7 @@ fn execute(
             len,
         } => {
             let (reply, bytes) = node()?.ships.read(ship, file, offset, len).map_err(fail)?;
-            Ok((reply, vec![Bytes::from(bytes)]))
+            Ok((reply, vec![bytes]))
         }
         NodeRequest::ShipFrom { addr, replica } => {
             let catalog = node()?;

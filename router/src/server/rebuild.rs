@@ -40,7 +40,7 @@ const ONLINE_PASSES: u32 = 1;
 /// are copied record by record at once).
 const SHIP_RECORDS_MIN: u64 = 1024;
 /// How often the router asks how far a rebuild from files got.
-const SHIP_POLL: Duration = Duration::from_millis(50);
+const SHIP_POLL: Duration = Duration::from_millis(10);
 /// A rebuild from files that receives nothing for this long is given up (and the replica
 /// caught up record by record).
 const SHIP_STALL: Duration = Duration::from_secs(60);
@@ -63,6 +63,8 @@ pub(crate) struct Progress {
     pub(crate) copied: u64,
     pub(crate) bytes: u64,
     pub(crate) started: Instant,
+    /// Copying the partner's files, `bytes` of `files_total` so far (before the passes).
+    pub(crate) files_total: Option<u64>,
 }
 
 impl Progress {
@@ -71,6 +73,16 @@ impl Progress {
     pub(crate) fn describe(&self) -> String {
         let elapsed = self.started.elapsed().as_secs_f64().max(1e-3);
         let rate = self.bytes as f64 / elapsed;
+        let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+        if let Some(total) = self.files_total {
+            return format!(
+                "copying replica {}'s files: {:.1} of {:.1} MiB ({:.1} MiB/s)",
+                self.partner,
+                mib(self.bytes),
+                mib(total),
+                rate / (1 << 20) as f64
+            );
+        }
         let percent = if self.total == 0 {
             100.0
         } else {
@@ -310,10 +322,7 @@ impl Router {
                     .nodes
                     .unavailable(node, format!("answered ship-from with {:?}", reply.reply)));
             };
-            if status.done {
-                if let Some(error) = status.error {
-                    return Err(self.nodes.unavailable(node, error));
-                }
+            {
                 let mut rebuilds = self.rebuilds.lock().unwrap_or_else(|e| e.into_inner());
                 let progress = rebuilds.entry(node).or_insert_with(|| Progress {
                     partner: self.nodes.replica(partner),
@@ -324,9 +333,21 @@ impl Router {
                     copied: 0,
                     bytes: 0,
                     started,
+                    files_total: None,
                 });
-                progress.copied += status.len;
-                progress.bytes += status.total;
+                // Bytes of earlier datasets' files stay counted.
+                let before = progress.bytes - progress.files_total.map_or(0, |_| heard.0);
+                progress.files_total = Some(status.total);
+                progress.bytes = before + status.bytes;
+                if status.done && status.error.is_none() {
+                    progress.copied += status.len;
+                    progress.files_total = None;
+                }
+            }
+            if status.done {
+                if let Some(error) = status.error {
+                    return Err(self.nodes.unavailable(node, error));
+                }
                 tracing::info!(
                     "shard {shard} replica {}: dataset '{}' rebuilt from replica {}'s files in {:.1} s: {} records ({:.1} MiB)",
                     self.nodes.replica(node),
@@ -398,7 +419,9 @@ impl Router {
                 copied: 0,
                 bytes: 0,
                 started: Instant::now(),
+                files_total: None,
             });
+            progress.files_total = None;
             progress.partner = self.nodes.replica(partner);
             progress.pass = pass;
             progress.last_pass = locked;
