@@ -8,6 +8,7 @@
 //! - `restore` — a lost cluster record rebuilt from the nodes (`zr cluster restore-record`).
 
 mod budget;
+mod catchup;
 pub mod client;
 mod direct;
 mod error;

@@ -24,6 +24,7 @@ use bytes::Bytes;
 use zr_proto::wire::{self, NodeRequest, Reply};
 
 use super::Router;
+use crate::catchup::{self, ShipStep, ShipWatch};
 use crate::error::Failure;
 use crate::nodes::{NodeId, NodeReply};
 
@@ -36,9 +37,6 @@ const SLICE_MIN: u64 = 256;
 const SLICE_MAX: u64 = 1 << 16;
 /// Passes with writes going on between slices before the last pass, which holds them off.
 const ONLINE_PASSES: u32 = 1;
-/// Fewest records a partner holds for a behind replica to be rebuilt from its files (fewer
-/// are copied record by record at once).
-const SHIP_RECORDS_MIN: u64 = 1024;
 /// How often the router asks how far a rebuild from files got.
 const SHIP_POLL: Duration = Duration::from_millis(10);
 /// A rebuild from files that receives nothing for this long is given up (and the replica
@@ -303,7 +301,7 @@ impl Router {
         let shard = self.nodes.shard(node);
         let partner = self.partner(shard)?;
         let (len, partner_len) = (self.node_len(node).await?, self.node_len(partner).await?);
-        if partner_len < SHIP_RECORDS_MIN || len >= partner_len / 2 {
+        if !catchup::from_files(len, partner_len) {
             return Ok(());
         }
         let request = NodeRequest::ShipFrom {
@@ -311,7 +309,7 @@ impl Router {
             replica: self.nodes.replica(partner),
         };
         let started = Instant::now();
-        let mut heard = (0, Instant::now());
+        let mut watch = ShipWatch::new(started, SHIP_STALL);
         loop {
             let reply = self
                 .nodes
@@ -336,7 +334,9 @@ impl Router {
                     files_total: None,
                 });
                 // Bytes of earlier datasets' files stay counted.
-                let before = progress.bytes - progress.files_total.map_or(0, |_| heard.0);
+                let before = progress
+                    .bytes
+                    .saturating_sub(progress.files_total.map_or(0, |_| watch.received()));
                 progress.files_total = Some(status.total);
                 progress.bytes = before + status.bytes;
                 if status.done && status.error.is_none() {
@@ -344,34 +344,21 @@ impl Router {
                     progress.files_total = None;
                 }
             }
-            if status.done {
-                if let Some(error) = status.error {
-                    return Err(self.nodes.unavailable(node, error));
-                }
-                tracing::info!(
-                    "shard {shard} replica {}: dataset '{}' rebuilt from replica {}'s files in {:.1} s: {} records ({:.1} MiB)",
-                    self.nodes.replica(node),
-                    self.dataset_name(),
-                    self.nodes.replica(partner),
-                    started.elapsed().as_secs_f64(),
-                    status.len,
-                    status.total as f64 / (1 << 20) as f64
-                );
-                return Ok(());
-            }
-            if status.bytes > heard.0 {
-                heard = (status.bytes, Instant::now());
-            } else if heard.1.elapsed() > SHIP_STALL {
-                return Err(self.nodes.unavailable(
-                    node,
-                    format!(
-                        "its rebuild from replica {}'s files made no progress for {} s",
+            match watch.observe(&status, Instant::now()) {
+                ShipStep::Wait => tokio::time::sleep(SHIP_POLL).await,
+                ShipStep::Failed(why) => return Err(self.nodes.unavailable(node, why)),
+                ShipStep::Installed { len } => {
+                    tracing::info!(
+                        "shard {shard} replica {}: dataset '{}' rebuilt from replica {}'s files in {:.1} s: {len} records ({:.1} MiB)",
+                        self.nodes.replica(node),
+                        self.dataset_name(),
                         self.nodes.replica(partner),
-                        SHIP_STALL.as_secs()
-                    ),
-                ));
+                        started.elapsed().as_secs_f64(),
+                        status.total as f64 / (1 << 20) as f64
+                    );
+                    return Ok(());
+                }
             }
-            tokio::time::sleep(SHIP_POLL).await;
         }
     }
 

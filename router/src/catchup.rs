@@ -1,0 +1,145 @@
+//! A catch-up's decisions apart from its I/O (`server/rebuild.rs` drives them): whether a
+//! behind replica's dataset is first rebuilt from its partner's files, and how that rebuild
+//! is judged from the replica's reports. Pure: the caller passes the time.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use zr_proto::wire::ShipStatus;
+
+/// Fewest records a partner holds for a behind replica to be rebuilt from its files (fewer
+/// are copied record by record at once).
+pub(crate) const SHIP_RECORDS_MIN: u64 = 1024;
+
+/// Whether a replica holding `len` records of a dataset of which its partner holds
+/// `partner_len` is rebuilt from the partner's files: it lacks more than half of them (a
+/// wiped, new or replacement disk), and they are enough for a copy of files to pay. A
+/// replica that missed a few writes is caught up by comparing digests alone.
+pub(crate) fn from_files(len: u64, partner_len: u64) -> bool {
+    partner_len >= SHIP_RECORDS_MIN && len < partner_len / 2
+}
+
+/// A rebuild from files as the router follows it, report by report.
+#[derive(Debug)]
+pub(crate) struct ShipWatch {
+    /// Bytes received at the last report that showed progress, and when it came.
+    received: u64,
+    since: Instant,
+    /// Longest a rebuild may go without receiving a byte.
+    stall: Duration,
+}
+
+/// What a report of a rebuild from files means for the router.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ShipStep {
+    /// Still copying: ask again.
+    Wait,
+    /// Installed: the replica holds the partner's snapshot, `len` records.
+    Installed { len: u64 },
+    /// Given up, why: the replica is caught up record by record instead.
+    Failed(String),
+}
+
+impl ShipWatch {
+    pub(crate) fn new(now: Instant, stall: Duration) -> ShipWatch {
+        ShipWatch {
+            received: 0,
+            since: now,
+            stall,
+        }
+    }
+
+    /// The step `status`, reported at `now`, calls for.
+    pub(crate) fn observe(&mut self, status: &ShipStatus, now: Instant) -> ShipStep {
+        if status.done {
+            return match &status.error {
+                Some(error) => ShipStep::Failed(error.clone()),
+                None => ShipStep::Installed { len: status.len },
+            };
+        }
+        if status.bytes > self.received {
+            self.received = status.bytes;
+            self.since = now;
+        } else if now.saturating_duration_since(self.since) > self.stall {
+            return ShipStep::Failed(format!(
+                "its rebuild from files received nothing for {} s (stuck at {} of {} bytes)",
+                self.stall.as_secs(),
+                status.bytes,
+                status.total
+            ));
+        }
+        ShipStep::Wait
+    }
+
+    /// Bytes received as of the last report.
+    pub(crate) fn received(&self) -> u64 {
+        self.received
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(bytes: u64, done: bool, error: Option<&str>) -> ShipStatus {
+        ShipStatus {
+            done,
+            bytes,
+            total: 100,
+            len: 7,
+            error: error.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn only_a_replica_lacking_most_of_a_sizable_dataset_copies_files() {
+        assert!(from_files(0, 1_024));
+        assert!(from_files(511, 1_024));
+        assert!(!from_files(512, 1_024), "half is caught up by digests");
+        assert!(!from_files(0, 1_023), "too few records for files to pay");
+        assert!(
+            !from_files(5_000, 4_000),
+            "more than the partner: digests cut it"
+        );
+    }
+
+    #[test]
+    fn progress_keeps_a_rebuild_going_and_silence_ends_it() {
+        let start = Instant::now();
+        let stall = Duration::from_secs(60);
+        let mut watch = ShipWatch::new(start, stall);
+        assert_eq!(
+            watch.observe(&status(0, false, None), start),
+            ShipStep::Wait
+        );
+        // Slow but moving: never given up.
+        for k in 1..10u64 {
+            let at = start + Duration::from_secs(50 * k);
+            assert_eq!(watch.observe(&status(k, false, None), at), ShipStep::Wait);
+        }
+        assert_eq!(watch.received(), 9);
+        // Nothing for longer than the bound.
+        let late = start + Duration::from_secs(50 * 9 + 61);
+        assert!(matches!(
+            watch.observe(&status(9, false, None), late),
+            ShipStep::Failed(why) if why.contains("received nothing for 60 s")
+        ));
+    }
+
+    #[test]
+    fn a_finished_rebuild_is_installed_or_failed_as_reported() {
+        let now = Instant::now();
+        let mut watch = ShipWatch::new(now, Duration::from_secs(1));
+        assert_eq!(
+            watch.observe(&status(100, true, None), now),
+            ShipStep::Installed { len: 7 }
+        );
+        assert_eq!(
+            watch.observe(
+                &status(3, true, Some("refused")),
+                now + Duration::from_secs(9)
+            ),
+            ShipStep::Failed("refused".into())
+        );
+    }
+}
