@@ -403,6 +403,60 @@ mod tests {
         Catalog::open(root, RuntimeOptions::default()).expect("catalog")
     }
 
+    /// A dataset rebuilt from a snapshot's files is swapped in with this node's identity,
+    /// the named datasets riding along with the default one; a rebuild cut short after the
+    /// named datasets were carried into its directory gives them back at the next start,
+    /// and its leftover is removed.
+    #[test]
+    fn a_rebuild_installs_a_snapshot_and_one_cut_short_is_undone() {
+        let scratch = tempfile::tempdir().expect("scratch");
+        let dir = scratch.path().join("node");
+        let catalog = open(&dir);
+        catalog.create("a", 1, fields(), &[]).expect("create");
+        append(&catalog.get(Some("a")).expect("a"), &[b"a0"]);
+        // A partner's default dataset, as a snapshot's files.
+        let partner = scratch.path().join("partner");
+        let theirs = Store::create(&partner, fields(), CreateOptions::default()).expect("create");
+        let records: Vec<Record> = [b"p0", b"p1", b"p2"]
+            .iter()
+            .map(|r| Record::new().with("x", *r))
+            .collect();
+        theirs.append_many(&records).expect("append");
+        theirs.commit().expect("commit");
+        let copy = |into: &Path| {
+            for file in theirs.snapshot().expect("snapshot").files {
+                let path = zr_node::ship::target_path(into, &file.name).expect("name");
+                std::fs::create_dir_all(path.parent().expect("parent")).expect("dir");
+                let bytes = file.read(0, file.len() as usize).expect("read");
+                std::fs::write(path, bytes).expect("write");
+            }
+        };
+        let building = crate::ship::ship_dir(&dir).expect("ship dir");
+        copy(&building);
+        catalog.root().install(&building).expect("install");
+        assert_eq!(
+            rows(catalog.root()),
+            [b"p0".to_vec(), b"p1".into(), b"p2".into()]
+        );
+        assert_eq!(
+            catalog.root().serving().coordination.identity.map_version(),
+            Some(1)
+        );
+        assert!(!building.exists());
+        drop(catalog);
+        // Cut short: the named datasets carried into the rebuild's directory, no swap.
+        copy(&building);
+        std::fs::rename(dir.join(DATASETS_DIR), building.join(DATASETS_DIR)).expect("carry");
+        let catalog = open(&dir);
+        assert!(!building.exists(), "the leftover is removed");
+        let a = catalog.get(Some("a")).expect("the named dataset is back");
+        assert_eq!(rows(&a), [b"a0".to_vec()]);
+        assert_eq!(
+            rows(catalog.root()),
+            [b"p0".to_vec(), b"p1".into(), b"p2".into()]
+        );
+    }
+
     #[test]
     fn named_datasets_ride_along_when_the_default_one_switches_maps() {
         let scratch = tempfile::tempdir().expect("scratch");

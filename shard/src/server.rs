@@ -576,6 +576,9 @@ pub enum Refusal {
     /// An append that does not start at the shard's length.
     #[error("append expected to start at {at} but the shard holds {len} records")]
     OutOfStep { at: u64, len: u64 },
+    /// A request of a rebuild from files that cannot be served.
+    #[error(transparent)]
+    Ship(#[from] crate::ship::ShipError),
     /// A create whose field names another dictionary than the one sent for it.
     #[error("field '{field}' names dictionary {}, and the dictionary sent {sent}", want.map_or("none".into(), |id| id.to_string()))]
     DictMismatch {
@@ -589,7 +592,8 @@ impl Refusal {
     /// The code the refusal crosses the wire with.
     pub fn code(&self) -> ErrorCode {
         match self {
-            Refusal::Store(e) => code_of(e),
+            Refusal::Store(e) | Refusal::Ship(crate::ship::ShipError::Store(e)) => code_of(e),
+            Refusal::Ship(_) => ErrorCode::BadRequest,
             Refusal::FenceStorage(_) => ErrorCode::Storage,
             Refusal::NoLeaseToken | Refusal::DictMismatch { .. } => ErrorCode::BadRequest,
             Refusal::Identity(crate::identity::Mismatch::Cluster { .. }) => ErrorCode::WrongCluster,
@@ -803,10 +807,7 @@ fn execute(
             Ok((Reply::Done, Vec::new()))
         }
         NodeRequest::ShipOpen => {
-            let reply = node()?
-                .ships
-                .open(store, coordination.incarnation)
-                .map_err(fail)?;
+            let reply = node()?.ships.open(store, coordination.incarnation)?;
             Ok((reply, Vec::new()))
         }
         NodeRequest::ShipRead {
@@ -815,7 +816,7 @@ fn execute(
             offset,
             len,
         } => {
-            let (reply, bytes) = node()?.ships.read(ship, file, offset, len).map_err(fail)?;
+            let (reply, bytes) = node()?.ships.read(ship, file, offset, len)?;
             Ok((reply, vec![bytes]))
         }
         NodeRequest::ShipFrom { addr, replica } => {
@@ -831,10 +832,10 @@ fn execute(
                     "this node belongs to no cluster yet: nothing to rebuild".into(),
                 ))
             })?;
-            let status = catalog
-                .ships
-                .start(shard, dataset.map(str::to_string), place, &addr, replica)
-                .map_err(fail)?;
+            let status =
+                catalog
+                    .ships
+                    .start(shard, dataset.map(str::to_string), place, &addr, replica)?;
             Ok((Reply::Shipping(status), Vec::new()))
         }
         NodeRequest::DropDataset { id } => {

@@ -25,7 +25,7 @@ use futures::StreamExt;
 use quinn::Endpoint;
 use zr_net as net;
 use zr_node::ship::{target_path, Snapshot};
-use zr_node::{Error, IoContext, Result, Store};
+use zr_node::{Error, IoContext, Store};
 use zr_proto::wire::{
     self, NodeMessage, NodeRequest, Reply, ShipFile, ShipStatus, Target, SHIP_PIECE_MAX,
 };
@@ -42,6 +42,32 @@ const PIECE_TRIES: u32 = 3;
 const OPEN_MAX: usize = 8;
 /// Bound on each exchange with the partner.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a rebuild from files, or a request of one, failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShipError {
+    /// A piece asked of a snapshot this node does not keep.
+    #[error("no snapshot {0:016x} is open here (this node restarted, or opened {OPEN_MAX} others since): open another")]
+    NoSnapshot(u64),
+    #[error("snapshot {ship:016x} has no file {file}")]
+    NoFile { ship: u64, file: u32 },
+    /// This node cannot rebuild from a partner (why).
+    #[error("this node cannot rebuild from a partner: {0}")]
+    Cannot(String),
+    /// The partner could not be reached, refused, or sent something wrong.
+    #[error("rebuilding from {partner} at {addr}: {reason}")]
+    Partner {
+        partner: Target,
+        addr: SocketAddr,
+        reason: String,
+    },
+    /// The files could not be read, written or opened.
+    #[error(transparent)]
+    Store(#[from] Error),
+}
+
+type Result<T, E = ShipError> = std::result::Result<T, E>;
 
 /// Pieces still to be served damaged: a test's way to damage a file in transit.
 static DAMAGE_NEXT: AtomicU32 = AtomicU32::new(0);
@@ -119,14 +145,11 @@ impl Ships {
             .iter()
             .find(|(id, _)| *id == ship)
             .map(|(_, s)| Arc::clone(s))
-            .ok_or_else(|| {
-                Error::InvalidRecord(format!(
-                    "no snapshot {ship:016x} is open here (this node restarted, or opened {OPEN_MAX} since): open another"
-                ))
-            })?;
-        let file = snapshot.files.get(file as usize).ok_or_else(|| {
-            Error::InvalidRecord(format!("snapshot {ship:016x} has no file {file}"))
-        })?;
+            .ok_or(ShipError::NoSnapshot(ship))?;
+        let file = snapshot
+            .files
+            .get(file as usize)
+            .ok_or(ShipError::NoFile { ship, file })?;
         let piece = file.piece(offset, (len as usize).min(SHIP_PIECE_MAX))?;
         let crc = crc32fast::hash(piece.as_ref());
         let damage = DAMAGE_NEXT
@@ -164,17 +187,18 @@ impl Ships {
             return Ok(status);
         }
         let addr: SocketAddr = addr.parse().map_err(|e| {
-            Error::InvalidRecord(format!("partner address '{}': {e}", addr.escape_debug()))
+            ShipError::Cannot(format!(
+                "the partner's address '{}': {e}",
+                addr.escape_debug()
+            ))
         })?;
         let Some((endpoint, security)) = lock(&self.reach).clone() else {
-            return Err(Error::InvalidRecord(
-                "this node cannot reach its partners (it serves without an endpoint of its own)"
-                    .into(),
+            return Err(ShipError::Cannot(
+                "it serves without credentials to connect with".into(),
             ));
         };
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
-            Error::InvalidRecord("this node runs no async runtime to rebuild from".into())
-        })?;
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| ShipError::Cannot("it runs no async runtime".into()))?;
         let status = Arc::new(Mutex::new(ShipStatus {
             done: false,
             bytes: 0,
@@ -232,8 +256,8 @@ impl Fetch {
         let serving = self.shard.serving();
         let identity = &serving.coordination.identity;
         let (Some(cluster), Some(version)) = (identity.cluster(), identity.map_version()) else {
-            return Err(Error::InvalidRecord(
-                "this node belongs to no cluster yet: nothing to rebuild".into(),
+            return Err(ShipError::Cannot(
+                "it belongs to no cluster yet: nothing to rebuild".into(),
             ));
         };
         let dir = serving.store.dir().to_path_buf();
@@ -286,9 +310,8 @@ impl Fetch {
         // Opened once as a dataset: its structure checked, its redo log applied.
         let opened = Store::open(&building)?;
         if opened.len() != len {
-            return Err(Error::InvalidRecord(format!(
-                "the files copied from {} hold {} records, the snapshot {len}",
-                self.partner,
+            return Err(self.failed(format!(
+                "the files copied hold {} records, the snapshot {len}",
                 opened.len()
             )));
         }
@@ -311,14 +334,15 @@ impl Fetch {
         Ok(len)
     }
 
-    fn failed(&self, e: impl std::fmt::Display) -> Error {
-        Error::InvalidRecord(format!(
-            "rebuilding from {} at {}: {e}",
-            self.partner, self.addr
-        ))
+    fn failed(&self, e: impl std::fmt::Display) -> ShipError {
+        ShipError::Partner {
+            partner: self.partner,
+            addr: self.addr,
+            reason: e.to_string(),
+        }
     }
 
-    fn unexpected(&self, reply: &Reply) -> Error {
+    fn unexpected(&self, reply: &Reply) -> ShipError {
         self.failed(format!("unexpected reply {reply:?}"))
     }
 }
@@ -495,7 +519,7 @@ impl Piece {
 }
 
 /// Where a rebuild of the dataset at `dir` writes the files it copies.
-pub fn ship_dir(dir: &Path) -> Result<PathBuf> {
+pub fn ship_dir(dir: &Path) -> zr_node::Result<PathBuf> {
     let name = dir.file_name().ok_or_else(|| Error::InvalidInput {
         path: dir.to_path_buf(),
         reason: "a dataset path must end in a directory name".into(),
@@ -504,7 +528,7 @@ pub fn ship_dir(dir: &Path) -> Result<PathBuf> {
 }
 
 /// Removes `path` and all in it, if it is there (a rebuild cut short leaves it).
-pub fn remove_if_there(path: &Path) -> Result<()> {
+pub fn remove_if_there(path: &Path) -> zr_node::Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(_) => zr_node::disk::remove_tree(path).ctx("remove", path),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
