@@ -52,8 +52,8 @@ pub use meta::{Compression, FieldSpec, Meta};
 pub use prefetch::Prefetched;
 pub use runtime::{RuntimeOptions, CLEANERS_MAX, READERS_MAX, WRITERS_MAX};
 pub use store::{
-    chunk_path, CreateOptions, GatherOptions, ReadPath, ReadStats, Store, UnknownReadPath,
-    CHUNK_DIR, LOCK_FILE, WRITER_LOCK_FILE,
+    chunk_path, CreateOptions, GatherOptions, ReadPath, ReadStats, Store, StoreMark,
+    UnknownReadPath, CHUNK_DIR, LOCK_FILE, WRITER_LOCK_FILE,
 };
 pub use verify::{Problem, Utilization, VerifyReport};
 pub use zr_common::Contiguous;

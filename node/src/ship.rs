@@ -287,6 +287,33 @@ mod tests {
         assert!(copied.verify(|_| {}).unwrap().problems.is_empty());
     }
 
+    /// A store's mark moves with every change to an existing record, not with appends, and
+    /// differs between opens.
+    #[test]
+    fn a_mark_counts_changes_to_existing_records() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fields = vec![FieldSpec::new("x", Compression::Raw)];
+        let store = Store::create(tmp.path(), fields, CreateOptions::default()).unwrap();
+        let start = store.mark();
+        for i in 0..4u8 {
+            store.append(&Record::new().with("x", &[i])).unwrap();
+        }
+        assert_eq!(store.mark(), start, "appends change no existing record");
+        store.modify(1, &Record::new().with("x", b"m")).unwrap();
+        let modified = store.mark();
+        assert_eq!(modified.rewrites, start.rewrites + 1);
+        store.write_field("x", &[0, 2], &[b"a", b"b"]).unwrap();
+        assert_eq!(store.mark().rewrites, modified.rewrites + 1);
+        store.delete(0).unwrap();
+        store.delete(store.len() - 1).unwrap();
+        assert_eq!(store.mark().rewrites, modified.rewrites + 3);
+        assert_eq!(store.clone().mark(), store.mark(), "clones share the open");
+        store.commit().unwrap();
+        drop(store);
+        let again = Store::open(tmp.path()).unwrap();
+        assert_ne!(again.mark().instance, start.instance);
+    }
+
     #[test]
     fn only_snapshot_names_are_written() {
         let dir = Path::new("/d");

@@ -137,6 +137,16 @@ impl std::ops::Deref for Inner {
     }
 }
 
+/// Opens of datasets in this process, numbering each (see [`Store::mark`]).
+static OPENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// See [`Store::mark`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreMark {
+    pub instance: u64,
+    pub rewrites: u64,
+}
+
 /// A dataset, open for gathers and — unless opened read-only — for writes. Cheap to clone;
 /// clones share everything but the options [`Store::gather`] uses (see
 /// [`Store::with_gather_options`]). See the crate documentation for the guarantees.
@@ -403,6 +413,8 @@ impl Store {
                     view: RwLock::new(view),
                     runtime,
                     read_counters: Default::default(),
+                    instance: OPENS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                    rewrites: Default::default(),
                 },
                 writers,
                 locks: lock,
@@ -500,6 +512,21 @@ impl Store {
     /// The schema.
     pub fn fields(&self) -> &[FieldSpec] {
         &self.inner.fields
+    }
+
+    /// Which open of the dataset this is and how many changes to existing records
+    /// (modifies, field writes, deletes) it has made so far: while the mark stays the same,
+    /// no record below the length seen has changed through it. The count is read before a
+    /// read that depends on it (a change becomes visible before it is counted, so one counted
+    /// later may already show, never the other way round).
+    pub fn mark(&self) -> StoreMark {
+        StoreMark {
+            instance: self.inner.instance,
+            rewrites: self
+                .inner
+                .rewrites
+                .load(std::sync::atomic::Ordering::SeqCst),
+        }
     }
 
     /// The zstd dictionaries of its fields that have one: (field, dictionary bytes), as

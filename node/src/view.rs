@@ -76,6 +76,10 @@ pub(crate) struct Core {
     pub(crate) view: RwLock<View>,
     pub(crate) runtime: Arc<Runtime>,
     pub(crate) read_counters: ReadCounters,
+    /// This open of the dataset, among the opens of this process (see [`crate::Store::mark`]).
+    pub(crate) instance: u64,
+    /// Changes to existing records (modifies, field writes, deletes) through this open.
+    pub(crate) rewrites: std::sync::atomic::AtomicU64,
 }
 
 /// How gathers read their records; see `Store::read_stats`.

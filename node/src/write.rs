@@ -2,6 +2,7 @@
 //! made durable and visible.
 
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 
 use rayon::prelude::*;
 use zr_common::Record;
@@ -218,6 +219,8 @@ impl Store {
             let columns: Vec<Vec<Entry>> = record.into_iter().map(|e| vec![e]).collect();
             shared.put_entries(inner, index, &columns, None)?;
         }
+        // Counted once visible (see `Store::mark`).
+        inner.rewrites.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -258,9 +261,12 @@ impl Store {
         };
         if index == len - 1 {
             inner.write_view().len = len - 1;
-            return Ok(());
+        } else {
+            shared.put_entries(inner, index, &moved, Some(len - 1))?;
         }
-        shared.put_entries(inner, index, &moved, Some(len - 1))
+        // Counted once visible (see `Store::mark`).
+        inner.rewrites.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Makes every write so far durable. Returns once it is on disk; a crash at any moment

@@ -741,6 +741,9 @@ pub enum Reply {
         start: u64,
         crcs: Vec<u32>,
         corrupt: Vec<u64>,
+        /// Read before the digest: while it stays the same, no record the digest covers has
+        /// changed on the node since.
+        mark: DataMark,
     },
     /// Body: per field, the payloads back to back; `lengths[f][k]` is record k's length.
     Gather {
@@ -799,6 +802,16 @@ pub enum Reply {
     },
     /// How far a rebuild by files got (see `NodeRequest::ShipFrom`).
     Shipping(ShipStatus),
+}
+
+/// Which process and open of a node's dataset answered, and how many changes to existing
+/// records (modifies, field writes, deletes) it had made: two equal marks mean no record
+/// below the length seen changed between them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataMark {
+    pub incarnation: u64,
+    pub instance: u64,
+    pub rewrites: u64,
 }
 
 /// A file of a dataset snapshot: its path inside the dataset directory and its length.

@@ -1,11 +1,14 @@
 //! A catch-up's decisions apart from its I/O (`server/rebuild.rs` drives them): whether a
-//! behind replica's dataset is first rebuilt from its partner's files, and how that rebuild
-//! is judged from the replica's reports. Pure: the caller passes the time.
+//! behind replica's dataset is first rebuilt from its partner's files, how that rebuild is
+//! judged from the replica's reports, and where the last pass — the one that holds writes
+//! off — may begin. Pure: the caller passes the time and the nodes' marks.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
-use zr_proto::wire::ShipStatus;
+use zr_proto::wire::{DataMark, ShipStatus};
+
+use crate::nodes::NodeId;
 
 /// Fewest records a partner holds for a behind replica to be rebuilt from its files (fewer
 /// are copied record by record at once).
@@ -77,6 +80,41 @@ impl ShipWatch {
     }
 }
 
+/// What an online pass over a dataset left: the partner it compared against and both
+/// nodes' marks taken before it began, and where it ended (records `0..end` of the replica
+/// were made the partner's).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Resume {
+    pub(crate) partner: NodeId,
+    pub(crate) partner_mark: DataMark,
+    pub(crate) node_mark: DataMark,
+    pub(crate) end: u64,
+}
+
+/// Where the last pass over a dataset begins, given what the online pass left and the marks
+/// read now (writes held off): where the online pass ended if neither node changed a record
+/// it covered since it began — the same partner, the partner's mark unchanged (same process,
+/// same open, no modify, field write or delete), the replica the same process and open (its
+/// own changes are the catch-up's) — else from the start, comparing everything.
+pub(crate) fn last_pass_from(
+    resume: Option<&Resume>,
+    partner: NodeId,
+    partner_mark: DataMark,
+    node_mark: DataMark,
+) -> u64 {
+    match resume {
+        Some(r)
+            if r.partner == partner
+                && r.partner_mark == partner_mark
+                && (r.node_mark.incarnation, r.node_mark.instance)
+                    == (node_mark.incarnation, node_mark.instance) =>
+        {
+            r.end
+        }
+        _ => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +162,34 @@ mod tests {
             watch.observe(&status(9, false, None), late),
             ShipStep::Failed(why) if why.contains("received nothing for 60 s")
         ));
+    }
+
+    #[test]
+    fn the_last_pass_resumes_only_where_nothing_changed_since_the_online_one() {
+        let mark = |incarnation, instance, rewrites| DataMark {
+            incarnation,
+            instance,
+            rewrites,
+        };
+        let resume = Resume {
+            partner: 3,
+            partner_mark: mark(1, 2, 10),
+            node_mark: mark(5, 6, 0),
+            end: 900,
+        };
+        let from = |partner, theirs, ours| last_pass_from(Some(&resume), partner, theirs, ours);
+        // Unchanged; the replica's own count grew with the catch-up's writes.
+        assert_eq!(from(3, mark(1, 2, 10), mark(5, 6, 40)), 900);
+        // The partner changed a record, restarted, reopened the dataset, or is another one.
+        assert_eq!(from(3, mark(1, 2, 11), mark(5, 6, 0)), 0);
+        assert_eq!(from(3, mark(9, 2, 10), mark(5, 6, 0)), 0);
+        assert_eq!(from(3, mark(1, 7, 10), mark(5, 6, 0)), 0);
+        assert_eq!(from(4, mark(1, 2, 10), mark(5, 6, 0)), 0);
+        // The replica restarted or reopened the dataset.
+        assert_eq!(from(3, mark(1, 2, 10), mark(8, 6, 0)), 0);
+        assert_eq!(from(3, mark(1, 2, 10), mark(5, 9, 0)), 0);
+        // No online pass: everything.
+        assert_eq!(last_pass_from(None, 3, mark(1, 2, 10), mark(5, 6, 0)), 0);
     }
 
     #[test]

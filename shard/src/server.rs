@@ -891,12 +891,20 @@ fn execute(
             Ok((Reply::Done, Vec::new()))
         }
         NodeRequest::Digest { start, count } => {
+            // Before the records are read (see `Store::mark`).
+            let of_store = store.mark();
+            let mark = wire::DataMark {
+                incarnation: coordination.incarnation,
+                instance: of_store.instance,
+                rewrites: of_store.rewrites,
+            };
             let (crcs, corrupt) = digest(store, start, count).map_err(fail)?;
             Ok((
                 Reply::Digest {
                     start,
                     crcs,
                     corrupt,
+                    mark,
                 },
                 Vec::new(),
             ))

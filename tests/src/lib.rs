@@ -71,9 +71,10 @@ pub async fn check_async(client: &AsyncClient, model: &[Row], indices: &[u64]) {
     }
 }
 
-/// Gathers (of 64 random records) and appends (of up to `longest_batch` rows) through
-/// `client` for `span` of the cluster's clock, each gather checked against `model`; on a
-/// cluster on virtual time, inside `SimCluster::run`. Returns the gathers made.
+/// Gathers (of 64 random records), appends (of up to `longest_batch` rows) and modifies (of
+/// one record, every field) through `client` for `span` of the cluster's clock, each gather
+/// checked against `model`; on a cluster on virtual time, inside `SimCluster::run`. Returns
+/// the gathers made.
 pub async fn load_for(
     client: &AsyncClient,
     model: &mut Vec<Row>,
@@ -91,6 +92,14 @@ pub async fn load_for(
         let r = mix2(seed, step);
         if r.is_multiple_of(4) {
             append_async(client, model, r, 1 + r % longest_batch, longest).await;
+        } else if r % 16 == 1 && !model.is_empty() {
+            let index = mix2(r, 1) % model.len() as u64;
+            let changed = row(mix2(r, 2), longest);
+            client
+                .modify(index, &record(&changed))
+                .await
+                .expect("modify");
+            model[index as usize] = changed;
         } else {
             let indices: Vec<u64> = (0..64).map(|k| mix2(r, k) % model.len() as u64).collect();
             check_async(client, model, &indices).await;

@@ -934,17 +934,35 @@ impl Router {
     }
 
     /// One last pass of every dataset of `all` over `node`, with every dataset's writes
-    /// held, and the node marked in sync.
+    /// held, and the node marked in sync. Each begins where its online pass (`resumes`, in
+    /// the order of `all`) ended if nothing it compared has changed since, else at the start
+    /// (see `catchup::last_pass_from`).
     pub(super) async fn last_passes(
         all: &[Arc<Router>],
         node: NodeId,
         pass: u32,
+        resumes: &[crate::catchup::Resume],
     ) -> Result<u64, Failure> {
         Router::exclusive_all(all, || {
             Box::pin(async move {
                 let mut copied = 0;
-                for router in all {
-                    copied += router.sync_pass(node, pass, true).await?;
+                for (k, router) in all.iter().enumerate() {
+                    let partner = router.partner(router.nodes.shard(node))?;
+                    let marks = (router.mark(partner).await?, router.mark(node).await?);
+                    let from =
+                        crate::catchup::last_pass_from(resumes.get(k), partner, marks.0, marks.1);
+                    tracing::info!(
+                        "shard {} replica {}: last pass over dataset '{}' from record {from}{}",
+                        router.nodes.shard(node),
+                        router.nodes.replica(node),
+                        router.dataset_name(),
+                        match from {
+                            0 => " (records changed since the online pass began, or none ran)",
+                            _ => " (nothing before it changed since the online pass compared it)",
+                        }
+                    );
+                    let (step, _) = router.sync_pass(node, pass, true, from).await?;
+                    copied += step;
                 }
                 if let Some(first) = all.first() {
                     first.nodes.mark_in_sync(node).await?;

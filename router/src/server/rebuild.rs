@@ -253,6 +253,7 @@ impl Router {
         let all = self.all_routers();
         let result = async {
             let mut copied = 0;
+            let mut resumes = Vec::with_capacity(all.len());
             for router in &all {
                 if let Err(e) = router.ship(node).await {
                     tracing::warn!(
@@ -260,10 +261,16 @@ impl Router {
                         router.dataset_name()
                     );
                 }
+                // Both nodes' marks before the online passes read anything: unchanged at the
+                // last pass, it need not compare again what they compared.
+                let partner = router.partner(shard)?;
+                let marks = (router.mark(partner).await?, router.mark(node).await?);
                 let mut pass = 1;
+                let mut end = 0;
                 while pass <= ONLINE_PASSES {
-                    let step = router.sync_pass(node, pass, false).await?;
+                    let (step, reached) = router.sync_pass(node, pass, false, 0).await?;
                     copied += step;
+                    end = reached;
                     // Nothing left to copy: the last pass will be short.
                     pass = if step == 0 {
                         ONLINE_PASSES + 1
@@ -271,8 +278,14 @@ impl Router {
                         pass + 1
                     };
                 }
+                resumes.push(catchup::Resume {
+                    partner,
+                    partner_mark: marks.0,
+                    node_mark: marks.1,
+                    end,
+                });
             }
-            copied += Router::last_passes(&all, node, ONLINE_PASSES + 1).await?;
+            copied += Router::last_passes(&all, node, ONLINE_PASSES + 1, &resumes).await?;
             Ok::<u64, Failure>(copied)
         }
         .await;
@@ -362,16 +375,18 @@ impl Router {
         }
     }
 
-    /// One pass over the shard: every slice compared and copied, each under the write lock
-    /// (`locked`: the caller holds it for the whole pass); returns the records copied.
+    /// One pass over the shard from record `from` on: every slice compared and copied, each
+    /// under the write lock (`locked`: the caller holds it for the whole pass); returns the
+    /// records copied and where the pass ended.
     pub(super) async fn sync_pass(
         &self,
         node: NodeId,
         pass: u32,
         locked: bool,
-    ) -> Result<u64, Failure> {
+        from: u64,
+    ) -> Result<(u64, u64), Failure> {
         let shard = self.nodes.shard(node);
-        let mut from = 0;
+        let mut from = from;
         let mut copied = 0;
         let mut slice = SLICE_FIRST;
         loop {
@@ -418,14 +433,14 @@ impl Router {
             progress.bytes += step.bytes;
             drop(rebuilds);
             if step.end >= step.partner_len {
-                return Ok(copied);
+                return Ok((copied, step.end));
             }
             from = step.end;
         }
     }
 
     /// An in-sync replica of `shard` to copy from: one not known down.
-    fn partner(&self, shard: u32) -> Result<NodeId, Failure> {
+    pub(super) fn partner(&self, shard: u32) -> Result<NodeId, Failure> {
         self.nodes
             .read_order(shard)
             .into_iter()
@@ -544,6 +559,23 @@ impl Router {
             other => Err(self
                 .nodes
                 .unavailable(node, format!("answered Info with {other:?}"))),
+        }
+    }
+
+    /// Node `node`'s mark of this dataset (see `wire::DataMark`).
+    pub(super) async fn mark(&self, node: NodeId) -> Result<wire::DataMark, Failure> {
+        let request = NodeRequest::Digest { start: 0, count: 0 };
+        match self
+            .nodes
+            .call(self.on(), node, &request, Vec::new())
+            .await?
+            .reply
+        {
+            Reply::Digest { mark, .. } => Ok(mark),
+            other => Err(self.nodes.unavailable(
+                node,
+                format!("answered a digest of no records with {other:?}"),
+            )),
         }
     }
 
