@@ -185,9 +185,20 @@ fn main() -> Result<(), Failed> {
     );
     let replaced = two.node(1, 0);
     let new_addr = two.replace_node(replaced)?;
+    // Watched from another client while the command runs: the router begins the rebuild
+    // while `replace-node` waits out the old node's read lease.
+    let watching = two.client()?;
     let started = Instant::now();
+    let watcher = std::thread::spawn(move || {
+        while watching.status()?.nodes.iter().all(|n| n.in_sync) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        until_in_sync(&watching, started)
+    });
     c2.replace_node(1, 0, new_addr)?;
-    let (rebuild_s, copy_phase_s) = until_in_sync(&c2, started)?;
+    let (rebuild_s, copy_phase_s) = watcher
+        .join()
+        .map_err(|_| "the watching thread panicked")??;
     let shard_bytes = dir_bytes(&two.data_dir(replaced).join("chunk"))?;
     let copy_s = file_copy_seconds(shard_bytes)?;
     let quinn_s = quinn_copy_seconds(&two, shard_bytes)?;
