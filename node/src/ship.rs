@@ -3,10 +3,13 @@
 //!
 //! A snapshot is the dataset as of its last commit: `meta.json` (the commit point), the redo
 //! log that goes with it, each field's offset table up to the committed length, the
-//! dictionaries, and each chunk up to its committed bytes. The small files are read into
-//! memory together while no commit can run, so they agree; chunks are append-only, so the
-//! committed bytes of each are read later, as they are sent. A dataset written from the
-//! files of a snapshot opens as the dataset was at that commit.
+//! dictionaries, and each chunk up to its committed bytes. meta.json, the redo log and the
+//! dictionaries are read into memory while no commit can run; the snapshot then holds the
+//! dataset's lock shared, as a reader in another process would, so that no commit changes
+//! offset-table entries in place while it lives (such changes wait in the redo log and the
+//! writer's overlay: see `lock`) and the entries below the committed length are read from
+//! the tables as they are sent. Chunks are append-only, so their committed bytes are too.
+//! A dataset written from the files of a snapshot opens as the dataset was at that commit.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -30,7 +33,8 @@ pub struct SnapshotFile {
 pub enum Source {
     /// Read when the snapshot was taken.
     Bytes(Arc<[u8]>),
-    /// The first `len` bytes of a file that only grows (a chunk).
+    /// The first `len` bytes of a file, which do not change while the snapshot lives (a
+    /// chunk's committed bytes; an offset table's committed entries).
     File { path: PathBuf, len: u64 },
 }
 
@@ -65,9 +69,11 @@ impl SnapshotFile {
                 // The mapping starts on a page; the piece within it.
                 let page = crate::map::PAGE_BYTES;
                 let start = offset - offset % page;
-                // SAFETY: a chunk's bytes below its committed length are never written again
-                // (chunks are append-only), and the mapping is read-only; a file truncated
-                // by another process meanwhile would fault, as with any mapped reader.
+                // SAFETY: the bytes mapped do not change while the snapshot lives (a chunk's
+                // committed bytes never do; an offset table's committed entries are not
+                // written in place while it holds the dataset's lock shared), and the
+                // mapping is read-only; a file truncated by another process meanwhile would
+                // fault, as with any mapped reader.
                 let map = unsafe {
                     memmap2::MmapOptions::new()
                         .offset(start)
@@ -122,6 +128,19 @@ pub struct Snapshot {
     /// The committed records.
     pub len: u64,
     pub files: Vec<SnapshotFile>,
+    /// The dataset's lock, held shared while the snapshot lives.
+    _held: Arc<Held>,
+}
+
+/// The lock a snapshot holds.
+struct Held {
+    _locks: crate::lock::Locks,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the dataset's lock, shared")
+    }
 }
 
 impl Snapshot {
@@ -136,7 +155,12 @@ impl Store {
     /// documentation). No commit runs while the small files are read.
     pub fn snapshot(&self) -> Result<Snapshot> {
         let dir = self.dir().to_path_buf();
-        let _no_commit = self.inner.writers.as_ref().map(|w| w.shared());
+        let no_commit = self.inner.writers.as_ref().map(|w| w.shared());
+        // Taken before a commit can run again: the entries below the committed length stay
+        // as they are until it is let go.
+        let held = Arc::new(Held {
+            _locks: crate::lock::Locks::reader(&dir)?,
+        });
         let meta_path = dir.join(META_FILE);
         let meta_bytes = std::fs::read(&meta_path).ctx("read", &meta_path)?;
         let meta = Meta::parse(&meta_bytes, &dir)?;
@@ -156,12 +180,12 @@ impl Store {
         for field in &meta.fields {
             let name = offset_file_name(&field.name);
             let path = dir.join(&name);
-            let file = std::fs::File::open(&path).ctx("open", &path)?;
-            let mut entries = vec![0u8; (meta.length * ENTRY_BYTES) as usize];
-            file.read_exact_at(&mut entries, 0).ctx("read", &path)?;
             files.push(SnapshotFile {
                 name,
-                source: Source::Bytes(entries.into()),
+                source: Source::File {
+                    path,
+                    len: meta.length * ENTRY_BYTES,
+                },
             });
             if field.dict.is_some() {
                 let path = crate::dict::path(&dir, &field.name);
@@ -181,9 +205,11 @@ impl Store {
                 },
             });
         }
+        drop(no_commit);
         Ok(Snapshot {
             len: meta.length,
             files,
+            _held: held,
         })
     }
 }
@@ -258,7 +284,17 @@ mod tests {
             .unwrap();
         store.commit().unwrap();
         let snapshot = store.snapshot().unwrap();
+        let all: Vec<u64> = (0..100).collect();
+        let before: Vec<Vec<u8>> = {
+            let batch = store.gather(&all, &["x"]).unwrap();
+            let column = batch.field("x").unwrap();
+            (0..100).map(|k| column.get(k).unwrap().to_vec()).collect()
+        };
+        // Changed and committed after the snapshot: not in it (the entry waits in the redo
+        // log while the snapshot holds the lock).
         store.append(&Record::new().with("x", b"later")).unwrap();
+        store.modify(5, &Record::new().with("x", b"after")).unwrap();
+        store.commit().unwrap();
         assert_eq!(snapshot.len, 100);
         let copy = tmp.path().join("b");
         for file in &snapshot.files {
@@ -273,18 +309,33 @@ mod tests {
             }
             std::fs::write(path, bytes).unwrap();
         }
+        drop(snapshot);
         let copied = Store::open(&copy).unwrap();
         assert_eq!(copied.len(), 100);
-        let all: Vec<u64> = (0..100).collect();
         let ours = copied.gather(&all, &["x", "y"]).unwrap();
         let theirs = store.gather(&all, &["x", "y"]).unwrap();
-        for f in ["x", "y"] {
-            let (a, b) = (ours.field(f).unwrap(), theirs.field(f).unwrap());
-            for k in 0..100 {
-                assert_eq!(a.get(k), b.get(k), "field {f} record {k}");
-            }
+        for (k, was) in before.iter().enumerate() {
+            assert_eq!(
+                ours.field("x").unwrap().get(k),
+                Some(&was[..]),
+                "record {k}"
+            );
+            assert_eq!(
+                ours.field("y").unwrap().get(k),
+                theirs.field("y").unwrap().get(k)
+            );
         }
         assert!(copied.verify(|_| {}).unwrap().problems.is_empty());
+        // The dataset itself has both changes, and keeps them once it is alone again.
+        assert_eq!(theirs.field("x").unwrap().get(5), Some(&b"after"[..]));
+        store.commit().unwrap();
+        drop((theirs, store));
+        let reopened = Store::open(&dir).unwrap();
+        let batch = reopened.gather(&[3, 5, 100], &["x"]).unwrap();
+        let column = batch.field("x").unwrap();
+        assert_eq!(column.get(0), Some(&b"changed"[..]));
+        assert_eq!(column.get(1), Some(&b"after"[..]));
+        assert_eq!(column.get(2), Some(&b"later"[..]));
     }
 
     /// A store's mark moves with every change to an existing record, not with appends, and

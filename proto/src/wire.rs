@@ -386,6 +386,8 @@ pub enum NodeRequest {
         offset: u64,
         len: u32,
     },
+    /// Lets snapshot `ship` go: its reader is done with it. Reply: `Done`.
+    ShipClose { ship: u64 },
     /// Rebuild the message's dataset on this node from the files of its partner, the node
     /// at `addr` serving replica `replica`: started if it is not running (a finished one is
     /// reported once, then forgotten). Reply: `Shipping`, how far it got.
@@ -415,6 +417,7 @@ impl NodeRequest {
             NodeRequest::Identity => "identity",
             NodeRequest::ShipOpen => "ship-open",
             NodeRequest::ShipRead { .. } => "ship-read",
+            NodeRequest::ShipClose { .. } => "ship-close",
             NodeRequest::ShipFrom { .. } => "ship-from",
         }
     }
@@ -629,7 +632,8 @@ impl Request for NodeMessage {
             | NodeRequest::StageOpen { .. }
             | NodeRequest::Switch { .. }
             | NodeRequest::Identity
-            | NodeRequest::ShipOpen => expect_empty(body),
+            | NodeRequest::ShipOpen
+            | NodeRequest::ShipClose { .. } => expect_empty(body),
             NodeRequest::ShipRead { len, .. } if *len as usize > SHIP_PIECE_MAX => Err(
                 Error::Malformed(format!("a piece of {len} bytes (at most {SHIP_PIECE_MAX})")),
             ),

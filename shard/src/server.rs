@@ -69,7 +69,9 @@ impl Sender {
             (Sender::Router, _) | (Sender::Client(_), NodeRequest::Info) => true,
             (Sender::Client(net::tls::Role::Node), request) => matches!(
                 request,
-                NodeRequest::ShipOpen | NodeRequest::ShipRead { .. }
+                NodeRequest::ShipOpen
+                    | NodeRequest::ShipRead { .. }
+                    | NodeRequest::ShipClose { .. }
             ),
             (Sender::Client(_), request) => matches!(request, NodeRequest::Gather { .. }),
         };
@@ -819,6 +821,10 @@ fn execute(
             let (reply, bytes) = node()?.ships.read(ship, file, offset, len)?;
             Ok((reply, vec![bytes]))
         }
+        NodeRequest::ShipClose { ship } => {
+            node()?.ships.close(ship);
+            Ok((Reply::Done, Vec::new()))
+        }
         NodeRequest::ShipFrom { addr, replica } => {
             let catalog = node()?;
             let shard = catalog.get(dataset).ok_or_else(|| {
@@ -1201,6 +1207,7 @@ mod tests {
                 offset: 0,
                 len: 10,
             },
+            NodeRequest::ShipClose { ship: 1 },
             NodeRequest::ShipFrom {
                 addr: "127.0.0.1:1".into(),
                 replica: 0,
@@ -1220,7 +1227,7 @@ mod tests {
         assert_eq!(allowed(Sender::Client(Role::Operator)), ["gather", "info"]);
         assert_eq!(
             allowed(Sender::Client(Role::Node)),
-            ["info", "ship-open", "ship-read"]
+            ["info", "ship-open", "ship-read", "ship-close"]
         );
     }
 

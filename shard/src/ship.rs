@@ -42,6 +42,9 @@ const PIECE_TRIES: u32 = 3;
 const OPEN_MAX: usize = 8;
 /// Bound on each exchange with the partner.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// A snapshot no piece was asked of for this long is let go (its reader gone): while one
+/// is held, the dataset's commits keep changes to existing records in the redo log.
+const OPEN_IDLE: Duration = Duration::from_secs(60);
 
 /// Why a rebuild from files, or a request of one, failed.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +98,8 @@ pub fn damage_next_pieces(pieces: u32) {
 /// being rebuilt.
 #[derive(Default)]
 pub struct Ships {
-    open: Mutex<Vec<(u64, Arc<Snapshot>)>>,
+    /// Open snapshots: id, snapshot, when a piece was last asked of it.
+    open: Mutex<Vec<(u64, Arc<Snapshot>, tokio::time::Instant)>>,
     next_id: AtomicU64,
     fetches: Mutex<HashMap<String, Arc<Mutex<ShipStatus>>>>,
     /// How this node reaches its partners: its endpoint and credentials (unset: it cannot).
@@ -109,7 +113,7 @@ impl Ships {
     }
 
     /// `ShipOpen`: a snapshot of `store` kept for `ShipRead`s, and its manifest.
-    pub fn open(&self, store: &Store, incarnation: u64) -> Result<Reply> {
+    pub fn open(self: &Arc<Self>, store: &Store, incarnation: u64) -> Result<Reply> {
         let snapshot = Arc::new(store.snapshot()?);
         let id = zr_common::hash::mix2(incarnation, self.next_id.fetch_add(1, Ordering::Relaxed));
         let files = snapshot
@@ -125,7 +129,12 @@ impl Ships {
         if open.len() >= OPEN_MAX {
             open.remove(0);
         }
-        open.push((id, snapshot));
+        let sweeping = !open.is_empty();
+        open.push((id, snapshot, tokio::time::Instant::now()));
+        drop(open);
+        if !sweeping {
+            self.sweep_idle();
+        }
         Ok(Reply::Manifest {
             ship: id,
             len,
@@ -142,9 +151,12 @@ impl Ships {
         len: u32,
     ) -> Result<(Reply, bytes::Bytes)> {
         let snapshot = lock(&self.open)
-            .iter()
-            .find(|(id, _)| *id == ship)
-            .map(|(_, s)| Arc::clone(s))
+            .iter_mut()
+            .find(|(id, _, _)| *id == ship)
+            .map(|(_, s, used)| {
+                *used = tokio::time::Instant::now();
+                Arc::clone(s)
+            })
             .ok_or(ShipError::NoSnapshot(ship))?;
         let file = snapshot
             .files
@@ -164,6 +176,33 @@ impl Ships {
         }
         // Sent from where it lies (a chunk's mapping): no copy.
         Ok((Reply::Piece { crc }, bytes::Bytes::from_owner(piece)))
+    }
+
+    /// `ShipClose`: lets snapshot `ship` go (nothing if it is gone already).
+    pub fn close(&self, ship: u64) {
+        lock(&self.open).retain(|(id, _, _)| *id != ship);
+    }
+
+    /// Lets go, every few seconds, of snapshots idle for [`OPEN_IDLE`] (a partner that died
+    /// mid-copy); ends when none is open.
+    fn sweep_idle(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let ships = Arc::downgrade(self);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(OPEN_IDLE / 4).await;
+                let Some(ships) = ships.upgrade() else {
+                    return;
+                };
+                let mut open = lock(&ships.open);
+                open.retain(|(_, _, used)| used.elapsed() < OPEN_IDLE);
+                if open.is_empty() {
+                    return;
+                }
+            }
+        });
     }
 
     /// `ShipFrom`: starts rebuilding dataset `dataset` of this node (served by `shard`,
@@ -298,7 +337,12 @@ impl Fetch {
         std::fs::create_dir_all(&building).ctx("create", &building)?;
         let opened_at = began.elapsed();
         let started = tokio::time::Instant::now();
-        partner.copy_all(ship, &files, &building).await?;
+        let copying = partner.copy_all(ship, &files, &building).await;
+        // The partner lets the snapshot go (else it would after a minute idle).
+        if let Err(e) = partner.call(NodeRequest::ShipClose { ship }).await {
+            tracing::debug!("closing snapshot {ship:016x}: {e}");
+        }
+        copying?;
         let copied = started.elapsed();
         for folder in [zr_node::dict::DICT_DIR, "chunk"] {
             let path = building.join(folder);
@@ -533,5 +577,51 @@ pub fn remove_if_there(path: &Path) -> zr_node::Result<()> {
         Ok(_) => zr_node::disk::remove_tree(path).ctx("remove", path),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e).ctx("stat", path),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zr_node::meta::{Compression, FieldSpec};
+    use zr_node::{CreateOptions, Record};
+
+    /// A snapshot is served piece by piece with the CRC of each, and once closed it is gone
+    /// (its hold on the dataset's lock with it).
+    #[test]
+    fn a_snapshot_is_served_in_pieces_until_closed() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let fields = vec![FieldSpec::new("x", Compression::Raw)];
+        let store = Store::create(tmp.path(), fields, CreateOptions::default()).expect("create");
+        store
+            .append(&Record::new().with("x", b"a record"))
+            .expect("append");
+        store.commit().expect("commit");
+        let ships = Arc::new(Ships::default());
+        let Reply::Manifest { ship, len, files } = ships.open(&store, 7).expect("open") else {
+            panic!("no manifest");
+        };
+        assert_eq!(len, 1);
+        let meta = files
+            .iter()
+            .position(|f| f.name == zr_node::meta::META_FILE)
+            .expect("meta.json") as u32;
+        let (reply, bytes) = ships.read(ship, meta, 0, 10).expect("read");
+        assert_eq!(
+            reply,
+            Reply::Piece {
+                crc: crc32fast::hash(&bytes)
+            }
+        );
+        assert_eq!(bytes.len(), 10);
+        assert!(matches!(
+            ships.read(ship, 999, 0, 10),
+            Err(ShipError::NoFile { .. })
+        ));
+        ships.close(ship);
+        assert!(matches!(
+            ships.read(ship, meta, 0, 10),
+            Err(ShipError::NoSnapshot(_))
+        ));
     }
 }
