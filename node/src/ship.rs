@@ -127,6 +127,10 @@ impl AsRef<[u8]> for Piece {
 pub struct Snapshot {
     /// The committed records.
     pub len: u64,
+    /// The store's mark when the snapshot was taken, if no change to an existing record was
+    /// waiting for a commit then: the records below `len` were then the same in the
+    /// snapshot as in the store, and stay so while its mark stays this.
+    pub mark: Option<crate::StoreMark>,
     pub files: Vec<SnapshotFile>,
     /// The dataset's lock, held shared while the snapshot lives.
     _held: Arc<Held>,
@@ -156,6 +160,14 @@ impl Store {
     pub fn snapshot(&self) -> Result<Snapshot> {
         let dir = self.dir().to_path_buf();
         let no_commit = self.inner.writers.as_ref().map(|w| w.shared());
+        let pending = no_commit.as_ref().is_some_and(|shared| {
+            shared.committed_rewrites
+                != self
+                    .inner
+                    .rewrites
+                    .load(std::sync::atomic::Ordering::SeqCst)
+        });
+        let mark = (!pending).then(|| self.mark());
         // Taken before a commit can run again: the entries below the committed length stay
         // as they are until it is let go.
         let held = Arc::new(Held {
@@ -208,6 +220,7 @@ impl Store {
         drop(no_commit);
         Ok(Snapshot {
             len: meta.length,
+            mark,
             files,
             _held: held,
         })
@@ -336,6 +349,27 @@ mod tests {
         assert_eq!(column.get(0), Some(&b"changed"[..]));
         assert_eq!(column.get(1), Some(&b"after"[..]));
         assert_eq!(column.get(2), Some(&b"later"[..]));
+    }
+
+    /// A snapshot carries the store's mark only when no change to an existing record waits
+    /// for a commit.
+    #[test]
+    fn a_snapshot_is_marked_only_when_nothing_waits_for_a_commit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fields = vec![FieldSpec::new("x", Compression::Raw)];
+        let store = Store::create(tmp.path(), fields, CreateOptions::default()).unwrap();
+        for i in 0..4u8 {
+            store.append(&Record::new().with("x", &[i])).unwrap();
+        }
+        // Appends waiting are past the committed length: the snapshot is marked.
+        assert_eq!(store.snapshot().unwrap().mark, Some(store.mark()));
+        store.commit().unwrap();
+        store.modify(1, &Record::new().with("x", b"m")).unwrap();
+        assert_eq!(store.snapshot().unwrap().mark, None, "a modify waits");
+        store.commit().unwrap();
+        assert_eq!(store.snapshot().unwrap().mark, Some(store.mark()));
+        store.delete(0).unwrap();
+        assert_eq!(store.snapshot().unwrap().mark, None, "a delete waits");
     }
 
     /// A store's mark moves with every change to an existing record, not with appends, and

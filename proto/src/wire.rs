@@ -799,6 +799,9 @@ pub enum Reply {
         ship: u64,
         len: u64,
         files: Vec<ShipFile>,
+        /// The node's mark of the dataset when the snapshot was taken, if its records below
+        /// `len` were then the same as the snapshot's (no change waited for a commit).
+        mark: Option<DataMark>,
     },
     /// A piece of a snapshot's file; body: the bytes, whose CRC32 is `crc`.
     Piece {
@@ -836,6 +839,9 @@ pub struct ShipStatus {
     /// Records the snapshot holds.
     pub len: u64,
     pub error: Option<String>,
+    /// The partner's mark of the dataset when its snapshot was taken (see `Manifest`):
+    /// unchanged since, the records below `len` need no comparing.
+    pub mark: Option<DataMark>,
 }
 
 /// What a client needs to read a dataset from the nodes itself: where each record is (the

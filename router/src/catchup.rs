@@ -80,6 +80,29 @@ impl ShipWatch {
     }
 }
 
+/// What a rebuild from files installed on the replica: the partner copied from, its mark
+/// when it took the snapshot (records below `len` were then the same in both), `len`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shipped {
+    pub(crate) partner: NodeId,
+    pub(crate) mark: DataMark,
+    pub(crate) len: u64,
+}
+
+/// Where the online pass over a dataset begins: past what a rebuild from files installed if
+/// the partner is the one copied from and its mark has not changed since its snapshot (no
+/// record below the snapshot's length changed there), else from the start.
+pub(crate) fn online_from(
+    shipped: Option<&Shipped>,
+    partner: NodeId,
+    partner_mark: DataMark,
+) -> u64 {
+    match shipped {
+        Some(s) if s.partner == partner && s.mark == partner_mark => s.len,
+        _ => 0,
+    }
+}
+
 /// What an online pass over a dataset left: the partner it compared against and both
 /// nodes' marks taken before it began, and where it ended (records `0..end` of the replica
 /// were made the partner's).
@@ -126,6 +149,7 @@ mod tests {
             total: 100,
             len: 7,
             error: error.map(str::to_string),
+            mark: None,
         }
     }
 
@@ -190,6 +214,28 @@ mod tests {
         assert_eq!(from(3, mark(1, 2, 10), mark(5, 9, 0)), 0);
         // No online pass: everything.
         assert_eq!(last_pass_from(None, 3, mark(1, 2, 10), mark(5, 6, 0)), 0);
+    }
+
+    #[test]
+    fn the_online_pass_skips_what_was_copied_only_while_the_partner_is_unchanged() {
+        let mark = DataMark {
+            incarnation: 1,
+            instance: 2,
+            rewrites: 3,
+        };
+        let shipped = Shipped {
+            partner: 4,
+            mark,
+            len: 5_000,
+        };
+        assert_eq!(online_from(Some(&shipped), 4, mark), 5_000);
+        let changed = DataMark {
+            rewrites: 4,
+            ..mark
+        };
+        assert_eq!(online_from(Some(&shipped), 4, changed), 0);
+        assert_eq!(online_from(Some(&shipped), 5, mark), 0, "another partner");
+        assert_eq!(online_from(None, 4, mark), 0, "nothing copied");
     }
 
     #[test]

@@ -125,6 +125,11 @@ impl Ships {
             })
             .collect();
         let len = snapshot.len;
+        let mark = snapshot.mark.map(|m| wire::DataMark {
+            incarnation,
+            instance: m.instance,
+            rewrites: m.rewrites,
+        });
         let mut open = lock(&self.open);
         if open.len() >= OPEN_MAX {
             open.remove(0);
@@ -139,6 +144,7 @@ impl Ships {
             ship: id,
             len,
             files,
+            mark,
         })
     }
 
@@ -244,6 +250,7 @@ impl Ships {
             total: 0,
             len: 0,
             error: None,
+            mark: None,
         }));
         fetches.insert(key, Arc::clone(&status));
         let reported = lock(&status).clone();
@@ -318,13 +325,16 @@ impl Fetch {
             cluster,
             version,
         };
-        let (ship, len, files) = match partner.call(NodeRequest::ShipOpen).await? {
+        let (ship, len, files, mark) = match partner.call(NodeRequest::ShipOpen).await? {
             (
                 Reply::Manifest {
-                    ship, len, files, ..
+                    ship,
+                    len,
+                    files,
+                    mark,
                 },
                 _,
-            ) => (ship, len, files),
+            ) => (ship, len, files, mark),
             (other, _) => return Err(self.unexpected(&other)),
         };
         {
@@ -361,6 +371,7 @@ impl Fetch {
         }
         drop(opened);
         self.shard.install(&building)?;
+        lock(&self.status).mark = mark;
         REBUILT.fetch_add(1, Ordering::SeqCst);
         metrics::counter!("zr_node_datasets_rebuilt_from_files_total").increment(1);
         let total: u64 = files.iter().map(|f| f.len).sum();
@@ -598,10 +609,25 @@ mod tests {
             .expect("append");
         store.commit().expect("commit");
         let ships = Arc::new(Ships::default());
-        let Reply::Manifest { ship, len, files } = ships.open(&store, 7).expect("open") else {
+        let Reply::Manifest {
+            ship,
+            len,
+            files,
+            mark,
+        } = ships.open(&store, 7).expect("open")
+        else {
             panic!("no manifest");
         };
         assert_eq!(len, 1);
+        let own = store.mark();
+        assert_eq!(
+            mark,
+            Some(wire::DataMark {
+                incarnation: 7,
+                instance: own.instance,
+                rewrites: own.rewrites
+            })
+        );
         let meta = files
             .iter()
             .position(|f| f.name == zr_node::meta::META_FILE)

@@ -179,6 +179,9 @@ impl Shared {
             let refs: Vec<(u64, &[Entry])> = changes.iter().map(|(i, e)| (*i, &e[..])).collect();
             redo::write(&self.dir, generation, self.meta.fields.len(), &refs)?;
         }
+        // Every change to an existing record so far is in this commit (they are made while
+        // the shared state is held, as it is here).
+        let rewrites = inner.rewrites.load(std::sync::atomic::Ordering::SeqCst);
         // 4. meta.json: the commit point.
         let mut next = self.meta.clone();
         next.generation = generation;
@@ -186,6 +189,7 @@ impl Shared {
         next.chunks = self.chunks.clone();
         next.store(&self.dir)?;
         self.meta = next;
+        self.committed_rewrites = rewrites;
         // 5. The committed changes, in place, unless another process reads the dataset
         // (then they stay in the overlay and the log: see `lock`). Past the commit point a
         // failure cannot be undone here; the redo log holds the changes, and a reopen

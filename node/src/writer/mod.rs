@@ -82,6 +82,9 @@ pub(crate) struct Shared {
     pub(crate) generation: u64,
     /// Set when a commit failed after its commit point: reopening is the way back.
     pub(crate) failed: Option<String>,
+    /// The store's count of changes to existing records (`Core::rewrites`) as of the last
+    /// commit: equal to it now, no change is waiting for a commit.
+    pub(crate) committed_rewrites: u64,
 }
 
 /// The writers of a store opened for writing.
@@ -137,6 +140,7 @@ impl Writers {
                 offsets_dirty: false,
                 generation: meta.generation,
                 failed: None,
+                committed_rewrites: 0,
             }),
         })
     }

@@ -255,20 +255,35 @@ impl Router {
             let mut copied = 0;
             let mut resumes = Vec::with_capacity(all.len());
             for router in &all {
-                if let Err(e) = router.ship(node).await {
-                    tracing::warn!(
-                        "shard {shard} replica {replica}: dataset '{}' is caught up record by record: rebuilding it from a partner's files failed: {e}",
-                        router.dataset_name()
-                    );
-                }
+                let shipped = match router.ship(node).await {
+                    Ok(shipped) => shipped,
+                    Err(e) => {
+                        tracing::warn!(
+                            "shard {shard} replica {replica}: dataset '{}' is caught up record by record: rebuilding it from a partner's files failed: {e}",
+                            router.dataset_name()
+                        );
+                        None
+                    }
+                };
                 // Both nodes' marks before the online passes read anything: unchanged at the
                 // last pass, it need not compare again what they compared.
                 let partner = router.partner(shard)?;
                 let marks = (router.mark(partner).await?, router.mark(node).await?);
+                let from = catchup::online_from(shipped.as_ref(), partner, marks.0);
+                if shipped.is_some() {
+                    tracing::info!(
+                        "shard {shard} replica {replica}: dataset '{}' compared from record {from}{}",
+                        router.dataset_name(),
+                        match from {
+                            0 => " (the partner changed a record since its snapshot)",
+                            _ => " (the records copied are the partner's as they are)",
+                        }
+                    );
+                }
                 let mut pass = 1;
-                let mut end = 0;
+                let mut end = from;
                 while pass <= ONLINE_PASSES {
-                    let (step, reached) = router.sync_pass(node, pass, false, 0).await?;
+                    let (step, reached) = router.sync_pass(node, pass, false, from).await?;
                     copied += step;
                     end = reached;
                     // Nothing left to copy: the last pass will be short.
@@ -310,12 +325,13 @@ impl Router {
     /// (`NodeRequest::ShipFrom`; see `zr_shard::ship`) when it holds less than half of what
     /// the partner holds: a wiped or replaced disk. The passes that follow catch up what was
     /// written since the partner's snapshot, comparing digests as for any behind replica.
-    async fn ship(&self, node: NodeId) -> Result<(), Failure> {
+    /// Returns what it installed, if it ran.
+    async fn ship(&self, node: NodeId) -> Result<Option<catchup::Shipped>, Failure> {
         let shard = self.nodes.shard(node);
         let partner = self.partner(shard)?;
         let (len, partner_len) = (self.node_len(node).await?, self.node_len(partner).await?);
         if !catchup::from_files(len, partner_len) {
-            return Ok(());
+            return Ok(None);
         }
         let request = NodeRequest::ShipFrom {
             addr: self.nodes.addr(partner).to_string(),
@@ -369,7 +385,9 @@ impl Router {
                         started.elapsed().as_secs_f64(),
                         status.total as f64 / (1 << 20) as f64
                     );
-                    return Ok(());
+                    return Ok(status
+                        .mark
+                        .map(|mark| catchup::Shipped { partner, mark, len }));
                 }
             }
         }
