@@ -385,6 +385,13 @@ impl Router {
                         started.elapsed().as_secs_f64(),
                         status.total as f64 / (1 << 20) as f64
                     );
+                    if status.mark.is_none() {
+                        tracing::info!(
+                            "shard {shard} replica {}: dataset '{}': the partner's snapshot was taken with changes to existing records waiting for a commit, so every record copied is compared",
+                            self.nodes.replica(node),
+                            self.dataset_name()
+                        );
+                    }
                     return Ok(status
                         .mark
                         .map(|mark| catchup::Shipped { partner, mark, len }));
