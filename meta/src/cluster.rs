@@ -361,4 +361,24 @@ mod tests {
         let text = serde_json::to_string(&read).expect("encode");
         assert!(!text.contains("datasets\""), "{text}");
     }
+
+    /// A record written before fields could name a dictionary reads with none, and one with
+    /// no dictionary is written as it was: routers of the previous version read it too.
+    #[test]
+    fn cluster_records_made_before_dictionaries_read_as_before() {
+        let old = r#"{"id":"abc","map":{"version":1,"shards":2,"extent_records":64,"seed":0},"committed_len":7,"datasets":[{"name":"text","id":1,"fields":[{"name":"c","compress":"zstd:5"}]}],"dataset_ids":1}"#;
+        let read: ClusterRecord = serde_json::from_str(old).expect("old record");
+        let field = &read.dataset("text").expect("text").fields[0];
+        assert_eq!((field.compress.as_str(), field.dict), ("zstd:5", None));
+        let text = serde_json::to_string(&read).expect("encode");
+        assert!(!text.contains("dict"), "{text}");
+        // One with a dictionary names it by id and CRC32, and reads back the same.
+        let mut with = read.clone();
+        with.datasets[0].fields[0].dict = Some(DictRef { id: 9, crc: 0xfeed });
+        let text = serde_json::to_string(&with).expect("encode");
+        assert_eq!(
+            serde_json::from_str::<ClusterRecord>(&text).expect("read"),
+            with
+        );
+    }
 }

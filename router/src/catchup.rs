@@ -75,7 +75,8 @@ impl ShipWatch {
     }
 
     /// Bytes received as of the last report.
-    pub(crate) fn received(&self) -> u64 {
+    #[cfg(test)]
+    fn received(&self) -> u64 {
         self.received
     }
 }

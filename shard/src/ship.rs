@@ -411,8 +411,9 @@ struct Partner<'a> {
 }
 
 impl Partner<'_> {
-    /// One request to the partner, placed as this node's data is; its reply and body.
-    async fn call(&self, request: NodeRequest) -> Result<(Reply, Vec<u8>)> {
+    /// One request to the partner, placed as this node's data is; its reply and body (as
+    /// it arrived, unjoined). A refusal is an error.
+    async fn call(&self, request: NodeRequest) -> Result<(Reply, Piece)> {
         let message = NodeMessage {
             dataset: self.fetch.dataset.clone(),
             ..NodeMessage::new(
@@ -423,15 +424,16 @@ impl Partner<'_> {
             )
         };
         let header = wire::encode_request(&message).map_err(|e| self.fetch.failed(e))?;
-        let reply = net::rpc::call(&self.connection, header, Vec::new(), CALL_TIMEOUT)
+        let chunks = net::rpc::call_chunks(&self.connection, header, Vec::new(), CALL_TIMEOUT)
             .await
             .map_err(|e| self.fetch.failed(e))?;
-        let (reply, body) = wire::decode_reply(&reply).map_err(|e| self.fetch.failed(e))?;
+        let (reply, body_at) =
+            wire::decode_reply_chunks(&chunks).map_err(|e| self.fetch.failed(e))?;
         match reply {
             Reply::Error { code, message } => {
                 Err(self.fetch.failed(format!("refused ({code:?}): {message}")))
             }
-            reply => Ok((reply, body.to_vec())),
+            reply => Ok((reply, Piece { chunks, body_at })),
         }
     }
 
@@ -490,33 +492,15 @@ impl Partner<'_> {
         let mut tries = 0;
         loop {
             tries += 1;
-            let message = NodeMessage {
-                dataset: self.fetch.dataset.clone(),
-                ..NodeMessage::new(
-                    &self.cluster,
-                    self.version,
-                    Some(self.fetch.partner),
-                    NodeRequest::ShipRead {
-                        ship,
-                        file: k,
-                        offset,
-                        len,
-                    },
-                )
+            let request = NodeRequest::ShipRead {
+                ship,
+                file: k,
+                offset,
+                len,
             };
-            let header = wire::encode_request(&message).map_err(|e| self.fetch.failed(e))?;
-            let chunks = net::rpc::call_chunks(&self.connection, header, Vec::new(), CALL_TIMEOUT)
-                .await
-                .map_err(|e| self.fetch.failed(e))?;
-            let (reply, body_at) =
-                wire::decode_reply_chunks(&chunks).map_err(|e| self.fetch.failed(e))?;
-            let piece = Piece { chunks, body_at };
-            let crc = match reply {
-                Reply::Piece { crc } => crc,
-                Reply::Error { code, message } => {
-                    return Err(self.fetch.failed(format!("refused ({code:?}): {message}")))
-                }
-                other => return Err(self.fetch.unexpected(&other)),
+            let (reply, piece) = self.call(request).await?;
+            let Reply::Piece { crc } = reply else {
+                return Err(self.fetch.unexpected(&reply));
             };
             let arrived = piece.len();
             let why = if arrived != len as usize {

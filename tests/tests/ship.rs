@@ -6,8 +6,10 @@
 use std::time::Duration;
 
 use zr_common::hash::mix2;
+use zr_router::AsyncClient;
 use zr_sim::{SimCluster, SimOptions};
 use zr_tests as kit;
+use zr_tests::Row;
 
 /// Longest field `a` of a row.
 const LONGEST: u64 = 2_000;
@@ -27,6 +29,43 @@ fn on_virtual_time() -> SimOptions {
         seed,
         ..SimOptions::default()
     }
+}
+
+/// Node `node` crashed, its data directory removed, and started again empty.
+fn wipe(cluster: &mut SimCluster, node: u32) {
+    cluster.crash_node(node);
+    std::fs::remove_dir_all(cluster.data_dir(node)).expect("wipe");
+    cluster.start_node(node).expect("restart empty");
+}
+
+/// Gathers, appends and modifies through `client` until every replica is in sync again;
+/// returns the gathers made.
+fn load_until_in_sync(
+    cluster: &SimCluster,
+    client: &AsyncClient,
+    model: &mut Vec<Row>,
+    seed: u64,
+) -> u64 {
+    kit::load_until_in_sync(
+        cluster,
+        client,
+        model,
+        seed,
+        Duration::from_secs(120),
+        LONGEST,
+    )
+}
+
+/// Every record of each dataset (client and model), read with node `partner` down: the
+/// rebuilt replica alone serves them.
+fn served_without(cluster: &mut SimCluster, partner: u32, datasets: &[(&AsyncClient, &[Row])]) {
+    cluster.crash_node(partner);
+    cluster.run(async {
+        for (client, model) in datasets {
+            let all: Vec<u64> = (0..model.len() as u64).collect();
+            kit::check_async(client, model, &all).await;
+        }
+    });
 }
 
 #[test]
@@ -57,18 +96,9 @@ fn a_wiped_replica_is_rebuilt_from_its_partners_files_and_a_damaged_piece_sent_a
     // The first piece served arrives damaged.
     zr_shard::ship::damage_next_pieces(1);
     let wiped = cluster.node(1, 1);
-    cluster.crash_node(wiped);
-    std::fs::remove_dir_all(cluster.data_dir(wiped)).expect("wipe");
-    cluster.start_node(wiped).expect("restart empty");
+    wipe(&mut cluster, wiped);
     // Gathers and appends go on while it is rebuilt (what they write follows as a tail).
-    let gathers = kit::load_until_in_sync(
-        &cluster,
-        &client,
-        &mut model,
-        0x5eed,
-        Duration::from_secs(120),
-        LONGEST,
-    );
+    let gathers = load_until_in_sync(&cluster, &client, &mut model, 0x5eed);
     assert!(gathers > 0);
     let (now_rebuilt, now_asked_again) = zr_shard::ship::counts();
     assert_eq!(now_rebuilt - rebuilt, 2, "both datasets rebuilt from files");
@@ -79,29 +109,18 @@ fn a_wiped_replica_is_rebuilt_from_its_partners_files_and_a_damaged_piece_sent_a
     );
     // The rebuilt replica alone serves both datasets.
     let partner = cluster.node(1, 0);
-    cluster.crash_node(partner);
-    cluster.run(async {
-        let all: Vec<u64> = (0..model.len() as u64).collect();
-        kit::check_async(&client, &model, &all).await;
-        let all: Vec<u64> = (0..named_model.len() as u64).collect();
-        kit::check_async(&named, &named_model, &all).await;
-    });
-    cluster.start_node(partner).expect("restart");
-    kit::load_until_in_sync(
-        &cluster,
-        &client,
-        &mut model,
-        7,
-        Duration::from_secs(120),
-        LONGEST,
+    served_without(
+        &mut cluster,
+        partner,
+        &[(&client, &model), (&named, &named_model)],
     );
+    cluster.start_node(partner).expect("restart");
+    load_until_in_sync(&cluster, &client, &mut model, 7);
 
     // A change to an existing record waiting for a commit on the partner when it takes its
     // snapshot: the snapshot is not what the partner serves, so everything copied is
     // compared again (the router logs that it is), and still byte-exact.
-    cluster.crash_node(wiped);
-    std::fs::remove_dir_all(cluster.data_dir(wiped)).expect("wipe");
-    cluster.start_node(wiped).expect("restart empty");
+    wipe(&mut cluster, wiped);
     cluster.run(async {
         for index in [3u64, 1_000, 2_500] {
             let changed = kit::row(mix2(index, 77), LONGEST);
@@ -112,55 +131,26 @@ fn a_wiped_replica_is_rebuilt_from_its_partners_files_and_a_damaged_piece_sent_a
             model[index as usize] = changed;
         }
     });
-    kit::load_until_in_sync(
-        &cluster,
-        &client,
-        &mut model,
-        9,
-        Duration::from_secs(120),
-        LONGEST,
-    );
-    cluster.crash_node(partner);
-    cluster.run(async {
-        let all: Vec<u64> = (0..model.len() as u64).collect();
-        kit::check_async(&client, &model, &all).await;
-    });
+    load_until_in_sync(&cluster, &client, &mut model, 9);
+    served_without(&mut cluster, partner, &[(&client, &model)]);
     cluster.start_node(partner).expect("restart");
-    kit::load_until_in_sync(
-        &cluster,
-        &client,
-        &mut model,
-        10,
-        Duration::from_secs(120),
-        LONGEST,
-    );
+    load_until_in_sync(&cluster, &client, &mut model, 10);
     let (now_rebuilt, _) = zr_shard::ship::counts();
 
     // Every piece damaged: the rebuild from files gives up after three tries of one piece,
     // and the replica is caught up record by record instead, as correctly.
     zr_shard::ship::damage_next_pieces(u32::MAX);
-    cluster.crash_node(wiped);
-    std::fs::remove_dir_all(cluster.data_dir(wiped)).expect("wipe");
-    cluster.start_node(wiped).expect("restart empty");
-    kit::load_until_in_sync(
-        &cluster,
-        &client,
-        &mut model,
-        8,
-        Duration::from_secs(120),
-        LONGEST,
-    );
+    wipe(&mut cluster, wiped);
+    load_until_in_sync(&cluster, &client, &mut model, 8);
     zr_shard::ship::damage_next_pieces(0);
     let (after_rebuilt, _) = zr_shard::ship::counts();
     assert_eq!(
         after_rebuilt, now_rebuilt,
         "no rebuild from damaged files installed"
     );
-    cluster.crash_node(partner);
-    cluster.run(async {
-        let all: Vec<u64> = (0..model.len() as u64).collect();
-        kit::check_async(&client, &model, &all).await;
-        let all: Vec<u64> = (0..named_model.len() as u64).collect();
-        kit::check_async(&named, &named_model, &all).await;
-    });
+    served_without(
+        &mut cluster,
+        partner,
+        &[(&client, &model), (&named, &named_model)],
+    );
 }

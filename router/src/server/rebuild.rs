@@ -339,6 +339,13 @@ impl Router {
         };
         let started = Instant::now();
         let mut watch = ShipWatch::new(started, SHIP_STALL);
+        // Bytes copied for earlier datasets of this catch-up, which stay counted.
+        let before = self
+            .rebuilds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
+            .map_or(0, |p| p.bytes);
         loop {
             let reply = self
                 .nodes
@@ -362,10 +369,6 @@ impl Router {
                     started,
                     files_total: None,
                 });
-                // Bytes of earlier datasets' files stay counted.
-                let before = progress
-                    .bytes
-                    .saturating_sub(progress.files_total.map_or(0, |_| watch.received()));
                 progress.files_total = Some(status.total);
                 progress.bytes = before + status.bytes;
                 if status.done && status.error.is_none() {
