@@ -73,6 +73,7 @@ fn tls_refusal(code: u64, reason: Option<String>) -> Option<String> {
         (116, _) => "the peer requires a certificate and this side presented none (give it the cluster's certificates, or run both sides with --insecure-dev)".into(),
         (45, _) => "the peer refused the certificate this side presented: it has expired; issue new ones with `zr cluster-renew` and restart this process".into(),
         (42 | 48, _) => "the peer refused the certificate this side presented: it is from another cluster's CA, or for the wrong role".into(),
+        (43, _) => "the peer refused the certificate this side presented: it is not for connecting (a node certificate made before nodes connected to nodes: issue new ones with `zr cluster-renew`)".into(),
         (alert, reason) => format!(
             "TLS handshake failed (alert {alert}{})",
             reason.map(|r| format!(": {r}")).unwrap_or_default()

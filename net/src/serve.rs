@@ -695,6 +695,71 @@ mod tests {
         }
     }
 
+    /// Nodes connect to nodes (a replica copying its partner's files) with the node
+    /// certificate `zr cluster-init` makes now. A node certificate of an earlier version —
+    /// for serving only — still serves a router, and is refused as a node's client by name,
+    /// which is what sends the rebuild back to copying record by record.
+    #[test]
+    fn nodes_connect_to_nodes_and_older_node_certificates_still_serve() {
+        use crate::endpoint::connect_to;
+        use crate::link::Windows;
+        use crate::tls::{init_certs, issue_node_as_before, Role, CERT_VALID_DAYS};
+        let scratch = tempfile::tempdir().unwrap();
+        let (now, before) = (scratch.path().join("now"), scratch.path().join("before"));
+        init_certs(&now, CERT_VALID_DAYS).unwrap();
+        std::fs::create_dir(&before).unwrap();
+        for entry in walk(&now) {
+            let to = before.join(entry.strip_prefix(&now).unwrap());
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(&entry, &to).unwrap();
+        }
+        issue_node_as_before(&before).unwrap();
+        let node = |dir: &std::path::Path| Security::load(dir, Role::Node).unwrap();
+        let router = Security::load(&now, Role::Router).unwrap();
+        let exchange = |server: &Security, client: &Security, as_node: bool| {
+            runtime().block_on(async {
+                let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
+                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                let stopped = async {
+                    let _ = stopped.await;
+                };
+                let (addr, endpoint, served) =
+                    start_as(server, Limits::new(4, TIMEOUT), stopped, echo);
+                let message = b"ZRW1 files".to_vec();
+                let target = as_node.then_some(Role::Node);
+                let reply = async {
+                    let connection =
+                        connect_to(&endpoint, client, addr, TIMEOUT, Windows::DEFAULT, target)
+                            .await?;
+                    call(&connection, message.clone(), Vec::new(), TIMEOUT).await
+                }
+                .await;
+                let _ = stop.send(());
+                served.await.unwrap();
+                reply.map(|r| assert_eq!(r, message))
+            })
+        };
+        exchange(&node(&now), &node(&now), true).expect("node to node");
+        exchange(&node(&before), &router, false).expect("an older node serves a router");
+        let e = exchange(&node(&now), &node(&before), true).unwrap_err();
+        assert!(matches!(e, crate::Error::NotAuthorised { .. }), "{e:?}");
+        assert!(e.to_string().contains("zr cluster-renew"), "{e}");
+    }
+
+    /// Every file under `dir`.
+    fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files.extend(walk(&path));
+            } else {
+                files.push(path);
+            }
+        }
+        files
+    }
+
     /// Shutdown lets a request in flight finish, then refuses new connections.
     #[test]
     fn shutdown_drains_requests_in_flight() {

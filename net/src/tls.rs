@@ -684,6 +684,32 @@ pub fn issue_cert(dir: &Path, role: Role, name: &str, days: u32) -> Result<PathB
     Ok(home)
 }
 
+/// What a certificate of `role` is for: serving, connecting, or both.
+fn usages(role: Role) -> Vec<ExtendedKeyUsagePurpose> {
+    match role {
+        // Nodes connect to nodes too, to rebuild from a partner's files.
+        Role::Node | Role::Router => vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+        _ => vec![ExtendedKeyUsagePurpose::ClientAuth],
+    }
+}
+
+/// Replaces the node certificate of certificate directory `dir` (same CA) by one as
+/// versions before rebuilds from files issued it: for serving only.
+#[cfg(test)]
+pub(crate) fn issue_node_as_before(dir: &Path) -> Result<(), Error> {
+    let ca = load_ca(dir)?;
+    let home = role_dir(dir, Role::Node);
+    let usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let files = issue_role_for(&home, Role::Node, None, &ca, validity(30), usages)?;
+    for (path, text, secret) in files {
+        replace_file(&path, text.as_bytes(), secret).map_err(|e| cert_error(&path, e))?;
+    }
+    Ok(())
+}
+
 /// A new key and certificate for `role` (named `name`, else after the role) in `home`,
 /// signed by `ca`: (path, PEM, secret) per file.
 fn issue_role(
@@ -691,7 +717,19 @@ fn issue_role(
     role: Role,
     name: Option<&str>,
     ca: &Ca,
+    validity: (time::OffsetDateTime, time::OffsetDateTime),
+) -> Result<Vec<(PathBuf, String, bool)>, Error> {
+    issue_role_for(home, role, name, ca, validity, usages(role))
+}
+
+/// [`issue_role`], the certificate for `usages`.
+fn issue_role_for(
+    home: &Path,
+    role: Role,
+    name: Option<&str>,
+    ca: &Ca,
     (not_before, not_after): (time::OffsetDateTime, time::OffsetDateTime),
+    usages: Vec<ExtendedKeyUsagePurpose>,
 ) -> Result<Vec<(PathBuf, String, bool)>, Error> {
     let gen =
         |e: rcgen::Error| cert_error(home, format!("cannot create the {role} certificate: {e}"));
@@ -705,14 +743,7 @@ fn issue_role(
         .distinguished_name
         .push(DnType::CommonName, common_name);
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = match role {
-        // Nodes connect to nodes too, to rebuild from a partner's files.
-        Role::Node | Role::Router => vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ],
-        _ => vec![ExtendedKeyUsagePurpose::ClientAuth],
-    };
+    params.extended_key_usages = usages;
     (params.not_before, params.not_after) = (not_before, not_after);
     let cert = params.signed_by(&key, &ca.cert, &ca.key).map_err(gen)?;
     Ok(vec![
