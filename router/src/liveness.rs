@@ -2,9 +2,11 @@
 //! told each heartbeat's outcome (`nodes.rs` sends them and waits on the result).
 //!
 //! Every node gets a small request every [`EVERY_UP`] (every [`EVERY_DOWN`] while down),
-//! answered within [`HEARTBEAT_TIMEOUT`] or counted failed. A node whose heartbeats have
-//! failed for [`DOWN_AFTER`] in a row — a node killed, a host gone, a link cut — is down
-//! within about two seconds, long before a request's own timeout (10 s by default) runs out.
+//! answered within [`HEARTBEAT_TIMEOUT`] or counted failed. A node whose
+//! heartbeats have failed for [`DOWN_AFTER`] in a row, [`FAILED_TO_DOWN`] of them at least —
+//! a node killed, a host gone, a link cut — is down within about two seconds, long before a
+//! request's own timeout (10 s by default) runs out; one heartbeat late on a lossy or busy
+//! link (a lost handshake packet alone costs a second) does not make it down.
 //! Calls that need a node that is down fail at once, naming it and since when (after
 //! waiting up to [`WAIT_FOR_UP`] in case it has just come back), and calls that do not need
 //! it are never slowed by it. Any answer, even a refusal, means the node is up.
@@ -29,6 +31,8 @@ pub(crate) const HEARTBEAT_TIMEOUT_DOWN: Duration = Duration::from_millis(250);
 /// Heartbeats failing for this long in a row (from the first failed one's sending to the
 /// last one's failure) make a node down.
 pub(crate) const DOWN_AFTER: Duration = Duration::from_millis(750);
+/// Heartbeats failed in a row, at least, that make a node down (with [`DOWN_AFTER`]).
+pub(crate) const FAILED_TO_DOWN: u32 = 2;
 /// Heartbeats between two reads of the node's liveness lease in the metadata store.
 pub(crate) const LEASE_READ_EVERY: u32 = 4;
 /// How long a call to a node that is down waits for a heartbeat to find it back.
@@ -83,6 +87,8 @@ pub(crate) struct Liveness {
     health: Health,
     /// When the first of the heartbeats failing in a row was sent (by both clocks).
     failing_since: Option<(Instant, SystemTime)>,
+    /// Heartbeats failed in a row.
+    failed: u32,
     /// The node's liveness lease as read so far.
     lease: LeaseWatch,
 }
@@ -92,6 +98,7 @@ impl Default for Liveness {
         Liveness {
             health: Health::Unknown,
             failing_since: None,
+            failed: 0,
             lease: LeaseWatch::default(),
         }
     }
@@ -115,6 +122,7 @@ impl Liveness {
     /// A heartbeat was answered: the node is up. True if that changed its health.
     pub(crate) fn answered(&mut self) -> bool {
         self.failing_since = None;
+        self.failed = 0;
         let changed = self.health != Health::Up;
         self.health = Health::Up;
         changed
@@ -130,6 +138,7 @@ impl Liveness {
         reason: String,
     ) -> bool {
         let (first, first_wall) = *self.failing_since.get_or_insert((sent, wall));
+        self.failed = self.failed.saturating_add(1);
         match &mut self.health {
             Health::Down {
                 reason: last_reason,
@@ -138,7 +147,8 @@ impl Liveness {
                 *last_reason = reason;
                 false
             }
-            _ if now.saturating_duration_since(first) >= DOWN_AFTER
+            _ if (self.failed >= FAILED_TO_DOWN
+                && now.saturating_duration_since(first) >= DOWN_AFTER)
                 || matches!(self.lease.view(now), LeaseView::Lapsed(_)) =>
             {
                 self.health = Health::Down {
@@ -181,17 +191,18 @@ mod tests {
         assert!(!node.answered());
         let t0 = Instant::now();
         let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(3600 + 120 + 5);
-        // One failed heartbeat (a lost packet, a slow moment): still up.
-        assert!(!node.failed(t0, wall, t0 + HEARTBEAT_TIMEOUT / 2, "slow".into()));
+        // One failed heartbeat (a lost packet, a slow moment): still up, even one that
+        // failed for all of DOWN_AFTER.
+        assert!(!node.failed(t0, wall, t0 + DOWN_AFTER, "slow".into()));
         assert_eq!(node.health(), &Health::Up);
         assert_eq!(node.pause(), EVERY_UP);
-        // Failing in a row for DOWN_AFTER: down since the first failed one.
-        let later = t0 + DOWN_AFTER;
-        assert!(node.failed(later - EVERY_UP, wall, later, "no reply".into()));
+        // Failing in a row for DOWN_AFTER, twice at least: down since the first failed one.
+        let later = t0 + DOWN_AFTER + EVERY_UP + HEARTBEAT_TIMEOUT;
+        assert!(node.failed(later - HEARTBEAT_TIMEOUT, wall, later, "no reply".into()));
         let down = node.health().describe_down(later + Duration::from_secs(1));
         assert_eq!(
             down.as_deref(),
-            Some("down since 01:02:05 UTC (1.8 s ago): no reply")
+            Some("down since 01:02:05 UTC (2.8 s ago): no reply")
         );
         assert_eq!(node.pause(), EVERY_DOWN);
         // Further failures change nothing but the reason.
@@ -204,6 +215,7 @@ mod tests {
         assert!(node.answered());
         let t1 = later + Duration::from_secs(5);
         assert!(!node.failed(t1, wall, t1 + DOWN_AFTER / 2, "slow".into()));
+        assert!(!node.failed(t1, wall, t1 + DOWN_AFTER / 2 + EVERY_UP, "slow".into()));
         assert_eq!(node.health(), &Health::Up);
     }
 

@@ -5,8 +5,8 @@
 //! other socket. Whether a datagram is lost is a pure function of the cluster's seed, the
 //! shard and the datagram's number on that socket, so a seed names a fault schedule; the
 //! sockets are real, so which datagram gets which number still depends on timing. Loss
-//! applies to datagrams in both directions, delay to those the node sends, a partition to
-//! everything.
+//! applies to each datagram in both directions (one by one in a batch the kernel coalesced),
+//! delay to those the node sends, a partition to everything.
 
 use std::fmt;
 use std::io::{self, IoSliceMut};
@@ -164,9 +164,10 @@ impl AsyncUdpSocket for FaultySocket {
             if faults.partitioned {
                 continue; // all dropped; poll on until the socket is drained
             }
-            for meta in &mut meta[..received] {
-                if self.state.lose(faults.loss) {
-                    meta.len = 0; // quinn reads an empty buffer as no datagram
+            if faults.loss > 0.0 {
+                for (meta, buf) in meta[..received].iter_mut().zip(bufs.iter_mut()) {
+                    meta.len =
+                        lose_some(&self.state, faults.loss, &mut buf[..meta.len], meta.stride);
                 }
             }
             return Poll::Ready(Ok(received));
@@ -188,6 +189,23 @@ impl AsyncUdpSocket for FaultySocket {
     fn may_fragment(&self) -> bool {
         self.inner.may_fragment()
     }
+}
+
+/// Loses datagrams of `received` — several of `stride` bytes each when the kernel coalesced
+/// them (GRO), the last maybe shorter — each on its own roll at rate `loss`: the kept ones
+/// are moved to the front, in order, and their length returned (0: none kept, which quinn
+/// reads as no datagram).
+fn lose_some(state: &FaultState, loss: f64, received: &mut [u8], stride: usize) -> usize {
+    let stride = stride.max(1);
+    let mut kept = 0;
+    for start in (0..received.len()).step_by(stride) {
+        let end = (start + stride).min(received.len());
+        if !state.lose(loss) {
+            received.copy_within(start..end, kept);
+            kept += end - start;
+        }
+    }
+    kept
 }
 
 /// One datagram of `transmit`, sent on its own.
@@ -219,5 +237,30 @@ mod tests {
         assert!((60..140).contains(&lost), "{lost} of 1000 lost at 10%");
         assert!(!schedule(7, 1, 0.0).contains(&true));
         assert!(!schedule(7, 1, 1.0).contains(&false));
+    }
+
+    /// A coalesced batch loses datagrams one by one, each on its own roll, and keeps the
+    /// others whole and in order (the short last one too).
+    #[test]
+    fn a_coalesced_batch_loses_datagrams_one_by_one() {
+        let datagrams: Vec<Vec<u8>> = (0..40u8)
+            .map(|d| vec![d; if d == 39 { 3 } else { 8 }])
+            .collect();
+        let mut batch = datagrams.concat();
+        let rolls = schedule(9, 0, 0.3);
+        let state = FaultState::new(9, 0);
+        let kept = lose_some(&state, 0.3, &mut batch, 8);
+        let expected: Vec<u8> = datagrams
+            .iter()
+            .zip(&rolls)
+            .filter(|(_, &lost)| !lost)
+            .flat_map(|(d, _)| d.clone())
+            .collect();
+        assert!(kept < 40 * 8 && kept > 0, "{kept}");
+        assert_eq!(&batch[..kept], &expected[..]);
+        assert_eq!(
+            state.lost.load(Ordering::Relaxed),
+            rolls[..40].iter().filter(|&&l| l).count() as u64
+        );
     }
 }
