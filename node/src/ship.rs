@@ -78,6 +78,7 @@ impl SnapshotFile {
                     memmap2::MmapOptions::new()
                         .offset(start)
                         .len((end - start) as usize)
+                        .populate()
                         .map(&file)
                 }
                 .ctx("mmap", path)?;

@@ -48,7 +48,7 @@ struct Args {
 }
 
 mod bench_common;
-use bench_common::{file_copy_seconds, payload, quinn_server};
+use bench_common::{durable_copy_seconds, file_copy_seconds, payload, quinn_server};
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
 
@@ -173,14 +173,17 @@ fn main() -> Result<(), Failed> {
     two.start_node(wiped)?;
     let (rebuild_s, copy_phase_s) = until_in_sync(&c2, started)?;
     let shard_bytes = dir_bytes(&two.data_dir(two.node(0, 0)).join("chunk"))?;
-    let copy_s = file_copy_seconds(shard_bytes)?;
+    let copies = (
+        file_copy_seconds(shard_bytes)?,
+        durable_copy_seconds(shard_bytes)?,
+    );
     let quinn_s = quinn_copy_seconds(&two, shard_bytes)?;
     print_rebuild(
         "wiped node",
         shard_bytes,
         rebuild_s,
         copy_phase_s,
-        copy_s,
+        copies,
         quinn_s,
     );
     let replaced = two.node(1, 0);
@@ -200,14 +203,17 @@ fn main() -> Result<(), Failed> {
         .join()
         .map_err(|_| "the watching thread panicked")??;
     let shard_bytes = dir_bytes(&two.data_dir(replaced).join("chunk"))?;
-    let copy_s = file_copy_seconds(shard_bytes)?;
+    let copies = (
+        file_copy_seconds(shard_bytes)?,
+        durable_copy_seconds(shard_bytes)?,
+    );
     let quinn_s = quinn_copy_seconds(&two, shard_bytes)?;
     print_rebuild(
         "replacement",
         shard_bytes,
         rebuild_s,
         copy_phase_s,
-        copy_s,
+        copies,
         quinn_s,
     );
     drop((c2, two));
@@ -292,24 +298,27 @@ fn until_in_sync(client: &Client, started: Instant) -> Result<(f64, f64), Failed
     ))
 }
 
-/// One rebuild's line: its copy rate next to a file copy's of the same bytes (in the page
-/// cache, as `cp` leaves it) and a plain QUIC transfer's of them between two endpoints.
+/// One rebuild's line: its copy rate next to a file copy's of the same bytes (`copies`: in
+/// the page cache, as `cp` leaves it, and made durable, as a rebuild's is) and a plain
+/// QUIC transfer's of them between two endpoints.
 fn print_rebuild(
     what: &str,
     bytes: u64,
     rebuild_s: f64,
     copy_phase_s: f64,
-    copy_s: f64,
+    (copy_s, durable_s): (f64, f64),
     quinn_s: f64,
 ) {
     let mib = |bytes: f64| bytes / (1 << 20) as f64;
     println!(
-        "rebuild   {what:<11} {:>6.1} MiB/s ({:.1} MiB in {copy_phase_s:.2} s catching up; {rebuild_s:.2} s from its start to in sync)   file copy {:>7.1} MiB/s   plain quinn {:>6.1} MiB/s   rebuild/copy {:.2}x   rebuild/quinn {:.2}x",
+        "rebuild   {what:<11} {:>6.1} MiB/s ({:.1} MiB in {copy_phase_s:.2} s catching up; {rebuild_s:.2} s from its start to in sync)   file copy {:>7.1} MiB/s (made durable {:>7.1})   plain quinn {:>6.1} MiB/s   rebuild/copy {:.2}x (durable {:.2}x)   rebuild/quinn {:.2}x",
         mib(bytes as f64 / copy_phase_s),
         mib(bytes as f64),
         mib(bytes as f64 / copy_s),
+        mib(bytes as f64 / durable_s),
         mib(bytes as f64 / quinn_s),
         copy_s / copy_phase_s,
+        durable_s / copy_phase_s,
         quinn_s / copy_phase_s
     );
 }

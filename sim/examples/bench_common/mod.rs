@@ -394,3 +394,18 @@ pub fn file_copy_seconds(bytes: u64) -> Result<f64> {
     std::fs::copy(&from, &to)?;
     Ok(started.elapsed().as_secs_f64())
 }
+
+/// Seconds a copy of a file of `bytes` takes made durable (`fsync` at the end), as a
+/// rebuild's copy is.
+pub fn durable_copy_seconds(bytes: u64) -> Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let (from, to) = (dir.path().join("a"), dir.path().join("b"));
+    let data: Vec<u8> = (0..bytes)
+        .map(|i| zr_common::hash::mix2(i, 7) as u8)
+        .collect();
+    std::fs::write(&from, &data)?;
+    let started = Instant::now();
+    std::fs::copy(&from, &to)?;
+    std::fs::File::open(&to)?.sync_all()?;
+    Ok(started.elapsed().as_secs_f64())
+}
