@@ -232,7 +232,15 @@ fn restore_record(args: RestoreRecordArgs) -> CliResult {
         let restored = zr_router::restore_record(&config, security, meta).await?;
         Ok::<_, Box<dyn std::error::Error>>((restored, where_))
     })?;
-    let (zr_router::Restored { record, committed }, where_) = record;
+    let (
+        zr_router::Restored {
+            record,
+            committed,
+            dicts,
+            dicts_missing,
+        },
+        where_,
+    ) = record;
     println!(
         "restored the record of cluster {} in {where_}: map version {}, {} records committed",
         record.id, record.map.version, record.committed_len
@@ -245,6 +253,14 @@ fn restore_record(args: RestoreRecordArgs) -> CliResult {
             committed.get(&dataset.name).copied().unwrap_or(0),
             fields.join(", ")
         );
+    }
+    for (dataset, field) in &dicts {
+        println!(
+            "  dataset '{dataset}' field '{field}': its dictionary put back, read from a node"
+        );
+    }
+    for missing in &dicts_missing {
+        eprintln!("warning: {missing}");
     }
     println!("start the routers");
     Ok(())

@@ -6,14 +6,17 @@
 //! Every named dataset some node holds is listed again, as made at the latest id a node
 //! holds it under, with the most fields a node has for it: no data is left unlisted (a
 //! dataset dropped while a node was away comes back, to be dropped again). A dataset's
-//! committed length is restored beside it where its own record was lost too.
+//! committed length is restored beside it where its own record was lost too, and the
+//! bytes of every zstd dictionary its fields name where the store lost those too — read from
+//! a node that holds the dataset, and checked against the id and CRC32 the field names —
+//! since no node could be given the dataset anew without them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, MapRecord};
+use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, DictRef, MapRecord};
 use zr_net::Security;
-use zr_proto::wire::{DatasetInfo, NodeRequest, Reply};
+use zr_proto::wire::{self, DatasetInfo, NodeRequest, Reply};
 use zr_service::config::ClusterConfig;
 
 use crate::error::{Error, Failure};
@@ -129,8 +132,142 @@ pub async fn restore_record(
         };
         committed.insert(dataset.name.clone(), len);
     }
+    let (mut dicts, mut dicts_missing) = (Vec::new(), Vec::new());
+    for (dataset, _) in &named {
+        for field in &dataset.fields {
+            let Some(dict) = field.dict else { continue };
+            if cluster::load_dict(&*meta, dict).await?.is_some() {
+                continue;
+            }
+            // One no node holds any more leaves the record restored all the same: only a
+            // new node cannot be given that dataset (the router says so, naming the key).
+            match node_dict(&nodes, &dataset.name, &field.name, dict).await {
+                Ok(bytes) => {
+                    cluster::store_dict(&*meta, dict, &bytes).await?;
+                    dicts.push((dataset.name.clone(), field.name.clone()));
+                }
+                Err(e) => dicts_missing.push(e.to_string()),
+            }
+        }
+    }
     cluster::store(&*meta, None, &record).await?;
-    Ok(Restored { record, committed })
+    Ok(Restored {
+        record,
+        committed,
+        dicts,
+        dicts_missing,
+    })
+}
+
+/// The bytes of dictionary `dict` of field `field` of dataset `dataset`, as the first node
+/// holding them keeps them (its file among those of a snapshot of the dataset, as a
+/// rebuild from files reads them), checked against `dict`.
+async fn node_dict(
+    nodes: &Nodes,
+    dataset: &str,
+    field: &str,
+    dict: DictRef,
+) -> Result<Vec<u8>, Error> {
+    // Where a node keeps it in the dataset's directory (`zr_node::dict`).
+    let name = format!("dict/{field}.zdict");
+    let mut tried = Vec::new();
+    for node in nodes.all() {
+        match snapshot_file(nodes, node, dataset, &name).await {
+            Ok(Some(bytes))
+                if wire::DictRef::of(&bytes)
+                    .is_some_and(|d| d.id == dict.id && d.crc == dict.crc) =>
+            {
+                return Ok(bytes)
+            }
+            Ok(Some(_)) => tried.push(format!(
+                "shard {} replica {} holds other bytes",
+                nodes.shard(node),
+                nodes.replica(node)
+            )),
+            Ok(None) => {}
+            Err(e) => tried.push(format!(
+                "shard {} replica {}: {e}",
+                nodes.shard(node),
+                nodes.replica(node)
+            )),
+        }
+    }
+    Err(Failure::Inconsistent(format!(
+        "dataset '{dataset}' field '{field}': no node holds its dictionary {} (CRC32 {:08x}){}: it cannot be made on a new node; restore the metadata store from a backup, or copy the dataset's records into a new one",
+        dict.id,
+        dict.crc,
+        if tried.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", tried.join("; "))
+        }
+    ))
+    .into())
+}
+
+/// File `name` of dataset `dataset` as node `node` keeps it, read whole from a snapshot of
+/// the dataset; `None` if the node holds no such dataset or file.
+async fn snapshot_file(
+    nodes: &Nodes,
+    node: crate::nodes::NodeId,
+    dataset: &str,
+    name: &str,
+) -> Result<Option<Vec<u8>>, Failure> {
+    let opened = nodes
+        .call(Some(dataset), node, &NodeRequest::ShipOpen, Vec::new())
+        .await;
+    let (ship, files) = match opened {
+        Ok(reply) => match reply.reply {
+            Reply::Manifest { ship, files, .. } => (ship, files),
+            Reply::Error { .. } => return Ok(None),
+            other => {
+                return Err(nodes.unavailable(node, format!("answered ship-open with {other:?}")))
+            }
+        },
+        // A node that holds no such dataset refuses.
+        Err(Failure::ShardRefused { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let read = async {
+        let Some((k, file)) = files.iter().enumerate().find(|(_, f)| f.name == name) else {
+            return Ok(None);
+        };
+        if file.len > wire::DICT_BYTES_MAX as u64 {
+            return Err(nodes.unavailable(
+                node,
+                format!(
+                    "its {name} holds {} bytes, more than a dictionary may",
+                    file.len
+                ),
+            ));
+        }
+        let request = NodeRequest::ShipRead {
+            ship,
+            file: k as u32,
+            offset: 0,
+            len: file.len as u32,
+        };
+        let reply = nodes
+            .call(Some(dataset), node, &request, Vec::new())
+            .await?;
+        // Its bytes are checked whole by the caller, against the CRC32 the field names.
+        let Reply::Piece { .. } = reply.reply else {
+            return Err(
+                nodes.unavailable(node, format!("answered ship-read with {:?}", reply.reply))
+            );
+        };
+        Ok(Some(reply.body()))
+    }
+    .await;
+    let _ = nodes
+        .call(
+            Some(dataset),
+            node,
+            &NodeRequest::ShipClose { ship },
+            Vec::new(),
+        )
+        .await;
+    read
 }
 
 /// What [`restore_record`] stored.
@@ -139,6 +276,10 @@ pub struct Restored {
     pub record: ClusterRecord,
     /// Each named dataset's committed length (kept, or rebuilt from the nodes).
     pub committed: BTreeMap<String, u64>,
+    /// The dictionaries put back, read from the nodes: (dataset, field).
+    pub dicts: Vec<(String, String)>,
+    /// Why each dictionary the store lost, and no node holds, could not be put back.
+    pub dicts_missing: Vec<String>,
 }
 
 type Found = (u64, Vec<DatasetInfo>, Vec<(u32, u64)>);

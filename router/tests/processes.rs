@@ -1617,13 +1617,14 @@ fn caption(i: usize) -> Vec<u8> {
 
 /// `zr convert --router --dataset NAME --dict`: a dictionary trained on the records to
 /// convert, the dataset made with it, the records read back byte-exact; `zr dataset create
-/// --dict` with a dictionary file; bad uses refused by name.
+/// --dict` with a dictionary file; bad uses refused by name. Then the metadata store lost:
+/// `zr cluster restore-record` puts the dictionaries back from the nodes.
 #[test]
 fn zr_convert_makes_a_cluster_dataset_with_a_trained_dictionary() {
     let (node, router) = (binary("zr-node"), binary("zr-router"));
     let tmp = tempfile_dir("dict");
     let (config, addr, certs) = cluster_init(&tmp);
-    let processes = start(&node, &router, &config);
+    let mut processes = start(&node, &router, &config);
     let remote = [
         "--router",
         addr.as_str(),
@@ -1717,6 +1718,57 @@ fn zr_convert_makes_a_cluster_dataset_with_a_trained_dictionary() {
         .concat(),
     );
     assert!(raw.contains("for zstd fields"), "{raw}");
+
+    // The metadata store lost: `zr cluster restore-record` puts the dictionaries back, read
+    // from the nodes, byte-exact, and the dataset reads as before.
+    terminate(processes.pop().unwrap());
+    std::fs::remove_dir_all(tmp.join("metadata")).unwrap();
+    let config_arg = config.to_str().unwrap();
+    let restored = zr(&["cluster", "restore-record", "--nodes", config_arg]);
+    // Both datasets were made with the one dictionary: put back once.
+    assert_eq!(
+        restored
+            .matches("its dictionary put back, read from a node")
+            .count(),
+        1,
+        "{restored}"
+    );
+    let meta = zr_meta::EmbeddedStore::open(tmp.join("metadata")).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (record, _) = runtime
+        .block_on(zr_meta::cluster::load(&meta))
+        .unwrap()
+        .unwrap();
+    let captions = record
+        .datasets
+        .iter()
+        .find(|d| d.name == "captions")
+        .unwrap();
+    let dict = captions.fields[0]
+        .dict
+        .expect("the field names its dictionary");
+    let held = runtime
+        .block_on(zr_meta::cluster::load_dict(&meta, dict))
+        .unwrap();
+    assert_eq!(held, Some(std::fs::read(&file).unwrap()));
+    processes.push(spawn_router(&router, config_arg, &addr, &certs));
+    let out_again = tmp.join("gathered-again.bin");
+    zr(&[
+        &[
+            "gather",
+            "--dataset",
+            "captions",
+            "--indices",
+            "2999,0,1234",
+        ],
+        &["--field", "caption", "--out", out_again.to_str().unwrap()][..],
+        &remote[..],
+    ]
+    .concat());
+    assert_eq!(std::fs::read(&out_again).unwrap(), want.concat());
     stop_all(processes);
 }
 
