@@ -48,15 +48,16 @@ pub async fn load(
 }
 
 /// How long a node serves clients' reads by itself after it last read, in the replica
-/// record, that it is in sync (see [`ReadLease`]). A router that marks a replica behind waits
-/// [`READ_LEASE_WAIT`] before it counts on the node refusing them.
+/// record, that it is in sync (see [`ReadLease`]). A router that sees a replica leave the
+/// in-sync set acknowledges no write for [`READ_LEASE_WAIT`] from then, counting on the
+/// node refusing them by then.
 pub const READ_LEASE: Duration = Duration::from_secs(2);
 /// [`READ_LEASE`] and a margin for clocks that run at slightly different rates.
 pub const READ_LEASE_WAIT: Duration = Duration::from_millis(2_250);
 
 /// Whether a node may serve a client's read by itself: only while it knows it is in sync.
-/// A replica marked behind has missed writes, and the router that marked it waits
-/// [`READ_LEASE_WAIT`] before acknowledging the write it missed; the node serves clients only
+/// A replica marked behind has missed writes, and a router that sees it marked (or moved
+/// away) waits [`READ_LEASE_WAIT`] from then before acknowledging any write; the node serves clients only
 /// within [`READ_LEASE`] of starting a read of the replica record that found it in sync, so
 /// no client reads a missed write's old value after the write was acknowledged. Routers'
 /// reads do not need it: they know which replicas are behind.

@@ -104,6 +104,8 @@ pub(crate) struct Nodes {
     replicas: u32,
     /// Which replicas are behind, as last read from or written to the metadata store.
     replica_record: ArcSwap<ReplicaRecord>,
+    /// Until when writes are not acknowledged (see [`Nodes::acks_may_go`]).
+    acks_after: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// Turns reads among a shard's replicas.
     turn: AtomicU64,
     /// Woken when a replica may want catching up (marked behind, or back up).
@@ -210,6 +212,7 @@ impl Nodes {
             growing: std::sync::Mutex::new(()),
             replicas,
             replica_record: ArcSwap::from_pointee(ReplicaRecord::default()),
+            acks_after: std::sync::Mutex::new(None),
             turn: AtomicU64::new(0),
             catch_up: Arc::new(tokio::sync::Notify::new()),
             suspects: std::sync::Mutex::new(Vec::new()),
@@ -584,7 +587,18 @@ impl Nodes {
     /// forgotten (the heartbeats learn the new node's).
     async fn set_record(&self, record: ReplicaRecord) {
         // Only a change gives the catch-up task something new to look at.
-        let changed = **self.replica_record.load() != record;
+        let before = self.replica_record.load_full();
+        let changed = *before != record;
+        // A replica no longer in sync, or no longer at its address, may still serve
+        // clients by itself until its read lease runs out: no write it misses is
+        // acknowledged before then.
+        if self.links.iter().any(|(_, link)| {
+            let id = (link.shard, link.replica);
+            (before.in_sync(id) && !record.in_sync(id))
+                || before.moved_to(id) != record.moved_to(id)
+        }) {
+            self.hold_acks();
+        }
         for (node, link) in self.links.iter() {
             let wanted = match record.moved_to((link.shard, link.replica)) {
                 None => link.configured,
@@ -676,10 +690,9 @@ impl Nodes {
         tracing::warn!(
             "shard {shard} replica {replica} is being replaced by the node at {addr}: it serves nothing until it is rebuilt"
         );
+        // The replaced node, if it still runs, stops serving clients before any write
+        // it misses is acknowledged (see `acks_may_go`).
         self.set_record(record).await;
-        // The replaced node, if it still runs, stops serving clients before anything is
-        // written without it (see `zr_meta::nodes::ReadLease`).
-        tokio::time::sleep(zr_meta::nodes::READ_LEASE_WAIT).await;
         Ok(())
     }
 
@@ -696,16 +709,37 @@ impl Nodes {
                     "shard {shard} replica {replica} at {} is behind ({why}): it serves nothing until it has caught up",
                     self.addr(node)
                 );
-                self.set_record(record).await;
                 // Clients read one hop from nodes that know themselves in sync: the node's
-                // read lease runs out before what it missed is acknowledged.
-                tokio::time::sleep(zr_meta::nodes::READ_LEASE_WAIT).await;
+                // read lease runs out before what it missed is acknowledged (see
+                // `acks_may_go`).
+                self.set_record(record).await;
                 Ok(())
             }
             Err(replicas::MarkError::Store(e)) => Err(Failure::from(e)),
             Err(e) => Err(Failure::Inconsistent(format!(
                 "shard {shard} replica {replica} missed a write ({why}) but cannot be marked behind: {e}"
             ))),
+        }
+    }
+
+    /// Holds the acknowledgment of writes for [`zr_meta::nodes::READ_LEASE_WAIT`] from now:
+    /// a replica just seen to leave the in-sync set may serve clients by itself until then.
+    fn hold_acks(&self) {
+        let until = tokio::time::Instant::now() + zr_meta::nodes::READ_LEASE_WAIT;
+        let mut after = self.acks_after.lock().unwrap_or_else(|e| e.into_inner());
+        *after = Some(after.map_or(until, |t| t.max(until)));
+    }
+
+    /// Waits, before a client's write is acknowledged, until every replica this router saw
+    /// leave the in-sync set (marked behind, or replaced) has stopped serving clients by
+    /// itself (`zr_meta::nodes::ReadLease`): no one reads one hop, from a replica that missed
+    /// it, what came before a write acknowledged. Only acknowledgments wait — the writes
+    /// themselves, and a catch-up's work under the write lock, go on meanwhile. A router
+    /// that learns of the change later, from the metadata store, waits from then.
+    pub(crate) async fn acks_may_go(&self) {
+        let after = *self.acks_after.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(until) = after {
+            tokio::time::sleep_until(until).await;
         }
     }
 

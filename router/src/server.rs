@@ -916,7 +916,7 @@ impl Router {
             ClientRequest::Append {
                 fields, lengths, ..
             } => self
-                .exclusive(|| self.append(fields, lengths, body))
+                .acked(self.exclusive(|| self.append(fields, lengths, body)))
                 .await
                 .map(ready_body),
             ClientRequest::Modify {
@@ -925,22 +925,25 @@ impl Router {
                 lengths,
                 ..
             } => self
-                .exclusive(|| self.modify(index, fields, lengths, body))
+                .acked(self.exclusive(|| self.modify(index, fields, lengths, body)))
                 .await
                 .map(ready),
-            ClientRequest::Delete { index } => {
-                self.exclusive(|| self.delete(index)).await.map(ready_body)
-            }
+            ClientRequest::Delete { index } => self
+                .acked(self.exclusive(|| self.delete(index)))
+                .await
+                .map(ready_body),
             ClientRequest::WriteField {
                 field,
                 start,
                 lengths,
             } => self
-                .exclusive(|| self.write_field(field, start, lengths, body))
+                .acked(self.exclusive(|| self.write_field(field, start, lengths, body)))
                 .await
                 .map(ready),
             ClientRequest::WaitLen { len, wait_ms } => {
                 let committed = self.wait_committed(len, wait_ms).await?;
+                // A length reached tells of writes as their acknowledgment does.
+                self.nodes.acks_may_go().await;
                 Ok(ready(Reply::Info {
                     len: committed,
                     fields: self.fields(),
@@ -982,7 +985,7 @@ impl Router {
                 Ok(ready(Reply::Topology(self.topology(covering).await?)))
             }
             ClientRequest::Commit => {
-                self.exclusive(|| async {
+                let commit = self.exclusive(|| async {
                     let placement = self.placement.load_full();
                     for shard in 0..self.nodes.shards() {
                         if !placement.slots(shard).is_empty() {
@@ -992,10 +995,23 @@ impl Router {
                     // Every shard holds the length durably now: the promise moves.
                     self.record_committed(self.len(), false).await?;
                     Ok(ready(Reply::Done))
-                })
-                .await
+                });
+                self.acked(commit).await
             }
         }
+    }
+
+    /// `write`'s outcome, once a success may be acknowledged (`Nodes::acks_may_go`): after
+    /// the write lock is let go, so that what holds the acknowledgment holds no other write.
+    async fn acked<T>(
+        &self,
+        write: impl Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        let outcome = write.await;
+        if outcome.is_ok() {
+            self.nodes.acks_may_go().await;
+        }
+        outcome
     }
 
     /// Scatters a gather, one sub-request per involved shard, and streams the shards'

@@ -154,27 +154,36 @@ fn a_wiped_node_rebuilds_a_named_dataset_and_then_serves_it_alone() {
         named.commit().await.expect("commit");
         named
     });
+    let meta = cluster.metadata().expect("metadata");
+    let revision = |meta: &Arc<dyn zr_meta::MetaStore>| {
+        let meta = Arc::clone(meta);
+        async move {
+            let (record, revision) = zr_meta::replicas::load(&*meta).await.expect("replicas");
+            (record.in_sync((1, 1)), revision.unwrap_or(0))
+        }
+    };
+    let (_, before) = cluster.run(revision(&meta));
     let wiped = cluster.node(1, 1);
     cluster.crash_node(wiped);
     std::fs::remove_dir_all(cluster.data_dir(wiped)).expect("wipe");
     cluster.start_node(wiped).expect("restart empty");
     // Found short within a few seconds of the cluster's clock (once the node has the
-    // dataset again, empty), then caught up.
-    let behind = cluster.run(async {
+    // dataset again, empty), then caught up: the replica record marks it behind and then
+    // in sync again (written since, and in sync) — however short the rebuild, the record
+    // tells.
+    let rebuilt = cluster.run(async {
         for _ in 0..1_000 {
-            let status = client.status().await.expect("status");
-            if status
-                .nodes
-                .iter()
-                .any(|n| (n.shard, n.replica) == (1, 1) && !n.in_sync)
-            {
-                return true;
+            match revision(&meta).await {
+                (true, now) if now > before => return true,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         false
     });
-    assert!(behind, "the wiped node was never found short");
+    assert!(
+        rebuilt,
+        "the wiped node was never found short and caught up"
+    );
     load_until_in_sync(&cluster, &named, &mut model);
     served_without(&mut cluster, (1, 0), &named, &model);
 }
@@ -232,6 +241,7 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
         assert!(refused(2, 0, taken)
             .await
             .contains("already serves shard 0 replica 1"));
+        let began = tokio::time::Instant::now();
         let status = client.replace_node(2, 0, new_addr).await.expect("replace");
         assert_eq!(node(&status).addr, new_addr.to_string());
         assert!(
@@ -246,6 +256,14 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
                 "{message}"
             );
         }
+        // A write right after is acknowledged only once the old node, which may still run
+        // and serve clients one hop, has let its read lease run out.
+        kit::append_async(&client, &mut model, 6, 10, LONGEST).await;
+        assert!(
+            began.elapsed() >= zr_meta::nodes::READ_LEASE_WAIT,
+            "a write was acknowledged {:?} after the replacement",
+            began.elapsed()
+        );
     });
     gathers += load_until_in_sync(&cluster, &client, &mut model);
     assert!(gathers > 0);
