@@ -14,6 +14,7 @@ mod direct;
 mod error;
 mod forward;
 mod liveness;
+mod moveplan;
 mod nodes;
 pub mod plan;
 mod repair;

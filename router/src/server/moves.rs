@@ -30,6 +30,7 @@ use zr_proto::wire::{self, MoveReport, NodeRequest, Reply};
 
 use super::Router;
 use crate::error::Failure;
+use crate::moveplan::{self, Next};
 
 /// A point in a move at which [`Router::stop_moves_at`] stops it, as if the router died
 /// there: for tests of restarting a move.
@@ -191,11 +192,13 @@ impl Router {
         if self.behind(record.map.version) {
             self.reload_map().await?;
         }
-        let (from, to) = match &record.moving {
-            Some(MapMove {
-                switched_at: Some(_),
-                ..
-            }) => {
+        let listed_shards = listed
+            .iter()
+            .map(|(shard, _, _)| *shard + 1)
+            .max()
+            .unwrap_or_else(|| self.nodes.shards());
+        let (from, to) = match moveplan::next(&record, change, listed_shards) {
+            Next::Switch => {
                 // Published: what is left is switching the nodes that have not.
                 return match self.finish_published().await? {
                     Some(report) => Ok(report),
@@ -209,22 +212,17 @@ impl Router {
                     }),
                 };
             }
-            Some(moving)
-                if moving.to.version == record.map.version + 1
-                    && moving.to.changes.last() == Some(&change) =>
-            {
-                (record.map.clone(), moving.to.clone())
-            }
-            Some(moving) => {
+            Next::Copy { from, to } => (from, to),
+            Next::Busy(moving) => {
                 return Err(Failure::Busy {
                     waited_ms: 0,
                     reason: format!(
                         "a move {} is under way: run that command again to finish it",
-                        target(moving)
+                        target(&moving)
                     ),
                 })
             }
-            None if self.done_already(&record.map, change, listed) => {
+            Next::Done => {
                 return Ok(MoveReport {
                     version: record.map.version,
                     records: self.len.load(Ordering::SeqCst),
@@ -233,8 +231,7 @@ impl Router {
                     ..MoveReport::default()
                 });
             }
-            None => {
-                let to = record.map.with(change);
+            Next::Record { to } => {
                 let mut added = record.added.clone();
                 if change == MapChange::AddShard {
                     let shard = to.total_shards() - 1;
@@ -477,32 +474,6 @@ impl Router {
             })
         })
         .await
-    }
-
-    /// True if the map's last change is `change` and asking for it again asks for nothing
-    /// new: the last shard the operator lists (`listed`, else this router's nodes.toml) is
-    /// in the map already, or the shard to drain is drained. A command run again after its
-    /// move ended (finished by it, or by a router) then says so instead of moving again.
-    fn done_already(
-        &self,
-        map: &MapRecord,
-        change: MapChange,
-        listed: &[(u32, u32, String)],
-    ) -> bool {
-        if map.changes.last() != Some(&change) {
-            return false;
-        }
-        match change {
-            MapChange::AddShard => {
-                let last_listed = listed
-                    .iter()
-                    .map(|(shard, _, _)| *shard + 1)
-                    .max()
-                    .unwrap_or_else(|| self.nodes.shards());
-                last_listed <= map.total_shards()
-            }
-            MapChange::DrainShard(_) => true,
-        }
     }
 
     /// Finishes a move whose map is published but whose nodes have not all switched (its

@@ -1,0 +1,224 @@
+//! What a move command (`zr cluster add-shard` / `drain-shard`) does next, from the cluster
+//! record alone: a pure function, so that every state a stopped move can leave — recorded,
+//! copied, published, partly switched — has one answer, tested here without I/O. The
+//! router's `moves` module is the shell that carries each step out.
+//!
+//! ```text
+//! no move, change not made ──► Record ──► (copy) ──► publish ──► Switch ──► no move
+//!                                  ▲ stopped: Copy     ▲ stopped: Switch
+//! ```
+//! The copy is redone from where each node's dataset ends, and a switch from the nodes that
+//! have not switched, so running the same command again after a stop anywhere finishes the
+//! move, and running it once more says it is done.
+
+use zr_meta::cluster::{ClusterRecord, MapChange, MapMove, MapRecord};
+
+/// The next step of a move asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// The move's map is published: switch the nodes that have not, then clear the move.
+    Switch,
+    /// This move is recorded and not published: copy (on from where each dataset ends),
+    /// then publish `to`.
+    Copy { from: MapRecord, to: MapRecord },
+    /// No move under way, and this change is the map's last already: nothing to do.
+    Done,
+    /// No move under way: record the move to `to`, then copy.
+    Record { to: MapRecord },
+    /// Another move is under way: refused, naming it (finishing it is running its own
+    /// command again).
+    Busy(MapMove),
+}
+
+/// The next step of the move that makes `change` to the cluster `record` describes.
+/// `listed_shards`: the shards the operator's nodes.toml lists — an add asked for again
+/// after it ended lists no shard beyond the map.
+pub(crate) fn next(record: &ClusterRecord, change: MapChange, listed_shards: u32) -> Next {
+    match &record.moving {
+        Some(moving) if moving.switched_at.is_some() => Next::Switch,
+        Some(moving)
+            if moving.to.version == record.map.version + 1
+                && moving.to.changes.last() == Some(&change) =>
+        {
+            Next::Copy {
+                from: record.map.clone(),
+                to: moving.to.clone(),
+            }
+        }
+        Some(moving) => Next::Busy(moving.clone()),
+        None if done_already(&record.map, change, listed_shards) => Next::Done,
+        None => Next::Record {
+            to: record.map.with(change),
+        },
+    }
+}
+
+/// True if `map`'s last change is `change` and asking for it again asks for nothing new:
+/// for an add, every shard listed is in the map already; a drained shard is drained.
+fn done_already(map: &MapRecord, change: MapChange, listed_shards: u32) -> bool {
+    if map.changes.last() != Some(&change) {
+        return false;
+    }
+    match change {
+        MapChange::AddShard => listed_shards <= map.total_shards(),
+        MapChange::DrainShard(_) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cluster(shards: u32) -> ClusterRecord {
+        ClusterRecord {
+            id: "c".into(),
+            map: MapRecord {
+                version: 1,
+                shards,
+                extent_records: 4,
+                seed: 7,
+                replicas: 1,
+                changes: Vec::new(),
+            },
+            committed_len: 0,
+            moving: None,
+            added: Vec::new(),
+            dataset_ids: 0,
+            datasets: Vec::new(),
+        }
+    }
+
+    /// Where a run of the command stops, as if its router died there.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Stop {
+        Recorded,
+        Copied,
+        Published,
+        Never,
+    }
+
+    /// Runs the command for `change` on `record` as the shell does, stopping at `stop`;
+    /// returns the step it began with.
+    fn run(record: &mut ClusterRecord, change: MapChange, listed: u32, stop: Stop) -> Next {
+        let first = next(record, change, listed);
+        let mut step = first.clone();
+        loop {
+            match step {
+                Next::Done | Next::Busy(_) => return first,
+                Next::Record { to } => {
+                    record.moving = Some(MapMove {
+                        to,
+                        switched_at: None,
+                        switched_lens: Default::default(),
+                    });
+                    if stop == Stop::Recorded {
+                        return first;
+                    }
+                }
+                Next::Copy { to, .. } => {
+                    if stop == Stop::Copied {
+                        return first;
+                    }
+                    record.map = to.clone();
+                    record.moving = Some(MapMove {
+                        to,
+                        switched_at: Some(0),
+                        switched_lens: Default::default(),
+                    });
+                    if stop == Stop::Published {
+                        return first;
+                    }
+                }
+                Next::Switch => {
+                    record.moving = None;
+                    return first;
+                }
+            }
+            step = next(record, change, listed);
+        }
+    }
+
+    #[test]
+    fn each_state_of_a_move_has_its_next_step() {
+        let mut record = cluster(2);
+        let add = MapChange::AddShard;
+        let to = record.map.with(add);
+        assert_eq!(next(&record, add, 3), Next::Record { to: to.clone() });
+        run(&mut record, add, 3, Stop::Recorded);
+        assert_eq!(
+            next(&record, add, 3),
+            Next::Copy {
+                from: cluster(2).map,
+                to: to.clone()
+            }
+        );
+        // Another move while this one is under way: refused, naming it.
+        assert!(matches!(next(&record, MapChange::DrainShard(0), 3), Next::Busy(m) if m.to == to));
+        run(&mut record, add, 3, Stop::Published);
+        assert_eq!(record.map, to);
+        assert_eq!(next(&record, add, 3), Next::Switch);
+        // Published: even another command finishes the switch first.
+        assert_eq!(next(&record, MapChange::DrainShard(0), 3), Next::Switch);
+        run(&mut record, add, 3, Stop::Never);
+        assert_eq!(record.moving, None);
+        assert_eq!(next(&record, add, 3), Next::Done);
+        // A fourth shard listed: another add.
+        assert_eq!(next(&record, add, 4), Next::Record { to: to.with(add) });
+        // Drained once, a drain of the same shard is done; of another, a new move.
+        run(&mut record, MapChange::DrainShard(1), 3, Stop::Never);
+        assert_eq!(next(&record, MapChange::DrainShard(1), 3), Next::Done);
+        assert!(matches!(
+            next(&record, MapChange::DrainShard(0), 3),
+            Next::Record { .. }
+        ));
+    }
+
+    fn stops() -> impl Strategy<Value = Stop> {
+        prop_oneof![
+            Just(Stop::Recorded),
+            Just(Stop::Copied),
+            Just(Stop::Published),
+            Just(Stop::Never),
+        ]
+    }
+
+    proptest! {
+        /// However often a move is stopped, and wherever, running its command again until
+        /// it is done makes the change exactly once: one version more, the change last, no
+        /// move left; one run more says it is done. A different move asked for meanwhile
+        /// is refused (or finishes the switch) until then.
+        #[test]
+        fn a_move_stopped_anywhere_is_finished_by_its_command_once(
+            drain in any::<bool>(),
+            stopped in proptest::collection::vec(stops(), 0..6),
+            interleaved in proptest::collection::vec(any::<bool>(), 0..6),
+        ) {
+            let mut record = cluster(3);
+            let (change, listed) = match drain {
+                true => (MapChange::DrainShard(1), 3),
+                false => (MapChange::AddShard, 4),
+            };
+            let other = MapChange::DrainShard(2);
+            let before = record.map.clone();
+            for (k, &stop) in stopped.iter().chain([Stop::Never].iter()).enumerate() {
+                if interleaved.get(k) == Some(&true) {
+                    match next(&record, other, listed) {
+                        Next::Busy(_) | Next::Switch => {}
+                        step => prop_assert!(
+                            record.moving.is_none(),
+                            "{step:?} while a move is under way"
+                        ),
+                    }
+                }
+                run(&mut record, change, listed, stop);
+                if stop == Stop::Never {
+                    break;
+                }
+            }
+            prop_assert_eq!(record.moving.as_ref(), None);
+            prop_assert_eq!(&record.map, &before.with(change));
+            prop_assert_eq!(next(&record, change, listed), Next::Done);
+        }
+    }
+}
