@@ -196,8 +196,19 @@ fn read_range(path: &Path, offset: u64, len: usize) -> (Vec<u8>, u64) {
     (bytes, file_len)
 }
 
+/// Bytes this process's stores have written to their files (see [`bytes_written`]).
+static WRITTEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Bytes every store of this process has written to its files so far (data, offset tables,
+/// logs and metadata; what the page cache then sends to the disk), as a measure of the
+/// work an operation costs the disks: e.g. `move_bench`'s bytes written per byte moved.
+pub fn bytes_written() -> u64 {
+    WRITTEN.load(Ordering::Relaxed)
+}
+
 /// `pwrite` of all of `bytes` at `offset`.
 pub fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> io::Result<()> {
+    WRITTEN.fetch_add(bytes.len() as u64, Ordering::Relaxed);
     change(
         path,
         || {

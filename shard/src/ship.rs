@@ -15,7 +15,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -483,7 +482,7 @@ impl Partner<'_> {
             let (out, path) = &outs[k];
             let mut at = offset;
             for part in piece?.parts() {
-                out.write_all_at(part, at).ctx("write", path)?;
+                zr_node::disk::write_at(out, path, part, at).ctx("write", path)?;
                 at += part.len() as u64;
             }
             start_writeback(out, offset, at - offset);

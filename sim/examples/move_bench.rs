@@ -1,7 +1,8 @@
 //! What growing a cluster online costs, on loopback, each figure next to its baseline from
 //! the same run: the records `zr cluster add-shard` moves per second next to a plain file
 //! copy of the same bytes (and the records it writes into the next map's datasets — those
-//! moved and those renumbered in place — next to a copy of those), and random gathers
+//! moved and those renumbered in place — next to a copy of those; and the bytes the nodes'
+//! stores wrote, all files, next to the bytes moved), and random gathers
 //! through the router while the move runs next to gathers before it. A move paces itself
 //! (it pauses as long as it works), so its gathers-during figure is part of its design.
 //!
@@ -115,6 +116,7 @@ fn main() -> Result<(), Failed> {
         let args = args.clone();
         std::thread::spawn(move || gather(&client, &args, f64::INFINITY, &stop, 2))
     };
+    let written_before = zr_node::disk::bytes_written();
     let started = Instant::now();
     client.move_shards(MapChange::AddShard, nodes)?;
     let report = loop {
@@ -128,6 +130,7 @@ fn main() -> Result<(), Failed> {
         }
     };
     let move_s = started.elapsed().as_secs_f64();
+    let disk_written = zr_node::disk::bytes_written() - written_before;
     stop.store(true, Ordering::SeqCst);
     let (during, during_s) = during.join().map_err(|_| "the gather thread panicked")??;
     let during_rate = during as f64 / during_s;
@@ -158,6 +161,11 @@ fn main() -> Result<(), Failed> {
         mib(written_bytes as f64),
         mib(written_bytes as f64 / written_copy_s),
         written_copy_s / move_s
+    );
+    println!(
+        "disk        {:.1} MiB written by the nodes' stores during the move   {:.2}x the bytes moved",
+        mib(disk_written as f64),
+        disk_written as f64 / moved_bytes.max(1) as f64
     );
     println!(
         "gathers     during the move {:>10.0} records/s   before it {:>10.0} records/s   during/before {:.2}x",
