@@ -587,8 +587,15 @@ impl Router {
 
     /// `zr cluster replace-node`: shard `shard`'s replica `replica` is served from the node
     /// at `addr` from now on, rebuilt first from an in-sync partner (the catch-up task does
-    /// it, online). Recorded between writes, so none is in flight to the old node meanwhile.
-    async fn replace_node(&self, shard: u32, replica: u32, addr: &str) -> Result<(), Failure> {
+    /// it, online). Recorded holding every dataset's write lock and lease, so no write is in
+    /// flight to the old node meanwhile, and every router writes next by the new record (a
+    /// router reads it afresh whenever it takes a lease).
+    async fn replace_node(
+        self: &Arc<Self>,
+        shard: u32,
+        replica: u32,
+        addr: &str,
+    ) -> Result<(), Failure> {
         let (shards, replicas) = (self.nodes.shards(), self.nodes.replicas());
         if shard >= shards {
             return Err(Failure::BadRequest(format!(
@@ -619,8 +626,11 @@ impl Router {
                 self.nodes.replica(other)
             )));
         }
-        self.exclusive(|| self.nodes.move_replica(shard, replica, addr))
-            .await
+        let all = self.all_routers();
+        Router::exclusive_all(&all, || {
+            Box::pin(self.nodes.move_replica(shard, replica, addr))
+        })
+        .await
     }
 
     /// The cluster as this router sees it now: every node asked at once.

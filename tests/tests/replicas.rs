@@ -552,3 +552,46 @@ fn damaged_copies_are_never_returned_by_checked_gathers_and_are_repaired() {
     });
     served_without(&mut cluster, (1, 0), &client, &model);
 }
+
+/// A router that takes the write lease writes by the replica record as it is then, not as
+/// it last read it a moment ago: another router marked a replica behind meanwhile (here,
+/// the metadata store is written directly), and the next write through this router counts
+/// the replica out — so it holds the write's acknowledgment until the replica's read lease
+/// has run out — rather than sending it on as if nothing had changed.
+#[test]
+fn a_router_taking_the_lease_writes_by_the_replica_record_as_it_is_then() {
+    let mut cluster = SimCluster::start(2, on_virtual_time()).expect("cluster");
+    let second = cluster.add_router().expect("second router");
+    let client = cluster.async_client().expect("client");
+    let other = cluster
+        .async_client_of(second)
+        .expect("client of the second router");
+    let mut model = Vec::new();
+    cluster.run(async {
+        kit::append_async(&client, &mut model, 7, 300, LONGEST).await;
+        client.commit().await.expect("commit");
+        // The second router writes once (it holds the lease a moment, then gives it back).
+        other
+            .modify(0, &record(&model[0]))
+            .await
+            .expect("modify through the second router");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    });
+    let meta = cluster.metadata().expect("metadata");
+    let waited = cluster.run(async {
+        zr_meta::replicas::mark_behind(&*meta, (1, 1), 2)
+            .await
+            .expect("mark behind");
+        let began = tokio::time::Instant::now();
+        let new = row(0xbeef, LONGEST);
+        other
+            .modify(1, &record(&new))
+            .await
+            .expect("modify through the second router");
+        began.elapsed()
+    });
+    assert!(
+        waited >= zr_meta::nodes::READ_LEASE_WAIT,
+        "the write was acknowledged after {waited:?}, by a replica record read before the mark"
+    );
+}

@@ -77,7 +77,19 @@ impl Router {
             match step {
                 Step::Take { expected, pending } => {
                     match self.write_record(expected, pending).await {
-                        Ok(()) => return Ok(pending),
+                        Ok(()) => {
+                            // Taken from whoever held it last, who may have changed which
+                            // replicas are in sync, or where one is, meanwhile (a catch-up
+                            // finished, a replacement recorded — both under every lease):
+                            // the writes go by the record as it is now.
+                            if self.nodes.replicas() > 1 {
+                                if let Err(e) = self.nodes.refresh_replicas().await {
+                                    self.release_lease(false).await;
+                                    return Err(e);
+                                }
+                            }
+                            return Ok(pending);
+                        }
                         // Another router took it first: read again.
                         Err(zr_meta::Error::Conflict { .. }) => {}
                         Err(e) => return Err(metadata(e)),
