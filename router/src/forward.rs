@@ -337,21 +337,31 @@ async fn attempt(
             })
     };
     // A node its heartbeats find down meanwhile (killed, cut off) is not waited for to the
-    // end of the timeout: a partner is asked instead, or, with none, the gather fails
-    // naming the shard.
+    // end of the timeout: a partner is asked instead — as soon as one heartbeat to the node
+    // fails — or, with none, the gather fails naming the shard once it is found down.
     // (A sole replica already down when asked is still tried: it may be back before its
     // heartbeats say so.)
-    let race = nodes.replicas() > 1 || !nodes.found_down(node);
+    let partnered = nodes.replicas() > 1;
+    let race = partnered || !nodes.found_down(node);
+    let given_up = async {
+        match partnered {
+            true => nodes.wait_failing(node).await,
+            false => nodes.wait_down(node).await,
+        }
+    };
     let received = {
         let mut bounded = std::pin::pin!(bounded);
         tokio::select! {
             biased;
             received = &mut bounded => received,
-            _ = nodes.wait_down(node), if race => {
+            _ = given_up, if race => {
                 // A reply under way may still finish (heartbeats can lag a node that
                 // answers this call): a moment's grace, then the call fails.
                 match tokio::time::timeout(crate::liveness::WAIT_FOR_UP, &mut bounded).await {
                     Ok(received) => received,
+                    Err(_) if partnered => Err(Received::Net(
+                        "a heartbeat to it failed meanwhile".into(),
+                    )),
                     Err(_) => Err(Received::Net("its heartbeats found it down meanwhile".into())),
                 }
             }

@@ -162,6 +162,11 @@ impl Liveness {
         }
     }
 
+    /// True while its last heartbeat failed (it is down, or may soon be).
+    pub(crate) fn failing(&self) -> bool {
+        self.failed > 0
+    }
+
     /// The pause before the next heartbeat.
     pub(crate) fn pause(&self) -> Duration {
         match self.health {
@@ -195,6 +200,7 @@ mod tests {
         // failed for all of DOWN_AFTER.
         assert!(!node.failed(t0, wall, t0 + DOWN_AFTER, "slow".into()));
         assert_eq!(node.health(), &Health::Up);
+        assert!(node.failing(), "failing, not down");
         assert_eq!(node.pause(), EVERY_UP);
         // Failing in a row for DOWN_AFTER, twice at least: down since the first failed one.
         let later = t0 + DOWN_AFTER + EVERY_UP + HEARTBEAT_TIMEOUT;
@@ -213,6 +219,7 @@ mod tests {
             .is_some_and(|d| d.ends_with("refused")));
         // Back at the first answer; a new run of failures counts from its own start.
         assert!(node.answered());
+        assert!(!node.failing());
         let t1 = later + Duration::from_secs(5);
         assert!(!node.failed(t1, wall, t1 + DOWN_AFTER / 2, "slow".into()));
         assert!(!node.failed(t1, wall, t1 + DOWN_AFTER / 2 + EVERY_UP, "slow".into()));

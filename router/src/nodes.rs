@@ -50,6 +50,9 @@ struct NodeLink {
     /// it to come back.
     liveness: std::sync::Mutex<Liveness>,
     health: tokio::sync::watch::Sender<Health>,
+    /// Its last heartbeat failed (or it is down): a read its partner can serve need not
+    /// wait for it to be found down (see [`Nodes::wait_failing`]).
+    failing: tokio::sync::watch::Sender<bool>,
     /// The incarnation its last answer to a heartbeat gave.
     incarnation: std::sync::Mutex<Option<u64>>,
     /// This router wrote to it since its last commit: a restart may have lost writes.
@@ -506,6 +509,17 @@ impl Nodes {
         }
     }
 
+    /// Waits until a heartbeat to node `node` fails (forever, if none does): one failure,
+    /// not the two that make it down — soon enough for a read to turn to a partner replica
+    /// without waiting for the node to be found down, and harmless if the node was only
+    /// late (the partner serves the read).
+    pub(crate) async fn wait_failing(&self, node: NodeId) {
+        let mut failing = self.links[node].failing.subscribe();
+        if failing.wait_for(|&f| f).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// True if node `node`'s heartbeats have found it down (and not up since).
     pub(crate) fn found_down(&self, node: NodeId) -> bool {
         matches!(*self.links[node].health.borrow(), Health::Down { .. })
@@ -650,6 +664,7 @@ impl Nodes {
             *link.liveness.lock().unwrap_or_else(|e| e.into_inner()) = Liveness::default();
             link.written.store(false, Ordering::SeqCst);
             link.health.send_replace(Health::Unknown);
+            link.failing.send_replace(false);
             tracing::warn!(
                 "shard {} replica {} moved from {} to {wanted}: reached there from now on",
                 link.shard,
@@ -969,6 +984,10 @@ impl Nodes {
             }
             link.health.send_replace(health);
         }
+        link.failing.send_if_modified(|failing| {
+            let now = liveness.failing();
+            std::mem::replace(failing, now) != now
+        });
         let up = !matches!(liveness.health(), Health::Down { .. });
         metrics::gauge!("zr_router_node_up", "shard" => label.clone()).set(if up {
             1.0
@@ -1193,6 +1212,7 @@ impl NodeLink {
             last_seen: std::sync::Mutex::new(None),
             liveness: std::sync::Mutex::new(Liveness::default()),
             health: tokio::sync::watch::Sender::new(Health::Unknown),
+            failing: tokio::sync::watch::Sender::new(false),
             incarnation: std::sync::Mutex::new(None),
             written: AtomicBool::new(false),
             len: std::sync::Mutex::new(None),
