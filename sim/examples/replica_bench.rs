@@ -173,23 +173,11 @@ fn main() -> Result<(), Failed> {
     two.start_node(wiped)?;
     let (rebuild_s, copy_phase_s) = until_in_sync(&c2, started)?;
     let shard_bytes = dir_bytes(&two.data_dir(two.node(0, 0)).join("chunk"))?;
-    let copies = (
-        file_copy_seconds(shard_bytes)?,
-        durable_copy_seconds(shard_bytes)?,
-    );
-    let quinn_s = quinn_copy_seconds(&two, shard_bytes)?;
-    print_rebuild(
-        "wiped node",
-        shard_bytes,
-        rebuild_s,
-        copy_phase_s,
-        copies,
-        quinn_s,
-    );
+    print_rebuild(&two, "wiped node", shard_bytes, rebuild_s, copy_phase_s)?;
     let replaced = two.node(1, 0);
     let new_addr = two.replace_node(replaced)?;
-    // Watched from another client while the command runs: the router begins the rebuild
-    // while `replace-node` waits out the old node's read lease.
+    // Watched from another client while the command runs: the router may begin the rebuild
+    // before `replace-node` has answered.
     let watching = two.client()?;
     let started = Instant::now();
     let watcher = std::thread::spawn(move || {
@@ -203,19 +191,7 @@ fn main() -> Result<(), Failed> {
         .join()
         .map_err(|_| "the watching thread panicked")??;
     let shard_bytes = dir_bytes(&two.data_dir(replaced).join("chunk"))?;
-    let copies = (
-        file_copy_seconds(shard_bytes)?,
-        durable_copy_seconds(shard_bytes)?,
-    );
-    let quinn_s = quinn_copy_seconds(&two, shard_bytes)?;
-    print_rebuild(
-        "replacement",
-        shard_bytes,
-        rebuild_s,
-        copy_phase_s,
-        copies,
-        quinn_s,
-    );
+    print_rebuild(&two, "replacement", shard_bytes, rebuild_s, copy_phase_s)?;
     drop((c2, two));
 
     // The longest pause of a gather loop while a node is killed, then while one stalls.
@@ -298,17 +274,19 @@ fn until_in_sync(client: &Client, started: Instant) -> Result<(f64, f64), Failed
     ))
 }
 
-/// One rebuild's line: its copy rate next to a file copy's of the same bytes (`copies`: in
-/// the page cache, as `cp` leaves it, and made durable, as a rebuild's is) and a plain
-/// QUIC transfer's of them between two endpoints.
+/// One rebuild's line: its copy rate next to a file copy's of the same bytes (in the page
+/// cache, as `cp` leaves it, and made durable, as a rebuild's is) and a plain QUIC
+/// transfer's of them between two endpoints of `cluster`, each measured now.
 fn print_rebuild(
+    cluster: &SimCluster,
     what: &str,
     bytes: u64,
     rebuild_s: f64,
     copy_phase_s: f64,
-    (copy_s, durable_s): (f64, f64),
-    quinn_s: f64,
-) {
+) -> Result<(), Failed> {
+    let copy_s = file_copy_seconds(bytes)?;
+    let durable_s = durable_copy_seconds(bytes)?;
+    let quinn_s = quinn_copy_seconds(cluster, bytes)?;
     let mib = |bytes: f64| bytes / (1 << 20) as f64;
     println!(
         "rebuild   {what:<11} {:>6.1} MiB/s ({:.1} MiB in {copy_phase_s:.2} s catching up; {rebuild_s:.2} s from its start to in sync)   file copy {:>7.1} MiB/s (made durable {:>7.1})   plain quinn {:>6.1} MiB/s   rebuild/copy {:.2}x (durable {:.2}x)   rebuild/quinn {:.2}x",
@@ -321,6 +299,7 @@ fn print_rebuild(
         durable_s / copy_phase_s,
         quinn_s / copy_phase_s
     );
+    Ok(())
 }
 
 /// Seconds a plain quinn transfer of `bytes` takes between two endpoints of this process,

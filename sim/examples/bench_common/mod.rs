@@ -384,20 +384,15 @@ pub fn payload(i: u64, size: usize) -> Vec<u8> {
 /// Seconds a plain file copy of `bytes` bytes takes (its source warm in the page cache, as
 /// a cluster's copies find theirs): the baseline of rebuilds and moves.
 pub fn file_copy_seconds(bytes: u64) -> Result<f64> {
-    let dir = tempfile::tempdir()?;
-    let (from, to) = (dir.path().join("a"), dir.path().join("b"));
-    let data: Vec<u8> = (0..bytes)
-        .map(|i| zr_common::hash::mix2(i, 7) as u8)
-        .collect();
-    std::fs::write(&from, &data)?;
-    let started = Instant::now();
-    std::fs::copy(&from, &to)?;
-    Ok(started.elapsed().as_secs_f64())
+    copy_seconds(bytes, false)
 }
 
-/// Seconds a copy of a file of `bytes` takes made durable (`fsync` at the end), as a
-/// rebuild's copy is.
+/// [`file_copy_seconds`] with the copy made durable (`fsync` at the end), as a rebuild's is.
 pub fn durable_copy_seconds(bytes: u64) -> Result<f64> {
+    copy_seconds(bytes, true)
+}
+
+fn copy_seconds(bytes: u64, durable: bool) -> Result<f64> {
     let dir = tempfile::tempdir()?;
     let (from, to) = (dir.path().join("a"), dir.path().join("b"));
     let data: Vec<u8> = (0..bytes)
@@ -406,6 +401,8 @@ pub fn durable_copy_seconds(bytes: u64) -> Result<f64> {
     std::fs::write(&from, &data)?;
     let started = Instant::now();
     std::fs::copy(&from, &to)?;
-    std::fs::File::open(&to)?.sync_all()?;
+    if durable {
+        std::fs::File::open(&to)?.sync_all()?;
+    }
     Ok(started.elapsed().as_secs_f64())
 }
