@@ -12,6 +12,11 @@ pub enum Error {
     #[error("index {index} is out of range: the dataset holds {len} records")]
     IndexOutOfRange { index: u64, len: u64 },
 
+    /// A gather, modify or delete named a record outside a unit other than 0 (see
+    /// `unit`); `len` is 0 for a unit the dataset does not have.
+    #[error("record {index} of unit {unit} is out of range: the unit holds {len} records")]
+    UnitIndexOutOfRange { unit: u32, index: u64, len: u64 },
+
     /// A field name the dataset does not have.
     #[error("unknown field '{name}' (the dataset has: {known})")]
     UnknownField { name: String, known: String },
@@ -33,7 +38,9 @@ pub enum Error {
     InvalidInput { path: PathBuf, reason: String },
 
     /// The dataset was written by a format version this build cannot read.
-    #[error("{path}: unsupported format version {found} (this build reads version {supported})")]
+    #[error(
+        "{path}: unsupported format version {found} (this build reads versions up to {supported})"
+    )]
     UnsupportedVersion {
         path: PathBuf,
         found: u64,
@@ -107,6 +114,14 @@ pub enum SchemaError {
     TooSmall { setting: &'static str, min: u64 },
     #[error("chunk ids not strictly increasing ({0} then {1})")]
     ChunkOrder(u32, u32),
+    #[error("unit ids not strictly increasing ({0} then {1})")]
+    UnitOrder(u32, u32),
+    #[error("unit {0} is past the largest unit id")]
+    UnitId(u32),
+    #[error("length {0} is not the sum of the units' lengths")]
+    UnitLengths(u64),
+    #[error("chunk {id} belongs to unit {unit}, which the dataset does not have")]
+    ChunkUnit { id: u32, unit: u32 },
     #[error("chunk {id} holds {records} records, more than chunk_records {max}")]
     ChunkOverfull { id: u32, records: u64, max: u64 },
     #[error("an element needs at least its token component")]

@@ -25,6 +25,7 @@ use crate::map::{Mapped, PAGE_BYTES};
 use crate::meta::Compression;
 use crate::offset::{Entry, ENTRY_BYTES};
 use crate::store::{GatherOptions, Store};
+use crate::unit::split;
 use crate::view::{Maps, View};
 
 /// Records of a gather whose pages `Auto` checks.
@@ -94,16 +95,14 @@ impl Store {
 
     /// True if the first field's offset entries of a sample of `indices` are in memory.
     pub(crate) fn entries_resident(&self, view: &View, fields: &[usize], indices: &[u64]) -> bool {
-        let Some(table) = fields
-            .first()
-            .and_then(|&f| view.maps.offsets.get(f))
-            .and_then(|t| t.as_deref())
-        else {
+        let Some(&field) = fields.first() else {
             return true;
         };
         sample(indices.len()).all(|k| {
-            let at = indices[k].saturating_mul(ENTRY_BYTES);
-            table.resident(at, ENTRY_BYTES)
+            let (unit, index) = split(indices[k]);
+            view.maps
+                .table(unit, field)
+                .is_none_or(|table| table.resident(index.saturating_mul(ENTRY_BYTES), ENTRY_BYTES))
         })
     }
 
@@ -141,15 +140,18 @@ impl Store {
         let mut read = vec![false; fields.len() * n];
         let mut ranges: Vec<Wanted> = Vec::new();
         for (f, &field) in fields.iter().enumerate() {
-            let table = view.maps.offsets.get(field).and_then(|t| t.as_deref());
-            for (k, &index) in indices.iter().enumerate() {
+            for (k, &address) in indices.iter().enumerate() {
                 let slot = f * n + k;
-                if !view.overlay.is_empty() && index < view.committed_len {
-                    if let Some(entries) = view.overlay.get(&index) {
+                let (unit, index) = split(address);
+                if !view.overlay.is_empty()
+                    && view.lengths(unit).is_some_and(|l| index < l.committed)
+                {
+                    if let Some(entries) = view.overlay.get(&address) {
                         known[slot] = entries.get(field).copied();
                         continue;
                     }
                 }
+                let table = view.maps.table(unit, field);
                 let at = index.checked_mul(ENTRY_BYTES);
                 match (table, at) {
                     (Some(table), Some(at)) if at + ENTRY_BYTES <= table.len() => {

@@ -9,6 +9,10 @@
 //! └── chunk/<id>.zr  append-only frames (header + payload), shared by all fields
 //! ```
 //!
+//! A dataset may keep its records in several independent index spaces, *units* (see
+//! [`unit`]): how a cluster node keeps each slot it holds, so that slots come and go as
+//! files. A dataset on one host has one, unit 0, whose addresses are the plain indices.
+//!
 //! [`Store`] appends, modifies (append + repoint) and deletes (swap-remove) records, commits
 //! them durably, and gathers any list of indices: raw fields as zero-copy slices of the mapped
 //! chunks, flate fields decompressed into the [`Batch`]. Guarantees:
@@ -40,6 +44,7 @@ pub mod ship;
 mod source;
 mod store;
 pub mod stream;
+pub mod unit;
 mod verify;
 mod view;
 mod write;
@@ -48,7 +53,7 @@ mod writer;
 pub use batch::{Batch, FieldView};
 pub use error::{Error, IoContext, Result, SchemaError};
 pub use io::IoBackend;
-pub use meta::{Compression, FieldSpec, Meta};
+pub use meta::{Compression, FieldSpec, Meta, UnitMeta};
 pub use prefetch::Prefetched;
 pub use runtime::{RuntimeOptions, CLEANERS_MAX, READERS_MAX, WRITERS_MAX};
 pub use store::{

@@ -12,11 +12,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::disk;
 use crate::error::{Error, IoContext, Result, SchemaError};
+use crate::unit::{chunk_unit, UNITS_MAX};
 
 /// The `format` key every dataset carries.
 pub const FORMAT_NAME: &str = "zrecord";
-/// The on-disk format version this build writes and reads.
+/// The on-disk format version of a dataset with one unit, 0 (see `unit`): what a dataset on
+/// one host is.
 pub const FORMAT_VERSION: u32 = 1;
+/// The version of one with other units: `units` lists them all.
+pub const FORMAT_VERSION_UNITS: u32 = 2;
 /// File name of the metadata inside a dataset directory.
 pub const META_FILE: &str = "meta.json";
 /// Longest field name accepted (names become file names).
@@ -218,6 +222,14 @@ pub struct ChunkMeta {
     pub sealed: bool,
 }
 
+/// Committed state of one unit (see `unit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitMeta {
+    pub id: u32,
+    /// Records committed into it.
+    pub length: u64,
+}
+
 /// The contents of `meta.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Meta {
@@ -227,7 +239,7 @@ pub struct Meta {
     pub version: u32,
     /// Incremented by every commit; ties `redo.log` to the commit that wrote it.
     pub generation: u64,
-    /// Number of records N.
+    /// Number of records N: with units, of all of them.
     pub length: u64,
     /// Records per chunk before a writer seals it.
     pub chunk_records: u32,
@@ -239,9 +251,37 @@ pub struct Meta {
     pub fields: Vec<FieldSpec>,
     /// Every chunk, sealed or unfull, ordered by id.
     pub chunks: Vec<ChunkMeta>,
+    /// Version 2: every unit, ordered by id (see [`Meta::units`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub units: Vec<UnitMeta>,
 }
 
 impl Meta {
+    /// Every unit and its length, ordered by id: for version 1, unit 0 alone.
+    pub fn units(&self) -> Vec<UnitMeta> {
+        if self.version == FORMAT_VERSION {
+            vec![UnitMeta {
+                id: 0,
+                length: self.length,
+            }]
+        } else {
+            self.units.clone()
+        }
+    }
+
+    /// Records `units` (ordered by id) as the dataset's: version 1 if they are unit 0
+    /// alone, else version 2.
+    pub fn set_units(&mut self, units: Vec<UnitMeta>) {
+        self.length = units.iter().map(|u| u.length).sum();
+        if units.len() == 1 && units[0].id == 0 {
+            self.version = FORMAT_VERSION;
+            self.units = Vec::new();
+        } else {
+            self.version = FORMAT_VERSION_UNITS;
+            self.units = units;
+        }
+    }
+
     /// Checks everything that does not need the other files.
     pub fn validate(&self) -> Result<(), SchemaError> {
         if self.fields.is_empty() {
@@ -265,6 +305,26 @@ impl Meta {
         for pair in self.chunks.windows(2) {
             if pair[0].id >= pair[1].id {
                 return Err(SchemaError::ChunkOrder(pair[0].id, pair[1].id));
+            }
+        }
+        let units = self.units();
+        for pair in units.windows(2) {
+            if pair[0].id >= pair[1].id {
+                return Err(SchemaError::UnitOrder(pair[0].id, pair[1].id));
+            }
+        }
+        if let Some(unit) = units.iter().find(|u| u.id >= UNITS_MAX) {
+            return Err(SchemaError::UnitId(unit.id));
+        }
+        if self.version == FORMAT_VERSION_UNITS
+            && self.length != units.iter().map(|u| u.length).sum::<u64>()
+        {
+            return Err(SchemaError::UnitLengths(self.length));
+        }
+        for chunk in &self.chunks {
+            let unit = chunk_unit(chunk.id);
+            if units.binary_search_by_key(&unit, |u| u.id).is_err() {
+                return Err(SchemaError::ChunkUnit { id: chunk.id, unit });
             }
         }
         for chunk in &self.chunks {
@@ -313,11 +373,11 @@ impl Meta {
             )));
         }
         let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
-        if version != FORMAT_VERSION as u64 {
+        if version != FORMAT_VERSION as u64 && version != FORMAT_VERSION_UNITS as u64 {
             return Err(Error::UnsupportedVersion {
                 path: dir.to_path_buf(),
                 found: version,
-                supported: FORMAT_VERSION,
+                supported: FORMAT_VERSION_UNITS,
             });
         }
         let meta: Meta = serde_json::from_value(value).map_err(|e| Error::Corrupt {

@@ -15,6 +15,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, Meta};
 use crate::runtime::RuntimeOptions;
 use crate::store::{CreateOptions, Store};
+use crate::unit::address;
 use crate::verify::Utilization;
 use zr_common::Record;
 
@@ -173,10 +174,21 @@ fn rewrite(
     let new = Store::create_with_dicts(&scratch, fields.clone(), options, runtime, &dicts)?;
     let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
     let len = old.len();
-    let mut first = 0;
-    while first < len {
-        let last = (first + STEP_RECORDS).min(len);
-        let indices: Vec<u64> = (first..last).collect();
+    let mut done = 0;
+    // Unit by unit (a dataset on one host has one): each keeps its indices.
+    let steps: Vec<(u32, u64, u64)> = old
+        .units()
+        .into_iter()
+        .flat_map(|(unit, len)| {
+            let steps = (0..len)
+                .step_by(STEP_RECORDS as usize)
+                .map(move |first| (unit, first, (first + STEP_RECORDS).min(len)));
+            // An empty unit is kept too.
+            std::iter::once((unit, 0, 0)).chain(steps)
+        })
+        .collect();
+    for (unit, first, last) in steps {
+        let indices: Vec<u64> = (first..last).map(|i| address(unit, i)).collect();
         let batch = old.gather_with(&indices, &[], crate::GatherOptions::verified())?;
         let columns: Vec<_> = batch.fields().collect();
         let records: Vec<Record> = (0..indices.len())
@@ -188,9 +200,12 @@ fn rewrite(
                 record
             })
             .collect();
-        new.append_many(&records)?;
-        progress(last, len);
-        first = last;
+        new.append_to(unit, &records)?;
+        done += last - first;
+        progress(done, len);
+    }
+    if old.unit_len(0).is_none() {
+        new.drop_unit(0)?;
     }
     new.commit()?;
     let after = new.utilization()?;

@@ -19,6 +19,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::meta::{Meta, META_FILE};
 use crate::offset::{offset_file_name, ENTRY_BYTES};
 use crate::store::Store;
+use crate::unit::{offset_path, UNITS_DIR, UNITS_MAX};
 
 /// One file of a snapshot: its path inside the dataset directory and where its bytes are.
 #[derive(Clone, Debug)]
@@ -190,16 +191,23 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e).ctx("read", &redo),
         }
+        for unit in meta.units() {
+            for field in &meta.fields {
+                let name = offset_file_name(&field.name);
+                let name = match unit.id {
+                    0 => name,
+                    id => format!("{UNITS_DIR}/{id}/{name}"),
+                };
+                files.push(SnapshotFile {
+                    name,
+                    source: Source::File {
+                        path: offset_path(&dir, unit.id, &field.name),
+                        len: unit.length * ENTRY_BYTES,
+                    },
+                });
+            }
+        }
         for field in &meta.fields {
-            let name = offset_file_name(&field.name);
-            let path = dir.join(&name);
-            files.push(SnapshotFile {
-                name,
-                source: Source::File {
-                    path,
-                    len: meta.length * ENTRY_BYTES,
-                },
-            });
             if field.dict.is_some() {
                 let path = crate::dict::path(&dir, &field.name);
                 let bytes = std::fs::read(&path).ctx("read", &path)?;
@@ -250,6 +258,22 @@ pub fn target_path(dir: &Path, name: &str) -> Result<PathBuf> {
             || name == crate::redo::REDO_FILE
             || name.strip_suffix(".offset").is_some_and(plain)
     };
+    let unit_table = |name: &str| {
+        let mut parts = name.split('/');
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(UNITS_DIR), Some(id), Some(file), None) => {
+                // The unit's number as the store writes it: digits, no leading zero.
+                !id.starts_with('0')
+                    && id.bytes().all(|b| b.is_ascii_digit())
+                    && id.parse::<u32>().is_ok_and(|id| id < UNITS_MAX)
+                    && file.strip_suffix(".offset").is_some_and(plain)
+            }
+            _ => false,
+        }
+    };
+    if unit_table(name) {
+        return Ok(dir.join(name));
+    }
     match name.split_once('/') {
         None if top(name) => Ok(dir.join(name)),
         Some((folder, file))

@@ -9,7 +9,7 @@
 //! holds their mappings.
 
 use std::fs::{self, File, OpenOptions};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use ahash::AHashMap;
@@ -23,9 +23,10 @@ use crate::meta::{sync_dir, FieldSpec, Meta, FORMAT_NAME, FORMAT_VERSION, META_F
 use crate::offset::{offset_file_name, ENTRY_BYTES};
 use crate::redo;
 use crate::runtime::{Runtime, RuntimeOptions};
+use crate::unit::{offset_path, unit_dir};
 pub use crate::view::{chunk_path, CHUNK_DIR};
-use crate::view::{Core, Maps, View};
-use crate::writer::Writers;
+use crate::view::{Core, Lengths, Maps, View};
+use crate::writer::{set_chunk_map, UnitFiles, Writers};
 
 pub use crate::lock::{LOCK_FILE, WRITER_LOCK_FILE};
 
@@ -229,6 +230,7 @@ impl Store {
             offset_grow_entries: options.offset_grow_entries,
             fields,
             chunks: Vec::new(),
+            units: Vec::new(),
         };
         meta.validate()?;
         match fs::read_dir(dir) {
@@ -309,35 +311,32 @@ impl Store {
             reason,
         };
 
-        // Offset tables: each must hold at least N entries.
-        let mut offset_files = Vec::with_capacity(meta.fields.len());
-        let mut offset_maps = Vec::with_capacity(meta.fields.len());
-        let mut offset_capacity = u64::MAX;
-        for field in &meta.fields {
-            let path = dir.join(offset_file_name(&field.name));
-            let file = OpenOptions::new()
-                .read(true)
-                .write(!read_only)
-                .open(&path)
-                .ctx("open offset table", &path)?;
-            let bytes = file.metadata().ctx("stat", &path)?.len();
-            if bytes % ENTRY_BYTES != 0 || bytes / ENTRY_BYTES < meta.length {
-                return Err(corrupt(
-                    &path,
-                    format!(
-                        "offset table has {bytes} bytes; it must be a multiple of {ENTRY_BYTES} holding at least the {} committed entries",
-                        meta.length
-                    ),
-                ));
-            }
-            offset_capacity = offset_capacity.min(bytes / ENTRY_BYTES);
-            offset_maps.push(Mapped::new(&file, &path)?);
-            offset_files.push((file, path));
+        // Offset tables: each must hold at least its unit's committed entries.
+        let mut maps = Maps::default();
+        let mut view = View {
+            units: Vec::new(),
+            maps: Arc::new(Maps::default()),
+            overlay: AHashMap::new(),
+        };
+        let mut unit_files = Vec::new();
+        for unit in meta.units() {
+            let tables = open_tables(dir, unit.id, &meta.fields, unit.length, read_only)?;
+            maps.unit_mut(unit.id).offsets = tables.maps;
+            *view.lengths_mut(unit.id) = Lengths {
+                len: unit.length,
+                committed: unit.length,
+            };
+            unit_files.push((
+                unit.id,
+                UnitFiles {
+                    offset_files: tables.files,
+                    capacity: tables.capacity,
+                    dirty: false,
+                },
+            ));
         }
 
         // Chunks: each must hold at least the bytes meta.json commits.
-        let chunk_slots = meta.chunks.last().map_or(0, |c| c.id as usize + 1);
-        let mut chunk_maps: Vec<Option<Arc<Mapped>>> = vec![None; chunk_slots];
         for chunk in &meta.chunks {
             let path = chunk_path(dir, chunk.id);
             let file = File::open(&path).ctx("open chunk", &path)?;
@@ -351,19 +350,9 @@ impl Store {
                     ),
                 ));
             }
-            chunk_maps[chunk.id as usize] = Mapped::new(&file, &path)?;
+            set_chunk_map(&mut maps, chunk.id, Mapped::new(&file, &path)?);
         }
-
-        let maps = Arc::new(Maps {
-            offsets: offset_maps,
-            chunks: chunk_maps,
-        });
-        let mut view = View {
-            len: meta.length,
-            committed_len: meta.length,
-            maps,
-            overlay: AHashMap::new(),
-        };
+        view.maps = Arc::new(maps);
 
         // A redo log of the last commit may not have been applied in place yet.
         if let Some(changes) = redo::read(dir, meta.generation, meta.fields.len())? {
@@ -375,17 +364,12 @@ impl Store {
         let writers = if read_only {
             None
         } else {
-            let writers = Writers::new(
-                dir,
-                &meta,
-                offset_files,
-                offset_capacity,
-                runtime.options.writers,
-            )?;
+            let writers = Writers::new(dir, &meta, unit_files, runtime.options.writers)?;
             {
                 let mut shared = writers.shared();
                 shared.settle_redo(&mut view, &lock)?;
                 shared.remove_uncommitted_chunks()?;
+                shared.remove_uncommitted_units()?;
             }
             Some(writers)
         };
@@ -451,7 +435,8 @@ impl Store {
         let mut shared = writers.shared();
         {
             let view = self.inner.read_view();
-            if view.len != view.committed_len || !view.overlay.is_empty() {
+            let pending = view.units.iter().flatten().any(|l| l.len != l.committed);
+            if pending || !view.overlay.is_empty() {
                 return Err(Error::InvalidRecord(
                     "writes arrived while the field was being added; add it again".into(),
                 ));
@@ -460,17 +445,21 @@ impl Store {
         let mut meta = shared.meta.clone();
         meta.fields.push(spec.clone());
         meta.validate()?;
-        // The new table first, all absent; meta.json, the commit point, then names it.
-        let path = dir.join(offset_file_name(&spec.name));
-        let file = disk::create(&path).ctx("create offset table", &path)?;
-        disk::set_len(
-            &file,
-            &path,
-            shared.offset_capacity.max(meta.length) * ENTRY_BYTES,
-        )
-        .ctx("size offset table", &path)?;
-        disk::sync(&file, &path).ctx("fsync", &path)?;
-        drop(file);
+        // The new tables first (one per unit), all absent; meta.json, the commit point,
+        // then names them.
+        for unit in meta.units() {
+            let capacity = shared
+                .units
+                .get(unit.id as usize)
+                .and_then(Option::as_ref)
+                .map_or(0, |u| u.capacity);
+            let path = offset_path(&dir, unit.id, &spec.name);
+            let file = disk::create(&path).ctx("create offset table", &path)?;
+            disk::set_len(&file, &path, capacity.max(unit.length) * ENTRY_BYTES)
+                .ctx("size offset table", &path)?;
+            disk::sync(&file, &path).ctx("fsync", &path)?;
+            sync_dir(&unit_dir(&dir, unit.id))?;
+        }
         meta.store(&dir)?;
         shared.failed = Some(format!(
             "the dataset gained field '{}': this handle was replaced by the one add_field returned",
@@ -499,9 +488,26 @@ impl Store {
         &self.inner.dir
     }
 
-    /// Number of records N (including appends not yet committed).
+    /// Number of records N (including appends not yet committed): with units, of all of
+    /// them.
     pub fn len(&self) -> u64 {
-        self.inner.read_view().len
+        self.inner.read_view().total_len()
+    }
+
+    /// Every unit the dataset has and its length (see [`crate::unit`]), ordered by id: unit
+    /// 0 alone for a dataset on one host.
+    pub fn units(&self) -> Vec<(u32, u64)> {
+        let view = self.inner.read_view();
+        view.units
+            .iter()
+            .enumerate()
+            .filter_map(|(id, l)| Some((id as u32, l.as_ref()?.len)))
+            .collect()
+    }
+
+    /// The length of unit `unit`, if the dataset has it.
+    pub fn unit_len(&self, unit: u32) -> Option<u64> {
+        self.inner.read_view().lengths(unit).map(|l| l.len)
     }
 
     /// True if the dataset holds no records.
@@ -563,9 +569,7 @@ impl Store {
     pub fn chunk_stats(&self) -> (u64, u64) {
         let view = self.inner.read_view();
         view.maps
-            .chunks
-            .iter()
-            .flatten()
+            .all_chunks()
             .fold((0, 0), |(chunks, bytes), chunk| {
                 (chunks + 1, bytes + chunk.len())
             })
@@ -588,4 +592,49 @@ impl Store {
             reason,
         }
     }
+}
+
+/// A unit's offset tables, opened.
+pub(crate) struct Tables {
+    pub(crate) files: Vec<(File, PathBuf)>,
+    pub(crate) maps: Vec<Option<Arc<Mapped>>>,
+    /// Entries every table has room for.
+    pub(crate) capacity: u64,
+}
+
+/// Opens unit `unit`'s offset tables of `fields` in the dataset at `dir`; each must hold at
+/// least the unit's `committed` entries.
+pub(crate) fn open_tables(
+    dir: &Path,
+    unit: u32,
+    fields: &[FieldSpec],
+    committed: u64,
+    read_only: bool,
+) -> Result<Tables> {
+    let mut tables = Tables {
+        files: Vec::with_capacity(fields.len()),
+        maps: Vec::with_capacity(fields.len()),
+        capacity: u64::MAX,
+    };
+    for field in fields {
+        let path = offset_path(dir, unit, &field.name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .open(&path)
+            .ctx("open offset table", &path)?;
+        let bytes = file.metadata().ctx("stat", &path)?.len();
+        if bytes % ENTRY_BYTES != 0 || bytes / ENTRY_BYTES < committed {
+            return Err(Error::Corrupt {
+                path,
+                reason: format!(
+                    "offset table has {bytes} bytes; it must be a multiple of {ENTRY_BYTES} holding at least the {committed} committed entries"
+                ),
+            });
+        }
+        tables.capacity = tables.capacity.min(bytes / ENTRY_BYTES);
+        tables.maps.push(Mapped::new(&file, &path)?);
+        tables.files.push((file, path));
+    }
+    Ok(tables)
 }

@@ -6,6 +6,7 @@ use crate::error::Result;
 use crate::frame::{frame_start, FRAME_HEADER_BYTES};
 use crate::meta::Meta;
 use crate::store::Store;
+use crate::unit::address;
 
 /// Records checked per step (and per progress report).
 const STEP_RECORDS: u64 = 4096;
@@ -56,16 +57,24 @@ impl Store {
     /// Checks every record of every field: entry bounds, frame header, CRC32. Reports each
     /// bad record; changes nothing. `progress` is called with the records checked so far.
     pub fn verify(&self, mut progress: impl FnMut(u64)) -> Result<VerifyReport> {
-        let len = self.len();
         let fields = self.fields().len();
         let mut report = VerifyReport::default();
-        let mut first = 0;
-        while first < len {
-            let last = (first + STEP_RECORDS).min(len);
+        // Records of every unit, one after the other: (unit, first, last) steps.
+        let steps: Vec<(u32, u64, u64)> = self
+            .units()
+            .into_iter()
+            .flat_map(|(unit, len)| {
+                (0..len)
+                    .step_by(STEP_RECORDS as usize)
+                    .map(move |first| (unit, first, (first + STEP_RECORDS).min(len)))
+            })
+            .collect();
+        for (unit, first, last) in steps {
             let view = self.inner.read_view();
             let maps = std::sync::Arc::clone(&view.maps);
             for field in 0..fields {
-                for index in first..last.min(view.len) {
+                for index in first..last.min(view.len_of(unit)) {
+                    let index = address(unit, index);
                     let mut span = [Span::default()];
                     let checked = self
                         .resolve_one(&view, field, index, &mut span)
@@ -93,9 +102,8 @@ impl Store {
                 }
             }
             drop(view);
-            report.records = last;
-            progress(last);
-            first = last;
+            report.records += last - first;
+            progress(report.records);
         }
         Ok(report)
     }
@@ -106,23 +114,27 @@ impl Store {
         let meta = Meta::load(self.dir())?;
         let allocated_bytes = meta.chunks.iter().map(|c| c.bytes).sum();
         let fields = self.fields().len();
+        let units = self.units();
         let view = self.inner.read_view();
-        let (mut live_bytes, mut chunk_end, mut records_in_chunk) = (0u64, 0u64, 0u32);
-        for index in 0..view.len {
-            for field in 0..fields {
-                let len = view.entry(field, index).map_or(0, |e| e.len);
-                if len > 0 {
-                    chunk_end =
-                        frame_start(chunk_end, len as usize) + FRAME_HEADER_BYTES + len as u64;
+        let mut live_bytes = 0u64;
+        for (unit, len) in units {
+            let (mut chunk_end, mut records_in_chunk) = (0u64, 0u32);
+            for index in 0..len.min(view.len_of(unit)) {
+                for field in 0..fields {
+                    let len = view.entry(field, address(unit, index)).map_or(0, |e| e.len);
+                    if len > 0 {
+                        chunk_end =
+                            frame_start(chunk_end, len as usize) + FRAME_HEADER_BYTES + len as u64;
+                    }
+                }
+                records_in_chunk += 1;
+                if records_in_chunk == meta.chunk_records {
+                    live_bytes += chunk_end;
+                    (chunk_end, records_in_chunk) = (0, 0);
                 }
             }
-            records_in_chunk += 1;
-            if records_in_chunk == meta.chunk_records {
-                live_bytes += chunk_end;
-                (chunk_end, records_in_chunk) = (0, 0);
-            }
+            live_bytes += chunk_end;
         }
-        live_bytes += chunk_end;
         Ok(Utilization {
             live_bytes,
             allocated_bytes,

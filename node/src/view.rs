@@ -9,10 +9,12 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use ahash::AHashMap;
 
+use crate::error::{Error, Result};
 use crate::map::Mapped;
 use crate::meta::FieldSpec;
 use crate::offset::{Entry, ENTRY_BYTES};
 use crate::runtime::Runtime;
+use crate::unit::{chunk_seq, chunk_unit, split};
 
 /// Name of the chunk folder inside a dataset directory.
 pub const CHUNK_DIR: &str = "chunk";
@@ -23,43 +25,158 @@ pub fn chunk_path(dir: &Path, id: u32) -> PathBuf {
 }
 
 /// The mappings a view of the dataset reads through, shared by every batch made from it.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(crate) struct Maps {
+    /// Per unit id, that unit's mappings; `None` for a unit the dataset lacks.
+    pub(crate) units: Vec<Option<Arc<UnitMaps>>>,
+}
+
+/// One unit's mappings.
+#[derive(Clone, Default)]
+pub(crate) struct UnitMaps {
     /// Offset table of each field, by field position. `None` only for an empty file.
     pub(crate) offsets: Vec<Option<Arc<Mapped>>>,
-    /// Chunk mappings by chunk id; `None` for ids with no chunk or an empty one.
+    /// Chunk mappings by their number in the unit (`unit::chunk_seq`); `None` for numbers
+    /// with no chunk or an empty one.
     pub(crate) chunks: Vec<Option<Arc<Mapped>>>,
 }
 
 impl Maps {
     #[inline]
     pub(crate) fn chunk(&self, id: u32) -> Option<&Mapped> {
-        self.chunks.get(id as usize)?.as_deref()
+        self.units
+            .get(chunk_unit(id) as usize)?
+            .as_deref()?
+            .chunks
+            .get(chunk_seq(id) as usize)?
+            .as_deref()
     }
+
+    /// Unit `unit`'s mappings, if the dataset has it.
+    #[inline]
+    pub(crate) fn unit(&self, unit: u32) -> Option<&UnitMaps> {
+        self.units.get(unit as usize)?.as_deref()
+    }
+
+    /// The offset table of `field` in unit `unit`.
+    #[inline]
+    pub(crate) fn table(&self, unit: u32, field: usize) -> Option<&Mapped> {
+        self.units
+            .get(unit as usize)?
+            .as_deref()?
+            .offsets
+            .get(field)?
+            .as_deref()
+    }
+
+    /// Every chunk mapping.
+    pub(crate) fn all_chunks(&self) -> impl Iterator<Item = &Arc<Mapped>> {
+        self.units
+            .iter()
+            .flatten()
+            .flat_map(|u| u.chunks.iter().flatten())
+    }
+
+    /// Unit `unit`'s mappings, to change (made if the dataset lacks it).
+    pub(crate) fn unit_mut(&mut self, unit: u32) -> &mut UnitMaps {
+        let slot = unit as usize;
+        if self.units.len() <= slot {
+            self.units.resize(slot + 1, None);
+        }
+        Arc::make_mut(self.units[slot].get_or_insert_with(Default::default))
+    }
+}
+
+/// A unit's length, and how much of it is committed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Lengths {
+    pub(crate) len: u64,
+    pub(crate) committed: u64,
 }
 
 /// What readers see. See the module documentation.
 pub(crate) struct View {
-    pub(crate) len: u64,
-    pub(crate) committed_len: u64,
+    /// Per unit id, its lengths; `None` for a unit the dataset lacks.
+    pub(crate) units: Vec<Option<Lengths>>,
     pub(crate) maps: Arc<Maps>,
-    /// Entries changed below `committed_len` since the last commit: index → entry per field.
+    /// Entries changed below their unit's committed length since the last commit: address
+    /// → entry per field.
     pub(crate) overlay: AHashMap<u64, Box<[Entry]>>,
 }
 
 impl View {
-    /// Entry of `field` for record `index` (which must be below the offset tables' end).
+    /// The lengths of unit `unit`, if the dataset has it.
     #[inline]
-    pub(crate) fn entry(&self, field: usize, index: u64) -> Option<Entry> {
-        if !self.overlay.is_empty() && index < self.committed_len {
-            if let Some(entries) = self.overlay.get(&index) {
+    pub(crate) fn lengths(&self, unit: u32) -> Option<Lengths> {
+        self.units.get(unit as usize).copied().flatten()
+    }
+
+    /// The length of unit `unit` (0 for a unit the dataset lacks).
+    #[inline]
+    pub(crate) fn len_of(&self, unit: u32) -> u64 {
+        self.lengths(unit).map_or(0, |l| l.len)
+    }
+
+    /// Records in every unit.
+    pub(crate) fn total_len(&self) -> u64 {
+        self.units.iter().flatten().map(|l| l.len).sum()
+    }
+
+    /// Lengths of unit `unit`, to change (the unit is made if the dataset lacks it).
+    pub(crate) fn lengths_mut(&mut self, unit: u32) -> &mut Lengths {
+        let slot = unit as usize;
+        if self.units.len() <= slot {
+            self.units.resize(slot + 1, None);
+        }
+        self.units[slot].get_or_insert_with(Lengths::default)
+    }
+
+    /// The error if `address` is not a record of the dataset, else `Ok`.
+    #[inline]
+    pub(crate) fn check(&self, address: u64) -> Result<()> {
+        let (unit, index) = split(address);
+        let len = self.len_of(unit);
+        if index < len {
+            Ok(())
+        } else {
+            Err(out_of_range(address, len))
+        }
+    }
+
+    /// [`View::check`] of every address; quick for a dataset with unit 0 alone, where a
+    /// bound on the plain index is the whole check.
+    #[inline]
+    pub(crate) fn check_all(&self, addresses: &[u64]) -> Result<()> {
+        if let [Some(only)] = self.units[..] {
+            return match addresses.iter().find(|&&a| a >= only.len) {
+                Some(&a) => Err(out_of_range(a, self.len_of(split(a).0))),
+                None => Ok(()),
+            };
+        }
+        addresses.iter().try_for_each(|&a| self.check(a))
+    }
+
+    /// Entry of `field` for record `address` (`None`: the offset table ends before it).
+    #[inline]
+    pub(crate) fn entry(&self, field: usize, address: u64) -> Option<Entry> {
+        let (unit, index) = split(address);
+        if !self.overlay.is_empty() && self.lengths(unit).is_some_and(|l| index < l.committed) {
+            if let Some(entries) = self.overlay.get(&address) {
                 return entries.get(field).copied();
             }
         }
-        let table = self.maps.offsets.get(field)?.as_deref()?;
-        table
+        self.maps
+            .table(unit, field)?
             .read16(index.checked_mul(ENTRY_BYTES)?)
             .map(Entry::decode)
+    }
+}
+
+/// The error for `address`, past its unit's length `len`.
+pub(crate) fn out_of_range(address: u64, len: u64) -> Error {
+    match split(address) {
+        (0, index) => Error::IndexOutOfRange { index, len },
+        (unit, index) => Error::UnitIndexOutOfRange { unit, index, len },
     }
 }
 

@@ -7,9 +7,13 @@ use std::sync::atomic::Ordering;
 use rayon::prelude::*;
 use zr_common::Record;
 
-use crate::error::{Error, Result};
+use std::sync::Arc;
+
+use crate::error::{Error, IoContext, Result};
 use crate::offset::Entry;
 use crate::store::Store;
+use crate::unit::{address, chunk_unit, split, UNIT_INDEX_LIMIT};
+use crate::view::View;
 use crate::writer::{no_entries, Writers};
 
 /// Appends of fewer records than this stay on one writer.
@@ -101,6 +105,12 @@ impl Store {
     /// written, so a bad record rejects the whole call. Large calls are encoded by several
     /// writers at once.
     pub fn append_many(&self, records: &[Record]) -> Result<Range<u64>> {
+        self.append_to(0, records)
+    }
+
+    /// [`Store::append_many`] into unit `unit` (see [`crate::unit`]), made if the dataset
+    /// lacks it; returns the records' indices inside the unit.
+    pub fn append_to(&self, unit: u32, records: &[Record]) -> Result<Range<u64>> {
         let payloads: Vec<_> = records
             .iter()
             .map(|r| self.payloads(r))
@@ -113,11 +123,12 @@ impl Store {
         } else {
             1
         };
+        writers.shared().ensure_unit(inner, unit)?;
         let mut entries = no_entries(fields, records.len());
         match inner.runtime.writers().filter(|_| parts > 1) {
             None => writers
                 .any_slot()
-                .encode(inner, writers, &payloads, &mut entries)?,
+                .encode(inner, writers, unit, &payloads, &mut entries)?,
             Some(pool) => {
                 let part_len = payloads.len().div_ceil(parts);
                 let encoded: Vec<Vec<Vec<Entry>>> = pool.install(|| {
@@ -126,9 +137,13 @@ impl Store {
                         .enumerate()
                         .map(|(i, part)| {
                             let mut part_entries = no_entries(fields, part.len());
-                            writers
-                                .slot(i)
-                                .encode(inner, writers, part, &mut part_entries)?;
+                            writers.slot(i).encode(
+                                inner,
+                                writers,
+                                unit,
+                                part,
+                                &mut part_entries,
+                            )?;
                             Ok(part_entries)
                         })
                         .collect::<Result<_>>()
@@ -141,9 +156,16 @@ impl Store {
             }
         }
         let mut shared = writers.shared();
-        let start = inner.read_view().len;
+        // A unit dropped meanwhile is made again, empty.
+        shared.ensure_unit(inner, unit)?;
+        let start = inner.read_view().len_of(unit);
         let end = start + records.len() as u64;
-        shared.put_entries(inner, start, &entries, Some(end))?;
+        if end > UNIT_INDEX_LIMIT {
+            return Err(Error::InvalidRecord(format!(
+                "unit {unit} would pass its {UNIT_INDEX_LIMIT} records"
+            )));
+        }
+        shared.put_entries(inner, address(unit, start), &entries, Some(end))?;
         Ok(start..end)
     }
 
@@ -184,21 +206,29 @@ impl Store {
             .collect::<Result<_>>()?;
         let inner = &*self.inner;
         let writers = self.writers()?;
-        let check = |len: u64| match indices.iter().find(|&&i| i >= len) {
-            Some(&index) => Err(Error::IndexOutOfRange { index, len }),
-            None => Ok(()),
-        };
-        check(inner.read_view().len)?;
+        let check = |view: &View| indices.iter().try_for_each(|&a| view.check(a));
+        check(&inner.read_view())?;
         let mut entries = no_entries(inner.fields.len(), records.len());
-        writers
-            .any_slot()
-            .encode(inner, writers, &payloads, &mut entries)?;
+        {
+            // Each record's new payloads go to a chunk of its own unit.
+            let mut slot = writers.any_slot();
+            let mut at = 0;
+            while at < indices.len() {
+                let unit = split(indices[at]).0;
+                let run = indices[at..]
+                    .iter()
+                    .take_while(|&&a| split(a).0 == unit)
+                    .count();
+                slot.encode(inner, writers, unit, &payloads[at..at + run], &mut entries)?;
+                at += run;
+            }
+        }
         let mut shared = writers.shared();
         // A delete may have raced the encoding; check again where it counts, and take the
         // current entries of the fields a record does not name.
         let merged: Vec<Vec<Entry>> = {
             let view = inner.read_view();
-            check(view.len)?;
+            check(&view)?;
             indices
                 .iter()
                 .enumerate()
@@ -233,20 +263,18 @@ impl Store {
     }
 
     /// Deletes record `index` by swap-remove: the last record takes its index and the length
-    /// shrinks by one.
+    /// shrinks by one. (With units, `index` is an address, and the last record of its unit
+    /// takes its place.)
     pub fn delete(&self, index: u64) -> Result<()> {
         let inner = &*self.inner;
         let writers = self.writers()?;
         let mut shared = writers.shared();
+        let (unit, at) = split(index);
         let (len, moved) = {
             let view = inner.read_view();
-            if index >= view.len {
-                return Err(Error::IndexOutOfRange {
-                    index,
-                    len: view.len,
-                });
-            }
-            let last = view.len - 1;
+            view.check(index)?;
+            let len = view.len_of(unit);
+            let last = address(unit, len - 1);
             let moved: Vec<Vec<Entry>> = (0..inner.fields.len())
                 .map(|field| {
                     view.entry(field, last)
@@ -257,15 +285,64 @@ impl Store {
                         })
                 })
                 .collect::<Result<_>>()?;
-            (view.len, moved)
+            (len, moved)
         };
-        if index == len - 1 {
-            inner.write_view().len = len - 1;
+        if at == len - 1 {
+            inner.write_view().lengths_mut(unit).len = len - 1;
         } else {
             shared.put_entries(inner, index, &moved, Some(len - 1))?;
         }
         // Counted once visible (see `Store::mark`).
         inner.rewrites.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Drops unit `unit` and every record in it (see [`crate::unit`]), with every other
+    /// write so far made durable in the same commit; its files are removed after it. Only
+    /// the commit if the dataset lacks it. Batches gathered from it before stay valid.
+    pub fn drop_unit(&self, unit: u32) -> Result<()> {
+        let inner = &*self.inner;
+        let writers = self.writers()?;
+        if inner.read_view().lengths(unit).is_none() {
+            return self.commit();
+        }
+        let mut slots: Vec<_> = (0..writers.slots.len()).map(|i| writers.slot(i)).collect();
+        let mut shared = writers.shared();
+        for slot in &mut slots {
+            slot.forget_unit(unit);
+        }
+        let gone: Vec<u32> = shared
+            .chunks
+            .iter()
+            .map(|c| c.id)
+            .filter(|&id| chunk_unit(id) == unit)
+            .collect();
+        shared.chunks.retain(|c| chunk_unit(c.id) != unit);
+        shared.forget_unit(unit);
+        {
+            let mut view = inner.write_view();
+            if let Some(lengths) = view.units.get_mut(unit as usize) {
+                *lengths = None;
+            }
+            view.overlay.retain(|&a, _| split(a).0 != unit);
+            let mut maps = (*view.maps).clone();
+            if let Some(maps) = maps.units.get_mut(unit as usize) {
+                *maps = None;
+            }
+            view.maps = Arc::new(maps);
+        }
+        for slot in &mut slots {
+            slot.sync(&mut shared)?;
+        }
+        shared.commit(inner, &inner.locks)?;
+        // Past the commit point: what is left are files no commit names, which the next
+        // open removes if this cannot.
+        let dir = inner.dir.clone();
+        for id in gone {
+            let path = crate::view::chunk_path(&dir, id);
+            crate::disk::remove(&path).ctx("remove a dropped unit's chunk", &path)?;
+        }
+        shared.remove_uncommitted_units()?;
         Ok(())
     }
 

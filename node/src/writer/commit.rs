@@ -8,12 +8,15 @@ use crate::disk;
 use crate::lock::Locks;
 use crate::map::Mapped;
 
-use super::{publish, Shared};
+use std::sync::Arc;
+
+use super::{publish, Shared, UnitFiles};
 use crate::error::{Error, IoContext, Result};
-use crate::meta::{sync_dir, ChunkMeta};
+use crate::meta::{sync_dir, ChunkMeta, UnitMeta};
 use crate::offset::{write_entries, Entry, ENTRY_BYTES};
 use crate::redo;
-use crate::view::{Core, View, CHUNK_DIR};
+use crate::unit::{address, offset_path, split, unit_dir, UNITS_DIR, UNITS_MAX};
+use crate::view::{Core, Lengths, View, CHUNK_DIR};
 
 impl Shared {
     /// Applies a redo log found at open (it is in `view.overlay`) to the offset tables, then
@@ -68,20 +71,130 @@ impl Shared {
         Ok(())
     }
 
-    /// Makes the offset tables hold at least `entries` entries.
-    pub(crate) fn ensure_offset_capacity(&mut self, inner: &Core, entries: u64) -> Result<()> {
-        if entries <= self.offset_capacity {
+    /// Removes what units meta.json does not commit left: the directories of units made
+    /// and never committed, or dropped (and unit 0's tables, if it was dropped).
+    pub(crate) fn remove_uncommitted_units(&mut self) -> Result<()> {
+        let units = self.meta.units();
+        let held = |id: u32| units.binary_search_by_key(&id, |u| u.id).is_ok();
+        if !held(0) {
+            for field in &self.meta.fields {
+                let path = offset_path(&self.dir, 0, &field.name);
+                match disk::remove(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e).ctx("remove a dropped unit's table", &path),
+                }
+            }
+        }
+        let units_dir = self.dir.join(UNITS_DIR);
+        let entries = match fs::read_dir(&units_dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).ctx("read directory", &units_dir),
+        };
+        let mut removed = false;
+        for entry in entries {
+            let entry = entry.ctx("read directory", &units_dir)?;
+            let id = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok());
+            if id.is_some_and(|id| id > 0 && held(id)) {
+                continue;
+            }
+            let path = entry.path();
+            fs::remove_dir_all(&path).ctx("remove an uncommitted unit", &path)?;
+            removed = true;
+        }
+        if removed {
+            sync_dir(&units_dir)?;
+        }
+        Ok(())
+    }
+
+    /// Makes unit `unit` if the dataset lacks it: its offset tables, all absent.
+    pub(crate) fn ensure_unit(&mut self, inner: &Core, unit: u32) -> Result<()> {
+        if self.units.get(unit as usize).is_some_and(Option::is_some) {
             return Ok(());
         }
-        let capacity = entries.next_multiple_of(self.meta.offset_grow_entries);
-        let mut maps = Vec::with_capacity(self.offset_files.len());
-        for (file, path) in &self.offset_files {
+        if unit >= UNITS_MAX {
+            return Err(Error::InvalidRecord(format!(
+                "unit {unit} is past the largest unit id ({})",
+                UNITS_MAX - 1
+            )));
+        }
+        let dir = unit_dir(&self.dir, unit);
+        if unit > 0 {
+            disk::create_dir_all(&dir).ctx("create directory", &dir)?;
+        }
+        let capacity = self.meta.offset_grow_entries;
+        let mut files = Vec::with_capacity(self.meta.fields.len());
+        let mut maps = Vec::with_capacity(self.meta.fields.len());
+        for field in &self.meta.fields {
+            let path = offset_path(&self.dir, unit, &field.name);
+            let file = disk::create(&path).ctx("create offset table", &path)?;
+            disk::set_len(&file, &path, capacity * ENTRY_BYTES).ctx("grow offset table", &path)?;
+            maps.push(Mapped::new(&file, &path)?);
+            files.push((file, path));
+        }
+        if self.units.len() <= unit as usize {
+            self.units.resize_with(unit as usize + 1, || None);
+        }
+        self.units[unit as usize] = Some(UnitFiles {
+            offset_files: files,
+            capacity,
+            dirty: true,
+        });
+        self.new_units.push(unit);
+        let mut view = inner.write_view();
+        let mut edited = (*view.maps).clone();
+        edited.unit_mut(unit).offsets = maps;
+        view.maps = Arc::new(edited);
+        *view.lengths_mut(unit) = Lengths::default();
+        Ok(())
+    }
+
+    /// Forgets unit `unit`'s offset tables (it is being dropped).
+    pub(crate) fn forget_unit(&mut self, unit: u32) {
+        if let Some(files) = self.units.get_mut(unit as usize) {
+            *files = None;
+        }
+        self.new_units.retain(|&u| u != unit);
+    }
+
+    /// Unit `unit`'s offset tables.
+    fn unit_files(&mut self, unit: u32) -> Result<&mut UnitFiles> {
+        let dir = self.dir.clone();
+        self.units
+            .get_mut(unit as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::Corrupt {
+                path: dir,
+                reason: format!("internal invariant broken: unit {unit} has no offset tables"),
+            })
+    }
+
+    /// Makes unit `unit`'s offset tables hold at least `entries` entries.
+    pub(crate) fn ensure_offset_capacity(
+        &mut self,
+        inner: &Core,
+        unit: u32,
+        entries: u64,
+    ) -> Result<()> {
+        let grow = self.meta.offset_grow_entries;
+        let files = self.unit_files(unit)?;
+        if entries <= files.capacity {
+            return Ok(());
+        }
+        let capacity = entries.next_multiple_of(grow);
+        let mut maps = Vec::with_capacity(files.offset_files.len());
+        for (file, path) in &files.offset_files {
             disk::set_len(file, path, capacity * ENTRY_BYTES).ctx("grow offset table", path)?;
             maps.push(Mapped::new(file, path)?);
         }
-        self.offset_capacity = capacity;
-        self.offsets_dirty = true;
-        publish(inner, |m| m.offsets = maps);
+        files.capacity = capacity;
+        files.dirty = true;
+        publish(inner, |m| m.unit_mut(unit).offsets = maps);
         Ok(())
     }
 
@@ -96,9 +209,10 @@ impl Shared {
         }
     }
 
-    /// Writes entries for records `first..first + n` (`entries[field][k]`): the part below
-    /// the committed length into the overlay, the rest into the tables. Takes the view lock
-    /// to publish; `len` becomes `new_len` if given.
+    /// Writes entries for records `first..first + n` of one unit (`first` an address;
+    /// `entries[field][k]`): the part below the unit's committed length into the overlay,
+    /// the rest into the tables. Takes the view lock to publish; the unit's length becomes
+    /// `new_len` if given.
     pub(crate) fn put_entries(
         &mut self,
         inner: &Core,
@@ -106,48 +220,69 @@ impl Shared {
         entries: &[Vec<Entry>],
         new_len: Option<u64>,
     ) -> Result<()> {
+        let (unit, start) = split(first);
         let n = entries.first().map_or(0, Vec::len) as u64;
-        self.ensure_offset_capacity(inner, first + n)?;
+        self.ensure_offset_capacity(inner, unit, start + n)?;
+        let files = self.unit_files(unit)?;
         let mut view = inner.write_view();
+        let committed = view.lengths(unit).map_or(0, |l| l.committed);
         // Entries past the committed length go to the tables; a reader can reach them only
         // if they lie below `len`, and the view lock excludes readers meanwhile.
-        let direct = view.committed_len.clamp(first, first + n);
-        let skip = (direct - first) as usize;
-        if direct < first + n {
-            for (field, (file, path)) in self.offset_files.iter().enumerate() {
+        let direct = committed.clamp(start, start + n);
+        let skip = (direct - start) as usize;
+        if direct < start + n {
+            for (field, (file, path)) in files.offset_files.iter().enumerate() {
                 write_entries(file, path, direct, &entries[field][skip..])?;
             }
-            self.offsets_dirty = true;
+            files.dirty = true;
         }
-        for (k, index) in (first..direct).enumerate() {
+        for (k, index) in (start..direct).enumerate() {
             view.overlay
-                .insert(index, entries.iter().map(|e| e[k]).collect());
+                .insert(address(unit, index), entries.iter().map(|e| e[k]).collect());
         }
         if let Some(len) = new_len {
-            view.len = len;
+            view.lengths_mut(unit).len = len;
         }
         Ok(())
     }
 
-    /// Writes committed entry changes into the offset tables and syncs them.
+    /// Writes committed entry changes (by address) into the offset tables and syncs them.
     pub(crate) fn apply_in_place(&mut self, changes: &[(u64, Box<[Entry]>)]) -> Result<()> {
-        for (index, entries) in changes {
-            if *index >= self.offset_capacity {
+        let redo_path = self.dir.join(redo::REDO_FILE);
+        let mut touched = Vec::new();
+        for (at, entries) in changes {
+            let (unit, index) = split(*at);
+            let files = self
+                .units
+                .get_mut(unit as usize)
+                .and_then(Option::as_mut)
+                .ok_or_else(|| Error::Corrupt {
+                    path: redo_path.clone(),
+                    reason: format!("a change to record {index} of unit {unit}, which the dataset does not have"),
+                })?;
+            if index >= files.capacity {
                 return Err(Error::Corrupt {
-                    path: self.dir.join(redo::REDO_FILE),
+                    path: redo_path.clone(),
                     reason: format!(
-                        "change to entry {index} lies past the offset tables ({} entries)",
-                        self.offset_capacity
+                        "change to entry {index} of unit {unit} lies past its offset tables ({} entries)",
+                        files.capacity
                     ),
                 });
             }
-            for (field, (file, path)) in self.offset_files.iter().enumerate() {
+            for (field, (file, path)) in files.offset_files.iter().enumerate() {
                 let entry = entries.get(field).copied().unwrap_or(Entry::ABSENT);
-                write_entries(file, path, *index, &[entry])?;
+                write_entries(file, path, index, &[entry])?;
+            }
+            if touched.last() != Some(&unit) {
+                touched.push(unit);
             }
         }
-        for (file, path) in &self.offset_files {
-            disk::sync(file, path).ctx("fdatasync", path)?;
+        touched.sort_unstable();
+        touched.dedup();
+        for unit in touched {
+            for (file, path) in &self.unit_files(unit)?.offset_files {
+                disk::sync(file, path).ctx("fdatasync", path)?;
+            }
         }
         Ok(())
     }
@@ -158,19 +293,41 @@ impl Shared {
             sync_dir(&self.dir.join(CHUNK_DIR))?;
             self.new_chunk_files = false;
         }
-        // 2. Offset tables (entries past the committed length, and their growth).
-        if self.offsets_dirty {
-            for (file, path) in &self.offset_files {
+        // 2. Offset tables (entries past the committed length, and their growth), and the
+        // directories of new units.
+        for files in self.units.iter_mut().flatten().filter(|f| f.dirty) {
+            for (file, path) in &files.offset_files {
                 disk::sync(file, path).ctx("fdatasync", path)?;
             }
-            self.offsets_dirty = false;
+            files.dirty = false;
+        }
+        if !self.new_units.is_empty() {
+            for &unit in &self.new_units {
+                sync_dir(&unit_dir(&self.dir, unit))?;
+            }
+            if self.new_units.iter().any(|&u| u > 0) {
+                sync_dir(&self.dir.join(UNITS_DIR))?;
+            }
+            sync_dir(&self.dir)?;
+            self.new_units.clear();
         }
         // 3. Redo log of changes below the committed length.
-        let (len, mut changes) = {
+        let (units, mut changes) = {
             let view = inner.read_view();
             let changes: Vec<(u64, Box<[Entry]>)> =
                 view.overlay.iter().map(|(&i, e)| (i, e.clone())).collect();
-            (view.len, changes)
+            let units: Vec<UnitMeta> = view
+                .units
+                .iter()
+                .enumerate()
+                .filter_map(|(id, l)| {
+                    l.map(|l| UnitMeta {
+                        id: id as u32,
+                        length: l.len,
+                    })
+                })
+                .collect();
+            (units, changes)
         };
         changes.sort_unstable_by_key(|(i, _)| *i);
         self.generation += 1;
@@ -185,7 +342,7 @@ impl Shared {
         // 4. meta.json: the commit point.
         let mut next = self.meta.clone();
         next.generation = generation;
-        next.length = len;
+        next.set_units(units.clone());
         next.chunks = self.chunks.clone();
         next.store(&self.dir)?;
         self.meta = next;
@@ -205,7 +362,11 @@ impl Shared {
             ));
         }
         let mut view = inner.write_view();
-        view.committed_len = len;
+        for unit in &units {
+            if let Some(Some(lengths)) = view.units.get_mut(unit.id as usize) {
+                lengths.committed = unit.length;
+            }
+        }
         match applied {
             Some(Ok(())) => {
                 view.overlay.clear();

@@ -2,8 +2,8 @@
 //! (append, modify, delete, commit) is in `write`; slots encode and write frames (`slot`);
 //! the shared state keeps the offset tables and runs the commit protocol (`commit`).
 //!
-//! Writers are *slots*, each owning at most one unfull chunk, its frame buffer and its
-//! compressor; appends on different slots encode and write their frames in parallel. Giving
+//! Writers are *slots*, each owning at most one unfull chunk per unit (see `unit`: a chunk
+//! holds one unit's records), its frame buffer and its compressor; appends on different slots encode and write their frames in parallel. Giving
 //! records their indices is serial and short: under the shared state's lock the entries are
 //! written and the length moves, so records are addressable in the order their appends were
 //! acknowledged. A large `append_many` is cut into one part per writer, encoded on the
@@ -28,12 +28,14 @@ use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use ahash::AHashMap;
 use flate2::Compress;
 
 use crate::error::{IoContext, Result};
 use crate::map::Mapped;
 use crate::meta::{ChunkMeta, Meta};
 use crate::offset::Entry;
+use crate::unit::{chunk_seq, chunk_unit};
 use crate::view::{chunk_path, Core, Maps};
 
 /// The chunk a writer appends to.
@@ -51,10 +53,13 @@ pub(crate) struct OpenChunk {
     pub(crate) dirty: bool,
 }
 
-/// One writer: its unfull chunk and scratch state.
+/// One writer: its unfull chunks (one per unit at most) and scratch state.
 #[derive(Default)]
 pub(crate) struct Slot {
+    /// The unfull chunk being written.
     pub(crate) open: Option<OpenChunk>,
+    /// This writer's unfull chunks of the other units, by unit.
+    pub(crate) parked: AHashMap<u32, OpenChunk>,
     /// Sealed chunk files written since the last commit, awaiting fdatasync.
     pub(crate) unsynced: Vec<(File, PathBuf)>,
     /// Frames encoded but not yet written to the open chunk.
@@ -75,9 +80,10 @@ pub(crate) struct Shared {
     pub(crate) chunks: Vec<ChunkMeta>,
     /// A chunk file was created since the last commit: the chunk directory needs an fsync.
     pub(crate) new_chunk_files: bool,
-    pub(crate) offset_files: Vec<(File, PathBuf)>,
-    pub(crate) offset_capacity: u64,
-    pub(crate) offsets_dirty: bool,
+    /// Per unit id, its offset tables; `None` for a unit the dataset lacks.
+    pub(crate) units: Vec<Option<UnitFiles>>,
+    /// Units made since the last commit: their directories need an fsync.
+    pub(crate) new_units: Vec<u32>,
     /// Last generation used; never reused, even by a commit that failed.
     pub(crate) generation: u64,
     /// Set when a commit failed after its commit point: reopening is the way back.
@@ -87,6 +93,15 @@ pub(crate) struct Shared {
     pub(crate) committed_rewrites: u64,
 }
 
+/// One unit's offset tables, open for writing.
+pub(crate) struct UnitFiles {
+    pub(crate) offset_files: Vec<(File, PathBuf)>,
+    /// Entries every table has room for.
+    pub(crate) capacity: u64,
+    /// Written since the last fdatasync.
+    pub(crate) dirty: bool,
+}
+
 /// The writers of a store opened for writing.
 pub(crate) struct Writers {
     pub(crate) slots: Vec<Mutex<Slot>>,
@@ -94,19 +109,23 @@ pub(crate) struct Writers {
 }
 
 impl Writers {
+    /// The writers of the dataset `dir` as `meta` commits it, with each unit's offset
+    /// tables.
     pub(crate) fn new(
         dir: &Path,
         meta: &Meta,
-        offset_files: Vec<(File, PathBuf)>,
-        offset_capacity: u64,
+        unit_files: Vec<(u32, UnitFiles)>,
         writers: usize,
     ) -> Result<Writers> {
         let mut chunks = meta.chunks.clone();
         let mut slots: Vec<Slot> = (0..writers).map(|_| Slot::default()).collect();
-        // Hand the unfull chunks to writers; any beyond the writer count are sealed as they are.
-        let mut next_slot = 0;
+        // Hand each unit's unfull chunks to writers, one each; any beyond the writer count
+        // are sealed as they are.
+        let mut handed: AHashMap<u32, usize> = AHashMap::new();
         for chunk in chunks.iter_mut().filter(|c| !c.sealed) {
-            if next_slot == slots.len() {
+            let unit = chunk_unit(chunk.id);
+            let next_slot = handed.entry(unit).or_default();
+            if *next_slot == slots.len() {
                 chunk.sealed = true;
                 continue;
             }
@@ -117,16 +136,26 @@ impl Writers {
                 .open(&path)
                 .ctx("open chunk", &path)?;
             let capacity = file.metadata().ctx("stat", &path)?.len();
-            slots[next_slot].open = Some(OpenChunk {
-                id: chunk.id,
-                file,
-                path,
-                pos: chunk.bytes,
-                records: chunk.records,
-                capacity,
-                dirty: false,
-            });
-            next_slot += 1;
+            slots[*next_slot].parked.insert(
+                unit,
+                OpenChunk {
+                    id: chunk.id,
+                    file,
+                    path,
+                    pos: chunk.bytes,
+                    records: chunk.records,
+                    capacity,
+                    dirty: false,
+                },
+            );
+            *next_slot += 1;
+        }
+        let mut units: Vec<Option<UnitFiles>> = Vec::new();
+        for (unit, files) in unit_files {
+            if units.len() <= unit as usize {
+                units.resize_with(unit as usize + 1, || None);
+            }
+            units[unit as usize] = Some(files);
         }
         Ok(Writers {
             slots: slots.into_iter().map(Mutex::new).collect(),
@@ -135,9 +164,8 @@ impl Writers {
                 meta: meta.clone(),
                 chunks,
                 new_chunk_files: false,
-                offset_files,
-                offset_capacity,
-                offsets_dirty: false,
+                units,
+                new_units: Vec::new(),
                 generation: meta.generation,
                 failed: None,
                 committed_rewrites: 0,
@@ -180,11 +208,12 @@ pub(crate) fn publish(inner: &Core, edit: impl FnOnce(&mut Maps)) {
 }
 
 pub(crate) fn set_chunk_map(maps: &mut Maps, id: u32, map: Option<Arc<Mapped>>) {
-    let slot = id as usize;
-    if maps.chunks.len() <= slot {
-        maps.chunks.resize(slot + 1, None);
+    let chunks = &mut maps.unit_mut(chunk_unit(id)).chunks;
+    let slot = chunk_seq(id) as usize;
+    if chunks.len() <= slot {
+        chunks.resize(slot + 1, None);
     }
-    maps.chunks[slot] = map;
+    chunks[slot] = map;
 }
 
 /// Deflates `payload` into `out` (cleared first) with a reused compressor: a fresh one per

@@ -12,18 +12,33 @@ use crate::frame::encode_frame;
 use crate::map::Mapped;
 use crate::meta::{ChunkMeta, Compression, FieldSpec};
 use crate::offset::Entry;
+use crate::unit::{chunk_unit, first_chunk};
 use crate::view::{chunk_path, Core};
 
 impl Slot {
-    /// Starts a new chunk after the highest id.
-    pub(crate) fn open_new_chunk(&mut self, inner: &Core, writers: &Writers) -> Result<()> {
+    /// Starts a new chunk of unit `unit`, after its highest id.
+    pub(crate) fn open_new_chunk(
+        &mut self,
+        inner: &Core,
+        writers: &Writers,
+        unit: u32,
+    ) -> Result<()> {
         let mut shared = writers.shared();
-        let id = match shared.chunks.last() {
-            None => 0,
-            Some(last) => last.id.checked_add(1).ok_or_else(|| Error::Corrupt {
-                path: shared.dir.clone(),
-                reason: "chunk ids exhausted; run rebalance".into(),
-            })?,
+        let first = first_chunk(unit);
+        // The unit's chunks end where the next unit's ids begin.
+        let after = shared.chunks.partition_point(|c| chunk_unit(c.id) <= unit);
+        let id = match after.checked_sub(1).map(|i| shared.chunks[i].id) {
+            Some(last) if chunk_unit(last) == unit => {
+                let next = last + 1;
+                if chunk_unit(next) != unit {
+                    return Err(Error::Corrupt {
+                        path: shared.dir.clone(),
+                        reason: format!("unit {unit} has used all its chunk ids; run rebalance"),
+                    });
+                }
+                next
+            }
+            _ => first,
         };
         let path = chunk_path(&shared.dir, id);
         let file = disk::create(&path).ctx("create chunk", &path)?;
@@ -31,12 +46,15 @@ impl Slot {
         disk::set_len(&file, &path, capacity).ctx("grow chunk", &path)?;
         let map = Mapped::new(&file, &path)?;
         publish(inner, |m| set_chunk_map(m, id, map));
-        shared.chunks.push(ChunkMeta {
-            id,
-            bytes: 0,
-            records: 0,
-            sealed: false,
-        });
+        shared.chunks.insert(
+            after,
+            ChunkMeta {
+                id,
+                bytes: 0,
+                records: 0,
+                sealed: false,
+            },
+        );
         shared.new_chunk_files = true;
         self.open = Some(OpenChunk {
             id,
@@ -50,20 +68,37 @@ impl Slot {
         Ok(())
     }
 
-    /// Encodes records into this writer's chunk(s); pushes one entry per field per record.
+    /// Makes this writer's unfull chunk of unit `unit` (if it has one) the one it writes,
+    /// parking the one it wrote before.
+    fn select(&mut self, inner: &Core, unit: u32) -> Result<()> {
+        if self.open.as_ref().is_some_and(|o| chunk_unit(o.id) == unit) {
+            return Ok(());
+        }
+        self.flush_frames(inner, inner.chunk_grow_bytes)?;
+        if let Some(open) = self.open.take() {
+            self.parked.insert(chunk_unit(open.id), open);
+        }
+        self.open = self.parked.remove(&unit);
+        Ok(())
+    }
+
+    /// Encodes records into this writer's chunk(s) of unit `unit`; pushes one entry per
+    /// field per record.
     pub(crate) fn encode(
         &mut self,
         inner: &Core,
         writers: &Writers,
+        unit: u32,
         records: &[Vec<Option<&[u8]>>],
         entries: &mut [Vec<Entry>],
     ) -> Result<()> {
         let fields = &inner.fields;
         let chunk_records = inner.chunk_records;
         let grow = inner.chunk_grow_bytes;
+        self.select(inner, unit)?;
         for payloads in records {
             if self.open.is_none() {
-                self.open_new_chunk(inner, writers)?;
+                self.open_new_chunk(inner, writers, unit)?;
             }
             self.encode_record(fields, &inner.dicts, payloads, entries)?;
             if self
@@ -76,6 +111,17 @@ impl Slot {
             }
         }
         self.flush_frames(inner, grow)
+    }
+
+    /// Forgets this writer's unfull chunk of unit `unit` (the unit is being dropped).
+    pub(crate) fn forget_unit(&mut self, unit: u32) {
+        if self.open.as_ref().is_some_and(|o| chunk_unit(o.id) == unit) {
+            self.frames.clear();
+            self.open = None;
+        }
+        self.parked.remove(&unit);
+        self.unsynced
+            .retain(|(_, path)| chunk_of_path(path).is_none_or(|id| chunk_unit(id) != unit));
     }
 
     pub(crate) fn encode_record(
@@ -212,9 +258,10 @@ impl Slot {
         Ok(())
     }
 
-    /// Step 1 of a commit: this writer's chunk data on disk; reports the open chunk's state.
+    /// Step 1 of a commit: this writer's chunk data on disk; reports its unfull chunks'
+    /// state.
     pub(crate) fn sync(&mut self, shared: &mut Shared) -> Result<()> {
-        if let Some(open) = self.open.as_mut() {
+        for open in self.open.iter_mut().chain(self.parked.values_mut()) {
             if open.dirty {
                 disk::sync(&open.file, &open.path).ctx("fdatasync", &open.path)?;
                 open.dirty = false;
@@ -229,7 +276,15 @@ impl Slot {
     }
 }
 
-/// Replaces the published mappings with an edited copy.
+/// The chunk id a chunk file's path names.
+fn chunk_of_path(path: &std::path::Path) -> Option<u32> {
+    path.file_name()?
+        .to_str()?
+        .strip_suffix(".zr")?
+        .parse()
+        .ok()
+}
+
 const STORED_BYTES_MAX: usize = 32;
 
 /// `payload` as a raw Deflate stream in `out`.

@@ -1,0 +1,102 @@
+//! Units: independent index spaces inside one dataset.
+//!
+//! A dataset's records may be kept in several *units*, each with its own length, offset
+//! tables and chunks, so that a unit can be added, dropped, or copied to another dataset as
+//! its files, and the indices inside every other unit stay as they are. A cluster node keeps
+//! one unit per slot it holds (see `zr_proto::placement`); a dataset on one host has one
+//! unit, 0, and never needs to know of the others.
+//!
+//! A record is addressed by one u64: its unit in the top bits, its index inside the unit in
+//! the low [`UNIT_SHIFT`] bits — so the addresses of unit 0 are the plain indices
+//! `0..N`. Chunk ids carry their unit the same way, in their top bits, so a unit's chunk
+//! files keep their names (and its entries their chunk ids) in any dataset.
+//!
+//! ```text
+//! dataset/
+//! ├── meta.json               every unit's length and chunks: the commit point
+//! ├── <field>.offset          unit 0's offset tables
+//! ├── units/<u>/<field>.offset  unit u's
+//! └── chunk/<id>.zr           every unit's chunks; unit = id >> CHUNK_SEQ_BITS
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use crate::offset::offset_file_name;
+
+/// Bits of an address that hold the index inside its unit.
+pub const UNIT_SHIFT: u32 = 48;
+/// Largest index inside a unit, plus one.
+pub const UNIT_INDEX_LIMIT: u64 = 1 << UNIT_SHIFT;
+/// Bits of a chunk id that number the chunk inside its unit.
+pub const CHUNK_SEQ_BITS: u32 = 20;
+/// Most units a dataset may have (ids `0..UNITS_MAX`): what the chunk ids leave for them.
+pub const UNITS_MAX: u32 = 1 << (32 - CHUNK_SEQ_BITS);
+/// The folder of the units other than 0, inside a dataset directory.
+pub const UNITS_DIR: &str = "units";
+
+/// The address of record `index` of unit `unit`.
+#[inline]
+pub fn address(unit: u32, index: u64) -> u64 {
+    (u64::from(unit) << UNIT_SHIFT) | index
+}
+
+/// The unit and the index inside it of `address`.
+#[inline]
+pub fn split(address: u64) -> (u32, u64) {
+    (
+        (address >> UNIT_SHIFT) as u32,
+        address & (UNIT_INDEX_LIMIT - 1),
+    )
+}
+
+/// The unit chunk `id` belongs to.
+#[inline]
+pub fn chunk_unit(id: u32) -> u32 {
+    id >> CHUNK_SEQ_BITS
+}
+
+/// The position of chunk `id` among its unit's chunk ids.
+#[inline]
+pub fn chunk_seq(id: u32) -> u32 {
+    id & ((1 << CHUNK_SEQ_BITS) - 1)
+}
+
+/// The first chunk id of unit `unit`.
+pub fn first_chunk(unit: u32) -> u32 {
+    unit << CHUNK_SEQ_BITS
+}
+
+/// Where the offset tables of unit `unit` of the dataset at `dir` are.
+pub fn unit_dir(dir: &Path, unit: u32) -> PathBuf {
+    if unit == 0 {
+        dir.to_path_buf()
+    } else {
+        dir.join(UNITS_DIR).join(unit.to_string())
+    }
+}
+
+/// The offset table of field `field` of unit `unit`.
+pub fn offset_path(dir: &Path, unit: u32, field: &str) -> PathBuf {
+    unit_dir(dir, unit).join(offset_file_name(field))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_and_chunk_ids_round_trip() {
+        for (unit, index) in [(0, 0), (0, 77), (1, 0), (1023, UNIT_INDEX_LIMIT - 1)] {
+            assert_eq!(split(address(unit, index)), (unit, index));
+        }
+        assert_eq!(address(0, 5), 5, "unit 0's addresses are plain indices");
+        let id = first_chunk(UNITS_MAX - 1) + 9;
+        assert_eq!((chunk_unit(id), chunk_seq(id)), (UNITS_MAX - 1, 9));
+        assert_eq!(chunk_unit(1000), 0);
+        assert_eq!(
+            offset_path(Path::new("d"), 3, "a"),
+            Path::new("d/units/3/a.offset")
+        );
+        assert_eq!(offset_path(Path::new("d"), 0, "a"), Path::new("d/a.offset"));
+    }
+}
