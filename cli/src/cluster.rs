@@ -400,9 +400,9 @@ pub enum ClusterCommand {
 /// and start its nodes (`zr-node --shard S --nodes nodes.toml`, empty data directories).
 /// Then run this command with that nodes.toml: routers started from an older one learn the
 /// new nodes from the metadata store, no restart needed. It publishes the next cluster map, in which the new shard takes an even share of the slots
-/// from the others; every node whose slots change builds its dataset for that map while
-/// gathers and appends go on (records it keeps are copied locally, records it gains are sent
-/// from their shard), then the cluster switches to it with appends held for a moment. Modify
+/// from the others; every node gaining slots builds them while gathers and appends go on
+/// (their records sent from the shard holding them; the slots a shard keeps are not
+/// touched), then the cluster switches to it with appends held for a moment. Modify
 /// and delete wait for the move's end. Progress is shown; stopped anywhere (this command, the
 /// router, a node), running it again finishes the move.
 #[derive(Args)]
@@ -507,7 +507,7 @@ fn move_shards(
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
-            "{msg} [{bar:30}] {pos}/{len} records staged ({per_sec}, about {eta} left)",
+            "{msg} [{bar:30}] {pos}/{len} records copied ({per_sec}, about {eta} left)",
         )
         .map_err(|e| e.to_string())?
         .progress_chars("=> "),
@@ -549,11 +549,10 @@ fn move_shards(
                 100.0 * report.moved as f64 / report.records as f64
             };
             println!(
-                "map version {} serves: {} of {} records moved ({share:.1}%), {} written into the new datasets, in {:.1} s",
+                "map version {} serves: {} of {} records moved ({share:.1}%), in {:.1} s",
                 report.version,
                 report.moved,
                 report.records,
-                report.staged,
                 started.elapsed().as_secs_f64()
             );
             println!("records per shard: zr cluster status");
@@ -566,7 +565,7 @@ fn move_shards(
             bar.set_message(message);
         } else if printed.elapsed() >= Duration::from_secs(5) {
             eprintln!(
-                "{message}, {} of {} records staged",
+                "{message}, {} of {} records copied",
                 report.staged, report.staged_total
             );
             printed = std::time::Instant::now();

@@ -221,6 +221,33 @@ pub enum MapChange {
     DrainShard(u32),
 }
 
+impl MapRecord {
+    /// The cluster map this record describes: the balanced map of the cluster as it was
+    /// made, then each change, in order. An error names a record that does not hold
+    /// together (a change that cannot be made, a version other than its changes give).
+    pub fn cluster_map(&self) -> Result<zr_proto::placement::ClusterMap, String> {
+        use zr_proto::placement::ClusterMap;
+        let mut built = ClusterMap::balanced(self.shards, self.extent_records, self.seed)
+            .map_err(|e| e.to_string())?;
+        for change in &self.changes {
+            built = match change {
+                MapChange::AddShard => built.with_added_shard(),
+                MapChange::DrainShard(shard) => built.with_drained_shard(*shard),
+            }
+            .map_err(|e| e.to_string())?;
+        }
+        if built.version != self.version {
+            return Err(format!(
+                "map version {} records {} changes (a version {} map)",
+                self.version,
+                self.changes.len(),
+                built.version
+            ));
+        }
+        Ok(built)
+    }
+}
+
 impl std::fmt::Display for MapChange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

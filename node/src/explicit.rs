@@ -208,7 +208,7 @@ impl Store {
         if !options.uncached {
             let mut ops = Vec::with_capacity(ranges.len());
             for (range, (first, second)) in ranges.iter().zip(targets.iter_mut()) {
-                ops.push(ReadOp::new(range.file.fd(), range.offset, first, second));
+                ops.push(ReadOp::new(range.file.fd()?, range.offset, first, second));
             }
             return io::read_all(&mut ops, options.io)
                 .map_err(|f| read_error(&ranges[f.op], f.error));

@@ -23,7 +23,9 @@ pub(crate) const PAGE_BYTES: u64 = 4096;
 /// explicit reads (see `io`).
 pub(crate) struct Mapped {
     map: Mmap,
-    file: File,
+    /// The file, for explicit reads: kept from the start for unit 0, opened on first use for
+    /// the others (see [`Mapped::of_unit`]).
+    file: OnceLock<std::result::Result<File, std::sync::Arc<std::io::Error>>>,
     path: PathBuf,
     /// The file opened again with `O_DIRECT`, on first use.
     uncached: OnceLock<std::result::Result<File, std::sync::Arc<std::io::Error>>>,
@@ -33,6 +35,14 @@ impl Mapped {
     /// Maps `file` (of `path`, for messages) read-only. `None` for an empty file, which has no
     /// bytes to map.
     pub(crate) fn new(file: &File, path: &Path) -> Result<Option<Arc<Mapped>>> {
+        Mapped::of_unit(file, path, 0)
+    }
+
+    /// [`Mapped::new`] for a file of unit `unit` (see `unit`): for units other than 0 it
+    /// keeps no descriptor of its own until an explicit read needs one — a node holding
+    /// hundreds of slots would otherwise hold thousands — and then opens the file by `path`
+    /// (a file replaced there since is caught by the CRC every explicit read checks).
+    pub(crate) fn of_unit(file: &File, path: &Path, unit: u32) -> Result<Option<Arc<Mapped>>> {
         let len = file.metadata().ctx("stat", path)?.len();
         if len == 0 {
             return Ok(None);
@@ -46,9 +56,13 @@ impl Mapped {
         // to megabytes per record on a cold dataset). Advice only: failing to give it is not
         // an error.
         let _ = map.advise(Advice::Random);
+        let kept = OnceLock::new();
+        if unit == 0 {
+            let _ = kept.set(Ok(file.try_clone().ctx("dup", path)?));
+        }
         Ok(Some(Arc::new(Mapped {
             map,
-            file: file.try_clone().ctx("dup", path)?,
+            file: kept,
             path: path.to_path_buf(),
             uncached: OnceLock::new(),
         })))
@@ -60,8 +74,18 @@ impl Mapped {
     }
 
     /// The file's descriptor, for reads through the page cache.
-    pub(crate) fn fd(&self) -> RawFd {
-        self.file.as_raw_fd()
+    pub(crate) fn fd(&self) -> Result<RawFd> {
+        let opened = self
+            .file
+            .get_or_init(|| File::open(&self.path).map_err(std::sync::Arc::new));
+        match opened {
+            Ok(file) => Ok(file.as_raw_fd()),
+            Err(e) => Err(crate::Error::Io {
+                op: "open",
+                path: self.path.clone(),
+                source: std::io::Error::new(e.kind(), std::sync::Arc::clone(e)),
+            }),
+        }
     }
 
     /// A descriptor of the file opened with `O_DIRECT` (reads that bypass the page cache and

@@ -23,10 +23,10 @@ use crate::meta::{sync_dir, FieldSpec, Meta, FORMAT_NAME, FORMAT_VERSION, META_F
 use crate::offset::{offset_file_name, ENTRY_BYTES};
 use crate::redo;
 use crate::runtime::{Runtime, RuntimeOptions};
-use crate::unit::{offset_path, unit_dir};
+use crate::unit::{chunk_unit, offset_path, unit_dir};
 pub use crate::view::{chunk_path, CHUNK_DIR};
 use crate::view::{Core, Lengths, Maps, View};
-use crate::writer::{set_chunk_map, UnitFiles, Writers};
+use crate::writer::{set_chunk_map, Handle, UnitFiles, Writers};
 
 pub use crate::lock::{LOCK_FILE, WRITER_LOCK_FILE};
 
@@ -322,6 +322,15 @@ impl Store {
         for unit in meta.units() {
             let tables = open_tables(dir, unit.id, &meta.fields, unit.length, read_only)?;
             maps.unit_mut(unit.id).offsets = tables.maps;
+            let offset_files = tables
+                .files
+                .into_iter()
+                .map(|(file, path)| {
+                    let mut handle = Handle::new(path, file, unit.id);
+                    handle.done();
+                    handle
+                })
+                .collect();
             *view.lengths_mut(unit.id) = Lengths {
                 len: unit.length,
                 committed: unit.length,
@@ -329,7 +338,7 @@ impl Store {
             unit_files.push((
                 unit.id,
                 UnitFiles {
-                    offset_files: tables.files,
+                    offset_files,
                     capacity: tables.capacity,
                     dirty: false,
                 },
@@ -350,7 +359,8 @@ impl Store {
                     ),
                 ));
             }
-            set_chunk_map(&mut maps, chunk.id, Mapped::new(&file, &path)?);
+            let map = Mapped::of_unit(&file, &path, chunk_unit(chunk.id))?;
+            set_chunk_map(&mut maps, chunk.id, map);
         }
         view.maps = Arc::new(maps);
 
@@ -633,7 +643,7 @@ pub(crate) fn open_tables(
             });
         }
         tables.capacity = tables.capacity.min(bytes / ENTRY_BYTES);
-        tables.maps.push(Mapped::new(&file, &path)?);
+        tables.maps.push(Mapped::of_unit(&file, &path, unit)?);
         tables.files.push((file, path));
     }
     Ok(tables)

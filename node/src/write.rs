@@ -127,7 +127,7 @@ impl Store {
         let mut entries = no_entries(fields, records.len());
         match inner.runtime.writers().filter(|_| parts > 1) {
             None => writers
-                .any_slot()
+                .slot_for(unit)
                 .encode(inner, writers, unit, &payloads, &mut entries)?,
             Some(pool) => {
                 let part_len = payloads.len().div_ceil(parts);
@@ -211,7 +211,6 @@ impl Store {
         let mut entries = no_entries(inner.fields.len(), records.len());
         {
             // Each record's new payloads go to a chunk of its own unit.
-            let mut slot = writers.any_slot();
             let mut at = 0;
             while at < indices.len() {
                 let unit = split(indices[at]).0;
@@ -219,7 +218,13 @@ impl Store {
                     .iter()
                     .take_while(|&&a| split(a).0 == unit)
                     .count();
-                slot.encode(inner, writers, unit, &payloads[at..at + run], &mut entries)?;
+                writers.slot_for(unit).encode(
+                    inner,
+                    writers,
+                    unit,
+                    &payloads[at..at + run],
+                    &mut entries,
+                )?;
                 at += run;
             }
         }
@@ -297,44 +302,63 @@ impl Store {
         Ok(())
     }
 
-    /// Drops unit `unit` and every record in it (see [`crate::unit`]), with every other
-    /// write so far made durable in the same commit; its files are removed after it. Only
-    /// the commit if the dataset lacks it. Batches gathered from it before stay valid.
+    /// Drops unit `unit` and every record in it (see [`crate::unit`]): [`Store::drop_units`]
+    /// of one.
     pub fn drop_unit(&self, unit: u32) -> Result<()> {
+        self.drop_units(&[unit])
+    }
+
+    /// Drops units `units` and every record in them, with every other write so far made
+    /// durable in the same commit; their files are removed after it. Units the dataset
+    /// lacks are passed over (only the commit, if it lacks them all). Batches gathered from
+    /// them before stay valid.
+    pub fn drop_units(&self, units: &[u32]) -> Result<()> {
         let inner = &*self.inner;
         let writers = self.writers()?;
-        if inner.read_view().lengths(unit).is_none() {
-            return self.commit();
-        }
         let mut slots: Vec<_> = (0..writers.slots.len()).map(|i| writers.slot(i)).collect();
         let mut shared = writers.shared();
-        for slot in &mut slots {
-            slot.forget_unit(unit);
-        }
+        let units: Vec<u32> = {
+            let view = inner.read_view();
+            units
+                .iter()
+                .copied()
+                .filter(|&u| view.lengths(u).is_some())
+                .collect()
+        };
         let gone: Vec<u32> = shared
             .chunks
             .iter()
             .map(|c| c.id)
-            .filter(|&id| chunk_unit(id) == unit)
+            .filter(|&id| units.contains(&chunk_unit(id)))
             .collect();
-        shared.chunks.retain(|c| chunk_unit(c.id) != unit);
-        shared.forget_unit(unit);
-        {
+        shared.chunks.retain(|c| !units.contains(&chunk_unit(c.id)));
+        for &unit in &units {
+            for slot in &mut slots {
+                slot.forget_unit(unit);
+            }
+            shared.forget_unit(unit);
+        }
+        if !units.is_empty() {
             let mut view = inner.write_view();
-            if let Some(lengths) = view.units.get_mut(unit as usize) {
-                *lengths = None;
-            }
-            view.overlay.retain(|&a, _| split(a).0 != unit);
             let mut maps = (*view.maps).clone();
-            if let Some(maps) = maps.units.get_mut(unit as usize) {
-                *maps = None;
+            for &unit in &units {
+                if let Some(lengths) = view.units.get_mut(unit as usize) {
+                    *lengths = None;
+                }
+                if let Some(maps) = maps.units.get_mut(unit as usize) {
+                    *maps = None;
+                }
             }
+            view.overlay.retain(|&a, _| !units.contains(&split(a).0));
             view.maps = Arc::new(maps);
         }
         for slot in &mut slots {
             slot.sync(&mut shared)?;
         }
         shared.commit(inner, &inner.locks)?;
+        if units.is_empty() {
+            return Ok(());
+        }
         // Past the commit point: what is left are files no commit names, which the next
         // open removes if this cannot.
         let dir = inner.dir.clone();
@@ -343,6 +367,15 @@ impl Store {
             crate::disk::remove(&path).ctx("remove a dropped unit's chunk", &path)?;
         }
         shared.remove_uncommitted_units()?;
+        Ok(())
+    }
+
+    /// Drops records from the end of unit `unit` until `len` remain (nothing if it holds
+    /// no more, or the dataset lacks it).
+    pub fn truncate_unit(&self, unit: u32, len: u64) -> Result<()> {
+        while let Some(have) = self.unit_len(unit).filter(|&have| have > len) {
+            self.delete(address(unit, have - 1))?;
+        }
         Ok(())
     }
 

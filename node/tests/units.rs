@@ -225,6 +225,37 @@ fn a_unit_is_untouched_by_the_others() {
     ));
 }
 
+/// A dataset with hundreds of units holds no descriptors for the ones it is not writing
+/// (a node holds a unit per slot, for every dataset).
+#[test]
+fn units_hold_no_descriptors_between_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let store = Store::create(&dir, fields(), options()).unwrap();
+    let held = || {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|target| target.starts_with(&dir))
+            .count()
+    };
+    let rows: Vec<Row> = (0..3).map(make_row).collect();
+    let records: Vec<Record> = rows.iter().map(record).collect();
+    for unit in 1..=300 {
+        store.append_to(unit, &records).unwrap();
+    }
+    store.commit().unwrap();
+    for unit in 301..=600 {
+        store.append_to(unit, &records).unwrap();
+    }
+    // Unit 0's tables and chunk, the locks: a handful, whatever the number of units.
+    assert!(held() < 16, "{} descriptors held", held());
+    drop(store);
+    let store = Store::open(&dir).unwrap();
+    assert_eq!(store.units().len(), 301, "the uncommitted units are gone");
+    assert!(held() < 16, "{} descriptors held after opening", held());
+}
+
 /// A snapshot of a dataset with units, its files written elsewhere, opens as the dataset
 /// was at its last commit, every unit in it.
 #[test]

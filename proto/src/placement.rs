@@ -1,15 +1,21 @@
-//! Placement: which shard holds a global index, and at which node-local index — a pure
-//! function of the index and a small, versioned cluster map. No per-record state anywhere.
+//! Placement: which shard holds a global index, and where on its nodes — a pure function of
+//! the index and a small, versioned cluster map. No per-record state anywhere.
 //!
 //! ```text
 //! global g ──► extent e = g / E, offset o = g % E        (E consecutive records per extent)
 //!          ──► round  r = e / SLOTS, slot j = e % SLOTS  (extents go round the slots)
 //!          ──► shard  s = owner[j]                       (the cluster map: slot → shard)
+//!          ──► node address (j, r · E + o)               (the slot, the index inside it)
 //!          ──► local  (r · slots_of(s) + rank_s(j)) · E + o
 //! ```
-//! `rank_s(j)` is j's position among the slots s owns, in slot order. Global indices fill in
-//! order, so each shard's local indices fill in order too: a node's store has no holes, and
-//! its length for a cluster of N records is [`Placement::shard_len`]. The owner table deals
+//! A node keeps each slot it holds as a unit of storage of its own (`zr_node::unit`), so a
+//! record's node address — its slot and its index among the slot's records — is the same on
+//! whichever shard holds the slot, under every map: a move copies a slot as it is, and the
+//! slots a shard keeps are not touched. The local index, `rank_s(j)` being j's position among
+//! the slots s owns, numbers a shard's records densely: global indices fill in order, so each
+//! shard's local indices do too, and its length for a cluster of N records is
+//! [`Placement::shard_len`] — the router's measure of lengths, converted to slots
+//! ([`Placement::runs`], [`Placement::slot_lens`]) when it asks a node. The owner table deals
 //! slots out evenly in a seeded hashed order, so every full round is balanced to one slot and
 //! any prefix of the index space to within one round (E · SLOTS records).
 //!
@@ -17,16 +23,44 @@
 //! shard takes ⌊SLOTS/(S+1)⌋ slots from the shards owning the most, and
 //! [`ClusterMap::with_drained_shard`] the one in which a shard's slots go to the others (it
 //! keeps its id, owning none). Only the extents of slots that change owner change shard, about
-//! 1/(S+1) of the records for an add; the shards that give or take slots renumber their local
-//! indices (ranks change), a local rewrite: see `zr_shard::stage` and the router's `moves`.
+//! 1/(S+1) of the records for an add, and only they are copied: see `zr_shard::stage` and the
+//! router's `moves`.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use zr_common::hash::mix2;
 
-/// Slots in a cluster map: the granularity of balance and of future moves.
+/// Slots in a cluster map: the granularity of balance and of moves.
 pub const SLOTS: u32 = 1024;
+/// Bits of a node address that hold the index inside its slot: a node keeps each slot it
+/// holds as its own unit of storage (`zr_node::unit`, whose addresses these are), and a
+/// record's address is its slot in the top bits and its index inside the slot below.
+pub const UNIT_SHIFT: u32 = 48;
+
+/// The node address of record `index` of slot `slot`.
+#[inline]
+pub fn unit_address(slot: u32, index: u64) -> u64 {
+    (u64::from(slot) << UNIT_SHIFT) | index
+}
+
+/// The slot and the index inside it of node address `address`.
+#[inline]
+pub fn split_address(address: u64) -> (u32, u64) {
+    (
+        (address >> UNIT_SHIFT) as u32,
+        address & ((1 << UNIT_SHIFT) - 1),
+    )
+}
+
+/// Consecutive records of one slot on a node: `count` of them from index `at` inside slot
+/// `slot`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    pub slot: u32,
+    pub at: u64,
+    pub count: u64,
+}
 /// Default records per extent.
 pub const EXTENT_RECORDS_DEFAULT: u64 = 64;
 /// Most shards a cluster may have (each needs at least one slot).
@@ -246,6 +280,89 @@ impl Placement {
         (shard, local_extent * e_len + offset)
     }
 
+    /// (shard, node address) of global index `g`: the slot it is in, and its index inside
+    /// the slot (`round · E + offset`), which no map changes.
+    #[inline]
+    pub fn locate_address(&self, g: u64) -> (u32, u64) {
+        let e_len = self.map.extent_records;
+        let (extent, offset) = (g / e_len, g % e_len);
+        let (round, slot) = (extent / SLOTS as u64, (extent % SLOTS as u64) as u32);
+        let shard = self.map.owners[slot as usize];
+        (shard, unit_address(slot, round * e_len + offset))
+    }
+
+    /// The node address of `local` of `shard` (its shard-local index: its rank among the
+    /// shard's records). `shard` must own a slot.
+    #[inline]
+    pub fn address_of(&self, shard: u32, local: u64) -> u64 {
+        let e_len = self.map.extent_records;
+        let slots = &self.slots_of[shard as usize];
+        let (local_extent, offset) = (local / e_len, local % e_len);
+        let owned = slots.len() as u64;
+        let (round, rank) = (local_extent / owned, (local_extent % owned) as usize);
+        unit_address(slots[rank], round * e_len + offset)
+    }
+
+    /// The local index of node address `address` on `shard` (the inverse of
+    /// [`Placement::address_of`]); `None` if the shard does not own its slot.
+    pub fn local_of(&self, shard: u32, address: u64) -> Option<u64> {
+        let e_len = self.map.extent_records;
+        let (slot, index) = split_address(address);
+        if *self.map.owners.get(slot as usize)? != shard {
+            return None;
+        }
+        let owned = self.slots_of[shard as usize].len() as u64;
+        let (round, offset) = (index / e_len, index % e_len);
+        Some((round * owned + self.rank[slot as usize] as u64) * e_len + offset)
+    }
+
+    /// Shard `shard`'s local indices `start..start + count` as runs inside its slots, in
+    /// order. `shard` must own a slot if `count > 0`.
+    pub fn runs(&self, shard: u32, start: u64, count: u64) -> Vec<Run> {
+        let e_len = self.map.extent_records;
+        let mut runs = Vec::new();
+        let (mut at, end) = (start, start + count);
+        while at < end {
+            let take = (e_len - at % e_len).min(end - at);
+            let (slot, index) = split_address(self.address_of(shard, at));
+            runs.push(Run {
+                slot,
+                at: index,
+                count: take,
+            });
+            at += take;
+        }
+        runs
+    }
+
+    /// The length of each of shard `shard`'s slots when it holds `len` records (its first
+    /// `len` local indices), in slot order.
+    pub fn slot_lens(&self, shard: u32, len: u64) -> Vec<(u32, u64)> {
+        let e_len = self.map.extent_records;
+        let slots = self.slots(shard);
+        let round_len = e_len * slots.len() as u64;
+        if round_len == 0 {
+            return Vec::new();
+        }
+        let (rounds, rest) = (len / round_len, len % round_len);
+        slots
+            .iter()
+            .enumerate()
+            .map(|(rank, &slot)| {
+                let part = rest.saturating_sub(rank as u64 * e_len).min(e_len);
+                (slot, rounds * e_len + part)
+            })
+            .collect()
+    }
+
+    /// How many of the global indices `[0, n)` are in slot `slot`.
+    pub fn slot_len(&self, slot: u32, n: u64) -> u64 {
+        let e_len = self.map.extent_records;
+        let round_len = e_len * SLOTS as u64;
+        let (rounds, rest) = (n / round_len, n % round_len);
+        rounds * e_len + rest.saturating_sub(slot as u64 * e_len).min(e_len)
+    }
+
     /// The global index at `local` of `shard` (the inverse of [`Placement::locate`]).
     /// `shard` must own a slot (a drained shard has no local indices).
     pub fn global(&self, shard: u32, local: u64) -> u64 {
@@ -309,6 +426,43 @@ mod tests {
 
     fn placement(shards: u32, extent: u64) -> Placement {
         Placement::new(ClusterMap::balanced(shards, extent, 7).unwrap()).unwrap()
+    }
+
+    /// A record's node address is its slot and its index among that slot's records, the
+    /// same whichever shard holds it; runs, slot lengths and the local index agree with it.
+    #[test]
+    fn addresses_are_slot_and_index_in_slot() {
+        for (shards, extent) in [(1, 1), (3, 4), (4, 64)] {
+            let p = placement(shards, extent);
+            let n = 2 * SLOTS as u64 * extent + 777;
+            let mut in_slot = vec![0u64; SLOTS as usize];
+            let mut addresses: Vec<Vec<u64>> = vec![Vec::new(); shards as usize];
+            for g in 0..n {
+                let (s, local) = p.locate(g);
+                let (s2, address) = p.locate_address(g);
+                assert_eq!(s, s2);
+                assert_eq!(p.address_of(s, local), address);
+                assert_eq!(p.local_of(s, address), Some(local));
+                assert_eq!(p.local_of((s + 1) % shards, address).is_none(), shards > 1);
+                let slot = ((g / extent) % SLOTS as u64) as u32;
+                assert_eq!(split_address(address), (slot, in_slot[slot as usize]));
+                in_slot[slot as usize] += 1;
+                addresses[s as usize].push(address);
+            }
+            for s in 0..shards {
+                let len = p.shard_len(s, n);
+                let runs = p.runs(s, 3, len - 3);
+                let from_runs: Vec<u64> = runs
+                    .iter()
+                    .flat_map(|r| (r.at..r.at + r.count).map(|i| unit_address(r.slot, i)))
+                    .collect();
+                assert_eq!(from_runs, addresses[s as usize][3..]);
+                for (slot, slot_len) in p.slot_lens(s, len) {
+                    assert_eq!(slot_len, in_slot[slot as usize], "shard {s} slot {slot}");
+                    assert_eq!(p.slot_len(slot, n), slot_len);
+                }
+            }
+        }
     }
 
     #[test]

@@ -16,9 +16,10 @@ use serde::{Deserialize, Serialize};
 use crate::chunks::Chunks;
 pub use crate::error::ErrorCode;
 use crate::error::{Error, Invalid};
+use crate::placement::Run;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 14;
+pub const WIRE_VERSION: u16 = 15;
 
 /// Most records one `Digest` request covers.
 pub const DIGEST_RECORDS_MAX: u64 = 1 << 20;
@@ -197,8 +198,8 @@ pub struct MoveReport {
     /// cluster's `records`.
     pub moved: u64,
     pub records: u64,
-    /// Records written into the datasets of the next map, in all (moved ones and those a
-    /// shard kept, renumbered), and of how many.
+    /// Records written into the slots nodes gain with the next map, in all, and of how
+    /// many.
     pub staged: u64,
     pub staged_total: u64,
     /// Whether the cluster serves the new map.
@@ -289,7 +290,8 @@ impl ClientRequest {
 pub enum NodeRequest {
     /// Length and schema.
     Info,
-    /// Records `indices` (shard-local) of `fields` (empty = all). Reply: `Gather`.
+    /// Records `indices` (node addresses: slot and index inside it, see
+    /// [`crate::placement::unit_address`]) of `fields` (empty = all). Reply: `Gather`.
     /// `checked`: each record read against its CRC (a failure is a `CorruptRecord` refusal).
     Gather {
         indices: Vec<u64>,
@@ -297,32 +299,34 @@ pub enum NodeRequest {
         checked: bool,
     },
     /// Append records; body: per field of `fields`, the payloads (`lengths[f][k]` bytes each).
-    /// `at`: the index the first record must get (the router's check that a node is in step).
+    /// `runs`: where they go, in order — each run's records at the end of its slot, which
+    /// must hold `at` records (the router's check that a node is in step).
     /// `token`: see [`NodeRequest::Fence`]; a node takes writes only with one.
     Append {
-        at: Option<u64>,
+        runs: Vec<Run>,
         token: Option<u64>,
         fields: Vec<String>,
         lengths: Vec<Vec<u32>>,
     },
-    /// Replace the fields `fields` of record `index`; body: per field, its payload. Its
-    /// other fields keep their values. `token` as for `Append`.
+    /// Replace the fields `fields` of record `index` (a node address); body: per field, its
+    /// payload. Its other fields keep their values. `token` as for `Append`.
     Modify {
         index: u64,
         token: Option<u64>,
         fields: Vec<String>,
         lengths: Vec<u32>,
     },
-    /// Write field `field` of records `indices` (shard-local); body: their payloads back to
-    /// back. `token` as for `Append`.
+    /// Write field `field` of records `indices` (node addresses); body: their payloads back
+    /// to back. `token` as for `Append`.
     WriteField {
         token: u64,
         field: String,
         indices: Vec<u64>,
         lengths: Vec<u32>,
     },
-    /// Drop records from the end until `len` remain (repair, global delete).
-    Truncate { len: u64, token: u64 },
+    /// Drop records from the end of each slot listed until as many remain as listed with it
+    /// (repair, global delete).
+    Truncate { slots: Vec<(u32, u64)>, token: u64 },
     /// The datasets this node holds. Reply: `Datasets` (`committed` unset).
     Datasets,
     /// Create the message's dataset, made as `id` (its creation's metadata revision), with
@@ -343,32 +347,32 @@ pub enum NodeRequest {
     Fence { token: u64 },
     /// Make every write so far durable.
     Commit,
-    /// A digest of records `start..start + count` (clamped to the node's length), each read
-    /// and checked against its CRC: how replicas find the records in which they differ.
+    /// A digest of the records of `runs` (each clamped to its slot's length), each read and
+    /// checked against its CRC: how replicas find the records in which they differ.
     /// Reply: `Digest`.
-    Digest { start: u64, count: u64 },
-    /// A move: open (made empty if new) the dataset this node builds for map `version`.
-    /// Reply: `Staged`, its length.
-    StageOpen { version: u64 },
-    /// A move: the records of the dataset for map `version` from index `at` on — record k
-    /// is this node's current record `sources[k]`, or for `None` the next in the body (per
-    /// field of `fields`, the payloads, as for `Append`); with `commit`, made durable (a
-    /// restarted node goes on from there). Reply: `Staged`.
+    Digest { runs: Vec<Run> },
+    /// A move: the slots `slots` this node gains with map `version`, held beside the ones
+    /// it serves (and not counted in its length) until it switches; slots it held for
+    /// another move and not for this one are dropped. Reply: `Staged`, their lengths.
+    StageOpen { version: u64, slots: Vec<u32> },
+    /// A move: records of slots this node gains with map `version`: per run, its slot's
+    /// records from index `at` on (what it held from there on is dropped first; a run of no
+    /// records only cuts); body: per field of `fields`, the payloads of every run in turn,
+    /// as for `Append`. With `commit`, everything so far is made durable (a restarted node
+    /// goes on from there). Reply: `Staged`, the runs' slots' lengths.
     Stage {
         version: u64,
-        at: u64,
-        sources: Vec<Option<u64>>,
+        runs: Vec<Run>,
         fields: Vec<String>,
         lengths: Vec<Vec<u32>>,
         commit: bool,
     },
-    /// A move: serve map `version` from now on — with `staged`, the dataset built for it,
-    /// which must hold `len` records; else the current data, unchanged. Placed by the map
-    /// it switches to, and admitted by a node of the previous one. Reply: `Done`.
+    /// A move: serve map `version` from now on, holding the slots `slots` with these
+    /// lengths (the ones gained become served, every other slot is dropped). Placed by the
+    /// map it switches to, and admitted by a node of the previous one. Reply: `Done`.
     Switch {
         version: u64,
-        staged: bool,
-        len: u64,
+        slots: Vec<(u32, u64)>,
         token: u64,
     },
     /// Which cluster and map the node's data belongs to, and its length (what
@@ -590,42 +594,33 @@ impl Request for NodeMessage {
                 indices, fields, ..
             } => check_gather(indices, fields, body),
             NodeRequest::Append {
-                fields, lengths, ..
-            } => check_append(fields, lengths, body),
-            NodeRequest::Modify {
-                fields, lengths, ..
-            } => check_modify(fields, lengths, body),
-            NodeRequest::Digest { count, .. } if *count > DIGEST_RECORDS_MAX => {
-                Err(Error::Malformed(format!(
-                    "a digest of {count} records (at most {DIGEST_RECORDS_MAX} at once)"
-                )))
-            }
-            NodeRequest::Stage {
-                sources,
+                runs,
                 fields,
                 lengths,
                 ..
-            } => {
-                if sources.len() > RECORDS_MAX {
+            }
+            | NodeRequest::Stage {
+                runs,
+                fields,
+                lengths,
+                ..
+            } => check_placed_append(runs, fields, lengths, body),
+            NodeRequest::Modify {
+                fields, lengths, ..
+            } => check_modify(fields, lengths, body),
+            NodeRequest::Digest { runs } => {
+                let count = check_runs(runs)?;
+                if count > DIGEST_RECORDS_MAX {
                     return Err(Error::Malformed(format!(
-                        "{} records staged at once (at most {RECORDS_MAX})",
-                        sources.len()
+                        "a digest of {count} records (at most {DIGEST_RECORDS_MAX} at once)"
                     )));
                 }
-                let received = sources.iter().filter(|s| s.is_none()).count();
-                if lengths.first().map_or(0, Vec::len) != received {
-                    return Err(Error::Malformed(format!(
-                        "{received} records to receive, but the lengths describe {}",
-                        lengths.first().map_or(0, Vec::len)
-                    )));
-                }
-                check_append(fields, lengths, body)
+                expect_empty(body)
             }
             NodeRequest::Info
             | NodeRequest::Datasets
             | NodeRequest::DropDataset { .. }
             | NodeRequest::AddField { .. }
-            | NodeRequest::Digest { .. }
             | NodeRequest::Truncate { .. }
             | NodeRequest::Commit
             | NodeRequest::Fence { .. }
@@ -739,10 +734,10 @@ pub enum Reply {
         /// writes not yet made durable) is told from a node that stayed up. 0 from a router.
         incarnation: u64,
     },
-    /// A node's digest of records `start..`: per record, a CRC32 of its fields' lengths and
-    /// contents (0 for a record that failed its check); `corrupt` lists those, by index.
+    /// A node's digest of the records a `Digest` asked for: per record, a CRC32 of its
+    /// fields' lengths and contents (0 for a record that failed its check); `corrupt` lists
+    /// those, by their position among them.
     Digest {
-        start: u64,
         crcs: Vec<u32>,
         corrupt: Vec<u64>,
         /// Read before the digest: while it stays the same, no record the digest covers has
@@ -777,9 +772,9 @@ pub enum Reply {
     Status(ClusterStatus),
     /// What a scrub of part of a shard found and did.
     Scrubbed(ScrubReport),
-    /// A node's dataset for the next map holds `len` records.
+    /// The lengths of the slots a node gains with the next map: (slot, records held).
     Staged {
-        len: u64,
+        slots: Vec<(u32, u64)>,
     },
     /// The move this router runs or ran last, if any.
     Moving(Option<MoveReport>),
@@ -1224,6 +1219,47 @@ fn check_create(fields: &[FieldInfo], dicts: &[FieldDict], body: usize) -> Resul
     expect_empty(body)
 }
 
+/// Records appended where `runs` say: as many runs' records as lengths, then as an append.
+fn check_placed_append(
+    runs: &[Run],
+    fields: &[String],
+    lengths: &[Vec<u32>],
+    body: usize,
+) -> Result<(), Error> {
+    let count = check_runs(runs)?;
+    let records = lengths.first().map_or(0, Vec::len) as u64;
+    if count != records {
+        return Err(Error::Malformed(format!(
+            "runs of {count} records, but the lengths describe {records}"
+        )));
+    }
+    check_append(fields, lengths, body)
+}
+
+/// The records `runs` cover, refused past [`RECORDS_MAX`] or with a run that overflows.
+fn check_runs(runs: &[Run]) -> Result<u64, Error> {
+    let mut count = 0u64;
+    for run in runs {
+        if run
+            .at
+            .checked_add(run.count)
+            .is_none_or(|end| end > 1 << crate::placement::UNIT_SHIFT)
+        {
+            return Err(Error::Malformed(format!(
+                "a run of {} records from {} in slot {} passes a slot's end",
+                run.count, run.at, run.slot
+            )));
+        }
+        count = count.saturating_add(run.count);
+    }
+    if count > RECORDS_MAX as u64 {
+        return Err(Error::Malformed(format!(
+            "runs of {count} records (at most {RECORDS_MAX} at once)"
+        )));
+    }
+    Ok(count)
+}
+
 fn check_gather(indices: &[u64], fields: &[String], body: usize) -> Result<(), Error> {
     check_fields(fields)?;
     if indices.len() > RECORDS_MAX {
@@ -1317,7 +1353,11 @@ mod tests {
     #[test]
     fn round_trips() {
         let request = NodeRequest::Append {
-            at: Some(5),
+            runs: vec![Run {
+                slot: 7,
+                at: 5,
+                count: 2,
+            }],
             token: Some(9),
             fields: vec!["a".into(), "b".into()],
             lengths: vec![vec![1, 2], vec![0, 3]],
@@ -1442,7 +1482,11 @@ mod tests {
         assert!(decode_request::<NodeMessage>(&bomb).is_err());
         // Body sizes must match the lengths.
         let append = encode_request(&node(NodeRequest::Append {
-            at: None,
+            runs: vec![Run {
+                slot: 0,
+                at: 0,
+                count: 1,
+            }],
             token: None,
             fields: vec!["a".into()],
             lengths: vec![vec![4]],
@@ -1458,7 +1502,7 @@ mod tests {
         assert!(e.to_string().contains("version 99"), "{e}");
     }
 
-    /// A peer of the previous protocol version (13: creates without dictionaries) is refused
+    /// A peer of the previous protocol version (14: nodes addressed by shard-local index) is refused
     /// by both protocols' decoders and by the reply decoder, naming both versions — never
     /// read as this version's layout (ops/README.md, Upgrading).
     #[test]
@@ -1470,15 +1514,15 @@ mod tests {
                 matches!(
                     e,
                     Error::Version {
-                        theirs: 13,
-                        ours: 14
+                        theirs: 14,
+                        ours: 15
                     }
                 ),
                 "{e}"
             );
             assert!(
                 e.to_string()
-                    .contains("unsupported protocol version 13 (this build speaks 14)"),
+                    .contains("unsupported protocol version 14 (this build speaks 15)"),
                 "{e}"
             );
         };
@@ -1576,8 +1620,11 @@ mod tests {
         prop_oneof![
             Just((NodeRequest::Info, Vec::new())),
             Just((NodeRequest::Commit, Vec::new())),
-            (any::<u64>(), any::<u64>())
-                .prop_map(|(len, token)| (NodeRequest::Truncate { len, token }, Vec::new())),
+            (
+                proptest::collection::vec((any::<u32>(), any::<u64>()), 0..8),
+                any::<u64>()
+            )
+                .prop_map(|(slots, token)| (NodeRequest::Truncate { slots, token }, Vec::new())),
             any::<u64>().prop_map(|token| (NodeRequest::Fence { token }, Vec::new())),
             (
                 proptest::collection::vec(any::<u64>(), 0..64),
@@ -1595,16 +1642,21 @@ mod tests {
             (
                 names,
                 proptest::collection::vec(0u32..40, 0..20),
-                any::<Option<u64>>(),
+                any::<u32>(),
                 any::<Option<u64>>()
             )
-                .prop_map(|(fields, lens, at, token)| {
+                .prop_map(|(fields, lens, slot, token)| {
                     let lengths: Vec<Vec<u32>> = fields.iter().map(|_| lens.clone()).collect();
                     let total: u32 = lengths.iter().flatten().sum();
                     let body = vec![0xab; total as usize];
+                    let runs = vec![Run {
+                        slot,
+                        at: 0,
+                        count: lengths.first().map_or(0, Vec::len) as u64,
+                    }];
                     (
                         NodeRequest::Append {
-                            at,
+                            runs,
                             token,
                             fields,
                             lengths,

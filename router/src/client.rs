@@ -303,6 +303,15 @@ impl AsyncClient {
         }
     }
 
+    /// The cluster map placing this handle's dataset, as the router places by it now.
+    pub async fn map(&self) -> Result<zr_proto::placement::ClusterMap, Error> {
+        let request = ClientRequest::Topology { covering: 0 };
+        match self.call(&request, Vec::new()).await?.0 {
+            Reply::Topology(topology) => Ok(topology.map),
+            other => Err(unexpected("topology", &other)),
+        }
+    }
+
     /// Serves shard `shard`'s replica `replica` from the (new, empty) node at `addr` from
     /// now on: the router records the move, then rebuilds the node from an in-sync partner
     /// before it serves. Returns the cluster's status once the move is recorded; the rebuild
@@ -1048,6 +1057,11 @@ impl Client {
     /// The cluster as the router sees it (see [`AsyncClient::status`]).
     pub fn status(&self) -> Result<wire::ClusterStatus, Error> {
         self.runtime.block_on(self.inner.status())
+    }
+
+    /// The cluster map (see [`AsyncClient::map`]).
+    pub fn map(&self) -> Result<zr_proto::placement::ClusterMap, Error> {
+        self.runtime.block_on(self.inner.map())
     }
 
     /// Replaces a node (see [`AsyncClient::replace_node`]).

@@ -74,7 +74,7 @@ pub(crate) async fn forward_parts(
         .map(|part| {
             let (pieces, mut queue) = mpsc::unbounded_channel();
             let request = NodeRequest::Gather {
-                indices: part.local,
+                indices: part.addresses,
                 fields: fields.clone(),
                 checked,
             };

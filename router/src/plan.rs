@@ -7,8 +7,8 @@ use zr_proto::placement::Placement;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Part {
     pub shard: u32,
-    /// Node-local indices, in request order.
-    pub local: Vec<u64>,
+    /// Node addresses (slot and index inside it), in request order.
+    pub addresses: Vec<u64>,
     /// Where each record goes in the caller's batch.
     pub positions: Vec<u32>,
 }
@@ -18,17 +18,17 @@ pub fn plan_gather(placement: &Placement, indices: &[u64]) -> Vec<Part> {
     let mut parts: Vec<Part> = (0..placement.shards())
         .map(|shard| Part {
             shard,
-            local: Vec::new(),
+            addresses: Vec::new(),
             positions: Vec::new(),
         })
         .collect();
     for (pos, &g) in indices.iter().enumerate() {
-        let (shard, local) = placement.locate(g);
+        let (shard, address) = placement.locate_address(g);
         let part = &mut parts[shard as usize];
-        part.local.push(local);
+        part.addresses.push(address);
         part.positions.push(pos as u32);
     }
-    parts.retain(|p| !p.local.is_empty());
+    parts.retain(|p| !p.addresses.is_empty());
     parts
 }
 
@@ -74,8 +74,9 @@ mod tests {
         let parts = plan_gather(&p, &indices);
         let mut seen = vec![0; indices.len()];
         for part in &parts {
-            for (&local, &pos) in part.local.iter().zip(&part.positions) {
-                assert_eq!(p.global(part.shard, local), indices[pos as usize]);
+            for (&address, &pos) in part.addresses.iter().zip(&part.positions) {
+                let (shard, local) = p.locate(indices[pos as usize]);
+                assert_eq!((shard, p.address_of(shard, local)), (part.shard, address));
                 seen[pos as usize] += 1;
             }
         }

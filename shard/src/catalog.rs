@@ -152,7 +152,7 @@ impl Catalog {
         let store = Store::open_with(path, self.runtime)?.with_gather_options(reads);
         let coordination =
             Coordination::open_as(path, self.root.serving().coordination.incarnation)?;
-        Ok(Shard::new(store, coordination, self.runtime))
+        Shard::new(store, coordination, self.runtime)
     }
 
     /// The default dataset.
@@ -399,7 +399,7 @@ mod tests {
         if coordination.identity.map_version().is_none() {
             coordination.identity.admit("c", 1).expect("identity");
         }
-        let root = Shard::new(store, coordination, RuntimeOptions::default());
+        let root = Shard::new(store, coordination, RuntimeOptions::default()).expect("shard");
         Catalog::open(root, RuntimeOptions::default()).expect("catalog")
     }
 
@@ -458,7 +458,7 @@ mod tests {
     }
 
     #[test]
-    fn named_datasets_ride_along_when_the_default_one_switches_maps() {
+    fn each_dataset_switches_maps_on_its_own() {
         let scratch = tempfile::tempdir().expect("scratch");
         let dir = scratch.path().join("node");
         let catalog = open(&dir);
@@ -467,53 +467,33 @@ mod tests {
         let a = catalog.get(Some("a")).expect("a");
         append(&a, &[b"a0", b"a1", b"a2"]);
 
-        // Both build their datasets for map version 2, and switch one after the other.
+        // Both build slot 5 for map version 2, and switch one after the other.
         let root = Arc::clone(catalog.root());
-        root.open_stage(2).expect("open");
-        root.stage(2, 0, &[Some(1), Some(0)], Vec::new(), true)
-            .expect("stage");
-        a.open_stage(2).expect("open");
-        a.stage(2, 0, &[Some(2), Some(0)], Vec::new(), true)
-            .expect("stage");
-        // A move's dataset of a held dataset survives a restart; a stray one does not.
-        let stray = dir.join(DATASETS_DIR).join(".gone.map-v2");
-        std::fs::create_dir_all(&stray).expect("stray");
+        root.open_stage(2, &[5]).expect("open");
+        let gained = [Record::new().with("x", b"r5")];
+        let run = zr_proto::placement::Run {
+            slot: 5,
+            at: 0,
+            count: 1,
+        };
+        root.stage(2, &[run], &gained, true).expect("stage");
+        a.open_stage(2, &[5]).expect("open");
+        // Built slots survive a restart.
         drop((root, a, catalog));
         let catalog = open(&dir);
-        assert!(!stray.exists());
         let a = catalog.get(Some("a")).expect("a");
-        assert_eq!(a.open_stage(2).expect("reopened"), 2);
+        assert_eq!(a.open_stage(2, &[5]).expect("reopened"), [(5, 0)]);
 
-        catalog.root().switch(2, true, 2).expect("switch");
-        assert_eq!(rows(catalog.root()), [b"d1".to_vec(), b"d0".to_vec()]);
+        catalog.root().switch(2, &[(0, 2), (5, 1)]).expect("switch");
+        assert_eq!(catalog.root().serving().store.units(), [(0, 2), (5, 1)]);
         // Untouched by the default dataset's switch, and found again after a restart.
         assert_eq!(rows(&a), [b"a0".to_vec(), b"a1".into(), b"a2".into()]);
-        a.switch(2, true, 2).expect("switch");
-        assert_eq!(rows(&a), [b"a2".to_vec(), b"a0".into()]);
+        a.switch(2, &[(0, 3), (5, 0)]).expect("switch");
         drop((a, catalog));
         let catalog = open(&dir);
         let a = catalog.get(Some("a")).expect("a survives the switches");
-        assert_eq!(rows(&a), [b"a2".to_vec(), b"a0".into()]);
+        assert_eq!(rows(&a), [b"a0".to_vec(), b"a1".into(), b"a2".into()]);
         assert_eq!(a.serving().coordination.identity.map_version(), Some(2));
-        assert_eq!(rows(catalog.root()), [b"d1".to_vec(), b"d0".to_vec()]);
-    }
-
-    #[test]
-    fn named_datasets_cut_off_by_a_switch_are_put_back() {
-        let scratch = tempfile::tempdir().expect("scratch");
-        let dir = scratch.path().join("node");
-        let catalog = open(&dir);
-        catalog.create("a", 1, fields(), &[]).expect("create");
-        append(&catalog.get(Some("a")).expect("a"), &[b"a0"]);
-        catalog.root().open_stage(2).expect("open");
-        drop(catalog);
-        // What a crash between carrying them into the next map's directory and swapping
-        // that one in leaves.
-        let staged = crate::stage::staged_dir(&dir, 2).expect("path");
-        std::fs::rename(dir.join(DATASETS_DIR), staged.join(DATASETS_DIR)).expect("carry");
-        let catalog = open(&dir);
-        let a = catalog.get(Some("a")).expect("a is back");
-        assert_eq!(rows(&a), [b"a0".to_vec()]);
-        assert!(!staged.join(DATASETS_DIR).exists());
+        assert_eq!(catalog.root().serving().store.units(), [(0, 2), (5, 1)]);
     }
 }

@@ -26,7 +26,28 @@ struct Kept {
     replica: Option<u32>,
     cluster: Option<String>,
     map_version: Option<u64>,
+    /// The data keeps each slot as a unit of its own (see `zr_node::unit`). Directories
+    /// written before kept a shard's records as one sequence, ranked by the map: see
+    /// [`LEGACY_LAYOUT`].
+    #[serde(default)]
+    slotted: bool,
+    /// Slots a shard move is building here, not served yet (see `stage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    staged: Option<StagedSlots>,
+    /// Slots being dropped: dropped again if the node stopped before it was done.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    dropping: Vec<u32>,
 }
+
+/// The slots a move to map `version` is building on a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagedSlots {
+    pub version: u64,
+    pub slots: Vec<u32>,
+}
+
+/// Why a directory written by an older build is not served as it is.
+pub const LEGACY_LAYOUT: &str = "it was written by an older zrecord, which kept a shard's records as one sequence ranked by the cluster map; this build keeps each slot as files of its own. `zr-node` converts it when it starts with the cluster's nodes.toml (it reads the map from the metadata store; see `zr-node --help`)";
 
 /// A data directory's identity (`Default`: kept in memory only, for a node without a
 /// directory of its own).
@@ -98,9 +119,14 @@ impl Identity {
                     "this directory holds shard {shard} replica {ours}'s data, not replica {replica}'s (a wrong --replica or data path?)"
                 ),
             }),
-            (Some(_), Some(_)) => Ok(()),
-            (Some(_), None) => {
+            (Some(_), _) if !kept.slotted && records > 0 => Err(Error::InvalidInput {
+                path: path(),
+                reason: LEGACY_LAYOUT.to_string(),
+            }),
+            (Some(_), Some(_)) if kept.slotted => Ok(()),
+            (Some(_), _) => {
                 kept.replica = Some(replica);
+                kept.slotted = true;
                 identity.keep(&kept)
             }
             (None, _) if records > 0 => Err(Error::InvalidInput {
@@ -112,6 +138,7 @@ impl Identity {
             (None, _) => {
                 kept.shard = Some(shard);
                 kept.replica = Some(replica);
+                kept.slotted = true;
                 identity.keep(&kept)
             }
         }
@@ -174,6 +201,51 @@ impl Identity {
     /// The cluster this directory's data belongs to, once known.
     pub fn cluster(&self) -> Option<String> {
         self.lock().cluster.clone()
+    }
+
+    /// True if the data keeps each slot as a unit of its own (see [`LEGACY_LAYOUT`]).
+    pub fn slotted(&self) -> bool {
+        self.lock().slotted
+    }
+
+    /// Records that the data keeps each slot as a unit of its own (it was converted).
+    pub fn mark_slotted(&self) -> Result<()> {
+        let mut kept = self.lock();
+        let mut next = kept.clone();
+        next.slotted = true;
+        self.keep(&next)?;
+        *kept = next;
+        Ok(())
+    }
+
+    /// The slots a move is building here, if any.
+    pub fn staged(&self) -> Option<StagedSlots> {
+        self.lock().staged.clone()
+    }
+
+    /// The slots being dropped (left to drop by a node that stopped meanwhile).
+    pub fn dropping(&self) -> Vec<u32> {
+        self.lock().dropping.clone()
+    }
+
+    /// Keeps a change to the slots held: the map version (unchanged if `None`), the slots
+    /// being built and the slots to drop.
+    pub fn change_slots(
+        &self,
+        map_version: Option<u64>,
+        staged: Option<StagedSlots>,
+        dropping: Vec<u32>,
+    ) -> Result<()> {
+        let mut kept = self.lock();
+        let mut next = kept.clone();
+        if map_version.is_some() {
+            next.map_version = map_version;
+        }
+        next.staged = staged;
+        next.dropping = dropping;
+        self.keep(&next)?;
+        *kept = next;
+        Ok(())
     }
 
     /// The map version this directory's data is laid out by, once known.
@@ -346,8 +418,12 @@ mod tests {
             r#"{"shard": 3, "cluster": "c", "map_version": 1}"#,
         )
         .expect("an older identity");
-        Identity::claim(old.path(), 3, 1, 50).expect("upgraded");
+        // Written before slots were kept apart: refused while it holds records.
+        let e = Identity::claim(old.path(), 3, 1, 50).expect_err("an older layout");
+        assert!(e.to_string().contains("older zrecord"), "{e}");
+        Identity::claim(old.path(), 3, 1, 0).expect("empty: taken, and upgraded");
         let e = Identity::claim(old.path(), 3, 0, 50).expect_err("replica now kept");
         assert!(e.to_string().contains("not replica 0's"), "{e}");
+        Identity::claim(old.path(), 3, 1, 50).expect("slotted now");
     }
 }

@@ -15,4 +15,5 @@ pub mod identity;
 pub mod server;
 pub mod ship;
 pub mod stage;
+pub mod upgrade;
 mod warm;

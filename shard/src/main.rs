@@ -15,6 +15,13 @@ use zr_service::config::ClusterConfig;
 /// Connections are mutual TLS from the cluster CA named in nodes.toml's [tls] section (made
 /// by `zr cluster-init`): the node presents node.pem and accepts only peers with a router
 /// certificate.
+///
+/// A node keeps each slot of the cluster map it holds as files of its own. A data directory
+/// written by an older build (a shard's records as one sequence, ranked by the map) is
+/// converted when the node starts, by the map in the metadata store: each dataset rebuilt
+/// beside its directory and swapped in (free space for a copy of the largest is needed; a
+/// conversion cut short goes on at the next start). It is refused while a move recorded by
+/// the older build is unfinished: finish it with that build first.
 #[derive(Parser)]
 #[command(name = "zr-node", version)]
 struct Args {

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use quinn::Endpoint;
 use zr_common::Record;
 use zr_net as net;
+use zr_proto::placement::{unit_address, Run};
 use zr_proto::wire::{
     self, DictRef, ErrorCode, FieldDict, FieldInfo, NodeMessage, NodeRequest, Reply,
 };
@@ -213,7 +214,7 @@ pub async fn serve_with(
         security,
     } = serving;
     let coordination = Coordination::open(store.dir())?;
-    let shard = Shard::new(store, coordination, shard_runtime());
+    let shard = Shard::new(store, coordination, shard_runtime())?;
     let catalog = Arc::new(Catalog::open(shard, shard_runtime())?);
     if let Some(security) = security {
         catalog.ships.set_reach(endpoint.clone(), security);
@@ -575,9 +576,14 @@ pub enum Refusal {
     /// The request is for another cluster or map than this node's data.
     #[error(transparent)]
     Identity(crate::identity::Mismatch),
-    /// An append that does not start at the shard's length.
-    #[error("append expected to start at {at} but the shard holds {len} records")]
-    OutOfStep { at: u64, len: u64 },
+    /// An append that does not start at its slot's length.
+    #[error("append expected to start at record {at} of slot {slot}, but this node holds {len} of that slot")]
+    OutOfStep { slot: u32, at: u64, len: u64 },
+    /// An append to a slot a move is building here, not served.
+    #[error(
+        "slot {0} is being built here by a shard move: it takes no appends until it is served"
+    )]
+    Building(u32),
     /// A request of a rebuild from files that cannot be served.
     #[error(transparent)]
     Ship(#[from] crate::ship::ShipError),
@@ -597,7 +603,9 @@ impl Refusal {
             Refusal::Store(e) | Refusal::Ship(crate::ship::ShipError::Store(e)) => code_of(e),
             Refusal::Ship(_) => ErrorCode::BadRequest,
             Refusal::FenceStorage(_) => ErrorCode::Storage,
-            Refusal::NoLeaseToken | Refusal::DictMismatch { .. } => ErrorCode::BadRequest,
+            Refusal::NoLeaseToken | Refusal::DictMismatch { .. } | Refusal::Building(_) => {
+                ErrorCode::BadRequest
+            }
             Refusal::Identity(crate::identity::Mismatch::Cluster { .. }) => ErrorCode::WrongCluster,
             Refusal::Identity(
                 crate::identity::Mismatch::Map { .. } | crate::identity::Mismatch::Unplaced,
@@ -616,7 +624,9 @@ fn error_reply(code: ErrorCode, message: String) -> (Vec<u8>, Vec<Bytes>) {
 
 fn code_of(e: &Error) -> ErrorCode {
     match e {
-        Error::IndexOutOfRange { .. } => ErrorCode::IndexOutOfRange,
+        Error::IndexOutOfRange { .. } | Error::UnitIndexOutOfRange { .. } => {
+            ErrorCode::IndexOutOfRange
+        }
         Error::UnknownField { .. } => ErrorCode::UnknownField,
         Error::InvalidRecord(_) => ErrorCode::BadRequest,
         Error::BadRecord { .. } | Error::Corrupt { .. } => ErrorCode::CorruptRecord,
@@ -671,11 +681,21 @@ fn execute(
         })
     };
     let fail = Refusal::Store;
+    let served_len = || {
+        let building: u64 = coordination
+            .identity
+            .staged()
+            .iter()
+            .flat_map(|s| &s.slots)
+            .filter_map(|&slot| store.unit_len(slot))
+            .sum();
+        store.len() - building
+    };
     let info = || {
         let fields = store.fields().iter().map(field_info).collect();
         Ok((
             Reply::Info {
-                len: store.len(),
+                len: served_len(),
                 fields,
                 incarnation: coordination.incarnation,
             },
@@ -688,7 +708,7 @@ fn execute(
             Reply::Identity {
                 cluster: coordination.identity.cluster(),
                 map_version: coordination.identity.map_version(),
-                len: store.len(),
+                len: served_len(),
             },
             Vec::new(),
         )),
@@ -734,25 +754,46 @@ fn execute(
             Ok((Reply::Gather { lengths }, pieces))
         }
         NodeRequest::Append {
-            at,
+            runs,
             token,
             fields,
             lengths,
         } => fenced(coordination, token, || {
-            if let Some(at) = at {
-                if at != store.len() {
+            let building = coordination.identity.staged();
+            // Where each slot's next record goes: its length, then past the runs before.
+            let mut next_at: std::collections::HashMap<u32, u64> = Default::default();
+            for run in &runs {
+                if building
+                    .as_ref()
+                    .is_some_and(|b| b.slots.contains(&run.slot))
+                {
+                    return Err(Refusal::Building(run.slot));
+                }
+                let at = next_at
+                    .entry(run.slot)
+                    .or_insert_with(|| store.unit_len(run.slot).unwrap_or(0));
+                if run.at != *at {
                     return Err(Refusal::OutOfStep {
-                        at,
-                        len: store.len(),
+                        slot: run.slot,
+                        at: run.at,
+                        len: *at,
                     });
                 }
+                *at += run.count;
             }
             let records = records_of(&fields, &lengths, body);
-            let range = store.append_many(&records).map_err(fail)?;
+            let mut next = 0;
+            for run in &runs {
+                let end = next + run.count as usize;
+                store
+                    .append_to(run.slot, &records[next..end])
+                    .map_err(fail)?;
+                next = end;
+            }
             Ok((
                 Reply::Appended {
-                    start: range.start,
-                    count: range.end - range.start,
+                    start: runs.first().map_or(0, |r| unit_address(r.slot, r.at)),
+                    count: records.len() as u64,
                 },
                 Vec::new(),
             ))
@@ -809,6 +850,11 @@ fn execute(
             Ok((Reply::Done, Vec::new()))
         }
         NodeRequest::ShipOpen => {
+            if coordination.identity.staged().is_some() {
+                return Err(Refusal::Store(Error::InvalidRecord(
+                    "a shard move is building slots on this node: copy from it once the move is done".into(),
+                )));
+            }
             let reply = node()?.ships.open(store, coordination.incarnation)?;
             Ok((reply, Vec::new()))
         }
@@ -853,9 +899,9 @@ fn execute(
             node()?.add_field(dataset, spec).map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }
-        NodeRequest::Truncate { len, token } => fenced(coordination, Some(token), || {
-            while store.len() > len {
-                store.delete(store.len() - 1).map_err(fail)?;
+        NodeRequest::Truncate { slots, token } => fenced(coordination, Some(token), || {
+            for (slot, len) in slots {
+                store.truncate_unit(slot, len).map_err(fail)?;
             }
             Ok((Reply::Done, Vec::new()))
         }),
@@ -867,36 +913,34 @@ fn execute(
             store.commit().map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }
-        NodeRequest::StageOpen { version } => {
-            let len = mover()?.open_stage(version).map_err(fail)?;
-            Ok((Reply::Staged { len }, Vec::new()))
+        NodeRequest::StageOpen { version, slots } => {
+            let slots = mover()?.open_stage(version, &slots).map_err(fail)?;
+            Ok((Reply::Staged { slots }, Vec::new()))
         }
         NodeRequest::Stage {
             version,
-            at,
-            sources,
+            runs,
             fields,
             lengths,
             commit,
         } => {
             let received = records_of(&fields, &lengths, body);
-            let len = mover()?
-                .stage(version, at, &sources, received, commit)
+            let slots = mover()?
+                .stage(version, &runs, &received, commit)
                 .map_err(fail)?;
-            Ok((Reply::Staged { len }, Vec::new()))
+            Ok((Reply::Staged { slots }, Vec::new()))
         }
         NodeRequest::Switch {
             version,
-            staged,
-            len,
+            slots,
             token,
         } => {
-            // Checked, not held: the switch keeps the fence in the new dataset.
+            // Checked, not held: a switch is no write.
             fenced(coordination, Some(token), || Ok((Reply::Done, Vec::new())))?;
-            mover()?.switch(version, staged, len).map_err(fail)?;
+            mover()?.switch(version, &slots).map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }
-        NodeRequest::Digest { start, count } => {
+        NodeRequest::Digest { runs } => {
             // Before the records are read (see `Store::mark`).
             let of_store = store.mark();
             let mark = wire::DataMark {
@@ -904,10 +948,9 @@ fn execute(
                 instance: of_store.instance,
                 rewrites: of_store.rewrites,
             };
-            let (crcs, corrupt) = digest(store, start, count).map_err(fail)?;
+            let (crcs, corrupt) = digest(store, &runs).map_err(fail)?;
             Ok((
                 Reply::Digest {
-                    start,
                     crcs,
                     corrupt,
                     mark,
@@ -934,14 +977,23 @@ fn records_of<'a>(fields: &'a [String], lengths: &[Vec<u32>], body: &'a [u8]) ->
 }
 
 /// Records read per gather of a digest.
-const DIGEST_BATCH: u64 = 4096;
+const DIGEST_BATCH: usize = 4096;
 
-/// Per record of `start..start + count` (clamped to the store's length): a CRC32 of each
-/// field's length and contents, each read checked against its CRC; and the records that
-/// failed the check (their digest is 0).
-fn digest(store: &Store, start: u64, count: u64) -> zr_node::Result<(Vec<u32>, Vec<u64>)> {
-    let end = start.saturating_add(count).min(store.len());
-    let mut crcs = Vec::with_capacity(end.saturating_sub(start) as usize);
+/// Per record of `runs` (each clamped to its slot's length), in order: a CRC32 of each
+/// field's length and contents, each read checked against its CRC; and the positions among
+/// them of the records that failed the check (their digest is 0).
+fn digest(store: &Store, runs: &[Run]) -> zr_node::Result<(Vec<u32>, Vec<u64>)> {
+    let addresses: Vec<u64> = runs
+        .iter()
+        .flat_map(|run| {
+            let end = run
+                .at
+                .saturating_add(run.count)
+                .min(store.unit_len(run.slot).unwrap_or(0));
+            (run.at..end.max(run.at)).map(move |i| unit_address(run.slot, i))
+        })
+        .collect();
+    let mut crcs = Vec::with_capacity(addresses.len());
     let mut corrupt = Vec::new();
     let checked = GatherOptions {
         verify: true,
@@ -956,20 +1008,17 @@ fn digest(store: &Store, start: u64, count: u64) -> zr_node::Result<(Vec<u32>, V
         }
         hasher.finalize()
     };
-    let mut from = start;
-    while from < end {
-        let to = (from + DIGEST_BATCH).min(end);
-        let indices: Vec<u64> = (from..to).collect();
-        match store.gather_with(&indices, &[], checked) {
+    for (part, indices) in addresses.chunks(DIGEST_BATCH).enumerate() {
+        match store.gather_with(indices, &[], checked) {
             Ok(batch) => crcs.extend((0..indices.len()).map(|k| record_crc(&batch, k))),
             Err(Error::BadRecord { .. } | Error::Corrupt { .. }) => {
                 // Which ones: record by record.
-                for &index in &indices {
+                for (k, &index) in indices.iter().enumerate() {
                     match store.gather_with(&[index], &[], checked) {
                         Ok(batch) => crcs.push(record_crc(&batch, 0)),
                         Err(Error::BadRecord { .. } | Error::Corrupt { .. }) => {
                             crcs.push(0);
-                            corrupt.push(index);
+                            corrupt.push((part * DIGEST_BATCH + k) as u64);
                         }
                         Err(e) => return Err(e),
                     }
@@ -977,7 +1026,6 @@ fn digest(store: &Store, start: u64, count: u64) -> zr_node::Result<(Vec<u32>, V
             }
             Err(e) => return Err(e),
         }
-        from = to;
     }
     Ok((crcs, corrupt))
 }
@@ -1097,6 +1145,56 @@ fn page_faults() -> Option<(u64, u64)> {
 
 /// Binds the address of shard `shard`'s replica `replica` from `config` and serves its store
 /// (the binary's path).
+/// Converts the data directory `dir` of shard `shard` if an older build wrote it (see
+/// `upgrade`), by the cluster map the metadata store holds: what a node does before it
+/// opens its data.
+pub async fn upgrade_layout(
+    config: &ClusterConfig,
+    dir: &Path,
+    shard: u32,
+    timeout: std::time::Duration,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let check = dir.to_path_buf();
+    if !tokio::task::spawn_blocking(move || crate::upgrade::needed(&check)).await?? {
+        return Ok(());
+    }
+    let location = config.metadata_location();
+    let cannot = |why: String| {
+        format!(
+            "{}: {} It cannot be converted now: {why}",
+            dir.display(),
+            crate::identity::LEGACY_LAYOUT
+        )
+    };
+    let meta = zr_meta::open(&location, timeout)
+        .await
+        .map_err(|e| cannot(format!("the metadata store: {e}")))?;
+    let (record, _) = zr_meta::cluster::load(&*meta)
+        .await
+        .map_err(|e| cannot(format!("the metadata store: {e}")))?
+        .ok_or_else(|| cannot("the metadata store holds no cluster record".into()))?;
+    if let Some(moving) = &record.moving {
+        return Err(cannot(format!(
+            "a move to map version {} is recorded, unfinished: finish it with the older build first",
+            moving.to.version
+        ))
+        .into());
+    }
+    let map = record.map.cluster_map().map_err(cannot)?;
+    let placement = zr_proto::placement::Placement::new(map).map_err(|e| cannot(e.to_string()))?;
+    let dir = dir.to_path_buf();
+    let started = std::time::Instant::now();
+    let records = tokio::task::spawn_blocking(move || {
+        crate::upgrade::convert(&dir, shard, &placement, shard_runtime())
+    })
+    .await??;
+    tracing::info!(
+        "shard {shard}: {records} records converted to one unit per slot in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 pub async fn run_shard(
     config: &ClusterConfig,
     security: &net::Security,
@@ -1114,6 +1212,8 @@ pub async fn run_shard(
     let dir = data
         .map(Path::to_path_buf)
         .unwrap_or_else(|| config.node_data_dir(shard, replica));
+    let timeout = std::time::Duration::from_millis(config.router.timeout_ms);
+    upgrade_layout(config, &dir, shard, timeout).await?;
     let store = {
         let config = config.clone();
         let dir = dir.clone();
@@ -1127,7 +1227,6 @@ pub async fn run_shard(
         store.len(),
         dir.display()
     );
-    let timeout = std::time::Duration::from_millis(config.router.timeout_ms);
     // The node's liveness lease in the metadata store, renewed while it serves; a node that
     // cannot reach the store serves all the same (the lease says so by lapsing).
     let mut background = tokio::task::JoinSet::new(); // dropped (so stopped) with the node
@@ -1213,7 +1312,13 @@ mod tests {
                 replica: 0,
             },
             NodeRequest::Commit,
-            NodeRequest::Digest { start: 0, count: 1 },
+            NodeRequest::Digest {
+                runs: vec![Run {
+                    slot: 0,
+                    at: 0,
+                    count: 1,
+                }],
+            },
         ];
         let allowed = |sender: Sender| -> Vec<&'static str> {
             requests

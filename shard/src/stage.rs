@@ -1,18 +1,16 @@
 //! A node's part in a shard move (`zr cluster add-shard` / `drain-shard`).
 //!
-//! A new cluster map changes which slots some shards own, and so every local index of those
-//! shards (placement ranks a shard's slots). Such a node builds its dataset for the next map
-//! beside its own, in `.<name>.map-v<version>`: record after record in the new local order,
-//! each either copied from its own current data or received from the shard that held it.
-//! Meanwhile it serves its current data under the current map, untouched. When the router
-//! switches the cluster to the next map, the node commits the built dataset and swaps the two
-//! directories with one `renameat2(RENAME_EXCHANGE)` — a crash leaves either whole at the
-//! data path, with the identity (map version) that goes with it — then serves the new one and
-//! deletes the old. A node whose slots do not change only takes the new version.
+//! A node keeps each slot it holds as a unit of its store (`zr_node::unit`), whose indices
+//! no map changes: a move leaves the slots a node keeps as they are. The slots it gains are
+//! built beside them as units of their own (`StageOpen`, then `Stage`), recorded in its
+//! identity as staged: not served, not counted in its length, while it serves the current
+//! map. When the router switches the cluster to the next map, the node checks every slot's
+//! length, takes the version and drops the slots it gives (`Switch`). Each change is
+//! recorded in the identity before it is made (the slots to drop first), so a node that
+//! stops anywhere finishes it when it starts.
 //!
-//! The directory being built survives a restart of the node (its committed records count;
-//! the router asks how far it got and goes on from there); one for another version is the
-//! leftover of an abandoned move and is removed when the next move begins.
+//! Written before slots were kept apart, a move built the whole dataset for the next map in
+//! `.<name>.map-v<version>` beside the data: such a leftover is removed.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -20,12 +18,14 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 
 use crate::fence::Coordination;
+use crate::identity::StagedSlots;
 use zr_common::Record;
 use zr_node::disk;
 use zr_node::meta::sync_dir;
 use zr_node::RuntimeOptions;
-use zr_node::{CreateOptions, GatherOptions, Store};
+use zr_node::Store;
 use zr_node::{Error, IoContext, Result};
+use zr_proto::placement::Run;
 
 /// What a node serves now: its store and, kept in the store's directory, its identity and
 /// fence.
@@ -34,26 +34,36 @@ pub struct Serving {
     pub coordination: Coordination,
 }
 
-/// A node's data, switchable to the next map's (see the module documentation).
+impl Serving {
+    /// The records the node serves: every slot's but those a move is building.
+    pub fn served_len(&self) -> u64 {
+        let staged = self.coordination.identity.staged();
+        let building: u64 = staged
+            .iter()
+            .flat_map(|s| &s.slots)
+            .filter_map(|&slot| self.store.unit_len(slot))
+            .sum();
+        self.store.len() - building
+    }
+}
+
+/// A node's data, and the changes a move makes to which slots it holds (see the module
+/// documentation).
 pub struct Shard {
     current: ArcSwap<Serving>,
-    staged: Mutex<Option<Staged>>,
+    /// Held by every change to which slots the node holds, and what depends on it.
+    slots: Mutex<()>,
     runtime: RuntimeOptions,
 }
 
-struct Staged {
-    version: u64,
-    store: Store,
-}
-
-/// Where the dataset for map `version` of the dataset at `dir` is built.
-pub fn staged_dir(dir: &Path, version: u64) -> Result<PathBuf> {
-    Ok(dir.with_file_name(format!("{}{version}", staged_prefix(dir)?)))
-}
-
-/// The datasets for other maps beside the dataset at `dir`, whatever their version.
+/// The datasets for other maps beside the dataset at `dir`, whatever their version: what a
+/// move of an older build left.
 pub(crate) fn staged_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
-    let prefix = staged_prefix(dir)?;
+    let name = dir.file_name().ok_or_else(|| Error::InvalidInput {
+        path: dir.to_path_buf(),
+        reason: "a dataset path must end in a directory name".into(),
+    })?;
+    let prefix = format!(".{}.map-v", name.to_string_lossy());
     let parent = dir.parent().unwrap_or(Path::new("."));
     let mut found = Vec::new();
     for entry in std::fs::read_dir(parent).ctx("list", parent)? {
@@ -69,70 +79,33 @@ pub(crate) fn staged_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(found)
 }
 
-fn staged_prefix(dir: &Path) -> Result<String> {
-    let name = dir.file_name().ok_or_else(|| Error::InvalidInput {
-        path: dir.to_path_buf(),
-        reason: "a dataset path must end in a directory name".into(),
-    })?;
-    Ok(format!(".{}.map-v", name.to_string_lossy()))
-}
-
-/// Free space a dataset for the next map must leave beside it, at least.
-const ROOM_SPARE_BYTES: u64 = 256 << 20;
-
-/// Refuses to start a dataset beside `store` in `parent` unless the file system has room for
-/// a copy of it (what the next map's dataset of a shard keeping or gaining about its share
-/// needs, at most) and some to spare.
-fn check_room(parent: &Path, store: &Store) -> Result<()> {
-    let (_, needed) = store.chunk_stats();
-    let free = free_bytes(parent).ctx("statvfs", parent)?;
-    if free < needed + ROOM_SPARE_BYTES {
-        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        return Err(Error::InvalidInput {
-            path: parent.to_path_buf(),
-            reason: format!(
-                "a shard move builds this node's dataset for the next map beside its own: it needs about {:.2} GiB there, and the file system has {:.2} GiB free",
-                gib(needed + ROOM_SPARE_BYTES),
-                gib(free)
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// Bytes an unprivileged writer may still use on the file system holding `path`.
-fn free_bytes(path: &Path) -> std::io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains a NUL byte")
-    })?;
-    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c_path` is a NUL-terminated path and `stat` points to writable memory of the
-    // type statvfs fills; it is read only after the call reports success.
-    let status = unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) };
-    if status != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: statvfs returned 0, so it initialised `stat`.
-    let stat = unsafe { stat.assume_init() };
-    // The fields' widths differ between platforms.
-    #[allow(clippy::unnecessary_cast)]
-    let free = stat.f_bavail as u64 * stat.f_frsize as u64;
-    Ok(free)
-}
-
 impl Shard {
-    /// Serves `store` with `coordination`; datasets built for a move are opened with
-    /// `runtime`, as the store was.
-    pub fn new(store: Store, coordination: Coordination, runtime: RuntimeOptions) -> Shard {
-        Shard {
+    /// Serves `store` with `coordination`, finishing a change to its slots that a stop cut
+    /// short.
+    pub fn new(store: Store, coordination: Coordination, runtime: RuntimeOptions) -> Result<Shard> {
+        let dropping = coordination.identity.dropping();
+        if !dropping.is_empty() {
+            tracing::info!(
+                "dropping {} slots a switch or a move left to drop, from {}",
+                dropping.len(),
+                store.dir().display()
+            );
+            store.drop_units(&dropping)?;
+            let identity = &coordination.identity;
+            identity.change_slots(None, identity.staged(), Vec::new())?;
+        }
+        for leftover in staged_dirs(store.dir())? {
+            tracing::info!("removing {} (an older build's move)", leftover.display());
+            disk::remove_tree(&leftover).ctx("remove an older build's move", &leftover)?;
+        }
+        Ok(Shard {
             current: ArcSwap::from_pointee(Serving {
                 store,
                 coordination,
             }),
-            staged: Mutex::new(None),
+            slots: Mutex::new(()),
             runtime,
-        }
+        })
     }
 
     /// What the node serves now.
@@ -140,135 +113,120 @@ impl Shard {
         self.current.load_full()
     }
 
+    fn lock_slots(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// True if the node holds nothing, under any map: `serving` (what a request found the
-    /// node serving) is what it serves still, its store is empty, and no dataset is being
-    /// built here.
+    /// node serving) is what it serves still, its store is empty, and no move builds slots
+    /// here.
     pub fn holds_nothing(&self, serving: &Coordination) -> bool {
-        // Held: a switch under way finishes first.
-        let staged = self.lock_staged();
+        let _held = self.lock_slots();
         let current = self.serving();
-        if staged.is_some()
-            || !std::ptr::eq(&current.coordination, serving)
-            || !current.store.is_empty()
-        {
-            return false;
-        }
-        staged_dirs(current.store.dir()).is_ok_and(|dirs| dirs.is_empty())
+        std::ptr::eq(&current.coordination, serving)
+            && current.store.is_empty()
+            && current.coordination.identity.staged().is_none()
     }
 
-    fn lock_staged(&self) -> std::sync::MutexGuard<'_, Option<Staged>> {
-        self.staged.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Opens the dataset for map `version`, made empty if there is none yet (leftovers for
-    /// other versions are removed). Returns how many records it holds.
-    pub fn open_stage(&self, version: u64) -> Result<u64> {
-        let mut staged = self.lock_staged();
-        if let Some(open) = staged.as_ref().filter(|s| s.version == version) {
-            return Ok(open.store.len());
-        }
-        *staged = None;
+    /// Starts (or goes on with) building `slots`, the slots this node gains with map
+    /// `version`; slots built for another move and not for this one are dropped. Returns
+    /// the length of each.
+    pub fn open_stage(&self, version: u64, slots: &[u32]) -> Result<Vec<(u32, u64)>> {
+        let _held = self.lock_slots();
         let serving = self.serving();
-        let dir = serving.store.dir().to_path_buf();
-        let parent = dir.parent().unwrap_or(Path::new("."));
-        let path = staged_dir(&dir, version)?;
-        for other in staged_dirs(&dir)? {
-            if other != path {
-                tracing::info!("removing {} (an abandoned move's)", other.display());
-                disk::remove_tree(&other).ctx("remove an abandoned move's dataset", &other)?;
+        let identity = &serving.coordination.identity;
+        let before = identity.staged();
+        let building: &[u32] = before.as_ref().map_or(&[], |s| &s.slots);
+        // A slot it holds records of is served (an empty one is what a new store has).
+        if let Some(&slot) = slots.iter().find(|&&slot| {
+            !building.contains(&slot) && serving.store.unit_len(slot).is_some_and(|n| n > 0)
+        }) {
+            return Err(Error::InvalidRecord(format!(
+                "a move to map version {version} gives this node slot {slot}, which it holds already"
+            )));
+        }
+        let abandoned: Vec<u32> = building
+            .iter()
+            .copied()
+            .filter(|slot| !slots.contains(slot))
+            .collect();
+        let mut sorted = slots.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let staged = StagedSlots {
+            version,
+            slots: sorted,
+        };
+        if before.as_ref() != Some(&staged) {
+            identity.change_slots(None, Some(staged.clone()), abandoned.clone())?;
+            if !abandoned.is_empty() {
+                serving.store.drop_units(&abandoned)?;
+                identity.change_slots(None, Some(staged.clone()), Vec::new())?;
             }
         }
-        let store = if path.join(zr_node::meta::META_FILE).exists() {
-            Store::open_with(&path, self.runtime)?
-        } else {
-            if path.exists() {
-                // Made but not yet a dataset: nothing in it counts.
-                disk::remove_tree(&path).ctx("remove an unfinished dataset", &path)?;
-            }
-            check_room(parent, &serving.store)?;
-            Store::create_with_dicts(
-                &path,
-                serving.store.fields().to_vec(),
-                CreateOptions::default(),
-                self.runtime,
-                &serving.store.dicts(),
-            )?
-        };
-        let len = store.len();
-        *staged = Some(Staged { version, store });
-        Ok(len)
+        Ok(staged
+            .slots
+            .iter()
+            .map(|&slot| (slot, serving.store.unit_len(slot).unwrap_or(0)))
+            .collect())
     }
 
-    /// Sets the records of the dataset for map `version` from index `at` on: record k is
-    /// this node's current record `sources[k]`, or for `None` the next of `received`.
-    /// Records it held from `at` on are dropped first (a resumed move sends them again).
-    /// With `commit`, everything staged so far is made durable. Returns its length.
+    /// Sets records of slots the move to map `version` builds here: per run, its slot's
+    /// records from index `at` on to the run's share of `records`, in turn (what a slot held
+    /// from there on is dropped first: a resumed move sends it again). With `commit`,
+    /// everything built so far is made durable. Returns each run's slot's length.
     pub fn stage(
         &self,
         version: u64,
-        at: u64,
-        sources: &[Option<u64>],
-        received: Vec<Record<'_>>,
+        runs: &[Run],
+        records: &[Record<'_>],
         commit: bool,
-    ) -> Result<u64> {
-        let staged = self.lock_staged();
-        let Some(open) = staged.as_ref().filter(|s| s.version == version) else {
-            return Err(Error::InvalidRecord(format!(
-                "no dataset for map version {version} is open on this node (the move must open it first)"
-            )));
-        };
-        let store = &open.store;
-        if at > store.len() {
-            return Err(Error::InvalidRecord(format!(
-                "records for map version {version} from {at} on, but this node holds only {} of them",
-                store.len()
-            )));
-        }
-        while store.len() > at {
-            store.delete(store.len() - 1)?;
-        }
+    ) -> Result<Vec<(u32, u64)>> {
+        let _held = self.lock_slots();
         let serving = self.serving();
-        let local: Vec<u64> = sources.iter().flatten().copied().collect();
-        let gathered = serving
-            .store
-            .gather_with(&local, &[], GatherOptions::verified())?;
-        let names: Vec<&str> = serving
-            .store
-            .fields()
-            .iter()
-            .map(|f| f.name.as_str())
-            .collect();
-        let columns: Vec<_> = gathered.fields().collect();
-        let mut received = received.into_iter();
-        let mut next_local = 0;
-        let mut records = Vec::with_capacity(sources.len());
-        for source in sources {
-            match source {
-                Some(_) => {
-                    let mut record = Record::new();
-                    for (name, column) in names.iter().zip(&columns) {
-                        record.set(name, column.get(next_local).unwrap_or_default());
-                    }
-                    next_local += 1;
-                    records.push(record);
-                }
-                None => records.push(received.next().ok_or_else(|| {
-                    Error::InvalidRecord("fewer records received than the sources name".into())
-                })?),
+        let staged = serving.coordination.identity.staged();
+        let store = &serving.store;
+        for run in runs {
+            let slot = run.slot;
+            if !staged
+                .as_ref()
+                .is_some_and(|s| s.version == version && s.slots.contains(&slot))
+            {
+                return Err(Error::InvalidRecord(format!(
+                    "this node builds no slot {slot} for map version {version} (the move must open it first)"
+                )));
+            }
+            let have = store.unit_len(slot).unwrap_or(0);
+            if run.at > have {
+                return Err(Error::InvalidRecord(format!(
+                    "records of slot {slot} from {} on, but this node holds only {have} of them",
+                    run.at
+                )));
             }
         }
-        store.append_many(&records)?;
+        let mut next = 0;
+        let mut lens = Vec::with_capacity(runs.len());
+        for run in runs {
+            let end = next + run.count as usize;
+            let part = records.get(next..end).ok_or_else(|| {
+                Error::InvalidRecord("fewer records received than the runs hold".into())
+            })?;
+            store.truncate_unit(run.slot, run.at)?;
+            store.append_to(run.slot, part)?;
+            lens.push((run.slot, store.unit_len(run.slot).unwrap_or(0)));
+            next = end;
+        }
         if commit {
             // Kept: a node restarted mid-move goes on from here.
             store.commit()?;
         }
-        Ok(store.len())
+        Ok(lens)
     }
 
     /// Adds `field` to the dataset served (nothing if it has a field of that name and
-    /// compression); refused while a move builds the next map's dataset.
+    /// compression); refused while a move builds slots here.
     pub fn add_field(&self, field: zr_node::meta::FieldSpec) -> Result<()> {
-        let staged = self.lock_staged();
+        let _held = self.lock_slots();
         let serving = self.serving();
         if let Some(have) = serving.store.fields().iter().find(|f| f.name == field.name) {
             if have.compress == field.compress {
@@ -279,10 +237,12 @@ impl Shard {
                 field.name, have.compress
             )));
         }
-        if staged.is_some() {
+        if serving.coordination.identity.staged().is_some() {
             return Err(Error::InvalidInput {
                 path: serving.store.dir().to_path_buf(),
-                reason: "a shard move is building this node's next dataset: add the field once it is done".into(),
+                reason:
+                    "a shard move is building slots on this node: add the field once it is done"
+                        .into(),
             });
         }
         let store = serving.store.add_field(field)?;
@@ -295,55 +255,58 @@ impl Shard {
         Ok(())
     }
 
-    /// Serves map `version` from now on: with `staged`, the dataset built for it, which must
-    /// hold `len` records; else the current data, unchanged. Done already: nothing to do.
-    pub fn switch(&self, version: u64, staged: bool, len: u64) -> Result<()> {
-        let mut open = self.lock_staged();
+    /// Serves map `version` from now on, holding the slots `slots` with these lengths: the
+    /// ones built for it become served, every other slot is dropped. Refused, changing
+    /// nothing, if a slot's length differs. Done already: only what is left to drop.
+    pub fn switch(&self, version: u64, slots: &[(u32, u64)]) -> Result<()> {
+        let _held = self.lock_slots();
         let serving = self.serving();
         let identity = &serving.coordination.identity;
-        if identity.map_version() == Some(version) {
+        let store = &serving.store;
+        if identity.map_version() != Some(version) {
+            for &(slot, want) in slots {
+                let have = store.unit_len(slot).unwrap_or(0);
+                if have != want {
+                    return Err(Error::InvalidRecord(format!(
+                        "slot {slot} holds {have} records here, not the {want} the switch to map version {version} needs"
+                    )));
+                }
+            }
+            // What it builds, durable before it is served.
+            store.commit()?;
+        }
+        let given: Vec<u32> = store
+            .units()
+            .into_iter()
+            .map(|(unit, _)| unit)
+            .filter(|unit| !slots.iter().any(|&(slot, _)| slot == *unit))
+            .collect();
+        if identity.map_version() == Some(version) && given.is_empty() {
             return Ok(());
         }
-        if !staged {
-            return identity.adopt(version);
-        }
-        if open.as_ref().is_none_or(|s| s.version != version) {
-            drop(open);
-            self.open_stage(version)?;
-            open = self.lock_staged();
-        }
-        let Some(built) = open.take() else {
-            return Err(Error::InvalidRecord(format!(
-                "no dataset for map version {version} on this node"
-            )));
-        };
-        if built.store.len() != len {
-            let holds = built.store.len();
-            *open = Some(built);
-            return Err(Error::InvalidRecord(format!(
-                "the dataset for map version {version} holds {holds} records, not the {len} the switch needs"
-            )));
-        }
-        let path = built.store.dir().to_path_buf();
-        built.store.commit()?;
-        drop(built);
-        self.swap_in(&serving, &path, version)?;
+        identity.change_slots(Some(version), None, given.clone())?;
+        store.drop_units(&given)?;
+        identity.change_slots(None, None, Vec::new())?;
         tracing::info!(
-            "serving map version {version}: {len} records, from {}",
-            serving.store.dir().display()
+            "serving map version {version}: {} slots, {} records, in {}",
+            slots.len(),
+            store.len(),
+            store.dir().display()
         );
         Ok(())
     }
 
     /// Serves the dataset in `path` — a rebuild's copy of a partner's files — instead of the
-    /// current one, under the same map; refused while a move builds the next map's dataset.
+    /// current one, under the same map; refused while a move builds slots here.
     pub fn install(&self, path: &Path) -> Result<()> {
-        let staged = self.lock_staged();
+        let _held = self.lock_slots();
         let serving = self.serving();
-        if staged.is_some() {
+        if serving.coordination.identity.staged().is_some() {
             return Err(Error::InvalidInput {
                 path: serving.store.dir().to_path_buf(),
-                reason: "a shard move is building this node's next dataset: rebuild it once the move is done".into(),
+                reason:
+                    "a shard move is building slots on this node: rebuild it once the move is done"
+                        .into(),
             });
         }
         let version = serving.coordination.identity.map_version().ok_or_else(|| {
@@ -358,7 +321,7 @@ impl Shard {
         let dir = serving.store.dir().to_path_buf();
         let identity = &serving.coordination.identity;
         // The identity, fence and name that go with the data, the named datasets that live
-        // inside the default one's directory (each switches on its own), then the swap. A
+        // inside the default one's directory (each is rebuilt on its own), then the swap. A
         // crash between the two renames leaves the named datasets in the built directory,
         // where the node finds them when it starts (`catalog::recover_named`).
         identity.copy_to(path, version)?;
@@ -375,7 +338,7 @@ impl Shard {
             sync_dir(&dir)?;
             sync_dir(path)?;
         }
-        disk::exchange(path, &dir).ctx("swap in the dataset of the next map", &dir)?;
+        disk::exchange(path, &dir).ctx("swap in the rebuilt dataset", &dir)?;
         if let Some(parent) = dir.parent() {
             sync_dir(parent)?;
         }
@@ -395,21 +358,34 @@ impl Shard {
 mod tests {
     use super::*;
     use zr_node::meta::{Compression, FieldSpec};
+    use zr_node::unit::address;
+    use zr_node::CreateOptions;
 
-    fn shard_with(dir: &Path, records: &[&[u8]]) -> Shard {
+    /// A node holding `records` in each of `slots`.
+    fn shard_with(dir: &Path, slots: &[(u32, &[&[u8]])]) -> Shard {
         let fields = vec![FieldSpec::new("x", Compression::Flate)];
         let store = Store::create(dir, fields, CreateOptions::default()).expect("create");
-        let rows: Vec<Record> = records.iter().map(|r| Record::new().with("x", r)).collect();
-        store.append_many(&rows).expect("append");
+        for &(slot, records) in slots {
+            let rows: Vec<Record> = records.iter().map(|r| Record::new().with("x", r)).collect();
+            store.append_to(slot, &rows).expect("append");
+        }
         store.commit().expect("commit");
         let coordination = Coordination::open(dir).expect("coordination");
         coordination.identity.admit("c", 1).expect("identity");
-        Shard::new(store, coordination, RuntimeOptions::default())
+        Shard::new(store, coordination, RuntimeOptions::default()).expect("shard")
     }
 
-    fn rows(shard: &Shard) -> Vec<Vec<u8>> {
+    fn shard_with_existing(dir: &Path) -> Shard {
+        let store = Store::open(dir).expect("open");
+        let coordination = Coordination::open(dir).expect("coordination");
+        Shard::new(store, coordination, RuntimeOptions::default()).expect("shard")
+    }
+
+    /// Slot `slot`'s records.
+    fn rows(shard: &Shard, slot: u32) -> Vec<Vec<u8>> {
         let store = &shard.serving().store;
-        let all: Vec<u64> = (0..store.len()).collect();
+        let len = store.unit_len(slot).unwrap_or(0);
+        let all: Vec<u64> = (0..len).map(|i| address(slot, i)).collect();
         let batch = store.gather(&all, &[]).expect("gather");
         let column = batch.fields().next().expect("a field");
         (0..all.len())
@@ -417,85 +393,125 @@ mod tests {
             .collect()
     }
 
+    /// Stages `records` into slot `slot` from `at` on: one run.
+    fn stage_one(
+        shard: &Shard,
+        version: u64,
+        slot: u32,
+        at: u64,
+        records: &[Record<'_>],
+        commit: bool,
+    ) -> Result<u64> {
+        let run = Run {
+            slot,
+            at,
+            count: records.len() as u64,
+        };
+        let lens = shard.stage(version, &[run], records, commit)?;
+        Ok(lens[0].1)
+    }
+
+    fn records<'a>(rows: &[&'a [u8]]) -> Vec<Record<'a>> {
+        rows.iter().map(|r| Record::new().with("x", r)).collect()
+    }
+
     #[test]
-    fn a_node_builds_the_next_maps_dataset_and_swaps_it_in() {
+    fn a_node_builds_the_slots_it_gains_and_drops_those_it_gives() {
         let scratch = tempfile::tempdir().expect("scratch");
         let dir = scratch.path().join("shard");
-        let shard = shard_with(&dir, &[b"r0", b"r1", b"r2", b"r3"]);
+        let shard = shard_with(&dir, &[(3, &[b"a0", b"a1"]), (8, &[b"b0"])]);
         assert!(!shard.holds_nothing(&shard.serving().coordination));
-        assert_eq!(shard.open_stage(2).expect("open"), 0);
-        let e = shard.stage(3, 0, &[], Vec::new(), false).unwrap_err();
+        assert_eq!(shard.open_stage(2, &[5]).expect("open"), [(5, 0)]);
+        let e = stage_one(&shard, 3, 5, 0, &[], false).unwrap_err();
         assert!(
-            e.to_string().contains("no dataset for map version 3"),
+            e.to_string().contains("builds no slot 5 for map version 3"),
             "{e}"
         );
-        let gained = [Record::new().with("x", b"gained")];
-        let len = shard
-            .stage(2, 0, &[Some(3), None, Some(1)], gained.to_vec(), true)
-            .expect("stage");
-        assert_eq!(len, 3);
-        let e = shard
-            .stage(2, 5, &[Some(0)], Vec::new(), false)
-            .unwrap_err();
-        assert!(e.to_string().contains("holds only 3"), "{e}");
+        let e = stage_one(&shard, 2, 6, 0, &[], false).unwrap_err();
+        assert!(e.to_string().contains("builds no slot 6"), "{e}");
+        assert_eq!(
+            stage_one(&shard, 2, 5, 0, &records(&[b"g0", b"g1"]), true).expect("stage"),
+            2
+        );
+        let e = stage_one(&shard, 2, 5, 7, &[], false).unwrap_err();
+        assert!(e.to_string().contains("holds only 2"), "{e}");
+        // Built while the node serves its own slots, uncounted.
+        assert_eq!(shard.serving().served_len(), 3);
+        assert_eq!(rows(&shard, 3), [b"a0".to_vec(), b"a1".into()]);
+        let e = shard.open_stage(2, &[3]).unwrap_err();
+        assert!(e.to_string().contains("holds already"), "{e}");
 
-        // Built while the node serves its own data, untouched.
-        assert_eq!(
-            rows(&shard),
-            [b"r0".to_vec(), b"r1".into(), b"r2".into(), b"r3".into()]
+        let e = shard.switch(2, &[(3, 2), (5, 3)]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("slot 5 holds 2 records here, not the 3"),
+            "{e}"
         );
-        let e = shard.switch(2, true, 4).unwrap_err();
-        assert!(e.to_string().contains("holds 3 records, not the 4"), "{e}");
-        shard.switch(2, true, 3).expect("switch");
-        assert_eq!(
-            rows(&shard),
-            [b"r3".to_vec(), b"gained".into(), b"r1".into()]
-        );
+        shard.switch(2, &[(3, 2), (5, 2)]).expect("switch");
+        assert_eq!(shard.serving().store.units(), [(3, 2), (5, 2)]);
+        assert_eq!(shard.serving().served_len(), 4);
+        assert_eq!(rows(&shard, 5), [b"g0".to_vec(), b"g1".into()]);
         assert_eq!(shard.serving().coordination.identity.map_version(), Some(2));
-        assert!(!staged_dir(&dir, 2).expect("path").exists());
-        shard.switch(2, true, 3).expect("done already");
+        shard.switch(2, &[(3, 2), (5, 2)]).expect("done already");
 
-        // Kept across a restart: the data, and the map it is laid out by.
+        // Kept across a restart: the slots, and the map they are served by.
         drop(shard);
-        let identity = crate::identity::Identity::open(&dir).expect("identity");
-        assert_eq!(identity.map_version(), Some(2));
-        let reopened = Store::open(&dir).expect("reopen");
-        assert_eq!(reopened.len(), 3);
+        let shard = shard_with_existing(&dir);
+        assert_eq!(shard.serving().store.units(), [(3, 2), (5, 2)]);
+        assert_eq!(shard.serving().coordination.identity.map_version(), Some(2));
+        assert_eq!(shard.serving().coordination.identity.staged(), None);
     }
 
     #[test]
-    fn a_staged_dataset_survives_a_restart_and_leftovers_go() {
+    fn built_slots_survive_a_restart_and_an_abandoned_moves_go() {
         let scratch = tempfile::tempdir().expect("scratch");
         let dir = scratch.path().join("shard");
-        let shard = shard_with(&dir, &[b"a", b"b"]);
-        shard.open_stage(2).expect("open");
-        shard
-            .stage(2, 0, &[Some(1), Some(0)], Vec::new(), true)
-            .expect("stage");
+        let shard = shard_with(&dir, &[(0, &[b"a", b"b"])]);
+        shard.open_stage(2, &[4, 9]).expect("open");
+        stage_one(&shard, 2, 4, 0, &records(&[b"x"]), true).expect("stage");
         // Not durable: lost with the process.
-        shard
-            .stage(2, 2, &[Some(1)], Vec::new(), false)
-            .expect("stage");
-        let store = shard.serving().store.clone();
-        drop(shard);
-        drop(store);
-        let shard = shard_with_existing(&dir);
-        assert_eq!(shard.open_stage(2).expect("reopen"), 2);
-        // Another version's leftover is removed when a move to another begins.
+        stage_one(&shard, 2, 9, 0, &records(&[b"y"]), false).expect("stage");
         drop(shard);
         let shard = shard_with_existing(&dir);
-        assert_eq!(shard.open_stage(3).expect("another move"), 0);
-        assert!(!staged_dir(&dir, 2).expect("path").exists());
-        // A node switched without a dataset of its own only takes the version.
-        shard.switch(3, false, 0).expect("adopt");
-        assert_eq!(shard.serving().coordination.identity.map_version(), Some(3));
-        assert_eq!(rows(&shard), [b"a".to_vec(), b"b".into()]);
+        assert_eq!(
+            shard.open_stage(2, &[4, 9]).expect("reopen"),
+            [(4, 1), (9, 0)]
+        );
+        // A move to another map drops the slots it does not gain.
+        assert_eq!(shard.open_stage(3, &[9]).expect("another move"), [(9, 0)]);
+        assert_eq!(shard.serving().store.unit_len(4), None);
+        shard.switch(3, &[(0, 2), (9, 0)]).expect("switch");
+        assert_eq!(rows(&shard, 0), [b"a".to_vec(), b"b".into()]);
     }
 
-    fn shard_with_existing(dir: &Path) -> Shard {
-        let store = Store::open(dir).expect("open");
-        let coordination = Coordination::open(dir).expect("coordination");
-        Shard::new(store, coordination, RuntimeOptions::default())
+    /// A switch cut short after it recorded what to drop is finished when the node starts.
+    #[test]
+    fn a_switch_cut_short_is_finished_at_start() {
+        let scratch = tempfile::tempdir().expect("scratch");
+        let dir = scratch.path().join("shard");
+        let shard = shard_with(&dir, &[(1, &[b"k"]), (2, &[b"gone"])]);
+        shard
+            .serving()
+            .coordination
+            .identity
+            .change_slots(Some(2), None, vec![2])
+            .expect("what a switch records first");
+        drop(shard);
+        let shard = shard_with_existing(&dir);
+        // (A new store's unit 0, empty, stays.)
+        assert_eq!(shard.serving().store.units(), [(0, 0), (1, 1)]);
+        assert!(shard.serving().coordination.identity.dropping().is_empty());
+    }
+
+    /// The node addresses placement gives are the engine's: slot = unit.
+    #[test]
+    fn placement_addresses_are_the_engines() {
+        use zr_proto::placement::{split_address, unit_address, UNIT_SHIFT};
+        assert_eq!(UNIT_SHIFT, zr_node::unit::UNIT_SHIFT);
+        for (slot, index) in [(0, 0), (3, 77), (1023, (1 << 40) + 5)] {
+            assert_eq!(unit_address(slot, index), address(slot, index));
+            assert_eq!(split_address(address(slot, index)), (slot, index));
+        }
     }
 
     #[test]
@@ -505,11 +521,10 @@ mod tests {
         let shard = shard_with(&dir, &[]);
         let before = shard.serving();
         assert!(shard.holds_nothing(&before.coordination));
-        shard.open_stage(2).expect("open");
+        // A new store's empty unit 0 does not stop it from gaining slot 0.
+        shard.open_stage(2, &[0, 7]).expect("open");
         assert!(!shard.holds_nothing(&before.coordination));
-        // A request that found the node serving what it served before a switch: not this.
-        shard.switch(2, true, 0).expect("switch");
-        assert!(!shard.holds_nothing(&before.coordination));
+        shard.switch(2, &[(0, 0), (7, 0)]).expect("switch");
         assert!(shard.holds_nothing(&shard.serving().coordination));
     }
 }

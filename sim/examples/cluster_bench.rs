@@ -31,6 +31,7 @@ use clap::Parser;
 use zr_common::hash::{mix2, reduce};
 use zr_common::Record;
 use zr_net::tls::Role;
+use zr_proto::placement::{ClusterMap, Placement, EXTENT_RECORDS_DEFAULT};
 use zr_proto::wire::{self, NodeMessage, NodeRequest};
 use zr_sim::{SimCluster, SimOptions};
 
@@ -114,10 +115,21 @@ fn run(args: &Args, size: usize) -> Result<()> {
     if !client.reads_direct() {
         return Err("the client library could not reach the nodes: no one-hop row".into());
     }
-    // The same records in one local store, for the nodes' request handling alone.
+    // The same records in one local store kept as a node keeps them — a unit per slot, each
+    // record at its node address — for the nodes' request handling alone.
     let local_dir = tempfile::tempdir()?;
     let local = zr_shard::server::open_shard_store(cluster.config(), local_dir.path(), 0, 0)?;
-    load(&mut |batch| Ok(local.append_many(batch).map(|_| ())?))?;
+    let one_shard = Placement::new(ClusterMap::balanced(1, EXTENT_RECORDS_DEFAULT, 1)?)?;
+    let mut next = 0u64;
+    load(&mut |batch| {
+        let mut from = 0;
+        for run in one_shard.runs(0, next, batch.len() as u64) {
+            local.append_to(run.slot, &batch[from..from + run.count as usize])?;
+            from += run.count as usize;
+        }
+        next += batch.len() as u64;
+        Ok(())
+    })?;
     local.commit()?;
     let coordination = zr_shard::fence::Coordination::open(local_dir.path())?;
     let batch_bytes = args.batch * size;
@@ -143,8 +155,12 @@ fn run(args: &Args, size: usize) -> Result<()> {
     // gather, build the reply (copy small records, read a byte of each page of large ones);
     // on one thread, all shards' shares in one request.
     let mut handling = |b: usize| -> Result<()> {
+        let addresses = indices(b)
+            .into_iter()
+            .map(|g| one_shard.locate_address(g).1)
+            .collect();
         let request = wire::encode_request(&NodeMessage::unchecked(NodeRequest::Gather {
-            indices: indices(b),
+            indices: addresses,
             fields: Vec::new(),
             checked: false,
         }))?;

@@ -291,6 +291,13 @@ impl SimCluster {
 
     fn run_node(&self, node: u32, endpoint: quinn::Endpoint) -> Result<Running, SimError> {
         let (shard, replica) = self.place(node);
+        let timeout = Duration::from_millis(self.config.router.timeout_ms);
+        self.runtime.block_on(zr_shard::server::upgrade_layout(
+            &self.config,
+            &self.data_dir(node),
+            shard,
+            timeout,
+        ))?;
         let store =
             zr_shard::server::open_shard_store(&self.config, &self.data_dir(node), shard, replica)?;
         let (stop, stopped) = oneshot::channel::<()>();

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_net::tls::Role;
+use zr_proto::placement::Placement;
 use zr_proto::wire::{self, NodeRequest, Reply, Target};
 use zr_proto::ErrorCode;
 use zr_router::{Client, ClientOptions};
@@ -190,21 +191,26 @@ fn a_client_certificate_only_reads_from_a_node() {
         Reply::Info { len, .. } => len,
         other => panic!("info: {other:?}"),
     };
+    let placement = Placement::new(client.map().expect("map")).expect("placement");
+    // Shard 0's first records, by node address.
+    let addresses: Vec<u64> = (0..3).map(|local| placement.address_of(0, local)).collect();
     let forbidden = [
         NodeRequest::Append {
-            at: Some(held),
+            runs: placement.runs(0, held, 0),
             token: Some(u64::MAX),
             fields: vec!["x".into(), "y".into()],
             lengths: vec![vec![], vec![]],
         },
         NodeRequest::Truncate {
-            len: 0,
+            slots: placement.slot_lens(0, 0),
             token: u64::MAX,
         },
         NodeRequest::Fence { token: u64::MAX },
         NodeRequest::Commit,
         NodeRequest::DropDataset { id: 1 },
-        NodeRequest::Digest { start: 0, count: 4 },
+        NodeRequest::Digest {
+            runs: placement.runs(0, 0, 4),
+        },
     ];
     for role in [Role::Reader, Role::Writer, Role::Operator] {
         match ask_node(&cluster, role, (0, 0), placed, &NodeRequest::Info) {
@@ -212,7 +218,7 @@ fn a_client_certificate_only_reads_from_a_node() {
             other => panic!("{role} info: {other:?}"),
         }
         let gather = NodeRequest::Gather {
-            indices: vec![0, 1, 2],
+            indices: addresses.clone(),
             fields: Vec::new(),
             checked: false,
         };
@@ -314,9 +320,10 @@ fn a_replica_set_behind_stops_serving_clients_by_itself() {
     let placed = (status.cluster.as_str(), status.map_version);
     // With the router stopped, nothing catches the replica up once it is marked behind:
     // the mark stays, and one-hop reads go on by the map the router gave last.
+    let placement = Placement::new(client.map().expect("map")).expect("placement");
     cluster.stop_router(0).expect("stop the router");
     let gather = NodeRequest::Gather {
-        indices: vec![0],
+        indices: vec![placement.address_of(1, 0)],
         fields: Vec::new(),
         checked: false,
     };

@@ -774,7 +774,7 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
         let late = ask(
             shard,
             &NodeRequest::Truncate {
-                len: 0,
+                slots: config.placement().unwrap().slot_lens(shard, 0),
                 token: stale,
             },
         );

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use zr_common::hash::mix2;
 use zr_common::Record;
+use zr_proto::placement::Placement;
+use zr_proto::wire::FieldInfo;
 use zr_router::server::MoveStep;
 use zr_router::{AsyncClient, MapChange};
 use zr_sim::{SimCluster, SimOptions};
@@ -345,4 +347,118 @@ fn stop_at_every_step(replicas: u32) {
                 .expect("every record");
         });
     }
+}
+
+/// Rewrites node `node`'s data directory (shard `shard`'s, stopped) as a build from before
+/// slots were kept apart laid it out: each dataset's records as one sequence, record k the
+/// shard's local index k under `placement`, and an identity that does not say it is slotted.
+fn rewrite_in_the_older_layout(dir: &std::path::Path, shard: u32, placement: &Placement) {
+    use zr_node::{CreateOptions, GatherOptions, Store};
+    let rewrite = |dir: &std::path::Path| {
+        let store = Store::open(dir).unwrap();
+        let len = store.len();
+        let addresses: Vec<u64> = (0..len).map(|l| placement.address_of(shard, l)).collect();
+        let batch = store
+            .gather_with(&addresses, &[], GatherOptions::verified())
+            .unwrap();
+        let names: Vec<String> = store.fields().iter().map(|f| f.name.clone()).collect();
+        let columns: Vec<_> = batch.fields().collect();
+        let records: Vec<Record> = (0..len as usize)
+            .map(|k| {
+                let mut record = Record::new();
+                for (name, column) in names.iter().zip(&columns) {
+                    record.set(name, column.get(k).unwrap());
+                }
+                record
+            })
+            .collect();
+        let old = dir.with_file_name(".older");
+        let older = Store::create(&old, store.fields().to_vec(), CreateOptions::default()).unwrap();
+        older.append_many(&records).unwrap();
+        older.commit().unwrap();
+        drop((older, batch, store));
+        // What an older build kept beside the data: an identity without `slotted`.
+        let identity = std::fs::read_to_string(dir.join("identity.json")).unwrap();
+        let mut identity: serde_json::Value = serde_json::from_str(&identity).unwrap();
+        identity.as_object_mut().unwrap().remove("slotted");
+        std::fs::write(old.join("identity.json"), identity.to_string()).unwrap();
+        for kept in ["writer-fence", "dataset.json"] {
+            if dir.join(kept).exists() {
+                std::fs::copy(dir.join(kept), old.join(kept)).unwrap();
+            }
+        }
+        if dir.join("datasets").exists() {
+            std::fs::rename(dir.join("datasets"), old.join("datasets")).unwrap();
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+        std::fs::rename(&old, dir).unwrap();
+        len
+    };
+    let named = dir.join("datasets").join("named");
+    assert!(rewrite(&named) > 0);
+    assert!(rewrite(dir) > 0);
+    let store = Store::open(dir).unwrap();
+    assert_eq!(
+        store.units(),
+        [(0, store.len())],
+        "one sequence, as older builds kept it"
+    );
+}
+
+/// A data directory an older build wrote (a shard's records as one sequence ranked by the
+/// map) is converted when its node starts — the default dataset and a named one, every
+/// record to its slot — and then serves every record byte-exact, one hop and through the
+/// router, and takes appends.
+#[test]
+fn a_node_written_in_the_older_layout_is_converted_when_it_starts() {
+    const RECORDS: u64 = 600;
+    let mut cluster = SimCluster::start(2, options(1)).unwrap();
+    let client = cluster.client().unwrap();
+    let rows: Vec<Vec<u8>> = (0..RECORDS)
+        .map(|i| kit::row(i, LONGEST).concat())
+        .collect();
+    let records: Vec<Record> = rows
+        .iter()
+        .map(|r| Record::new().with("a", r).with("b", r))
+        .collect();
+    client.append_many(&records).unwrap();
+    client.commit().unwrap();
+    let named = client
+        .create_dataset("named", vec![FieldInfo::new("c", "raw")])
+        .unwrap();
+    let named_rows: Vec<Record> = rows.iter().map(|r| Record::new().with("c", r)).collect();
+    named.append_many(&named_rows[..300]).unwrap();
+    named.commit().unwrap();
+    let placement = Placement::new(client.map().unwrap()).unwrap();
+    cluster.stop_node(1).unwrap();
+    rewrite_in_the_older_layout(&cluster.data_dir(1), 1, &placement);
+    cluster.start_node(1).unwrap();
+    kit::eventually("node 1 to be up", Duration::from_secs(10), || {
+        client
+            .status()
+            .unwrap()
+            .nodes
+            .iter()
+            .any(|n| n.shard == 1 && n.state == "up")
+    });
+    let identity = std::fs::read_to_string(cluster.data_dir(1).join("identity.json")).unwrap();
+    assert!(identity.contains("\"slotted\": true"), "{identity}");
+    let all: Vec<u64> = (0..RECORDS).collect();
+    for reader in [
+        cluster.client().unwrap(),
+        cluster.client_via_router().unwrap(),
+    ] {
+        let columns = reader.gather(&all, &[]).unwrap();
+        for (k, row) in rows.iter().enumerate() {
+            assert_eq!(columns[0].get(k).unwrap(), &row[..], "record {k}");
+            assert_eq!(columns[1].get(k).unwrap(), &row[..], "record {k}");
+        }
+        let named = reader.dataset("named").unwrap();
+        let columns = named.gather(&all[..300], &[]).unwrap();
+        for (k, row) in rows[..300].iter().enumerate() {
+            assert_eq!(columns[0].get(k).unwrap(), &row[..], "named record {k}");
+        }
+    }
+    assert_eq!(client.append(&records[0]).unwrap(), RECORDS);
+    client.commit().unwrap();
 }

@@ -430,7 +430,7 @@ fn read_explicit(
     let fd = if options.uncached {
         map.uncached_fd()?
     } else {
-        map.fd()
+        map.fd()?
     };
     {
         let mut rest = &mut scratch[base..base + total as usize];

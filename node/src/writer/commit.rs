@@ -10,13 +10,16 @@ use crate::map::Mapped;
 
 use std::sync::Arc;
 
-use super::{publish, Shared, UnitFiles};
+use super::{publish, Handle, Shared, UnitFiles};
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, ChunkMeta, UnitMeta};
 use crate::offset::{write_entries, Entry, ENTRY_BYTES};
 use crate::redo;
 use crate::unit::{address, offset_path, split, unit_dir, UNITS_DIR, UNITS_MAX};
 use crate::view::{Core, Lengths, View, CHUNK_DIR};
+
+/// Entries a unit's offset tables start with, when it is made (see `ensure_unit`).
+const UNIT_TABLE_START_ENTRIES: u64 = 4096;
 
 impl Shared {
     /// Applies a redo log found at open (it is in `view.overlay`) to the offset tables, then
@@ -127,15 +130,18 @@ impl Shared {
         if unit > 0 {
             disk::create_dir_all(&dir).ctx("create directory", &dir)?;
         }
-        let capacity = self.meta.offset_grow_entries;
+        // Small at first, doubling up to the growth step (see `ensure_offset_capacity`).
+        let capacity = self.meta.offset_grow_entries.min(UNIT_TABLE_START_ENTRIES);
         let mut files = Vec::with_capacity(self.meta.fields.len());
         let mut maps = Vec::with_capacity(self.meta.fields.len());
         for field in &self.meta.fields {
             let path = offset_path(&self.dir, unit, &field.name);
             let file = disk::create(&path).ctx("create offset table", &path)?;
             disk::set_len(&file, &path, capacity * ENTRY_BYTES).ctx("grow offset table", &path)?;
-            maps.push(Mapped::new(&file, &path)?);
-            files.push((file, path));
+            maps.push(Mapped::of_unit(&file, &path, unit)?);
+            let mut handle = Handle::new(path, file, unit);
+            handle.done();
+            files.push(handle);
         }
         if self.units.len() <= unit as usize {
             self.units.resize_with(unit as usize + 1, || None);
@@ -186,11 +192,16 @@ impl Shared {
         if entries <= files.capacity {
             return Ok(());
         }
-        let capacity = entries.next_multiple_of(grow);
+        // By the growth step, or by doubling while the tables are smaller than one.
+        let step = grow.min(files.capacity.max(UNIT_TABLE_START_ENTRIES));
+        let capacity = entries.next_multiple_of(step);
         let mut maps = Vec::with_capacity(files.offset_files.len());
-        for (file, path) in &files.offset_files {
-            disk::set_len(file, path, capacity * ENTRY_BYTES).ctx("grow offset table", path)?;
-            maps.push(Mapped::new(file, path)?);
+        for handle in &mut files.offset_files {
+            let path = handle.path.clone();
+            let file = handle.file()?;
+            disk::set_len(file, &path, capacity * ENTRY_BYTES).ctx("grow offset table", &path)?;
+            maps.push(Mapped::of_unit(file, &path, unit)?);
+            handle.done();
         }
         files.capacity = capacity;
         files.dirty = true;
@@ -231,8 +242,10 @@ impl Shared {
         let direct = committed.clamp(start, start + n);
         let skip = (direct - start) as usize;
         if direct < start + n {
-            for (field, (file, path)) in files.offset_files.iter().enumerate() {
-                write_entries(file, path, direct, &entries[field][skip..])?;
+            for (field, handle) in files.offset_files.iter_mut().enumerate() {
+                let path = handle.path.clone();
+                write_entries(handle.file()?, &path, direct, &entries[field][skip..])?;
+                handle.done();
             }
             files.dirty = true;
         }
@@ -269,9 +282,10 @@ impl Shared {
                     ),
                 });
             }
-            for (field, (file, path)) in files.offset_files.iter().enumerate() {
+            for (field, handle) in files.offset_files.iter_mut().enumerate() {
                 let entry = entries.get(field).copied().unwrap_or(Entry::ABSENT);
-                write_entries(file, path, index, &[entry])?;
+                let path = handle.path.clone();
+                write_entries(handle.file()?, &path, index, &[entry])?;
             }
             if touched.last() != Some(&unit) {
                 touched.push(unit);
@@ -280,8 +294,8 @@ impl Shared {
         touched.sort_unstable();
         touched.dedup();
         for unit in touched {
-            for (file, path) in &self.unit_files(unit)?.offset_files {
-                disk::sync(file, path).ctx("fdatasync", path)?;
+            for handle in &mut self.unit_files(unit)?.offset_files {
+                handle.sync()?;
             }
         }
         Ok(())
@@ -296,8 +310,8 @@ impl Shared {
         // 2. Offset tables (entries past the committed length, and their growth), and the
         // directories of new units.
         for files in self.units.iter_mut().flatten().filter(|f| f.dirty) {
-            for (file, path) in &files.offset_files {
-                disk::sync(file, path).ctx("fdatasync", path)?;
+            for handle in &mut files.offset_files {
+                handle.sync()?;
             }
             files.dirty = false;
         }

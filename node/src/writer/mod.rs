@@ -38,11 +38,61 @@ use crate::offset::Entry;
 use crate::unit::{chunk_seq, chunk_unit};
 use crate::view::{chunk_path, Core, Maps};
 
+/// A file the writers write. Unit 0's stay open; the files of other units are open only
+/// while used (see [`Handle::done`]): a node holding hundreds of slots, each a unit with its
+/// tables and chunks, would otherwise hold thousands of descriptors.
+pub(crate) struct Handle {
+    pub(crate) path: PathBuf,
+    file: Option<File>,
+    keep_open: bool,
+}
+
+impl Handle {
+    /// `file`, open at `path`, a file of unit `unit`.
+    pub(crate) fn new(path: PathBuf, file: File, unit: u32) -> Handle {
+        Handle {
+            path,
+            file: Some(file),
+            keep_open: unit == 0,
+        }
+    }
+
+    /// The file, opened again for reading and writing if it was closed.
+    pub(crate) fn file(&mut self) -> Result<&File> {
+        if self.file.is_none() {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&self.path)
+                .ctx("open", &self.path)?;
+            self.file = Some(file);
+        }
+        match &self.file {
+            Some(file) => Ok(file),
+            None => unreachable!("opened above"),
+        }
+    }
+
+    /// Done with it for now: closed unless it is unit 0's.
+    pub(crate) fn done(&mut self) {
+        if !self.keep_open {
+            self.file = None;
+        }
+    }
+
+    /// Syncs what was written (fdatasync), and is done with it.
+    pub(crate) fn sync(&mut self) -> Result<()> {
+        let path = self.path.clone();
+        crate::disk::sync(self.file()?, &path).ctx("fdatasync", &path)?;
+        self.done();
+        Ok(())
+    }
+}
+
 /// The chunk a writer appends to.
 pub(crate) struct OpenChunk {
     pub(crate) id: u32,
-    pub(crate) file: File,
-    pub(crate) path: PathBuf,
+    pub(crate) file: Handle,
     /// Write position: bytes written so far.
     pub(crate) pos: u64,
     /// Records written into it, including ones still in the frame buffer.
@@ -61,7 +111,7 @@ pub(crate) struct Slot {
     /// This writer's unfull chunks of the other units, by unit.
     pub(crate) parked: AHashMap<u32, OpenChunk>,
     /// Sealed chunk files written since the last commit, awaiting fdatasync.
-    pub(crate) unsynced: Vec<(File, PathBuf)>,
+    pub(crate) unsynced: Vec<Handle>,
     /// Frames encoded but not yet written to the open chunk.
     pub(crate) frames: Vec<u8>,
     /// Reused Deflate state and output buffer for flate fields.
@@ -95,7 +145,7 @@ pub(crate) struct Shared {
 
 /// One unit's offset tables, open for writing.
 pub(crate) struct UnitFiles {
-    pub(crate) offset_files: Vec<(File, PathBuf)>,
+    pub(crate) offset_files: Vec<Handle>,
     /// Entries every table has room for.
     pub(crate) capacity: u64,
     /// Written since the last fdatasync.
@@ -136,12 +186,13 @@ impl Writers {
                 .open(&path)
                 .ctx("open chunk", &path)?;
             let capacity = file.metadata().ctx("stat", &path)?.len();
+            let mut file = Handle::new(path, file, unit);
+            file.done();
             slots[*next_slot].parked.insert(
                 unit,
                 OpenChunk {
                     id: chunk.id,
                     file,
-                    path,
                     pos: chunk.bytes,
                     records: chunk.records,
                     capacity,
@@ -184,6 +235,16 @@ impl Writers {
         self.slots[i]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The writer for a small write to unit `unit`: for unit 0 any free one (see
+    /// [`Writers::any_slot`]); for every other unit always the same one, so that it has one
+    /// unfull chunk, not one per writer.
+    pub(crate) fn slot_for(&self, unit: u32) -> MutexGuard<'_, Slot> {
+        match unit {
+            0 => self.any_slot(),
+            unit => self.slot(unit as usize % self.slots.len()),
+        }
     }
 
     /// A free writer if there is one, else the one this thread waits for.

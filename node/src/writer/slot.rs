@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use flate2::{Compress, FlushCompress, Status};
 
-use super::{publish, set_chunk_map, OpenChunk, Shared, Slot, Writers};
+use super::{publish, set_chunk_map, Handle, OpenChunk, Shared, Slot, Writers};
 use crate::disk;
 use crate::error::{Error, IoContext, Result};
 use crate::frame::encode_frame;
@@ -14,6 +14,9 @@ use crate::meta::{ChunkMeta, Compression, FieldSpec};
 use crate::offset::Entry;
 use crate::unit::{chunk_unit, first_chunk};
 use crate::view::{chunk_path, Core};
+
+/// Bytes a chunk of a unit other than 0 starts with (see `open_new_chunk`).
+const UNIT_CHUNK_START_BYTES: u64 = 64 << 10;
 
 impl Slot {
     /// Starts a new chunk of unit `unit`, after its highest id.
@@ -42,9 +45,14 @@ impl Slot {
         };
         let path = chunk_path(&shared.dir, id);
         let file = disk::create(&path).ctx("create chunk", &path)?;
-        let capacity = shared.meta.chunk_grow_bytes;
+        // A chunk of a unit other than 0 starts small and doubles up to the growth step (a
+        // node holds hundreds of units, most of them small in a small dataset).
+        let capacity = match unit {
+            0 => shared.meta.chunk_grow_bytes,
+            _ => shared.meta.chunk_grow_bytes.min(UNIT_CHUNK_START_BYTES),
+        };
         disk::set_len(&file, &path, capacity).ctx("grow chunk", &path)?;
-        let map = Mapped::new(&file, &path)?;
+        let map = Mapped::of_unit(&file, &path, unit)?;
         publish(inner, |m| set_chunk_map(m, id, map));
         shared.chunks.insert(
             after,
@@ -58,8 +66,7 @@ impl Slot {
         shared.new_chunk_files = true;
         self.open = Some(OpenChunk {
             id,
-            file,
-            path,
+            file: Handle::new(path, file, unit),
             pos: 0,
             records: 0,
             capacity,
@@ -121,7 +128,7 @@ impl Slot {
         }
         self.parked.remove(&unit);
         self.unsynced
-            .retain(|(_, path)| chunk_of_path(path).is_none_or(|id| chunk_unit(id) != unit));
+            .retain(|h| chunk_of_path(&h.path).is_none_or(|id| chunk_unit(id) != unit));
     }
 
     pub(crate) fn encode_record(
@@ -226,16 +233,19 @@ impl Slot {
             });
         };
         let end = open.pos + self.frames.len() as u64;
+        let path = open.file.path.clone();
         if end > open.capacity {
-            let capacity = end.next_multiple_of(grow);
-            disk::set_len(&open.file, &open.path, capacity).ctx("grow chunk", &open.path)?;
+            let capacity =
+                end.next_multiple_of(grow.min(open.capacity.max(UNIT_CHUNK_START_BYTES)));
+            disk::set_len(open.file.file()?, &path, capacity).ctx("grow chunk", &path)?;
             open.capacity = capacity;
-            let map = Mapped::new(&open.file, &open.path)?;
+            let map = Mapped::of_unit(open.file.file()?, &path, chunk_unit(open.id))?;
             let id = open.id;
             publish(inner, |m| set_chunk_map(m, id, map));
         }
-        disk::write_at(&open.file, &open.path, &self.frames, open.pos)
-            .ctx("write chunk", &open.path)?;
+        disk::write_at(open.file.file()?, &path, &self.frames, open.pos)
+            .ctx("write chunk", &path)?;
+        open.file.done();
         open.pos = end;
         open.dirty = true;
         self.frames.clear();
@@ -244,16 +254,18 @@ impl Slot {
 
     /// Seals the open chunk: trims the file to its data and records it as full.
     pub(crate) fn seal(&mut self, inner: &Core, writers: &Writers) -> Result<()> {
-        let Some(open) = self.open.as_ref() else {
+        let Some(open) = self.open.as_mut() else {
             return Ok(());
         };
-        disk::set_len(&open.file, &open.path, open.pos).ctx("trim sealed chunk", &open.path)?;
-        let map = Mapped::new(&open.file, &open.path)?;
+        let path = open.file.path.clone();
+        disk::set_len(open.file.file()?, &path, open.pos).ctx("trim sealed chunk", &path)?;
+        let map = Mapped::of_unit(open.file.file()?, &path, chunk_unit(open.id))?;
+        open.file.done();
         let (id, pos, records) = (open.id, open.pos, open.records);
         publish(inner, |m| set_chunk_map(m, id, map));
         writers.shared().update_chunk_meta(id, pos, records, true);
         if let Some(open) = self.open.take() {
-            self.unsynced.push((open.file, open.path));
+            self.unsynced.push(open.file);
         }
         Ok(())
     }
@@ -263,13 +275,13 @@ impl Slot {
     pub(crate) fn sync(&mut self, shared: &mut Shared) -> Result<()> {
         for open in self.open.iter_mut().chain(self.parked.values_mut()) {
             if open.dirty {
-                disk::sync(&open.file, &open.path).ctx("fdatasync", &open.path)?;
+                open.file.sync()?;
                 open.dirty = false;
             }
             shared.update_chunk_meta(open.id, open.pos, open.records, false);
         }
-        while let Some((file, path)) = self.unsynced.last() {
-            disk::sync(file, path).ctx("fdatasync", path)?;
+        while let Some(file) = self.unsynced.last_mut() {
+            file.sync()?;
             self.unsynced.pop();
         }
         Ok(())

@@ -760,14 +760,14 @@ impl Router {
                 .await
                 .map_err(|e| e.while_("recording the write in the metadata store"))?;
         }
-        // Per shard: its local indices, their lengths and their bytes, in order.
+        // Per shard: its records' addresses, their lengths and their bytes, in order.
         let placement = self.placement.load_full();
         let mut parts: std::collections::BTreeMap<u32, ShardValues> = Default::default();
         let mut at = 0usize;
         for (k, &length) in lengths.iter().enumerate() {
-            let (shard, local) = placement.locate(start + k as u64);
+            let (shard, address) = placement.locate_address(start + k as u64);
             let part = parts.entry(shard).or_default();
-            part.indices.push(local);
+            part.indices.push(address);
             part.lengths.push(length);
             part.bytes
                 .extend_from_slice(&body[at..at + length as usize]);

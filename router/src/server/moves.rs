@@ -2,20 +2,21 @@
 //!
 //! ```text
 //! 1. record the move        cluster record: moving = {to: next map}            (CAS)
-//! 2. copy, writes going on  every node whose slots change builds its dataset for the next
-//!                           map (zr_shard::stage): records it keeps, copied locally, and
-//!                           records it gains, sent from their shard — up to the length now
+//! 2. copy, writes going on  every node gaining slots builds them beside the ones it serves
+//!                           (zr_shard::stage), their records read from the shard holding
+//!                           them at the same node addresses — up to the length now
 //! 3. switch, writes held    under the write lock and lease: copy the rest, publish the map
 //!                           (CAS: map = next, switched_at = length), then every node
-//!                           switches (swaps in its dataset, or only takes the version);
-//!                           the move is cleared (CAS)
+//!                           switches (checks each slot's length, serves the slots it
+//!                           built, drops the ones it gave); the move is cleared (CAS)
 //! ```
+//! The slots a shard keeps are not touched: a move writes the records that move, once.
 //! Reads and writes use the current map throughout; a node refuses a request placed by
 //! another map than its own, so no router ever reads a record from a place that does not
 //! hold it: a router that is behind is refused, reloads the map, and its client retries. Each
 //! step is kept (the record in the metadata store, the datasets on the nodes), so a move
 //! stopped anywhere — router, donor or new node killed — is finished by running the same
-//! command again: the copy goes on from where each dataset ends, and a published map is
+//! command again: the copy goes on from where each slot ends, and a published map is
 //! switched to by the nodes that have not yet.
 
 use std::sync::atomic::Ordering;
@@ -25,7 +26,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use zr_meta::cluster::{self, AddedShard, ClusterRecord, MapChange, MapMove, MapRecord};
-use zr_proto::placement::{ClusterMap, Placement};
+use zr_proto::placement::{unit_address, Placement, Run};
 use zr_proto::wire::{self, MoveReport, NodeRequest, Reply};
 
 use super::Router;
@@ -50,37 +51,59 @@ pub enum MoveStep {
 const STAGE_RECORDS: u64 = 4096;
 /// Time a move pauses after each batch, per unit of time the batch took.
 const PAUSE_PER_WORK: f64 = 2.0;
-/// Stage requests between two that make a node's dataset durable (and the last of a pass).
+/// Stage requests between two that make a node's built slots durable (and the last of each
+/// slot's pass).
 const STAGES_PER_COMMIT: u64 = 16;
 
 /// The placement `map` gives, with `shards` shards at least (those beyond the map own
 /// nothing).
 pub(crate) fn placement_of(map: &MapRecord, shards: u32) -> Result<Placement, Failure> {
-    let inconsistent = |e: zr_proto::Error| Failure::Inconsistent(e.to_string());
-    let mut built =
-        ClusterMap::balanced(map.shards, map.extent_records, map.seed).map_err(inconsistent)?;
-    for change in &map.changes {
-        built = match change {
-            MapChange::AddShard => built.with_added_shard(),
-            MapChange::DrainShard(shard) => built.with_drained_shard(*shard),
-        }
-        .map_err(inconsistent)?;
-    }
-    if built.version != map.version {
-        return Err(Failure::Inconsistent(format!(
-            "map version {} records {} changes (a version {} map)",
-            map.version,
-            map.changes.len(),
-            built.version
-        )));
-    }
-    Ok(Placement::new(built).map_err(inconsistent)?.padded(shards))
+    let built = map.cluster_map().map_err(Failure::Inconsistent)?;
+    Ok(Placement::new(built)
+        .map_err(|e| Failure::Inconsistent(e.to_string()))?
+        .padded(shards))
 }
 
 /// The shards whose slots differ between `from` and `to`: they build a dataset to switch to.
 fn changed_shards(from: &Placement, to: &Placement) -> Vec<u32> {
     (0..to.shards().max(from.shards()))
         .filter(|&s| from.slots(s) != to.slots(s))
+        .collect()
+}
+
+/// `runs` cut into batches of at most `most` records each (a run split where it must; runs
+/// of no records kept, in the batch they fall in).
+fn batches_of(runs: &[Run], most: u64) -> Vec<Vec<Run>> {
+    let mut batches: Vec<Vec<Run>> = vec![Vec::new()];
+    let mut room = most;
+    for &run in runs {
+        let mut run = run;
+        loop {
+            if room == 0 {
+                batches.push(Vec::new());
+                room = most;
+            }
+            let take = run.count.min(room);
+            let batch = batches.last_mut().expect("one at least");
+            batch.push(Run { count: take, ..run });
+            room -= take;
+            run.at += take;
+            run.count -= take;
+            if run.count == 0 {
+                break;
+            }
+        }
+    }
+    batches.retain(|b| !b.is_empty());
+    batches
+}
+
+/// The slots shard `shard` owns with `new` and did not with `old`, in slot order.
+fn gained_slots(old: &Placement, new: &Placement, shard: u32) -> Vec<u32> {
+    new.slots(shard)
+        .iter()
+        .copied()
+        .filter(|&slot| old.map().owners[slot as usize] != shard)
         .collect()
 }
 
@@ -304,7 +327,7 @@ impl Router {
         // Copy up to the lengths now while writes go on, then the rest with every dataset's
         // writes held.
         let lens: Vec<u64> = all.iter().map(|r| r.len.load(Ordering::SeqCst)).collect();
-        self.set_moving(to.version, &new, &staged, &lens);
+        self.set_moving(to.version, (&old, &new), &staged, &lens);
         self.stop_here(MoveStep::Recorded)?;
         let mut moved = 0;
         for (router, &len) in all.iter().zip(&lens) {
@@ -575,8 +598,11 @@ impl Router {
             for (router, token, len) in &switching {
                 let request = NodeRequest::Switch {
                     version: to.version,
-                    staged: staged.contains(&shard),
-                    len: new.shard_len(shard, *len),
+                    slots: new
+                        .slots(shard)
+                        .iter()
+                        .map(|&slot| (slot, new.slot_len(slot, *len)))
+                        .collect(),
                     token: *token,
                 };
                 self.nodes.call(router.on(), node, &request, Vec::new()).await.map_err(|e| {
@@ -624,9 +650,11 @@ impl Router {
         Ok(moved)
     }
 
-    /// Builds this dataset's node datasets of shard `shard` for map `version` (placement
-    /// `new`) up to its length `len`, from where they end; returns the records it copied
-    /// from other shards, and counts them in `progress` (the move's router).
+    /// Builds, on shard `shard`'s nodes, this dataset's records of the slots the shard
+    /// gains with map `version` (placement `new`, from `old`), up to its length `len`, from
+    /// where each slot ends there: read from the shard that holds the slot now, at the same
+    /// node addresses (a slot's records are numbered inside it, whichever shard holds it).
+    /// Returns the records it copied, and counts them in `progress` (the move's router).
     async fn copy_shard(
         &self,
         progress: &Router,
@@ -636,21 +664,29 @@ impl Router {
         version: u64,
         len: u64,
     ) -> Result<u64, Failure> {
+        let gained = gained_slots(old, new, shard);
         let nodes: Vec<_> = self.nodes.of_shard(shard).collect();
-        let mut at = u64::MAX;
+        // How far each node got with each slot: the move goes on from the least.
+        let mut have: std::collections::BTreeMap<u32, u64> =
+            gained.iter().map(|&slot| (slot, u64::MAX)).collect();
+        let open = NodeRequest::StageOpen {
+            version,
+            slots: gained.clone(),
+        };
         for &node in &nodes {
             match self
                 .nodes
-                .call(
-                    self.on(),
-                    node,
-                    &NodeRequest::StageOpen { version },
-                    Vec::new(),
-                )
+                .call(self.on(), node, &open, Vec::new())
                 .await?
                 .reply
             {
-                Reply::Staged { len } => at = at.min(len),
+                Reply::Staged { slots } => {
+                    for (slot, len) in slots {
+                        if let Some(least) = have.get_mut(&slot) {
+                            *least = (*least).min(len);
+                        }
+                    }
+                }
                 other => {
                     return Err(self
                         .nodes
@@ -658,124 +694,114 @@ impl Router {
                 }
             }
         }
-        let target = new.shard_len(shard, len);
+        // What is left to copy of each slot, by the shard holding it now: runs from where
+        // the nodes got to (a run of none cuts what they built past the length).
+        let mut wanted: std::collections::BTreeMap<u32, Vec<Run>> = Default::default();
+        for (&slot, &least) in &have {
+            let target = new.slot_len(slot, len);
+            if least != target {
+                let at = least.min(target);
+                wanted
+                    .entry(old.map().owners[slot as usize])
+                    .or_default()
+                    .push(Run {
+                        slot,
+                        at,
+                        count: target - at,
+                    });
+            }
+        }
         let fields = self.field_names();
         let mut moved = 0;
-        if at > target {
-            // Built past the length (records since cut): dropped.
-            let cut = NodeRequest::Stage {
-                version,
-                at: target,
-                sources: Vec::new(),
-                fields: fields.clone(),
-                lengths: vec![Vec::new(); fields.len()],
-                commit: true,
-            };
-            for &node in &nodes {
-                self.nodes.call(self.on(), node, &cut, Vec::new()).await?;
-            }
-            at = target;
-        }
-        for step in 1u64.. {
-            if at >= target {
-                break;
-            }
-            let batch_started = Instant::now();
-            let end = (at + STAGE_RECORDS).min(target);
-            let mut sources = Vec::with_capacity((end - at) as usize);
-            // Records it gains, by the shard holding them now: (their index there, their
-            // place among the received).
-            let mut wanted: Vec<Vec<(u64, usize)>> = vec![Vec::new(); old.shards() as usize];
-            let mut received = 0;
-            for local in at..end {
-                let (holder, there) = old.locate(new.global(shard, local));
-                if holder == shard {
-                    sources.push(Some(there));
+        let mut stages = 0u64;
+        for (holder, runs) in wanted {
+            let batches = batches_of(&runs, STAGE_RECORDS);
+            let last = batches.len().saturating_sub(1);
+            for (b, runs) in batches.into_iter().enumerate() {
+                let batch_started = Instant::now();
+                let count: u64 = runs.iter().map(|r| r.count).sum();
+                let (lengths, body) = if count == 0 {
+                    (vec![Vec::new(); fields.len()], bytes::Bytes::new())
                 } else {
-                    sources.push(None);
-                    wanted[holder as usize].push((there, received));
-                    received += 1;
-                }
-            }
-            // Per field, the received records' lengths and payloads, in order.
-            // Each holder's reply, kept whole: its payloads are copied once, into the body.
-            let mut reads = Vec::new();
-            for (holder, wanted) in wanted.iter().enumerate() {
-                if wanted.is_empty() {
-                    continue;
-                }
-                let request = NodeRequest::Gather {
-                    indices: wanted.iter().map(|&(there, _)| there).collect(),
-                    fields: Vec::new(),
-                    checked: true,
-                };
-                let (node, read) = self.nodes.read(self.on(), holder as u32, &request).await?;
-                let Reply::Gather { lengths: got } = read.reply.clone() else {
-                    return Err(self
-                        .nodes
-                        .unavailable(node, format!("answered a gather with {:?}", read.reply)));
-                };
-                if got.len() != fields.len() || got.iter().any(|l| l.len() != wanted.len()) {
-                    return Err(self
-                        .nodes
-                        .unavailable(node, "answered a gather with the wrong shape".into()));
-                }
-                reads.push((wanted, got, read.body()));
-            }
-            // Per field, the received records' lengths and payloads, in their order.
-            let mut lengths = vec![vec![0u32; received]; fields.len()];
-            let mut payloads: Vec<Vec<&[u8]>> = vec![vec![&[][..]; received]; fields.len()];
-            for (wanted, got, body) in &reads {
-                let columns = wire::split_columns(got, body);
-                for f in 0..fields.len() {
-                    for (k, &(_, place)) in wanted.iter().enumerate() {
-                        lengths[f][place] = got[f][k];
-                        payloads[f][place] = columns[f][k];
-                    }
-                }
-            }
-            let body = payloads.concat().concat();
-            let body = bytes::Bytes::from(body);
-            let request = NodeRequest::Stage {
-                version,
-                at,
-                sources,
-                fields: fields.clone(),
-                lengths,
-                commit: end == target || step % STAGES_PER_COMMIT == 0,
-            };
-            for &node in &nodes {
-                match self
-                    .nodes
-                    .call(self.on(), node, &request, vec![body.clone()])
-                    .await?
-                    .reply
-                {
-                    Reply::Staged { len } if len == end => {}
-                    other => {
+                    let request = NodeRequest::Gather {
+                        indices: runs
+                            .iter()
+                            .flat_map(|r| (r.at..r.at + r.count).map(|i| unit_address(r.slot, i)))
+                            .collect(),
+                        fields: Vec::new(),
+                        checked: true,
+                    };
+                    let (node, read) = self.nodes.read(self.on(), holder, &request).await?;
+                    let Reply::Gather { lengths } = read.reply.clone() else {
                         return Err(self.nodes.unavailable(
                             node,
-                            format!("answered a stage of records {at}..{end} with {other:?}"),
-                        ))
+                            format!("answered a gather with {:?}", read.reply),
+                        ));
+                    };
+                    if lengths.len() != fields.len()
+                        || lengths.iter().any(|l| l.len() as u64 != count)
+                    {
+                        return Err(self
+                            .nodes
+                            .unavailable(node, "answered a gather with the wrong shape".into()));
+                    }
+                    (lengths, bytes::Bytes::from(read.body()))
+                };
+                stages += 1;
+                let request = NodeRequest::Stage {
+                    version,
+                    runs: runs.clone(),
+                    fields: fields.clone(),
+                    lengths,
+                    commit: b == last || stages.is_multiple_of(STAGES_PER_COMMIT),
+                };
+                let expected: Vec<(u32, u64)> =
+                    runs.iter().map(|r| (r.slot, r.at + r.count)).collect();
+                for &node in &nodes {
+                    match self
+                        .nodes
+                        .call(self.on(), node, &request, vec![body.clone()])
+                        .await?
+                        .reply
+                    {
+                        Reply::Staged { slots } if slots == expected => {}
+                        other => {
+                            return Err(self.nodes.unavailable(
+                                node,
+                                format!("answered a stage of {count} records with {other:?}"),
+                            ))
+                        }
                     }
                 }
+                moved += count;
+                progress.note_staged(count, count);
+                // Leaves the nodes to the cluster's readers for a while: a move works at
+                // most about a third of the time.
+                tokio::time::sleep(batch_started.elapsed().mul_f64(PAUSE_PER_WORK)).await;
             }
-            moved += received as u64;
-            progress.note_staged(end - at, received as u64);
-            at = end;
-            // Leaves the nodes to the cluster's readers for a while: a move works at most
-            // about a third of the time.
-            tokio::time::sleep(batch_started.elapsed().mul_f64(PAUSE_PER_WORK)).await;
         }
         Ok(moved)
     }
 
-    /// Starts the progress of a move to map `version`.
+    /// Starts the progress of a move to map `version`: what it copies, the records of the
+    /// slots each shard of `staged` gains from `old`.
     /// `lens`: each dataset's length, the default one's first.
-    fn set_moving(&self, version: u64, new: &Placement, staged: &[u32], lens: &[u64]) {
+    fn set_moving(
+        &self,
+        version: u64,
+        (old, new): (&Placement, &Placement),
+        staged: &[u32],
+        lens: &[u64],
+    ) {
         let total: u64 = lens
             .iter()
-            .flat_map(|&len| staged.iter().map(move |&s| new.shard_len(s, len)))
+            .flat_map(|&len| {
+                staged.iter().flat_map(move |&shard| {
+                    gained_slots(old, new, shard)
+                        .into_iter()
+                        .map(move |slot| new.slot_len(slot, len))
+                })
+            })
             .sum();
         let len = lens.first().copied().unwrap_or(0);
         let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
@@ -811,8 +837,8 @@ impl Router {
         match self.move_progress() {
             Some(report) if report.version == moving.to.version && !report.done => {
                 let progress = format!(
-                    "{what}: {} of {} records written into the new datasets, {} moved",
-                    report.staged, report.staged_total, report.moved
+                    "{what}: {} of {} records copied",
+                    report.staged, report.staged_total
                 );
                 match report.error {
                     Some(error) => format!("{progress}; stopped: {error}"),
@@ -889,5 +915,37 @@ impl Router {
             self.adopt_map(&record.map, placement);
         }
         Ok(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Batches hold every record of the runs once, in order, at most `most` each; a run of
+    /// none stays, to cut.
+    #[test]
+    fn batches_cover_the_runs_in_order_within_the_bound() {
+        let run = |slot, at, count| Run { slot, at, count };
+        let runs = [run(3, 10, 5), run(7, 0, 0), run(9, 2, 9), run(11, 4, 3)];
+        for most in [1, 2, 4, 5, 100] {
+            let batches = batches_of(&runs, most);
+            let mut flat: Vec<(u32, u64)> = Vec::new();
+            let mut cuts = 0;
+            for batch in &batches {
+                assert!(batch.iter().map(|r| r.count).sum::<u64>() <= most);
+                for r in batch {
+                    cuts += usize::from(r.count == 0);
+                    flat.extend((r.at..r.at + r.count).map(|i| (r.slot, i)));
+                }
+            }
+            let expected: Vec<(u32, u64)> = runs
+                .iter()
+                .flat_map(|r| (r.at..r.at + r.count).map(move |i| (r.slot, i)))
+                .collect();
+            assert_eq!(flat, expected, "at most {most}");
+            assert_eq!(cuts, 1, "the cut is kept");
+        }
+        assert!(batches_of(&[], 4).is_empty());
     }
 }

@@ -212,6 +212,12 @@ impl Router {
                 continue; // dropped meanwhile
             };
             let shard = self.nodes.shard(node);
+            // Read by node address: scrubbed by local index.
+            let placement = router.placement.load();
+            indices = indices
+                .iter()
+                .filter_map(|&address| placement.local_of(shard, address))
+                .collect();
             indices.sort_unstable();
             indices.dedup();
             // Nearby records in one range each.
@@ -515,9 +521,15 @@ impl Router {
                 .map(|(index, _)| index)
                 .collect();
             if !differ.is_empty() {
-                let (lengths, body) = self.read_records(partner, differ.clone()).await?;
+                let placement = self.placement.load();
+                let shard = self.nodes.shard(node);
+                let addresses: Vec<u64> = differ
+                    .iter()
+                    .map(|&local| placement.address_of(shard, local))
+                    .collect();
+                let (lengths, body) = self.read_records(partner, addresses.clone()).await?;
                 let columns = wire::split_columns(&lengths, &body);
-                for (k, &index) in differ.iter().enumerate() {
+                for (k, &index) in addresses.iter().enumerate() {
                     let request = NodeRequest::Modify {
                         index,
                         token: None, // write_node sets it
@@ -543,7 +555,12 @@ impl Router {
                     format!("it holds {len} records, fewer than the {from} already caught up"),
                 ));
             }
-            let read = self.gather_all(partner, (start..end).collect()).await?;
+            let placement = self.placement.load();
+            let shard = self.nodes.shard(node);
+            let addresses = (start..end)
+                .map(|local| placement.address_of(shard, local))
+                .collect();
+            let read = self.gather_all(partner, addresses).await?;
             let Reply::Gather { lengths } = &read.reply else {
                 return Err(self
                     .nodes
@@ -554,7 +571,7 @@ impl Router {
             let body = body.to_vec();
             slice.bytes += body.len() as u64;
             let request = NodeRequest::Append {
-                at: Some(start),
+                runs: placement.runs(shard, start, end - start),
                 token: None, // write_node sets it
                 fields: self.field_names(),
                 lengths: lengths.clone(),
@@ -566,10 +583,7 @@ impl Router {
         }
         // Records past the partner's end (it missed a delete).
         if end == partner_len && len > partner_len {
-            let cut = NodeRequest::Truncate {
-                len: partner_len,
-                token: 0, // write_node sets it
-            };
+            let cut = self.truncate_to(self.nodes.shard(node), partner_len);
             self.write_node(node, cut, Vec::new()).await?;
         }
         Ok(slice)
@@ -592,7 +606,7 @@ impl Router {
 
     /// Node `node`'s mark of this dataset (see `wire::DataMark`).
     pub(super) async fn mark(&self, node: NodeId) -> Result<wire::DataMark, Failure> {
-        let request = NodeRequest::Digest { start: 0, count: 0 };
+        let request = NodeRequest::Digest { runs: Vec::new() };
         match self
             .nodes
             .call(self.on(), node, &request, Vec::new())
@@ -607,15 +621,19 @@ impl Router {
         }
     }
 
-    /// Node `node`'s digest of records `start..start + count`: per record its CRC, and the
-    /// records that failed their check.
+    /// Node `node`'s digest of its records `start..start + count` (shard-local indices):
+    /// per record its CRC, and the records that failed their check.
     pub(crate) async fn digest(
         &self,
         node: NodeId,
         start: u64,
         count: u64,
     ) -> Result<(Vec<u32>, Vec<u64>), Failure> {
-        let request = NodeRequest::Digest { start, count };
+        let runs = self
+            .placement
+            .load()
+            .runs(self.nodes.shard(node), start, count);
+        let request = NodeRequest::Digest { runs };
         match self
             .nodes
             .call(self.on(), node, &request, Vec::new())
@@ -623,7 +641,7 @@ impl Router {
             .reply
         {
             Reply::Digest { crcs, corrupt, .. } if crcs.len() as u64 == count => {
-                Ok((crcs, corrupt))
+                Ok((crcs, corrupt.into_iter().map(|k| start + k).collect()))
             }
             other => Err(self.nodes.unavailable(
                 node,

@@ -100,11 +100,12 @@ impl Router {
                 .find(|(_, crc)| *crc == Some(good))
                 .map(|&(node, _)| node)
                 .ok_or_else(|| Failure::Inconsistent("no good copy after all".into()))?;
-            let (lengths, body) = self.read_records(source, vec![index]).await?;
+            let address = placement.address_of(shard, index);
+            let (lengths, body) = self.read_records(source, vec![address]).await?;
             let columns = wire::split_columns(&lengths, &body);
             for (node, what) in wrong {
                 let request = NodeRequest::Modify {
-                    index,
+                    index: address,
                     token: None, // write_node sets it
                     fields: self.field_names(),
                     lengths: lengths.iter().map(|l| l[0]).collect(),

@@ -195,10 +195,7 @@ impl Router {
                         plan.len,
                         have - want
                     );
-                    let cut = NodeRequest::Truncate {
-                        len: want,
-                        token: 0, // write_node sets it
-                    };
+                    let cut = self.truncate_to(shard, want);
                     self.write_node(node, cut, Vec::new()).await?;
                 }
                 repair::Action::MarkBehind {
@@ -224,14 +221,23 @@ impl Router {
         Ok(())
     }
 
+    /// A request that cuts shard `shard`'s nodes back to its first `len` records (its
+    /// local indices `0..len`): each of its slots to its part of them.
+    pub(super) fn truncate_to(&self, shard: u32, len: u64) -> NodeRequest {
+        NodeRequest::Truncate {
+            slots: self.placement.load().slot_lens(shard, len),
+            token: 0, // write_node or write_call sets it
+        }
+    }
+
     /// Record `index` as one in-sync replica holds it, written to every in-sync replica.
     async fn copy_record(&self, index: u64) -> Result<(), Failure> {
-        let place = self.placement.load().locate(index);
+        let place = self.placement.load().locate_address(index);
         self.copy_record_to(place, place).await
     }
 
-    /// Record `from` (shard, local index), as an in-sync replica holding it has it, written
-    /// over record `to` on every in-sync replica of its shard.
+    /// Record `from` (shard, node address), as an in-sync replica holding it has it,
+    /// written over record `to` on every in-sync replica of its shard.
     async fn copy_record_to(&self, from: (u32, u64), to: (u32, u64)) -> Result<(), Failure> {
         let (lengths, body) = self.read_record(from.0, from.1).await?;
         let request = NodeRequest::Modify {
@@ -249,16 +255,20 @@ impl Router {
         self.fields().iter().map(|f| f.name.clone()).collect()
     }
 
-    /// Record `local` of shard `shard` from an in-sync replica holding it: every field's
+    /// Record `address` of shard `shard` from an in-sync replica holding it: every field's
     /// length and the body of a `Modify` to it.
-    async fn read_record(&self, shard: u32, local: u64) -> Result<(Vec<u32>, Vec<Bytes>), Failure> {
+    async fn read_record(
+        &self,
+        shard: u32,
+        address: u64,
+    ) -> Result<(Vec<u32>, Vec<Bytes>), Failure> {
         let (node, read) = self
             .nodes
             .read(
                 self.on(),
                 shard,
                 &NodeRequest::Gather {
-                    indices: vec![local],
+                    indices: vec![address],
                     fields: Vec::new(),
                     // A copy that fails its check is not copied on.
                     checked: true,
@@ -293,9 +303,9 @@ impl Router {
                 .await
                 .map_err(|e| e.while_("recording the modify in the metadata store"))?;
         }
-        let (shard, local) = self.placement.load().locate(index);
+        let (shard, address) = self.placement.load().locate_address(index);
         let request = NodeRequest::Modify {
-            index: local,
+            index: address,
             token: None, // write_call sets it
             fields,
             lengths,
@@ -388,7 +398,7 @@ impl Router {
                 })
                 .collect();
             let request = NodeRequest::Append {
-                at: Some(part.local_start),
+                runs: placement.runs(part.shard, part.local_start, part.positions.len() as u64),
                 token: None, // write_call sets it
                 fields: fields.to_vec(),
                 lengths,
@@ -399,10 +409,7 @@ impl Router {
         if let Some(failure) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
             for (part, result) in parts.iter().zip(&results) {
                 if result.is_ok() {
-                    let undo = NodeRequest::Truncate {
-                        len: part.local_start,
-                        token: 0, // write_call sets it
-                    };
+                    let undo = self.truncate_to(part.shard, part.local_start);
                     if let Err(e) = self.write_call(part.shard, undo, Vec::new()).await {
                         tracing::warn!(
                             "undoing a failed append on shard {}: {e} (the next write cuts it off)",
@@ -454,16 +461,16 @@ impl Router {
         let last = len - 1;
         let placement = self.placement.load();
         let (last_shard, last_local) = placement.locate(last);
-        let truncate = NodeRequest::Truncate {
-            len: last_local,
-            token: 0, // write_call sets it
-        };
+        let truncate = self.truncate_to(last_shard, last_local);
         if index == last {
             self.write_call(last_shard, truncate, Vec::new()).await?;
             return Ok(());
         }
-        self.copy_record_to((last_shard, last_local), placement.locate(index))
-            .await?;
+        self.copy_record_to(
+            placement.locate_address(last),
+            placement.locate_address(index),
+        )
+        .await?;
         self.write_call(last_shard, truncate, Vec::new()).await?;
         Ok(())
     }

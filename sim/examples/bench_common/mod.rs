@@ -292,7 +292,7 @@ pub fn direct_gather(
             .iter()
             .map(|part| {
                 let request = NodeRequest::Gather {
-                    indices: part.local.clone(),
+                    indices: part.addresses.clone(),
                     fields: Vec::new(),
                     checked: false,
                 };

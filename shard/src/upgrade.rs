@@ -1,0 +1,209 @@
+//! Converting a data directory written before nodes kept each slot as a unit of its own
+//! (see [`crate::identity::LEGACY_LAYOUT`]): such a node kept a shard's records as one
+//! sequence, record k being the shard's local index k under the map it was laid out by.
+//! `zr-node` converts it when it starts, given that map (from the metadata store): dataset by
+//! dataset, each rebuilt beside its directory in `.<name>.slotted` — record k appended to
+//! its slot, in order, so its index in the slot is the one placement gives — then swapped
+//! in whole with its identity (marked converted), fence and name. A crash leaves every
+//! dataset either as it was or converted, and starting again goes on from there; the
+//! named datasets, which live inside the default one's directory, are carried along its
+//! swap and put back at the next start if a crash cut it short (`catalog`).
+
+use std::path::{Path, PathBuf};
+
+use crate::fence::Coordination;
+use crate::identity::Identity;
+use zr_common::Record;
+use zr_node::disk;
+use zr_node::meta::{sync_dir, Meta, META_FILE};
+use zr_node::{CreateOptions, GatherOptions, RuntimeOptions, Store};
+use zr_node::{Error, IoContext, Result};
+use zr_proto::placement::Placement;
+
+/// Records copied per step of a conversion.
+const STEP_RECORDS: u64 = 8192;
+
+/// True if the data directory `dir` (a node's default dataset, with its named ones inside)
+/// holds records in the older layout.
+pub fn needed(dir: &Path) -> Result<bool> {
+    Ok(legacy_datasets(dir)?.into_iter().any(|(_, len)| len > 0))
+}
+
+/// The datasets of `dir` in the older layout, named ones first, with their lengths.
+fn legacy_datasets(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
+    let mut found = Vec::new();
+    let named = dir.join(crate::catalog::DATASETS_DIR);
+    if named.is_dir() {
+        for entry in std::fs::read_dir(&named).ctx("list", &named)? {
+            let path = entry.ctx("list", &named)?.path();
+            let hidden = path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'));
+            if !hidden && path.join(META_FILE).exists() {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    if dir.join(META_FILE).exists() {
+        found.push(dir.to_path_buf());
+    }
+    let mut legacy = Vec::new();
+    for path in found {
+        if !Identity::open(&path)?.slotted() {
+            let len = Meta::load(&path)?.length;
+            legacy.push((path, len));
+        }
+    }
+    Ok(legacy)
+}
+
+/// Converts every dataset of the data directory `dir`, shard `shard`'s, laid out by map
+/// `placement` (the identity's map version must be its version). Returns the records
+/// converted.
+pub fn convert(
+    dir: &Path,
+    shard: u32,
+    placement: &Placement,
+    runtime: RuntimeOptions,
+) -> Result<u64> {
+    let identity = Identity::open(dir)?;
+    if let Some(version) = identity.map_version().filter(|&v| v != placement.version()) {
+        return Err(Error::InvalidInput {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "its data is laid out by map version {version}, and the cluster's map is version {}: a move switched the cluster while this node was away. Finish that move with the older build (run it again there), then start this one",
+                placement.version()
+            ),
+        });
+    }
+    if placement.slots(shard).is_empty() {
+        return Err(Error::InvalidInput {
+            path: dir.to_path_buf(),
+            reason: format!("shard {shard} owns no slot in map version {}, yet its node holds records in the older layout", placement.version()),
+        });
+    }
+    // Named datasets carried into the default one's conversion by a start cut short.
+    let carried = scratch_of(dir)?.join(crate::catalog::DATASETS_DIR);
+    let named = dir.join(crate::catalog::DATASETS_DIR);
+    if carried.exists() && !named.exists() {
+        disk::rename(&carried, &named).ctx("put the named datasets back", &carried)?;
+        sync_dir(dir)?;
+    }
+    let mut converted = 0;
+    for (path, len) in legacy_datasets(dir)? {
+        tracing::info!(
+            "converting {} ({len} records) to one unit per slot",
+            path.display()
+        );
+        converted += convert_dataset(&path, shard, placement, runtime, path == dir)?;
+    }
+    Ok(converted)
+}
+
+/// Where the dataset at `dir` is rebuilt.
+fn scratch_of(dir: &Path) -> Result<PathBuf> {
+    let name = dir.file_name().ok_or_else(|| Error::InvalidInput {
+        path: dir.to_path_buf(),
+        reason: "a dataset path must end in a directory name".into(),
+    })?;
+    Ok(dir.with_file_name(format!(".{}.slotted", name.to_string_lossy())))
+}
+
+/// Converts the dataset at `dir`; with `carry`, the named datasets inside it go along.
+fn convert_dataset(
+    dir: &Path,
+    shard: u32,
+    placement: &Placement,
+    runtime: RuntimeOptions,
+    carry: bool,
+) -> Result<u64> {
+    let old = Store::open_with(dir, runtime)?;
+    let meta = Meta::load(dir)?;
+    let scratch = scratch_of(dir)?;
+    if scratch.exists() {
+        disk::remove_tree(&scratch).ctx("remove an unfinished conversion", &scratch)?;
+    }
+    let options = CreateOptions {
+        chunk_records: meta.chunk_records,
+        chunk_grow_bytes: meta.chunk_grow_bytes,
+        offset_grow_entries: meta.offset_grow_entries,
+    };
+    let new = Store::create_with_dicts(
+        &scratch,
+        old.fields().to_vec(),
+        options,
+        runtime,
+        &old.dicts(),
+    )?;
+    let names: Vec<&str> = old.fields().iter().map(|f| f.name.as_str()).collect();
+    let len = old.len();
+    let mut first = 0;
+    while first < len {
+        let last = (first + STEP_RECORDS).min(len);
+        let indices: Vec<u64> = (first..last).collect();
+        let batch = old.gather_with(&indices, &[], GatherOptions::verified())?;
+        let columns: Vec<_> = batch.fields().collect();
+        let record = |k: usize| {
+            let mut record = Record::new();
+            for (name, column) in names.iter().zip(&columns) {
+                record.set(name, column.get(k).unwrap_or_default());
+            }
+            record
+        };
+        // Runs of one slot each, in local order, appended where placement puts them.
+        let mut from = 0;
+        for run in placement.runs(shard, first, last - first) {
+            let records: Vec<Record> = (from..from + run.count as usize).map(record).collect();
+            from += run.count as usize;
+            let range = new.append_to(run.slot, &records)?;
+            if range.start != run.at {
+                return Err(Error::Corrupt {
+                    path: dir.to_path_buf(),
+                    reason: format!(
+                        "record {} of slot {} would be its record {}: the records are not as map version {} places them",
+                        run.at,
+                        run.slot,
+                        range.start,
+                        placement.version()
+                    ),
+                });
+            }
+        }
+        first = last;
+    }
+    if !placement.slots(shard).contains(&0) {
+        new.drop_unit(0)?;
+    }
+    new.commit()?;
+    drop(new);
+    // The identity (marked converted), fence and name that go with the data, the named
+    // datasets inside it, then the swap.
+    let coordination = Coordination::open(dir)?;
+    let version = coordination
+        .identity
+        .map_version()
+        .unwrap_or(placement.version());
+    coordination.identity.copy_to(&scratch, version)?;
+    Identity::open(&scratch)?.mark_slotted()?;
+    coordination.fence.copy_to(&scratch)?;
+    let kept = dir.join(crate::catalog::DATASET_FILE);
+    if kept.exists() {
+        let bytes = std::fs::read(&kept).ctx("read", &kept)?;
+        zr_node::meta::write_atomically(&scratch, crate::catalog::DATASET_FILE, &bytes)?;
+    }
+    let named = dir.join(crate::catalog::DATASETS_DIR);
+    if carry && named.exists() {
+        let carried = scratch.join(crate::catalog::DATASETS_DIR);
+        disk::rename(&named, &carried).ctx("carry the named datasets along", &named)?;
+        sync_dir(dir)?;
+        sync_dir(&scratch)?;
+    }
+    drop(old);
+    disk::exchange(&scratch, dir).ctx("swap in the converted dataset", dir)?;
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent)?;
+    }
+    disk::remove_tree(&scratch).ctx("remove the dataset converted", &scratch)?;
+    Ok(len)
+}
