@@ -19,7 +19,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::meta::{Meta, META_FILE};
 use crate::offset::{offset_file_name, ENTRY_BYTES};
 use crate::store::Store;
-use crate::unit::{offset_path, UNITS_DIR, UNITS_MAX};
+use crate::unit::{chunk_unit, offset_path, UNITS_DIR, UNITS_MAX};
 
 /// One file of a snapshot: its path inside the dataset directory and where its bytes are.
 #[derive(Clone, Debug)]
@@ -160,6 +160,17 @@ impl Store {
     /// The dataset's files as of its last commit, to copy elsewhere (see the module
     /// documentation). No commit runs while the small files are read.
     pub fn snapshot(&self) -> Result<Snapshot> {
+        self.snapshot_of(None)
+    }
+
+    /// The files of units `units` as of the last commit (those the dataset has), with its
+    /// `meta.json` (which says their lengths and chunks): what [`Store::adopt_units`] of
+    /// another dataset takes. Its `len` counts their records.
+    pub fn snapshot_units(&self, units: &[u32]) -> Result<Snapshot> {
+        self.snapshot_of(Some(units))
+    }
+
+    fn snapshot_of(&self, only: Option<&[u32]>) -> Result<Snapshot> {
         let dir = self.dir().to_path_buf();
         let no_commit = self.inner.writers.as_ref().map(|w| w.shared());
         let pending = no_commit.as_ref().is_some_and(|shared| {
@@ -184,6 +195,13 @@ impl Store {
         }];
         let redo = dir.join(crate::redo::REDO_FILE);
         match std::fs::read(&redo) {
+            // Units are shipped only with nothing waiting in the log (see `adopt_units`).
+            Ok(_) if only.is_some() => {
+                return Err(Error::InvalidInput {
+                    path: redo,
+                    reason: "changes to existing records wait in the redo log: ship units after the next commit applies them".into(),
+                })
+            }
             Ok(bytes) => files.push(SnapshotFile {
                 name: crate::redo::REDO_FILE.into(),
                 source: Source::Bytes(bytes.into()),
@@ -191,7 +209,17 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e).ctx("read", &redo),
         }
-        for unit in meta.units() {
+        let shipped = |unit: u32| only.is_none_or(|units| units.contains(&unit));
+        let mut len = meta.length;
+        if only.is_some() {
+            len = meta
+                .units()
+                .iter()
+                .filter(|u| shipped(u.id))
+                .map(|u| u.length)
+                .sum();
+        }
+        for unit in meta.units().into_iter().filter(|u| shipped(u.id)) {
             for field in &meta.fields {
                 let name = offset_file_name(&field.name);
                 let name = match unit.id {
@@ -207,7 +235,7 @@ impl Store {
                 });
             }
         }
-        for field in &meta.fields {
+        for field in meta.fields.iter().filter(|_| only.is_none()) {
             if field.dict.is_some() {
                 let path = crate::dict::path(&dir, &field.name);
                 let bytes = std::fs::read(&path).ctx("read", &path)?;
@@ -217,7 +245,7 @@ impl Store {
                 });
             }
         }
-        for chunk in &meta.chunks {
+        for chunk in meta.chunks.iter().filter(|c| shipped(chunk_unit(c.id))) {
             files.push(SnapshotFile {
                 name: format!("{}/{}.zr", crate::view::CHUNK_DIR, chunk.id),
                 source: Source::File {
@@ -228,7 +256,7 @@ impl Store {
         }
         drop(no_commit);
         Ok(Snapshot {
-            len: meta.length,
+            len,
             mark,
             files,
             _held: held,

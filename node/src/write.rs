@@ -7,9 +7,11 @@ use std::sync::atomic::Ordering;
 use rayon::prelude::*;
 use zr_common::Record;
 
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{Error, IoContext, Result};
+use crate::meta::Meta;
 use crate::offset::Entry;
 use crate::store::Store;
 use crate::unit::{address, chunk_unit, split, UNIT_INDEX_LIMIT};
@@ -368,6 +370,126 @@ impl Store {
         }
         shared.remove_uncommitted_units()?;
         Ok(())
+    }
+
+    /// Takes units `units` from `source`, a directory holding another dataset's
+    /// [`Store::snapshot_units`] of them (its `meta.json`, their offset tables and chunks):
+    /// their files are moved into this dataset, which commits them, with every other write
+    /// so far. The units must hold nothing here (they are dropped first). The other
+    /// dataset must have this one's fields. A crash leaves the files moved in uncommitted,
+    /// removed at the next open.
+    pub fn adopt_units(&self, source: &Path, units: &[u32]) -> Result<()> {
+        let theirs = Meta::load(source)?;
+        let inner = &*self.inner;
+        if theirs.fields != *inner.fields {
+            return Err(Error::InvalidInput {
+                path: source.to_path_buf(),
+                reason: "its fields are not this dataset's".into(),
+            });
+        }
+        for &unit in units {
+            if self.unit_len(unit).is_some_and(|n| n > 0) {
+                return Err(Error::InvalidInput {
+                    path: inner.dir.clone(),
+                    reason: format!("unit {unit} holds records here already"),
+                });
+            }
+        }
+        self.drop_units(units)?;
+        let writers = self.writers()?;
+        let mut slots: Vec<_> = (0..writers.slots.len()).map(|i| writers.slot(i)).collect();
+        let mut shared = writers.shared();
+        let their_units = theirs.units();
+        let mut adopted = Vec::new();
+        for &unit in units {
+            let length = their_units
+                .iter()
+                .find(|u| u.id == unit)
+                .map_or(0, |u| u.length);
+            // The tables, then the chunks (every one sealed here: written no more).
+            let from_dir = crate::unit::unit_dir(source, unit);
+            let to_dir = crate::unit::unit_dir(&inner.dir, unit);
+            crate::disk::create_dir_all(&to_dir).ctx("create directory", &to_dir)?;
+            let mut offset_files = Vec::with_capacity(inner.fields.len());
+            let mut tables = Vec::with_capacity(inner.fields.len());
+            for field in inner.fields.iter() {
+                let name = crate::offset::offset_file_name(&field.name);
+                let (from, to) = (from_dir.join(&name), to_dir.join(&name));
+                if !from.exists() {
+                    // No records: an empty table.
+                    crate::disk::create(&from).ctx("create", &from)?;
+                }
+                crate::disk::rename(&from, &to).ctx("move a unit's table in", &from)?;
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&to)
+                    .ctx("open offset table", &to)?;
+                let bytes = file.metadata().ctx("stat", &to)?.len();
+                if bytes < length * crate::offset::ENTRY_BYTES {
+                    return Err(Error::Corrupt {
+                        path: to,
+                        reason: format!("offset table of {bytes} bytes for {length} records"),
+                    });
+                }
+                tables.push(crate::map::Mapped::of_unit(&file, &to, unit)?);
+                let mut handle = crate::writer::Handle::new(to, file, unit);
+                handle.done();
+                offset_files.push((handle, bytes / crate::offset::ENTRY_BYTES));
+            }
+            let capacity = offset_files.iter().map(|(_, c)| *c).min().unwrap_or(0);
+            let mut chunk_maps = Vec::new();
+            for chunk in theirs.chunks.iter().filter(|c| chunk_unit(c.id) == unit) {
+                let from = crate::view::chunk_path(source, chunk.id);
+                let to = crate::view::chunk_path(&inner.dir, chunk.id);
+                crate::disk::rename(&from, &to).ctx("move a unit's chunk in", &from)?;
+                let file = std::fs::File::open(&to).ctx("open chunk", &to)?;
+                if file.metadata().ctx("stat", &to)?.len() < chunk.bytes {
+                    return Err(Error::Corrupt {
+                        path: to,
+                        reason: format!("chunk shorter than the {} bytes committed", chunk.bytes),
+                    });
+                }
+                chunk_maps.push((chunk.id, crate::map::Mapped::of_unit(&file, &to, unit)?));
+                let at = shared.chunks.partition_point(|c| c.id < chunk.id);
+                shared.chunks.insert(
+                    at,
+                    crate::meta::ChunkMeta {
+                        sealed: true,
+                        ..*chunk
+                    },
+                );
+            }
+            shared.new_chunk_files = true;
+            shared.adopt_unit(
+                unit,
+                crate::writer::UnitFiles {
+                    offset_files: offset_files.into_iter().map(|(h, _)| h).collect(),
+                    capacity,
+                    dirty: true,
+                },
+            );
+            adopted.push((unit, length, tables, chunk_maps));
+        }
+        {
+            let mut view = inner.write_view();
+            let mut maps = (*view.maps).clone();
+            for (unit, length, tables, chunk_maps) in adopted {
+                maps.unit_mut(unit).offsets = tables;
+                for (id, map) in chunk_maps {
+                    crate::writer::set_chunk_map(&mut maps, id, map);
+                }
+                *view.lengths_mut(unit) = crate::view::Lengths {
+                    len: length,
+                    committed: 0,
+                };
+            }
+            view.maps = Arc::new(maps);
+        }
+        for slot in &mut slots {
+            slot.sync(&mut shared)?;
+        }
+        shared.commit(inner, &inner.locks)
     }
 
     /// Drops records from the end of unit `unit` until `len` remain (nothing if it holds

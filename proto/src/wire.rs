@@ -379,9 +379,10 @@ pub enum NodeRequest {
     /// `zr cluster restore-record` rebuilds a lost cluster record from). Reply: `Identity`.
     Identity,
     /// A rebuild by files: takes a snapshot of the message's dataset (its files as of its
-    /// last commit) for `ShipRead`s; sent by a replica rebuilding itself from this one.
-    /// Reply: `Manifest`.
-    ShipOpen,
+    /// last commit) for `ShipRead`s; sent by a replica rebuilding itself from this one. With
+    /// `slots`, of those slots only (a shard move's copy: their tables and chunks, and the
+    /// dataset's `meta.json`). Reply: `Manifest`.
+    ShipOpen { slots: Vec<u32> },
     /// Bytes `offset..offset + len` of file `file` of snapshot `ship` (fewer at its end).
     /// Reply: `Piece`, their CRC32; body: the bytes.
     ShipRead {
@@ -393,9 +394,16 @@ pub enum NodeRequest {
     /// Lets snapshot `ship` go: its reader is done with it. Reply: `Done`.
     ShipClose { ship: u64 },
     /// Rebuild the message's dataset on this node from the files of its partner, the node
-    /// at `addr` serving replica `replica`: started if it is not running (a finished one is
-    /// reported once, then forgotten). Reply: `Shipping`, how far it got.
-    ShipFrom { addr: String, replica: u32 },
+    /// at `addr` serving replica `replica` (of this node's shard, or of `shard`): started if
+    /// it is not running (a finished one is reported once, then forgotten). With `slots`,
+    /// copy those slots only, which a move is building here, from the shard holding them.
+    /// Reply: `Shipping`, how far it got.
+    ShipFrom {
+        addr: String,
+        replica: u32,
+        shard: Option<u32>,
+        slots: Vec<u32>,
+    },
 }
 
 impl NodeRequest {
@@ -419,7 +427,7 @@ impl NodeRequest {
             NodeRequest::Stage { .. } => "stage",
             NodeRequest::Switch { .. } => "switch",
             NodeRequest::Identity => "identity",
-            NodeRequest::ShipOpen => "ship-open",
+            NodeRequest::ShipOpen { .. } => "ship-open",
             NodeRequest::ShipRead { .. } => "ship-read",
             NodeRequest::ShipClose { .. } => "ship-close",
             NodeRequest::ShipFrom { .. } => "ship-from",
@@ -627,7 +635,7 @@ impl Request for NodeMessage {
             | NodeRequest::StageOpen { .. }
             | NodeRequest::Switch { .. }
             | NodeRequest::Identity
-            | NodeRequest::ShipOpen
+            | NodeRequest::ShipOpen { .. }
             | NodeRequest::ShipClose { .. } => expect_empty(body),
             NodeRequest::ShipRead { len, .. } if *len as usize > SHIP_PIECE_MAX => Err(
                 Error::Malformed(format!("a piece of {len} bytes (at most {SHIP_PIECE_MAX})")),

@@ -214,7 +214,12 @@ async fn snapshot_file(
     name: &str,
 ) -> Result<Option<Vec<u8>>, Failure> {
     let opened = nodes
-        .call(Some(dataset), node, &NodeRequest::ShipOpen, Vec::new())
+        .call(
+            Some(dataset),
+            node,
+            &NodeRequest::ShipOpen { slots: Vec::new() },
+            Vec::new(),
+        )
         .await;
     let (ship, files) = match opened {
         Ok(reply) => match reply.reply {

@@ -79,8 +79,9 @@ impl Catalog {
             ships: Arc::default(),
         };
         recover_named(&catalog.dir)?;
-        // A rebuild cut short is started again from the beginning.
+        // A rebuild or a move's copy cut short is started again from the beginning.
         crate::ship::remove_if_there(&crate::ship::ship_dir(&catalog.dir)?)?;
+        crate::ship::remove_if_there(&crate::ship::slots_dir(&catalog.dir)?)?;
         let parent = catalog.datasets_dir();
         let entries = match std::fs::read_dir(&parent) {
             Ok(entries) => entries,
@@ -115,15 +116,10 @@ impl Catalog {
                 },
             );
         }
-        // Leftovers of a create or drop cut short go; a dataset a move builds for the next
-        // map stays (the move goes on from it), unless its dataset is gone.
-        for (name, path) in hidden {
-            let building_for = name
-                .strip_prefix('.')
-                .and_then(|rest| rest.rsplit_once(".map-v"))
-                .map(|(dataset, _)| dataset);
-            if building_for.is_some_and(|dataset| named.contains_key(dataset)) {
-                continue;
+        // Leftovers of a create, drop, rebuild or copy cut short go.
+        for (_, path) in hidden {
+            if !path.exists() {
+                continue; // an older build's move, removed as its dataset opened
             }
             tracing::info!(
                 "removing {} (a create, drop, move or rebuild cut short)",

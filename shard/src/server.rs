@@ -70,7 +70,7 @@ impl Sender {
             (Sender::Router, _) | (Sender::Client(_), NodeRequest::Info) => true,
             (Sender::Client(net::tls::Role::Node), request) => matches!(
                 request,
-                NodeRequest::ShipOpen
+                NodeRequest::ShipOpen { .. }
                     | NodeRequest::ShipRead { .. }
                     | NodeRequest::ShipClose { .. }
             ),
@@ -849,13 +849,22 @@ fn execute(
             node()?.create(named()?, id, specs, &dicts).map_err(fail)?;
             Ok((Reply::Done, Vec::new()))
         }
-        NodeRequest::ShipOpen => {
-            if coordination.identity.staged().is_some() {
+        NodeRequest::ShipOpen { slots } => {
+            // Slots being built are not served: not copied from here either.
+            let building = coordination.identity.staged();
+            let refused = match &building {
+                Some(_) if slots.is_empty() => true,
+                Some(staged) => slots.iter().any(|s| staged.slots.contains(s)),
+                None => false,
+            };
+            if refused {
                 return Err(Refusal::Store(Error::InvalidRecord(
                     "a shard move is building slots on this node: copy from it once the move is done".into(),
                 )));
             }
-            let reply = node()?.ships.open(store, coordination.incarnation)?;
+            let reply = node()?
+                .ships
+                .open(store, &slots, coordination.incarnation)?;
             Ok((reply, Vec::new()))
         }
         NodeRequest::ShipRead {
@@ -871,7 +880,12 @@ fn execute(
             node()?.ships.close(ship);
             Ok((Reply::Done, Vec::new()))
         }
-        NodeRequest::ShipFrom { addr, replica } => {
+        NodeRequest::ShipFrom {
+            addr,
+            replica,
+            shard: from_shard,
+            slots,
+        } => {
             let catalog = node()?;
             let shard = catalog.get(dataset).ok_or_else(|| {
                 Refusal::Store(Error::InvalidRecord(format!(
@@ -884,10 +898,14 @@ fn execute(
                     "this node belongs to no cluster yet: nothing to rebuild".into(),
                 ))
             })?;
+            let partner = wire::Target {
+                shard: from_shard.unwrap_or(place.shard),
+                replica,
+            };
             let status =
                 catalog
                     .ships
-                    .start(shard, dataset.map(str::to_string), place, &addr, replica)?;
+                    .start(shard, dataset.map(str::to_string), partner, &addr, slots)?;
             Ok((Reply::Shipping(status), Vec::new()))
         }
         NodeRequest::DropDataset { id } => {
@@ -1299,7 +1317,7 @@ mod tests {
         let requests = [
             gather(1, &[]),
             NodeRequest::Info,
-            NodeRequest::ShipOpen,
+            NodeRequest::ShipOpen { slots: Vec::new() },
             NodeRequest::ShipRead {
                 ship: 1,
                 file: 0,
@@ -1310,6 +1328,8 @@ mod tests {
             NodeRequest::ShipFrom {
                 addr: "127.0.0.1:1".into(),
                 replica: 0,
+                shard: None,
+                slots: Vec::new(),
             },
             NodeRequest::Commit,
             NodeRequest::Digest {

@@ -76,6 +76,14 @@ static DAMAGE_NEXT: AtomicU32 = AtomicU32::new(0);
 /// Datasets this process's nodes rebuilt from files, and pieces they asked for again.
 static REBUILT: AtomicU64 = AtomicU64::new(0);
 static ASKED_AGAIN: AtomicU64 = AtomicU64::new(0);
+/// Slots this process's nodes took from other nodes' files for a move.
+static SLOTS_COPIED: AtomicU64 = AtomicU64::new(0);
+
+/// Slots the nodes of this process took from other nodes' files for a shard move (also the
+/// metric `zr_node_slots_copied_from_files_total`).
+pub fn slots_copied() -> u64 {
+    SLOTS_COPIED.load(Ordering::SeqCst)
+}
 
 /// Datasets the nodes of this process rebuilt from a partner's files, and pieces they asked
 /// for again because they arrived damaged (also the metrics
@@ -111,9 +119,14 @@ impl Ships {
         *lock(&self.reach) = Some((endpoint, security));
     }
 
-    /// `ShipOpen`: a snapshot of `store` kept for `ShipRead`s, and its manifest.
-    pub fn open(self: &Arc<Self>, store: &Store, incarnation: u64) -> Result<Reply> {
-        let snapshot = Arc::new(store.snapshot()?);
+    /// `ShipOpen`: a snapshot of `store` (of its units `slots` only, if any) kept for
+    /// `ShipRead`s, and its manifest.
+    pub fn open(self: &Arc<Self>, store: &Store, slots: &[u32], incarnation: u64) -> Result<Reply> {
+        let snapshot = Arc::new(if slots.is_empty() {
+            store.snapshot()?
+        } else {
+            store.snapshot_units(slots)?
+        });
         let id = zr_common::hash::mix2(incarnation, self.next_id.fetch_add(1, Ordering::Relaxed));
         let files = snapshot
             .files
@@ -210,18 +223,22 @@ impl Ships {
         });
     }
 
-    /// `ShipFrom`: starts rebuilding dataset `dataset` of this node (served by `shard`,
-    /// this node being `place`) from the partner at `addr` (replica `replica`), unless it
-    /// runs already; returns how far it got (a finished rebuild is reported once).
+    /// `ShipFrom`: starts rebuilding dataset `dataset` of this node (served by `shard`)
+    /// from `partner`, the node at `addr`, unless it runs already — or, with `slots`,
+    /// copying those slots, which a move builds here; returns how far it got (a finished
+    /// copy is reported once).
     pub fn start(
         self: &Arc<Self>,
         shard: Arc<Shard>,
         dataset: Option<String>,
-        place: Target,
+        partner: Target,
         addr: &str,
-        replica: u32,
+        slots: Vec<u32>,
     ) -> Result<ShipStatus> {
-        let key = dataset.clone().unwrap_or_default();
+        let mut key = dataset.clone().unwrap_or_default();
+        if !slots.is_empty() {
+            key.push_str("/slots");
+        }
         let mut fetches = lock(&self.fetches);
         if let Some(status) = fetches.get(&key) {
             let status = lock(status).clone();
@@ -253,13 +270,10 @@ impl Ships {
         }));
         fetches.insert(key, Arc::clone(&status));
         let reported = lock(&status).clone();
-        let partner = Target {
-            shard: place.shard,
-            replica,
-        };
         let job = Fetch {
             shard,
             dataset,
+            slots,
             partner,
             addr,
             endpoint,
@@ -287,6 +301,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Fetch {
     shard: Arc<Shard>,
     dataset: Option<String>,
+    /// The slots a move copies (none: the whole dataset, a rebuild).
+    slots: Vec<u32>,
     partner: Target,
     addr: SocketAddr,
     endpoint: Endpoint,
@@ -324,7 +340,10 @@ impl Fetch {
             cluster,
             version,
         };
-        let (ship, len, files, mark) = match partner.call(NodeRequest::ShipOpen).await? {
+        let open = NodeRequest::ShipOpen {
+            slots: self.slots.clone(),
+        };
+        let (ship, len, files, mark) = match partner.call(open).await? {
             (
                 Reply::Manifest {
                     ship,
@@ -341,7 +360,11 @@ impl Fetch {
             status.total = files.iter().map(|f| f.len).sum();
             status.len = len;
         }
-        let building = ship_dir(&dir)?;
+        let building = if self.slots.is_empty() {
+            ship_dir(&dir)?
+        } else {
+            slots_dir(&dir)?
+        };
         remove_if_there(&building)?;
         std::fs::create_dir_all(&building).ctx("create", &building)?;
         let opened_at = began.elapsed();
@@ -360,6 +383,32 @@ impl Fetch {
             }
         }
         zr_node::meta::sync_dir(&building)?;
+        if !self.slots.is_empty() {
+            // A move's slots: taken into the dataset as built.
+            let units = building.join(zr_node::unit::UNITS_DIR);
+            if units.exists() {
+                for entry in std::fs::read_dir(&units).ctx("list", &units)? {
+                    zr_node::meta::sync_dir(&entry.ctx("list", &units)?.path())?;
+                }
+                zr_node::meta::sync_dir(&units)?;
+            }
+            self.shard.adopt(&building, &self.slots)?;
+            remove_if_there(&building)?;
+            SLOTS_COPIED.fetch_add(self.slots.len() as u64, Ordering::SeqCst);
+            metrics::counter!("zr_node_slots_copied_from_files_total")
+                .increment(self.slots.len() as u64);
+            lock(&self.status).mark = mark;
+            tracing::info!(
+                "{}: dataset '{}': {len} records of {} slots copied from the files of {} at {} in {:.3} s",
+                dir.display(),
+                self.dataset.as_deref().unwrap_or(wire::DEFAULT_DATASET),
+                self.slots.len(),
+                self.partner,
+                self.addr,
+                began.elapsed().as_secs_f64()
+            );
+            return Ok(len);
+        }
         // Opened once as a dataset: its structure checked, its redo log applied.
         let opened = Store::open(&building)?;
         if opened.len() != len {
@@ -590,6 +639,16 @@ pub fn ship_dir(dir: &Path) -> zr_node::Result<PathBuf> {
     Ok(dir.with_file_name(format!(".{}.ship", name.to_string_lossy())))
 }
 
+/// Where a move's copy of slots of the dataset at `dir` is written before the dataset takes
+/// them.
+pub fn slots_dir(dir: &Path) -> zr_node::Result<PathBuf> {
+    let name = dir.file_name().ok_or_else(|| Error::InvalidInput {
+        path: dir.to_path_buf(),
+        reason: "a dataset path must end in a directory name".into(),
+    })?;
+    Ok(dir.with_file_name(format!(".{}.slots", name.to_string_lossy())))
+}
+
 /// Removes `path` and all in it, if it is there (a rebuild cut short leaves it).
 pub fn remove_if_there(path: &Path) -> zr_node::Result<()> {
     match std::fs::symlink_metadata(path) {
@@ -622,7 +681,7 @@ mod tests {
             len,
             files,
             mark,
-        } = ships.open(&store, 7).expect("open")
+        } = ships.open(&store, &[], 7).expect("open")
         else {
             panic!("no manifest");
         };

@@ -296,6 +296,23 @@ impl Shard {
         Ok(())
     }
 
+    /// Takes slots `slots`, which the move under way builds here, from `source`: a copy of
+    /// another node's files of them (see `ship`); they must hold nothing here yet.
+    pub fn adopt(&self, source: &Path, slots: &[u32]) -> Result<()> {
+        let _held = self.lock_slots();
+        let serving = self.serving();
+        let staged = serving.coordination.identity.staged();
+        if let Some(&slot) = slots
+            .iter()
+            .find(|s| !staged.as_ref().is_some_and(|b| b.slots.contains(s)))
+        {
+            return Err(Error::InvalidRecord(format!(
+                "this node builds no slot {slot} (the move must open it first)"
+            )));
+        }
+        serving.store.adopt_units(source, slots)
+    }
+
     /// Serves the dataset in `path` — a rebuild's copy of a partner's files — instead of the
     /// current one, under the same map; refused while a move builds slots here.
     pub fn install(&self, path: &Path) -> Result<()> {

@@ -160,6 +160,16 @@ impl Shared {
         Ok(())
     }
 
+    /// Takes unit `unit`'s offset tables, moved in from another dataset: committed with the
+    /// next commit (its directory synced then).
+    pub(crate) fn adopt_unit(&mut self, unit: u32, files: UnitFiles) {
+        if self.units.len() <= unit as usize {
+            self.units.resize_with(unit as usize + 1, || None);
+        }
+        self.units[unit as usize] = Some(files);
+        self.new_units.push(unit);
+    }
+
     /// Forgets unit `unit`'s offset tables (it is being dropped).
     pub(crate) fn forget_unit(&mut self, unit: u32) {
         if let Some(files) = self.units.get_mut(unit as usize) {

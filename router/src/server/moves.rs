@@ -29,9 +29,12 @@ use zr_meta::cluster::{self, AddedShard, ClusterRecord, MapChange, MapMove, MapR
 use zr_proto::placement::{unit_address, Placement, Run};
 use zr_proto::wire::{self, MoveReport, NodeRequest, Reply};
 
+use super::rebuild::{SHIP_POLL, SHIP_STALL};
 use super::Router;
+use crate::catchup::{ShipStep, ShipWatch};
 use crate::error::Failure;
 use crate::moveplan::{self, Next};
+use crate::nodes::NodeId;
 
 /// A point in a move at which [`Router::stop_moves_at`] stops it, as if the router died
 /// there: for tests of restarting a move.
@@ -666,33 +669,35 @@ impl Router {
     ) -> Result<u64, Failure> {
         let gained = gained_slots(old, new, shard);
         let nodes: Vec<_> = self.nodes.of_shard(shard).collect();
-        // How far each node got with each slot: the move goes on from the least.
-        let mut have: std::collections::BTreeMap<u32, u64> =
-            gained.iter().map(|&slot| (slot, u64::MAX)).collect();
-        let open = NodeRequest::StageOpen {
-            version,
-            slots: gained.clone(),
-        };
-        for &node in &nodes {
-            match self
-                .nodes
-                .call(self.on(), node, &open, Vec::new())
-                .await?
-                .reply
-            {
-                Reply::Staged { slots } => {
-                    for (slot, len) in slots {
-                        if let Some(least) = have.get_mut(&slot) {
-                            *least = (*least).min(len);
-                        }
-                    }
-                }
-                other => {
-                    return Err(self
-                        .nodes
-                        .unavailable(node, format!("answered StageOpen with {other:?}")))
+        let mut have = self.open_stage(&nodes, version, &gained).await?;
+        // Slots none of whose records are here yet: their files, copied node to node from
+        // the shard holding them (the records written since follow below, as records).
+        let mut to_ship: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+        for (&slot, &least) in &have {
+            if least == 0 && new.slot_len(slot, len) > 0 {
+                to_ship
+                    .entry(old.map().owners[slot as usize])
+                    .or_default()
+                    .push(slot);
+            }
+        }
+        let mut shipped = 0;
+        for (holder, slots) in to_ship {
+            for &node in &nodes {
+                match self.ship_slots(node, holder, &slots).await {
+                    Ok(records) => shipped += records,
+                    Err(e) => tracing::warn!(
+                        "shard {shard} replica {}: copying {} slots' files from shard {holder} failed ({e}); their records are copied one by one instead",
+                        self.nodes.replica(node),
+                        slots.len()
+                    ),
                 }
             }
+        }
+        let mut moved = shipped / nodes.len().max(1) as u64;
+        if shipped > 0 {
+            progress.note_staged(moved, moved);
+            have = self.open_stage(&nodes, version, &gained).await?;
         }
         // What is left to copy of each slot, by the shard holding it now: runs from where
         // the nodes got to (a run of none cuts what they built past the length).
@@ -712,7 +717,6 @@ impl Router {
             }
         }
         let fields = self.field_names();
-        let mut moved = 0;
         let mut stages = 0u64;
         for (holder, runs) in wanted {
             let batches = batches_of(&runs, STAGE_RECORDS);
@@ -781,6 +785,74 @@ impl Router {
             }
         }
         Ok(moved)
+    }
+
+    /// Opens the building of `slots` for map `version` on `nodes` (a shard's): how far each
+    /// slot got, on the node that got least far.
+    async fn open_stage(
+        &self,
+        nodes: &[NodeId],
+        version: u64,
+        slots: &[u32],
+    ) -> Result<std::collections::BTreeMap<u32, u64>, Failure> {
+        let mut have: std::collections::BTreeMap<u32, u64> =
+            slots.iter().map(|&slot| (slot, u64::MAX)).collect();
+        let open = NodeRequest::StageOpen {
+            version,
+            slots: slots.to_vec(),
+        };
+        for &node in nodes {
+            match self
+                .nodes
+                .call(self.on(), node, &open, Vec::new())
+                .await?
+                .reply
+            {
+                Reply::Staged { slots } => {
+                    for (slot, len) in slots {
+                        if let Some(least) = have.get_mut(&slot) {
+                            *least = (*least).min(len);
+                        }
+                    }
+                }
+                other => {
+                    return Err(self
+                        .nodes
+                        .unavailable(node, format!("answered StageOpen with {other:?}")))
+                }
+            }
+        }
+        Ok(have)
+    }
+
+    /// Has node `node` copy the files of `slots` from an in-sync node of shard `holder`
+    /// (`NodeRequest::ShipFrom` with slots; see `zr_shard::ship`), and waits for it; returns
+    /// the records copied.
+    async fn ship_slots(&self, node: NodeId, holder: u32, slots: &[u32]) -> Result<u64, Failure> {
+        let donor = self.partner(holder)?;
+        let request = NodeRequest::ShipFrom {
+            addr: self.nodes.addr(donor).to_string(),
+            replica: self.nodes.replica(donor),
+            shard: Some(holder),
+            slots: slots.to_vec(),
+        };
+        let mut watch = ShipWatch::new(Instant::now(), SHIP_STALL);
+        loop {
+            let reply = self
+                .nodes
+                .call(self.on(), node, &request, Vec::new())
+                .await?;
+            let Reply::Shipping(status) = reply.reply else {
+                return Err(self
+                    .nodes
+                    .unavailable(node, format!("answered ship-from with {:?}", reply.reply)));
+            };
+            match watch.observe(&status, Instant::now()) {
+                ShipStep::Wait => tokio::time::sleep(SHIP_POLL).await,
+                ShipStep::Failed(why) => return Err(self.nodes.unavailable(node, why)),
+                ShipStep::Installed { len } => return Ok(len),
+            }
+        }
     }
 
     /// Starts the progress of a move to map `version`: what it copies, the records of the

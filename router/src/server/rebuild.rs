@@ -38,10 +38,10 @@ const SLICE_MAX: u64 = 1 << 16;
 /// Passes with writes going on between slices before the last pass, which holds them off.
 const ONLINE_PASSES: u32 = 1;
 /// How often the router asks how far a rebuild from files got.
-const SHIP_POLL: Duration = Duration::from_millis(10);
+pub(super) const SHIP_POLL: Duration = Duration::from_millis(10);
 /// A rebuild from files that receives nothing for this long is given up (and the replica
 /// caught up record by record).
-const SHIP_STALL: Duration = Duration::from_secs(60);
+pub(super) const SHIP_STALL: Duration = Duration::from_secs(60);
 /// How often the router looks for behind replicas to catch up, at the latest (a replica
 /// marked behind, or a node back up, starts a look at once).
 const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -342,6 +342,8 @@ impl Router {
         let request = NodeRequest::ShipFrom {
             addr: self.nodes.addr(partner).to_string(),
             replica: self.nodes.replica(partner),
+            shard: None,
+            slots: Vec::new(),
         };
         let started = Instant::now();
         let mut watch = ShipWatch::new(started, SHIP_STALL);
