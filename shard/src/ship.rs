@@ -632,21 +632,22 @@ impl Piece {
 
 /// Where a rebuild of the dataset at `dir` writes the files it copies.
 pub fn ship_dir(dir: &Path) -> zr_node::Result<PathBuf> {
+    beside(dir, "ship")
+}
+
+/// `.<name>.<what>` beside the dataset at `dir`.
+fn beside(dir: &Path, what: &str) -> zr_node::Result<PathBuf> {
     let name = dir.file_name().ok_or_else(|| Error::InvalidInput {
         path: dir.to_path_buf(),
         reason: "a dataset path must end in a directory name".into(),
     })?;
-    Ok(dir.with_file_name(format!(".{}.ship", name.to_string_lossy())))
+    Ok(dir.with_file_name(format!(".{}.{what}", name.to_string_lossy())))
 }
 
 /// Where a move's copy of slots of the dataset at `dir` is written before the dataset takes
 /// them.
 pub fn slots_dir(dir: &Path) -> zr_node::Result<PathBuf> {
-    let name = dir.file_name().ok_or_else(|| Error::InvalidInput {
-        path: dir.to_path_buf(),
-        reason: "a dataset path must end in a directory name".into(),
-    })?;
-    Ok(dir.with_file_name(format!(".{}.slots", name.to_string_lossy())))
+    beside(dir, "slots")
 }
 
 /// Removes `path` and all in it, if it is there (a rebuild cut short leaves it).

@@ -838,15 +838,7 @@ impl Router {
         };
         let mut watch = ShipWatch::new(Instant::now(), SHIP_STALL);
         loop {
-            let reply = self
-                .nodes
-                .call(self.on(), node, &request, Vec::new())
-                .await?;
-            let Reply::Shipping(status) = reply.reply else {
-                return Err(self
-                    .nodes
-                    .unavailable(node, format!("answered ship-from with {:?}", reply.reply)));
-            };
+            let status = self.ship_status(node, &request).await?;
             match watch.observe(&status, Instant::now()) {
                 ShipStep::Wait => tokio::time::sleep(SHIP_POLL).await,
                 ShipStep::Failed(why) => return Err(self.nodes.unavailable(node, why)),

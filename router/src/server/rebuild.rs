@@ -355,15 +355,7 @@ impl Router {
             .get(&node)
             .map_or(0, |p| p.bytes);
         loop {
-            let reply = self
-                .nodes
-                .call(self.on(), node, &request, Vec::new())
-                .await?;
-            let Reply::Shipping(status) = reply.reply else {
-                return Err(self
-                    .nodes
-                    .unavailable(node, format!("answered ship-from with {:?}", reply.reply)));
-            };
+            let status = self.ship_status(node, &request).await?;
             {
                 let mut rebuilds = self.rebuilds.lock().unwrap_or_else(|e| e.into_inner());
                 let progress = rebuilds.entry(node).or_insert_with(|| Progress {
@@ -472,6 +464,24 @@ impl Router {
                 return Ok((copied, step.end));
             }
             from = step.end;
+        }
+    }
+
+    /// Asks node `node` to copy files (`request`: a `ShipFrom`), or how far it got.
+    pub(super) async fn ship_status(
+        &self,
+        node: NodeId,
+        request: &NodeRequest,
+    ) -> Result<wire::ShipStatus, Failure> {
+        let reply = self
+            .nodes
+            .call(self.on(), node, request, Vec::new())
+            .await?;
+        match reply.reply {
+            Reply::Shipping(status) => Ok(status),
+            other => Err(self
+                .nodes
+                .unavailable(node, format!("answered ship-from with {other:?}"))),
         }
     }
 
