@@ -380,6 +380,7 @@ impl Store {
                 shared.settle_redo(&mut view, &lock)?;
                 shared.remove_uncommitted_chunks()?;
                 shared.remove_uncommitted_units()?;
+                shared.remove_dropped()?;
             }
             Some(writers)
         };

@@ -18,6 +18,25 @@ use crate::unit::{address, chunk_unit, split, UNIT_INDEX_LIMIT};
 use crate::view::View;
 use crate::writer::{no_entries, Writers};
 
+/// What dropped units' files are moved into (`.dropped-<generation>`), inside the dataset
+/// directory, until removed; an open removes any left.
+pub(crate) const TRASH_PREFIX: &str = ".dropped-";
+
+/// Removes the folder `trash` on a thread of its own (at the next open if this fails).
+fn remove_in_background(trash: std::path::PathBuf) {
+    // Without a thread, left for the next open.
+    let _ = std::thread::Builder::new()
+        .name("zr-drop".into())
+        .spawn(move || {
+            if let Err(e) = crate::disk::remove_tree(&trash) {
+                tracing::warn!(
+                    "removing {}: {e} (removed at the next open)",
+                    trash.display()
+                );
+            }
+        });
+}
+
 /// Appends of fewer records than this stay on one writer.
 const PARALLEL_APPEND_MIN: usize = 64;
 
@@ -362,22 +381,49 @@ impl Store {
             return Ok(());
         }
         // Past the commit point: what is left are files no commit names, which the next
-        // open removes if this cannot.
+        // open removes if this cannot. Moved aside at once (a unit made again under the same
+        // id must not lose its new files), removed in the background: freeing a large
+        // unit's blocks takes a while, and a switch of the cluster's map waits on this.
         let dir = inner.dir.clone();
+        let trash = dir.join(format!("{TRASH_PREFIX}{}", shared.generation));
+        crate::disk::create_dir_all(&trash).ctx("create directory", &trash)?;
         for id in gone {
             let path = crate::view::chunk_path(&dir, id);
-            crate::disk::remove(&path).ctx("remove a dropped unit's chunk", &path)?;
+            crate::disk::rename(&path, &trash.join(format!("{id}.zr")))
+                .ctx("move a dropped unit's chunk aside", &path)?;
+        }
+        for &unit in units.iter().filter(|&&u| u > 0) {
+            let path = crate::unit::unit_dir(&dir, unit);
+            if path.exists() {
+                crate::disk::rename(&path, &trash.join(unit.to_string()))
+                    .ctx("move a dropped unit aside", &path)?;
+            }
         }
         shared.remove_uncommitted_units()?;
+        // The moves made durable before anything in them goes.
+        for folder in [
+            dir.join(crate::view::CHUNK_DIR),
+            dir.join(crate::unit::UNITS_DIR),
+            trash.clone(),
+            dir.clone(),
+        ] {
+            if folder.exists() {
+                crate::meta::sync_dir(&folder)?;
+            }
+        }
+        drop(shared);
+        drop(slots);
+        remove_in_background(trash);
         Ok(())
     }
 
     /// Takes units `units` from `source`, a directory holding another dataset's
-    /// [`Store::snapshot_units`] of them (its `meta.json`, their offset tables and chunks):
-    /// their files are moved into this dataset, which commits them, with every other write
-    /// so far. The units must hold nothing here (they are dropped first). The other
-    /// dataset must have this one's fields. A crash leaves the files moved in uncommitted,
-    /// removed at the next open.
+    /// [`Store::snapshot_units`] of them (its `meta.json`, their offset tables and chunks),
+    /// every file and folder in it durable already: their files are moved into this dataset
+    /// (a unit's folder whole), which commits them, with every other write so far. The
+    /// units must hold nothing here (they are dropped first). The other dataset must have
+    /// this one's fields. A crash leaves the files moved in uncommitted, removed at the
+    /// next open.
     pub fn adopt_units(&self, source: &Path, units: &[u32]) -> Result<()> {
         let theirs = Meta::load(source)?;
         let inner = &*self.inner;
@@ -406,20 +452,31 @@ impl Store {
                 .iter()
                 .find(|u| u.id == unit)
                 .map_or(0, |u| u.length);
-            // The tables, then the chunks (every one sealed here: written no more).
+            // The tables (a unit's folder whole, unit 0's files one by one), then the chunks
+            // (every one sealed here: written no more).
             let from_dir = crate::unit::unit_dir(source, unit);
             let to_dir = crate::unit::unit_dir(&inner.dir, unit);
-            crate::disk::create_dir_all(&to_dir).ctx("create directory", &to_dir)?;
+            for field in inner.fields.iter() {
+                let from = from_dir.join(crate::offset::offset_file_name(&field.name));
+                if !from.exists() {
+                    // No records: an empty table.
+                    crate::disk::create_dir_all(&from_dir).ctx("create directory", &from_dir)?;
+                    crate::disk::create(&from).ctx("create", &from)?;
+                }
+            }
+            if unit > 0 {
+                let parent = inner.dir.join(crate::unit::UNITS_DIR);
+                crate::disk::create_dir_all(&parent).ctx("create directory", &parent)?;
+                crate::disk::rename(&from_dir, &to_dir).ctx("move a unit in", &from_dir)?;
+            }
             let mut offset_files = Vec::with_capacity(inner.fields.len());
             let mut tables = Vec::with_capacity(inner.fields.len());
             for field in inner.fields.iter() {
                 let name = crate::offset::offset_file_name(&field.name);
                 let (from, to) = (from_dir.join(&name), to_dir.join(&name));
-                if !from.exists() {
-                    // No records: an empty table.
-                    crate::disk::create(&from).ctx("create", &from)?;
+                if unit == 0 {
+                    crate::disk::rename(&from, &to).ctx("move a unit's table in", &from)?;
                 }
-                crate::disk::rename(&from, &to).ctx("move a unit's table in", &from)?;
                 let file = std::fs::OpenOptions::new()
                     .read(true)
                     .write(true)
@@ -466,7 +523,7 @@ impl Store {
                 crate::writer::UnitFiles {
                     offset_files: offset_files.into_iter().map(|(h, _)| h).collect(),
                     capacity,
-                    dirty: true,
+                    dirty: false,
                 },
             );
             adopted.push((unit, length, tables, chunk_maps));

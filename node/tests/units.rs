@@ -316,6 +316,57 @@ fn a_snapshot_carries_every_unit() {
     }
 }
 
+/// Units copied as files from one dataset's snapshot into another are taken whole: their
+/// records at the same indices, their chunks their own, later appends after them; the units
+/// the other holds are untouched, and a unit holding records here is refused.
+#[test]
+fn units_move_between_datasets_as_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let from = Store::create(&a, fields(), options()).unwrap();
+    let to = Store::create(&b, fields(), options()).unwrap();
+    let rows = |base: u64, n: u64| -> Vec<Row> { (0..n).map(|k| make_row(base + k)).collect() };
+    let mut expected = Model::new();
+    for (unit, base, n) in [(0, 0, 12), (4, 100, 30), (9, 200, 17)] {
+        let rows = rows(base, n);
+        from.append_to(unit, &rows.iter().map(record).collect::<Vec<_>>())
+            .unwrap();
+        expected.insert(unit, rows);
+    }
+    from.commit().unwrap();
+    let kept = rows(500, 5);
+    to.append_to(2, &kept.iter().map(record).collect::<Vec<_>>())
+        .unwrap();
+    to.commit().unwrap();
+    let snapshot = from.snapshot_units(&[0, 4]).unwrap();
+    assert_eq!(snapshot.len, 42);
+    assert!(
+        snapshot.files.iter().all(|f| !f.name.contains("units/9/")),
+        "only the units asked for"
+    );
+    let copy = tmp.path().join("copy");
+    for file in &snapshot.files {
+        let target = zr_node::ship::target_path(&copy, &file.name).unwrap();
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::write(&target, file.read(0, file.len() as usize).unwrap()).unwrap();
+    }
+    to.adopt_units(&copy, &[0, 4]).unwrap();
+    assert_eq!(to.units(), [(0, 12), (2, 5), (4, 30)]);
+    let more = rows(900, 3);
+    to.append_to(4, &more.iter().map(record).collect::<Vec<_>>())
+        .unwrap();
+    to.commit().unwrap();
+    drop(to);
+    let to = Store::open(&b).unwrap();
+    let found = read_units(&to);
+    assert_eq!(found[&0], expected[&0]);
+    assert_eq!(found[&2], kept);
+    assert_eq!(found[&4], [expected[&4].clone(), more].concat());
+    assert!(to.verify(|_| {}).unwrap().problems.is_empty());
+    let e = to.adopt_units(&copy, &[2]).unwrap_err();
+    assert!(e.to_string().contains("holds records here already"), "{e}");
+}
+
 /// Power cuts among appends to several units, deletes, modifies, drops and commits: the
 /// reopened dataset holds exactly the last commit that returned, or the one in progress.
 #[test]

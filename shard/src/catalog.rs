@@ -81,7 +81,19 @@ impl Catalog {
         recover_named(&catalog.dir)?;
         // A rebuild or a move's copy cut short is started again from the beginning.
         crate::ship::remove_if_there(&crate::ship::ship_dir(&catalog.dir)?)?;
-        crate::ship::remove_if_there(&crate::ship::slots_dir(&catalog.dir)?)?;
+        let parent = catalog.dir.parent().unwrap_or(Path::new("."));
+        let own = catalog
+            .dir
+            .file_name()
+            .map(|n| format!(".{}.slots-", n.to_string_lossy()))
+            .unwrap_or_default();
+        for entry in std::fs::read_dir(parent).ctx("list", parent)? {
+            let entry = entry.ctx("list", parent)?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&own) && crate::ship::is_slots_dir(&name) {
+                crate::ship::remove_if_there(&entry.path())?;
+            }
+        }
         let parent = catalog.datasets_dir();
         let entries = match std::fs::read_dir(&parent) {
             Ok(entries) => entries,

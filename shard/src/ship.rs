@@ -235,9 +235,10 @@ impl Ships {
         addr: &str,
         slots: Vec<u32>,
     ) -> Result<ShipStatus> {
+        // A move copies from several shards at once: one copy per shard it copies from.
         let mut key = dataset.clone().unwrap_or_default();
         if !slots.is_empty() {
-            key.push_str("/slots");
+            key.push_str(&format!("/slots from shard {}", partner.shard));
         }
         let mut fetches = lock(&self.fetches);
         if let Some(status) = fetches.get(&key) {
@@ -363,7 +364,7 @@ impl Fetch {
         let building = if self.slots.is_empty() {
             ship_dir(&dir)?
         } else {
-            slots_dir(&dir)?
+            beside(&dir, &format!("slots-{}", self.partner.shard))?
         };
         remove_if_there(&building)?;
         std::fs::create_dir_all(&building).ctx("create", &building)?;
@@ -376,36 +377,49 @@ impl Fetch {
         }
         let synced = copying?;
         let copied = started.elapsed();
-        for folder in [zr_node::dict::DICT_DIR, "chunk"] {
+        // Every folder the files went into, durable too.
+        let mut folders = vec![building.clone()];
+        for folder in [zr_node::dict::DICT_DIR, "chunk", zr_node::unit::UNITS_DIR] {
             let path = building.join(folder);
             if path.exists() {
-                zr_node::meta::sync_dir(&path)?;
+                folders.push(path);
             }
         }
-        zr_node::meta::sync_dir(&building)?;
+        let units = building.join(zr_node::unit::UNITS_DIR);
+        if units.exists() {
+            for entry in std::fs::read_dir(&units).ctx("list", &units)? {
+                folders.push(entry.ctx("list", &units)?.path());
+            }
+        }
+        let mut opened = Vec::with_capacity(folders.len());
+        for folder in folders {
+            opened.push((std::fs::File::open(&folder).ctx("open", &folder)?, folder));
+        }
+        sync_files(opened).await?;
         if !self.slots.is_empty() {
             // A move's slots: taken into the dataset as built.
-            let units = building.join(zr_node::unit::UNITS_DIR);
-            if units.exists() {
-                for entry in std::fs::read_dir(&units).ctx("list", &units)? {
-                    zr_node::meta::sync_dir(&entry.ctx("list", &units)?.path())?;
-                }
-                zr_node::meta::sync_dir(&units)?;
-            }
+            let adopting = tokio::time::Instant::now();
             self.shard.adopt(&building, &self.slots)?;
+            let adopted = adopting.elapsed();
             remove_if_there(&building)?;
             SLOTS_COPIED.fetch_add(self.slots.len() as u64, Ordering::SeqCst);
             metrics::counter!("zr_node_slots_copied_from_files_total")
                 .increment(self.slots.len() as u64);
             lock(&self.status).mark = mark;
             tracing::info!(
-                "{}: dataset '{}': {len} records of {} slots copied from the files of {} at {} in {:.3} s",
+                "{}: dataset '{}': {len} records of {} slots copied from the files of {} at {} in {:.3} s: connected and snapshot taken in {:.3} s, {} files ({:.1} MiB) copied in {:.3} s (the last {:.3} s making them durable), taken in in {:.3} s",
                 dir.display(),
                 self.dataset.as_deref().unwrap_or(wire::DEFAULT_DATASET),
                 self.slots.len(),
                 self.partner,
                 self.addr,
-                began.elapsed().as_secs_f64()
+                began.elapsed().as_secs_f64(),
+                opened_at.as_secs_f64(),
+                files.len(),
+                files.iter().map(|f| f.len).sum::<u64>() as f64 / (1 << 20) as f64,
+                copied.as_secs_f64(),
+                synced.as_secs_f64(),
+                adopted.as_secs_f64()
             );
             return Ok(len);
         }
@@ -538,9 +552,7 @@ impl Partner<'_> {
             lock(&self.fetch.status).bytes += at - offset;
         }
         let syncing = tokio::time::Instant::now();
-        for (out, path) in &outs {
-            out.sync_all().ctx("sync", path)?;
-        }
+        sync_files(outs).await?;
         Ok(syncing.elapsed())
     }
 
@@ -582,6 +594,39 @@ impl Partner<'_> {
             );
         }
     }
+}
+
+/// Files synced at once: a move copies a few files per slot, hundreds in all, and the disk
+/// takes their syncs together far faster than one after another (measured: 512 files of
+/// 200 KiB, 0.06 s with 32 at once, 0.14-0.20 s one by one).
+const SYNCS_AT_ONCE: usize = 16;
+
+/// Makes `files` durable (`fsync`), several at once, off the async threads.
+async fn sync_files(files: Vec<(std::fs::File, PathBuf)>) -> Result<()> {
+    let synced = tokio::task::spawn_blocking(move || {
+        let per_thread = files.len().div_ceil(SYNCS_AT_ONCE).max(1);
+        std::thread::scope(|scope| {
+            let running: Vec<_> = files
+                .chunks(per_thread)
+                .map(|part| {
+                    scope.spawn(move || {
+                        part.iter()
+                            .try_for_each(|(file, path)| file.sync_all().ctx("sync", path))
+                    })
+                })
+                .collect();
+            running.into_iter().try_for_each(|t| {
+                t.join().unwrap_or_else(|_| {
+                    Err(Error::InvalidRecord(
+                        "a thread syncing the files copied panicked".into(),
+                    ))
+                })
+            })
+        })
+    })
+    .await
+    .map_err(|e| ShipError::Cannot(format!("syncing the files copied: {e}")))?;
+    Ok(synced?)
 }
 
 /// Starts writing `len` bytes of `file` from `offset` to the disk, without waiting: the
@@ -644,10 +689,13 @@ fn beside(dir: &Path, what: &str) -> zr_node::Result<PathBuf> {
     Ok(dir.with_file_name(format!(".{}.{what}", name.to_string_lossy())))
 }
 
-/// Where a move's copy of slots of the dataset at `dir` is written before the dataset takes
-/// them.
-pub fn slots_dir(dir: &Path) -> zr_node::Result<PathBuf> {
-    beside(dir, "slots")
+/// True if `name`, beside a dataset, is where a move's copy of slots is written before the
+/// dataset takes them (one per shard copied from: `.<name>.slots-<shard>`).
+pub fn is_slots_dir(name: &str) -> bool {
+    name.starts_with('.')
+        && name.rsplit_once(".slots-").is_some_and(|(_, shard)| {
+            !shard.is_empty() && shard.bytes().all(|b| b.is_ascii_digit())
+        })
 }
 
 /// Removes `path` and all in it, if it is there (a rebuild cut short leaves it).

@@ -74,6 +74,23 @@ impl Shared {
         Ok(())
     }
 
+    /// Removes dropped units' files left aside (see `Store::drop_units`) by a process that
+    /// stopped before it removed them.
+    pub(crate) fn remove_dropped(&mut self) -> Result<()> {
+        for entry in fs::read_dir(&self.dir).ctx("read directory", &self.dir)? {
+            let entry = entry.ctx("read directory", &self.dir)?;
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(crate::write::TRASH_PREFIX)
+            {
+                let path = entry.path();
+                disk::remove_tree(&path).ctx("remove dropped units", &path)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Removes what units meta.json does not commit left: the directories of units made
     /// and never committed, or dropped (and unit 0's tables, if it was dropped).
     pub(crate) fn remove_uncommitted_units(&mut self) -> Result<()> {
@@ -160,14 +177,14 @@ impl Shared {
         Ok(())
     }
 
-    /// Takes unit `unit`'s offset tables, moved in from another dataset: committed with the
-    /// next commit (its directory synced then).
+    /// Takes unit `unit`'s offset tables, moved in from another dataset, durable already:
+    /// committed with the next commit (the folders it was moved into synced then).
     pub(crate) fn adopt_unit(&mut self, unit: u32, files: UnitFiles) {
         if self.units.len() <= unit as usize {
             self.units.resize_with(unit as usize + 1, || None);
         }
         self.units[unit as usize] = Some(files);
-        self.new_units.push(unit);
+        self.adopted_units = true;
     }
 
     /// Forgets unit `unit`'s offset tables (it is being dropped).
@@ -325,15 +342,17 @@ impl Shared {
             }
             files.dirty = false;
         }
-        if !self.new_units.is_empty() {
+        if !self.new_units.is_empty() || self.adopted_units {
             for &unit in &self.new_units {
                 sync_dir(&unit_dir(&self.dir, unit))?;
             }
-            if self.new_units.iter().any(|&u| u > 0) {
-                sync_dir(&self.dir.join(UNITS_DIR))?;
+            let units = self.dir.join(UNITS_DIR);
+            if (self.adopted_units || self.new_units.iter().any(|&u| u > 0)) && units.exists() {
+                sync_dir(&units)?;
             }
             sync_dir(&self.dir)?;
             self.new_units.clear();
+            self.adopted_units = false;
         }
         // 3. Redo log of changes below the committed length.
         let (units, mut changes) = {

@@ -134,6 +134,8 @@ pub(crate) struct Shared {
     pub(crate) units: Vec<Option<UnitFiles>>,
     /// Units made since the last commit: their directories need an fsync.
     pub(crate) new_units: Vec<u32>,
+    /// Units moved in since the last commit (`Store::adopt_units`): `units/` needs an fsync.
+    pub(crate) adopted_units: bool,
     /// Last generation used; never reused, even by a commit that failed.
     pub(crate) generation: u64,
     /// Set when a commit failed after its commit point: reopening is the way back.
@@ -217,6 +219,7 @@ impl Writers {
                 new_chunk_files: false,
                 units,
                 new_units: Vec::new(),
+                adopted_units: false,
                 generation: meta.generation,
                 failed: None,
                 committed_rewrites: 0,

@@ -681,19 +681,23 @@ impl Router {
                     .push(slot);
             }
         }
-        let mut shipped = 0;
-        for (holder, slots) in to_ship {
-            for &node in &nodes {
-                match self.ship_slots(node, holder, &slots).await {
-                    Ok(records) => shipped += records,
-                    Err(e) => tracing::warn!(
-                        "shard {shard} replica {}: copying {} slots' files from shard {holder} failed ({e}); their records are copied one by one instead",
-                        self.nodes.replica(node),
-                        slots.len()
-                    ),
+        // From every shard at once, to every replica at once.
+        let copies = to_ship.iter().flat_map(|(&holder, slots)| {
+            nodes.iter().map(move |&node| async move {
+                match self.ship_slots(node, holder, slots).await {
+                    Ok(records) => records,
+                    Err(e) => {
+                        tracing::warn!(
+                            "shard {shard} replica {}: copying {} slots' files from shard {holder} failed ({e}); their records are copied one by one instead",
+                            self.nodes.replica(node),
+                            slots.len()
+                        );
+                        0
+                    }
                 }
-            }
-        }
+            })
+        });
+        let shipped: u64 = futures::future::join_all(copies).await.into_iter().sum();
         let mut moved = shipped / nodes.len().max(1) as u64;
         if shipped > 0 {
             progress.note_staged(moved, moved);
