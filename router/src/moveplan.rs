@@ -7,11 +7,58 @@
 //! no move, change not made ──► Record ──► (copy) ──► publish ──► Switch ──► no move
 //!                                  ▲ stopped: Copy     ▲ stopped: Switch
 //! ```
-//! The copy is redone from where each node's dataset ends, and a switch from the nodes that
+//! The copy is redone from where each node's slots end, and a switch from the nodes that
 //! have not switched, so running the same command again after a stop anywhere finishes the
-//! move, and running it once more says it is done.
+//! move, and running it once more says it is done. Each copy pass is planned here too
+//! ([`copy_pass`]): from what a shard's nodes hold of each slot they gain, which slots go as
+//! files and which records go one by one.
+
+use std::collections::BTreeMap;
 
 use zr_meta::cluster::{ClusterRecord, MapChange, MapMove, MapRecord};
+use zr_proto::placement::Run;
+
+/// What a shard gaining slots in a copy pass has to do, by the shard holding each slot:
+/// the slots to copy as files, and the records to copy (or cut) one by one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SlotCopy {
+    /// Slots none of whose records its nodes hold yet: copied as files, by holder.
+    pub(crate) files: BTreeMap<u32, Vec<u32>>,
+    /// Per holder, each slot's records from where its nodes got to up to its target (a
+    /// run of none: they hold more than the target, cut back to it).
+    pub(crate) records: BTreeMap<u32, Vec<Run>>,
+}
+
+/// The copy pass for a shard whose nodes hold `have` of each slot they gain (the least
+/// over its nodes), each slot `slot` to reach `target(slot)` records, held now by shard
+/// `holder(slot)`. With `files`, slots none of whose records are there yet go as files
+/// (after which the pass is planned again, from what the files brought); without, every
+/// record goes one by one.
+pub(crate) fn copy_pass(
+    have: &BTreeMap<u32, u64>,
+    target: impl Fn(u32) -> u64,
+    holder: impl Fn(u32) -> u32,
+    files: bool,
+) -> SlotCopy {
+    let mut pass = SlotCopy::default();
+    for (&slot, &least) in have {
+        let target = target(slot);
+        if least == target {
+            continue;
+        }
+        if files && least == 0 {
+            pass.files.entry(holder(slot)).or_default().push(slot);
+            continue;
+        }
+        let at = least.min(target);
+        pass.records.entry(holder(slot)).or_default().push(Run {
+            slot,
+            at,
+            count: target - at,
+        });
+    }
+    pass
+}
 
 /// The next step of a move asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -181,6 +228,50 @@ mod tests {
             Just(Stop::Published),
             Just(Stop::Never),
         ]
+    }
+
+    /// Whatever its nodes hold of each slot, a pass of files then records (or records alone)
+    /// takes every slot to its target exactly: files for the empty slots, the missing
+    /// records after what is held, a cut where more is held; nothing for a slot at its
+    /// target.
+    #[test]
+    fn copy_passes_take_every_slot_to_its_target() {
+        let holder = |slot: u32| slot % 3;
+        let target = |slot: u32| u64::from(slot) * 7 % 20;
+        for files in [true, false] {
+            for seed in 0..50u64 {
+                let have: BTreeMap<u32, u64> = (0..12u32)
+                    .map(|slot| (slot, zr_common::hash::mix2(seed, slot.into()) % 25))
+                    .collect();
+                let mut now = have.clone();
+                let first = copy_pass(&have, target, holder, files);
+                for (&h, slots) in &first.files {
+                    for &slot in slots {
+                        assert!(files && have[&slot] == 0 && holder(slot) == h);
+                        // The files bring what the holder holds: at least the target.
+                        now.insert(slot, target(slot) + seed % 3);
+                    }
+                }
+                // Records are copied by the pass planned once the files are in.
+                let records = if files {
+                    copy_pass(&now, target, holder, false)
+                } else {
+                    first
+                };
+                assert!(records.files.is_empty(), "files once");
+                for (&h, runs) in &records.records {
+                    for run in runs {
+                        assert_eq!(holder(run.slot), h);
+                        let held = now[&run.slot];
+                        assert_eq!(run.at, held.min(target(run.slot)));
+                        now.insert(run.slot, run.at + run.count);
+                    }
+                }
+                for (slot, held) in now {
+                    assert_eq!(held, target(slot), "slot {slot}, seed {seed}");
+                }
+            }
+        }
     }
 
     proptest! {

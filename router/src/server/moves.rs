@@ -670,18 +670,12 @@ impl Router {
         let gained = gained_slots(old, new, shard);
         let nodes: Vec<_> = self.nodes.of_shard(shard).collect();
         let mut have = self.open_stage(&nodes, version, &gained).await?;
+        let target = |slot: u32| new.slot_len(slot, len);
+        let holder = |slot: u32| old.map().owners[slot as usize];
         // Slots none of whose records are here yet: their files, copied node to node from
-        // the shard holding them (the records written since follow below, as records).
-        let mut to_ship: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
-        for (&slot, &least) in &have {
-            if least == 0 && new.slot_len(slot, len) > 0 {
-                to_ship
-                    .entry(old.map().owners[slot as usize])
-                    .or_default()
-                    .push(slot);
-            }
-        }
-        // From every shard at once, to every replica at once.
+        // the shard holding them (the records written since follow below, as records) —
+        // from every shard at once, to every replica at once.
+        let to_ship = moveplan::copy_pass(&have, target, holder, true).files;
         let copies = to_ship.iter().flat_map(|(&holder, slots)| {
             nodes.iter().map(move |&node| async move {
                 match self.ship_slots(node, holder, slots).await {
@@ -705,21 +699,7 @@ impl Router {
         }
         // What is left to copy of each slot, by the shard holding it now: runs from where
         // the nodes got to (a run of none cuts what they built past the length).
-        let mut wanted: std::collections::BTreeMap<u32, Vec<Run>> = Default::default();
-        for (&slot, &least) in &have {
-            let target = new.slot_len(slot, len);
-            if least != target {
-                let at = least.min(target);
-                wanted
-                    .entry(old.map().owners[slot as usize])
-                    .or_default()
-                    .push(Run {
-                        slot,
-                        at,
-                        count: target - at,
-                    });
-            }
-        }
+        let wanted = moveplan::copy_pass(&have, target, holder, false).records;
         let fields = self.field_names();
         let mut stages = 0u64;
         for (holder, runs) in wanted {
