@@ -391,6 +391,10 @@ pub enum NodeRequest {
         offset: u64,
         len: u32,
     },
+    /// Pieces of several files of snapshot `ship` at once, each its file's bytes
+    /// `offset..offset + len` (fewer at its end): how a copy of many small files (a node's
+    /// slots) asks for them. Reply: `Pieces`; body: their bytes back to back.
+    ShipReadMany { ship: u64, pieces: Vec<ShipPiece> },
     /// Lets snapshot `ship` go: its reader is done with it. Reply: `Done`.
     ShipClose { ship: u64 },
     /// Rebuild the message's dataset on this node from the files of its partner, the node
@@ -428,6 +432,7 @@ impl NodeRequest {
             NodeRequest::Switch { .. } => "switch",
             NodeRequest::Identity => "identity",
             NodeRequest::ShipOpen { .. } => "ship-open",
+            NodeRequest::ShipReadMany { .. } => "ship-read-many",
             NodeRequest::ShipRead { .. } => "ship-read",
             NodeRequest::ShipClose { .. } => "ship-close",
             NodeRequest::ShipFrom { .. } => "ship-from",
@@ -640,6 +645,16 @@ impl Request for NodeMessage {
             NodeRequest::ShipRead { len, .. } if *len as usize > SHIP_PIECE_MAX => Err(
                 Error::Malformed(format!("a piece of {len} bytes (at most {SHIP_PIECE_MAX})")),
             ),
+            NodeRequest::ShipReadMany { pieces, .. } => {
+                let sum: u64 = pieces.iter().map(|p| u64::from(p.len)).sum();
+                if sum > SHIP_PIECE_MAX as u64 || pieces.len() > SHIP_PIECES_MAX {
+                    return Err(Error::Malformed(format!(
+                        "{} pieces of {sum} bytes at once (at most {SHIP_PIECES_MAX} of {SHIP_PIECE_MAX})",
+                        pieces.len()
+                    )));
+                }
+                expect_empty(body)
+            }
             NodeRequest::ShipFrom { addr, .. } if addr.len() > ADDR_BYTES_MAX => Err(
                 Error::Malformed(format!("an address of {} bytes", addr.len())),
             ),
@@ -810,6 +825,11 @@ pub enum Reply {
     Piece {
         crc: u32,
     },
+    /// Pieces of a snapshot's files (see `NodeRequest::ShipReadMany`): each one's length and
+    /// CRC32; body: their bytes back to back.
+    Pieces {
+        pieces: Vec<PieceSent>,
+    },
     /// How far a rebuild by files got (see `NodeRequest::ShipFrom`).
     Shipping(ShipStatus),
 }
@@ -823,6 +843,24 @@ pub struct DataMark {
     pub instance: u64,
     pub rewrites: u64,
 }
+
+/// A piece of a snapshot's file asked for (see `NodeRequest::ShipReadMany`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShipPiece {
+    pub file: u32,
+    pub offset: u64,
+    pub len: u32,
+}
+
+/// A piece of a snapshot's file sent: its length and CRC32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PieceSent {
+    pub len: u32,
+    pub crc: u32,
+}
+
+/// Most pieces one `ShipReadMany` asks for.
+pub const SHIP_PIECES_MAX: usize = 4096;
 
 /// A file of a dataset snapshot: its path inside the dataset directory and its length.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -1160,6 +1198,15 @@ fn check_reply(reply: &Reply, body: usize) -> Result<(), Error> {
         Reply::Piece { .. } => Err(Error::Malformed(format!(
             "a piece of {body} bytes (at most {SHIP_PIECE_MAX})"
         ))),
+        Reply::Pieces { pieces } => {
+            let sum: u64 = pieces.iter().map(|p| u64::from(p.len)).sum();
+            if sum != body as u64 || body > SHIP_PIECE_MAX {
+                return Err(Error::Malformed(format!(
+                    "pieces of {sum} bytes in a body of {body} (at most {SHIP_PIECE_MAX})"
+                )));
+            }
+            Ok(())
+        }
         _ => expect_empty(body),
     }
 }

@@ -72,6 +72,7 @@ impl Sender {
                 request,
                 NodeRequest::ShipOpen { .. }
                     | NodeRequest::ShipRead { .. }
+                    | NodeRequest::ShipReadMany { .. }
                     | NodeRequest::ShipClose { .. }
             ),
             (Sender::Client(_), request) => matches!(request, NodeRequest::Gather { .. }),
@@ -875,6 +876,10 @@ fn execute(
         } => {
             let (reply, bytes) = node()?.ships.read(ship, file, offset, len)?;
             Ok((reply, vec![bytes]))
+        }
+        NodeRequest::ShipReadMany { ship, pieces } => {
+            let (reply, bytes) = node()?.ships.read_many(ship, &pieces)?;
+            Ok((reply, bytes))
         }
         NodeRequest::ShipClose { ship } => {
             node()?.ships.close(ship);

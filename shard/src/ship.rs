@@ -26,7 +26,8 @@ use zr_net as net;
 use zr_node::ship::{target_path, Snapshot};
 use zr_node::{Error, IoContext, Store};
 use zr_proto::wire::{
-    self, NodeMessage, NodeRequest, Reply, ShipFile, ShipStatus, Target, SHIP_PIECE_MAX,
+    self, NodeMessage, NodeRequest, Reply, ShipFile, ShipStatus, Target, SHIP_PIECES_MAX,
+    SHIP_PIECE_MAX,
 };
 
 use crate::stage::Shard;
@@ -168,14 +169,53 @@ impl Ships {
         offset: u64,
         len: u32,
     ) -> Result<(Reply, bytes::Bytes)> {
-        let snapshot = lock(&self.open)
+        let snapshot = self.snapshot(ship)?;
+        let (crc, bytes) = Self::piece_of(&snapshot, ship, file, offset, len)?;
+        Ok((Reply::Piece { crc }, bytes))
+    }
+
+    /// `ShipReadMany`: pieces of files of an open snapshot, with their lengths and CRC32s.
+    pub fn read_many(
+        &self,
+        ship: u64,
+        pieces: &[wire::ShipPiece],
+    ) -> Result<(Reply, Vec<bytes::Bytes>)> {
+        let snapshot = self.snapshot(ship)?;
+        let mut sent = Vec::with_capacity(pieces.len());
+        let mut body = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let (crc, bytes) =
+                Self::piece_of(&snapshot, ship, piece.file, piece.offset, piece.len)?;
+            sent.push(wire::PieceSent {
+                len: bytes.len() as u32,
+                crc,
+            });
+            body.push(bytes);
+        }
+        Ok((Reply::Pieces { pieces: sent }, body))
+    }
+
+    /// Open snapshot `ship`, marked as used now.
+    fn snapshot(&self, ship: u64) -> Result<Arc<Snapshot>> {
+        lock(&self.open)
             .iter_mut()
             .find(|(id, _, _)| *id == ship)
             .map(|(_, s, used)| {
                 *used = tokio::time::Instant::now();
                 Arc::clone(s)
             })
-            .ok_or(ShipError::NoSnapshot(ship))?;
+            .ok_or(ShipError::NoSnapshot(ship))
+    }
+
+    /// Bytes `offset..offset + len` of file `file` of `snapshot` (`ship`), and their CRC32
+    /// (damaged after it is taken if a test asked for it).
+    fn piece_of(
+        snapshot: &Snapshot,
+        ship: u64,
+        file: u32,
+        offset: u64,
+        len: u32,
+    ) -> Result<(u32, bytes::Bytes)> {
         let file = snapshot
             .files
             .get(file as usize)
@@ -190,10 +230,10 @@ impl Ships {
             if let Some(byte) = bytes.last_mut() {
                 *byte ^= 0x5a;
             }
-            return Ok((Reply::Piece { crc }, bytes::Bytes::from(bytes)));
+            return Ok((crc, bytes::Bytes::from(bytes)));
         }
         // Sent from where it lies (a chunk's mapping): no copy.
-        Ok((Reply::Piece { crc }, bytes::Bytes::from_owner(piece)))
+        Ok((crc, bytes::Bytes::from_owner(piece)))
     }
 
     /// `ShipClose`: lets snapshot `ship` go (nothing if it is gone already).
@@ -526,34 +566,128 @@ impl Partner<'_> {
                 pieces.push((k, offset, len));
             }
         }
-        let mut pieces = pieces.into_iter();
+        // Pieces of many small files (a node's slots) asked for together, up to a piece's
+        // size each time: one request per file would cost more than its bytes.
+        let mut groups: Vec<Vec<(usize, u64, u32)>> = Vec::new();
+        let mut room = 0u64;
+        for piece in pieces {
+            if u64::from(piece.2) > room
+                || groups.last().is_some_and(|g| g.len() >= SHIP_PIECES_MAX)
+            {
+                groups.push(Vec::new());
+                room = u64::from(PIECE_BYTES);
+            }
+            room -= u64::from(piece.2);
+            if let Some(group) = groups.last_mut() {
+                group.push(piece);
+            }
+        }
+        let mut groups = groups.into_iter();
         let mut arriving = futures::stream::FuturesUnordered::new();
         loop {
             while arriving.len() < PIECES_IN_FLIGHT {
-                let Some((k, offset, len)) = pieces.next() else {
+                let Some(group) = groups.next() else {
                     break;
                 };
-                let name = files[k].name.as_str();
                 arriving.push(async move {
-                    let piece = self.piece(ship, k as u32, offset, len, name).await;
-                    (k, offset, piece)
+                    let arrived = match group[..] {
+                        [(k, offset, len)] => self
+                            .piece(ship, k as u32, offset, len, &files[k].name)
+                            .await
+                            .map(|piece| vec![piece.to_vec()]),
+                        _ => self.pieces(ship, &group, files).await,
+                    };
+                    (group, arrived)
                 });
             }
-            let Some((k, offset, piece)) = arriving.next().await else {
+            let Some((group, arrived)) = arriving.next().await else {
                 break;
             };
-            let (out, path) = &outs[k];
-            let mut at = offset;
-            for part in piece?.parts() {
-                zr_node::disk::write_at(out, path, part, at).ctx("write", path)?;
-                at += part.len() as u64;
+            for (&(k, offset, _), bytes) in group.iter().zip(arrived?) {
+                let (out, path) = &outs[k];
+                zr_node::disk::write_at(out, path, &bytes, offset).ctx("write", path)?;
+                start_writeback(out, offset, bytes.len() as u64);
+                lock(&self.fetch.status).bytes += bytes.len() as u64;
             }
-            start_writeback(out, offset, at - offset);
-            lock(&self.fetch.status).bytes += at - offset;
         }
         let syncing = tokio::time::Instant::now();
         sync_files(outs).await?;
         Ok(syncing.elapsed())
+    }
+
+    /// The pieces `group` — (file, offset, length) — asked for at once, each checked
+    /// against its CRC32 (all asked for again if one fails).
+    async fn pieces(
+        &self,
+        ship: u64,
+        group: &[(usize, u64, u32)],
+        files: &[ShipFile],
+    ) -> Result<Vec<Vec<u8>>> {
+        let asked: Vec<wire::ShipPiece> = group
+            .iter()
+            .map(|&(k, offset, len)| wire::ShipPiece {
+                file: k as u32,
+                offset,
+                len,
+            })
+            .collect();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let request = NodeRequest::ShipReadMany {
+                ship,
+                pieces: asked.clone(),
+            };
+            let (reply, body) = self.call(request).await?;
+            let Reply::Pieces { pieces } = reply else {
+                return Err(self.fetch.unexpected(&reply));
+            };
+            let body = body.to_vec();
+            let mut out = Vec::with_capacity(group.len());
+            let mut at = 0usize;
+            let mut why = None;
+            for (k, (sent, &(file, offset, len))) in pieces.iter().zip(group).enumerate() {
+                let bytes = body.get(at..at + sent.len as usize).unwrap_or_default();
+                at += sent.len as usize;
+                if sent.len != len {
+                    why = Some((
+                        k,
+                        file,
+                        offset,
+                        format!("{} bytes arrived of {len}", sent.len),
+                    ));
+                } else if crc32fast::hash(bytes) != sent.crc {
+                    why = Some((k, file, offset, "its CRC32 does not match".to_string()));
+                }
+                if why.is_some() {
+                    break;
+                }
+                out.push(bytes.to_vec());
+            }
+            if why.is_none() && pieces.len() != group.len() {
+                why = Some((
+                    0,
+                    group[0].0,
+                    group[0].1,
+                    format!("{} pieces arrived of {}", pieces.len(), group.len()),
+                ));
+            }
+            let Some((_, file, offset, why)) = why else {
+                return Ok(out);
+            };
+            let name = &files[file].name;
+            if tries >= PIECE_TRIES {
+                return Err(self
+                    .fetch
+                    .failed(format!("{name} bytes from {offset}: {why}, {tries} times")));
+            }
+            ASKED_AGAIN.fetch_add(1, Ordering::SeqCst);
+            metrics::counter!("zr_node_ship_pieces_asked_again_total").increment(1);
+            tracing::warn!(
+                "{name} bytes from {offset} from {}: {why}; asking again",
+                self.fetch.partner
+            );
+        }
     }
 
     /// Piece `offset..offset + len` of file `k`, checked against its CRC32.
@@ -664,6 +798,15 @@ impl Piece {
 
     fn len(&self) -> usize {
         self.parts().map(<[u8]>::len).sum()
+    }
+
+    /// Its bytes, in one piece.
+    fn to_vec(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(self.len());
+        for part in self.parts() {
+            bytes.extend_from_slice(part);
+        }
+        bytes
     }
 
     fn crc(&self) -> u32 {
