@@ -75,35 +75,34 @@ impl Mapped {
 
     /// The file's descriptor, for reads through the page cache.
     pub(crate) fn fd(&self) -> Result<RawFd> {
-        let opened = self
-            .file
-            .get_or_init(|| File::open(&self.path).map_err(std::sync::Arc::new));
-        match opened {
-            Ok(file) => Ok(file.as_raw_fd()),
-            Err(e) => Err(crate::Error::Io {
-                op: "open",
-                path: self.path.clone(),
-                source: std::io::Error::new(e.kind(), std::sync::Arc::clone(e)),
-            }),
-        }
+        self.opened(&self.file, "open", || File::open(&self.path))
     }
 
     /// A descriptor of the file opened with `O_DIRECT` (reads that bypass the page cache and
     /// must be aligned to [`PAGE_BYTES`]); an error naming the file where the file system
     /// refuses it.
     pub(crate) fn uncached_fd(&self) -> Result<RawFd> {
-        let opened = self.uncached.get_or_init(|| {
+        self.opened(&self.uncached, "open with O_DIRECT", || {
             use std::os::unix::fs::OpenOptionsExt;
             std::fs::OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_DIRECT)
                 .open(&self.path)
-                .map_err(std::sync::Arc::new)
-        });
-        match opened {
+        })
+    }
+
+    /// The descriptor of the file `slot` keeps, opened by `open` on first use; a failure to
+    /// open is kept too, and named (`op`, the path) each time.
+    fn opened(
+        &self,
+        slot: &OnceLock<std::result::Result<File, std::sync::Arc<std::io::Error>>>,
+        op: &'static str,
+        open: impl FnOnce() -> std::io::Result<File>,
+    ) -> Result<RawFd> {
+        match slot.get_or_init(|| open().map_err(std::sync::Arc::new)) {
             Ok(file) => Ok(file.as_raw_fd()),
             Err(e) => Err(crate::Error::Io {
-                op: "open with O_DIRECT",
+                op,
                 path: self.path.clone(),
                 source: std::io::Error::new(e.kind(), std::sync::Arc::clone(e)),
             }),

@@ -208,16 +208,6 @@ impl Identity {
         self.lock().slotted
     }
 
-    /// Records that the data keeps each slot as a unit of its own (it was converted).
-    pub fn mark_slotted(&self) -> Result<()> {
-        let mut kept = self.lock();
-        let mut next = kept.clone();
-        next.slotted = true;
-        self.keep(&next)?;
-        *kept = next;
-        Ok(())
-    }
-
     /// The slots a move is building here, if any.
     pub fn staged(&self) -> Option<StagedSlots> {
         self.lock().staged.clone()
@@ -276,11 +266,13 @@ impl Identity {
         Ok(())
     }
 
-    /// Keeps this identity, at map `version`, in the dataset directory `dir` (built for that
-    /// map, and about to take this one's place).
+    /// Keeps this identity, at map `version`, in the dataset directory `dir` (built by this
+    /// build for that map — so in its layout, one unit per slot — and about to take this
+    /// one's place).
     pub fn copy_to(&self, dir: &Path, version: u64) -> Result<()> {
         let mut kept = self.lock().clone();
         kept.map_version = Some(version);
+        kept.slotted = true;
         let copy = Identity {
             path: Some(dir.join(IDENTITY_FILE)),
             kept: Mutex::new(kept.clone()),

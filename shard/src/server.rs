@@ -682,16 +682,7 @@ fn execute(
         })
     };
     let fail = Refusal::Store;
-    let served_len = || {
-        let building: u64 = coordination
-            .identity
-            .staged()
-            .iter()
-            .flat_map(|s| &s.slots)
-            .filter_map(|&slot| store.unit_len(slot))
-            .sum();
-        store.len() - building
-    };
+    let served_len = || crate::stage::served_len(store, coordination);
     let info = || {
         let fields = store.fields().iter().map(field_info).collect();
         Ok((

@@ -590,24 +590,22 @@ impl Partner<'_> {
                     break;
                 };
                 arriving.push(async move {
-                    let arrived = match group[..] {
-                        [(k, offset, len)] => self
-                            .piece(ship, k as u32, offset, len, &files[k].name)
-                            .await
-                            .map(|piece| vec![piece.to_vec()]),
-                        _ => self.pieces(ship, &group, files).await,
-                    };
+                    let arrived = self.pieces(ship, &group, files).await;
                     (group, arrived)
                 });
             }
             let Some((group, arrived)) = arriving.next().await else {
                 break;
             };
-            for (&(k, offset, _), bytes) in group.iter().zip(arrived?) {
+            let arrived = arrived?;
+            let mut at = 0;
+            for &(k, offset, len) in &group {
+                let bytes = &arrived[at..at + len as usize];
+                at += len as usize;
                 let (out, path) = &outs[k];
-                zr_node::disk::write_at(out, path, &bytes, offset).ctx("write", path)?;
-                start_writeback(out, offset, bytes.len() as u64);
-                lock(&self.fetch.status).bytes += bytes.len() as u64;
+                zr_node::disk::write_at(out, path, bytes, offset).ctx("write", path)?;
+                start_writeback(out, offset, u64::from(len));
+                lock(&self.fetch.status).bytes += u64::from(len);
             }
         }
         let syncing = tokio::time::Instant::now();
@@ -616,13 +614,13 @@ impl Partner<'_> {
     }
 
     /// The pieces `group` — (file, offset, length) — asked for at once, each checked
-    /// against its CRC32 (all asked for again if one fails).
+    /// against its CRC32 (all asked for again if one fails): their bytes back to back.
     async fn pieces(
         &self,
         ship: u64,
         group: &[(usize, u64, u32)],
         files: &[ShipFile],
-    ) -> Result<Vec<Vec<u8>>> {
+    ) -> Result<Vec<u8>> {
         let asked: Vec<wire::ShipPiece> = group
             .iter()
             .map(|&(k, offset, len)| wire::ShipPiece {
@@ -643,37 +641,29 @@ impl Partner<'_> {
                 return Err(self.fetch.unexpected(&reply));
             };
             let body = body.to_vec();
-            let mut out = Vec::with_capacity(group.len());
+            let mut why = (pieces.len() != group.len()).then(|| {
+                let (file, offset, _) = group[0];
+                (
+                    file,
+                    offset,
+                    format!("{} pieces arrived of {}", pieces.len(), group.len()),
+                )
+            });
             let mut at = 0usize;
-            let mut why = None;
-            for (k, (sent, &(file, offset, len))) in pieces.iter().zip(group).enumerate() {
-                let bytes = body.get(at..at + sent.len as usize).unwrap_or_default();
-                at += sent.len as usize;
-                if sent.len != len {
-                    why = Some((
-                        k,
-                        file,
-                        offset,
-                        format!("{} bytes arrived of {len}", sent.len),
-                    ));
-                } else if crc32fast::hash(bytes) != sent.crc {
-                    why = Some((k, file, offset, "its CRC32 does not match".to_string()));
-                }
+            for (sent, &(file, offset, len)) in pieces.iter().zip(group) {
                 if why.is_some() {
                     break;
                 }
-                out.push(bytes.to_vec());
+                let bytes = body.get(at..at + sent.len as usize).unwrap_or_default();
+                at += sent.len as usize;
+                if sent.len != len {
+                    why = Some((file, offset, format!("{} bytes arrived of {len}", sent.len)));
+                } else if crc32fast::hash(bytes) != sent.crc {
+                    why = Some((file, offset, "its CRC32 does not match".to_string()));
+                }
             }
-            if why.is_none() && pieces.len() != group.len() {
-                why = Some((
-                    0,
-                    group[0].0,
-                    group[0].1,
-                    format!("{} pieces arrived of {}", pieces.len(), group.len()),
-                ));
-            }
-            let Some((_, file, offset, why)) = why else {
-                return Ok(out);
+            let Some((file, offset, why)) = why else {
+                return Ok(body);
             };
             let name = &files[file].name;
             if tries >= PIECE_TRIES {
@@ -685,45 +675,6 @@ impl Partner<'_> {
             metrics::counter!("zr_node_ship_pieces_asked_again_total").increment(1);
             tracing::warn!(
                 "{name} bytes from {offset} from {}: {why}; asking again",
-                self.fetch.partner
-            );
-        }
-    }
-
-    /// Piece `offset..offset + len` of file `k`, checked against its CRC32.
-    async fn piece(&self, ship: u64, k: u32, offset: u64, len: u32, name: &str) -> Result<Piece> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let request = NodeRequest::ShipRead {
-                ship,
-                file: k,
-                offset,
-                len,
-            };
-            let (reply, piece) = self.call(request).await?;
-            let Reply::Piece { crc } = reply else {
-                return Err(self.fetch.unexpected(&reply));
-            };
-            let arrived = piece.len();
-            let why = if arrived != len as usize {
-                format!("{arrived} bytes arrived of {len}")
-            } else if piece.crc() != crc {
-                "its CRC32 does not match".to_string()
-            } else {
-                return Ok(piece);
-            };
-            if tries >= PIECE_TRIES {
-                return Err(self.fetch.failed(format!(
-                    "{name} bytes {offset}..{}: {why}, {tries} times",
-                    offset + u64::from(len)
-                )));
-            }
-            ASKED_AGAIN.fetch_add(1, Ordering::SeqCst);
-            metrics::counter!("zr_node_ship_pieces_asked_again_total").increment(1);
-            tracing::warn!(
-                "{name} bytes {offset}..{} from {}: {why}; asking again",
-                offset + u64::from(len),
                 self.fetch.partner
             );
         }
@@ -807,14 +758,6 @@ impl Piece {
             bytes.extend_from_slice(part);
         }
         bytes
-    }
-
-    fn crc(&self) -> u32 {
-        let mut hasher = crc32fast::Hasher::new();
-        for part in self.parts() {
-            hasher.update(part);
-        }
-        hasher.finalize()
     }
 }
 

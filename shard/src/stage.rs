@@ -34,17 +34,16 @@ pub struct Serving {
     pub coordination: Coordination,
 }
 
-impl Serving {
-    /// The records the node serves: every slot's but those a move is building.
-    pub fn served_len(&self) -> u64 {
-        let staged = self.coordination.identity.staged();
-        let building: u64 = staged
-            .iter()
-            .flat_map(|s| &s.slots)
-            .filter_map(|&slot| self.store.unit_len(slot))
-            .sum();
-        self.store.len() - building
-    }
+/// The records a node serves of `store`: every slot's but those a move is building.
+pub fn served_len(store: &Store, coordination: &Coordination) -> u64 {
+    let building: u64 = coordination
+        .identity
+        .staged()
+        .iter()
+        .flat_map(|s| &s.slots)
+        .filter_map(|&slot| store.unit_len(slot))
+        .sum();
+    store.len() - building
 }
 
 /// A node's data, and the changes a move makes to which slots it holds (see the module
@@ -336,29 +335,7 @@ impl Shard {
     /// serves it; the one it replaces is removed.
     fn swap_in(&self, serving: &Serving, path: &Path, version: u64) -> Result<()> {
         let dir = serving.store.dir().to_path_buf();
-        let identity = &serving.coordination.identity;
-        // The identity, fence and name that go with the data, the named datasets that live
-        // inside the default one's directory (each is rebuilt on its own), then the swap. A
-        // crash between the two renames leaves the named datasets in the built directory,
-        // where the node finds them when it starts (`catalog::recover_named`).
-        identity.copy_to(path, version)?;
-        serving.coordination.fence.copy_to(path)?;
-        let kept = dir.join(crate::catalog::DATASET_FILE);
-        if kept.exists() {
-            let bytes = std::fs::read(&kept).ctx("read", &kept)?;
-            zr_node::meta::write_atomically(path, crate::catalog::DATASET_FILE, &bytes)?;
-        }
-        let named = dir.join(crate::catalog::DATASETS_DIR);
-        if named.exists() {
-            let carried = path.join(crate::catalog::DATASETS_DIR);
-            disk::rename(&named, &carried).ctx("carry the named datasets along", &named)?;
-            sync_dir(&dir)?;
-            sync_dir(path)?;
-        }
-        disk::exchange(path, &dir).ctx("swap in the rebuilt dataset", &dir)?;
-        if let Some(parent) = dir.parent() {
-            sync_dir(parent)?;
-        }
+        swap_dirs(&dir, path, &serving.coordination, version)?;
         let store = Store::open_with(&dir, self.runtime)?
             .with_gather_options(serving.store.gather_options());
         let coordination = Coordination::open_as(&dir, serving.coordination.incarnation)?;
@@ -369,6 +346,39 @@ impl Shard {
         disk::remove_tree(path).ctx("remove the dataset swapped out", path)?;
         Ok(())
     }
+}
+
+/// Swaps the dataset built in `built` in for the one at `dir` (whose identity and fence are
+/// `coordination`), as the data of map `version`: the identity, fence and name that go with
+/// the data, the named datasets that live inside the default one's directory (each is
+/// swapped on its own), then one directory exchange; the one swapped out is left in
+/// `built`. A crash between carrying the named datasets and the exchange leaves them in
+/// `built`, where the node finds them when it starts (`catalog::recover_named`, `upgrade`).
+pub(crate) fn swap_dirs(
+    dir: &Path,
+    built: &Path,
+    coordination: &Coordination,
+    version: u64,
+) -> Result<()> {
+    coordination.identity.copy_to(built, version)?;
+    coordination.fence.copy_to(built)?;
+    let kept = dir.join(crate::catalog::DATASET_FILE);
+    if kept.exists() {
+        let bytes = std::fs::read(&kept).ctx("read", &kept)?;
+        zr_node::meta::write_atomically(built, crate::catalog::DATASET_FILE, &bytes)?;
+    }
+    let named = dir.join(crate::catalog::DATASETS_DIR);
+    if named.exists() {
+        let carried = built.join(crate::catalog::DATASETS_DIR);
+        disk::rename(&named, &carried).ctx("carry the named datasets along", &named)?;
+        sync_dir(dir)?;
+        sync_dir(built)?;
+    }
+    disk::exchange(built, dir).ctx("swap in the dataset built", dir)?;
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -408,6 +418,12 @@ mod tests {
         (0..all.len())
             .map(|k| column.get(k).unwrap_or_default().to_vec())
             .collect()
+    }
+
+    /// The records `shard` serves.
+    fn served(shard: &Shard) -> u64 {
+        let serving = shard.serving();
+        served_len(&serving.store, &serving.coordination)
     }
 
     /// Stages `records` into slot `slot` from `at` on: one run.
@@ -453,7 +469,7 @@ mod tests {
         let e = stage_one(&shard, 2, 5, 7, &[], false).unwrap_err();
         assert!(e.to_string().contains("holds only 2"), "{e}");
         // Built while the node serves its own slots, uncounted.
-        assert_eq!(shard.serving().served_len(), 3);
+        assert_eq!(served(&shard), 3);
         assert_eq!(rows(&shard, 3), [b"a0".to_vec(), b"a1".into()]);
         let e = shard.open_stage(2, &[3]).unwrap_err();
         assert!(e.to_string().contains("holds already"), "{e}");
@@ -466,7 +482,7 @@ mod tests {
         );
         shard.switch(2, &[(3, 2), (5, 2)]).expect("switch");
         assert_eq!(shard.serving().store.units(), [(3, 2), (5, 2)]);
-        assert_eq!(shard.serving().served_len(), 4);
+        assert_eq!(served(&shard), 4);
         assert_eq!(rows(&shard, 5), [b"g0".to_vec(), b"g1".into()]);
         assert_eq!(shard.serving().coordination.identity.map_version(), Some(2));
         shard.switch(2, &[(3, 2), (5, 2)]).expect("done already");

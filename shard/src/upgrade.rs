@@ -96,7 +96,7 @@ pub fn convert(
             "converting {} ({len} records) to one unit per slot",
             path.display()
         );
-        converted += convert_dataset(&path, shard, placement, runtime, path == dir)?;
+        converted += convert_dataset(&path, shard, placement, runtime)?;
     }
     Ok(converted)
 }
@@ -110,13 +110,12 @@ fn scratch_of(dir: &Path) -> Result<PathBuf> {
     Ok(dir.with_file_name(format!(".{}.slotted", name.to_string_lossy())))
 }
 
-/// Converts the dataset at `dir`; with `carry`, the named datasets inside it go along.
+/// Converts the dataset at `dir` (the default one carries the named ones inside it along).
 fn convert_dataset(
     dir: &Path,
     shard: u32,
     placement: &Placement,
     runtime: RuntimeOptions,
-    carry: bool,
 ) -> Result<u64> {
     let old = Store::open_with(dir, runtime)?;
     let meta = Meta::load(dir)?;
@@ -177,33 +176,15 @@ fn convert_dataset(
     }
     new.commit()?;
     drop(new);
-    // The identity (marked converted), fence and name that go with the data, the named
-    // datasets inside it, then the swap.
+    // Swapped in with its identity (which says it is in this build's layout from then on),
+    // fence and name, the default dataset carrying the named ones along.
+    drop(old);
     let coordination = Coordination::open(dir)?;
     let version = coordination
         .identity
         .map_version()
         .unwrap_or(placement.version());
-    coordination.identity.copy_to(&scratch, version)?;
-    Identity::open(&scratch)?.mark_slotted()?;
-    coordination.fence.copy_to(&scratch)?;
-    let kept = dir.join(crate::catalog::DATASET_FILE);
-    if kept.exists() {
-        let bytes = std::fs::read(&kept).ctx("read", &kept)?;
-        zr_node::meta::write_atomically(&scratch, crate::catalog::DATASET_FILE, &bytes)?;
-    }
-    let named = dir.join(crate::catalog::DATASETS_DIR);
-    if carry && named.exists() {
-        let carried = scratch.join(crate::catalog::DATASETS_DIR);
-        disk::rename(&named, &carried).ctx("carry the named datasets along", &named)?;
-        sync_dir(dir)?;
-        sync_dir(&scratch)?;
-    }
-    drop(old);
-    disk::exchange(&scratch, dir).ctx("swap in the converted dataset", dir)?;
-    if let Some(parent) = dir.parent() {
-        sync_dir(parent)?;
-    }
+    crate::stage::swap_dirs(dir, &scratch, &coordination, version)?;
     disk::remove_tree(&scratch).ctx("remove the dataset converted", &scratch)?;
     Ok(len)
 }
