@@ -403,6 +403,15 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
     )
 }
 
+/// [`remove_tree`], where a tree already gone (or being removed by another thread, as a
+/// dropped unit's files are while a store reopens) is not an error.
+pub fn remove_tree_if_present(path: &Path) -> io::Result<()> {
+    match remove_tree(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
 /// `fsync` of the directory `dir`: its name changes so far are durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     let recorder = recorder(dir);

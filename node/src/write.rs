@@ -28,7 +28,7 @@ fn remove_in_background(trash: std::path::PathBuf) {
     let _ = std::thread::Builder::new()
         .name("zr-drop".into())
         .spawn(move || {
-            if let Err(e) = crate::disk::remove_tree(&trash) {
+            if let Err(e) = crate::disk::remove_tree_if_present(&trash) {
                 tracing::warn!(
                     "removing {}: {e} (removed at the next open)",
                     trash.display()

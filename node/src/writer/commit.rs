@@ -85,7 +85,7 @@ impl Shared {
                 .starts_with(crate::write::TRASH_PREFIX)
             {
                 let path = entry.path();
-                disk::remove_tree(&path).ctx("remove dropped units", &path)?;
+                disk::remove_tree_if_present(&path).ctx("remove dropped units", &path)?;
             }
         }
         Ok(())
