@@ -35,8 +35,24 @@ pub enum Source {
     /// Read when the snapshot was taken.
     Bytes(Arc<[u8]>),
     /// The first `len` bytes of a file, which do not change while the snapshot lives (a
-    /// chunk's committed bytes; an offset table's committed entries).
-    File { path: PathBuf, len: u64 },
+    /// chunk's committed bytes; an offset table's committed entries), mapped read-only at
+    /// the first piece asked of them (`map`, shared by the snapshot's clones).
+    File {
+        path: PathBuf,
+        len: u64,
+        map: Arc<std::sync::OnceLock<Arc<memmap2::Mmap>>>,
+    },
+}
+
+impl Source {
+    /// The first `len` bytes of the file at `path`.
+    pub fn file(path: PathBuf, len: u64) -> Source {
+        Source::File {
+            path,
+            len,
+            map: Arc::default(),
+        }
+    }
 }
 
 impl SnapshotFile {
@@ -65,28 +81,26 @@ impl SnapshotFile {
                 Arc::clone(bytes),
                 offset as usize..end as usize,
             )),
-            Source::File { path, .. } => {
-                let file = std::fs::File::open(path).ctx("open", path)?;
-                // The mapping starts on a page; the piece within it.
-                let page = crate::map::PAGE_BYTES;
-                let start = offset - offset % page;
-                // SAFETY: the bytes mapped do not change while the snapshot lives (a chunk's
-                // committed bytes never do; an offset table's committed entries are not
-                // written in place while it holds the dataset's lock shared), and the
-                // mapping is read-only; a file truncated by another process meanwhile would
-                // fault, as with any mapped reader.
-                let map = unsafe {
-                    memmap2::MmapOptions::new()
-                        .offset(start)
-                        .len((end - start) as usize)
-                        .populate()
-                        .map(&file)
-                }
-                .ctx("mmap", path)?;
-                Ok(Piece::Mapped(
-                    map,
-                    (offset - start) as usize..(end - start) as usize,
-                ))
+            Source::File { path, len, map } => {
+                let map = match map.get() {
+                    Some(map) => Arc::clone(map),
+                    None => {
+                        let file = std::fs::File::open(path).ctx("open", path)?;
+                        // SAFETY: the bytes mapped do not change while the snapshot lives
+                        // (a chunk's committed bytes never do; an offset table's committed
+                        // entries are not written in place while it holds the dataset's lock
+                        // shared), and the mapping is read-only; a file truncated by another
+                        // process meanwhile would fault, as with any mapped reader.
+                        let mapped =
+                            unsafe { memmap2::MmapOptions::new().len(*len as usize).map(&file) }
+                                .ctx("mmap", path)?;
+                        // Read through once, in order: the kernel reads ahead.
+                        let _ = mapped.advise(memmap2::Advice::Sequential);
+                        // Two threads mapping it at once: the first mapping stays.
+                        Arc::clone(map.get_or_init(|| Arc::new(mapped)))
+                    }
+                };
+                Ok(Piece::Mapped(map, offset as usize..end as usize))
             }
         }
     }
@@ -112,7 +126,7 @@ impl SnapshotFile {
 /// Bytes of a snapshot file, where they are (see [`SnapshotFile::piece`]).
 pub enum Piece {
     Bytes(Arc<[u8]>, std::ops::Range<usize>),
-    Mapped(memmap2::Mmap, std::ops::Range<usize>),
+    Mapped(Arc<memmap2::Mmap>, std::ops::Range<usize>),
 }
 
 impl AsRef<[u8]> for Piece {
@@ -228,10 +242,10 @@ impl Store {
                 };
                 files.push(SnapshotFile {
                     name,
-                    source: Source::File {
-                        path: offset_path(&dir, unit.id, &field.name),
-                        len: unit.length * ENTRY_BYTES,
-                    },
+                    source: Source::file(
+                        offset_path(&dir, unit.id, &field.name),
+                        unit.length * ENTRY_BYTES,
+                    ),
                 });
             }
         }
@@ -248,10 +262,7 @@ impl Store {
         for chunk in meta.chunks.iter().filter(|c| shipped(chunk_unit(c.id))) {
             files.push(SnapshotFile {
                 name: format!("{}/{}.zr", crate::view::CHUNK_DIR, chunk.id),
-                source: Source::File {
-                    path: crate::view::chunk_path(&dir, chunk.id),
-                    len: chunk.bytes,
-                },
+                source: Source::file(crate::view::chunk_path(&dir, chunk.id), chunk.bytes),
             });
         }
         drop(no_commit);

@@ -542,7 +542,8 @@ impl Partner<'_> {
 
     /// Copies the snapshot's `files` into `building`: every piece of every file asked for
     /// in turn, several at once, each checked against its CRC32 (and asked for again if it
-    /// fails) and written where it goes as it arrives; then each file made durable (how long
+    /// fails) and handed to a writer thread as it arrives, which writes it where it goes
+    /// (the async threads keep receiving meanwhile); then each file made durable (how long
     /// that took is returned).
     async fn copy_all(
         &self,
@@ -550,15 +551,6 @@ impl Partner<'_> {
         files: &[ShipFile],
         building: &Path,
     ) -> Result<std::time::Duration> {
-        let mut outs = Vec::with_capacity(files.len());
-        for file in files {
-            let path = target_path(building, &file.name)?;
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).ctx("create", parent)?;
-            }
-            let out = std::fs::File::create(&path).ctx("create", &path)?;
-            outs.push((out, path));
-        }
         let mut pieces = Vec::new();
         for (k, file) in files.iter().enumerate() {
             for offset in (0..file.len).step_by(PIECE_BYTES as usize) {
@@ -568,7 +560,7 @@ impl Partner<'_> {
         }
         // Pieces of many small files (a node's slots) asked for together, up to a piece's
         // size each time: one request per file would cost more than its bytes.
-        let mut groups: Vec<Vec<(usize, u64, u32)>> = Vec::new();
+        let mut groups: Vec<Group> = Vec::new();
         let mut room = 0u64;
         for piece in pieces {
             if u64::from(piece.2) > room
@@ -582,32 +574,42 @@ impl Partner<'_> {
                 group.push(piece);
             }
         }
+        let (arrived_tx, arrived_rx) = tokio::sync::mpsc::channel(PIECES_IN_FLIGHT);
+        let names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
+        let writer = Writer {
+            building: building.to_path_buf(),
+            status: Arc::clone(&self.fetch.status),
+        };
+        let writing = tokio::task::spawn_blocking(move || writer.run(&names, arrived_rx));
         let mut groups = groups.into_iter();
         let mut arriving = futures::stream::FuturesUnordered::new();
-        loop {
-            while arriving.len() < PIECES_IN_FLIGHT {
-                let Some(group) = groups.next() else {
-                    break;
+        let received: Result<()> = async {
+            loop {
+                while arriving.len() < PIECES_IN_FLIGHT {
+                    let Some(group) = groups.next() else {
+                        break;
+                    };
+                    arriving.push(async move {
+                        let arrived = self.pieces(ship, &group, files).await;
+                        (group, arrived)
+                    });
+                }
+                let Some((group, arrived)) = arriving.next().await else {
+                    return Ok(());
                 };
-                arriving.push(async move {
-                    let arrived = self.pieces(ship, &group, files).await;
-                    (group, arrived)
-                });
-            }
-            let Some((group, arrived)) = arriving.next().await else {
-                break;
-            };
-            let arrived = arrived?;
-            let mut at = 0;
-            for &(k, offset, len) in &group {
-                let bytes = &arrived[at..at + len as usize];
-                at += len as usize;
-                let (out, path) = &outs[k];
-                zr_node::disk::write_at(out, path, bytes, offset).ctx("write", path)?;
-                start_writeback(out, offset, u64::from(len));
-                lock(&self.fetch.status).bytes += u64::from(len);
+                // A writer gone has failed: its error is the one reported.
+                if arrived_tx.send((group, arrived?)).await.is_err() {
+                    return Ok(());
+                }
             }
         }
+        .await;
+        drop(arrived_tx);
+        let written = writing
+            .await
+            .map_err(|e| ShipError::Cannot(format!("writing the files copied: {e}")));
+        received?;
+        let outs = written??;
         let syncing = tokio::time::Instant::now();
         sync_files(outs).await?;
         Ok(syncing.elapsed())
@@ -620,7 +622,7 @@ impl Partner<'_> {
         ship: u64,
         group: &[(usize, u64, u32)],
         files: &[ShipFile],
-    ) -> Result<Vec<u8>> {
+    ) -> Result<Piece> {
         let asked: Vec<wire::ShipPiece> = group
             .iter()
             .map(|&(k, offset, len)| wire::ShipPiece {
@@ -640,7 +642,6 @@ impl Partner<'_> {
             let Reply::Pieces { pieces } = reply else {
                 return Err(self.fetch.unexpected(&reply));
             };
-            let body = body.to_vec();
             let mut why = (pieces.len() != group.len()).then(|| {
                 let (file, offset, _) = group[0];
                 (
@@ -654,11 +655,16 @@ impl Partner<'_> {
                 if why.is_some() {
                     break;
                 }
-                let bytes = body.get(at..at + sent.len as usize).unwrap_or_default();
-                at += sent.len as usize;
-                if sent.len != len {
-                    why = Some((file, offset, format!("{} bytes arrived of {len}", sent.len)));
-                } else if crc32fast::hash(bytes) != sent.crc {
+                let end = at + sent.len as usize;
+                let mut crc = crc32fast::Hasher::new();
+                let got = body.range(at, end).fold(0, |n, part| {
+                    crc.update(part);
+                    n + part.len()
+                });
+                at = end;
+                if sent.len != len || got != len as usize {
+                    why = Some((file, offset, format!("{got} bytes arrived of {len}")));
+                } else if crc.finalize() != sent.crc {
                     why = Some((file, offset, "its CRC32 does not match".to_string()));
                 }
             }
@@ -747,17 +753,63 @@ impl Piece {
         })
     }
 
-    fn len(&self) -> usize {
-        self.parts().map(<[u8]>::len).sum()
+    /// Its bytes `from..to`, in the pieces they arrived in (fewer if it holds fewer).
+    fn range(&self, from: usize, to: usize) -> impl Iterator<Item = &[u8]> {
+        let mut at = 0usize;
+        self.parts().filter_map(move |part| {
+            let (start, end) = (at, at + part.len());
+            at = end;
+            let (lo, hi) = (from.max(start), to.min(end));
+            (lo < hi).then(|| &part[lo - start..hi - start])
+        })
     }
+}
 
-    /// Its bytes, in one piece.
-    fn to_vec(&self) -> Vec<u8> {
-        let mut bytes = Vec::with_capacity(self.len());
-        for part in self.parts() {
-            bytes.extend_from_slice(part);
+/// Pieces asked for at once: (file, offset, length) each.
+type Group = Vec<(usize, u64, u32)>;
+
+/// The thread that writes a copy's pieces where they go as they arrive.
+struct Writer {
+    building: PathBuf,
+    status: Arc<Mutex<ShipStatus>>,
+}
+
+impl Writer {
+    /// Creates the files `names` under the building folder, writes the groups of pieces
+    /// that arrive into them (starting each on its way to the disk), until the sender is
+    /// gone; returns the files, to be made durable.
+    fn run(
+        self,
+        names: &[String],
+        mut arrived: tokio::sync::mpsc::Receiver<(Group, Piece)>,
+    ) -> Result<Vec<(std::fs::File, PathBuf)>> {
+        let mut outs = Vec::with_capacity(names.len());
+        for name in names {
+            let path = target_path(&self.building, name)?;
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).ctx("create", parent)?;
+            }
+            let out = std::fs::File::create(&path).ctx("create", &path)?;
+            outs.push((out, path));
         }
-        bytes
+        while let Some((group, piece)) = arrived.blocking_recv() {
+            let mut at = 0usize;
+            for (k, offset, len) in group {
+                let end = at + len as usize;
+                let (out, path) = outs.get(k).ok_or_else(|| {
+                    ShipError::Cannot(format!("a piece of file {k} of {}", names.len()))
+                })?;
+                let mut to = offset;
+                for part in piece.range(at, end) {
+                    zr_node::disk::write_at(out, path, part, to).ctx("write", path)?;
+                    to += part.len() as u64;
+                }
+                start_writeback(out, offset, u64::from(len));
+                at = end;
+                lock(&self.status).bytes += u64::from(len);
+            }
+        }
+        Ok(outs)
     }
 }
 
