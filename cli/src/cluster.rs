@@ -412,7 +412,26 @@ pub struct AddShardArgs {
     #[arg(long, value_name = "PATH")]
     nodes: Option<PathBuf>,
     #[command(flatten)]
+    rate: MoveRateArgs,
+    #[command(flatten)]
     remote: RouterArgs,
+}
+
+/// How fast a move copies.
+#[derive(Args)]
+pub struct MoveRateArgs {
+    /// Most MiB a second each node gaining slots copies their files at, so that gathers keep
+    /// most of the machines (0: as fast as it can). Running the command again with another
+    /// rate changes it for the rest of the move.
+    #[arg(long, value_name = "MIB_PER_S", default_value_t = zr_router::MOVE_RATE_DEFAULT >> 20)]
+    max_rate: u64,
+}
+
+impl MoveRateArgs {
+    /// The rate in bytes a second.
+    fn bytes(&self) -> Option<u64> {
+        Some(self.max_rate.saturating_mul(1 << 20))
+    }
 }
 
 /// Drain a shard of a running cluster, online: its records go to the others.
@@ -424,6 +443,8 @@ pub struct AddShardArgs {
 pub struct DrainShardArgs {
     /// The shard to drain.
     shard: u32,
+    #[command(flatten)]
+    rate: MoveRateArgs,
     #[command(flatten)]
     remote: RouterArgs,
 }
@@ -480,11 +501,14 @@ pub fn run(command: ClusterCommand) -> CliResult {
                     .collect(),
                 None => Vec::new(),
             };
-            move_shards(&args.remote, MapChange::AddShard, nodes)
+            move_shards(&args.remote, MapChange::AddShard, nodes, args.rate.bytes())
         }
-        ClusterCommand::DrainShard(args) => {
-            move_shards(&args.remote, MapChange::DrainShard(args.shard), Vec::new())
-        }
+        ClusterCommand::DrainShard(args) => move_shards(
+            &args.remote,
+            MapChange::DrainShard(args.shard),
+            Vec::new(),
+            args.rate.bytes(),
+        ),
     }
 }
 
@@ -494,6 +518,7 @@ fn move_shards(
     remote: &RouterArgs,
     change: MapChange,
     nodes: Vec<(u32, u32, SocketAddr)>,
+    rate: Option<u64>,
 ) -> CliResult {
     let usage = match change {
         MapChange::AddShard => "zr cluster add-shard --nodes nodes.toml --router ADDR --certs DIR",
@@ -503,7 +528,7 @@ fn move_shards(
         .client(Access::Operate)?
         .ok_or_else(|| format!("--router is missing: {usage}"))?;
     let started = std::time::Instant::now();
-    client.move_shards(change, nodes)?;
+    client.move_shards_at(change, nodes, rate)?;
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template(

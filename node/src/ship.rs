@@ -19,7 +19,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::meta::{Meta, META_FILE};
 use crate::offset::{offset_file_name, ENTRY_BYTES};
 use crate::store::Store;
-use crate::unit::{chunk_unit, offset_path, UNITS_DIR, UNITS_MAX};
+use crate::unit::{chunk_unit, offset_path, UNITS_DIR};
 
 /// One file of a snapshot: its path inside the dataset directory and where its bytes are.
 #[derive(Clone, Debug)]
@@ -238,7 +238,7 @@ impl Store {
                 let name = offset_file_name(&field.name);
                 let name = match unit.id {
                     0 => name,
-                    id => format!("{UNITS_DIR}/{id}/{name}"),
+                    id => format!("{UNITS_DIR}/{id}.{name}"),
                 };
                 files.push(SnapshotFile {
                     name,
@@ -299,13 +299,13 @@ pub fn target_path(dir: &Path, name: &str) -> Result<PathBuf> {
     };
     let unit_table = |name: &str| {
         let mut parts = name.split('/');
-        match (parts.next(), parts.next(), parts.next(), parts.next()) {
-            (Some(UNITS_DIR), Some(id), Some(file), None) => {
-                // The unit's number as the store writes it: digits, no leading zero.
-                !id.starts_with('0')
-                    && id.bytes().all(|b| b.is_ascii_digit())
-                    && id.parse::<u32>().is_ok_and(|id| id < UNITS_MAX)
-                    && file.strip_suffix(".offset").is_some_and(plain)
+        match (parts.next(), parts.next(), parts.next()) {
+            // The unit's number as the store writes it: digits, no leading zero.
+            (Some(UNITS_DIR), Some(file), None) => {
+                crate::unit::unit_of_table(file).is_some()
+                    && file
+                        .split_once('.')
+                        .is_some_and(|(_, f)| f.strip_suffix(".offset").is_some_and(plain))
             }
             _ => false,
         }

@@ -23,7 +23,7 @@ use crate::meta::{sync_dir, FieldSpec, Meta, FORMAT_NAME, FORMAT_VERSION, META_F
 use crate::offset::{offset_file_name, ENTRY_BYTES};
 use crate::redo;
 use crate::runtime::{Runtime, RuntimeOptions};
-use crate::unit::{chunk_unit, offset_path, unit_dir};
+use crate::unit::{chunk_unit, offset_path};
 pub use crate::view::{chunk_path, CHUNK_DIR};
 use crate::view::{Core, Lengths, Maps, View};
 use crate::writer::{set_chunk_map, Handle, UnitFiles, Writers};
@@ -469,8 +469,12 @@ impl Store {
             disk::set_len(&file, &path, capacity.max(unit.length) * ENTRY_BYTES)
                 .ctx("size offset table", &path)?;
             disk::sync(&file, &path).ctx("fsync", &path)?;
-            sync_dir(&unit_dir(&dir, unit.id))?;
         }
+        let units = dir.join(crate::unit::UNITS_DIR);
+        if units.exists() {
+            sync_dir(&units)?;
+        }
+        sync_dir(&dir)?;
         meta.store(&dir)?;
         shared.failed = Some(format!(
             "the dataset gained field '{}': this handle was replaced by the one add_field returned",

@@ -66,18 +66,28 @@ pub fn first_chunk(unit: u32) -> u32 {
     unit << CHUNK_SEQ_BITS
 }
 
-/// Where the offset tables of unit `unit` of the dataset at `dir` are.
-pub fn unit_dir(dir: &Path, unit: u32) -> PathBuf {
+/// The offset table of field `field` of unit `unit`: unit 0's in the dataset directory,
+/// the others' side by side in `units/`, named `<unit>.<field>.offset` (one folder for all:
+/// a folder per unit would double the files a move or rebuild makes and syncs).
+pub fn offset_path(dir: &Path, unit: u32, field: &str) -> PathBuf {
     if unit == 0 {
-        dir.to_path_buf()
+        dir.join(offset_file_name(field))
     } else {
-        dir.join(UNITS_DIR).join(unit.to_string())
+        dir.join(UNITS_DIR)
+            .join(format!("{unit}.{}", offset_file_name(field)))
     }
 }
 
-/// The offset table of field `field` of unit `unit`.
-pub fn offset_path(dir: &Path, unit: u32, field: &str) -> PathBuf {
-    unit_dir(dir, unit).join(offset_file_name(field))
+/// The unit whose table is named `name` in `units/` (`None`: no table of a unit).
+pub fn unit_of_table(name: &str) -> Option<u32> {
+    let (id, rest) = name.split_once('.')?;
+    let plain = !id.is_empty() && !id.starts_with('0') && id.bytes().all(|b| b.is_ascii_digit());
+    let unit = id
+        .parse::<u32>()
+        .ok()
+        .filter(|&u| plain && u > 0 && u < UNITS_MAX)?;
+    rest.strip_suffix(".offset").filter(|f| !f.is_empty())?;
+    Some(unit)
 }
 
 #[cfg(test)]
@@ -95,8 +105,20 @@ mod tests {
         assert_eq!(chunk_unit(1000), 0);
         assert_eq!(
             offset_path(Path::new("d"), 3, "a"),
-            Path::new("d/units/3/a.offset")
+            Path::new("d/units/3.a.offset")
         );
+        assert_eq!(unit_of_table("3.a.offset"), Some(3));
+        assert_eq!(unit_of_table("3.a.b.offset"), Some(3));
+        for not in [
+            "03.a.offset",
+            "0.a.offset",
+            "3..offset",
+            "3.a",
+            "x.a.offset",
+            ".a.offset",
+        ] {
+            assert_eq!(unit_of_table(not), None, "{not}");
+        }
         assert_eq!(offset_path(Path::new("d"), 0, "a"), Path::new("d/a.offset"));
     }
 }

@@ -393,10 +393,13 @@ impl Store {
                 .ctx("move a dropped unit's chunk aside", &path)?;
         }
         for &unit in units.iter().filter(|&&u| u > 0) {
-            let path = crate::unit::unit_dir(&dir, unit);
-            if path.exists() {
-                crate::disk::rename(&path, &trash.join(unit.to_string()))
-                    .ctx("move a dropped unit aside", &path)?;
+            for field in inner.fields.iter() {
+                let path = crate::unit::offset_path(&dir, unit, &field.name);
+                if path.exists() {
+                    let aside = trash.join(format!("{unit}.{}", field.name));
+                    crate::disk::rename(&path, &aside)
+                        .ctx("move a dropped unit's table aside", &path)?;
+                }
             }
         }
         shared.remove_uncommitted_units()?;
@@ -452,30 +455,21 @@ impl Store {
                 .iter()
                 .find(|u| u.id == unit)
                 .map_or(0, |u| u.length);
-            // The tables (a unit's folder whole, unit 0's files one by one), then the chunks
-            // (every one sealed here: written no more).
-            let from_dir = crate::unit::unit_dir(source, unit);
-            let to_dir = crate::unit::unit_dir(&inner.dir, unit);
-            for field in inner.fields.iter() {
-                let from = from_dir.join(crate::offset::offset_file_name(&field.name));
-                if !from.exists() {
-                    // No records: an empty table.
-                    crate::disk::create_dir_all(&from_dir).ctx("create directory", &from_dir)?;
-                    crate::disk::create(&from).ctx("create", &from)?;
-                }
-            }
+            // The tables, then the chunks (every one sealed here: written no more).
             if unit > 0 {
                 let parent = inner.dir.join(crate::unit::UNITS_DIR);
                 crate::disk::create_dir_all(&parent).ctx("create directory", &parent)?;
-                crate::disk::rename(&from_dir, &to_dir).ctx("move a unit in", &from_dir)?;
             }
             let mut offset_files = Vec::with_capacity(inner.fields.len());
             let mut tables = Vec::with_capacity(inner.fields.len());
             for field in inner.fields.iter() {
-                let name = crate::offset::offset_file_name(&field.name);
-                let (from, to) = (from_dir.join(&name), to_dir.join(&name));
-                if unit == 0 {
+                let from = crate::unit::offset_path(source, unit, &field.name);
+                let to = crate::unit::offset_path(&inner.dir, unit, &field.name);
+                if from.exists() {
                     crate::disk::rename(&from, &to).ctx("move a unit's table in", &from)?;
+                } else {
+                    // No records: an empty table.
+                    crate::disk::create(&to).ctx("create", &to)?;
                 }
                 let file = std::fs::OpenOptions::new()
                     .read(true)

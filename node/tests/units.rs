@@ -188,9 +188,10 @@ fn a_unit_is_untouched_by_the_others() {
     store.delete(address(9, 3)).unwrap();
     store.drop_unit(0).unwrap();
     store.commit().unwrap();
-    assert!(dir.join("units/9").is_dir());
+    let table = dir.join("units/9.raw.offset");
+    assert!(table.is_file(), "{}", table.display());
     store.drop_unit(9).unwrap();
-    assert!(!dir.join("units/9").exists(), "a dropped unit's tables go");
+    assert!(!table.exists(), "a dropped unit's tables go");
     assert!(chunks_of(9).is_empty(), "a dropped unit's chunks go");
     assert!(
         !dir.join("raw.offset").exists(),
@@ -297,17 +298,20 @@ fn a_snapshot_carries_every_unit() {
         snapshot
             .files
             .iter()
-            .any(|f| f.name == "units/12/raw.offset"),
+            .any(|f| f.name == "units/12.raw.offset"),
         "{:?}",
         snapshot.files.iter().map(|f| &f.name).collect::<Vec<_>>()
     );
     let copied = Store::open(&copy).unwrap();
     assert_eq!(read_units(&copied), expected);
     for bad in [
-        "units/012/raw.offset",
-        "units/x/raw.offset",
-        "units/3/../a",
-        "units/3/4/raw.offset",
+        "units/012.raw.offset",
+        "units/0.raw.offset",
+        "units/x.raw.offset",
+        "units/3.raw",
+        "units/3/raw.offset",
+        "units/../a.offset",
+        "units/3.a/raw.offset",
     ] {
         assert!(
             zr_node::ship::target_path(&copy, bad).is_err(),
@@ -341,7 +345,7 @@ fn units_move_between_datasets_as_files() {
     let snapshot = from.snapshot_units(&[0, 4]).unwrap();
     assert_eq!(snapshot.len, 42);
     assert!(
-        snapshot.files.iter().all(|f| !f.name.contains("units/9/")),
+        snapshot.files.iter().all(|f| !f.name.contains("units/9.")),
         "only the units asked for"
     );
     let copy = tmp.path().join("copy");

@@ -45,6 +45,11 @@ pub const DATASET_NAME_BYTES_MAX: usize = 64;
 pub const DICT_BYTES_MAX: usize = 512 << 10;
 /// Largest piece of a file one `ShipRead` asks for.
 pub const SHIP_PIECE_MAX: usize = 16 << 20;
+/// Bytes a second each node gaining slots in a move copies their files at, unless the
+/// operator says otherwise (`zr cluster add-shard --max-rate`): a move is not urgent, and
+/// the cluster's readers keep most of the machines meanwhile (a rebuild of a lost replica
+/// is not paced).
+pub const MOVE_RATE_DEFAULT: u64 = 256 << 20;
 /// Longest node address a request names.
 pub const ADDR_BYTES_MAX: usize = 256;
 /// The dataset a request that names none addresses: the one `zr cluster-init` made.
@@ -170,6 +175,9 @@ pub enum ClientRequest {
         /// Nodes as the operator's nodes.toml lists them — (shard, replica, address) — where
         /// the router finds a new shard's nodes that its own nodes.toml predates.
         nodes: Vec<(u32, u32, String)>,
+        /// Most bytes a second each node gaining slots copies their files at (0: as fast
+        /// as it can; `None`: the router's default, [`MOVE_RATE_DEFAULT`]).
+        rate: Option<u64>,
     },
     /// How far the move under way is. Reply: `Moving`.
     MoveProgress,
@@ -400,13 +408,15 @@ pub enum NodeRequest {
     /// Rebuild the message's dataset on this node from the files of its partner, the node
     /// at `addr` serving replica `replica` (of this node's shard, or of `shard`): started if
     /// it is not running (a finished one is reported once, then forgotten). With `slots`,
-    /// copy those slots only, which a move is building here, from the shard holding them.
-    /// Reply: `Shipping`, how far it got.
+    /// copy those slots only, which a move is building here, from the shard holding them,
+    /// at most `rate` bytes a second (0: as fast as it can), all of this node's copies for
+    /// a move together. Reply: `Shipping`, how far it got.
     ShipFrom {
         addr: String,
         replica: u32,
         shard: Option<u32>,
         slots: Vec<u32>,
+        rate: u64,
     },
 }
 

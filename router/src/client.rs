@@ -336,21 +336,34 @@ impl AsyncClient {
     /// Starts moving the cluster to the map with `change` (or goes on with that move, if it
     /// stopped); returns at once. `nodes`: (shard, replica, address) of nodes the router may
     /// not know yet — a new shard's, from the operator's nodes.toml. See
-    /// [`Self::move_progress`].
+    /// [`Self::move_progress`]. Files are copied at the router's default rate.
     pub async fn move_shards(
         &self,
         change: wire::MapChange,
         nodes: Vec<(u32, u32, SocketAddr)>,
     ) -> Result<Option<wire::MoveReport>, Error> {
+        self.move_shards_at(change, nodes, None).await
+    }
+
+    /// [`Self::move_shards`], with each node gaining slots copying their files at most
+    /// `rate` bytes a second (`Some(0)`: as fast as it can; `None`: the router's default,
+    /// [`wire::MOVE_RATE_DEFAULT`]).
+    pub async fn move_shards_at(
+        &self,
+        change: wire::MapChange,
+        nodes: Vec<(u32, u32, SocketAddr)>,
+        rate: Option<u64>,
+    ) -> Result<Option<wire::MoveReport>, Error> {
         let nodes = nodes
             .into_iter()
             .map(|(shard, replica, addr)| (shard, replica, addr.to_string()))
             .collect();
-        match self
-            .call(&ClientRequest::MoveShards { change, nodes }, Vec::new())
-            .await?
-            .0
-        {
+        let request = ClientRequest::MoveShards {
+            change,
+            nodes,
+            rate,
+        };
+        match self.call(&request, Vec::new()).await?.0 {
             Reply::Moving(report) => Ok(report),
             other => Err(unexpected("move-shards", &other)),
         }
@@ -1082,6 +1095,17 @@ impl Client {
         nodes: Vec<(u32, u32, SocketAddr)>,
     ) -> Result<Option<wire::MoveReport>, Error> {
         self.runtime.block_on(self.inner.move_shards(change, nodes))
+    }
+
+    /// Starts a move at a rate (see [`AsyncClient::move_shards_at`]).
+    pub fn move_shards_at(
+        &self,
+        change: wire::MapChange,
+        nodes: Vec<(u32, u32, SocketAddr)>,
+        rate: Option<u64>,
+    ) -> Result<Option<wire::MoveReport>, Error> {
+        self.runtime
+            .block_on(self.inner.move_shards_at(change, nodes, rate))
     }
 
     /// A move's progress (see [`AsyncClient::move_progress`]).

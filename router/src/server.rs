@@ -98,6 +98,9 @@ pub struct Router {
     map_version: AtomicU64,
     /// The move this router runs, if any (see `moves.rs`).
     moving: std::sync::Mutex<Option<wire::MoveReport>>,
+    /// Bytes a second each node gaining slots copies their files at in the move this
+    /// router runs (0: as fast as it can).
+    move_rate: AtomicU64,
     /// Where moves stop (see [`Router::stop_moves_at`]).
     move_stop: std::sync::Mutex<Option<MoveStep>>,
     /// The committed length as last read from or written to the metadata store.
@@ -178,6 +181,7 @@ impl Router {
             cluster_id: String::new(),
             map_version: AtomicU64::new(0),
             moving: std::sync::Mutex::new(None),
+            move_rate: AtomicU64::new(wire::MOVE_RATE_DEFAULT),
             move_stop: std::sync::Mutex::new(None),
             committed: AtomicU64::new(0),
             missing: std::sync::Mutex::new(vec![None; shards]),
@@ -986,8 +990,13 @@ impl Router {
                 self.replace_node(shard, replica, &addr).await?;
                 Ok(ready(Reply::Status(self.status().await)))
             }
-            ClientRequest::MoveShards { change, nodes } => {
-                self.start_move(change, nodes)?;
+            ClientRequest::MoveShards {
+                change,
+                nodes,
+                rate,
+            } => {
+                let rate = rate.unwrap_or(wire::MOVE_RATE_DEFAULT);
+                self.start_move(change, nodes, rate)?;
                 Ok(ready(Reply::Moving(self.move_progress())))
             }
             ClientRequest::MoveProgress => Ok(ready(Reply::Moving(self.move_progress()))),

@@ -881,6 +881,7 @@ fn execute(
             replica,
             shard: from_shard,
             slots,
+            rate,
         } => {
             let catalog = node()?;
             let shard = catalog.get(dataset).ok_or_else(|| {
@@ -898,10 +899,10 @@ fn execute(
                 shard: from_shard.unwrap_or(place.shard),
                 replica,
             };
-            let status =
-                catalog
-                    .ships
-                    .start(shard, dataset.map(str::to_string), partner, &addr, slots)?;
+            let dataset = dataset.map(str::to_string);
+            let status = catalog
+                .ships
+                .start(shard, dataset, partner, &addr, slots, rate)?;
             Ok((Reply::Shipping(status), Vec::new()))
         }
         NodeRequest::DropDataset { id } => {
@@ -1326,6 +1327,7 @@ mod tests {
                 replica: 0,
                 shard: None,
                 slots: Vec::new(),
+                rate: 0,
             },
             NodeRequest::Commit,
             NodeRequest::Digest {

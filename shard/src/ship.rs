@@ -112,6 +112,8 @@ pub struct Ships {
     fetches: Mutex<HashMap<String, Arc<Mutex<ShipStatus>>>>,
     /// How this node reaches its partners: its endpoint and credentials (unset: it cannot).
     reach: Mutex<Option<(Endpoint, net::Security)>>,
+    /// The rate this node's copies for a move keep to, together.
+    pace: Arc<Pace>,
 }
 
 impl Ships {
@@ -265,8 +267,9 @@ impl Ships {
 
     /// `ShipFrom`: starts rebuilding dataset `dataset` of this node (served by `shard`)
     /// from `partner`, the node at `addr`, unless it runs already — or, with `slots`,
-    /// copying those slots, which a move builds here; returns how far it got (a finished
-    /// copy is reported once).
+    /// copying those slots, which a move builds here, at most `rate` bytes a second with
+    /// this node's other copies for the move (0: as fast as it can); returns how far it got
+    /// (a finished copy is reported once).
     pub fn start(
         self: &Arc<Self>,
         shard: Arc<Shard>,
@@ -274,7 +277,11 @@ impl Ships {
         partner: Target,
         addr: &str,
         slots: Vec<u32>,
+        rate: u64,
     ) -> Result<ShipStatus> {
+        // The rate asked last holds for every copy running (a move run again at another).
+        let paced = !slots.is_empty() && rate > 0;
+        self.pace.set_rate(if paced { rate } else { 0 });
         // A move copies from several shards at once: one copy per shard it copies from.
         let mut key = dataset.clone().unwrap_or_default();
         if !slots.is_empty() {
@@ -314,6 +321,7 @@ impl Ships {
         let job = Fetch {
             shard,
             dataset,
+            pace: paced.then(|| Arc::clone(&self.pace)),
             slots,
             partner,
             addr,
@@ -344,6 +352,8 @@ struct Fetch {
     dataset: Option<String>,
     /// The slots a move copies (none: the whole dataset, a rebuild).
     slots: Vec<u32>,
+    /// The rate it keeps to (none: as fast as it can).
+    pace: Option<Arc<Pace>>,
     partner: Target,
     addr: SocketAddr,
     endpoint: Endpoint,
@@ -423,12 +433,6 @@ impl Fetch {
             let path = building.join(folder);
             if path.exists() {
                 folders.push(path);
-            }
-        }
-        let units = building.join(zr_node::unit::UNITS_DIR);
-        if units.exists() {
-            for entry in std::fs::read_dir(&units).ctx("list", &units)? {
-                folders.push(entry.ctx("list", &units)?.path());
             }
         }
         let mut opened = Vec::with_capacity(folders.len());
@@ -574,44 +578,47 @@ impl Partner<'_> {
                 group.push(piece);
             }
         }
-        let (arrived_tx, arrived_rx) = tokio::sync::mpsc::channel(PIECES_IN_FLIGHT);
-        let names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
-        let writer = Writer {
+        let outs = Arc::new(Outs {
             building: building.to_path_buf(),
+            names: files.iter().map(|f| f.name.clone()).collect(),
+            files: files.iter().map(|_| Mutex::new(None)).collect(),
             status: Arc::clone(&self.fetch.status),
-        };
-        let writing = tokio::task::spawn_blocking(move || writer.run(&names, arrived_rx));
+        });
         let mut groups = groups.into_iter();
         let mut arriving = futures::stream::FuturesUnordered::new();
-        let received: Result<()> = async {
-            loop {
-                while arriving.len() < PIECES_IN_FLIGHT {
-                    let Some(group) = groups.next() else {
-                        break;
-                    };
-                    arriving.push(async move {
-                        let arrived = self.pieces(ship, &group, files).await;
-                        (group, arrived)
-                    });
-                }
-                let Some((group, arrived)) = arriving.next().await else {
-                    return Ok(());
+        loop {
+            while arriving.len() < PIECES_IN_FLIGHT {
+                let Some(group) = groups.next() else {
+                    break;
                 };
-                // A writer gone has failed: its error is the one reported.
-                if arrived_tx.send((group, arrived?)).await.is_err() {
-                    return Ok(());
-                }
+                let outs = Arc::clone(&outs);
+                arriving.push(async move {
+                    if let Some(pace) = &self.fetch.pace {
+                        pace.take(group.iter().map(|&(_, _, len)| u64::from(len)).sum())
+                            .await;
+                    }
+                    let arrived = self.pieces(ship, &group, files).await?;
+                    // Written off the async threads, which go on receiving meanwhile; one
+                    // short blocking task per group (a long-lived one would stop a paused
+                    // clock from advancing, as in a simulated cluster on virtual time).
+                    tokio::task::spawn_blocking(move || outs.write(&group, &arrived))
+                        .await
+                        .map_err(|e| ShipError::Cannot(format!("writing the files copied: {e}")))?
+                });
+            }
+            match arriving.next().await {
+                Some(written) => written?,
+                None => break,
             }
         }
-        .await;
-        drop(arrived_tx);
-        let written = writing
-            .await
-            .map_err(|e| ShipError::Cannot(format!("writing the files copied: {e}")));
-        received?;
-        let outs = written??;
+        drop(arriving);
+        let outs = Arc::into_inner(outs)
+            .ok_or_else(|| ShipError::Cannot("the files copied are still being written".into()))?;
         let syncing = tokio::time::Instant::now();
-        sync_files(outs).await?;
+        let opened = tokio::task::spawn_blocking(move || outs.into_files())
+            .await
+            .map_err(|e| ShipError::Cannot(format!("opening the files copied: {e}")))??;
+        sync_files(opened).await?;
         Ok(syncing.elapsed())
     }
 
@@ -736,6 +743,39 @@ fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
     }
 }
 
+/// A byte rate that copies keep to together: each request of `n` bytes takes its turn,
+/// `n / rate` seconds after the one before (timed on the runtime's clock, so a simulated
+/// cluster on virtual time replays it).
+#[derive(Default)]
+struct Pace {
+    /// Bytes a second (0: none).
+    rate: AtomicU64,
+    /// When the next request may go.
+    next: Mutex<Option<tokio::time::Instant>>,
+}
+
+impl Pace {
+    fn set_rate(&self, rate: u64) {
+        self.rate.store(rate, Ordering::SeqCst);
+    }
+
+    /// Waits for the turn of a request of `bytes` bytes.
+    async fn take(&self, bytes: u64) {
+        let rate = self.rate.load(Ordering::SeqCst);
+        if rate == 0 {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let turn = {
+            let mut next = lock(&self.next);
+            let turn = next.map_or(now, |n| n.max(now));
+            *next = Some(turn + Duration::from_secs_f64(bytes as f64 / rate as f64));
+            turn
+        };
+        tokio::time::sleep_until(turn).await;
+    }
+}
+
 /// A piece of a file as it arrived: the reply's chunks, its bytes from `body_at` on.
 struct Piece {
     chunks: Vec<bytes::Bytes>,
@@ -768,48 +808,73 @@ impl Piece {
 /// Pieces asked for at once: (file, offset, length) each.
 type Group = Vec<(usize, u64, u32)>;
 
-/// The thread that writes a copy's pieces where they go as they arrive.
-struct Writer {
+/// The files a copy writes: each made at its first piece (several groups may be written
+/// at once, on blocking threads).
+struct Outs {
     building: PathBuf,
+    names: Vec<String>,
+    files: Vec<Mutex<Option<std::fs::File>>>,
     status: Arc<Mutex<ShipStatus>>,
 }
 
-impl Writer {
-    /// Creates the files `names` under the building folder, writes the groups of pieces
-    /// that arrive into them (starting each on its way to the disk), until the sender is
-    /// gone; returns the files, to be made durable.
-    fn run(
-        self,
-        names: &[String],
-        mut arrived: tokio::sync::mpsc::Receiver<(Group, Piece)>,
-    ) -> Result<Vec<(std::fs::File, PathBuf)>> {
-        let mut outs = Vec::with_capacity(names.len());
-        for name in names {
-            let path = target_path(&self.building, name)?;
+impl Outs {
+    /// File `k`, made if it is not yet, locked while written.
+    fn file(
+        &self,
+        k: usize,
+    ) -> Result<(std::sync::MutexGuard<'_, Option<std::fs::File>>, PathBuf)> {
+        let (Some(slot), Some(name)) = (self.files.get(k), self.names.get(k)) else {
+            return Err(ShipError::Cannot(format!(
+                "a piece of file {k} of {}",
+                self.names.len()
+            )));
+        };
+        let path = target_path(&self.building, name)?;
+        let mut file = lock(slot);
+        if file.is_none() {
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent).ctx("create", parent)?;
             }
-            let out = std::fs::File::create(&path).ctx("create", &path)?;
-            outs.push((out, path));
+            *file = Some(std::fs::File::create(&path).ctx("create", &path)?);
         }
-        while let Some((group, piece)) = arrived.blocking_recv() {
-            let mut at = 0usize;
-            for (k, offset, len) in group {
-                let end = at + len as usize;
-                let (out, path) = outs.get(k).ok_or_else(|| {
-                    ShipError::Cannot(format!("a piece of file {k} of {}", names.len()))
-                })?;
-                let mut to = offset;
-                for part in piece.range(at, end) {
-                    zr_node::disk::write_at(out, path, part, to).ctx("write", path)?;
-                    to += part.len() as u64;
-                }
-                start_writeback(out, offset, u64::from(len));
-                at = end;
-                lock(&self.status).bytes += u64::from(len);
+        Ok((file, path))
+    }
+
+    /// Writes the pieces `group` that arrived as `piece` where they go, each started on its
+    /// way to the disk.
+    fn write(&self, group: &[(usize, u64, u32)], piece: &Piece) -> Result<()> {
+        let mut at = 0usize;
+        for &(k, offset, len) in group {
+            let end = at + len as usize;
+            let (file, path) = self.file(k)?;
+            let Some(out) = file.as_ref() else {
+                return Err(ShipError::Cannot(format!(
+                    "{} was not made",
+                    path.display()
+                )));
+            };
+            let mut to = offset;
+            for part in piece.range(at, end) {
+                zr_node::disk::write_at(out, &path, part, to).ctx("write", &path)?;
+                to += part.len() as u64;
+            }
+            start_writeback(out, offset, u64::from(len));
+            at = end;
+            lock(&self.status).bytes += u64::from(len);
+        }
+        Ok(())
+    }
+
+    /// Every file (an empty one made now: no piece of it arrived), to be made durable.
+    fn into_files(self) -> Result<Vec<(std::fs::File, PathBuf)>> {
+        let mut files = Vec::with_capacity(self.names.len());
+        for k in 0..self.names.len() {
+            let (mut file, path) = self.file(k)?;
+            if let Some(file) = file.take() {
+                files.push((file, path));
             }
         }
-        Ok(outs)
+        Ok(files)
     }
 }
 
@@ -850,6 +915,30 @@ mod tests {
     use super::*;
     use zr_node::meta::{Compression, FieldSpec};
     use zr_node::{CreateOptions, Record};
+
+    /// Copies keep to the rate together, on the runtime's clock: of 10 requests of 4 MiB
+    /// from two copies at 8 MiB/s, the last goes 4.5 s after the first, on virtual time; a
+    /// rate of 0 does not wait.
+    #[tokio::test(start_paused = true)]
+    async fn copies_keep_to_the_rate_together() {
+        let pace = Arc::new(Pace::default());
+        pace.set_rate(8 << 20);
+        let started = tokio::time::Instant::now();
+        let copy = |pace: Arc<Pace>| async move {
+            for _ in 0..5 {
+                pace.take(4 << 20).await;
+            }
+        };
+        tokio::join!(copy(Arc::clone(&pace)), copy(Arc::clone(&pace)));
+        let took = started.elapsed();
+        assert_eq!(took, Duration::from_millis(4_500), "{took:?}");
+        pace.set_rate(0);
+        let unpaced = tokio::time::Instant::now();
+        for _ in 0..100 {
+            pace.take(1 << 30).await;
+        }
+        assert_eq!(unpaced.elapsed(), Duration::ZERO);
+    }
 
     /// A snapshot is served piece by piece with the CRC of each, and once closed it is gone
     /// (its hold on the dataset's lock with it).

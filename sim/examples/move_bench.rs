@@ -3,11 +3,12 @@
 //! the same bytes (through the page cache, and made durable as a move's are); the bytes the
 //! nodes' stores wrote, all files, next to the bytes moved; and random gathers through the
 //! router while the move runs next to gathers before it. A move copies the slots it moves as
-//! their files, node to node, then the records written since as records (those batches
-//! paced: it pauses twice as long as each took).
+//! their files, node to node, at most `--max-rate` MiB/s per node gaining slots (0: as fast
+//! as it can), then the records written since as records (those batches paced: it pauses
+//! twice as long as each took).
 //!
 //! ```text
-//! cargo run --release -p zr-sim --example move_bench -- [--shards 4] [--records 200000]
+//! cargo run --release -p zr-sim --example move_bench -- [--shards 4] [--records 200000] [--max-rate 256]
 //! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +39,10 @@ struct Args {
     /// Seconds of gathers before the move (the baseline).
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Most MiB a second each node gaining slots copies their files at (0: as fast as it
+    /// can), as `zr cluster add-shard --max-rate`.
+    #[arg(long, default_value_t = zr_router::MOVE_RATE_DEFAULT >> 20)]
+    max_rate: u64,
     /// Log level of the cluster's processes.
     #[arg(long, default_value = "error")]
     log: String,
@@ -118,7 +123,7 @@ fn main() -> Result<(), Failed> {
     };
     let written_before = zr_node::disk::bytes_written();
     let started = Instant::now();
-    client.move_shards(MapChange::AddShard, nodes)?;
+    client.move_shards_at(MapChange::AddShard, nodes, Some(args.max_rate << 20))?;
     let report = loop {
         std::thread::sleep(Duration::from_millis(20));
         let report = client.move_progress()?.ok_or("the router runs no move")?;
@@ -138,8 +143,12 @@ fn main() -> Result<(), Failed> {
     let moved_bytes = report.moved * args.size as u64;
     let copy_s = file_copy_seconds(moved_bytes)?;
     let durable_s = durable_copy_seconds(moved_bytes)?;
+    let rate = match args.max_rate {
+        0 => "files copied as fast as they can be".to_string(),
+        mib => format!("files copied at most {mib} MiB/s per node gaining slots"),
+    };
     println!(
-        "add-shard   moved {} of {} records ({:.1}%) in {move_s:.2} s, start to switched",
+        "add-shard   moved {} of {} records ({:.1}%) in {move_s:.2} s, start to switched ({rate})",
         report.moved,
         report.records,
         100.0 * report.moved as f64 / report.records as f64,

@@ -15,7 +15,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, ChunkMeta, UnitMeta};
 use crate::offset::{write_entries, Entry, ENTRY_BYTES};
 use crate::redo;
-use crate::unit::{address, offset_path, split, unit_dir, UNITS_DIR, UNITS_MAX};
+use crate::unit::{address, offset_path, split, unit_of_table, UNITS_DIR, UNITS_MAX};
 use crate::view::{Core, Lengths, View, CHUNK_DIR};
 
 /// Entries a unit's offset tables start with, when it is made (see `ensure_unit`).
@@ -115,15 +115,17 @@ impl Shared {
         let mut removed = false;
         for entry in entries {
             let entry = entry.ctx("read directory", &units_dir)?;
-            let id = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok());
-            if id.is_some_and(|id| id > 0 && held(id)) {
+            let id = entry.file_name().to_str().and_then(unit_of_table);
+            if id.is_some_and(held) {
                 continue;
             }
             let path = entry.path();
-            fs::remove_dir_all(&path).ctx("remove an uncommitted unit", &path)?;
+            let gone = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            gone.ctx("remove an uncommitted unit's table", &path)?;
             removed = true;
         }
         if removed {
@@ -143,8 +145,8 @@ impl Shared {
                 UNITS_MAX - 1
             )));
         }
-        let dir = unit_dir(&self.dir, unit);
         if unit > 0 {
+            let dir = self.dir.join(UNITS_DIR);
             disk::create_dir_all(&dir).ctx("create directory", &dir)?;
         }
         // Small at first, doubling up to the growth step (see `ensure_offset_capacity`).
@@ -335,7 +337,7 @@ impl Shared {
             self.new_chunk_files = false;
         }
         // 2. Offset tables (entries past the committed length, and their growth), and the
-        // directories of new units.
+        // names of new units' tables.
         for files in self.units.iter_mut().flatten().filter(|f| f.dirty) {
             for handle in &mut files.offset_files {
                 handle.sync()?;
@@ -343,9 +345,6 @@ impl Shared {
             files.dirty = false;
         }
         if !self.new_units.is_empty() || self.adopted_units {
-            for &unit in &self.new_units {
-                sync_dir(&unit_dir(&self.dir, unit))?;
-            }
             let units = self.dir.join(UNITS_DIR);
             if (self.adopted_units || self.new_units.iter().any(|&u| u > 0)) && units.exists() {
                 sync_dir(&units)?;

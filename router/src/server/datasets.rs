@@ -383,6 +383,7 @@ impl Router {
             cluster_id: self.cluster_id.clone(),
             map_version: map_version.into(),
             moving: Default::default(),
+            move_rate: zr_proto::wire::MOVE_RATE_DEFAULT.into(),
             move_stop: Default::default(),
             committed: Default::default(),
             missing: std::sync::Mutex::new(vec![None; self.nodes.shards() as usize]),

@@ -161,7 +161,10 @@ impl Router {
         self: &Arc<Self>,
         change: wire::MapChange,
         nodes: Vec<(u32, u32, String)>,
+        rate: u64,
     ) -> Result<(), Failure> {
+        // The rate of the last command: running one again with another changes it.
+        self.move_rate.store(rate, Ordering::SeqCst);
         {
             let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(running) = moving.as_ref().filter(|m| runs(m)) {
@@ -678,7 +681,7 @@ impl Router {
         let to_ship = moveplan::copy_pass(&have, target, holder, true).files;
         let copies = to_ship.iter().flat_map(|(&holder, slots)| {
             nodes.iter().map(move |&node| async move {
-                match self.ship_slots(node, holder, slots).await {
+                match self.ship_slots(progress, node, holder, slots).await {
                     Ok(records) => records,
                     Err(e) => {
                         tracing::warn!(
@@ -811,14 +814,21 @@ impl Router {
 
     /// Has node `node` copy the files of `slots` from an in-sync node of shard `holder`
     /// (`NodeRequest::ShipFrom` with slots; see `zr_shard::ship`), and waits for it; returns
-    /// the records copied.
-    async fn ship_slots(&self, node: NodeId, holder: u32, slots: &[u32]) -> Result<u64, Failure> {
+    /// the records copied; at the rate of the move `progress` runs.
+    async fn ship_slots(
+        &self,
+        progress: &Router,
+        node: NodeId,
+        holder: u32,
+        slots: &[u32],
+    ) -> Result<u64, Failure> {
         let donor = self.partner(holder)?;
         let request = NodeRequest::ShipFrom {
             addr: self.nodes.addr(donor).to_string(),
             replica: self.nodes.replica(donor),
             shard: Some(holder),
             slots: slots.to_vec(),
+            rate: progress.move_rate.load(Ordering::SeqCst),
         };
         let mut watch = ShipWatch::new(Instant::now(), SHIP_STALL);
         loop {

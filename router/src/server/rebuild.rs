@@ -344,6 +344,8 @@ impl Router {
             replica: self.nodes.replica(partner),
             shard: None,
             slots: Vec::new(),
+            // A lost replica is rebuilt as fast as it can be.
+            rate: 0,
         };
         let started = Instant::now();
         let mut watch = ShipWatch::new(started, SHIP_STALL);
