@@ -139,7 +139,9 @@ impl Store {
         let inner = &*self.inner;
         let writers = self.writers()?;
         let fields = inner.fields.len();
-        let parts = if records.len() >= PARALLEL_APPEND_MIN {
+        // A unit other than 0 stays on its one writer, so that it keeps one open chunk (a
+        // node holds hundreds; [`Store::append_runs`] writes several at once instead).
+        let parts = if records.len() >= PARALLEL_APPEND_MIN && unit == 0 {
             writers.slots.len()
         } else {
             1
@@ -188,6 +190,81 @@ impl Store {
         }
         shared.put_entries(inner, address(unit, start), &entries, Some(end))?;
         Ok(start..end)
+    }
+
+    /// Appends each run's records to its unit (made if the dataset lacks it), in order: the
+    /// runs of different units are encoded by several writers at once (each unit by the
+    /// writer it stays on), which is how a cluster node takes an append of many slots. All
+    /// records are checked before any is written; returns each run's first index.
+    pub fn append_runs(&self, runs: &[(u32, &[Record])]) -> Result<Vec<u64>> {
+        let payloads: Vec<Vec<_>> = runs
+            .iter()
+            .map(|(_, records)| records.iter().map(|r| self.payloads(r)).collect())
+            .collect::<Result<_>>()?;
+        let inner = &*self.inner;
+        let writers = self.writers()?;
+        let fields = inner.fields.len();
+        {
+            let mut shared = writers.shared();
+            for &(unit, _) in runs {
+                shared.ensure_unit(inner, unit)?;
+            }
+        }
+        let total: usize = runs.iter().map(|(_, r)| r.len()).sum();
+        let encode = |k: usize| -> Result<Vec<Vec<Entry>>> {
+            let unit = runs[k].0;
+            let mut entries = no_entries(fields, payloads[k].len());
+            writers
+                .slot_for(unit)
+                .encode(inner, writers, unit, &payloads[k], &mut entries)?;
+            Ok(entries)
+        };
+        let pool = inner
+            .runtime
+            .writers()
+            .filter(|_| total >= PARALLEL_APPEND_MIN && writers.slots.len() > 1);
+        let encoded: Vec<Vec<Vec<Entry>>> = match pool {
+            None => (0..runs.len()).map(encode).collect::<Result<_>>()?,
+            Some(pool) => {
+                // One task per writer, taking its units' runs in order.
+                let of_writer = |k: usize| match runs[k].0 {
+                    0 => 0,
+                    unit => unit as usize % writers.slots.len(),
+                };
+                let done: Vec<Vec<(usize, Vec<Vec<Entry>>)>> = pool.install(|| {
+                    (0..writers.slots.len())
+                        .into_par_iter()
+                        .map(|w| {
+                            (0..runs.len())
+                                .filter(|&k| of_writer(k) == w)
+                                .map(|k| Ok((k, encode(k)?)))
+                                .collect::<Result<Vec<_>>>()
+                        })
+                        .collect::<Result<_>>()
+                })?;
+                let mut encoded: Vec<Vec<Vec<Entry>>> = vec![Vec::new(); runs.len()];
+                for (k, entries) in done.into_iter().flatten() {
+                    encoded[k] = entries;
+                }
+                encoded
+            }
+        };
+        let mut shared = writers.shared();
+        let mut starts = Vec::with_capacity(runs.len());
+        for (&(unit, records), entries) in runs.iter().zip(&encoded) {
+            // A unit dropped meanwhile is made again, empty.
+            shared.ensure_unit(inner, unit)?;
+            let start = inner.read_view().len_of(unit);
+            let end = start + records.len() as u64;
+            if end > UNIT_INDEX_LIMIT {
+                return Err(Error::InvalidRecord(format!(
+                    "unit {unit} would pass its {UNIT_INDEX_LIMIT} records"
+                )));
+            }
+            shared.put_entries(inner, address(unit, start), entries, Some(end))?;
+            starts.push(start);
+        }
+        Ok(starts)
     }
 
     /// Replaces the fields `record` names of record `index`; its other fields keep their

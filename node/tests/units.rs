@@ -21,6 +21,8 @@ type Model = BTreeMap<u32, Vec<Row>>;
 #[derive(Clone, Debug)]
 enum Op {
     Append(u32, Vec<u64>),
+    /// Runs of several units at once (`Store::append_runs`, as a cluster node appends).
+    AppendRuns(Vec<(u32, Vec<u64>)>),
     Modify(u32, usize, u64),
     Delete(u32, usize),
     Drop(u32),
@@ -34,6 +36,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => (unit.clone(), prop::collection::vec(any::<u64>(), 0..6)).prop_map(|(u, r)| Op::Append(u, r)),
         1 => (unit.clone(), prop::collection::vec(any::<u64>(), 64..80)).prop_map(|(u, r)| Op::Append(u, r)),
+        2 => prop::collection::vec((unit.clone(), prop::collection::vec(any::<u64>(), 0..40)), 0..6)
+            .prop_map(Op::AppendRuns),
         2 => (unit.clone(), any::<usize>(), any::<u64>()).prop_map(|(u, i, r)| Op::Modify(u, i, r)),
         2 => (unit.clone(), any::<usize>()).prop_map(|(u, i)| Op::Delete(u, i)),
         1 => unit.clone().prop_map(Op::Drop),
@@ -75,6 +79,27 @@ fn run(ops: Vec<Op>) {
                 let rows_of = model.entry(unit).or_default();
                 assert_eq!(range.start, rows_of.len() as u64, "unit {unit}");
                 rows_of.extend(rows);
+            }
+            Op::AppendRuns(runs) => {
+                let rows: Vec<Vec<Row>> = runs
+                    .iter()
+                    .map(|(_, seeds)| seeds.iter().copied().map(make_row).collect())
+                    .collect();
+                let records: Vec<Vec<Record>> = rows
+                    .iter()
+                    .map(|r| r.iter().map(record).collect())
+                    .collect();
+                let parts: Vec<(u32, &[Record])> = runs
+                    .iter()
+                    .zip(&records)
+                    .map(|((unit, _), r)| (*unit, &r[..]))
+                    .collect();
+                let starts = store.append_runs(&parts).unwrap();
+                for (((unit, _), rows), start) in runs.iter().zip(rows).zip(starts) {
+                    let rows_of = model.entry(*unit).or_default();
+                    assert_eq!(start, rows_of.len() as u64, "unit {unit}");
+                    rows_of.extend(rows);
+                }
             }
             Op::Modify(unit, i, seed) => {
                 let Some(rows) = model.get_mut(&unit).filter(|r| !r.is_empty()) else {
@@ -146,6 +171,45 @@ proptest! {
     fn units_match_the_model(ops in prop::collection::vec(op_strategy(), 1..50)) {
         run(ops);
     }
+}
+
+/// A unit other than 0 keeps to one chunk file (its writer's) however its records come —
+/// one large append, or runs of many units at once — while unit 0's large appends are split
+/// among the writers: a node holds hundreds of units, and a move ships their files.
+#[test]
+fn a_unit_keeps_to_one_chunk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let store = Store::create(&dir, fields(), zr_node::CreateOptions::default()).unwrap();
+    let rows: Vec<Row> = (0..300).map(make_row).collect();
+    let records: Vec<Record> = rows.iter().map(record).collect();
+    store.append_to(3, &records).unwrap();
+    let runs: Vec<(u32, &[Record])> = (1..40).map(|u| (u, &records[..100])).collect();
+    let starts = store.append_runs(&runs).unwrap();
+    assert_eq!(starts[2], 300, "unit 3's run follows its records");
+    store.append_to(0, &records).unwrap();
+    store.commit().unwrap();
+    let mut chunks: BTreeMap<u32, usize> = BTreeMap::new();
+    for entry in std::fs::read_dir(dir.join("chunk")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let id: u32 = name.trim_end_matches(".zr").parse().unwrap();
+        *chunks.entry(chunk_unit(id)).or_default() += 1;
+    }
+    for unit in 1..40 {
+        assert_eq!(chunks.get(&unit), Some(&1), "unit {unit}: {chunks:?}");
+    }
+    assert!(chunks[&0] > 1, "unit 0's large append is split: {chunks:?}");
+    let batch = store
+        .gather_with(
+            &[address(3, 299), address(3, 300), address(39, 99)],
+            &[],
+            GatherOptions::verified(),
+        )
+        .unwrap();
+    let raw = batch.field("raw").unwrap();
+    assert_eq!(raw.get(0).unwrap(), &rows[299][0][..]);
+    assert_eq!(raw.get(1).unwrap(), &rows[0][0][..]);
+    assert_eq!(raw.get(2).unwrap(), &rows[99][0][..]);
 }
 
 /// A unit's records keep their indices, and their chunk files, whatever other units come

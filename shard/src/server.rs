@@ -775,13 +775,20 @@ fn execute(
             }
             let records = records_of(&fields, &lengths, body);
             let mut next = 0;
+            let mut parts = Vec::with_capacity(runs.len());
             for run in &runs {
                 let end = next + run.count as usize;
-                store
-                    .append_to(run.slot, &records[next..end])
-                    .map_err(fail)?;
+                let part = records.get(next..end).ok_or_else(|| {
+                    Refusal::Store(Error::InvalidRecord(format!(
+                        "the runs count {} records or more, the body holds {}",
+                        end,
+                        records.len()
+                    )))
+                })?;
+                parts.push((run.slot, part));
                 next = end;
             }
+            store.append_runs(&parts).map_err(fail)?;
             Ok((
                 Reply::Appended {
                     start: runs.first().map_or(0, |r| unit_address(r.slot, r.at)),

@@ -49,7 +49,7 @@ struct Args {
 }
 
 mod bench_common;
-use bench_common::{durable_copy_seconds, file_copy_seconds, payload};
+use bench_common::{durable_copy_seconds, file_copy_seconds, payload, settle};
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
 
@@ -114,6 +114,7 @@ fn main() -> Result<(), Failed> {
     let before_rate = before as f64 / before_s;
 
     cluster.add_shard_nodes()?;
+    settle();
     let nodes = cluster.listed_nodes();
     let stop = Arc::new(AtomicBool::new(false));
     let during = {

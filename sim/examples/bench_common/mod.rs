@@ -373,6 +373,26 @@ pub fn binaries_beside_me(names: &[&str]) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
+/// Writes every dirty page to the disk (`sync`), so that what is measured next does not
+/// wait on the writeback of what came before (a copy measured after a move would).
+pub fn settle() {
+    let _ = std::process::Command::new("sync").status();
+}
+
+/// Seconds making `files` empty files in a new folder, and syncing it, takes here: the floor
+/// under a copy of that many files, whatever their bytes.
+#[allow(dead_code)]
+pub fn create_files_seconds(files: usize) -> Result<f64> {
+    let dir = tempfile::tempdir()?;
+    settle();
+    let started = Instant::now();
+    for k in 0..files {
+        std::fs::File::create(dir.path().join(k.to_string()))?;
+    }
+    std::fs::File::open(dir.path())?.sync_all()?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
 /// Record `i`'s payload of `size` bytes in the benchmarks that check what they read.
 pub fn payload(i: u64, size: usize) -> Vec<u8> {
     (0..size.div_ceil(8))
@@ -399,6 +419,7 @@ fn copy_seconds(bytes: u64, durable: bool) -> Result<f64> {
         .map(|i| zr_common::hash::mix2(i, 7) as u8)
         .collect();
     std::fs::write(&from, &data)?;
+    settle();
     let started = Instant::now();
     std::fs::copy(&from, &to)?;
     if durable {
