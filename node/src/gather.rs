@@ -356,6 +356,7 @@ impl Store {
             start,
             chunk: entry.chunk_id,
             len: entry.len,
+            at: chunk.addr(start),
         })
     }
 

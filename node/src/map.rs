@@ -158,6 +158,12 @@ impl Mapped {
         })
     }
 
+    /// The address of byte `start` of the mapping (for a range checked to lie inside it).
+    #[inline]
+    pub(crate) fn addr(&self, start: u64) -> usize {
+        (self.map.as_ptr() as usize).wrapping_add(start as usize)
+    }
+
     /// The 16 bytes at `start`, copied out, or `None` if they are not inside the mapping.
     #[inline]
     pub(crate) fn read16(&self, start: u64) -> Option<[u8; 16]> {
@@ -186,6 +192,20 @@ impl Mapped {
             prefetch_line(base.wrapping_add(line));
             line += 64;
         }
+    }
+}
+
+/// [`Mapped::prefetch`] of the bytes at address `at` (inside a mapping; 0: nothing).
+#[inline]
+pub(crate) fn prefetch_at(at: usize, len: u64) {
+    if at == 0 {
+        return;
+    }
+    let base = at as *const u8;
+    let mut line = 0;
+    while line < len.min(PREFETCH_BYTES_MAX) as usize {
+        prefetch_line(base.wrapping_add(line));
+        line += 64;
     }
 }
 
