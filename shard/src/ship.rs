@@ -584,6 +584,15 @@ impl Partner<'_> {
             files: files.iter().map(|_| Mutex::new(None)).collect(),
             status: Arc::clone(&self.fetch.status),
         });
+        // Every file made at once, while the first pieces travel (a piece made its file on
+        // arrival otherwise: a node's slots are a thousand files, each a few tens of
+        // microseconds to make, or hundreds while the disk's journal is busy).
+        let making = {
+            let outs = Arc::clone(&outs);
+            tokio::task::spawn_blocking(move || {
+                (0..outs.names.len()).try_for_each(|k| outs.file(k).map(drop))
+            })
+        };
         let mut groups = groups.into_iter();
         let mut arriving = futures::stream::FuturesUnordered::new();
         loop {
@@ -612,6 +621,9 @@ impl Partner<'_> {
             }
         }
         drop(arriving);
+        making
+            .await
+            .map_err(|e| ShipError::Cannot(format!("making the files copied: {e}")))??;
         let outs = Arc::into_inner(outs)
             .ok_or_else(|| ShipError::Cannot("the files copied are still being written".into()))?;
         let syncing = tokio::time::Instant::now();
