@@ -419,11 +419,17 @@ fn copy_seconds(bytes: u64, durable: bool) -> Result<f64> {
         .map(|i| zr_common::hash::mix2(i, 7) as u8)
         .collect();
     std::fs::write(&from, &data)?;
-    settle();
-    let started = Instant::now();
-    std::fs::copy(&from, &to)?;
-    if durable {
-        std::fs::File::open(&to)?.sync_all()?;
+    // The best of three: a shared machine's disk is noisy, and a baseline is its best.
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let _ = std::fs::remove_file(&to);
+        settle();
+        let started = Instant::now();
+        std::fs::copy(&from, &to)?;
+        if durable {
+            std::fs::File::open(&to)?.sync_all()?;
+        }
+        best = best.min(started.elapsed().as_secs_f64());
     }
-    Ok(started.elapsed().as_secs_f64())
+    Ok(best)
 }
