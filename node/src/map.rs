@@ -186,12 +186,7 @@ impl Mapped {
         if start.saturating_add(len) > self.len() {
             return;
         }
-        let base = self.map.as_ptr().wrapping_add(start as usize);
-        let mut line = 0;
-        while line < len as usize {
-            prefetch_line(base.wrapping_add(line));
-            line += 64;
-        }
+        prefetch_at(self.addr(start), len);
     }
 }
 

@@ -37,6 +37,28 @@ fn remove_in_background(trash: std::path::PathBuf) {
         });
 }
 
+/// Puts the entries of `count` records just encoded for unit `unit` after its last record;
+/// returns their indices in the unit.
+fn put_run(
+    inner: &crate::view::Core,
+    shared: &mut crate::writer::Shared,
+    unit: u32,
+    count: usize,
+    entries: &[Vec<Entry>],
+) -> Result<Range<u64>> {
+    // A unit dropped meanwhile is made again, empty.
+    shared.ensure_unit(inner, unit)?;
+    let start = inner.read_view().len_of(unit);
+    let end = start + count as u64;
+    if end > UNIT_INDEX_LIMIT {
+        return Err(Error::InvalidRecord(format!(
+            "unit {unit} would pass its {UNIT_INDEX_LIMIT} records"
+        )));
+    }
+    shared.put_entries(inner, address(unit, start), entries, Some(end))?;
+    Ok(start..end)
+}
+
 /// Appends of fewer records than this stay on one writer.
 const PARALLEL_APPEND_MIN: usize = 64;
 
@@ -178,18 +200,7 @@ impl Store {
                 }
             }
         }
-        let mut shared = writers.shared();
-        // A unit dropped meanwhile is made again, empty.
-        shared.ensure_unit(inner, unit)?;
-        let start = inner.read_view().len_of(unit);
-        let end = start + records.len() as u64;
-        if end > UNIT_INDEX_LIMIT {
-            return Err(Error::InvalidRecord(format!(
-                "unit {unit} would pass its {UNIT_INDEX_LIMIT} records"
-            )));
-        }
-        shared.put_entries(inner, address(unit, start), &entries, Some(end))?;
-        Ok(start..end)
+        put_run(inner, &mut writers.shared(), unit, records.len(), &entries)
     }
 
     /// Appends each run's records to its unit (made if the dataset lacks it), in order: the
@@ -250,21 +261,12 @@ impl Store {
             }
         };
         let mut shared = writers.shared();
-        let mut starts = Vec::with_capacity(runs.len());
-        for (&(unit, records), entries) in runs.iter().zip(&encoded) {
-            // A unit dropped meanwhile is made again, empty.
-            shared.ensure_unit(inner, unit)?;
-            let start = inner.read_view().len_of(unit);
-            let end = start + records.len() as u64;
-            if end > UNIT_INDEX_LIMIT {
-                return Err(Error::InvalidRecord(format!(
-                    "unit {unit} would pass its {UNIT_INDEX_LIMIT} records"
-                )));
-            }
-            shared.put_entries(inner, address(unit, start), entries, Some(end))?;
-            starts.push(start);
-        }
-        Ok(starts)
+        runs.iter()
+            .zip(&encoded)
+            .map(|(&(unit, records), entries)| {
+                Ok(put_run(inner, &mut shared, unit, records.len(), entries)?.start)
+            })
+            .collect()
     }
 
     /// Replaces the fields `record` names of record `index`; its other fields keep their

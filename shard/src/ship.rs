@@ -877,7 +877,8 @@ impl Outs {
         Ok(())
     }
 
-    /// Every file (an empty one made now: no piece of it arrived), to be made durable.
+    /// Every file (all made by now: at the start of the copy, or at their first piece), to
+    /// be made durable.
     fn into_files(self) -> Result<Vec<(std::fs::File, PathBuf)>> {
         let mut files = Vec::with_capacity(self.names.len());
         for k in 0..self.names.len() {
