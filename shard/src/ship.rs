@@ -451,7 +451,7 @@ impl Fetch {
                 .increment(self.slots.len() as u64);
             lock(&self.status).mark = mark;
             tracing::info!(
-                "{}: dataset '{}': {len} records of {} slots copied from the files of {} at {} in {:.3} s: connected and snapshot taken in {:.3} s, {} files ({:.1} MiB) copied in {:.3} s (the last {:.3} s making them durable), taken in in {:.3} s",
+                "{}: dataset '{}': {len} records of {} slots copied from the files of {} at {} in {:.3} s: connected and snapshot taken in {:.3} s, {} files ({:.1} MiB) copied in {:.3} s (the last {:.3} s making them durable), adopted in {:.3} s",
                 dir.display(),
                 self.dataset.as_deref().unwrap_or(wire::DEFAULT_DATASET),
                 self.slots.len(),

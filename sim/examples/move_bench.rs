@@ -1,14 +1,20 @@
-//! What growing a cluster online costs, on loopback, each figure next to its baseline from
-//! the same run: the records `zr cluster add-shard` moves per second next to a file copy of
-//! the same bytes (through the page cache, and made durable as a move's are); the bytes the
-//! nodes' stores wrote, all files, next to the bytes moved; and random gathers through the
-//! router while the move runs next to gathers before it. A move copies the slots it moves as
-//! their files, node to node, at most `--max-rate` MiB/s per node gaining slots (0: as fast
-//! as it can), then the records written since as records (those batches paced: it pauses
-//! twice as long as each took).
+//! What growing and shrinking a cluster online costs, on loopback, each figure next to its
+//! baseline from the same run. Two moves:
+//!
+//! 1. `zr cluster add-shard` on a quiet cluster, files copied at `--idle-rate` (default: as
+//!    fast as they can be, as in a maintenance window): the bytes it moves per second next to
+//!    a file copy of the same bytes (through the page cache, and made durable as a move's
+//!    are), and the bytes the nodes' stores wrote, all files, next to the bytes moved.
+//! 2. `zr cluster drain-shard` of that shard while random gathers run, files copied at
+//!    `--max-rate` (default: the command's own): gathers during the move next to gathers
+//!    before and after it, and the move's own speed under that load.
+//!
+//! A move copies the slots it moves as their files, node to node, at most the rate given per
+//! node gaining slots (0: as fast as it can), then the records written since as records
+//! (those batches paced: it pauses twice as long as each took).
 //!
 //! ```text
-//! cargo run --release -p zr-sim --example move_bench -- [--shards 4] [--records 200000] [--max-rate 256]
+//! cargo run --release -p zr-sim --example move_bench -- [--shards 4] [--records 200000] [--max-rate 256] [--idle-rate 0]
 //! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,20 +42,23 @@ struct Args {
     /// Records per gather.
     #[arg(long, default_value_t = 1024)]
     batch: usize,
-    /// Seconds of gathers before the move (the baseline).
+    /// Seconds of gathers before the moves and after them (the baseline).
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
-    /// Most MiB a second each node gaining slots copies their files at (0: as fast as it
-    /// can), as `zr cluster add-shard --max-rate`.
+    /// Most MiB a second each node gaining slots copies their files at in the move under
+    /// gathers (0: as fast as it can), as `zr cluster drain-shard --max-rate`.
     #[arg(long, default_value_t = zr_router::MOVE_RATE_DEFAULT >> 20)]
     max_rate: u64,
+    /// The same for the move on a quiet cluster.
+    #[arg(long, default_value_t = 0)]
+    idle_rate: u64,
     /// Log level of the cluster's processes.
     #[arg(long, default_value = "error")]
     log: String,
 }
 
 mod bench_common;
-use bench_common::{durable_copy_seconds, file_copy_seconds, payload, settle};
+use bench_common::{durable_copy_seconds, file_copy_seconds, payload, process_cpu_seconds, settle};
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
 
@@ -119,69 +128,127 @@ fn main() -> Result<(), Failed> {
     let copy_rate = expected as f64 / file_copy_seconds(expected)?;
     let durable_rate = expected as f64 / durable_copy_seconds(expected)?;
 
+    // 1. Add a shard on a quiet cluster: how fast a move goes.
     cluster.add_shard_nodes()?;
     settle();
-    let nodes = cluster.listed_nodes();
-    let stop = Arc::new(AtomicBool::new(false));
-    let during = {
-        let (client, stop) = (cluster.client()?, Arc::clone(&stop));
-        let args = args.clone();
-        std::thread::spawn(move || gather(&client, &args, f64::INFINITY, &stop, 2))
-    };
     let written_before = zr_node::disk::bytes_written();
-    let started = Instant::now();
-    client.move_shards_at(MapChange::AddShard, nodes, Some(args.max_rate << 20))?;
-    let report = loop {
-        std::thread::sleep(Duration::from_millis(20));
-        let report = client.move_progress()?.ok_or("the router runs no move")?;
-        if let Some(error) = report.error {
-            return Err(format!("the move stopped: {error}").into());
-        }
-        if report.done {
-            break report;
-        }
-    };
-    let move_s = started.elapsed().as_secs_f64();
+    let added = run_move(&client, MapChange::AddShard, &cluster, args.idle_rate)?;
     let disk_written = zr_node::disk::bytes_written() - written_before;
-    stop.store(true, Ordering::SeqCst);
-    let (during, during_s) = during.join().map_err(|_| "the gather thread panicked")??;
-    let during_rate = during as f64 / during_s;
-
-    let moved_bytes = report.moved * args.size as u64;
-    let move_rate = moved_bytes as f64 / move_s;
-    let rate = match args.max_rate {
-        0 => "files copied as fast as they can be".to_string(),
-        mib => format!("files copied at most {mib} MiB/s per node gaining slots"),
-    };
+    let moved_bytes = added.moved * args.size as u64;
+    let added_rate = moved_bytes as f64 / added.seconds;
     println!(
-        "add-shard   moved {} of {} records ({:.1}%) in {move_s:.2} s, start to switched ({rate})",
-        report.moved,
-        report.records,
-        100.0 * report.moved as f64 / report.records as f64,
+        "add-shard   moved {} of {} records ({:.1}%) in {:.2} s, start to switched, the cluster quiet ({}; {:.2} cores busy)",
+        added.moved,
+        added.records,
+        100.0 * added.moved as f64 / added.records as f64,
+        added.seconds,
+        rate_said(args.idle_rate),
+        added.cores,
     );
     println!(
         "move rate   {:>10.0} records/s moved ({:.1} MiB/s)   file copy of {:.1} MiB (before the move) {:>7.1} MiB/s   move/copy {:.2}x",
-        report.moved as f64 / move_s,
-        mib(move_rate),
+        added.moved as f64 / added.seconds,
+        mib(added_rate),
         mib(expected as f64),
         mib(copy_rate),
-        move_rate / copy_rate
+        added_rate / copy_rate
     );
     println!(
         "            durable file copy (copy + fsync) {:>7.1} MiB/s   move/durable copy {:.2}x",
         mib(durable_rate),
-        move_rate / durable_rate
+        added_rate / durable_rate
     );
     println!(
         "disk        {:.1} MiB written by the nodes' stores during the move   {:.2}x the bytes moved",
         mib(disk_written as f64),
         disk_written as f64 / moved_bytes.max(1) as f64
     );
+
+    // 2. Drain it again while gathers run: what a move costs the reads beside it.
+    settle();
+    let stop = Arc::new(AtomicBool::new(false));
+    let during = {
+        let (client, stop) = (cluster.client()?, Arc::clone(&stop));
+        let args = args.clone();
+        std::thread::spawn(move || gather(&client, &args, f64::INFINITY, &stop, 2))
+    };
+    let drained = run_move(
+        &client,
+        MapChange::DrainShard(args.shards),
+        &cluster,
+        args.max_rate,
+    );
+    stop.store(true, Ordering::SeqCst);
+    let (during, during_s) = during.join().map_err(|_| "the gather thread panicked")??;
+    let drained = drained?;
+    let during_rate = during as f64 / during_s;
+    let drained_rate = (drained.moved * args.size as u64) as f64 / drained.seconds;
     println!(
-        "gathers     during the move {:>10.0} records/s   before it {:>10.0} records/s   during/before {:.2}x",
+        "drain-shard moved {} records in {:.2} s under gathers ({}; {:.2} cores busy): {:.1} MiB/s, {:.2}x the durable file copy",
+        drained.moved,
+        drained.seconds,
+        rate_said(args.max_rate),
+        drained.cores,
+        mib(drained_rate),
+        drained_rate / durable_rate
+    );
+    // Gathers again once the move is done: the baseline is the mean of before and after,
+    // so that the machine's own drift (a shared host, the disk writing back the move's
+    // files) weighs on both sides alike.
+    settle();
+    let (after, after_s) = gather(&client, &args, args.seconds, &idle, 3)?;
+    let after_rate = after as f64 / after_s;
+    let baseline = (before_rate + after_rate) / 2.0;
+    println!(
+        "gathers     during the move {:>10.0} records/s   before it {:>10.0}, after it {:>10.0} records/s   during/(before+after)/2 {:.2}x",
         during_rate,
         before_rate,
-        during_rate / before_rate
+        after_rate,
+        during_rate / baseline
     );
     Ok(())
+}
+
+/// A finished move: its records moved, of how many, in how long, and the cores the whole
+/// process kept busy meanwhile (on average).
+struct Moved {
+    moved: u64,
+    records: u64,
+    seconds: f64,
+    cores: f64,
+}
+
+/// Runs `change` at `rate` MiB/s (0: unpaced) and waits for it to finish.
+fn run_move(
+    client: &Client,
+    change: MapChange,
+    cluster: &SimCluster,
+    rate: u64,
+) -> Result<Moved, Failed> {
+    let started = Instant::now();
+    let cpu = process_cpu_seconds();
+    client.move_shards_at(change, cluster.listed_nodes(), Some(rate << 20))?;
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let report = client.move_progress()?.ok_or("the router runs no move")?;
+        if let Some(error) = report.error {
+            return Err(format!("the move stopped: {error}").into());
+        }
+        if report.done {
+            let seconds = started.elapsed().as_secs_f64();
+            return Ok(Moved {
+                moved: report.moved,
+                records: report.records,
+                seconds,
+                cores: (process_cpu_seconds() - cpu) / seconds,
+            });
+        }
+    }
+}
+
+fn rate_said(rate: u64) -> String {
+    match rate {
+        0 => "files copied as fast as they can be".to_string(),
+        mib => format!("files copied at most {mib} MiB/s per node gaining slots"),
+    }
 }

@@ -33,7 +33,7 @@ pub struct Figures {
 }
 
 /// CPU time this process has used so far, all threads, user and system (Linux; 0 elsewhere).
-fn process_cpu_seconds() -> f64 {
+pub fn process_cpu_seconds() -> f64 {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
         return 0.0;
     };
