@@ -586,10 +586,24 @@ impl AsyncClient {
         // Checked gathers (a damaged copy is repaired) and those that wait for commits are
         // the router's to serve.
         if let Some(direct) = self.link.direct().filter(|_| !checked && wait_ms == 0) {
-            match self.gather_direct(direct, indices, fields).await? {
-                Gathered::Columns(columns) => return Ok(columns),
-                Gathered::ViaRouter(why) => {
-                    tracing::debug!("a gather goes through the router: {why}");
+            // Every wait of a one-hop gather is bounded by the timeout (each node's reply,
+            // each retry, each call to the router), so it ends well within twice it. One that
+            // does not has lost its way: it is given up, and the router serves the gather.
+            let bound = self.link.timeout * 2;
+            match tokio::time::timeout(bound, self.gather_direct(direct, indices, fields)).await {
+                Ok(gathered) => match gathered? {
+                    Gathered::Columns(columns) => return Ok(columns),
+                    Gathered::ViaRouter(why) => {
+                        tracing::debug!("a gather goes through the router: {why}");
+                    }
+                },
+                Err(_) => {
+                    metrics::counter!("zr_client_direct_gathers_given_up_total").increment(1);
+                    tracing::warn!(
+                        "a one-hop gather of {} records had no end within {} ms; the router serves it",
+                        indices.len(),
+                        bound.as_millis()
+                    );
                 }
             }
         }
