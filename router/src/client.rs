@@ -586,9 +586,10 @@ impl AsyncClient {
         // Checked gathers (a damaged copy is repaired) and those that wait for commits are
         // the router's to serve.
         if let Some(direct) = self.link.direct().filter(|_| !checked && wait_ms == 0) {
-            // Every wait of a one-hop gather is bounded by the timeout (each node's reply,
-            // each retry, each call to the router), so it ends well within twice it. One that
-            // does not has lost its way: it is given up, and the router serves the gather.
+            // Each wait of a one-hop gather is bounded by the timeout (a node's reply, a call
+            // to the router) and its retries stop at it: one still going at twice the
+            // timeout has lost its way (seen hanging for good in measurements, cause not
+            // found). It is given up, and the router serves the gather.
             let bound = self.link.timeout * 2;
             match tokio::time::timeout(bound, self.gather_direct(direct, indices, fields)).await {
                 Ok(gathered) => match gathered? {

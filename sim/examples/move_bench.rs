@@ -14,7 +14,7 @@
 //! (those batches paced: it pauses twice as long as each took).
 //!
 //! ```text
-//! cargo run --release -p zr-sim --example move_bench -- [--shards 4] [--records 200000] [--max-rate 256] [--idle-rate 0]
+//! cargo run --release -p zr-sim --example move_bench -- [--shards 4] [--records 200000] [--max-rate 64] [--idle-rate 0]
 //! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};
