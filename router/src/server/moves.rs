@@ -591,36 +591,48 @@ impl Router {
             switching.push((router, token, len));
         }
         self.stop_here(MoveStep::Published)?;
-        for node in self.nodes.all() {
-            if node > 0 {
-                self.stop_here(MoveStep::SwitchedOne)?;
+        // The nodes switch side by side: each switch makes the node's new slots durable and
+        // drops the old ones, a few syncs each, and a node waits for no other (one still on
+        // the old map refuses what the new one places, and the caller asks again).
+        let switches = self.nodes.all().map(|node| {
+            let (new, staged, switching) = (&new, &staged, &switching);
+            async move {
+                if node > 0 {
+                    // Injected: the first node switched, the others not.
+                    self.stop_here(MoveStep::SwitchedOne)?;
+                }
+                let shard = self.nodes.shard(node);
+                if new.slots(shard).is_empty() && !staged.contains(&shard) {
+                    // Holds nothing before and after (drained, or not added yet): it takes
+                    // the map with its next request.
+                    return Ok(());
+                }
+                for (router, token, len) in switching {
+                    let request = NodeRequest::Switch {
+                        version: to.version,
+                        slots: new
+                            .slots(shard)
+                            .iter()
+                            .map(|&slot| (slot, new.slot_len(slot, *len)))
+                            .collect(),
+                        token: *token,
+                    };
+                    self.nodes.call(router.on(), node, &request, Vec::new()).await.map_err(|e| {
+                        Failure::Inconsistent(format!(
+                            "map version {} is published, but shard {shard} replica {} did not switch dataset '{}' to it: {e}; run the command again to finish",
+                            to.version,
+                            self.nodes.replica(node),
+                            router.dataset_name()
+                        ))
+                    })?;
+                }
+                Ok::<(), Failure>(())
             }
-            let shard = self.nodes.shard(node);
-            if new.slots(shard).is_empty() && !staged.contains(&shard) {
-                // Holds nothing before and after (drained, or not added yet): it takes the
-                // map with its next request.
-                continue;
-            }
-            for (router, token, len) in &switching {
-                let request = NodeRequest::Switch {
-                    version: to.version,
-                    slots: new
-                        .slots(shard)
-                        .iter()
-                        .map(|&slot| (slot, new.slot_len(slot, *len)))
-                        .collect(),
-                    token: *token,
-                };
-                self.nodes.call(router.on(), node, &request, Vec::new()).await.map_err(|e| {
-                    Failure::Inconsistent(format!(
-                        "map version {} is published, but shard {shard} replica {} did not switch dataset '{}' to it: {e}; run the command again to finish",
-                        to.version,
-                        self.nodes.replica(node),
-                        router.dataset_name()
-                    ))
-                })?;
-            }
-        }
+        });
+        futures::future::join_all(switches)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>, Failure>>()?;
         let done = ClusterRecord {
             moving: None,
             ..record
