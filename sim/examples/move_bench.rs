@@ -4,7 +4,9 @@
 //! 1. `zr cluster add-shard` on a quiet cluster, files copied at `--idle-rate` (default: as
 //!    fast as they can be, as in a maintenance window): the bytes it moves per second next to
 //!    a file copy of the same bytes (through the page cache, and made durable as a move's
-//!    are), and the bytes the nodes' stores wrote, all files, next to the bytes moved.
+//!    are), next to a copy by hand of the files the move made (`cp -r`, `sync`: the same bytes
+//!    in as many files, each with what this file system charges to make one), and the bytes
+//!    the nodes' stores wrote, all files, next to the bytes moved.
 //! 2. `zr cluster drain-shard` of that shard while random gathers run, files copied at
 //!    `--max-rate` (default: the command's own): gathers during the move next to gathers
 //!    before and after it, and the move's own speed under that load.
@@ -58,7 +60,10 @@ struct Args {
 }
 
 mod bench_common;
-use bench_common::{durable_copy_seconds, file_copy_seconds, payload, process_cpu_seconds, settle};
+use bench_common::{
+    copy_files_seconds, durable_copy_seconds, file_copy_seconds, payload, process_cpu_seconds,
+    settle,
+};
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
 
@@ -129,7 +134,7 @@ fn main() -> Result<(), Failed> {
     let durable_rate = expected as f64 / durable_copy_seconds(expected)?;
 
     // 1. Add a shard on a quiet cluster: how fast a move goes.
-    cluster.add_shard_nodes()?;
+    let added_shard = cluster.add_shard_nodes()?;
     settle();
     let written_before = zr_node::disk::bytes_written();
     let added = run_move(&client, MapChange::AddShard, &cluster, args.idle_rate)?;
@@ -162,6 +167,16 @@ fn main() -> Result<(), Failed> {
         "disk        {:.1} MiB written by the nodes' stores during the move   {:.2}x the bytes moved",
         mib(disk_written as f64),
         disk_written as f64 / moved_bytes.max(1) as f64
+    );
+    // The same files copied by hand: the new shard's, as the move left them.
+    let (same_s, same_bytes, same_files) =
+        copy_files_seconds(&cluster.data_dir(cluster.node(added_shard, 0)))?;
+    let same_rate = same_bytes as f64 / same_s;
+    println!(
+        "            copy of the same files ({same_files} files, {:.1} MiB; copy + sync) {:>7.1} MiB/s   move/same-files copy {:.2}x",
+        mib(same_bytes as f64),
+        mib(same_rate),
+        added_rate / same_rate
     );
 
     // 2. Drain it again while gathers run: what a move costs the reads beside it.

@@ -49,7 +49,8 @@ struct Args {
 
 mod bench_common;
 use bench_common::{
-    create_files_seconds, durable_copy_seconds, file_copy_seconds, payload, quinn_server, settle,
+    copy_files_seconds, create_files_seconds, durable_copy_seconds, file_copy_seconds, payload,
+    quinn_server, settle,
 };
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
@@ -180,6 +181,7 @@ fn main() -> Result<(), Failed> {
     print_rebuild(
         &two,
         "wiped node",
+        &two.data_dir(wiped),
         (shard_bytes, files),
         rebuild_s,
         copy_phase_s,
@@ -206,6 +208,7 @@ fn main() -> Result<(), Failed> {
     print_rebuild(
         &two,
         "replacement",
+        &two.data_dir(replaced),
         (shard_bytes, files),
         rebuild_s,
         copy_phase_s,
@@ -307,10 +310,12 @@ fn until_in_sync(client: &Client, started: Instant) -> Result<(f64, f64), Failed
 
 /// One rebuild's line: its copy rate next to a file copy's of the same bytes (in the page
 /// cache, as `cp` leaves it, and made durable, as a rebuild's is) and a plain QUIC
-/// transfer's of them between two endpoints of `cluster`, each measured now.
+/// transfer's of them between two endpoints of `cluster`, each measured now; then a copy
+/// by hand of the files the rebuild made, at `rebuilt`.
 fn print_rebuild(
     cluster: &SimCluster,
     what: &str,
+    rebuilt: &std::path::Path,
     (bytes, files): (u64, usize),
     rebuild_s: f64,
     copy_phase_s: f64,
@@ -335,6 +340,13 @@ fn print_rebuild(
         "          {what:<11} its {files} files: making as many empty files here takes {create_s:.3} s ({:.0} us each), {:.0}% of its catching up",
         create_s * 1e6 / files.max(1) as f64,
         100.0 * create_s / copy_phase_s
+    );
+    let (same_s, same_bytes, same_files) = copy_files_seconds(rebuilt)?;
+    println!(
+        "          {what:<11} a copy of the same files ({same_files} files, {:.1} MiB; copy + sync) {:>7.1} MiB/s   rebuild/same-files copy {:.2}x",
+        mib(same_bytes as f64),
+        mib(same_bytes as f64 / same_s),
+        (same_s / same_bytes as f64) / (copy_phase_s / bytes as f64)
     );
     Ok(())
 }
