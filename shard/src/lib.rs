@@ -11,6 +11,7 @@
 
 pub mod catalog;
 pub mod fence;
+pub mod filesystem;
 pub mod identity;
 pub mod server;
 pub mod ship;

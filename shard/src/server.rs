@@ -1249,6 +1249,9 @@ pub async fn run_shard(
         store.len(),
         dir.display()
     );
+    if let Some(why) = crate::filesystem::slow_to_make_files(&dir) {
+        tracing::warn!("the data directory {why}");
+    }
     // The node's liveness lease in the metadata store, renewed while it serves; a node that
     // cannot reach the store serves all the same (the lease says so by lapsing).
     let mut background = tokio::task::JoinSet::new(); // dropped (so stopped) with the node
