@@ -49,8 +49,8 @@ struct Args {
 
 mod bench_common;
 use bench_common::{
-    copy_files_seconds, create_files_seconds, durable_copy_seconds, file_copy_seconds, payload,
-    quinn_server, settle,
+    allocated_bytes, copy_files_seconds, create_files_seconds, durable_copy_seconds,
+    file_copy_seconds, payload, quinn_server, settle,
 };
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
@@ -269,20 +269,9 @@ fn dir_bytes(dir: &std::path::Path) -> Result<u64, Failed> {
         let entry = entry?;
         let meta = entry.metadata()?;
         // Chunk files grow in steps: count what they hold, not what they reserve.
-        total += meta.len().min(meta_blocks(&meta));
+        total += meta.len().min(allocated_bytes(&meta));
     }
     Ok(total)
-}
-
-#[cfg(unix)]
-fn meta_blocks(meta: &std::fs::Metadata) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    meta.blocks() * 512
-}
-
-#[cfg(not(unix))]
-fn meta_blocks(meta: &std::fs::Metadata) -> u64 {
-    meta.len()
 }
 
 /// Waits until every node is up and in sync; returns the seconds since `started` and since

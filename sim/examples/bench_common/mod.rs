@@ -443,14 +443,16 @@ pub fn copy_files_seconds(dir: &Path) -> Result<(f64, u64, usize)> {
     Ok((best, bytes, files.len()))
 }
 
+/// Bytes the file of `meta` has on the disk (its blocks), which for a file grown in
+/// reserved steps is about what it holds.
 #[cfg(unix)]
-fn allocated_bytes(meta: &std::fs::Metadata) -> u64 {
+pub fn allocated_bytes(meta: &std::fs::Metadata) -> u64 {
     use std::os::unix::fs::MetadataExt;
     meta.blocks() * 512
 }
 
 #[cfg(not(unix))]
-fn allocated_bytes(meta: &std::fs::Metadata) -> u64 {
+pub fn allocated_bytes(meta: &std::fs::Metadata) -> u64 {
     meta.len()
 }
 
