@@ -49,8 +49,8 @@ struct Args {
 
 mod bench_common;
 use bench_common::{
-    allocated_bytes, copy_files_seconds, create_files_seconds, durable_copy_seconds,
-    file_copy_seconds, payload, quinn_server, settle,
+    copy_files_seconds, create_files_seconds, durable_copy_seconds, file_copy_seconds, held_bytes,
+    payload, quinn_server, settle,
 };
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
@@ -267,9 +267,8 @@ fn dir_bytes(dir: &std::path::Path) -> Result<u64, Failed> {
     let mut total = 0;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        let meta = entry.metadata()?;
         // Chunk files grow in steps: count what they hold, not what they reserve.
-        total += meta.len().min(allocated_bytes(&meta));
+        total += held_bytes(&entry.metadata()?);
     }
     Ok(total)
 }

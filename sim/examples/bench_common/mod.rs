@@ -412,10 +412,8 @@ pub fn copy_files_seconds(dir: &Path) -> Result<(f64, u64, usize)> {
             if kind.is_dir() {
                 folders.push(entry.path());
             } else if kind.is_file() {
-                let meta = entry.metadata()?;
-                let written = meta.len().min(allocated_bytes(&meta));
                 let relative = entry.path().strip_prefix(dir)?.to_path_buf();
-                files.push((relative, written));
+                files.push((relative, held_bytes(&entry.metadata()?)));
             }
         }
     }
@@ -443,16 +441,16 @@ pub fn copy_files_seconds(dir: &Path) -> Result<(f64, u64, usize)> {
     Ok((best, bytes, files.len()))
 }
 
-/// Bytes the file of `meta` has on the disk (its blocks), which for a file grown in
-/// reserved steps is about what it holds.
+/// Bytes the file of `meta` holds: chunk files and offset tables grow in reserved steps, so
+/// its length, but no more than its blocks on the disk.
 #[cfg(unix)]
-pub fn allocated_bytes(meta: &std::fs::Metadata) -> u64 {
+pub fn held_bytes(meta: &std::fs::Metadata) -> u64 {
     use std::os::unix::fs::MetadataExt;
-    meta.blocks() * 512
+    meta.len().min(meta.blocks() * 512)
 }
 
 #[cfg(not(unix))]
-pub fn allocated_bytes(meta: &std::fs::Metadata) -> u64 {
+pub fn held_bytes(meta: &std::fs::Metadata) -> u64 {
     meta.len()
 }
 
