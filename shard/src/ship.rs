@@ -865,11 +865,8 @@ impl Outs {
                     path.display()
                 )));
             };
-            let mut to = offset;
-            for part in piece.range(at, end) {
-                zr_node::disk::write_at(out, &path, part, to).ctx("write", &path)?;
-                to += part.len() as u64;
-            }
+            let parts: Vec<&[u8]> = piece.range(at, end).collect();
+            zr_node::disk::write_parts_at(out, &path, &parts, offset).ctx("write", &path)?;
             start_writeback(out, offset, u64::from(len));
             at = end;
             lock(&self.status).bytes += u64::from(len);
