@@ -208,21 +208,7 @@ pub fn bytes_written() -> u64 {
 
 /// `pwrite` of all of `bytes` at `offset`.
 pub fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> io::Result<()> {
-    WRITTEN.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-    change(
-        path,
-        || {
-            let (old, old_len) = read_range(path, offset, bytes.len());
-            Some(Change::Write {
-                path: path.to_path_buf(),
-                offset,
-                bytes: bytes.to_vec(),
-                old,
-                old_len,
-            })
-        },
-        || file.write_all_at(bytes, offset),
-    )
+    write_parts_at(file, path, &[bytes], offset)
 }
 
 /// `pwritev` of all of `parts`, back to back, at `offset`: one system call for many
@@ -247,9 +233,6 @@ pub fn write_parts_at(file: &File, path: &Path, parts: &[&[u8]], offset: u64) ->
     )
 }
 
-/// Most buffers one `pwritev` takes (Linux's `IOV_MAX`).
-const IOV_MAX: usize = 1024;
-
 fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut offset: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let mut slices: Vec<io::IoSlice<'_>> = parts
@@ -259,7 +242,7 @@ fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut offset: u64) -> io::R
         .collect();
     let mut rest = &mut slices[..];
     while !rest.is_empty() {
-        let count = rest.len().min(IOV_MAX);
+        let count = rest.len().min(libc::UIO_MAXIOV as usize);
         let at = libc::off_t::try_from(offset)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset past off_t"))?;
         // SAFETY: `IoSlice` is ABI-compatible with `iovec` on Unix (std guarantees it); the
@@ -743,7 +726,7 @@ mod tests {
         }
     }
 
-    /// Pieces written at once land back to back at their offset, past `IOV_MAX` pieces and
+    /// Pieces written at once land back to back at their offset, past `UIO_MAXIOV` pieces and
     /// with empty ones among them; under a power-cut recorder they are one change, which a
     /// cut that loses it takes back to the bytes before.
     #[test]
