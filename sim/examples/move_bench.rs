@@ -6,7 +6,9 @@
 //!    a file copy of the same bytes (through the page cache, and made durable as a move's
 //!    are), next to a copy by hand of the files the move made (`cp -r`, `sync`: the same bytes
 //!    in as many files, each with what this file system charges to make one), and the bytes
-//!    the nodes' stores wrote, all files, next to the bytes moved.
+//!    the nodes' stores wrote, all files, next to the bytes moved. With the cores the move
+//!    and the copy kept busy (this process's and the whole machine's), and how fast the
+//!    move's work could go at best with every core of the machine on it.
 //! 2. `zr cluster drain-shard` of that shard while random gathers run, files copied at
 //!    `--max-rate` (default: the command's own): gathers during the move next to gathers
 //!    before and after it, and the move's own speed under that load.
@@ -61,8 +63,7 @@ struct Args {
 
 mod bench_common;
 use bench_common::{
-    copy_files_seconds, durable_copy_seconds, file_copy_seconds, payload, process_cpu_seconds,
-    settle,
+    copy_files_seconds, cores, durable_copy, file_copy_seconds, payload, settle, Busy,
 };
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
@@ -131,7 +132,8 @@ fn main() -> Result<(), Failed> {
     // givers' files being removed).
     let expected = args.records * args.size as u64 / u64::from(args.shards + 1);
     let copy_rate = expected as f64 / file_copy_seconds(expected)?;
-    let durable_rate = expected as f64 / durable_copy_seconds(expected)?;
+    let (durable_s, durable_busy) = durable_copy(expected)?;
+    let durable_rate = expected as f64 / durable_s;
 
     // 1. Add a shard on a quiet cluster: how fast a move goes.
     let added_shard = cluster.add_shard_nodes()?;
@@ -142,13 +144,15 @@ fn main() -> Result<(), Failed> {
     let moved_bytes = added.moved * args.size as u64;
     let added_rate = moved_bytes as f64 / added.seconds;
     println!(
-        "add-shard   moved {} of {} records ({:.1}%) in {:.2} s, start to switched, the cluster quiet ({}; {:.2} cores busy)",
+        "add-shard   moved {} of {} records ({:.1}%) in {:.2} s, start to switched, the cluster quiet ({}; this process {:.2} cores busy, the machine {:.2} of {})",
         added.moved,
         added.records,
         100.0 * added.moved as f64 / added.records as f64,
         added.seconds,
         rate_said(args.idle_rate),
-        added.cores,
+        added.cores.0,
+        added.cores.1,
+        cores(),
     );
     println!(
         "move rate   {:>10.0} records/s moved ({:.1} MiB/s)   file copy of {:.1} MiB (before the move) {:>7.1} MiB/s   move/copy {:.2}x",
@@ -159,9 +163,16 @@ fn main() -> Result<(), Failed> {
         added_rate / copy_rate
     );
     println!(
-        "            durable file copy (copy + fsync) {:>7.1} MiB/s   move/durable copy {:.2}x",
+        "            durable file copy (copy + fsync) {:>7.1} MiB/s (the machine {:.2} cores busy)   move/durable copy {:.2}x",
         mib(durable_rate),
+        durable_busy,
         added_rate / durable_rate
+    );
+    // The machine's CPU time the move took, spread over all its cores.
+    let at_best_s = (added.cores.1 * added.seconds / cores() as f64).max(1e-9);
+    println!(
+        "            the move's work on every core at once: {at_best_s:.2} s, {:.2}x the durable copy at best",
+        (moved_bytes as f64 / at_best_s) / durable_rate
     );
     println!(
         "disk        {:.1} MiB written by the nodes' stores during the move   {:.2}x the bytes moved",
@@ -199,11 +210,11 @@ fn main() -> Result<(), Failed> {
     let during_rate = during as f64 / during_s;
     let drained_rate = (drained.moved * args.size as u64) as f64 / drained.seconds;
     println!(
-        "drain-shard moved {} records in {:.2} s under gathers ({}; {:.2} cores busy): {:.1} MiB/s, {:.2}x the durable file copy",
+        "drain-shard moved {} records in {:.2} s under gathers ({}; this process {:.2} cores busy): {:.1} MiB/s, {:.2}x the durable file copy",
         drained.moved,
         drained.seconds,
         rate_said(args.max_rate),
-        drained.cores,
+        drained.cores.0,
         mib(drained_rate),
         drained_rate / durable_rate
     );
@@ -224,13 +235,13 @@ fn main() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A finished move: its records moved, of how many, in how long, and the cores the whole
-/// process kept busy meanwhile (on average).
+/// A finished move: its records moved, of how many, in how long, and the cores this
+/// process and the whole machine kept busy meanwhile (on average; see `Busy`).
 struct Moved {
     moved: u64,
     records: u64,
     seconds: f64,
-    cores: f64,
+    cores: (f64, f64),
 }
 
 /// Runs `change` at `rate` MiB/s (0: unpaced) and waits for it to finish.
@@ -241,7 +252,7 @@ fn run_move(
     rate: u64,
 ) -> Result<Moved, Failed> {
     let started = Instant::now();
-    let cpu = process_cpu_seconds();
+    let busy = Busy::start();
     client.move_shards_at(change, cluster.listed_nodes(), Some(rate << 20))?;
     loop {
         std::thread::sleep(Duration::from_millis(20));
@@ -255,7 +266,7 @@ fn run_move(
                 moved: report.moved,
                 records: report.records,
                 seconds,
-                cores: (process_cpu_seconds() - cpu) / seconds,
+                cores: busy.cores(),
             });
         }
     }

@@ -1,6 +1,8 @@
 //! What replicas cost and buy, on loopback, each figure next to its baseline from the same
 //! run: random gathers through the router with two replicas per shard vs one; appends with
-//! two vs one; the rebuild of a wiped node vs a plain file copy of the same bytes; and the
+//! two vs one; the rebuild of a wiped node vs a plain file copy of the same bytes, with the
+//! cores each kept busy (this process's and the whole machine's, the kernel's writeback
+//! included) and how fast the rebuild's work could go at best with every core on it; and the
 //! longest pause a gather loop sees while a node stops (its connections close), is dropped
 //! mid-flight, or stalls (connected, never answering, as a `kill -9` or a lost host looks to
 //! its peers), against the router's timeout.
@@ -49,8 +51,8 @@ struct Args {
 
 mod bench_common;
 use bench_common::{
-    copy_files_seconds, create_files_seconds, durable_copy_seconds, file_copy_seconds, held_bytes,
-    payload, quinn_server, settle,
+    copy_files_seconds, cores, create_files_seconds, durable_copy, file_copy_seconds, held_bytes,
+    payload, quinn_server, settle, Busy,
 };
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
@@ -175,7 +177,7 @@ fn main() -> Result<(), Failed> {
     settle();
     let started = Instant::now();
     two.start_node(wiped)?;
-    let (rebuild_s, copy_phase_s) = until_in_sync(&c2, started)?;
+    let rebuilt = until_in_sync(&c2, started)?;
     let shard_bytes = dir_bytes(&two.data_dir(two.node(0, 0)).join("chunk"))?;
     let files = dataset_files(&two.data_dir(two.node(0, 0)))?;
     print_rebuild(
@@ -183,8 +185,7 @@ fn main() -> Result<(), Failed> {
         "wiped node",
         &two.data_dir(wiped),
         (shard_bytes, files),
-        rebuild_s,
-        copy_phase_s,
+        rebuilt,
     )?;
     let replaced = two.node(1, 0);
     let new_addr = two.replace_node(replaced)?;
@@ -200,7 +201,7 @@ fn main() -> Result<(), Failed> {
         until_in_sync(&watching, started)
     });
     c2.replace_node(1, 0, new_addr)?;
-    let (rebuild_s, copy_phase_s) = watcher
+    let rebuilt = watcher
         .join()
         .map_err(|_| "the watching thread panicked")??;
     let shard_bytes = dir_bytes(&two.data_dir(replaced).join("chunk"))?;
@@ -210,8 +211,7 @@ fn main() -> Result<(), Failed> {
         "replacement",
         &two.data_dir(replaced),
         (shard_bytes, files),
-        rebuild_s,
-        copy_phase_s,
+        rebuilt,
     )?;
     drop((c2, two));
 
@@ -273,10 +273,20 @@ fn dir_bytes(dir: &std::path::Path) -> Result<u64, Failed> {
     Ok(total)
 }
 
-/// Waits until every node is up and in sync; returns the seconds since `started` and since
-/// the router first showed a replica behind (the copy phase).
-fn until_in_sync(client: &Client, started: Instant) -> Result<(f64, f64), Failed> {
-    let mut catching_up = None;
+/// A rebuild as `until_in_sync` saw it.
+struct Rebuilt {
+    /// From `started` to every node in sync.
+    seconds: f64,
+    /// From the router first showing a replica catching up to every node in sync.
+    copy_phase_s: f64,
+    /// Cores busy in the copy phase: this process's, the machine's (see `Busy`).
+    busy: (f64, f64),
+}
+
+/// Waits until every node is up and in sync, and says how long that took.
+fn until_in_sync(client: &Client, started: Instant) -> Result<Rebuilt, Failed> {
+    let whole = Busy::start();
+    let mut catching_up: Option<(Instant, Busy)> = None;
     loop {
         let status = client.status()?;
         if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
@@ -285,15 +295,24 @@ fn until_in_sync(client: &Client, started: Instant) -> Result<(f64, f64), Failed
         // The copy begins when the router starts catching the replica up (after the read
         // lease's wait that follows marking it behind).
         if catching_up.is_none() && status.nodes.iter().any(|n| n.rebuild.is_some()) {
-            catching_up = Some(Instant::now());
+            catching_up = Some((Instant::now(), Busy::start()));
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    let rebuild_s = started.elapsed().as_secs_f64();
-    Ok((
-        rebuild_s,
-        catching_up.map_or(rebuild_s, |t| t.elapsed().as_secs_f64()),
-    ))
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(match catching_up {
+        Some((at, busy)) => Rebuilt {
+            seconds,
+            copy_phase_s: at.elapsed().as_secs_f64(),
+            busy: busy.cores(),
+        },
+        // Caught up between two looks: the whole wait is the copy phase.
+        None => Rebuilt {
+            seconds,
+            copy_phase_s: seconds,
+            busy: whole.cores(),
+        },
+    })
 }
 
 /// One rebuild's line: its copy rate next to a file copy's of the same bytes (in the page
@@ -305,14 +324,19 @@ fn print_rebuild(
     what: &str,
     rebuilt: &std::path::Path,
     (bytes, files): (u64, usize),
-    rebuild_s: f64,
-    copy_phase_s: f64,
+    Rebuilt {
+        seconds: rebuild_s,
+        copy_phase_s,
+        busy: (process_busy, machine_busy),
+    }: Rebuilt,
 ) -> Result<(), Failed> {
     let copy_s = file_copy_seconds(bytes)?;
-    let durable_s = durable_copy_seconds(bytes)?;
+    let (durable_s, durable_busy) = durable_copy(bytes)?;
     let quinn_s = quinn_copy_seconds(cluster, bytes)?;
     let create_s = create_files_seconds(files)?;
     let mib = |bytes: f64| bytes / (1 << 20) as f64;
+    // The machine's CPU time the copy phase took, spread over all its cores.
+    let at_best_s = (machine_busy * copy_phase_s / cores() as f64).max(1e-9);
     println!(
         "rebuild   {what:<11} {:>6.1} MiB/s ({:.1} MiB in {copy_phase_s:.2} s catching up; {rebuild_s:.2} s from its start to in sync)   file copy {:>7.1} MiB/s (made durable {:>7.1})   plain quinn {:>6.1} MiB/s   rebuild/copy {:.2}x (durable {:.2}x)   rebuild/quinn {:.2}x",
         mib(bytes as f64 / copy_phase_s),
@@ -323,6 +347,12 @@ fn print_rebuild(
         copy_s / copy_phase_s,
         durable_s / copy_phase_s,
         quinn_s / copy_phase_s
+    );
+    println!(
+        "          {what:<11} cores busy catching up: this process {process_busy:.2}, the machine {machine_busy:.2} of {}; during the durable file copy the machine {durable_busy:.2}; the catching up's work on every core at once: {:.2} s, {:.2}x the durable copy at best",
+        cores(),
+        at_best_s,
+        durable_s / at_best_s
     );
     println!(
         "          {what:<11} its {files} files: making as many empty files here takes {create_s:.3} s ({:.0} us each), {:.0}% of its catching up",
