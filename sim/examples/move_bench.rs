@@ -63,7 +63,7 @@ struct Args {
 
 mod bench_common;
 use bench_common::{
-    copy_files_seconds, cores, durable_copy, file_copy_seconds, payload, settle, Busy,
+    copy_files_seconds, cores, durable_copy, file_copy_seconds, payload, settle, Busy, Spent,
 };
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
@@ -132,8 +132,8 @@ fn main() -> Result<(), Failed> {
     // givers' files being removed).
     let expected = args.records * args.size as u64 / u64::from(args.shards + 1);
     let copy_rate = expected as f64 / file_copy_seconds(expected)?;
-    let (durable_s, durable_busy) = durable_copy(expected)?;
-    let durable_rate = expected as f64 / durable_s;
+    let durable = durable_copy(expected)?;
+    let durable_rate = expected as f64 / durable.seconds;
 
     // 1. Add a shard on a quiet cluster: how fast a move goes.
     let added_shard = cluster.add_shard_nodes()?;
@@ -142,21 +142,21 @@ fn main() -> Result<(), Failed> {
     let added = run_move(&client, MapChange::AddShard, &cluster, args.idle_rate)?;
     let disk_written = zr_node::disk::bytes_written() - written_before;
     let moved_bytes = added.moved * args.size as u64;
-    let added_rate = moved_bytes as f64 / added.seconds;
+    let added_rate = moved_bytes as f64 / added.spent.seconds;
     println!(
         "add-shard   moved {} of {} records ({:.1}%) in {:.2} s, start to switched, the cluster quiet ({}; this process {:.2} cores busy, the machine {:.2} of {})",
         added.moved,
         added.records,
         100.0 * added.moved as f64 / added.records as f64,
-        added.seconds,
+        added.spent.seconds,
         rate_said(args.idle_rate),
-        added.cores.0,
-        added.cores.1,
+        added.spent.process,
+        added.spent.machine,
         cores(),
     );
     println!(
         "move rate   {:>10.0} records/s moved ({:.1} MiB/s)   file copy of {:.1} MiB (before the move) {:>7.1} MiB/s   move/copy {:.2}x",
-        added.moved as f64 / added.seconds,
+        added.moved as f64 / added.spent.seconds,
         mib(added_rate),
         mib(expected as f64),
         mib(copy_rate),
@@ -165,11 +165,10 @@ fn main() -> Result<(), Failed> {
     println!(
         "            durable file copy (copy + fsync) {:>7.1} MiB/s (the machine {:.2} cores busy)   move/durable copy {:.2}x",
         mib(durable_rate),
-        durable_busy,
+        durable.machine,
         added_rate / durable_rate
     );
-    // The machine's CPU time the move took, spread over all its cores.
-    let at_best_s = (added.cores.1 * added.seconds / cores() as f64).max(1e-9);
+    let at_best_s = added.spent.at_best_seconds();
     println!(
         "            the move's work on every core at once: {at_best_s:.2} s, {:.2}x the durable copy at best",
         (moved_bytes as f64 / at_best_s) / durable_rate
@@ -208,13 +207,13 @@ fn main() -> Result<(), Failed> {
     let (during, during_s) = during.join().map_err(|_| "the gather thread panicked")??;
     let drained = drained?;
     let during_rate = during as f64 / during_s;
-    let drained_rate = (drained.moved * args.size as u64) as f64 / drained.seconds;
+    let drained_rate = (drained.moved * args.size as u64) as f64 / drained.spent.seconds;
     println!(
         "drain-shard moved {} records in {:.2} s under gathers ({}; this process {:.2} cores busy): {:.1} MiB/s, {:.2}x the durable file copy",
         drained.moved,
-        drained.seconds,
+        drained.spent.seconds,
         rate_said(args.max_rate),
-        drained.cores.0,
+        drained.spent.process,
         mib(drained_rate),
         drained_rate / durable_rate
     );
@@ -235,13 +234,12 @@ fn main() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A finished move: its records moved, of how many, in how long, and the cores this
-/// process and the whole machine kept busy meanwhile (on average; see `Busy`).
+/// A finished move: its records moved, of how many, and how long it took with the cores
+/// kept busy meanwhile.
 struct Moved {
     moved: u64,
     records: u64,
-    seconds: f64,
-    cores: (f64, f64),
+    spent: Spent,
 }
 
 /// Runs `change` at `rate` MiB/s (0: unpaced) and waits for it to finish.
@@ -251,7 +249,6 @@ fn run_move(
     cluster: &SimCluster,
     rate: u64,
 ) -> Result<Moved, Failed> {
-    let started = Instant::now();
     let busy = Busy::start();
     client.move_shards_at(change, cluster.listed_nodes(), Some(rate << 20))?;
     loop {
@@ -261,12 +258,10 @@ fn run_move(
             return Err(format!("the move stopped: {error}").into());
         }
         if report.done {
-            let seconds = started.elapsed().as_secs_f64();
             return Ok(Moved {
                 moved: report.moved,
                 records: report.records,
-                seconds,
-                cores: busy.cores(),
+                spent: busy.spent(),
             });
         }
     }

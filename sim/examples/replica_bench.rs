@@ -52,7 +52,7 @@ struct Args {
 mod bench_common;
 use bench_common::{
     copy_files_seconds, cores, create_files_seconds, durable_copy, file_copy_seconds, held_bytes,
-    payload, quinn_server, settle, Busy,
+    payload, quinn_server, settle, Busy, Spent,
 };
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
@@ -277,16 +277,15 @@ fn dir_bytes(dir: &std::path::Path) -> Result<u64, Failed> {
 struct Rebuilt {
     /// From `started` to every node in sync.
     seconds: f64,
-    /// From the router first showing a replica catching up to every node in sync.
-    copy_phase_s: f64,
-    /// Cores busy in the copy phase: this process's, the machine's (see `Busy`).
-    busy: (f64, f64),
+    /// The copy phase: from the router first showing a replica catching up to every node
+    /// in sync, with the cores busy meanwhile.
+    copy_phase: Spent,
 }
 
 /// Waits until every node is up and in sync, and says how long that took.
 fn until_in_sync(client: &Client, started: Instant) -> Result<Rebuilt, Failed> {
     let whole = Busy::start();
-    let mut catching_up: Option<(Instant, Busy)> = None;
+    let mut catching_up: Option<Busy> = None;
     loop {
         let status = client.status()?;
         if status.nodes.iter().all(|n| n.in_sync && n.state == "up") {
@@ -295,23 +294,14 @@ fn until_in_sync(client: &Client, started: Instant) -> Result<Rebuilt, Failed> {
         // The copy begins when the router starts catching the replica up (after the read
         // lease's wait that follows marking it behind).
         if catching_up.is_none() && status.nodes.iter().any(|n| n.rebuild.is_some()) {
-            catching_up = Some((Instant::now(), Busy::start()));
+            catching_up = Some(Busy::start());
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    let seconds = started.elapsed().as_secs_f64();
-    Ok(match catching_up {
-        Some((at, busy)) => Rebuilt {
-            seconds,
-            copy_phase_s: at.elapsed().as_secs_f64(),
-            busy: busy.cores(),
-        },
+    Ok(Rebuilt {
+        seconds: started.elapsed().as_secs_f64(),
         // Caught up between two looks: the whole wait is the copy phase.
-        None => Rebuilt {
-            seconds,
-            copy_phase_s: seconds,
-            busy: whole.cores(),
-        },
+        copy_phase: catching_up.as_ref().unwrap_or(&whole).spent(),
     })
 }
 
@@ -326,17 +316,16 @@ fn print_rebuild(
     (bytes, files): (u64, usize),
     Rebuilt {
         seconds: rebuild_s,
-        copy_phase_s,
-        busy: (process_busy, machine_busy),
+        copy_phase,
     }: Rebuilt,
 ) -> Result<(), Failed> {
     let copy_s = file_copy_seconds(bytes)?;
-    let (durable_s, durable_busy) = durable_copy(bytes)?;
+    let durable = durable_copy(bytes)?;
+    let (durable_s, copy_phase_s) = (durable.seconds, copy_phase.seconds);
     let quinn_s = quinn_copy_seconds(cluster, bytes)?;
     let create_s = create_files_seconds(files)?;
     let mib = |bytes: f64| bytes / (1 << 20) as f64;
-    // The machine's CPU time the copy phase took, spread over all its cores.
-    let at_best_s = (machine_busy * copy_phase_s / cores() as f64).max(1e-9);
+    let at_best_s = copy_phase.at_best_seconds();
     println!(
         "rebuild   {what:<11} {:>6.1} MiB/s ({:.1} MiB in {copy_phase_s:.2} s catching up; {rebuild_s:.2} s from its start to in sync)   file copy {:>7.1} MiB/s (made durable {:>7.1})   plain quinn {:>6.1} MiB/s   rebuild/copy {:.2}x (durable {:.2}x)   rebuild/quinn {:.2}x",
         mib(bytes as f64 / copy_phase_s),
@@ -349,8 +338,11 @@ fn print_rebuild(
         quinn_s / copy_phase_s
     );
     println!(
-        "          {what:<11} cores busy catching up: this process {process_busy:.2}, the machine {machine_busy:.2} of {}; during the durable file copy the machine {durable_busy:.2}; the catching up's work on every core at once: {:.2} s, {:.2}x the durable copy at best",
+        "          {what:<11} cores busy catching up: this process {:.2}, the machine {:.2} of {}; during the durable file copy the machine {:.2}; the catching up's work on every core at once: {:.2} s, {:.2}x the durable copy at best",
+        copy_phase.process,
+        copy_phase.machine,
         cores(),
+        durable.machine,
         at_best_s,
         durable_s / at_best_s
     );

@@ -52,15 +52,24 @@ pub fn process_cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// Cores kept busy over a stretch of time: by this process (every thread, user and
-/// system), and by the whole machine (every process and the kernel's own threads: the
-/// page cache's writeback, a loop device's worker), each on average. A move or a rebuild
-/// shares this machine's cores with everything else of the cluster; these say how close to
-/// all of them it ran.
+/// A stretch of time being measured: how long it lasts and the cores kept busy meanwhile
+/// (see [`Spent`]).
 pub struct Busy {
     started: Instant,
     process: f64,
     machine: f64,
+}
+
+/// A stretch of time measured by [`Busy`]: its seconds, and the cores kept busy during it,
+/// on average, by this process (every thread, user and system) and by the whole machine
+/// (every process and the kernel's own threads: the page cache's writeback, a loop device's
+/// worker). A move or a rebuild shares this machine's cores with everything else of the
+/// cluster; these say how close to all of them it ran.
+#[derive(Clone, Copy)]
+pub struct Spent {
+    pub seconds: f64,
+    pub process: f64,
+    pub machine: f64,
 }
 
 impl Busy {
@@ -72,13 +81,22 @@ impl Busy {
         }
     }
 
-    /// (this process's cores, the machine's cores) busy on average since `start`.
-    pub fn cores(&self) -> (f64, f64) {
+    /// The stretch from `start` to now.
+    pub fn spent(&self) -> Spent {
         let seconds = self.started.elapsed().as_secs_f64().max(1e-9);
-        (
-            (process_cpu_seconds() - self.process) / seconds,
-            (machine_cpu_seconds() - self.machine) / seconds,
-        )
+        Spent {
+            seconds,
+            process: (process_cpu_seconds() - self.process) / seconds,
+            machine: (machine_cpu_seconds() - self.machine) / seconds,
+        }
+    }
+}
+
+impl Spent {
+    /// Seconds the machine's CPU time of this stretch would take on every core at once,
+    /// none idle: how fast the work done in it could go at best on this machine.
+    pub fn at_best_seconds(&self) -> f64 {
+        (self.machine * self.seconds / cores() as f64).max(1e-9)
     }
 }
 
@@ -520,21 +538,21 @@ pub fn payload(i: u64, size: usize) -> Vec<u8> {
 /// Seconds a plain file copy of `bytes` bytes takes (its source warm in the page cache, as
 /// a cluster's copies find theirs): the baseline of rebuilds and moves.
 pub fn file_copy_seconds(bytes: u64) -> Result<f64> {
-    Ok(copy_seconds(bytes, false)?.0)
+    Ok(copy_seconds(bytes, false)?.seconds)
 }
 
 /// [`file_copy_seconds`] with the copy made durable (`fsync` at the end), as a rebuild's is.
 pub fn durable_copy_seconds(bytes: u64) -> Result<f64> {
-    Ok(durable_copy(bytes)?.0)
+    Ok(durable_copy(bytes)?.seconds)
 }
 
-/// [`durable_copy_seconds`], and the machine's cores busy during that copy (see [`Busy`]).
-pub fn durable_copy(bytes: u64) -> Result<(f64, f64)> {
+/// [`durable_copy_seconds`], with the cores busy during that copy.
+pub fn durable_copy(bytes: u64) -> Result<Spent> {
     copy_seconds(bytes, true)
 }
 
-/// The best of three copies: its seconds, and the machine's cores busy during it.
-fn copy_seconds(bytes: u64, durable: bool) -> Result<(f64, f64)> {
+/// The best of three copies.
+fn copy_seconds(bytes: u64, durable: bool) -> Result<Spent> {
     let dir = tempfile::tempdir()?;
     let (from, to) = (dir.path().join("a"), dir.path().join("b"));
     let data: Vec<u8> = (0..bytes)
@@ -542,7 +560,7 @@ fn copy_seconds(bytes: u64, durable: bool) -> Result<(f64, f64)> {
         .collect();
     std::fs::write(&from, &data)?;
     // The best of three: a shared machine's disk is noisy, and a baseline is its best.
-    let mut best = (f64::INFINITY, 0.0);
+    let mut best: Option<Spent> = None;
     for _ in 0..3 {
         let _ = std::fs::remove_file(&to);
         settle();
@@ -551,10 +569,10 @@ fn copy_seconds(bytes: u64, durable: bool) -> Result<(f64, f64)> {
         if durable {
             std::fs::File::open(&to)?.sync_all()?;
         }
-        let seconds = busy.started.elapsed().as_secs_f64();
-        if seconds < best.0 {
-            best = (seconds, busy.cores().1);
+        let spent = busy.spent();
+        if best.is_none_or(|best| spent.seconds < best.seconds) {
+            best = Some(spent);
         }
     }
-    Ok(best)
+    best.ok_or_else(|| "no copy made".into())
 }
