@@ -115,6 +115,13 @@ impl Windows {
     };
 }
 
+/// The round trip a connection assumes before it has measured one. quinn's default
+/// (333 ms, for the internet) makes a lost handshake packet, or any packet lost before the
+/// first measurement, cost about a second: longer than a heartbeat's deadline, so a node on
+/// a lossy link could be found down while it answers. The links of a cluster are a
+/// machine's or a data center's, well under this.
+const INITIAL_RTT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Transport settings for connections over `link`, receiving with `windows`.
 pub(crate) fn transport(link: Link, windows: Windows) -> Arc<TransportConfig> {
     let mut t = TransportConfig::default();
@@ -125,6 +132,7 @@ pub(crate) fn transport(link: Link, windows: Windows) -> Arc<TransportConfig> {
     mtu.upper_bound(link.mtu_max())
         .minimum_change(link.mtu_probe_step());
     t.mtu_discovery_config(Some(mtu))
+        .initial_rtt(INITIAL_RTT)
         .max_concurrent_bidi_streams(VarInt::from_u32(STREAMS_PER_CONNECTION_MAX))
         .max_concurrent_uni_streams(VarInt::from_u32(0))
         .stream_receive_window(VarInt::from_u32(windows.stream))
