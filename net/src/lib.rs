@@ -7,9 +7,11 @@
 //! - `link`: packet sizes and transport tuning by link (loopback or a network).
 //! - [`endpoint`]: sockets, endpoints, connecting within a deadline.
 //! - [`rpc`]: calls; messages sent whole or reset, never cut off to look whole.
-//! - [`serve`]: the accept loop (caps, budgets, deadlines, drain on shutdown).
+//! - [`serve`]: the accept loop (caps, budgets, deadlines, drain on shutdown);
+//!   `admission`: the request budget in total, per identity and for readers.
 //! - [`metrics`]: each connection's QUIC statistics as gauges.
 
+mod admission;
 pub mod endpoint;
 mod error;
 mod link;

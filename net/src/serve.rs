@@ -7,6 +7,7 @@ use std::time::Duration;
 use quinn::{ConnectionError, Endpoint, VarInt};
 use zr_proto::wire::{self, MESSAGE_BYTES_MAX};
 
+use crate::admission::{Pools, RequestBudget, Share};
 use crate::refusal::describe;
 use crate::rpc::{Body, Outgoing, PROTOCOL_VIOLATION};
 use crate::security::Peer;
@@ -48,9 +49,14 @@ pub struct Limits {
     pub connections_per_identity: usize,
     /// Bytes of requests being read or handled at once, over all connections: a request
     /// that would exceed it waits (and QUIC flow control slows its sender) until others are
-    /// answered. A single request larger than this (or than [`MESSAGE_BYTES_MAX`]) is
-    /// refused.
+    /// answered (see the `admission` module).
     pub request_bytes: usize,
+    /// Of those, most one identity holds at once, however many connections it opens. A
+    /// single request larger than this (or than [`MESSAGE_BYTES_MAX`]) is refused.
+    pub request_bytes_per_identity: usize,
+    /// Of those, bytes that peers of the reader role never take, so that writers', operators'
+    /// and routers' requests always find room.
+    pub request_bytes_kept_from_readers: usize,
     /// Bound on reading a request (including waiting for budget) and on each reply write.
     pub timeout: Duration,
     /// Connections kept for peers of one role: `Some((role, n))` lets peers of other roles
@@ -61,12 +67,14 @@ pub struct Limits {
 
 impl Limits {
     /// `connections` and `timeout`, half the connections per identity, and the default
-    /// request budget (2 GiB).
+    /// request budget (2 GiB, half of it to one identity, a quarter kept from readers).
     pub fn new(connections: usize, timeout: Duration) -> Limits {
         Limits {
             connections,
             connections_per_identity: connections.div_ceil(2),
             request_bytes: 2 * MESSAGE_BYTES_MAX,
+            request_bytes_per_identity: MESSAGE_BYTES_MAX,
+            request_bytes_kept_from_readers: MESSAGE_BYTES_MAX / 2,
             timeout,
             reserved: None,
         }
@@ -159,9 +167,6 @@ impl Open {
     }
 }
 
-/// Granularity of the request budget.
-const BUDGET_UNIT: usize = 64 << 10;
-
 /// Why a request was not read whole.
 #[derive(Debug, thiserror::Error)]
 enum ReadFailed {
@@ -173,45 +178,24 @@ enum ReadFailed {
     Stopping,
 }
 
-/// Reads a whole request of at most `max` bytes, taking its size from `budget` as it
+/// Reads a whole request of at most `max` bytes, taking its size from `pools` as it
 /// arrives.
 async fn read_request(
     recv: &mut quinn::RecvStream,
-    budget: &Arc<tokio::sync::Semaphore>,
+    pools: &Pools,
     max: usize,
-) -> Result<(Vec<u8>, Option<tokio::sync::OwnedSemaphorePermit>), ReadFailed> {
+) -> Result<(Vec<u8>, Share), ReadFailed> {
     let mut bytes = Vec::new();
-    let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
-    let mut reserved = 0usize;
+    let mut share = Share::default();
     while let Some(chunk) = recv.read_chunk(usize::MAX, true).await? {
         let need = bytes.len() + chunk.bytes.len();
         if need > max {
             return Err(ReadFailed::TooLong(max));
         }
-        if need > reserved {
-            let more = (need - reserved).div_ceil(BUDGET_UNIT) as u32;
-            match Arc::clone(budget).try_acquire_many_owned(more) {
-                Ok(permit) => match held.as_mut() {
-                    Some(held) => held.merge(permit),
-                    None => held = Some(permit),
-                },
-                Err(_) => {
-                    // Waiting while holding a share could deadlock with other half-read
-                    // requests: give the share back, then wait for the whole amount.
-                    drop(held.take());
-                    let all = need.div_ceil(BUDGET_UNIT) as u32;
-                    let permit = Arc::clone(budget)
-                        .acquire_many_owned(all)
-                        .await
-                        .map_err(|_| ReadFailed::Stopping)?;
-                    held = Some(permit);
-                }
-            }
-            reserved = held.as_ref().map_or(0, |p| p.num_permits() * BUDGET_UNIT);
-        }
+        share.grow(pools, need).await.ok_or(ReadFailed::Stopping)?;
         bytes.extend_from_slice(&chunk.bytes);
     }
-    Ok((bytes, held))
+    Ok((bytes, share))
 }
 
 /// How long a shutdown waits for requests in flight.
@@ -257,15 +241,20 @@ pub async fn serve_peers<H, F>(
         connections: connections_max,
         connections_per_identity,
         request_bytes,
+        request_bytes_per_identity,
+        request_bytes_kept_from_readers,
         timeout,
         reserved,
     } = limits;
     let connections = Arc::new(tokio::sync::Semaphore::new(connections_max));
     let open = Arc::new(std::sync::Mutex::new(Open::default()));
-    let units = request_bytes.div_ceil(BUDGET_UNIT).max(1);
-    let budget = Arc::new(tokio::sync::Semaphore::new(units));
-    // No single request may need more than the whole budget.
-    let request_max = MESSAGE_BYTES_MAX.min(units * BUDGET_UNIT);
+    let budget = Arc::new(RequestBudget::new(
+        request_bytes,
+        request_bytes_per_identity,
+        request_bytes_kept_from_readers,
+    ));
+    // No single request may need more than its identity's share.
+    let request_max = MESSAGE_BYTES_MAX.min(budget.request_max());
     // Every request holds a read guard; draining takes the write guard.
     let in_flight = Arc::new(tokio::sync::RwLock::new(()));
     let mut tasks = tokio::task::JoinSet::new();
@@ -325,7 +314,7 @@ pub async fn serve_peers<H, F>(
 struct Serving<H> {
     handler: H,
     in_flight: Arc<tokio::sync::RwLock<()>>,
-    budget: Arc<tokio::sync::Semaphore>,
+    budget: Arc<RequestBudget>,
     request_max: usize,
     timeout: Duration,
     open: Arc<std::sync::Mutex<Open>>,
@@ -470,6 +459,7 @@ where
             id,
         }
     };
+    let pools = budget.pools_of(&who);
     let mut requests = tokio::task::JoinSet::new();
     let mut stats = tokio::time::interval(crate::metrics::PEER_STATS_EVERY);
     stats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -487,7 +477,7 @@ where
         };
         let handler = handler.clone();
         let in_flight = Arc::clone(&in_flight);
-        let budget = Arc::clone(&budget);
+        let pools = pools.clone();
         let connection = connection.clone();
         let who = Arc::clone(&who);
         let counted = Busy::start(&busy, &idle_since);
@@ -495,7 +485,7 @@ where
             let _counted = counted;
             let mut reply = Outgoing(Some(send));
             // The request's bytes hold their share of the budget until it is answered.
-            let (bytes, _held) = match tokio::time::timeout(timeout, read_request(&mut recv, &budget, request_max)).await {
+            let (bytes, _held) = match tokio::time::timeout(timeout, read_request(&mut recv, &pools, request_max)).await {
                 Ok(Ok(read)) => read,
                 Ok(Err(e)) => {
                     tracing::debug!("request from {peer} not read: {e}");
@@ -960,6 +950,7 @@ mod tests {
             };
             let limits = Limits {
                 request_bytes: 256 << 10,
+                request_bytes_per_identity: 256 << 10,
                 ..Limits::new(4, TIMEOUT)
             };
             let (addr, client, served) = start(limits, std::future::pending(), slow_len);

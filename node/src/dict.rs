@@ -61,14 +61,31 @@ pub fn id(dict: &[u8]) -> Option<u32> {
     zstd::zstd_safe::get_dict_id_from_dict(dict).map(|id| id.get())
 }
 
+/// The id of `dict` once a sample compressed with it has read back: bytes that carry a
+/// dictionary's magic and id but are none fail here, not in every append after a create.
+pub fn check(field: &str, dict: &[u8]) -> Result<u32> {
+    let bad = |why: String| Error::InvalidSchema(format!("field '{field}': {why}"));
+    let id = id(dict).ok_or_else(|| bad("the dictionary is no zstd dictionary".into()))?;
+    let sample = b"a sample record compressed with the dictionary, then read back".repeat(4);
+    let compressed =
+        zstd::bulk::Compressor::with_dictionary(3, dict).and_then(|mut c| c.compress(&sample));
+    let back = compressed.and_then(|c| {
+        zstd::bulk::Decompressor::with_dictionary(dict)
+            .and_then(|mut d| d.decompress(&c, sample.len()))
+    });
+    match back {
+        Ok(back) if back == sample => Ok(id),
+        Ok(_) => Err(bad(format!(
+            "dictionary {id} reads a sample back different"
+        ))),
+        Err(e) => Err(bad(format!("dictionary {id} cannot be used: {e}"))),
+    }
+}
+
 /// Writes `dict` as field `field`'s dictionary of the dataset at `dir` (durably); returns
 /// its id.
 pub(crate) fn write(dir: &Path, field: &str, dict: &[u8]) -> Result<u32> {
-    let id = id(dict).ok_or_else(|| {
-        Error::InvalidRecord(format!(
-            "field '{field}': the dictionary is no zstd dictionary"
-        ))
-    })?;
+    let id = check(field, dict)?;
     let parent = dir.join(DICT_DIR);
     crate::disk::create_dir_all(&parent).ctx("create directory", &parent)?;
     write_atomically(&parent, &format!("{field}.zdict"), dict)?;

@@ -213,11 +213,7 @@ impl Store {
                     "a dictionary for field '{name}', which the dataset does not have"
                 ))
             })?;
-            spec.dict = Some(crate::dict::id(dict).ok_or_else(|| {
-                Error::InvalidSchema(format!(
-                    "field '{name}': the dictionary is no zstd dictionary"
-                ))
-            })?);
+            spec.dict = Some(crate::dict::check(name, dict)?);
             spec.dict_crc = Some(crc32fast::hash(dict));
         }
         let meta = Meta {

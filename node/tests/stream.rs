@@ -445,6 +445,34 @@ fn flip(file: &Path, at: u64) {
     f.write_all_at(&b, at).expect("write");
 }
 
+/// Counts in `stream.json` too large for any file are refused at open, naming the count
+/// (multiplied unchecked, `documents = 2^61 + 200` came to 1,600 bytes and opened).
+#[test]
+fn counts_past_any_file_size_are_refused_at_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s");
+    let stream = Stream::create(&path, u32_element()).expect("create");
+    fill(&stream, &mut Model::default(), &mut Rng(3), 30, 500);
+    stream.commit().expect("commit");
+    drop(stream);
+    let json_path = path.join("stream.json");
+    let good = std::fs::read_to_string(&json_path).expect("stream.json");
+    let meta: serde_json::Value = serde_json::from_str(&good).expect("json");
+    for (key, value) in [
+        ("documents", (1u64 << 61) + 200),
+        ("tokens", (1u64 << 62) + 1),
+        ("spans", u64::MAX / 2),
+    ] {
+        let mut bad = meta.clone();
+        bad[key] = serde_json::json!(value);
+        std::fs::write(&json_path, bad.to_string()).expect("write");
+        let err = Stream::open_read_only(&path).expect_err(key).to_string();
+        assert!(err.contains(&format!("{key} = {value}")), "{key}: {err}");
+    }
+    std::fs::write(&json_path, good).expect("write");
+    Stream::open_read_only(&path).expect("the good file opens again");
+}
+
 #[test]
 fn damage_is_found_by_verify_and_by_checked_reads() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -655,6 +683,16 @@ fn malformed_megatron_indexes_are_refused_and_leave_nothing() {
     let mut bad = good.clone();
     bad.extend_from_slice(&[0; 3]);
     cases.push(("past its arrays", bad, bin.clone()));
+    // Sequence 3 pointing back at the start: the same bytes read twice (an import would
+    // multiply its input).
+    let mut bad = good.clone();
+    let pointer_3 = 34 + sequences * 4 + 3 * 8;
+    bad[pointer_3..pointer_3 + 8].copy_from_slice(&0u64.to_le_bytes());
+    cases.push((
+        "sequence 3 starts at byte 0, inside or before",
+        bad,
+        bin.clone(),
+    ));
     for (k, (expect, idx, bin)) in cases.into_iter().enumerate() {
         let prefix = dir.path().join(format!("bad{k}"));
         std::fs::write(prefix.with_extension("idx"), idx).expect("idx");

@@ -19,7 +19,7 @@ use crate::error::{Error, Invalid};
 use crate::placement::Run;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 15;
+pub const WIRE_VERSION: u16 = 16;
 
 /// Most records one `Digest` request covers.
 pub const DIGEST_RECORDS_MAX: u64 = 1 << 20;
@@ -55,7 +55,7 @@ pub const MOVE_RATE_DEFAULT: u64 = 64 << 20;
 pub const ADDR_BYTES_MAX: usize = 256;
 /// The dataset a request that names none addresses: the one `zr cluster-init` made.
 pub const DEFAULT_DATASET: &str = "default";
-/// Longest a gather may wait for records not committed yet (`wait_ms`).
+/// Longest a wait for records not committed yet may be (`WaitLen`'s `wait_ms`).
 pub const WAIT_MS_MAX: u32 = 3_600_000;
 
 /// Checks a dataset name: `[a-z0-9][a-z0-9._-]{0,63}`.
@@ -107,13 +107,13 @@ pub enum ClientRequest {
     /// Records `indices` of `fields` (empty = all). Reply: `GatherParts`. `checked`: every
     /// record is read against its CRC; a copy that fails is read from another replica instead
     /// (and repaired), or, with none left, the gather fails naming it.
-    /// `wait_ms`: an index not committed yet is waited for, this long at most (0: fails
-    /// at once as out of range).
+    /// An index not committed yet fails it as out of range: a client that would wait for
+    /// records waits with `WaitLen` first, which holds nothing of the router's while it
+    /// waits.
     Gather {
         indices: Vec<u64>,
         fields: Vec<String>,
         checked: bool,
-        wait_ms: u32,
     },
     /// Append records; body: per field of `fields`, the payloads (`lengths[f][k]` bytes each).
     /// Reply: `Appended`, the global indices the records got.

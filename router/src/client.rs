@@ -418,7 +418,7 @@ impl AsyncClient {
         fields: &[&str],
         checked: bool,
     ) -> Result<Vec<Contiguous>, Error> {
-        self.across_map_switches(|| self.gather_once(indices, fields, checked, 0))
+        self.across_map_switches(|| self.gather_once(indices, fields, checked))
             .await
             .map_err(|e| self.dropped(e))
     }
@@ -439,19 +439,25 @@ impl AsyncClient {
         }
     }
 
-    /// [`Self::gather`] of records that may not be committed yet: the router waits until
-    /// they are, `wait` at most (then fails, naming the length reached). No polling here:
-    /// the router answers once a commit covers them.
+    /// [`Self::gather`] of records that may not be committed yet: waits until they are,
+    /// `wait` at most (then fails, naming the length reached), then gathers them. No polling
+    /// here: the router answers the wait once a commit covers them, and holds nothing of
+    /// the gather meanwhile.
     pub async fn gather_waiting(
         &self,
         indices: &[u64],
         fields: &[&str],
         wait: Duration,
     ) -> Result<Vec<Contiguous>, Error> {
-        let wait_ms = wait.as_millis().min(wire::WAIT_MS_MAX as u128) as u32;
-        self.across_map_switches(|| self.gather_once(indices, fields, false, wait_ms.max(1)))
-            .await
-            .map_err(|e| self.dropped(e))
+        if let Some(last) = indices.iter().copied().max() {
+            let needed = last.checked_add(1).ok_or_else(|| {
+                zr_proto::Error::Malformed(format!("index {last} cannot be committed"))
+            })?;
+            self.wait_len(needed, wait.max(Duration::from_millis(1)))
+                .await
+                .map_err(|e| self.dropped(e))?;
+        }
+        self.gather(indices, fields).await
     }
 
     /// Waits until the dataset has committed at least `len` records, `timeout` at most;
@@ -581,11 +587,9 @@ impl AsyncClient {
         indices: &[u64],
         fields: &[&str],
         checked: bool,
-        wait_ms: u32,
     ) -> Result<Vec<Contiguous>, Error> {
-        // Checked gathers (a damaged copy is repaired) and those that wait for commits are
-        // the router's to serve.
-        if let Some(direct) = self.link.direct().filter(|_| !checked && wait_ms == 0) {
+        // Checked gathers (a damaged copy is repaired) are the router's to serve.
+        if let Some(direct) = self.link.direct().filter(|_| !checked) {
             // Each wait of a one-hop gather is bounded by the timeout (a node's reply, a call
             // to the router) and its retries stop at it: one still going at twice the
             // timeout has lost its way (seen hanging for good in measurements, cause not
@@ -612,7 +616,6 @@ impl AsyncClient {
             indices: indices.to_vec(),
             fields: fields.iter().map(|f| f.to_string()).collect(),
             checked,
-            wait_ms,
         };
         let (reply, chunks, body_start) = self.call(&request, Vec::new()).await?;
         let mut body = Chunks::new(&chunks);
@@ -723,13 +726,20 @@ impl AsyncClient {
                 return gathered;
             };
             match e.code() {
-                // A move switched the map: as long as it takes, within the timeout.
+                // A move switched the map: as long as it takes, within the timeout, while
+                // the router's map changes. One the router still gives as it was is no
+                // stale map but a misplaced node, which only the router can say why: it
+                // serves the gather (and fails it at once if it is so).
                 Some(wire::ErrorCode::StaleMap | wire::ErrorCode::WrongShard)
                     if tokio::time::Instant::now() + pause < deadline =>
                 {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
+                    let refused = view.map_version();
                     view = self.topology(direct, covering).await?;
+                    if view.map_version() == refused {
+                        return Ok(Gathered::ViaRouter("a node refused the router's own map"));
+                    }
                 }
                 // A shard's replicas all failed, could not say they are in sync, or hold
                 // fewer records than asked for: again if the router's description changed

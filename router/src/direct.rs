@@ -70,6 +70,11 @@ impl View {
         self.len
     }
 
+    /// The version of the map it places records by.
+    pub(crate) fn map_version(&self) -> u64 {
+        self.placement.version()
+    }
+
     /// Which nodes were in sync, in shard × replica order.
     pub(crate) fn in_sync(&self) -> &[bool] {
         &self.in_sync

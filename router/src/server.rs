@@ -90,6 +90,8 @@ pub struct Router {
     fields: std::sync::RwLock<Vec<FieldInfo>>,
     /// The committed length, for consumers waiting on records (`datasets.rs`).
     committed_watch: tokio::sync::watch::Sender<u64>,
+    /// Whether a task reads commits through other routers for the waiters (`datasets.rs`).
+    watching_commits: std::sync::atomic::AtomicBool,
     timeout: Duration,
     /// The cluster's metadata: its id, map and committed length.
     meta: Arc<dyn MetaStore>,
@@ -112,6 +114,12 @@ pub struct Router {
     rebuilds: Arc<std::sync::Mutex<std::collections::HashMap<NodeId, rebuild::Progress>>>,
     /// The bytes of gather replies held at once (see `budget.rs`).
     replies: Arc<ReplyBudget>,
+    /// Bytes of requests read or handled at once (`[router] request_budget_mib`).
+    request_budget: usize,
+    /// The failed requests' log lines each client identity may cause.
+    log_budget: std::sync::Mutex<zr_service::logging::LogBudget>,
+    /// The address this router serves clients on, once it does.
+    listening: std::sync::OnceLock<SocketAddr>,
 }
 
 /// Opens the metadata store `config` names (`[metadata]`).
@@ -162,6 +170,7 @@ impl Router {
             adopting: Default::default(),
             writer_key: zr_meta::writer::key(None),
             committed_watch: tokio::sync::watch::Sender::new(0),
+            watching_commits: Default::default(),
             placement: ArcSwap::from_pointee(placement),
             nodes,
             len: AtomicU64::new(0),
@@ -187,6 +196,10 @@ impl Router {
             missing: std::sync::Mutex::new(vec![None; shards]),
             rebuilds: Default::default(),
             replies: Arc::new(ReplyBudget::new(config.router.reply_budget_mib)),
+            request_budget: usize::try_from(config.router.request_budget_mib << 20)
+                .unwrap_or(usize::MAX),
+            log_budget: Default::default(),
+            listening: Default::default(),
         };
         // Which replicas are behind (none if the store has no record of them).
         if let Err(e) = router.nodes.refresh_replicas().await {
@@ -619,6 +632,21 @@ impl Router {
         let addr: std::net::SocketAddr = addr.parse().map_err(|e| {
             Failure::BadRequest(format!("'{addr}' is not an address (IP:PORT): {e}"))
         })?;
+        if addr.ip().is_unspecified() || addr.port() == 0 {
+            return Err(Failure::BadRequest(format!(
+                "{addr} is no address a node can be reached at: give its IP and port"
+            )));
+        }
+        if self.listening.get() == Some(&addr) {
+            return Err(Failure::BadRequest(format!(
+                "{addr} is this router's own address, not a node's"
+            )));
+        }
+        if self.nodes.addr(self.nodes.id(shard, replica)) == addr {
+            return Err(Failure::BadRequest(format!(
+                "{addr} is shard {shard} replica {replica}'s address already: a replacement is a node at another address (a node restarted at the same address with its data lost is rebuilt without one)"
+            )));
+        }
         if let Some(other) = self
             .nodes
             .all()
@@ -797,7 +825,10 @@ impl Router {
     /// Accepts clients on `endpoint` until `shutdown`; then stops accepting and lets requests
     /// in flight finish.
     pub async fn serve(self: Arc<Self>, endpoint: Endpoint, shutdown: impl Future<Output = ()>) {
-        let timeout = self.timeout;
+        if let Ok(addr) = endpoint.local_addr() {
+            let _ = self.listening.set(addr);
+        }
+        let (timeout, request_budget) = (self.timeout, self.request_budget);
         let handler = move |peer: &net::Peer, bytes: Vec<u8>| {
             let router = Arc::clone(&self);
             let peer = peer.clone();
@@ -805,6 +836,9 @@ impl Router {
         };
         let limits = net::Limits {
             connections_per_identity: CONNECTIONS_PER_IDENTITY_MAX,
+            request_bytes: request_budget,
+            request_bytes_per_identity: request_budget / 2,
+            request_bytes_kept_from_readers: request_budget / 4,
             ..net::Limits::new(CONNECTIONS_MAX, timeout)
         };
         net::serve_peers(&endpoint, limits, shutdown, handler).await;
@@ -852,8 +886,8 @@ impl Router {
                 metrics::histogram!("zr_router_request_duration_seconds", "kind" => kind, "dataset" => dataset)
                     .record(started.elapsed());
                 executed.map_err(|failure| {
-                    // Once per failed request, at a level a default run shows.
-                    tracing::warn!("{kind} failed: {failure}");
+                    // At a level a default run shows, a few a second per client at most.
+                    self.log_failure(peer, || format!("{kind} failed: {failure}"));
                     metrics::counter!("zr_router_errors_total", "code" => failure.code().name())
                         .increment(1);
                     Reply::Error {
@@ -863,7 +897,8 @@ impl Router {
                 })
             }
             Err(e) => {
-                tracing::warn!("bad request from a client: {e}");
+                self.log_failure(peer, || format!("bad request from a client: {e}"));
+                metrics::counter!("zr_router_errors_total", "code" => e.code().name()).increment(1);
                 Err(Reply::Error {
                     code: e.code(),
                     message: e.to_string(),
@@ -881,6 +916,28 @@ impl Router {
                 .unwrap_or_default(),
                 Body::Ready(Vec::new()),
             ),
+        }
+    }
+
+    /// Logs a failed request of `peer`'s, unless its identity has had its lines for now
+    /// (see [`zr_service::logging::LogBudget`]); a line left out is counted in
+    /// `zr_router_log_lines_suppressed_total` and said with the identity's next line.
+    fn log_failure(&self, peer: &net::Peer, line: impl FnOnce() -> String) {
+        let now = std::time::Instant::now();
+        let said = self
+            .log_budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .line(peer.identity, now);
+        match said {
+            zr_service::logging::LogLine::Write { suppressed: 0 } => tracing::warn!("{}", line()),
+            zr_service::logging::LogLine::Write { suppressed } => tracing::warn!(
+                "{} ({suppressed} more failed requests of this client were not logged)",
+                line()
+            ),
+            zr_service::logging::LogLine::Suppress => {
+                metrics::counter!("zr_router_log_lines_suppressed_total").increment(1);
+            }
         }
     }
 
@@ -912,14 +969,7 @@ impl Router {
                 indices,
                 fields,
                 checked,
-                wait_ms,
             } => {
-                if wait_ms > 0 {
-                    let last = indices.iter().copied().max().unwrap_or(0);
-                    if !indices.is_empty() {
-                        self.wait_committed(last + 1, wait_ms).await?;
-                    }
-                }
                 let gathered = self.gather(&indices, fields, checked).await;
                 if gathered.is_ok() {
                     metrics::counter!("zr_router_records_gathered_total")

@@ -1939,7 +1939,6 @@ fn router_memory_returns_after_abandoned_gathers() {
             indices: (0..RECORDS).collect(),
             fields: Vec::new(),
             checked: false,
-            wait_ms: 0,
         },
     )
     .unwrap();

@@ -22,6 +22,7 @@
 //! listen = "127.0.0.1:7000"
 //! timeout_ms = 10000         # optional: every network wait
 //! reply_budget_mib = 1024    # optional: gather reply bytes held at once (see ops/README)
+//! request_budget_mib = 2048  # optional: request bytes held at once, a half to one identity
 //!
 //! [tls]
 //! certs = "certs"            # the directory `zr cluster-init` made: ca.pem, node.pem, ...
@@ -193,6 +194,18 @@ pub struct RouterConfig {
     /// nodes, not yet acknowledged by the client); a gather holds at most 72 MiB of it.
     #[serde(default = "default_reply_budget")]
     pub reply_budget_mib: u64,
+    /// MiB of requests the router reads or handles at once, over all clients: one identity
+    /// (certificate) holds at most half of it, readers together at most three quarters, so
+    /// that writers and operators always find room.
+    #[serde(default = "default_request_budget")]
+    pub request_budget_mib: u64,
+}
+
+/// The default of `[router] request_budget_mib`.
+pub const REQUEST_BUDGET_MIB_DEFAULT: u64 = 2048;
+
+fn default_request_budget() -> u64 {
+    REQUEST_BUDGET_MIB_DEFAULT
 }
 
 /// The default of `[router] reply_budget_mib`.
@@ -317,6 +330,12 @@ impl ClusterConfig {
             return Err(bad(format!(
                 "router.reply_budget_mib must be 4..1048576, not {}",
                 config.router.reply_budget_mib
+            )));
+        }
+        if !(4..=1 << 20).contains(&config.router.request_budget_mib) {
+            return Err(bad(format!(
+                "router.request_budget_mib must be 4..1048576, not {}",
+                config.router.request_budget_mib
             )));
         }
         config.placement().map_err(|e| bad(e.to_string()))?;
@@ -595,6 +614,10 @@ mod tests {
             (
                 GOOD.replace("[router]", "[router]\nreply_budget_mib = 1"),
                 "reply_budget_mib must be 4..1048576, not 1",
+            ),
+            (
+                GOOD.replace("[router]", "[router]\nrequest_budget_mib = 0"),
+                "request_budget_mib must be 4..1048576, not 0",
             ),
             (
                 format!("{GOOD}\n[node]\nread = \"fast\"\n"),

@@ -70,6 +70,8 @@ pub struct SimOptions {
     pub replicas: u32,
     /// The routers' `[router] reply_budget_mib`.
     pub reply_budget_mib: u64,
+    /// The routers' `[router] request_budget_mib`.
+    pub request_budget_mib: u64,
 }
 
 /// `ZR_SIM_SEED`, or a seed from the clock.
@@ -98,6 +100,7 @@ impl Default for SimOptions {
             metadata: None,
             replicas: 1,
             reply_budget_mib: zr_service::config::REPLY_BUDGET_MIB_DEFAULT,
+            request_budget_mib: zr_service::config::REQUEST_BUDGET_MIB_DEFAULT,
         }
     }
 }
@@ -223,6 +226,7 @@ impl SimCluster {
                 timeout_ms: options.timeout_ms,
                 metrics: None,
                 reply_budget_mib: options.reply_budget_mib,
+                request_budget_mib: options.request_budget_mib,
             },
             node: Default::default(),
             metadata: Some(zr_service::config::MetadataConfig {

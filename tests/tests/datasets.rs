@@ -184,6 +184,30 @@ fn side_by_side(replicas: u32) {
     assert!(twice.to_string().contains("already"), "{twice}");
 }
 
+/// A dataset holding the most fields a request may name refuses one more, by name, and
+/// stays writable and readable whole (a 257th field once made every append fail).
+#[test]
+fn a_dataset_at_the_field_limit_refuses_one_more_and_stays_writable() {
+    let cluster = SimCluster::start(2, options(1)).unwrap();
+    let client = cluster.client().unwrap();
+    let fields: Vec<FieldInfo> = (0..zr_proto::wire::FIELDS_MAX)
+        .map(|i| field(&format!("f{i}"), "raw"))
+        .collect();
+    let mut wide = client.create_dataset("wide", fields).unwrap();
+    let refused = wide.add_field(field("one-more", "raw")).unwrap_err();
+    assert!(
+        refused.to_string().contains("256 fields, the most"),
+        "{refused}"
+    );
+    assert_eq!(wide.fields().len(), zr_proto::wire::FIELDS_MAX);
+    wide.append(&Record::new().with("f0", b"a").with("f255", b"z"))
+        .unwrap();
+    wide.commit().unwrap();
+    let columns = wide.gather(&[0], &[]).unwrap();
+    assert_eq!(columns.len(), zr_proto::wire::FIELDS_MAX);
+    assert_eq!(columns[255].get(0).unwrap(), b"z");
+}
+
 fn text_two_or(text: &Client) -> Client {
     text.dataset("text").unwrap()
 }
@@ -634,6 +658,12 @@ fn a_zstd_dictionary_reaches_every_node_now_and_later() {
             "no zstd dictionary",
         ),
         (vec![field("c", "zstd")], with("d", &dict), "does not have"),
+        // A dictionary's magic and id, then noise: once accepted, and every append failed.
+        (
+            vec![field("c", "zstd")],
+            with("c", &[&dict[..8], &[0x5a; 4000][..]].concat()),
+            "cannot be used",
+        ),
     ] {
         let e = client
             .create_dataset_with_dicts("bad", fields, dicts)

@@ -314,7 +314,6 @@ fn garbage_is_refused_while_a_client_keeps_gathering() {
             indices,
             fields,
             checked: false,
-            wait_ms: 0,
         },
     )
     .unwrap();
@@ -933,7 +932,6 @@ fn abandoned_gathers_hold_no_more_than_the_reply_budget() {
             indices: (0..COUNT).collect(),
             fields: Vec::new(),
             checked: false,
-            wait_ms: 0,
         },
     )
     .unwrap();

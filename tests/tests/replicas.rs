@@ -241,6 +241,17 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
         assert!(refused(2, 0, taken)
             .await
             .contains("already serves shard 0 replica 1"));
+        assert!(refused(2, 0, old_addr)
+            .await
+            .contains("shard 2 replica 0's address already"));
+        let router = cluster.router_addr();
+        assert!(refused(2, 0, router)
+            .await
+            .contains("this router's own address"));
+        let anywhere = "0.0.0.0:7100".parse().expect("addr");
+        assert!(refused(2, 0, anywhere)
+            .await
+            .contains("no address a node can be reached at"));
         let began = tokio::time::Instant::now();
         let status = client.replace_node(2, 0, new_addr).await.expect("replace");
         assert_eq!(node(&status).addr, new_addr.to_string());

@@ -159,7 +159,17 @@ fn a_swapped_nodes_toml_fails_loudly_and_changes_nothing() {
             let security = cluster.security(Role::Writer).expect("certs");
             if let Ok(client) = Client::connect(second, security) {
                 let all: Vec<u64> = (0..3000).collect();
+                let began = std::time::Instant::now();
                 let (code, message) = refusal(client.gather(&all, &[]));
+                // A refusal by the map the router gives is no stale map: the one-hop gather
+                // hands it to the router at once rather than retrying it for its timeout.
+                let waited = began.elapsed();
+                let timeout =
+                    std::time::Duration::from_millis(zr_service::config::CLIENT_TIMEOUT_MS_DEFAULT);
+                assert!(
+                    waited < timeout,
+                    "a misplaced node's refusal took {waited:?}, retried as a stale map"
+                );
                 assert!(
                     code == Some(ErrorCode::WrongShard) || message.contains("meant for"),
                     "{message}"

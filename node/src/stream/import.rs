@@ -144,6 +144,9 @@ impl MegatronIndex {
                 "the document index ends at sequence {previous}, and the file holds {sequences} sequences"
             )));
         }
+        // Sequences lie in order, each after the one before: an index whose pointers
+        // overlap or go back would make the import write the same bytes many times over.
+        let mut previous_end = 0u64;
         for i in 0..sequences {
             let (pointer, len) = index.sequence(bytes, i);
             let end = len
@@ -154,6 +157,13 @@ impl MegatronIndex {
                     "sequence {i} ({len} tokens at byte {pointer}) lies past the end of the .bin file ({bin_len} bytes)"
                 )));
             }
+            if pointer < previous_end {
+                return Err(bad(format!(
+                    "sequence {i} starts at byte {pointer}, inside or before sequence {} (which ends at byte {previous_end}): sequences must follow one another in the .bin file",
+                    i - 1
+                )));
+            }
+            previous_end = end.unwrap_or(previous_end);
         }
         Ok(index)
     }

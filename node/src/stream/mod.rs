@@ -242,7 +242,16 @@ impl StreamView {
         })?;
         let need =
             |name: &str, bytes: u64, old: Option<&Arc<Mapped>>| map_at_least(dir, name, bytes, old);
-        let token_bytes = meta.tokens * element_bytes;
+        // Counts too large for any file are refused here, not multiplied past u64.
+        let bytes_of = |count: u64, each: u64, what: &str| {
+            count.checked_mul(each).ok_or_else(|| Error::Corrupt {
+                path: dir.join(STREAM_FILE),
+                reason: format!("{what} = {count} is larger than any file can hold"),
+            })
+        };
+        let token_bytes = bytes_of(meta.tokens, element_bytes, "tokens")?;
+        let document_bytes = bytes_of(meta.documents, 8, "documents")?;
+        let span_bytes = bytes_of(meta.spans, SPAN_BYTES, "spans")?;
         let tokens = need(
             TOKENS_FILE,
             token_bytes,
@@ -255,12 +264,12 @@ impl StreamView {
         )?;
         let documents = need(
             DOCUMENTS_FILE,
-            meta.documents * 8,
+            document_bytes,
             previous.and_then(|p| p.documents.as_ref()),
         )?;
         let spans = need(
             SPANS_FILE,
-            meta.spans * SPAN_BYTES,
+            span_bytes,
             previous.and_then(|p| p.spans.as_ref()),
         )?;
         let metadata = match metadata {

@@ -119,6 +119,12 @@ fn check_dicts(fields: &mut [FieldInfo], dicts: &[FieldDict]) -> Result<(), Fail
                 "field '{name}': the dictionary sent is no zstd dictionary (train one with `zr dict train` or zstd --train)"
             )));
         };
+        if let Err(e) = try_dictionary(&dict.bytes) {
+            return Err(Failure::BadRequest(format!(
+                "field '{name}': the dictionary sent (id {}) cannot be used: {e}",
+                sent.id
+            )));
+        }
         if let Some(want) = field.dict.filter(|&want| want != sent) {
             return Err(Failure::BadRequest(format!(
                 "field '{name}' names dictionary {} (CRC32 {:08x}), and the one sent is {} (CRC32 {:08x})",
@@ -138,6 +144,22 @@ fn check_dicts(fields: &mut [FieldInfo], dicts: &[FieldDict]) -> Result<(), Fail
         )));
     }
     Ok(())
+}
+
+/// Compresses a sample with `dict` and reads it back: bytes that name themselves a
+/// dictionary but are none fail here, not in every append after the create.
+fn try_dictionary(dict: &[u8]) -> Result<(), String> {
+    let sample = b"a sample record compressed with the dictionary, then read back".repeat(4);
+    let compressed = zstd::bulk::Compressor::with_dictionary(3, dict)
+        .and_then(|mut c| c.compress(&sample))
+        .map_err(|e| e.to_string())?;
+    let back = zstd::bulk::Decompressor::with_dictionary(dict)
+        .and_then(|mut d| d.decompress(&compressed, sample.len()))
+        .map_err(|e| e.to_string())?;
+    match back == sample {
+        true => Ok(()),
+        false => Err("a sample compressed with it reads back different".into()),
+    }
 }
 
 /// Checks a field as a client describes it: its name, compression and type.
@@ -325,6 +347,7 @@ impl Router {
                 .is_none_or(|d| d.id != r.dataset_id)
         }) {
             gone.dropped.store(true, Ordering::SeqCst);
+            gone.committed_watch.send_modify(|_| {}); // its waiters fail now
             self.named
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
@@ -378,6 +401,7 @@ impl Router {
             lease_used: std::sync::Mutex::new(None),
             fields: std::sync::RwLock::new(wire_fields(&dataset.fields)),
             committed_watch: tokio::sync::watch::Sender::new(0),
+            watching_commits: Default::default(),
             timeout: self.timeout,
             meta: Arc::clone(&self.meta),
             cluster_id: self.cluster_id.clone(),
@@ -389,6 +413,9 @@ impl Router {
             missing: std::sync::Mutex::new(vec![None; self.nodes.shards() as usize]),
             rebuilds: Arc::clone(&self.rebuilds),
             replies: Arc::clone(&self.replies),
+            request_budget: self.request_budget,
+            log_budget: Default::default(),
+            listening: Default::default(),
         });
         if let Err(e) = router.reload_committed().await {
             tracing::warn!("dataset '{}': {e}", dataset.name);
@@ -574,6 +601,7 @@ impl Router {
             }
         };
         router.dropped.store(true, Ordering::SeqCst);
+        router.committed_watch.send_modify(|_| {}); // its waiters fail now
         self.named
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -678,10 +706,21 @@ impl Router {
                 field.name
             )));
         }
-        if self.fields().iter().any(|f| f.name == field.name) {
+        let had = self.fields();
+        if had.iter().any(|f| f.name == field.name) {
             return Err(Failure::Conflict(format!(
                 "dataset '{}' has a field '{}' already",
                 self.dataset_name(),
+                field.name
+            )));
+        }
+        // Every request names at most FIELDS_MAX fields: a dataset with more could never be
+        // appended to or gathered whole again.
+        if had.len() >= wire::FIELDS_MAX {
+            return Err(Failure::BadRequest(format!(
+                "dataset '{}' has {} fields, the most a dataset may have: field '{}' is not added",
+                self.dataset_name(),
+                had.len(),
                 field.name
             )));
         }
@@ -791,11 +830,18 @@ impl Router {
 
     /// Waits until the dataset has committed `needed` records, `wait_ms` at most; returns
     /// the committed length then. A commit through this router wakes it at once; commits
-    /// through others are read from the metadata store every [`WAIT_POLL`].
-    pub(super) async fn wait_committed(&self, needed: u64, wait_ms: u32) -> Result<u64, Failure> {
+    /// through others are read from the metadata store every [`WAIT_POLL`] by one task for
+    /// all waiters of the dataset ([`Self::watch_commits`]), so a waiter costs a subscription
+    /// and a timer, whatever their number.
+    pub(super) async fn wait_committed(
+        self: &Arc<Self>,
+        needed: u64,
+        wait_ms: u32,
+    ) -> Result<u64, Failure> {
         let wait_ms = wait_ms.min(wire::WAIT_MS_MAX);
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
         let mut commits = self.committed_watch.subscribe();
+        let mut watched = false;
         loop {
             let committed = self.committed.load(Ordering::SeqCst);
             if committed >= needed {
@@ -807,25 +853,59 @@ impl Router {
                     known: String::new(),
                 });
             }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Err(Failure::WaitedOut {
-                    dataset: self.dataset_name().to_string(),
-                    waited_ms: wait_ms,
-                    needed,
-                    committed,
-                });
+            if !watched {
+                // Subscribed first: a watcher that sees no subscriber and stops is seen
+                // stopped here, and started again.
+                self.watch_commits();
+                watched = true;
             }
-            let poll = WAIT_POLL.min(deadline - now);
             tokio::select! {
-                _ = commits.changed() => {}
-                _ = tokio::time::sleep(poll) => {
-                    if let Err(e) = self.reload_committed().await {
-                        tracing::debug!("waiting for commits: {e}");
+                changed = commits.changed() => {
+                    if changed.is_err() {
+                        return Err(Failure::Inconsistent("the router is stopping".into()));
                     }
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(Failure::WaitedOut {
+                        dataset: self.dataset_name().to_string(),
+                        waited_ms: wait_ms,
+                        needed,
+                        committed: self.committed.load(Ordering::SeqCst),
+                    });
                 }
             }
         }
+    }
+
+    /// Starts the dataset's commit watcher unless it runs: while anyone waits for commits,
+    /// it reads the committed length from the metadata store every [`WAIT_POLL`] (commits
+    /// through other routers) and wakes the waiters it lets go on.
+    fn watch_commits(self: &Arc<Self>) {
+        if self.watching_commits.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let router = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(WAIT_POLL).await;
+                let Some(router) = router.upgrade() else {
+                    return;
+                };
+                if router.committed_watch.receiver_count() == 0 {
+                    router.watching_commits.store(false, Ordering::SeqCst);
+                    // A waiter that subscribed meanwhile saw the flag set and started
+                    // nobody: it is this task's again.
+                    if router.committed_watch.receiver_count() == 0
+                        || router.watching_commits.swap(true, Ordering::SeqCst)
+                    {
+                        return;
+                    }
+                }
+                if let Err(e) = router.reload_committed().await {
+                    tracing::debug!("watching for commits: {e}");
+                }
+            }
+        });
     }
 
     /// Brings every node that answers in step with the cluster record's datasets: creates
