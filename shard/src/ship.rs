@@ -45,6 +45,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// A snapshot no piece was asked of for this long is let go (its reader gone): while one
 /// is held, the dataset's commits keep changes to existing records in the redo log.
 const OPEN_IDLE: Duration = Duration::from_secs(60);
+/// How long a finished rebuild is reported as finished to routers that ask again.
+const FINISHED_KEPT: Duration = Duration::from_secs(60);
 
 /// Why a rebuild from files, or a request of one, failed.
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +112,11 @@ pub struct Ships {
     open: Mutex<Vec<(u64, Arc<Snapshot>, tokio::time::Instant)>>,
     next_id: AtomicU64,
     fetches: Mutex<HashMap<String, Arc<Mutex<ShipStatus>>>>,
+    /// Rebuilds that installed their files, reported since: each router that asks after
+    /// one finished is told it finished (with two routers, the one that asks second once
+    /// started a second copy, swapped in under reads), while the dataset still holds what
+    /// was installed and for [`FINISHED_KEPT`] at most.
+    finished: Mutex<HashMap<String, (ShipStatus, tokio::time::Instant)>>,
     /// How this node reaches its partners: its endpoint and credentials (unset: it cannot).
     reach: Mutex<Option<(Endpoint, net::Security)>>,
     /// The rate this node's copies for a move keep to, together.
@@ -292,8 +299,24 @@ impl Ships {
             let status = lock(status).clone();
             if status.done {
                 fetches.remove(&key);
+                if status.error.is_none() && slots.is_empty() {
+                    let now = tokio::time::Instant::now();
+                    let mut finished = lock(&self.finished);
+                    finished.retain(|_, (_, at)| now.duration_since(*at) < FINISHED_KEPT);
+                    finished.insert(key, (status.clone(), now));
+                }
             }
             return Ok(status);
+        }
+        if slots.is_empty() {
+            let mut finished = lock(&self.finished);
+            if let Some((status, at)) = finished.remove(&key) {
+                // Still what was installed (not wiped again since): finished, as said.
+                if at.elapsed() < FINISHED_KEPT && shard.serving().store.len() >= status.len {
+                    finished.insert(key, (status.clone(), at));
+                    return Ok(status);
+                }
+            }
         }
         let addr: SocketAddr = addr.parse().map_err(|e| {
             ShipError::Cannot(format!(

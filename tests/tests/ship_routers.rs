@@ -1,0 +1,127 @@
+//! A wiped replica rebuilt from its partner's files is told finished to every router that
+//! asks after: with two routers, the one that asked second once started a second copy,
+//! swapped in under reads. Its own file (so its process's counters are its own).
+
+use std::time::Duration;
+
+use zr_net::tls::Role;
+use zr_proto::wire::{self, NodeRequest, Reply, Target};
+use zr_sim::{SimCluster, SimOptions};
+use zr_tests as kit;
+
+const LONGEST: u64 = 2_000;
+
+/// `request` sent to node (`shard`, `replica`) as a router sends it.
+fn ask_node(cluster: &SimCluster, (shard, replica): (u32, u32), request: &NodeRequest) -> Reply {
+    let client = cluster.async_client().expect("client");
+    let status = cluster.run(client.status()).expect("status");
+    let addr = cluster
+        .listed_nodes()
+        .into_iter()
+        .find(|&(s, r, _)| (s, r) == (shard, replica))
+        .expect("listed")
+        .2;
+    let security = cluster.security(Role::Router).expect("certs");
+    let header = wire::encode_node_request(
+        Some(&status.cluster),
+        None,
+        status.map_version,
+        Some(Target { shard, replica }),
+        request,
+    )
+    .expect("encode");
+    cluster.run(async {
+        let timeout = Duration::from_secs(5);
+        let endpoint = zr_net::client_endpoint(addr).expect("endpoint");
+        let connection = zr_net::connect_to(
+            &endpoint,
+            &security,
+            addr,
+            timeout,
+            zr_net::Windows::DEFAULT,
+            Some(Role::Node),
+        )
+        .await
+        .expect("a node accepts a router's certificate");
+        let chunks = zr_net::call_chunks(&connection, header, Vec::new(), timeout)
+            .await
+            .expect("an answer");
+        connection.close(0u32.into(), b"done");
+        wire::decode_reply_chunks(&chunks).expect("a reply").0
+    })
+}
+
+#[test]
+fn a_finished_rebuild_is_reported_to_a_second_router_not_started_again() {
+    if std::env::var("ZR_TEST_LOG").is_ok() {
+        zr_service::logging::init_logging("info", zr_service::logging::LogFormat::Text);
+    }
+    let seed = SimOptions::default().seed;
+    eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run)");
+    let options = SimOptions {
+        fields: vec![("a".into(), "raw".into()), ("b".into(), "flate".into())],
+        extent_records: 3,
+        timeout_ms: 2_000,
+        replicas: 2,
+        virtual_time: true,
+        seed,
+        ..SimOptions::default()
+    };
+    let mut cluster = SimCluster::start(2, options).expect("cluster");
+    let client = cluster.async_client().expect("client");
+    let mut model = Vec::new();
+    cluster.run(async {
+        kit::append_async(&client, &mut model, 1, 6_000, LONGEST).await;
+        client.commit().await.expect("commit");
+    });
+    let (rebuilt, _) = zr_shard::ship::counts();
+    let wiped = cluster.node(1, 1);
+    cluster.crash_node(wiped);
+    std::fs::remove_dir_all(cluster.data_dir(wiped)).expect("wipe");
+    cluster.start_node(wiped).expect("restart empty");
+    kit::load_until_in_sync(
+        &cluster,
+        &client,
+        &mut model,
+        3,
+        Duration::from_secs(20),
+        LONGEST,
+    );
+    assert_eq!(
+        zr_shard::ship::counts().0 - rebuilt,
+        1,
+        "rebuilt from files"
+    );
+    // A second router that asked while the copy ran asks again after the first was told
+    // it finished: it is told the same.
+    let partner = cluster
+        .listed_nodes()
+        .into_iter()
+        .find(|&(s, r, _)| (s, r) == (1, 0))
+        .expect("partner")
+        .2;
+    let request = NodeRequest::ShipFrom {
+        addr: partner.to_string(),
+        replica: 0,
+        shard: None,
+        slots: Vec::new(),
+        rate: 0,
+    };
+    match ask_node(&cluster, (1, 1), &request) {
+        Reply::Shipping(status) => {
+            assert!(status.done && status.error.is_none(), "{status:?}");
+            assert!(status.len >= 3_000, "{status:?}");
+        }
+        other => panic!("ship-from: {other:?}"),
+    }
+    cluster.run(async { tokio::time::sleep(Duration::from_secs(5)).await });
+    assert_eq!(
+        zr_shard::ship::counts().0 - rebuilt,
+        1,
+        "the wiped replica's files were copied a second time"
+    );
+    cluster.run(async {
+        let all: Vec<u64> = (0..model.len() as u64).collect();
+        kit::check_async(&client, &model, &all).await;
+    });
+}
