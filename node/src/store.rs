@@ -586,6 +586,18 @@ impl Store {
             })
     }
 
+    /// Bytes the chunk files occupy on disk: each file's allocated blocks, at most its
+    /// length (a chunk's room reserved ahead for growth holds nothing until written).
+    pub fn chunk_bytes_on_disk(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let view = self.inner.read_view();
+        view.maps
+            .all_chunks()
+            .filter_map(|chunk| std::fs::metadata(chunk.path()).ok())
+            .map(|meta| meta.len().min(meta.blocks() * 512))
+            .sum()
+    }
+
     /// How this store's gathers have read their records so far.
     pub fn read_stats(&self) -> ReadStats {
         let counters = &self.inner.read_counters;

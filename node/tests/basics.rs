@@ -564,3 +564,23 @@ fn a_trained_dictionary_compresses_small_records_and_is_checked() {
     let e = Store::open_read_only(&path).unwrap_err().to_string();
     assert!(e.contains("j.zdict") && e.contains("cannot be read"), "{e}");
 }
+
+/// The bytes on disk a dataset lists are the chunks' written blocks, not the room a chunk
+/// file reserves ahead for growth (an empty cluster dataset once listed 1 GiB).
+#[test]
+fn bytes_on_disk_are_what_was_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path().join("d"), schema(), CreateOptions::default()).unwrap();
+    let record = vec![7u8; 1000];
+    store
+        .append_many(&vec![Record::new().with("a", &record); 100])
+        .unwrap();
+    store.commit().unwrap();
+    let (_, spanned) = store.chunk_stats();
+    let held = store.chunk_bytes_on_disk();
+    assert!(held >= 100 * 1000, "{held} bytes held for 100 KB written");
+    assert!(
+        held < 1 << 20,
+        "{held} bytes held for 100 KB written (files span {spanned})"
+    );
+}

@@ -83,8 +83,10 @@ pub enum Failure {
     #[error("{0}; the delete is recorded, and the next write through any router finishes it")]
     DeleteRecorded(Box<Failure>),
     /// The request names a dataset the cluster does not have.
-    #[error("the cluster has no dataset '{name}' (never created, or dropped){known}")]
-    NoSuchDataset { name: String, known: String },
+    /// It names no other dataset: a caller learns which datasets exist from the listing
+    /// its role may read, not from an error.
+    #[error("the cluster has no dataset '{name}' (never created, or dropped; `zr dataset list` shows those it has)")]
+    NoSuchDataset { name: String },
     /// The request conflicts with the cluster's state (a dataset or field that exists, a
     /// move under way).
     #[error("{0}")]

@@ -203,7 +203,7 @@ impl Catalog {
                 id,
                 fields: store.fields().to_vec(),
                 len: store.len(),
-                bytes: store.chunk_stats().1,
+                bytes: store.chunk_bytes_on_disk(),
             }
         };
         let mut all = vec![held(DEFAULT, 0, &self.root)];

@@ -50,6 +50,12 @@ fn legacy_datasets(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
     }
     let mut legacy = Vec::new();
     for path in found {
+        // The older layout kept the node's identity, without `slotted`; a data directory
+        // with records and none at all is no layout of ours, and claiming it refuses it
+        // by name (see `identity`).
+        if path == dir && !dir.join(crate::identity::IDENTITY_FILE).exists() {
+            continue;
+        }
         if !Identity::open(&path)?.slotted() {
             let len = Meta::load(&path)?.length;
             legacy.push((path, len));
@@ -187,4 +193,40 @@ fn convert_dataset(
     crate::stage::swap_dirs(dir, &scratch, &coordination, version)?;
     disk::remove_tree(&scratch).ctx("remove the dataset converted", &scratch)?;
     Ok(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records in a directory with no identity at all are not taken for the older layout
+    /// (that path converted them and then failed on an index out of range, leaving a
+    /// scratch directory behind): nothing is converted, and claiming it refuses it by name.
+    #[test]
+    fn records_without_an_identity_are_not_an_older_layout() {
+        let dir = tempfile::tempdir().expect("scratch");
+        let store = Store::create(
+            dir.path(),
+            vec![zr_node::FieldSpec::raw("a")],
+            CreateOptions::default(),
+        )
+        .expect("create");
+        for k in 0..100u32 {
+            store
+                .append(&Record::new().with("a", &k.to_le_bytes()))
+                .expect("append");
+        }
+        store.commit().expect("commit");
+        drop(store);
+        assert!(!needed(dir.path()).expect("looked at"));
+        let e = Identity::claim(dir.path(), 1, 0, 100).expect_err("no identity");
+        assert!(e.to_string().contains("no identity.json"), "{e}");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.contains("slotted"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 }

@@ -123,6 +123,12 @@ fn side_by_side(replicas: u32) {
         ]
     );
     assert!(listed[1].bytes > 0, "the listing counts bytes");
+    // Room reserved ahead in chunk files holds nothing (an empty dataset once listed 1 GiB).
+    assert!(
+        listed[0].bytes < 1 << 20,
+        "the empty dataset lists {} bytes",
+        listed[0].bytes
+    );
 
     // Bad requests change nothing.
     let exists = one
@@ -135,6 +141,11 @@ fn side_by_side(replicas: u32) {
     assert!(bad.to_string().contains("[a-z0-9._-]"), "{bad}");
     let missing = one.dataset("nothing").unwrap_err();
     assert_eq!(missing.code(), Some(zr_proto::ErrorCode::NoSuchDataset));
+    // It names no other dataset: which exist is the listing's to say, to whom may read it.
+    assert!(
+        !missing.to_string().contains("images") && !missing.to_string().contains("text"),
+        "{missing}"
+    );
 
     // A drop leaves the other byte-exact; a handle on the dropped one says so.
     two.drop_dataset("text").unwrap();

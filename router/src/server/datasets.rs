@@ -284,15 +284,8 @@ impl Router {
     }
 
     fn no_such(&self, name: &str) -> Failure {
-        let mut names = vec![DEFAULT_DATASET.to_string()];
-        names.extend(
-            self.named_routers()
-                .iter()
-                .map(|r| r.dataset_name().to_string()),
-        );
         Failure::NoSuchDataset {
             name: name.to_string(),
-            known: format!("; it has {}", names.join(", ")),
         }
     }
 
@@ -737,7 +730,6 @@ impl Router {
                     else {
                         return Err(Failure::NoSuchDataset {
                             name: self.dataset_name().to_string(),
-                            known: String::new(),
                         });
                     };
                     if dataset.fields.iter().any(|f| f.name == field.name) {
@@ -850,7 +842,6 @@ impl Router {
             if self.dropped.load(Ordering::SeqCst) {
                 return Err(Failure::NoSuchDataset {
                     name: self.dataset_name().to_string(),
-                    known: String::new(),
                 });
             }
             if !watched {
