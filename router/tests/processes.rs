@@ -2018,3 +2018,223 @@ fn router_memory_returns_after_abandoned_gathers() {
     stop_all(processes);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// The router's CPU time so far (user and system), from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command's closing parenthesis: state is the first, utime the 12th.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let hz: f64 = String::from_utf8(
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    ticks as f64 / hz
+}
+
+/// The audit's lock-out by one reader, as a property of the design: one reader certificate
+/// holds 2,000 gathers of 1,000,000 indices waiting for records not committed yet (two
+/// connections), then floods the router with requests it refuses. Meanwhile an operator's
+/// `zr cluster status` and a writer's append and commit answer, the router's memory stays
+/// under its configured budgets plus 200 MB, it spends under half a core while the gathers
+/// wait, and its log grows by a few lines, not one a refusal. (A waiting gather once held
+/// its indices and its share of the one request budget until answered: 4.25 GB and
+/// every other client locked out.)
+#[test]
+fn one_reader_cannot_take_the_router_down() {
+    const REQUEST_MIB: u64 = 256;
+    const REPLY_MIB: u64 = 64;
+    const WAITERS: usize = 2_000;
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("hostile");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let toml = std::fs::read_to_string(&config).unwrap().replacen(
+        "[router]\n",
+        &format!("[router]\nrequest_budget_mib = {REQUEST_MIB}\nreply_budget_mib = {REPLY_MIB}\n"),
+        1,
+    );
+    std::fs::write(&config, toml).unwrap();
+    let config_arg = config.to_str().unwrap();
+    let nodes = vec![
+        spawn(&node, &["--shard", "0", "--nodes", config_arg]),
+        spawn(&node, &["--shard", "1", "--nodes", config_arg]),
+    ];
+    let log_path = tmp.join("router.log");
+    let zr = binary("zr");
+    let router_child = keep_starting(
+        || {
+            Command::new(&router)
+                .args(["--nodes", config_arg])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log_path).unwrap())
+                .spawn()
+                .unwrap()
+        },
+        || {
+            Command::new(&zr)
+                .args(["info", "--router", &addr, "--certs"])
+                .arg(&certs)
+                .output()
+                .unwrap()
+                .status
+                .success()
+        },
+    );
+    let router_pid = router_child.id();
+    let writer = connect(&addr, &certs);
+    load_rows(&writer, 1000);
+    let log_lines = || std::fs::read_to_string(&log_path).unwrap().lines().count();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let router_addr: std::net::SocketAddr = addr.parse().unwrap();
+    let reader = |direct: bool| {
+        let security = Security::load(&certs, Role::Reader).unwrap();
+        let options = zr_router::ClientOptions {
+            timeout: Duration::from_secs(30),
+            direct,
+            ..zr_router::ClientOptions::default()
+        };
+        runtime
+            .block_on(zr_router::AsyncClient::connect_with(
+                router_addr,
+                security,
+                options,
+            ))
+            .unwrap()
+    };
+    let waiting: Vec<_> = (0..2).map(|_| std::sync::Arc::new(reader(true))).collect();
+    let indices = std::sync::Arc::new((0..1_000_000u64).collect::<Vec<u64>>());
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|k| {
+            let (client, indices) = (
+                std::sync::Arc::clone(&waiting[k % 2]),
+                std::sync::Arc::clone(&indices),
+            );
+            runtime.spawn(async move {
+                client
+                    .gather_waiting(&indices, &[], Duration::from_secs(600))
+                    .await
+            })
+        })
+        .collect();
+    let rss_idle = rss_bytes(router_pid);
+    // Every waiter's wait has reached the router.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a waiting gather ended early"
+    );
+
+    // While they wait: the router's CPU over a few seconds, and its memory.
+    let (cpu_before, quiet_began) = (cpu_seconds(router_pid), Instant::now());
+    std::thread::sleep(Duration::from_secs(4));
+    let waiting_cores =
+        (cpu_seconds(router_pid) - cpu_before) / quiet_began.elapsed().as_secs_f64();
+    let mut rss_peak = rss_bytes(router_pid);
+
+    // Then the flood: requests its role does not allow, and gathers of a million records
+    // past the end, through the router, as fast as they are refused.
+    let flooding = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let lines_before = log_lines();
+    let flood: Vec<_> = (0..4)
+        .map(|k| {
+            let client = reader(false);
+            let (flooding, refused, indices) = (
+                std::sync::Arc::clone(&flooding),
+                std::sync::Arc::clone(&refused),
+                std::sync::Arc::clone(&indices),
+            );
+            runtime.spawn(async move {
+                while flooding.load(std::sync::atomic::Ordering::SeqCst) {
+                    let outcome = if k % 2 == 0 {
+                        client
+                            .append(&Record::new().with("x", b"no"))
+                            .await
+                            .map(|_| ())
+                    } else {
+                        client.gather(&indices[..], &[]).await.map(|_| ())
+                    };
+                    assert!(outcome.is_err(), "a refused request was served");
+                    refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+
+    // The operator and a writer, meanwhile.
+    let mut status_ms = Vec::new();
+    let mut append_ms = Vec::new();
+    for k in 0..5u8 {
+        let began = Instant::now();
+        let (up, printed) = cluster_status(&addr, &certs);
+        status_ms.push(began.elapsed().as_secs_f64() * 1e3);
+        assert!(up, "zr cluster status under the flood: {printed}");
+        let began = Instant::now();
+        writer.append(&Record::new().with("x", &[k; 100])).unwrap();
+        writer.commit().unwrap();
+        append_ms.push(began.elapsed().as_secs_f64() * 1e3);
+        rss_peak = rss_peak.max(rss_bytes(router_pid));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    flooding.store(false, std::sync::atomic::Ordering::SeqCst);
+    for task in flood {
+        runtime.block_on(task).unwrap();
+    }
+    let refusals = refused.load(std::sync::atomic::Ordering::SeqCst);
+    let lines = log_lines() - lines_before;
+    rss_peak = rss_peak.max(rss_bytes(router_pid));
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a waiting gather ended under the flood"
+    );
+    for waiter in waiters {
+        waiter.abort();
+    }
+    let most = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    println!(
+        "{WAITERS} waiting gathers of 1,000,000 indices and {refusals} refused requests from one reader: \
+         zr cluster status {:.0} ms at most (of 5), append + commit {:.0} ms at most; router resident \
+         {} MiB idle, {} MiB at most (budgets {REQUEST_MIB} + {REPLY_MIB} MiB); {waiting_cores:.3} cores \
+         while the gathers waited; {lines} log lines for the refusals",
+        most(&status_ms),
+        most(&append_ms),
+        rss_idle >> 20,
+        rss_peak >> 20,
+    );
+    let limit = Duration::from_secs(5).as_secs_f64() * 1e3;
+    assert!(most(&status_ms) < limit, "status took {status_ms:?} ms");
+    assert!(most(&append_ms) < limit, "append took {append_ms:?} ms");
+    assert!(
+        rss_peak < (REQUEST_MIB + REPLY_MIB + 200) << 20,
+        "the router grew to {} MiB",
+        rss_peak >> 20
+    );
+    assert!(
+        waiting_cores < 0.5,
+        "{waiting_cores} cores while gathers waited"
+    );
+    assert!(
+        refusals > 100 && (lines as u64) < refusals / 4 && lines < 200,
+        "{lines} log lines for {refusals} refusals"
+    );
+    drop(waiting);
+    drop(runtime);
+    let mut processes = nodes;
+    processes.push(router_child);
+    stop_all(processes);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
