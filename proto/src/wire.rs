@@ -1568,7 +1568,7 @@ mod tests {
         assert!(e.to_string().contains("version 99"), "{e}");
     }
 
-    /// A peer of the previous protocol version (14: nodes addressed by shard-local index) is refused
+    /// A peer of the previous protocol version (15: gathers that waited for commits) is refused
     /// by both protocols' decoders and by the reply decoder, naming both versions — never
     /// read as this version's layout (ops/README.md, Upgrading).
     #[test]
@@ -1580,15 +1580,15 @@ mod tests {
                 matches!(
                     e,
                     Error::Version {
-                        theirs: 14,
-                        ours: 15
+                        theirs: 15,
+                        ours: 16
                     }
                 ),
                 "{e}"
             );
             assert!(
                 e.to_string()
-                    .contains("unsupported protocol version 14 (this build speaks 15)"),
+                    .contains("unsupported protocol version 15 (this build speaks 16)"),
                 "{e}"
             );
         };
