@@ -875,3 +875,95 @@ fn a_shuffled_window_loader_resumes_exactly_and_on_other_ranks() {
     split.sort_unstable();
     assert_eq!(split, after);
 }
+
+/// Packed rows read back against the model: each row is its pieces' tokens of the
+/// concatenated documents, back to back, then zeros; every token of every document is in
+/// exactly one row; the spans a row overlaps are found where its pieces lie; and the read
+/// paths (mapping, explicit reads with CRC checks) give the same bytes.
+#[test]
+fn packed_rows_are_their_documents_pieces() {
+    use zr_node::stream::{PackConfig, Packed, PackedColumns, Packer, SpanSink};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stream = Stream::create(dir.path().join("s"), u32_element()).expect("create");
+    let mut model = Model::default();
+    fill(&stream, &mut model, &mut Rng(17), 400, 300);
+    stream.commit().expect("commit");
+    let stream = Arc::new(stream);
+    let ends: Vec<u64> = model
+        .starts
+        .iter()
+        .skip(1)
+        .copied()
+        .chain([model.tokens.len() as u64])
+        .collect();
+    for packer in [Packer::BestFit, Packer::FirstFit] {
+        let config = PackConfig {
+            seq_len: 127,
+            packer,
+            lookahead: 50,
+            seed: 3,
+        };
+        let packed = Packed::new(Arc::clone(&stream), config).expect("pack");
+        let width = packed.width();
+        let rows: Vec<u64> = (0..packed.len()).collect();
+        let mut out = PackedColumns::default();
+        let mut spans = SpanSink::default();
+        packed
+            .gather(&rows, &mut out, Some(&mut spans))
+            .expect("gather");
+        let mut seen = vec![0u32; model.tokens.len()];
+        for (k, &r) in rows.iter().enumerate() {
+            let mut at = 0;
+            for piece in packed.plan().row(r).expect("row") {
+                let d = piece.document as usize;
+                let start = model.starts[d] + piece.offset as u64;
+                assert!(start + piece.len as u64 <= ends[d]);
+                for t in 0..piece.len as usize {
+                    let want = model.tokens[start as usize + t];
+                    let at_byte = (k * width + at + t) * 4;
+                    let got =
+                        u32::from_le_bytes(out.tokens[at_byte..at_byte + 4].try_into().unwrap());
+                    assert_eq!(got, want, "{packer:?} row {r} piece of document {d}");
+                    assert_eq!(out.document[k * width + at + t], d as i64);
+                    seen[start as usize + t] += 1;
+                }
+                // The spans of this piece's tokens, where the piece lies in the row.
+                for (j, (s, e, _)) in model.spans.iter().enumerate() {
+                    let (a, b) = (*s.max(&start), *e.min(&(start + piece.len as u64)));
+                    if a < b {
+                        let hit = zr_node::stream::SpanHit {
+                            row: k as u64,
+                            start: (at as u64) + a - start,
+                            end: (at as u64) + b - start,
+                            span: j as u64,
+                        };
+                        assert!(spans.hits.contains(&hit), "{hit:?} missing");
+                    }
+                }
+                at += piece.len as usize;
+            }
+            let pad = &out.tokens[(k * width + at) * 4..(k + 1) * width * 4];
+            assert!(pad.iter().all(|&b| b == 0), "row {r}: padding not zero");
+        }
+        assert!(seen.iter().all(|&n| n == 1), "a token missing or twice");
+        // The explicit read path, every page checked, gives the same rows.
+        let direct = packed.clone().with_options(GatherOptions {
+            read: ReadPath::Direct,
+            ..GatherOptions::default()
+        });
+        let mut again = PackedColumns::default();
+        direct.gather(&rows, &mut again, None).expect("direct");
+        assert_eq!(again.tokens, out.tokens);
+        assert_eq!(again.cu_seqlens, out.cu_seqlens);
+        let past = packed
+            .gather(&[packed.len()], &mut again, None)
+            .expect_err("past");
+        assert!(matches!(past, Error::IndexOutOfRange { .. }), "{past}");
+    }
+    let zero = PackConfig {
+        lookahead: 0,
+        ..PackConfig::new(127, 1)
+    };
+    let refused = Packed::new(Arc::clone(&stream), zero).expect_err("lookahead 0");
+    assert!(refused.to_string().contains("lookahead of 0"), "{refused}");
+}

@@ -23,6 +23,7 @@
 
 mod check;
 mod import;
+mod packed;
 mod read;
 mod write;
 
@@ -44,8 +45,10 @@ pub use import::{
     convert_megatron, convert_tokens, megatron_into, tokens_into, Converted, MegatronIndex,
     TokenSink,
 };
+pub use packed::{document_lengths, Packed};
 pub use read::{Observations, SpanHit, SpanSink, WindowMode, Windows};
 pub use write::Span;
+pub use zr_common::packing::{PackConfig, PackPlan, PackStats, PackedColumns, Packer};
 
 /// The file that commits a stream.
 pub const STREAM_FILE: &str = "stream.json";

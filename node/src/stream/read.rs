@@ -140,9 +140,9 @@ impl Windows {
         &self,
         indices: &[u64],
         tokens: &mut [u8],
-        mut document: Option<&mut [i64]>,
-        mut mask: Option<&mut [u8]>,
-        mut spans: Option<&mut SpanSink>,
+        document: Option<&mut [i64]>,
+        mask: Option<&mut [u8]>,
+        spans: Option<&mut SpanSink>,
     ) -> Result<()> {
         let view = self.stream.view();
         let width = self.width();
@@ -163,62 +163,158 @@ impl Windows {
         }
         // Where each row's tokens come from: (first token, tokens to copy).
         let n = count(&view, self.mode);
-        let mut ranges = Vec::with_capacity(rows);
+        let mut layout = Layout::with_rows(rows);
         for &i in indices {
             if i >= n {
                 return Err(Error::IndexOutOfRange { index: i, len: n });
             }
-            ranges.push(match self.mode {
+            layout.push(match self.mode {
                 WindowMode::Windows { stride, .. } => (i * stride, width as u64),
                 WindowMode::Documents { .. } => {
                     let (start, end) = (view.document_start(i), view.document_end(i));
                     (start, (end - start).min(width as u64))
                 }
             });
+            layout.end_row();
         }
-        let explicit = match self.options.read {
-            ReadPath::Mmap => false,
-            ReadPath::Direct => true,
-            ReadPath::Auto => !resident(&view, &ranges),
-        };
-        if explicit {
-            read_explicit(&view, &ranges, tokens, width, self.options)?;
-        } else {
-            for (k, &(start, len)) in ranges.iter().enumerate() {
-                let row = &mut tokens[k * width * e..(k + 1) * width * e];
-                let (have, pad) = row.split_at_mut(len as usize * e);
-                let bytes = view.token_bytes(start, len);
-                if self.options.verify {
-                    check_range(&view, start, len)?;
-                }
-                have.copy_from_slice(bytes);
-                pad.fill(0);
+        lay_rows(
+            &view,
+            &layout,
+            width,
+            self.options,
+            tokens,
+            document,
+            mask,
+            spans,
+        )
+    }
+}
+
+/// Where a gather's tokens come from: per row, ranges of the stream laid back to back from
+/// the row's start, the rest of the row padding.
+#[derive(Debug, Default)]
+pub(crate) struct Layout {
+    /// (first token, tokens) of every range, row after row.
+    pub(crate) ranges: Vec<(u64, u64)>,
+    /// Row r's ranges are `ranges[ends[r - 1]..ends[r]]`.
+    ends: Vec<usize>,
+}
+
+impl Layout {
+    pub(crate) fn with_rows(rows: usize) -> Layout {
+        Layout {
+            ranges: Vec::with_capacity(rows),
+            ends: Vec::with_capacity(rows),
+        }
+    }
+
+    /// A range of the row being laid out.
+    pub(crate) fn push(&mut self, range: (u64, u64)) {
+        self.ranges.push(range);
+    }
+
+    /// Ends the row being laid out.
+    pub(crate) fn end_row(&mut self) {
+        self.ends.push(self.ranges.len());
+    }
+
+    /// Each row's ranges, in order.
+    fn rows(&self) -> impl Iterator<Item = &[(u64, u64)]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .map(|(start, end)| &self.ranges[start..end])
+    }
+}
+
+/// Copies `layout`'s ranges into rows of `width` tokens (read as `options` say), pads each
+/// row's rest with zeros, and fills what else is asked: each token's document (-1 for
+/// padding), the mask (1 for a token, 0 for padding) and the spans each row overlaps.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn lay_rows(
+    view: &StreamView,
+    layout: &Layout,
+    width: usize,
+    options: GatherOptions,
+    tokens: &mut [u8],
+    mut document: Option<&mut [i64]>,
+    mut mask: Option<&mut [u8]>,
+    mut spans: Option<&mut SpanSink>,
+) -> Result<()> {
+    let e = view.element_bytes as usize;
+    for &(start, len) in &layout.ranges {
+        if start + len > view.meta.tokens {
+            return Err(Error::InvalidRecord(format!(
+                "tokens {start}..{} lie past the stream's end ({} tokens)",
+                start + len,
+                view.meta.tokens
+            )));
+        }
+    }
+    let explicit = match options.read {
+        ReadPath::Mmap => false,
+        ReadPath::Direct => true,
+        ReadPath::Auto => !resident(view, &layout.ranges),
+    };
+    // Each range's place in `tokens`, in bytes.
+    let mut places = Vec::with_capacity(layout.ranges.len());
+    let mut used = Vec::with_capacity(layout.ends.len());
+    for (k, row) in layout.rows().enumerate() {
+        let mut at = 0usize;
+        for &(_, len) in row {
+            places.push((k * width + at) * e);
+            at += len as usize;
+        }
+        if at > width {
+            return Err(Error::InvalidRecord(format!(
+                "row {k} is laid out with {at} tokens, more than its {width}"
+            )));
+        }
+        used.push(at);
+    }
+    if explicit {
+        read_explicit(view, &layout.ranges, &places, tokens, options)?;
+    } else {
+        for (&(start, len), &place) in layout.ranges.iter().zip(&places) {
+            let bytes = view.token_bytes(start, len);
+            if options.verify {
+                check_range(view, start, len)?;
             }
+            tokens[place..place + bytes.len()].copy_from_slice(bytes);
         }
-        if let Some(sink) = spans.as_deref_mut() {
-            sink.hits.clear();
-            sink.ids.clear();
-        }
-        for (k, &(start, len)) in ranges.iter().enumerate() {
+    }
+    for (k, &at) in used.iter().enumerate() {
+        tokens[(k * width + at) * e..(k + 1) * width * e].fill(0);
+    }
+    if let Some(sink) = spans.as_deref_mut() {
+        sink.hits.clear();
+        sink.ids.clear();
+    }
+    for (k, (row, &at)) in layout.rows().zip(&used).enumerate() {
+        let mut pos = 0usize;
+        for &(start, len) in row {
             if let Some(document) = document.as_deref_mut() {
-                let row = &mut document[k * width..(k + 1) * width];
-                fill_documents(&view, start, &mut row[..len as usize]);
-                row[len as usize..].fill(-1);
-            }
-            if let Some(mask) = mask.as_deref_mut() {
-                let row = &mut mask[k * width..(k + 1) * width];
-                row[..len as usize].fill(1);
-                row[len as usize..].fill(0);
+                let out = &mut document[k * width + pos..k * width + pos + len as usize];
+                fill_documents(view, start, out);
             }
             if let Some(sink) = spans.as_deref_mut() {
-                sink.collect(&view, k as u64, start, len);
+                sink.collect(view, k as u64, pos as u64, start, len);
             }
+            pos += len as usize;
         }
-        if let Some(sink) = spans {
-            sink.finish(&view)?;
+        if let Some(document) = document.as_deref_mut() {
+            document[k * width + at..(k + 1) * width].fill(-1);
         }
-        Ok(())
+        if let Some(mask) = mask.as_deref_mut() {
+            let row = &mut mask[k * width..(k + 1) * width];
+            row[..at].fill(1);
+            row[at..].fill(0);
+        }
     }
+    if let Some(sink) = spans {
+        sink.finish(view)?;
+    }
+    Ok(())
 }
 
 /// Where a gather puts the spans it finds (see [`Observations`]).
@@ -230,8 +326,9 @@ pub struct SpanSink {
 }
 
 impl SpanSink {
-    /// Records the spans that overlap tokens `[start, start + len)`, row `row`.
-    fn collect(&mut self, view: &StreamView, row: u64, start: u64, len: u64) {
+    /// Records the spans that overlap tokens `[start, start + len)`, laid at `at` in row
+    /// `row`.
+    fn collect(&mut self, view: &StreamView, row: u64, at: u64, start: u64, len: u64) {
         let spans = view.meta.spans;
         if spans == 0 || len == 0 {
             return;
@@ -256,8 +353,8 @@ impl SpanSink {
             if t > start {
                 self.hits.push(SpanHit {
                     row,
-                    start: s.max(start) - start,
-                    end: t.min(end) - start,
+                    start: at + s.max(start) - start,
+                    end: at + t.min(end) - start,
                     span: j,
                 });
                 self.ids.push(j);
@@ -398,12 +495,13 @@ fn view_path(view: &StreamView) -> std::path::PathBuf {
 }
 
 /// Reads each range's tokens from the disk: the whole pages under it, at once (io_uring or
-/// `preadv` threads), each page checked against its CRC, then copied into its row.
+/// `preadv` threads), each page checked against its CRC, then copied to its place (a byte
+/// offset in `tokens`).
 fn read_explicit(
     view: &StreamView,
     ranges: &[(u64, u64)],
+    places: &[usize],
     tokens: &mut [u8],
-    width: usize,
     options: GatherOptions,
 ) -> Result<()> {
     let Some(map) = &view.tokens else {
@@ -464,14 +562,12 @@ fn read_explicit(
         })?;
     }
     let mut at = base;
-    for (k, (&(start, len), &(first, bytes))) in ranges.iter().zip(&pages).enumerate() {
+    for ((&(start, len), &(first, bytes)), &place) in ranges.iter().zip(&pages).zip(places) {
         let read = &scratch[at..at + bytes as usize];
         check_pages(view, first / PAGE_BYTES, read)?;
         let from = (start * e - first) as usize;
-        let row = &mut tokens[k * width * e as usize..(k + 1) * width * e as usize];
-        let (have, pad) = row.split_at_mut((len * e) as usize);
-        have.copy_from_slice(&read[from..from + (len * e) as usize]);
-        pad.fill(0);
+        let n = (len * e) as usize;
+        tokens[place..place + n].copy_from_slice(&read[from..from + n]);
         at += bytes as usize;
     }
     Ok(())

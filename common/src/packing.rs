@@ -1,0 +1,727 @@
+//! Documents packed whole into rows of `W + 1` tokens, as a pure function of (document
+//! lengths, seed, configuration): every rank computes the same plan with nothing to
+//! coordinate, and a row is an observation like a window, so samplers, mixtures, loaders
+//! and their checkpoints use packed rows as they use records.
+//!
+//! - Documents are taken in a shuffled order (a keyed permutation of their indices).
+//! - A document longer than a row is cut into pieces of `W + 1` tokens, each a full row;
+//!   its remainder is packed like any document.
+//! - [`Packer::BestFit`] (the default) places `lookahead` documents at a time, longest first,
+//!   each into the row with the least room that holds it (best-fit decreasing);
+//!   [`Packer::FirstFit`] places them in their shuffled order, each into the first row that
+//!   holds it. A window's rows are emitted when it is placed.
+//!
+//! What a training step takes of a row ([`PackedColumns`]): its tokens, each token's
+//! segment (1, 2, … per piece in the row; 0 for padding), its position within its piece,
+//! the loss mask (1 where the next token is the same piece's: 0 on padding and at each
+//! piece's last token) and, for a batch, `cu_seqlens`/`max_seqlen` over the inputs
+//! (`tokens[:, :W]`) flattened, as flash-attention's variable-length kernels take them.
+
+use std::collections::BTreeSet;
+
+use crate::columns::Contiguous;
+use crate::error::BoxError;
+use crate::feistel::Feistel;
+
+/// How documents are placed into rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Packer {
+    /// Longest first, each into the row with the least room that holds it.
+    BestFit,
+    /// In order, each into the first row that holds it.
+    FirstFit,
+}
+
+impl Packer {
+    /// Its name: `best_fit` or `first_fit`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Packer::BestFit => "best_fit",
+            Packer::FirstFit => "first_fit",
+        }
+    }
+}
+
+impl std::str::FromStr for Packer {
+    type Err = BadPacking;
+
+    fn from_str(text: &str) -> Result<Packer, BadPacking> {
+        match text {
+            "best_fit" => Ok(Packer::BestFit),
+            "first_fit" => Ok(Packer::FirstFit),
+            other => Err(BadPacking(format!(
+                "'{other}' is not a packer: best_fit or first_fit (fixed windows cut anywhere are a stream's windows)"
+            ))),
+        }
+    }
+}
+
+/// Lookahead unless asked otherwise: documents placed at a time.
+pub const LOOKAHEAD_DEFAULT: usize = 1024;
+
+/// A packing asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PackConfig {
+    /// `W`: a row holds `W + 1` tokens (inputs and labels shifted by one).
+    pub seq_len: u64,
+    pub packer: Packer,
+    /// Documents placed at a time (at least 1).
+    pub lookahead: usize,
+    /// The key of the documents' shuffled order.
+    pub seed: u64,
+}
+
+impl PackConfig {
+    /// Best-fit packing into rows of `seq_len + 1` tokens, [`LOOKAHEAD_DEFAULT`] documents
+    /// at a time, in the order `seed` shuffles them into.
+    pub fn new(seq_len: u64, seed: u64) -> PackConfig {
+        PackConfig {
+            seq_len,
+            packer: Packer::BestFit,
+            lookahead: LOOKAHEAD_DEFAULT,
+            seed,
+        }
+    }
+
+    /// Tokens per row: `seq_len + 1`.
+    pub fn width(&self) -> u64 {
+        self.seq_len + 1
+    }
+
+    /// Checks the numbers: `1 <= seq_len < 2^31` and a lookahead of at least 1.
+    pub fn check(&self) -> Result<(), BadPacking> {
+        if self.seq_len == 0 || self.seq_len >= i32::MAX as u64 {
+            return Err(BadPacking(format!(
+                "seq_len must be 1..2^31 - 1, not {}",
+                self.seq_len
+            )));
+        }
+        if self.lookahead == 0 {
+            return Err(BadPacking(
+                "a lookahead of 0 documents places none: give at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A packing that cannot be made as asked.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("packing: {0}")]
+pub struct BadPacking(pub String);
+
+/// Tokens `[offset, offset + len)` of document `document`, placed in a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub document: u64,
+    pub offset: u32,
+    pub len: u32,
+}
+
+/// What a plan comes to.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PackStats {
+    pub rows: u64,
+    pub documents: u64,
+    pub tokens: u64,
+    /// Documents longer than a row, cut into pieces.
+    pub split: u64,
+    pub pieces: u64,
+}
+
+impl PackStats {
+    /// Padding over all the rows' tokens.
+    pub fn padding_fraction(&self, width: u64) -> f64 {
+        let room = self.rows * width;
+        if room == 0 {
+            return 0.0;
+        }
+        (room - self.tokens) as f64 / room as f64
+    }
+}
+
+/// Which pieces each row holds.
+#[derive(Clone, Debug)]
+pub struct PackPlan {
+    config: PackConfig,
+    /// Row r holds `pieces[row_ends[r - 1]..row_ends[r]]` (from 0 for row 0).
+    row_ends: Vec<u64>,
+    pieces: Vec<Piece>,
+    stats: PackStats,
+}
+
+impl PackPlan {
+    /// The plan of documents of `lengths` tokens packed as `config` says.
+    pub fn build(lengths: &[u64], config: PackConfig) -> Result<PackPlan, BadPacking> {
+        config.check()?;
+        let width = config.width();
+        let n = lengths.len() as u64;
+        let order = Feistel::new(n, config.seed);
+        let mut plan = PackPlan {
+            config,
+            row_ends: Vec::new(),
+            pieces: Vec::new(),
+            stats: PackStats::default(),
+        };
+        let mut window: Vec<Piece> = Vec::with_capacity(config.lookahead);
+        let mut placer = Placer::new(width as u32, config.packer, config.lookahead);
+        let mut taken = 0;
+        for i in 0..n {
+            let document = order.apply(i);
+            let len = lengths[document as usize];
+            if len == 0 {
+                continue;
+            }
+            if len > u32::MAX as u64 {
+                return Err(BadPacking(format!(
+                    "document {document} holds {len} tokens, more than 2^32 - 1"
+                )));
+            }
+            plan.stats.documents += 1;
+            plan.stats.tokens += len;
+            let full = len / width;
+            if len > width {
+                plan.stats.split += 1;
+            }
+            for k in 0..full {
+                plan.push_row(&[Piece {
+                    document,
+                    offset: (k * width) as u32,
+                    len: width as u32,
+                }]);
+            }
+            let rest = len % width;
+            if rest > 0 {
+                window.push(Piece {
+                    document,
+                    offset: (full * width) as u32,
+                    len: rest as u32,
+                });
+            }
+            taken += 1;
+            if taken == config.lookahead {
+                placer.place(&mut window, &mut plan);
+                taken = 0;
+            }
+        }
+        placer.place(&mut window, &mut plan);
+        plan.stats.rows = plan.row_ends.len() as u64;
+        plan.stats.pieces = plan.pieces.len() as u64;
+        Ok(plan)
+    }
+
+    fn push_row(&mut self, pieces: &[Piece]) {
+        self.pieces.extend_from_slice(pieces);
+        self.row_ends.push(self.pieces.len() as u64);
+    }
+
+    pub fn config(&self) -> &PackConfig {
+        &self.config
+    }
+
+    /// Rows of `W + 1` tokens.
+    pub fn rows(&self) -> u64 {
+        self.row_ends.len() as u64
+    }
+
+    pub fn stats(&self) -> PackStats {
+        self.stats
+    }
+
+    /// The pieces of row `row`, in the order they lie in it; `None` past the last row.
+    pub fn row(&self, row: u64) -> Option<&[Piece]> {
+        let end = *self.row_ends.get(row as usize)? as usize;
+        let start = match row {
+            0 => 0,
+            r => self.row_ends[r as usize - 1] as usize,
+        };
+        Some(&self.pieces[start..end])
+    }
+}
+
+/// Places one lookahead window of pieces at a time into fresh rows.
+struct Placer {
+    width: u32,
+    packer: Packer,
+    /// Each open row's pieces.
+    rows: Vec<Vec<Piece>>,
+    /// Best fit: (room left, row) of the rows with room.
+    room: BTreeSet<(u32, u32)>,
+    /// First fit: the most room among rows, as a tree over row indices.
+    most: MaxTree,
+}
+
+impl Placer {
+    fn new(width: u32, packer: Packer, lookahead: usize) -> Placer {
+        Placer {
+            width,
+            packer,
+            rows: Vec::new(),
+            room: BTreeSet::new(),
+            most: MaxTree::new(lookahead),
+        }
+    }
+
+    /// Places `window` (emptied) and appends its rows to `plan`.
+    fn place(&mut self, window: &mut Vec<Piece>, plan: &mut PackPlan) {
+        if window.is_empty() {
+            return;
+        }
+        match self.packer {
+            Packer::BestFit => {
+                // Longest first; equal lengths in their shuffled order.
+                window.sort_by(|a, b| b.len.cmp(&a.len));
+                for &piece in window.iter() {
+                    let fits = self.room.range((piece.len, 0)..).next().copied();
+                    let row = match fits {
+                        Some((room, row)) => {
+                            self.room.remove(&(room, row));
+                            if room > piece.len {
+                                self.room.insert((room - piece.len, row));
+                            }
+                            row as usize
+                        }
+                        None => {
+                            self.rows.push(Vec::new());
+                            let row = self.rows.len() - 1;
+                            if self.width > piece.len {
+                                self.room.insert((self.width - piece.len, row as u32));
+                            }
+                            row
+                        }
+                    };
+                    self.rows[row].push(piece);
+                }
+                self.room.clear();
+            }
+            Packer::FirstFit => {
+                self.most.reset(window.len());
+                for &piece in window.iter() {
+                    let row = match self.most.first_at_least(piece.len) {
+                        Some(row) => row,
+                        None => {
+                            self.rows.push(Vec::new());
+                            let row = self.rows.len() - 1;
+                            self.most.set(row, self.width);
+                            row
+                        }
+                    };
+                    let room = self.most.get(row) - piece.len;
+                    self.most.set(row, room);
+                    self.rows[row].push(piece);
+                }
+            }
+        }
+        for row in self.rows.drain(..) {
+            plan.push_row(&row);
+        }
+        window.clear();
+    }
+}
+
+/// A segment tree of the room left in each row, for the first row with room enough.
+struct MaxTree {
+    leaves: usize,
+    tree: Vec<u32>,
+}
+
+impl MaxTree {
+    fn new(rows: usize) -> MaxTree {
+        let leaves = rows.max(1).next_power_of_two();
+        MaxTree {
+            leaves,
+            tree: vec![0; 2 * leaves],
+        }
+    }
+
+    /// Every row empty, room for at least `rows` rows.
+    fn reset(&mut self, rows: usize) {
+        if rows > self.leaves {
+            *self = MaxTree::new(rows);
+        } else {
+            self.tree.fill(0);
+        }
+    }
+
+    fn get(&self, row: usize) -> u32 {
+        self.tree[self.leaves + row]
+    }
+
+    fn set(&mut self, row: usize, room: u32) {
+        let mut at = self.leaves + row;
+        self.tree[at] = room;
+        while at > 1 {
+            at /= 2;
+            self.tree[at] = self.tree[2 * at].max(self.tree[2 * at + 1]);
+        }
+    }
+
+    /// The first row with at least `need` room.
+    fn first_at_least(&self, need: u32) -> Option<usize> {
+        if self.tree[1] < need {
+            return None;
+        }
+        let mut at = 1;
+        while at < self.leaves {
+            at = if self.tree[2 * at] >= need {
+                2 * at
+            } else {
+                2 * at + 1
+            };
+        }
+        Some(at - self.leaves)
+    }
+}
+
+/// A gathered batch of packed rows, as a loader hands it over.
+#[derive(Debug, Default)]
+pub struct PackedColumns {
+    pub rows: usize,
+    /// Tokens per row: `W + 1`.
+    pub width: usize,
+    pub element_bytes: usize,
+    /// `rows × width` elements.
+    pub tokens: Vec<u8>,
+    /// Each token's document (-1 for padding).
+    pub document: Vec<i64>,
+    /// Each token's piece in its row, from 1 (0 for padding).
+    pub segment_ids: Vec<i32>,
+    /// Each token's position in its piece (0 for padding).
+    pub positions: Vec<i32>,
+    /// 1 where the next token is the same piece's.
+    pub loss_mask: Vec<u8>,
+    /// Sequence boundaries over the inputs (`W` of each row) flattened: the pieces cut at
+    /// `W`, and each row's padding as one sequence.
+    pub cu_seqlens: Vec<i32>,
+    /// The longest of those sequences.
+    pub max_seqlen: i32,
+}
+
+impl PackedColumns {
+    /// Sizes the per-token columns for `rows` rows of `width` (reusing their buffers) and
+    /// fills every one but `tokens` from the rows' pieces.
+    pub fn describe<'a>(
+        &mut self,
+        rows: impl ExactSizeIterator<Item = &'a [Piece]>,
+        width: usize,
+        element_bytes: usize,
+    ) {
+        let count = rows.len();
+        self.rows = count;
+        self.width = width;
+        self.element_bytes = element_bytes;
+        self.tokens.resize(count * width * element_bytes, 0);
+        self.document.resize(count * width, -1);
+        self.segment_ids.resize(count * width, 0);
+        self.positions.resize(count * width, 0);
+        self.loss_mask.resize(count * width, 0);
+        self.cu_seqlens.clear();
+        self.cu_seqlens.push(0);
+        self.max_seqlen = 0;
+        let inputs = width - 1;
+        for (r, pieces) in rows.enumerate() {
+            let base = r * width;
+            let mut at = 0usize;
+            for (k, piece) in pieces.iter().enumerate() {
+                let len = piece.len as usize;
+                let span = base + at..base + at + len;
+                self.document[span.clone()].fill(piece.document as i64);
+                self.segment_ids[span.clone()].fill(k as i32 + 1);
+                for (p, position) in self.positions[span.clone()].iter_mut().enumerate() {
+                    *position = p as i32;
+                }
+                self.loss_mask[span.clone()].fill(1);
+                self.loss_mask[span.end - 1] = 0;
+                let input_end = (at + len).min(inputs);
+                if input_end > at {
+                    self.push_sequence(input_end - at);
+                }
+                at += len;
+            }
+            let pad = base + at..base + width;
+            self.document[pad.clone()].fill(-1);
+            self.segment_ids[pad.clone()].fill(0);
+            self.positions[pad.clone()].fill(0);
+            self.loss_mask[pad].fill(0);
+            if at < inputs {
+                self.push_sequence(inputs - at);
+            }
+        }
+    }
+
+    /// One more sequence of `len` inputs, after those of the batch so far.
+    fn push_sequence(&mut self, len: usize) {
+        let end = self.cu_seqlens.last().copied().unwrap_or(0) + len as i32;
+        self.cu_seqlens.push(end);
+        self.max_seqlen = self.max_seqlen.max(len as i32);
+    }
+
+    /// The columns `fields` names (empty: all), each row one packed row, into `columns`:
+    /// `tokens`, `document`, `segment_ids`, `positions`, `loss_mask` per token, and
+    /// `cu_seqlens` (int32, one row holding the batch's boundaries) and `max_seqlen` (one
+    /// int32).
+    pub fn into_columns(
+        mut self,
+        fields: &[String],
+        columns: &mut Vec<Contiguous>,
+    ) -> Result<(), BoxError> {
+        let names: Vec<&str> = if fields.is_empty() {
+            PACKED_FIELDS.to_vec()
+        } else {
+            fields.iter().map(String::as_str).collect()
+        };
+        columns.resize_with(names.len(), Contiguous::default);
+        let rows = self.rows as u64;
+        let per_row = |column: &mut Contiguous, data: Vec<u8>, row: u64| {
+            column.data = data;
+            column.offsets = (0..=rows).map(|r| r * row).collect();
+        };
+        let width = self.width as u64;
+        for (column, name) in columns.iter_mut().zip(names) {
+            match name {
+                "tokens" => per_row(
+                    column,
+                    std::mem::take(&mut self.tokens),
+                    width * self.element_bytes as u64,
+                ),
+                "document" => per_row(column, le_bytes(&self.document), width * 8),
+                "segment_ids" => per_row(column, le_bytes(&self.segment_ids), width * 4),
+                "positions" => per_row(column, le_bytes(&self.positions), width * 4),
+                "loss_mask" => per_row(column, std::mem::take(&mut self.loss_mask), width),
+                "cu_seqlens" => {
+                    column.data = le_bytes(&self.cu_seqlens);
+                    column.offsets = vec![0, column.data.len() as u64];
+                }
+                "max_seqlen" => {
+                    column.data = self.max_seqlen.to_le_bytes().to_vec();
+                    column.offsets = vec![0, 4];
+                }
+                other => {
+                    return Err(format!(
+                        "unknown field '{other}' of packed rows (they have: {})",
+                        PACKED_FIELDS.join(", ")
+                    )
+                    .into())
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The fields of packed rows, in order.
+pub const PACKED_FIELDS: [&str; 7] = [
+    "tokens",
+    "document",
+    "segment_ids",
+    "positions",
+    "loss_mask",
+    "cu_seqlens",
+    "max_seqlen",
+];
+
+/// Fixed-size numbers as their little-endian bytes, back to back.
+trait LeBytes: Copy {
+    const SIZE: usize;
+    fn put(self, out: &mut [u8]);
+}
+
+impl LeBytes for i64 {
+    const SIZE: usize = 8;
+    fn put(self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_le_bytes());
+    }
+}
+
+impl LeBytes for i32 {
+    const SIZE: usize = 4;
+    fn put(self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_le_bytes());
+    }
+}
+
+fn le_bytes<T: LeBytes>(values: &[T]) -> Vec<u8> {
+    let mut out = vec![0u8; values.len() * T::SIZE];
+    for (chunk, &value) in out.chunks_exact_mut(T::SIZE).zip(values) {
+        value.put(chunk);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::mix2;
+
+    /// Lengths drawn long-tailed, as real corpora are: most short, some many rows long.
+    fn lengths(n: usize, seed: u64) -> Vec<u64> {
+        (0..n as u64)
+            .map(|i| {
+                let u = (mix2(seed, i) % 10_000) as f64 / 10_000.0;
+                // An exponential with mean 300, some documents empty.
+                let len = (-(1.0 - u).ln() * 300.0) as u64;
+                if mix2(seed ^ 1, i) % 50 == 0 {
+                    len * 20
+                } else {
+                    len
+                }
+            })
+            .collect()
+    }
+
+    fn check_plan(lengths: &[u64], plan: &PackPlan) {
+        let width = plan.config().width();
+        // Every token of every document once, pieces of a document in order and adjacent.
+        let mut covered: Vec<Vec<(u32, u32)>> = vec![Vec::new(); lengths.len()];
+        for r in 0..plan.rows() {
+            let pieces = plan.row(r).expect("row");
+            let used: u64 = pieces.iter().map(|p| p.len as u64).sum();
+            assert!(used <= width, "row {r} holds {used} tokens");
+            assert!(!pieces.is_empty(), "row {r} is empty");
+            for p in pieces {
+                covered[p.document as usize].push((p.offset, p.len));
+            }
+        }
+        for (d, pieces) in covered.iter_mut().enumerate() {
+            pieces.sort();
+            let mut at = 0u64;
+            for &(offset, len) in pieces.iter() {
+                assert_eq!(offset as u64, at, "document {d}: a gap or an overlap");
+                at += len as u64;
+            }
+            assert_eq!(
+                at, lengths[d],
+                "document {d}: {at} of {} tokens",
+                lengths[d]
+            );
+        }
+        let stats = plan.stats();
+        assert_eq!(stats.tokens, lengths.iter().sum::<u64>());
+        assert_eq!(stats.rows, plan.rows());
+    }
+
+    #[test]
+    fn every_token_once_and_no_row_too_long() {
+        for (n, seq_len, lookahead) in [(2_000, 127, 64), (500, 2047, 1), (3_000, 511, 4096)] {
+            let lengths = lengths(n, n as u64);
+            for packer in [Packer::BestFit, Packer::FirstFit] {
+                let config = PackConfig {
+                    seq_len,
+                    packer,
+                    lookahead,
+                    seed: 9,
+                };
+                let plan = PackPlan::build(&lengths, config).expect("plan");
+                check_plan(&lengths, &plan);
+                assert!(plan.stats().split > 0 || seq_len > 2047);
+            }
+        }
+    }
+
+    #[test]
+    fn best_fit_pads_no_more_than_first_fit_and_the_plan_is_a_pure_function() {
+        let lengths = lengths(20_000, 3);
+        let build = |packer| {
+            PackPlan::build(
+                &lengths,
+                PackConfig {
+                    seq_len: 1023,
+                    packer,
+                    lookahead: 512,
+                    seed: 1,
+                },
+            )
+            .expect("plan")
+        };
+        let (best, first) = (build(Packer::BestFit), build(Packer::FirstFit));
+        let pad = |p: &PackPlan| p.stats().padding_fraction(1024);
+        assert!(
+            pad(&best) <= pad(&first),
+            "{} vs {}",
+            pad(&best),
+            pad(&first)
+        );
+        assert!(pad(&best) < 0.05, "best fit pads {}", pad(&best));
+        let again = build(Packer::BestFit);
+        assert_eq!(again.pieces, best.pieces);
+        assert_eq!(again.row_ends, best.row_ends);
+        // Another seed, another order.
+        let other = PackPlan::build(
+            &lengths,
+            PackConfig {
+                seed: 2,
+                ..*best.config()
+            },
+        )
+        .expect("plan");
+        assert_ne!(other.pieces, best.pieces);
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_by_name() {
+        let bad = |config: PackConfig| PackPlan::build(&[5, 6], config).expect_err("bad").0;
+        assert!(bad(PackConfig::new(0, 1)).contains("seq_len"));
+        let mut none = PackConfig::new(8, 1);
+        none.lookahead = 0;
+        assert!(bad(none).contains("lookahead of 0"));
+        assert!("greedy".parse::<Packer>().is_err());
+        assert_eq!("first_fit".parse::<Packer>(), Ok(Packer::FirstFit));
+    }
+
+    #[test]
+    fn columns_agree_with_each_other_and_the_pieces() {
+        let lengths = lengths(300, 11);
+        let plan = PackPlan::build(&lengths, PackConfig::new(63, 5)).expect("plan");
+        let width = 64usize;
+        let rows: Vec<u64> = (0..plan.rows()).step_by(3).collect();
+        let mut columns = PackedColumns::default();
+        columns.describe(rows.iter().map(|&r| plan.row(r).expect("row")), width, 4);
+        let inputs = width - 1;
+        let mut boundaries = vec![0i32];
+        for (k, &r) in rows.iter().enumerate() {
+            let pieces = plan.row(r).expect("row");
+            let row = |v: &[i32]| v[k * width..(k + 1) * width].to_vec();
+            let (segments, positions) = (row(&columns.segment_ids), row(&columns.positions));
+            let mask = &columns.loss_mask[k * width..(k + 1) * width];
+            let document = &columns.document[k * width..(k + 1) * width];
+            let mut at = 0;
+            for (s, piece) in pieces.iter().enumerate() {
+                for t in 0..piece.len as usize {
+                    assert_eq!(segments[at + t], s as i32 + 1);
+                    assert_eq!(positions[at + t], t as i32);
+                    assert_eq!(document[at + t], piece.document as i64);
+                    assert_eq!(mask[at + t], u8::from(t + 1 < piece.len as usize));
+                }
+                let end = (at + piece.len as usize).min(inputs);
+                if end > at {
+                    boundaries.push((k * inputs + end) as i32);
+                }
+                at += piece.len as usize;
+            }
+            for t in at..width {
+                assert_eq!(
+                    (segments[t], positions[t], mask[t], document[t]),
+                    (0, 0, 0, -1)
+                );
+            }
+            if at < inputs {
+                boundaries.push(((k + 1) * inputs) as i32);
+            }
+        }
+        assert_eq!(columns.cu_seqlens, boundaries);
+        assert_eq!(
+            *columns.cu_seqlens.last().expect("end"),
+            (rows.len() * inputs) as i32
+        );
+        let longest = boundaries
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0);
+        assert_eq!(columns.max_seqlen, longest);
+        let mut out = Vec::new();
+        columns.into_columns(&[], &mut out).expect("columns");
+        assert_eq!(out.len(), PACKED_FIELDS.len());
+        assert_eq!(out[2].offsets.len(), rows.len() + 1);
+    }
+}
