@@ -6,6 +6,7 @@ mod convert;
 mod dataset;
 mod datasets;
 mod sample;
+mod stream;
 
 use std::process::ExitCode;
 
@@ -45,6 +46,11 @@ enum Command {
     },
     Bench(bench::BenchArgs),
     Sample(sample::SampleArgs),
+    /// Token streams: `zr stream pack-stats`.
+    Stream {
+        #[command(subcommand)]
+        command: stream::StreamCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -64,6 +70,7 @@ fn main() -> ExitCode {
         Command::Dict { command } => dataset::dict(command),
         Command::Bench(args) => bench::run(args),
         Command::Sample(args) => sample::run(args),
+        Command::Stream { command } => stream::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

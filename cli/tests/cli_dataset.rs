@@ -831,3 +831,58 @@ fn token_streams_convert_show_and_verify() {
     ]);
     assert!(!ok && err.contains("--doc-lengths"), "{err}");
 }
+
+/// `zr stream pack-stats`: documents of 3,000, 700, 600 and 7,000 tokens (and an empty
+/// one) packed into rows of 1,025 tokens: the two long ones cut into 2 and 6 full rows,
+/// their remainders (950 and 850) and the short ones placed best-fit; bad settings refused
+/// by name.
+#[test]
+fn pack_stats_of_a_stream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lengths_of = [3000i64, 0, 700, 600, 7000];
+    let total: i64 = lengths_of.iter().sum();
+    let tokens: Vec<u8> = (0..total).flat_map(|t| t.to_le_bytes()).collect();
+    let lengths: Vec<u8> = lengths_of.iter().flat_map(|t| t.to_le_bytes()).collect();
+    write_npy(&tmp.path().join("t.npy"), "<i8", &[total as u64], &tokens);
+    write_npy(&tmp.path().join("l.npy"), "<i8", &[5], &lengths);
+    let dest = tmp.path().join("stream");
+    let (ok, _, err) = zr(&[
+        "convert",
+        p(&dest),
+        "--tokens",
+        p(&tmp.path().join("t.npy")),
+        "--doc-lengths",
+        p(&tmp.path().join("l.npy")),
+    ]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = zr(&["stream", "pack-stats", p(&dest), "--seq-len", "1024"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("documents    5 (1 empty, left out)"), "{out}");
+    assert!(out.contains("tokens       11300"), "{out}");
+    // 8 full rows; 950, 850, 700 and 600 need at least 4 more rows of 1,025 (no two fit in
+    // one), so 12 rows.
+    assert!(out.contains("rows         12"), "{out}");
+    assert!(out.contains("split        2 documents"), "{out}");
+    let padding = 12 * 1025 - 11300;
+    assert!(out.contains(&format!("({padding} tokens)")), "{out}");
+    let (ok, _, err) = zr(&[
+        "stream",
+        "pack-stats",
+        p(&dest),
+        "--seq-len",
+        "1024",
+        "--lookahead",
+        "0",
+    ]);
+    assert!(!ok && err.contains("lookahead of 0"), "{err}");
+    let (ok, _, err) = zr(&[
+        "stream",
+        "pack-stats",
+        p(&dest),
+        "--seq-len",
+        "1024",
+        "--packer",
+        "greedy",
+    ]);
+    assert!(!ok && err.contains("best_fit or first_fit"), "{err}");
+}

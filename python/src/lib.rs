@@ -1034,6 +1034,8 @@ fn gather_source(
         Ok(client.get().inner.clone())
     } else if let Ok(windows) = source.cast::<StreamWindows>() {
         Ok(std::sync::Arc::new(windows.get().inner.clone()))
+    } else if let Ok(packed) = source.cast::<StreamPacked>() {
+        Ok(std::sync::Arc::new(packed.get().inner.clone()))
     } else if let Ok(windows) = source.cast::<ClusterStreamWindows>() {
         let windows = windows.get();
         Ok(std::sync::Arc::new(SharedClusterWindows {
@@ -1269,6 +1271,114 @@ impl Stream {
                 ..zr_node::GatherOptions::default()
             });
         Ok(StreamWindows { inner })
+    }
+
+    /// Documents packed whole into rows of `seq_len + 1` tokens: `packer` best_fit or
+    /// first_fit, `lookahead` documents at a time, in the order `seed` shuffles them into.
+    #[pyo3(signature = (seq_len, packer="best_fit", lookahead=1024, seed=0, read="mmap", uncached=false, checked=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn packed(
+        &self,
+        py: Python<'_>,
+        seq_len: u64,
+        packer: &str,
+        lookahead: usize,
+        seed: u64,
+        read: &str,
+        uncached: bool,
+        checked: bool,
+    ) -> PyResult<StreamPacked> {
+        let packer: zr_node::stream::Packer = packer
+            .parse()
+            .map_err(|e: zr_common::packing::BadPacking| PyValueError::new_err(e.0))?;
+        let read: zr_node::ReadPath = read
+            .parse()
+            .map_err(|e: zr_node::UnknownReadPath| PyValueError::new_err(e.to_string()))?;
+        let config = zr_node::stream::PackConfig {
+            seq_len,
+            packer,
+            lookahead,
+            seed,
+        };
+        let stream = self.inner.clone();
+        let inner = py
+            .detach(|| zr_node::stream::Packed::new(stream, config))
+            .map_err(|e| match e {
+                zr_node::Error::InvalidRecord(reason) => PyValueError::new_err(reason),
+                other => node_error(other),
+            })?
+            .with_options(zr_node::GatherOptions {
+                read,
+                uncached,
+                verify: checked,
+                ..zr_node::GatherOptions::default()
+            });
+        Ok(StreamPacked { inner })
+    }
+}
+
+/// A stream's documents packed whole into rows (see `Stream.packed`).
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct StreamPacked {
+    inner: zr_node::stream::Packed,
+}
+
+/// A packed batch: tokens (bytes), document, segment ids, positions, loss mask (each rows ×
+/// width), cu_seqlens, max_seqlen.
+type PackedArrays<'py> = (
+    Bound<'py, PyArray1<u8>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<u8>>,
+    Bound<'py, PyArray1<i32>>,
+    i32,
+);
+
+#[pymethods]
+impl StreamPacked {
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    /// Tokens per row.
+    fn width(&self) -> usize {
+        self.inner.width()
+    }
+
+    /// (rows, documents, tokens, documents split, pieces, padding fraction).
+    fn stats(&self) -> (u64, u64, u64, u64, u64, f64) {
+        let stats = self.inner.plan().stats();
+        let width = self.inner.plan().config().width();
+        (
+            stats.rows,
+            stats.documents,
+            stats.tokens,
+            stats.split,
+            stats.pieces,
+            stats.padding_fraction(width),
+        )
+    }
+
+    /// Rows `indices`: their columns, each moved into NumPy.
+    fn gather<'py>(
+        &self,
+        py: Python<'py>,
+        indices: PyReadonlyArray1<'_, u64>,
+    ) -> PyResult<PackedArrays<'py>> {
+        let indices = indices_of(&indices);
+        let mut out = zr_node::stream::PackedColumns::default();
+        py.detach(|| self.inner.gather(&indices, &mut out, None))
+            .map_err(node_error)?;
+        Ok((
+            PyArray1::from_vec(py, out.tokens),
+            PyArray1::from_vec(py, out.document),
+            PyArray1::from_vec(py, out.segment_ids),
+            PyArray1::from_vec(py, out.positions),
+            PyArray1::from_vec(py, out.loss_mask),
+            PyArray1::from_vec(py, out.cu_seqlens),
+            out.max_seqlen,
+        ))
     }
 }
 
@@ -1579,6 +1689,7 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
     m.add_class::<Stream>()?;
     m.add_class::<StreamWindows>()?;
+    m.add_class::<StreamPacked>()?;
     m.add_class::<ClusterStream>()?;
     m.add_class::<ClusterStreamWindows>()?;
     m.add_class::<NativeLoader>()?;

@@ -904,3 +904,22 @@ def test_a_cluster_dataset_with_a_dictionary_trained_in_python():
         values, offsets = reader.gather(np.arange(3000))["j"]
         assert [values[offsets[k] : offsets[k + 1]].tobytes() for k in range(3000)] == lines
         assert reader[3000] == {"j": b""}
+
+
+def test_errors_a_user_can_act_on(tmp_path):
+    rows = np.arange(40, dtype=np.uint8).reshape(10, 4)
+    ds = zrecord.from_numpy(rows, tmp_path / "ds")
+    name = ds.fields[0].name
+    # Far past the end: said as any index past the end is, not as a unit's record.
+    for index in (10, 2**48, 2**63):
+        with pytest.raises(IndexError, match=f"index {index} is out of range: the dataset holds 10 records"):
+            ds.gather([0, index])
+    # A lone name is not read letter by letter.
+    with pytest.raises(TypeError, match="list of names"):
+        ds.gather([0], fields=name)
+    # A state that is no sampler's.
+    sampler = zrecord.Sampler(10, seed=1, batch=2)
+    with pytest.raises(ValueError, match="not a sampler's state: it lacks seed, epoch"):
+        sampler.load_state_dict({})
+    ds.close()
+    assert "closed" in repr(ds)

@@ -55,6 +55,7 @@ __all__ = [
     "open",
     "Stream",
     "Windows",
+    "Packed",
     "create_stream",
     "open_stream",
     "train_dict",
@@ -109,6 +110,13 @@ def _as_indices(indices: Any) -> np.ndarray:
     if array.dtype.kind == "i" and array.dtype.itemsize < 8:
         array = array.astype(np.int64)  # negative ones get the length added
     return array
+
+
+def _names_of(fields: Any) -> list[str]:
+    """Field names given as a sequence; a lone string is refused, not read letter by letter."""
+    if isinstance(fields, (str, bytes)):
+        raise TypeError(f"fields is a list of names, not the string {fields!r}: write [{fields!r}]")
+    return list(fields)
 
 
 def _to_bytes(value: Any) -> np.ndarray:
@@ -230,7 +238,8 @@ class Dataset:
         where = str(first)
         if kind == "cluster":
             where = f"router {first}, dataset {(rest[3:] or [None])[0] or 'default'}"
-
+        if self._closed:
+            return f"<zrecord.Dataset {where}: closed>"
         return f"<zrecord.Dataset {where}: {len(self)} records, fields {[f.name for f in self.fields]}>"
 
     # -- reading ---------------------------------------------------------------------------
@@ -272,7 +281,7 @@ class Dataset:
         ``wait_ms`` (a cluster's): records not committed yet are waited for, this long at
         most, instead of raising at once (a consumer of what a producer appends)."""
         idx = self._indices(indices)
-        names = [f.name for f in self.fields] if fields is None else list(fields)
+        names = [f.name for f in self.fields] if fields is None else _names_of(fields)
         chosen = [self._field(n) for n in names]
         given = {}
         if out is not None:
@@ -281,12 +290,19 @@ class Dataset:
         native = self._native()
         if isinstance(native, _zrecord.Store):
             try:
-                return self._gather_local(native, idx, chosen, out, given, checked)
+                try:
+                    return self._gather_local(native, idx, chosen, out, given, checked)
+                except IndexError:
+                    if not self._committed_since():
+                        raise
+                    # Committed since this reader opened: the records asked for may be there now.
+                    return self._gather_local(self._native(fresh=True), idx, chosen, out, given, checked)
             except IndexError:
-                if not self._committed_since():
-                    raise
-                # Committed since this reader opened: the records asked for may be there now.
-                return self._gather_local(self._native(fresh=True), idx, chosen, out, given, checked)
+                n = len(self._native())
+                past = idx[idx >= n]
+                if past.size:
+                    raise IndexError(f"index {int(past[0])} is out of range: the dataset holds {n} records") from None
+                raise
         result = {}
         columns = native.gather_columns(idx, names, checked, int(wait_ms))
         for f, (values, offsets) in zip(chosen, columns):
@@ -739,6 +755,9 @@ class Sampler:
         uninterrupted run reads (an epoch's last, partial one splits as evenly as the ranks
         allow). Refused, naming what differs, if it belongs to another configuration."""
         c = self.config
+        missing = [k for k in ("seed", "epoch", "position", "len", "ranks") if k not in state]
+        if missing:
+            raise ValueError(f"not a sampler's state: it lacks {', '.join(missing)} (give what state_dict() returned)")
         epoch, position = int(state["epoch"]), int(state["position"])
         if int(state["ranks"]) != c["ranks"]:
             theirs = state.get("batch")
@@ -829,8 +848,10 @@ class Loader:
             return
         native = self.dataset._native()
         windows = isinstance(native, (_zrecord.StreamWindows, _zrecord.ClusterStreamWindows))
-        # The engine's loader reads records and windows (a stream's spans come with gathers).
-        if isinstance(native, _zrecord.Store) or (windows and self.dataset.stream.spans == 0):
+        packed = isinstance(native, _zrecord.StreamPacked)
+        # The engine's loader reads records, windows (a stream's spans come with gathers)
+        # and packed rows.
+        if isinstance(native, _zrecord.Store) or packed or (windows and self.dataset.stream.spans == 0):
             yield from self._native_batches(native)
             return
         epoch, position = self.sampler.epoch, self.sampler.position
@@ -861,7 +882,7 @@ class Loader:
         without the GIL; each batch's buffers moved into NumPy)."""
         epoch, position = self.sampler.epoch, self.sampler.position
         per_epoch = self.sampler.epoch_items()
-        fields = [f.name for f in self.dataset.fields] if self.fields is None else list(self.fields)
+        fields = [f.name for f in self.dataset.fields] if self.fields is None else _names_of(self.fields)
         chosen = [self.dataset._field(n) for n in fields]
         if position < per_epoch:
             loader = _zrecord.NativeLoader(store, self.sampler._native, epoch, position, fields, self.prefetch, self.workers)
@@ -871,6 +892,9 @@ class Loader:
                 batch = {}
                 for f, (values, offsets) in zip(chosen, columns):
                     batch[f.name] = _typed(values, f, end - start) if f.fixed else (values, offsets)
+                finish = getattr(self.dataset, "_finish", None)
+                if finish is not None:
+                    batch = finish(batch)
                 self.sampler.epoch, self.sampler.position = epoch, end
                 self._consumed = (epoch, end)
                 yield batch
@@ -920,7 +944,7 @@ def _mixture_fields(datasets: list[Dataset], mixture: Mixture, fields: Sequence[
     for i, (ds, n) in enumerate(zip(datasets, lengths)):
         if len(ds) != n:
             raise ValueError(f"dataset {i} holds {len(ds)} records and the mixture has it at {n}")
-    names = list(fields) if fields is not None else [f.name for f in datasets[0].fields]
+    names = _names_of(fields) if fields is not None else [f.name for f in datasets[0].fields]
     chosen = []
     for name in names:
         first = None
@@ -936,4 +960,4 @@ def _mixture_fields(datasets: list[Dataset], mixture: Mixture, fields: Sequence[
     return chosen
 
 
-from .stream import Stream, Windows, create_stream, open_stream  # noqa: E402  (uses the helpers above)
+from .stream import Packed, Stream, Windows, create_stream, open_stream  # noqa: E402  (uses the helpers above)

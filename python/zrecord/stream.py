@@ -165,10 +165,146 @@ class Stream:
         stride = seq_len if stride is None else stride
         return Windows(self, int(seq_len), int(stride), False, read, uncached, checked)
 
+    def packed(self, seq_len: int, lookahead: int = 1024, packer: str = "best_fit", seed: int = 0, read: str = "mmap", uncached: bool = False, checked: bool = False) -> "Packed":
+        """The stream's documents packed whole into rows of ``seq_len + 1`` tokens, in the
+        order ``seed`` shuffles them into: ``best_fit`` places ``lookahead`` documents at a
+        time, longest first, each into the row with the least room that holds it;
+        ``first_fit`` places them in order, each into the first row that holds it. A
+        document longer than a row is cut into full rows, its remainder packed like any
+        document. Rows are an index space like windows: samplers, mixtures and loaders
+        read them, with exact resume."""
+        return Packed(self, seq_len, packer, lookahead, seed, read, uncached, checked)
+
     def document_windows(self, seq_len: int, read: str = "mmap", uncached: bool = False, checked: bool = False) -> "Windows":
         """One observation per document: its first ``seq_len + 1`` tokens, padded with zeros
         (``mask`` 0, ``document`` -1) when shorter."""
         return Windows(self, int(seq_len), 1, True, read, uncached, checked)
+
+
+class Packed:
+    """A stream's documents packed whole into rows, as a dataset: see ``Stream.packed``."""
+
+    def __init__(self, stream: Stream, seq_len: int, packer: str = "best_fit", lookahead: int = 1024, seed: int = 0, read: str = "mmap", uncached: bool = False, checked: bool = False):
+        if int(seq_len) < 1:
+            raise ValueError(f"seq_len must be at least 1, not {seq_len}")
+        if int(lookahead) < 1:
+            raise ValueError(f"a lookahead of {lookahead} documents places none: give at least 1")
+        self.stream = stream
+        self.seq_len = int(seq_len)
+        self.packer = packer
+        self.lookahead = int(lookahead)
+        self.seed = int(seed)
+        self._args = (self.seq_len, packer, self.lookahead, self.seed, read, uncached, checked)
+        self._handle = stream._native().packed(*self._args)
+        self.width = self.seq_len + 1
+
+    def _native(self) -> Any:
+        return self._handle
+
+    def __getstate__(self) -> dict:
+        return {"stream": self.stream, "args": self._args}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["stream"], *state["args"])
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} rows of {self.width} tokens packed {self.packer} from {self.stream.path}>"
+
+    def __len__(self) -> int:
+        """Rows: the plan is made when the packing is, from the documents committed then."""
+        return len(self._handle)
+
+    def stats(self) -> dict:
+        """What the packing comes to: rows, documents, tokens, documents split, pieces and
+        the padding fraction."""
+        rows, documents, tokens, split, pieces, padding = self._handle.stats()
+        return {"rows": rows, "documents": documents, "tokens": tokens, "split": split, "pieces": pieces, "padding_fraction": padding}
+
+    @property
+    def fields(self) -> list:
+        """Per token, rows of ``seq_len + 1``: ``tokens`` (the stream's dtype), ``document``
+        (int64, -1 on padding), ``segment_ids`` (int32: 1, 2, … per document piece in the
+        row, 0 on padding), ``positions`` (int32, from 0 in each piece), ``loss_mask``
+        (bool: the next token is the same piece's). Per batch: ``cu_seqlens`` (int32, the
+        sequences of the inputs ``tokens[:, :-1]`` flattened, each row's padding one) and
+        ``max_seqlen``."""
+        from . import Field
+
+        shape = (self.width,)
+        return [
+            Field("tokens", "raw", self.stream.dtype, shape),
+            Field("document", "raw", np.dtype(np.int64), shape),
+            Field("segment_ids", "raw", np.dtype(np.int32), shape),
+            Field("positions", "raw", np.dtype(np.int32), shape),
+            Field("loss_mask", "raw", np.dtype(np.bool_), shape),
+            Field("cu_seqlens", "raw", np.dtype(np.int32), None),
+            Field("max_seqlen", "raw", np.dtype(np.int32), None),
+        ]
+
+    @property
+    def _names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+    def _field(self, name: str) -> Any:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"packed rows have no field '{name}' (they have: {', '.join(self._names)})")
+
+    def _finish(self, batch: dict) -> dict:
+        """A batch the engine's loader read: the per-batch fields as arrays."""
+        if "cu_seqlens" in batch:
+            values, _ = batch["cu_seqlens"]
+            batch["cu_seqlens"] = values.view(np.int32)
+        if "max_seqlen" in batch:
+            values, _ = batch["max_seqlen"]
+            batch["max_seqlen"] = int(values.view(np.int32)[0])
+        return batch
+
+    def gather(self, indices: Any, fields: Sequence[str] | None = None) -> dict:
+        """Rows ``indices`` as {"tokens": (B, W+1), "document", "segment_ids", "positions",
+        "loss_mask": (B, W+1), "cu_seqlens": (S + 1,) int32, "max_seqlen": int}; ``fields``
+        picks among them (default all)."""
+        from . import _as_indices
+
+        idx = _as_indices(indices)
+        n = len(self._handle)
+        if idx.dtype.kind == "i":
+            idx = np.where(idx < 0, idx + n, idx)
+            if idx.size and idx.min() < 0:
+                raise IndexError(f"index {int(np.asarray(indices).reshape(-1)[int(np.argmin(idx))])} is out of range: there are {n} rows")
+        idx = idx.astype(np.uint64, copy=False)
+        if idx.size and int(idx.max()) >= n:
+            raise IndexError(f"index {int(idx.max())} is out of range: there are {n} rows")
+        from . import _names_of
+
+        known = self._names
+        names = known if fields is None else _names_of(fields)
+        for name in names:
+            if name not in known:
+                raise KeyError(f"packed rows have no field '{name}' (they have: {', '.join(known)})")
+        tokens, document, segments, positions, mask, cu_seqlens, max_seqlen = self._handle.gather(idx)
+        shape = (idx.size, self.width)
+        every = {
+            "tokens": tokens.view(self.stream.dtype).reshape(shape),
+            "document": document.reshape(shape),
+            "segment_ids": segments.reshape(shape),
+            "positions": positions.reshape(shape),
+            "loss_mask": mask.view(np.bool_).reshape(shape),
+            "cu_seqlens": cu_seqlens,
+            "max_seqlen": int(max_seqlen),
+        }
+        return {name: every[name] for name in names}
+
+    def __getitem__(self, index: int) -> dict:
+        """Row ``index`` as {field: its row} (``cu_seqlens`` and ``max_seqlen`` of it alone)."""
+        if not isinstance(index, (int, np.integer)):
+            raise TypeError(f"row indices are integers, not {type(index).__name__}")
+        batch = self.gather([int(index)])
+        return {name: value[0] if name in _PER_TOKEN else value for name, value in batch.items()}
+
+
+_PER_TOKEN = ("tokens", "document", "segment_ids", "positions", "loss_mask")
 
 
 class Windows:
@@ -242,7 +378,9 @@ class Windows:
                 raise IndexError(f"index {int(np.asarray(indices).reshape(-1)[int(np.argmin(idx))])} is out of range: there are {n} windows")
         idx = idx.astype(np.uint64, copy=False)
         known = self._names
-        names = list(known) if fields is None else list(fields)
+        from . import _names_of
+
+        names = list(known) if fields is None else _names_of(fields)
         for name in names:
             if name not in known:
                 raise KeyError(f"windows have no field '{name}' (they have: {', '.join(known)})")
