@@ -923,3 +923,38 @@ def test_errors_a_user_can_act_on(tmp_path):
         sampler.load_state_dict({})
     ds.close()
     assert "closed" in repr(ds)
+
+
+def test_grain_worker_processes_take_batches_and_mixtures(tmp_path):
+    grain = pytest.importorskip("grain")
+    import pickle
+
+    from zrecord.grain import BatchSource, MixtureSource, batches
+
+    rows = np.arange(400 * 4, dtype="<i4").reshape(400, 4)
+    ds = zrecord.from_numpy(rows, tmp_path / "ds")
+    sampler = zrecord.Sampler(len(ds), seed=5, batch=32)
+    sampler.position = 64  # a sampler part-way: its place travels with it
+    again = pickle.loads(pickle.dumps(sampler))
+    assert (again.epoch, again.position, again.config) == (0, 64, sampler.config)
+    np.testing.assert_array_equal(again.batch_at(1, 32), sampler.batch_at(1, 32))
+    source = pickle.loads(pickle.dumps(BatchSource(ds, zrecord.Sampler(len(ds), seed=5, batch=32))))
+    np.testing.assert_array_equal(source[3]["data"], rows[sampler.batch_at(0, 96)])
+    mixture = zrecord.Mixture([400, 400], [1, 3], seed=2, batch=16, stages=[(5, [1, 1])])
+    mixture.batches = 3
+    copied = pickle.loads(pickle.dumps(mixture))
+    assert copied.batches == 3 and copied.state_dict() == mixture.state_dict()
+    mixed = pickle.loads(pickle.dumps(MixtureSource([ds, ds], mixture, 4)))
+    np.testing.assert_array_equal(mixed[0]["data"], MixtureSource([ds, ds], mixture, 4)[0]["data"])
+    # Grain's worker processes, as a user runs them.
+    loader = grain.DataLoader(
+        data_source=BatchSource(ds, zrecord.Sampler(len(ds), seed=5, batch=32)),
+        sampler=grain.samplers.IndexSampler(13, shuffle=False, num_epochs=1),
+        worker_count=2,
+    )
+    got = [b["data"] for b in loader]
+    assert len(got) == 13
+    for k, batch in enumerate(got):
+        np.testing.assert_array_equal(batch, rows[sampler.batch_at(0, 32 * k)])
+    prefetched = batches(ds, zrecord.Sampler(len(ds), seed=5, batch=32)).to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(num_workers=2))
+    assert sum(1 for _ in prefetched) == 13

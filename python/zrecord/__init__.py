@@ -699,6 +699,19 @@ class Sampler:
                     stacklevel=2,
                 )
 
+    def __getstate__(self) -> dict:
+        # Its configuration and place: a worker process (Grain's, PyTorch's) rebuilds it.
+        return {"config": self.config, "epoch": self.epoch, "position": self.position}
+
+    def __setstate__(self, state: dict) -> None:
+        c = state["config"]
+        self.config = dict(c)
+        self._native = _zrecord.Sampler(c["length"], c["order"], c["seed"], c["rank"], c["ranks"], c["batch"], c["window"], c["stride"])
+        self.epoch, self.position = state["epoch"], state["position"]
+        self.left_out = 0
+        if c["order"] in ("sequential", "shuffle") and c["ranks"] > 1:
+            self.left_out = int(c["length"]) - self._native.items_per_epoch() * int(c["ranks"])
+
     def epoch_items(self) -> int:
         """Indices this rank gets per epoch (whole batches only with ``drop_last``)."""
         items = self._native.items_per_epoch()
@@ -789,6 +802,17 @@ class Mixture:
         self._native = _zrecord.Mixture([int(n) for n in lengths], all_stages, seed, rank, ranks, batch)
         #: Global batches consumed.
         self.batches = 0
+
+    def __getstate__(self) -> dict:
+        # Its configuration and place: a worker process (Grain's, PyTorch's) rebuilds it.
+        return {"config": self.config, "batches": self.batches}
+
+    def __setstate__(self, state: dict) -> None:
+        c = state["config"]
+        self.config = dict(c)
+        stages = [(int(b), list(ws)) for b, ws in c["stages"]]
+        self._native = _zrecord.Mixture(list(c["lengths"]), stages, c["seed"], c["rank"], c["ranks"], c["batch"])
+        self.batches = state["batches"]
 
     def batch_at(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
         """This rank's part of global batch ``batch``: (source, index)."""

@@ -27,7 +27,7 @@ pub use client::{AsyncClient, Client, ClientOptions};
 pub use error::{Error, Failure};
 pub use restore::{restore_record, Restored};
 pub use server::Router;
-pub use stream::{ClusterStream, ClusterWindows};
+pub use stream::{ClusterPacked, ClusterStream, ClusterWindows};
 pub use zr_proto::wire::{
     DatasetInfo, DictRef, FieldDict, FieldInfo, MapChange, MoveReport, MOVE_RATE_DEFAULT,
 };

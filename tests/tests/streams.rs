@@ -52,6 +52,37 @@ fn compare(local: &Windows, cluster: &ClusterStream, mode: WindowMode) {
     }
 }
 
+/// Every packed row of both streams, compared, for each packer.
+fn compare_packed(local: &Arc<Stream>, cluster: ClusterStream) {
+    use zr_common::packing::{PackConfig, PackedColumns, Packer};
+    let config = PackConfig {
+        seq_len: 95,
+        packer: Packer::BestFit,
+        lookahead: 16,
+        seed: 4,
+    };
+    let lengths = cluster.document_lengths().unwrap();
+    assert_eq!(lengths, zr_node::stream::document_lengths(local));
+    let packed = zr_router::ClusterPacked::new(cluster, config).unwrap();
+    let here = zr_node::stream::Packed::new(local.clone(), config).unwrap();
+    assert_eq!(packed.len(), here.len());
+    assert!(
+        packed.plan().stats().split > 0,
+        "documents longer than a row were cut"
+    );
+    let all: Vec<u64> = (0..here.len()).rev().collect();
+    for batch in all.chunks(17) {
+        let (mut want, mut got) = (PackedColumns::default(), PackedColumns::default());
+        here.gather(batch, &mut want, None).unwrap();
+        packed.gather(batch, &mut got).unwrap();
+        assert_eq!(got.tokens, want.tokens, "rows {batch:?}");
+        assert_eq!(got.document, want.document, "rows {batch:?}");
+        assert_eq!(got.cu_seqlens, want.cu_seqlens, "rows {batch:?}");
+    }
+    let past = packed.gather(&[packed.len()], &mut PackedColumns::default());
+    assert!(past.unwrap_err().to_string().contains("out of range"));
+}
+
 fn check_streams(replicas: u32) {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = SimCluster::start(3, options(replicas)).unwrap();
@@ -118,6 +149,16 @@ fn check_streams(replicas: u32) {
         }
     }
     assert!(reader.len() > 10 * block, "the stream spans many blocks");
+    // Packed rows: the same plan from the same document lengths, byte for byte the rows.
+    let packing = Client::connect_with_timeout(
+        cluster.router_addrs()[0],
+        cluster.security(zr_net::tls::Role::Reader).unwrap(),
+        cluster.client_timeout(),
+    )
+    .unwrap()
+    .dataset("corpus")
+    .unwrap();
+    compare_packed(&local, ClusterStream::open(packing).unwrap());
 
     // Two replicas: a node away, and every window still reads.
     if replicas == 2 {

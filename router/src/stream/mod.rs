@@ -17,6 +17,9 @@
 
 use zr_common::{Contiguous, Record, WindowMode};
 
+mod packed;
+pub use packed::ClusterPacked;
+
 use crate::client::Client;
 use crate::error::Error;
 use zr_proto::wire::FieldInfo;
