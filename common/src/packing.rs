@@ -395,26 +395,78 @@ pub struct PackedColumns {
     pub cu_seqlens: Vec<i32>,
     /// The longest of those sequences.
     pub max_seqlen: i32,
+    /// 0, 1, 2, …: positions are copied from it.
+    ramp: Vec<i32>,
+}
+
+/// Which per-token columns a gather fills besides the tokens (and `cu_seqlens` and
+/// `max_seqlen`, which cost a few numbers per row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    pub document: bool,
+    pub segment_ids: bool,
+    pub positions: bool,
+    pub loss_mask: bool,
+}
+
+impl Wanted {
+    /// Every column.
+    pub const ALL: Wanted = Wanted {
+        document: true,
+        segment_ids: true,
+        positions: true,
+        loss_mask: true,
+    };
+
+    /// The columns `fields` names (empty: all).
+    pub fn of(fields: &[String]) -> Wanted {
+        if fields.is_empty() {
+            return Wanted::ALL;
+        }
+        let has = |name: &str| fields.iter().any(|f| f == name);
+        Wanted {
+            document: has("document"),
+            segment_ids: has("segment_ids"),
+            positions: has("positions"),
+            loss_mask: has("loss_mask"),
+        }
+    }
 }
 
 impl PackedColumns {
-    /// Sizes the per-token columns for `rows` rows of `width` (reusing their buffers) and
-    /// fills every one but `tokens` from the rows' pieces.
+    /// Sizes the columns for `rows` rows of `width` (reusing their buffers) and fills every
+    /// per-token one but `tokens` from the rows' pieces.
     pub fn describe<'a>(
         &mut self,
         rows: impl ExactSizeIterator<Item = &'a [Piece]>,
         width: usize,
         element_bytes: usize,
     ) {
+        self.describe_wanted(rows, width, element_bytes, Wanted::ALL)
+    }
+
+    /// [`Self::describe`] of the columns `wanted` (the others left empty).
+    pub fn describe_wanted<'a>(
+        &mut self,
+        rows: impl ExactSizeIterator<Item = &'a [Piece]>,
+        width: usize,
+        element_bytes: usize,
+        wanted: Wanted,
+    ) {
         let count = rows.len();
         self.rows = count;
         self.width = width;
         self.element_bytes = element_bytes;
-        self.tokens.resize(count * width * element_bytes, 0);
-        self.document.resize(count * width, -1);
-        self.segment_ids.resize(count * width, 0);
-        self.positions.resize(count * width, 0);
-        self.loss_mask.resize(count * width, 0);
+        let cells = count * width;
+        self.tokens.resize(cells * element_bytes, 0);
+        let size = |on: bool| if on { cells } else { 0 };
+        self.document.resize(size(wanted.document), -1);
+        self.segment_ids.resize(size(wanted.segment_ids), 0);
+        self.positions.resize(size(wanted.positions), 0);
+        self.loss_mask.resize(size(wanted.loss_mask), 0);
+        if wanted.positions && self.ramp.len() < width {
+            self.ramp = (0..width as i32).collect();
+        }
         self.cu_seqlens.clear();
         self.cu_seqlens.push(0);
         self.max_seqlen = 0;
@@ -425,13 +477,19 @@ impl PackedColumns {
             for (k, piece) in pieces.iter().enumerate() {
                 let len = piece.len as usize;
                 let span = base + at..base + at + len;
-                self.document[span.clone()].fill(piece.document as i64);
-                self.segment_ids[span.clone()].fill(k as i32 + 1);
-                for (p, position) in self.positions[span.clone()].iter_mut().enumerate() {
-                    *position = p as i32;
+                if wanted.document {
+                    self.document[span.clone()].fill(piece.document as i64);
                 }
-                self.loss_mask[span.clone()].fill(1);
-                self.loss_mask[span.end - 1] = 0;
+                if wanted.segment_ids {
+                    self.segment_ids[span.clone()].fill(k as i32 + 1);
+                }
+                if wanted.positions {
+                    self.positions[span.clone()].copy_from_slice(&self.ramp[..len]);
+                }
+                if wanted.loss_mask {
+                    self.loss_mask[span.clone()].fill(1);
+                    self.loss_mask[span.end - 1] = 0;
+                }
                 let input_end = (at + len).min(inputs);
                 if input_end > at {
                     self.push_sequence(input_end - at);
@@ -439,10 +497,18 @@ impl PackedColumns {
                 at += len;
             }
             let pad = base + at..base + width;
-            self.document[pad.clone()].fill(-1);
-            self.segment_ids[pad.clone()].fill(0);
-            self.positions[pad.clone()].fill(0);
-            self.loss_mask[pad].fill(0);
+            if wanted.document {
+                self.document[pad.clone()].fill(-1);
+            }
+            if wanted.segment_ids {
+                self.segment_ids[pad.clone()].fill(0);
+            }
+            if wanted.positions {
+                self.positions[pad.clone()].fill(0);
+            }
+            if wanted.loss_mask {
+                self.loss_mask[pad].fill(0);
+            }
             if at < inputs {
                 self.push_sequence(inputs - at);
             }
@@ -473,8 +539,15 @@ impl PackedColumns {
         columns.resize_with(names.len(), Contiguous::default);
         let rows = self.rows as u64;
         let per_row = |column: &mut Contiguous, data: Vec<u8>, row: u64| {
+            if data.len() as u64 != rows * row {
+                return Err(format!(
+                    "a packed batch's column of {} bytes for {rows} rows of {row}: it was not gathered",
+                    data.len()
+                ));
+            }
             column.data = data;
             column.offsets = (0..=rows).map(|r| r * row).collect();
+            Ok(())
         };
         let width = self.width as u64;
         for (column, name) in columns.iter_mut().zip(names) {
@@ -483,11 +556,11 @@ impl PackedColumns {
                     column,
                     std::mem::take(&mut self.tokens),
                     width * self.element_bytes as u64,
-                ),
-                "document" => per_row(column, le_bytes(&self.document), width * 8),
-                "segment_ids" => per_row(column, le_bytes(&self.segment_ids), width * 4),
-                "positions" => per_row(column, le_bytes(&self.positions), width * 4),
-                "loss_mask" => per_row(column, std::mem::take(&mut self.loss_mask), width),
+                )?,
+                "document" => per_row(column, le_bytes(&self.document), width * 8)?,
+                "segment_ids" => per_row(column, le_bytes(&self.segment_ids), width * 4)?,
+                "positions" => per_row(column, le_bytes(&self.positions), width * 4)?,
+                "loss_mask" => per_row(column, std::mem::take(&mut self.loss_mask), width)?,
                 "cu_seqlens" => {
                     column.data = le_bytes(&self.cu_seqlens);
                     column.offsets = vec![0, column.data.len() as u64];

@@ -24,7 +24,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use zr_node::stream::{
-    Component, PackConfig, PackPlan, Packed, PackedColumns, Packer, Stream, WindowMode, Windows,
+    Component, PackConfig, PackPlan, Packed, PackedColumns, Packer, Stream, Wanted, WindowMode,
+    Windows,
 };
 
 use bench_util::{median, time_batches, Rng};
@@ -176,28 +177,58 @@ fn compare(args: &Args, stream: &Arc<Stream>) -> BoxResult<()> {
     let packed = Packed::new(Arc::clone(stream), config)?;
     let width = windows.width();
     let mut tokens = vec![0u8; args.batch * width * 4];
+    let mut document = vec![0i64; args.batch * width];
     let mut out = PackedColumns::default();
     let mut indices = Vec::new();
-    let (mut fixed, mut packing) = (Vec::new(), Vec::new());
+    // What flash-attention's variable-length kernels take: tokens, positions, cu_seqlens.
+    let varlen = Wanted {
+        document: false,
+        segment_ids: false,
+        positions: true,
+        loss_mask: true,
+    };
+    let mut figures = [(); 4].map(|_| Vec::new());
     let seconds = args.seconds / ROUNDS as f64;
     for _ in 0..ROUNDS {
-        fixed.push(time_batches(seconds, |b| {
+        figures[0].push(time_batches(seconds, |b| {
             rows(b, args.batch, windows.len(), &mut indices);
             windows
                 .gather_to(&indices, &mut tokens, None, None, None)
                 .expect("windows");
         }));
-        packing.push(time_batches(seconds, |b| {
+        figures[1].push(time_batches(seconds, |b| {
+            rows(b, args.batch, windows.len(), &mut indices);
+            windows
+                .gather_to(&indices, &mut tokens, Some(&mut document), None, None)
+                .expect("windows");
+        }));
+        figures[2].push(time_batches(seconds, |b| {
+            rows(b, args.batch, packed.len(), &mut indices);
+            packed
+                .gather_wanted(&indices, &mut out, None, varlen)
+                .expect("packed");
+        }));
+        figures[3].push(time_batches(seconds, |b| {
             rows(b, args.batch, packed.len(), &mut indices);
             packed.gather(&indices, &mut out, None).expect("packed");
         }));
     }
-    let (fixed, packing) = (median(fixed), median(packing));
+    let [tokens_only, with_documents, packed_varlen, packed_all] = figures.map(median);
     println!(
-        "W = {}, batches of {}: fixed windows {fixed:.0} batches/s, packed rows {packing:.0} batches/s ({:.2}x)",
-        args.seq_len,
-        args.batch,
-        packing / fixed
+        "W = {}, batches of {} random rows, batches/s:",
+        args.seq_len, args.batch
+    );
+    println!("  fixed windows, tokens                                {tokens_only:>9.0}");
+    println!("  fixed windows, tokens + document                     {with_documents:>9.0}");
+    println!(
+        "  packed rows, tokens + positions + loss_mask + cu_seqlens {packed_varlen:>9.0}  ({:.2}x windows' tokens, {:.2}x with documents)",
+        packed_varlen / tokens_only,
+        packed_varlen / with_documents
+    );
+    println!(
+        "  packed rows, every column                            {packed_all:>9.0}  ({:.2}x windows' tokens, {:.2}x with documents)",
+        packed_all / tokens_only,
+        packed_all / with_documents
     );
     Ok(())
 }

@@ -29,7 +29,10 @@ create_exception!(
 fn node_error(e: NodeError) -> PyErr {
     let message = e.to_string();
     match e {
-        NodeError::IndexOutOfRange { .. } => PyIndexError::new_err(message),
+        // An index far past the end addresses a unit the dataset lacks: out of range too.
+        NodeError::IndexOutOfRange { .. } | NodeError::UnitIndexOutOfRange { .. } => {
+            PyIndexError::new_err(message)
+        }
         NodeError::UnknownField { .. } => PyKeyError::new_err(message),
         NodeError::BadRecord { .. } | NodeError::Corrupt { .. } => CorruptRecord::new_err(message),
         NodeError::Io { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
@@ -1095,7 +1098,9 @@ fn loader_error(e: zr_common::Error) -> PyErr {
     let message = e.to_string();
     if let zr_common::Error::Gather { source, .. } = &e {
         match source.downcast_ref::<NodeError>() {
-            Some(NodeError::IndexOutOfRange { .. }) => return PyIndexError::new_err(message),
+            Some(NodeError::IndexOutOfRange { .. } | NodeError::UnitIndexOutOfRange { .. }) => {
+                return PyIndexError::new_err(message)
+            }
             Some(NodeError::BadRecord { .. } | NodeError::Corrupt { .. }) => {
                 return CorruptRecord::new_err(message)
             }

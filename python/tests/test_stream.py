@@ -369,6 +369,7 @@ def _find(doc, piece, seen):
     raise AssertionError("a piece that is no part of its document")
 
 
+@pytest.mark.filterwarnings("ignore:.*left out of each epoch")
 def test_a_packed_loader_resumes_exactly_on_other_rank_counts(tmp_path):
     rng = np.random.default_rng(8)
     docs = [rng.integers(0, 50_000, size=int(n)).astype(np.uint32) for n in _long_tailed(rng, 300, 64)]

@@ -48,7 +48,7 @@ pub use import::{
 pub use packed::{document_lengths, Packed};
 pub use read::{Observations, SpanHit, SpanSink, WindowMode, Windows};
 pub use write::Span;
-pub use zr_common::packing::{PackConfig, PackPlan, PackStats, PackedColumns, Packer};
+pub use zr_common::packing::{PackConfig, PackPlan, PackStats, PackedColumns, Packer, Wanted};
 
 /// The file that commits a stream.
 pub const STREAM_FILE: &str = "stream.json";

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use zr_common::packing::{PackConfig, PackPlan, PackedColumns};
+use zr_common::packing::{PackConfig, PackPlan, PackedColumns, Wanted};
 use zr_common::{BoxError, Contiguous, GatherSource};
 
 use super::read::{lay_rows, Layout, SpanSink};
@@ -74,6 +74,17 @@ impl Packed {
         out: &mut PackedColumns,
         spans: Option<&mut SpanSink>,
     ) -> Result<()> {
+        self.gather_wanted(indices, out, spans, Wanted::ALL)
+    }
+
+    /// [`Self::gather`] of the per-token columns `wanted` only (tokens always).
+    pub fn gather_wanted(
+        &self,
+        indices: &[u64],
+        out: &mut PackedColumns,
+        spans: Option<&mut SpanSink>,
+        wanted: Wanted,
+    ) -> Result<()> {
         let view = self.stream.view();
         let rows = self.plan.rows();
         let mut layout = Layout::with_rows(indices.len());
@@ -91,7 +102,12 @@ impl Packed {
             pieces.push(row);
         }
         let width = self.width();
-        out.describe(pieces.into_iter(), width, view.element_bytes as usize);
+        out.describe_wanted(
+            pieces.into_iter(),
+            width,
+            view.element_bytes as usize,
+            wanted,
+        );
         lay_rows(
             &view,
             &layout,
@@ -130,7 +146,7 @@ impl GatherSource for Packed {
         columns: &mut Vec<Contiguous>,
     ) -> std::result::Result<(), BoxError> {
         let mut out = PackedColumns::default();
-        self.gather(indices, &mut out, None)?;
+        self.gather_wanted(indices, &mut out, None, Wanted::of(fields))?;
         out.into_columns(fields, columns)
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use zr_common::packing::{PackConfig, PackPlan, PackedColumns};
+use zr_common::packing::{PackConfig, PackPlan, PackedColumns, Wanted};
 use zr_common::Contiguous;
 
 use super::{parse_documents, piece, ClusterStream, DOCUMENTS_FIELD, TOKENS_FIELD};
@@ -154,6 +154,16 @@ impl ClusterPacked {
 
     /// Gathers rows `indices` into `out` (its buffers reused).
     pub fn gather(&self, indices: &[u64], out: &mut PackedColumns) -> Result<(), Error> {
+        self.gather_wanted(indices, out, Wanted::ALL)
+    }
+
+    /// [`Self::gather`] of the per-token columns `wanted` only (tokens always).
+    pub fn gather_wanted(
+        &self,
+        indices: &[u64],
+        out: &mut PackedColumns,
+        wanted: Wanted,
+    ) -> Result<(), Error> {
         let rows = self.plan.rows();
         let width = self.width();
         let e = self.stream.element_bytes as usize;
@@ -174,7 +184,7 @@ impl ClusterPacked {
             }
             pieces.push(row);
         }
-        out.describe(pieces.into_iter(), width, e);
+        out.describe_wanted(pieces.into_iter(), width, e, wanted);
         out.tokens.fill(0);
         self.stream.read_ranges(&ranges, &mut out.tokens)
     }
@@ -188,7 +198,7 @@ impl zr_common::GatherSource for ClusterPacked {
         columns: &mut Vec<Contiguous>,
     ) -> Result<(), zr_common::BoxError> {
         let mut out = PackedColumns::default();
-        self.gather(indices, &mut out)?;
+        self.gather_wanted(indices, &mut out, Wanted::of(fields))?;
         out.into_columns(fields, columns)
     }
 }
