@@ -6,6 +6,7 @@
 //! no network stack.
 
 pub mod alloc;
+pub mod budget;
 pub mod columns;
 pub mod error;
 pub mod feistel;
@@ -17,6 +18,7 @@ pub mod record;
 pub mod sampler;
 pub mod windows;
 
+pub use budget::{BudgetConfig, BudgetState, TokenBudget};
 pub use columns::Contiguous;
 pub use error::{BoxError, Error};
 pub use loader::{GatherSource, LoadedBatch, Loader, LoaderOptions, MixtureLoader};

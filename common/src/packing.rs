@@ -156,7 +156,8 @@ impl PackPlan {
         config.check()?;
         let width = config.width();
         let n = lengths.len() as u64;
-        let order = Feistel::new(n, config.seed);
+        // A permutation needs at least one element: an empty stream has one, unused.
+        let order = Feistel::new(n.max(1), config.seed);
         let mut plan = PackPlan {
             config,
             row_ends: Vec::new(),
@@ -728,6 +729,15 @@ mod tests {
         )
         .expect("plan");
         assert_ne!(other.pieces, best.pieces);
+    }
+
+    #[test]
+    fn no_documents_make_no_rows() {
+        let plan = PackPlan::build(&[], PackConfig::new(7, 1)).expect("plan");
+        assert_eq!((plan.rows(), plan.stats().tokens), (0, 0));
+        assert!(plan.row(0).is_none());
+        let empty = PackPlan::build(&[0, 0], PackConfig::new(7, 1)).expect("plan");
+        assert_eq!(empty.rows(), 0);
     }
 
     #[test]

@@ -674,6 +674,112 @@ impl Client {
 }
 
 /// The engine's sampler: which indices each batch of each epoch holds, a pure function of
+/// Token-budget micro-batches of examples of known lengths (`zr_common::budget`).
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct TokenBudget {
+    inner: zr_common::TokenBudget,
+    /// The epoch plan read last.
+    plans: std::sync::Mutex<Option<(u64, zr_common::budget::EpochPlan)>>,
+}
+
+#[pymethods]
+impl TokenBudget {
+    #[new]
+    #[pyo3(signature = (lengths, max_tokens, cost, lookahead, ranks, accumulation, remainder, too_long, seed))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        lengths: PyReadonlyArray1<'_, u64>,
+        max_tokens: u64,
+        cost: &str,
+        lookahead: usize,
+        ranks: u32,
+        accumulation: u32,
+        remainder: &str,
+        too_long: &str,
+        seed: u64,
+    ) -> PyResult<TokenBudget> {
+        use zr_common::budget::{Cost, Remainder, TooLong};
+        let cost = match cost {
+            "padded" => Cost::Padded,
+            "packed" => Cost::Packed,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "cost must be padded or packed, not '{other}'"
+                )))
+            }
+        };
+        let remainder = match remainder {
+            "carry" => Remainder::Carry,
+            "pad" => Remainder::Pad,
+            "drop" => Remainder::Drop,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "remainder must be carry, pad or drop, not '{other}'"
+                )))
+            }
+        };
+        let too_long = match too_long {
+            "refuse" => TooLong::Refuse,
+            "skip" => TooLong::Skip,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "too_long must be refuse or skip, not '{other}'"
+                )))
+            }
+        };
+        let config = zr_common::BudgetConfig {
+            max_tokens,
+            cost,
+            lookahead,
+            ranks,
+            accumulation,
+            remainder,
+            too_long,
+            seed,
+        };
+        let lengths = lengths.as_slice()?.to_vec();
+        let inner = zr_common::TokenBudget::new(lengths, config)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(TokenBudget {
+            inner,
+            plans: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Examples left out for being longer than the budget.
+    fn skipped(&self) -> u64 {
+        self.inner.skipped()
+    }
+
+    /// Micro-batches epoch `epoch` gives the run (padding included, a dropped step not).
+    fn epoch_len(&self, py: Python<'_>, epoch: u64) -> u64 {
+        let plan = py.detach(|| self.inner.epoch(epoch));
+        self.inner.run_length(plan.len())
+    }
+
+    /// Rank `rank`'s micro-batches of the step from (`epoch`, `micro`) — each an array of
+    /// example indices, or None for padding — and where the next step starts.
+    #[allow(clippy::type_complexity)]
+    fn step<'py>(
+        &self,
+        py: Python<'py>,
+        epoch: u64,
+        micro: u64,
+        rank: u32,
+    ) -> (Vec<Option<Bound<'py, PyArray1<u64>>>>, u64, u64) {
+        let state = zr_common::BudgetState { epoch, micro };
+        let (mine, next) = py.detach(|| {
+            let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+            self.inner.step(state, rank, &mut plans)
+        });
+        let arrays = mine
+            .into_iter()
+            .map(|m| m.map(|examples| PyArray1::from_vec(py, examples)))
+            .collect();
+        (arrays, next.epoch, next.micro)
+    }
+}
+
 /// (configuration, epoch, position).
 #[pyclass(module = "zrecord._zrecord", frozen)]
 struct Sampler {
@@ -1695,6 +1801,7 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Stream>()?;
     m.add_class::<StreamWindows>()?;
     m.add_class::<StreamPacked>()?;
+    m.add_class::<TokenBudget>()?;
     m.add_class::<ClusterStream>()?;
     m.add_class::<ClusterStreamWindows>()?;
     m.add_class::<NativeLoader>()?;

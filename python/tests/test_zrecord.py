@@ -958,3 +958,75 @@ def test_grain_worker_processes_take_batches_and_mixtures(tmp_path):
         np.testing.assert_array_equal(batch, rows[sampler.batch_at(0, 32 * k)])
     prefetched = batches(ds, zrecord.Sampler(len(ds), seed=5, batch=32)).to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(num_workers=2))
     assert sum(1 for _ in prefetched) == 13
+
+
+def _token_dataset(path, rng, n=300):
+    """A record dataset of token arrays (uint32) of varied lengths, and their masks."""
+    docs = [rng.integers(0, 50_000, size=int(rng.integers(1, 400))).astype(np.uint32) for _ in range(n)]
+    masks = [(rng.random(d.size) < 0.8).astype(np.uint8) for d in docs]
+    def column(parts):
+        offsets = np.concatenate([[0], np.cumsum([p.nbytes for p in parts])]).astype(np.int64)
+        return np.frombuffer(b"".join(p.tobytes() for p in parts), dtype=np.uint8), offsets
+    ds = zrecord.from_numpy({"tokens": column(docs), "mask": column(masks)}, path)
+    return ds, docs, masks
+
+
+def test_token_budget_micro_batches_within_budget_equal_per_rank_and_resumable(tmp_path):
+    rng = np.random.default_rng(12)
+    ds, docs, masks = _token_dataset(tmp_path / "ds", rng)
+    lengths = zrecord.token_lengths(ds, "tokens")
+    np.testing.assert_array_equal(lengths, [d.size for d in docs])
+    for cost in ("padded", "packed"):
+        budgets = [zrecord.TokenBudget(lengths, 1024, rank=r, ranks=4, accumulation=2, cost=cost, lookahead=64, seed=3) for r in range(4)]
+        seen = []
+        for step in zip(*[iter(b) for b in budgets]):
+            for rank_steps in step:
+                assert len(rank_steps) == 2, "every rank as many micro-batches"
+                for micro in rank_steps:
+                    batch = budgets[0].gather(ds, micro, "tokens", mask_field="mask")
+                    if cost == "padded":
+                        assert batch["tokens"].size <= 1024
+                        for k, e in enumerate(micro):
+                            n = docs[e].size
+                            np.testing.assert_array_equal(batch["tokens"][k, :n], docs[e])
+                            np.testing.assert_array_equal(batch["loss_mask"][k, :n], masks[e].astype(bool))
+                    else:
+                        assert batch["tokens"].size <= 1024
+                        cu = batch["cu_seqlens"]
+                        for k, e in enumerate(micro):
+                            np.testing.assert_array_equal(batch["tokens"][0, cu[k] : cu[k + 1]], docs[e])
+                            np.testing.assert_array_equal(batch["positions"][0, cu[k] : cu[k + 1]], np.arange(docs[e].size))
+                    seen.extend(int(e) for e in micro)
+            if budgets[0].epoch > 0:
+                break
+        # The first epoch's examples, each once (the step that crossed into the next epoch
+        # may hold some of it).
+        first = seen[: len(docs)]
+        assert sorted(set(seen)) == list(range(len(docs)))
+        assert len(first) == len(set(first))
+    # A state taken under 4 ranks resumes under 3 from the same micro-batch on.
+    whole = zrecord.TokenBudget(lengths, 1024, cost="packed", lookahead=64, seed=3)
+    run = [m for step, _ in zip(whole, range(40)) for m in step]
+    before = [zrecord.TokenBudget(lengths, 1024, rank=r, ranks=4, cost="packed", lookahead=64, seed=3) for r in range(4)]
+    head = []
+    for steps in zip(*[iter(b) for b in before]):
+        head.extend(m for s in steps for m in s)
+        if len(head) >= 8:
+            break
+    state = before[0].state_dict()
+    after = [zrecord.TokenBudget(lengths, 1024, rank=r, ranks=3, cost="packed", lookahead=64, seed=3) for r in range(3)]
+    for b in after:
+        b.load_state_dict(state)
+    tail = []
+    for steps in zip(*[iter(b) for b in after]):
+        tail.extend(m for s in steps for m in s)
+        if len(head) + len(tail) >= len(run):
+            break
+    for got, want in zip(head + tail, run):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="max_tokens"):
+        zrecord.TokenBudget(lengths, 2048, cost="packed", lookahead=64, seed=3).load_state_dict(state)
+    with pytest.raises(ValueError, match="example .* tokens, more than the budget of 100"):
+        zrecord.TokenBudget(lengths, 100)
+    skipping = zrecord.TokenBudget(lengths, 100, too_long="skip")
+    assert skipping.skipped == int((lengths > 100).sum())

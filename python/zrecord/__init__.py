@@ -54,6 +54,8 @@ __all__ = [
     "from_numpy",
     "open",
     "Stream",
+    "TokenBudget",
+    "token_lengths",
     "Windows",
     "Packed",
     "create_stream",
@@ -839,6 +841,120 @@ class Mixture:
         import json  # noqa: PLC0415
 
         self.batches = self._native.check_state(json.dumps(dict(state)))
+
+
+class TokenBudget:
+    """Variable-length examples (``lengths`` tokens each) in micro-batches of at most
+    ``max_tokens`` tokens — ``cost="padded"``: count × longest, or ``"packed"``: their sum —
+    every rank of ``ranks`` getting ``accumulation`` micro-batches in every step, with no
+    communication. Each epoch takes the examples in its own shuffled order, ``lookahead`` at
+    a time sorted by length. ``remainder`` says what an epoch's micro-batches left over by
+    its last whole step become: ``"carry"`` (the next epoch completes the step), ``"pad"``
+    (empty micro-batches, given as None) or ``"drop"``; ``too_long`` says what an example
+    longer than the budget becomes: ``"refuse"`` (a ValueError naming it) or ``"skip"``.
+
+    Iterating yields this rank's steps without end: each a list of ``accumulation``
+    micro-batches, each an array of example indices (or None). ``state_dict()`` is the same
+    on every rank and resumes under any ``ranks`` and ``accumulation``; ``gather`` reads a
+    micro-batch of token arrays from a dataset, padded or packed."""
+
+    _PLAN_KEYS = ("seed", "len", "max_tokens", "cost", "lookahead", "remainder", "too_long")
+
+    def __init__(self, lengths: Any, max_tokens: int, rank: int = 0, ranks: int = 1, accumulation: int = 1, cost: str = "padded", lookahead: int = 1024, remainder: str = "carry", too_long: str = "refuse", seed: int = 0):
+        lengths = np.ascontiguousarray(np.asarray(lengths).reshape(-1), dtype=np.uint64)
+        if not 0 <= int(rank) < int(ranks):
+            raise ValueError(f"rank {rank} is not one of the {ranks} ranks")
+        self.config = dict(len=int(lengths.size), max_tokens=int(max_tokens), rank=int(rank), ranks=int(ranks), accumulation=int(accumulation), cost=cost, lookahead=int(lookahead), remainder=remainder, too_long=too_long, seed=int(seed))
+        self._native = _zrecord.TokenBudget(lengths, int(max_tokens), cost, int(lookahead), int(ranks), int(accumulation), remainder, too_long, int(seed))
+        self._lengths = lengths
+        #: Where the next step starts: the next micro-batch is ``micro`` of ``epoch``.
+        self.epoch = 0
+        self.micro = 0
+
+    @property
+    def skipped(self) -> int:
+        """Examples left out for being longer than the budget (``too_long="skip"``)."""
+        return self._native.skipped()
+
+    def step_at(self, epoch: int, micro: int) -> tuple[list, int, int]:
+        """This rank's micro-batches of the step starting at (``epoch``, ``micro``), and
+        where the next starts."""
+        return self._native.step(int(epoch), int(micro), self.config["rank"])
+
+    def __iter__(self) -> Iterator[list]:
+        while True:
+            step, epoch, micro = self.step_at(self.epoch, self.micro)
+            if not step:
+                return  # no example fits the budget
+            self.epoch, self.micro = epoch, micro
+            yield step
+
+    def state_dict(self) -> dict:
+        c = self.config
+        return {key: c[key] for key in self._PLAN_KEYS} | {"epoch": self.epoch, "micro": self.micro}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes where ``state`` says (taken under any ranks and accumulation); refused,
+        naming what differs, if it is of another schedule."""
+        missing = [k for k in (*self._PLAN_KEYS, "epoch", "micro") if k not in state]
+        if missing:
+            raise ValueError(f"not a token budget's state: it lacks {', '.join(missing)}")
+        for key in self._PLAN_KEYS:
+            if state[key] != self.config[key]:
+                raise ValueError(f"the checkpoint's {key} is {state[key]!r} and this schedule's is {self.config[key]!r}: it is of another schedule")
+        self.epoch, self.micro = int(state["epoch"]), int(state["micro"])
+
+    def gather(self, dataset: Dataset, micro: Any, field: str, dtype: Any = np.uint32, mask_field: str | None = None) -> dict | None:
+        """Micro-batch ``micro`` (example indices) of ``field`` (token arrays of ``dtype``):
+        padded (``cost="padded"``): {"tokens": (B, longest), "lengths": (B,), ["loss_mask":
+        (B, longest)]}; packed: {"tokens": (1, total), "positions", "segment_ids",
+        ["loss_mask"], "cu_seqlens", "max_seqlen"}. None for a padding micro-batch."""
+        if micro is None:
+            return None
+        dtype = np.dtype(dtype)
+        names = [field] if mask_field is None else [field, mask_field]
+        got = dataset.gather(micro, names)
+        values, offsets = got[field]
+        tokens = values.view(dtype)
+        lengths = np.diff(offsets) // dtype.itemsize
+        starts = offsets[:-1] // dtype.itemsize
+        mask = None
+        if mask_field is not None:
+            mvalues, moffsets = got[mask_field]
+            mask = mvalues.astype(np.bool_)
+            if not np.array_equal(np.diff(moffsets), lengths):
+                raise ValueError(f"field '{mask_field}' holds a mask of another length than '{field}''s tokens")
+        if self.config["cost"] == "padded":
+            longest = int(lengths.max(initial=0))
+            out = np.zeros((lengths.size, longest), dtype=dtype)
+            keep = np.zeros((lengths.size, longest), dtype=np.bool_) if mask is not None else None
+            for k, (start, n) in enumerate(zip(starts, lengths)):
+                out[k, :n] = tokens[start : start + n]
+                if keep is not None:
+                    keep[k, :n] = mask[start : start + n]
+            batch = {"tokens": out, "lengths": lengths.astype(np.int64)}
+            if keep is not None:
+                batch["loss_mask"] = keep
+            return batch
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        positions = np.arange(int(cu[-1]), dtype=np.int32) - np.repeat(cu[:-1], lengths)
+        segments = np.repeat(np.arange(1, lengths.size + 1, dtype=np.int32), lengths)
+        batch = {"tokens": tokens.reshape(1, -1), "positions": positions.reshape(1, -1), "segment_ids": segments.reshape(1, -1), "cu_seqlens": cu, "max_seqlen": int(lengths.max(initial=0))}
+        if mask is not None:
+            batch["loss_mask"] = mask.reshape(1, -1)
+        return batch
+
+
+def token_lengths(dataset: Dataset, field: str, dtype: Any = np.uint32, chunk: int = 1 << 16) -> np.ndarray:
+    """Tokens in each record's ``field`` (token arrays of ``dtype``): what ``TokenBudget``
+    takes. Reads the field once, ``chunk`` records at a time."""
+    itemsize = np.dtype(dtype).itemsize
+    n = len(dataset)
+    out = np.empty(n, dtype=np.uint64)
+    for start in range(0, n, chunk):
+        _, offsets = dataset.gather(np.arange(start, min(start + chunk, n), dtype=np.uint64), [field])[field]
+        out[start : start + offsets.size - 1] = np.diff(offsets) // itemsize
+    return out
 
 
 class Loader:

@@ -14,7 +14,9 @@ same run.
   (``Windows.gather(out=)``, tokens only and with each token's document) vs NumPy memmap
   slicing of the same ``tokens.bin`` (and ``np.searchsorted`` over the document ends);
 - with Grain installed: Grain iterating whole batches from zrecord (``zrecord.grain.batches``)
-  vs Grain batching a NumPy array source (``MapDataset.source(array).batch(B)``), in process.
+  vs Grain batching a NumPy array source (``MapDataset.source(array).batch(B)``), in process,
+  each from a fresh iterator in its turn;
+- packed rows of a stream: the loader vs a bare loop gathering the same batches.
 
 Warm cache: both files are read once before timing.
 """
@@ -106,6 +108,7 @@ def main() -> None:
         print(f"loader (prefetch 2, 2 workers) {len(batches) / looped:,.0f} batches/s vs a bare gather loop {len(batches) / bare:,.0f}: loader/bare {bare / looped:.2f}x")
         _mixture(tmp, ds, args)
         _stream(tmp, args)
+        _packed(tmp, args)
         _torch(ds, args)
         _grain(ds, args)
 
@@ -158,6 +161,34 @@ def _stream(tmp, args, tokens: int = 64 << 20, seq_len: int = 2048, batch: int =
     print(f"  numpy memmap slicing                      {npm:>10,.0f} windows/s   zrecord/numpy {zr / npm:.2f}x")
     print(f"  zrecord, tokens + documents               {zr_docs:>10,.0f} windows/s")
     print(f"  numpy slicing + searchsorted documents    {np_docs:>10,.0f} windows/s   zrecord/numpy {zr_docs / np_docs:.2f}x")
+
+
+def _packed(tmp, args, seq_len: int = 2048, batch: int = 32, count: int = 300) -> None:
+    """The loader over a stream's packed rows vs a bare loop gathering the same batches."""
+    stream = zrecord.open_stream(os.path.join(tmp, "stream"))  # made by _stream
+    packed = stream.packed(seq_len)
+    stats = packed.stats()
+
+    def sampler():
+        return zrecord.Sampler(len(packed), order="shuffle", seed=1, batch=batch)
+
+    batches = [sampler().batch_at(0, p) for p in range(0, min(len(packed), count * batch), batch)]
+    for b in batches:  # warm
+        packed.gather(b)
+    bare = looped = 0.0
+    for _ in range(args.rounds):  # in turns
+        started = time.perf_counter()
+        for b in batches:
+            packed.gather(b)
+        bare += time.perf_counter() - started
+        loader = zrecord.Loader(packed, sampler(), prefetch=2, workers=2)
+        started = time.perf_counter()
+        for i, _ in enumerate(loader):
+            if i + 1 == len(batches):
+                break
+        looped += time.perf_counter() - started
+    print(f"packed rows of {seq_len + 1} tokens ({stats['rows']:,} rows, {100 * stats['padding_fraction']:.2f}% padding), batches of {batch}, every column:")
+    print(f"  loader (prefetch 2, 2 workers) {len(batches) / looped:,.0f} batches/s vs a bare gather loop {len(batches) / bare:,.0f}: loader/bare {bare / looped:.2f}x")
 
 
 def _mixture(tmp, ds, args) -> None:
@@ -230,13 +261,16 @@ def _grain(ds, args) -> None:
     count = min(200, len(ds) // args.batch)
     rows = ds.gather(np.arange(len(ds)))["data"]  # the same records, in memory
     sampler = zrecord.Sampler(len(ds), order="shuffle", seed=2, batch=args.batch)
-    ours = iter(batches(ds, sampler).to_iter_dataset())
-    theirs = iter(grain.MapDataset.source(rows).shuffle(seed=2).batch(args.batch).to_iter_dataset())
     zr = npy = 0.0
     for _ in range(args.rounds):
         for which in ("zr", "npy"):
-            it = ours if which == "zr" else theirs
+            # A fresh iterator for each turn, its start timed too: one made earlier fills its
+            # prefetch buffer on Grain's threads while the other is timed.
             started = time.perf_counter()
+            if which == "zr":
+                it = iter(batches(ds, sampler).to_iter_dataset())
+            else:
+                it = iter(grain.MapDataset.source(rows).shuffle(seed=2).batch(args.batch).to_iter_dataset())
             for _ in range(count // args.rounds):
                 next(it)
             rate = (count // args.rounds) / (time.perf_counter() - started)
