@@ -16,6 +16,7 @@ pub mod mixture;
 pub mod packing;
 pub mod record;
 pub mod sampler;
+pub mod schedule;
 pub mod windows;
 
 pub use budget::{BudgetConfig, BudgetState, TokenBudget};
@@ -26,4 +27,5 @@ pub use mixture::{Mixture, MixtureConfig, MixtureState, Stage};
 pub use packing::{PackConfig, PackPlan, PackStats, PackedColumns, Packer, Piece};
 pub use record::Record;
 pub use sampler::{Order, Sampler, SamplerConfig, SamplerState, Tail};
+pub use schedule::{BatchSchedule, RampSampler, RampState};
 pub use windows::{WindowColumns, WindowMode};

@@ -780,6 +780,64 @@ impl TokenBudget {
     }
 }
 
+/// A rank's batches under a global batch-size schedule (`zr_common::schedule`); states
+/// cross as JSON.
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct RampSampler {
+    inner: zr_common::RampSampler,
+}
+
+fn json_error(e: serde_json::Error) -> PyErr {
+    PyValueError::new_err(format!("not a ramp sampler's state: {e}"))
+}
+
+#[pymethods]
+impl RampSampler {
+    /// `schedule`: {"Ramp": {"start", "increment", "samples", "global"}} or {"Stages":
+    /// [[from_sample, size], ...]} as JSON.
+    #[new]
+    fn new(len: u64, seed: u64, rank: u64, ranks: u64, schedule: &str) -> PyResult<RampSampler> {
+        let schedule: zr_common::BatchSchedule = serde_json::from_str(schedule)
+            .map_err(|e| PyValueError::new_err(format!("not a batch schedule: {e}")))?;
+        let inner = zr_common::RampSampler::new(len, seed, rank, ranks, schedule)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(RampSampler { inner })
+    }
+
+    /// The state before the first step.
+    fn start(&self) -> PyResult<String> {
+        serde_json::to_string(&self.inner.start()).map_err(json_error)
+    }
+
+    /// This rank's indices of the step at `state`, and the state after it.
+    fn step<'py>(
+        &self,
+        py: Python<'py>,
+        state: &str,
+    ) -> PyResult<(Bound<'py, PyArray1<u64>>, String)> {
+        let state: zr_common::RampState = serde_json::from_str(state).map_err(json_error)?;
+        let (indices, next) = self.inner.step(&state);
+        let next = serde_json::to_string(&next).map_err(json_error)?;
+        Ok((PyArray1::from_vec(py, indices), next))
+    }
+
+    /// Takes up `state`: (the state, the first step the schedule changes at, if any).
+    fn resume(&self, state: &str) -> PyResult<(String, Option<u64>)> {
+        let state: zr_common::RampState = serde_json::from_str(state).map_err(json_error)?;
+        let resumed = self
+            .inner
+            .resume(&state)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let state = serde_json::to_string(&resumed.state).map_err(json_error)?;
+        Ok((state, resumed.changes_at))
+    }
+
+    /// The global batch of the step after `samples` consumed.
+    fn global_batch(&self, samples: u64) -> u64 {
+        self.inner.schedule().global_batch(samples)
+    }
+}
+
 /// (configuration, epoch, position).
 #[pyclass(module = "zrecord._zrecord", frozen)]
 struct Sampler {
@@ -1802,6 +1860,7 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StreamWindows>()?;
     m.add_class::<StreamPacked>()?;
     m.add_class::<TokenBudget>()?;
+    m.add_class::<RampSampler>()?;
     m.add_class::<ClusterStream>()?;
     m.add_class::<ClusterStreamWindows>()?;
     m.add_class::<NativeLoader>()?;

@@ -424,3 +424,43 @@ def test_best_fit_pads_no_more_than_grains_best_fit(tmp_path):
     print(f"padding: ours best_fit {ours:.4f}, first_fit {first:.4f}; grain best-fit (256 bins) {theirs:.4f}")
     assert ours <= theirs
     assert ours <= first
+
+
+def test_a_ramped_loader_over_packed_rows_resumes_across_a_stage_on_other_ranks(tmp_path):
+    rng = np.random.default_rng(9)
+    docs = [rng.integers(0, 50_000, size=int(n)).astype(np.uint32) for n in _long_tailed(rng, 400, 64)]
+    stream = _make(tmp_path / "s", docs)
+    packed = stream.packed(63, lookahead=32, seed=1)
+    ramp = dict(global_batch=24, ramp=(8, 8, 96), seed=5)
+
+    def run(ranks, state=None, steps=20):
+        samplers = [zrecord.RampSampler(len(packed), rank=r, ranks=ranks, **ramp) for r in range(ranks)]
+        loaders = [zrecord.Loader(packed, s) for s in samplers]
+        if state is not None:
+            for loader in loaders:
+                loader.load_state_dict(state)
+        out = []
+        for k, batches in enumerate(zip(*loaders)):
+            sizes = {b["tokens"].shape[0] for b in batches}
+            assert len(sizes) == 1, "ranks got slices of one size"
+            out.append(np.concatenate([b["tokens"] for b in batches]))
+            if k + 1 == steps:
+                break
+        return out, loaders[0].state_dict()
+
+    whole, _ = run(1, steps=20)
+    assert [w.shape[0] for w in whole[:7]] == [8, 8, 8, 8, 16, 16, 24]
+    head, state = run(2, steps=5)  # mid-ramp: the next step is of 16
+    assert state["samples"] == 4 * 8 + 16 and state["history"] == [[0, 8], [4, 16]]
+    tail, _ = run(8, state=state, steps=15)
+    for got, want in zip(head + tail, whole):
+        np.testing.assert_array_equal(got, want)
+    # A schedule changed for steps not taken yet is said; one that rewrites them, refused.
+    later = zrecord.RampSampler(len(packed), stages=[(0, 8), (32, 16), (48, 32)], seed=5)
+    with pytest.warns(UserWarning, match="changes from step 5"):
+        later.load_state_dict(state)
+    rewritten = zrecord.RampSampler(len(packed), stages=[(0, 8), (16, 16)], seed=5)
+    with pytest.raises(ValueError, match="step 2 was taken with a global batch of 8"):
+        rewritten.load_state_dict(state)
+    with pytest.raises(ValueError, match="does not divide among 3 ranks"):
+        zrecord.RampSampler(len(packed), ranks=3, **ramp)

@@ -47,6 +47,7 @@ __all__ = [
     "Field",
     "Loader",
     "Mixture",
+    "RampSampler",
     "Sampler",
     "connect",
     "create",
@@ -843,6 +844,93 @@ class Mixture:
         self.batches = self._native.check_state(json.dumps(dict(state)))
 
 
+class RampSampler:
+    """Batches of indices for one rank whose global size changes during the run: a ramp as
+    Megatron-LM's ``--rampup-batch-size START INCREMENT SAMPLES`` gives it up to ``global``
+    (``ramp=(start, increment, samples)``), or explicit ``stages`` [(from_sample, size), …].
+    Step k takes the next global batch of the run's order (``seed``'s shuffle of ``length``
+    records, epoch after epoch); rank ``rank`` of ``ranks`` its ``rank``-th equal slice.
+
+    ``state_dict()`` is what was consumed — steps, samples, and the size of every stretch of
+    steps — the same on every rank; ``load_state_dict`` resumes under any ``ranks`` that
+    divides the global batch in force then, accepts a schedule changed for steps not taken
+    yet (saying so in ``changes_at``), and refuses one that rewrites a step already taken,
+    naming it. Iterating yields steps without end."""
+
+    def __init__(self, length: int, global_batch: int | None = None, ramp: tuple[int, int, int] | None = None, stages: Sequence[tuple[int, int]] | None = None, seed: int = 0, rank: int = 0, ranks: int = 1):
+        import json  # noqa: PLC0415
+
+        if stages is not None:
+            if ramp is not None:
+                raise ValueError("give a ramp or stages, not both")
+            schedule = {"Stages": [[int(a), int(b)] for a, b in stages]}
+        elif ramp is not None:
+            if global_batch is None:
+                raise ValueError("a ramp needs the global_batch it ramps up to")
+            start, increment, samples = (int(x) for x in ramp)
+            schedule = {"Ramp": {"start": start, "increment": increment, "samples": samples, "global": int(global_batch)}}
+        elif global_batch is not None:
+            schedule = {"Stages": [[0, int(global_batch)]]}
+        else:
+            raise ValueError("give a global_batch, a ramp (with global_batch) or stages")
+        self.config = dict(length=int(length), seed=int(seed), rank=int(rank), ranks=int(ranks), schedule=schedule)
+        self._native = _zrecord.RampSampler(int(length), int(seed), int(rank), int(ranks), json.dumps(schedule))
+        self._state = self._native.start()
+        #: The first step the schedule changed at when the run was resumed (None: unchanged).
+        self.changes_at: int | None = None
+
+    def __getstate__(self) -> dict:
+        return {"config": self.config, "state": self._state}
+
+    def __setstate__(self, state: dict) -> None:
+        import json  # noqa: PLC0415
+
+        c = state["config"]
+        self.config = dict(c)
+        self._native = _zrecord.RampSampler(c["length"], c["seed"], c["rank"], c["ranks"], json.dumps(c["schedule"]))
+        self._state = state["state"]
+        self.changes_at = None
+
+    @property
+    def steps(self) -> int:
+        import json  # noqa: PLC0415
+
+        return json.loads(self._state)["steps"]
+
+    @property
+    def samples(self) -> int:
+        import json  # noqa: PLC0415
+
+        return json.loads(self._state)["samples"]
+
+    def global_batch(self, samples: int | None = None) -> int:
+        """The global batch of the step after ``samples`` consumed (default: the next)."""
+        return self._native.global_batch(self.samples if samples is None else int(samples))
+
+    def step_at(self, state: str) -> tuple[np.ndarray, str]:
+        """This rank's indices of the step at ``state`` (as JSON), and the state after it."""
+        return self._native.step(state)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        while True:
+            indices, self._state = self._native.step(self._state)
+            yield indices
+
+    def state_dict(self) -> dict:
+        import json  # noqa: PLC0415
+
+        return json.loads(self._state)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        import json  # noqa: PLC0415
+
+        self._state, self.changes_at = self._native.resume(json.dumps(dict(state)))
+        if self.changes_at is not None:
+            import warnings  # noqa: PLC0415
+
+            warnings.warn(f"the batch-size schedule changes from step {self.changes_at} on, which no step taken so far saw", stacklevel=2)
+
+
 class TokenBudget:
     """Variable-length examples (``lengths`` tokens each) in micro-batches of at most
     ``max_tokens`` tokens — ``cost="padded"``: count × longest, or ``"packed"``: their sum —
@@ -970,7 +1058,7 @@ class Loader:
     besides: which dataset each row came from. It yields batches with no end; its
     ``state_dict()`` is the mixture's after the last batch yielded."""
 
-    def __init__(self, dataset: Dataset | Sequence[Dataset], sampler: Sampler | Mixture, prefetch: int = 2, workers: int | None = None, fields: Sequence[str] | None = None):
+    def __init__(self, dataset: Dataset | Sequence[Dataset], sampler: "Sampler | Mixture | RampSampler", prefetch: int = 2, workers: int | None = None, fields: Sequence[str] | None = None):
         self.dataset = dataset
         self.sampler = sampler
         self.prefetch = max(1, int(prefetch))
@@ -979,12 +1067,17 @@ class Loader:
         if isinstance(sampler, Mixture):
             self._chosen = _mixture_fields(list(dataset), sampler, fields)
             self._consumed = sampler.batches
+        elif isinstance(sampler, RampSampler):
+            self._consumed = None  # the ramp sampler keeps its own place
         else:
             self._consumed = (sampler.epoch, sampler.position)
 
     def __iter__(self) -> Iterator[dict]:
         if isinstance(self.sampler, Mixture):
             yield from self._mixture_batches()
+            return
+        if isinstance(self.sampler, RampSampler):
+            yield from self._ramp_batches()
             return
         native = self.dataset._native()
         windows = isinstance(native, (_zrecord.StreamWindows, _zrecord.ClusterStreamWindows))
@@ -1041,6 +1134,26 @@ class Loader:
         self.sampler.epoch, self.sampler.position = epoch + 1, 0
         self._consumed = (epoch + 1, 0)
 
+    def _ramp_batches(self) -> Iterator[dict]:
+        """Steps of a batch-size schedule (without end), ``prefetch`` gathered ahead on
+        ``workers`` threads; the state counts only the steps yielded."""
+        sampler = self.sampler
+        finish = getattr(self.dataset, "_finish", None)
+        pending: deque = deque()
+        ahead = sampler._state
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            while True:
+                while len(pending) < max(1, self.prefetch):
+                    indices, after = sampler.step_at(ahead)
+                    pending.append((after, pool.submit(self.dataset.gather, indices, self.fields)))
+                    ahead = after
+                after, future = pending.popleft()
+                batch = future.result()
+                if finish is not None and isinstance(batch.get("cu_seqlens"), tuple):
+                    batch = finish(batch)
+                sampler._state = after
+                yield batch
+
     def _mixture_batches(self) -> Iterator[dict]:
         """A mixture's batches, gathered ahead by the engine's mixture loader (each dataset's
         rows of a batch in one gather, put back in batch order, on threads without the GIL)."""
@@ -1065,10 +1178,14 @@ class Loader:
             state = self.sampler.state_dict()
             state["batches"] = self._consumed
             return state
+        if isinstance(self.sampler, RampSampler):
+            return self.sampler.state_dict()
         return self.sampler.state_at(*self._consumed)
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         self.sampler.load_state_dict(state)
+        if isinstance(self.sampler, RampSampler):
+            return
         if isinstance(self.sampler, Mixture):
             self._consumed = self.sampler.batches
         else:
