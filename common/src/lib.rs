@@ -17,6 +17,7 @@ pub mod packing;
 pub mod record;
 pub mod sampler;
 pub mod schedule;
+pub mod token_mix;
 pub mod windows;
 
 pub use budget::{BudgetConfig, BudgetState, TokenBudget};

@@ -1814,6 +1814,74 @@ impl ClusterStreamWindows {
 /// Trains a zstd dictionary for field `field` of the local dataset at `path` and rewrites
 /// the dataset with the field compressed with it (as `zr dict train`); returns (dictionary
 /// id, its bytes, records trained on).
+/// A token-weighted mixture tree, as JSON, compiled into a record mixture's stages (see
+/// `zr_common::token_mix`): returns (stages as [(start, weights)], the global batch the
+/// stream ends at or None, each leaf's budget in records or None).
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn token_mixture(
+    tree: &str,
+    seed: u64,
+    rank: u64,
+    ranks: u64,
+    batch: u64,
+) -> PyResult<(Vec<(u64, Vec<f64>)>, Option<u64>, Vec<Option<u64>>)> {
+    use zr_common::token_mix::{Budget, Source};
+    fn source(value: &serde_json::Value) -> Result<Source, String> {
+        if let Some(children) = value.get("group").and_then(|g| g.as_array()) {
+            let children = children
+                .iter()
+                .map(|pair| {
+                    let weight = pair
+                        .get(0)
+                        .and_then(|w| w.as_f64())
+                        .ok_or("a child without a weight")?;
+                    let child = pair.get(1).ok_or("a child without a source")?;
+                    Ok((weight, source(child)?))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            return Ok(Source::Group(children));
+        }
+        let len = value
+            .get("len")
+            .and_then(|l| l.as_u64())
+            .ok_or("a leaf without len")?;
+        let tokens_per_record = value
+            .get("tokens_per_record")
+            .and_then(|t| t.as_f64())
+            .ok_or("a leaf without tokens_per_record")?;
+        let budget = match (
+            value.get("tokens").and_then(|t| t.as_u64()),
+            value.get("epochs").and_then(|e| e.as_f64()),
+        ) {
+            (Some(_), Some(_)) => {
+                return Err("a leaf with budgets of both tokens and epochs (give one)".into())
+            }
+            (Some(tokens), None) => Budget::Tokens(tokens),
+            (None, Some(epochs)) => Budget::Epochs(epochs),
+            (None, None) => Budget::Unlimited,
+        };
+        Ok(Source::Leaf {
+            len,
+            tokens_per_record,
+            budget,
+        })
+    }
+    let value: serde_json::Value = serde_json::from_str(tree)
+        .map_err(|e| PyValueError::new_err(format!("not a mixture tree: {e}")))?;
+    let root =
+        source(&value).map_err(|what| PyValueError::new_err(format!("mixture tree: {what}")))?;
+    let plan = zr_common::token_mix::plan(&root, seed, rank, ranks, batch)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let stages = plan
+        .config
+        .stages
+        .into_iter()
+        .map(|s| (s.start, s.weights))
+        .collect();
+    Ok((stages, plan.end, plan.budgets))
+}
+
 #[pyfunction]
 #[pyo3(signature = (path, field, size=zr_node::dict::DICT_BYTES_DEFAULT, level=None))]
 fn train_dict(
@@ -1854,6 +1922,7 @@ fn train_dictionary<'py>(
 #[pymodule]
 fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(train_dict, m)?)?;
+    m.add_function(wrap_pyfunction!(token_mixture, m)?)?;
     m.add_function(wrap_pyfunction!(train_dictionary, m)?)?;
     m.add_class::<Store>()?;
     m.add_class::<Stream>()?;

@@ -449,15 +449,16 @@ def test_a_ramped_loader_over_packed_rows_resumes_across_a_stage_on_other_ranks(
         return out, loaders[0].state_dict()
 
     whole, _ = run(1, steps=20)
-    assert [w.shape[0] for w in whole[:7]] == [8, 8, 8, 8, 16, 16, 24]
-    head, state = run(2, steps=5)  # mid-ramp: the next step is of 16
-    assert state["samples"] == 4 * 8 + 16 and state["history"] == [[0, 8], [4, 16]]
-    tail, _ = run(8, state=state, steps=15)
+    # Two increments over 96 samples: one every 48.
+    assert [w.shape[0] for w in whole[:11]] == [8] * 6 + [16] * 3 + [24] * 2
+    head, state = run(2, steps=7)  # mid-ramp: a step of 16 taken, two to go
+    assert state["samples"] == 6 * 8 + 16 and state["history"] == [[0, 8], [6, 16]]
+    tail, _ = run(8, state=state, steps=13)
     for got, want in zip(head + tail, whole):
         np.testing.assert_array_equal(got, want)
     # A schedule changed for steps not taken yet is said; one that rewrites them, refused.
-    later = zrecord.RampSampler(len(packed), stages=[(0, 8), (32, 16), (48, 32)], seed=5)
-    with pytest.warns(UserWarning, match="changes from step 5"):
+    later = zrecord.RampSampler(len(packed), stages=[(0, 8), (48, 16), (64, 32)], seed=5)
+    with pytest.warns(UserWarning, match="changes from step 7"):
         later.load_state_dict(state)
     rewritten = zrecord.RampSampler(len(packed), stages=[(0, 8), (16, 16)], seed=5)
     with pytest.raises(ValueError, match="step 2 was taken with a global batch of 8"):

@@ -913,7 +913,7 @@ def test_errors_a_user_can_act_on(tmp_path):
     # Far past the end: said as any index past the end is, not as a unit's record.
     for index in (10, 2**48, 2**63):
         with pytest.raises(IndexError, match=f"index {index} is out of range: the dataset holds 10 records"):
-            ds.gather([0, index])
+            ds.gather(np.array([0, index], dtype=np.uint64))
     # A lone name is not read letter by letter.
     with pytest.raises(TypeError, match="list of names"):
         ds.gather([0], fields=name)
@@ -999,11 +999,10 @@ def test_token_budget_micro_batches_within_budget_equal_per_rank_and_resumable(t
                     seen.extend(int(e) for e in micro)
             if budgets[0].epoch > 0:
                 break
-        # The first epoch's examples, each once (the step that crossed into the next epoch
-        # may hold some of it).
-        first = seen[: len(docs)]
+        # Every example of the first epoch; the step that crossed into the next epoch may
+        # hold some a second time, none a third.
         assert sorted(set(seen)) == list(range(len(docs)))
-        assert len(first) == len(set(first))
+        assert max(np.bincount(seen)) <= 2
     # A state taken under 4 ranks resumes under 3 from the same micro-batch on.
     whole = zrecord.TokenBudget(lengths, 1024, cost="packed", lookahead=64, seed=3)
     run = [m for step, _ in zip(whole, range(40)) for m in step]
