@@ -465,3 +465,42 @@ def test_a_ramped_loader_over_packed_rows_resumes_across_a_stage_on_other_ranks(
         rewritten.load_state_dict(state)
     with pytest.raises(ValueError, match="does not divide among 3 ranks"):
         zrecord.RampSampler(len(packed), ranks=3, **ramp)
+
+
+def test_a_token_weighted_mixture_of_packed_streams_with_budgets(tmp_path):
+    rng = np.random.default_rng(21)
+    short = _make(tmp_path / "short", [rng.integers(0, 9, size=int(n)).astype(np.uint32) for n in rng.integers(1, 30, 800)])
+    long = _make(tmp_path / "long", [rng.integers(0, 9, size=int(n)).astype(np.uint32) for n in rng.integers(20, 300, 300)])
+    other = _make(tmp_path / "other", [rng.integers(0, 9, size=int(n)).astype(np.uint32) for n in rng.integers(5, 60, 400)])
+    a, b, c = (s.packed(63, lookahead=64) for s in (short, long, other))
+    sources = [
+        (2.0, zrecord.TokenSource(a, epochs=1)),
+        (1.0, [(1.0, zrecord.TokenSource(b, tokens=6000)), (1.0, zrecord.TokenSource(c, epochs=1))]),
+    ]
+    mixture = zrecord.Mixture.by_tokens(sources, seed=3, batch=8)
+    assert mixture.end is not None and mixture.leaves == [a, b, c]
+    assert mixture.budgets[0] == len(a) and mixture.budgets[2] == len(c)
+    loader = zrecord.Loader(mixture.leaves, mixture)
+    count = 0
+    for batch in loader:
+        count += 1
+        tokens, segments = batch["tokens"], batch["segment_ids"]
+        assert tokens.shape == (8, 64)
+        # cu_seqlens of the mixed batch: each run of a segment in a row's inputs.
+        cu = batch["cu_seqlens"]
+        assert cu[0] == 0 and cu[-1] == 8 * 63
+        for r in range(8):
+            inputs = segments[r, :-1]
+            runs = 1 + int((inputs[1:] != inputs[:-1]).sum())
+            assert ((cu > r * 63) & (cu <= (r + 1) * 63)).sum() == runs
+        assert batch["max_seqlen"] == int(np.diff(cu).max())
+    assert count == mixture.end
+    drawn = mixture.drawn_before(mixture.end)
+    for leaf, budget in enumerate(mixture.budgets):
+        assert budget <= drawn[leaf] < budget + 8, (leaf, drawn, mixture.budgets)
+    # Weighed by tokens: while all three are read, source a gives about twice b's tokens.
+    first = mixture.config["stages"][0][1]
+    per_token = [w * s.stats()["tokens"] / s.stats()["rows"] for w, s in zip(first, (a, b, c))]
+    assert abs(per_token[0] / per_token[1] - 4.0) < 1e-6 and abs(per_token[1] / per_token[2] - 1.0) < 1e-6
+    with pytest.raises(TypeError, match="TokenSource or a list"):
+        zrecord.Mixture.by_tokens([(1.0, a)])

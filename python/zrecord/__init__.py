@@ -56,6 +56,7 @@ __all__ = [
     "open",
     "Stream",
     "TokenBudget",
+    "TokenSource",
     "token_lengths",
     "Windows",
     "Packed",
@@ -805,10 +806,12 @@ class Mixture:
         self._native = _zrecord.Mixture([int(n) for n in lengths], all_stages, seed, rank, ranks, batch)
         #: Global batches consumed.
         self.batches = 0
+        #: The global batch the stream ends at (a token mixture's budgets all spent), if any.
+        self.end: int | None = None
 
     def __getstate__(self) -> dict:
         # Its configuration and place: a worker process (Grain's, PyTorch's) rebuilds it.
-        return {"config": self.config, "batches": self.batches}
+        return {"config": self.config, "batches": self.batches, "end": self.end}
 
     def __setstate__(self, state: dict) -> None:
         c = state["config"]
@@ -816,6 +819,7 @@ class Mixture:
         stages = [(int(b), list(ws)) for b, ws in c["stages"]]
         self._native = _zrecord.Mixture(list(c["lengths"]), stages, c["seed"], c["rank"], c["ranks"], c["batch"])
         self.batches = state["batches"]
+        self.end = state.get("end")
 
     def batch_at(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
         """This rank's part of global batch ``batch``: (source, index)."""
@@ -826,10 +830,45 @@ class Mixture:
         return self._native.drawn_before(int(batch))
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        while True:
+        while self.end is None or self.batches < self.end:
             batch = self.batch_at(self.batches)
             self.batches += 1
             yield batch
+
+    @classmethod
+    def by_tokens(cls, sources: Sequence[tuple[float, Any]], seed: int = 0, rank: int = 0, ranks: int = 1, batch: int = 1) -> "Mixture":
+        """A mixture weighed in tokens: ``sources`` is [(token weight, source), …], each
+        source a ``TokenSource`` (a dataset, a stream's packed rows or windows, with its
+        tokens per record and an optional budget) or a nested list of the same shape, its
+        weights renormalized at its level as its sources run out. A source's record weight is
+        its token weight over its tokens per record; a budget spent drops it at the next
+        global batch, and when every source has one and all are spent, the stream ends at
+        global batch ``end``. The datasets of a ``Loader`` over it are the leaves, in order
+        (``leaves``)."""
+        import json  # noqa: PLC0415
+
+        leaves: list[TokenSource] = []
+
+        def tree(node: Any) -> dict:
+            if isinstance(node, TokenSource):
+                leaves.append(node)
+                leaf: dict[str, Any] = {"len": node.length, "tokens_per_record": node.tokens_per_record}
+                if node.tokens is not None:
+                    leaf["tokens"] = int(node.tokens)
+                if node.epochs is not None:
+                    leaf["epochs"] = float(node.epochs)
+                return leaf
+            if isinstance(node, (list, tuple)) and node and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in node):
+                return {"group": [[float(w), tree(child)] for w, child in node]}
+            raise TypeError(f"a mixture's source is a TokenSource or a list of (weight, source), not {type(node).__name__}")
+
+        spec = tree(list(sources))
+        stages, end, budgets = _zrecord.token_mixture(json.dumps(spec), int(seed), int(rank), int(ranks), int(batch))
+        mixture = cls([leaf.length for leaf in leaves], stages[0][1], seed=seed, rank=rank, ranks=ranks, batch=batch, stages=stages[1:])
+        mixture.end = end
+        mixture.budgets = budgets
+        mixture.leaves = [leaf.dataset for leaf in leaves]
+        return mixture
 
     def state_dict(self) -> dict:
         import json  # noqa: PLC0415
@@ -842,6 +881,31 @@ class Mixture:
         import json  # noqa: PLC0415
 
         self.batches = self._native.check_state(json.dumps(dict(state)))
+
+
+class TokenSource:
+    """A source of a token-weighted mixture (``Mixture.by_tokens``): ``dataset`` (a dataset,
+    or a stream's packed rows or windows), its tokens per record (by default a packed row's
+    real tokens on average, a window's width; give it for record datasets, e.g. the mean of
+    ``token_lengths``), and a budget: ``tokens`` read at most, or ``epochs`` over it."""
+
+    def __init__(self, dataset: Any, tokens_per_record: float | None = None, tokens: int | None = None, epochs: float | None = None):
+        if tokens is not None and epochs is not None:
+            raise ValueError("give a budget of tokens or of epochs, not both")
+        if tokens_per_record is None:
+            stats = getattr(dataset, "stats", None)
+            if callable(stats):
+                s = stats()
+                tokens_per_record = s["tokens"] / max(1, s["rows"])
+            elif hasattr(dataset, "width"):
+                tokens_per_record = float(dataset.width)
+            else:
+                raise ValueError("give tokens_per_record for a record dataset (e.g. the mean of zrecord.token_lengths)")
+        self.dataset = dataset
+        self.length = len(dataset) if not isinstance(dataset, (int, np.integer)) else int(dataset)
+        self.tokens_per_record = float(tokens_per_record)
+        self.tokens = tokens
+        self.epochs = epochs
 
 
 class RampSampler:
@@ -1159,13 +1223,26 @@ class Loader:
         rows of a batch in one gather, put back in batch order, on threads without the GIL)."""
         mixture = self.sampler
         natives = [ds._native() for ds in self.dataset]
-        names = [f.name for f in self._chosen]
+        # A batch's cu_seqlens and max_seqlen are the mixed batch's, not any one source's:
+        # made here from its rows' segment ids.
+        per_batch = [n for n in ("cu_seqlens", "max_seqlen") if any(f.name == n for f in self._chosen)]
+        chosen = [f for f in self._chosen if f.name not in per_batch]
+        if per_batch and not any(f.name == "segment_ids" for f in chosen):
+            chosen.append(self.dataset[0]._field("segment_ids"))
+        names = [f.name for f in chosen]
+        wanted = {f.name for f in self._chosen}
         loader = _zrecord.NativeMixtureLoader(natives, mixture._native, mixture.batches, names, self.prefetch, self.workers)
         for done, source, _, columns in loader:
+            if mixture.end is not None and done >= mixture.end:
+                break  # every budget spent
             count = source.size
             batch: dict[str, Any] = {"source": source}
-            for f, (values, offsets) in zip(self._chosen, columns):
+            for f, (values, offsets) in zip(chosen, columns):
                 batch[f.name] = _typed(values, f, count) if f.fixed else (values, offsets)
+            if per_batch:
+                cu, longest = _cu_seqlens(batch["segment_ids"])
+                batch.update({"cu_seqlens": cu, "max_seqlen": longest})
+                batch = {k: v for k, v in batch.items() if k in wanted or k == "source"}
             mixture.batches = done + 1
             self._consumed = done + 1
             yield batch
@@ -1190,6 +1267,19 @@ class Loader:
             self._consumed = self.sampler.batches
         else:
             self._consumed = (self.sampler.epoch, self.sampler.position)
+
+
+def _cu_seqlens(segment_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """The sequences of packed rows' inputs (``[:, :-1]``) flattened, from their segment ids:
+    each run of one id in a row a sequence (padding, id 0, one too)."""
+    inputs = np.ascontiguousarray(segment_ids[:, :-1])
+    rows, width = inputs.shape
+    flat = inputs.reshape(-1)
+    starts = np.ones(flat.size, dtype=np.bool_)
+    starts[1:] = flat[1:] != flat[:-1]
+    starts[::width] = True
+    cu = np.append(np.flatnonzero(starts), flat.size).astype(np.int32)
+    return cu, int(np.diff(cu).max(initial=0))
 
 
 def _mixture_fields(datasets: list[Dataset], mixture: Mixture, fields: Sequence[str] | None) -> list[Field]:
