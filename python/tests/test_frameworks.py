@@ -129,3 +129,24 @@ def test_a_stateful_dataloader_over_a_mixture_resumes_on_other_ranks_and_workers
     sampler.load_state_dict(state)
     it = iter(rest_loader)
     assert [next(it)["x"].tolist() for _ in range(9)] == whole[6:]
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_stateful_dataloader_restored_at_an_epochs_end_reads_the_next_epoch_whole(tmp_path, workers):
+    # torchdata restores the finished iterator and prefetches from it before it starts the
+    # next one: that pass once advanced the sampler, and the next epoch came 96 of 100.
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    ds = _dataset(tmp_path / "ds", 1000)
+
+    def loader(sampler):
+        return stateful.StatefulDataLoader(MapDataset(ds), batch_sampler=sampler, num_workers=workers, collate_fn=collate)
+
+    first = loader(StatefulSampler(zrecord.Sampler(1000, seed=2, batch=10)))
+    assert sum(1 for _ in first) == 100
+    state = first.state_dict()
+    uninterrupted = [b["x"][:, 0].tolist() for b in first]
+    restored = loader(StatefulSampler(zrecord.Sampler(1000, seed=2, batch=10)))
+    restored.load_state_dict(state)
+    again = [b["x"][:, 0].tolist() for b in restored]
+    assert len(again) == 100
+    assert again == uninterrupted

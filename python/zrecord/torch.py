@@ -111,17 +111,32 @@ class StatefulSampler:
         self.sampler = sampler
         # While `track` runs: (epoch, position) after the last batch the loop received.
         self._consumed: tuple[int, int] | None = None
+        # The pass handed out last and not finished: (epoch, position it began at, its token).
+        self._live: tuple[int, int, object] | None = None
 
     def __len__(self) -> int:
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[list[int]]:
+        # A pass asked for while the one before it was handed out and never finished begins
+        # where that one began: torchdata, restoring a state taken at an epoch's end, makes
+        # a pass it prefetches from and throws away before the real one.
+        if self._live is not None:
+            self.sampler.epoch, self.sampler.position = self._live[0], self._live[1]
+        token = object()
+        self._live = (self.sampler.epoch, self.sampler.position, token)
+        return self._pass(token)
+
+    def _pass(self, token: object) -> Iterator[list[int]]:
         for batch in self.sampler:
             yield batch.tolist()
+        if self._live is not None and self._live[2] is token:
+            self._live = None
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
         self._consumed = None
+        self._live = None
 
     def track(self, loader: Iterable) -> Iterator:
         """Iterates ``loader`` (a ``DataLoader`` over this sampler, in order), counting the
@@ -141,6 +156,7 @@ class StatefulSampler:
             finished = True
         finally:
             consumed, self._consumed = self._consumed, None
+            self._live = None  # the next pass begins where the loop got to
             if finished:
                 s.epoch, s.position = epoch + 1, 0
             else:
@@ -155,6 +171,7 @@ class StatefulSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state)
         self._consumed = None
+        self._live = None
 
 
 class MixtureSampler:
