@@ -322,7 +322,10 @@ mod tests {
             })
             .collect();
         assert_eq!(weights.len(), 3, "{weights:?}");
-        assert!((weights[1][0] - 0.5).abs() < 1e-9 && weights[1][2] == 0.0, "{weights:?}");
+        assert!(
+            (weights[1][0] - 0.5).abs() < 1e-9 && weights[1][2] == 0.0,
+            "{weights:?}"
+        );
         assert_eq!(weights[2], vec![0.0, 1.0, 0.0]);
     }
 

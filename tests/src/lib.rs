@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_router::{AsyncClient, Client};
+use zr_sim::SimCluster;
 
 /// A record of the model: field `a`, field `b`.
 pub type Row = [Vec<u8>; 2];
@@ -113,7 +114,7 @@ pub async fn load_for(
 /// [`load_for`] in slices of 200 ms of the cluster's clock until the router has every
 /// replica in sync and up, `within` at most; returns the gathers made.
 pub fn load_until_in_sync(
-    cluster: &zr_sim::SimCluster,
+    cluster: &SimCluster,
     client: &AsyncClient,
     model: &mut Vec<Row>,
     seed: u64,
@@ -199,4 +200,51 @@ pub fn eventually(what: &str, within: Duration, mut done: impl FnMut() -> bool) 
         assert!(started.elapsed() < within, "{what}: not within {within:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// One request, as `role`, to shard `shard`'s replica `replica` — straight to the node — as
+/// placed by cluster id and map version `placed`; the reply's head.
+pub fn ask_node(
+    cluster: &SimCluster,
+    role: zr_net::tls::Role,
+    (shard, replica): (u32, u32),
+    placed: (&str, u64),
+    request: &zr_proto::wire::NodeRequest,
+) -> zr_proto::wire::Reply {
+    let addr = cluster
+        .listed_nodes()
+        .into_iter()
+        .find(|&(s, r, _)| (s, r) == (shard, replica))
+        .expect("listed")
+        .2;
+    let security = cluster.security(role).expect("certs");
+    let header = zr_proto::wire::encode_node_request(
+        Some(placed.0),
+        None,
+        placed.1,
+        Some(zr_proto::wire::Target { shard, replica }),
+        request,
+    )
+    .expect("encode");
+    cluster.run(async {
+        let timeout = Duration::from_secs(5);
+        let endpoint = zr_net::client_endpoint(addr).expect("endpoint");
+        let connection = zr_net::connect_to(
+            &endpoint,
+            &security,
+            addr,
+            timeout,
+            zr_net::Windows::DEFAULT,
+            Some(zr_net::tls::Role::Node),
+        )
+        .await
+        .expect("a node accepts the certificate");
+        let chunks = zr_net::call_chunks(&connection, header, Vec::new(), timeout)
+            .await
+            .expect("an answer");
+        connection.close(0u32.into(), b"done");
+        zr_proto::wire::decode_reply_chunks(&chunks)
+            .expect("a reply")
+            .0
+    })
 }

@@ -10,10 +10,11 @@ use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_net::tls::Role;
 use zr_proto::placement::Placement;
-use zr_proto::wire::{self, NodeRequest, Reply, Target};
+use zr_proto::wire::{NodeRequest, Reply};
 use zr_proto::ErrorCode;
 use zr_router::{Client, ClientOptions};
 use zr_sim::{SimCluster, SimOptions};
+use zr_tests as kit;
 
 fn options(replicas: u32, timeout_ms: u64) -> SimOptions {
     SimOptions {
@@ -59,51 +60,6 @@ fn check(client: &Client, indices: &[u64]) -> Result<(), String> {
 
 fn batch(seed: u64, records: u64) -> Vec<u64> {
     (0..257).map(|k| mix2(seed, k) % records).collect()
-}
-
-/// One request, as `role`, to shard `shard`'s replica `replica` — straight to the node — as
-/// placed by `cluster` and `map_version`; the reply's head.
-fn ask_node(
-    cluster: &SimCluster,
-    role: Role,
-    (shard, replica): (u32, u32),
-    placed: (&str, u64),
-    request: &NodeRequest,
-) -> Reply {
-    let addr = cluster
-        .listed_nodes()
-        .into_iter()
-        .find(|&(s, r, _)| (s, r) == (shard, replica))
-        .expect("listed")
-        .2;
-    let security = cluster.security(role).expect("certs");
-    let header = wire::encode_node_request(
-        Some(placed.0),
-        None,
-        placed.1,
-        Some(Target { shard, replica }),
-        request,
-    )
-    .expect("encode");
-    cluster.run(async {
-        let timeout = Duration::from_secs(5);
-        let endpoint = zr_net::client_endpoint(addr).expect("endpoint");
-        let connection = zr_net::connect_to(
-            &endpoint,
-            &security,
-            addr,
-            timeout,
-            zr_net::Windows::DEFAULT,
-            Some(Role::Node),
-        )
-        .await
-        .expect("a node accepts a client's certificate");
-        let chunks = zr_net::call_chunks(&connection, header, Vec::new(), timeout)
-            .await
-            .expect("an answer");
-        connection.close(0u32.into(), b"done");
-        wire::decode_reply_chunks(&chunks).expect("a reply").0
-    })
 }
 
 /// Gathers go to the nodes, not through the router: with the router stopped, a client that
@@ -187,7 +143,7 @@ fn a_client_certificate_only_reads_from_a_node() {
     let client = cluster.client().expect("client");
     let status = client.status().expect("status");
     let placed = (status.cluster.as_str(), status.map_version);
-    let held = match ask_node(&cluster, Role::Router, (0, 0), placed, &NodeRequest::Info) {
+    let held = match kit::ask_node(&cluster, Role::Router, (0, 0), placed, &NodeRequest::Info) {
         Reply::Info { len, .. } => len,
         other => panic!("info: {other:?}"),
     };
@@ -213,7 +169,7 @@ fn a_client_certificate_only_reads_from_a_node() {
         },
     ];
     for role in [Role::Reader, Role::Writer, Role::Operator] {
-        match ask_node(&cluster, role, (0, 0), placed, &NodeRequest::Info) {
+        match kit::ask_node(&cluster, role, (0, 0), placed, &NodeRequest::Info) {
             Reply::Info { len, .. } => assert_eq!(len, held),
             other => panic!("{role} info: {other:?}"),
         }
@@ -222,12 +178,12 @@ fn a_client_certificate_only_reads_from_a_node() {
             fields: Vec::new(),
             checked: false,
         };
-        match ask_node(&cluster, role, (0, 0), placed, &gather) {
+        match kit::ask_node(&cluster, role, (0, 0), placed, &gather) {
             Reply::Gather { lengths } => assert_eq!(lengths.len(), 2),
             other => panic!("{role} gather: {other:?}"),
         }
         for request in &forbidden {
-            match ask_node(&cluster, role, (0, 0), placed, request) {
+            match kit::ask_node(&cluster, role, (0, 0), placed, request) {
                 Reply::Error { code, message } => {
                     assert_eq!(code, ErrorCode::Forbidden, "{role} {request:?}: {message}");
                     assert!(message.contains("only read"), "{message}");
@@ -237,11 +193,11 @@ fn a_client_certificate_only_reads_from_a_node() {
         }
         // Placed for another cluster, or by another map: refused, and nothing claimed.
         let elsewhere = ("another-cluster", placed.1);
-        match ask_node(&cluster, role, (0, 0), elsewhere, &gather) {
+        match kit::ask_node(&cluster, role, (0, 0), elsewhere, &gather) {
             Reply::Error { code, .. } => assert_eq!(code, ErrorCode::WrongCluster),
             other => panic!("another cluster's gather: {other:?}"),
         }
-        match ask_node(&cluster, role, (0, 0), (placed.0, placed.1 + 1), &gather) {
+        match kit::ask_node(&cluster, role, (0, 0), (placed.0, placed.1 + 1), &gather) {
             Reply::Error { code, .. } => assert_eq!(code, ErrorCode::StaleMap),
             other => panic!("another map's gather: {other:?}"),
         }
@@ -329,7 +285,7 @@ fn a_replica_set_behind_stops_serving_clients_by_itself() {
     };
     let refused = || {
         matches!(
-            ask_node(&cluster, Role::Reader, (1, 1), placed, &gather),
+            kit::ask_node(&cluster, Role::Reader, (1, 1), placed, &gather),
             Reply::Error {
                 code: ErrorCode::NotInSync,
                 ..

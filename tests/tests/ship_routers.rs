@@ -5,51 +5,11 @@
 use std::time::Duration;
 
 use zr_net::tls::Role;
-use zr_proto::wire::{self, NodeRequest, Reply, Target};
+use zr_proto::wire::{NodeRequest, Reply};
 use zr_sim::{SimCluster, SimOptions};
 use zr_tests as kit;
 
 const LONGEST: u64 = 2_000;
-
-/// `request` sent to node (`shard`, `replica`) as a router sends it.
-fn ask_node(cluster: &SimCluster, (shard, replica): (u32, u32), request: &NodeRequest) -> Reply {
-    let client = cluster.async_client().expect("client");
-    let status = cluster.run(client.status()).expect("status");
-    let addr = cluster
-        .listed_nodes()
-        .into_iter()
-        .find(|&(s, r, _)| (s, r) == (shard, replica))
-        .expect("listed")
-        .2;
-    let security = cluster.security(Role::Router).expect("certs");
-    let header = wire::encode_node_request(
-        Some(&status.cluster),
-        None,
-        status.map_version,
-        Some(Target { shard, replica }),
-        request,
-    )
-    .expect("encode");
-    cluster.run(async {
-        let timeout = Duration::from_secs(5);
-        let endpoint = zr_net::client_endpoint(addr).expect("endpoint");
-        let connection = zr_net::connect_to(
-            &endpoint,
-            &security,
-            addr,
-            timeout,
-            zr_net::Windows::DEFAULT,
-            Some(Role::Node),
-        )
-        .await
-        .expect("a node accepts a router's certificate");
-        let chunks = zr_net::call_chunks(&connection, header, Vec::new(), timeout)
-            .await
-            .expect("an answer");
-        connection.close(0u32.into(), b"done");
-        wire::decode_reply_chunks(&chunks).expect("a reply").0
-    })
-}
 
 #[test]
 fn a_finished_rebuild_is_reported_to_a_second_router_not_started_again() {
@@ -107,7 +67,11 @@ fn a_finished_rebuild_is_reported_to_a_second_router_not_started_again() {
         slots: Vec::new(),
         rate: 0,
     };
-    match ask_node(&cluster, (1, 1), &request) {
+    let status = cluster
+        .run(cluster.async_client().expect("client").status())
+        .expect("status");
+    let placed = (status.cluster.as_str(), status.map_version);
+    match kit::ask_node(&cluster, Role::Router, (1, 1), placed, &request) {
         Reply::Shipping(status) => {
             assert!(status.done && status.error.is_none(), "{status:?}");
             assert!(status.len >= 3_000, "{status:?}");
