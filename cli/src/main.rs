@@ -5,6 +5,7 @@ mod cluster;
 mod convert;
 mod dataset;
 mod datasets;
+mod explain;
 mod sample;
 mod stream;
 
@@ -46,6 +47,7 @@ enum Command {
     },
     Bench(bench::BenchArgs),
     Sample(sample::SampleArgs),
+    Explain(explain::ExplainArgs),
     /// Token streams: `zr stream pack-stats`.
     Stream {
         #[command(subcommand)]
@@ -70,6 +72,7 @@ fn main() -> ExitCode {
         Command::Dict { command } => dataset::dict(command),
         Command::Bench(args) => bench::run(args),
         Command::Sample(args) => sample::run(args),
+        Command::Explain(args) => explain::run(args),
         Command::Stream { command } => stream::run(command),
     };
     match result {

@@ -193,3 +193,108 @@ fn a_mixture_prints_pairs_and_resumes_on_other_ranks() {
     let (ok, _, err) = zr(&["sample", "--mixture", "100:0,20:0", "--count", "1"]);
     assert!(!ok && err.contains("every weight is 0"), "{err}");
 }
+
+/// `zr explain`: global batch N of a run described in run.json, rank by rank, is what `zr
+/// sample` gives each rank as its batch N; `--grep` finds the step back; a blocklist
+/// replaces a blocked record where it would be read; bad requests are refused by name.
+#[test]
+fn explain_lists_what_each_rank_read_at_a_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run.json");
+    let spec = r#"{"format": "zrecord-run", "version": 1,
+        "order": {"sampler": {"len": 37, "order": {"kind": "shuffle"}, "seed": 9, "rank": 0,
+                              "ranks": 2, "batch": 5, "tail": "drop"}},
+        "datasets": [{"name": "train"}], "blocklist": []}"#;
+    std::fs::write(&run, spec).unwrap();
+    let run = run.to_str().unwrap();
+    for step in [0u64, 2, 5] {
+        let (ok, out, err) = zr(&["explain", "--run", run, "--step", &step.to_string()]);
+        assert!(ok, "{err}");
+        for rank in 0..2u64 {
+            let common = [
+                "sample", "--len", "37", "--kind", "shuffle", "--seed", "9", "--batch", "5",
+                "--ranks", "2",
+            ];
+            let rank_arg = rank.to_string();
+            let count = (step + 1).to_string();
+            let (_, sampled, _) =
+                zr(&[&common[..], &["--rank", &rank_arg, "--count", &count]].concat());
+            let want = &batches(&sampled)[step as usize];
+            let got: Vec<u64> = out
+                .lines()
+                .filter(|l| l.starts_with(&format!("rank {rank} ")))
+                .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+                .collect();
+            assert_eq!(&got, want, "step {step} rank {rank}: {out}");
+        }
+    }
+    let (ok, out, _) = zr(&["explain", "--run", run, "--step", "2", "--json"]);
+    assert!(ok);
+    let first: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    let record = first["record"].as_u64().unwrap();
+    let (ok, out, err) = zr(&[
+        "explain",
+        "--run",
+        run,
+        "--grep",
+        &format!("train:{record}"),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains(": [2]"), "{out}");
+    // Blocked: the record is read nowhere, its position reads another.
+    let blocklist = tmp.path().join("blocked.txt");
+    std::fs::write(
+        &blocklist,
+        format!("# records not to read\ntrain:{record}\n"),
+    )
+    .unwrap();
+    let (ok, out, err) = zr(&[
+        "explain",
+        "--run",
+        run,
+        "--step",
+        "2",
+        "--blocklist",
+        blocklist.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("(in place of {record}, blocklisted)")),
+        "{out}"
+    );
+    // Wrong requests.
+    let (ok, _, err) = zr(&["explain", "--run", run, "--grep", "test:3"]);
+    assert!(
+        !ok && err.contains("no dataset 'test' (it has: train)"),
+        "{err}"
+    );
+    let (ok, _, err) = zr(&["explain", "--run", run, "--step", "1", "--rank", "2"]);
+    assert!(!ok && err.contains("the run has 2 ranks"), "{err}");
+    std::fs::write(&blocklist, "train:37\n").unwrap();
+    let (ok, _, err) = zr(&[
+        "explain",
+        "--run",
+        run,
+        "--step",
+        "1",
+        "--blocklist",
+        blocklist.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("record 37 of dataset 0, which holds 37"),
+        "{err}"
+    );
+    std::fs::write(
+        tmp.path().join("old.json"),
+        spec.replace("\"version\": 1", "\"version\": 0"),
+    )
+    .unwrap();
+    let (ok, _, err) = zr(&[
+        "explain",
+        "--run",
+        tmp.path().join("old.json").to_str().unwrap(),
+        "--step",
+        "0",
+    ]);
+    assert!(!ok && err.contains("version 0"), "{err}");
+}

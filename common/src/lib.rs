@@ -6,6 +6,7 @@
 //! no network stack.
 
 pub mod alloc;
+pub mod blocklist;
 pub mod budget;
 pub mod columns;
 pub mod error;
@@ -14,12 +15,14 @@ pub mod hash;
 pub mod loader;
 pub mod mixture;
 pub mod packing;
+pub mod provenance;
 pub mod record;
 pub mod sampler;
 pub mod schedule;
 pub mod token_mix;
 pub mod windows;
 
+pub use blocklist::Blocklist;
 pub use budget::{BudgetConfig, BudgetState, TokenBudget};
 pub use columns::Contiguous;
 pub use error::{BoxError, Error};

@@ -83,6 +83,8 @@ pub struct Mixture {
     /// `depth` levels of splits, node k's sides nodes 2k + 1 and 2k + 2 (a heap).
     width: usize,
     depth: u32,
+    /// Records not read, each replaced where it would be (see [`crate::blocklist`]).
+    blocklist: Option<std::sync::Arc<crate::blocklist::Blocklist>>,
 }
 
 #[derive(Clone, Debug)]
@@ -260,7 +262,40 @@ impl Mixture {
             stages,
             width,
             depth,
+            blocklist: None,
         })
+    }
+
+    /// The same mixture, reading no record `blocklist` names: a draw that would read one
+    /// reads a replacement of the same dataset instead, chosen by the draw; every other
+    /// draw keeps its record.
+    pub fn with_blocklist(mut self, blocklist: crate::blocklist::Blocklist) -> Mixture {
+        self.blocklist = (!blocklist.is_empty()).then(|| std::sync::Arc::new(blocklist));
+        self
+    }
+
+    /// The records it does not read, if any.
+    pub fn blocklist(&self) -> Option<&crate::blocklist::Blocklist> {
+        self.blocklist.as_deref()
+    }
+
+    /// The same mixture as rank `rank` (of the same ranks).
+    pub fn as_rank(&self, rank: u64) -> Result<Mixture, Error> {
+        let mut other = Mixture::new(MixtureConfig {
+            rank,
+            ..self.config.clone()
+        })?;
+        other.blocklist = self.blocklist.clone();
+        Ok(other)
+    }
+
+    /// What draw `k` of dataset `i` reads, `record` unless blocked.
+    #[inline]
+    fn unblocked(&self, i: usize, k: u64, record: u64) -> u64 {
+        match &self.blocklist {
+            None => record,
+            Some(list) => list.read(i, record, k, self.config.lengths[i]),
+        }
     }
 
     /// The configuration.
@@ -296,7 +331,7 @@ impl Mixture {
     /// The record dataset `i`'s draw `k` reads: its epoch `k / len`, shuffled.
     pub fn record(&self, i: usize, k: u64) -> u64 {
         let len = self.config.lengths[i];
-        self.permutation(i, k / len).apply(k % len)
+        self.unblocked(i, k, self.permutation(i, k / len).apply(k % len))
     }
 
     fn permutation(&self, i: usize, epoch: u64) -> Feistel {
@@ -373,6 +408,10 @@ impl Mixture {
             };
             *source = i as u32;
             *record = cursor.permutation.apply(cursor.offset);
+            if self.blocklist.is_some() {
+                let draw = cursor.epoch * cursor.len + cursor.offset;
+                *record = self.unblocked(i, draw, *record);
+            }
             cursor.offset += 1;
             if cursor.offset == cursor.len {
                 cursor.epoch += 1;

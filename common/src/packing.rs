@@ -24,7 +24,8 @@ use crate::error::BoxError;
 use crate::feistel::Feistel;
 
 /// How documents are placed into rows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Packer {
     /// Longest first, each into the row with the least room that holds it.
     BestFit,
@@ -60,7 +61,7 @@ impl std::str::FromStr for Packer {
 pub const LOOKAHEAD_DEFAULT: usize = 1024;
 
 /// A packing asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct PackConfig {
     /// `W`: a row holds `W + 1` tokens (inputs and labels shifted by one).
     pub seq_len: u64,
@@ -271,7 +272,7 @@ impl Placer {
         match self.packer {
             Packer::BestFit => {
                 // Longest first; equal lengths in their shuffled order.
-                window.sort_by(|a, b| b.len.cmp(&a.len));
+                window.sort_by_key(|p| std::cmp::Reverse(p.len));
                 for &piece in window.iter() {
                     let fits = self.room.range((piece.len, 0)..).next().copied();
                     let row = match fits {
@@ -634,7 +635,7 @@ mod tests {
                 let u = (mix2(seed, i) % 10_000) as f64 / 10_000.0;
                 // An exponential with mean 300, some documents empty.
                 let len = (-(1.0 - u).ln() * 300.0) as u64;
-                if mix2(seed ^ 1, i) % 50 == 0 {
+                if mix2(seed ^ 1, i).is_multiple_of(50) {
                     len * 20
                 } else {
                     len

@@ -96,6 +96,8 @@ pub struct Sampler {
     epoch_units: u64,
     /// Units this rank sees per epoch.
     rank_units: u64,
+    /// Records not read, each replaced where it would be (see [`crate::blocklist`]).
+    blocklist: Option<std::sync::Arc<crate::blocklist::Blocklist>>,
 }
 
 impl Sampler {
@@ -143,7 +145,31 @@ impl Sampler {
             unit,
             epoch_units,
             rank_units,
+            blocklist: None,
         })
+    }
+
+    /// The same sampler, reading no record `blocklist` names (dataset 0's): a position that
+    /// would read one reads a replacement instead, chosen by the position; every other
+    /// position keeps its record.
+    pub fn with_blocklist(mut self, blocklist: crate::blocklist::Blocklist) -> Sampler {
+        self.blocklist = (!blocklist.is_empty()).then(|| std::sync::Arc::new(blocklist));
+        self
+    }
+
+    /// The records it does not read, if any.
+    pub fn blocklist(&self) -> Option<&crate::blocklist::Blocklist> {
+        self.blocklist.as_deref()
+    }
+
+    /// The same sampler as rank `rank` (of the same ranks).
+    pub fn as_rank(&self, rank: u64) -> Result<Sampler, Error> {
+        let mut other = Sampler::new(SamplerConfig {
+            rank,
+            ..self.config
+        })?;
+        other.blocklist = self.blocklist.clone();
+        Ok(other)
     }
 
     /// The configuration.
@@ -272,7 +298,7 @@ impl EpochSampler<'_> {
             global_unit %= s.epoch_units;
         }
         let global = global_unit * s.unit + within;
-        match c.order {
+        let index = match c.order {
             Order::Sequential => global,
             Order::Random => reduce(mix2(self.key, global), c.len),
             Order::Shuffle => match &self.permutation {
@@ -283,6 +309,14 @@ impl EpochSampler<'_> {
                 // Window number counted from the first epoch, so epochs continue round the circle.
                 let window = self.epoch as u128 * s.epoch_units as u128 + global_unit as u128;
                 ((window * stride as u128 + within as u128) % c.len as u128) as u64
+            }
+        };
+        match &s.blocklist {
+            None => index,
+            // The position named the same on every rank: the epoch's, before the split.
+            Some(list) => {
+                let position = self.epoch.wrapping_mul(s.epoch_units * s.unit) ^ global;
+                list.read(0, index, mix2(self.epoch, position), c.len)
             }
         }
     }

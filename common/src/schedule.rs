@@ -257,7 +257,7 @@ impl RampSampler {
             )));
         }
         let next = self.schedule.global_batch(samples);
-        if next % self.ranks != 0 {
+        if !next.is_multiple_of(self.ranks) {
             return Err(Error::Sampler(format!(
                 "the global batch in force at step {step} is {next}, which {} ranks do not divide",
                 self.ranks

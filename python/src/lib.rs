@@ -847,7 +847,7 @@ struct Sampler {
 #[pymethods]
 impl Sampler {
     #[new]
-    #[pyo3(signature = (len, order, seed, rank, ranks, batch, window=0, stride=0))]
+    #[pyo3(signature = (len, order, seed, rank, ranks, batch, window=0, stride=0, blocklist=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         len: u64,
@@ -858,6 +858,7 @@ impl Sampler {
         batch: u64,
         window: u64,
         stride: u64,
+        blocklist: Vec<u64>,
     ) -> PyResult<Sampler> {
         let order = match order {
             "sequential" => Order::Sequential,
@@ -880,8 +881,12 @@ impl Sampler {
             // Every rank gets the same count: the uneven tail is dropped.
             tail: Tail::Drop,
         };
-        let inner = zr_common::sampler::Sampler::new(config)
+        let pairs: Vec<(u32, u64)> = blocklist.into_iter().map(|r| (0, r)).collect();
+        let list = zr_common::Blocklist::new(&pairs, &[len], seed)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let inner = zr_common::sampler::Sampler::new(config)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .with_blocklist(list);
         Ok(Sampler { inner })
     }
 
@@ -1068,8 +1073,10 @@ struct Mixture {
 
 #[pymethods]
 impl Mixture {
-    /// `stages`: (start global batch, weights) pairs, the first starting at 0.
+    /// `stages`: (start global batch, weights) pairs, the first starting at 0; `blocklist`:
+    /// (dataset, record) pairs not read.
     #[new]
+    #[pyo3(signature = (lengths, stages, seed, rank, ranks, batch, blocklist=Vec::new()))]
     fn new(
         lengths: Vec<u64>,
         stages: Vec<(u64, Vec<f64>)>,
@@ -1077,7 +1084,10 @@ impl Mixture {
         rank: u64,
         ranks: u64,
         batch: u64,
+        blocklist: Vec<(u32, u64)>,
     ) -> PyResult<Mixture> {
+        let list = zr_common::Blocklist::new(&blocklist, &lengths, seed)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let config = zr_common::MixtureConfig {
             lengths,
             stages: stages
@@ -1089,8 +1099,9 @@ impl Mixture {
             ranks,
             batch,
         };
-        let inner =
-            zr_common::Mixture::new(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let inner = zr_common::Mixture::new(config)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .with_blocklist(list);
         Ok(Mixture { inner })
     }
 
@@ -1814,6 +1825,33 @@ impl ClusterStreamWindows {
 /// Trains a zstd dictionary for field `field` of the local dataset at `path` and rewrites
 /// the dataset with the field compressed with it (as `zr dict train`); returns (dictionary
 /// id, its bytes, records trained on).
+/// Global batch `step` of the run `run` (run.json's text) describes: every rank's part, as
+/// (rank, slot, dataset, record, the record a blocklist replaced or None).
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn explain(run: &str, step: u64) -> PyResult<Vec<(u64, u64, u32, u64, Option<u64>)>> {
+    let run = run_of(run)?;
+    Ok(run
+        .manifest(step)
+        .into_iter()
+        .map(|e| (e.rank, e.slot, e.dataset, e.record, e.replaced))
+        .collect())
+}
+
+/// The steps in `[start, end)` of the run `run` describes that read `record` of `dataset`.
+#[pyfunction]
+fn explain_grep(run: &str, dataset: u32, record: u64, start: u64, end: u64) -> PyResult<Vec<u64>> {
+    Ok(run_of(run)?.grep(dataset, record, start..end))
+}
+
+fn run_of(text: &str) -> PyResult<zr_common::provenance::Run> {
+    let spec: zr_common::provenance::RunSpec = serde_json::from_str(text)
+        .map_err(|e| PyValueError::new_err(format!("not a run description: {e}")))?;
+    spec.check()
+        .and_then(|spec| spec.run())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// A token-weighted mixture tree, as JSON, compiled into a record mixture's stages (see
 /// `zr_common::token_mix`): returns (stages as [(start, weights)], the global batch the
 /// stream ends at or None, each leaf's budget in records or None).
@@ -1923,6 +1961,8 @@ fn train_dictionary<'py>(
 fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(train_dict, m)?)?;
     m.add_function(wrap_pyfunction!(token_mixture, m)?)?;
+    m.add_function(wrap_pyfunction!(explain, m)?)?;
+    m.add_function(wrap_pyfunction!(explain_grep, m)?)?;
     m.add_function(wrap_pyfunction!(train_dictionary, m)?)?;
     m.add_class::<Store>()?;
     m.add_class::<Stream>()?;

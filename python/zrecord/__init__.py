@@ -684,11 +684,13 @@ class Sampler:
     current epoch; ``set_epoch`` moves to another. ``state_dict()`` / ``load_state_dict()``
     resume exactly."""
 
-    def __init__(self, length: int, order: str = "shuffle", seed: int = 0, rank: int = 0, ranks: int = 1, batch: int = 1, drop_last: bool = False, window: int = 0, stride: int = 0):
-        self.config = dict(length=length, order=order, seed=seed, rank=rank, ranks=ranks, batch=batch, drop_last=drop_last, window=window, stride=stride)
+    def __init__(self, length: int, order: str = "shuffle", seed: int = 0, rank: int = 0, ranks: int = 1, batch: int = 1, drop_last: bool = False, window: int = 0, stride: int = 0, blocklist: Sequence[int] = ()):
+        blocklist = sorted({int(r) for r in blocklist})
+        self.config = dict(length=length, order=order, seed=seed, rank=rank, ranks=ranks, batch=batch, drop_last=drop_last, window=window, stride=stride, blocklist=blocklist)
         # Ranks always get equal shares (the engine leaves the uneven tail out, and says
         # so); `drop_last` drops each epoch's last, partial batch (PyTorch's default keeps it).
-        self._native = _zrecord.Sampler(length, order, seed, rank, ranks, batch, window, stride)
+        # A blocked record is read nowhere: each position that would read it reads another.
+        self._native = _zrecord.Sampler(length, order, seed, rank, ranks, batch, window, stride, blocklist)
         self.epoch = 0
         self.position = 0
         #: Records of each epoch no rank gets (an uneven split across ``ranks``).
@@ -710,7 +712,7 @@ class Sampler:
     def __setstate__(self, state: dict) -> None:
         c = state["config"]
         self.config = dict(c)
-        self._native = _zrecord.Sampler(c["length"], c["order"], c["seed"], c["rank"], c["ranks"], c["batch"], c["window"], c["stride"])
+        self._native = _zrecord.Sampler(c["length"], c["order"], c["seed"], c["rank"], c["ranks"], c["batch"], c["window"], c["stride"], c.get("blocklist", []))
         self.epoch, self.position = state["epoch"], state["position"]
         self.left_out = 0
         if c["order"] in ("sequential", "shuffle") and c["ranks"] > 1:
@@ -751,6 +753,35 @@ class Sampler:
         part of the epoch's global batch k), enough to resume exactly."""
         return self.state_at(self.epoch, self.position)
 
+    def describe(self) -> dict:
+        """The order's part of a run's description (``run.json``; see ``Loader.describe``)."""
+        c = self.config
+        order: dict[str, Any] = {"kind": c["order"]}
+        if c["order"] == "sliding":
+            order.update(window=c["window"], stride=c["stride"])
+        return {
+            "format": "zrecord-run",
+            "version": 1,
+            "order": {"sampler": {"len": c["length"], "order": order, "seed": c["seed"], "rank": 0, "ranks": c["ranks"], "batch": c["batch"], "tail": "drop"}},
+            "datasets": [],
+            "blocklist": [[0, r] for r in c["blocklist"]],
+        }
+
+    def manifest(self, step: int) -> list[dict]:
+        """Global batch ``step`` — what every rank reads, in rank order — computed, not
+        logged: {"rank", "slot", "dataset", "record", "replaced"} per position."""
+        return _manifest(self.describe(), step)
+
+    def skip(self, steps: int) -> None:
+        """Counts the next ``steps`` global batches as read, unread (Megatron's
+        ``--iterations-to-skip``): the state after is the one a run that read them has."""
+        per_epoch = self.epoch_items()
+        position = self.position + int(steps) * self.config["batch"]
+        while position >= per_epoch:
+            position -= per_epoch
+            self.epoch += 1
+        self.position = position
+
     def state_at(self, epoch: int, position: int) -> dict:
         """The state at ``position`` of ``epoch`` (the end of an epoch is the next's start)."""
         c = self.config
@@ -764,6 +795,7 @@ class Sampler:
             "len": c["length"],
             "ranks": c["ranks"],
             "batch": c["batch"],
+            "blocklist": list(c["blocklist"]),
         }
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
@@ -786,7 +818,19 @@ class Sampler:
             if position >= self._native.items_per_epoch():
                 epoch, position = epoch + 1, 0
         self._native.check_state(state["seed"], epoch, position, state["len"], c["rank"], c["ranks"])
+        before = set(state.get("blocklist", []))
+        if before - set(c["blocklist"]):
+            raise ValueError(f"the checkpoint's blocklist has records this sampler's lacks ({sorted(before - set(c['blocklist']))[:5]}…): positions already read would be read differently")
+        added = set(c["blocklist"]) - before
         self.epoch, self.position = epoch, position
+        if added:
+            # How many positions of the rest of this epoch, over every rank, change.
+            ranks = [Sampler(c["length"], c["order"], c["seed"], r, c["ranks"], c["batch"], c["drop_last"], c["window"], c["stride"]) for r in range(c["ranks"])]
+            per_epoch = self.epoch_items()
+            changed = sum(int(np.isin(s._native.indices(epoch, position, per_epoch), list(added)).sum()) for s in ranks) if position < per_epoch else 0
+            import warnings  # noqa: PLC0415
+
+            warnings.warn(f"{len(added)} records added to the blocklist: {changed} positions of the rest of epoch {epoch} read a replacement", stacklevel=2)
 
 
 class Mixture:
@@ -800,10 +844,11 @@ class Mixture:
     ``state_dict()`` is the same on every rank and resumes under any ``ranks`` that divides
     the same global batch."""
 
-    def __init__(self, lengths: Sequence[int], weights: Sequence[float], seed: int = 0, rank: int = 0, ranks: int = 1, batch: int = 1, stages: Sequence[tuple[int, Sequence[float]]] | None = None):
+    def __init__(self, lengths: Sequence[int], weights: Sequence[float], seed: int = 0, rank: int = 0, ranks: int = 1, batch: int = 1, stages: Sequence[tuple[int, Sequence[float]]] | None = None, blocklist: Sequence[tuple[int, int]] = ()):
         all_stages = [(0, [float(w) for w in weights])] + [(int(b), [float(w) for w in ws]) for b, ws in (stages or [])]
-        self.config = dict(lengths=[int(n) for n in lengths], seed=seed, rank=rank, ranks=ranks, batch=batch, stages=all_stages)
-        self._native = _zrecord.Mixture([int(n) for n in lengths], all_stages, seed, rank, ranks, batch)
+        blocklist = sorted({(int(d), int(r)) for d, r in blocklist})
+        self.config = dict(lengths=[int(n) for n in lengths], seed=seed, rank=rank, ranks=ranks, batch=batch, stages=all_stages, blocklist=blocklist)
+        self._native = _zrecord.Mixture([int(n) for n in lengths], all_stages, seed, rank, ranks, batch, blocklist)
         #: Global batches consumed.
         self.batches = 0
         #: The global batch the stream ends at (a token mixture's budgets all spent), if any.
@@ -817,13 +862,34 @@ class Mixture:
         c = state["config"]
         self.config = dict(c)
         stages = [(int(b), list(ws)) for b, ws in c["stages"]]
-        self._native = _zrecord.Mixture(list(c["lengths"]), stages, c["seed"], c["rank"], c["ranks"], c["batch"])
+        blocklist = [(int(d), int(r)) for d, r in c.get("blocklist", [])]
+        self._native = _zrecord.Mixture(list(c["lengths"]), stages, c["seed"], c["rank"], c["ranks"], c["batch"], blocklist)
         self.batches = state["batches"]
         self.end = state.get("end")
 
     def batch_at(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
         """This rank's part of global batch ``batch``: (source, index)."""
         return self._native.batch(int(batch))
+
+    def describe(self) -> dict:
+        """The order's part of a run's description (``run.json``; see ``Loader.describe``)."""
+        c = self.config
+        return {
+            "format": "zrecord-run",
+            "version": 1,
+            "order": {"mixture": {"lengths": c["lengths"], "stages": [{"start": b, "weights": ws} for b, ws in c["stages"]], "seed": c["seed"], "rank": 0, "ranks": c["ranks"], "batch": c["batch"]}},
+            "datasets": [],
+            "blocklist": [list(p) for p in c["blocklist"]],
+        }
+
+    def manifest(self, step: int) -> list[dict]:
+        """Global batch ``step`` — what every rank reads, in rank order — computed, not
+        logged: {"rank", "slot", "dataset", "record", "replaced"} per position."""
+        return _manifest(self.describe(), step)
+
+    def skip(self, steps: int) -> None:
+        """Counts the next ``steps`` global batches as read, unread."""
+        self.batches += int(steps)
 
     def drawn_before(self, batch: int) -> list[int]:
         """Records of each dataset read before global batch ``batch`` (by every rank)."""
@@ -1250,6 +1316,21 @@ class Loader:
     def __len__(self) -> int:
         return len(self.sampler)
 
+    def describe(self) -> dict:
+        """The run's complete description (``run.json``: versioned; its order, datasets and
+        blocklist), from which ``zr explain`` and ``manifest`` compute any step."""
+        if isinstance(self.sampler, RampSampler):
+            raise NotImplementedError("a run under a batch-size ramp is not described yet")
+        description = self.sampler.describe()
+        datasets = list(self.dataset) if isinstance(self.sampler, Mixture) else [self.dataset]
+        description["datasets"] = [_dataset_entry(ds, k) for k, ds in enumerate(datasets)]
+        return description
+
+    def manifest(self, step: int) -> list[dict]:
+        """Global batch ``step`` of this run, every rank's part in rank order (see
+        ``Sampler.manifest``), datasets by name."""
+        return _manifest(self.describe(), step)
+
     def state_dict(self) -> dict:
         if isinstance(self.sampler, Mixture):
             state = self.sampler.state_dict()
@@ -1267,6 +1348,39 @@ class Loader:
             self._consumed = self.sampler.batches
         else:
             self._consumed = (self.sampler.epoch, self.sampler.position)
+
+
+def _manifest(description: Mapping[str, Any], step: int) -> list[dict]:
+    import json  # noqa: PLC0415
+
+    rows = _zrecord.explain(json.dumps(description), int(step))
+    names = [d.get("name", str(k)) for k, d in enumerate(description.get("datasets", []))]
+    return [
+        {"rank": rank, "slot": slot, "dataset": names[d] if d < len(names) else d, "record": record, "replaced": replaced}
+        for rank, slot, d, record, replaced in rows
+    ]
+
+
+def _dataset_entry(ds: Any, k: int) -> dict:
+    """What a run description says of dataset ``ds``: its name, where it is, its packing."""
+    entry: dict[str, Any] = {"name": f"dataset-{k}"}
+    opener = getattr(ds, "_opener", None)
+    stream = getattr(ds, "stream", None)
+    if opener is not None:
+        entry["path"] = str(opener[1])
+        entry["name"] = os.path.basename(os.path.normpath(str(opener[1]))) or entry["name"]
+    elif stream is not None:
+        entry["path"] = str(stream.path)
+        entry["name"] = os.path.basename(os.path.normpath(str(stream.path))) or entry["name"]
+    if isinstance(ds, _packed_type()):
+        entry["packing"] = {"seq_len": ds.seq_len, "packer": ds.packer, "lookahead": ds.lookahead, "seed": ds.seed}
+    return entry
+
+
+def _packed_type() -> type:
+    from .stream import Packed  # noqa: PLC0415
+
+    return Packed
 
 
 def _cu_seqlens(segment_ids: np.ndarray) -> tuple[np.ndarray, int]:
