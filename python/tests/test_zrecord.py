@@ -1033,6 +1033,7 @@ def test_token_budget_micro_batches_within_budget_equal_per_rank_and_resumable(t
 
 def test_what_a_step_held_is_computed_and_a_blocklist_changes_only_its_records(tmp_path):
     import json
+    import shutil
     import subprocess
 
     rows = np.arange(512 * 2, dtype="<i8").reshape(512, 2)
@@ -1049,8 +1050,9 @@ def test_what_a_step_held_is_computed_and_a_blocklist_changes_only_its_records(t
     # The same from the command line, from the loader's own description.
     run = tmp_path / "run.json"
     run.write_text(json.dumps(loader.describe()))
-    out = subprocess.run(["zr", "explain", "--run", str(run), "--step", "3", "--json"], capture_output=True, text=True)
-    if out.returncode == 0:  # the zr binary is on PATH where the workspace is installed
+    zr = shutil.which("zr")
+    if zr is not None:  # the zr binary, where it is installed
+        out = subprocess.run([zr, "explain", "--run", str(run), "--step", "3", "--json"], capture_output=True, text=True, check=True)
         listed = [json.loads(line) for line in out.stdout.splitlines()]
         assert [(e["rank"], e["record"]) for e in listed] == [(m["rank"], m["record"]) for m in loader.manifest(3)]
     # A blocklist: exactly the positions that read a blocked record change, over an epoch.
@@ -1084,3 +1086,30 @@ def test_what_a_step_held_is_computed_and_a_blocklist_changes_only_its_records(t
 def _batches_of(sampler):
     while True:
         yield from sampler
+
+
+def test_a_checkpoints_order_proof_refuses_a_changed_dataset_or_configuration(tmp_path):
+    rows = np.arange(300 * 2, dtype="<i8").reshape(300, 2)
+    zrecord.from_numpy(rows, tmp_path / "train")
+    ds = zrecord.open(tmp_path / "train")
+    loader = zrecord.Loader(ds, zrecord.Sampler(len(ds), seed=1, batch=10))
+    for k, _ in enumerate(loader):
+        if k == 4:
+            break
+    state = loader.state_dict()
+    assert [name for name, _ in state["proof"]["datasets"]] == ["train"]
+    # Unchanged: resumes.
+    zrecord.Loader(ds, zrecord.Sampler(len(ds), seed=1, batch=10)).load_state_dict(state)
+    # Another seed: the order's configuration differs.
+    with pytest.raises(ValueError, match="order's configuration"):
+        zrecord.Loader(ds, zrecord.Sampler(len(ds), seed=2, batch=10)).load_state_dict(state)
+    # One record rewritten since: refused naming the dataset, or resumed when forced.
+    with zrecord.open(tmp_path / "train", writable=True) as writer:
+        writer.modify(7, {"data": np.array([-1, -1], dtype="<i8")})
+    changed = zrecord.open(tmp_path / "train")
+    resumed = zrecord.Loader(changed, zrecord.Sampler(len(changed), seed=1, batch=10))
+    with pytest.raises(ValueError, match="dataset 'train' changed since the checkpoint"):
+        resumed.load_state_dict(state)
+    with pytest.warns(UserWarning, match="resumed anyway"):
+        resumed.load_state_dict(state, force=True)
+    assert resumed.sampler.position == 50

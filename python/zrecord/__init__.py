@@ -1332,15 +1332,59 @@ class Loader:
         return _manifest(self.describe(), step)
 
     def state_dict(self) -> dict:
+        """Where the run is, and its order proof (``proof``): digests of its description and
+        of every dataset's contents (a local dataset's commit, a stream's commit and table
+        CRCs), checked when the state is loaded."""
         if isinstance(self.sampler, Mixture):
             state = self.sampler.state_dict()
             state["batches"] = self._consumed
-            return state
-        if isinstance(self.sampler, RampSampler):
+        elif isinstance(self.sampler, RampSampler):
             return self.sampler.state_dict()
-        return self.sampler.state_at(*self._consumed)
+        else:
+            state = self.sampler.state_at(*self._consumed)
+        state["proof"] = self._proof()
+        return state
 
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
+    def _proof(self) -> dict:
+        import hashlib  # noqa: PLC0415
+        import json  # noqa: PLC0415
+
+        description = self.describe()
+        blocklist = description.pop("blocklist", [])
+        datasets = list(self.dataset) if isinstance(self.sampler, Mixture) else [self.dataset]
+        return {
+            "version": description["version"],
+            "order": hashlib.sha256(json.dumps(description["order"], sort_keys=True).encode()).hexdigest()[:32],
+            "blocklist": len(blocklist),
+            "datasets": [[entry["name"], _identity(ds)] for entry, ds in zip(description["datasets"], datasets)],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], force: bool = False) -> None:
+        """Resumes from ``state``. Its order proof is checked first: a changed configuration,
+        another version of the order functions, or a dataset whose contents changed since
+        is refused, naming what differs — unless ``force``, which resumes and says it."""
+        proof = state.get("proof")
+        if proof is not None and not isinstance(self.sampler, RampSampler):
+            ours = self._proof()
+            differs = []
+            if proof.get("version") != ours["version"]:
+                differs.append(f"the order functions' version ({proof.get('version')} then, {ours['version']} now)")
+            if proof.get("order") != ours["order"]:
+                differs.append("the order's configuration (seed, lengths, ranks, batch, weights or stages)")
+            then, now = proof.get("datasets", []), ours["datasets"]
+            if [n for n, _ in then] != [n for n, _ in now]:
+                differs.append(f"the datasets ({', '.join(n for n, _ in then)} then, {', '.join(n for n, _ in now)} now)")
+            for (name, identity), (_, current) in zip(then, now):
+                if identity is not None and current is not None and identity != current:
+                    differs.append(f"dataset '{name}' changed since the checkpoint (its contents are not what the run read)")
+            if differs:
+                message = "the checkpoint's order proof does not hold: " + "; ".join(differs)
+                if not force:
+                    raise ValueError(message + " (load_state_dict(state, force=True) resumes anyway)")
+                import warnings  # noqa: PLC0415
+
+                warnings.warn(message + "; resumed anyway", stacklevel=2)
+        state = {k: v for k, v in state.items() if k != "proof"}
         self.sampler.load_state_dict(state)
         if isinstance(self.sampler, RampSampler):
             return
@@ -1365,8 +1409,11 @@ def _dataset_entry(ds: Any, k: int) -> dict:
     """What a run description says of dataset ``ds``: its name, where it is, its packing."""
     entry: dict[str, Any] = {"name": f"dataset-{k}"}
     opener = getattr(ds, "_opener", None)
-    stream = getattr(ds, "stream", None)
-    if opener is not None:
+    stream = ds.stream if isinstance(ds, _observation_types()) else None
+    if opener is not None and opener[0] == "cluster":
+        entry["path"] = str(opener[1])
+        entry["name"] = (opener[5:] or [None])[0] or "default"
+    elif opener is not None:
         entry["path"] = str(opener[1])
         entry["name"] = os.path.basename(os.path.normpath(str(opener[1]))) or entry["name"]
     elif stream is not None:
@@ -1375,6 +1422,33 @@ def _dataset_entry(ds: Any, k: int) -> dict:
     if isinstance(ds, _packed_type()):
         entry["packing"] = {"seq_len": ds.seq_len, "packer": ds.packer, "lookahead": ds.lookahead, "seed": ds.seed}
     return entry
+
+
+def _identity(ds: Any) -> str | None:
+    """A digest of what ``ds`` holds now: a local dataset's commit (meta.json), a stream's
+    (stream.json: its tokens, documents, spans and their CRCs); None for a cluster's."""
+    import hashlib  # noqa: PLC0415
+
+    opener = getattr(ds, "_opener", None)
+    stream = ds.stream if isinstance(ds, _observation_types()) else None
+    if opener is not None and opener[0] == "local":
+        path = os.path.join(str(opener[1]), "meta.json")
+    elif stream is not None and getattr(stream, "dataset", None) is None:
+        path = os.path.join(str(stream.path), "stream.json")
+    else:
+        return None
+    import pathlib  # noqa: PLC0415 - this module's `open` is the dataset opener
+
+    try:
+        return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()[:32]
+    except OSError:
+        return None
+
+
+def _observation_types() -> tuple[type, ...]:
+    from .stream import Packed, Windows  # noqa: PLC0415
+
+    return (Packed, Windows)
 
 
 def _packed_type() -> type:
