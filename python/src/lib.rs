@@ -1214,6 +1214,10 @@ fn gather_source(
         Ok(std::sync::Arc::new(windows.get().inner.clone()))
     } else if let Ok(packed) = source.cast::<StreamPacked>() {
         Ok(std::sync::Arc::new(packed.get().inner.clone()))
+    } else if let Ok(packed) = source.cast::<ClusterStreamPacked>() {
+        Ok(std::sync::Arc::new(SharedClusterPacked(
+            packed.get().inner.clone(),
+        )))
     } else if let Ok(windows) = source.cast::<ClusterStreamWindows>() {
         let windows = windows.get();
         Ok(std::sync::Arc::new(SharedClusterWindows {
@@ -1771,6 +1775,117 @@ impl ClusterStream {
             mode,
         })
     }
+
+    /// Documents packed whole into rows of `seq_len + 1` tokens (see the local stream's
+    /// `packed`); the rows are the local stream's, byte for byte.
+    #[pyo3(signature = (seq_len, packer="best_fit", lookahead=1024, seed=0, read="mmap", uncached=false, checked=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn packed(
+        &self,
+        py: Python<'_>,
+        seq_len: u64,
+        packer: &str,
+        lookahead: usize,
+        seed: u64,
+        read: &str,
+        uncached: bool,
+        checked: bool,
+    ) -> PyResult<ClusterStreamPacked> {
+        let _ = (read, uncached, checked); // the nodes choose how they read
+        let packer: zr_node::stream::Packer = packer
+            .parse()
+            .map_err(|e: zr_common::packing::BadPacking| PyValueError::new_err(e.0))?;
+        let config = zr_node::stream::PackConfig {
+            seq_len,
+            packer,
+            lookahead,
+            seed,
+        };
+        config.check().map_err(|e| PyValueError::new_err(e.0))?;
+        let stream = self.read();
+        let handle = stream
+            .client()
+            .dataset(stream.client().name())
+            .map_err(cluster_error)?;
+        drop(stream);
+        let inner = py
+            .detach(|| {
+                zr_router::ClusterStream::open(handle)
+                    .and_then(|fresh| zr_router::ClusterPacked::new(fresh, config))
+            })
+            .map_err(cluster_error)?;
+        Ok(ClusterStreamPacked {
+            inner: std::sync::Arc::new(inner),
+        })
+    }
+}
+
+/// A cluster's token stream packed into rows (see `Stream.packed`): the same rows as the
+/// stream packs into locally.
+#[pyclass(module = "zrecord._zrecord", frozen)]
+struct ClusterStreamPacked {
+    inner: std::sync::Arc<zr_router::ClusterPacked>,
+}
+
+#[pymethods]
+impl ClusterStreamPacked {
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    /// Tokens per row.
+    fn width(&self) -> usize {
+        self.inner.width()
+    }
+
+    /// (rows, documents, tokens, documents split, pieces, padding fraction).
+    fn stats(&self) -> (u64, u64, u64, u64, u64, f64) {
+        let stats = self.inner.plan().stats();
+        let width = self.inner.plan().config().width();
+        (
+            stats.rows,
+            stats.documents,
+            stats.tokens,
+            stats.split,
+            stats.pieces,
+            stats.padding_fraction(width),
+        )
+    }
+
+    /// Rows `indices`: their columns, each moved into NumPy.
+    fn gather<'py>(
+        &self,
+        py: Python<'py>,
+        indices: PyReadonlyArray1<'_, u64>,
+    ) -> PyResult<PackedArrays<'py>> {
+        let indices = indices_of(&indices);
+        let mut out = zr_node::stream::PackedColumns::default();
+        py.detach(|| self.inner.gather(&indices, &mut out))
+            .map_err(cluster_error)?;
+        Ok((
+            PyArray1::from_vec(py, out.tokens),
+            PyArray1::from_vec(py, out.document),
+            PyArray1::from_vec(py, out.segment_ids),
+            PyArray1::from_vec(py, out.positions),
+            PyArray1::from_vec(py, out.loss_mask),
+            PyArray1::from_vec(py, out.cu_seqlens),
+            out.max_seqlen,
+        ))
+    }
+}
+
+/// A cluster stream's packed rows as a loader source.
+struct SharedClusterPacked(std::sync::Arc<zr_router::ClusterPacked>);
+
+impl zr_common::GatherSource for SharedClusterPacked {
+    fn gather_into(
+        &self,
+        indices: &[u64],
+        fields: &[String],
+        columns: &mut Vec<zr_common::Contiguous>,
+    ) -> Result<(), zr_common::BoxError> {
+        self.0.gather_into(indices, fields, columns)
+    }
 }
 
 /// Windows of a cluster's token stream.
@@ -1968,6 +2083,7 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Stream>()?;
     m.add_class::<StreamWindows>()?;
     m.add_class::<StreamPacked>()?;
+    m.add_class::<ClusterStreamPacked>()?;
     m.add_class::<TokenBudget>()?;
     m.add_class::<RampSampler>()?;
     m.add_class::<ClusterStream>()?;

@@ -263,6 +263,15 @@ def test_a_clusters_stream_reads_as_the_local_one(tmp_path):
         np.testing.assert_array_equal(out["tokens"], want["tokens"])
         seen = [b["tokens"] for b in zrecord.Loader(w, zrecord.Sampler(len(w), seed=1, batch=8))]
         assert sum(b.shape[0] for b in seen) == len(w)
+        # Packed rows: the same as the local stream's, byte for byte, through a loader too.
+        p, lp = reader.packed(127, lookahead=16, seed=3), local.packed(127, lookahead=16, seed=3)
+        assert len(p) == len(lp) and p.stats() == lp.stats()
+        rows = np.arange(len(p))
+        got, want = p.gather(rows), lp.gather(rows)
+        for name in ("tokens", "document", "segment_ids", "positions", "loss_mask", "cu_seqlens"):
+            np.testing.assert_array_equal(got[name], want[name])
+        loaded = [b["tokens"] for b in zrecord.Loader(p, zrecord.Sampler(len(p), seed=1, batch=4))]
+        assert sum(b.shape[0] for b in loaded) == len(p)
         with pytest.raises(zrecord.Error, match="local"):
             reader.document_windows(16)
         with pytest.raises(IndexError):
