@@ -26,6 +26,14 @@ use zr_net::tls::Access;
 /// A cluster shows appended records at once, so a conversion that fails midway leaves the
 /// records appended so far in place; the error says where it stopped.
 ///
+/// With --jsonl, text (JSON lines, .jsonl, .jsonl.gz or .jsonl.zst, one document a line)
+/// is tokenized with a Hugging Face tokenizer.json — by the library the Python `tokenizers`
+/// package is built on, so the tokens are the same — into a token stream (uint16 tokens
+/// when the vocabulary fits, else uint32), on every core while the input streams, in the
+/// input's order. A bad line fails the conversion naming file:line (--skip-bad counts and
+/// skips it); a failed conversion leaves no new stream, and an appended one at its last
+/// commit.
+///
 /// A token stream (--megatron, --tokens) keeps the tokens densely with their document
 /// boundaries; training reads windows of any length from it (`zrecord.open_stream(DIR)
 /// .windows(seq_len=2048)`), so the window length is not fixed here. Its input is checked
@@ -40,8 +48,27 @@ pub struct ConvertArgs {
     #[command(flatten)]
     remote: RouterArgs,
     /// A .npy array: one record per row (C order, any fixed-size dtype).
-    #[arg(long, conflicts_with_all = ["values", "offsets", "megatron", "tokens"], required_unless_present_any = ["values", "megatron", "tokens"])]
+    #[arg(long, conflicts_with_all = ["values", "offsets", "megatron", "tokens", "jsonl"], required_unless_present_any = ["values", "megatron", "tokens", "jsonl"])]
     npy: Option<PathBuf>,
+    /// JSON-lines files of text (.jsonl, .jsonl.gz, .jsonl.zst), one document a line:
+    /// tokenized with --tokenizer into a token stream.
+    #[arg(long, num_args = 1.., requires = "tokenizer", conflicts_with_all = ["values", "offsets", "megatron", "tokens"])]
+    jsonl: Vec<PathBuf>,
+    /// A Hugging Face tokenizer.json (for --jsonl).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// The key of each line's text (for --jsonl).
+    #[arg(long, default_value = "text")]
+    text_key: String,
+    /// A token to end every document with, by its text (e.g. '</s>'; for --jsonl).
+    #[arg(long)]
+    eos: Option<String>,
+    /// Count and skip lines that are not JSON objects with the text key (for --jsonl).
+    #[arg(long)]
+    skip_bad: bool,
+    /// Threads tokenizing (for --jsonl; default: one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
     /// A Megatron-LM indexed dataset, PREFIX.bin + PREFIX.idx: builds a token stream (one
     /// document per Megatron document; uint16 tokens stay uint16, int32 become uint32).
     #[arg(long, value_name = "PREFIX", conflicts_with_all = ["values", "offsets", "tokens"])]
@@ -89,6 +116,9 @@ fn parse_compression(s: &str) -> Result<(Compression, Option<i32>), zr_node::Sch
 }
 
 pub fn run(args: ConvertArgs) -> CliResult {
+    if !args.jsonl.is_empty() {
+        return convert_jsonl(&args);
+    }
     if args.megatron.is_some() || args.tokens.is_some() {
         return convert_stream(&args);
     }
@@ -411,4 +441,66 @@ impl TokenSink for ClusterSink {
     fn finish(&mut self) -> zr_node::Result<()> {
         self.stream()?.commit().map_err(cluster)
     }
+}
+
+/// `--jsonl`: text through a tokenizer into a local token stream, with a progress line of
+/// documents, tokens/s and bytes/s.
+fn convert_jsonl(args: &ConvertArgs) -> CliResult {
+    let Some(dest) = args.dir.clone() else {
+        return Err(
+            "--jsonl converts into a local stream directory (DIR); a cluster's is not offered yet"
+                .into(),
+        );
+    };
+    let tokenizer = args
+        .tokenizer
+        .clone()
+        .ok_or("--jsonl needs --tokenizer FILE")?;
+    let options = zr_ingest::JsonlOptions {
+        inputs: args.jsonl.clone(),
+        tokenizer,
+        text_key: args.text_key.clone(),
+        eos: args.eos.clone(),
+        dest: dest.clone(),
+        append: args.append,
+        skip_bad: args.skip_bad,
+        threads: args.threads,
+    };
+    let total: u64 = args
+        .jsonl
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
+    let started = std::time::Instant::now();
+    let report = zr_ingest::tokenize_jsonl(&options, |p| {
+        let seconds = started.elapsed().as_secs_f64().max(1e-9);
+        spinner.set_message(format!(
+            "{} documents, {} tokens ({:.0} tokens/s, {:.1} MiB/s of text; {:.0} MiB of input files)",
+            p.documents,
+            p.tokens,
+            p.tokens as f64 / seconds,
+            p.bytes as f64 / seconds / (1 << 20) as f64,
+            total as f64 / (1 << 20) as f64
+        ));
+        spinner.tick();
+    })?;
+    spinner.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "converted {} documents, {} tokens ({}) into {} in {seconds:.1} s ({:.0} tokens/s){}",
+        report.documents,
+        report.tokens,
+        report.dtype,
+        dest.display(),
+        report.tokens as f64 / seconds.max(1e-9),
+        if report.skipped > 0 {
+            format!("; {} bad lines skipped", report.skipped)
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
 }

@@ -513,3 +513,56 @@ def test_a_token_weighted_mixture_of_packed_streams_with_budgets(tmp_path):
     assert abs(per_token[0] / per_token[1] - 4.0) < 1e-6 and abs(per_token[1] / per_token[2] - 1.0) < 1e-6
     with pytest.raises(TypeError, match="TokenSource or a list"):
         zrecord.Mixture.by_tokens([(1.0, a)])
+
+
+def _zr_binary():
+    import shutil
+
+    here = pathlib.Path(__file__).resolve().parents[2] / "target"
+    for candidate in (shutil.which("zr"), here / "debug" / "zr", here / "release" / "zr"):
+        if candidate and pathlib.Path(candidate).exists():
+            return str(candidate)
+    return None
+
+
+def test_text_tokenized_by_zr_convert_equals_the_tokenizers_package(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    zr = _zr_binary()
+    if zr is None:
+        pytest.skip("the zr binary is not built")
+    import gzip
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    texts = [
+        "The quick brown fox jumps over the lazy dog.",
+        "café, naïve, e\u0301 (a combining accent), Ω≈ç√",
+        "emoji 🙂👍🏽 and a flag 🇫🇷",
+        "",
+        "tabs\tand\nnewlines inside the text",
+        "numbers 1234567890 and punctuation !?;:",
+    ] * 40 + [f"document number {k} " * (k % 7) for k in range(200)]
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    half = len(texts) // 2
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t, "url": f"u{k}"}) + "\n" for k, t in enumerate(texts[:half])))
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps({"text": t}) + "\n" for t in texts[half:]))
+    dest = tmp_path / "stream"
+    done = subprocess.run([zr, "convert", str(dest), "--jsonl", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl.gz"), "--tokenizer", str(path), "--eos", "</s>"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"converted {len(texts)} documents" in done.stdout
+    stream = zrecord.open_stream(dest)
+    assert stream.documents == len(texts) and stream.dtype == np.uint16
+    eos = tokenizer.token_to_id("</s>")
+    for k, encoding in enumerate(tokenizer.encode_batch(texts, add_special_tokens=False)):
+        np.testing.assert_array_equal(stream.document(k), np.array(encoding.ids + [eos], dtype=np.uint16), err_msg=f"document {k}: {texts[k]!r}")
+    # A bad line is named by file and line, and nothing is left behind.
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": "fine"}\nnot json\n')
+    failed = subprocess.run([zr, "convert", str(tmp_path / "bad"), "--jsonl", str(tmp_path / "bad.jsonl"), "--tokenizer", str(path)], capture_output=True, text=True)
+    assert failed.returncode != 0 and "bad.jsonl:3: not JSON" in failed.stderr, failed.stderr
+    assert not (tmp_path / "bad").exists()
