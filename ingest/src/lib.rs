@@ -204,10 +204,12 @@ fn convert(
         let reader = scope.spawn(move || read_lines(&options.inputs, to_work));
         for _ in 0..threads {
             let (work, to_write) = (&work, to_write.clone());
+            // A tokenizer each: its models' caches are not shared between threads.
+            let tokenizer = tokenizer.clone();
             scope.spawn(move || loop {
                 let next = work.lock().map(|w| w.recv());
                 let Ok(Ok((seq, lines))) = next else { return };
-                let out = tokenize(options, tokenizer, eos, wide, lines);
+                let out = tokenize(options, &tokenizer, eos, wide, lines);
                 if to_write.send((seq, out)).is_err() {
                     return;
                 }
@@ -347,8 +349,9 @@ fn tokenize(
             }
             Err(e) => return Err(e),
         };
+        // Ids only: no offsets kept.
         let encoding = tokenizer
-            .encode(text, false)
+            .encode_fast(text, false)
             .map_err(|e| bad(format!("the tokenizer failed: {e}")))?;
         let ids = encoding.get_ids().iter().copied().chain(eos);
         let mut out = Vec::with_capacity((encoding.len() + 1) * if wide { 4 } else { 2 });

@@ -1,0 +1,81 @@
+"""Text to tokens: ``zr convert --jsonl`` against the method of Megatron-LM's
+``tools/preprocess_data.py`` — a ``multiprocessing`` pool of the Python ``tokenizers``
+encoder over the lines, the main process writing a ``.bin`` of tokens and an ``.idx`` of
+document lengths — on the same file, tokenizer and cores, in the same run::
+
+    python -m zrecord.bench_tokenize --jsonl corpus.jsonl --tokenizer tokenizer.json [--zr PATH]
+
+Both add the end-of-document token (``--eos``) and write uint16 tokens when the vocabulary
+fits. The ratio is what to read: the machine may be shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+_encoder = None
+
+
+def _init(path: str, eos: str) -> None:
+    global _encoder
+    from tokenizers import Tokenizer  # noqa: PLC0415
+
+    tokenizer = Tokenizer.from_file(path)
+    _encoder = (tokenizer, tokenizer.token_to_id(eos))
+
+
+def _encode(line: str) -> list[int]:
+    tokenizer, eos = _encoder
+    text = json.loads(line)["text"]
+    return tokenizer.encode(text, add_special_tokens=False).ids + [eos]
+
+
+def megatron_like(jsonl: str, tokenizer: str, eos: str, out: str, workers: int) -> tuple[int, int]:
+    """Documents and tokens written, Megatron's way (a pool's imap, chunksize 25)."""
+    docs = tokens = 0
+    sizes = []
+    with open(jsonl, encoding="utf-8") as lines, open(out + ".bin", "wb") as bin_file, multiprocessing.Pool(workers, initializer=_init, initargs=(tokenizer, eos)) as pool:
+        for ids in pool.imap(_encode, lines, 25):
+            bin_file.write(np.array(ids, dtype=np.uint16).tobytes())
+            sizes.append(len(ids))
+            docs += 1
+            tokens += len(ids)
+    np.array(sizes, dtype=np.int32).tofile(out + ".idx")
+    return docs, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jsonl", required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--eos", default="</s>")
+    parser.add_argument("--zr", default=shutil.which("zr") or "zr")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    size = os.path.getsize(args.jsonl)
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        done = subprocess.run([args.zr, "convert", os.path.join(tmp, "stream"), "--jsonl", args.jsonl, "--tokenizer", args.tokenizer, "--eos", args.eos], capture_output=True, text=True, check=True)
+        ours = time.perf_counter() - started
+        stream_tokens = int(done.stdout.split(" documents, ")[1].split(" tokens")[0])
+        started = time.perf_counter()
+        docs, tokens = megatron_like(args.jsonl, args.tokenizer, args.eos, os.path.join(tmp, "megatron"), args.workers)
+        theirs = time.perf_counter() - started
+    assert tokens == stream_tokens, (tokens, stream_tokens)
+    print(f"{docs:,} documents, {tokens:,} tokens, {size / (1 << 20):.0f} MiB of JSON lines, {args.workers} cores:")
+    print(f"  zr convert --jsonl            {tokens / ours:>12,.0f} tokens/s  {size / ours / (1 << 20):7.1f} MiB/s  ({ours:.1f} s)")
+    print(f"  Megatron's method (a pool)    {tokens / theirs:>12,.0f} tokens/s  {size / theirs / (1 << 20):7.1f} MiB/s  ({theirs:.1f} s)")
+    print(f"  zr / Megatron's method        {theirs / ours:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
