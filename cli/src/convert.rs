@@ -69,6 +69,10 @@ pub struct ConvertArgs {
     /// Threads tokenizing (for --jsonl; default: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Keys of each line kept as metadata of a span over its whole document, e.g. url,source
+    /// (for --jsonl; read back with the stream's spans).
+    #[arg(long, value_delimiter = ',')]
+    meta_keys: Vec<String>,
     /// A Megatron-LM indexed dataset, PREFIX.bin + PREFIX.idx: builds a token stream (one
     /// document per Megatron document; uint16 tokens stay uint16, int32 become uint32).
     #[arg(long, value_name = "PREFIX", conflicts_with_all = ["values", "offsets", "tokens"])]
@@ -465,6 +469,7 @@ fn convert_jsonl(args: &ConvertArgs) -> CliResult {
         append: args.append,
         skip_bad: args.skip_bad,
         threads: args.threads,
+        meta_keys: args.meta_keys.clone(),
     };
     let total: u64 = args
         .jsonl

@@ -35,7 +35,7 @@ enum Command {
         #[command(subcommand)]
         command: datasets::DatasetCommand,
     },
-    Convert(convert::ConvertArgs),
+    Convert(Box<convert::ConvertArgs>),
     Info(dataset::InfoArgs),
     Gather(dataset::GatherArgs),
     Verify(dataset::VerifyArgs),
@@ -64,7 +64,7 @@ fn main() -> ExitCode {
         Command::ClusterRenew(args) => cluster::renew(args),
         Command::Cluster { command } => cluster::run(command),
         Command::Dataset { command } => datasets::run(command),
-        Command::Convert(args) => convert::run(args),
+        Command::Convert(args) => convert::run(*args),
         Command::Info(args) => dataset::info(args),
         Command::Gather(args) => dataset::gather(args),
         Command::Verify(args) => dataset::verify(args),

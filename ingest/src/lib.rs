@@ -38,6 +38,9 @@ pub struct JsonlOptions {
     pub skip_bad: bool,
     /// Threads tokenizing (0: one per core).
     pub threads: usize,
+    /// Keys of each line kept as metadata of a span over its whole document (a JSON object
+    /// of those present), e.g. `url`, `source`.
+    pub meta_keys: Vec<String>,
 }
 
 /// How far a conversion is.
@@ -88,8 +91,11 @@ struct Line {
     bytes: Vec<u8>,
 }
 
-/// A batch's documents, each its tokens' bytes, and the lines left out.
-type Tokenized = Result<(Vec<Vec<u8>>, u64, u64)>;
+/// A document: its tokens' bytes and its metadata (empty: none).
+type Document = (Vec<u8>, Vec<u8>);
+
+/// A batch's documents, the lines left out, and the bytes of text read.
+type Tokenized = Result<(Vec<Document>, u64, u64)>;
 
 /// Converts `options.inputs` into the stream at `options.dest`, calling `progress` as
 /// documents are written.
@@ -225,9 +231,20 @@ fn convert(
                 waiting.insert(seq, out);
                 while let Some(out) = waiting.remove(&next) {
                     let (documents, skipped, bytes) = out?;
-                    for tokens in &documents {
-                        stream.append_document(tokens, &[])?;
-                        status.tokens += (tokens.len() / if wide { 4 } else { 2 }) as u64;
+                    for (tokens, metadata) in &documents {
+                        let count = (tokens.len() / if wide { 4 } else { 2 }) as u64;
+                        let whole = [zr_node::stream::Span {
+                            start: 0,
+                            end: count,
+                            metadata,
+                        }];
+                        let spans = if metadata.is_empty() || count == 0 {
+                            &whole[..0]
+                        } else {
+                            &whole[..]
+                        };
+                        stream.append_document(tokens, spans)?;
+                        status.tokens += count;
                     }
                     status.documents += documents.len() as u64;
                     status.bytes += bytes;
@@ -337,12 +354,12 @@ fn tokenize(
                     .map_err(|e| bad(format!("not JSON: {e}")))
             })
             .and_then(|value| match value.get(&options.text_key) {
-                Some(serde_json::Value::String(text)) => Ok(text.clone()),
+                Some(serde_json::Value::String(text)) => Ok((text.clone(), value)),
                 Some(_) => Err(bad(format!("'{}' is not a string", options.text_key))),
                 None => Err(bad(format!("no key '{}'", options.text_key))),
             });
-        let text = match text {
-            Ok(text) => text,
+        let (text, value) = match text {
+            Ok(found) => found,
             Err(_) if options.skip_bad => {
                 skipped += 1;
                 continue;
@@ -364,7 +381,21 @@ fn tokenize(
                 out.extend_from_slice(&id.to_le_bytes());
             }
         }
-        documents.push(out);
+        let metadata = if options.meta_keys.is_empty() {
+            Vec::new()
+        } else {
+            let kept: serde_json::Map<String, serde_json::Value> = options
+                .meta_keys
+                .iter()
+                .filter_map(|k| value.get(k).map(|v| (k.clone(), v.clone())))
+                .collect();
+            if kept.is_empty() {
+                Vec::new()
+            } else {
+                serde_json::Value::Object(kept).to_string().into_bytes()
+            }
+        };
+        documents.push((out, metadata));
     }
     Ok((documents, skipped, bytes))
 }
@@ -395,6 +426,7 @@ mod tests {
             append: false,
             skip_bad: false,
             threads: 3,
+            meta_keys: Vec::new(),
         }
     }
 
@@ -451,6 +483,18 @@ mod tests {
             };
             assert_eq!(doc, &want, "document {k}");
         }
+        // The keys asked for kept as metadata over each whole document.
+        let with_meta = JsonlOptions {
+            dest: dir.path().join("with-meta"),
+            meta_keys: vec!["id".into(), "absent".into()],
+            ..opts.clone()
+        };
+        tokenize_jsonl(&with_meta, |_| {}).unwrap();
+        let stream = Stream::open_read_only(&with_meta.dest).unwrap();
+        assert_eq!(stream.spans(), 2000);
+        let (start, end, metadata) = stream.span(1234).unwrap();
+        assert_eq!(stream.document(1234).unwrap(), (start, end));
+        assert_eq!(metadata, br#"{"id":1234}"#);
         // Appended: more documents after the last commit.
         let more = dir.path().join("d.jsonl");
         std::fs::write(&more, "{\"text\": \"sat sat\"}\n").unwrap();
