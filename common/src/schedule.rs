@@ -13,6 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
+use crate::mixture::Mixture;
 use crate::sampler::{Order, Sampler, SamplerConfig, Tail};
 
 /// How the global batch size goes with the samples consumed.
@@ -143,10 +144,28 @@ pub struct Resumed {
 /// A rank's batches under a [`BatchSchedule`].
 #[derive(Clone, Debug)]
 pub struct RampSampler {
-    order: Sampler,
+    order: RunOrder,
     schedule: BatchSchedule,
     rank: u64,
     ranks: u64,
+}
+
+/// What the run's positions read: one dataset's shuffled order, or a mixture's stream (its
+/// global batch 1: its stages start at positions).
+#[derive(Clone, Debug)]
+enum RunOrder {
+    Dataset(Sampler),
+    Mixture(Mixture),
+}
+
+impl RunOrder {
+    /// (seed, records in all): what a checkpoint must match.
+    fn identity(&self) -> (u64, u64) {
+        match self {
+            RunOrder::Dataset(s) => (s.config().seed, s.config().len),
+            RunOrder::Mixture(m) => (m.config().seed, m.config().lengths.iter().sum()),
+        }
+    }
 }
 
 impl RampSampler {
@@ -181,10 +200,32 @@ impl RampSampler {
             tail: Tail::Drop,
         })?;
         Ok(RampSampler {
-            order,
+            order: RunOrder::Dataset(order),
             schedule,
             rank,
             ranks,
+        })
+    }
+
+    /// Rank `rank` of `ranks` over `mixture`'s stream, its positions taken step by step as
+    /// the schedule says. The mixture must have a global batch of 1 (`batch` 1, `ranks` 1),
+    /// so that its stages (and a token mixture's budgets) start at positions.
+    pub fn over_mixture(
+        mixture: Mixture,
+        rank: u64,
+        ranks: u64,
+        schedule: BatchSchedule,
+    ) -> Result<RampSampler, Error> {
+        if mixture.global_batch() != 1 {
+            return Err(Error::Sampler(format!(
+                "a ramp reads a mixture of global batch 1 (its stages then start at positions), not {}",
+                mixture.global_batch()
+            )));
+        }
+        let placeholder = RampSampler::new(1, 0, rank, ranks, schedule)?;
+        Ok(RampSampler {
+            order: RunOrder::Mixture(mixture),
+            ..placeholder
         })
     }
 
@@ -194,40 +235,60 @@ impl RampSampler {
 
     /// The state before the first step.
     pub fn start(&self) -> RampState {
+        let (seed, len) = self.order.identity();
         RampState {
-            seed: self.order.config().seed,
-            len: self.order.config().len,
+            seed,
+            len,
             ..RampState::default()
         }
     }
 
-    /// This rank's indices of the step `state` is at, and the state after it.
+    /// This rank's indices of the step `state` is at, and the state after it (over a
+    /// mixture, the records of the draws: see [`Self::step_sources`]).
     pub fn step(&self, state: &RampState) -> (Vec<u64>, RampState) {
+        let (_, records, next) = self.step_sources(state);
+        (records, next)
+    }
+
+    /// This rank's part of the step `state` is at — each position's dataset (0 for a lone
+    /// dataset) and record — and the state after it.
+    pub fn step_sources(&self, state: &RampState) -> (Vec<u32>, Vec<u64>, RampState) {
         let global = self.schedule.global_batch(state.samples);
         let share = global / self.ranks;
-        let n = self.order.items_per_epoch();
         let first = state.samples + self.rank * share;
-        let indices = (first..first + share)
-            .map(|p| self.order.index(p / n, p % n))
-            .collect();
+        let (sources, indices) = match &self.order {
+            RunOrder::Dataset(order) => {
+                let n = order.items_per_epoch();
+                let records = (first..first + share)
+                    .map(|p| order.index(p / n, p % n))
+                    .collect();
+                (vec![0; share as usize], records)
+            }
+            RunOrder::Mixture(mixture) => (first..first + share)
+                .map(|p| {
+                    let (i, k) = mixture.draw(p);
+                    (i as u32, mixture.record(i, k))
+                })
+                .unzip(),
+        };
         let mut next = state.clone();
         next.steps += 1;
         next.samples += global;
         if next.history.last().is_none_or(|&(_, size)| size != global) {
             next.history.push((state.steps, global));
         }
-        (indices, next)
+        (sources, indices, next)
     }
 
     /// Takes up `state` (a checkpoint of this run, under any ranks): refused if it is of
     /// another dataset or seed, or if this schedule would have given a step it took another
     /// size, naming the step.
     pub fn resume(&self, state: &RampState) -> Result<Resumed, Error> {
-        let c = self.order.config();
-        if state.seed != c.seed || state.len != c.len {
+        let (seed, len) = self.order.identity();
+        if state.seed != seed || state.len != len {
             return Err(Error::Sampler(format!(
-                "the checkpoint is of seed {} over {} records, and this run of seed {} over {}",
-                state.seed, state.len, c.seed, c.len
+                "the checkpoint is of seed {} over {} records, and this run of seed {seed} over {len}",
+                state.seed, state.len
             )));
         }
         // Replay the sizes of the steps taken by this schedule, stretch by stretch.
@@ -337,6 +398,56 @@ mod tests {
         let mut first: Vec<u64> = run[..100].to_vec();
         first.sort_unstable();
         assert_eq!(first, (0..100).collect::<Vec<_>>());
+    }
+
+    /// A ramp over a mixture reads the mixture's stream position by position: the steps,
+    /// concatenated, are its draws in order, whatever the ranks.
+    #[test]
+    fn a_ramp_over_a_mixture_reads_its_stream_in_order() {
+        use crate::mixture::{MixtureConfig, Stage};
+        let config = MixtureConfig {
+            lengths: vec![50, 80],
+            stages: vec![
+                Stage {
+                    start: 0,
+                    weights: vec![1.0, 1.0],
+                },
+                Stage {
+                    start: 100,
+                    weights: vec![1.0, 4.0],
+                },
+            ],
+            seed: 3,
+            rank: 0,
+            ranks: 1,
+            batch: 1,
+        };
+        let mixture = Mixture::new(config.clone()).unwrap();
+        let want: Vec<(u32, u64)> = (0..400)
+            .map(|p| {
+                let (i, k) = mixture.draw(p);
+                (i as u32, mixture.record(i, k))
+            })
+            .collect();
+        let samplers: Vec<RampSampler> = (0..4)
+            .map(|r| {
+                RampSampler::over_mixture(Mixture::new(config.clone()).unwrap(), r, 4, ramp())
+                    .unwrap()
+            })
+            .collect();
+        let (mut state, mut got) = (samplers[0].start(), Vec::new());
+        while got.len() < 400 {
+            let mut next = state.clone();
+            for s in &samplers {
+                let (sources, records, after) = s.step_sources(&state);
+                got.extend(sources.into_iter().zip(records));
+                next = after;
+            }
+            state = next;
+        }
+        assert_eq!(&got[..400], &want[..]);
+        let wide = Mixture::new(MixtureConfig { batch: 4, ..config }).unwrap();
+        assert!(RampSampler::over_mixture(wide, 0, 1, ramp()).is_err());
     }
 
     #[test]

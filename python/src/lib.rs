@@ -804,6 +804,41 @@ impl RampSampler {
         Ok(RampSampler { inner })
     }
 
+    /// Rank `rank` of `ranks` over `mixture`'s stream (its global batch 1), `schedule` as
+    /// for a dataset.
+    #[staticmethod]
+    fn over_mixture(
+        mixture: &Mixture,
+        rank: u64,
+        ranks: u64,
+        schedule: &str,
+    ) -> PyResult<RampSampler> {
+        let schedule: zr_common::BatchSchedule = serde_json::from_str(schedule)
+            .map_err(|e| PyValueError::new_err(format!("not a batch schedule: {e}")))?;
+        let inner =
+            zr_common::RampSampler::over_mixture(mixture.inner.clone(), rank, ranks, schedule)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(RampSampler { inner })
+    }
+
+    /// This rank's part of the step at `state` — each position's dataset and record — and
+    /// the state after it.
+    #[allow(clippy::type_complexity)]
+    fn step_sources<'py>(
+        &self,
+        py: Python<'py>,
+        state: &str,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, String)> {
+        let state: zr_common::RampState = serde_json::from_str(state).map_err(json_error)?;
+        let (sources, records, next) = self.inner.step_sources(&state);
+        let next = serde_json::to_string(&next).map_err(json_error)?;
+        Ok((
+            PyArray1::from_vec(py, sources.into_iter().map(i64::from).collect()),
+            PyArray1::from_vec(py, records.into_iter().map(|r| r as i64).collect()),
+            next,
+        ))
+    }
+
     /// The state before the first step.
     fn start(&self) -> PyResult<String> {
         serde_json::to_string(&self.inner.start()).map_err(json_error)

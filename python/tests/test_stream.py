@@ -566,3 +566,35 @@ def test_text_tokenized_by_zr_convert_equals_the_tokenizers_package(tmp_path):
     failed = subprocess.run([zr, "convert", str(tmp_path / "bad"), "--jsonl", str(tmp_path / "bad.jsonl"), "--tokenizer", str(path)], capture_output=True, text=True)
     assert failed.returncode != 0 and "bad.jsonl:3: not JSON" in failed.stderr, failed.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_ramp_over_a_token_mixture_of_packed_streams_resumes_on_other_ranks(tmp_path):
+    rng = np.random.default_rng(31)
+    a = _make(tmp_path / "a", [rng.integers(0, 9, size=int(n)).astype(np.uint32) for n in rng.integers(1, 40, 500)]).packed(63, lookahead=32)
+    b = _make(tmp_path / "b", [rng.integers(0, 9, size=int(n)).astype(np.uint32) for n in rng.integers(30, 200, 300)]).packed(63, lookahead=32)
+
+    def run(ranks, state=None, steps=12):
+        mixture = zrecord.Mixture.by_tokens([(1.0, zrecord.TokenSource(a)), (1.0, zrecord.TokenSource(b, epochs=3))], seed=4, batch=1)
+        samplers = [zrecord.RampSampler(0, global_batch=16, ramp=(4, 4, 48), rank=r, ranks=ranks, mixture=mixture) for r in range(ranks)]
+        loaders = [zrecord.Loader(mixture.leaves, s) for s in samplers]
+        if state is not None:
+            for loader in loaders:
+                loader.load_state_dict(state)
+        out = []
+        for k, batches in enumerate(zip(*loaders)):
+            tokens = np.concatenate([x["tokens"] for x in batches])
+            for x in batches:
+                assert x["cu_seqlens"][-1] == x["tokens"].shape[0] * 63
+            out.append((np.concatenate([x["source"] for x in batches]), tokens))
+            if k + 1 == steps:
+                break
+        return out, loaders[0].state_dict()
+
+    whole, _ = run(1, steps=12)
+    assert [s.size for s, _ in whole[:6]] == [4, 4, 4, 4, 8, 8]
+    assert {int(x) for s, _ in whole for x in s} == {0, 1}, "both sources read"
+    head, state = run(2, steps=5)
+    tail, _ = run(4, state=state, steps=7)
+    for (s1, t1), (s2, t2) in zip(head + tail, whole):
+        np.testing.assert_array_equal(s1, s2)
+        np.testing.assert_array_equal(t1, t2)

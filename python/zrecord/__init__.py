@@ -987,7 +987,7 @@ class RampSampler:
     yet (saying so in ``changes_at``), and refuses one that rewrites a step already taken,
     naming it. Iterating yields steps without end."""
 
-    def __init__(self, length: int, global_batch: int | None = None, ramp: tuple[int, int, int] | None = None, stages: Sequence[tuple[int, int]] | None = None, seed: int = 0, rank: int = 0, ranks: int = 1):
+    def __init__(self, length: int, global_batch: int | None = None, ramp: tuple[int, int, int] | None = None, stages: Sequence[tuple[int, int]] | None = None, seed: int = 0, rank: int = 0, ranks: int = 1, mixture: "Mixture | None" = None):
         import json  # noqa: PLC0415
 
         if stages is not None:
@@ -1004,20 +1004,32 @@ class RampSampler:
         else:
             raise ValueError("give a global_batch, a ramp (with global_batch) or stages")
         self.config = dict(length=int(length), seed=int(seed), rank=int(rank), ranks=int(ranks), schedule=schedule)
-        self._native = _zrecord.RampSampler(int(length), int(seed), int(rank), int(ranks), json.dumps(schedule))
+        #: A mixture whose stream the steps read (its global batch 1), if any; a Loader over
+        #: the ramp is then given its datasets.
+        self.mixture = mixture
+        if mixture is not None:
+            if mixture.config["batch"] * mixture.config["ranks"] != 1:
+                raise ValueError("a ramp reads a mixture made with batch=1 and ranks=1 (its stages then start at positions); the ramp splits each step among the ranks")
+            self._native = _zrecord.RampSampler.over_mixture(mixture._native, int(rank), int(ranks), json.dumps(schedule))
+        else:
+            self._native = _zrecord.RampSampler(int(length), int(seed), int(rank), int(ranks), json.dumps(schedule))
         self._state = self._native.start()
         #: The first step the schedule changed at when the run was resumed (None: unchanged).
         self.changes_at: int | None = None
 
     def __getstate__(self) -> dict:
-        return {"config": self.config, "state": self._state}
+        return {"config": self.config, "state": self._state, "mixture": self.mixture}
 
     def __setstate__(self, state: dict) -> None:
         import json  # noqa: PLC0415
 
         c = state["config"]
         self.config = dict(c)
-        self._native = _zrecord.RampSampler(c["length"], c["seed"], c["rank"], c["ranks"], json.dumps(c["schedule"]))
+        self.mixture = state.get("mixture")
+        if self.mixture is not None:
+            self._native = _zrecord.RampSampler.over_mixture(self.mixture._native, c["rank"], c["ranks"], json.dumps(c["schedule"]))
+        else:
+            self._native = _zrecord.RampSampler(c["length"], c["seed"], c["rank"], c["ranks"], json.dumps(c["schedule"]))
         self._state = state["state"]
         self.changes_at = None
 
@@ -1274,8 +1286,12 @@ class Loader:
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
             while True:
                 while len(pending) < max(1, self.prefetch):
-                    indices, after = sampler.step_at(ahead)
-                    pending.append((after, pool.submit(self.dataset.gather, indices, self.fields)))
+                    if sampler.mixture is not None:
+                        sources, records, after = sampler._native.step_sources(ahead)
+                        pending.append((after, pool.submit(self._gather_mixed, sources, records)))
+                    else:
+                        indices, after = sampler.step_at(ahead)
+                        pending.append((after, pool.submit(self.dataset.gather, indices, self.fields)))
                     ahead = after
                 after, future = pending.popleft()
                 batch = future.result()
@@ -1283,6 +1299,23 @@ class Loader:
                     batch = finish(batch)
                 sampler._state = after
                 yield batch
+
+    def _gather_mixed(self, sources: np.ndarray, records: np.ndarray) -> dict:
+        """A ramp's step over a mixture: each dataset's rows in one gather, in step order."""
+        from .torch import gather_mixed  # noqa: PLC0415
+
+        datasets = list(self.dataset)
+        names = [f.name for f in _mixture_fields(datasets, self.sampler.mixture, self.fields)]
+        per_batch = [n for n in ("cu_seqlens", "max_seqlen") if n in names]
+        gathered = [n for n in names if n not in per_batch]
+        if per_batch and "segment_ids" not in gathered:
+            gathered.append("segment_ids")
+        batch = gather_mixed(datasets, gathered, sources, records)
+        if per_batch:
+            cu, longest = _cu_seqlens(batch["segment_ids"])
+            batch.update({"cu_seqlens": cu, "max_seqlen": longest})
+            batch = {k: v for k, v in batch.items() if k in names or k == "source"}
+        return batch
 
     def _mixture_batches(self) -> Iterator[dict]:
         """A mixture's batches, gathered ahead by the engine's mixture loader (each dataset's
