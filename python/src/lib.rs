@@ -1248,11 +1248,10 @@ fn gather_source(
     } else if let Ok(windows) = source.cast::<StreamWindows>() {
         Ok(std::sync::Arc::new(windows.get().inner.clone()))
     } else if let Ok(packed) = source.cast::<StreamPacked>() {
-        Ok(std::sync::Arc::new(packed.get().inner.clone()))
-    } else if let Ok(packed) = source.cast::<ClusterStreamPacked>() {
-        Ok(std::sync::Arc::new(SharedClusterPacked(
-            packed.get().inner.clone(),
-        )))
+        Ok(match &packed.get().inner {
+            PackedRows::Local(p) => std::sync::Arc::new(p.clone()),
+            PackedRows::Cluster(p) => std::sync::Arc::new(SharedClusterPacked(p.clone())),
+        })
     } else if let Ok(windows) = source.cast::<ClusterStreamWindows>() {
         let windows = windows.get();
         Ok(std::sync::Arc::new(SharedClusterWindows {
@@ -1532,14 +1531,65 @@ impl Stream {
                 verify: checked,
                 ..zr_node::GatherOptions::default()
             });
-        Ok(StreamPacked { inner })
+        Ok(StreamPacked {
+            inner: PackedRows::Local(inner),
+        })
     }
 }
 
-/// A stream's documents packed whole into rows (see `Stream.packed`).
+/// What a packing comes to: (rows, documents, tokens, documents split, pieces, padding
+/// fraction).
+fn plan_stats(plan: &zr_common::PackPlan) -> (u64, u64, u64, u64, u64, f64) {
+    let stats = plan.stats();
+    (
+        stats.rows,
+        stats.documents,
+        stats.tokens,
+        stats.split,
+        stats.pieces,
+        stats.padding_fraction(plan.config().width()),
+    )
+}
+
+/// A packed batch's columns, each moved into NumPy.
+fn packed_arrays(py: Python<'_>, out: zr_node::stream::PackedColumns) -> PackedArrays<'_> {
+    (
+        PyArray1::from_vec(py, out.tokens),
+        PyArray1::from_vec(py, out.document),
+        PyArray1::from_vec(py, out.segment_ids),
+        PyArray1::from_vec(py, out.positions),
+        PyArray1::from_vec(py, out.loss_mask),
+        PyArray1::from_vec(py, out.cu_seqlens),
+        out.max_seqlen,
+    )
+}
+
+/// A stream's documents packed whole into rows (see `Stream.packed`): a local stream's, or
+/// a cluster's (the same rows, byte for byte).
 #[pyclass(module = "zrecord._zrecord", frozen)]
 struct StreamPacked {
-    inner: zr_node::stream::Packed,
+    inner: PackedRows,
+}
+
+enum PackedRows {
+    Local(zr_node::stream::Packed),
+    Cluster(std::sync::Arc<zr_router::ClusterPacked>),
+}
+
+impl PackedRows {
+    fn plan(&self) -> &zr_common::PackPlan {
+        match self {
+            PackedRows::Local(p) => p.plan(),
+            PackedRows::Cluster(p) => p.plan(),
+        }
+    }
+
+    fn gather(&self, indices: &[u64], out: &mut zr_node::stream::PackedColumns) -> PyResult<()> {
+        match self {
+            PackedRows::Local(p) => p.gather(indices, out, None).map_err(node_error),
+            PackedRows::Cluster(p) => p.gather(indices, out).map_err(cluster_error),
+        }
+    }
 }
 
 /// A packed batch: tokens (bytes), document, segment ids, positions, loss mask (each rows ×
@@ -1557,26 +1607,17 @@ type PackedArrays<'py> = (
 #[pymethods]
 impl StreamPacked {
     fn __len__(&self) -> usize {
-        self.inner.len() as usize
+        self.inner.plan().rows() as usize
     }
 
     /// Tokens per row.
     fn width(&self) -> usize {
-        self.inner.width()
+        self.inner.plan().config().width() as usize
     }
 
     /// (rows, documents, tokens, documents split, pieces, padding fraction).
     fn stats(&self) -> (u64, u64, u64, u64, u64, f64) {
-        let stats = self.inner.plan().stats();
-        let width = self.inner.plan().config().width();
-        (
-            stats.rows,
-            stats.documents,
-            stats.tokens,
-            stats.split,
-            stats.pieces,
-            stats.padding_fraction(width),
-        )
+        plan_stats(self.inner.plan())
     }
 
     /// Rows `indices`: their columns, each moved into NumPy.
@@ -1587,17 +1628,8 @@ impl StreamPacked {
     ) -> PyResult<PackedArrays<'py>> {
         let indices = indices_of(&indices);
         let mut out = zr_node::stream::PackedColumns::default();
-        py.detach(|| self.inner.gather(&indices, &mut out, None))
-            .map_err(node_error)?;
-        Ok((
-            PyArray1::from_vec(py, out.tokens),
-            PyArray1::from_vec(py, out.document),
-            PyArray1::from_vec(py, out.segment_ids),
-            PyArray1::from_vec(py, out.positions),
-            PyArray1::from_vec(py, out.loss_mask),
-            PyArray1::from_vec(py, out.cu_seqlens),
-            out.max_seqlen,
-        ))
+        py.detach(|| self.inner.gather(&indices, &mut out))?;
+        Ok(packed_arrays(py, out))
     }
 }
 
@@ -1825,7 +1857,7 @@ impl ClusterStream {
         read: &str,
         uncached: bool,
         checked: bool,
-    ) -> PyResult<ClusterStreamPacked> {
+    ) -> PyResult<StreamPacked> {
         let _ = (read, uncached, checked); // the nodes choose how they read
         let packer: zr_node::stream::Packer = packer
             .parse()
@@ -1849,63 +1881,9 @@ impl ClusterStream {
                     .and_then(|fresh| zr_router::ClusterPacked::new(fresh, config))
             })
             .map_err(cluster_error)?;
-        Ok(ClusterStreamPacked {
-            inner: std::sync::Arc::new(inner),
+        Ok(StreamPacked {
+            inner: PackedRows::Cluster(std::sync::Arc::new(inner)),
         })
-    }
-}
-
-/// A cluster's token stream packed into rows (see `Stream.packed`): the same rows as the
-/// stream packs into locally.
-#[pyclass(module = "zrecord._zrecord", frozen)]
-struct ClusterStreamPacked {
-    inner: std::sync::Arc<zr_router::ClusterPacked>,
-}
-
-#[pymethods]
-impl ClusterStreamPacked {
-    fn __len__(&self) -> usize {
-        self.inner.len() as usize
-    }
-
-    /// Tokens per row.
-    fn width(&self) -> usize {
-        self.inner.width()
-    }
-
-    /// (rows, documents, tokens, documents split, pieces, padding fraction).
-    fn stats(&self) -> (u64, u64, u64, u64, u64, f64) {
-        let stats = self.inner.plan().stats();
-        let width = self.inner.plan().config().width();
-        (
-            stats.rows,
-            stats.documents,
-            stats.tokens,
-            stats.split,
-            stats.pieces,
-            stats.padding_fraction(width),
-        )
-    }
-
-    /// Rows `indices`: their columns, each moved into NumPy.
-    fn gather<'py>(
-        &self,
-        py: Python<'py>,
-        indices: PyReadonlyArray1<'_, u64>,
-    ) -> PyResult<PackedArrays<'py>> {
-        let indices = indices_of(&indices);
-        let mut out = zr_node::stream::PackedColumns::default();
-        py.detach(|| self.inner.gather(&indices, &mut out))
-            .map_err(cluster_error)?;
-        Ok((
-            PyArray1::from_vec(py, out.tokens),
-            PyArray1::from_vec(py, out.document),
-            PyArray1::from_vec(py, out.segment_ids),
-            PyArray1::from_vec(py, out.positions),
-            PyArray1::from_vec(py, out.loss_mask),
-            PyArray1::from_vec(py, out.cu_seqlens),
-            out.max_seqlen,
-        ))
     }
 }
 
@@ -2118,7 +2096,6 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Stream>()?;
     m.add_class::<StreamWindows>()?;
     m.add_class::<StreamPacked>()?;
-    m.add_class::<ClusterStreamPacked>()?;
     m.add_class::<TokenBudget>()?;
     m.add_class::<RampSampler>()?;
     m.add_class::<ClusterStream>()?;

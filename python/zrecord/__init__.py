@@ -1223,7 +1223,7 @@ class Loader:
             return
         native = self.dataset._native()
         windows = isinstance(native, (_zrecord.StreamWindows, _zrecord.ClusterStreamWindows))
-        packed = isinstance(native, (_zrecord.StreamPacked, _zrecord.ClusterStreamPacked))
+        packed = isinstance(native, _zrecord.StreamPacked)
         # The engine's loader reads records, windows (a stream's spans come with gathers)
         # and packed rows.
         if isinstance(native, _zrecord.Store) or packed or (windows and self.dataset.stream.spans == 0):
