@@ -34,6 +34,11 @@ use zr_net::tls::Access;
 /// skips it); a failed conversion leaves no new stream, and an appended one at its last
 /// commit.
 ///
+/// With --webdataset, WebDataset tar shards become a record dataset: each sample's members
+/// (consecutive members sharing a key) its fields, named by extension, stored as they are.
+/// A sample lacking a member the first sample has fails the conversion naming the shard and
+/// the key (--missing skip counts and skips it); a failed conversion leaves nothing.
+///
 /// A token stream (--megatron, --tokens) keeps the tokens densely with their document
 /// boundaries; training reads windows of any length from it (`zrecord.open_stream(DIR)
 /// .windows(seq_len=2048)`), so the window length is not fixed here. Its input is checked
@@ -48,7 +53,7 @@ pub struct ConvertArgs {
     #[command(flatten)]
     remote: RouterArgs,
     /// A .npy array: one record per row (C order, any fixed-size dtype).
-    #[arg(long, conflicts_with_all = ["values", "offsets", "megatron", "tokens", "jsonl"], required_unless_present_any = ["values", "megatron", "tokens", "jsonl"])]
+    #[arg(long, conflicts_with_all = ["values", "offsets", "megatron", "tokens", "jsonl", "webdataset"], required_unless_present_any = ["values", "megatron", "tokens", "jsonl", "webdataset"])]
     npy: Option<PathBuf>,
     /// JSON-lines files of text (.jsonl, .jsonl.gz, .jsonl.zst), one document a line:
     /// tokenized with --tokenizer into a token stream.
@@ -73,6 +78,14 @@ pub struct ConvertArgs {
     /// (for --jsonl; read back with the stream's spans).
     #[arg(long, value_delimiter = ',')]
     meta_keys: Vec<String>,
+    /// WebDataset tar shards ('shard-{000000..000099}.tar' expands): each sample's members
+    /// become its fields, named by extension (jpg, cls, json, ...), stored as they are.
+    #[arg(long, num_args = 1.., conflicts_with_all = ["values", "offsets", "megatron", "tokens", "jsonl", "npy"])]
+    webdataset: Vec<String>,
+    /// What a sample lacking a member the first sample has becomes (for --webdataset):
+    /// fail (the error names the shard and the key) or skip (counted).
+    #[arg(long, default_value = "fail", value_parser = ["fail", "skip"])]
+    missing: String,
     /// A Megatron-LM indexed dataset, PREFIX.bin + PREFIX.idx: builds a token stream (one
     /// document per Megatron document; uint16 tokens stay uint16, int32 become uint32).
     #[arg(long, value_name = "PREFIX", conflicts_with_all = ["values", "offsets", "tokens"])]
@@ -122,6 +135,9 @@ fn parse_compression(s: &str) -> Result<(Compression, Option<i32>), zr_node::Sch
 pub fn run(args: ConvertArgs) -> CliResult {
     if !args.jsonl.is_empty() {
         return convert_jsonl(&args);
+    }
+    if !args.webdataset.is_empty() {
+        return convert_webdataset(&args);
     }
     if args.megatron.is_some() || args.tokens.is_some() {
         return convert_stream(&args);
@@ -503,6 +519,47 @@ fn convert_jsonl(args: &ConvertArgs) -> CliResult {
         report.tokens as f64 / seconds.max(1e-9),
         if report.skipped > 0 {
             format!("; {} bad lines skipped", report.skipped)
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
+
+/// `--webdataset`: tar shards into a local record dataset, with a progress line.
+fn convert_webdataset(args: &ConvertArgs) -> CliResult {
+    let Some(dest) = args.dir.clone() else {
+        return Err("--webdataset converts into a local dataset directory (DIR); a cluster's is not offered yet".into());
+    };
+    let options = zr_ingest::TarOptions {
+        shards: zr_ingest::webdataset::shards_of(&args.webdataset)?,
+        dest: dest.clone(),
+        skip_incomplete: args.missing == "skip",
+    };
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
+    let started = std::time::Instant::now();
+    let report = zr_ingest::convert_tars(&options, |samples, bytes| {
+        let seconds = started.elapsed().as_secs_f64().max(1e-9);
+        spinner.set_message(format!(
+            "{samples} samples, {:.1} MiB ({:.1} MiB/s) from {} shards",
+            bytes as f64 / (1 << 20) as f64,
+            bytes as f64 / seconds / (1 << 20) as f64,
+            options.shards.len()
+        ));
+        spinner.tick();
+    })?;
+    spinner.finish_and_clear();
+    println!(
+        "converted {} samples ({} fields: {}) from {} shards into {} in {:.1} s{}",
+        report.samples,
+        report.fields.len(),
+        report.fields.join(", "),
+        options.shards.len(),
+        dest.display(),
+        started.elapsed().as_secs_f64(),
+        if report.skipped > 0 {
+            format!("; {} samples lacking a member skipped", report.skipped)
         } else {
             String::new()
         }

@@ -1,4 +1,5 @@
-//! zr-ingest: raw corpora in. Text in JSON lines (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`),
+//! zr-ingest: raw corpora in. WebDataset tar shards into record datasets ([`webdataset`]);
+//! text in JSON lines (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`),
 //! one document per line, tokenized with a Hugging Face `tokenizer.json` — by the library
 //! the Python `tokenizers` package is built on, so the tokens are the same — into a token
 //! stream, on every core while the input streams, in the input's order.
@@ -15,6 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
 use zr_node::stream::{Component, Stream};
+
+pub mod webdataset;
+pub use webdataset::{convert_tars, TarOptions, TarReport};
 
 /// Lines a worker takes at a time.
 const BATCH_LINES: usize = 256;

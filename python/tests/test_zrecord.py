@@ -3,8 +3,10 @@ resume, fork safety, framework protocols and a cluster round trip."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import pathlib
 import pickle
 import threading
 
@@ -1113,3 +1115,29 @@ def test_a_checkpoints_order_proof_refuses_a_changed_dataset_or_configuration(tm
     with pytest.warns(UserWarning, match="resumed anyway"):
         resumed.load_state_dict(state, force=True)
     assert resumed.sampler.position == 50
+
+
+def test_webdataset_shards_convert_byte_exact(tmp_path):
+    webdataset = pytest.importorskip("webdataset")
+    import shutil
+    import subprocess
+
+    zr = shutil.which("zr") or next((str(p) for p in (pathlib.Path(__file__).resolve().parents[2] / "target" / d / "zr" for d in ("debug", "release")) if p.exists()), None)
+    if zr is None:
+        pytest.skip("the zr binary is not built")
+    rng = np.random.default_rng(3)
+    samples = []
+    for shard in range(3):
+        with webdataset.TarWriter(str(tmp_path / f"train-{shard:06d}.tar")) as sink:
+            for k in range(50):
+                sample = {"__key__": f"s{shard}_{k:04d}", "jpg": rng.integers(0, 256, size=int(rng.integers(0, 5000)), dtype=np.uint8).tobytes(), "cls": str(k % 10).encode(), "json": json.dumps({"k": k}).encode()}
+                sink.write(sample)
+                samples.append(sample)
+    done = subprocess.run([zr, "convert", str(tmp_path / "ds"), "--webdataset", str(tmp_path / "train-{000000..000002}.tar")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    ds = zrecord.open(tmp_path / "ds")
+    assert len(ds) == 150 and sorted(f.name for f in ds.fields) == ["cls", "jpg", "json"]
+    for k in (0, 49, 50, 149):
+        record = ds[k]
+        for field in ("jpg", "cls", "json"):
+            assert record[field] == samples[k][field], (k, field)
