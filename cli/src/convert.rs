@@ -34,6 +34,11 @@ use zr_net::tls::Access;
 /// skips it); a failed conversion leaves no new stream, and an appended one at its last
 /// commit.
 ///
+/// With --parquet, Parquet files (a Hugging Face dataset's) become a record dataset, a column
+/// a field: binary and string columns bytes (a null absent), numbers and fixed-size lists of
+/// numbers typed fields of their dtype and shape, image and audio structs ({bytes, path})
+/// their bytes; any other type is refused by name, and a failed conversion leaves nothing.
+///
 /// With --webdataset, WebDataset tar shards become a record dataset: each sample's members
 /// (consecutive members sharing a key) its fields, named by extension, stored as they are.
 /// A sample lacking a member the first sample has fails the conversion naming the shard and
@@ -53,7 +58,7 @@ pub struct ConvertArgs {
     #[command(flatten)]
     remote: RouterArgs,
     /// A .npy array: one record per row (C order, any fixed-size dtype).
-    #[arg(long, conflicts_with_all = ["values", "offsets", "megatron", "tokens", "jsonl", "webdataset"], required_unless_present_any = ["values", "megatron", "tokens", "jsonl", "webdataset"])]
+    #[arg(long, conflicts_with_all = ["values", "offsets", "megatron", "tokens", "jsonl", "webdataset", "parquet"], required_unless_present_any = ["values", "megatron", "tokens", "jsonl", "webdataset", "parquet"])]
     npy: Option<PathBuf>,
     /// JSON-lines files of text (.jsonl, .jsonl.gz, .jsonl.zst), one document a line:
     /// tokenized with --tokenizer into a token stream.
@@ -82,6 +87,14 @@ pub struct ConvertArgs {
     /// become its fields, named by extension (jpg, cls, json, ...), stored as they are.
     #[arg(long, num_args = 1.., conflicts_with_all = ["values", "offsets", "megatron", "tokens", "jsonl", "npy"])]
     webdataset: Vec<String>,
+    /// Parquet files (a Hugging Face dataset's, say): each column a field — binary and
+    /// string columns bytes, numbers and fixed-size lists of numbers typed fields, image and
+    /// audio structs their bytes; other types are refused by name.
+    #[arg(long, num_args = 1.., conflicts_with_all = ["values", "offsets", "megatron", "tokens", "jsonl", "npy", "webdataset"])]
+    parquet: Vec<PathBuf>,
+    /// The Parquet columns to keep, in this order (default: all).
+    #[arg(long, value_delimiter = ',')]
+    columns: Vec<String>,
     /// What a sample lacking a member the first sample has becomes (for --webdataset):
     /// fail (the error names the shard and the key) or skip (counted).
     #[arg(long, default_value = "fail", value_parser = ["fail", "skip"])]
@@ -138,6 +151,9 @@ pub fn run(args: ConvertArgs) -> CliResult {
     }
     if !args.webdataset.is_empty() {
         return convert_webdataset(&args);
+    }
+    if !args.parquet.is_empty() {
+        return convert_parquet(&args);
     }
     if args.megatron.is_some() || args.tokens.is_some() {
         return convert_stream(&args);
@@ -563,6 +579,43 @@ fn convert_webdataset(args: &ConvertArgs) -> CliResult {
         } else {
             String::new()
         }
+    );
+    Ok(())
+}
+
+/// `--parquet`: Parquet files into a local record dataset, a column a field.
+fn convert_parquet(args: &ConvertArgs) -> CliResult {
+    let Some(dest) = args.dir.clone() else {
+        return Err("--parquet converts into a local dataset directory (DIR); a cluster's is not offered yet".into());
+    };
+    let options = zr_ingest::ParquetOptions {
+        inputs: args.parquet.clone(),
+        columns: args.columns.clone(),
+        dest: dest.clone(),
+    };
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
+    let started = std::time::Instant::now();
+    let report = zr_ingest::convert_parquet(&options, |rows| {
+        spinner.set_message(format!(
+            "{rows} rows ({:.0} rows/s)",
+            rows as f64 / started.elapsed().as_secs_f64().max(1e-9)
+        ));
+        spinner.tick();
+    })?;
+    spinner.finish_and_clear();
+    println!(
+        "converted {} rows ({}) from {} files into {} in {:.1} s",
+        report.rows,
+        report
+            .fields
+            .iter()
+            .map(|(name, what)| format!("{name}: {what}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        options.inputs.len(),
+        dest.display(),
+        started.elapsed().as_secs_f64()
     );
     Ok(())
 }

@@ -17,7 +17,9 @@ use std::sync::mpsc;
 
 use zr_node::stream::{Component, Stream};
 
+pub mod parquet;
 pub mod webdataset;
+pub use parquet::{convert_parquet, ParquetOptions, ParquetReport};
 pub use webdataset::{convert_tars, TarOptions, TarReport};
 
 /// Lines a worker takes at a time.

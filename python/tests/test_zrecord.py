@@ -1141,3 +1141,46 @@ def test_webdataset_shards_convert_byte_exact(tmp_path):
         record = ds[k]
         for field in ("jpg", "cls", "json"):
             assert record[field] == samples[k][field], (k, field)
+
+
+def test_a_parquet_file_written_by_pyarrow_converts_byte_exact_and_typed(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import shutil
+    import subprocess
+
+    zr = shutil.which("zr") or next((str(p) for p in (pathlib.Path(__file__).resolve().parents[2] / "target" / d / "zr" for d in ("debug", "release")) if p.exists()), None)
+    if zr is None:
+        pytest.skip("the zr binary is not built")
+    rng = np.random.default_rng(8)
+    n = 300
+    images = [rng.integers(0, 256, size=int(rng.integers(1, 3000)), dtype=np.uint8).tobytes() for _ in range(n)]
+    table = pa.table({
+        "image": pa.array([{"bytes": b, "path": f"img{k}.png"} for k, b in enumerate(images)], type=pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+        "caption": pa.array([f"a caption é 🙂 {k}" for k in range(n)]),
+        "blob": pa.array([None if k % 7 == 0 else bytes([k % 256]) * (k % 50) for k in range(n)], type=pa.binary()),
+        "embedding": pa.array(rng.random((n, 4)).astype(np.float32).tolist(), type=pa.list_(pa.float32(), 4)),
+        "label": pa.array(np.arange(n, dtype=np.int64) * 3),
+    })
+    pq.write_table(table, tmp_path / "part-0.parquet", row_group_size=64, compression="snappy")
+    pq.write_table(table, tmp_path / "part-1.parquet", compression="zstd")
+    done = subprocess.run([zr, "convert", str(tmp_path / "ds"), "--parquet", str(tmp_path / "part-0.parquet"), str(tmp_path / "part-1.parquet")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    ds = zrecord.open(tmp_path / "ds")
+    assert len(ds) == 2 * n
+    fields = {f.name: f for f in ds.fields}
+    assert fields["embedding"].dtype == np.float32 and fields["embedding"].shape == (4,)
+    assert fields["label"].dtype == np.int64
+    batch = ds.gather(np.arange(2 * n))
+    np.testing.assert_array_equal(batch["embedding"][:n], table.column("embedding").to_numpy(zero_copy_only=False).tolist())
+    np.testing.assert_array_equal(batch["label"][n:], np.arange(n) * 3)
+    for k in (0, 7, 123, 299):
+        record = ds[n + k]
+        assert record["image"] == images[k]
+        assert record["caption"] == f"a caption é 🙂 {k}".encode()
+        assert record["blob"] == (b"" if k % 7 == 0 else bytes([k % 256]) * (k % 50))
+    # A type we do not take is refused by name, and nothing is left.
+    pq.write_table(pa.table({"nested": pa.array([[1, 2], [3]])}), tmp_path / "bad.parquet")
+    failed = subprocess.run([zr, "convert", str(tmp_path / "bad"), "--parquet", str(tmp_path / "bad.parquet")], capture_output=True, text=True)
+    assert failed.returncode != 0 and "column 'nested' is List" in failed.stderr, failed.stderr
+    assert not (tmp_path / "bad").exists()
