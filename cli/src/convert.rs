@@ -34,6 +34,9 @@ use zr_net::tls::Access;
 /// skips it); a failed conversion leaves no new stream, and an appended one at its last
 /// commit.
 ///
+/// With --parquet and --tokenizer, a text column of Parquet files (--text-column, default
+/// text) is tokenized into a token stream as JSON lines are.
+///
 /// With --parquet, Parquet files (a Hugging Face dataset's) become a record dataset, a column
 /// a field: binary and string columns bytes (a null absent), numbers and fixed-size lists of
 /// numbers typed fields of their dtype and shape, image and audio structs ({bytes, path})
@@ -67,8 +70,9 @@ pub struct ConvertArgs {
     /// A Hugging Face tokenizer.json (for --jsonl).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// The key of each line's text (for --jsonl).
-    #[arg(long, default_value = "text")]
+    /// The key of each line's text (for --jsonl), or the text column (for --parquet with
+    /// --tokenizer).
+    #[arg(long, default_value = "text", alias = "text-column")]
     text_key: String,
     /// A token to end every document with, by its text (e.g. '</s>'; for --jsonl).
     #[arg(long)]
@@ -151,6 +155,9 @@ pub fn run(args: ConvertArgs) -> CliResult {
     }
     if !args.webdataset.is_empty() {
         return convert_webdataset(&args);
+    }
+    if !args.parquet.is_empty() && args.tokenizer.is_some() {
+        return convert_jsonl(&args); // a text column, tokenized into a stream
     }
     if !args.parquet.is_empty() {
         return convert_parquet(&args);
@@ -492,8 +499,13 @@ fn convert_jsonl(args: &ConvertArgs) -> CliResult {
         .tokenizer
         .clone()
         .ok_or("--jsonl needs --tokenizer FILE")?;
+    let inputs = if args.jsonl.is_empty() {
+        args.parquet.clone()
+    } else {
+        args.jsonl.clone()
+    };
     let options = zr_ingest::JsonlOptions {
-        inputs: args.jsonl.clone(),
+        inputs: inputs.clone(),
         tokenizer,
         text_key: args.text_key.clone(),
         eos: args.eos.clone(),
@@ -503,8 +515,7 @@ fn convert_jsonl(args: &ConvertArgs) -> CliResult {
         threads: args.threads,
         meta_keys: args.meta_keys.clone(),
     };
-    let total: u64 = args
-        .jsonl
+    let total: u64 = inputs
         .iter()
         .filter_map(|p| std::fs::metadata(p).ok())
         .map(|m| m.len())

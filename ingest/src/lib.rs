@@ -95,6 +95,8 @@ struct Line {
     file: usize,
     number: u64,
     bytes: Vec<u8>,
+    /// A Parquet row's text (its column read already; `bytes` then empty), or its null.
+    text: Option<Option<String>>,
 }
 
 /// A document: its tokens' bytes and its metadata (empty: none).
@@ -213,7 +215,7 @@ fn convert(
         ..Report::default()
     };
     std::thread::scope(|scope| -> Result<Report> {
-        let reader = scope.spawn(move || read_lines(&options.inputs, to_work));
+        let reader = scope.spawn(move || read_lines(&options.inputs, &options.text_key, to_work));
         for _ in 0..threads {
             let (work, to_write) = (&work, to_write.clone());
             // A tokenizer each: its models' caches are not shared between threads.
@@ -275,10 +277,35 @@ fn convert(
 }
 
 /// Reads every input's lines in order, in batches, into `to_work`.
-fn read_lines(inputs: &[PathBuf], to_work: mpsc::SyncSender<(u64, Vec<Line>)>) -> Result<()> {
+fn read_lines(
+    inputs: &[PathBuf],
+    text_key: &str,
+    to_work: mpsc::SyncSender<(u64, Vec<Line>)>,
+) -> Result<()> {
     let mut seq = 0u64;
     let mut batch = Vec::with_capacity(BATCH_LINES);
     for (file, path) in inputs.iter().enumerate() {
+        if path.to_string_lossy().ends_with(".parquet") {
+            let sent = parquet::read_texts(path, text_key, |number, text| {
+                batch.push(Line {
+                    file,
+                    number,
+                    bytes: Vec::new(),
+                    text: Some(text),
+                });
+                if batch.len() == BATCH_LINES {
+                    if to_work.send((seq, std::mem::take(&mut batch))).is_err() {
+                        return false; // the writer stopped
+                    }
+                    seq += 1;
+                }
+                true
+            })?;
+            if !sent {
+                return Ok(());
+            }
+            continue;
+        }
         let mut reader = BufReader::with_capacity(1 << 20, open_input(path)?);
         let mut number = 0u64;
         loop {
@@ -300,6 +327,7 @@ fn read_lines(inputs: &[PathBuf], to_work: mpsc::SyncSender<(u64, Vec<Line>)>) -
                 file,
                 number,
                 bytes,
+                text: None,
             });
             if batch.len() == BATCH_LINES {
                 if to_work.send((seq, std::mem::take(&mut batch))).is_err() {
@@ -353,17 +381,22 @@ fn tokenize(
             line: line.number,
             reason,
         };
-        let text = std::str::from_utf8(&line.bytes)
-            .map_err(|e| bad(format!("not UTF-8 ({e})")))
-            .and_then(|text| {
-                serde_json::from_str::<serde_json::Value>(text)
-                    .map_err(|e| bad(format!("not JSON: {e}")))
-            })
-            .and_then(|value| match value.get(&options.text_key) {
-                Some(serde_json::Value::String(text)) => Ok((text.clone(), value)),
-                Some(_) => Err(bad(format!("'{}' is not a string", options.text_key))),
-                None => Err(bad(format!("no key '{}'", options.text_key))),
-            });
+        let text = match line.text.clone() {
+            // A Parquet row: its text column read already.
+            Some(Some(text)) => Ok((text, serde_json::Value::Null)),
+            Some(None) => Err(bad(format!("'{}' is null", options.text_key))),
+            None => std::str::from_utf8(&line.bytes)
+                .map_err(|e| bad(format!("not UTF-8 ({e})")))
+                .and_then(|text| {
+                    serde_json::from_str::<serde_json::Value>(text)
+                        .map_err(|e| bad(format!("not JSON: {e}")))
+                })
+                .and_then(|value| match value.get(&options.text_key) {
+                    Some(serde_json::Value::String(text)) => Ok((text.clone(), value)),
+                    Some(_) => Err(bad(format!("'{}' is not a string", options.text_key))),
+                    None => Err(bad(format!("no key '{}'", options.text_key))),
+                }),
+        };
         let (text, value) = match text {
             Ok(found) => found,
             Err(_) if options.skip_bad => {
@@ -513,6 +546,57 @@ mod tests {
         let got = documents(&opts.dest);
         assert_eq!(got.len(), 2001);
         assert_eq!(got[2000], vec![4, 4, 1]);
+    }
+
+    /// A Parquet text column tokenizes as JSON lines do; a null is named by file and row.
+    #[test]
+    fn a_parquet_text_column_becomes_documents() {
+        use arrow_array::{ArrayRef, RecordBatch, StringArray};
+        use arrow_schema::{DataType, Field, Schema};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let texts: Vec<Option<String>> = (0..3000)
+            .map(|k| {
+                (k != 2500).then(|| format!("the cat {}", if k % 2 == 0 { "sat" } else { "🙂" }))
+            })
+            .collect();
+        let schema =
+            std::sync::Arc::new(Schema::new(vec![Field::new("body", DataType::Utf8, true)]));
+        let column: ArrayRef = std::sync::Arc::new(StringArray::from(texts.clone()));
+        let batch = RecordBatch::try_new(schema.clone(), vec![column]).unwrap();
+        let mut writer = ::parquet::arrow::ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            schema,
+            None,
+        )
+        .unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let opts = JsonlOptions {
+            text_key: "body".into(),
+            ..options(dir.path(), vec![path])
+        };
+        let e = tokenize_jsonl(&opts, |_| {}).unwrap_err().to_string();
+        assert!(e.contains("t.parquet:2501: 'body' is null"), "{e}");
+        let skipping = JsonlOptions {
+            skip_bad: true,
+            ..opts.clone()
+        };
+        let report = tokenize_jsonl(&skipping, |_| {}).unwrap();
+        assert_eq!((report.documents, report.skipped), (2999, 1));
+        let got = documents(&opts.dest);
+        assert_eq!(got[0], vec![2, 3, 4, 1]);
+        assert_eq!(got[1], vec![2, 3, 6, 1]);
+        let wrong = JsonlOptions {
+            text_key: "text".into(),
+            dest: dir.path().join("other"),
+            ..opts
+        };
+        let e = tokenize_jsonl(&wrong, |_| {}).unwrap_err().to_string();
+        assert!(
+            e.contains("no column 'text' to tokenize (it has: body)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -304,6 +304,64 @@ pub fn convert_parquet(
     }
 }
 
+/// Calls `each` with every row's text of string column `column` of the Parquet file at
+/// `path` (its row number from 1, and the text, `None` for a null), a batch at a time, until
+/// `each` says stop (false); returns whether every row was given.
+pub(crate) fn read_texts(
+    path: &std::path::Path,
+    column: &str,
+    mut each: impl FnMut(u64, Option<String>) -> bool,
+) -> Result<bool, IngestError> {
+    let bad = |reason: String| IngestError::Input {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| bad(format!("not a Parquet file we can read: {e}")))?;
+    let schema = builder.schema().clone();
+    let (index, field) = schema.column_with_name(column).ok_or_else(|| {
+        bad(format!(
+            "no column '{column}' to tokenize (it has: {})",
+            schema
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })?;
+    if !matches!(
+        field.data_type(),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+    ) {
+        return Err(bad(format!(
+            "column '{column}' is {}, not text",
+            field.data_type()
+        )));
+    }
+    let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), [index]);
+    let reader = builder
+        .with_projection(mask)
+        .with_batch_size(BATCH_ROWS)
+        .build()
+        .map_err(|e| bad(e.to_string()))?;
+    let mut number = 0u64;
+    for batch in reader {
+        let batch = batch.map_err(|e| bad(format!("after row {number}: {e}")))?;
+        let array = batch.column(0);
+        for row in 0..batch.num_rows() {
+            number += 1;
+            let text = (!array.is_null(row))
+                .then(|| String::from_utf8_lossy(&bytes_of(array.as_ref(), row)).into_owned());
+            if !each(number, text) {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
