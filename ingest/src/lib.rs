@@ -160,6 +160,22 @@ pub fn tokenize_jsonl(
     }
 }
 
+/// Refuses `dest` if it holds anything: a conversion makes its destination, and removes it
+/// if it fails. `hint` ends the error.
+pub(crate) fn fresh_dest(dest: &Path, hint: &str) -> Result<()> {
+    let occupied = dest.exists()
+        && std::fs::read_dir(dest)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true);
+    match occupied {
+        true => Err(IngestError::Usage(format!(
+            "{} exists and is not empty{hint}",
+            dest.display()
+        ))),
+        false => Ok(()),
+    }
+}
+
 /// The stream to write: made new (true), or opened to append to.
 fn open_dest(options: &JsonlOptions, dtype: &str) -> Result<(Stream, bool)> {
     let dest = &options.dest;
@@ -178,16 +194,7 @@ fn open_dest(options: &JsonlOptions, dtype: &str) -> Result<(Stream, bool)> {
         }
         return Ok((stream, false));
     }
-    if dest.exists()
-        && std::fs::read_dir(dest)
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(true)
-    {
-        return Err(IngestError::Usage(format!(
-            "{} exists and is not empty (give --append to add to a stream)",
-            dest.display()
-        )));
-    }
+    fresh_dest(dest, " (give --append to add to a stream)")?;
     Ok((
         Stream::create(dest, vec![Component::new("token", dtype)])?,
         true,

@@ -148,6 +148,19 @@ fn bytes_of(array: &dyn Array, row: usize) -> Vec<u8> {
     }
 }
 
+/// The Parquet file at `path`, its footer read.
+fn open(
+    path: &std::path::Path,
+) -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>, IngestError> {
+    let bad = |reason: String| IngestError::Input {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| bad(format!("not a Parquet file we can read: {e}")))
+}
+
 /// Converts `options.inputs` into a record dataset at `options.dest`, calling `progress`
 /// with the rows written so far.
 pub fn convert_parquet(
@@ -158,16 +171,7 @@ pub fn convert_parquet(
         return Err(IngestError::Usage("no input files".into()));
     }
     let dest = &options.dest;
-    if dest.exists()
-        && std::fs::read_dir(dest)
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(true)
-    {
-        return Err(IngestError::Usage(format!(
-            "{} exists and is not empty",
-            dest.display()
-        )));
-    }
+    crate::fresh_dest(dest, "")?;
     let mut store: Option<Store> = None;
     let mut plan: Vec<(String, Kind)> = Vec::new();
     let mut report = ParquetReport::default();
@@ -177,9 +181,7 @@ pub fn convert_parquet(
                 path: path.clone(),
                 reason,
             };
-            let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-            let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-                .map_err(|e| bad(format!("not a Parquet file we can read: {e}")))?;
+            let builder = open(path)?;
             let schema = builder.schema().clone();
             let names: Vec<String> = if options.columns.is_empty() {
                 schema.fields().iter().map(|f| f.name().clone()).collect()
@@ -316,9 +318,7 @@ pub(crate) fn read_texts(
         path: path.to_path_buf(),
         reason,
     };
-    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| bad(format!("not a Parquet file we can read: {e}")))?;
+    let builder = open(path)?;
     let schema = builder.schema().clone();
     let (index, field) = schema.column_with_name(column).ok_or_else(|| {
         bad(format!(

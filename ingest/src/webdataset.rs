@@ -95,16 +95,7 @@ pub fn convert_tars(
         }
     }
     let dest = &options.dest;
-    if dest.exists()
-        && std::fs::read_dir(dest)
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(true)
-    {
-        return Err(IngestError::Usage(format!(
-            "{} exists and is not empty",
-            dest.display()
-        )));
-    }
+    crate::fresh_dest(dest, "")?;
     let mut state = Converting {
         options,
         store: None,

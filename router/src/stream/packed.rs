@@ -169,6 +169,7 @@ impl ClusterPacked {
         let e = self.stream.element_bytes as usize;
         let mut pieces = Vec::with_capacity(indices.len());
         let mut ranges = Vec::new();
+        let mut used = Vec::with_capacity(indices.len());
         for (k, &i) in indices.iter().enumerate() {
             let row = self.plan.row(i).ok_or_else(|| {
                 Error::Proto(zr_proto::Error::Remote {
@@ -183,9 +184,12 @@ impl ClusterPacked {
                 at += p.len as usize;
             }
             pieces.push(row);
+            used.push(at);
         }
         out.describe_wanted(pieces.into_iter(), width, e, wanted);
-        out.tokens.fill(0);
+        for (k, at) in used.into_iter().enumerate() {
+            out.tokens[(k * width + at) * e..(k + 1) * width * e].fill(0);
+        }
         self.stream.read_ranges(&ranges, &mut out.tokens)
     }
 }
