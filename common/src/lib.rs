@@ -26,7 +26,10 @@ pub use blocklist::Blocklist;
 pub use budget::{BudgetConfig, BudgetState, TokenBudget};
 pub use columns::Contiguous;
 pub use error::{BoxError, Error};
-pub use loader::{GatherSource, LoadedBatch, Loader, LoaderOptions, MixtureLoader};
+pub use loader::{
+    BudgetLoader, GatherSource, LoadedBatch, LoadedStep, Loader, LoaderOptions, MixtureLoader,
+    RampLoader,
+};
 pub use mixture::{Mixture, MixtureConfig, MixtureState, Stage};
 pub use packing::{PackConfig, PackPlan, PackStats, PackedColumns, Packer, Piece};
 pub use record::Record;

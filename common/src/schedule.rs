@@ -233,6 +233,19 @@ impl RampSampler {
         &self.schedule
     }
 
+    /// Datasets the run reads: 1, or a mixture's.
+    pub fn datasets(&self) -> usize {
+        match &self.order {
+            RunOrder::Dataset(_) => 1,
+            RunOrder::Mixture(m) => m.config().lengths.len(),
+        }
+    }
+
+    /// Whether the run reads a mixture's stream.
+    pub fn is_mixture(&self) -> bool {
+        matches!(self.order, RunOrder::Mixture(_))
+    }
+
     /// The state before the first step.
     pub fn start(&self) -> RampState {
         let (seed, len) = self.order.identity();

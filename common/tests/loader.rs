@@ -445,3 +445,198 @@ fn a_mixture_loader_resumes_exactly_under_other_ranks_with_prefetch_in_flight() 
         "{e}"
     );
 }
+
+fn ramp(rank: u64, ranks: u64) -> zr_common::RampSampler {
+    let schedule = zr_common::BatchSchedule::Ramp {
+        start: 8,
+        increment: 8,
+        samples: 96,
+        global: 24,
+    };
+    zr_common::RampSampler::new(100, 3, rank, ranks, schedule).unwrap()
+}
+
+/// Runs `ranks` loaders of `make(rank, ranks)` from `state` for `steps` steps each; returns
+/// the global batches they read (ranks' parts in rank order) and the checkpoint after.
+fn ramp_run(
+    make: &dyn Fn(u64, u64) -> zr_common::RampSampler,
+    sources: &dyn Fn() -> Vec<Arc<dyn GatherSource>>,
+    ranks: u64,
+    state: &zr_common::RampState,
+    steps: usize,
+) -> (Vec<Vec<(u32, u64)>>, zr_common::RampState) {
+    let options = LoaderOptions {
+        prefetch: 5,
+        workers: 3,
+        ..LoaderOptions::default()
+    };
+    let mut global: Vec<Vec<(u32, u64)>> = vec![Vec::new(); steps];
+    let mut after = None;
+    for rank in 0..ranks {
+        let mut loader =
+            zr_common::RampLoader::new(sources(), make(rank, ranks), state, options.clone())
+                .unwrap();
+        for (k, batch) in loader.by_ref().take(steps).enumerate() {
+            let b = batch.unwrap();
+            assert_eq!(b.position, state.steps + k as u64, "steps in order");
+            let column = &b.columns[0];
+            for (j, &i) in b.indices.iter().enumerate() {
+                let s = b.sources.get(j).copied().unwrap_or(0);
+                let payload = column.get(j).unwrap();
+                let value = u64::from_le_bytes(payload[..8].try_into().unwrap());
+                assert_eq!(value, s as u64 * 1_000_000 + i, "the row is its record");
+                global[k].push((s, i));
+            }
+        }
+        let state = loader.state();
+        assert!(
+            after.as_ref().is_none_or(|a| *a == state),
+            "one state on every rank"
+        );
+        after = Some(state);
+    }
+    (global, after.unwrap())
+}
+
+/// A ramped loader reads the ramp's steps, gathered; resumed from its checkpoint under
+/// other numbers of ranks (with prefetch running ahead) it reads the same global stream.
+#[test]
+fn a_ramp_loader_resumes_exactly_under_other_ranks() {
+    let lone = || -> Vec<Arc<dyn GatherSource>> { vec![Arc::new(Salted(0))] };
+    let start = ramp(0, 1).start();
+    let (whole, _) = ramp_run(&ramp, &lone, 1, &start, 12);
+    let sizes: Vec<usize> = whole.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [8, 8, 8, 8, 8, 8, 16, 16, 16, 24, 24, 24], "the ramp's sizes");
+    // Against the planner itself.
+    let (mut state, sampler) = (start.clone(), ramp(0, 1));
+    for batch in &whole {
+        let (records, next) = sampler.step(&state);
+        assert_eq!(batch.iter().map(|r| r.1).collect::<Vec<_>>(), records);
+        state = next;
+    }
+    let (mut chained, mut state) = (Vec::new(), start);
+    for (ranks, steps) in [(4u64, 3usize), (8, 5), (2, 4)] {
+        let (part, next) = ramp_run(&ramp, &lone, ranks, &state, steps);
+        chained.extend(part);
+        state = next;
+    }
+    assert_eq!(chained, whole);
+    // A schedule that would have sized the steps taken otherwise is refused, naming the step.
+    let three =
+        zr_common::RampSampler::new(100, 3, 0, 3, zr_common::BatchSchedule::Stages(vec![(0, 9)]))
+            .unwrap();
+    let e = zr_common::RampLoader::new(lone(), three, &state, LoaderOptions::default())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("step 0"), "{e}");
+}
+
+/// Over a mixture, each row comes from its own dataset, and a resume under other ranks
+/// reads on exactly.
+#[test]
+fn a_ramp_loader_reads_a_mixture() {
+    let make = |rank, ranks| {
+        let schedule = zr_common::BatchSchedule::Stages(vec![(0, 4), (40, 12)]);
+        let mut config = mixture(0, 1).config().clone();
+        config.batch = 1;
+        let mixture = zr_common::Mixture::new(config).unwrap();
+        zr_common::RampSampler::over_mixture(mixture, rank, ranks, schedule).unwrap()
+    };
+    let start = make(0, 1).start();
+    let (whole, _) = ramp_run(&make, &sources, 1, &start, 16);
+    assert!(
+        whole.iter().flatten().any(|r| r.0 == 2),
+        "the third dataset is read"
+    );
+    let (mut chained, mut state) = (Vec::new(), start);
+    for (ranks, steps) in [(2u64, 7usize), (4, 9)] {
+        let (part, next) = ramp_run(&make, &sources, ranks, &state, steps);
+        chained.extend(part);
+        state = next;
+    }
+    assert_eq!(chained, whole);
+    let e = zr_common::RampLoader::new(
+        sources()[..1].to_vec(),
+        make(0, 1),
+        &state,
+        LoaderOptions::default(),
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("3 datasets"), "{e}");
+}
+
+/// A token-budget loader hands out the budget's steps with every micro-batch gathered, the
+/// same count on every rank; resumed from its checkpoint under other ranks and
+/// accumulation, the run's micro-batches go on as an uninterrupted run's.
+#[test]
+fn a_budget_loader_resumes_exactly_under_other_ranks() {
+    use zr_common::budget::{Cost, Remainder, TooLong};
+    let lengths: Vec<u64> = (0..300u64).map(|i| i % 5 + 1).collect();
+    let config = |ranks, accumulation| zr_common::BudgetConfig {
+        max_tokens: 12,
+        cost: Cost::Packed,
+        lookahead: 16,
+        ranks,
+        accumulation,
+        remainder: Remainder::Carry,
+        too_long: TooLong::Refuse,
+        seed: 4,
+    };
+    let options = LoaderOptions {
+        prefetch: 3,
+        workers: 2,
+        ..LoaderOptions::default()
+    };
+    // The run's micro-batches in order, from `ranks` loaders taking `steps` steps.
+    let run = |ranks: u32, accumulation: u32, state: zr_common::BudgetState, steps: usize| {
+        let mut step_micro: Vec<Vec<(u32, u32, Vec<u64>)>> = vec![Vec::new(); steps];
+        let mut after = None;
+        for rank in 0..ranks {
+            let budget =
+                zr_common::TokenBudget::new(lengths.clone(), config(ranks, accumulation)).unwrap();
+            let mut loader = zr_common::BudgetLoader::new(
+                Arc::new(Salted(0)),
+                budget,
+                rank,
+                state,
+                options.clone(),
+            )
+            .unwrap();
+            for (k, step) in loader.by_ref().take(steps).enumerate() {
+                let step = step.unwrap();
+                assert_eq!(step.micro.len(), accumulation as usize, "rank {rank}");
+                for (j, micro) in step.micro.iter().enumerate() {
+                    let micro = micro.as_ref().unwrap();
+                    let column = &micro.columns[0];
+                    let tokens: u64 = (0..micro.indices.len())
+                        .map(|e| column.get(e).unwrap().len() as u64 / 8)
+                        .sum();
+                    assert!(tokens <= 12, "a micro-batch of {tokens} tokens");
+                    step_micro[k].push((j as u32, rank, micro.indices.clone()));
+                }
+            }
+            after = Some(loader.state());
+        }
+        let mut out = Vec::new();
+        for mut step in step_micro {
+            step.sort_by_key(|m| (m.0, m.1)); // run order: j·R + r
+            out.extend(step.into_iter().map(|m| m.2));
+        }
+        (out, after.unwrap())
+    };
+    let (whole, _) = run(1, 1, zr_common::BudgetState::default(), 120);
+    let (mut chained, mut state) = (Vec::new(), zr_common::BudgetState::default());
+    for (ranks, accumulation, steps) in [(2, 3, 5), (3, 1, 10), (1, 2, 30)] {
+        let (part, next) = run(ranks, accumulation, state, steps);
+        chained.extend(part);
+        state = next;
+    }
+    assert_eq!(chained[..], whole[..chained.len()]);
+    assert!(chained.len() >= 100);
+    let budget = zr_common::TokenBudget::new(lengths.clone(), config(2, 1)).unwrap();
+    let e = zr_common::BudgetLoader::new(Arc::new(Salted(0)), budget, 2, state, options)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("rank 2"), "{e}");
+}

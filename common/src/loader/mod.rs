@@ -18,6 +18,9 @@ use crate::error::{BoxError, Error};
 use crate::mixture::{Mixture, MixtureState};
 use crate::sampler::{Sampler, SamplerState};
 
+mod steps;
+pub use steps::{BudgetLoader, LoadedStep, RampLoader};
+
 /// Anything that can gather records into columns: a local store, a cluster client.
 pub trait GatherSource: Send + Sync + 'static {
     /// Gathers `indices` for `fields` (empty = all, in schema order) into `columns`, one
@@ -154,28 +157,28 @@ impl Plan {
 /// A prefetching, resumable batch iterator. See the module documentation.
 pub struct Loader {
     plan: Plan,
-    workers: Workers,
+    workers: Workers<LoadedBatch, ()>,
 }
 
-/// The threads preparing batches ahead, and the channels they hand them over in.
-struct Workers {
-    receivers: Vec<Receiver<Result<LoadedBatch, Error>>>,
+/// The threads preparing items (batches, steps) ahead, and the channels they hand them over
+/// in, each item with the checkpoint after it (`C`; `()` where the count delivered says it).
+struct Workers<T, C> {
+    receivers: Vec<Receiver<Result<(T, C), Error>>>,
     handles: Vec<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     finished: bool,
-    /// Batches handed to the caller.
+    /// Items handed to the caller.
     delivered: u64,
+    /// The checkpoint after the last item handed to the caller.
+    last: Option<C>,
 }
 
-impl Workers {
-    /// Worker `w` of `W` prepares batches `w, w+W, …` with `produce(seq, buffers, pool)`
-    /// (`None`: the run has no batch `seq`) until stopped, an error, or the end.
-    fn start<F>(options: &LoaderOptions, produce: F) -> Result<Workers, Error>
+impl<T: Send + 'static, C: Send + 'static> Workers<T, C> {
+    /// Worker `w` of `W` prepares items `w, w+W, …` with `produce(seq, pool)` (`None`: the
+    /// run has no item `seq`) until stopped, an error, or the end.
+    fn start<F>(options: &LoaderOptions, produce: F) -> Result<Workers<T, C>, Error>
     where
-        F: Fn(u64, Vec<Contiguous>, &Arc<Pool>) -> Option<Result<LoadedBatch, Error>>
-            + Send
-            + Sync
-            + 'static,
+        F: Fn(u64, &Arc<Pool>) -> Option<Result<(T, C), Error>> + Send + Sync + 'static,
     {
         let workers = options.workers.clamp(1, LOADER_WORKERS_MAX);
         let capacity = options.prefetch.div_ceil(workers);
@@ -197,7 +200,7 @@ impl Workers {
                 .spawn(move || {
                     let mut seq = worker as u64;
                     while !stop.load(Ordering::Relaxed) {
-                        let Some(result) = produce(seq, pool.take(), &pool) else {
+                        let Some(result) = produce(seq, &pool) else {
                             break;
                         };
                         let failed = result.is_err();
@@ -216,19 +219,21 @@ impl Workers {
             stop,
             finished: false,
             delivered: 0,
+            last: None,
         })
     }
 
-    /// The next batch in order, or `None` at the end.
-    fn next(&mut self) -> Option<Result<LoadedBatch, Error>> {
+    /// The next item in order, or `None` at the end.
+    fn next(&mut self) -> Option<Result<T, Error>> {
         if self.finished {
             return None;
         }
         let channel = &self.receivers[(self.delivered % self.receivers.len() as u64) as usize];
         match channel.recv() {
-            Ok(Ok(batch)) => {
+            Ok(Ok((item, after))) => {
                 self.delivered += 1;
-                Some(Ok(batch))
+                self.last = Some(after);
+                Some(Ok(item))
             }
             Ok(Err(e)) => {
                 self.finished = true;
@@ -243,7 +248,7 @@ impl Workers {
     }
 }
 
-impl Drop for Workers {
+impl<T, C> Drop for Workers<T, C> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         // Closing the channels wakes workers blocked on a full one.
@@ -272,20 +277,23 @@ impl Loader {
         let fields: Arc<[String]> = options.fields.clone().into();
         let produce = {
             let plan = plan.clone();
-            move |seq: u64, columns: Vec<Contiguous>, pool: &Arc<Pool>| {
+            move |seq: u64, pool: &Arc<Pool>| {
                 let (epoch, start, end) = plan.batch(seq)?;
                 let mut indices = Vec::new();
                 plan.sampler.epoch(epoch).fill(start, end, &mut indices);
-                let mut columns = columns;
+                let mut columns = pool.take();
                 Some(match source.gather_into(&indices, &fields, &mut columns) {
-                    Ok(()) => Ok(LoadedBatch {
-                        epoch,
-                        position: start,
-                        indices,
-                        sources: Vec::new(),
-                        columns,
-                        pool: Some(Arc::clone(pool)),
-                    }),
+                    Ok(()) => Ok((
+                        LoadedBatch {
+                            epoch,
+                            position: start,
+                            indices,
+                            sources: Vec::new(),
+                            columns,
+                            pool: Some(Arc::clone(pool)),
+                        },
+                        (),
+                    )),
                     Err(source) => Err(Error::Gather {
                         epoch,
                         start,
@@ -331,7 +339,7 @@ impl Iterator for Loader {
 pub struct MixtureLoader {
     mixture: Arc<Mixture>,
     start: u64,
-    workers: Workers,
+    workers: Workers<LoadedBatch, ()>,
 }
 
 impl MixtureLoader {
@@ -356,19 +364,29 @@ impl MixtureLoader {
         let fields: Arc<[String]> = options.fields.clone().into();
         let produce = {
             let mixture = Arc::clone(&mixture);
-            move |seq: u64, columns: Vec<Contiguous>, pool: &Arc<Pool>| {
+            move |seq: u64, pool: &Arc<Pool>| {
                 let batch = start + seq;
+                let (mut from, mut records) = (Vec::new(), Vec::new());
+                mixture.fill(batch, &mut from, &mut records);
                 Some(
-                    gather_mixed(&mixture, &sources, &fields, batch, columns).map(
-                        |(rows, columns)| LoadedBatch {
+                    gather_rows(&sources, &fields, &from, &records, pool.take())
+                        .map_err(|(i, source)| Error::Gather {
                             epoch: 0,
-                            position: batch,
-                            indices: rows.1,
-                            sources: rows.0,
-                            columns,
-                            pool: Some(Arc::clone(pool)),
-                        },
-                    ),
+                            start: batch,
+                            end: batch + 1,
+                            source: format!("dataset {i}: {source}").into(),
+                        })
+                        .map(|columns| {
+                            let batch = LoadedBatch {
+                                epoch: 0,
+                                position: batch,
+                                indices: records,
+                                sources: from,
+                                columns,
+                                pool: Some(Arc::clone(pool)),
+                            };
+                            (batch, ())
+                        }),
                 )
             }
         };
@@ -394,21 +412,24 @@ impl Iterator for MixtureLoader {
     }
 }
 
-/// This rank's part of global batch `batch`: its (sources, records), and per field the rows
-/// in batch order, each dataset's gathered at once into `buffers` first.
-#[allow(clippy::type_complexity)]
-fn gather_mixed(
-    mixture: &Mixture,
+/// Rows `(from[k], records[k])` — dataset and record — gathered into `buffers`, per field in
+/// row order: each dataset's rows in one gather first. A failed gather names its dataset.
+fn gather_rows(
     sources: &[Arc<dyn GatherSource>],
     fields: &[String],
-    batch: u64,
+    from: &[u32],
+    records: &[u64],
     mut buffers: Vec<Contiguous>,
-) -> Result<((Vec<u32>, Vec<u64>), Vec<Contiguous>), Error> {
-    let (mut from, mut records) = (Vec::new(), Vec::new());
-    mixture.fill(batch, &mut from, &mut records);
+) -> Result<Vec<Contiguous>, (usize, BoxError)> {
+    if sources.len() == 1 {
+        sources[0]
+            .gather_into(records, fields, &mut buffers)
+            .map_err(|e| (0, e))?;
+        return Ok(buffers);
+    }
     // Per dataset: its rows' places in the batch and their records.
     let mut rows: Vec<(Vec<usize>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); sources.len()];
-    for (place, (&i, &record)) in from.iter().zip(&records).enumerate() {
+    for (place, (&i, &record)) in from.iter().zip(records).enumerate() {
         rows[i as usize].0.push(place);
         rows[i as usize].1.push(record);
     }
@@ -420,12 +441,7 @@ fn gather_mixed(
         let mut columns = Vec::new();
         sources[i]
             .gather_into(indices, fields, &mut columns)
-            .map_err(|source| Error::Gather {
-                epoch: 0,
-                start: batch,
-                end: batch + 1,
-                source: format!("dataset {i}: {source}").into(),
-            })?;
+            .map_err(|e| (i, e))?;
         parts.push((i, columns));
     }
     let count = from.len();
@@ -459,5 +475,5 @@ fn gather_mixed(
             }
         }
     }
-    Ok(((from, records), buffers))
+    Ok(buffers)
 }
