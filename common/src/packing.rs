@@ -412,6 +412,15 @@ pub struct Wanted {
 }
 
 impl Wanted {
+    /// Tokens, `cu_seqlens` and `max_seqlen` alone: what flash-attention's variable-length
+    /// kernels take (positions and the loss mask follow from `cu_seqlens`).
+    pub const VARLEN: Wanted = Wanted {
+        document: false,
+        segment_ids: false,
+        positions: false,
+        loss_mask: false,
+    };
+
     /// Every column.
     pub const ALL: Wanted = Wanted {
         document: true,

@@ -506,7 +506,11 @@ fn a_ramp_loader_resumes_exactly_under_other_ranks() {
     let start = ramp(0, 1).start();
     let (whole, _) = ramp_run(&ramp, &lone, 1, &start, 12);
     let sizes: Vec<usize> = whole.iter().map(Vec::len).collect();
-    assert_eq!(sizes, [8, 8, 8, 8, 8, 8, 16, 16, 16, 24, 24, 24], "the ramp's sizes");
+    assert_eq!(
+        sizes,
+        [8, 8, 8, 8, 8, 8, 16, 16, 16, 24, 24, 24],
+        "the ramp's sizes"
+    );
     // Against the planner itself.
     let (mut state, sampler) = (start.clone(), ramp(0, 1));
     for batch in &whole {

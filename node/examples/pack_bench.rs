@@ -13,8 +13,9 @@
 //! plan's timing are drawn the same way.
 //!
 //! Both methods copy `batch` random rows of `seq_len + 1` uint32 tokens into one buffer;
-//! packed rows also give every token its document, segment, position and loss mask, and the
-//! batch its `cu_seqlens`. Rounds alternate; each figure is the median of its rounds.
+//! packed rows also give the batch its `cu_seqlens` (what flash-attention's variable-length
+//! kernels take) and, in the rows that ask, every token its position and loss mask
+//! (Megatron's), or also its document and segment (every column). Rounds alternate; each figure is the median of its rounds.
 
 mod bench_util;
 
@@ -180,14 +181,14 @@ fn compare(args: &Args, stream: &Arc<Stream>) -> BoxResult<()> {
     let mut document = vec![0i64; args.batch * width];
     let mut out = PackedColumns::default();
     let mut indices = Vec::new();
-    // What flash-attention's variable-length kernels take: tokens, positions, cu_seqlens.
-    let varlen = Wanted {
+    // What a Megatron-style step takes beside cu_seqlens: positions and the loss mask.
+    let masked = Wanted {
         document: false,
         segment_ids: false,
         positions: true,
         loss_mask: true,
     };
-    let mut figures = [(); 4].map(|_| Vec::new());
+    let mut figures = [(); 5].map(|_| Vec::new());
     let seconds = args.seconds / ROUNDS as f64;
     for _ in 0..ROUNDS {
         figures[0].push(time_batches(seconds, |b| {
@@ -205,15 +206,22 @@ fn compare(args: &Args, stream: &Arc<Stream>) -> BoxResult<()> {
         figures[2].push(time_batches(seconds, |b| {
             rows(b, args.batch, packed.len(), &mut indices);
             packed
-                .gather_wanted(&indices, &mut out, None, varlen)
+                .gather_wanted(&indices, &mut out, None, Wanted::VARLEN)
                 .expect("packed");
         }));
         figures[3].push(time_batches(seconds, |b| {
             rows(b, args.batch, packed.len(), &mut indices);
+            packed
+                .gather_wanted(&indices, &mut out, None, masked)
+                .expect("packed");
+        }));
+        figures[4].push(time_batches(seconds, |b| {
+            rows(b, args.batch, packed.len(), &mut indices);
             packed.gather(&indices, &mut out, None).expect("packed");
         }));
     }
-    let [tokens_only, with_documents, packed_varlen, packed_all] = figures.map(median);
+    let [tokens_only, with_documents, packed_varlen, packed_masked, packed_all] =
+        figures.map(median);
     println!(
         "W = {}, batches of {} random rows, batches/s:",
         args.seq_len, args.batch
@@ -221,9 +229,13 @@ fn compare(args: &Args, stream: &Arc<Stream>) -> BoxResult<()> {
     println!("  fixed windows, tokens                                {tokens_only:>9.0}");
     println!("  fixed windows, tokens + document                     {with_documents:>9.0}");
     println!(
-        "  packed rows, tokens + positions + loss_mask + cu_seqlens {packed_varlen:>9.0}  ({:.2}x windows' tokens, {:.2}x with documents)",
+        "  packed rows, tokens + cu_seqlens                     {packed_varlen:>9.0}  ({:.2}x windows' tokens)",
         packed_varlen / tokens_only,
-        packed_varlen / with_documents
+    );
+    println!(
+        "  packed rows, tokens + positions + loss_mask + cu_seqlens {packed_masked:>9.0}  ({:.2}x windows' tokens, {:.2}x with documents)",
+        packed_masked / tokens_only,
+        packed_masked / with_documents
     );
     println!(
         "  packed rows, every column                            {packed_all:>9.0}  ({:.2}x windows' tokens, {:.2}x with documents)",
