@@ -14,8 +14,9 @@ use zr_common::provenance::{Entry, Run, RunSpec};
 /// configuration, its datasets and blocklist — which `zrecord.Loader.describe()` writes as
 /// run.json; nothing is logged while the run trains. Each row names the rank, its place in
 /// the rank's batch, the dataset and the record; a record a blocklist replaced is shown with
-/// the one it replaced. A dataset of packed rows whose stream is at the path run.json gives
-/// shows each row's documents and token ranges.
+/// the one it replaced; over a mixture or a ramp, the dataset's epoch. A dataset of packed
+/// rows or of windows whose stream is at the path run.json gives shows each row's documents
+/// and the token ranges (within each document) it holds.
 #[derive(Args)]
 pub struct ExplainArgs {
     /// The run's description (run.json).
@@ -40,6 +41,17 @@ pub struct ExplainArgs {
     /// One JSON object a row.
     #[arg(long)]
     json: bool,
+    /// Print the step's digest instead of its rows: per dataset, a hash of the CRC32 every
+    /// field of every record of the step carries (each checked against its payload), or of
+    /// a stream's rows. Kept, it lets --verify tell later whether the step still reads the
+    /// same bytes; the datasets are opened from the paths run.json gives.
+    #[arg(long, conflicts_with = "verify")]
+    digest: bool,
+    /// NAME=HEX,…: a digest --digest printed for this step; checks that every dataset still
+    /// serves the bytes the step read, naming each that does not. Only the step's records
+    /// are read.
+    #[arg(long, value_name = "DIGEST")]
+    verify: Option<String>,
 }
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -63,10 +75,7 @@ pub fn run(args: ExplainArgs) -> Result<()> {
         }
     }
     let run = spec.run()?;
-    let ranks = match &run {
-        Run::Sampler { ranks, .. } => ranks.len() as u64,
-        Run::Mixture { ranks, .. } => ranks.len() as u64,
-    };
+    let ranks = run.ranks();
     if let Some(rank) = args.rank.filter(|&r| r >= ranks) {
         return Err(format!("rank {rank}: the run has {ranks} ranks (0..{ranks})").into());
     }
@@ -102,8 +111,64 @@ pub fn run(args: ExplainArgs) -> Result<()> {
         return Ok(());
     }
     let step = args.step.ok_or("give --step N or --grep DATASET:RECORD")?;
+    // Over several datasets, each position's own dataset epoch is worth showing.
+    let mixed = !matches!(run, Run::Sampler { .. });
     let manifest = run.manifest(step);
-    let packed = packings(&spec)?;
+    let rows = row_readers(&spec)?;
+    if args.digest || args.verify.is_some() {
+        let digests = step_digests(&spec, &manifest)?;
+        let printed: Vec<String> = digests
+            .iter()
+            .map(|(name, d)| format!("{name}={d:016x}"))
+            .collect();
+        let Some(wanted) = &args.verify else {
+            if args.json {
+                let map: serde_json::Map<String, serde_json::Value> = digests
+                    .iter()
+                    .map(|(name, d)| (name.clone(), format!("{d:016x}").into()))
+                    .collect();
+                println!("{}", serde_json::json!({ "step": step, "digest": map }));
+            } else {
+                println!("{}", printed.join(","));
+            }
+            return Ok(());
+        };
+        let mut differs = Vec::new();
+        for part in wanted.split(',').filter(|p| !p.trim().is_empty()) {
+            let (name, hex) = part
+                .trim()
+                .split_once('=')
+                .ok_or_else(|| format!("'{part}' is not NAME=HEX (give what --digest printed)"))?;
+            let then = u64::from_str_radix(hex, 16)
+                .map_err(|_| format!("'{hex}' is not a hexadecimal digest (dataset '{name}')"))?;
+            match digests.iter().find(|(n, _)| n == name) {
+                None => {
+                    return Err(format!(
+                        "the digest names dataset '{name}', which step {step} does not read"
+                    )
+                    .into())
+                }
+                Some((_, now)) if *now != then => differs.push(name.to_string()),
+                Some(_) => {}
+            }
+        }
+        if !differs.is_empty() {
+            return Err(format!(
+                "step {step} no longer reads what it read: dataset{} {} changed since the digest was taken (now {})",
+                if differs.len() > 1 { "s" } else { "" },
+                differs.iter().map(|d| format!("'{d}'")).collect::<Vec<_>>().join(", "),
+                printed.join(",")
+            )
+            .into());
+        }
+        println!(
+            "step {step} reads what it read: {} positions over {} dataset{}",
+            manifest.len(),
+            digests.len(),
+            if digests.len() > 1 { "s" } else { "" }
+        );
+        return Ok(());
+    }
     if !args.json {
         let epoch = run
             .steps_per_epoch()
@@ -124,25 +189,31 @@ pub fn run(args: ExplainArgs) -> Result<()> {
         .iter()
         .filter(|e| args.rank.is_none_or(|r| e.rank == r))
     {
-        let pieces = packed
-            .get(entry.dataset as usize)
-            .and_then(Option::as_ref)
-            .and_then(|p| p.plan().row(entry.record))
-            .map(|row| {
+        let pieces = match rows.get(entry.dataset as usize) {
+            Some(Rows::Packed(p)) => p.plan().row(entry.record).map(|row| {
                 row.iter()
-                    .map(|p| (p.document, p.offset, p.offset + p.len))
+                    .map(|p| (p.document, p.offset as u64, (p.offset + p.len) as u64))
                     .collect::<Vec<_>>()
-            });
-        print_entry(&spec, entry, pieces, args.json);
+            }),
+            Some(Rows::Windows(w)) => w.pieces(entry.record),
+            _ => None,
+        };
+        print_entry(&spec, entry, pieces, mixed, args.json);
     }
     Ok(())
 }
 
-fn print_entry(spec: &RunSpec, e: &Entry, pieces: Option<Vec<(u64, u32, u32)>>, json: bool) {
+fn print_entry(
+    spec: &RunSpec,
+    e: &Entry,
+    pieces: Option<Vec<(u64, u64, u64)>>,
+    mixed: bool,
+    json: bool,
+) {
     if json {
         let mut row = serde_json::json!({
             "rank": e.rank, "slot": e.slot, "dataset": name_of(spec, e.dataset),
-            "record": e.record, "replaced": e.replaced,
+            "record": e.record, "replaced": e.replaced, "epoch": e.epoch,
         });
         if let Some(pieces) = &pieces {
             row["pieces"] = serde_json::json!(pieces
@@ -160,6 +231,9 @@ fn print_entry(spec: &RunSpec, e: &Entry, pieces: Option<Vec<(u64, u32, u32)>>, 
         name_of(spec, e.dataset),
         e.record
     );
+    if mixed {
+        line.push_str(&format!(" (its epoch {})", e.epoch));
+    }
     if let Some(was) = e.replaced {
         line.push_str(&format!(" (in place of {was}, blocklisted)"));
     }
@@ -173,22 +247,103 @@ fn print_entry(spec: &RunSpec, e: &Entry, pieces: Option<Vec<(u64, u32, u32)>>, 
     println!("{line}");
 }
 
-/// The packing of each dataset that has one, its stream opened from its path.
-fn packings(spec: &RunSpec) -> Result<Vec<Option<zr_node::stream::Packed>>> {
+/// How a dataset's records map onto a token stream, where run.json says and its path opens.
+enum Rows {
+    Packed(zr_node::stream::Packed),
+    Windows(zr_node::stream::Windows),
+    Records,
+}
+
+/// Each dataset's rows: packed rows or windows of a stream opened from its path.
+fn row_readers(spec: &RunSpec) -> Result<Vec<Rows>> {
     spec.datasets
         .iter()
-        .map(|d| match (&d.packing, &d.path) {
-            (Some(config), Some(path)) => {
-                let stream = zr_node::stream::Stream::open_read_only(path)
-                    .map_err(|e| format!("dataset '{}': {e}", d.name))?;
-                Ok(Some(zr_node::stream::Packed::new(
-                    Arc::new(stream),
-                    *config,
-                )?))
-            }
-            _ => Ok(None),
+        .map(|d| {
+            let open = |path: &String| {
+                zr_node::stream::Stream::open_read_only(path)
+                    .map(Arc::new)
+                    .map_err(|e| format!("dataset '{}': {e}", d.name))
+            };
+            Ok(match (&d.packing, &d.windows, &d.path) {
+                (Some(config), _, Some(path)) => {
+                    Rows::Packed(zr_node::stream::Packed::new(open(path)?, *config)?)
+                }
+                (None, Some(mode), Some(path)) => {
+                    Rows::Windows(zr_node::stream::Windows::new(open(path)?, *mode)?)
+                }
+                _ => Rows::Records,
+            })
         })
         .collect()
+}
+
+/// Per dataset the step reads (by name, in the order of run.json): a hash over its
+/// positions, in manifest order, of each record's field CRCs (checked against the payloads),
+/// or a stream row's tokens' CRC.
+fn step_digests(spec: &RunSpec, manifest: &[Entry]) -> Result<Vec<(String, u64)>> {
+    use zr_common::hash::mix2;
+    let rows = row_readers(spec)?;
+    let mut stores: Vec<Option<zr_node::Store>> = Vec::new();
+    let mut digests: Vec<Option<u64>> = Vec::new();
+    let (mut packed, mut tokens) = (zr_node::stream::PackedColumns::default(), Vec::new());
+    for entry in manifest {
+        let d = entry.dataset as usize;
+        let name = name_of(spec, entry.dataset);
+        let crcs: Vec<u32> = match rows.get(d) {
+            Some(Rows::Packed(p)) => {
+                p.gather_wanted(
+                    &[entry.record],
+                    &mut packed,
+                    None,
+                    zr_common::packing::Wanted::VARLEN,
+                )
+                .map_err(|e| format!("dataset '{name}': {e}"))?;
+                vec![crc32fast::hash(&packed.tokens)]
+            }
+            Some(Rows::Windows(w)) => {
+                let bytes = w.width() * w.stream().element_bytes() as usize;
+                tokens.resize(bytes, 0);
+                w.gather_to(&[entry.record], &mut tokens, None, None, None)
+                    .map_err(|e| format!("dataset '{name}': {e}"))?;
+                vec![crc32fast::hash(&tokens)]
+            }
+            _ => {
+                if d >= stores.len() {
+                    stores.resize_with(d + 1, || None);
+                }
+                if stores[d].is_none() {
+                    let path = spec
+                        .datasets
+                        .get(d)
+                        .and_then(|ds| ds.path.as_ref())
+                        .ok_or_else(|| {
+                            format!("dataset '{name}' has no path in run.json: its records cannot be read")
+                        })?;
+                    let store = zr_node::Store::open_read_only(path)
+                        .map_err(|e| format!("dataset '{name}' ({path}): {e}"))?;
+                    stores[d] = Some(store);
+                }
+                let store = stores[d].as_ref().ok_or("dataset not opened")?;
+                store
+                    .record_crcs(entry.record)
+                    .map_err(|e| format!("dataset '{name}': {e}"))?
+            }
+        };
+        if d >= digests.len() {
+            digests.resize(d + 1, None);
+        }
+        let mut h = digests[d].unwrap_or(0x7a72_6469_6765_7374);
+        h = mix2(h, entry.record);
+        for crc in crcs {
+            h = mix2(h, crc as u64);
+        }
+        digests[d] = Some(h);
+    }
+    Ok(digests
+        .into_iter()
+        .enumerate()
+        .filter_map(|(d, h)| h.map(|h| (name_of(spec, d as u32), h)))
+        .collect())
 }
 
 fn name_of(spec: &RunSpec, dataset: u32) -> String {

@@ -298,3 +298,126 @@ fn explain_lists_what_each_rank_read_at_a_step() {
     ]);
     assert!(!ok && err.contains("version 0"), "{err}");
 }
+
+/// `zr explain` of a run over a stream's windows names each row's documents and their token
+/// ranges; a mixture's positions say their dataset's epoch.
+#[test]
+fn explain_names_a_windows_documents_and_a_mixtures_epochs() {
+    use zr_node::stream::{Component, Stream};
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("s");
+    let stream = Stream::create(&path, vec![Component::new("token", "<u4")]).unwrap();
+    // Documents of 5, 3 and 9 tokens: windows of 4 + 1 tokens at stride 4.
+    for len in [5u32, 3, 9] {
+        let tokens: Vec<u8> = (0..len).flat_map(|t| t.to_le_bytes()).collect();
+        stream.append_document(&tokens, &[]).unwrap();
+    }
+    stream.commit().unwrap();
+    drop(stream);
+    let run = tmp.path().join("run.json");
+    let spec = serde_json::json!({"format": "zrecord-run", "version": 1,
+        "order": {"sampler": {"len": 3, "order": {"kind": "sequential"}, "seed": 0, "rank": 0,
+                              "ranks": 1, "batch": 3, "tail": "drop"}},
+        "datasets": [{"name": "s", "path": path, "windows": {"windows": {"seq_len": 4, "stride": 4}}}],
+        "blocklist": []});
+    std::fs::write(&run, spec.to_string()).unwrap();
+    let (ok, out, err) = zr(&["explain", "--run", run.to_str().unwrap(), "--step", "0"]);
+    assert!(ok, "{err}");
+    // Tokens 0..5, 4..9 and 8..13 of the 17.
+    assert!(out.contains("record 0: document 0 tokens 0..5\n"), "{out}");
+    assert!(
+        out.contains(
+            "record 1: document 0 tokens 4..5, document 1 tokens 0..3, document 2 tokens 0..1\n"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("record 2: document 2 tokens 0..5\n"), "{out}");
+
+    let spec = serde_json::json!({"format": "zrecord-run", "version": 1,
+        "order": {"mixture": {"lengths": [4, 40], "stages": [{"start": 0, "weights": [1.0, 1.0]}],
+                              "seed": 1, "rank": 0, "ranks": 1, "batch": 8}},
+        "datasets": [{"name": "small"}, {"name": "big"}], "blocklist": []});
+    std::fs::write(&run, spec.to_string()).unwrap();
+    let (ok, out, err) = zr(&[
+        "explain",
+        "--run",
+        run.to_str().unwrap(),
+        "--step",
+        "3",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let small: Vec<u64> = out
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["dataset"] == "small")
+        .map(|e| e["epoch"].as_u64().unwrap())
+        .collect();
+    // About 4 draws of `small` a step: by step 3, its third or fourth epoch.
+    assert!(
+        !small.is_empty() && small.iter().all(|&e| (2..=4).contains(&e)),
+        "{out}"
+    );
+}
+
+/// `zr explain --digest` of a step, kept, lets `--verify` tell later that the step still
+/// reads the same bytes, or name the dataset one of its records changed in.
+#[test]
+fn explain_verifies_a_step_against_its_digest() {
+    use zr_node::{CreateOptions, FieldSpec, Record, Store};
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("train");
+    let store = Store::create(
+        &path,
+        vec![FieldSpec::raw("a"), FieldSpec::flate("b")],
+        CreateOptions::default(),
+    )
+    .unwrap();
+    for i in 0..40u32 {
+        let (a, b) = (i.to_le_bytes(), format!("record {i}"));
+        let r = Record::new().with("a", &a).with("b", b.as_bytes());
+        store.append(&r).unwrap();
+    }
+    store.commit().unwrap();
+    let run = tmp.path().join("run.json");
+    let spec = serde_json::json!({"format": "zrecord-run", "version": 1,
+        "order": {"sampler": {"len": 40, "order": {"kind": "shuffle"}, "seed": 2, "rank": 0,
+                              "ranks": 2, "batch": 4, "tail": "drop"}},
+        "datasets": [{"name": "train", "path": path}], "blocklist": []});
+    std::fs::write(&run, spec.to_string()).unwrap();
+    let run = run.to_str().unwrap();
+    let (ok, digest, err) = zr(&["explain", "--run", run, "--step", "1", "--digest"]);
+    assert!(ok && digest.starts_with("train="), "{err}");
+    let digest = digest.trim();
+    let (ok, out, err) = zr(&["explain", "--run", run, "--step", "1", "--verify", digest]);
+    assert!(ok && out.contains("step 1 reads what it read"), "{err}");
+    // Another step's digest differs: it read other records.
+    let (_, other, _) = zr(&["explain", "--run", run, "--step", "2", "--digest"]);
+    assert_ne!(other.trim(), digest);
+    // A record the step read, rewritten: the step no longer verifies, naming the dataset.
+    let (_, listed, _) = zr(&["explain", "--run", run, "--step", "1", "--json"]);
+    let first: serde_json::Value = serde_json::from_str(listed.lines().next().unwrap()).unwrap();
+    let record = first["record"].as_u64().unwrap();
+    store
+        .modify(
+            record,
+            &Record::new().with("a", b"new!").with("b", b"changed"),
+        )
+        .unwrap();
+    store.commit().unwrap();
+    drop(store);
+    let (ok, _, err) = zr(&["explain", "--run", run, "--step", "1", "--verify", digest]);
+    assert!(
+        !ok && err.contains("dataset 'train' changed since the digest was taken"),
+        "{err}"
+    );
+    let (ok, _, err) = zr(&[
+        "explain", "--run", run, "--step", "1", "--verify", "test=12",
+    ]);
+    assert!(
+        !ok && err.contains("'test', which step 1 does not read"),
+        "{err}"
+    );
+    let (ok, _, err) = zr(&["explain", "--run", run, "--step", "1", "--verify", "train"]);
+    assert!(!ok && err.contains("is not NAME=HEX"), "{err}");
+}

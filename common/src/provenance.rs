@@ -11,6 +11,7 @@ use crate::blocklist::Blocklist;
 use crate::error::Error;
 use crate::mixture::{Mixture, MixtureConfig};
 use crate::sampler::{Sampler, SamplerConfig};
+use crate::schedule::{BatchSchedule, RampSampler};
 
 /// `format` of a run description.
 pub const RUN_FORMAT: &str = "zrecord-run";
@@ -26,6 +27,24 @@ pub enum RunOrder {
     Sampler(SamplerConfig),
     /// Several by a mixture (its `rank` is ignored).
     Mixture(MixtureConfig),
+    /// Global batches whose size a schedule sets, over one dataset's shuffled order or a
+    /// mixture's stream (of global batch 1).
+    Ramp(RampConfig),
+}
+
+/// What fixes a ramped run's order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RampConfig {
+    pub schedule: BatchSchedule,
+    pub ranks: u64,
+    /// The dataset's records and the seed of its shuffle (ignored over a mixture).
+    #[serde(default)]
+    pub len: u64,
+    #[serde(default)]
+    pub seed: u64,
+    /// The mixture whose stream the steps read, if any.
+    #[serde(default)]
+    pub mixture: Option<MixtureConfig>,
 }
 
 /// A dataset of the run.
@@ -38,6 +57,9 @@ pub struct RunDataset {
     /// A token stream's documents packed into rows: its records are the rows.
     #[serde(default)]
     pub packing: Option<crate::packing::PackConfig>,
+    /// A token stream read as windows or documents: its records are those.
+    #[serde(default)]
+    pub windows: Option<crate::windows::WindowMode>,
 }
 
 /// A run's description (`run.json`).
@@ -63,6 +85,9 @@ pub struct Entry {
     pub record: u64,
     /// The record the order gave, where a blocklist replaced it.
     pub replaced: Option<u64>,
+    /// The dataset's epoch this position reads in (in a mixture, that dataset's own).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// A run's order, ready to list steps.
@@ -74,6 +99,9 @@ pub enum Run {
     Mixture {
         ranks: Vec<Mixture>,
         plain: Vec<Mixture>,
+    },
+    Ramp {
+        ranks: Vec<RampSampler>,
     },
 }
 
@@ -138,6 +166,31 @@ impl RunSpec {
                     .collect();
                 Ok(Run::Mixture { ranks, plain })
             }
+            RunOrder::Ramp(config) => {
+                if !self.blocklist.is_empty() {
+                    return Err(Error::Sampler(
+                        "a run under a batch-size ramp takes no blocklist".into(),
+                    ));
+                }
+                let ranks = (0..config.ranks)
+                    .map(|rank| match &config.mixture {
+                        Some(mixture) => RampSampler::over_mixture(
+                            Mixture::new(mixture.clone())?,
+                            rank,
+                            config.ranks,
+                            config.schedule.clone(),
+                        ),
+                        None => RampSampler::new(
+                            config.len,
+                            config.seed,
+                            rank,
+                            config.ranks,
+                            config.schedule.clone(),
+                        ),
+                    })
+                    .collect::<Result<_, _>>()?;
+                Ok(Run::Ramp { ranks })
+            }
         }
     }
 }
@@ -147,7 +200,16 @@ impl Run {
     pub fn steps_per_epoch(&self) -> Option<u64> {
         match self {
             Run::Sampler { ranks, .. } => Some(ranks[0].batches_per_epoch()),
-            Run::Mixture { .. } => None,
+            Run::Mixture { .. } | Run::Ramp { .. } => None,
+        }
+    }
+
+    /// Ranks of the run.
+    pub fn ranks(&self) -> u64 {
+        match self {
+            Run::Sampler { ranks, .. } => ranks.len() as u64,
+            Run::Mixture { ranks, .. } => ranks.len() as u64,
+            Run::Ramp { ranks } => ranks.len() as u64,
         }
     }
 
@@ -172,6 +234,7 @@ impl Run {
                             dataset: 0,
                             record,
                             replaced: (record != given).then_some(given),
+                            epoch,
                         });
                     }
                 }
@@ -184,15 +247,33 @@ impl Run {
                     given.clear();
                     mixture.fill(step, &mut sources, &mut records);
                     bare.fill(step, &mut Vec::new(), &mut given);
+                    let first = step * bare.global_batch() + rank as u64 * bare.config().batch;
                     for (slot, ((&source, &record), &was)) in
                         sources.iter().zip(&records).zip(&given).enumerate()
                     {
+                        let (i, k) = bare.draw(first + slot as u64);
                         out.push(Entry {
                             rank: rank as u64,
                             slot: slot as u64,
                             dataset: source,
                             record,
                             replaced: (record != was).then_some(was),
+                            epoch: k / bare.config().lengths[i].max(1),
+                        });
+                    }
+                }
+            }
+            Run::Ramp { ranks } => {
+                for (rank, sampler) in ranks.iter().enumerate() {
+                    let part = sampler.manifest_at(step);
+                    for (slot, (dataset, record, epoch)) in part.into_iter().enumerate() {
+                        out.push(Entry {
+                            rank: rank as u64,
+                            slot: slot as u64,
+                            dataset,
+                            record,
+                            replaced: None,
+                            epoch,
                         });
                     }
                 }
@@ -223,7 +304,7 @@ impl Run {
                 found
             }
             Run::Sampler { .. } => Vec::new(),
-            Run::Mixture { .. } => steps
+            Run::Mixture { .. } | Run::Ramp { .. } => steps
                 .filter(|&step| {
                     self.manifest(step)
                         .iter()
@@ -379,5 +460,90 @@ mod tests {
         assert!(e.to_string().contains("version 99"), "{e}");
         let e = RunSpec::new(RunOrder::Mixture(config), Vec::new(), vec![(1, 50)]).run();
         assert!(e.is_err());
+    }
+
+    /// Each position says its dataset's epoch: a dataset's draws, in run order, go through
+    /// every record once an epoch.
+    #[test]
+    fn a_mixture_position_says_its_datasets_epoch() {
+        let config = MixtureConfig {
+            lengths: vec![30, 7],
+            stages: vec![Stage {
+                start: 0,
+                weights: vec![1.0, 1.0],
+            }],
+            seed: 3,
+            rank: 0,
+            ranks: 3,
+            batch: 2,
+        };
+        let run = RunSpec::new(RunOrder::Mixture(config), Vec::new(), Vec::new())
+            .run()
+            .unwrap();
+        let mut seen: Vec<Vec<Vec<u64>>> = vec![Vec::new(), Vec::new()];
+        for step in 0..40 {
+            for e in run.manifest(step) {
+                let epochs = &mut seen[e.dataset as usize];
+                if epochs.len() <= e.epoch as usize {
+                    assert_eq!(epochs.len(), e.epoch as usize, "epochs in order");
+                    epochs.push(Vec::new());
+                }
+                epochs[e.epoch as usize].push(e.record);
+            }
+        }
+        for (i, len) in [(0usize, 30u64), (1, 7)] {
+            let epochs = &seen[i];
+            assert!(epochs.len() >= 3, "dataset {i} ran {} epochs", epochs.len());
+            for records in &epochs[..epochs.len() - 1] {
+                let mut sorted = records.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..len).collect::<Vec<_>>(), "dataset {i}");
+            }
+        }
+    }
+
+    /// A ramped run's step lists what each rank's ramp reads there, found without taking
+    /// the steps before; it takes no blocklist.
+    #[test]
+    fn a_ramped_step_lists_what_each_rank_reads() {
+        let config = RampConfig {
+            schedule: BatchSchedule::Ramp {
+                start: 4,
+                increment: 4,
+                samples: 64,
+                global: 16,
+            },
+            ranks: 2,
+            len: 90,
+            seed: 8,
+            mixture: None,
+        };
+        let spec = RunSpec::new(RunOrder::Ramp(config.clone()), Vec::new(), Vec::new());
+        let text = serde_json::to_string(&spec).unwrap();
+        let run = serde_json::from_str::<RunSpec>(&text)
+            .unwrap()
+            .check()
+            .unwrap()
+            .run()
+            .unwrap();
+        let ranks: Vec<RampSampler> = (0..2)
+            .map(|r| RampSampler::new(90, 8, r, 2, config.schedule.clone()).unwrap())
+            .collect();
+        let mut state = ranks[0].start();
+        for step in 0..30 {
+            let manifest = run.manifest(step);
+            let mut want = Vec::new();
+            for sampler in &ranks {
+                want.extend(sampler.step(&state).0);
+            }
+            let got: Vec<u64> = manifest.iter().map(|e| e.record).collect();
+            assert_eq!(got, want, "step {step}");
+            assert!(manifest
+                .iter()
+                .all(|e| e.epoch == state.samples / 90 || e.epoch == state.samples / 90 + 1));
+            state = ranks[0].step(&state).1;
+        }
+        let e = RunSpec::new(RunOrder::Ramp(config), Vec::new(), vec![(0, 1)]).run();
+        assert!(e.err().unwrap().to_string().contains("no blocklist"));
     }
 }

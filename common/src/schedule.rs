@@ -106,6 +106,38 @@ impl BatchSchedule {
         }
     }
 
+    /// Samples consumed before step `step`: the schedule's sizes summed, a stretch of one
+    /// size at a time (as many stretches as the schedule has sizes).
+    pub fn samples_before(&self, step: u64) -> u64 {
+        let (mut consumed, mut left) = (0u64, step);
+        while left > 0 {
+            let size = self.global_batch(consumed);
+            // Where the size may change next (`None`: never again).
+            let change = match self {
+                BatchSchedule::Ramp {
+                    start,
+                    increment,
+                    samples,
+                    global,
+                } => {
+                    let steps = (global - start) / increment;
+                    let per = (samples / steps.max(1)).max(1);
+                    (size < *global).then(|| (consumed / per + 1) * per)
+                }
+                BatchSchedule::Stages(stages) => {
+                    stages.iter().map(|s| s.0).find(|&from| from > consumed)
+                }
+            };
+            let stretch = match change {
+                Some(at) => (at - consumed).div_ceil(size).min(left),
+                None => left,
+            };
+            consumed = consumed.saturating_add(stretch.saturating_mul(size));
+            left -= stretch;
+        }
+        consumed
+    }
+
     /// Every size the schedule ever gives.
     fn sizes(&self) -> Vec<u64> {
         match self {
@@ -231,6 +263,29 @@ impl RampSampler {
 
     pub fn schedule(&self) -> &BatchSchedule {
         &self.schedule
+    }
+
+    /// This rank's part of step `step` — each position's (dataset, record, the dataset's
+    /// epoch) — computed from the schedule alone.
+    pub fn manifest_at(&self, step: u64) -> Vec<(u32, u64, u64)> {
+        let global = self
+            .schedule
+            .global_batch(self.schedule.samples_before(step));
+        let share = global / self.ranks;
+        let first = self.schedule.samples_before(step) + self.rank * share;
+        (first..first + share)
+            .map(|p| match &self.order {
+                RunOrder::Dataset(order) => {
+                    let n = order.items_per_epoch().max(1);
+                    (0, order.index(p / n, p % n), p / n)
+                }
+                RunOrder::Mixture(mixture) => {
+                    let (i, k) = mixture.draw(p);
+                    let len = mixture.config().lengths[i].max(1);
+                    (i as u32, mixture.record(i, k), k / len)
+                }
+            })
+            .collect()
     }
 
     /// Datasets the run reads: 1, or a mixture's.
@@ -373,6 +428,41 @@ mod tests {
         assert_eq!(s.global_batch(10_000), 32);
         let stages = BatchSchedule::Stages(vec![(0, 4), (100, 12)]);
         assert_eq!((stages.global_batch(99), stages.global_batch(100)), (4, 12));
+    }
+
+    /// The samples before a step, a stretch at a time, are the sizes summed step by step;
+    /// and a step's manifest is what the rank reads there.
+    #[test]
+    fn a_step_is_found_without_taking_the_steps_before() {
+        for schedule in [
+            ramp(),
+            BatchSchedule::Ramp {
+                start: 3,
+                increment: 3,
+                samples: 100,
+                global: 12,
+            },
+            BatchSchedule::Stages(vec![(0, 4), (10, 12), (100, 8)]),
+        ] {
+            let ranks = if matches!(schedule, BatchSchedule::Ramp { start: 3, .. }) {
+                3
+            } else {
+                4
+            };
+            let samplers: Vec<RampSampler> = (0..ranks)
+                .map(|r| RampSampler::new(50, 1, r, ranks, schedule.clone()).unwrap())
+                .collect();
+            let mut state = samplers[0].start();
+            for step in 0..200 {
+                assert_eq!(schedule.samples_before(step), state.samples, "step {step}");
+                for sampler in &samplers {
+                    let (_, records, _) = sampler.step_sources(&state);
+                    let listed: Vec<u64> = sampler.manifest_at(step).iter().map(|e| e.1).collect();
+                    assert_eq!(listed, records, "step {step}");
+                }
+                state = samplers[0].step(&state).1;
+            }
+        }
     }
 
     /// Ranks together read the run's order once, in order, whatever their number.

@@ -6,7 +6,8 @@ use crate::columns::Contiguous;
 use crate::error::BoxError;
 
 /// What an observation of a token stream is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum WindowMode {
     /// Observation i: tokens `[i·stride, i·stride + seq_len + 1)`; the last incomplete
     /// window is dropped.

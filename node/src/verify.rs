@@ -108,6 +108,27 @@ impl Store {
         Ok(report)
     }
 
+    /// The CRC32 each field of record `index` carries in its frame (0 for an absent value),
+    /// after checking the payload still matches it: what a record held, in 4 bytes a field,
+    /// for comparing against what a past read found ([`Self::verify`]'s check, one record).
+    pub fn record_crcs(&self, index: u64) -> Result<Vec<u32>> {
+        let view = self.inner.read_view();
+        let maps = std::sync::Arc::clone(&view.maps);
+        (0..self.fields().len())
+            .map(|field| {
+                let mut span = [Span::default()];
+                self.resolve_one(&view, field, index, &mut span)?;
+                match self.frame_header(&maps, field, index, &span[0])? {
+                    Some(header) => {
+                        self.check_crc(&maps, field, index, &span[0], header)?;
+                        Ok(header.crc)
+                    }
+                    None => Ok(0),
+                }
+            })
+            .collect()
+    }
+
     /// Live bytes (the records as a fresh rewrite in index order would lay them out) against
     /// the bytes the chunks hold.
     pub fn utilization(&self) -> Result<Utilization> {

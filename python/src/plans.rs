@@ -211,12 +211,16 @@ impl RampSampler {
 /// (rank, slot, dataset, record, the record a blocklist replaced or None).
 #[pyfunction]
 #[allow(clippy::type_complexity)]
-pub(crate) fn explain(run: &str, step: u64) -> PyResult<Vec<(u64, u64, u32, u64, Option<u64>)>> {
+#[allow(clippy::type_complexity)]
+pub(crate) fn explain(
+    run: &str,
+    step: u64,
+) -> PyResult<Vec<(u64, u64, u32, u64, Option<u64>, u64)>> {
     let run = run_of(run)?;
     Ok(run
         .manifest(step)
         .into_iter()
-        .map(|e| (e.rank, e.slot, e.dataset, e.record, e.replaced))
+        .map(|e| (e.rank, e.slot, e.dataset, e.record, e.replaced, e.epoch))
         .collect())
 }
 

@@ -1,6 +1,7 @@
 """Token streams from Python: windows and documents against NumPy slicing, out=, spans,
 structured elements, readers beside a writer, loaders and resume, Megatron files."""
 
+import json
 import pathlib
 import pickle
 import shutil
@@ -460,6 +461,23 @@ def test_a_ramped_loader_over_packed_rows_resumes_across_a_stage_on_other_ranks(
     whole, _ = run(1, steps=20)
     # Two increments over 96 samples: one every 48.
     assert [w.shape[0] for w in whole[:11]] == [8] * 6 + [16] * 3 + [24] * 2
+    # What each step held, computed from the run's description, is what was read; and the
+    # command line lists the rows' documents and token ranges.
+    described = zrecord.Loader(packed, zrecord.RampSampler(len(packed), rank=0, ranks=2, **ramp))
+    for step in (0, 5, 6, 13, 19):
+        manifest = described.manifest(step)
+        assert [m["rank"] for m in manifest] == sorted(m["rank"] for m in manifest)
+        records = [m["record"] for m in manifest]
+        np.testing.assert_array_equal(packed.gather(records, ["tokens"])["tokens"], whole[step])
+    zr = _zr_binary()
+    if zr is not None:
+        run_json = tmp_path / "run.json"
+        run_json.write_text(json.dumps(described.describe()))
+        out = subprocess.run([zr, "explain", "--run", str(run_json), "--step", "6", "--json"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        listed = [json.loads(line) for line in out.stdout.splitlines()]
+        assert [e["record"] for e in listed] == [m["record"] for m in described.manifest(6)]
+        assert all(e["pieces"] for e in listed), "each packed row's documents listed"
     head, state = run(2, steps=7)  # mid-ramp: a step of 16 taken, two to go
     assert state["samples"] == 6 * 8 + 16 and state["history"] == [[0, 8], [6, 16]]
     tail, _ = run(8, state=state, steps=13)
@@ -594,7 +612,17 @@ def test_a_ramp_over_a_token_mixture_of_packed_streams_resumes_on_other_ranks(tm
     assert [s.size for s, _ in whole[:6]] == [4, 4, 4, 4, 8, 8]
     assert {int(x) for s, _ in whole for x in s} == {0, 1}, "both sources read"
     head, state = run(2, steps=5)
+    assert "proof" in state, "a ramped checkpoint carries its order proof"
     tail, _ = run(4, state=state, steps=7)
     for (s1, t1), (s2, t2) in zip(head + tail, whole):
         np.testing.assert_array_equal(s1, s2)
         np.testing.assert_array_equal(t1, t2)
+    # Each step's manifest names each position's source and that source's epoch: b, a
+    # third of the records, runs through its epochs while a is read.
+    mixture = zrecord.Mixture.by_tokens([(1.0, zrecord.TokenSource(a)), (1.0, zrecord.TokenSource(b, epochs=3))], seed=4, batch=1)
+    loader = zrecord.Loader(mixture.leaves, zrecord.RampSampler(0, global_batch=16, ramp=(4, 4, 48), mixture=mixture))
+    for step, (sources, _) in enumerate(whole):
+        manifest = loader.manifest(step)
+        assert [m["dataset"] for m in manifest] == [loader.describe()["datasets"][int(x)]["name"] for x in sources]
+    epochs = [m["epoch"] for step in range(40) for m in loader.manifest(step) if m["dataset"] == "b"]
+    assert epochs == sorted(epochs) and epochs[-1] >= 1

@@ -769,7 +769,8 @@ class Sampler:
 
     def manifest(self, step: int) -> list[dict]:
         """Global batch ``step`` — what every rank reads, in rank order — computed, not
-        logged: {"rank", "slot", "dataset", "record", "replaced"} per position."""
+        logged: {"rank", "slot", "dataset", "record", "replaced", "epoch"} per position
+        (``epoch``: the dataset's own)."""
         return _manifest(self.describe(), step)
 
     def skip(self, steps: int) -> None:
@@ -884,7 +885,8 @@ class Mixture:
 
     def manifest(self, step: int) -> list[dict]:
         """Global batch ``step`` — what every rank reads, in rank order — computed, not
-        logged: {"rank", "slot", "dataset", "record", "replaced"} per position."""
+        logged: {"rank", "slot", "dataset", "record", "replaced", "epoch"} per position
+        (``epoch``: the dataset's own)."""
         return _manifest(self.describe(), step)
 
     def skip(self, steps: int) -> None:
@@ -1062,6 +1064,19 @@ class RampSampler:
         import json  # noqa: PLC0415
 
         return json.loads(self._state)
+
+    def describe(self) -> dict:
+        """The order's part of a run's description (``run.json``; see ``Loader.describe``)."""
+        c = self.config
+        ramp: dict[str, Any] = {"schedule": c["schedule"], "ranks": c["ranks"], "len": c["length"], "seed": c["seed"]}
+        if self.mixture is not None:
+            ramp["mixture"] = self.mixture.describe()["order"]["mixture"]
+        return {"format": "zrecord-run", "version": 1, "order": {"ramp": ramp}, "datasets": [], "blocklist": []}
+
+    def manifest(self, step: int) -> list[dict]:
+        """Global batch ``step`` — what every rank reads, in rank order — computed from the
+        schedule, not logged: {"rank", "slot", "dataset", "record", "replaced", "epoch"}."""
+        return _manifest(self.describe(), step)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         import json  # noqa: PLC0415
@@ -1352,12 +1367,13 @@ class Loader:
     def describe(self) -> dict:
         """The run's complete description (``run.json``: versioned; its order, datasets and
         blocklist), from which ``zr explain`` and ``manifest`` compute any step."""
-        if isinstance(self.sampler, RampSampler):
-            raise NotImplementedError("a run under a batch-size ramp is not described yet")
         description = self.sampler.describe()
-        datasets = list(self.dataset) if isinstance(self.sampler, Mixture) else [self.dataset]
-        description["datasets"] = [_dataset_entry(ds, k) for k, ds in enumerate(datasets)]
+        description["datasets"] = [_dataset_entry(ds, k) for k, ds in enumerate(self._datasets())]
         return description
+
+    def _datasets(self) -> list:
+        several = isinstance(self.sampler, Mixture) or (isinstance(self.sampler, RampSampler) and self.sampler.mixture is not None)
+        return list(self.dataset) if several else [self.dataset]
 
     def manifest(self, step: int) -> list[dict]:
         """Global batch ``step`` of this run, every rank's part in rank order (see
@@ -1372,7 +1388,7 @@ class Loader:
             state = self.sampler.state_dict()
             state["batches"] = self._consumed
         elif isinstance(self.sampler, RampSampler):
-            return self.sampler.state_dict()
+            state = self.sampler.state_dict()
         else:
             state = self.sampler.state_at(*self._consumed)
         state["proof"] = self._proof()
@@ -1384,12 +1400,11 @@ class Loader:
 
         description = self.describe()
         blocklist = description.pop("blocklist", [])
-        datasets = list(self.dataset) if isinstance(self.sampler, Mixture) else [self.dataset]
         return {
             "version": description["version"],
-            "order": hashlib.sha256(json.dumps(description["order"], sort_keys=True).encode()).hexdigest()[:32],
+            "order": hashlib.sha256(json.dumps(_order_identity(description["order"]), sort_keys=True).encode()).hexdigest()[:32],
             "blocklist": len(blocklist),
-            "datasets": [[entry["name"], _identity(ds)] for entry, ds in zip(description["datasets"], datasets)],
+            "datasets": [[entry["name"], _identity(ds)] for entry, ds in zip(description["datasets"], self._datasets())],
         }
 
     def load_state_dict(self, state: Mapping[str, Any], force: bool = False) -> None:
@@ -1397,7 +1412,7 @@ class Loader:
         another version of the order functions, or a dataset whose contents changed since
         is refused, naming what differs — unless ``force``, which resumes and says it."""
         proof = state.get("proof")
-        if proof is not None and not isinstance(self.sampler, RampSampler):
+        if proof is not None:
             ours = self._proof()
             differs = []
             if proof.get("version") != ours["version"]:
@@ -1427,14 +1442,29 @@ class Loader:
             self._consumed = (self.sampler.epoch, self.sampler.position)
 
 
+def _order_identity(order: Mapping[str, Any]) -> dict:
+    """What of an order a resume must find unchanged: not the ranks (a run resumes on any
+    number), only the global batch they make; under a ramp not the schedule either, whose
+    own resume accepts changes to steps not taken and refuses the rest, naming the step."""
+    (kind, config), = order.items()
+    config = dict(config)
+    config.pop("rank", None)
+    if kind == "ramp":
+        config.pop("ranks", None)
+        config.pop("schedule", None)
+    else:
+        config["global"] = config.pop("batch", 1) * config.pop("ranks", 1)
+    return {kind: config}
+
+
 def _manifest(description: Mapping[str, Any], step: int) -> list[dict]:
     import json  # noqa: PLC0415
 
     rows = _zrecord.explain(json.dumps(description), int(step))
     names = [d.get("name", str(k)) for k, d in enumerate(description.get("datasets", []))]
     return [
-        {"rank": rank, "slot": slot, "dataset": names[d] if d < len(names) else d, "record": record, "replaced": replaced}
-        for rank, slot, d, record, replaced in rows
+        {"rank": rank, "slot": slot, "dataset": names[d] if d < len(names) else d, "record": record, "replaced": replaced, "epoch": epoch}
+        for rank, slot, d, record, replaced, epoch in rows
     ]
 
 
@@ -1454,6 +1484,8 @@ def _dataset_entry(ds: Any, k: int) -> dict:
         entry["name"] = os.path.basename(os.path.normpath(str(stream.path))) or entry["name"]
     if isinstance(ds, _packed_type()):
         entry["packing"] = {"seq_len": ds.seq_len, "packer": ds.packer, "lookahead": ds.lookahead, "seed": ds.seed}
+    elif stream is not None:
+        entry["windows"] = {"documents": {"seq_len": ds.seq_len}} if ds.by_document else {"windows": {"seq_len": ds.seq_len, "stride": ds.stride}}
     return entry
 
 

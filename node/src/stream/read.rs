@@ -103,6 +103,34 @@ impl Windows {
         self.len() == 0
     }
 
+    /// What observation `i` holds: `(document, from, to)` per document it overlaps, the
+    /// token range counted within the document; `None` past the end.
+    pub fn pieces(&self, i: u64) -> Option<Vec<(u64, u64, u64)>> {
+        let view = self.stream.view();
+        if i >= count(&view, self.mode) {
+            return None;
+        }
+        let width = self.mode.width();
+        Some(match self.mode {
+            WindowMode::Windows { stride, .. } => {
+                let (start, end) = (i * stride, i * stride + width);
+                let mut out = Vec::new();
+                let mut d = view.document_of(start);
+                while d < view.meta.documents && view.document_start(d) < end {
+                    let first = view.document_start(d);
+                    let (from, to) = (start.max(first), end.min(view.document_end(d)));
+                    out.push((d, from - first, to - first));
+                    d += 1;
+                }
+                out
+            }
+            WindowMode::Documents { .. } => {
+                let len = view.document_end(i) - view.document_start(i);
+                vec![(i, 0, len.min(width))]
+            }
+        })
+    }
+
     /// Gathers observations `indices` into `out` (its buffers reused).
     pub fn gather(&self, indices: &[u64], out: &mut Observations) -> Result<()> {
         let width = self.width();
