@@ -617,12 +617,12 @@ def test_a_ramp_over_a_token_mixture_of_packed_streams_resumes_on_other_ranks(tm
     for (s1, t1), (s2, t2) in zip(head + tail, whole):
         np.testing.assert_array_equal(s1, s2)
         np.testing.assert_array_equal(t1, t2)
-    # Each step's manifest names each position's source and that source's epoch: b, a
-    # third of the records, runs through its epochs while a is read.
+    # Each step's manifest names each position's source and that source's epoch: a,
+    # which holds about a third of b's tokens, runs through its epochs.
     mixture = zrecord.Mixture.by_tokens([(1.0, zrecord.TokenSource(a)), (1.0, zrecord.TokenSource(b, epochs=3))], seed=4, batch=1)
     loader = zrecord.Loader(mixture.leaves, zrecord.RampSampler(0, global_batch=16, ramp=(4, 4, 48), mixture=mixture))
     for step, (sources, _) in enumerate(whole):
         manifest = loader.manifest(step)
         assert [m["dataset"] for m in manifest] == [loader.describe()["datasets"][int(x)]["name"] for x in sources]
-    epochs = [m["epoch"] for step in range(40) for m in loader.manifest(step) if m["dataset"] == "b"]
+    epochs = [m["epoch"] for step in range(40) for m in loader.manifest(step) if m["dataset"] == "a"]
     assert epochs == sorted(epochs) and epochs[-1] >= 1
