@@ -190,7 +190,7 @@ pub fn run(args: ExplainArgs) -> Result<()> {
         .filter(|e| args.rank.is_none_or(|r| e.rank == r))
     {
         let pieces = match rows.get(entry.dataset as usize) {
-            Some(Rows::Packed(p)) => p.plan().row(entry.record).map(|row| {
+            Some(Rows::Packed(p)) => p.plan().row_read(entry.record).map(|row| {
                 row.iter()
                     .map(|p| (p.document, p.offset as u64, (p.offset + p.len) as u64))
                     .collect::<Vec<_>>()
@@ -265,9 +265,10 @@ fn row_readers(spec: &RunSpec) -> Result<Vec<Rows>> {
                     .map_err(|e| format!("dataset '{}': {e}", d.name))
             };
             Ok(match (&d.packing, &d.windows, &d.path) {
-                (Some(config), _, Some(path)) => {
-                    Rows::Packed(zr_node::stream::Packed::new(open(path)?, *config)?)
-                }
+                (Some(config), _, Some(path)) => Rows::Packed(
+                    zr_node::stream::Packed::new(open(path)?, *config)?
+                        .block(&d.blocked_documents)?,
+                ),
                 (None, Some(mode), Some(path)) => {
                     Rows::Windows(zr_node::stream::Windows::new(open(path)?, *mode)?)
                 }

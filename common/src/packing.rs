@@ -149,6 +149,9 @@ pub struct PackPlan {
     row_ends: Vec<u64>,
     pieces: Vec<Piece>,
     stats: PackStats,
+    /// Documents not to read: their pieces leave their rows (see [`PackPlan::block`]).
+    blocked: std::collections::HashSet<u64>,
+    documents: u64,
 }
 
 impl PackPlan {
@@ -164,6 +167,8 @@ impl PackPlan {
             row_ends: Vec::new(),
             pieces: Vec::new(),
             stats: PackStats::default(),
+            blocked: Default::default(),
+            documents: n,
         };
         let mut window: Vec<Piece> = Vec::with_capacity(config.lookahead);
         let mut placer = Placer::new(width as u32, config.packer, config.lookahead);
@@ -238,6 +243,41 @@ impl PackPlan {
             r => self.row_ends[r as usize - 1] as usize,
         };
         Some(&self.pieces[start..end])
+    }
+
+    /// The plan with `documents` not read: each row that holds a piece of one keeps its
+    /// other pieces, moved up, and ends in more padding; every other row — and every row's
+    /// place in the run — stays as it was. A document the stream does not hold is refused
+    /// by name.
+    pub fn block(mut self, documents: &[u64]) -> Result<PackPlan, BadPacking> {
+        if let Some(&d) = documents.iter().find(|&&d| d >= self.documents) {
+            return Err(BadPacking(format!(
+                "the blocklist names document {d}, and the stream holds {}",
+                self.documents
+            )));
+        }
+        self.blocked.extend(documents.iter().copied());
+        Ok(self)
+    }
+
+    /// Documents not read.
+    pub fn blocked(&self) -> usize {
+        self.blocked.len()
+    }
+
+    /// Row `row` as it is read: [`Self::row`] without the pieces of blocked documents.
+    pub fn row_read(&self, row: u64) -> Option<std::borrow::Cow<'_, [Piece]>> {
+        let pieces = self.row(row)?;
+        if self.blocked.is_empty() || !pieces.iter().any(|p| self.blocked.contains(&p.document)) {
+            return Some(std::borrow::Cow::Borrowed(pieces));
+        }
+        Some(std::borrow::Cow::Owned(
+            pieces
+                .iter()
+                .filter(|p| !self.blocked.contains(&p.document))
+                .copied()
+                .collect(),
+        ))
     }
 }
 
@@ -636,6 +676,44 @@ fn le_bytes<T: LeBytes>(values: &[T]) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::hash::mix2;
+
+    /// Blocked documents leave exactly the rows that held them; every other document's
+    /// tokens are read where they were, once.
+    #[test]
+    fn a_blocked_document_leaves_only_its_rows() {
+        let lengths = lengths(2000, 6);
+        let plan = PackPlan::build(&lengths, PackConfig::new(511, 3)).unwrap();
+        let blocked = [7u64, 500, 1999];
+        let with = plan.clone().block(&blocked).unwrap();
+        assert_eq!(with.rows(), plan.rows(), "the rows stay where they are");
+        let mut seen = vec![0u64; lengths.len()];
+        for r in 0..plan.rows() {
+            let (was, now) = (plan.row(r).unwrap(), with.row_read(r).unwrap());
+            let kept: Vec<Piece> = was
+                .iter()
+                .filter(|p| !blocked.contains(&p.document))
+                .copied()
+                .collect();
+            assert_eq!(&*now, &kept[..], "row {r}");
+            for p in now.iter() {
+                seen[p.document as usize] += p.len as u64;
+            }
+        }
+        for (d, &len) in lengths.iter().enumerate() {
+            let want = if blocked.contains(&(d as u64)) {
+                0
+            } else {
+                len
+            };
+            assert_eq!(seen[d], want, "document {d}");
+        }
+        let e = plan.block(&[2000]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("document 2000, and the stream holds 2000"),
+            "{e}"
+        );
+    }
 
     /// Lengths drawn long-tailed, as real corpora are: most short, some many rows long.
     fn lengths(n: usize, seed: u64) -> Vec<u64> {

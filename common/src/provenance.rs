@@ -60,6 +60,9 @@ pub struct RunDataset {
     /// A token stream read as windows or documents: its records are those.
     #[serde(default)]
     pub windows: Option<crate::windows::WindowMode>,
+    /// Documents a packing does not read ([`crate::packing::PackPlan::block`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_documents: Vec<u64>,
 }
 
 /// A run's description (`run.json`).

@@ -1296,7 +1296,7 @@ impl Stream {
 
     /// Documents packed whole into rows of `seq_len + 1` tokens: `packer` best_fit or
     /// first_fit, `lookahead` documents at a time, in the order `seed` shuffles them into.
-    #[pyo3(signature = (seq_len, packer="best_fit", lookahead=1024, seed=0, read="mmap", uncached=false, checked=false))]
+    #[pyo3(signature = (seq_len, packer="best_fit", lookahead=1024, seed=0, read="mmap", uncached=false, checked=false, blocked=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn packed(
         &self,
@@ -1308,6 +1308,7 @@ impl Stream {
         read: &str,
         uncached: bool,
         checked: bool,
+        blocked: Vec<u64>,
     ) -> PyResult<StreamPacked> {
         let config = pack_config(seq_len, packer, lookahead, seed)?;
         let read: zr_node::ReadPath = read
@@ -1315,7 +1316,7 @@ impl Stream {
             .map_err(|e: zr_node::UnknownReadPath| PyValueError::new_err(e.to_string()))?;
         let stream = self.inner.clone();
         let inner = py
-            .detach(|| zr_node::stream::Packed::new(stream, config))
+            .detach(|| zr_node::stream::Packed::new(stream, config)?.block(&blocked))
             .map_err(|e| match e {
                 zr_node::Error::InvalidRecord(reason) => PyValueError::new_err(reason),
                 other => node_error(other),
@@ -1660,7 +1661,7 @@ impl ClusterStream {
 
     /// Documents packed whole into rows of `seq_len + 1` tokens (see the local stream's
     /// `packed`); the rows are the local stream's, byte for byte.
-    #[pyo3(signature = (seq_len, packer="best_fit", lookahead=1024, seed=0, read="mmap", uncached=false, checked=false))]
+    #[pyo3(signature = (seq_len, packer="best_fit", lookahead=1024, seed=0, read="mmap", uncached=false, checked=false, blocked=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn packed(
         &self,
@@ -1672,6 +1673,7 @@ impl ClusterStream {
         read: &str,
         uncached: bool,
         checked: bool,
+        blocked: Vec<u64>,
     ) -> PyResult<StreamPacked> {
         let _ = (read, uncached, checked); // the nodes choose how they read
         let config = pack_config(seq_len, packer, lookahead, seed)?;
@@ -1685,6 +1687,7 @@ impl ClusterStream {
             .detach(|| {
                 zr_router::ClusterStream::open(handle)
                     .and_then(|fresh| zr_router::ClusterPacked::new(fresh, config))
+                    .and_then(|packed| packed.block(&blocked))
             })
             .map_err(cluster_error)?;
         Ok(StreamPacked {

@@ -208,9 +208,9 @@ impl RampSampler {
 }
 
 /// Global batch `step` of the run `run` (run.json's text) describes: every rank's part, as
-/// (rank, slot, dataset, record, the record a blocklist replaced or None).
+/// (rank, slot, dataset, record, the record a blocklist replaced or None, the dataset's
+/// epoch).
 #[pyfunction]
-#[allow(clippy::type_complexity)]
 #[allow(clippy::type_complexity)]
 pub(crate) fn explain(
     run: &str,

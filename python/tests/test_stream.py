@@ -380,6 +380,33 @@ def _find(doc, piece, seen):
 
 
 @pytest.mark.filterwarnings("ignore:.*left out of each epoch")
+def test_a_packed_streams_blocklist_changes_only_the_rows_of_blocked_documents(tmp_path):
+    rng = np.random.default_rng(15)
+    docs = [rng.integers(0, 50_000, size=int(n)).astype(np.uint32) for n in _long_tailed(rng, 300, 64)]
+    stream = _make(tmp_path / "s", docs)
+    plain = stream.packed(63, lookahead=32, seed=2)
+    rows = plain.gather(np.arange(len(plain)))
+    blocked = sorted({int(d) for d in rows["document"][[0, 5, 9], 0]})
+    packed = stream.packed(63, lookahead=32, seed=2, blocklist=blocked)
+    assert len(packed) == len(plain), "every row keeps its place"
+    got = packed.gather(np.arange(len(packed)))
+    held = np.isin(rows["document"], blocked).any(axis=1)
+    assert held.sum() >= len(blocked)
+    for column in ("tokens", "document", "segment_ids", "positions", "loss_mask"):
+        np.testing.assert_array_equal(got[column][~held], rows[column][~held])
+    assert not np.isin(got["document"], blocked).any(), "a blocked document is read nowhere"
+    for r in np.flatnonzero(held):
+        kept = rows["tokens"][r][(rows["document"][r] >= 0) & ~np.isin(rows["document"][r], blocked)]
+        used = int((got["segment_ids"][r] > 0).sum())
+        np.testing.assert_array_equal(got["tokens"][r][:used], kept)
+        assert (got["tokens"][r][used:] == 0).all()
+    # The run's description carries it, and zr explain lists the rows without them.
+    loader = zrecord.Loader(packed, zrecord.Sampler(len(packed), batch=4, seed=1))
+    assert loader.describe()["datasets"][0]["blocked_documents"] == blocked
+    with pytest.raises(ValueError, match=f"document {len(docs)}, and the stream holds {len(docs)}"):
+        stream.packed(63, blocklist=[len(docs)])
+
+
 def test_a_packed_loader_resumes_exactly_on_other_rank_counts(tmp_path):
     rng = np.random.default_rng(8)
     docs = [rng.integers(0, 50_000, size=int(n)).astype(np.uint32) for n in _long_tailed(rng, 300, 64)]

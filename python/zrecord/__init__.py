@@ -1484,6 +1484,8 @@ def _dataset_entry(ds: Any, k: int) -> dict:
         entry["name"] = os.path.basename(os.path.normpath(str(stream.path))) or entry["name"]
     if isinstance(ds, _packed_type()):
         entry["packing"] = {"seq_len": ds.seq_len, "packer": ds.packer, "lookahead": ds.lookahead, "seed": ds.seed}
+        if ds.blocklist:
+            entry["blocked_documents"] = list(ds.blocklist)
     elif stream is not None:
         entry["windows"] = {"documents": {"seq_len": ds.seq_len}} if ds.by_document else {"windows": {"seq_len": ds.seq_len, "stride": ds.stride}}
     return entry

@@ -165,15 +165,19 @@ class Stream:
         stride = seq_len if stride is None else stride
         return Windows(self, int(seq_len), int(stride), False, read, uncached, checked)
 
-    def packed(self, seq_len: int, lookahead: int = 1024, packer: str = "best_fit", seed: int = 0, read: str = "mmap", uncached: bool = False, checked: bool = False) -> "Packed":
+    def packed(self, seq_len: int, lookahead: int = 1024, packer: str = "best_fit", seed: int = 0, read: str = "mmap", uncached: bool = False, checked: bool = False, blocklist: Sequence[int] = ()) -> "Packed":
         """The stream's documents packed whole into rows of ``seq_len + 1`` tokens, in the
         order ``seed`` shuffles them into: ``best_fit`` places ``lookahead`` documents at a
         time, longest first, each into the row with the least room that holds it;
         ``first_fit`` places them in order, each into the first row that holds it. A
         document longer than a row is cut into full rows, its remainder packed like any
         document. Rows are an index space like windows: samplers, mixtures and loaders
-        read them, with exact resume."""
-        return Packed(self, seq_len, packer, lookahead, seed, read, uncached, checked)
+        read them, with exact resume.
+
+        ``blocklist`` names documents not to read: a row that held a piece of one reads its
+        other pieces moved up and more padding; every other row stays as it was, and so
+        does every row's place in the run (a document the stream lacks is refused)."""
+        return Packed(self, seq_len, packer, lookahead, seed, read, uncached, checked, blocklist)
 
     def document_windows(self, seq_len: int, read: str = "mmap", uncached: bool = False, checked: bool = False) -> "Windows":
         """One observation per document: its first ``seq_len + 1`` tokens, padded with zeros
@@ -184,7 +188,7 @@ class Stream:
 class Packed:
     """A stream's documents packed whole into rows, as a dataset: see ``Stream.packed``."""
 
-    def __init__(self, stream: Stream, seq_len: int, packer: str = "best_fit", lookahead: int = 1024, seed: int = 0, read: str = "mmap", uncached: bool = False, checked: bool = False):
+    def __init__(self, stream: Stream, seq_len: int, packer: str = "best_fit", lookahead: int = 1024, seed: int = 0, read: str = "mmap", uncached: bool = False, checked: bool = False, blocklist: Sequence[int] = ()):
         if int(seq_len) < 1:
             raise ValueError(f"seq_len must be at least 1, not {seq_len}")
         if int(lookahead) < 1:
@@ -194,7 +198,9 @@ class Packed:
         self.packer = packer
         self.lookahead = int(lookahead)
         self.seed = int(seed)
-        self._args = (self.seq_len, packer, self.lookahead, self.seed, read, uncached, checked)
+        #: Documents not read (see ``Stream.packed``).
+        self.blocklist = sorted({int(d) for d in blocklist})
+        self._args = (self.seq_len, packer, self.lookahead, self.seed, read, uncached, checked, self.blocklist)
         self._handle = stream._native().packed(*self._args)
         self.width = self.seq_len + 1
 

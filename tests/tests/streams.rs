@@ -63,8 +63,16 @@ fn compare_packed(local: &Arc<Stream>, cluster: ClusterStream) {
     };
     let lengths = cluster.document_lengths().unwrap();
     assert_eq!(lengths, zr_node::stream::document_lengths(local));
-    let packed = zr_router::ClusterPacked::new(cluster, config).unwrap();
-    let here = zr_node::stream::Packed::new(local.clone(), config).unwrap();
+    // A blocklist leaves the same rows in both.
+    let blocked = [1, lengths.len() as u64 / 2];
+    let packed = zr_router::ClusterPacked::new(cluster, config)
+        .unwrap()
+        .block(&blocked)
+        .unwrap();
+    let here = zr_node::stream::Packed::new(local.clone(), config)
+        .unwrap()
+        .block(&blocked)
+        .unwrap();
     assert_eq!(packed.len(), here.len());
     assert!(
         packed.plan().stats().split > 0,
@@ -78,6 +86,7 @@ fn compare_packed(local: &Arc<Stream>, cluster: ClusterStream) {
         assert_eq!(got.tokens, want.tokens, "rows {batch:?}");
         assert_eq!(got.document, want.document, "rows {batch:?}");
         assert_eq!(got.cu_seqlens, want.cu_seqlens, "rows {batch:?}");
+        assert!(!got.document.iter().any(|&d| blocked.contains(&(d as u64))));
     }
     let past = packed.gather(&[packed.len()], &mut PackedColumns::default());
     assert!(past.unwrap_err().to_string().contains("out of range"));

@@ -37,6 +37,17 @@ impl Packed {
         })
     }
 
+    /// The same rows without the documents `documents` (see [`PackPlan::block`]): a row
+    /// that held a piece of one reads its other pieces and more padding; no other row
+    /// changes. A document the stream does not hold is refused by name.
+    pub fn block(mut self, documents: &[u64]) -> Result<Packed> {
+        let plan = Arc::unwrap_or_clone(self.plan)
+            .block(documents)
+            .map_err(|e| Error::InvalidRecord(e.to_string()))?;
+        self.plan = Arc::new(plan);
+        Ok(self)
+    }
+
     /// The same rows read as `options` say (the read path, `uncached`, `verify`).
     pub fn with_options(mut self, options: GatherOptions) -> Packed {
         self.options = options;
@@ -90,11 +101,11 @@ impl Packed {
         let mut layout = Layout::with_rows(indices.len());
         let mut pieces = Vec::with_capacity(indices.len());
         for &i in indices {
-            let row = self.plan.row(i).ok_or(Error::IndexOutOfRange {
+            let row = self.plan.row_read(i).ok_or(Error::IndexOutOfRange {
                 index: i,
                 len: rows,
             })?;
-            for piece in row {
+            for piece in row.iter() {
                 let start = view.document_start(piece.document) + piece.offset as u64;
                 layout.push((start, piece.len as u64));
             }
@@ -103,7 +114,7 @@ impl Packed {
         }
         let width = self.width();
         out.describe_wanted(
-            pieces.into_iter(),
+            pieces.iter().map(|row| &**row),
             width,
             view.element_bytes as usize,
             wanted,

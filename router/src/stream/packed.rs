@@ -133,6 +133,16 @@ impl ClusterPacked {
         &self.plan
     }
 
+    /// The same rows without the documents `documents`, as a local stream's
+    /// (`zr_common::PackPlan::block`).
+    pub fn block(mut self, documents: &[u64]) -> Result<ClusterPacked, Error> {
+        let plan = Arc::unwrap_or_clone(self.plan)
+            .block(documents)
+            .map_err(|e| self.stream.error(e.to_string()))?;
+        self.plan = Arc::new(plan);
+        Ok(self)
+    }
+
     pub fn stream(&self) -> &ClusterStream {
         &self.stream
     }
@@ -171,14 +181,14 @@ impl ClusterPacked {
         let mut ranges = Vec::new();
         let mut used = Vec::with_capacity(indices.len());
         for (k, &i) in indices.iter().enumerate() {
-            let row = self.plan.row(i).ok_or_else(|| {
+            let row = self.plan.row_read(i).ok_or_else(|| {
                 Error::Proto(zr_proto::Error::Remote {
                     code: zr_proto::ErrorCode::IndexOutOfRange,
                     message: format!("row {i} is out of range: the packing has {rows}"),
                 })
             })?;
             let mut at = 0usize;
-            for p in row {
+            for p in row.iter() {
                 let start = self.starts[p.document as usize] + u64::from(p.offset);
                 ranges.push((start, u64::from(p.len), (k * width + at) * e));
                 at += p.len as usize;
@@ -186,7 +196,7 @@ impl ClusterPacked {
             pieces.push(row);
             used.push(at);
         }
-        out.describe_wanted(pieces.into_iter(), width, e, wanted);
+        out.describe_wanted(pieces.iter().map(|row| &**row), width, e, wanted);
         for (k, at) in used.into_iter().enumerate() {
             out.tokens[(k * width + at) * e..(k + 1) * width * e].fill(0);
         }
