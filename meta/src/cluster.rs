@@ -38,6 +38,11 @@ pub struct ClusterRecord {
     /// this record knows it is newer).
     #[serde(default)]
     pub dataset_ids: u64,
+    /// Commits recorded for the default dataset: each that changed its records (its length,
+    /// or records rewritten in place) counts one. With `committed_len`, what a reader's
+    /// order proof holds of the dataset's contents.
+    #[serde(default)]
+    pub commits: u64,
 }
 
 /// A named dataset: what every router and node needs to agree on.
@@ -141,6 +146,9 @@ pub struct CommittedRecord {
     /// counts as nothing committed.
     pub id: u64,
     pub committed_len: u64,
+    /// Commits recorded that changed the dataset's records (see [`ClusterRecord::commits`]).
+    #[serde(default)]
+    pub commits: u64,
 }
 
 /// The key of named dataset `name`'s committed length.

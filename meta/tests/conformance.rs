@@ -118,6 +118,7 @@ async fn conformance(first: Arc<dyn MetaStore>, reopen: impl Fn() -> Arc<dyn Met
             }],
         }],
         dataset_ids: 1,
+        commits: 0,
     };
     let revision = cluster::store(store, None, &record)
         .await

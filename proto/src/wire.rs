@@ -19,7 +19,7 @@ use crate::error::{Error, Invalid};
 use crate::placement::Run;
 
 /// Protocol version spoken by this build.
-pub const WIRE_VERSION: u16 = 16;
+pub const WIRE_VERSION: u16 = 17;
 
 /// Most records one `Digest` request covers.
 pub const DIGEST_RECORDS_MAX: u64 = 1 << 20;
@@ -941,6 +941,9 @@ pub struct DatasetInfo {
     pub committed: Option<u64>,
     /// Bytes its chunks hold (on every in-sync replica, from a router).
     pub bytes: u64,
+    /// Commits recorded that changed its records (a router's; `None` from a node): with
+    /// `id` and `committed`, the identity of its committed contents.
+    pub commits: Option<u64>,
 }
 
 /// What a scrub of records of one shard found and did (see `ClientRequest::Scrub`).
@@ -1568,7 +1571,7 @@ mod tests {
         assert!(e.to_string().contains("version 99"), "{e}");
     }
 
-    /// A peer of the previous protocol version (15: gathers that waited for commits) is refused
+    /// A peer of the previous protocol version (16: dataset listings without their changes) is refused
     /// by both protocols' decoders and by the reply decoder, naming both versions — never
     /// read as this version's layout (ops/README.md, Upgrading).
     #[test]
@@ -1580,15 +1583,15 @@ mod tests {
                 matches!(
                     e,
                     Error::Version {
-                        theirs: 15,
-                        ours: 16
+                        theirs: 16,
+                        ours: 17
                     }
                 ),
                 "{e}"
             );
             assert!(
                 e.to_string()
-                    .contains("unsupported protocol version 15 (this build speaks 16)"),
+                    .contains("unsupported protocol version 16 (this build speaks 17)"),
                 "{e}"
             );
         };

@@ -65,7 +65,7 @@ fn cluster_error(e: zr_router::Error) -> PyErr {
 /// A field as Python sees it: (name, compression, dtype, shape).
 type FieldTuple = (String, String, Option<String>, Option<Vec<u64>>);
 /// A dataset as Python sees it: (name, records, committed, fields, bytes).
-type DatasetTuple = (String, u64, Option<u64>, Vec<FieldTuple>, u64);
+type DatasetTuple = (String, u64, Option<u64>, Vec<FieldTuple>, u64, u64, Option<u64>);
 
 fn field_tuple(spec: &FieldSpec) -> FieldTuple {
     (
@@ -504,7 +504,7 @@ impl Client {
         self.inner.name().to_string()
     }
 
-    /// The cluster's datasets: (name, records, committed, fields, bytes) each.
+    /// The cluster's datasets: (name, records, committed, fields, bytes, id, commits) each.
     fn datasets(&self, py: Python<'_>) -> PyResult<Vec<DatasetTuple>> {
         let all = py.detach(|| self.inner.datasets()).map_err(cluster_error)?;
         Ok(all
@@ -515,7 +515,7 @@ impl Client {
                     .into_iter()
                     .map(|f| (f.name, f.compress, f.dtype, f.shape))
                     .collect();
-                (d.name, d.len, d.committed, fields, d.bytes)
+                (d.name, d.len, d.committed, fields, d.bytes, d.id, d.commits)
             })
             .collect())
     }

@@ -1117,6 +1117,29 @@ def test_a_checkpoints_order_proof_refuses_a_changed_dataset_or_configuration(tm
     assert resumed.sampler.position == 50
 
 
+def test_a_cluster_datasets_order_proof_sees_a_record_rewritten():
+    with LocalCluster(2, [("x", "raw")], replicas=1) as cluster:
+        ds = zrecord.connect(cluster.router, cluster.certs)
+        ds.append_many([{"x": f"record {k}".encode()} for k in range(120)])
+        ds.commit()
+        reader = zrecord.connect(cluster.router, cluster.certs, role="reader")
+        loader = zrecord.Loader(reader, zrecord.Sampler(len(reader), seed=3, batch=8))
+        for k, _ in enumerate(loader):
+            if k == 2:
+                break
+        state = loader.state_dict()
+        [(name, identity)] = state["proof"]["datasets"]
+        assert name == "default" and identity is not None
+        # A commit of nothing changes nothing; a record rewritten in place (same length) does.
+        ds.commit()
+        zrecord.Loader(reader, zrecord.Sampler(len(reader), seed=3, batch=8)).load_state_dict(state)
+        ds.modify(5, {"x": b"rewritten"})
+        ds.commit()
+        resumed = zrecord.Loader(reader, zrecord.Sampler(len(reader), seed=3, batch=8))
+        with pytest.raises(ValueError, match="dataset 'default' changed since the checkpoint"):
+            resumed.load_state_dict(state)
+
+
 def test_webdataset_shards_convert_byte_exact(tmp_path):
     webdataset = pytest.importorskip("webdataset")
     import shutil

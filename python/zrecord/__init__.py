@@ -465,10 +465,11 @@ class Dataset:
         return self._cluster("reads_direct").reads_direct()
 
     def datasets(self) -> list[dict]:
-        """The cluster's datasets: name, records, committed, fields, bytes."""
+        """The cluster's datasets: name, records, committed, fields, bytes, id (when it was
+        made) and commits (commits that changed its records)."""
         return [
-            {"name": n, "records": r, "committed": c, "fields": [_field(f) for f in fs], "bytes": b}
-            for n, r, c, fs, b in self._cluster("datasets()").datasets()
+            {"name": n, "records": r, "committed": c, "fields": [_field(f) for f in fs], "bytes": b, "id": i, "commits": k}
+            for n, r, c, fs, b, i, k in self._cluster("datasets()").datasets()
         ]
 
     def create_dataset(self, name: str, fields: Sequence[Any], dicts: Mapping[str, bytes] | None = None) -> "Dataset":
@@ -1493,11 +1494,26 @@ def _dataset_entry(ds: Any, k: int) -> dict:
 
 def _identity(ds: Any) -> str | None:
     """A digest of what ``ds`` holds now: a local dataset's commit (meta.json), a stream's
-    (stream.json: its tokens, documents, spans and their CRCs); None for a cluster's."""
+    (stream.json: its tokens, documents, spans and their CRCs), a cluster dataset's (when it
+    was made, its committed length, the commits that changed its records, its fields)."""
     import hashlib  # noqa: PLC0415
 
     opener = getattr(ds, "_opener", None)
     stream = ds.stream if isinstance(ds, _observation_types()) else None
+    if stream is not None and getattr(stream, "dataset", None) is not None:
+        return _identity(stream.dataset)
+    if opener is not None and opener[0] == "cluster":
+        import json  # noqa: PLC0415
+
+        name = (list(opener) + [None] * 7)[5] or "default"
+        try:
+            listed = next((d for d in ds.datasets() if d["name"] == name), None)
+        except (OSError, RuntimeError, ValueError):
+            return None  # a cluster that cannot list its datasets now: nothing to check
+        if listed is None or listed["commits"] is None:
+            return None
+        held = {key: listed[key] for key in ("name", "id", "committed", "commits", "fields")}
+        return hashlib.sha256(json.dumps(held, sort_keys=True, default=str).encode()).hexdigest()[:32]
     if opener is not None and opener[0] == "local":
         path = os.path.join(str(opener[1]), "meta.json")
     elif stream is not None and getattr(stream, "dataset", None) is None:

@@ -133,6 +133,7 @@ mod tests {
             added: Vec::new(),
             dataset_ids: 0,
             datasets: Vec::new(),
+            commits: 0,
         }
     }
 

@@ -115,12 +115,16 @@ pub async fn restore_record(
         added: Vec::new(),
         dataset_ids: named.iter().map(|(d, _)| d.id).max().unwrap_or(0),
         datasets: named.iter().map(|(d, _)| d.clone()).collect(),
+        // The commits counted before are lost with the record: a count from 0 again tells
+        // a reader's order proof that nothing can be vouched for across the restore.
+        commits: 0,
     };
     let mut committed = BTreeMap::new();
     for (dataset, lens) in &named {
         let rebuilt = CommittedRecord {
             id: dataset.id,
             committed_len: placement.consistent_len(lens),
+            commits: 0,
         };
         let len = match cluster::load_committed(&*meta, &dataset.name).await? {
             Some((kept, _)) if kept.id == dataset.id => kept.committed_len,

@@ -107,6 +107,9 @@ pub struct Router {
     move_stop: std::sync::Mutex<Option<MoveStep>>,
     /// The committed length as last read from or written to the metadata store.
     committed: AtomicU64,
+    /// Records rewritten in place (modify, delete, write-field) since the last commit was
+    /// recorded: the next commit counts as a change even if the length stayed.
+    rewritten: std::sync::atomic::AtomicBool,
     /// Per shard: `Some(records it holds)` while its node holds fewer records than the
     /// committed length gives it (its data is missing); see [`Failure::MissingData`].
     missing: std::sync::Mutex<Vec<Option<u64>>>,
@@ -193,6 +196,7 @@ impl Router {
             move_rate: AtomicU64::new(wire::MOVE_RATE_DEFAULT),
             move_stop: std::sync::Mutex::new(None),
             committed: AtomicU64::new(0),
+            rewritten: Default::default(),
             missing: std::sync::Mutex::new(vec![None; shards]),
             rebuilds: Default::default(),
             replies: Arc::new(ReplyBudget::new(config.router.reply_budget_mib)),
@@ -430,6 +434,7 @@ impl Router {
                 added: Vec::new(),
                 datasets: Vec::new(),
                 dataset_ids: 0,
+                commits: 0,
             };
             match cluster::store(&*self.meta, None, &record).await {
                 Ok(_) => {
@@ -550,9 +555,9 @@ impl Router {
     /// committed since).
     pub(crate) async fn reload_committed(&self) -> Result<u64, Failure> {
         if self.dataset.is_some() {
-            let (len, _) = self.load_named_committed().await?;
-            self.set_committed(len);
-            return Ok(len);
+            let (record, _) = self.load_named_committed().await?;
+            self.set_committed(record.committed_len);
+            return Ok(record.committed_len);
         }
         let (record, _) = self.load_cluster().await?;
         self.set_committed(record.committed_len);
@@ -567,39 +572,70 @@ impl Router {
             return self.record_named_committed(len, lowering).await;
         }
         let meta = Failure::from;
-        for _ in 0..8 {
-            let Some((mut record, revision)) = cluster::load(&*self.meta).await.map_err(meta)?
-            else {
-                return Err(Failure::Inconsistent(format!(
-                    "metadata store {} holds no cluster record any more",
-                    self.meta.describe()
-                )));
-            };
-            if record.committed_len == len {
-                self.set_committed(len);
-                return Ok(());
-            }
-            if record.committed_len > len && !lowering {
-                self.set_committed(record.committed_len);
-                return Err(Failure::Inconsistent(format!(
-                    "cluster {} has committed {} records but its shards hold {len}: data is missing; the commit is refused",
-                    record.id, record.committed_len
-                )));
-            }
-            record.committed_len = len;
-            match cluster::store(&*self.meta, Some(revision), &record).await {
-                Ok(_) => {
+        let rewritten = self.rewritten.swap(false, Ordering::SeqCst);
+        let recorded = async {
+            for _ in 0..8 {
+                let Some((mut record, revision)) =
+                    cluster::load(&*self.meta).await.map_err(meta)?
+                else {
+                    return Err(Failure::Inconsistent(format!(
+                        "metadata store {} holds no cluster record any more",
+                        self.meta.describe()
+                    )));
+                };
+                if record.committed_len == len && !rewritten {
                     self.set_committed(len);
                     return Ok(());
                 }
-                Err(zr_meta::Error::Conflict { .. }) => continue,
-                Err(e) => return Err(meta(e)),
+                if record.committed_len > len && !lowering {
+                    self.set_committed(record.committed_len);
+                    return Err(Failure::Inconsistent(format!(
+                        "cluster {} has committed {} records but its shards hold {len}: data is missing; the commit is refused",
+                        record.id, record.committed_len
+                    )));
+                }
+                record.committed_len = len;
+                record.commits += 1;
+                match cluster::store(&*self.meta, Some(revision), &record).await {
+                    Ok(_) => {
+                        self.set_committed(len);
+                        return Ok(());
+                    }
+                    Err(zr_meta::Error::Conflict { .. }) => continue,
+                    Err(e) => return Err(meta(e)),
+                }
             }
+            Err(Failure::Contended(format!(
+                "the cluster record in {} kept changing; the commit is not recorded",
+                self.meta.describe()
+            )))
+        };
+        self.unless_recorded(rewritten, recorded.await)
+    }
+
+    /// A write's outcome; a rewrite in place is noted for the next commit to count.
+    pub(crate) async fn rewrite<T>(
+        &self,
+        write: impl std::future::Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        let outcome = write.await;
+        if outcome.is_ok() {
+            self.rewritten.store(true, Ordering::SeqCst);
         }
-        Err(Failure::Contended(format!(
-            "the cluster record in {} kept changing; the commit is not recorded",
-            self.meta.describe()
-        )))
+        outcome
+    }
+
+    /// `recorded`, the outcome of recording a commit; a rewrite it failed to count is kept
+    /// for the next commit.
+    pub(crate) fn unless_recorded(
+        &self,
+        rewritten: bool,
+        recorded: Result<(), Failure>,
+    ) -> Result<(), Failure> {
+        if recorded.is_err() && rewritten {
+            self.rewritten.store(true, Ordering::SeqCst);
+        }
+        recorded
     }
 
     /// `zr cluster replace-node`: shard `shard`'s replica `replica` is served from the node
@@ -989,11 +1025,11 @@ impl Router {
                 lengths,
                 ..
             } => self
-                .acked(self.exclusive(|| self.modify(index, fields, lengths, body)))
+                .acked(self.exclusive(|| self.rewrite(self.modify(index, fields, lengths, body))))
                 .await
                 .map(ready),
             ClientRequest::Delete { index } => self
-                .acked(self.exclusive(|| self.delete(index)))
+                .acked(self.exclusive(|| self.rewrite(self.delete(index))))
                 .await
                 .map(ready_body),
             ClientRequest::WriteField {
@@ -1001,7 +1037,9 @@ impl Router {
                 start,
                 lengths,
             } => self
-                .acked(self.exclusive(|| self.write_field(field, start, lengths, body)))
+                .acked(self.exclusive(|| {
+                    self.rewrite(self.write_field(field, start, lengths, body))
+                }))
                 .await
                 .map(ready),
             ClientRequest::WaitLen { len, wait_ms } => {

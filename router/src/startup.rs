@@ -105,6 +105,7 @@ mod tests {
             added: Vec::new(),
             datasets: Vec::new(),
             dataset_ids: 0,
+            commits: 0,
         }
     }
 

@@ -834,6 +834,7 @@ fn execute(
                     len: held.len,
                     committed: None,
                     bytes: held.bytes,
+                    commits: None,
                 })
                 .collect();
             Ok((Reply::Datasets(held), Vec::new()))

@@ -168,11 +168,24 @@ fn side_by_side(replicas: u32) {
     let rewards: Vec<Vec<u8>> = (10..30u64).map(|i| format!("r{i}").into_bytes()).collect();
     let slices: Vec<&[u8]> = rewards.iter().map(Vec::as_slice).collect();
     let images_two = two.dataset("images").unwrap();
+    // What a reader's order proof keeps of a dataset: its commits that changed records.
+    let commits = |client: &Client| {
+        let listed = client.datasets().unwrap();
+        let images = listed.iter().find(|d| d.name == "images").unwrap();
+        (images.committed, images.commits.unwrap())
+    };
+    let before = commits(&one);
+    images_two.commit().unwrap();
+    assert_eq!(commits(&one), before, "a commit of nothing changes nothing");
     images_two.write_field("reward", 10, &slices).unwrap();
     images_two
         .modify(5, &Record::new().with("label", b"relabelled"))
         .unwrap();
     images_two.commit().unwrap();
+    let after = commits(&one);
+    assert_eq!(after.0, before.0, "the length stayed");
+    assert_eq!(after.1, before.1 + 1, "records rewritten in place count a change");
+    assert_eq!(commits(&two), after, "every router lists the same");
     let indices: Vec<u64> = (0..300).collect();
     let columns = grown.gather(&indices, &["img", "label", "reward"]).unwrap();
     for i in 0..300u64 {

@@ -403,6 +403,7 @@ impl Router {
             move_rate: zr_proto::wire::MOVE_RATE_DEFAULT.into(),
             move_stop: Default::default(),
             committed: Default::default(),
+            rewritten: Default::default(),
             missing: std::sync::Mutex::new(vec![None; self.nodes.shards() as usize]),
             rebuilds: Arc::clone(&self.rebuilds),
             replies: Arc::clone(&self.replies),
@@ -427,17 +428,20 @@ impl Router {
     /// and the record's revision.
     pub(super) async fn load_named_committed(
         &self,
-    ) -> Result<(u64, Option<zr_meta::Revision>), Failure> {
+    ) -> Result<(CommittedRecord, Option<zr_meta::Revision>), Failure> {
         let name = self.dataset_name();
         let read = cluster::load_committed(&*self.meta, name)
             .await
             .map_err(metadata)?;
+        let nothing = CommittedRecord {
+            id: self.dataset_id,
+            committed_len: 0,
+            commits: 0,
+        };
         Ok(match read {
-            Some((record, revision)) if record.id == self.dataset_id => {
-                (record.committed_len, Some(revision))
-            }
-            Some((_, revision)) => (0, Some(revision)),
-            None => (0, None),
+            Some((record, revision)) if record.id == self.dataset_id => (record, Some(revision)),
+            Some((_, revision)) => (nothing, Some(revision)),
+            None => (nothing, None),
         })
     }
 
@@ -447,38 +451,41 @@ impl Router {
         len: u64,
         lowering: bool,
     ) -> Result<(), Failure> {
-        for _ in 0..8 {
-            let (committed, revision) = self.load_named_committed().await?;
-            if committed == len {
-                self.set_committed(len);
-                return Ok(());
-            }
-            if committed > len && !lowering {
-                self.set_committed(committed);
-                return Err(Failure::Inconsistent(format!(
-                    "dataset '{}' has committed {committed} records but its shards hold {len}: data is missing; the commit is refused",
-                    self.dataset_name()
-                )));
-            }
-            let record = CommittedRecord {
-                id: self.dataset_id,
-                committed_len: len,
-            };
-            match cluster::store_committed(&*self.meta, self.dataset_name(), revision, &record)
-                .await
-            {
-                Ok(_) => {
+        let rewritten = self.rewritten.swap(false, Ordering::SeqCst);
+        let recorded = async {
+            for _ in 0..8 {
+                let (mut record, revision) = self.load_named_committed().await?;
+                let committed = record.committed_len;
+                if committed == len && !rewritten {
                     self.set_committed(len);
                     return Ok(());
                 }
-                Err(zr_meta::Error::Conflict { .. }) => continue,
-                Err(e) => return Err(metadata(e)),
+                if committed > len && !lowering {
+                    self.set_committed(committed);
+                    return Err(Failure::Inconsistent(format!(
+                        "dataset '{}' has committed {committed} records but its shards hold {len}: data is missing; the commit is refused",
+                        self.dataset_name()
+                    )));
+                }
+                record.committed_len = len;
+                record.commits += 1;
+                match cluster::store_committed(&*self.meta, self.dataset_name(), revision, &record)
+                    .await
+                {
+                    Ok(_) => {
+                        self.set_committed(len);
+                        return Ok(());
+                    }
+                    Err(zr_meta::Error::Conflict { .. }) => continue,
+                    Err(e) => return Err(metadata(e)),
+                }
             }
-        }
-        Err(Failure::Contended(format!(
-            "dataset '{}''s committed length kept changing; the commit is not recorded",
-            self.dataset_name()
-        )))
+            Err(Failure::Contended(format!(
+                "dataset '{}''s committed length kept changing; the commit is not recorded",
+                self.dataset_name()
+            )))
+        };
+        self.unless_recorded(rewritten, recorded.await)
     }
 
     /// `zr dataset create`: records dataset `name` with `fields` in the cluster record, then
@@ -658,11 +665,18 @@ impl Router {
         }
         let mut out = Vec::new();
         for router in self.all_routers() {
-            if router.dataset.is_some() {
-                let _ = router.reload_committed().await;
+            let commits = if router.dataset.is_some() {
+                match router.load_named_committed().await {
+                    Ok((committed, _)) => {
+                        router.set_committed(committed.committed_len);
+                        Some(committed.commits)
+                    }
+                    Err(_) => None,
+                }
             } else {
                 self.set_committed(record.committed_len);
-            }
+                Some(record.commits)
+            };
             let len = match router.refresh_len().await {
                 Ok(len) => len,
                 Err(_) => router.len(),
@@ -678,6 +692,7 @@ impl Router {
                 fields: router.fields(),
                 len,
                 committed: Some(router.committed.load(Ordering::SeqCst)),
+                commits,
             });
         }
         Ok(out)
