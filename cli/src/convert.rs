@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 use clap::Args;
 use zr_node::convert::{convert_npy, convert_values, Destination, LocalDataset, Target};
-use zr_node::stream::{convert_megatron, convert_tokens, megatron_into, tokens_into, TokenSink};
+use zr_node::stream::{convert_megatron, convert_tokens, megatron_into, tokens_into};
 use zr_node::Compression;
 
 use crate::cluster::{target_dir, ClusterDestination, RouterArgs};
+use crate::sinks::{ClusterRecords, ClusterSink};
 use crate::{progress_bar, CliResult};
 use zr_net::tls::Access;
 
@@ -47,13 +48,18 @@ use zr_net::tls::Access;
 /// A sample lacking a member the first sample has fails the conversion naming the shard and
 /// the key (--missing skip counts and skips it); a failed conversion leaves nothing.
 ///
+/// --jsonl, --parquet and --webdataset also convert into a cluster: --router ADDR --certs
+/// DIR --dataset NAME (an operator's certificate) makes NAME a new dataset — a token stream
+/// for text, a record dataset for tables — committed every 256 MiB, and dropped again if
+/// the conversion fails.
+///
 /// A token stream (--megatron, --tokens) keeps the tokens densely with their document
 /// boundaries; training reads windows of any length from it (`zrecord.open_stream(DIR)
 /// .windows(seq_len=2048)`), so the window length is not fixed here. Its input is checked
 /// whole before anything is written, and a failed conversion leaves nothing behind. With
 /// --router and --dataset NAME the stream becomes a new dataset of the cluster (operator
-/// certificate), committed every 256 MiB of tokens: a conversion that fails midway leaves
-/// the documents committed so far.
+/// certificate), committed every 256 MiB of tokens, and dropped again if the conversion
+/// fails.
 #[derive(Args)]
 pub struct ConvertArgs {
     /// Dataset directory to create (or extend, with --append).
@@ -367,13 +373,7 @@ fn convert_stream(args: &ConvertArgs) -> CliResult {
             let client = remote
                 .client(Access::Operate)?
                 .ok_or("--router is missing")?;
-            Some(ClusterSink {
-                client,
-                name,
-                block_tokens: args.block_tokens,
-                stream: None,
-                since_commit: 0,
-            })
+            Some(ClusterSink::new(client, name, args.block_tokens))
         }
     };
     let bar = progress_bar(0, true);
@@ -410,7 +410,15 @@ fn convert_stream(args: &ConvertArgs) -> CliResult {
         _ => return Err("--tokens needs --doc-lengths".into()),
     };
     bar.finish_and_clear();
-    let (tokens, documents) = converted?;
+    let (tokens, documents) = match converted {
+        Ok(done) => done,
+        Err(e) => {
+            if let Some(sink) = sink.as_mut() {
+                sink.abandon();
+            }
+            return Err(e.into());
+        }
+    };
     let target = match dir {
         Some(dir) => dir.display().to_string(),
         None => format!(
@@ -425,76 +433,36 @@ fn convert_stream(args: &ConvertArgs) -> CliResult {
     Ok(())
 }
 
-/// Bytes of tokens a cluster conversion hands over between commits.
-const CLUSTER_COMMIT_BYTES: u64 = 256 << 20;
-
-/// A new token stream in a cluster as a conversion's sink: committed every
-/// [`CLUSTER_COMMIT_BYTES`] at a document boundary, and at the end.
-struct ClusterSink {
-    client: zr_router::Client,
-    name: String,
-    block_tokens: u64,
-    stream: Option<zr_router::ClusterStream>,
-    since_commit: u64,
+/// The cluster a conversion without DIR writes into: an operator's client of the router and
+/// the new dataset's name (`--dataset NAME`); `None` with a DIR.
+fn cluster_target(
+    args: &ConvertArgs,
+    what: &str,
+) -> Result<Option<(zr_router::Client, String)>, Box<dyn std::error::Error>> {
+    if target_dir(&args.dir, &args.remote)?.is_some() {
+        return Ok(None);
+    }
+    if args.append {
+        return Err(format!(
+            "{what} into a cluster makes a new dataset; --append adds to a local one (DIR)"
+        )
+        .into());
+    }
+    let mut remote = args.remote.clone();
+    let name = remote.dataset.take().ok_or_else(|| {
+        format!("{what} into a cluster makes a new dataset: name it with --dataset NAME")
+    })?;
+    let client = remote
+        .client(Access::Operate)?
+        .ok_or("--router is missing")?;
+    Ok(Some((client, name)))
 }
 
-impl ClusterSink {
-    fn stream(&mut self) -> zr_node::Result<&mut zr_router::ClusterStream> {
-        self.stream
-            .as_mut()
-            .ok_or_else(|| zr_node::Error::Cluster("tokens before the stream was made".into()))
-    }
-}
-
-fn cluster(e: zr_router::Error) -> zr_node::Error {
-    zr_node::Error::Cluster(Box::new(e))
-}
-
-impl TokenSink for ClusterSink {
-    fn start(&mut self, dtype: &str) -> zr_node::Result<()> {
-        let stream =
-            zr_router::ClusterStream::create(&self.client, &self.name, dtype, self.block_tokens)
-                .map_err(cluster)?;
-        self.stream = Some(stream);
-        Ok(())
-    }
-
-    fn append_tokens(&mut self, bytes: &[u8]) -> zr_node::Result<()> {
-        self.since_commit += bytes.len() as u64;
-        self.stream()?.append_tokens(bytes).map_err(cluster)?;
-        Ok(())
-    }
-
-    fn end_documents_at(&mut self, ends: &[u64]) -> zr_node::Result<()> {
-        let stream = self.stream()?;
-        for &end in ends {
-            stream.end_document_at(end).map_err(cluster)?;
-        }
-        Ok(())
-    }
-
-    fn aligned(&mut self) -> zr_node::Result<()> {
-        if self.since_commit >= CLUSTER_COMMIT_BYTES {
-            self.stream()?.commit().map_err(cluster)?;
-            self.since_commit = 0;
-        }
-        Ok(())
-    }
-
-    fn finish(&mut self) -> zr_node::Result<()> {
-        self.stream()?.commit().map_err(cluster)
-    }
-}
-
-/// `--jsonl`: text through a tokenizer into a local token stream, with a progress line of
-/// documents, tokens/s and bytes/s.
+/// `--jsonl`: text through a tokenizer into a local token stream or a cluster's new one,
+/// with a progress line of documents, tokens/s and bytes/s.
 fn convert_jsonl(args: &ConvertArgs) -> CliResult {
-    let Some(dest) = args.dir.clone() else {
-        return Err(
-            "--jsonl converts into a local stream directory (DIR); a cluster's is not offered yet"
-                .into(),
-        );
-    };
+    let cluster = cluster_target(args, "text")?;
+    let dest = args.dir.clone().unwrap_or_default();
     let tokenizer = args
         .tokenizer
         .clone()
@@ -523,7 +491,7 @@ fn convert_jsonl(args: &ConvertArgs) -> CliResult {
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
     let started = std::time::Instant::now();
-    let report = zr_ingest::tokenize_jsonl(&options, |p| {
+    let show = |p: zr_ingest::Progress| {
         let seconds = started.elapsed().as_secs_f64().max(1e-9);
         spinner.set_message(format!(
             "{} documents, {} tokens ({:.0} tokens/s, {:.1} MiB/s of text; {:.0} MiB of input files)",
@@ -534,7 +502,22 @@ fn convert_jsonl(args: &ConvertArgs) -> CliResult {
             total as f64 / (1 << 20) as f64
         ));
         spinner.tick();
-    })?;
+    };
+    let (report, target) = match cluster {
+        None => (
+            zr_ingest::tokenize_jsonl(&options, show)?,
+            dest.display().to_string(),
+        ),
+        Some((client, name)) => {
+            let target = format!("the cluster's dataset '{name}'");
+            let mut sink = ClusterSink::new(client, name, args.block_tokens);
+            let report = zr_ingest::tokenize_jsonl_into(&options, &mut sink, show);
+            if report.is_err() {
+                sink.abandon();
+            }
+            (report?, target)
+        }
+    };
     spinner.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
     println!(
@@ -542,7 +525,7 @@ fn convert_jsonl(args: &ConvertArgs) -> CliResult {
         report.documents,
         report.tokens,
         report.dtype,
-        dest.display(),
+        target,
         report.tokens as f64 / seconds.max(1e-9),
         if report.skipped > 0 {
             format!("; {} bad lines skipped", report.skipped)
@@ -555,9 +538,8 @@ fn convert_jsonl(args: &ConvertArgs) -> CliResult {
 
 /// `--webdataset`: tar shards into a local record dataset, with a progress line.
 fn convert_webdataset(args: &ConvertArgs) -> CliResult {
-    let Some(dest) = args.dir.clone() else {
-        return Err("--webdataset converts into a local dataset directory (DIR); a cluster's is not offered yet".into());
-    };
+    let cluster = cluster_target(args, "--webdataset")?;
+    let dest = args.dir.clone().unwrap_or_default();
     let options = zr_ingest::TarOptions {
         shards: zr_ingest::webdataset::shards_of(&args.webdataset)?,
         dest: dest.clone(),
@@ -566,7 +548,7 @@ fn convert_webdataset(args: &ConvertArgs) -> CliResult {
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
     let started = std::time::Instant::now();
-    let report = zr_ingest::convert_tars(&options, |samples, bytes| {
+    let show = |samples: u64, bytes: u64| {
         let seconds = started.elapsed().as_secs_f64().max(1e-9);
         spinner.set_message(format!(
             "{samples} samples, {:.1} MiB ({:.1} MiB/s) from {} shards",
@@ -575,7 +557,21 @@ fn convert_webdataset(args: &ConvertArgs) -> CliResult {
             options.shards.len()
         ));
         spinner.tick();
-    })?;
+    };
+    let (report, target) = match cluster {
+        None => (
+            zr_ingest::convert_tars(&options, show)?,
+            dest.display().to_string(),
+        ),
+        Some((client, name)) => {
+            let target = format!("the cluster's dataset '{name}'");
+            let mut sink = ClusterRecords::new(client, name);
+            (
+                zr_ingest::convert_tars_into(&options, &mut sink, show)?,
+                target,
+            )
+        }
+    };
     spinner.finish_and_clear();
     println!(
         "converted {} samples ({} fields: {}) from {} shards into {} in {:.1} s{}",
@@ -583,7 +579,7 @@ fn convert_webdataset(args: &ConvertArgs) -> CliResult {
         report.fields.len(),
         report.fields.join(", "),
         options.shards.len(),
-        dest.display(),
+        target,
         started.elapsed().as_secs_f64(),
         if report.skipped > 0 {
             format!("; {} samples lacking a member skipped", report.skipped)
@@ -596,9 +592,8 @@ fn convert_webdataset(args: &ConvertArgs) -> CliResult {
 
 /// `--parquet`: Parquet files into a local record dataset, a column a field.
 fn convert_parquet(args: &ConvertArgs) -> CliResult {
-    let Some(dest) = args.dir.clone() else {
-        return Err("--parquet converts into a local dataset directory (DIR); a cluster's is not offered yet".into());
-    };
+    let cluster = cluster_target(args, "--parquet")?;
+    let dest = args.dir.clone().unwrap_or_default();
     let options = zr_ingest::ParquetOptions {
         inputs: args.parquet.clone(),
         columns: args.columns.clone(),
@@ -607,13 +602,27 @@ fn convert_parquet(args: &ConvertArgs) -> CliResult {
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
     let started = std::time::Instant::now();
-    let report = zr_ingest::convert_parquet(&options, |rows| {
+    let show = |rows: u64| {
         spinner.set_message(format!(
             "{rows} rows ({:.0} rows/s)",
             rows as f64 / started.elapsed().as_secs_f64().max(1e-9)
         ));
         spinner.tick();
-    })?;
+    };
+    let (report, target) = match cluster {
+        None => (
+            zr_ingest::convert_parquet(&options, show)?,
+            dest.display().to_string(),
+        ),
+        Some((client, name)) => {
+            let target = format!("the cluster's dataset '{name}'");
+            let mut sink = ClusterRecords::new(client, name);
+            (
+                zr_ingest::convert_parquet_into(&options, &mut sink, show)?,
+                target,
+            )
+        }
+    };
     spinner.finish_and_clear();
     println!(
         "converted {} rows ({}) from {} files into {} in {:.1} s",
@@ -625,7 +634,7 @@ fn convert_parquet(args: &ConvertArgs) -> CliResult {
             .collect::<Vec<_>>()
             .join(", "),
         options.inputs.len(),
-        dest.display(),
+        target,
         started.elapsed().as_secs_f64()
     );
     Ok(())

@@ -7,6 +7,7 @@ mod dataset;
 mod datasets;
 mod explain;
 mod sample;
+mod sinks;
 mod stream;
 
 use std::process::ExitCode;

@@ -19,8 +19,8 @@ use zr_node::stream::{Component, Stream};
 
 pub mod parquet;
 pub mod webdataset;
-pub use parquet::{convert_parquet, ParquetOptions, ParquetReport};
-pub use webdataset::{convert_tars, TarOptions, TarReport};
+pub use parquet::{convert_parquet, convert_parquet_into, ParquetOptions, ParquetReport};
+pub use webdataset::{convert_tars, convert_tars_into, TarOptions, TarReport};
 
 /// Lines a worker takes at a time.
 const BATCH_LINES: usize = 256;
@@ -111,6 +111,30 @@ pub fn tokenize_jsonl(
     options: &JsonlOptions,
     mut progress: impl FnMut(Progress),
 ) -> Result<Report> {
+    let (tokenizer, eos, dtype) = prepare(options)?;
+    let (stream, made) = open_dest(options, dtype)?;
+    let outcome = convert(
+        options,
+        &tokenizer,
+        eos,
+        dtype,
+        Target::Local(&stream),
+        &mut progress,
+    );
+    match outcome {
+        Ok(report) => Ok(report),
+        Err(e) => {
+            drop(stream); // appended documents not committed are gone with it
+            if made {
+                let _ = std::fs::remove_dir_all(&options.dest);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The tokenizer, the end token's id and the token type, with the inputs checked.
+fn prepare(options: &JsonlOptions) -> Result<(tokenizers::Tokenizer, Option<u32>, &'static str)> {
     if options.inputs.is_empty() {
         return Err(IngestError::Usage("no input files".into()));
     }
@@ -143,20 +167,136 @@ pub fn tokenize_jsonl(
             });
         }
     }
-    let (stream, made) = open_dest(options, dtype)?;
-    let outcome = convert(options, &tokenizer, eos, dtype, &stream, &mut progress);
-    match outcome {
-        Ok(report) => {
-            stream.commit()?;
-            Ok(report)
-        }
-        Err(e) => {
-            drop(stream); // appended documents not committed are gone with it
-            if made {
-                let _ = std::fs::remove_dir_all(&options.dest);
+    Ok((tokenizer, eos, dtype))
+}
+
+/// [`tokenize_jsonl`] into `sink` (a cluster's new stream, say) instead of a local
+/// directory: `options.dest` and `options.append` are not used, and `meta_keys` is
+/// refused (span metadata is kept in local streams only). The sink is started with the
+/// token type, handed each document's tokens and end in the input's order, told where it
+/// may commit, and finished at the end; on an error it is left unfinished, for its owner to
+/// drop.
+pub fn tokenize_jsonl_into(
+    options: &JsonlOptions,
+    sink: &mut dyn zr_node::stream::TokenSink,
+    mut progress: impl FnMut(Progress),
+) -> Result<Report> {
+    if !options.meta_keys.is_empty() {
+        return Err(IngestError::Usage(
+            "--meta-keys keeps metadata in a local stream's spans, which a cluster's stream does not hold".into(),
+        ));
+    }
+    let (tokenizer, eos, dtype) = prepare(options)?;
+    sink.start(dtype)?;
+    let report = convert(
+        options,
+        &tokenizer,
+        eos,
+        dtype,
+        Target::Sink(sink, 0),
+        &mut progress,
+    )?;
+    Ok(report)
+}
+
+/// Where tokenized documents go.
+enum Target<'a> {
+    Local(&'a Stream),
+    /// A sink, and the tokens it was handed so far.
+    Sink(&'a mut dyn zr_node::stream::TokenSink, u64),
+}
+
+impl Target<'_> {
+    fn append(&mut self, tokens: &[u8], count: u64, spans: &[zr_node::stream::Span]) -> Result<()> {
+        match self {
+            Target::Local(stream) => {
+                stream.append_document(tokens, spans)?;
             }
-            Err(e)
+            Target::Sink(sink, at) => {
+                sink.append_tokens(tokens)?;
+                *at += count;
+                sink.end_documents_at(&[*at])?;
+            }
         }
+        Ok(())
+    }
+
+    /// A batch of documents is written whole.
+    fn aligned(&mut self) -> Result<()> {
+        if let Target::Sink(sink, _) = self {
+            sink.aligned()?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        match self {
+            Target::Local(stream) => stream.commit()?,
+            Target::Sink(sink, _) => sink.finish()?,
+        }
+        Ok(())
+    }
+}
+
+/// Where a table's records go: a new local dataset ([`LocalRecords`]), or anything else
+/// that makes a dataset and takes records in order (the command line's cluster datasets).
+pub trait RecordSink {
+    /// Called once, before any record, with the fields the input gives.
+    fn create(&mut self, fields: &[zr_node::FieldSpec]) -> Result<()>;
+    /// Records, in the input's order.
+    fn append(&mut self, records: &[zr_node::Record<'_>]) -> Result<()>;
+    /// The conversion is done: make it durable.
+    fn commit(&mut self) -> Result<()>;
+    /// The conversion failed: remove what was made (a conversion leaves no destination).
+    fn abandon(&mut self);
+}
+
+/// A new local dataset at `dest` as a conversion's sink: `dest` must be absent or empty,
+/// and is removed if the conversion fails.
+pub struct LocalRecords {
+    dest: PathBuf,
+    store: Option<zr_node::Store>,
+}
+
+impl LocalRecords {
+    pub fn new(dest: &Path) -> Result<LocalRecords> {
+        fresh_dest(dest, "")?;
+        Ok(LocalRecords {
+            dest: dest.to_path_buf(),
+            store: None,
+        })
+    }
+
+    fn store(&self) -> Result<&zr_node::Store> {
+        self.store
+            .as_ref()
+            .ok_or_else(|| IngestError::Usage("records before the dataset was made".into()))
+    }
+}
+
+impl RecordSink for LocalRecords {
+    fn create(&mut self, fields: &[zr_node::FieldSpec]) -> Result<()> {
+        let store = zr_node::Store::create(
+            &self.dest,
+            fields.to_vec(),
+            zr_node::CreateOptions::default(),
+        )?;
+        self.store = Some(store);
+        Ok(())
+    }
+
+    fn append(&mut self, records: &[zr_node::Record<'_>]) -> Result<()> {
+        self.store()?.append_many(records)?;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        Ok(self.store()?.commit()?)
+    }
+
+    fn abandon(&mut self) {
+        drop(self.store.take());
+        let _ = std::fs::remove_dir_all(&self.dest);
     }
 }
 
@@ -206,7 +346,7 @@ fn convert(
     tokenizer: &tokenizers::Tokenizer,
     eos: Option<u32>,
     dtype: &str,
-    stream: &Stream,
+    mut target: Target<'_>,
     progress: &mut impl FnMut(Progress),
 ) -> Result<Report> {
     let threads = match options.threads {
@@ -258,9 +398,10 @@ fn convert(
                         } else {
                             &whole[..]
                         };
-                        stream.append_document(tokens, spans)?;
+                        target.append(tokens, count, spans)?;
                         status.tokens += count;
                     }
+                    target.aligned()?;
                     status.documents += documents.len() as u64;
                     status.bytes += bytes;
                     report.skipped += skipped;
@@ -277,6 +418,7 @@ fn convert(
             .map_err(|_| IngestError::Usage("the reader thread panicked".into()))?;
         result?;
         read?;
+        target.finish()?;
         report.documents = status.documents;
         report.tokens = status.tokens;
         Ok(report)

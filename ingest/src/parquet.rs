@@ -15,7 +15,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use zr_node::{CreateOptions, FieldSpec, Record, Store};
+use zr_node::{FieldSpec, Record};
 
 use crate::IngestError;
 
@@ -165,14 +165,26 @@ fn open(
 /// with the rows written so far.
 pub fn convert_parquet(
     options: &ParquetOptions,
+    progress: impl FnMut(u64),
+) -> Result<ParquetReport, IngestError> {
+    if options.inputs.is_empty() {
+        return Err(IngestError::Usage("no input files".into()));
+    }
+    let mut sink = crate::LocalRecords::new(&options.dest)?;
+    convert_parquet_into(options, &mut sink, progress)
+}
+
+/// [`convert_parquet`] into `sink` (`options.dest` is not used); a failed conversion
+/// abandons the sink.
+pub fn convert_parquet_into(
+    options: &ParquetOptions,
+    sink: &mut dyn crate::RecordSink,
     mut progress: impl FnMut(u64),
 ) -> Result<ParquetReport, IngestError> {
     if options.inputs.is_empty() {
         return Err(IngestError::Usage("no input files".into()));
     }
-    let dest = &options.dest;
-    crate::fresh_dest(dest, "")?;
-    let mut store: Option<Store> = None;
+    let mut made = false;
     let mut plan: Vec<(String, Kind)> = Vec::new();
     let mut report = ParquetReport::default();
     let result = (|| -> Result<(), IngestError> {
@@ -203,8 +215,8 @@ pub fn convert_parquet(
                 })?;
                 kinds.push((name.clone(), kind_of(name, field.data_type()).map_err(bad)?));
             }
-            if store.is_none() {
-                let specs = kinds
+            if !made {
+                let specs: Vec<FieldSpec> = kinds
                     .iter()
                     .map(|(name, kind)| match kind {
                         Kind::Typed { dtype, width } => {
@@ -214,7 +226,8 @@ pub fn convert_parquet(
                         _ => FieldSpec::raw(name.as_str()),
                     })
                     .collect();
-                store = Some(Store::create(dest, specs, CreateOptions::default())?);
+                sink.create(&specs)?;
+                made = true;
                 report.fields = kinds
                     .iter()
                     .map(|(name, kind)| {
@@ -244,7 +257,6 @@ pub fn convert_parquet(
                 .with_batch_size(BATCH_ROWS)
                 .build()
                 .map_err(|e| bad(e.to_string()))?;
-            let Some(store) = &store else { break };
             let mut row_base = 0u64;
             for batch in reader {
                 let batch: RecordBatch =
@@ -285,22 +297,21 @@ pub fn convert_parquet(
                         record
                     })
                     .collect();
-                store.append_many(&records)?;
+                sink.append(&records)?;
                 row_base += batch.num_rows() as u64;
                 report.rows += batch.num_rows() as u64;
                 progress(report.rows);
             }
         }
-        match &store {
-            Some(store) => Ok(store.commit()?),
-            None => Err(IngestError::Usage("no rows".into())),
+        match made {
+            true => sink.commit(),
+            false => Err(IngestError::Usage("no rows".into())),
         }
     })();
     match result {
         Ok(()) => Ok(report),
         Err(e) => {
-            drop(store);
-            let _ = std::fs::remove_dir_all(dest);
+            sink.abandon();
             Err(e)
         }
     }
@@ -424,7 +435,7 @@ mod tests {
         assert_eq!(report.rows, 200);
         assert_eq!(report.fields[0], ("id".into(), "<i8".into()));
         assert_eq!(report.fields[3], ("vector".into(), "<f4[3]".into()));
-        let store = Store::open_read_only(&options.dest).unwrap();
+        let store = zr_node::Store::open_read_only(&options.dest).unwrap();
         let got = store
             .gather(&[7, 110], &["id", "text", "blob", "vector"])
             .unwrap();

@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use zr_node::{CreateOptions, FieldSpec, Record, Store};
+use zr_node::{FieldSpec, Record};
 
 use crate::IngestError;
 
@@ -81,8 +81,14 @@ pub fn expand(pattern: &str) -> Result<Vec<String>, IngestError> {
 /// with the samples and bytes written so far.
 pub fn convert_tars(
     options: &TarOptions,
-    mut progress: impl FnMut(u64, u64),
+    progress: impl FnMut(u64, u64),
 ) -> Result<TarReport, IngestError> {
+    check_shards(options)?;
+    let mut sink = crate::LocalRecords::new(&options.dest)?;
+    convert_tars_into(options, &mut sink, progress)
+}
+
+fn check_shards(options: &TarOptions) -> Result<(), IngestError> {
     if options.shards.is_empty() {
         return Err(IngestError::Usage("no shards".into()));
     }
@@ -94,11 +100,21 @@ pub fn convert_tars(
             });
         }
     }
-    let dest = &options.dest;
-    crate::fresh_dest(dest, "")?;
+    Ok(())
+}
+
+/// [`convert_tars`] into `sink` (`options.dest` is not used); a failed conversion abandons
+/// the sink.
+pub fn convert_tars_into(
+    options: &TarOptions,
+    sink: &mut dyn crate::RecordSink,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<TarReport, IngestError> {
+    check_shards(options)?;
     let mut state = Converting {
         options,
-        store: None,
+        sink,
+        made: false,
         fields: Vec::new(),
         pending: Vec::new(),
         report: TarReport::default(),
@@ -155,16 +171,15 @@ pub fn convert_tars(
             state.sample(done, &mut progress)?;
         }
         state.flush(&mut progress)?;
-        match &state.store {
-            Some(store) => store.commit().map_err(IngestError::from),
-            None => Err(IngestError::Usage("the shards hold no sample".into())),
+        match state.made {
+            true => state.sink.commit(),
+            false => Err(IngestError::Usage("the shards hold no sample".into())),
         }
     })();
     match result {
         Ok(()) => Ok(state.report),
         Err(e) => {
-            drop(state.store.take());
-            let _ = std::fs::remove_dir_all(dest);
+            state.sink.abandon();
             Err(e)
         }
     }
@@ -181,7 +196,9 @@ fn split_name(name: &str) -> (&str, &str) {
 
 struct Converting<'a> {
     options: &'a TarOptions,
-    store: Option<Store>,
+    sink: &'a mut dyn crate::RecordSink,
+    /// Whether the sink's dataset was made (with the first sample's fields).
+    made: bool,
     fields: Vec<String>,
     /// Samples read, in field order, not appended yet.
     pending: Vec<Vec<Vec<u8>>>,
@@ -195,18 +212,15 @@ impl Converting<'_> {
         progress: &mut impl FnMut(u64, u64),
     ) -> Result<(), IngestError> {
         let shard = &self.options.shards[sample.shard];
-        if self.store.is_none() {
+        if !self.made {
             self.fields = sample.members.iter().map(|(e, _)| e.clone()).collect();
-            let specs = self
+            let specs: Vec<FieldSpec> = self
                 .fields
                 .iter()
                 .map(|f| FieldSpec::raw(f.as_str()))
                 .collect();
-            self.store = Some(Store::create(
-                &self.options.dest,
-                specs,
-                CreateOptions::default(),
-            )?);
+            self.sink.create(&specs)?;
+            self.made = true;
             self.report.fields = self.fields.clone();
         }
         let mut values = Vec::with_capacity(self.fields.len());
@@ -252,10 +266,7 @@ impl Converting<'_> {
     }
 
     fn flush(&mut self, progress: &mut impl FnMut(u64, u64)) -> Result<(), IngestError> {
-        let Some(store) = &self.store else {
-            return Ok(());
-        };
-        if self.pending.is_empty() {
+        if !self.made || self.pending.is_empty() {
             return Ok(());
         }
         let records: Vec<Record> = self
@@ -269,7 +280,7 @@ impl Converting<'_> {
                 record
             })
             .collect();
-        store.append_many(&records)?;
+        self.sink.append(&records)?;
         self.report.samples += records.len() as u64;
         self.pending.clear();
         progress(self.report.samples, self.report.bytes);
@@ -312,7 +323,7 @@ mod tests {
     }
 
     fn records(dir: &Path, field: &str) -> Vec<Vec<u8>> {
-        let store = Store::open_read_only(dir).unwrap();
+        let store = zr_node::Store::open_read_only(dir).unwrap();
         let all: Vec<u64> = (0..store.len()).collect();
         let batch = store.gather(&all, &[field]).unwrap();
         let column = batch.field(field).unwrap();
