@@ -1140,6 +1140,78 @@ def test_a_cluster_datasets_order_proof_sees_a_record_rewritten():
             resumed.load_state_dict(state)
 
 
+def _arrow_table(pa, n, seed):
+    rng = np.random.default_rng(seed)
+    blobs = [rng.integers(0, 256, size=int(rng.integers(0, 300)), dtype=np.uint8).tobytes() for _ in range(n)]
+    texts = [None if k % 7 == 3 else f"row {k} é🙂" for k in range(n)]
+    images = pa.StructArray.from_arrays([pa.array([None if k % 11 == 5 else blobs[k] for k in range(n)], pa.binary()), pa.array([f"{k}.png" for k in range(n)])], ["bytes", "path"])
+    vectors = rng.normal(size=(n, 4)).astype(np.float32)
+    table = pa.table({
+        "blob": pa.array(blobs, pa.large_binary()),
+        "text": pa.array(texts, pa.string()),
+        "image": images,
+        "vec": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), 4),
+        "label": pa.array(np.arange(n, dtype=np.int64) * 3),
+    })
+    want = [{"blob": blobs[k], "text": (texts[k] or "").encode(), "image": b"" if k % 11 == 5 else blobs[k], "vec": vectors[k], "label": 3 * k} for k in range(n)]
+    return table, want
+
+
+def _check_rows(ds, want):
+    batch = ds.gather(np.arange(len(want)))
+    for name in ("blob", "text", "image"):
+        values, offsets = batch[name]
+        got = [values[offsets[k] : offsets[k + 1]].tobytes() for k in range(len(want))]
+        assert got == [w[name] for w in want], name
+    np.testing.assert_array_equal(batch["vec"], np.stack([w["vec"] for w in want]))
+    np.testing.assert_array_equal(batch["label"], [w["label"] for w in want])
+
+
+def test_from_arrow_writes_tables_and_readers_byte_exact_and_typed(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    table, want = _arrow_table(pa, 500, 1)
+    # Batches of a sliced, many-chunked table: offsets into shared buffers.
+    chunked = pa.concat_tables([table.slice(0, 123), table.slice(123, 300), table.slice(423)])
+    ds = zrecord.from_arrow(chunked, tmp_path / "t")
+    assert len(ds) == 500
+    assert [(f.name, f.dtype, f.shape) for f in ds.fields][3:] == [("vec", np.dtype("float32"), (4,)), ("label", np.dtype("int64"), ())]
+    _check_rows(ds, want)
+    # A reader, and columns picked, appended to a writable dataset.
+    reader = pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=64))
+    target = zrecord.create(tmp_path / "r", zrecord.arrow_fields(table.select(["label", "text"]).schema))
+    zrecord.from_arrow(reader, target, columns=["label", "text"])
+    assert len(target) == 500
+    np.testing.assert_array_equal(target.gather([0, 499])["label"], [0, 1497])
+    # Refusals name the column; nothing is left behind.
+    nested = pa.table({"ok": pa.array([b"x"]), "deep": pa.array([[[1]]])})
+    with pytest.raises(ValueError, match="column 'deep' is list"):
+        zrecord.from_arrow(nested, tmp_path / "bad")
+    nulls = pa.table({"n": pa.array([1, None, 3], pa.int32())})
+    with pytest.raises(ValueError, match="row 1 of column 'n' is null"):
+        zrecord.from_arrow(nulls, tmp_path / "nulls")
+    assert not (tmp_path / "nulls").exists()
+    with pytest.raises(ValueError, match="no field 'blob'"):
+        zrecord.from_arrow(table, target)
+
+
+def test_from_arrow_takes_a_hugging_face_dataset_and_fills_a_cluster_dataset(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    table, want = _arrow_table(pa, 200, 2)
+    with LocalCluster(2, [("x", "raw")], replicas=1) as cluster:
+        admin = zrecord.connect(cluster.router, cluster.certs, role="operator")
+        images = admin.create_dataset("images", zrecord.arrow_fields(table.schema))
+        zrecord.from_arrow(table, images)
+        assert len(images) == 200
+        _check_rows(images, want)
+    datasets = pytest.importorskip("datasets")
+    hf = datasets.Dataset.from_dict({"text": [f"doc {k}" for k in range(100)], "label": list(range(100))})
+    ds = zrecord.from_arrow(hf, tmp_path / "hf")
+    assert len(ds) == 100
+    values, offsets = ds.gather([42])["text"]
+    assert values[offsets[0] : offsets[1]].tobytes() == b"doc 42"
+    assert ds.gather([42])["label"].tolist() == [42]
+
+
 def test_webdataset_shards_convert_byte_exact(tmp_path):
     webdataset = pytest.importorskip("webdataset")
     import shutil

@@ -51,7 +51,9 @@ __all__ = [
     "Sampler",
     "connect",
     "create",
+    "arrow_fields",
     "from_arrays",
+    "from_arrow",
     "from_numpy",
     "open",
     "Stream",
@@ -1579,3 +1581,4 @@ def _mixture_fields(datasets: list[Dataset], mixture: Mixture, fields: Sequence[
 
 
 from .stream import Packed, Stream, Windows, create_stream, open_stream  # noqa: E402  (uses the helpers above)
+from .arrow import arrow_fields, from_arrow  # noqa: E402
