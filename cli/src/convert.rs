@@ -48,6 +48,11 @@ use zr_net::tls::Access;
 /// A sample lacking a member the first sample has fails the conversion naming the shard and
 /// the key (--missing skip counts and skips it); a failed conversion leaves nothing.
 ///
+/// Their inputs may also be object-store URLs (s3://bucket/key, gs://, az://, https://),
+/// read in ranges as the conversion goes, with credentials from the environment as each
+/// store takes them (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION,
+/// AWS_ENDPOINT, GOOGLE_SERVICE_ACCOUNT, AZURE_STORAGE_ACCOUNT_NAME, …).
+///
 /// --jsonl, --parquet and --webdataset also convert into a cluster: --router ADDR --certs
 /// DIR --dataset NAME (an operator's certificate) makes NAME a new dataset — a token stream
 /// for text, a record dataset for tables — committed every 256 MiB, and dropped again if

@@ -18,6 +18,7 @@ use std::sync::mpsc;
 use zr_node::stream::{Component, Stream};
 
 pub mod parquet;
+pub mod remote;
 pub mod webdataset;
 pub use parquet::{convert_parquet, convert_parquet_into, ParquetOptions, ParquetReport};
 pub use webdataset::{convert_tars, convert_tars_into, TarOptions, TarReport};
@@ -160,12 +161,7 @@ fn prepare(options: &JsonlOptions) -> Result<(tokenizers::Tokenizer, Option<u32>
         }
     };
     for path in &options.inputs {
-        if !path.is_file() {
-            return Err(IngestError::Input {
-                path: path.clone(),
-                reason: "no such file".into(),
-            });
-        }
+        remote::check_input(path)?;
     }
     Ok((tokenizer, eos, dtype))
 }
@@ -494,10 +490,7 @@ fn read_lines(
 
 /// A file's bytes, decompressed by its name's ending (`.gz`, `.zst`).
 fn open_input(path: &Path) -> Result<Box<dyn Read + Send>> {
-    let file = std::fs::File::open(path).map_err(|e| IngestError::Input {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })?;
+    let file = remote::open_read(path)?;
     let name = path.to_string_lossy();
     Ok(if name.ends_with(".gz") {
         Box::new(flate2::read::MultiGzDecoder::new(file))

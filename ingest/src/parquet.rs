@@ -151,12 +151,12 @@ fn bytes_of(array: &dyn Array, row: usize) -> Vec<u8> {
 /// The Parquet file at `path`, its footer read.
 fn open(
     path: &std::path::Path,
-) -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>, IngestError> {
+) -> Result<ParquetRecordBatchReaderBuilder<crate::remote::ParquetSource>, IngestError> {
     let bad = |reason: String| IngestError::Input {
         path: path.to_path_buf(),
         reason,
     };
-    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let file = crate::remote::ParquetSource::open(path)?;
     ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| bad(format!("not a Parquet file we can read: {e}")))
 }

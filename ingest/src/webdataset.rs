@@ -93,12 +93,7 @@ fn check_shards(options: &TarOptions) -> Result<(), IngestError> {
         return Err(IngestError::Usage("no shards".into()));
     }
     for shard in &options.shards {
-        if !shard.is_file() {
-            return Err(IngestError::Input {
-                path: shard.clone(),
-                reason: "no such file".into(),
-            });
-        }
+        crate::remote::check_input(shard)?;
     }
     Ok(())
 }
@@ -122,10 +117,7 @@ pub fn convert_tars_into(
     let result = (|| {
         let mut current: Option<Sample> = None;
         for (shard, path) in options.shards.iter().enumerate() {
-            let file = std::fs::File::open(path).map_err(|e| IngestError::Input {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
+            let file = crate::remote::open_read(path)?;
             let mut archive = tar::Archive::new(file);
             let bad = |reason: String| IngestError::Input {
                 path: path.clone(),

@@ -1805,6 +1805,7 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plans::token_mixture, m)?)?;
     m.add_function(wrap_pyfunction!(plans::explain, m)?)?;
     m.add_function(wrap_pyfunction!(plans::explain_grep, m)?)?;
+    m.add_function(wrap_pyfunction!(plans::tokenize_jsonl, m)?)?;
     m.add_function(wrap_pyfunction!(train_dictionary, m)?)?;
     m.add_class::<Store>()?;
     m.add_class::<Stream>()?;

@@ -311,3 +311,39 @@ pub(crate) fn token_mixture(
         .collect();
     Ok((stages, plan.end, plan.budgets))
 }
+
+/// Text (JSON lines, plain or gzip/zstd, or Parquet files' text column) through a Hugging
+/// Face tokenizer into the token stream at `dest`, as `zr convert --jsonl` does: on every
+/// core, in the input's order, without the GIL. Returns (documents, tokens, lines skipped,
+/// the token type).
+#[pyfunction]
+#[pyo3(signature = (inputs, tokenizer, dest, text_key="text", eos=None, append=false, skip_bad=false, threads=0, meta_keys=Vec::new()))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tokenize_jsonl(
+    py: Python<'_>,
+    inputs: Vec<std::path::PathBuf>,
+    tokenizer: std::path::PathBuf,
+    dest: std::path::PathBuf,
+    text_key: &str,
+    eos: Option<String>,
+    append: bool,
+    skip_bad: bool,
+    threads: usize,
+    meta_keys: Vec<String>,
+) -> PyResult<(u64, u64, u64, String)> {
+    let options = zr_ingest::JsonlOptions {
+        inputs,
+        tokenizer,
+        text_key: text_key.to_string(),
+        eos,
+        dest,
+        append,
+        skip_bad,
+        threads,
+        meta_keys,
+    };
+    let report = py
+        .detach(|| zr_ingest::tokenize_jsonl(&options, |_| {}))
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((report.documents, report.tokens, report.skipped, report.dtype))
+}

@@ -606,8 +606,17 @@ def test_text_tokenized_by_zr_convert_equals_the_tokenizers_package(tmp_path):
     eos = tokenizer.token_to_id("</s>")
     for k, encoding in enumerate(tokenizer.encode_batch(texts, add_special_tokens=False)):
         np.testing.assert_array_equal(stream.document(k), np.array(encoding.ids + [eos], dtype=np.uint16), err_msg=f"document {k}: {texts[k]!r}")
+    # The same from Python, natively: the same stream.
+    done = zrecord.tokenize_jsonl([tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz"], path, tmp_path / "py", eos="</s>", meta_keys=["url"])
+    assert (done["documents"], done["dtype"]) == (len(texts), "<u2")
+    for k in (0, 1, half, len(texts) - 1):
+        np.testing.assert_array_equal(done["stream"].document(k), stream.document(k))
     # A bad line is named by file and line, and nothing is left behind.
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": "fine"}\nnot json\n')
+    with pytest.raises(ValueError, match="bad.jsonl:3: not JSON"):
+        zrecord.tokenize_jsonl(tmp_path / "bad.jsonl", path, tmp_path / "bad_py")
+    assert not (tmp_path / "bad_py").exists()
+    assert zrecord.tokenize_jsonl(tmp_path / "bad.jsonl", path, tmp_path / "skipped", skip_bad=True)["skipped"] == 1
     failed = subprocess.run([zr, "convert", str(tmp_path / "bad"), "--jsonl", str(tmp_path / "bad.jsonl"), "--tokenizer", str(path)], capture_output=True, text=True)
     assert failed.returncode != 0 and "bad.jsonl:3: not JSON" in failed.stderr, failed.stderr
     assert not (tmp_path / "bad").exists()

@@ -60,6 +60,7 @@ __all__ = [
     "TokenBudget",
     "TokenSource",
     "token_lengths",
+    "tokenize_jsonl",
     "Windows",
     "Packed",
     "create_stream",
@@ -1580,5 +1581,5 @@ def _mixture_fields(datasets: list[Dataset], mixture: Mixture, fields: Sequence[
     return chosen
 
 
-from .stream import Packed, Stream, Windows, create_stream, open_stream  # noqa: E402  (uses the helpers above)
+from .stream import Packed, Stream, Windows, create_stream, open_stream, tokenize_jsonl  # noqa: E402  (uses the helpers above)
 from .arrow import arrow_fields, from_arrow  # noqa: E402

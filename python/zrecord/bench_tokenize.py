@@ -7,12 +7,18 @@ document lengths — on the same file, tokenizer and cores, in the same run::
 
 Both add the end-of-document token (``--eos``) and write uint16 tokens when the vocabulary
 fits. The ratio is what to read: the machine may be shared and noisy.
+
+It also prints the conversion's peak resident memory beside the input's size. With
+``--memory-limit-mib N`` (as root, where a cgroup memory controller is mounted) ``zr`` runs
+under that limit, page cache included, so an input several times larger than the limit
+shows the conversion streams; ``--only-zr`` leaves Megatron's method out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import multiprocessing
 import os
 import shutil
@@ -53,6 +59,25 @@ def megatron_like(jsonl: str, tokenizer: str, eos: str, out: str, workers: int) 
     return docs, tokens
 
 
+def _memory_cgroup(limit_mib: int) -> str:
+    """A fresh cgroup holding at most ``limit_mib`` MiB (v2's memory.max or v1's
+    memory.limit_in_bytes); its directory. Refused with a clear error where none can be made."""
+    for base, limit in (("/sys/fs/cgroup", "memory.max"), ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")):
+        if os.path.exists(os.path.join(base, limit)) or (limit == "memory.limit_in_bytes" and os.path.isdir(base)):
+            group = os.path.join(base, f"zrecord-bench-{os.getpid()}")
+            try:
+                os.makedirs(group, exist_ok=True)
+                with open(os.path.join(group, limit), "w") as f:
+                    f.write(str(limit_mib << 20))
+                if limit == "memory.limit_in_bytes" and os.path.exists(os.path.join(group, "memory.memsw.limit_in_bytes")):
+                    with open(os.path.join(group, "memory.memsw.limit_in_bytes"), "w") as f:
+                        f.write(str(limit_mib << 20))
+                return group
+            except OSError as e:
+                raise SystemExit(f"cannot make a memory cgroup under {base} ({e}): --memory-limit-mib needs root and a memory controller")
+    raise SystemExit("no cgroup memory controller is mounted: --memory-limit-mib cannot be honoured")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jsonl", required=True)
@@ -60,13 +85,31 @@ def main() -> None:
     parser.add_argument("--eos", default="</s>")
     parser.add_argument("--zr", default=shutil.which("zr") or "zr")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--memory-limit-mib", type=int, default=None)
+    parser.add_argument("--only-zr", action="store_true")
     args = parser.parse_args()
     size = os.path.getsize(args.jsonl)
+    group = _memory_cgroup(args.memory_limit_mib) if args.memory_limit_mib else None
+
+    def enter() -> None:
+        if group is not None:
+            with open(os.path.join(group, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        done = subprocess.run([args.zr, "convert", os.path.join(tmp, "stream"), "--jsonl", args.jsonl, "--tokenizer", args.tokenizer, "--eos", args.eos], capture_output=True, text=True, check=True)
+        done = subprocess.run([args.zr, "convert", os.path.join(tmp, "stream"), "--jsonl", args.jsonl, "--tokenizer", args.tokenizer, "--eos", args.eos], capture_output=True, text=True, preexec_fn=enter)
         ours = time.perf_counter() - started
+        if group is not None:
+            os.rmdir(group)
+        if done.returncode != 0:
+            raise SystemExit(f"zr convert failed: {done.stderr.strip()}")
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss << 10
         stream_tokens = int(done.stdout.split(" documents, ")[1].split(" tokens")[0])
+        limit = f", under a {args.memory_limit_mib} MiB memory limit" if group else ""
+        print(f"zr convert --jsonl: {stream_tokens:,} tokens from {size / (1 << 20):.0f} MiB of JSON lines in {ours:.1f} s ({stream_tokens / ours:,.0f} tokens/s){limit}; peak resident memory {peak / (1 << 20):.0f} MiB ({size / max(peak, 1):.1f}x less than the input)")
+        if args.only_zr:
+            return
         started = time.perf_counter()
         docs, tokens = megatron_like(args.jsonl, args.tokenizer, args.eos, os.path.join(tmp, "megatron"), args.workers)
         theirs = time.perf_counter() - started

@@ -474,3 +474,22 @@ def create_stream(path: str | os.PathLike, dtype: Any = np.uint32) -> Stream:
     ``[("token", "<u4"), ("concept", "<u2")]``). Opened for appending."""
     path = os.fspath(path)
     return Stream(_zrecord.Stream.create(path, _element_of(dtype)), path, True)
+
+
+def tokenize_jsonl(inputs: Any, tokenizer: Any, dest: Any, text_key: str = "text", eos: str | None = None, append: bool = False, skip_bad: bool = False, threads: int = 0, meta_keys: Sequence[str] = ()) -> dict:
+    """Text into the token stream at ``dest``, as ``zr convert --jsonl`` does: JSON lines
+    (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``; a document a line, its text at
+    ``text_key``) or Parquet files (their ``text_key`` column), tokenized with the Hugging
+    Face ``tokenizer`` (a tokenizer.json; the library the ``tokenizers`` package is built on,
+    so the tokens are the same) on every core (``threads``: 0), natively and without the
+    GIL, in the input's order; uint16 tokens when the vocabulary fits, else uint32.
+    ``eos`` ends every document with that token; ``meta_keys`` keeps those keys of each line
+    as the metadata of a span over its document; ``append`` adds to an existing stream.
+
+    A bad line raises ValueError naming file:line (``skip_bad`` counts and skips it
+    instead); a failed conversion leaves no new stream, and an appended one at its last
+    commit. Returns {"stream": the stream, opened, "documents", "tokens", "skipped",
+    "dtype"}."""
+    paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    documents, tokens, skipped, dtype = _zrecord.tokenize_jsonl([os.fspath(p) for p in paths], os.fspath(tokenizer), os.fspath(dest), text_key, eos, bool(append), bool(skip_bad), int(threads), [str(k) for k in meta_keys])
+    return {"stream": open_stream(dest), "documents": documents, "tokens": tokens, "skipped": skipped, "dtype": dtype}

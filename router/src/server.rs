@@ -1037,9 +1037,9 @@ impl Router {
                 start,
                 lengths,
             } => self
-                .acked(self.exclusive(|| {
-                    self.rewrite(self.write_field(field, start, lengths, body))
-                }))
+                .acked(
+                    self.exclusive(|| self.rewrite(self.write_field(field, start, lengths, body))),
+                )
                 .await
                 .map(ready),
             ClientRequest::WaitLen { len, wait_ms } => {

@@ -184,7 +184,11 @@ fn side_by_side(replicas: u32) {
     images_two.commit().unwrap();
     let after = commits(&one);
     assert_eq!(after.0, before.0, "the length stayed");
-    assert_eq!(after.1, before.1 + 1, "records rewritten in place count a change");
+    assert_eq!(
+        after.1,
+        before.1 + 1,
+        "records rewritten in place count a change"
+    );
     assert_eq!(commits(&two), after, "every router lists the same");
     let indices: Vec<u64> = (0..300).collect();
     let columns = grown.gather(&indices, &["img", "label", "reward"]).unwrap();
