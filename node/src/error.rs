@@ -86,6 +86,9 @@ pub enum Error {
     },
 }
 
+/// Longest field name accepted (names become file names).
+pub const FIELD_NAME_MAX: usize = 128;
+
 /// Why a description — a field, a NumPy type, a dataset's settings, a token stream's
 /// element — is unusable: which rule it breaks, and where (`In` names the field or component).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -98,7 +101,7 @@ pub enum SchemaError {
     NotZstd { storage: String },
     #[error("zstd level must be 1 to 22")]
     ZstdLevel,
-    #[error("field name '{0}' must be 1-{max} characters of [A-Za-z0-9_.-], not starting with '.'", max = crate::meta::FIELD_NAME_MAX)]
+    #[error("field name '{0}' must be 1-{max} characters of [A-Za-z0-9_.-], not starting with '.'", max = FIELD_NAME_MAX)]
     FieldName(String),
     #[error("dtype '{0}' is not a NumPy type string (e.g. <f4, |u1, <i8)")]
     Dtype(String),

@@ -23,8 +23,9 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const FORMAT_VERSION_UNITS: u32 = 2;
 /// File name of the metadata inside a dataset directory.
 pub const META_FILE: &str = "meta.json";
-/// Longest field name accepted (names become file names).
-pub const FIELD_NAME_MAX: usize = 128;
+/// Longest field name accepted (names become file names): kept beside the error that
+/// names it, so the error module needs nothing of this one.
+pub use crate::error::FIELD_NAME_MAX;
 
 /// How a field's payloads are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
