@@ -241,3 +241,65 @@ impl parquet::file::reader::ChunkReader for ParquetSource {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use object_store::PutPayload;
+
+    fn remote(store: Arc<InMemory>, key: &str, size: u64) -> Remote {
+        Remote {
+            url: PathBuf::from(format!("memory:///{key}")),
+            store,
+            location: object_store::path::Path::from(key),
+            size,
+            runtime: Arc::new(
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap(),
+            ),
+        }
+    }
+
+    /// An object read in blocks gives its bytes in order; one that vanishes midway fails
+    /// the read, naming the object, rather than ending it short.
+    #[test]
+    fn an_object_is_read_in_order_and_one_that_vanishes_is_named() {
+        let store = Arc::new(InMemory::new());
+        let bytes: Vec<u8> = (0..(BLOCK_BYTES as usize * 2 + 1234))
+            .map(|i| (i * 7) as u8)
+            .collect();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let key = object_store::path::Path::from("corpus/a.jsonl");
+        runtime
+            .block_on(store.put(&key, PutPayload::from(bytes.clone())))
+            .unwrap();
+        let object = remote(Arc::clone(&store), "corpus/a.jsonl", bytes.len() as u64);
+        let mut all = Vec::new();
+        object.reader(0).read_to_end(&mut all).unwrap();
+        assert_eq!(all, bytes);
+        assert_eq!(object.get(10, 5).unwrap().as_ref(), &bytes[10..15]);
+
+        let mut reader = object.reader(0);
+        let mut first = vec![0u8; 1000];
+        reader.read_exact(&mut first).unwrap();
+        runtime.block_on(store.delete(&key)).unwrap();
+        let mut rest = Vec::new();
+        let e = reader.read_to_end(&mut rest).unwrap_err();
+        assert!(e.to_string().contains("memory:///corpus/a.jsonl"), "{e}");
+        assert!(e.to_string().contains("no such object"), "{e}");
+    }
+
+    #[test]
+    fn urls_and_paths_are_told_apart() {
+        assert!(is_url(Path::new("s3://bucket/key.jsonl")));
+        assert!(is_url(Path::new("https://host/x.parquet")));
+        assert!(!is_url(Path::new("/data/x.jsonl")));
+        assert!(!is_url(Path::new("relative/x.jsonl")));
+        assert!(!is_url(Path::new("://nothing")));
+    }
+}
