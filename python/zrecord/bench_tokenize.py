@@ -107,7 +107,7 @@ def main() -> None:
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss << 10
         stream_tokens = int(done.stdout.split(" documents, ")[1].split(" tokens")[0])
         limit = f", under a {args.memory_limit_mib} MiB memory limit" if group else ""
-        print(f"zr convert --jsonl: {stream_tokens:,} tokens from {size / (1 << 20):.0f} MiB of JSON lines in {ours:.1f} s ({stream_tokens / ours:,.0f} tokens/s){limit}; peak resident memory {peak / (1 << 20):.0f} MiB ({size / max(peak, 1):.1f}x less than the input)")
+        print(f"zr convert --jsonl: {stream_tokens:,} tokens from {size / (1 << 20):.0f} MiB of JSON lines in {ours:.1f} s ({stream_tokens / ours:,.0f} tokens/s){limit}; peak resident memory {peak / (1 << 20):.0f} MiB for {size / (1 << 20):.0f} MiB of input")
         if args.only_zr:
             return
         started = time.perf_counter()
