@@ -400,7 +400,7 @@ fn convert(
                         status.tokens += count;
                     }
                     target.aligned()?;
-                    if next % TRIM_BATCHES == 0 {
+                    if next.is_multiple_of(TRIM_BATCHES) {
                         // The tokenizer's many short-lived strings leave the heaps
                         // fragmented: freed, but held, growing with the input.
                         zr_common::alloc::trim_now();
