@@ -26,18 +26,6 @@ pub fn tune() {
     }
 }
 
-/// Returns the free pages of every arena to the system now (glibc's `malloc_trim`; elsewhere
-/// a no-op): for long work whose buffers of every size leave the heaps fragmented — freed,
-/// but held — as a conversion streaming its input through a tokenizer does.
-pub fn trim_now() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free pages to the system; it is safe to call at any
-    // time (glibc locks each arena as it goes).
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// How often [`trim_when_idle`] looks at the process's activity.
 pub const TRIM_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 

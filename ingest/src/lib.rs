@@ -25,8 +25,6 @@ pub use webdataset::{convert_tars, convert_tars_into, TarOptions, TarReport};
 
 /// Lines a worker takes at a time.
 const BATCH_LINES: usize = 256;
-/// Batches written between returns of freed memory to the system.
-const TRIM_BATCHES: u64 = 16;
 
 /// What to convert, and how.
 #[derive(Clone, Debug)]
@@ -400,11 +398,6 @@ fn convert(
                         status.tokens += count;
                     }
                     target.aligned()?;
-                    if next.is_multiple_of(TRIM_BATCHES) {
-                        // The tokenizer's many short-lived strings leave the heaps
-                        // fragmented: freed, but held, growing with the input.
-                        zr_common::alloc::trim_now();
-                    }
                     status.documents += documents.len() as u64;
                     status.bytes += bytes;
                     report.skipped += skipped;
