@@ -1100,8 +1100,12 @@ def test_a_checkpoints_order_proof_refuses_a_changed_dataset_or_configuration(tm
             break
     state = loader.state_dict()
     assert [name for name, _ in state["proof"]["datasets"]] == ["train"]
-    # Unchanged: resumes.
+    # Unchanged: resumes; and on other ranks with the same global batch too.
     zrecord.Loader(ds, zrecord.Sampler(len(ds), seed=1, batch=10)).load_state_dict(state)
+    for rank in range(2):
+        elastic = zrecord.Loader(ds, zrecord.Sampler(len(ds), seed=1, batch=5, ranks=2, rank=rank))
+        elastic.load_state_dict(state)
+        assert elastic.sampler.position == 50 // 2
     # Another seed: the order's configuration differs.
     with pytest.raises(ValueError, match="order's configuration"):
         zrecord.Loader(ds, zrecord.Sampler(len(ds), seed=2, batch=10)).load_state_dict(state)
