@@ -117,7 +117,7 @@ fn described(e: object_store::Error) -> String {
     }
 }
 
-/// An object read in order, [`BLOCK_BYTES`] at a time.
+/// An object read in order, 8 MiB (`BLOCK_BYTES`) at a time.
 pub struct RemoteReader {
     remote: Remote,
     /// The offset of `block`'s end.
