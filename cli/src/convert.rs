@@ -463,6 +463,25 @@ fn cluster_target(
     Ok(Some((client, name)))
 }
 
+/// Where a table conversion's records go, and its name: a new local dataset at DIR, or with
+/// `--router` the cluster's new dataset.
+fn record_sink(
+    args: &ConvertArgs,
+    what: &str,
+) -> Result<(Box<dyn zr_ingest::RecordSink>, String), Box<dyn std::error::Error>> {
+    Ok(match cluster_target(args, what)? {
+        Some((client, name)) => {
+            let target = format!("the cluster's dataset '{name}'");
+            (Box::new(ClusterRecords::new(client, name)), target)
+        }
+        None => {
+            let dest = args.dir.clone().ok_or("give a dataset directory (DIR)")?;
+            let sink = zr_ingest::LocalRecords::new(&dest)?;
+            (Box::new(sink), dest.display().to_string())
+        }
+    })
+}
+
 /// `--jsonl`: text through a tokenizer into a local token stream or a cluster's new one,
 /// with a progress line of documents, tokens/s and bytes/s.
 fn convert_jsonl(args: &ConvertArgs) -> CliResult {
@@ -543,11 +562,10 @@ fn convert_jsonl(args: &ConvertArgs) -> CliResult {
 
 /// `--webdataset`: tar shards into a local record dataset, with a progress line.
 fn convert_webdataset(args: &ConvertArgs) -> CliResult {
-    let cluster = cluster_target(args, "--webdataset")?;
-    let dest = args.dir.clone().unwrap_or_default();
+    let (mut sink, target) = record_sink(args, "--webdataset")?;
     let options = zr_ingest::TarOptions {
         shards: zr_ingest::webdataset::shards_of(&args.webdataset)?,
-        dest: dest.clone(),
+        dest: args.dir.clone().unwrap_or_default(),
         skip_incomplete: args.missing == "skip",
     };
     let spinner = indicatif::ProgressBar::new_spinner();
@@ -563,20 +581,7 @@ fn convert_webdataset(args: &ConvertArgs) -> CliResult {
         ));
         spinner.tick();
     };
-    let (report, target) = match cluster {
-        None => (
-            zr_ingest::convert_tars(&options, show)?,
-            dest.display().to_string(),
-        ),
-        Some((client, name)) => {
-            let target = format!("the cluster's dataset '{name}'");
-            let mut sink = ClusterRecords::new(client, name);
-            (
-                zr_ingest::convert_tars_into(&options, &mut sink, show)?,
-                target,
-            )
-        }
-    };
+    let report = zr_ingest::convert_tars_into(&options, sink.as_mut(), show)?;
     spinner.finish_and_clear();
     println!(
         "converted {} samples ({} fields: {}) from {} shards into {} in {:.1} s{}",
@@ -597,12 +602,11 @@ fn convert_webdataset(args: &ConvertArgs) -> CliResult {
 
 /// `--parquet`: Parquet files into a local record dataset, a column a field.
 fn convert_parquet(args: &ConvertArgs) -> CliResult {
-    let cluster = cluster_target(args, "--parquet")?;
-    let dest = args.dir.clone().unwrap_or_default();
+    let (mut sink, target) = record_sink(args, "--parquet")?;
     let options = zr_ingest::ParquetOptions {
         inputs: args.parquet.clone(),
         columns: args.columns.clone(),
-        dest: dest.clone(),
+        dest: args.dir.clone().unwrap_or_default(),
     };
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
@@ -614,20 +618,7 @@ fn convert_parquet(args: &ConvertArgs) -> CliResult {
         ));
         spinner.tick();
     };
-    let (report, target) = match cluster {
-        None => (
-            zr_ingest::convert_parquet(&options, show)?,
-            dest.display().to_string(),
-        ),
-        Some((client, name)) => {
-            let target = format!("the cluster's dataset '{name}'");
-            let mut sink = ClusterRecords::new(client, name);
-            (
-                zr_ingest::convert_parquet_into(&options, &mut sink, show)?,
-                target,
-            )
-        }
-    };
+    let report = zr_ingest::convert_parquet_into(&options, sink.as_mut(), show)?;
     spinner.finish_and_clear();
     println!(
         "converted {} rows ({}) from {} files into {} in {:.1} s",

@@ -116,7 +116,7 @@ pub fn run(args: ExplainArgs) -> Result<()> {
     let manifest = run.manifest(step);
     let rows = row_readers(&spec)?;
     if args.digest || args.verify.is_some() {
-        let digests = step_digests(&spec, &manifest)?;
+        let digests = step_digests(&spec, &rows, &manifest)?;
         let printed: Vec<String> = digests
             .iter()
             .map(|(name, d)| format!("{name}={d:016x}"))
@@ -281,15 +281,15 @@ fn row_readers(spec: &RunSpec) -> Result<Vec<Rows>> {
 /// Per dataset the step reads (by name, in the order of run.json): a hash over its
 /// positions, in manifest order, of each record's field CRCs (checked against the payloads),
 /// or a stream row's tokens' CRC.
-fn step_digests(spec: &RunSpec, manifest: &[Entry]) -> Result<Vec<(String, u64)>> {
+fn step_digests(spec: &RunSpec, rows: &[Rows], manifest: &[Entry]) -> Result<Vec<(String, u64)>> {
+    use std::collections::BTreeMap;
     use zr_common::hash::mix2;
-    let rows = row_readers(spec)?;
-    let mut stores: Vec<Option<zr_node::Store>> = Vec::new();
-    let mut digests: Vec<Option<u64>> = Vec::new();
+    let mut stores: BTreeMap<usize, zr_node::Store> = BTreeMap::new();
+    let mut digests: BTreeMap<u32, u64> = BTreeMap::new();
     let (mut packed, mut tokens) = (zr_node::stream::PackedColumns::default(), Vec::new());
     for entry in manifest {
         let d = entry.dataset as usize;
-        let name = name_of(spec, entry.dataset);
+        let name = || name_of(spec, entry.dataset);
         let crcs: Vec<u32> = match rows.get(d) {
             Some(Rows::Packed(p)) => {
                 p.gather_wanted(
@@ -298,52 +298,48 @@ fn step_digests(spec: &RunSpec, manifest: &[Entry]) -> Result<Vec<(String, u64)>
                     None,
                     zr_common::packing::Wanted::VARLEN,
                 )
-                .map_err(|e| format!("dataset '{name}': {e}"))?;
+                .map_err(|e| format!("dataset '{}': {e}", name()))?;
                 vec![crc32fast::hash(&packed.tokens)]
             }
             Some(Rows::Windows(w)) => {
                 let bytes = w.width() * w.stream().element_bytes() as usize;
                 tokens.resize(bytes, 0);
                 w.gather_to(&[entry.record], &mut tokens, None, None, None)
-                    .map_err(|e| format!("dataset '{name}': {e}"))?;
+                    .map_err(|e| format!("dataset '{}': {e}", name()))?;
                 vec![crc32fast::hash(&tokens)]
             }
             _ => {
-                if d >= stores.len() {
-                    stores.resize_with(d + 1, || None);
-                }
-                if stores[d].is_none() {
-                    let path = spec
-                        .datasets
-                        .get(d)
-                        .and_then(|ds| ds.path.as_ref())
-                        .ok_or_else(|| {
-                            format!("dataset '{name}' has no path in run.json: its records cannot be read")
-                        })?;
-                    let store = zr_node::Store::open_read_only(path)
-                        .map_err(|e| format!("dataset '{name}' ({path}): {e}"))?;
-                    stores[d] = Some(store);
-                }
-                let store = stores[d].as_ref().ok_or("dataset not opened")?;
+                let store = match stores.entry(d) {
+                    std::collections::btree_map::Entry::Occupied(open) => open.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(slot) => {
+                        let path = spec
+                            .datasets
+                            .get(d)
+                            .and_then(|ds| ds.path.as_ref())
+                            .ok_or_else(|| {
+                                format!("dataset '{}' has no path in run.json: its records cannot be read", name())
+                            })?;
+                        let store = zr_node::Store::open_read_only(path)
+                            .map_err(|e| format!("dataset '{}' ({path}): {e}", name()))?;
+                        slot.insert(store)
+                    }
+                };
                 store
                     .record_crcs(entry.record)
-                    .map_err(|e| format!("dataset '{name}': {e}"))?
+                    .map_err(|e| format!("dataset '{}': {e}", name()))?
             }
         };
-        if d >= digests.len() {
-            digests.resize(d + 1, None);
-        }
-        let mut h = digests[d].unwrap_or(0x7a72_6469_6765_7374);
-        h = mix2(h, entry.record);
+        let h = digests
+            .entry(entry.dataset)
+            .or_insert(0x7a72_6469_6765_7374);
+        *h = mix2(*h, entry.record);
         for crc in crcs {
-            h = mix2(h, crc as u64);
+            *h = mix2(*h, crc as u64);
         }
-        digests[d] = Some(h);
     }
     Ok(digests
         .into_iter()
-        .enumerate()
-        .filter_map(|(d, h)| h.map(|h| (name_of(spec, d as u32), h)))
+        .map(|(d, h)| (name_of(spec, d), h))
         .collect())
 }
 

@@ -2,22 +2,12 @@
 //! becomes a new token stream, the shards a new record dataset, read back through a client;
 //! a failed conversion leaves no dataset behind.
 
+mod common;
+use common::zr;
+
 use std::path::Path;
-use std::process::Command;
 
 use zr_sim::{SimCluster, SimOptions};
-
-fn zr(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_zr"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
 
 /// A word-level tokenizer of a few words, split on whitespace.
 const TOKENIZER: &str = r#"{

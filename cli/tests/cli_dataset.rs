@@ -1,22 +1,13 @@
 //! The `zr` dataset commands as a user runs them: convert, info, gather, verify, rebalance.
 
+mod common;
+use common::zr;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use zr_node::{CreateOptions, FieldSpec, Record, Store};
-
-fn zr(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_zr"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
 
 fn p(path: &Path) -> &str {
     path.to_str().unwrap()

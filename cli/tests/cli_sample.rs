@@ -1,18 +1,9 @@
 //! `zr sample` as a script uses it: batches per line, checkpoint, resume, errors.
 
-use std::process::Command;
+mod common;
+use common::zr;
 
-fn zr(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_zr"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
+use std::process::Command;
 
 fn batches(stdout: &str) -> Vec<Vec<u64>> {
     stdout

@@ -83,8 +83,9 @@ impl BatchSchedule {
         }
     }
 
-    /// The global batch of the step that starts after `consumed` samples.
-    pub fn global_batch(&self, consumed: u64) -> u64 {
+    /// A ramp's samples between increments (`None`: it starts at its global batch, or is
+    /// stages).
+    fn ramp_period(&self) -> Option<u64> {
         match self {
             BatchSchedule::Ramp {
                 start,
@@ -93,12 +94,24 @@ impl BatchSchedule {
                 global,
             } => {
                 let steps = (global - start) / increment;
-                if steps == 0 {
-                    return *global;
-                }
-                let per = samples / steps;
-                (start + consumed / per.max(1) * increment).min(*global)
+                (steps > 0).then(|| (samples / steps).max(1))
             }
+            BatchSchedule::Stages(_) => None,
+        }
+    }
+
+    /// The global batch of the step that starts after `consumed` samples.
+    pub fn global_batch(&self, consumed: u64) -> u64 {
+        match self {
+            BatchSchedule::Ramp {
+                start,
+                increment,
+                global,
+                ..
+            } => match self.ramp_period() {
+                None => *global,
+                Some(per) => (start + consumed / per * increment).min(*global),
+            },
             BatchSchedule::Stages(stages) => {
                 let k = stages.partition_point(|s| s.0 <= consumed);
                 stages[k.saturating_sub(1)].1
@@ -114,16 +127,10 @@ impl BatchSchedule {
             let size = self.global_batch(consumed);
             // Where the size may change next (`None`: never again).
             let change = match self {
-                BatchSchedule::Ramp {
-                    start,
-                    increment,
-                    samples,
-                    global,
-                } => {
-                    let steps = (global - start) / increment;
-                    let per = (samples / steps.max(1)).max(1);
-                    (size < *global).then(|| (consumed / per + 1) * per)
-                }
+                BatchSchedule::Ramp { global, .. } => self
+                    .ramp_period()
+                    .filter(|_| size < *global)
+                    .map(|per| (consumed / per + 1) * per),
                 BatchSchedule::Stages(stages) => {
                     stages.iter().map(|s| s.0).find(|&from| from > consumed)
                 }
@@ -268,11 +275,9 @@ impl RampSampler {
     /// This rank's part of step `step` — each position's (dataset, record, the dataset's
     /// epoch) — computed from the schedule alone.
     pub fn manifest_at(&self, step: u64) -> Vec<(u32, u64, u64)> {
-        let global = self
-            .schedule
-            .global_batch(self.schedule.samples_before(step));
-        let share = global / self.ranks;
-        let first = self.schedule.samples_before(step) + self.rank * share;
+        let before = self.schedule.samples_before(step);
+        let share = self.schedule.global_batch(before) / self.ranks;
+        let first = before + self.rank * share;
         (first..first + share)
             .map(|p| match &self.order {
                 RunOrder::Dataset(order) => {

@@ -148,6 +148,16 @@ fn bytes_of(array: &dyn Array, row: usize) -> Vec<u8> {
     }
 }
 
+/// A schema's column names, for an error naming what a file has.
+fn columns_of(schema: &arrow_schema::Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The Parquet file at `path`, its footer read.
 fn open(
     path: &std::path::Path,
@@ -205,12 +215,7 @@ pub fn convert_parquet_into(
                 let field = schema.field_with_name(name).map_err(|_| {
                     bad(format!(
                         "no column '{name}' (it has: {})",
-                        schema
-                            .fields()
-                            .iter()
-                            .map(|f| f.name().as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        columns_of(&schema)
                     ))
                 })?;
                 kinds.push((name.clone(), kind_of(name, field.data_type()).map_err(bad)?));
@@ -334,12 +339,7 @@ pub(crate) fn read_texts(
     let (index, field) = schema.column_with_name(column).ok_or_else(|| {
         bad(format!(
             "no column '{column}' to tokenize (it has: {})",
-            schema
-                .fields()
-                .iter()
-                .map(|f| f.name().as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            columns_of(&schema)
         ))
     })?;
     if !matches!(

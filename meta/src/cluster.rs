@@ -344,6 +344,26 @@ pub async fn store(
 mod tests {
     use super::*;
 
+    /// Records a previous version wrote, without the count of commits that changed their
+    /// dataset, read as counting none: a cluster upgraded in place keeps its records.
+    #[test]
+    fn records_of_the_previous_version_read_with_no_commits_counted() {
+        let committed: CommittedRecord =
+            serde_json::from_str(r#"{"id": 4, "committed_len": 1200}"#).unwrap();
+        assert_eq!(
+            (committed.id, committed.committed_len, committed.commits),
+            (4, 1200, 0)
+        );
+        let cluster: ClusterRecord = serde_json::from_str(
+            r#"{"id": "c0ffee", "committed_len": 77,
+                "map": {"version": 1, "shards": 2, "extent_records": 64, "seed": 0, "replicas": 1}}"#,
+        )
+        .unwrap();
+        assert_eq!((cluster.committed_len, cluster.commits), (77, 0));
+        let written = serde_json::to_value(&committed).unwrap();
+        assert_eq!(written["commits"], 0, "written back with the count");
+    }
+
     #[test]
     fn cluster_ids_differ_and_maps_name_their_difference() {
         assert_ne!(new_cluster_id(), new_cluster_id());

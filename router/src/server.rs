@@ -568,49 +568,64 @@ impl Router {
     /// write lease. Only a delete (`lowering`) may record less than is recorded: otherwise
     /// the nodes hold less than was committed, and the commit is refused.
     pub(crate) async fn record_committed(&self, len: u64, lowering: bool) -> Result<(), Failure> {
-        if self.dataset.is_some() {
-            return self.record_named_committed(len, lowering).await;
-        }
-        let meta = Failure::from;
+        // Records rewritten since the last commit make this one count as a change even if
+        // the length stayed; a change this commit fails to record is kept for the next.
         let rewritten = self.rewritten.swap(false, Ordering::SeqCst);
-        let recorded = async {
-            for _ in 0..8 {
-                let Some((mut record, revision)) =
-                    cluster::load(&*self.meta).await.map_err(meta)?
-                else {
-                    return Err(Failure::Inconsistent(format!(
-                        "metadata store {} holds no cluster record any more",
-                        self.meta.describe()
-                    )));
-                };
-                if record.committed_len == len && !rewritten {
+        let recorded = match self.dataset {
+            Some(_) => self.record_named_committed(len, lowering, rewritten).await,
+            None => {
+                self.record_default_committed(len, lowering, rewritten)
+                    .await
+            }
+        };
+        if recorded.is_err() && rewritten {
+            self.rewritten.store(true, Ordering::SeqCst);
+        }
+        recorded
+    }
+
+    /// [`Router::record_committed`] of the default dataset: in the cluster record.
+    async fn record_default_committed(
+        &self,
+        len: u64,
+        lowering: bool,
+        rewritten: bool,
+    ) -> Result<(), Failure> {
+        let meta = Failure::from;
+        for _ in 0..8 {
+            let Some((mut record, revision)) = cluster::load(&*self.meta).await.map_err(meta)?
+            else {
+                return Err(Failure::Inconsistent(format!(
+                    "metadata store {} holds no cluster record any more",
+                    self.meta.describe()
+                )));
+            };
+            if record.committed_len == len && !rewritten {
+                self.set_committed(len);
+                return Ok(());
+            }
+            if record.committed_len > len && !lowering {
+                self.set_committed(record.committed_len);
+                return Err(Failure::Inconsistent(format!(
+                    "cluster {} has committed {} records but its shards hold {len}: data is missing; the commit is refused",
+                    record.id, record.committed_len
+                )));
+            }
+            record.committed_len = len;
+            record.commits += 1;
+            match cluster::store(&*self.meta, Some(revision), &record).await {
+                Ok(_) => {
                     self.set_committed(len);
                     return Ok(());
                 }
-                if record.committed_len > len && !lowering {
-                    self.set_committed(record.committed_len);
-                    return Err(Failure::Inconsistent(format!(
-                        "cluster {} has committed {} records but its shards hold {len}: data is missing; the commit is refused",
-                        record.id, record.committed_len
-                    )));
-                }
-                record.committed_len = len;
-                record.commits += 1;
-                match cluster::store(&*self.meta, Some(revision), &record).await {
-                    Ok(_) => {
-                        self.set_committed(len);
-                        return Ok(());
-                    }
-                    Err(zr_meta::Error::Conflict { .. }) => continue,
-                    Err(e) => return Err(meta(e)),
-                }
+                Err(zr_meta::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(meta(e)),
             }
-            Err(Failure::Contended(format!(
-                "the cluster record in {} kept changing; the commit is not recorded",
-                self.meta.describe()
-            )))
-        };
-        self.unless_recorded(rewritten, recorded.await)
+        }
+        Err(Failure::Contended(format!(
+            "the cluster record in {} kept changing; the commit is not recorded",
+            self.meta.describe()
+        )))
     }
 
     /// A write's outcome; a rewrite in place is noted for the next commit to count.
@@ -623,19 +638,6 @@ impl Router {
             self.rewritten.store(true, Ordering::SeqCst);
         }
         outcome
-    }
-
-    /// `recorded`, the outcome of recording a commit; a rewrite it failed to count is kept
-    /// for the next commit.
-    pub(crate) fn unless_recorded(
-        &self,
-        rewritten: bool,
-        recorded: Result<(), Failure>,
-    ) -> Result<(), Failure> {
-        if recorded.is_err() && rewritten {
-            self.rewritten.store(true, Ordering::SeqCst);
-        }
-        recorded
     }
 
     /// `zr cluster replace-node`: shard `shard`'s replica `replica` is served from the node

@@ -352,13 +352,7 @@ impl MixtureLoader {
         options: LoaderOptions,
     ) -> Result<MixtureLoader, Error> {
         mixture.check_state(state)?;
-        if sources.len() != mixture.config().lengths.len() {
-            return Err(Error::Sampler(format!(
-                "the mixture has {} datasets and the loader was given {} sources",
-                mixture.config().lengths.len(),
-                sources.len()
-            )));
-        }
+        check_sources(mixture.config().lengths.len(), &sources)?;
         let mixture = Arc::new(mixture);
         let start = state.batches;
         let fields: Arc<[String]> = options.fields.clone().into();
@@ -410,6 +404,17 @@ impl Iterator for MixtureLoader {
     fn next(&mut self) -> Option<Self::Item> {
         self.workers.next()
     }
+}
+
+/// Refuses a loader given another number of sources than its order reads datasets.
+fn check_sources(datasets: usize, sources: &[Arc<dyn GatherSource>]) -> Result<(), Error> {
+    if sources.len() != datasets {
+        return Err(Error::Sampler(format!(
+            "the order reads {datasets} datasets and the loader was given {} sources",
+            sources.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Rows `(from[k], records[k])` — dataset and record — gathered into `buffers`, per field in

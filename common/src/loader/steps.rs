@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use super::{gather_rows, GatherSource, LoadedBatch, LoaderOptions, Pool, Workers};
+use super::{check_sources, gather_rows, GatherSource, LoadedBatch, LoaderOptions, Pool, Workers};
 use crate::budget::{BudgetState, EpochPlan, TokenBudget};
 use crate::error::Error;
 use crate::schedule::{RampSampler, RampState};
@@ -82,13 +82,7 @@ impl RampLoader {
         options: LoaderOptions,
     ) -> Result<RampLoader, Error> {
         let resumed = ramp.resume(state)?;
-        if sources.len() != ramp.datasets() {
-            return Err(Error::Sampler(format!(
-                "the ramp reads {} datasets and the loader was given {} sources",
-                ramp.datasets(),
-                sources.len()
-            )));
-        }
+        check_sources(ramp.datasets(), &sources)?;
         let start = resumed.state;
         let fields: Arc<[String]> = options.fields.clone().into();
         let (len, lone) = (start.len.max(1), ramp.datasets() == 1 && !ramp.is_mixture());

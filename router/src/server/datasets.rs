@@ -450,42 +450,39 @@ impl Router {
         &self,
         len: u64,
         lowering: bool,
+        rewritten: bool,
     ) -> Result<(), Failure> {
-        let rewritten = self.rewritten.swap(false, Ordering::SeqCst);
-        let recorded = async {
-            for _ in 0..8 {
-                let (mut record, revision) = self.load_named_committed().await?;
-                let committed = record.committed_len;
-                if committed == len && !rewritten {
+        for _ in 0..8 {
+            let (mut record, revision) = self.load_named_committed().await?;
+            let committed = record.committed_len;
+            if committed == len && !rewritten {
+                self.set_committed(len);
+                return Ok(());
+            }
+            if committed > len && !lowering {
+                self.set_committed(committed);
+                return Err(Failure::Inconsistent(format!(
+                    "dataset '{}' has committed {committed} records but its shards hold {len}: data is missing; the commit is refused",
+                    self.dataset_name()
+                )));
+            }
+            record.committed_len = len;
+            record.commits += 1;
+            match cluster::store_committed(&*self.meta, self.dataset_name(), revision, &record)
+                .await
+            {
+                Ok(_) => {
                     self.set_committed(len);
                     return Ok(());
                 }
-                if committed > len && !lowering {
-                    self.set_committed(committed);
-                    return Err(Failure::Inconsistent(format!(
-                        "dataset '{}' has committed {committed} records but its shards hold {len}: data is missing; the commit is refused",
-                        self.dataset_name()
-                    )));
-                }
-                record.committed_len = len;
-                record.commits += 1;
-                match cluster::store_committed(&*self.meta, self.dataset_name(), revision, &record)
-                    .await
-                {
-                    Ok(_) => {
-                        self.set_committed(len);
-                        return Ok(());
-                    }
-                    Err(zr_meta::Error::Conflict { .. }) => continue,
-                    Err(e) => return Err(metadata(e)),
-                }
+                Err(zr_meta::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(metadata(e)),
             }
-            Err(Failure::Contended(format!(
-                "dataset '{}''s committed length kept changing; the commit is not recorded",
-                self.dataset_name()
-            )))
-        };
-        self.unless_recorded(rewritten, recorded.await)
+        }
+        Err(Failure::Contended(format!(
+            "dataset '{}''s committed length kept changing; the commit is not recorded",
+            self.dataset_name()
+        )))
     }
 
     /// `zr dataset create`: records dataset `name` with `fields` in the cluster record, then
