@@ -65,7 +65,15 @@ fn cluster_error(e: zr_router::Error) -> PyErr {
 /// A field as Python sees it: (name, compression, dtype, shape).
 type FieldTuple = (String, String, Option<String>, Option<Vec<u64>>);
 /// A dataset as Python sees it: (name, records, committed, fields, bytes).
-type DatasetTuple = (String, u64, Option<u64>, Vec<FieldTuple>, u64, u64, Option<u64>);
+type DatasetTuple = (
+    String,
+    u64,
+    Option<u64>,
+    Vec<FieldTuple>,
+    u64,
+    u64,
+    Option<u64>,
+);
 
 fn field_tuple(spec: &FieldSpec) -> FieldTuple {
     (

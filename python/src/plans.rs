@@ -345,5 +345,10 @@ pub(crate) fn tokenize_jsonl(
     let report = py
         .detach(|| zr_ingest::tokenize_jsonl(&options, |_| {}))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok((report.documents, report.tokens, report.skipped, report.dtype))
+    Ok((
+        report.documents,
+        report.tokens,
+        report.skipped,
+        report.dtype,
+    ))
 }
