@@ -29,7 +29,7 @@ pub use etcd::EtcdStore;
 
 /// A key's version: it changes at every write of the key, and is larger than every revision
 /// the store gave before (of any key).
-pub type Revision = u64;
+pub use zr_coord::lease::Revision;
 
 /// A boxed future of the store's calls (the trait is used as `dyn MetaStore`).
 pub type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;

@@ -6,7 +6,7 @@
 //! a node down at once when its heartbeats fail too.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -14,8 +14,7 @@ use crate::{Error, MetaStore, Revision};
 
 /// How often a node renews its lease.
 pub const RENEW_EVERY: Duration = Duration::from_secs(1);
-/// A lease not renewed for this long has lapsed.
-pub const LEASE: Duration = Duration::from_secs(3);
+pub use zr_coord::lease::{LeaseView, LeaseWatch, LEASE};
 
 /// The key of the lease of shard `shard`'s replica `replica`.
 pub fn key(shard: u32, replica: u32) -> String {
@@ -47,13 +46,7 @@ pub async fn load(
     crate::load_json(store, &key(shard, replica), &what).await
 }
 
-/// How long a node serves clients' reads by itself after it last read, in the replica
-/// record, that it is in sync (see [`ReadLease`]). A router that sees a replica leave the
-/// in-sync set acknowledges no write for [`READ_LEASE_WAIT`] from then, counting on the
-/// node refusing them by then.
-pub const READ_LEASE: Duration = Duration::from_secs(2);
-/// [`READ_LEASE`] and a margin for clocks that run at slightly different rates.
-pub const READ_LEASE_WAIT: Duration = Duration::from_millis(2_250);
+pub use zr_coord::lease::{READ_LEASE, READ_LEASE_WAIT};
 
 /// Whether a node may serve a client's read by itself: only while it knows it is in sync.
 /// A replica marked behind has missed writes, and a router that sees it marked (or moved
@@ -160,68 +153,6 @@ pub async fn keep_alive(
     }
 }
 
-/// What one observer has seen of a node lease: the revision last read, and since when.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LeaseWatch {
-    seen: Option<(Revision, Instant)>,
-}
-
-/// A node lease as an observer judges it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseView {
-    /// Not read yet, or no lease recorded.
-    Unknown,
-    /// Unchanged for at most this long (by the observer's clock).
-    Renewed(Duration),
-    /// Unchanged for this long, at least [`LEASE`].
-    Lapsed(Duration),
-}
-
-impl LeaseWatch {
-    /// The lease read at `now`: its revision, or `None` if there is none.
-    pub fn observe(&mut self, revision: Option<Revision>, now: Instant) {
-        match revision {
-            None => self.seen = None,
-            Some(revision) => {
-                if self.seen.is_none_or(|(seen, _)| seen != revision) {
-                    self.seen = Some((revision, now));
-                }
-            }
-        }
-    }
-
-    /// The lease as of `now`.
-    pub fn view(&self, now: Instant) -> LeaseView {
-        match self.seen {
-            None => LeaseView::Unknown,
-            Some((_, since)) => {
-                let unchanged = now.saturating_duration_since(since);
-                if unchanged >= LEASE {
-                    LeaseView::Lapsed(unchanged)
-                } else {
-                    LeaseView::Renewed(unchanged)
-                }
-            }
-        }
-    }
-}
-
-impl LeaseView {
-    /// In words, for `zr cluster status`.
-    pub fn describe(&self) -> String {
-        match self {
-            LeaseView::Unknown => "no liveness lease seen".into(),
-            LeaseView::Renewed(d) => {
-                format!("liveness lease renewed within {:.1} s", d.as_secs_f64())
-            }
-            LeaseView::Lapsed(d) => format!(
-                "liveness lease lapsed: unrenewed for {:.1} s",
-                d.as_secs_f64()
-            ),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,24 +178,5 @@ mod tests {
         assert!(READ_LEASE_WAIT > READ_LEASE);
         assert!(ReadLease::always().held(), "a shard's only replica");
         assert!(ReadLease::new(1).held());
-    }
-
-    #[test]
-    fn a_lease_lapses_when_left_unchanged_for_a_whole_lease() {
-        let mut watch = LeaseWatch::default();
-        let t0 = Instant::now();
-        assert_eq!(watch.view(t0), LeaseView::Unknown);
-        watch.observe(Some(4), t0);
-        watch.observe(Some(4), t0 + LEASE / 2);
-        assert_eq!(watch.view(t0 + LEASE / 2), LeaseView::Renewed(LEASE / 2));
-        // Renewed: counted from when the new revision was first seen.
-        watch.observe(Some(9), t0 + LEASE / 2);
-        assert_eq!(watch.view(t0 + LEASE), LeaseView::Renewed(LEASE / 2));
-        let late = t0 + LEASE / 2 + LEASE;
-        watch.observe(Some(9), late);
-        assert_eq!(watch.view(late), LeaseView::Lapsed(LEASE));
-        assert!(watch.view(late).describe().contains("lapsed"));
-        watch.observe(None, late);
-        assert_eq!(watch.view(late), LeaseView::Unknown);
     }
 }

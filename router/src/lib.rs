@@ -13,15 +13,17 @@ pub mod client;
 mod direct;
 mod error;
 mod forward;
-mod liveness;
 mod moveplan;
 mod nodes;
-pub mod plan;
 mod repair;
 mod restore;
 pub mod server;
 mod startup;
 pub mod stream;
+
+use zr_coord::liveness;
+/// Planning, pure, shared with the client: below both, in `zr_coord`.
+pub use zr_coord::plan;
 
 pub use client::{AsyncClient, Client, ClientOptions};
 pub use error::{Error, Failure};

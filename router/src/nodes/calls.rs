@@ -183,10 +183,7 @@ impl Nodes {
         };
         let (reply, body_start) =
             wire::decode_reply_chunks(&chunks).map_err(|e| unavailable(e.to_string()))?;
-        *self.links[node]
-            .last_seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
+        let _ = self.tell(Event::Heard { node });
         if let Reply::Error { code, message } = reply {
             if code == wire::ErrorCode::StaleMap {
                 self.stale_map.notify_one();

@@ -16,82 +16,53 @@ impl Nodes {
     /// known afresh: its old connection closed, its health, length and incarnation
     /// forgotten (the heartbeats learn the new node's).
     pub(super) async fn set_record(&self, record: ReplicaRecord) {
-        // Only a change gives the catch-up task something new to look at.
-        let before = self.replica_record.load_full();
-        let changed = *before != record;
-        // A replica no longer in sync, or no longer at its address, may still serve
-        // clients by itself until its read lease runs out: no write it misses is
-        // acknowledged before then.
-        if self.links.iter().any(|(_, link)| {
-            let id = (link.shard, link.replica);
-            (before.in_sync(id) && !record.in_sync(id))
-                || before.moved_to(id) != record.moved_to(id)
-        }) {
-            self.hold_acks();
-        }
-        for (node, link) in self.links.iter() {
-            let wanted = match record.moved_to((link.shard, link.replica)) {
-                None => link.configured,
-                Some(text) => match text.parse::<SocketAddr>() {
-                    Ok(addr) => addr,
-                    Err(e) => {
-                        tracing::error!(
-                            "the replica record moves shard {} replica {} to '{text}', which is no address ({e}); it stays at {}",
-                            link.shard,
-                            link.replica,
-                            self.addr(node)
-                        );
-                        continue;
-                    }
-                },
-            };
-            let current = link.target();
-            if current.addr == wanted {
-                continue;
+        for effect in self.tell(Event::Record(record)) {
+            if let Effect::Retarget { node, addr } = effect {
+                self.retarget(node, addr).await;
             }
-            let endpoint = if current.addr.is_ipv4() == wanted.is_ipv4() {
-                current.endpoint.clone()
-            } else {
-                match zr_net::client_endpoint(wanted) {
-                    Ok(endpoint) => endpoint,
-                    Err(e) => {
-                        tracing::error!(
-                            "shard {} replica {} moved to {wanted}, but no endpoint reaches it: {e}",
-                            link.shard,
-                            link.replica
-                        );
-                        continue;
-                    }
+        }
+    }
+
+    /// Reaches node `node` at `addr` from now on (the state decided it): its connection is
+    /// closed, and the next call connects there.
+    async fn retarget(&self, node: NodeId, addr: SocketAddr) {
+        let link = &self.links[node];
+        let current = link.target();
+        if current.addr == addr {
+            return;
+        }
+        let endpoint = if current.addr.is_ipv4() == addr.is_ipv4() {
+            current.endpoint.clone()
+        } else {
+            match zr_net::client_endpoint(addr) {
+                Ok(endpoint) => endpoint,
+                Err(e) => {
+                    tracing::error!(
+                        "shard {} replica {} moved to {addr}, but no endpoint reaches it: {e}",
+                        link.shard,
+                        link.replica
+                    );
+                    return;
                 }
-            };
-            let mut cached = link.connection.lock().await;
-            *link.target.lock().unwrap_or_else(|e| e.into_inner()) = Target {
-                addr: wanted,
-                endpoint,
-            };
-            if let Some(old) = cached.take() {
-                old.close(0u32.into(), b"the node moved");
             }
-            drop(cached);
-            *link.forgotten.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            *link.incarnation.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            *link.len.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            *link.last_seen.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            *link.liveness.lock().unwrap_or_else(|e| e.into_inner()) = Liveness::default();
-            link.written.store(false, Ordering::SeqCst);
-            link.health.send_replace(Health::Unknown);
-            link.failing.send_replace(false);
-            tracing::warn!(
-                "shard {} replica {} moved from {} to {wanted}: reached there from now on",
-                link.shard,
-                link.replica,
-                current.addr
-            );
+        };
+        let mut cached = link.connection.lock().await;
+        // Records taken meanwhile may have moved it again: the state's word is the last.
+        if self.state().target(node) != Some(addr) {
+            return;
         }
-        self.replica_record.store(Arc::new(record));
-        if changed {
-            self.catch_up.notify_one();
+        *link.target.lock().unwrap_or_else(|e| e.into_inner()) = Target { addr, endpoint };
+        if let Some(old) = cached.take() {
+            old.close(0u32.into(), b"the node moved");
         }
+        drop(cached);
+        *link.forgotten.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        tracing::warn!(
+            "shard {} replica {} moved from {} to {addr}: reached there from now on",
+            link.shard,
+            link.replica,
+            current.addr
+        );
     }
 
     /// Serves shard `shard`'s replica `replica` from `addr` from now on: recorded in the
@@ -153,14 +124,6 @@ impl Nodes {
         }
     }
 
-    /// Holds the acknowledgment of writes for [`zr_meta::nodes::READ_LEASE_WAIT`] from now:
-    /// a replica just seen to leave the in-sync set may serve clients by itself until then.
-    pub(super) fn hold_acks(&self) {
-        let until = tokio::time::Instant::now() + zr_meta::nodes::READ_LEASE_WAIT;
-        let mut after = self.acks_after.lock().unwrap_or_else(|e| e.into_inner());
-        *after = Some(after.map_or(until, |t| t.max(until)));
-    }
-
     /// Waits, before a client's write is acknowledged, until every replica this router saw
     /// leave the in-sync set (marked behind, or replaced) has stopped serving clients by
     /// itself (`zr_meta::nodes::ReadLease`): no one reads one hop, from a replica that missed
@@ -168,9 +131,9 @@ impl Nodes {
     /// themselves, and a catch-up's work under the write lock, go on meanwhile. A router
     /// that learns of the change later, from the metadata store, waits from then.
     pub(crate) async fn acks_may_go(&self) {
-        let after = *self.acks_after.lock().unwrap_or_else(|e| e.into_inner());
+        let after = self.state().acks_after();
         if let Some(until) = after {
-            tokio::time::sleep_until(until).await;
+            tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
         }
     }
 
@@ -190,19 +153,17 @@ impl Nodes {
 
     /// The length node `node` gave in its last answer to a heartbeat.
     pub(crate) fn heard_len(&self, node: NodeId) -> Option<u64> {
-        *self.links[node]
-            .len
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.state().len(node)
     }
 
     /// This router wrote to node `node` (and it is not durable there until a commit).
     pub(crate) fn note_written(&self, node: NodeId) {
-        self.links[node].written.store(true, Ordering::SeqCst);
+        // Nothing follows from a write but what a reconnect finds.
+        let _ = self.tell(Event::Wrote { node });
     }
 
     /// Node `node` made every write so far durable.
     pub(crate) fn note_committed(&self, node: NodeId) {
-        self.links[node].written.store(false, Ordering::SeqCst);
+        let _ = self.tell(Event::Committed { node });
     }
 }

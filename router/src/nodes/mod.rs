@@ -2,13 +2,15 @@
 //! `replicas` of them), reconnected on demand, a heartbeat per node (see `liveness.rs`), and
 //! one request to a node within the router's timeout — or failed at once while it is down.
 //!
-//! Which replicas are in sync is kept here too, as last read from or written to the metadata
-//! store (`zr_meta::replicas`): reads and writes go to in-sync replicas only. A heartbeat that
-//! finds a node restarted (another incarnation) after this router wrote to it since its last
-//! commit marks it behind: it may have lost those writes.
+//! What these links learn — heartbeats, incarnations, writes and commits, the replica record
+//! (`zr_meta::replicas`) — is told to one [`Replicas`] (`zr_coord`), which decides without I/O:
+//! which node is down, which restarted after this router wrote to it and must be marked
+//! behind, which is reached elsewhere now, until when write acknowledgments wait. The links
+//! perform what it answers ([`Nodes::tell`]). Reads and writes go to in-sync replicas only,
+//! by the record it last published.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -21,17 +23,18 @@ use zr_proto::wire::{self, NodeRequest, Reply};
 use zr_service::config::ClusterConfig;
 
 use arc_swap::ArcSwap;
+use zr_coord::replicas::{Effect, Event, Replicas};
 use zr_meta::replicas::{self, ReplicaRecord};
 
 use crate::error::{Error, Failure};
-use crate::liveness::{self, Health, Liveness};
+use crate::liveness::{self, Health};
 
 mod calls;
 mod in_sync;
 mod watch;
 
 /// A node: its place among the router's links, `shard * replicas + replica`.
-pub(crate) type NodeId = usize;
+pub(crate) type NodeId = zr_coord::NodeId;
 
 /// One node, reconnected on demand, through an endpoint (a UDP socket) of its own: replies
 /// from several nodes are then received in parallel, not by one socket's driver in turn.
@@ -42,27 +45,16 @@ pub(crate) type Suspect = (Option<Arc<str>>, NodeId, Vec<u64>);
 struct NodeLink {
     shard: u32,
     replica: u32,
-    /// Its address in nodes.toml.
-    configured: SocketAddr,
     /// Where it is served now (nodes.toml's address, or the one it was moved to by
     /// `zr cluster replace-node`), and the endpoint to reach it through.
     target: std::sync::Mutex<Target>,
     connection: Mutex<Option<Connection>>,
-    /// When the node last answered.
-    last_seen: std::sync::Mutex<Option<tokio::time::Instant>>,
-    /// Its heartbeats so far, and the health they give, published to the calls waiting for
-    /// it to come back.
-    liveness: std::sync::Mutex<Liveness>,
+    /// Its health as [`Replicas`] last gave it, published to the calls waiting for it to
+    /// come back.
     health: tokio::sync::watch::Sender<Health>,
     /// Its last heartbeat failed (or it is down): a read its partner can serve need not
     /// wait for it to be found down (see [`Nodes::wait_failing`]).
     failing: tokio::sync::watch::Sender<bool>,
-    /// The incarnation its last answer to a heartbeat gave.
-    incarnation: std::sync::Mutex<Option<u64>>,
-    /// This router wrote to it since its last commit: a restart may have lost writes.
-    written: AtomicBool,
-    /// The length its last answer to a heartbeat gave.
-    len: std::sync::Mutex<Option<u64>>,
     /// Requests to it in flight (Info requests, as heartbeats send, aside), and their gauge
     /// (`zr_router_node_in_flight`; taken when the links are made, after the binaries
     /// install their metrics exporter).
@@ -109,10 +101,10 @@ pub(crate) struct Nodes {
     /// Held while links are added.
     growing: std::sync::Mutex<()>,
     replicas: u32,
-    /// Which replicas are behind, as last read from or written to the metadata store.
+    /// What is known of the nodes and the replica record, and decided from it.
+    state: std::sync::Mutex<Replicas>,
+    /// Which replicas are behind, as `state` last published it: what reads and writes go by.
     replica_record: ArcSwap<ReplicaRecord>,
-    /// Until when writes are not acknowledged (see [`Nodes::acks_may_go`]).
-    acks_after: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// Turns reads among a shard's replicas.
     turn: AtomicU64,
     /// Woken when a replica may want catching up (marked behind, or back up).
@@ -195,9 +187,8 @@ impl Nodes {
             None,
         )?;
         nodes.set_cluster(&topology.cluster, topology.map.version);
-        nodes
-            .replica_record
-            .store(Arc::new(client_record(topology, &nodes)));
+        // Nothing to perform: the links were made at the addresses the record gives.
+        let _ = nodes.tell(Event::Record(client_record(topology, &nodes)));
         Ok(nodes)
     }
 
@@ -210,7 +201,9 @@ impl Nodes {
         meta: Option<Arc<dyn zr_meta::MetaStore>>,
     ) -> Result<Nodes, Error> {
         let links = boxcar::Vec::new();
+        let mut state = Replicas::new(replicas);
         for &(shard, replica, addr) in entries {
+            state.add(shard, replica, addr).map_err(Error::Client)?;
             links.push(NodeLink::new(shard, replica, addr, replicas)?);
         }
         Ok(Nodes {
@@ -218,8 +211,8 @@ impl Nodes {
             shards: std::sync::atomic::AtomicU32::new(shards),
             growing: std::sync::Mutex::new(()),
             replicas,
+            state: std::sync::Mutex::new(state),
             replica_record: ArcSwap::from_pointee(ReplicaRecord::default()),
-            acks_after: std::sync::Mutex::new(None),
             turn: AtomicU64::new(0),
             catch_up: Arc::new(tokio::sync::Notify::new()),
             suspects: std::sync::Mutex::new(Vec::new()),
@@ -394,7 +387,7 @@ impl Nodes {
                 self.replicas
             )));
         }
-        let mut added = Vec::new();
+        let mut links = Vec::new();
         for (replica, &addr) in addrs.iter().enumerate() {
             let link = NodeLink::new(shard, replica as u32, addr, self.replicas).map_err(|e| {
                 Failure::ShardUnavailable {
@@ -403,6 +396,13 @@ impl Nodes {
                     reason: e.to_string(),
                 }
             })?;
+            links.push((link, addr));
+        }
+        let mut added = Vec::new();
+        for (replica, (link, addr)) in links.into_iter().enumerate() {
+            self.state()
+                .add(shard, replica as u32, addr)
+                .map_err(Failure::Inconsistent)?;
             added.push(self.links.push(link));
         }
         self.shards.store(shard + 1, Ordering::Release);
@@ -463,11 +463,7 @@ impl Nodes {
 
     /// How long ago node `node` last answered, if it ever did.
     pub(crate) fn last_seen(&self, node: NodeId) -> Option<Duration> {
-        let seen = *self.links[node]
-            .last_seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        seen.map(|at| at.elapsed())
+        self.state().last_seen(node, now())
     }
 
     /// The round-trip time of the connection to node `node`, if there is one.
@@ -596,6 +592,52 @@ impl Nodes {
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
     }
+
+    /// The decisions' state, locked (briefly: nothing waits while it is held).
+    fn state(&self) -> std::sync::MutexGuard<'_, Replicas> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells the state `event`, performs what follows at once (publishing the record and
+    /// health, waking the catch-up task, logging) under its lock, so that what is published
+    /// goes in the order decided; returns what needs a wait (a node marked behind, a node
+    /// reached elsewhere), for the caller to perform.
+    pub(super) fn tell(&self, event: Event) -> Vec<Effect> {
+        let mut state = self.state();
+        let now = now();
+        state.handle(event, now);
+        let mut later = Vec::new();
+        while let Some(effect) = state.poll() {
+            match effect {
+                Effect::Publish(record) => self.replica_record.store(record),
+                Effect::Health { node, health } => {
+                    let link = &self.links[node];
+                    match health.describe_down(now) {
+                        Some(down) => {
+                            tracing::warn!("shard {} at {}: {down}", link.shard, link.target().addr)
+                        }
+                        None if health == Health::Up => {
+                            tracing::info!("shard {} at {} is up", link.shard, link.target().addr)
+                        }
+                        None => {}
+                    }
+                    link.health.send_replace(health);
+                }
+                Effect::Failing { node, failing } => {
+                    self.links[node].failing.send_replace(failing);
+                }
+                Effect::CatchUp => self.catch_up.notify_one(),
+                Effect::Warn(message) => tracing::error!("{message}"),
+                Effect::MarkBehind { .. } | Effect::Retarget { .. } => later.push(effect),
+            }
+        }
+        later
+    }
+}
+
+/// Now, by the runtime's clock (virtual in tests on paused time), as the state takes it.
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 impl NodeLink {
@@ -609,19 +651,13 @@ impl NodeLink {
         Ok(NodeLink {
             shard,
             replica,
-            configured: addr,
             target: std::sync::Mutex::new(Target {
                 addr,
                 endpoint: zr_net::client_endpoint(addr)?,
             }),
             connection: Mutex::new(None),
-            last_seen: std::sync::Mutex::new(None),
-            liveness: std::sync::Mutex::new(Liveness::default()),
             health: tokio::sync::watch::Sender::new(Health::Unknown),
             failing: tokio::sync::watch::Sender::new(false),
-            incarnation: std::sync::Mutex::new(None),
-            written: AtomicBool::new(false),
-            len: std::sync::Mutex::new(None),
             in_flight: AtomicU64::new(0),
             in_flight_gauge: metrics::gauge!("zr_router_node_in_flight", "shard" => label.clone()),
             label,
@@ -647,7 +683,9 @@ fn client_record(topology: &wire::Topology, nodes: &Nodes) -> ReplicaRecord {
             record.behind.insert((node.shard, node.replica));
         }
         let id = nodes.id(node.shard, node.replica);
-        let configured = (node.shard < nodes.shards()).then(|| nodes.links[id].configured);
+        let configured = (node.shard < nodes.shards())
+            .then(|| nodes.state().configured(id))
+            .flatten();
         if configured.is_some_and(|c| c.to_string() != node.addr) {
             record.moved.push(zr_meta::replicas::Moved {
                 shard: node.shard,

@@ -48,26 +48,17 @@ impl Nodes {
             return;
         };
         match zr_meta::nodes::load(meta, shard, replica).await {
-            Ok(lease) => self.links[node]
-                .liveness
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .lease_read(
-                    lease.map(|(_, revision)| revision),
-                    tokio::time::Instant::now().into_std(),
-                ),
+            Ok(lease) => {
+                let revision = lease.map(|(_, revision)| revision);
+                self.tell(Event::LeaseRead { node, revision });
+            }
             Err(e) => tracing::debug!("shard {shard} replica {replica}: its liveness lease: {e}"),
         }
     }
 
     /// Node `node`'s liveness lease, as this router has read it, in words.
     pub(crate) fn lease(&self, node: NodeId) -> String {
-        self.links[node]
-            .liveness
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .lease(tokio::time::Instant::now().into_std())
-            .describe()
+        self.state().lease(node, now()).describe()
     }
 
     /// One heartbeat to node `node`, its outcome told to the node's liveness; returns the
@@ -76,21 +67,10 @@ impl Nodes {
         let sent = tokio::time::Instant::now();
         let wall = SystemTime::now();
         let link = &self.links[node];
-        let shard = link.shard;
-        let timeout = {
-            let liveness = link.liveness.lock().unwrap_or_else(|e| e.into_inner());
-            liveness.timeout().min(self.timeout)
-        };
+        let timeout = self.state().heartbeat(node).1.min(self.timeout);
         let outcome = self
             .exchange(None, node, &NodeRequest::Info, Vec::new(), timeout)
             .await;
-        if let Ok(NodeReply {
-            reply: Reply::Info { len, .. },
-            ..
-        }) = &outcome
-        {
-            *link.len.lock().unwrap_or_else(|e| e.into_inner()) = Some(*len);
-        }
         let label = &link.label;
         if outcome.is_ok() || matches!(outcome, Err(Failure::ShardRefused { .. })) {
             metrics::histogram!("zr_router_node_heartbeat_seconds", "shard" => label.clone())
@@ -105,39 +85,33 @@ impl Nodes {
             metrics::gauge!("zr_router_node_lost_packets", "shard" => label.clone())
                 .set(path.lost_packets as f64);
         }
-        let mut liveness = link.liveness.lock().unwrap_or_else(|e| e.into_inner());
-        let changed = match outcome {
+        let event = match outcome {
+            Ok(NodeReply {
+                reply: Reply::Info { len, .. },
+                ..
+            }) => Event::Answered {
+                node,
+                len: Some(len),
+            },
             // Any answer, a refusal too, means the node is up.
-            Ok(_) | Err(Failure::ShardRefused { .. }) => liveness.answered(),
-            Err(failure) => liveness.failed(
-                sent.into_std(),
+            Ok(_) | Err(Failure::ShardRefused { .. }) => Event::Answered { node, len: None },
+            Err(failure) => Event::Failed {
+                node,
+                sent: sent.into_std(),
                 wall,
-                tokio::time::Instant::now().into_std(),
-                failure.to_string(),
-            ),
+                reason: failure.to_string(),
+            },
         };
-        if changed {
-            let health = liveness.health().clone();
-            match health.describe_down(sent.into_std()) {
-                Some(down) => tracing::warn!("shard {shard} at {}: {down}", link.target().addr),
-                None => {
-                    tracing::info!("shard {shard} at {} is up", link.target().addr);
-                    self.catch_up.notify_one();
-                }
-            }
-            link.health.send_replace(health);
-        }
-        link.failing.send_if_modified(|failing| {
-            let now = liveness.failing();
-            std::mem::replace(failing, now) != now
-        });
-        let up = !matches!(liveness.health(), Health::Down { .. });
+        // A heartbeat's outcome decides nothing that waits.
+        let _ = self.tell(event);
+        let state = self.state();
+        let up = !matches!(state.health(node), Some(Health::Down { .. }));
         metrics::gauge!("zr_router_node_up", "shard" => label.clone()).set(if up {
             1.0
         } else {
             0.0
         });
-        liveness.pause()
+        state.heartbeat(node).0
     }
 
     /// The incarnation of the node at the far end of `connection`, new: asked before the
@@ -161,20 +135,11 @@ impl Nodes {
     /// lost them, and is marked behind. Every connection is checked so before its first
     /// request, so no write is taken for one the node lost.
     pub(super) async fn check_incarnation(&self, node: NodeId, incarnation: u64) {
-        let link = &self.links[node];
-        let before = link
-            .incarnation
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .replace(incarnation);
-        let restarted = before.is_some_and(|before| before != incarnation);
-        if restarted && link.written.load(Ordering::SeqCst) && self.replicas > 1 {
-            match self
-                .mark_behind(node, "it restarted, losing writes it had not made durable")
-                .await
-            {
-                Ok(()) => link.written.store(false, Ordering::SeqCst),
-                Err(e) => tracing::error!("{e}"),
+        for effect in self.tell(Event::Connected { node, incarnation }) {
+            if let Effect::MarkBehind { node, why } = effect {
+                if let Err(e) = self.mark_behind(node, why).await {
+                    tracing::error!("{e}");
+                }
             }
         }
     }

@@ -12,35 +12,35 @@
 //! it are never slowed by it. Any answer, even a refusal, means the node is up.
 //!
 //! Every [`LEASE_READ_EVERY`] heartbeats the router also reads the node's liveness lease in
-//! the metadata store (`zr_meta::nodes`): a failing heartbeat to a node whose lease has
+//! the metadata store (`crate::lease`): a failing heartbeat to a node whose lease has
 //! lapsed makes it down at once.
 
 use std::time::{Duration, Instant, SystemTime};
 
-use zr_meta::nodes::{LeaseView, LeaseWatch};
+use crate::lease::{LeaseView, LeaseWatch};
 
 /// Pause between heartbeats to a node that is up.
-pub(crate) const EVERY_UP: Duration = Duration::from_millis(250);
+pub const EVERY_UP: Duration = Duration::from_millis(250);
 /// Pause between heartbeats to a node that is down (so that its return is noticed quickly).
-pub(crate) const EVERY_DOWN: Duration = Duration::from_millis(100);
+pub const EVERY_DOWN: Duration = Duration::from_millis(100);
 /// Longest wait for a heartbeat's answer (or the router's timeout, if shorter).
-pub(crate) const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(750);
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(750);
 /// The same while the node is down: a connection attempt is given up and begun afresh this
 /// often, so that a node coming back is found within about this long.
-pub(crate) const HEARTBEAT_TIMEOUT_DOWN: Duration = Duration::from_millis(250);
+pub const HEARTBEAT_TIMEOUT_DOWN: Duration = Duration::from_millis(250);
 /// Heartbeats failing for this long in a row (from the first failed one's sending to the
 /// last one's failure) make a node down.
-pub(crate) const DOWN_AFTER: Duration = Duration::from_millis(750);
+pub const DOWN_AFTER: Duration = Duration::from_millis(750);
 /// Heartbeats failed in a row, at least, that make a node down (with [`DOWN_AFTER`]).
-pub(crate) const FAILED_TO_DOWN: u32 = 2;
+pub const FAILED_TO_DOWN: u32 = 2;
 /// Heartbeats between two reads of the node's liveness lease in the metadata store.
-pub(crate) const LEASE_READ_EVERY: u32 = 4;
+pub const LEASE_READ_EVERY: u32 = 4;
 /// How long a call to a node that is down waits for a heartbeat to find it back.
-pub(crate) const WAIT_FOR_UP: Duration = Duration::from_millis(500);
+pub const WAIT_FOR_UP: Duration = Duration::from_millis(500);
 
 /// A node's health.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Health {
+pub enum Health {
     /// No heartbeat has answered or failed long enough yet: calls go ahead.
     Unknown,
     Up,
@@ -55,7 +55,7 @@ pub(crate) enum Health {
 
 impl Health {
     /// "down since HH:MM:SS UTC (N.N s ago): reason", for messages; `None` unless down.
-    pub(crate) fn describe_down(&self, now: Instant) -> Option<String> {
+    pub fn describe_down(&self, now: Instant) -> Option<String> {
         let Health::Down { since, at, reason } = self else {
             return None;
         };
@@ -83,7 +83,7 @@ fn clock_time(time: SystemTime) -> String {
 
 /// One node's heartbeats so far.
 #[derive(Debug)]
-pub(crate) struct Liveness {
+pub struct Liveness {
     health: Health,
     /// When the first of the heartbeats failing in a row was sent (by both clocks).
     failing_since: Option<(Instant, SystemTime)>,
@@ -105,22 +105,22 @@ impl Default for Liveness {
 }
 
 impl Liveness {
-    pub(crate) fn health(&self) -> &Health {
+    pub fn health(&self) -> &Health {
         &self.health
     }
 
     /// The node's liveness lease, read at `now`: its revision, or `None` if it has none.
-    pub(crate) fn lease_read(&mut self, revision: Option<zr_meta::Revision>, now: Instant) {
+    pub fn lease_read(&mut self, revision: Option<crate::lease::Revision>, now: Instant) {
         self.lease.observe(revision, now);
     }
 
     /// The node's liveness lease as of `now`.
-    pub(crate) fn lease(&self, now: Instant) -> LeaseView {
+    pub fn lease(&self, now: Instant) -> LeaseView {
         self.lease.view(now)
     }
 
     /// A heartbeat was answered: the node is up. True if that changed its health.
-    pub(crate) fn answered(&mut self) -> bool {
+    pub fn answered(&mut self) -> bool {
         self.failing_since = None;
         self.failed = 0;
         let changed = self.health != Health::Up;
@@ -130,7 +130,7 @@ impl Liveness {
 
     /// A heartbeat sent at `sent` (`wall`: the same moment by the system clock) failed at
     /// `now` for `reason`. True if that changed the node's health.
-    pub(crate) fn failed(
+    pub fn failed(
         &mut self,
         sent: Instant,
         wall: SystemTime,
@@ -163,12 +163,12 @@ impl Liveness {
     }
 
     /// True while its last heartbeat failed (it is down, or may soon be).
-    pub(crate) fn failing(&self) -> bool {
+    pub fn failing(&self) -> bool {
         self.failed > 0
     }
 
     /// The pause before the next heartbeat.
-    pub(crate) fn pause(&self) -> Duration {
+    pub fn pause(&self) -> Duration {
         match self.health {
             Health::Down { .. } => EVERY_DOWN,
             _ => EVERY_UP,
@@ -176,7 +176,7 @@ impl Liveness {
     }
 
     /// How long the next heartbeat waits for its answer, at most.
-    pub(crate) fn timeout(&self) -> Duration {
+    pub fn timeout(&self) -> Duration {
         match self.health {
             Health::Down { .. } => HEARTBEAT_TIMEOUT_DOWN,
             _ => HEARTBEAT_TIMEOUT,
@@ -234,7 +234,7 @@ mod tests {
         let wall = SystemTime::now();
         node.answered();
         node.lease_read(Some(3), t0);
-        let later = t0 + zr_meta::nodes::LEASE;
+        let later = t0 + crate::lease::LEASE;
         node.lease_read(Some(3), later);
         assert!(matches!(node.lease(later), LeaseView::Lapsed(_)));
         // Its heartbeats still answer: up (it serves, though it cannot reach the store).
