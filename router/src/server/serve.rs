@@ -1,0 +1,327 @@
+//! Serving clients: connections accepted, each request decoded, checked against its
+//! dataset and carried out, and gathers streamed from the nodes to the client.
+
+use super::*;
+
+impl Router {
+    /// Accepts clients on `endpoint` until `shutdown`; then stops accepting and lets requests
+    /// in flight finish.
+    pub async fn serve(self: Arc<Self>, endpoint: Endpoint, shutdown: impl Future<Output = ()>) {
+        if let Ok(addr) = endpoint.local_addr() {
+            let _ = self.listening.set(addr);
+        }
+        let (timeout, request_budget) = (self.timeout, self.request_budget);
+        let handler = move |peer: &net::Peer, bytes: Vec<u8>| {
+            let router = Arc::clone(&self);
+            let peer = peer.clone();
+            async move { router.handle_from(&peer, &bytes).await }
+        };
+        let limits = net::Limits {
+            connections_per_identity: CONNECTIONS_PER_IDENTITY_MAX,
+            request_bytes: request_budget,
+            request_bytes_per_identity: request_budget / 2,
+            request_bytes_kept_from_readers: request_budget / 4,
+            ..net::Limits::new(CONNECTIONS_MAX, timeout)
+        };
+        net::serve_peers(&endpoint, limits, shutdown, handler).await;
+    }
+
+    /// Decodes, executes and encodes one client request, with every right (a caller inside
+    /// the process).
+    pub async fn handle(self: &Arc<Self>, bytes: &[u8]) -> (Vec<u8>, Body) {
+        let anyone = net::Peer {
+            role: None,
+            identity: 0,
+        };
+        self.handle_from(&anyone, bytes).await
+    }
+
+    /// Decodes, executes and encodes one client request from `peer`: a request its role
+    /// does not allow is refused, naming the role it needs.
+    pub async fn handle_from(self: &Arc<Self>, peer: &net::Peer, bytes: &[u8]) -> (Vec<u8>, Body) {
+        let outcome = match wire::decode_request::<ClientMessage>(bytes) {
+            Ok((message, body)) => {
+                let request = &message.request;
+                let kind = request.kind();
+                // Labelled by dataset: a name this router knows (a hostile client cannot grow
+                // the label set with names that do not exist).
+                let dataset = match message.dataset() {
+                    name if name == wire::DEFAULT_DATASET || self.named_router(name).is_some() => {
+                        name.to_string()
+                    }
+                    _ => "unknown".to_string(),
+                };
+                let started = std::time::Instant::now();
+                metrics::counter!("zr_router_received_bytes_total").increment(bytes.len() as u64);
+                let executed = if peer.access().is_some_and(|has| has >= request.access()) {
+                    self.dispatch(message, body).await
+                } else {
+                    Err(Failure::Forbidden {
+                        request: kind,
+                        needs: request.access().role_name(),
+                        has: peer.role.map_or("unknown".into(), |r| r.name().to_string()),
+                    })
+                };
+                let outcome = if executed.is_ok() { "ok" } else { "error" };
+                metrics::counter!("zr_router_requests_total", "kind" => kind, "outcome" => outcome, "dataset" => dataset.clone())
+                    .increment(1);
+                metrics::histogram!("zr_router_request_duration_seconds", "kind" => kind, "dataset" => dataset)
+                    .record(started.elapsed());
+                executed.map_err(|failure| {
+                    // At a level a default run shows, a few a second per client at most.
+                    self.log_failure(peer, || format!("{kind} failed: {failure}"));
+                    metrics::counter!("zr_router_errors_total", "code" => failure.code().name())
+                        .increment(1);
+                    Reply::Error {
+                        code: failure.code(),
+                        message: failure.to_string(),
+                    }
+                })
+            }
+            Err(e) => {
+                self.log_failure(peer, || format!("bad request from a client: {e}"));
+                metrics::counter!("zr_router_errors_total", "code" => e.code().name()).increment(1);
+                Err(Reply::Error {
+                    code: e.code(),
+                    message: e.to_string(),
+                })
+            }
+        };
+        let (reply, body) = outcome.unwrap_or_else(|reply| (reply, Body::Ready(Vec::new())));
+        match wire::encode_reply(&reply) {
+            Ok(header) => (header, body),
+            Err(e) => (
+                wire::encode_reply(&Reply::Error {
+                    code: e.code(),
+                    message: e.to_string(),
+                })
+                .unwrap_or_default(),
+                Body::Ready(Vec::new()),
+            ),
+        }
+    }
+
+    /// Logs a failed request of `peer`'s, unless its identity has had its lines for now
+    /// (see [`zr_service::logging::LogBudget`]); a line left out is counted in
+    /// `zr_router_log_lines_suppressed_total` and said with the identity's next line.
+    pub(super) fn log_failure(&self, peer: &net::Peer, line: impl FnOnce() -> String) {
+        let now = std::time::Instant::now();
+        let said = self
+            .log_budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .line(peer.identity, now);
+        match said {
+            zr_service::logging::LogLine::Write { suppressed: 0 } => tracing::warn!("{}", line()),
+            zr_service::logging::LogLine::Write { suppressed } => tracing::warn!(
+                "{} ({suppressed} more failed requests of this client were not logged)",
+                line()
+            ),
+            zr_service::logging::LogLine::Suppress => {
+                metrics::counter!("zr_router_log_lines_suppressed_total").increment(1);
+            }
+        }
+    }
+
+    pub(super) async fn execute(
+        self: &Arc<Self>,
+        request: ClientRequest,
+        body: &[u8],
+    ) -> Result<(Reply, Body), Failure> {
+        let ready = |reply: Reply| (reply, Body::Ready(Vec::new()));
+        let ready_body = |(reply, body): (Reply, Vec<Bytes>)| (reply, Body::Ready(body));
+        match request {
+            ClientRequest::Info => {
+                // Fresh from the nodes (another router may have written); the cached length
+                // if a node cannot answer, so a client can still connect.
+                let len = match self.refresh_len().await {
+                    Ok(len) => len,
+                    Err(e) => {
+                        tracing::debug!("cannot refresh the length: {e}");
+                        self.len()
+                    }
+                };
+                Ok(ready(Reply::Info {
+                    len,
+                    fields: self.fields(),
+                    incarnation: 0,
+                }))
+            }
+            ClientRequest::Gather {
+                indices,
+                fields,
+                checked,
+            } => {
+                let gathered = self.gather(&indices, fields, checked).await;
+                if gathered.is_ok() {
+                    metrics::counter!("zr_router_records_gathered_total")
+                        .increment(indices.len() as u64);
+                }
+                gathered
+            }
+            ClientRequest::Append {
+                fields, lengths, ..
+            } => self
+                .acked(self.exclusive(|| self.append(fields, lengths, body)))
+                .await
+                .map(ready_body),
+            ClientRequest::Modify {
+                index,
+                fields,
+                lengths,
+                ..
+            } => self
+                .acked(self.exclusive(|| self.rewrite(self.modify(index, fields, lengths, body))))
+                .await
+                .map(ready),
+            ClientRequest::Delete { index } => self
+                .acked(self.exclusive(|| self.rewrite(self.delete(index))))
+                .await
+                .map(ready_body),
+            ClientRequest::WriteField {
+                field,
+                start,
+                lengths,
+            } => self
+                .acked(
+                    self.exclusive(|| self.rewrite(self.write_field(field, start, lengths, body))),
+                )
+                .await
+                .map(ready),
+            ClientRequest::WaitLen { len, wait_ms } => {
+                let committed = self.wait_committed(len, wait_ms).await?;
+                // A length reached tells of writes as their acknowledgment does.
+                self.nodes.acks_may_go().await;
+                Ok(ready(Reply::Info {
+                    len: committed,
+                    fields: self.fields(),
+                    incarnation: 0,
+                }))
+            }
+            ClientRequest::AddField { field } => {
+                self.add_field(field).await?;
+                Ok(ready(Reply::Done))
+            }
+            ClientRequest::Datasets
+            | ClientRequest::CreateDataset { .. }
+            | ClientRequest::DropDataset => Err(Failure::BadRequest(
+                "a dataset's own router cannot list, create or drop datasets".into(),
+            )),
+            ClientRequest::Status => Ok(ready(Reply::Status(self.status().await))),
+            ClientRequest::Scrub {
+                shard,
+                start,
+                count,
+            } => self
+                .scrub(shard, start, count)
+                .await
+                .map(|report| ready(Reply::Scrubbed(report))),
+            ClientRequest::ReplaceNode {
+                shard,
+                replica,
+                addr,
+            } => {
+                self.replace_node(shard, replica, &addr).await?;
+                Ok(ready(Reply::Status(self.status().await)))
+            }
+            ClientRequest::MoveShards {
+                change,
+                nodes,
+                rate,
+            } => {
+                let rate = rate.unwrap_or(wire::MOVE_RATE_DEFAULT);
+                self.start_move(change, nodes, rate)?;
+                Ok(ready(Reply::Moving(self.move_progress())))
+            }
+            ClientRequest::MoveProgress => Ok(ready(Reply::Moving(self.move_progress()))),
+            ClientRequest::Topology { covering } => {
+                Ok(ready(Reply::Topology(self.topology(covering).await?)))
+            }
+            ClientRequest::Commit => {
+                let commit = self.exclusive(|| async {
+                    let placement = self.placement.load_full();
+                    for shard in 0..self.nodes.shards() {
+                        if !placement.slots(shard).is_empty() {
+                            self.commit_shard(shard).await?;
+                        }
+                    }
+                    // Every shard holds the length durably now: the promise moves.
+                    self.record_committed(self.len(), false).await?;
+                    Ok(ready(Reply::Done))
+                });
+                self.acked(commit).await
+            }
+        }
+    }
+
+    /// `write`'s outcome, once a success may be acknowledged (`Nodes::acks_may_go`): after
+    /// the write lock is let go, so that what holds the acknowledgment holds no other write.
+    pub(super) async fn acked<T>(
+        &self,
+        write: impl Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        let outcome = write.await;
+        if outcome.is_ok() {
+            self.nodes.acks_may_go().await;
+        }
+        outcome
+    }
+
+    /// Scatters a gather, one sub-request per involved shard, and streams the shards'
+    /// replies to the client as they arrive (`Reply::GatherParts`; the client reassembles).
+    /// A failed shard ends the stream with an error frame and abandons the others.
+    pub(super) async fn gather(
+        self: &Arc<Self>,
+        indices: &[u64],
+        fields: Vec<String>,
+        checked: bool,
+    ) -> Result<(Reply, Body), Failure> {
+        let len = self
+            .len_covering(indices.iter().copied().max().unwrap_or(0))
+            .await?;
+        if let Some(&index) = indices.iter().find(|&&i| i >= len) {
+            return Err(Failure::OutOfRange { index, len });
+        }
+        // One snapshot of the map for the plan and for the version its requests carry.
+        let placement = self.placement.load_full();
+        let parts = plan_gather(&placement, indices);
+        for part in &parts {
+            if let Some(refusal) = self.still_missing(part.shard).await {
+                return Err(refusal);
+            }
+        }
+        if parts.is_empty() {
+            // No index: an empty column per requested field.
+            let count = if fields.is_empty() {
+                self.fields().len()
+            } else {
+                fields.len()
+            };
+            let lengths = vec![Vec::new(); count];
+            return Ok((Reply::Gather { lengths }, Body::Ready(Vec::new())));
+        }
+        let reply = Reply::GatherParts {
+            records: indices.len() as u32,
+            parts: parts.len() as u32,
+        };
+        // A few writes' worth queued: the shards' readers keep receiving meanwhile.
+        let (frames, body) = tokio::sync::mpsc::channel(FRAMES_QUEUED);
+        let forwarded = crate::forward::forward_parts(
+            Arc::clone(&self.nodes),
+            crate::forward::Placed {
+                dataset: self.dataset.clone(),
+                map_version: placement.version(),
+            },
+            parts,
+            fields,
+            checked,
+            Some(self.replies.gather()),
+            frames,
+        );
+        // A failure midway is logged there; the client's stream is reset.
+        tokio::spawn(async move {
+            let _ = forwarded.await;
+        });
+        Ok((reply, Body::Streamed(body)))
+    }
+}

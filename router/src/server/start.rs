@@ -1,0 +1,341 @@
+//! A router starting: the cluster record read or made, the map checked against nodes.toml,
+//! the links to the nodes, the tasks it runs (gauges, map reloads, catch-up, scrub).
+
+use super::*;
+
+impl Router {
+    /// Connects to every node of `config`, checks they agree on the
+    /// fields, and recovers the global length from their lengths. Shards holding records past
+    /// the longest consistent length (an append that did not reach every shard) are cut back
+    /// to it, with a warning naming them.
+    pub async fn start(
+        config: &ClusterConfig,
+        security: net::Security,
+    ) -> Result<Arc<Router>, Error> {
+        let meta = open_metadata(config).await?;
+        Router::start_with(config, security, meta).await
+    }
+
+    /// [`Router::start`] with the metadata store `meta`. The cluster record there (made on
+    /// the first start from nodes.toml, with the nodes' length as committed) must have the
+    /// map nodes.toml gives, or the router refuses to start. A shard whose node holds fewer
+    /// records than the committed length gives it is refused by name, and the router serves
+    /// the others; nothing is cut.
+    pub async fn start_with(
+        config: &ClusterConfig,
+        security: net::Security,
+        meta: Arc<dyn MetaStore>,
+    ) -> Result<Arc<Router>, Error> {
+        let placement = config.placement()?;
+        let nodes = Arc::new(Nodes::new(config, security, Arc::clone(&meta))?);
+        nodes.watch();
+        let shards = nodes.shards() as usize;
+        let mut router = Router {
+            dataset: None,
+            dataset_id: 0,
+            named: Default::default(),
+            dropped: Default::default(),
+            adopted: Default::default(),
+            adopting: Default::default(),
+            writer_key: zr_meta::writer::key(None),
+            committed_watch: tokio::sync::watch::Sender::new(0),
+            watching_commits: Default::default(),
+            placement: ArcSwap::from_pointee(placement),
+            nodes,
+            len: AtomicU64::new(0),
+            writes: Mutex::new(()),
+            lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(
+                // This router's name for the lease: random, one per router.
+                std::hash::BuildHasher::hash_one(
+                    &std::collections::hash_map::RandomState::new(),
+                    std::process::id(),
+                ),
+                Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
+            )),
+            lease_used: std::sync::Mutex::new(None),
+            fields: Default::default(),
+            timeout: Duration::from_millis(config.router.timeout_ms),
+            meta,
+            cluster_id: String::new(),
+            map_version: AtomicU64::new(0),
+            moving: std::sync::Mutex::new(None),
+            move_rate: AtomicU64::new(wire::MOVE_RATE_DEFAULT),
+            move_stop: std::sync::Mutex::new(None),
+            committed: AtomicU64::new(0),
+            rewritten: Default::default(),
+            missing: std::sync::Mutex::new(vec![None; shards]),
+            rebuilds: Default::default(),
+            replies: Arc::new(ReplyBudget::new(config.router.reply_budget_mib)),
+            request_budget: usize::try_from(config.router.request_budget_mib << 20)
+                .unwrap_or(usize::MAX),
+            log_budget: Default::default(),
+            listening: Default::default(),
+        };
+        // Which replicas are behind (none if the store has no record of them).
+        if let Err(e) = router.nodes.refresh_replicas().await {
+            return Err(Error::Failed(e));
+        }
+        // Every node that answers; a router starts, and serves what it can, with some down
+        // (found so within START_PROBE, not the whole timeout; heartbeats bring them in).
+        let mut answers: Vec<Option<(u64, Vec<FieldInfo>)>> = Vec::new();
+        let mut down = Vec::new();
+        let probe = START_PROBE.min(router.timeout);
+        for answer in router.each_node_info_within(None, probe).await {
+            match answer {
+                Ok(info) => answers.push(Some(info)),
+                Err(failure) => {
+                    down.push(failure);
+                    answers.push(None);
+                }
+            }
+        }
+        // Per shard: the most records an in-sync replica that answered holds, and its fields.
+        let infos: Vec<Option<(u64, Vec<FieldInfo>)>> = (0..router.nodes.shards())
+            .map(|shard| {
+                router
+                    .nodes
+                    .in_sync_of(shard)
+                    .into_iter()
+                    .filter_map(|node| answers[node].clone())
+                    .max_by_key(|(len, _)| *len)
+            })
+            .collect();
+        // A shard is down when none of its in-sync replicas answered.
+        let down: Vec<Failure> = if router.nodes.replicas() == 1 {
+            down
+        } else {
+            (0..router.nodes.shards())
+                .filter(|&shard| infos[shard as usize].is_none())
+                .map(|shard| {
+                    let node = router.nodes.id(shard, 0);
+                    router
+                        .nodes
+                        .unavailable(node, "no in-sync replica answered".into())
+                })
+                .collect()
+        };
+        let mut fields: Option<(u32, &Vec<FieldInfo>)> = None;
+        for (shard, info) in infos.iter().enumerate() {
+            let Some((_, theirs)) = info else { continue };
+            match fields {
+                Some((first, ours)) if ours != theirs => {
+                    return Err(Error::FieldsDiffer {
+                        shard: shard as u32,
+                        first,
+                    })
+                }
+                Some(_) => {}
+                None => fields = Some((shard as u32, theirs)),
+            }
+        }
+        *router.fields.get_mut().unwrap_or_else(|e| e.into_inner()) = match fields {
+            Some((_, fields)) => fields.clone(),
+            // No node answered: the fields nodes.toml gives them.
+            None => config
+                .fields
+                .iter()
+                .map(|f| FieldInfo::new(f.name.clone(), f.compress.clone()))
+                .collect(),
+        };
+        let known: Option<Vec<u64>> = infos
+            .iter()
+            .map(|i| i.as_ref().map(|(len, _)| *len))
+            .collect();
+        let record = router
+            .cluster_record(config, known.as_deref(), down.first())
+            .await?;
+        router.cluster_id = record.id.clone();
+        router.grow_from(&record).map_err(Error::Failed)?;
+        let placement =
+            moves::placement_of(&record.map, router.nodes.shards()).map_err(Error::Failed)?;
+        router.adopt_map(&record.map, placement);
+        router.set_committed(record.committed_len);
+        // A node that is down counts as holding its committed share until it answers.
+        let lens: Vec<u64> = infos
+            .iter()
+            .enumerate()
+            .map(|(shard, info)| match info {
+                Some((len, _)) => *len,
+                None => router
+                    .placement
+                    .load()
+                    .shard_len(shard as u32, record.committed_len),
+            })
+            .collect();
+        if router.note_missing(&lens) || !down.is_empty() {
+            // Serve what is there; writes wait for the missing data and the nodes down.
+            router.len.store(router.served_len(&lens), Ordering::SeqCst);
+            if let Some(failure) = router.missing_failure() {
+                tracing::error!("{failure}");
+            }
+            for failure in &down {
+                tracing::warn!("{failure}: serving the other shards meanwhile");
+            }
+        } else {
+            // Recover the length, repairing what a write cut off midway left behind. While
+            // another router holds the writer lease (perhaps a dead one, until its lease
+            // lapses), serve what the nodes agree on; the first write repairs.
+            match router.exclusive(|| async { Ok(()) }).await {
+                Ok(()) => {}
+                Err(busy @ Failure::Busy { .. }) => {
+                    tracing::warn!("{busy}: serving meanwhile; the first write repairs");
+                    router.len.store(router.served_len(&lens), Ordering::SeqCst);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let router = Arc::new(router);
+        router.open_datasets(&record).await?;
+        router.start_rebuilds();
+        router.start_gauges();
+        router.start_map_reloads();
+        // Gives the writer lease back once the router has been idle for a moment; ends with
+        // the router.
+        let keeper = Arc::downgrade(&router);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(lease::LINGER).await;
+                let Some(router) = keeper.upgrade() else {
+                    return;
+                };
+                router.release_if_idle().await;
+                for named in router.named_routers() {
+                    named.release_if_idle().await;
+                }
+            }
+        });
+        Ok(router)
+    }
+
+    /// The cluster record of the metadata store, checked against nodes.toml's map; made if
+    /// there is none yet, with `lens` (the nodes' lengths) as the committed length — which
+    /// needs every node (`down`: the first that did not answer).
+    pub(super) async fn cluster_record(
+        &self,
+        config: &ClusterConfig,
+        lens: Option<&[u64]>,
+        down: Option<&Failure>,
+    ) -> Result<ClusterRecord, Error> {
+        let given = crate::restore::initial_map(config);
+        loop {
+            let stored = cluster::load(&*self.meta).await?.map(|(record, _)| record);
+            let decision = startup::decide_record(
+                stored.as_ref(),
+                &given,
+                config.cluster.shards,
+                lens,
+                || down.map_or_else(|| "a node did not answer".to_string(), |f| f.to_string()),
+                |lens| self.placement.load().consistent_len(lens),
+            );
+            let committed_len = match decision {
+                startup::RecordDecision::Use => {
+                    return stored.ok_or_else(|| {
+                        Error::Failed(Failure::Inconsistent("the cluster record went".into()))
+                    })
+                }
+                startup::RecordDecision::MapMismatch {
+                    key,
+                    given,
+                    stored,
+                    version,
+                } => {
+                    return Err(Error::MapMismatch {
+                        key,
+                        given,
+                        stored,
+                        version,
+                        store: self.meta.describe(),
+                    })
+                }
+                startup::RecordDecision::NodesMissing { why } => {
+                    return Err(Error::Failed(Failure::Inconsistent(format!(
+                        "the cluster is not recorded in {} yet, and recording it needs every node: {why}",
+                        self.meta.describe()
+                    ))))
+                }
+                // Nodes holding records with no record to say whose: the record was lost. A
+                // new one would give the cluster a new id, which every node would refuse.
+                startup::RecordDecision::RecordLost { held } => {
+                    return Err(Error::Failed(Failure::Inconsistent(format!(
+                        "{} holds no cluster record, but the nodes hold {held} records: the record was lost (or [metadata] names another cluster's store). A new record would orphan their data, so none is made: rebuild it from the nodes with `zr cluster restore-record --nodes {}` (run where the router's certificate is), or point [metadata] at the store that holds it",
+                        self.meta.describe(),
+                        config.origin
+                    ))))
+                }
+                startup::RecordDecision::Create { committed_len } => committed_len,
+            };
+            let record = ClusterRecord {
+                id: cluster::new_cluster_id(),
+                map: given.clone(),
+                committed_len,
+                moving: None,
+                added: Vec::new(),
+                datasets: Vec::new(),
+                dataset_ids: 0,
+                commits: 0,
+            };
+            match cluster::store(&*self.meta, None, &record).await {
+                Ok(_) => {
+                    tracing::info!(
+                        "cluster {} recorded in {} ({} records committed)",
+                        record.id,
+                        self.meta.describe(),
+                        record.committed_len
+                    );
+                    return Ok(record);
+                }
+                // Another router recorded it first: read theirs.
+                Err(zr_meta::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Sets the router's gauges every [`GAUGES_EVERY`] until the router is dropped: the
+    /// committed and served lengths, the map version, the replicas behind.
+    pub(super) fn start_gauges(self: &Arc<Self>) {
+        let router = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(router) = router.upgrade() else {
+                    return;
+                };
+                metrics::gauge!("zr_router_committed_records")
+                    .set(router.committed.load(Ordering::SeqCst) as f64);
+                metrics::gauge!("zr_router_records").set(router.len() as f64);
+                metrics::gauge!("zr_router_map_version")
+                    .set(router.map_version.load(Ordering::SeqCst) as f64);
+                let behind = router
+                    .nodes
+                    .all()
+                    .filter(|&n| !router.nodes.in_sync(n))
+                    .count();
+                metrics::gauge!("zr_router_replicas_behind").set(behind as f64);
+                router.nodes.refresh_in_flight();
+                metrics::gauge!("zr_router_reply_bytes").set(router.replies.held() as f64);
+                drop(router);
+                tokio::time::sleep(GAUGES_EVERY).await;
+            }
+        });
+    }
+
+    /// Reloads the map from the metadata store when a node refuses a request as placed by
+    /// another map, and every [`MAP_RELOAD_EVERY`] anyway; ends with the router.
+    pub(super) fn start_map_reloads(self: &Arc<Self>) {
+        let router = Arc::downgrade(self);
+        let stale = self.nodes.stale_map();
+        tokio::spawn(async move {
+            loop {
+                let _ = tokio::time::timeout(MAP_RELOAD_EVERY, stale.notified()).await;
+                let Some(router) = router.upgrade() else {
+                    return;
+                };
+                match router.reload_map().await {
+                    Ok(record) => router.finish_stopped_switch(record).await,
+                    Err(e) => tracing::warn!("reloading the cluster map: {e}"),
+                }
+                router.sync_datasets().await;
+            }
+        });
+    }
+}
