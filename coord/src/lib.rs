@@ -7,13 +7,26 @@
 //! - [`liveness`] — one node's heartbeats and the health they give.
 //! - [`lease`] — the nodes' liveness leases as an observer judges them; the read lease's terms.
 //! - [`record`] — the replica record: which replicas are behind, and which were moved.
+//! - [`cluster`] — the cluster record: map, datasets, fields, committed lengths, moves.
+//! - [`writer`] — the writer lease's state machine and the record of a write in progress.
+//! - [`repair`] — an interrupted write's repair, as actions, from the replicas' lengths.
+//! - [`startup`] — whether a starting router serves the stored record, makes the first one,
+//!   or refuses, naming the cure.
+//! - [`moveplan`] — a move's next step from the cluster record; the copy pass of each node.
+//! - [`catchup`] — how a behind replica is caught up, and how a copy of files is going.
 //! - [`plan`] — a gather split by shard, for the router and for a client reading one hop.
 
+pub mod catchup;
+pub mod cluster;
 pub mod lease;
 pub mod liveness;
+pub mod moveplan;
 pub mod plan;
 pub mod record;
+pub mod repair;
 pub mod replicas;
+pub mod startup;
+pub mod writer;
 
 pub use record::ReplicaRecord;
 pub use replicas::{Effect, Event, NodeId, Replicas};

@@ -8,22 +8,18 @@
 //! - `restore` — a lost cluster record rebuilt from the nodes (`zr cluster restore-record`).
 
 mod budget;
-mod catchup;
 pub mod client;
 mod direct;
 mod error;
 mod forward;
-mod moveplan;
 mod nodes;
-mod repair;
 mod restore;
 pub mod server;
-mod startup;
 pub mod stream;
 
-use zr_coord::liveness;
 /// Planning, pure, shared with the client: below both, in `zr_coord`.
 pub use zr_coord::plan;
+use zr_coord::{catchup, liveness, moveplan, repair, startup};
 
 pub use client::{AsyncClient, Client, ClientOptions};
 pub use error::{Error, Failure};

@@ -348,7 +348,7 @@ impl Router {
             rate: 0,
         };
         let started = Instant::now();
-        let mut watch = ShipWatch::new(started, SHIP_STALL);
+        let mut watch = ShipWatch::new(started.into_std(), SHIP_STALL);
         // Bytes copied for earlier datasets of this catch-up, which stay counted.
         let before = self
             .rebuilds
@@ -378,7 +378,7 @@ impl Router {
                     progress.files_total = None;
                 }
             }
-            match watch.observe(&status, Instant::now()) {
+            match watch.observe(&status, Instant::now().into_std()) {
                 ShipStep::Wait => tokio::time::sleep(SHIP_POLL).await,
                 ShipStep::Failed(why) => return Err(self.nodes.unavailable(node, why)),
                 ShipStep::Installed { len } => {

@@ -175,7 +175,8 @@ impl Router {
                 return Err(refusal);
             }
         }
-        let plan = repair::plan(&placement, &replicas, pending, committed)?;
+        let plan = repair::plan(&placement, &replicas, pending, committed)
+            .map_err(Failure::Inconsistent)?;
         if let Some((start, landed)) = plan.cut_append {
             tracing::warn!(
                 "cutting off the {landed} records that landed of an append from index {start} (a write cut off midway)"

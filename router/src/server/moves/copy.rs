@@ -199,10 +199,10 @@ impl Router {
             slots: slots.to_vec(),
             rate: progress.move_rate.load(Ordering::SeqCst),
         };
-        let mut watch = ShipWatch::new(Instant::now(), SHIP_STALL);
+        let mut watch = ShipWatch::new(Instant::now().into_std(), SHIP_STALL);
         loop {
             let status = self.ship_status(node, &request).await?;
-            match watch.observe(&status, Instant::now()) {
+            match watch.observe(&status, Instant::now().into_std()) {
                 ShipStep::Wait => tokio::time::sleep(SHIP_POLL).await,
                 ShipStep::Failed(why) => return Err(self.nodes.unavailable(node, why)),
                 ShipStep::Installed { len } => return Ok(len),

@@ -15,18 +15,18 @@
 
 use std::collections::BTreeMap;
 
-use zr_meta::cluster::{ClusterRecord, MapChange, MapMove, MapRecord};
+use crate::cluster::{ClusterRecord, MapChange, MapMove, MapRecord};
 use zr_proto::placement::Run;
 
 /// What a shard gaining slots in a copy pass has to do, by the shard holding each slot:
 /// the slots to copy as files, and the records to copy (or cut) one by one.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct SlotCopy {
+pub struct SlotCopy {
     /// Slots none of whose records its nodes hold yet: copied as files, by holder.
-    pub(crate) files: BTreeMap<u32, Vec<u32>>,
+    pub files: BTreeMap<u32, Vec<u32>>,
     /// Per holder, each slot's records from where its nodes got to up to its target (a
     /// run of none: they hold more than the target, cut back to it).
-    pub(crate) records: BTreeMap<u32, Vec<Run>>,
+    pub records: BTreeMap<u32, Vec<Run>>,
 }
 
 /// The copy pass for a shard whose nodes hold `have` of each slot they gain (the least
@@ -34,7 +34,7 @@ pub(crate) struct SlotCopy {
 /// `holder(slot)`. With `files`, slots none of whose records are there yet go as files
 /// (after which the pass is planned again, from what the files brought); without, every
 /// record goes one by one.
-pub(crate) fn copy_pass(
+pub fn copy_pass(
     have: &BTreeMap<u32, u64>,
     target: impl Fn(u32) -> u64,
     holder: impl Fn(u32) -> u32,
@@ -62,7 +62,7 @@ pub(crate) fn copy_pass(
 
 /// The next step of a move asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Next {
+pub enum Next {
     /// The move's map is published: switch the nodes that have not, then clear the move.
     Switch,
     /// This move is recorded and not published: copy (on from where each dataset ends),
@@ -80,7 +80,7 @@ pub(crate) enum Next {
 /// The next step of the move that makes `change` to the cluster `record` describes.
 /// `listed_shards`: the shards the operator's nodes.toml lists — an add asked for again
 /// after it ended lists no shard beyond the map.
-pub(crate) fn next(record: &ClusterRecord, change: MapChange, listed_shards: u32) -> Next {
+pub fn next(record: &ClusterRecord, change: MapChange, listed_shards: u32) -> Next {
     match &record.moving {
         Some(moving) if moving.switched_at.is_some() => Next::Switch,
         Some(moving)

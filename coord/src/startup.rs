@@ -3,11 +3,11 @@
 //! stored record, make the cluster's first record, or refuse, naming why and the cure.
 //! I/O-free; `server` performs it.
 
-use zr_meta::cluster::{ClusterRecord, MapRecord};
+use crate::cluster::{ClusterRecord, MapRecord};
 
 /// What start-up does with the cluster record.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum RecordDecision {
+pub enum RecordDecision {
     /// Serve the stored record.
     Use,
     /// No record yet and every node empty: record the cluster, with this committed length.
@@ -29,7 +29,7 @@ pub(crate) enum RecordDecision {
 /// Decides (see the module documentation). `given` is the map nodes.toml describes,
 /// `config_shards` its shard count, `lens` each shard's length (`None` if a node did not
 /// answer, `why` saying which), and `consistent_len` the length those lengths agree on.
-pub(crate) fn decide_record(
+pub fn decide_record(
     stored: Option<&ClusterRecord>,
     given: &MapRecord,
     config_shards: u32,
@@ -83,7 +83,7 @@ pub(crate) fn decide_record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zr_meta::cluster::{AddedShard, MapChange};
+    use crate::cluster::{AddedShard, MapChange};
 
     fn map(shards: u32) -> MapRecord {
         MapRecord {

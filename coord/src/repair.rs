@@ -6,18 +6,16 @@
 //! off midway removed whole, a delete finished, a modify's replicas made equal; committed
 //! records never cut.
 
-use zr_meta::writer::PendingWrite;
+use crate::writer::PendingWrite;
 use zr_proto::placement::Placement;
 
-use crate::error::Failure;
-
 /// What one shard's in-sync replicas hold: (node, records) each.
-pub(crate) type ReplicaLens<'a> = &'a [(usize, u64)];
+pub type ReplicaLens<'a> = &'a [(usize, u64)];
 
 /// Whether the committed length must be read afresh before planning: anything to cut or
 /// settle (a pending write, replicas off their share, a length below the cached committed
 /// one). Otherwise the cached committed length will do.
-pub(crate) fn needs_fresh_committed(
+pub fn needs_fresh_committed(
     placement: &Placement,
     shards: &[ReplicaLens<'_>],
     pending: Option<PendingWrite>,
@@ -45,7 +43,7 @@ fn agreed_len(placement: &Placement, shards: &[ReplicaLens<'_>]) -> u64 {
 
 /// One thing the repair does, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Action {
+pub enum Action {
     /// Drop a replica's records past `want` (a write that did not reach every shard).
     Truncate {
         shard: u32,
@@ -72,22 +70,22 @@ pub(crate) enum Action {
 
 /// What the repair found and does.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Plan {
+pub struct Plan {
     /// The cluster's length once the nodes are cut back (before a delete is finished).
-    pub(crate) len: u64,
+    pub len: u64,
     /// An append cut off midway: (its start, the records of it that had landed).
-    pub(crate) cut_append: Option<(u64, u64)>,
-    pub(crate) actions: Vec<Action>,
+    pub cut_append: Option<(u64, u64)>,
+    pub actions: Vec<Action>,
 }
 
 /// Plans the repair (see the module documentation). Refused, cutting nothing, if the nodes
 /// agree on fewer records than are committed.
-pub(crate) fn plan(
+pub fn plan(
     placement: &Placement,
     shards: &[ReplicaLens<'_>],
     pending: Option<PendingWrite>,
     committed: u64,
-) -> Result<Plan, Failure> {
+) -> Result<Plan, String> {
     let mut len = agreed_len(placement, shards);
     let mut cut_append = None;
     if let Some(PendingWrite::Append { start, count }) = pending {
@@ -97,9 +95,9 @@ pub(crate) fn plan(
         }
     }
     if len < committed {
-        return Err(Failure::Inconsistent(format!(
+        return Err(format!(
             "the nodes agree on {len} records but {committed} are committed; nothing is cut"
-        )));
+        ));
     }
     let mut actions = Vec::new();
     for (shard, replicas) in shards.iter().enumerate() {

@@ -5,26 +5,26 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 use zr_proto::wire::{DataMark, ShipStatus};
 
-use crate::nodes::NodeId;
+use crate::replicas::NodeId;
 
 /// Fewest records a partner holds for a behind replica to be rebuilt from its files (fewer
 /// are copied record by record at once).
-pub(crate) const SHIP_RECORDS_MIN: u64 = 1024;
+pub const SHIP_RECORDS_MIN: u64 = 1024;
 
 /// Whether a replica holding `len` records of a dataset of which its partner holds
 /// `partner_len` is rebuilt from the partner's files: it lacks more than half of them (a
 /// wiped, new or replacement disk), and they are enough for a copy of files to pay. A
 /// replica that missed a few writes is caught up by comparing digests alone.
-pub(crate) fn from_files(len: u64, partner_len: u64) -> bool {
+pub fn from_files(len: u64, partner_len: u64) -> bool {
     partner_len >= SHIP_RECORDS_MIN && len < partner_len / 2
 }
 
 /// A rebuild from files as the router follows it, report by report.
 #[derive(Debug)]
-pub(crate) struct ShipWatch {
+pub struct ShipWatch {
     /// Bytes received at the last report that showed progress, and when it came.
     received: u64,
     since: Instant,
@@ -34,7 +34,7 @@ pub(crate) struct ShipWatch {
 
 /// What a report of a rebuild from files means for the router.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum ShipStep {
+pub enum ShipStep {
     /// Still copying: ask again.
     Wait,
     /// Installed: the replica holds the partner's snapshot, `len` records.
@@ -44,7 +44,7 @@ pub(crate) enum ShipStep {
 }
 
 impl ShipWatch {
-    pub(crate) fn new(now: Instant, stall: Duration) -> ShipWatch {
+    pub fn new(now: Instant, stall: Duration) -> ShipWatch {
         ShipWatch {
             received: 0,
             since: now,
@@ -53,7 +53,7 @@ impl ShipWatch {
     }
 
     /// The step `status`, reported at `now`, calls for.
-    pub(crate) fn observe(&mut self, status: &ShipStatus, now: Instant) -> ShipStep {
+    pub fn observe(&mut self, status: &ShipStatus, now: Instant) -> ShipStep {
         if status.done {
             return match &status.error {
                 Some(error) => ShipStep::Failed(error.clone()),
@@ -84,20 +84,16 @@ impl ShipWatch {
 /// What a rebuild from files installed on the replica: the partner copied from, its mark
 /// when it took the snapshot (records below `len` were then the same in both), `len`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Shipped {
-    pub(crate) partner: NodeId,
-    pub(crate) mark: DataMark,
-    pub(crate) len: u64,
+pub struct Shipped {
+    pub partner: NodeId,
+    pub mark: DataMark,
+    pub len: u64,
 }
 
 /// Where the online pass over a dataset begins: past what a rebuild from files installed if
 /// the partner is the one copied from and its mark has not changed since its snapshot (no
 /// record below the snapshot's length changed there), else from the start.
-pub(crate) fn online_from(
-    shipped: Option<&Shipped>,
-    partner: NodeId,
-    partner_mark: DataMark,
-) -> u64 {
+pub fn online_from(shipped: Option<&Shipped>, partner: NodeId, partner_mark: DataMark) -> u64 {
     match shipped {
         Some(s) if s.partner == partner && s.mark == partner_mark => s.len,
         _ => 0,
@@ -108,11 +104,11 @@ pub(crate) fn online_from(
 /// nodes' marks taken before it began, and where it ended (records `0..end` of the replica
 /// were made the partner's).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Resume {
-    pub(crate) partner: NodeId,
-    pub(crate) partner_mark: DataMark,
-    pub(crate) node_mark: DataMark,
-    pub(crate) end: u64,
+pub struct Resume {
+    pub partner: NodeId,
+    pub partner_mark: DataMark,
+    pub node_mark: DataMark,
+    pub end: u64,
 }
 
 /// Where the last pass over a dataset begins, given what the online pass left and the marks
@@ -120,7 +116,7 @@ pub(crate) struct Resume {
 /// it covered since it began — the same partner, the partner's mark unchanged (same process,
 /// same open, no modify, field write or delete), the replica the same process and open (its
 /// own changes are the catch-up's) — else from the start, comparing everything.
-pub(crate) fn last_pass_from(
+pub fn last_pass_from(
     resume: Option<&Resume>,
     partner: NodeId,
     partner_mark: DataMark,

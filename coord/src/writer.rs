@@ -1,0 +1,339 @@
+//! The writer lease and the record of a write in progress, as the metadata store keeps them
+//! (`zr_meta::writer` reads and writes them, and says how the lease works), and
+//! [`LeaseState`], the lease's state machine without I/O: told what the store answered and
+//! when, it says what to do next. The router drives it.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::lease::Revision;
+
+/// A write that changes the cluster's length, recorded before it starts so that the next
+/// holder of the lease can tell, from the nodes' lengths alone, how far it got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PendingWrite {
+    /// Records `start..start + count` appended: a cluster holding more than `start` but
+    /// fewer than `start + count` records holds part of it, which must be cut off.
+    Append { start: u64, count: u64 },
+    /// A swap-remove: record `len - 1` moves into `index`, then the cluster is cut to
+    /// `len - 1` records. Each step can be redone: while the cluster still holds `len`
+    /// records it is finished in full.
+    Delete { index: u64, len: u64 },
+    /// Record `index` replaced on every in-sync replica of its shard: if it stopped halfway
+    /// they may differ, so one's copy is written to all.
+    Modify { index: u64 },
+    /// Records `start..start + count` had one field written on every in-sync replica of
+    /// their shards: each record's copy on one replica is written to all.
+    WriteField { start: u64, count: u64 },
+}
+
+/// The writer record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriterRecord {
+    /// The router holding the lease (its random name), if any.
+    pub holder: Option<u64>,
+    /// How long the lease runs after the record's last write.
+    pub lease_ms: u64,
+    /// A write perhaps left half done (see the module documentation).
+    pub pending: Option<PendingWrite>,
+}
+
+/// The lease as its holder has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The revision at which it was taken: the nodes' fence.
+    pub token: u64,
+    /// The record's revision now (every write of it by the holder moves it).
+    pub revision: Revision,
+    /// When it runs out here: `lease` after the last write of the record was asked for.
+    pub until: Instant,
+    /// The write recorded in the record now. While held, it is done unless the write that
+    /// recorded it failed (then the lease is given back at once, unsettled).
+    pub pending: Option<PendingWrite>,
+}
+
+/// What a router that wants the lease does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Write the record with this router as holder, `pending` kept, by compare-and-swap on
+    /// `expected`; then report it with [`LeaseState::taken`]. `pending` must be settled
+    /// before this router writes.
+    Take {
+        expected: Option<Revision>,
+        pending: Option<PendingWrite>,
+    },
+    /// `holder` holds it, for at most `left` more (by this router's count): read again later.
+    Wait { holder: u64, left: Duration },
+}
+
+/// One router's knowledge of the writer lease: whether it holds it, and since when the
+/// record it last read has been unchanged.
+#[derive(Debug)]
+pub struct LeaseState {
+    me: u64,
+    lease: Duration,
+    held: Option<Held>,
+    /// The revision last read while another router held the lease, and when it was first
+    /// seen.
+    seen: Option<(Revision, Instant)>,
+}
+
+impl LeaseState {
+    /// For the router named `me`, whose leases run `lease`.
+    pub fn new(me: u64, lease: Duration) -> LeaseState {
+        LeaseState {
+            me,
+            lease,
+            held: None,
+            seen: None,
+        }
+    }
+
+    /// This router's name.
+    pub fn me(&self) -> u64 {
+        self.me
+    }
+
+    /// How long a lease runs.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The lease, if this router holds it and it runs at least `margin` more at `now`.
+    pub fn usable(&self, now: Instant, margin: Duration) -> Option<Held> {
+        self.held
+            .filter(|held| held.until.saturating_duration_since(now) >= margin)
+    }
+
+    /// The lease, if this router believes it holds it (whether or not it ran out).
+    pub fn held(&self) -> Option<Held> {
+        self.held
+    }
+
+    /// What to do with the record read at `now` (`None`: the store holds none).
+    pub fn observe(&mut self, read: Option<(&WriterRecord, Revision)>, now: Instant) -> Step {
+        let Some((record, revision)) = read else {
+            self.seen = None;
+            return Step::Take {
+                expected: None,
+                pending: None,
+            };
+        };
+        let take = Step::Take {
+            expected: Some(revision),
+            pending: record.pending,
+        };
+        let holder = match record.holder {
+            // Free, or this router's own (a write of it whose answer was lost).
+            None => return take,
+            Some(holder) if holder == self.me => return take,
+            Some(holder) => holder,
+        };
+        let lease = Duration::from_millis(record.lease_ms);
+        let since = match self.seen {
+            Some((seen, since)) if seen == revision => since,
+            _ => {
+                self.seen = Some((revision, now));
+                now
+            }
+        };
+        let unchanged = now.saturating_duration_since(since);
+        if unchanged >= lease {
+            // Lapsed: its holder stopped renewing it at least a whole lease ago.
+            take
+        } else {
+            Step::Wait {
+                holder,
+                left: lease - unchanged,
+            }
+        }
+    }
+
+    /// The record this router writes to take the lease (or renew it, or record a write):
+    /// itself as holder, with `pending`.
+    pub fn record(&self, pending: Option<PendingWrite>) -> WriterRecord {
+        WriterRecord {
+            holder: Some(self.me),
+            lease_ms: self.lease.as_millis() as u64,
+            pending,
+        }
+    }
+
+    /// This router's write of the record asked for at `asked` took (or kept) the lease: the
+    /// record is at `revision` now, with `pending`. A write that took it (not held before)
+    /// makes `revision` the token.
+    pub fn taken(&mut self, revision: Revision, asked: Instant, pending: Option<PendingWrite>) {
+        let token = self.held.map_or(revision, |held| held.token);
+        self.held = Some(Held {
+            token,
+            revision,
+            until: asked + self.lease,
+            pending,
+        });
+        self.seen = None;
+    }
+
+    /// This router's write of the record found another revision than it wrote last: another
+    /// router took the lease (this one's had lapsed), or the answer to a write was lost. It
+    /// holds no lease any more.
+    pub fn lost(&mut self) {
+        self.held = None;
+    }
+
+    /// True if the holder should renew the lease before a write at `now`: less than half
+    /// of it is left.
+    pub fn needs_renewal(&self, now: Instant) -> bool {
+        self.held
+            .is_some_and(|held| held.until.saturating_duration_since(now) < self.lease / 2)
+    }
+
+    /// The record with which this router gives the lease back: nobody holds it, and the
+    /// pending write is kept unless `settled`.
+    pub fn released(&mut self, settled: bool) -> Option<(Revision, WriterRecord)> {
+        let held = self.held.take()?;
+        Some((
+            held.revision,
+            WriterRecord {
+                holder: None,
+                lease_ms: 0,
+                pending: if settled { None } else { held.pending },
+            },
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(40);
+    const A7: PendingWrite = PendingWrite::Append {
+        start: 40,
+        count: 7,
+    };
+
+    fn held_by(holder: u64, pending: Option<PendingWrite>) -> WriterRecord {
+        WriterRecord {
+            holder: Some(holder),
+            lease_ms: LEASE.as_millis() as u64,
+            pending,
+        }
+    }
+
+    #[test]
+    fn a_free_or_missing_record_is_taken_with_its_pending_write() {
+        let mut state = LeaseState::new(1, LEASE);
+        let t0 = Instant::now();
+        assert_eq!(
+            state.observe(None, t0),
+            Step::Take {
+                expected: None,
+                pending: None
+            }
+        );
+        let free = WriterRecord {
+            pending: Some(A7),
+            ..WriterRecord::default()
+        };
+        assert_eq!(
+            state.observe(Some((&free, 5)), t0),
+            Step::Take {
+                expected: Some(5),
+                pending: Some(A7)
+            }
+        );
+        state.taken(6, t0, Some(A7));
+        let held = state.usable(t0, Duration::ZERO).unwrap();
+        assert_eq!((held.token, held.revision, held.until), (6, 6, t0 + LEASE));
+    }
+
+    /// Another holder's record counts as held until it has stayed unchanged for a whole
+    /// lease by the observer's clock; every change of it starts the count again.
+    #[test]
+    fn a_lease_lapses_only_after_a_whole_lease_unchanged() {
+        let mut state = LeaseState::new(1, LEASE);
+        let t0 = Instant::now();
+        let other = held_by(2, Some(A7));
+        assert_eq!(
+            state.observe(Some((&other, 9)), t0),
+            Step::Wait {
+                holder: 2,
+                left: LEASE
+            }
+        );
+        let later = t0 + LEASE / 2;
+        assert_eq!(
+            state.observe(Some((&other, 9)), later),
+            Step::Wait {
+                holder: 2,
+                left: LEASE / 2
+            }
+        );
+        // Renewed by its holder: counted from now on.
+        assert_eq!(
+            state.observe(Some((&other, 10)), later),
+            Step::Wait {
+                holder: 2,
+                left: LEASE
+            }
+        );
+        assert!(matches!(
+            state.observe(Some((&other, 10)), later + LEASE - Duration::from_millis(1)),
+            Step::Wait { .. }
+        ));
+        assert_eq!(
+            state.observe(Some((&other, 10)), later + LEASE),
+            Step::Take {
+                expected: Some(10),
+                pending: Some(A7)
+            }
+        );
+    }
+
+    #[test]
+    fn a_holder_renews_keeps_its_token_and_gives_back() {
+        let mut state = LeaseState::new(1, LEASE);
+        let t0 = Instant::now();
+        state.taken(3, t0, None);
+        assert!(!state.needs_renewal(t0 + LEASE / 2 - Duration::from_millis(1)));
+        assert!(state.needs_renewal(t0 + LEASE / 2 + Duration::from_millis(1)));
+        let t1 = t0 + LEASE / 2;
+        state.taken(8, t1, Some(A7));
+        let held = state.held().unwrap();
+        assert_eq!((held.token, held.revision, held.pending), (3, 8, Some(A7)));
+        assert_eq!(
+            state.usable(t1 + LEASE, Duration::ZERO).map(|h| h.token),
+            Some(3)
+        );
+        assert_eq!(state.usable(t1 + LEASE, Duration::from_millis(1)), None);
+        // Given back unsettled: the pending write stays for the next holder.
+        let (expected, record) = state.released(false).unwrap();
+        assert_eq!(
+            (expected, record.holder, record.pending),
+            (8, None, Some(A7))
+        );
+        assert_eq!(state.held(), None);
+        state.taken(9, t1, Some(A7));
+        let (_, record) = state.released(true).unwrap();
+        assert_eq!(record.pending, None);
+        assert_eq!(state.released(true), None);
+    }
+
+    #[test]
+    fn a_lost_lease_is_taken_anew_with_a_new_token() {
+        let mut state = LeaseState::new(1, LEASE);
+        let t0 = Instant::now();
+        state.taken(3, t0, None);
+        state.lost();
+        assert_eq!(state.held(), None);
+        // Its own record (an answer that was lost) is taken back at once.
+        assert!(matches!(
+            state.observe(Some((&held_by(1, None), 4)), t0),
+            Step::Take { .. }
+        ));
+        state.taken(5, t0, None);
+        assert_eq!(state.held().map(|h| h.token), Some(5));
+    }
+}
