@@ -27,6 +27,12 @@ pub use endpoint::{
     server_endpoint, server_endpoint_wrapped,
 };
 pub use error::Error;
+
+/// Default for every network wait of the router (and of nodes' peers).
+pub const TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Default for a client's waits: longer than the router's, so that when a node fails the
+/// router's answer naming the shard arrives before the client gives up.
+pub const CLIENT_TIMEOUT_MS_DEFAULT: u64 = 3 * TIMEOUT_MS_DEFAULT;
 pub use link::{Windows, SEND_WINDOW_BYTES, STREAMS_PER_CONNECTION_MAX};
 pub use refusal::describe;
 pub use rpc::{

@@ -57,7 +57,7 @@ fn node_error(e: NodeError) -> PyErr {
 }
 
 /// The Python exception for a cluster error.
-fn cluster_error(e: zr_router::Error) -> PyErr {
+fn cluster_error(e: zr_client::Error) -> PyErr {
     let message = e.to_string();
     match e.code() {
         Some(ErrorCode::IndexOutOfRange) => PyIndexError::new_err(message),
@@ -443,7 +443,7 @@ struct Held {
 #[pyclass(module = "zrecord._zrecord", frozen)]
 struct Client {
     /// Shared with the loaders reading through it.
-    inner: std::sync::Arc<zr_router::Client>,
+    inner: std::sync::Arc<zr_client::Client>,
 }
 
 #[pymethods]
@@ -490,12 +490,12 @@ impl Client {
         let timeout = std::time::Duration::from_millis(timeout_ms.max(1));
         let inner = py
             .detach(|| {
-                let options = zr_router::ClientOptions {
+                let options = zr_client::ClientOptions {
                     timeout,
                     direct,
-                    ..zr_router::ClientOptions::default()
+                    ..zr_client::ClientOptions::default()
                 };
-                let client = zr_router::Client::connect_with(addr, security, options)?;
+                let client = zr_client::Client::connect_with(addr, security, options)?;
                 match dataset {
                     Some(name) => client.dataset(name),
                     None => Ok(client),
@@ -545,7 +545,7 @@ impl Client {
     ) -> PyResult<()> {
         let fields = fields
             .into_iter()
-            .map(|(name, compress, dtype, shape)| zr_router::FieldInfo {
+            .map(|(name, compress, dtype, shape)| zr_client::FieldInfo {
                 name,
                 compress,
                 dtype,
@@ -555,7 +555,7 @@ impl Client {
             .collect();
         let dicts = dicts
             .into_iter()
-            .map(|(field, bytes)| zr_router::FieldDict { field, bytes })
+            .map(|(field, bytes)| zr_client::FieldDict { field, bytes })
             .collect();
         py.detach(|| self.inner.create_dataset_with_dicts(name, fields, dicts))
             .map(|_| ())
@@ -573,7 +573,7 @@ impl Client {
     fn add_field(&self, py: Python<'_>, name: String, compress: String) -> PyResult<()> {
         py.detach(|| {
             let mut handle = self.inner.dataset(self.inner.name())?;
-            handle.add_field(zr_router::FieldInfo {
+            handle.add_field(zr_client::FieldInfo {
                 name,
                 compress,
                 dtype: None,

@@ -239,7 +239,7 @@ pub(crate) fn gather_source(
 
 /// A cluster stream's windows as a loader source, the stream shared with its handle.
 pub(crate) struct SharedClusterWindows {
-    pub(crate) stream: std::sync::Arc<std::sync::RwLock<zr_router::ClusterStream>>,
+    pub(crate) stream: std::sync::Arc<std::sync::RwLock<zr_client::ClusterStream>>,
     pub(crate) mode: zr_common::WindowMode,
 }
 

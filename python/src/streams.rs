@@ -268,7 +268,7 @@ pub(crate) struct StreamPacked {
 
 pub(crate) enum PackedRows {
     Local(zr_node::stream::Packed),
-    Cluster(std::sync::Arc<zr_router::ClusterPacked>),
+    Cluster(std::sync::Arc<zr_client::ClusterPacked>),
 }
 
 impl PackedRows {
@@ -398,23 +398,23 @@ impl StreamWindows {
     }
 }
 
-/// A token stream held by a cluster's named dataset (`zr_router::ClusterStream`).
+/// A token stream held by a cluster's named dataset (`zr_client::ClusterStream`).
 #[pyclass(module = "zrecord._zrecord", frozen)]
 pub(crate) struct ClusterStream {
     /// Gathers share it; appends and commits take it alone.
-    pub(crate) inner: std::sync::Arc<std::sync::RwLock<zr_router::ClusterStream>>,
+    pub(crate) inner: std::sync::Arc<std::sync::RwLock<zr_client::ClusterStream>>,
 }
 
 impl ClusterStream {
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, zr_router::ClusterStream> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, zr_client::ClusterStream> {
         self.inner.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, zr_router::ClusterStream> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, zr_client::ClusterStream> {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wrap(inner: zr_router::ClusterStream) -> ClusterStream {
+    fn wrap(inner: zr_client::ClusterStream) -> ClusterStream {
         ClusterStream {
             inner: std::sync::Arc::new(std::sync::RwLock::new(inner)),
         }
@@ -435,7 +435,7 @@ impl ClusterStream {
         let inner = py
             .detach(|| {
                 let handle = client.inner.dataset(client.inner.name())?;
-                zr_router::ClusterStream::open(handle)
+                zr_client::ClusterStream::open(handle)
             })
             .map_err(cluster_error)?;
         Ok(ClusterStream::wrap(inner))
@@ -451,7 +451,7 @@ impl ClusterStream {
         block_tokens: u64,
     ) -> PyResult<ClusterStream> {
         let inner = py
-            .detach(|| zr_router::ClusterStream::create(&client.inner, name, dtype, block_tokens))
+            .detach(|| zr_client::ClusterStream::create(&client.inner, name, dtype, block_tokens))
             .map_err(cluster_error)?;
         Ok(ClusterStream::wrap(inner))
     }
@@ -564,8 +564,8 @@ impl ClusterStream {
         drop(stream);
         let inner = py
             .detach(|| {
-                zr_router::ClusterStream::open(handle)
-                    .and_then(|fresh| zr_router::ClusterPacked::new(fresh, config))
+                zr_client::ClusterStream::open(handle)
+                    .and_then(|fresh| zr_client::ClusterPacked::new(fresh, config))
                     .and_then(|packed| packed.block(&blocked))
             })
             .map_err(cluster_error)?;
@@ -576,7 +576,7 @@ impl ClusterStream {
 }
 
 /// A cluster stream's packed rows as a loader source.
-pub(crate) struct SharedClusterPacked(pub(crate) std::sync::Arc<zr_router::ClusterPacked>);
+pub(crate) struct SharedClusterPacked(pub(crate) std::sync::Arc<zr_client::ClusterPacked>);
 
 impl zr_common::GatherSource for SharedClusterPacked {
     fn gather_into(
@@ -592,7 +592,7 @@ impl zr_common::GatherSource for SharedClusterPacked {
 /// Windows of a cluster's token stream.
 #[pyclass(module = "zrecord._zrecord", frozen)]
 pub(crate) struct ClusterStreamWindows {
-    pub(crate) stream: std::sync::Arc<std::sync::RwLock<zr_router::ClusterStream>>,
+    pub(crate) stream: std::sync::Arc<std::sync::RwLock<zr_client::ClusterStream>>,
     pub(crate) mode: zr_common::WindowMode,
 }
 

@@ -1,31 +1,21 @@
-//! zr-router: the cluster's router and its client library.
+//! zr-router: the cluster's router. The client library it serves is `zr-client`, re-exported
+//! here.
 //!
-//! - [`plan`] — pure planning: split a gather or an append by shard, reassemble in order.
 //! - [`server`] — the router: placement snapshot, scatter/gather over QUIC, writes.
-//! - `nodes` — the links to the nodes; `forward` — streamed gathers, shard by shard.
-//! - [`client`] — [`Client`]: the store's operations against a router; `direct` — its
-//!   gathers one hop, straight from the nodes.
 //! - `restore` — a lost cluster record rebuilt from the nodes (`zr cluster restore-record`).
+//! - Its decisions without I/O are `zr_coord`'s; its links to the nodes and streamed gathers
+//!   are `zr_client`'s (`nodes`, `forward`, `budget`), which one-hop clients use too.
 
-mod budget;
-pub mod client;
-mod direct;
-mod error;
-mod forward;
-mod nodes;
 mod restore;
 pub mod server;
-pub mod stream;
 
-/// Planning, pure, shared with the client: below both, in `zr_coord`.
-pub use zr_coord::plan;
-use zr_coord::{catchup, liveness, moveplan, repair, startup};
+use zr_client::{budget, error, forward, nodes};
+use zr_coord::{catchup, moveplan, repair, startup};
 
-pub use client::{AsyncClient, Client, ClientOptions};
-pub use error::{Error, Failure};
 pub use restore::{restore_record, Restored};
 pub use server::Router;
-pub use stream::{ClusterPacked, ClusterStream, ClusterWindows};
-pub use zr_proto::wire::{
-    DatasetInfo, DictRef, FieldDict, FieldInfo, MapChange, MoveReport, MOVE_RATE_DEFAULT,
+pub use zr_client::{
+    plan, stream, AsyncClient, Client, ClientOptions, ClusterPacked, ClusterStream, ClusterWindows,
+    DatasetInfo, DictRef, Error, Failure, FieldDict, FieldInfo, MapChange, MoveReport,
+    MOVE_RATE_DEFAULT,
 };

@@ -64,6 +64,28 @@ const GAUGES_EVERY: Duration = Duration::from_secs(5);
 /// Writes of a streamed gather queued for the client's stream.
 const FRAMES_QUEUED: usize = 8;
 
+/// The links to the nodes `config` (nodes.toml) lists, their replica marks and liveness
+/// leases kept in `meta`.
+pub(crate) fn links_of(
+    config: &ClusterConfig,
+    security: net::Security,
+    meta: Arc<dyn MetaStore>,
+) -> Result<Nodes, Error> {
+    let entries: Vec<_> = config
+        .shards
+        .iter()
+        .map(|s| (s.id, s.replica, s.addr))
+        .collect();
+    Nodes::for_router(
+        &entries,
+        config.cluster.shards,
+        config.cluster.replicas,
+        security,
+        Duration::from_millis(config.router.timeout_ms),
+        meta,
+    )
+}
+
 /// The router's state, of one dataset: the router of the default dataset is the one that
 /// serves, and sends each request to its dataset's (`datasets.rs`). See the module
 /// documentation.

@@ -41,11 +41,7 @@ use zr_net::Error;
 use zr_net::Security;
 use zr_proto::placement::{ClusterMap, Placement, EXTENT_RECORDS_DEFAULT, SHARDS_MAX};
 
-/// Default for every network wait of the router (and of nodes' peers).
-pub const TIMEOUT_MS_DEFAULT: u64 = 10_000;
-/// Default for a client's waits: longer than the router's, so that when a node fails the
-/// router's answer naming the shard arrives before the client gives up.
-pub const CLIENT_TIMEOUT_MS_DEFAULT: u64 = 3 * TIMEOUT_MS_DEFAULT;
+pub use zr_net::{CLIENT_TIMEOUT_MS_DEFAULT, TIMEOUT_MS_DEFAULT};
 
 /// The whole file.
 #[derive(Clone, Debug, Serialize, Deserialize)]

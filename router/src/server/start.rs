@@ -27,7 +27,7 @@ impl Router {
         meta: Arc<dyn MetaStore>,
     ) -> Result<Arc<Router>, Error> {
         let placement = config.placement()?;
-        let nodes = Arc::new(Nodes::new(config, security, Arc::clone(&meta))?);
+        let nodes = Arc::new(super::links_of(config, security, Arc::clone(&meta))?);
         nodes.watch();
         let shards = nodes.shards() as usize;
         let mut router = Router {

@@ -131,7 +131,7 @@ impl Failure {
     }
 
     /// `self`, noted as having happened while `doing`.
-    pub(crate) fn while_(self, doing: impl Into<String>) -> Failure {
+    pub fn while_(self, doing: impl Into<String>) -> Failure {
         Failure::While {
             doing: doing.into(),
             failure: Box::new(self),

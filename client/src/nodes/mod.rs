@@ -20,7 +20,6 @@ use tokio::sync::Mutex;
 use zr_net::Security;
 use zr_proto::chunks::Chunks;
 use zr_proto::wire::{self, NodeRequest, Reply};
-use zr_service::config::ClusterConfig;
 
 use arc_swap::ArcSwap;
 use zr_coord::replicas::{Effect, Event, Replicas};
@@ -34,13 +33,13 @@ mod in_sync;
 mod watch;
 
 /// A node: its place among the router's links, `shard * replicas + replica`.
-pub(crate) type NodeId = zr_coord::NodeId;
+pub type NodeId = zr_coord::NodeId;
 
 /// One node, reconnected on demand, through an endpoint (a UDP socket) of its own: replies
 /// from several nodes are then received in parallel, not by one socket's driver in turn.
 /// Records a checked read found damaged: the dataset (`None`: the default one), the node,
 /// the shard-local indices.
-pub(crate) type Suspect = (Option<Arc<str>>, NodeId, Vec<u64>);
+pub type Suspect = (Option<Arc<str>>, NodeId, Vec<u64>);
 
 struct NodeLink {
     shard: u32,
@@ -76,15 +75,15 @@ struct Target {
 
 /// A node's reply, decoded, with the message as it arrived (chunks of received packets,
 /// forwarded to clients without a copy); its body starts `body_start` bytes in.
-pub(crate) struct NodeReply {
-    pub(crate) reply: Reply,
-    pub(crate) chunks: Vec<Bytes>,
-    pub(crate) body_start: usize,
+pub struct NodeReply {
+    pub reply: Reply,
+    pub chunks: Vec<Bytes>,
+    pub body_start: usize,
 }
 
 impl NodeReply {
     /// The body, in one piece.
-    pub(crate) fn body(&self) -> Vec<u8> {
+    pub fn body(&self) -> Vec<u8> {
         let mut body = Chunks::new(&self.chunks);
         body.skip(self.body_start);
         body.to_vec()
@@ -92,7 +91,7 @@ impl NodeReply {
 }
 
 /// Every shard's nodes, in (shard, replica) order.
-pub(crate) struct Nodes {
+pub struct Nodes {
     /// Append-only: a shard added to the cluster gets its links at the end (see
     /// [`Nodes::grow`]); a link's place never changes.
     links: boxcar::Vec<NodeLink>,
@@ -124,32 +123,27 @@ pub(crate) struct Nodes {
 }
 
 impl Nodes {
-    /// An endpoint for each shard of `config`; connections are made on first use.
-    pub(crate) fn new(
-        config: &ClusterConfig,
+    /// A router's links to the nodes at `entries` — (shard, replica, address) of each, in
+    /// nodes.toml — with `shards` shards of `replicas` replicas, every wait bounded by
+    /// `timeout`; the replica marks and liveness leases are kept in `meta`. Connections are
+    /// made on first use.
+    pub fn for_router(
+        entries: &[(u32, u32, SocketAddr)],
+        shards: u32,
+        replicas: u32,
         security: Security,
+        timeout: Duration,
         meta: Arc<dyn zr_meta::MetaStore>,
     ) -> Result<Nodes, Error> {
-        let mut entries: Vec<_> = config
-            .shards
-            .iter()
-            .map(|s| (s.id, s.replica, s.addr))
-            .collect();
+        let mut entries = entries.to_vec();
         entries.sort_by_key(|&(shard, replica, _)| (shard, replica));
-        Nodes::with_links(
-            &entries,
-            config.cluster.shards,
-            config.cluster.replicas,
-            security,
-            Duration::from_millis(config.router.timeout_ms),
-            Some(meta),
-        )
+        Nodes::with_links(&entries, shards, replicas, security, timeout, Some(meta))
     }
 
     /// A client's links to the nodes of `topology`, as its router gave it: reads go to the
     /// replicas the router has in sync, every request carries its cluster id and map version.
     /// Heartbeats start with [`Nodes::watch`].
-    pub(crate) fn for_client(
+    pub fn for_client(
         topology: &wire::Topology,
         security: Security,
         timeout: Duration,
@@ -227,7 +221,7 @@ impl Nodes {
     /// A client takes `topology` from its router anew: links to shards added since, which
     /// replicas are in sync and where each is served, the cluster id and map version its
     /// requests carry.
-    pub(crate) async fn adopt(self: &Arc<Self>, topology: &wire::Topology) -> Result<(), Failure> {
+    pub async fn adopt(self: &Arc<Self>, topology: &wire::Topology) -> Result<(), Failure> {
         for shard in self.shards()..topology.shards {
             let mut addrs: Vec<(u32, SocketAddr)> = Vec::new();
             for node in topology.nodes.iter().filter(|n| n.shard == shard) {
@@ -250,20 +244,20 @@ impl Nodes {
 
     /// From now on every request carries cluster id `cluster` and map version `version`,
     /// and nodes refuse it if their data is of another cluster or map.
-    pub(crate) fn set_cluster(&self, cluster: &str, version: u64) {
+    pub fn set_cluster(&self, cluster: &str, version: u64) {
         self.tag
             .store(Some(Arc::new((cluster.to_string(), version))));
     }
 
     /// Woken when a node refuses a request as placed by another map (see `set_cluster`).
-    pub(crate) fn stale_map(&self) -> Arc<tokio::sync::Notify> {
+    pub fn stale_map(&self) -> Arc<tokio::sync::Notify> {
         Arc::clone(&self.stale_map)
     }
 
     /// `request` for node `node`, encoded with this router's cluster id and map version and
     /// the shard and replica it is meant for: a node that is not that one refuses it (a
     /// nodes.toml with two nodes' addresses swapped fails loudly, and changes nothing).
-    pub(crate) fn encode(
+    pub fn encode(
         &self,
         dataset: Option<&str>,
         node: NodeId,
@@ -276,7 +270,7 @@ impl Nodes {
     /// version of the placement the request's local indices were computed with, so that a
     /// map adopted between planning and sending cannot pair the old indices with the new
     /// version.
-    pub(crate) fn encode_at(
+    pub fn encode_at(
         &self,
         dataset: Option<&str>,
         node: NodeId,
@@ -314,12 +308,7 @@ impl Nodes {
     /// Asks the node at `addr` — not (yet) a link of this router — for its length, as shard
     /// `shard`'s replica `replica`, over a connection of its own that is closed after: a node
     /// that does not answer, or is another node, leaves nothing behind.
-    pub(crate) async fn probe(
-        &self,
-        addr: SocketAddr,
-        shard: u32,
-        replica: u32,
-    ) -> Result<u64, Failure> {
+    pub async fn probe(&self, addr: SocketAddr, shard: u32, replica: u32) -> Result<u64, Failure> {
         let unavailable = |reason: String| Failure::ShardUnavailable {
             shard,
             addr,
@@ -367,14 +356,14 @@ impl Nodes {
     }
 
     /// How many shards there are.
-    pub(crate) fn shards(&self) -> u32 {
+    pub fn shards(&self) -> u32 {
         self.shards.load(Ordering::Acquire)
     }
 
     /// Adds links to shard `shard`'s nodes at `addrs` (one per replica, in order), and their
     /// heartbeats: a shard added to the cluster after this router started. Nothing to do for
     /// a shard it knows; refused for one that is not the next.
-    pub(crate) fn grow(self: &Arc<Self>, shard: u32, addrs: &[SocketAddr]) -> Result<(), Failure> {
+    pub fn grow(self: &Arc<Self>, shard: u32, addrs: &[SocketAddr]) -> Result<(), Failure> {
         let _growing = self.growing.lock().unwrap_or_else(|e| e.into_inner());
         let known = self.shards();
         if shard < known {
@@ -414,37 +403,37 @@ impl Nodes {
     }
 
     /// How many nodes hold each shard.
-    pub(crate) fn replicas(&self) -> u32 {
+    pub fn replicas(&self) -> u32 {
         self.replicas
     }
 
     /// Every node.
-    pub(crate) fn all(&self) -> std::ops::Range<NodeId> {
+    pub fn all(&self) -> std::ops::Range<NodeId> {
         0..self.shards() as usize * self.replicas as usize
     }
 
     /// Shard `shard`'s replica `replica`.
-    pub(crate) fn id(&self, shard: u32, replica: u32) -> NodeId {
+    pub fn id(&self, shard: u32, replica: u32) -> NodeId {
         (shard * self.replicas + replica) as NodeId
     }
 
     /// Shard `shard`'s nodes.
-    pub(crate) fn of_shard(&self, shard: u32) -> std::ops::Range<NodeId> {
+    pub fn of_shard(&self, shard: u32) -> std::ops::Range<NodeId> {
         self.id(shard, 0)..self.id(shard + 1, 0)
     }
 
     /// The shard node `node` holds.
-    pub(crate) fn shard(&self, node: NodeId) -> u32 {
+    pub fn shard(&self, node: NodeId) -> u32 {
         self.links[node].shard
     }
 
     /// Which of its shard's replicas node `node` is.
-    pub(crate) fn replica(&self, node: NodeId) -> u32 {
+    pub fn replica(&self, node: NodeId) -> u32 {
         self.links[node].replica
     }
 
     /// Node `node`'s address, for errors.
-    pub(crate) fn addr(&self, node: NodeId) -> SocketAddr {
+    pub fn addr(&self, node: NodeId) -> SocketAddr {
         self.links[node]
             .target
             .lock()
@@ -453,7 +442,7 @@ impl Nodes {
     }
 
     /// Node `node` could not be reached, or failed: `reason`.
-    pub(crate) fn unavailable(&self, node: NodeId, reason: String) -> Failure {
+    pub fn unavailable(&self, node: NodeId, reason: String) -> Failure {
         Failure::ShardUnavailable {
             shard: self.shard(node),
             addr: self.addr(node),
@@ -462,32 +451,32 @@ impl Nodes {
     }
 
     /// How long ago node `node` last answered, if it ever did.
-    pub(crate) fn last_seen(&self, node: NodeId) -> Option<Duration> {
+    pub fn last_seen(&self, node: NodeId) -> Option<Duration> {
         self.state().last_seen(node, now())
     }
 
     /// The round-trip time of the connection to node `node`, if there is one.
-    pub(crate) fn rtt(&self, node: NodeId) -> Option<Duration> {
+    pub fn rtt(&self, node: NodeId) -> Option<Duration> {
         let cached = self.links[node].connection.try_lock().ok()?;
         let connection = cached.as_ref().filter(|c| c.close_reason().is_none())?;
         Some(connection.stats().path.rtt)
     }
 
     /// True unless node `node` is marked behind.
-    pub(crate) fn in_sync(&self, node: NodeId) -> bool {
+    pub fn in_sync(&self, node: NodeId) -> bool {
         self.replica_record
             .load()
             .in_sync((self.shard(node), self.replica(node)))
     }
 
     /// Shard `shard`'s in-sync nodes.
-    pub(crate) fn in_sync_of(&self, shard: u32) -> Vec<NodeId> {
+    pub fn in_sync_of(&self, shard: u32) -> Vec<NodeId> {
         self.of_shard(shard).filter(|&n| self.in_sync(n)).collect()
     }
 
     /// The nodes to read shard `shard` from, best first: its in-sync replicas, each read
     /// taking the next in turn (so every replica serves), those known down last.
-    pub(crate) fn read_order(&self, shard: u32) -> Vec<NodeId> {
+    pub fn read_order(&self, shard: u32) -> Vec<NodeId> {
         let mut order = self.in_sync_of(shard);
         if order.len() > 1 {
             let turn = self.turn.fetch_add(1, Ordering::Relaxed) as usize % order.len();
@@ -498,7 +487,7 @@ impl Nodes {
     }
 
     /// Waits until node `node`'s heartbeats find it down (forever, if they never do).
-    pub(crate) async fn wait_down(&self, node: NodeId) {
+    pub async fn wait_down(&self, node: NodeId) {
         let mut health = self.links[node].health.subscribe();
         if health
             .wait_for(|h| matches!(h, Health::Down { .. }))
@@ -513,7 +502,7 @@ impl Nodes {
     /// not the two that make it down — soon enough for a read to turn to a partner replica
     /// without waiting for the node to be found down, and harmless if the node was only
     /// late (the partner serves the read).
-    pub(crate) async fn wait_failing(&self, node: NodeId) {
+    pub async fn wait_failing(&self, node: NodeId) {
         let mut failing = self.links[node].failing.subscribe();
         if failing.wait_for(|&f| f).await.is_err() {
             std::future::pending::<()>().await;
@@ -521,13 +510,13 @@ impl Nodes {
     }
 
     /// True if node `node`'s heartbeats have found it down (and not up since).
-    pub(crate) fn found_down(&self, node: NodeId) -> bool {
+    pub fn found_down(&self, node: NodeId) -> bool {
         matches!(*self.links[node].health.borrow(), Health::Down { .. })
     }
 
     /// True if node `node`'s heartbeats have found it down, or it closed its last
     /// connection and none was made since.
-    pub(crate) fn is_down(&self, node: NodeId) -> bool {
+    pub fn is_down(&self, node: NodeId) -> bool {
         let link = &self.links[node];
         let cached_closed = link
             .connection
@@ -545,7 +534,7 @@ impl Nodes {
 
     /// A checked read of `indices` (shard-local) of `dataset` on node `node` found a copy
     /// damaged: noted for the router's repair task, which it wakes.
-    pub(crate) fn suspect(&self, dataset: Option<Arc<str>>, node: NodeId, indices: Vec<u64>) {
+    pub fn suspect(&self, dataset: Option<Arc<str>>, node: NodeId, indices: Vec<u64>) {
         self.suspects
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -554,13 +543,13 @@ impl Nodes {
     }
 
     /// The damaged reads noted since the last call.
-    pub(crate) fn take_suspects(&self) -> Vec<Suspect> {
+    pub fn take_suspects(&self) -> Vec<Suspect> {
         std::mem::take(&mut *self.suspects.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Counts a request to node `node` in flight until the guard is dropped
     /// (`zr_router_node_in_flight`).
-    pub(crate) fn in_flight(&self, node: NodeId) -> InFlight<'_> {
+    pub fn in_flight(&self, node: NodeId) -> InFlight<'_> {
         let link = &self.links[node];
         let now = link.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         link.in_flight_gauge.set(now as f64);
@@ -569,7 +558,7 @@ impl Nodes {
 
     /// Sets every node's `zr_router_node_in_flight` again (gauges not set for a while drop
     /// out of the exposition).
-    pub(crate) fn refresh_in_flight(&self) {
+    pub fn refresh_in_flight(&self) {
         for (_, link) in self.links.iter() {
             link.in_flight_gauge
                 .set(link.in_flight.load(Ordering::Relaxed) as f64);
@@ -577,7 +566,7 @@ impl Nodes {
     }
 
     /// What wakes the router's catch-up task (see [`Self::catch_up`]).
-    pub(crate) fn catch_up_wanted(&self) -> Arc<tokio::sync::Notify> {
+    pub fn catch_up_wanted(&self) -> Arc<tokio::sync::Notify> {
         Arc::clone(&self.catch_up)
     }
 
@@ -589,7 +578,7 @@ impl Nodes {
     }
 
     /// Every network wait's bound.
-    pub(crate) fn timeout(&self) -> Duration {
+    pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
@@ -709,7 +698,7 @@ fn closed_by_peer(connection: &Connection) -> bool {
 }
 
 /// A request in flight to a node (see [`Nodes::in_flight`]).
-pub(crate) struct InFlight<'a> {
+pub struct InFlight<'a> {
     link: &'a NodeLink,
 }
 

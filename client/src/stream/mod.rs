@@ -20,7 +20,7 @@ use zr_common::{Contiguous, Record, WindowMode};
 mod packed;
 pub use packed::ClusterPacked;
 
-use crate::client::Client;
+use crate::api::Client;
 use crate::error::Error;
 use zr_proto::wire::FieldInfo;
 

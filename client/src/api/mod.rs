@@ -10,11 +10,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use quinn::{Connection, Endpoint};
 use zr_common::{BoxError, Contiguous, GatherSource, Record};
+use zr_net::CLIENT_TIMEOUT_MS_DEFAULT;
 use zr_net::{self as net, Security};
 use zr_proto::assemble::{decode_gather_parts, reassemble, PartReply};
 use zr_proto::chunks::Chunks;
 use zr_proto::wire::{self, ClientRequest, FieldDict, FieldInfo, Reply};
-use zr_service::config::CLIENT_TIMEOUT_MS_DEFAULT;
 
 use crate::direct::{self, Direct, Gathered};
 use crate::error::Error;

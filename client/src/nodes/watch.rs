@@ -5,7 +5,7 @@ use super::*;
 
 impl Nodes {
     /// Starts a heartbeat task per node; each ends when the `Nodes` are dropped.
-    pub(crate) fn watch(self: &Arc<Self>) {
+    pub fn watch(self: &Arc<Self>) {
         for node in self.all() {
             self.watch_node(node);
         }
@@ -57,7 +57,7 @@ impl Nodes {
     }
 
     /// Node `node`'s liveness lease, as this router has read it, in words.
-    pub(crate) fn lease(&self, node: NodeId) -> String {
+    pub fn lease(&self, node: NodeId) -> String {
         self.state().lease(node, now()).describe()
     }
 
@@ -146,7 +146,7 @@ impl Nodes {
 
     /// The refusal of a call to node `node` while it is down, after waiting a moment for a
     /// heartbeat to find it back; `None` if it is not down.
-    pub(crate) async fn down(&self, node: NodeId) -> Option<Failure> {
+    pub async fn down(&self, node: NodeId) -> Option<Failure> {
         let link = &self.links[node];
         let shard = link.shard;
         let mut health = link.health.subscribe();

@@ -5,7 +5,7 @@ use super::*;
 
 impl Nodes {
     /// Re-reads which replicas are behind, and where they are, from the metadata store.
-    pub(crate) async fn refresh_replicas(&self) -> Result<(), Failure> {
+    pub async fn refresh_replicas(&self) -> Result<(), Failure> {
         let (record, _) = replicas::load(self.meta()?).await.map_err(Failure::from)?;
         self.set_record(record).await;
         Ok(())
@@ -69,7 +69,7 @@ impl Nodes {
     /// metadata store (the replica marked behind, as the node there holds nothing yet) and
     /// taken up here; the catch-up task then rebuilds it from a partner. Refused unless a
     /// partner is in sync.
-    pub(crate) async fn move_replica(
+    pub async fn move_replica(
         &self,
         shard: u32,
         replica: u32,
@@ -100,7 +100,7 @@ impl Nodes {
 
     /// Marks node `node` behind in the metadata store (it missed a write, or may have):
     /// it serves nothing until it has caught up. Refused for its shard's last in-sync node.
-    pub(crate) async fn mark_behind(&self, node: NodeId, why: &str) -> Result<(), Failure> {
+    pub async fn mark_behind(&self, node: NodeId, why: &str) -> Result<(), Failure> {
         if !self.in_sync(node) {
             return Ok(());
         }
@@ -130,7 +130,7 @@ impl Nodes {
     /// it, what came before a write acknowledged. Only acknowledgments wait — the writes
     /// themselves, and a catch-up's work under the write lock, go on meanwhile. A router
     /// that learns of the change later, from the metadata store, waits from then.
-    pub(crate) async fn acks_may_go(&self) {
+    pub async fn acks_may_go(&self) {
         let after = self.state().acks_after();
         if let Some(until) = after {
             tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
@@ -138,7 +138,7 @@ impl Nodes {
     }
 
     /// Marks node `node` in sync again: it holds what its partners hold.
-    pub(crate) async fn mark_in_sync(&self, node: NodeId) -> Result<(), Failure> {
+    pub async fn mark_in_sync(&self, node: NodeId) -> Result<(), Failure> {
         let (shard, replica) = (self.shard(node), self.replica(node));
         let record = replicas::mark_in_sync(self.meta()?, (shard, replica))
             .await
@@ -152,18 +152,18 @@ impl Nodes {
     }
 
     /// The length node `node` gave in its last answer to a heartbeat.
-    pub(crate) fn heard_len(&self, node: NodeId) -> Option<u64> {
+    pub fn heard_len(&self, node: NodeId) -> Option<u64> {
         self.state().len(node)
     }
 
     /// This router wrote to node `node` (and it is not durable there until a commit).
-    pub(crate) fn note_written(&self, node: NodeId) {
+    pub fn note_written(&self, node: NodeId) {
         // Nothing follows from a write but what a reconnect finds.
         let _ = self.tell(Event::Wrote { node });
     }
 
     /// Node `node` made every write so far durable.
-    pub(crate) fn note_committed(&self, node: NodeId) {
+    pub fn note_committed(&self, node: NodeId) {
         let _ = self.tell(Event::Committed { node });
     }
 }

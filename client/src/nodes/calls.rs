@@ -6,7 +6,7 @@ use super::*;
 impl Nodes {
     /// The open connection to node `node`, connected first (within `timeout`) if there is
     /// none.
-    pub(crate) async fn link(&self, node: NodeId, timeout: Duration) -> Result<Connection, Error> {
+    pub async fn link(&self, node: NodeId, timeout: Duration) -> Result<Connection, Error> {
         let id = node;
         let node = &self.links[node];
         let mut cached = node.connection.lock().await;
@@ -40,7 +40,7 @@ impl Nodes {
 
     /// Forgets `connection` to node `node` after an exchange on it failed: the next call
     /// reconnects.
-    pub(crate) async fn forget(&self, node: NodeId, connection: &Connection) {
+    pub async fn forget(&self, node: NodeId, connection: &Connection) {
         *self.links[node]
             .forgotten
             .lock()
@@ -56,7 +56,7 @@ impl Nodes {
 
     /// Closes every node's connection (a client going away: the nodes free its slots at
     /// once); returns the endpoints, to wait on while the closes go out.
-    pub(crate) fn close_all(&self) -> Vec<Endpoint> {
+    pub fn close_all(&self) -> Vec<Endpoint> {
         self.links
             .iter()
             .map(|(_, link)| {
@@ -73,7 +73,7 @@ impl Nodes {
     /// One request to node `node`; errors name its shard and address. Fails at once while
     /// the node is down, and as soon as its heartbeats find it down while the call waits.
     /// `dataset`: the dataset the request addresses (`None`: the default one).
-    pub(crate) async fn call(
+    pub async fn call(
         &self,
         dataset: Option<&str>,
         node: NodeId,
@@ -85,7 +85,7 @@ impl Nodes {
     }
 
     /// [`Self::call`] within `timeout` rather than the router's.
-    pub(crate) async fn call_within(
+    pub async fn call_within(
         &self,
         dataset: Option<&str>,
         node: NodeId,
@@ -118,7 +118,7 @@ impl Nodes {
 
     /// A read of shard `shard`: `request` to its in-sync replicas in [`Self::read_order`]
     /// until one answers; the last failure if none does.
-    pub(crate) async fn read(
+    pub async fn read(
         &self,
         dataset: Option<&str>,
         shard: u32,

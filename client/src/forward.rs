@@ -46,9 +46,9 @@ enum Piece {
 /// What a gather's node requests address: the dataset (`None`: the default one) and the
 /// version of the map its plan was made by.
 #[derive(Clone, Debug)]
-pub(crate) struct Placed {
-    pub(crate) dataset: Option<Arc<str>>,
-    pub(crate) map_version: u64,
+pub struct Placed {
+    pub dataset: Option<Arc<str>>,
+    pub map_version: u64,
 }
 
 /// Sends each shard's reply on as a `Part` frame and the shard's own message (forwarded as
@@ -57,7 +57,7 @@ pub(crate) struct Placed {
 /// frame began, and without it (the reader resets the client's stream) when one failed
 /// midway: that failure is returned (and logged). The router forwards the frames to its
 /// client; a client reading one hop (`crate::direct`) reassembles them itself.
-pub(crate) async fn forward_parts(
+pub async fn forward_parts(
     nodes: Arc<Nodes>,
     placed: Placed,
     parts: Vec<Part>,

@@ -25,7 +25,7 @@ const WINDOW_MAX: usize = 8 << 20;
 const AHEAD_MAX: usize = 64 << 20;
 
 /// The router's reply budget.
-pub(crate) struct ReplyBudget {
+pub struct ReplyBudget {
     bytes: usize,
     total: Arc<Semaphore>,
     /// Read-ahead may hold at most half of the budget, so that parts being forwarded always
@@ -34,7 +34,7 @@ pub(crate) struct ReplyBudget {
 }
 
 impl ReplyBudget {
-    pub(crate) fn new(mib: u64) -> ReplyBudget {
+    pub fn new(mib: u64) -> ReplyBudget {
         let bytes = usize::try_from(mib << 20)
             .unwrap_or(usize::MAX)
             .min(Semaphore::MAX_PERMITS);
@@ -46,12 +46,12 @@ impl ReplyBudget {
     }
 
     /// Bytes held now.
-    pub(crate) fn held(&self) -> usize {
+    pub fn held(&self) -> usize {
         self.bytes - self.total.available_permits()
     }
 
     /// A new gather's share.
-    pub(crate) fn gather(self: &Arc<Self>) -> Arc<GatherBudget> {
+    pub fn gather(self: &Arc<Self>) -> Arc<GatherBudget> {
         let window = WINDOW_MAX.min(self.bytes / 4).max(1);
         Arc::new(GatherBudget {
             router: Arc::clone(self),
@@ -64,7 +64,7 @@ impl ReplyBudget {
 }
 
 /// One gather's share of the budget.
-pub(crate) struct GatherBudget {
+pub struct GatherBudget {
     router: Arc<ReplyBudget>,
     window: Arc<Semaphore>,
     ahead: Arc<Semaphore>,
@@ -73,14 +73,14 @@ pub(crate) struct GatherBudget {
 
 /// Whether a part is being forwarded (see the module documentation).
 #[derive(Default)]
-pub(crate) struct Turn {
+pub struct Turn {
     current: AtomicBool,
     began: Notify,
 }
 
 impl Turn {
     /// The part's turn has come: its reader draws from the window from now on.
-    pub(crate) fn begin(&self) {
+    pub fn begin(&self) {
         self.current.store(true, Ordering::SeqCst);
         self.began.notify_waiters();
     }
@@ -106,7 +106,7 @@ impl AsRef<[u8]> for Charged {
 impl GatherBudget {
     /// `chunk`, charged to the budget: waits until there is room for it. `None` if the
     /// budget is gone (never, while the router runs).
-    pub(crate) async fn charge(&self, turn: &Turn, chunk: Bytes) -> Option<Bytes> {
+    pub async fn charge(&self, turn: &Turn, chunk: Bytes) -> Option<Bytes> {
         if chunk.is_empty() {
             return Some(chunk);
         }
