@@ -35,9 +35,10 @@ use crate::plan::plan_gather;
 
 /// Writes of a gather's frames queued between the nodes' readers and the reassembly.
 const FRAMES_QUEUED: usize = 64;
-/// How long a client goes by the router's description of a dataset before it asks again
-/// (one request to the router; its length is asked of the nodes only when a gather needs it).
-const VIEW_RECENT: Duration = Duration::from_secs(5);
+/// How long a client goes by the router's description of a dataset before it asks again, by
+/// default (one request to the router; its length is asked of the nodes only when a gather
+/// needs it): `ClientOptions::topology_every`.
+pub(crate) const TOPOLOGY_EVERY: Duration = Duration::from_secs(5);
 /// Longest a client waits, at connect, for a node to answer before it reads through the
 /// router instead.
 const REACH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -48,6 +49,8 @@ pub(crate) struct Direct {
     /// take them in turn.
     sets: Vec<Arc<Nodes>>,
     turn: std::sync::atomic::AtomicUsize,
+    /// How long a view is gone by before the router is asked again.
+    recent: Duration,
     views: std::sync::Mutex<HashMap<String, Arc<View>>>,
 }
 
@@ -60,7 +63,7 @@ pub(crate) struct View {
     missing: Vec<u32>,
     /// Which nodes were in sync, in shard × replica order.
     in_sync: Vec<bool>,
-    /// When the router gave it.
+    /// When the router gave it, or was last asked for it in vain.
     taken: tokio::time::Instant,
 }
 
@@ -78,12 +81,6 @@ impl View {
     /// Which nodes were in sync, in shard × replica order.
     pub(crate) fn in_sync(&self) -> &[bool] {
         &self.in_sync
-    }
-
-    /// True while the description is recent enough to go by without asking again: replicas
-    /// that caught up meanwhile are read again within [`VIEW_RECENT`].
-    pub(crate) fn is_recent(&self) -> bool {
-        self.taken.elapsed() < VIEW_RECENT
     }
 }
 
@@ -104,6 +101,7 @@ impl Direct {
         security: Security,
         timeout: Duration,
         connections: usize,
+        recent: Duration,
     ) -> Result<Direct, Error> {
         // Each exchange with a node is bounded as the router bounds its own, so that a node
         // that fails is reported naming its shard, as through the router.
@@ -152,10 +150,35 @@ impl Direct {
         let direct = Direct {
             sets,
             turn: std::sync::atomic::AtomicUsize::new(0),
+            recent,
             views: std::sync::Mutex::new(HashMap::new()),
         };
         direct.keep(dataset, &topology)?;
         Ok(direct)
+    }
+
+    /// True while `view` is recent enough to go by without asking again: replicas that
+    /// caught up meanwhile are read again within `ClientOptions::topology_every`.
+    pub(crate) fn is_recent(&self, view: &View) -> bool {
+        view.taken.elapsed() < self.recent
+    }
+
+    /// Goes on by `view` of dataset `dataset` for another `ClientOptions::topology_every`:
+    /// the router could not be asked for a fresher one, and asking again at every gather
+    /// would make each wait for the router's timeout.
+    pub(crate) fn keep_going_by(&self, dataset: &str, view: &View) -> Arc<View> {
+        let view = Arc::new(View {
+            placement: Arc::clone(&view.placement),
+            len: view.len,
+            missing: view.missing.clone(),
+            in_sync: view.in_sync.clone(),
+            taken: tokio::time::Instant::now(),
+        });
+        self.views
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(dataset.to_string(), Arc::clone(&view));
+        view
     }
 
     /// Dataset `dataset` as last described, if it was.

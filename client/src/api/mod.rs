@@ -73,6 +73,10 @@ pub struct ClientOptions {
     /// Connections to each node for one-hop gathers, taken in turn (0: by the core count,
     /// one per four cores beyond four, up to four).
     pub connections_per_node: usize,
+    /// How long one-hop gathers go by the router's description of the cluster (which
+    /// replicas are in sync, the map, the length) before asking for it again; a node that
+    /// refuses a read as placed by another map makes the client ask at once.
+    pub topology_every: Duration,
 }
 
 impl Default for ClientOptions {
@@ -81,6 +85,7 @@ impl Default for ClientOptions {
             timeout: Duration::from_millis(CLIENT_TIMEOUT_MS_DEFAULT),
             direct: true,
             connections_per_node: 0,
+            topology_every: direct::TOPOLOGY_EVERY,
         }
     }
 }
@@ -141,7 +146,11 @@ impl AsyncClient {
         let (_, fields) = client.info().await?;
         client.fields = fields;
         let direct = match options.direct {
-            true => client.connect_direct(options.connections_per_node).await,
+            true => {
+                client
+                    .connect_direct(options.connections_per_node, options.topology_every)
+                    .await
+            }
             false => None,
         };
         let _ = client.link.direct.set(direct);
@@ -150,7 +159,7 @@ impl AsyncClient {
 
     /// Links to the nodes for one-hop gathers, or `None` (said in the log) if the router
     /// cannot describe them or none answers.
-    async fn connect_direct(&self, connections: usize) -> Option<Direct> {
+    async fn connect_direct(&self, connections: usize, recent: Duration) -> Option<Direct> {
         let connections = match connections {
             0 => direct::connections_per_node(),
             n => n,
@@ -167,6 +176,7 @@ impl AsyncClient {
                 self.link.security.clone(),
                 self.link.timeout,
                 connections,
+                recent,
             )
             .await
         };

@@ -192,6 +192,24 @@ impl AsyncClient {
         direct.adopt(self.name(), &topology).await
     }
 
+    /// Asks the router for the topology anew in a task of its own, and takes it as the one
+    /// one-hop gathers go by when it comes.
+    fn refresh_topology(&self, covering: u64) {
+        let handle = AsyncClient {
+            link: Arc::clone(&self.link),
+            dataset: self.dataset.clone(),
+            fields: Vec::new(),
+        };
+        tokio::spawn(async move {
+            let Some(direct) = handle.link.direct() else {
+                return;
+            };
+            if let Err(e) = handle.topology(direct, covering).await {
+                tracing::debug!("reading by the map the router gave last ({e})");
+            }
+        });
+    }
+
     /// [`Self::gather_once`] one hop: planned by the map the router last gave, read from
     /// the nodes. An index past the length known asks the router for it again; a node placed
     /// by another map makes this take the topology anew and try again within the client's
@@ -207,16 +225,14 @@ impl AsyncClient {
         let mut pause = Duration::from_millis(5);
         let covering = indices.iter().copied().max().unwrap_or(0);
         let mut view = match direct.view(self.name()) {
-            Some(view) if view.is_recent() => view,
-            // Asked again now and then; a router that cannot answer leaves the reads to go
-            // by what it said last (the nodes refuse what that no longer places).
-            Some(view) => match self.topology(direct, covering).await {
-                Ok(fresh) => fresh,
-                Err(e) => {
-                    tracing::debug!("reading by the map the router gave last ({e})");
-                    view
-                }
-            },
+            Some(view) if direct.is_recent(&view) => view,
+            // Asked again now and then, beside the reads: they go by what the router said
+            // last meanwhile (the nodes refuse what that no longer places), so a router that
+            // cannot answer holds none of them up.
+            Some(view) => {
+                self.refresh_topology(covering);
+                direct.keep_going_by(self.name(), &view)
+            }
             None => self.topology(direct, covering).await?,
         };
         let (mut len_asked, mut failed_over) = (false, false);
