@@ -8,7 +8,50 @@ use std::time::{Duration, Instant};
 use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_router::{AsyncClient, Client};
-use zr_sim::SimCluster;
+use zr_sim::{SimCluster, SimOptions};
+
+/// A simulated cluster's options as these tests make them: `fields` (name, compression),
+/// `extent_records` records per extent, every wait bounded by `timeout_ms`, `replicas` per
+/// shard; with `ZR_TEST_LOG` set, the servers log to stderr.
+pub fn options(
+    fields: &[(&str, &str)],
+    extent_records: u64,
+    timeout_ms: u64,
+    replicas: u32,
+) -> SimOptions {
+    if std::env::var("ZR_TEST_LOG").is_ok() {
+        zr_service::logging::init_logging("info", zr_service::logging::LogFormat::Text);
+    }
+    SimOptions {
+        fields: fields
+            .iter()
+            .map(|&(name, compression)| (name.to_string(), compression.to_string()))
+            .collect(),
+        extent_records,
+        timeout_ms,
+        replicas,
+        ..SimOptions::default()
+    }
+}
+
+/// `min` to `min + spread - 1` bytes, as many as `seed` hashes to, each a hash of `seed`
+/// and its place: a test's record, the same every time.
+pub fn bytes(seed: u64, min: u64, spread: u64) -> Vec<u8> {
+    let len = min + mix2(seed, 1) % spread.max(1);
+    (0..len).map(|i| mix2(seed, i) as u8).collect()
+}
+
+/// Gathers `indices` (every field) through `client` and checks the first field of each
+/// against `want(index)`.
+pub fn check_first<T: AsRef<[u8]>>(client: &Client, indices: &[u64], want: impl Fn(u64) -> T) {
+    let columns = client.gather(indices, &[]).expect("gather");
+    for (pos, &i) in indices.iter().enumerate() {
+        assert!(
+            columns[0].get(pos).expect("in the batch") == want(i).as_ref(),
+            "record {i} differs"
+        );
+    }
+}
 
 /// A record of the model: field `a`, field `b`.
 pub type Row = [Vec<u8>; 2];

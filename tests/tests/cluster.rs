@@ -11,13 +11,8 @@ use zr_sim::{SimCluster, SimOptions};
 type Row = [Vec<u8>; 2];
 
 fn options() -> SimOptions {
-    SimOptions {
-        fields: vec![("a".into(), "raw".into()), ("b".into(), "flate".into())],
-        // Small extents: a few hundred records already spread over every shard.
-        extent_records: 3,
-        timeout_ms: 5_000,
-        ..SimOptions::default()
-    }
+    // Small extents: a few hundred records already spread over every shard.
+    zr_tests::options(&[("a", "raw"), ("b", "flate")], 3, 5_000, 1)
 }
 
 fn row(seed: u64) -> Row {

@@ -15,16 +15,7 @@ use zr_router::{Client, Error, FieldInfo, MapChange};
 use zr_sim::{SimCluster, SimOptions};
 
 fn options(replicas: u32) -> SimOptions {
-    if std::env::var("ZR_TEST_LOG").is_ok() {
-        zr_service::logging::init_logging("info", zr_service::logging::LogFormat::Text);
-    }
-    SimOptions {
-        fields: vec![("a".into(), "raw".into())],
-        extent_records: 3,
-        timeout_ms: 5_000,
-        replicas,
-        ..SimOptions::default()
-    }
+    zr_tests::options(&[("a", "raw")], 3, 5_000, replicas)
 }
 
 fn field(name: &str, compress: &str) -> FieldInfo {

@@ -17,18 +17,11 @@ use zr_sim::{SimCluster, SimOptions};
 use zr_tests as kit;
 
 fn options(replicas: u32, timeout_ms: u64) -> SimOptions {
-    SimOptions {
-        fields: vec![("x".into(), "raw".into()), ("y".into(), "flate".into())],
-        extent_records: 5,
-        timeout_ms,
-        replicas,
-        ..SimOptions::default()
-    }
+    kit::options(&[("x", "raw"), ("y", "flate")], 5, timeout_ms, replicas)
 }
 
 fn row(k: u64) -> Vec<u8> {
-    let len = 8 + (mix2(k, 1) % 300) as usize;
-    (0..len).map(|i| mix2(k, i as u64) as u8).collect()
+    kit::bytes(k, 8, 300)
 }
 
 /// A cluster of `shards` shards holding `records` committed records (row(k) in both fields).

@@ -57,10 +57,7 @@ fn split_by_shard(cluster: &SimCluster, shard: u32) -> (Vec<u64>, Vec<u64>) {
 }
 
 fn check(client: &Client, indices: &[u64]) {
-    let columns = client.gather(indices, &[]).unwrap();
-    for (pos, &i) in indices.iter().enumerate() {
-        assert_eq!(columns[0].get(pos).unwrap(), &payload(i)[..], "record {i}");
-    }
+    zr_tests::check_first(client, indices, payload);
 }
 
 /// Gathers `indices`, expecting a failure that names `shard` and its address, well within a

@@ -28,18 +28,11 @@ fn start(shards: u32, timeout_ms: u64) -> SimCluster {
 }
 
 fn row(seed: u64) -> Vec<u8> {
-    let len = (mix2(seed, 1) % 500) as usize;
-    (0..len).map(|i| mix2(seed, i as u64) as u8).collect()
+    zr_tests::bytes(seed, 0, 500)
 }
 
 fn check(client: &Client, model: &[Vec<u8>], indices: &[u64]) {
-    let columns = client.gather(indices, &[]).unwrap();
-    for (pos, &i) in indices.iter().enumerate() {
-        assert!(
-            columns[0].get(pos).unwrap() == &model[i as usize][..],
-            "record {i} differs"
-        );
-    }
+    zr_tests::check_first(client, indices, |i| &model[i as usize]);
 }
 
 fn check_all(client: &Client, model: &[Vec<u8>]) {

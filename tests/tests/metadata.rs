@@ -4,7 +4,6 @@
 
 use std::path::Path;
 
-use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_net::tls::Role;
 use zr_proto::wire::ErrorCode;
@@ -14,18 +13,11 @@ use zr_sim::{SimCluster, SimOptions};
 const RECORDS: u64 = 3000;
 
 fn options() -> SimOptions {
-    SimOptions {
-        fields: vec![("data".into(), "raw".into())],
-        extent_records: 16,
-        timeout_ms: 2_000,
-        ..SimOptions::default()
-    }
+    zr_tests::options(&[("data", "raw")], 16, 2_000, 1)
 }
 
 fn payload(i: u64) -> Vec<u8> {
-    (0..(16 + mix2(i, 3) % 200))
-        .map(|k| mix2(i, k) as u8)
-        .collect()
+    zr_tests::bytes(i, 16, 200)
 }
 
 fn load(client: &Client, from: u64, to: u64) {
@@ -36,13 +28,7 @@ fn load(client: &Client, from: u64, to: u64) {
 }
 
 fn check(client: &Client, indices: &[u64]) {
-    let columns = client.gather(indices, &[]).unwrap();
-    for (pos, &i) in indices.iter().enumerate() {
-        assert!(
-            columns[0].get(pos).unwrap() == &payload(i)[..],
-            "record {i} differs"
-        );
-    }
+    zr_tests::check_first(client, indices, payload);
 }
 
 fn copy_dir(from: &Path, to: &Path) {

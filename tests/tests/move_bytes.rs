@@ -4,7 +4,7 @@
 
 use zr_common::Record;
 use zr_router::MapChange;
-use zr_sim::{SimCluster, SimOptions};
+use zr_sim::SimCluster;
 
 /// Adding a shard writes, on every node together, at most 1.2 times the bytes of the
 /// records that move (plus a fixed allowance for metadata and commits), copied as the
@@ -13,16 +13,8 @@ use zr_sim::{SimCluster, SimOptions};
 fn adding_a_shard_writes_only_what_moves() {
     const RECORDS: u64 = 24_000;
     const SIZE: usize = 1024;
-    let mut cluster = SimCluster::start(
-        2,
-        SimOptions {
-            fields: vec![("data".into(), "raw".into())],
-            extent_records: 16,
-            timeout_ms: 5_000,
-            ..SimOptions::default()
-        },
-    )
-    .unwrap();
+    let mut cluster =
+        SimCluster::start(2, zr_tests::options(&[("data", "raw")], 16, 5_000, 1)).unwrap();
     let client = cluster.client().unwrap();
     let rows: Vec<Vec<u8>> = (0..RECORDS)
         .map(|i| (0..SIZE).map(|k| (i as usize * 31 + k) as u8).collect())

@@ -19,16 +19,7 @@ use zr_tests as kit;
 const LONGEST: u64 = 48;
 
 fn options(replicas: u32) -> SimOptions {
-    if std::env::var("ZR_TEST_LOG").is_ok() {
-        zr_service::logging::init_logging("info", zr_service::logging::LogFormat::Text);
-    }
-    SimOptions {
-        fields: vec![("a".into(), "raw".into()), ("b".into(), "flate".into())],
-        extent_records: 2,
-        timeout_ms: 2_000,
-        replicas,
-        ..SimOptions::default()
-    }
+    kit::options(&[("a", "raw"), ("b", "flate")], 2, 2_000, replicas)
 }
 
 /// Every shard holds what the map gives it (counted by the router's status), the shards

@@ -18,16 +18,7 @@ use zr_tests::{append, check, record, row, Row};
 const LONGEST: u64 = 300;
 
 fn options() -> SimOptions {
-    if std::env::var("ZR_TEST_LOG").is_ok() {
-        zr_service::logging::init_logging("info", zr_service::logging::LogFormat::Text);
-    }
-    SimOptions {
-        fields: vec![("a".into(), "raw".into()), ("b".into(), "flate".into())],
-        extent_records: 3,
-        timeout_ms: 2_000,
-        replicas: 2,
-        ..SimOptions::default()
-    }
+    kit::options(&[("a", "raw"), ("b", "flate")], 3, 2_000, 2)
 }
 
 /// Gathers and appends through `client` until every replica is in sync again (each

@@ -12,13 +12,7 @@ use zr_router::{Client, ClusterStream, ClusterWindows, Error};
 use zr_sim::{SimCluster, SimOptions};
 
 fn options(replicas: u32) -> SimOptions {
-    SimOptions {
-        fields: vec![("a".into(), "raw".into())],
-        extent_records: 2,
-        timeout_ms: 5_000,
-        replicas,
-        ..SimOptions::default()
-    }
+    zr_tests::options(&[("a", "raw")], 2, 5_000, replicas)
 }
 
 /// Document `d`'s tokens: lengths from 0 to a few blocks, values from a hash.

@@ -2,7 +2,6 @@
 //! ask of a router, a router started from a nodes.toml with two nodes' addresses swapped,
 //! two moves asked of one router at once, and an add-shard refused for a dead address.
 
-use zr_common::hash::mix2;
 use zr_common::Record;
 use zr_net::tls::Role;
 use zr_proto::wire::MapChange;
@@ -11,17 +10,11 @@ use zr_router::Client;
 use zr_sim::{SimCluster, SimOptions};
 
 fn options() -> SimOptions {
-    SimOptions {
-        fields: vec![("x".into(), "raw".into())],
-        extent_records: 8,
-        timeout_ms: 5_000,
-        ..SimOptions::default()
-    }
+    zr_tests::options(&[("x", "raw")], 8, 5_000, 1)
 }
 
 fn row(k: u64) -> Vec<u8> {
-    let len = 16 + (mix2(k, 1) % 200) as usize;
-    (0..len).map(|i| mix2(k, i as u64) as u8).collect()
+    zr_tests::bytes(k, 16, 200)
 }
 
 /// A cluster of `shards` shards holding `records` committed records (row(k) at k).

@@ -28,8 +28,7 @@ fn start(seed: u64, timeout_ms: u64) -> SimCluster {
 }
 
 fn row(seed: u64) -> Vec<u8> {
-    let len = (mix2(seed, 1) % 300) as usize;
-    (0..len).map(|i| mix2(seed, i as u64) as u8).collect()
+    zr_tests::bytes(seed, 0, 300)
 }
 
 /// What a run did: a digest of every byte it gathered, the datagrams each node lost, and how
