@@ -136,6 +136,8 @@ pub struct SimCluster {
     impostors: Vec<Option<Impostor>>,
     /// Each node's network faults, kept across its restarts.
     faults: Vec<Arc<FaultState>>,
+    /// Each node's faults in the files it serves its partners, kept across its restarts.
+    ship_faults: Vec<Arc<zr_shard::ship::ShipFaults>>,
     seed: u64,
     virtual_time: bool,
     routers: Vec<(SocketAddr, Running, Arc<Router>)>,
@@ -243,6 +245,7 @@ impl SimCluster {
             nodes: Vec::new(),
             impostors: (0..count).map(|_| None).collect(),
             faults,
+            ship_faults: (0..count).map(|_| Arc::default()).collect(),
             seed: options.seed,
             virtual_time: options.virtual_time,
             routers: Vec::new(),
@@ -315,6 +318,7 @@ impl SimCluster {
         let addr = endpoint.local_addr()?.to_string();
         let reads = Arc::new(zr_meta::nodes::ReadLease::new(self.config.cluster.replicas));
         let security = Some(self.security(Role::Node)?);
+        let ship_faults = Arc::clone(&self.ship_faults[node as usize]);
         let task = self.runtime.spawn(async move {
             // The node's liveness lease, stopped with the node (or its crash).
             let mut lease = tokio::task::JoinSet::new();
@@ -325,6 +329,7 @@ impl SimCluster {
                 handling,
                 reads,
                 security,
+                ship_faults: Some(ship_faults),
             };
             zr_shard::server::serve_with(endpoint, store, serving, async {
                 let _ = stopped.await;
@@ -346,6 +351,16 @@ impl SimCluster {
         let state = self.faults.get(shard as usize).ok_or("no such shard")?;
         state.set(faults);
         Ok(())
+    }
+
+    /// Node `node`'s faults in the pieces of files it serves its partners (a rebuild's or a
+    /// move's copy), kept across its restarts: e.g. `damage_next_pieces`.
+    pub fn ship_faults(&self, node: u32) -> Result<&zr_shard::ship::ShipFaults, SimError> {
+        Ok(self
+            .ship_faults
+            .get(node as usize)
+            .ok_or("no such node")?
+            .as_ref())
     }
 
     /// Datagrams to or from shard `shard`'s node lost so far to `Faults::loss`.
@@ -696,6 +711,7 @@ impl SimCluster {
                 metrics: None,
             });
             self.faults.push(state);
+            self.ship_faults.push(Arc::default());
             self.impostors.push(None);
             started.push((node, endpoint));
         }

@@ -93,9 +93,12 @@ fn a_wiped_replica_is_rebuilt_from_its_partners_files_and_a_damaged_piece_sent_a
         named.commit().await.expect("commit");
     });
     let (rebuilt, asked_again) = zr_shard::ship::counts();
-    // The first piece served arrives damaged.
-    zr_shard::ship::damage_next_pieces(1);
-    let wiped = cluster.node(1, 1);
+    // The first piece the partner serves arrives damaged.
+    let (wiped, partner) = (cluster.node(1, 1), cluster.node(1, 0));
+    cluster
+        .ship_faults(partner)
+        .expect("node")
+        .damage_next_pieces(1);
     wipe(&mut cluster, wiped);
     // Gathers and appends go on while it is rebuilt (what they write follows as a tail).
     let gathers = load_until_in_sync(&cluster, &client, &mut model, 0x5eed);
@@ -108,7 +111,6 @@ fn a_wiped_replica_is_rebuilt_from_its_partners_files_and_a_damaged_piece_sent_a
         "the damaged piece asked for again"
     );
     // The rebuilt replica alone serves both datasets.
-    let partner = cluster.node(1, 0);
     served_without(
         &mut cluster,
         partner,
@@ -139,10 +141,14 @@ fn a_wiped_replica_is_rebuilt_from_its_partners_files_and_a_damaged_piece_sent_a
 
     // Every piece damaged: the rebuild from files gives up after three tries of one piece,
     // and the replica is caught up record by record instead, as correctly.
-    zr_shard::ship::damage_next_pieces(u32::MAX);
+    let faults = cluster.ship_faults(partner).expect("node");
+    faults.damage_next_pieces(u32::MAX);
     wipe(&mut cluster, wiped);
     load_until_in_sync(&cluster, &client, &mut model, 8);
-    zr_shard::ship::damage_next_pieces(0);
+    cluster
+        .ship_faults(partner)
+        .expect("node")
+        .damage_next_pieces(0);
     let (after_rebuilt, _) = zr_shard::ship::counts();
     assert_eq!(
         after_rebuilt, now_rebuilt,

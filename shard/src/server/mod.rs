@@ -108,6 +108,8 @@ pub struct Serving {
     /// The node's own credentials, with which it connects to a partner to rebuild a
     /// dataset from its files (`None`: it rebuilds only record by record, through a router).
     pub security: Option<net::Security>,
+    /// Faults injected into the pieces of files it serves its partners (tests; `None`).
+    pub ship_faults: Option<Arc<crate::ship::ShipFaults>>,
 }
 
 /// Where a node runs its store calls.
@@ -143,12 +145,16 @@ pub async fn serve_with(
         handling,
         reads,
         security,
+        ship_faults,
     } = serving;
     let coordination = Coordination::open(store.dir())?;
     let shard = Shard::new(store, coordination, shard_runtime())?;
     let catalog = Arc::new(Catalog::open(shard, shard_runtime())?);
     if let Some(security) = security {
         catalog.ships.set_reach(endpoint.clone(), security);
+    }
+    if let Some(faults) = ship_faults {
+        catalog.ships.inject(faults);
     }
     // Gauges where the binary serves (a simulation's events follow from its requests
     // alone); stopped with the server.
@@ -637,6 +643,7 @@ pub async fn run_shard(
         handling: Handling::Adaptive,
         reads,
         security: Some(security.clone()),
+        ship_faults: None,
     };
     serve_with(endpoint, store, serving, shutdown).await?;
     tracing::info!("shard {shard} stopped");

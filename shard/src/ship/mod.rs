@@ -77,8 +77,6 @@ pub enum ShipError {
 
 type Result<T, E = ShipError> = std::result::Result<T, E>;
 
-/// Pieces still to be served damaged: a test's way to damage a file in transit.
-static DAMAGE_NEXT: AtomicU32 = AtomicU32::new(0);
 /// Datasets this process's nodes rebuilt from files, and pieces they asked for again.
 static REBUILT: AtomicU64 = AtomicU64::new(0);
 static ASKED_AGAIN: AtomicU64 = AtomicU64::new(0);
@@ -101,10 +99,27 @@ pub fn counts() -> (u64, u64) {
     )
 }
 
-/// Makes the next `pieces` pieces any node of this process serves arrive damaged (one byte
-/// flipped after their CRC is taken), as a fault in transit would: for tests.
-pub fn damage_next_pieces(pieces: u32) {
-    DAMAGE_NEXT.store(pieces, Ordering::SeqCst);
+/// Faults a test injects into the pieces one node serves its partners (given to the node
+/// with `server::Serving::ship_faults`; none in production).
+#[derive(Debug, Default)]
+pub struct ShipFaults {
+    /// Pieces still to be served damaged.
+    damage_next: AtomicU32,
+}
+
+impl ShipFaults {
+    /// Makes the next `pieces` pieces the node serves arrive damaged (one byte flipped
+    /// after their CRC is taken), as a fault in transit would.
+    pub fn damage_next_pieces(&self, pieces: u32) {
+        self.damage_next.store(pieces, Ordering::SeqCst);
+    }
+
+    /// True if the piece being served is to be damaged (one fewer to go).
+    fn damage(&self) -> bool {
+        self.damage_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
 }
 
 /// A node's rebuilds by files: the snapshots it serves its partners, and its own datasets
@@ -124,9 +139,16 @@ pub struct Ships {
     reach: Mutex<Option<(Endpoint, net::Security)>>,
     /// The rate this node's copies for a move keep to, together.
     pace: Arc<Pace>,
+    /// Faults injected into the pieces served (tests).
+    faults: std::sync::OnceLock<Arc<ShipFaults>>,
 }
 
 impl Ships {
+    /// Serves pieces with `faults` from now on (tests; set once).
+    pub fn inject(&self, faults: Arc<ShipFaults>) {
+        let _ = self.faults.set(faults);
+    }
+
     /// Lets this node connect to its partners from `endpoint` with `security`.
     pub fn set_reach(&self, endpoint: Endpoint, security: net::Security) {
         *lock(&self.reach) = Some((endpoint, security));
@@ -182,7 +204,7 @@ impl Ships {
         len: u32,
     ) -> Result<(Reply, bytes::Bytes)> {
         let snapshot = self.snapshot(ship)?;
-        let (crc, bytes) = Self::piece_of(&snapshot, ship, file, offset, len)?;
+        let (crc, bytes) = self.piece_of(&snapshot, ship, file, offset, len)?;
         Ok((Reply::Piece { crc }, bytes))
     }
 
@@ -197,7 +219,7 @@ impl Ships {
         let mut body = Vec::with_capacity(pieces.len());
         for piece in pieces {
             let (crc, bytes) =
-                Self::piece_of(&snapshot, ship, piece.file, piece.offset, piece.len)?;
+                self.piece_of(&snapshot, ship, piece.file, piece.offset, piece.len)?;
             sent.push(wire::PieceSent {
                 len: bytes.len() as u32,
                 crc,
@@ -222,6 +244,7 @@ impl Ships {
     /// Bytes `offset..offset + len` of file `file` of `snapshot` (`ship`), and their CRC32
     /// (damaged after it is taken if a test asked for it).
     fn piece_of(
+        &self,
         snapshot: &Snapshot,
         ship: u64,
         file: u32,
@@ -234,10 +257,7 @@ impl Ships {
             .ok_or(ShipError::NoFile { ship, file })?;
         let piece = file.piece(offset, (len as usize).min(SHIP_PIECE_MAX))?;
         let crc = crc32fast::hash(piece.as_ref());
-        let damage = DAMAGE_NEXT
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if damage {
+        if self.faults.get().is_some_and(|faults| faults.damage()) {
             let mut bytes = piece.as_ref().to_vec();
             if let Some(byte) = bytes.last_mut() {
                 *byte ^= 0x5a;
