@@ -3,10 +3,11 @@
 //! At connect a client asks its router for the cluster's topology (`ClientRequest::Topology`:
 //! cluster id, map, every node's address and whether it is in sync) and keeps links to the
 //! nodes — the router's own [`Nodes`], with heartbeats, replica choice and a down node's
-//! calls failed fast — then plans each gather with the router's [`plan_gather`] and reads it
-//! with the router's [`forward_parts`]: the same replica order, the same failover midway
-//! through a reply, the same frames, which the client reassembles as it does the router's
-//! reply. Nothing of it is a copy of the router's path.
+//! calls failed fast — then plans each gather with the router's [`plan_gather`] and reads
+//! each part with the router's readers ([`read_parts`]): the same replica order, the same
+//! failover midway through a reply. Each shard's message is then decoded where it arrived,
+//! straight into the batch, where the router would frame it for its client. Nothing of it
+//! is a copy of the router's path.
 //!
 //! The router stays in charge: writes, commits and admin requests go to it; a gather that
 //! waits for commits, a checked one (a damaged copy is repaired by the router) and one that
@@ -20,21 +21,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use zr_common::Contiguous;
 use zr_net::Security;
-use zr_proto::assemble::{decode_gather_parts, reassemble};
+use zr_proto::assemble::{reassemble, PartReply};
 use zr_proto::chunks::Chunks;
 use zr_proto::placement::Placement;
 use zr_proto::wire::{self, Topology};
 
 use crate::error::Error;
-use crate::forward::{forward_parts, Placed};
+use crate::forward::{read_parts, Placed};
 use crate::nodes::Nodes;
 use crate::plan::plan_gather;
 
-/// Writes of a gather's frames queued between the nodes' readers and the reassembly.
-const FRAMES_QUEUED: usize = 64;
 /// How long a client goes by the router's description of a dataset before it asks again, by
 /// default (one request to the router; its length is asked of the nodes only when a gather
 /// needs it): `ClientOptions::topology_every`.
@@ -243,35 +241,35 @@ impl Direct {
                 .map_err(|e| zr_proto::Error::Malformed(e.to_string()))?;
             return Ok(Gathered::Columns(empty));
         }
-        let part_count = parts.len() as u32;
-        let (frames, mut received) = tokio::sync::mpsc::channel(FRAMES_QUEUED);
-        let forwarded = forward_parts(
-            Arc::clone(self.next_set()),
-            Placed {
-                dataset: dataset.map(Arc::from),
-                map_version: view.placement.version(),
-            },
-            parts,
-            fields,
-            false,
-            None,
-            frames,
-        );
-        let collect = async {
-            let mut chunks: Vec<Bytes> = Vec::new();
-            while let Some(Some(frame)) = received.recv().await {
-                chunks.extend(frame);
-            }
-            chunks
+        let placed = Placed {
+            dataset: dataset.map(Arc::from),
+            map_version: view.placement.version(),
         };
-        let (forwarded, chunks) = tokio::join!(forwarded, collect);
-        forwarded?;
-        let columns = decode_gather_parts(
-            indices.len() as u32,
-            part_count,
-            field_count,
-            Chunks::new(&chunks),
-        )?;
+        // Each shard's message decoded where it lies, straight into the batch: no frames.
+        let messages = read_parts(Arc::clone(self.next_set()), placed, parts, fields).await?;
+        let mut decoded = Vec::with_capacity(messages.len());
+        for (positions, chunks) in &messages {
+            let (reply, body_start) = wire::decode_reply_chunks(chunks)?;
+            let wire::Reply::Gather { lengths } = reply else {
+                return Err(zr_proto::Error::Malformed(format!(
+                    "a node answered a gather with {reply:?}"
+                ))
+                .into());
+            };
+            let mut body = Chunks::new(chunks);
+            body.skip(body_start);
+            decoded.push((positions, lengths, body));
+        }
+        let views: Vec<PartReply> = decoded
+            .iter()
+            .map(|(positions, lengths, body)| PartReply {
+                positions,
+                lengths,
+                body: body.clone(),
+            })
+            .collect();
+        let columns = reassemble(indices.len(), field_count, &views)
+            .map_err(|e| zr_proto::Error::Malformed(format!("gather reply: {e}")))?;
         Ok(Gathered::Columns(columns))
     }
 

@@ -173,6 +173,66 @@ pub async fn forward_parts(
     Ok(())
 }
 
+/// Reads each part's reply whole, all at once, each from its shard's in-sync replicas with
+/// the failover [`forward_parts`] has (a replica failing midway is replaced from the byte
+/// where it stopped): for a client reading one hop, which reassembles the messages itself
+/// rather than through frames. Returns each part's positions and its shard's message, in
+/// the order of `parts`; the first failure if a part fails.
+pub(crate) async fn read_parts(
+    nodes: Arc<Nodes>,
+    placed: Placed,
+    parts: Vec<Part>,
+    fields: Vec<String>,
+) -> Result<Vec<(Vec<u32>, Vec<Bytes>)>, Failure> {
+    // Dropping the set (a part failed) abandons the other readers.
+    let mut readers = tokio::task::JoinSet::new();
+    let mut wholes = Vec::with_capacity(parts.len());
+    for part in parts {
+        let (pieces, queue) = mpsc::unbounded_channel();
+        let request = NodeRequest::Gather {
+            indices: part.addresses,
+            fields: fields.clone(),
+            checked: false,
+        };
+        let charge = Charge {
+            budget: None,
+            turn: Arc::new(Turn::default()),
+        };
+        readers.spawn(read_part(
+            Arc::clone(&nodes),
+            placed.clone(),
+            part.shard,
+            request,
+            part.positions.len(),
+            charge,
+            pieces,
+        ));
+        let (shard, positions) = (part.shard, part.positions);
+        wholes.push(async move { Ok((positions, whole(shard, queue).await?)) });
+    }
+    futures::future::try_join_all(wholes).await
+}
+
+/// A part's reply as its reader passes it on, whole: the message's chunks.
+async fn whole(
+    shard: u32,
+    mut queue: mpsc::UnboundedReceiver<Piece>,
+) -> Result<Vec<Bytes>, Failure> {
+    let mut message = Vec::new();
+    loop {
+        match queue.recv().await {
+            Some(Piece::Head { chunks, .. } | Piece::Chunks(chunks)) => message.extend(chunks),
+            Some(Piece::End) => return Ok(message),
+            Some(Piece::Failed(failure)) => return Err(failure),
+            None => {
+                return Err(Failure::Inconsistent(format!(
+                    "shard {shard}'s reader stopped before the end of its reply"
+                )))
+            }
+        }
+    }
+}
+
 /// Ends the body with an error frame: it fails the client's whole gather with `failure`.
 async fn fail(frames: &mpsc::Sender<Option<Vec<Bytes>>>, failure: Failure) {
     let mut out = Vec::new();
