@@ -22,20 +22,16 @@ use zr_coord::lease::READ_LEASE_WAIT;
 use zr_coord::liveness::{Health, DOWN_AFTER, EVERY_DOWN, EVERY_UP, HEARTBEAT_TIMEOUT};
 use zr_coord::{Effect, Event, ReplicaRecord, Replicas};
 
-/// splitmix64: a seeded sequence, the same on every machine.
-struct Rng(u64);
+/// A seeded sequence, the same on every machine: the engine's hash of (seed, draw).
+struct Rng {
+    seed: u64,
+    drawn: u64,
+}
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.drawn += 1;
+        zr_common::hash::mix2(self.seed, self.drawn) % n.max(1)
     }
 }
 
@@ -103,7 +99,7 @@ impl Pair {
         }
         let mut pair = Pair {
             seed,
-            rng: Rng(seed),
+            rng: Rng { seed, drawn: 0 },
             t0: Instant::now(),
             now: 0,
             queue: BinaryHeap::new(),

@@ -9,3 +9,4 @@
 pub mod config;
 pub mod logging;
 pub mod metrics;
+pub mod process;

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use zr_service::config::ClusterConfig;
+use zr_net::tls::Role;
+use zr_service::process::{self, ServerArgs, Started};
 
 /// Serve shard K (one of its replicas) of the cluster described by nodes.toml over QUIC.
 ///
@@ -37,58 +38,36 @@ struct Args {
     /// Data directory (overrides nodes.toml).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Run without certificates: encrypted, but anyone who can reach the port gets in.
-    /// For development on a trusted machine only; the router must run with it too.
-    #[arg(long)]
-    insecure_dev: bool,
-    /// Log level: error, warn, info, debug, trace (RUST_LOG, when set, overrides it).
-    #[arg(long, default_value = "info")]
-    log: String,
-    /// Serve Prometheus metrics at http://ADDR/metrics (overrides the shard's `metrics` in
-    /// nodes.toml; off unless one is given; ops/README.md lists them).
-    #[arg(long, value_name = "ADDR")]
-    metrics: Option<std::net::SocketAddr>,
-    /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
-    #[arg(long, default_value = "text", value_name = "text|json")]
-    log_format: zr_service::logging::LogFormat,
+    #[command(flatten)]
+    server: ServerArgs,
 }
 
 fn main() -> ExitCode {
     zr_common::alloc::tune();
     zr_common::alloc::trim_when_idle(zr_net::requests);
     let args = Args::parse();
-    zr_service::logging::init_logging(&args.log, args.log_format);
-    let role = zr_net::tls::Role::Node;
-    let (config, security) =
-        match ClusterConfig::load_for(&args.nodes, role, args.insecure_dev, "zr-node") {
-            Ok(loaded) => loaded,
-            Err(e) => {
-                eprintln!("zr-node: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("zr-node: cannot start the runtime: {e}");
+    let name = "zr-node";
+    let started = match process::start(&args.server, &args.nodes, Role::Node, name) {
+        Ok(started) => started,
+        Err(line) => {
+            eprintln!("{line}");
             return ExitCode::FAILURE;
         }
     };
-    // Signals from here on stop the process gracefully, also while it is still starting.
-    let shutdown = {
-        let _runtime = runtime.enter();
-        zr_net::shutdown_signal()
-    };
-    let configured = config
+    let configured = started
+        .config
         .node(args.shard, args.replica)
         .and_then(|s| s.metrics);
-    if let Some(listen) = args.metrics.or(configured) {
-        let _runtime = runtime.enter();
-        if let Err(e) = zr_service::metrics::serve_metrics(listen) {
-            eprintln!("zr-node: {e}");
-            return ExitCode::FAILURE;
-        }
+    if let Err(line) = started.serve_metrics(&args.server, configured, name) {
+        eprintln!("{line}");
+        return ExitCode::FAILURE;
     }
+    let Started {
+        config,
+        security,
+        runtime,
+        shutdown,
+    } = started;
     let result = runtime.block_on(zr_shard::server::run_shard(
         &config,
         &security,
@@ -100,7 +79,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("zr-node: shard {}: {e}", args.shard);
+            eprintln!("{name}: shard {}: {e}", args.shard);
             ExitCode::FAILURE
         }
     }
