@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use zr_common::Contiguous;
 use zr_net::Security;
-use zr_proto::assemble::{reassemble, PartReply};
+use zr_proto::assemble::{reassemble, reassemble_decoded};
 use zr_proto::chunks::Chunks;
 use zr_proto::placement::Placement;
 use zr_proto::wire::{self, Topology};
@@ -260,15 +260,7 @@ impl Direct {
             body.skip(body_start);
             decoded.push((positions, lengths, body));
         }
-        let views: Vec<PartReply> = decoded
-            .iter()
-            .map(|(positions, lengths, body)| PartReply {
-                positions,
-                lengths,
-                body: body.clone(),
-            })
-            .collect();
-        let columns = reassemble(indices.len(), field_count, &views)
+        let columns = reassemble_decoded(indices.len(), field_count, &decoded)
             .map_err(|e| zr_proto::Error::Malformed(format!("gather reply: {e}")))?;
         Ok(Gathered::Columns(columns))
     }

@@ -207,15 +207,25 @@ pub fn decode_gather_parts(
     if decoded.len() != parts as usize {
         return Err(bad(format!("{} of {parts} parts arrived", decoded.len())));
     }
+    reassemble_decoded(records as usize, fields, &decoded).map_err(|e| bad(e.to_string()))
+}
+
+/// [`reassemble`] from parts decoded apart: each its positions, its shard's lengths and the
+/// body after its shard's head.
+pub fn reassemble_decoded<P: AsRef<[u32]>>(
+    records: usize,
+    fields: usize,
+    decoded: &[(P, Vec<Vec<u32>>, Chunks<'_>)],
+) -> Result<Vec<Contiguous>, Misfit> {
     let views: Vec<PartReply> = decoded
         .iter()
         .map(|(positions, lengths, body)| PartReply {
-            positions,
+            positions: positions.as_ref(),
             lengths,
             body: body.clone(),
         })
         .collect();
-    reassemble(records as usize, fields, &views).map_err(|e| bad(e.to_string()))
+    reassemble(records, fields, &views)
 }
 
 #[cfg(test)]

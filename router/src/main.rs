@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use zr_net::tls::Role;
-use zr_service::process::{self, ServerArgs, Started};
+use zr_service::process::{self, ServerArgs};
 
 /// Route a zrecord cluster: accept clients over QUIC, scatter gathers to the shards named in
 /// nodes.toml, reassemble them in order, and route writes.
@@ -35,33 +35,18 @@ fn main() -> ExitCode {
     zr_common::alloc::tune();
     zr_common::alloc::trim_when_idle(zr_net::requests);
     let args = Args::parse();
-    let name = "zr-router";
-    let started = match process::start(&args.server, &args.nodes, Role::Router, name) {
-        Ok(started) => started,
-        Err(line) => {
-            eprintln!("{line}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let config = &started.config;
-    if let Err(line) = started.serve_metrics(&args.server, config.router.metrics, name) {
-        eprintln!("{line}");
-        return ExitCode::FAILURE;
-    }
-    let listen = args.listen.unwrap_or(config.router.listen);
-    let Started {
-        config,
-        security,
-        runtime,
-        shutdown,
-    } = started;
-    match runtime.block_on(zr_router::server::run_router(
-        &config, &security, listen, shutdown,
-    )) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{name}: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    let listen = args.listen;
+    process::run(
+        &args.server,
+        &args.nodes,
+        Role::Router,
+        "zr-router",
+        |config| config.router.metrics,
+        |config, security, shutdown| async move {
+            let listen = listen.unwrap_or(config.router.listen);
+            zr_router::server::run_router(&config, &security, listen, shutdown)
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
 }

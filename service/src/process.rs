@@ -6,6 +6,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
+use std::process::ExitCode;
 
 use zr_net::tls::Role;
 use zr_net::Security;
@@ -39,7 +40,7 @@ pub struct Started {
     pub config: ClusterConfig,
     pub security: Security,
     pub runtime: tokio::runtime::Runtime,
-    pub shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    pub shutdown: Shutdown,
 }
 
 /// Starts server process `name` as `role`: logging as `args` say, nodes.toml at `nodes`
@@ -76,5 +77,51 @@ impl Started {
             crate::metrics::serve_metrics(listen).map_err(|e| format!("{name}: {e}"))?;
         }
         Ok(())
+    }
+}
+
+/// What resolves when a signal asks a server process to stop.
+pub type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs server process `name` as `role`: started as [`start`] does, its metrics served at
+/// `--metrics` or where `metrics` finds them in the configuration, then `serve` on its
+/// runtime until it returns. Every failure is one line on stderr, and the exit code says
+/// whether there was one.
+pub fn run<F, Fut>(
+    args: &ServerArgs,
+    nodes: &Path,
+    role: Role,
+    name: &str,
+    metrics: impl FnOnce(&ClusterConfig) -> Option<SocketAddr>,
+    serve: F,
+) -> ExitCode
+where
+    F: FnOnce(ClusterConfig, Security, Shutdown) -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let started = match start(args, nodes, role, name) {
+        Ok(started) => started,
+        Err(line) => {
+            eprintln!("{line}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let configured = metrics(&started.config);
+    if let Err(line) = started.serve_metrics(args, configured, name) {
+        eprintln!("{line}");
+        return ExitCode::FAILURE;
+    }
+    let Started {
+        config,
+        security,
+        runtime,
+        shutdown,
+    } = started;
+    match runtime.block_on(serve(config, security, shutdown)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(line) => {
+            eprintln!("{name}: {line}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use zr_net::tls::Role;
-use zr_service::process::{self, ServerArgs, Started};
+use zr_service::process::{self, ServerArgs};
 
 /// Serve shard K (one of its replicas) of the cluster described by nodes.toml over QUIC.
 ///
@@ -46,41 +46,18 @@ fn main() -> ExitCode {
     zr_common::alloc::tune();
     zr_common::alloc::trim_when_idle(zr_net::requests);
     let args = Args::parse();
-    let name = "zr-node";
-    let started = match process::start(&args.server, &args.nodes, Role::Node, name) {
-        Ok(started) => started,
-        Err(line) => {
-            eprintln!("{line}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let configured = started
-        .config
-        .node(args.shard, args.replica)
-        .and_then(|s| s.metrics);
-    if let Err(line) = started.serve_metrics(&args.server, configured, name) {
-        eprintln!("{line}");
-        return ExitCode::FAILURE;
-    }
-    let Started {
-        config,
-        security,
-        runtime,
-        shutdown,
-    } = started;
-    let result = runtime.block_on(zr_shard::server::run_shard(
-        &config,
-        &security,
-        args.shard,
-        args.replica,
-        args.data.as_deref(),
-        shutdown,
-    ));
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{name}: shard {}: {e}", args.shard);
-            ExitCode::FAILURE
-        }
-    }
+    let (shard, replica) = (args.shard, args.replica);
+    process::run(
+        &args.server,
+        &args.nodes,
+        Role::Node,
+        "zr-node",
+        |config| config.node(shard, replica).and_then(|s| s.metrics),
+        |config, security, shutdown| async move {
+            let data = args.data.as_deref();
+            zr_shard::server::run_shard(&config, &security, shard, replica, data, shutdown)
+                .await
+                .map_err(|e| format!("shard {shard}: {e}"))
+        },
+    )
 }
