@@ -32,6 +32,7 @@ use crate::error::Error;
 use crate::forward::{read_parts, Placed};
 use crate::nodes::Nodes;
 use crate::plan::plan_gather;
+use zr_coord::onehop::Described;
 
 /// How long a client goes by the router's description of a dataset before it asks again, by
 /// default (one request to the router; its length is asked of the nodes only when a gather
@@ -71,14 +72,13 @@ impl View {
         self.len
     }
 
-    /// The version of the map it places records by.
-    pub(crate) fn map_version(&self) -> u64 {
-        self.placement.version()
-    }
-
-    /// Which nodes were in sync, in shard × replica order.
-    pub(crate) fn in_sync(&self) -> &[bool] {
-        &self.in_sync
+    /// What the one-hop retries decide by (`zr_coord::onehop`).
+    pub(crate) fn described(&self) -> Described<'_> {
+        Described {
+            map_version: self.placement.version(),
+            in_sync: &self.in_sync,
+            len: self.len,
+        }
     }
 }
 

@@ -14,6 +14,8 @@
 //!   or refuses, naming the cure.
 //! - [`moveplan`] — a move's next step from the cluster record; the copy pass of each node.
 //! - [`catchup`] — how a behind replica is caught up, and how a copy of files is going.
+//! - [`onehop`] — a client's one-hop gather refused by a node: ask again, gather again, hand
+//!   it to the router, or fail.
 //! - [`plan`] — a gather split by shard, for the router and for a client reading one hop.
 
 pub mod catchup;
@@ -21,6 +23,7 @@ pub mod cluster;
 pub mod lease;
 pub mod liveness;
 pub mod moveplan;
+pub mod onehop;
 pub mod plan;
 pub mod record;
 pub mod repair;

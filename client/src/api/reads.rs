@@ -2,6 +2,7 @@
 //! here), through the router otherwise, and waits for records not committed yet.
 
 use super::*;
+use zr_coord::onehop::{Next, OneHop};
 
 impl AsyncClient {
     /// Gathers `indices` for `fields` (empty = all): one column per field, in caller order.
@@ -116,10 +117,13 @@ impl AsyncClient {
     ) -> Result<Vec<Contiguous>, Error> {
         // Checked gathers (a damaged copy is repaired) are the router's to serve.
         if let Some(direct) = self.link.direct().filter(|_| !checked) {
-            // Each wait of a one-hop gather is bounded by the timeout (a node's reply, a call
-            // to the router) and its retries stop at it: one still going at twice the
-            // timeout has lost its way (seen hanging for good in measurements, cause not
-            // found). It is given up, and the router serves the gather.
+            // Every wait of a one-hop gather is bounded on its own (a node's reply, a call to
+            // the router) and its retries' pauses stay within the timeout
+            // (`zr_coord::onehop`), but the whole is not: a failover across R replicas can
+            // take R timeouts, each ask of the router one more. One-hop gathers were once
+            // seen to hang for good (3 in ~100 move_bench runs, cause not found since), so a
+            // gather still going at twice the timeout is handed to the router, logged and
+            // counted — which may also cut short a failover that was only slow.
             let bound = self.link.timeout * 2;
             match tokio::time::timeout(bound, self.gather_direct(direct, indices, fields)).await {
                 Ok(gathered) => match gathered? {
@@ -221,8 +225,8 @@ impl AsyncClient {
         indices: &[u64],
         fields: &[&str],
     ) -> Result<Gathered, Error> {
-        let deadline = tokio::time::Instant::now() + self.link.timeout;
-        let mut pause = Duration::from_millis(5);
+        let now = tokio::time::Instant::now().into_std();
+        let mut retries = OneHop::new(now, self.link.timeout, direct.replicas());
         let covering = indices.iter().copied().max().unwrap_or(0);
         let mut view = match direct.view(self.name()) {
             Some(view) if direct.is_recent(&view) => view,
@@ -235,7 +239,7 @@ impl AsyncClient {
             }
             None => self.topology(direct, covering).await?,
         };
-        let (mut len_asked, mut failed_over) = (false, false);
+        let mut len_asked = false;
         let names: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
         let field_count = if fields.is_empty() {
             self.fields.len()
@@ -271,49 +275,20 @@ impl AsyncClient {
             let Err(e) = &gathered else {
                 return gathered;
             };
-            match e.code() {
-                // A move switched the map: as long as it takes, within the timeout, while
-                // the router's map changes. One the router still gives as it was is no
-                // stale map but a misplaced node, which only the router can say why: it
-                // serves the gather (and fails it at once if it is so).
-                Some(wire::ErrorCode::StaleMap | wire::ErrorCode::WrongShard)
-                    if tokio::time::Instant::now() + pause < deadline =>
-                {
+            let now = tokio::time::Instant::now().into_std();
+            let mut next = retries.refused(e.code(), view.described(), now);
+            // Asked again as the policy says, until it says what to do with the gather.
+            while let Next::Describe { pause } = next {
+                if !pause.is_zero() {
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(200));
-                    let refused = view.map_version();
-                    view = self.topology(direct, covering).await?;
-                    if view.map_version() == refused {
-                        return Ok(Gathered::ViaRouter("a node refused the router's own map"));
-                    }
                 }
-                // A shard's replicas all failed, could not say they are in sync, or hold
-                // fewer records than asked for: again if the router's description changed
-                // (replicas caught up, records deleted), else the router serves it — it knows
-                // which replicas are in sync now, without a node's lease to wait for. (A
-                // shard with one replica that failed fails here: the router has no other.)
-                Some(
-                    code @ (wire::ErrorCode::Unavailable
-                    | wire::ErrorCode::NotInSync
-                    | wire::ErrorCode::IndexOutOfRange),
-                ) => {
-                    let changed = !std::mem::replace(&mut failed_over, true) && {
-                        let fresh = self.topology(direct, covering).await?;
-                        let changed =
-                            fresh.in_sync() != view.in_sync() || fresh.len() != view.len();
-                        view = fresh;
-                        changed
-                    };
-                    if !changed {
-                        let router_knows_more =
-                            code != wire::ErrorCode::Unavailable || direct.replicas() > 1;
-                        return match router_knows_more {
-                            true => Ok(Gathered::ViaRouter("a shard's nodes failed it")),
-                            false => gathered,
-                        };
-                    }
-                }
-                _ => return gathered,
+                view = self.topology(direct, covering).await?;
+                next = retries.described(view.described());
+            }
+            match next {
+                Next::Again | Next::Describe { .. } => {}
+                Next::ViaRouter(why) => return Ok(Gathered::ViaRouter(why)),
+                Next::Fail => return gathered,
             }
         }
     }
