@@ -246,7 +246,13 @@ impl Direct {
             map_version: view.placement.version(),
         };
         // Each shard's message decoded where it lies, straight into the batch: no frames.
-        let messages = read_parts(Arc::clone(self.next_set()), placed, parts, fields).await?;
+        // A part's failure reads as the router's reply would say it (with its code).
+        let messages = read_parts(Arc::clone(self.next_set()), placed, parts, fields)
+            .await
+            .map_err(|failure| zr_proto::Error::Remote {
+                code: failure.code(),
+                message: failure.to_string(),
+            })?;
         let mut decoded = Vec::with_capacity(messages.len());
         for (positions, chunks) in &messages {
             let (reply, body_start) = wire::decode_reply_chunks(chunks)?;
