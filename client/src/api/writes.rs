@@ -12,17 +12,7 @@ impl AsyncClient {
         start: u64,
         values: &[&[u8]],
     ) -> Result<(), Error> {
-        if !self.fields.iter().any(|f| f.name == field) {
-            return Err(Error::UnknownField {
-                name: field.to_string(),
-                known: self
-                    .fields
-                    .iter()
-                    .map(|f| f.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            });
-        }
+        self.known_field(field)?;
         let request = ClientRequest::WriteField {
             field: field.to_string(),
             start,
@@ -32,23 +22,30 @@ impl AsyncClient {
         self.call(&request, body).await.map(|_| ())
     }
 
+    /// Refuses a field the dataset does not have, naming those it has (checked before a
+    /// write is sent).
+    fn known_field(&self, name: &str) -> Result<(), Error> {
+        if self.fields.iter().any(|f| f.name == name) {
+            return Ok(());
+        }
+        Err(Error::UnknownField {
+            name: name.to_string(),
+            known: self
+                .fields
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
     /// One record's fields as it names them: names, lengths, one body piece.
     pub(super) fn encode_named(&self, record: &Record) -> Result<EncodedOne, Error> {
         let mut names = Vec::new();
         let mut lengths = Vec::new();
         let mut body = Vec::new();
         for &(name, payload) in record.values() {
-            if !self.fields.iter().any(|f| f.name == name) {
-                return Err(Error::UnknownField {
-                    name: name.to_string(),
-                    known: self
-                        .fields
-                        .iter()
-                        .map(|f| f.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                });
-            }
+            self.known_field(name)?;
             names.push(name.to_string());
             lengths.push(payload.len() as u32);
             body.extend_from_slice(payload);

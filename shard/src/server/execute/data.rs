@@ -3,7 +3,8 @@
 
 use super::*;
 
-/// `NodeRequest::Gather`.
+/// Records `indices` (fields `fields`, all if none), sent from the store's mapping where they
+/// are large enough, each checked against its CRC if `checked`.
 pub(crate) fn gather(
     ctx: &Ctx<'_>,
     indices: Vec<u64>,
@@ -52,7 +53,8 @@ pub(crate) fn gather(
     Ok((Reply::Gather { lengths }, pieces))
 }
 
-/// `NodeRequest::Append`.
+/// Appends the body's records as `runs` place them, each run at its slot's end, under the
+/// fence; refused for a slot being built by a move.
 pub(crate) fn append(
     ctx: &Ctx<'_>,
     runs: Vec<Run>,
@@ -115,7 +117,7 @@ pub(crate) fn append(
     })
 }
 
-/// `NodeRequest::Modify`.
+/// Replaces record `index` with the body's fields, under the fence.
 pub(crate) fn modify(
     ctx: &Ctx<'_>,
     index: u64,
@@ -141,7 +143,7 @@ pub(crate) fn modify(
     })
 }
 
-/// `NodeRequest::WriteField`.
+/// Writes field `field` of records `indices` from the body, under the fence.
 pub(crate) fn write_field(
     ctx: &Ctx<'_>,
     token: u64,
@@ -165,7 +167,7 @@ pub(crate) fn write_field(
     })
 }
 
-/// `NodeRequest::Truncate`.
+/// Cuts each slot of `slots` to its length, under the fence (a repair).
 pub(crate) fn truncate(ctx: &Ctx<'_>, slots: Vec<(u32, u64)>, token: u64) -> Outcome {
     let Ctx {
         store,
@@ -180,7 +182,7 @@ pub(crate) fn truncate(ctx: &Ctx<'_>, slots: Vec<(u32, u64)>, token: u64) -> Out
     })
 }
 
-/// `NodeRequest::Commit`.
+/// Makes every write so far durable.
 pub(crate) fn commit(ctx: &Ctx<'_>) -> Outcome {
     let Ctx { store, .. } = *ctx;
     store.commit().map_err(Refusal::Store)?;

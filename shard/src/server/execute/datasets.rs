@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// `NodeRequest::Datasets`.
+/// The named datasets the node holds, with their fields, lengths and bytes.
 pub(crate) fn datasets(ctx: &Ctx<'_>) -> Outcome {
     let held = ctx
         .node()?
@@ -21,7 +21,7 @@ pub(crate) fn datasets(ctx: &Ctx<'_>) -> Outcome {
     Ok((Reply::Datasets(held), Vec::new()))
 }
 
-/// `NodeRequest::CreateDataset`.
+/// Makes the named dataset addressed, with `fields` and their dictionaries.
 pub(crate) fn create_dataset(
     ctx: &Ctx<'_>,
     id: u64,
@@ -40,7 +40,7 @@ pub(crate) fn create_dataset(
     Ok((Reply::Done, Vec::new()))
 }
 
-/// `NodeRequest::DropDataset`.
+/// Removes the named dataset addressed if this node holds it as made at `id` or earlier.
 pub(crate) fn drop_dataset(ctx: &Ctx<'_>, id: u64) -> Outcome {
     ctx.node()?
         .drop_dataset(ctx.named()?, id)
@@ -48,7 +48,7 @@ pub(crate) fn drop_dataset(ctx: &Ctx<'_>, id: u64) -> Outcome {
     Ok((Reply::Done, Vec::new()))
 }
 
-/// `NodeRequest::AddField`.
+/// Adds `field` to every record of the dataset addressed.
 pub(crate) fn add_field(ctx: &Ctx<'_>, field: FieldInfo) -> Outcome {
     let Ctx { dataset, .. } = *ctx;
     let spec = field_spec(&field).map_err(Refusal::Store)?;

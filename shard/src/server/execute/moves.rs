@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// `NodeRequest::StageOpen`.
+/// Opens slots `slots` of map `version` for building beside the served ones.
 pub(crate) fn stage_open(ctx: &Ctx<'_>, version: u64, slots: Vec<u32>) -> Outcome {
     let slots = ctx
         .mover()?
@@ -11,7 +11,7 @@ pub(crate) fn stage_open(ctx: &Ctx<'_>, version: u64, slots: Vec<u32>) -> Outcom
     Ok((Reply::Staged { slots }, Vec::new()))
 }
 
-/// `NodeRequest::Stage`.
+/// Writes the body's records into the slots being built, as `runs` place them.
 pub(crate) fn stage(
     ctx: &Ctx<'_>,
     version: u64,
@@ -29,7 +29,8 @@ pub(crate) fn stage(
     Ok((Reply::Staged { slots }, Vec::new()))
 }
 
-/// `NodeRequest::Switch`.
+/// Serves the slots built for map `version` and drops those given, each slot's length checked;
+/// the token checked against the fence.
 pub(crate) fn switch(ctx: &Ctx<'_>, version: u64, slots: Vec<(u32, u64)>, token: u64) -> Outcome {
     let Ctx { coordination, .. } = *ctx;
     // Checked, not held: a switch is no write.

@@ -4,7 +4,8 @@
 use super::*;
 use zr_proto::wire::ShipPiece;
 
-/// `NodeRequest::ShipOpen`.
+/// Opens a snapshot of the dataset (of `slots` only, if any) for a partner to copy; refused
+/// while a move builds slots here.
 pub(crate) fn ship_open(ctx: &Ctx<'_>, slots: Vec<u32>) -> Outcome {
     let Ctx {
         store,
@@ -31,25 +32,26 @@ pub(crate) fn ship_open(ctx: &Ctx<'_>, slots: Vec<u32>) -> Outcome {
     Ok((reply, Vec::new()))
 }
 
-/// `NodeRequest::ShipRead`.
+/// A piece of a snapshot's file, with its CRC32.
 pub(crate) fn ship_read(ctx: &Ctx<'_>, ship: u64, file: u32, offset: u64, len: u32) -> Outcome {
     let (reply, bytes) = ctx.node()?.ships.read(ship, file, offset, len)?;
     Ok((reply, vec![bytes]))
 }
 
-/// `NodeRequest::ShipReadMany`.
+/// Several pieces of a snapshot's files at once, each with its CRC32.
 pub(crate) fn ship_read_many(ctx: &Ctx<'_>, ship: u64, pieces: Vec<ShipPiece>) -> Outcome {
     let (reply, bytes) = ctx.node()?.ships.read_many(ship, &pieces)?;
     Ok((reply, bytes))
 }
 
-/// `NodeRequest::ShipClose`.
+/// Closes a snapshot: its files may go.
 pub(crate) fn ship_close(ctx: &Ctx<'_>, ship: u64) -> Outcome {
     ctx.node()?.ships.close(ship);
     Ok((Reply::Done, Vec::new()))
 }
 
-/// `NodeRequest::ShipFrom`.
+/// Starts rebuilding the dataset addressed (or a move's `slots` of it) from a partner's files;
+/// answers how the copy stands.
 pub(crate) fn ship_from(
     ctx: &Ctx<'_>,
     addr: String,

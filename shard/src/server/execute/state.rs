@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// `NodeRequest::Info`.
+/// The node's length (slots being built aside), its fields and its incarnation.
 pub(crate) fn info(ctx: &Ctx<'_>) -> Outcome {
     let fields = ctx.store.fields().iter().map(field_info).collect();
     Ok((
@@ -16,7 +16,7 @@ pub(crate) fn info(ctx: &Ctx<'_>) -> Outcome {
     ))
 }
 
-/// `NodeRequest::Identity`.
+/// The cluster and map version the node's data belongs to, and its length.
 pub(crate) fn identity(ctx: &Ctx<'_>) -> Outcome {
     let Ctx { coordination, .. } = *ctx;
     Ok((
@@ -29,7 +29,8 @@ pub(crate) fn identity(ctx: &Ctx<'_>) -> Outcome {
     ))
 }
 
-/// `NodeRequest::Fence`.
+/// Raises the node's fence to `token` (durably, before it answers): writes with a lower token
+/// are refused from now on.
 pub(crate) fn fence(ctx: &Ctx<'_>, token: u64) -> Outcome {
     let Ctx { coordination, .. } = *ctx;
     coordination
@@ -38,7 +39,8 @@ pub(crate) fn fence(ctx: &Ctx<'_>, token: u64) -> Outcome {
         .map_err(Refusal::FenceStorage)?
 }
 
-/// `NodeRequest::Digest`.
+/// Per record of `runs`, a CRC32 of its fields, each read checked, and which failed the check;
+/// with the store's mark taken before the reads.
 pub(crate) fn digest_of(ctx: &Ctx<'_>, runs: Vec<Run>) -> Outcome {
     let Ctx {
         store,
