@@ -291,3 +291,24 @@ pub fn ask_node(
             .0
     })
 }
+
+/// Waits until the move `client`'s router runs has ended, done or stopped by an error, and
+/// returns its last report; 60 s at most. A poll on real time: the move runs in the
+/// background on a cluster of real sockets.
+pub fn move_ended(client: &Client) -> zr_router::MoveReport {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let report = client
+            .move_progress()
+            .expect("progress")
+            .expect("a move under way");
+        if report.done || report.error.is_some() {
+            return report;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the move never ended: {report:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -101,14 +101,9 @@ fn each_role_may_ask_what_it_is_for_and_nothing_more() {
             assert_ne!(code, Some(ErrorCode::Forbidden), "{message}");
             // A move runs in the background: it stops, naming the shard that is not there.
             drained.expect("a move is started");
-            let stopped = loop {
-                let report = client.move_progress().expect("progress").expect("a move");
-                if let Some(error) = report.error {
-                    break error;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            };
-            assert!(stopped.contains('9'), "{stopped}");
+            let report = zr_tests::move_ended(&client);
+            let stopped = report.error.clone().unwrap_or_default();
+            assert!(stopped.contains('9'), "{report:?}");
         } else {
             for (code, message) in [refusal(scrubbed), refusal(drained), refusal(replaced)] {
                 assert_eq!(code, Some(ErrorCode::Forbidden), "{message}");
@@ -195,14 +190,7 @@ fn a_move_never_reports_another_moves_result() {
         .move_shards(MapChange::DrainShard(1), Vec::new())
         .expect("first move");
     let (code, message) = refusal(client.move_shards(MapChange::DrainShard(0), Vec::new()));
-    let report = loop {
-        let report = client.move_progress().expect("progress").expect("a move");
-        assert_eq!(report.change, Some(MapChange::DrainShard(1)), "{report:?}");
-        if report.done || report.error.is_some() {
-            break report;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let report = zr_tests::move_ended(&client);
     assert_eq!(report.change, Some(MapChange::DrainShard(1)), "{report:?}");
     assert!(report.error.is_none(), "{report:?}");
     // Unless the first had ended before the second arrived (then it would have run), the
@@ -239,14 +227,9 @@ fn a_refused_add_shard_leaves_no_link_behind() {
     client
         .move_shards(MapChange::AddShard, nodes)
         .expect("a move is started");
-    let stopped = loop {
-        let report = client.move_progress().expect("progress").expect("a move");
-        if let Some(error) = report.error {
-            break error;
-        }
-        assert!(!report.done, "a shard at {nobody} was added: {report:?}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let report = zr_tests::move_ended(&client);
+    assert!(!report.done, "a shard at {nobody} was added: {report:?}");
+    let stopped = report.error.unwrap_or_default();
     assert!(stopped.contains(&nobody.to_string()), "{stopped}");
     let status = client.status().expect("status");
     assert!(
