@@ -1,5 +1,6 @@
 //! Which nodes are up, as the router's heartbeats find them: a state machine without I/O,
-//! told each heartbeat's outcome (`nodes.rs` sends them and waits on the result).
+//! told each heartbeat's outcome through [`crate::Replicas`] (`zr_client::nodes` sends the
+//! heartbeats, and calls wait on the health it publishes).
 //!
 //! Every node gets a small request every [`EVERY_UP`] (every [`EVERY_DOWN`] while down),
 //! answered within [`HEARTBEAT_TIMEOUT`] or counted failed. A node whose

@@ -1,5 +1,5 @@
 //! The router's links to its nodes: one endpoint and connection per node (each shard has
-//! `replicas` of them), reconnected on demand, a heartbeat per node (see `liveness.rs`), and
+//! `replicas` of them), reconnected on demand, a heartbeat per node (see `zr_coord::liveness`), and
 //! one request to a node within the router's timeout — or failed at once while it is down.
 //!
 //! What these links learn — heartbeats, incarnations, writes and commits, the replica record
