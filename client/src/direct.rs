@@ -54,6 +54,7 @@ pub(crate) struct Direct {
 }
 
 /// One dataset as the router last described it.
+#[derive(Clone)]
 pub(crate) struct View {
     placement: Arc<Placement>,
     /// Its length then: a gather past it asks the router again.
@@ -166,11 +167,8 @@ impl Direct {
     /// would make each wait for the router's timeout.
     pub(crate) fn keep_going_by(&self, dataset: &str, view: &View) -> Arc<View> {
         let view = Arc::new(View {
-            placement: Arc::clone(&view.placement),
-            len: view.len,
-            missing: view.missing.clone(),
-            in_sync: view.in_sync.clone(),
             taken: tokio::time::Instant::now(),
+            ..view.clone()
         });
         self.views
             .lock()

@@ -72,31 +72,17 @@ pub async fn forward_parts(
     let mut starting: FuturesUnordered<_> = parts
         .into_iter()
         .map(|part| {
-            let (pieces, mut queue) = mpsc::unbounded_channel();
-            let request = NodeRequest::Gather {
-                indices: part.addresses,
-                fields: fields.clone(),
+            let reading = Reading {
+                nodes: &nodes,
+                placed: &placed,
+                fields: &fields,
                 checked,
+                budget: &budget,
             };
-            let records = part.positions.len();
-            let charge = Charge {
-                budget: budget.clone(),
-                turn: Arc::new(Turn::default()),
-            };
-            let turn = Arc::clone(&charge.turn);
-            readers.spawn(read_part(
-                Arc::clone(&nodes),
-                placed.clone(),
-                part.shard,
-                request,
-                records,
-                charge,
-                pieces,
-            ));
-            let positions = part.positions;
+            let (shard, positions, mut queue, turn) = reading.spawn(&mut readers, part);
             async move {
                 let first = queue.recv().await;
-                (part.shard, positions, first, queue, turn)
+                (shard, positions, first, queue, turn)
             }
         })
         .collect();
@@ -186,31 +172,59 @@ pub(crate) async fn read_parts(
 ) -> Result<Vec<(Vec<u32>, Vec<Bytes>)>, Failure> {
     // Dropping the set (a part failed) abandons the other readers.
     let mut readers = tokio::task::JoinSet::new();
-    let mut wholes = Vec::with_capacity(parts.len());
-    for part in parts {
+    let reading = Reading {
+        nodes: &nodes,
+        placed: &placed,
+        fields: &fields,
+        checked: false,
+        budget: &None,
+    };
+    let wholes = parts.into_iter().map(|part| {
+        let (shard, positions, queue, _) = reading.spawn(&mut readers, part);
+        async move { Ok((positions, whole(shard, queue).await?)) }
+    });
+    futures::future::try_join_all(wholes).await
+}
+
+/// What each part of one gather is read with.
+struct Reading<'a> {
+    nodes: &'a Arc<Nodes>,
+    placed: &'a Placed,
+    fields: &'a [String],
+    checked: bool,
+    budget: &'a Option<Arc<GatherBudget>>,
+}
+
+impl Reading<'_> {
+    /// Starts `part`'s reader in `readers`; returns its shard, its positions, the queue its
+    /// pieces arrive on and the turn its charges wait for.
+    fn spawn(
+        &self,
+        readers: &mut tokio::task::JoinSet<()>,
+        part: Part,
+    ) -> (u32, Vec<u32>, mpsc::UnboundedReceiver<Piece>, Arc<Turn>) {
         let (pieces, queue) = mpsc::unbounded_channel();
         let request = NodeRequest::Gather {
             indices: part.addresses,
-            fields: fields.clone(),
-            checked: false,
+            fields: self.fields.to_vec(),
+            checked: self.checked,
         };
         let charge = Charge {
-            budget: None,
+            budget: self.budget.clone(),
             turn: Arc::new(Turn::default()),
         };
+        let turn = Arc::clone(&charge.turn);
         readers.spawn(read_part(
-            Arc::clone(&nodes),
-            placed.clone(),
+            Arc::clone(self.nodes),
+            self.placed.clone(),
             part.shard,
             request,
             part.positions.len(),
             charge,
             pieces,
         ));
-        let (shard, positions) = (part.shard, part.positions);
-        wholes.push(async move { Ok((positions, whole(shard, queue).await?)) });
+        (part.shard, part.positions, queue, turn)
     }
-    futures::future::try_join_all(wholes).await
 }
 
 /// A part's reply as its reader passes it on, whole: the message's chunks.

@@ -308,11 +308,6 @@ impl Replicas {
         }
     }
 
-    /// How many replicas each shard has.
-    pub fn replicas(&self) -> u32 {
-        self.replicas
-    }
-
     /// The replica record as last taken.
     pub fn record(&self) -> &Arc<ReplicaRecord> {
         &self.record
@@ -328,11 +323,6 @@ impl Replicas {
     /// `node`'s health.
     pub fn health(&self, node: NodeId) -> Option<&Health> {
         self.nodes.get(node).map(|n| n.liveness.health())
-    }
-
-    /// True while `node`'s last heartbeat failed.
-    pub fn failing(&self, node: NodeId) -> bool {
-        self.nodes.get(node).is_some_and(|n| n.liveness.failing())
     }
 
     /// Where `node` is reached now.

@@ -36,16 +36,16 @@ pub struct ServerArgs {
 
 /// A server process under way: its configuration and credentials, its runtime, and what
 /// resolves when a signal asks it to stop (SIGINT or SIGTERM, from the start on).
-pub struct Started {
-    pub config: ClusterConfig,
-    pub security: Security,
-    pub runtime: tokio::runtime::Runtime,
-    pub shutdown: Shutdown,
+struct Started {
+    config: ClusterConfig,
+    security: Security,
+    runtime: tokio::runtime::Runtime,
+    shutdown: Shutdown,
 }
 
 /// Starts server process `name` as `role`: logging as `args` say, nodes.toml at `nodes`
 /// loaded with the role's credentials, a runtime. The error is the line to print.
-pub fn start(args: &ServerArgs, nodes: &Path, role: Role, name: &str) -> Result<Started, String> {
+fn start(args: &ServerArgs, nodes: &Path, role: Role, name: &str) -> Result<Started, String> {
     crate::logging::init_logging(&args.log, args.log_format);
     let (config, security) = ClusterConfig::load_for(nodes, role, args.insecure_dev, name)
         .map_err(|e| format!("{name}: {e}"))?;
@@ -66,7 +66,7 @@ pub fn start(args: &ServerArgs, nodes: &Path, role: Role, name: &str) -> Result<
 
 impl Started {
     /// Serves the metrics at `--metrics`, else at `configured` (nodes.toml), if either.
-    pub fn serve_metrics(
+    fn serve_metrics(
         &self,
         args: &ServerArgs,
         configured: Option<SocketAddr>,
