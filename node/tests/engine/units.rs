@@ -4,13 +4,11 @@
 //! never change when other units come or go, its chunks are its own, and a snapshot carries
 //! every unit.
 
-mod workload;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::workload::{fields, make_row, mix, options, record, Row};
 use proptest::prelude::*;
-use workload::{fields, make_row, mix, options, record, Row};
 use zr_node::disk::PowerCut;
 use zr_node::unit::{address, chunk_unit};
 use zr_node::{Error, GatherOptions, Record, Store};

@@ -2,8 +2,7 @@
 //! becomes a new token stream, the shards a new record dataset, read back through a client;
 //! a failed conversion leaves no dataset behind.
 
-mod common;
-use common::zr;
+use crate::common::zr;
 
 use std::path::Path;
 

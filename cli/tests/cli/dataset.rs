@@ -1,7 +1,6 @@
 //! The `zr` dataset commands as a user runs them: convert, info, gather, verify, rebalance.
 
-mod common;
-use common::zr;
+use crate::common::zr;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

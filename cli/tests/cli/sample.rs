@@ -1,7 +1,6 @@
 //! `zr sample` as a script uses it: batches per line, checkpoint, resume, errors.
 
-mod common;
-use common::zr;
+use crate::common::zr;
 
 use std::process::Command;
 

@@ -1,0 +1,6 @@
+//! The `zr` command as a user runs it: one test binary.
+
+mod common;
+mod convert_cluster;
+mod dataset;
+mod sample;
