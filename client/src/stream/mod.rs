@@ -374,39 +374,35 @@ impl ClusterStream {
             let start = i * stride;
             let row_tokens =
                 &mut tokens[(row as u64 * width * e) as usize..][..(width * e) as usize];
-            let mut pos = start;
-            while pos < start + width {
-                let block = pos / b;
-                let k = blocks.partition_point(|&x| x < block);
-                let from = pos - block * b;
-                let until = ((block + 1) * b).min(start + width) - block * b;
-                let bytes = piece(&columns[0], k, from * e, until * e).ok_or_else(|| {
-                    self.error(format!(
-                        "block {block} ends before token {}",
-                        block * b + until
-                    ))
-                })?;
-                let at = ((pos - start) * e) as usize;
-                row_tokens[at..at + bytes.len()].copy_from_slice(bytes);
-                if let Some(document) = document.as_deref_mut() {
-                    let (first, ends) = &parsed[k];
-                    let row_docs = &mut document[(row as u64 * width) as usize..][..width as usize];
-                    let mut d = *first + ends.partition_point(|&end| u64::from(end) <= from) as u64;
-                    let mut next = ends
-                        .iter()
-                        .map(|&end| u64::from(end))
-                        .filter(|&end| end > from);
-                    let mut boundary = next.next();
-                    for offset in from..until {
-                        while boundary.is_some_and(|end| end <= offset) {
-                            d += 1;
-                            boundary = next.next();
+            self.walk_range(
+                &columns[0],
+                &blocks,
+                start,
+                width,
+                |k, block, from, until, bytes| {
+                    let at = ((block * b + from - start) * e) as usize;
+                    row_tokens[at..at + bytes.len()].copy_from_slice(bytes);
+                    if let Some(document) = document.as_deref_mut() {
+                        let (first, ends) = &parsed[k];
+                        let row_docs =
+                            &mut document[(row as u64 * width) as usize..][..width as usize];
+                        let mut d =
+                            *first + ends.partition_point(|&end| u64::from(end) <= from) as u64;
+                        let mut next = ends
+                            .iter()
+                            .map(|&end| u64::from(end))
+                            .filter(|&end| end > from);
+                        let mut boundary = next.next();
+                        for offset in from..until {
+                            while boundary.is_some_and(|end| end <= offset) {
+                                d += 1;
+                                boundary = next.next();
+                            }
+                            row_docs[(block * b + offset - start) as usize] = d as i64;
                         }
-                        row_docs[(block * b + offset - start) as usize] = d as i64;
                     }
-                }
-                pos = block * b + until;
-            }
+                },
+            )?;
         }
         Ok(())
     }
@@ -602,8 +598,39 @@ impl ClusterStream {
 }
 
 /// Bytes `[from, until)` of record `k` of `column`.
-fn piece(column: &Contiguous, k: usize, from: u64, until: u64) -> Option<&[u8]> {
-    column.get(k)?.get(from as usize..until as usize)
+impl ClusterStream {
+    /// Walks the tokens [start, start + len) over `blocks` (sorted, gathered: their tokens in
+    /// `column`), a piece per block: `visit(k, block, from, until, bytes)`, with k the
+    /// block's place in `blocks` and [from, until) the piece's tokens inside the block.
+    fn walk_range(
+        &self,
+        column: &Contiguous,
+        blocks: &[u64],
+        start: u64,
+        len: u64,
+        mut visit: impl FnMut(usize, u64, u64, u64, &[u8]),
+    ) -> Result<(), Error> {
+        let (b, e) = (self.block_tokens, self.element_bytes);
+        let mut pos = start;
+        while pos < start + len {
+            let block = pos / b;
+            let k = blocks.partition_point(|&x| x < block);
+            let from = pos - block * b;
+            let until = ((block + 1) * b).min(start + len) - block * b;
+            let bytes = column
+                .get(k)
+                .and_then(|bytes| bytes.get((from * e) as usize..(until * e) as usize))
+                .ok_or_else(|| {
+                    self.error(format!(
+                        "block {block} ends before token {}",
+                        block * b + until
+                    ))
+                })?;
+            visit(k, block, from, until, bytes);
+            pos = block * b + until;
+        }
+        Ok(())
+    }
 }
 
 fn element_bytes(dtype: &str) -> Result<u64, Malformed> {

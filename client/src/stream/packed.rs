@@ -8,7 +8,7 @@ use std::sync::Arc;
 use zr_common::packing::{PackConfig, PackPlan, PackedColumns, Wanted};
 use zr_common::Contiguous;
 
-use super::{parse_documents, piece, ClusterStream, DOCUMENTS_FIELD, TOKENS_FIELD};
+use super::{parse_documents, ClusterStream, DOCUMENTS_FIELD, TOKENS_FIELD};
 use crate::error::Error;
 
 /// Blocks' document records read per gather while listing document lengths.
@@ -77,22 +77,16 @@ impl ClusterStream {
         blocks.dedup();
         let columns = self.client.gather(&blocks, &[TOKENS_FIELD])?;
         for &(start, len, place) in ranges {
-            let mut pos = start;
-            while pos < start + len {
-                let block = pos / b;
-                let k = blocks.partition_point(|&x| x < block);
-                let from = pos - block * b;
-                let until = ((block + 1) * b).min(start + len) - block * b;
-                let bytes = piece(&columns[0], k, from * e, until * e).ok_or_else(|| {
-                    self.error(format!(
-                        "block {block} ends before token {}",
-                        block * b + until
-                    ))
-                })?;
-                let at = place + ((pos - start) * e) as usize;
-                tokens[at..at + bytes.len()].copy_from_slice(bytes);
-                pos = block * b + until;
-            }
+            self.walk_range(
+                &columns[0],
+                &blocks,
+                start,
+                len,
+                |_, block, from, _, bytes| {
+                    let at = place + ((block * b + from - start) * e) as usize;
+                    tokens[at..at + bytes.len()].copy_from_slice(bytes);
+                },
+            )?;
         }
         Ok(())
     }
