@@ -390,6 +390,11 @@ mod tests {
         state
     }
 
+    /// Connected to `node`'s process `incarnation`.
+    fn connect(state: &mut Replicas, node: NodeId, incarnation: u64, now: Instant) {
+        state.handle(Event::Connected { node, incarnation }, now);
+    }
+
     fn drain(state: &mut Replicas) -> Vec<Effect> {
         std::iter::from_fn(|| state.poll()).collect()
     }
@@ -408,50 +413,20 @@ mod tests {
     fn a_restart_after_writes_not_made_durable_marks_the_node_behind() {
         let mut state = two_by_two();
         let t = Instant::now();
-        state.handle(
-            Event::Connected {
-                node: 1,
-                incarnation: 5,
-            },
-            t,
-        );
+        connect(&mut state, 1, 5, t);
         state.handle(Event::Wrote { node: 1 }, t);
         // Reconnected to the same process: nothing lost.
-        state.handle(
-            Event::Connected {
-                node: 1,
-                incarnation: 5,
-            },
-            t,
-        );
+        connect(&mut state, 1, 5, t);
         assert_eq!(drain(&mut state), vec![]);
         // Another process, before a commit: it may have lost the write.
-        state.handle(
-            Event::Connected {
-                node: 1,
-                incarnation: 6,
-            },
-            t,
-        );
+        connect(&mut state, 1, 6, t);
         let why = "it restarted, losing writes it had not made durable";
         assert_eq!(drain(&mut state), vec![Effect::MarkBehind { node: 1, why }]);
         // Committed first: a restart loses nothing.
         state.handle(Event::Wrote { node: 0 }, t);
-        state.handle(
-            Event::Connected {
-                node: 0,
-                incarnation: 1,
-            },
-            t,
-        );
+        connect(&mut state, 0, 1, t);
         state.handle(Event::Committed { node: 0 }, t);
-        state.handle(
-            Event::Connected {
-                node: 0,
-                incarnation: 2,
-            },
-            t,
-        );
+        connect(&mut state, 0, 2, t);
         assert_eq!(drain(&mut state), vec![]);
     }
 
@@ -460,21 +435,9 @@ mod tests {
         let mut state = Replicas::new(1);
         state.add(0, 0, addr(1)).unwrap();
         let t = Instant::now();
-        state.handle(
-            Event::Connected {
-                node: 0,
-                incarnation: 1,
-            },
-            t,
-        );
+        connect(&mut state, 0, 1, t);
         state.handle(Event::Wrote { node: 0 }, t);
-        state.handle(
-            Event::Connected {
-                node: 0,
-                incarnation: 2,
-            },
-            t,
-        );
+        connect(&mut state, 0, 2, t);
         assert_eq!(drain(&mut state), vec![]);
     }
 
@@ -512,13 +475,7 @@ mod tests {
             },
             t,
         );
-        state.handle(
-            Event::Connected {
-                node: 0,
-                incarnation: 3,
-            },
-            t,
-        );
+        connect(&mut state, 0, 3, t);
         drain(&mut state);
         let moved = ReplicaRecord::default()
             .with_moved((0, 0), 2, "127.0.0.1:9000")
