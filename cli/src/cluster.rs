@@ -392,6 +392,55 @@ pub enum ClusterCommand {
     ReplaceNode(ReplaceNodeArgs),
     AddShard(AddShardArgs),
     DrainShard(DrainShardArgs),
+    Audit(AuditArgs),
+}
+
+/// Read a router's audit log: who did what, when.
+///
+/// A router started with `[router] audit_log = "PATH"` in nodes.toml appends one JSON line
+/// there per admin action (dataset created, dropped or grown, scrub, node replaced, shards
+/// moved), per commit, and per refused request (at most one a minute per identity), and
+/// rotates it by size into PATH.1, PATH.2, …. This prints them, the rotated files first,
+/// oldest first: time, who (the certificate's name, or its role), action, dataset, outcome.
+#[derive(Args)]
+pub struct AuditArgs {
+    /// The audit log (the router's `[router] audit_log`).
+    #[arg(long, value_name = "PATH")]
+    file: PathBuf,
+    /// Only entries from then on: an RFC 3339 time (2026-11-27T10:00:00Z) or a span back
+    /// from now (90m, 2d).
+    #[arg(long)]
+    since: Option<String>,
+    /// Print the entries as their JSON lines.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn audit(args: AuditArgs) -> CliResult {
+    let since = match &args.since {
+        Some(text) => Some(zr_service::audit::since(text)?),
+        None => None,
+    };
+    let entries = zr_service::audit::read(&args.file, since)?;
+    for entry in &entries {
+        if args.json {
+            println!("{}", serde_json::to_string(entry)?);
+            continue;
+        }
+        let detail = if entry.detail.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", entry.detail)
+        };
+        println!(
+            "{}  {} ({})  {} {}  {}{detail}",
+            entry.time, entry.who, entry.role, entry.action, entry.dataset, entry.outcome
+        );
+    }
+    if !args.json {
+        eprintln!("{} entries", entries.len());
+    }
+    Ok(())
 }
 
 /// Add a shard to a running cluster, online, moving only the records it takes.
@@ -490,6 +539,7 @@ pub fn run(command: ClusterCommand) -> CliResult {
     match command {
         ClusterCommand::Status(args) => status(args),
         ClusterCommand::Issue(args) => issue(args),
+        ClusterCommand::Audit(args) => audit(args),
         ClusterCommand::RestoreRecord(args) => restore_record(args),
         ClusterCommand::ReplaceNode(args) => replace_node(args),
         ClusterCommand::AddShard(args) => {

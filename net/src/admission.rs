@@ -159,6 +159,7 @@ mod tests {
         Peer {
             role: Some(role),
             identity,
+            name: None,
         }
     }
 

@@ -198,6 +198,9 @@ pub struct Peer {
     /// Tells identities apart (a hash of the peer's certificate, or of its IP address where
     /// there is none): connection allowances are per identity.
     pub identity: u64,
+    /// The name its certificate was issued under (`zr cluster issue --name`), or the role's
+    /// own name for a role's shared certificate; `None` without a certificate.
+    pub name: Option<String>,
 }
 
 impl Peer {
@@ -209,19 +212,31 @@ impl Peer {
             .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
             .and_then(|chain| chain.into_iter().next());
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        let role = match &certificate {
+        let (role, name) = match &certificate {
             Some(cert) => {
                 cert.as_ref().hash(&mut hasher);
-                Role::of_certificate(cert, accepts)
+                let role = Role::of_certificate(cert, accepts);
+                (role, role.and_then(|role| issued_name(cert, role)))
             }
             None => {
                 connection.remote_address().ip().hash(&mut hasher);
-                None
+                (None, None)
             }
         };
         Peer {
             role,
             identity: hasher.finish(),
+            name,
+        }
+    }
+
+    /// Who this is, for a log line: the certificate's name, else its role, else its address's
+    /// hash.
+    pub fn who(&self) -> String {
+        match (&self.name, self.role) {
+            (Some(name), _) => name.clone(),
+            (None, Some(role)) => role.name().to_string(),
+            (None, None) => format!("uncertified-{:016x}", self.identity),
         }
     }
 
@@ -231,5 +246,19 @@ impl Peer {
             None => Some(crate::tls::Access::Operate),
             Some(role) => role.access(),
         }
+    }
+}
+
+/// The name `cert` (of role `role`) was issued under: its common name is the role's DNS name,
+/// then a space and the name `zr cluster issue --name` gave it; the role's own name if it has
+/// none (the role's shared certificate).
+fn issued_name(cert: &CertificateDer<'_>, role: Role) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let common = parsed.subject().iter_common_name().next()?.as_str().ok()?;
+    let rest = common.strip_prefix(role.dns_name())?;
+    match rest.strip_prefix(' ') {
+        Some(name) if !name.is_empty() => Some(name.to_string()),
+        _ if rest.is_empty() => Some(role.name().to_string()),
+        _ => None,
     }
 }

@@ -148,6 +148,8 @@ pub struct Router {
     log_budget: std::sync::Mutex<zr_service::logging::LogBudget>,
     /// The address this router serves clients on, once it does.
     listening: std::sync::OnceLock<SocketAddr>,
+    /// Where admin actions, commits and refused requests are written (`[router] audit_log`).
+    audit: Option<Arc<zr_service::audit::AuditLog>>,
 }
 
 /// Opens the metadata store `config` names (`[metadata]`).

@@ -195,6 +195,11 @@ pub struct RouterConfig {
     /// that writers and operators always find room.
     #[serde(default = "default_request_budget")]
     pub request_budget_mib: u64,
+    /// Where the router appends its audit log (admin actions, commits, refused requests;
+    /// see `zr_service::audit`); none if unset. A path that cannot be written stops the
+    /// router at start, naming it.
+    #[serde(default)]
+    pub audit_log: Option<std::path::PathBuf>,
 }
 
 /// The default of `[router] request_budget_mib`.
@@ -572,6 +577,14 @@ mod tests {
             Some(([127, 0, 0, 1], 9101).into())
         );
         assert_eq!(c.tls.unwrap().certs, PathBuf::from("certs"));
+        assert_eq!(c.router.audit_log, None, "commented out");
+        let audited =
+            include_str!("../../ops/nodes.toml").replace("# audit_log = ", "audit_log = ");
+        let audited = ClusterConfig::parse(&audited, "ops/nodes.toml").unwrap();
+        assert_eq!(
+            audited.router.audit_log,
+            Some(PathBuf::from("zr-audit.log"))
+        );
         let compose = ClusterConfig::parse(
             include_str!("../../ops/container/nodes.toml"),
             "ops/container/nodes.toml",

@@ -72,6 +72,8 @@ pub struct SimOptions {
     pub reply_budget_mib: u64,
     /// The routers' `[router] request_budget_mib`.
     pub request_budget_mib: u64,
+    /// The routers' `[router] audit_log`.
+    pub audit_log: Option<std::path::PathBuf>,
 }
 
 /// `ZR_SIM_SEED`, or a seed from the clock.
@@ -101,6 +103,7 @@ impl Default for SimOptions {
             replicas: 1,
             reply_budget_mib: zr_service::config::REPLY_BUDGET_MIB_DEFAULT,
             request_budget_mib: zr_service::config::REQUEST_BUDGET_MIB_DEFAULT,
+            audit_log: None,
         }
     }
 }
@@ -229,6 +232,7 @@ impl SimCluster {
                 metrics: None,
                 reply_budget_mib: options.reply_budget_mib,
                 request_budget_mib: options.request_budget_mib,
+                audit_log: options.audit_log.clone(),
             },
             node: Default::default(),
             metadata: Some(zr_service::config::MetadataConfig {

@@ -32,6 +32,7 @@ impl Router {
         let anyone = net::Peer {
             role: None,
             identity: 0,
+            name: Some("in-process".into()),
         };
         self.handle_from(&anyone, bytes).await
     }
@@ -53,15 +54,37 @@ impl Router {
                 };
                 let started = std::time::Instant::now();
                 metrics::counter!("zr_router_received_bytes_total").increment(bytes.len() as u64);
-                let executed = if peer.access().is_some_and(|has| has >= request.access()) {
+                let access = request.access();
+                let allowed = peer.access().is_some_and(|has| has >= access);
+                // The audit names the dataset asked for if the caller may ask (a dataset being
+                // created is not known yet); a refused caller's name for it is not kept.
+                let asked: String = if allowed {
+                    message.dataset().chars().take(128).collect()
+                } else {
+                    dataset.clone()
+                };
+                let executed = if allowed {
                     self.dispatch(message, body).await
                 } else {
                     Err(Failure::Forbidden {
                         request: kind,
-                        needs: request.access().role_name(),
+                        needs: access.role_name(),
                         has: peer.role.map_or("unknown".into(), |r| r.name().to_string()),
                     })
                 };
+                // Admin actions and commits, and refusals (once a minute per identity).
+                let audited = match (&executed, allowed) {
+                    (_, false) => Some("refused"),
+                    (Ok(_), true) => Some("ok"),
+                    (Err(_), true) => Some("error"),
+                }
+                .filter(|&outcome| {
+                    outcome == "refused" || access == net::tls::Access::Operate || kind == "commit"
+                });
+                if let Some(outcome) = audited {
+                    let detail = executed.as_ref().err().map(ToString::to_string);
+                    self.audit(peer, kind, &asked, outcome, detail);
+                }
                 let outcome = if executed.is_ok() { "ok" } else { "error" };
                 metrics::counter!("zr_router_requests_total", "kind" => kind, "outcome" => outcome, "dataset" => dataset.clone())
                     .increment(1);
@@ -80,6 +103,13 @@ impl Router {
             }
             Err(e) => {
                 self.log_failure(peer, || format!("bad request from a client: {e}"));
+                self.audit(
+                    peer,
+                    "undecodable",
+                    "unknown",
+                    "refused",
+                    Some(e.to_string()),
+                );
                 metrics::counter!("zr_router_errors_total", "code" => e.code().name()).increment(1);
                 Err(Reply::Error {
                     code: e.code(),
@@ -99,6 +129,34 @@ impl Router {
                 Body::Ready(Vec::new()),
             ),
         }
+    }
+
+    /// Writes an audit entry of `peer`'s `action` on `dataset`, if this router keeps an
+    /// audit log; a refusal only if `peer` had none logged in the last minute.
+    fn audit(
+        &self,
+        peer: &net::Peer,
+        action: &str,
+        dataset: &str,
+        outcome: &str,
+        detail: Option<String>,
+    ) {
+        let Some(audit) = &self.audit else {
+            return;
+        };
+        if outcome == "refused" && !audit.refusal_due(peer.identity, std::time::Instant::now()) {
+            return;
+        }
+        audit.record(&zr_service::audit::Entry {
+            time: zr_service::audit::Entry::now(),
+            server: "router".into(),
+            who: peer.who(),
+            role: peer.role.map_or("none".into(), |r| r.name().to_string()),
+            action: action.into(),
+            dataset: dataset.into(),
+            outcome: outcome.into(),
+            detail: detail.unwrap_or_default(),
+        });
     }
 
     /// Logs a failed request of `peer`'s, unless its identity has had its lines for now

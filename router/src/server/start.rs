@@ -27,6 +27,13 @@ impl Router {
         meta: Arc<dyn MetaStore>,
     ) -> Result<Arc<Router>, Error> {
         let placement = config.placement()?;
+        let audit = match &config.router.audit_log {
+            Some(path) => Some(Arc::new(
+                zr_service::audit::AuditLog::open(path)
+                    .map_err(|e| Error::Net(net::Error::Setup(e.to_string())))?,
+            )),
+            None => None,
+        };
         let nodes = Arc::new(super::links_of(config, security, Arc::clone(&meta))?);
         nodes.watch();
         let shards = nodes.shards() as usize;
@@ -70,6 +77,7 @@ impl Router {
                 .unwrap_or(usize::MAX),
             log_budget: Default::default(),
             listening: Default::default(),
+            audit,
         };
         // Which replicas are behind (none if the store has no record of them).
         if let Err(e) = router.nodes.refresh_replicas().await {

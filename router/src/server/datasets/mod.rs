@@ -413,6 +413,7 @@ impl Router {
             request_budget: self.request_budget,
             log_budget: Default::default(),
             listening: Default::default(),
+            audit: self.audit.clone(),
         });
         if let Err(e) = router.reload_committed().await {
             tracing::warn!("dataset '{}': {e}", dataset.name);
