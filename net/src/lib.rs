@@ -41,5 +41,5 @@ pub use rpc::{
 pub use security::{Peer, Security};
 pub use serve::{
     requests, serve, serve_peers, shutdown_signal, Limits, DRAIN_TIMEOUT, IDLE_RECLAIM, RECLAIMED,
-    TOO_MANY,
+    REQUESTS_PER_IDENTITY_DEFAULT, TOO_MANY,
 };

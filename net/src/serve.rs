@@ -63,6 +63,11 @@ pub struct Limits {
     /// hold at most `connections - n` (a node keeps room for its routers however many
     /// clients read from it).
     pub reserved: Option<(Role, usize)>,
+    /// Requests one identity has in flight at once, over all its connections (a waiting
+    /// gather is one until its wait ends). Its next request is read only when one of them
+    /// is answered, so one job's flood or pile of waiters holds up its own requests, not
+    /// another's. Peers of the [`Limits::reserved`] role are not capped.
+    pub requests_per_identity: usize,
 }
 
 impl Limits {
@@ -77,9 +82,14 @@ impl Limits {
             request_bytes_kept_from_readers: MESSAGE_BYTES_MAX / 2,
             timeout,
             reserved: None,
+            requests_per_identity: REQUESTS_PER_IDENTITY_DEFAULT,
         }
     }
 }
+
+/// The default of [`Limits::requests_per_identity`]: more than any one job's loaders keep in
+/// flight, few enough that no identity can hold a server's every task.
+pub const REQUESTS_PER_IDENTITY_DEFAULT: usize = 4096;
 
 /// A connection with no request in flight for this long may be closed to make room for
 /// others once the server is near a cap (clients reconnect on their next call).
@@ -98,6 +108,9 @@ pub const TOO_MANY: u32 = 0x5a53;
 struct Open {
     next: u64,
     connections: std::collections::HashMap<u64, Tracked>,
+    /// Each identity with a connection open: the requests it may still have in flight
+    /// (see [`Limits::requests_per_identity`]).
+    requests: std::collections::HashMap<u64, Arc<tokio::sync::Semaphore>>,
 }
 
 /// One open connection: whose, how busy, since when idle, and its slot (given back the
@@ -125,6 +138,16 @@ impl Tracked {
 }
 
 impl Open {
+    /// The requests `identity` may have in flight, `most` at once.
+    fn requests_of(&mut self, identity: u64, most: usize) -> Arc<tokio::sync::Semaphore> {
+        let most = most.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        Arc::clone(
+            self.requests
+                .entry(identity)
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(most))),
+        )
+    }
+
     /// How many connections `identity` has open.
     fn count(&self, identity: u64) -> usize {
         self.connections
@@ -245,6 +268,7 @@ pub async fn serve_peers<H, F>(
         request_bytes_kept_from_readers,
         timeout,
         reserved,
+        requests_per_identity,
     } = limits;
     let connections = Arc::new(tokio::sync::Semaphore::new(connections_max));
     let open = Arc::new(std::sync::Mutex::new(Open::default()));
@@ -286,7 +310,7 @@ pub async fn serve_peers<H, F>(
                 tasks.spawn(async move {
                     let peer = incoming.remote_address();
                     let unprivileged_max = reserved.map(|(role, n)| (role, connections_max.saturating_sub(n)));
-                    let serving = Serving { handler, in_flight, budget, request_max, timeout, open, per_identity: connections_per_identity, unprivileged_max };
+                    let serving = Serving { handler, in_flight, budget, request_max, timeout, open, per_identity: connections_per_identity, unprivileged_max, requests_per_identity };
                     if let Err(e) = connection(incoming, permit, serving).await {
                         tracing::debug!("connection from {peer} ended: {}", describe(&e));
                     }
@@ -321,6 +345,7 @@ struct Serving<H> {
     per_identity: usize,
     /// The reserved role, and the most connections peers of other roles may hold.
     unprivileged_max: Option<(Role, usize)>,
+    requests_per_identity: usize,
 }
 
 /// Takes a connection out of the open set when its task ends.
@@ -331,11 +356,13 @@ struct Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .connections
-            .remove(&self.id);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(gone) = open.connections.remove(&self.id) {
+            // Requests of its still running hold their permits (an Arc of their own).
+            if open.count(gone.identity) == 0 {
+                open.requests.remove(&gone.identity);
+            }
+        }
     }
 }
 
@@ -401,6 +428,7 @@ where
         open,
         per_identity,
         unprivileged_max,
+        requests_per_identity,
     } = serving;
     let connection = incoming.await?;
     let peer = connection.remote_address();
@@ -409,7 +437,7 @@ where
     let idle_since = Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
     // On an `--insecure-dev` endpoint nobody has a role: every peer counts as privileged.
     let privileged = unprivileged_max.is_none_or(|(role, _)| who.role.is_none_or(|r| r == role));
-    let _registered = {
+    let (_registered, allowed) = {
         let mut open_now = open.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((role, most)) = unprivileged_max.filter(|_| !privileged) {
             if open_now.unprivileged() >= most {
@@ -454,10 +482,19 @@ where
                 idle_since: Arc::clone(&idle_since),
             },
         );
-        Registered {
+        // Peers of the reserved role (a node's routers, which carry every client's requests
+        // under one certificate) are not capped.
+        let most = if unprivileged_max.is_some() && privileged {
+            usize::MAX
+        } else {
+            requests_per_identity
+        };
+        let allowed = open_now.requests_of(who.identity, most);
+        let registered = Registered {
             open: Arc::clone(&open),
             id,
-        }
+        };
+        (registered, allowed)
     };
     let pools = budget.pools_of(&who);
     let mut requests = tokio::task::JoinSet::new();
@@ -475,6 +512,22 @@ where
                 continue;
             }
         };
+        // The identity's share of requests in flight: at its cap, this connection reads its
+        // next request once one of the identity's is answered.
+        let permit = match Arc::clone(&allowed).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                metrics::counter!("zr_requests_held_for_identity_total").increment(1);
+                tracing::debug!(
+                    "{peer}'s certificate has {requests_per_identity} requests in flight; its next waits"
+                );
+                match Arc::clone(&allowed).acquire_owned().await {
+                    Ok(permit) => permit,
+                    // Never closed; were it, the request would go unserved, as at shutdown.
+                    Err(_) => return Ok(()),
+                }
+            }
+        };
         let handler = handler.clone();
         let in_flight = Arc::clone(&in_flight);
         let pools = pools.clone();
@@ -482,7 +535,7 @@ where
         let who = Arc::clone(&who);
         let counted = Busy::start(&busy, &idle_since);
         requests.spawn(async move {
-            let _counted = counted;
+            let (_counted, _permit) = (counted, permit);
             let mut reply = Outgoing(Some(send));
             // The request's bytes hold their share of the budget until it is answered.
             let (bytes, _held) = match tokio::time::timeout(timeout, read_request(&mut recv, &pools, request_max)).await {
@@ -970,6 +1023,55 @@ mod tests {
                 let reply = task.await.unwrap().unwrap();
                 assert_eq!(reply, (4 + (100usize << 10)).to_le_bytes().to_vec());
             }
+            served.abort();
+        });
+    }
+
+    /// One identity's requests in flight are capped over all its connections: with a cap
+    /// of 3, eight requests over two connections run at most three at once (and three do:
+    /// the cap is not a queue of one), and every one is answered.
+    #[test]
+    fn one_identity_has_at_most_its_requests_in_flight() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        runtime().block_on(async {
+            let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+            let handler = {
+                let (now, most) = (Arc::clone(&now), Arc::clone(&most));
+                move |bytes: Vec<u8>| {
+                    let (now, most) = (Arc::clone(&now), Arc::clone(&most));
+                    async move {
+                        let running = now.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(running, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        now.fetch_sub(1, Ordering::SeqCst);
+                        (bytes, Body::Ready(Vec::new()))
+                    }
+                }
+            };
+            let limits = Limits {
+                requests_per_identity: 3,
+                ..Limits::new(8, TIMEOUT)
+            };
+            let (addr, client, served) = start(limits, std::future::pending(), handler);
+            // On an `--insecure-dev` endpoint, one address is one identity.
+            let first = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+            let second = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
+            let calls: Vec<_> = (0..8)
+                .map(|k| {
+                    let c = if k % 2 == 0 {
+                        first.clone()
+                    } else {
+                        second.clone()
+                    };
+                    tokio::spawn(
+                        async move { call(&c, b"ZRW1".to_vec(), Vec::new(), TIMEOUT).await },
+                    )
+                })
+                .collect();
+            for task in calls {
+                assert_eq!(task.await.unwrap().unwrap(), b"ZRW1".to_vec());
+            }
+            assert_eq!(most.load(Ordering::SeqCst), 3, "requests in flight at most");
             served.abort();
         });
     }

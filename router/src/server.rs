@@ -144,6 +144,8 @@ pub struct Router {
     replies: Arc<ReplyBudget>,
     /// Bytes of requests read or handled at once (`[router] request_budget_mib`).
     request_budget: usize,
+    /// Requests one identity has in flight at once (`[router] requests_per_identity`).
+    requests_per_identity: usize,
     /// The failed requests' log lines each client identity may cause.
     log_budget: std::sync::Mutex<zr_service::logging::LogBudget>,
     /// The address this router serves clients on, once it does.

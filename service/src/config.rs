@@ -195,11 +195,20 @@ pub struct RouterConfig {
     /// that writers and operators always find room.
     #[serde(default = "default_request_budget")]
     pub request_budget_mib: u64,
+    /// Requests one client certificate has in flight at once at this router, over all its
+    /// connections (waiting gathers count until their wait ends); its next ones are read as
+    /// these are answered, so one job's flood waits on itself, not on others.
+    #[serde(default = "default_requests_per_identity")]
+    pub requests_per_identity: usize,
     /// Where the router appends its audit log (admin actions, commits, refused requests;
     /// see `zr_service::audit`); none if unset. A path that cannot be written stops the
     /// router at start, naming it.
     #[serde(default)]
     pub audit_log: Option<std::path::PathBuf>,
+}
+
+fn default_requests_per_identity() -> usize {
+    zr_net::REQUESTS_PER_IDENTITY_DEFAULT
 }
 
 /// The default of `[router] request_budget_mib`.

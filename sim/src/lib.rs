@@ -232,6 +232,7 @@ impl SimCluster {
                 metrics: None,
                 reply_budget_mib: options.reply_budget_mib,
                 request_budget_mib: options.request_budget_mib,
+                requests_per_identity: zr_net::REQUESTS_PER_IDENTITY_DEFAULT,
                 audit_log: options.audit_log.clone(),
             },
             node: Default::default(),

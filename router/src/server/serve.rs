@@ -11,6 +11,7 @@ impl Router {
             let _ = self.listening.set(addr);
         }
         let (timeout, request_budget) = (self.timeout, self.request_budget);
+        let requests_per_identity = self.requests_per_identity;
         let handler = move |peer: &net::Peer, bytes: Vec<u8>| {
             let router = Arc::clone(&self);
             let peer = peer.clone();
@@ -21,6 +22,7 @@ impl Router {
             request_bytes: request_budget,
             request_bytes_per_identity: request_budget / 2,
             request_bytes_kept_from_readers: request_budget / 4,
+            requests_per_identity,
             ..net::Limits::new(CONNECTIONS_MAX, timeout)
         };
         net::serve_peers(&endpoint, limits, shutdown, handler).await;

@@ -75,6 +75,7 @@ impl Router {
             replies: Arc::new(ReplyBudget::new(config.router.reply_budget_mib)),
             request_budget: usize::try_from(config.router.request_budget_mib << 20)
                 .unwrap_or(usize::MAX),
+            requests_per_identity: config.router.requests_per_identity,
             log_budget: Default::default(),
             listening: Default::default(),
             audit,
