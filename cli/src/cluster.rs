@@ -393,6 +393,50 @@ pub enum ClusterCommand {
     AddShard(AddShardArgs),
     DrainShard(DrainShardArgs),
     Audit(AuditArgs),
+    Revoke(RevokeArgs),
+}
+
+/// Revoke the certificates issued under a name, on every router and node, within seconds.
+///
+/// A certificate of a job that leaked, or of a team that left, is refused from then on: its
+/// requests on connections already open and on new ones, through routers and one hop from
+/// nodes, within a few seconds (every router and node reads the list each second); a router
+/// or node that was down meanwhile refuses it from its start. The list is in the metadata
+/// store. The certificate this command connects with, and the cluster's own operator,
+/// router and node certificates, cannot be revoked. `--undo` serves the name again.
+#[derive(Args)]
+pub struct RevokeArgs {
+    /// The name the certificate was issued under (`zr cluster issue --name NAME`).
+    #[arg(long)]
+    name: String,
+    /// Serve the name again.
+    #[arg(long)]
+    undo: bool,
+    #[command(flatten)]
+    remote: RouterArgs,
+}
+
+fn revoke(args: RevokeArgs) -> CliResult {
+    let client = args
+        .remote
+        .client(Access::Operate)?
+        .ok_or("--router is missing: zr cluster revoke --name NAME --router ADDR --certs DIR")?;
+    let names = client.revoke(&args.name, args.undo)?;
+    if args.undo {
+        println!("'{}' is served again", args.name);
+    } else {
+        println!(
+            "'{}' is revoked: refused by every router and node within {} s",
+            args.name,
+            2 * zr_meta::revoked::WATCH_EVERY.as_secs()
+        );
+    }
+    if names.is_empty() {
+        println!("no certificate is revoked");
+    } else {
+        println!("revoked: {}", names.join(", "));
+    }
+    Ok(())
 }
 
 /// Read a router's audit log: who did what, when.
@@ -540,6 +584,7 @@ pub fn run(command: ClusterCommand) -> CliResult {
         ClusterCommand::Status(args) => status(args),
         ClusterCommand::Issue(args) => issue(args),
         ClusterCommand::Audit(args) => audit(args),
+        ClusterCommand::Revoke(args) => revoke(args),
         ClusterCommand::RestoreRecord(args) => restore_record(args),
         ClusterCommand::ReplaceNode(args) => replace_node(args),
         ClusterCommand::AddShard(args) => {

@@ -79,6 +79,9 @@ pub enum Failure {
         needs: &'static str,
         has: String,
     },
+    /// The sender's certificate was revoked (`zr cluster revoke`).
+    #[error("the certificate named '{name}' is revoked (an operator serves it again with `zr cluster revoke --name {name} --undo`)")]
+    Revoked { name: String },
     /// A delete that failed after it was recorded: the next write finishes it.
     #[error("{0}; the delete is recorded, and the next write through any router finishes it")]
     DeleteRecorded(Box<Failure>),
@@ -125,7 +128,7 @@ impl Failure {
             Failure::Conflict(_) => ErrorCode::Conflict,
             Failure::Busy { .. } => ErrorCode::Conflict,
             Failure::BadRequest(_) => ErrorCode::BadRequest,
-            Failure::Forbidden { .. } => ErrorCode::Forbidden,
+            Failure::Forbidden { .. } | Failure::Revoked { .. } => ErrorCode::Forbidden,
             Failure::While { failure, .. } | Failure::DeleteRecorded(failure) => failure.code(),
         }
     }

@@ -15,6 +15,7 @@ mod embedded;
 mod etcd;
 pub mod nodes;
 pub mod replicas;
+pub mod revoked;
 pub mod testing;
 pub mod writer;
 

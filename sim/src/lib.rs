@@ -328,6 +328,14 @@ impl SimCluster {
             // The node's liveness lease, stopped with the node (or its crash).
             let mut lease = tokio::task::JoinSet::new();
             let kept = Arc::clone(&reads);
+            let revoked = Arc::new(zr_meta::revoked::Revoked::default());
+            // Read before the first request; a store that cannot answer yet is read again by
+            // the watch.
+            let _ = revoked.refresh(&*meta).await;
+            lease.spawn(zr_meta::revoked::watch(
+                Arc::clone(&meta),
+                Arc::clone(&revoked),
+            ));
             lease.spawn(zr_meta::nodes::keep_alive(meta, shard, replica, addr, kept));
             let serving = zr_shard::server::Serving {
                 timeout,
@@ -335,6 +343,7 @@ impl SimCluster {
                 reads,
                 security,
                 ship_faults: Some(ship_faults),
+                revoked,
             };
             zr_shard::server::serve_with(endpoint, store, serving, async {
                 let _ = stopped.await;

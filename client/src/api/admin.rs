@@ -104,6 +104,22 @@ impl AsyncClient {
         }
     }
 
+    /// Refuses the certificates issued under `name` (`zr cluster issue --name`) on every
+    /// router and node from now on — within a few seconds on those that are up, from their
+    /// start on the others — or, with `undo`, serves them again; returns the names refused
+    /// after the change. Operators only; a request cannot revoke its own certificate, nor
+    /// the cluster's own operator, router or node certificates.
+    pub async fn revoke(&self, name: &str, undo: bool) -> Result<Vec<String>, Error> {
+        let request = ClientRequest::Revoke {
+            name: name.to_string(),
+            undo,
+        };
+        match self.call(&request, Vec::new()).await?.0 {
+            Reply::Revoked { names } => Ok(names),
+            other => Err(unexpected("revoke", &other)),
+        }
+    }
+
     /// Scrubs records `start..start + count` of shard `shard` (shard-local indices): each
     /// read on every in-sync replica against its CRC, the copies compared, and what fails or
     /// differs repaired from a good copy.

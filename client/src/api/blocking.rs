@@ -230,6 +230,11 @@ impl Client {
         self.runtime.block_on(self.inner.move_progress())
     }
 
+    /// Revokes a certificate name, or serves it again (see [`AsyncClient::revoke`]).
+    pub fn revoke(&self, name: &str, undo: bool) -> Result<Vec<String>, Error> {
+        self.runtime.block_on(self.inner.revoke(name, undo))
+    }
+
     /// Scrubs part of a shard (see [`AsyncClient::scrub`]).
     pub fn scrub(&self, shard: u32, start: u64, count: u64) -> Result<wire::ScrubReport, Error> {
         self.runtime.block_on(self.inner.scrub(shard, start, count))

@@ -115,6 +115,10 @@ pub enum ClientRequest {
     /// from the nodes if `covering` is past the router's (as for a gather of that index).
     /// Reply: `Topology`.
     Topology { covering: u64 },
+    /// Refuse the certificates issued under `name` (`zr cluster issue --name`) on every
+    /// router and node from now on (`undo`: serve them again). Reply: `Revoked`, the names
+    /// refused after it.
+    Revoke { name: String, undo: bool },
 }
 
 /// A change of the cluster map, as a client asks for it.
@@ -193,7 +197,8 @@ impl ClientRequest {
             | ClientRequest::AddField { .. }
             | ClientRequest::Scrub { .. }
             | ClientRequest::ReplaceNode { .. }
-            | ClientRequest::MoveShards { .. } => Access::Operate,
+            | ClientRequest::MoveShards { .. }
+            | ClientRequest::Revoke { .. } => Access::Operate,
         }
     }
 
@@ -218,6 +223,7 @@ impl ClientRequest {
             ClientRequest::MoveShards { .. } => "move-shards",
             ClientRequest::MoveProgress => "move-progress",
             ClientRequest::Topology { .. } => "topology",
+            ClientRequest::Revoke { .. } => "revoke",
         }
     }
 }

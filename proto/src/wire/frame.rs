@@ -40,6 +40,12 @@ impl Request for ClientMessage {
             ClientRequest::Modify {
                 fields, lengths, ..
             } => check_modify(fields, lengths, body),
+            ClientRequest::Revoke { name, .. } if name.len() > CERT_NAME_BYTES_MAX => {
+                Err(Error::Malformed(format!(
+                    "a certificate name of {} bytes (at most {CERT_NAME_BYTES_MAX})",
+                    name.len()
+                )))
+            }
             ClientRequest::MoveShards { nodes, .. } if nodes.len() > NODES_MAX => Err(
                 Error::Malformed(format!("{} nodes (at most {NODES_MAX})", nodes.len())),
             ),
@@ -60,6 +66,7 @@ impl Request for ClientMessage {
             | ClientRequest::ReplaceNode { .. }
             | ClientRequest::MoveShards { .. }
             | ClientRequest::MoveProgress
+            | ClientRequest::Revoke { .. }
             | ClientRequest::Topology { .. } => expect_empty(body),
         }
     }

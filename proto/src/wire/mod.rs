@@ -35,6 +35,8 @@ pub const RECORDS_MAX: usize = 1 << 20;
 pub const FIELDS_MAX: usize = 256;
 /// Most nodes a request may name.
 pub const NODES_MAX: usize = 1 << 16;
+/// Most bytes of a certificate name (`zr cluster issue --name`) a request may carry.
+pub const CERT_NAME_BYTES_MAX: usize = 64;
 /// Longest cluster id a node request may carry.
 pub const CLUSTER_ID_BYTES_MAX: usize = 128;
 /// Longest dataset name (see [`check_dataset_name`]).

@@ -87,6 +87,10 @@ pub enum Reply {
     },
     /// How far a rebuild by files got (see `NodeRequest::ShipFrom`).
     Shipping(ShipStatus),
+    /// The certificate names the cluster refuses (see `ClientRequest::Revoke`).
+    Revoked {
+        names: Vec<String>,
+    },
 }
 
 /// Which process and open of a node's dataset answered, and how many changes to existing

@@ -245,6 +245,29 @@ fn dataset_names_follow_the_pattern() {
     );
 }
 
+/// A revocation carries a certificate name of at most 64 bytes and no body.
+#[test]
+fn revocations_are_bounded() {
+    let revoke = |name: String, body: Vec<u8>| {
+        let message = ClientMessage::new(None, ClientRequest::Revoke { name, undo: false });
+        let mut bytes = encode_request(&message).unwrap();
+        bytes.extend_from_slice(&body);
+        decode_request::<ClientMessage>(&bytes).map(|_| ())
+    };
+    assert!(revoke("team-a".into(), Vec::new()).is_ok());
+    let e = revoke("x".repeat(CERT_NAME_BYTES_MAX + 1), Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("at most 64"), "{e}");
+    assert!(revoke("team-a".into(), vec![1]).is_err(), "a body");
+    let message = ClientMessage::new(
+        None,
+        ClientRequest::Revoke {
+            name: "a".into(),
+            undo: true,
+        },
+    );
+    assert_eq!(message.request.access(), Access::Operate);
+}
+
 /// A client's request and a node's are different messages: a node refuses a client's
 /// unread, and a router a node's, so an internal request cannot come from a client.
 #[test]

@@ -57,7 +57,12 @@ impl Router {
                 let started = std::time::Instant::now();
                 metrics::counter!("zr_router_received_bytes_total").increment(bytes.len() as u64);
                 let access = request.access();
-                let allowed = peer.access().is_some_and(|has| has >= access);
+                let revoked = peer.role.is_some_and(|r| r.access().is_some())
+                    && peer
+                        .name
+                        .as_deref()
+                        .is_some_and(|name| self.revoked.contains(name));
+                let allowed = !revoked && peer.access().is_some_and(|has| has >= access);
                 // The audit names the dataset asked for if the caller may ask (a dataset being
                 // created is not known yet); a refused caller's name for it is not kept.
                 let asked: String = if allowed {
@@ -65,14 +70,23 @@ impl Router {
                 } else {
                     dataset.clone()
                 };
-                let executed = if allowed {
-                    self.dispatch(message, body).await
-                } else {
+                let revokes_itself = matches!(request, ClientRequest::Revoke { name, undo: false }
+                    if peer.name.as_deref() == Some(name.as_str()));
+                let executed = if revoked {
+                    Err(Failure::Revoked { name: peer.who() })
+                } else if !allowed {
                     Err(Failure::Forbidden {
                         request: kind,
                         needs: access.role_name(),
                         has: peer.role.map_or("unknown".into(), |r| r.name().to_string()),
                     })
+                } else if revokes_itself {
+                    Err(Failure::BadRequest(format!(
+                        "refusing to revoke '{}': it is the certificate this request comes with",
+                        peer.who()
+                    )))
+                } else {
+                    self.dispatch(message, body).await
                 };
                 // Admin actions and commits, and refusals (once a minute per identity).
                 let audited = match (&executed, allowed) {
@@ -131,6 +145,25 @@ impl Router {
                 Body::Ready(Vec::new()),
             ),
         }
+    }
+
+    /// Refuses the certificates named `name` on every router and node (`undo`: serves them
+    /// again), in the metadata store; this router refuses them at once, the others and the
+    /// nodes within [`zr_meta::revoked::WATCH_EVERY`]. The cluster's own operator, router
+    /// and node certificates cannot be revoked (the first is the way back in).
+    async fn revoke(&self, name: &str, undo: bool) -> Result<Reply, Failure> {
+        net::tls::check_name(name).map_err(|e| Failure::BadRequest(e.to_string()))?;
+        if !undo && ["operator", "router", "node"].contains(&name) {
+            return Err(Failure::BadRequest(format!(
+                "refusing to revoke '{name}': it is the cluster's own {name} certificate (made by `zr cluster-init`); revoke the names `zr cluster issue` gave"
+            )));
+        }
+        let record = zr_meta::revoked::revoke(&*self.meta, name, undo)
+            .await
+            .map_err(Failure::from)?;
+        let names = record.names.iter().cloned().collect();
+        self.revoked.set(record);
+        Ok(Reply::Revoked { names })
     }
 
     /// Writes an audit entry of `peer`'s `action` on `dataset`, if this router keeps an
@@ -297,6 +330,7 @@ impl Router {
             ClientRequest::Topology { covering } => {
                 Ok(ready(Reply::Topology(self.topology(covering).await?)))
             }
+            ClientRequest::Revoke { name, undo } => self.revoke(&name, undo).await.map(ready),
             ClientRequest::Commit => {
                 let commit = self.exclusive(|| async {
                     let placement = self.placement.load_full();

@@ -79,6 +79,7 @@ impl Router {
             log_budget: Default::default(),
             listening: Default::default(),
             audit,
+            revoked: Default::default(),
         };
         // Which replicas are behind (none if the store has no record of them).
         if let Err(e) = router.nodes.refresh_replicas().await {
@@ -193,11 +194,14 @@ impl Router {
                 Err(e) => return Err(e.into()),
             }
         }
+        // Revoked certificates are refused from the first request on.
+        router.revoked.refresh(&*router.meta).await?;
         let router = Arc::new(router);
         router.open_datasets(&record).await?;
         router.start_rebuilds();
         router.start_gauges();
         router.start_map_reloads();
+        router.start_revocation_reads();
         // Gives the writer lease back once the router has been idle for a moment; ends with
         // the router.
         let keeper = Arc::downgrade(&router);
@@ -324,6 +328,29 @@ impl Router {
                 metrics::gauge!("zr_router_reply_bytes").set(router.replies.held() as f64);
                 drop(router);
                 tokio::time::sleep(GAUGES_EVERY).await;
+            }
+        });
+    }
+
+    /// Reads the revoked certificates every [`zr_meta::revoked::WATCH_EVERY`]; ends with the
+    /// router. A store that cannot be read keeps the names read last.
+    pub(super) fn start_revocation_reads(self: &Arc<Self>) {
+        let router = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut failing = false;
+            loop {
+                tokio::time::sleep(zr_meta::revoked::WATCH_EVERY).await;
+                let Some(router) = router.upgrade() else {
+                    return;
+                };
+                match router.revoked.refresh(&*router.meta).await {
+                    Ok(()) => failing = false,
+                    Err(e) if !failing => {
+                        tracing::warn!("cannot read the revoked certificates: {e}");
+                        failing = true;
+                    }
+                    Err(_) => {}
+                }
             }
         });
     }

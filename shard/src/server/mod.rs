@@ -110,6 +110,9 @@ pub struct Serving {
     pub security: Option<net::Security>,
     /// Faults injected into the pieces of files it serves its partners (tests; `None`).
     pub ship_faults: Option<Arc<crate::ship::ShipFaults>>,
+    /// The certificate names refused (`zr cluster revoke`), as last read from the metadata
+    /// store ([`zr_meta::revoked::watch`]): a client with one of them is refused.
+    pub revoked: Arc<zr_meta::revoked::Revoked>,
 }
 
 /// Where a node runs its store calls.
@@ -146,6 +149,7 @@ pub async fn serve_with(
         reads,
         security,
         ship_faults,
+        revoked,
     } = serving;
     let coordination = Coordination::open(store.dir())?;
     let shard = Shard::new(store, coordination, shard_runtime())?;
@@ -169,7 +173,23 @@ pub async fn serve_with(
         let warmth = Arc::clone(&warmth);
         let sender = Sender::of(peer);
         let reads = Arc::clone(&reads);
+        // A client (reader, writer, operator) whose certificate's name was revoked.
+        let revoked = matches!(sender, Sender::Client(role) if role.access().is_some())
+            && peer
+                .name
+                .as_deref()
+                .is_some_and(|name| revoked.contains(name));
+        let who = peer.who();
         async move {
+            if revoked {
+                let (header, body) = error_reply(
+                    ErrorCode::Forbidden,
+                    format!(
+                        "the certificate named '{who}' is revoked (an operator serves it again with `zr cluster revoke --name {who} --undo`)"
+                    ),
+                );
+                return (header, net::Body::Ready(body));
+            }
             if let Sender::Client(role) = sender {
                 if !reads.held() && is_gather(&bytes) {
                     let (header, body) = error_reply(
@@ -626,8 +646,17 @@ pub async fn run_shard(
     let mut background = tokio::task::JoinSet::new(); // dropped (so stopped) with the node
                                                       // Clients read from it while it knows itself in sync (see `Sender`).
     let reads = Arc::new(zr_meta::nodes::ReadLease::new(config.cluster.replicas));
+    let revoked = Arc::new(zr_meta::revoked::Revoked::default());
     match zr_meta::open(&config.metadata_location(), timeout).await {
         Ok(meta) => {
+            // Revoked certificates refused from the first request on, if the store answers.
+            if let Err(e) = revoked.refresh(&*meta).await {
+                tracing::warn!("shard {shard}: cannot read the revoked certificates yet: {e}");
+            }
+            background.spawn(zr_meta::revoked::watch(
+                Arc::clone(&meta),
+                Arc::clone(&revoked),
+            ));
             background.spawn(zr_meta::nodes::keep_alive(
                 meta,
                 shard,
@@ -644,6 +673,7 @@ pub async fn run_shard(
         reads,
         security: Some(security.clone()),
         ship_faults: None,
+        revoked,
     };
     serve_with(endpoint, store, serving, shutdown).await?;
     tracing::info!("shard {shard} stopped");

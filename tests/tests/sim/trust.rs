@@ -321,3 +321,110 @@ fn the_audit_log_says_who_did_what() {
     .expect("refused");
     assert!(e.to_string().contains("no-such-dir"), "{e}");
 }
+
+/// Gathers through `client` until one fails, `within` at most; the time it took and the
+/// error. A poll on real time: the nodes and routers read the revocation record on their own
+/// clock, beside the cluster's real sockets.
+fn refused_within(client: &Client, within: std::time::Duration) -> (std::time::Duration, String) {
+    let started = std::time::Instant::now();
+    loop {
+        match client.gather(&[0, 1, 2], &[]) {
+            Err(e) => return (started.elapsed(), e.to_string()),
+            Ok(_) => assert!(
+                started.elapsed() < within,
+                "still served {within:?} after the revocation"
+            ),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// `zr cluster revoke`: a reader's certificate revoked while it gathers one hop is refused
+/// by the nodes within seconds — with the router stopped, so the nodes alone refuse it —
+/// while another reader's gathers go on; a router started afterwards refuses it from its
+/// first request; an operator cannot revoke its own certificate or the cluster's operator
+/// certificate; `--undo` serves it again.
+#[test]
+fn a_revoked_certificate_is_refused_by_nodes_and_routers_within_seconds() {
+    let mut cluster = loaded(2, 300);
+    let certs = cluster.certs_dir().expect("a secured cluster");
+    let connect = |role: Role, name: &str| {
+        let home = zr_net::tls::issue_cert(&certs, role, name, 1).expect("issue");
+        let security = zr_net::Security::load(&home, role).expect("load");
+        Client::connect_with_timeout(cluster.router_addr(), security, cluster.client_timeout())
+            .expect("connect")
+    };
+    let operator = connect(Role::Operator, "ops-1");
+    let (team_a, team_b) = (
+        connect(Role::Reader, "team-a"),
+        connect(Role::Reader, "team-b"),
+    );
+    assert!(team_a.reads_direct() && team_b.reads_direct(), "one hop");
+    check_all(&team_a, 300);
+
+    // Refusals that change nothing.
+    for (name, why) in [("ops-1", "comes with"), ("operator", "cluster's own")] {
+        let (code, message) = refusal(operator.revoke(name, false));
+        assert_eq!(code, Some(ErrorCode::BadRequest), "{message}");
+        assert!(message.contains(why), "{message}");
+    }
+    let (code, message) = refusal(team_b.revoke("team-a", false));
+    assert_eq!(
+        code,
+        Some(ErrorCode::Forbidden),
+        "a reader revokes nothing: {message}"
+    );
+    let (_, message) = refusal(operator.revoke("Team A!", false));
+    assert!(message.contains("not a usable name"), "{message}");
+
+    assert_eq!(
+        operator.revoke("team-a", false).expect("revoke"),
+        ["team-a"]
+    );
+    cluster.stop_router(0).expect("stop the router");
+    let (took, error) = refused_within(&team_a, std::time::Duration::from_secs(10));
+    assert!(error.contains("'team-a' is revoked"), "{error}");
+    println!("team-a refused one hop {took:?} after the revocation");
+    check_all_one_hop(&team_b, 300);
+
+    // A router started after the revocation refuses team-a at once; team-b is served.
+    cluster.add_router().expect("a new router");
+    let fresh = cluster.router_addrs()[0];
+    let reader = |name: &str| {
+        let home = certs.join(format!("reader-{name}"));
+        let security = zr_net::Security::load(&home, Role::Reader).expect("load");
+        Client::connect_with_timeout(fresh, security, cluster.client_timeout())
+    };
+    let e = reader("team-a").and_then(|c| c.len()).expect_err("refused");
+    assert!(e.to_string().contains("revoked"), "{e}");
+    assert_eq!(reader("team-b").expect("connect").len().expect("len"), 300);
+
+    // Undone: served again.
+    let operator = {
+        let home = certs.join("operator-ops-1");
+        let security = zr_net::Security::load(&home, Role::Operator).expect("load");
+        Client::connect_with_timeout(fresh, security, cluster.client_timeout()).expect("connect")
+    };
+    assert!(operator.revoke("team-a", true).expect("undo").is_empty());
+    let team_a = reader("team-a").expect("connect");
+    assert_eq!(team_a.len().expect("the router serves it at once"), 300);
+    // The nodes, once they read the record again (a poll on real time, as above).
+    let started = std::time::Instant::now();
+    while team_a.gather(&[0], &[]).is_err() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "still refused"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    check_all_one_hop(&team_a, 300);
+}
+
+/// Every record byte-exact through `client`, read one hop (no router needed).
+fn check_all_one_hop(client: &Client, records: u64) {
+    let all: Vec<u64> = (0..records).collect();
+    let columns = client.gather(&all, &[]).expect("gather");
+    for k in 0..records {
+        assert!(columns[0].get(k as usize).expect("record") == &row(k)[..]);
+    }
+}
