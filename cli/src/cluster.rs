@@ -428,7 +428,7 @@ fn revoke(args: RevokeArgs) -> CliResult {
         println!(
             "'{}' is revoked: refused by every router and node within {} s",
             args.name,
-            2 * zr_meta::revoked::WATCH_EVERY.as_secs()
+            2 * zr_meta::access::WATCH_EVERY.as_secs()
         );
     }
     if names.is_empty() {

@@ -6,6 +6,7 @@ mod convert;
 mod dataset;
 mod datasets;
 mod explain;
+mod grants;
 mod sample;
 mod sinks;
 mod stream;
@@ -49,6 +50,9 @@ enum Command {
     Bench(bench::BenchArgs),
     Sample(sample::SampleArgs),
     Explain(explain::ExplainArgs),
+    Grant(grants::GrantArgs),
+    RevokeGrant(grants::RevokeGrantArgs),
+    Grants(grants::GrantsArgs),
     /// Token streams: `zr stream pack-stats`.
     Stream {
         #[command(subcommand)]
@@ -64,6 +68,9 @@ fn main() -> ExitCode {
         Command::ClusterInit(args) => cluster::init(args),
         Command::ClusterRenew(args) => cluster::renew(args),
         Command::Cluster { command } => cluster::run(command),
+        Command::Grant(args) => grants::grant(args),
+        Command::RevokeGrant(args) => grants::revoke_grant(args),
+        Command::Grants(args) => grants::list(args),
         Command::Dataset { command } => datasets::run(command),
         Command::Convert(args) => convert::run(*args),
         Command::Info(args) => dataset::info(args),

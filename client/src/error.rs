@@ -79,6 +79,13 @@ pub enum Failure {
         needs: &'static str,
         has: String,
     },
+    /// No grant of the sender's certificate name covers the dataset (`zr grant`).
+    #[error("the certificate named '{who}' has no grant to {doing} dataset '{dataset}' (an operator grants it with `zr grant {who} {doing} {dataset}`)")]
+    NotGranted {
+        who: String,
+        doing: &'static str,
+        dataset: String,
+    },
     /// The sender's certificate was revoked (`zr cluster revoke`).
     #[error("the certificate named '{name}' is revoked (an operator serves it again with `zr cluster revoke --name {name} --undo`)")]
     Revoked { name: String },
@@ -128,7 +135,9 @@ impl Failure {
             Failure::Conflict(_) => ErrorCode::Conflict,
             Failure::Busy { .. } => ErrorCode::Conflict,
             Failure::BadRequest(_) => ErrorCode::BadRequest,
-            Failure::Forbidden { .. } | Failure::Revoked { .. } => ErrorCode::Forbidden,
+            Failure::Forbidden { .. } | Failure::Revoked { .. } | Failure::NotGranted { .. } => {
+                ErrorCode::Forbidden
+            }
             Failure::While { failure, .. } | Failure::DeleteRecorded(failure) => failure.code(),
         }
     }

@@ -29,5 +29,5 @@ pub use api::{AsyncClient, Client, ClientOptions};
 pub use error::{Error, Failure};
 pub use stream::{ClusterPacked, ClusterStream, ClusterWindows};
 pub use zr_proto::wire::{
-    DatasetInfo, DictRef, FieldDict, FieldInfo, MapChange, MoveReport, MOVE_RATE_DEFAULT,
+    DatasetInfo, DictRef, FieldDict, FieldInfo, Grant, MapChange, MoveReport, MOVE_RATE_DEFAULT,
 };

@@ -10,12 +10,12 @@
 //! The same conformance suite (`tests/conformance.rs`) runs on both. What zrecord keeps
 //! there, and how, is in [`cluster`] and [`writer`].
 
+pub mod access;
 pub mod cluster;
 mod embedded;
 mod etcd;
 pub mod nodes;
 pub mod replicas;
-pub mod revoked;
 pub mod testing;
 pub mod writer;
 

@@ -16,6 +16,6 @@ pub use restore::{restore_record, Restored};
 pub use server::Router;
 pub use zr_client::{
     plan, stream, AsyncClient, Client, ClientOptions, ClusterPacked, ClusterStream, ClusterWindows,
-    DatasetInfo, DictRef, Error, Failure, FieldDict, FieldInfo, MapChange, MoveReport,
+    DatasetInfo, DictRef, Error, Failure, FieldDict, FieldInfo, Grant, MapChange, MoveReport,
     MOVE_RATE_DEFAULT,
 };

@@ -150,9 +150,9 @@ pub struct Router {
     log_budget: std::sync::Mutex<zr_service::logging::LogBudget>,
     /// The address this router serves clients on, once it does.
     listening: std::sync::OnceLock<SocketAddr>,
-    /// The certificate names refused (`zr cluster revoke`), as last read from the metadata
-    /// store (shared with the named datasets' routers).
-    revoked: Arc<zr_meta::revoked::Revoked>,
+    /// Revoked certificate names and grants (`zr cluster revoke`, `zr grant`), as last read
+    /// from the metadata store (shared with the named datasets' routers).
+    access: Arc<zr_meta::access::AccessControl>,
     /// Where admin actions, commits and refused requests are written (`[router] audit_log`).
     audit: Option<Arc<zr_service::audit::AuditLog>>,
 }

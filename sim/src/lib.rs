@@ -328,13 +328,13 @@ impl SimCluster {
             // The node's liveness lease, stopped with the node (or its crash).
             let mut lease = tokio::task::JoinSet::new();
             let kept = Arc::clone(&reads);
-            let revoked = Arc::new(zr_meta::revoked::Revoked::default());
+            let access = Arc::new(zr_meta::access::AccessControl::default());
             // Read before the first request; a store that cannot answer yet is read again by
             // the watch.
-            let _ = revoked.refresh(&*meta).await;
-            lease.spawn(zr_meta::revoked::watch(
+            let _ = access.refresh(&*meta).await;
+            lease.spawn(zr_meta::access::watch(
                 Arc::clone(&meta),
-                Arc::clone(&revoked),
+                Arc::clone(&access),
             ));
             lease.spawn(zr_meta::nodes::keep_alive(meta, shard, replica, addr, kept));
             let serving = zr_shard::server::Serving {
@@ -343,7 +343,7 @@ impl SimCluster {
                 reads,
                 security,
                 ship_faults: Some(ship_faults),
-                revoked,
+                access,
             };
             zr_shard::server::serve_with(endpoint, store, serving, async {
                 let _ = stopped.await;

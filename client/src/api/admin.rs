@@ -120,6 +120,36 @@ impl AsyncClient {
         }
     }
 
+    /// Adds `grant` (`undo`: takes it out): once a cluster has grants, readers and writers
+    /// reach only the datasets grants of their certificate's name cover, through routers
+    /// and one hop (see `zr_meta::access`). A pattern without `*` must name a dataset the
+    /// cluster has, unless `create_later`. Returns every grant after the change. Operators
+    /// only.
+    pub async fn grant(
+        &self,
+        grant: wire::Grant,
+        undo: bool,
+        create_later: bool,
+    ) -> Result<Vec<wire::Grant>, Error> {
+        let request = ClientRequest::Grant {
+            grant,
+            undo,
+            create_later,
+        };
+        match self.call(&request, Vec::new()).await?.0 {
+            Reply::Grants { grants } => Ok(grants),
+            other => Err(unexpected("grant", &other)),
+        }
+    }
+
+    /// Every grant (operators only).
+    pub async fn grants(&self) -> Result<Vec<wire::Grant>, Error> {
+        match self.call(&ClientRequest::Grants, Vec::new()).await?.0 {
+            Reply::Grants { grants } => Ok(grants),
+            other => Err(unexpected("grants", &other)),
+        }
+    }
+
     /// Scrubs records `start..start + count` of shard `shard` (shard-local indices): each
     /// read on every in-sync replica against its CRC, the copies compared, and what fails or
     /// differs repaired from a good copy.

@@ -235,6 +235,22 @@ impl Client {
         self.runtime.block_on(self.inner.revoke(name, undo))
     }
 
+    /// Adds a grant, or takes it out (see [`AsyncClient::grant`]).
+    pub fn grant(
+        &self,
+        grant: wire::Grant,
+        undo: bool,
+        create_later: bool,
+    ) -> Result<Vec<wire::Grant>, Error> {
+        self.runtime
+            .block_on(self.inner.grant(grant, undo, create_later))
+    }
+
+    /// Every grant (see [`AsyncClient::grants`]).
+    pub fn grants(&self) -> Result<Vec<wire::Grant>, Error> {
+        self.runtime.block_on(self.inner.grants())
+    }
+
     /// Scrubs part of a shard (see [`AsyncClient::scrub`]).
     pub fn scrub(&self, shard: u32, start: u64, count: u64) -> Result<wire::ScrubReport, Error> {
         self.runtime.block_on(self.inner.scrub(shard, start, count))

@@ -119,6 +119,57 @@ pub enum ClientRequest {
     /// router and node from now on (`undo`: serve them again). Reply: `Revoked`, the names
     /// refused after it.
     Revoke { name: String, undo: bool },
+    /// Add `grant` (`undo`: take it out); `create_later`: its pattern may name a dataset not
+    /// created yet. Reply: `Grants`, every grant after it.
+    Grant {
+        grant: Grant,
+        undo: bool,
+        create_later: bool,
+    },
+    /// Every grant. Reply: `Grants`.
+    Grants,
+}
+
+/// What a certificate name may do beyond its role's default: read (`write`: also write)
+/// the datasets `pattern` covers — a dataset's name, or a prefix ending in `*` (`*` alone:
+/// every dataset). A role still bounds it: a reader granted write only reads.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Grant {
+    pub who: String,
+    pub write: bool,
+    pub pattern: String,
+}
+
+impl Grant {
+    /// Whether its pattern covers dataset `dataset`.
+    pub fn covers(&self, dataset: &str) -> bool {
+        match self.pattern.strip_suffix('*') {
+            Some(prefix) => dataset.starts_with(prefix),
+            None => self.pattern == dataset,
+        }
+    }
+
+    /// Checks the name and the pattern: a dataset name (see [`check_dataset_name`]), or a
+    /// prefix of one followed by `*`, or `*`.
+    pub fn check(&self) -> Result<(), Error> {
+        if self.who.is_empty() || self.who.len() > CERT_NAME_BYTES_MAX {
+            return Err(Error::Malformed(format!(
+                "a grant to a name of {} bytes (1 to {CERT_NAME_BYTES_MAX})",
+                self.who.len()
+            )));
+        }
+        let bad = || {
+            Error::Malformed(format!(
+                "grant pattern {:?}: a dataset's name, or the start of one followed by '*' (imgs*), or '*'",
+                self.pattern
+            ))
+        };
+        match self.pattern.strip_suffix('*') {
+            Some("") => Ok(()),
+            Some(prefix) => check_dataset_name(prefix).map_err(|_| bad()),
+            None => check_dataset_name(&self.pattern).map_err(|_| bad()),
+        }
+    }
 }
 
 /// A change of the cluster map, as a client asks for it.
@@ -198,7 +249,27 @@ impl ClientRequest {
             | ClientRequest::Scrub { .. }
             | ClientRequest::ReplaceNode { .. }
             | ClientRequest::MoveShards { .. }
-            | ClientRequest::Revoke { .. } => Access::Operate,
+            | ClientRequest::Revoke { .. }
+            | ClientRequest::Grant { .. }
+            | ClientRequest::Grants => Access::Operate,
+        }
+    }
+
+    /// For a request on its dataset's records, whether it writes them (`Some(false)`: it
+    /// reads them); `None` for the others (the cluster's state, the listing, admin). What a
+    /// grant (`zr grant`) must cover.
+    pub fn on_records(&self) -> Option<bool> {
+        match self {
+            ClientRequest::Info
+            | ClientRequest::Gather { .. }
+            | ClientRequest::WaitLen { .. }
+            | ClientRequest::Topology { .. } => Some(false),
+            ClientRequest::Append { .. }
+            | ClientRequest::Modify { .. }
+            | ClientRequest::WriteField { .. }
+            | ClientRequest::Delete { .. }
+            | ClientRequest::Commit => Some(true),
+            _ => None,
         }
     }
 
@@ -224,6 +295,9 @@ impl ClientRequest {
             ClientRequest::MoveProgress => "move-progress",
             ClientRequest::Topology { .. } => "topology",
             ClientRequest::Revoke { .. } => "revoke",
+            ClientRequest::Grant { undo: false, .. } => "grant",
+            ClientRequest::Grant { undo: true, .. } => "revoke-grant",
+            ClientRequest::Grants => "grants",
         }
     }
 }

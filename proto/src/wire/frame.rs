@@ -46,6 +46,7 @@ impl Request for ClientMessage {
                     name.len()
                 )))
             }
+            ClientRequest::Grant { grant, .. } => grant.check().and_then(|()| expect_empty(body)),
             ClientRequest::MoveShards { nodes, .. } if nodes.len() > NODES_MAX => Err(
                 Error::Malformed(format!("{} nodes (at most {NODES_MAX})", nodes.len())),
             ),
@@ -67,6 +68,7 @@ impl Request for ClientMessage {
             | ClientRequest::MoveShards { .. }
             | ClientRequest::MoveProgress
             | ClientRequest::Revoke { .. }
+            | ClientRequest::Grants
             | ClientRequest::Topology { .. } => expect_empty(body),
         }
     }

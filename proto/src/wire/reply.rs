@@ -91,6 +91,10 @@ pub enum Reply {
     Revoked {
         names: Vec<String>,
     },
+    /// Every grant (see `ClientRequest::Grant`).
+    Grants {
+        grants: Vec<super::Grant>,
+    },
 }
 
 /// Which process and open of a node's dataset answered, and how many changes to existing

@@ -268,6 +268,28 @@ fn revocations_are_bounded() {
     assert_eq!(message.request.access(), Access::Operate);
 }
 
+/// A grant's pattern is a dataset's name, the start of one followed by `*`, or `*`; its
+/// name is bounded.
+#[test]
+fn grant_patterns_are_checked() {
+    let grant = |who: &str, pattern: &str| Grant {
+        who: who.into(),
+        write: false,
+        pattern: pattern.into(),
+    };
+    for good in ["imgs", "imgs*", "*", "a.b-c_d*"] {
+        assert!(grant("team-a", good).check().is_ok(), "{good}");
+    }
+    for bad in ["", "Imgs", "im*gs", "**", "a b", "*imgs", &"x".repeat(65)] {
+        let e = grant("team-a", bad).check().unwrap_err();
+        assert!(e.to_string().contains("grant pattern"), "{bad}: {e}");
+    }
+    assert!(grant("", "imgs").check().is_err());
+    assert!(grant(&"x".repeat(65), "imgs").check().is_err());
+    assert!(grant("t", "imgs*").covers("imgs-2") && !grant("t", "imgs").covers("imgs-2"));
+    assert!(grant("t", "*").covers("anything"));
+}
+
 /// A client's request and a node's are different messages: a node refuses a client's
 /// unread, and a router a node's, so an internal request cannot come from a client.
 #[test]

@@ -61,7 +61,7 @@ impl Router {
                     && peer
                         .name
                         .as_deref()
-                        .is_some_and(|name| self.revoked.contains(name));
+                        .is_some_and(|name| self.access.is_revoked(name));
                 let allowed = !revoked && peer.access().is_some_and(|has| has >= access);
                 // The audit names the dataset asked for if the caller may ask (a dataset being
                 // created is not known yet); a refused caller's name for it is not kept.
@@ -69,6 +69,22 @@ impl Router {
                     message.dataset().chars().take(128).collect()
                 } else {
                     dataset.clone()
+                };
+                // Grants bound readers and writers to the datasets they cover, once any exist
+                // (operators and in-process callers are not bound).
+                let not_granted = match (request.on_records(), peer.role) {
+                    (Some(write), Some(role))
+                        if role.access().is_some_and(|a| a < net::tls::Access::Operate)
+                            && self.access.has_grants()
+                            && !self.access.record().allows(
+                                &peer.who(),
+                                message.dataset(),
+                                write,
+                            ) =>
+                    {
+                        Some(write)
+                    }
+                    _ => None,
                 };
                 let revokes_itself = matches!(request, ClientRequest::Revoke { name, undo: false }
                     if peer.name.as_deref() == Some(name.as_str()));
@@ -80,16 +96,24 @@ impl Router {
                         needs: access.role_name(),
                         has: peer.role.map_or("unknown".into(), |r| r.name().to_string()),
                     })
+                } else if let Some(write) = not_granted {
+                    Err(Failure::NotGranted {
+                        who: peer.who(),
+                        doing: if write { "write" } else { "read" },
+                        dataset: message.dataset().to_string(),
+                    })
                 } else if revokes_itself {
                     Err(Failure::BadRequest(format!(
                         "refusing to revoke '{}': it is the certificate this request comes with",
                         peer.who()
                     )))
                 } else {
-                    self.dispatch(message, body).await
+                    self.dispatch(message, body)
+                        .await
+                        .map(|answer| self.listed_for(peer, answer))
                 };
                 // Admin actions and commits, and refusals (once a minute per identity).
-                let audited = match (&executed, allowed) {
+                let audited = match (&executed, allowed && not_granted.is_none()) {
                     (_, false) => Some("refused"),
                     (Ok(_), true) => Some("ok"),
                     (Err(_), true) => Some("error"),
@@ -149,7 +173,7 @@ impl Router {
 
     /// Refuses the certificates named `name` on every router and node (`undo`: serves them
     /// again), in the metadata store; this router refuses them at once, the others and the
-    /// nodes within [`zr_meta::revoked::WATCH_EVERY`]. The cluster's own operator, router
+    /// nodes within [`zr_meta::access::WATCH_EVERY`]. The cluster's own operator, router
     /// and node certificates cannot be revoked (the first is the way back in).
     async fn revoke(&self, name: &str, undo: bool) -> Result<Reply, Failure> {
         net::tls::check_name(name).map_err(|e| Failure::BadRequest(e.to_string()))?;
@@ -158,12 +182,56 @@ impl Router {
                 "refusing to revoke '{name}': it is the cluster's own {name} certificate (made by `zr cluster-init`); revoke the names `zr cluster issue` gave"
             )));
         }
-        let record = zr_meta::revoked::revoke(&*self.meta, name, undo)
+        let record = zr_meta::access::revoke(&*self.meta, name, undo)
             .await
             .map_err(Failure::from)?;
-        let names = record.names.iter().cloned().collect();
-        self.revoked.set(record);
+        let names = record.revoked.iter().cloned().collect();
+        self.access.set(record);
         Ok(Reply::Revoked { names })
+    }
+
+    /// Adds `grant` (`undo`: takes it out). A pattern without `*` must name a dataset the
+    /// cluster has, unless `create_later`.
+    async fn grant(
+        &self,
+        grant: wire::Grant,
+        undo: bool,
+        create_later: bool,
+    ) -> Result<Reply, Failure> {
+        net::tls::check_name(&grant.who).map_err(|e| Failure::BadRequest(e.to_string()))?;
+        let names_one = !grant.pattern.ends_with('*');
+        if !undo && names_one && !create_later && !self.has_dataset(&grant.pattern) {
+            return Err(Failure::BadRequest(format!(
+                "the cluster has no dataset '{}' to grant; `--create-later` grants it before it is created",
+                grant.pattern
+            )));
+        }
+        let record = zr_meta::access::grant(&*self.meta, &grant, undo)
+            .await
+            .map_err(Failure::from)?;
+        let grants = record.grants.iter().cloned().collect();
+        self.access.set(record);
+        Ok(Reply::Grants { grants })
+    }
+
+    /// Whether the cluster has a dataset named `name` (the default one included).
+    fn has_dataset(&self, name: &str) -> bool {
+        name == wire::DEFAULT_DATASET || self.named_router(name).is_some()
+    }
+
+    /// `answer`, with a listing of datasets cut to those `peer` may read under the grants.
+    fn listed_for(&self, peer: &net::Peer, answer: (Reply, Body)) -> (Reply, Body) {
+        let bound = peer
+            .role
+            .is_some_and(|r| r.access().is_some_and(|a| a < net::tls::Access::Operate));
+        match answer {
+            (Reply::Datasets(mut datasets), body) if bound && self.access.has_grants() => {
+                let (record, who) = (self.access.record(), peer.who());
+                datasets.retain(|d| record.allows(&who, &d.name, false));
+                (Reply::Datasets(datasets), body)
+            }
+            other => other,
+        }
     }
 
     /// Writes an audit entry of `peer`'s `action` on `dataset`, if this router keeps an
@@ -331,6 +399,14 @@ impl Router {
                 Ok(ready(Reply::Topology(self.topology(covering).await?)))
             }
             ClientRequest::Revoke { name, undo } => self.revoke(&name, undo).await.map(ready),
+            ClientRequest::Grant {
+                grant,
+                undo,
+                create_later,
+            } => self.grant(grant, undo, create_later).await.map(ready),
+            ClientRequest::Grants => Ok(ready(Reply::Grants {
+                grants: self.access.record().grants.iter().cloned().collect(),
+            })),
             ClientRequest::Commit => {
                 let commit = self.exclusive(|| async {
                     let placement = self.placement.load_full();

@@ -79,7 +79,7 @@ impl Router {
             log_budget: Default::default(),
             listening: Default::default(),
             audit,
-            revoked: Default::default(),
+            access: Default::default(),
         };
         // Which replicas are behind (none if the store has no record of them).
         if let Err(e) = router.nodes.refresh_replicas().await {
@@ -195,13 +195,13 @@ impl Router {
             }
         }
         // Revoked certificates are refused from the first request on.
-        router.revoked.refresh(&*router.meta).await?;
+        router.access.refresh(&*router.meta).await?;
         let router = Arc::new(router);
         router.open_datasets(&record).await?;
         router.start_rebuilds();
         router.start_gauges();
         router.start_map_reloads();
-        router.start_revocation_reads();
+        router.start_access_reads();
         // Gives the writer lease back once the router has been idle for a moment; ends with
         // the router.
         let keeper = Arc::downgrade(&router);
@@ -332,21 +332,21 @@ impl Router {
         });
     }
 
-    /// Reads the revoked certificates every [`zr_meta::revoked::WATCH_EVERY`]; ends with the
+    /// Reads the access record (revocations, grants) every [`zr_meta::access::WATCH_EVERY`]; ends with the
     /// router. A store that cannot be read keeps the names read last.
-    pub(super) fn start_revocation_reads(self: &Arc<Self>) {
+    pub(super) fn start_access_reads(self: &Arc<Self>) {
         let router = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut failing = false;
             loop {
-                tokio::time::sleep(zr_meta::revoked::WATCH_EVERY).await;
+                tokio::time::sleep(zr_meta::access::WATCH_EVERY).await;
                 let Some(router) = router.upgrade() else {
                     return;
                 };
-                match router.revoked.refresh(&*router.meta).await {
+                match router.access.refresh(&*router.meta).await {
                     Ok(()) => failing = false,
                     Err(e) if !failing => {
-                        tracing::warn!("cannot read the revoked certificates: {e}");
+                        tracing::warn!("cannot read the access record: {e}");
                         failing = true;
                     }
                     Err(_) => {}

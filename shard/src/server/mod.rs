@@ -110,9 +110,10 @@ pub struct Serving {
     pub security: Option<net::Security>,
     /// Faults injected into the pieces of files it serves its partners (tests; `None`).
     pub ship_faults: Option<Arc<crate::ship::ShipFaults>>,
-    /// The certificate names refused (`zr cluster revoke`), as last read from the metadata
-    /// store ([`zr_meta::revoked::watch`]): a client with one of them is refused.
-    pub revoked: Arc<zr_meta::revoked::Revoked>,
+    /// Revoked certificate names and grants, as last read from the metadata store
+    /// ([`zr_meta::access::watch`]): a client revoked, or reading a dataset no grant of its
+    /// name covers, is refused.
+    pub access: Arc<zr_meta::access::AccessControl>,
 }
 
 /// Where a node runs its store calls.
@@ -149,7 +150,7 @@ pub async fn serve_with(
         reads,
         security,
         ship_faults,
-        revoked,
+        access,
     } = serving;
     let coordination = Coordination::open(store.dir())?;
     let shard = Shard::new(store, coordination, shard_runtime())?;
@@ -178,9 +179,27 @@ pub async fn serve_with(
             && peer
                 .name
                 .as_deref()
-                .is_some_and(|name| revoked.contains(name));
+                .is_some_and(|name| access.is_revoked(name));
         let who = peer.who();
+        // Under grants, a reader or writer reads one hop only the datasets its grants cover.
+        let granted = (matches!(sender, Sender::Client(role) if role.access().is_some_and(|a| a < net::tls::Access::Operate))
+            && access.has_grants())
+        .then(|| access.record());
         async move {
+            if let Some(record) = granted {
+                if let Ok((message, _)) = wire::decode_request::<NodeMessage>(&bytes) {
+                    let dataset = message.dataset.as_deref().unwrap_or(wire::DEFAULT_DATASET);
+                    if !record.allows(&who, dataset, false) {
+                        let (header, body) = error_reply(
+                            ErrorCode::Forbidden,
+                            format!(
+                                "the certificate named '{who}' has no grant to read dataset '{dataset}' (an operator grants it with `zr grant {who} read {dataset}`)"
+                            ),
+                        );
+                        return (header, net::Body::Ready(body));
+                    }
+                }
+            }
             if revoked {
                 let (header, body) = error_reply(
                     ErrorCode::Forbidden,
@@ -646,16 +665,16 @@ pub async fn run_shard(
     let mut background = tokio::task::JoinSet::new(); // dropped (so stopped) with the node
                                                       // Clients read from it while it knows itself in sync (see `Sender`).
     let reads = Arc::new(zr_meta::nodes::ReadLease::new(config.cluster.replicas));
-    let revoked = Arc::new(zr_meta::revoked::Revoked::default());
+    let access = Arc::new(zr_meta::access::AccessControl::default());
     match zr_meta::open(&config.metadata_location(), timeout).await {
         Ok(meta) => {
             // Revoked certificates refused from the first request on, if the store answers.
-            if let Err(e) = revoked.refresh(&*meta).await {
-                tracing::warn!("shard {shard}: cannot read the revoked certificates yet: {e}");
+            if let Err(e) = access.refresh(&*meta).await {
+                tracing::warn!("shard {shard}: cannot read the access record yet: {e}");
             }
-            background.spawn(zr_meta::revoked::watch(
+            background.spawn(zr_meta::access::watch(
                 Arc::clone(&meta),
-                Arc::clone(&revoked),
+                Arc::clone(&access),
             ));
             background.spawn(zr_meta::nodes::keep_alive(
                 meta,
@@ -673,7 +692,7 @@ pub async fn run_shard(
         reads,
         security: Some(security.clone()),
         ship_faults: None,
-        revoked,
+        access,
     };
     serve_with(endpoint, store, serving, shutdown).await?;
     tracing::info!("shard {shard} stopped");

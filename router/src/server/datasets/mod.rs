@@ -414,7 +414,7 @@ impl Router {
             log_budget: Default::default(),
             listening: Default::default(),
             audit: self.audit.clone(),
-            revoked: Arc::clone(&self.revoked),
+            access: Arc::clone(&self.access),
             requests_per_identity: self.requests_per_identity,
         });
         if let Err(e) = router.reload_committed().await {
