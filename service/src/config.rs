@@ -158,6 +158,11 @@ pub struct NodeConfig {
     /// on hosts that run other work.
     #[serde(default)]
     pub uncached: bool,
+    /// Where each node appends its audit log (the access-control refusals of one-hop reads;
+    /// see `zr_service::audit`): `{shard}` and `{replica}` in it are replaced by the node's,
+    /// so nodes sharing a host and a nodes.toml keep files of their own. None if unset.
+    #[serde(default)]
+    pub audit_log: Option<String>,
 }
 
 impl Default for NodeConfig {
@@ -165,7 +170,21 @@ impl Default for NodeConfig {
         NodeConfig {
             read: default_read(),
             uncached: false,
+            audit_log: None,
         }
+    }
+}
+
+impl NodeConfig {
+    /// The audit log of shard `shard`'s replica `replica`, if nodes keep one.
+    pub fn audit_path(&self, shard: u32, replica: u32) -> Option<PathBuf> {
+        self.audit_log.as_ref().map(|pattern| {
+            PathBuf::from(
+                pattern
+                    .replace("{shard}", &shard.to_string())
+                    .replace("{replica}", &replica.to_string()),
+            )
+        })
     }
 }
 

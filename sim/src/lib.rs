@@ -74,6 +74,8 @@ pub struct SimOptions {
     pub request_budget_mib: u64,
     /// The routers' `[router] audit_log`.
     pub audit_log: Option<std::path::PathBuf>,
+    /// The nodes' `[node] audit_log` (with `{shard}` and `{replica}`).
+    pub node_audit_log: Option<String>,
 }
 
 /// `ZR_SIM_SEED`, or a seed from the clock.
@@ -104,6 +106,7 @@ impl Default for SimOptions {
             reply_budget_mib: zr_service::config::REPLY_BUDGET_MIB_DEFAULT,
             request_budget_mib: zr_service::config::REQUEST_BUDGET_MIB_DEFAULT,
             audit_log: None,
+            node_audit_log: None,
         }
     }
 }
@@ -235,7 +238,10 @@ impl SimCluster {
                 requests_per_identity: zr_net::REQUESTS_PER_IDENTITY_DEFAULT,
                 audit_log: options.audit_log.clone(),
             },
-            node: Default::default(),
+            node: zr_service::config::NodeConfig {
+                audit_log: options.node_audit_log.clone(),
+                ..Default::default()
+            },
             metadata: Some(zr_service::config::MetadataConfig {
                 dir: Some(data.path().join("metadata")),
                 ..Default::default()
@@ -324,6 +330,10 @@ impl SimCluster {
         let reads = Arc::new(zr_meta::nodes::ReadLease::new(self.config.cluster.replicas));
         let security = Some(self.security(Role::Node)?);
         let ship_faults = Arc::clone(&self.ship_faults[node as usize]);
+        let audit = match self.config.node.audit_path(shard, replica) {
+            Some(path) => Some(Arc::new(zr_service::audit::AuditLog::open(&path)?)),
+            None => None,
+        };
         let task = self.runtime.spawn(async move {
             // The node's liveness lease, stopped with the node (or its crash).
             let mut lease = tokio::task::JoinSet::new();
@@ -344,6 +354,7 @@ impl SimCluster {
                 security,
                 ship_faults: Some(ship_faults),
                 access,
+                audit,
             };
             zr_shard::server::serve_with(endpoint, store, serving, async {
                 let _ = stopped.await;

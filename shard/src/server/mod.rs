@@ -114,6 +114,8 @@ pub struct Serving {
     /// ([`zr_meta::access::watch`]): a client revoked, or reading a dataset no grant of its
     /// name covers, is refused.
     pub access: Arc<zr_meta::access::AccessControl>,
+    /// Where access-control refusals are written (`[node] audit_log`), if anywhere.
+    pub audit: Option<Arc<zr_service::audit::AuditLog>>,
 }
 
 /// Where a node runs its store calls.
@@ -151,6 +153,7 @@ pub async fn serve_with(
         security,
         ship_faults,
         access,
+        audit,
     } = serving;
     let coordination = Coordination::open(store.dir())?;
     let shard = Shard::new(store, coordination, shard_runtime())?;
@@ -181,6 +184,7 @@ pub async fn serve_with(
                 .as_deref()
                 .is_some_and(|name| access.is_revoked(name));
         let who = peer.who();
+        let audit = audit.clone().map(|log| (log, peer.clone()));
         // Under grants, a reader or writer reads one hop only the datasets its grants cover.
         let granted = (matches!(sender, Sender::Client(role) if role.access().is_some_and(|a| a < net::tls::Access::Operate))
             && access.has_grants())
@@ -190,23 +194,21 @@ pub async fn serve_with(
                 if let Ok((message, _)) = wire::decode_request::<NodeMessage>(&bytes) {
                     let dataset = message.dataset.as_deref().unwrap_or(wire::DEFAULT_DATASET);
                     if !record.allows(&who, dataset, false) {
-                        let (header, body) = error_reply(
-                            ErrorCode::Forbidden,
-                            format!(
-                                "the certificate named '{who}' has no grant to read dataset '{dataset}' (an operator grants it with `zr grant {who} read {dataset}`)"
-                            ),
+                        let why = format!(
+                            "the certificate named '{who}' has no grant to read dataset '{dataset}' (an operator grants it with `zr grant {who} read {dataset}`)"
                         );
+                        refused(&audit, message.request.kind(), dataset, &why);
+                        let (header, body) = error_reply(ErrorCode::Forbidden, why);
                         return (header, net::Body::Ready(body));
                     }
                 }
             }
             if revoked {
-                let (header, body) = error_reply(
-                    ErrorCode::Forbidden,
-                    format!(
-                        "the certificate named '{who}' is revoked (an operator serves it again with `zr cluster revoke --name {who} --undo`)"
-                    ),
+                let why = format!(
+                    "the certificate named '{who}' is revoked (an operator serves it again with `zr cluster revoke --name {who} --undo`)"
                 );
+                refused(&audit, "request", "unknown", &why);
+                let (header, body) = error_reply(ErrorCode::Forbidden, why);
                 return (header, net::Body::Ready(body));
             }
             if let Sender::Client(role) = sender {
@@ -666,6 +668,10 @@ pub async fn run_shard(
                                                       // Clients read from it while it knows itself in sync (see `Sender`).
     let reads = Arc::new(zr_meta::nodes::ReadLease::new(config.cluster.replicas));
     let access = Arc::new(zr_meta::access::AccessControl::default());
+    let audit = match config.node.audit_path(shard, replica) {
+        Some(path) => Some(Arc::new(zr_service::audit::AuditLog::open(&path)?)),
+        None => None,
+    };
     match zr_meta::open(&config.metadata_location(), timeout).await {
         Ok(meta) => {
             // Revoked certificates refused from the first request on, if the store answers.
@@ -693,6 +699,7 @@ pub async fn run_shard(
         security: Some(security.clone()),
         ship_faults: None,
         access,
+        audit,
     };
     serve_with(endpoint, store, serving, shutdown).await?;
     tracing::info!("shard {shard} stopped");

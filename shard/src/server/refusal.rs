@@ -78,3 +78,29 @@ pub(super) fn code_of(e: &Error) -> ErrorCode {
         _ => ErrorCode::Storage,
     }
 }
+
+/// Writes an access-control refusal of the peer's `action` on `dataset` to the node's audit
+/// log, if it keeps one (once a minute per identity).
+pub(super) fn refused(
+    audit: &Option<(std::sync::Arc<zr_service::audit::AuditLog>, zr_net::Peer)>,
+    action: &str,
+    dataset: &str,
+    why: &str,
+) {
+    let Some((log, peer)) = audit else {
+        return;
+    };
+    if !log.refusal_due(peer.identity, std::time::Instant::now()) {
+        return;
+    }
+    log.record(&zr_service::audit::Entry {
+        time: zr_service::audit::Entry::now(),
+        server: "node".into(),
+        who: peer.who(),
+        role: peer.role.map_or("none".into(), |r| r.name().to_string()),
+        action: action.into(),
+        dataset: dataset.into(),
+        outcome: "refused".into(),
+        detail: why.into(),
+    });
+}

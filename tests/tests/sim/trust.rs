@@ -437,7 +437,16 @@ fn check_all_one_hop(client: &Client, records: u64) {
 /// refused; taking the grants back restores the cluster as it was.
 #[test]
 fn grants_bound_readers_and_writers_to_their_datasets() {
-    let cluster = SimCluster::start(2, options()).expect("cluster");
+    let logs = tempfile::tempdir().expect("dir");
+    let node_log = logs.path().join("node-{shard}-{replica}.log");
+    let cluster = SimCluster::start(
+        2,
+        SimOptions {
+            node_audit_log: Some(node_log.to_str().expect("utf-8").to_string()),
+            ..options()
+        },
+    )
+    .expect("cluster");
     let certs = cluster.certs_dir().expect("a secured cluster");
     let connect = |role: Role, name: &str| {
         let home = zr_net::tls::issue_cert(&certs, role, name, 1).expect("issue");
@@ -522,6 +531,20 @@ fn grants_bound_readers_and_writers_to_their_datasets() {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // The node that refused it wrote it to its audit log.
+    let refusals: Vec<zr_service::audit::Entry> = (0..2)
+        .flat_map(|shard| {
+            let path = logs.path().join(format!("node-{shard}-0.log"));
+            zr_service::audit::read(&path, None).expect("a node's audit log")
+        })
+        .collect();
+    assert!(
+        refusals.iter().any(|e| e.server == "node"
+            && e.who == "team-a"
+            && e.dataset == "text"
+            && e.outcome == "refused"),
+        "{refusals:?}"
+    );
     // A writer granted write on imgs writes there, and not in text.
     writer_imgs
         .append(&Record::new().with("x", &row(50)))
