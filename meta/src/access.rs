@@ -80,14 +80,9 @@ pub async fn update<E: From<Error>>(
 
 /// Adds `name` to the revoked names (`undo`: takes it out); returns the record written.
 pub async fn revoke(store: &dyn MetaStore, name: &str, undo: bool) -> Result<AccessRecord, Error> {
+    let name = name.to_string();
     update(store, |record| {
-        let mut next = record.clone();
-        if undo {
-            next.revoked.remove(name);
-        } else {
-            next.revoked.insert(name.to_string());
-        }
-        Ok::<_, Error>(next)
+        Ok::<_, Error>(toggled(record, |r| &mut r.revoked, &name, undo))
     })
     .await
 }
@@ -99,15 +94,25 @@ pub async fn grant(
     undo: bool,
 ) -> Result<AccessRecord, Error> {
     update(store, |record| {
-        let mut next = record.clone();
-        if undo {
-            next.grants.remove(grant);
-        } else {
-            next.grants.insert(grant.clone());
-        }
-        Ok::<_, Error>(next)
+        Ok::<_, Error>(toggled(record, |r| &mut r.grants, grant, undo))
     })
     .await
+}
+
+/// `record` with `item` in the set `set` picks (`undo`: out of it).
+fn toggled<T: Ord + Clone>(
+    record: &AccessRecord,
+    set: impl Fn(&mut AccessRecord) -> &mut BTreeSet<T>,
+    item: &T,
+    undo: bool,
+) -> AccessRecord {
+    let mut next = record.clone();
+    if undo {
+        set(&mut next).remove(item);
+    } else {
+        set(&mut next).insert(item.clone());
+    }
+    next
 }
 
 /// The access record as a server last read it; shared by its request handlers.

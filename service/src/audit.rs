@@ -49,6 +49,28 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// An entry made now by server `server` (`router`, `node`) of `peer`'s `action` on
+    /// `dataset`.
+    pub fn of(
+        server: &str,
+        peer: &zr_net::Peer,
+        action: &str,
+        dataset: &str,
+        outcome: &str,
+        detail: String,
+    ) -> Entry {
+        Entry {
+            time: Entry::now(),
+            server: server.into(),
+            who: peer.who(),
+            role: peer.role.map_or("none".into(), |r| r.name().to_string()),
+            action: action.into(),
+            dataset: dataset.into(),
+            outcome: outcome.into(),
+            detail,
+        }
+    }
+
     /// The time of an entry made now.
     pub fn now() -> String {
         OffsetDateTime::now_utc()

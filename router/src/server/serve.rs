@@ -65,10 +65,10 @@ impl Router {
                 let allowed = !revoked && peer.access().is_some_and(|has| has >= access);
                 // The audit names the dataset asked for if the caller may ask (a dataset being
                 // created is not known yet); a refused caller's name for it is not kept.
-                let asked: String = if allowed {
-                    message.dataset().chars().take(128).collect()
-                } else {
-                    dataset.clone()
+                let asked: String = match (&self.audit, allowed) {
+                    (None, _) => String::new(),
+                    (Some(_), true) => message.dataset().chars().take(128).collect(),
+                    (Some(_), false) => dataset.clone(),
                 };
                 // Grants bound readers and writers to the datasets they cover, once any exist
                 // (operators and in-process callers are not bound).
@@ -250,16 +250,14 @@ impl Router {
         if outcome == "refused" && !audit.refusal_due(peer.identity, std::time::Instant::now()) {
             return;
         }
-        audit.record(&zr_service::audit::Entry {
-            time: zr_service::audit::Entry::now(),
-            server: "router".into(),
-            who: peer.who(),
-            role: peer.role.map_or("none".into(), |r| r.name().to_string()),
-            action: action.into(),
-            dataset: dataset.into(),
-            outcome: outcome.into(),
-            detail: detail.unwrap_or_default(),
-        });
+        audit.record(&zr_service::audit::Entry::of(
+            "router",
+            peer,
+            action,
+            dataset,
+            outcome,
+            detail.unwrap_or_default(),
+        ));
     }
 
     /// Logs a failed request of `peer`'s, unless its identity has had its lines for now

@@ -183,12 +183,18 @@ pub async fn serve_with(
                 .name
                 .as_deref()
                 .is_some_and(|name| access.is_revoked(name));
-        let who = peer.who();
-        let audit = audit.clone().map(|log| (log, peer.clone()));
         // Under grants, a reader or writer reads one hop only the datasets its grants cover.
         let granted = (matches!(sender, Sender::Client(role) if role.access().is_some_and(|a| a < net::tls::Access::Operate))
             && access.has_grants())
         .then(|| access.record());
+        // Who it is, and the audit log, only where a refusal may need them (a router's
+        // requests, and a cluster without grants or revocations, pay nothing for them).
+        let checked = revoked || granted.is_some();
+        let who = if checked { peer.who() } else { String::new() };
+        let audit = audit
+            .as_ref()
+            .filter(|_| checked)
+            .map(|log| (Arc::clone(log), peer.clone()));
         async move {
             if let Some(record) = granted {
                 if let Ok((message, _)) = wire::decode_request::<NodeMessage>(&bytes) {

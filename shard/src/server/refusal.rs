@@ -93,14 +93,12 @@ pub(super) fn refused(
     if !log.refusal_due(peer.identity, std::time::Instant::now()) {
         return;
     }
-    log.record(&zr_service::audit::Entry {
-        time: zr_service::audit::Entry::now(),
-        server: "node".into(),
-        who: peer.who(),
-        role: peer.role.map_or("none".into(), |r| r.name().to_string()),
-        action: action.into(),
-        dataset: dataset.into(),
-        outcome: "refused".into(),
-        detail: why.into(),
-    });
+    log.record(&zr_service::audit::Entry::of(
+        "node",
+        peer,
+        action,
+        dataset,
+        "refused",
+        why.into(),
+    ));
 }

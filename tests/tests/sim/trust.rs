@@ -257,13 +257,7 @@ fn the_audit_log_says_who_did_what() {
         },
     )
     .expect("cluster");
-    let certs = cluster.certs_dir().expect("a secured cluster");
-    let connect = |role: Role, name: &str| {
-        let home = zr_net::tls::issue_cert(&certs, role, name, 1).expect("issue");
-        let security = zr_net::Security::load(&home, role).expect("load");
-        Client::connect_with_timeout(cluster.router_addr(), security, cluster.client_timeout())
-            .expect("connect")
-    };
+    let connect = |role: Role, name: &str| issued(&cluster, role, name);
     let operator = connect(Role::Operator, "ops-1");
     let writer = connect(Role::Writer, "ingest-job");
     let reader = connect(Role::Reader, "team-a");
@@ -348,12 +342,7 @@ fn refused_within(client: &Client, within: std::time::Duration) -> (std::time::D
 fn a_revoked_certificate_is_refused_by_nodes_and_routers_within_seconds() {
     let mut cluster = loaded(2, 300);
     let certs = cluster.certs_dir().expect("a secured cluster");
-    let connect = |role: Role, name: &str| {
-        let home = zr_net::tls::issue_cert(&certs, role, name, 1).expect("issue");
-        let security = zr_net::Security::load(&home, role).expect("load");
-        Client::connect_with_timeout(cluster.router_addr(), security, cluster.client_timeout())
-            .expect("connect")
-    };
+    let connect = |role: Role, name: &str| issued(&cluster, role, name);
     let operator = connect(Role::Operator, "ops-1");
     let (team_a, team_b) = (
         connect(Role::Reader, "team-a"),
@@ -447,13 +436,7 @@ fn grants_bound_readers_and_writers_to_their_datasets() {
         },
     )
     .expect("cluster");
-    let certs = cluster.certs_dir().expect("a secured cluster");
-    let connect = |role: Role, name: &str| {
-        let home = zr_net::tls::issue_cert(&certs, role, name, 1).expect("issue");
-        let security = zr_net::Security::load(&home, role).expect("load");
-        Client::connect_with_timeout(cluster.router_addr(), security, cluster.client_timeout())
-            .expect("connect")
-    };
+    let connect = |role: Role, name: &str| issued(&cluster, role, name);
     let operator = connect(Role::Operator, "ops-1");
     for name in ["imgs", "text"] {
         let dataset = operator
@@ -562,4 +545,13 @@ fn grants_bound_readers_and_writers_to_their_datasets() {
     }
     assert!(operator.grants().expect("grants").is_empty());
     assert_eq!(text.len().expect("no grants again"), 50);
+}
+
+/// A client of `cluster`'s first router with a certificate of `role` issued under `name`.
+fn issued(cluster: &SimCluster, role: Role, name: &str) -> Client {
+    let certs = cluster.certs_dir().expect("a secured cluster");
+    let home = zr_net::tls::issue_cert(&certs, role, name, 1).expect("issue");
+    let security = zr_net::Security::load(&home, role).expect("load");
+    Client::connect_with_timeout(cluster.router_addr(), security, cluster.client_timeout())
+        .expect("connect")
 }
