@@ -233,11 +233,18 @@ impl Peer {
     /// Who this is, for a log line: the certificate's name, else its role, else its address's
     /// hash.
     pub fn who(&self) -> String {
-        match (&self.name, self.role) {
-            (Some(name), _) => name.clone(),
-            (None, Some(role)) => role.name().to_string(),
-            (None, None) => format!("uncertified-{:016x}", self.identity),
+        match self.certified_name() {
+            Some(name) => name.to_string(),
+            None => format!("uncertified-{:016x}", self.identity),
         }
+    }
+
+    /// The name grants and revocations know it by: its certificate's name, else its role's
+    /// (`None` without a certificate).
+    pub fn certified_name(&self) -> Option<&str> {
+        self.name
+            .as_deref()
+            .or_else(|| self.role.map(|role| role.name()))
     }
 
     /// What this peer may ask of a router (everything on an `--insecure-dev` endpoint).

@@ -239,6 +239,32 @@ pub(super) fn decode<T: serde::de::DeserializeOwned>(
     Ok((value, body))
 }
 
+/// The dataset a node request addresses (`None`: the default one), read from the start of
+/// its header alone: what a node's access check needs of a one-hop read, without decoding
+/// the request (its indices) before the request is decoded to be served.
+pub fn node_request_dataset(bytes: &[u8]) -> Result<Option<&str>, Error> {
+    /// The leading fields of a [`NodeMessage`].
+    #[derive(serde::Deserialize)]
+    struct Head<'a> {
+        #[serde(borrow)]
+        _cluster: Option<&'a str>,
+        #[serde(borrow)]
+        dataset: Option<&'a str>,
+    }
+    let head = head_len(bytes, KIND_NODE_REQUEST)?;
+    let header = bytes
+        .get(PREFIX_BYTES..head)
+        .ok_or_else(|| Error::Malformed("a header longer than its message".into()))?;
+    let Head { dataset, .. } = bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_little_endian()
+        .with_limit(HEADER_BYTES_MAX as u64)
+        .allow_trailing_bytes()
+        .deserialize(header)
+        .map_err(|e| Error::Malformed(format!("malformed header: {e}")))?;
+    Ok(dataset)
+}
+
 /// True if `bytes` start like a zrecord message (of any version or kind). Anything else is
 /// not a malformed request but another protocol, or garbage.
 pub fn is_message(bytes: &[u8]) -> bool {

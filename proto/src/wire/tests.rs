@@ -268,6 +268,26 @@ fn revocations_are_bounded() {
     assert_eq!(message.request.access(), Access::Operate);
 }
 
+/// A node request's dataset is read from the start of its header alone, as the whole
+/// decode reads it.
+#[test]
+fn a_node_requests_dataset_is_read_from_its_head() {
+    for dataset in [None, Some("imgs"), Some("a-much-longer-dataset-name")] {
+        let mut message = NodeMessage::unchecked(NodeRequest::Gather {
+            indices: (0..300).collect(),
+            fields: vec!["x".into()],
+            checked: false,
+        });
+        message.cluster = Some("c0ffee".into());
+        message.dataset = dataset.map(str::to_string);
+        let bytes = encode_request(&message).unwrap();
+        assert_eq!(node_request_dataset(&bytes).unwrap(), dataset);
+    }
+    let client = encode_request(&ClientMessage::new(None, ClientRequest::Info)).unwrap();
+    assert!(node_request_dataset(&client).is_err(), "a client's message");
+    assert!(node_request_dataset(b"ZRW1").is_err(), "cut short");
+}
+
 /// A grant's pattern is a dataset's name, the start of one followed by `*`, or `*`; its
 /// name is bounded.
 #[test]

@@ -77,7 +77,7 @@ impl Router {
                         if role.access().is_some_and(|a| a < net::tls::Access::Operate)
                             && self.access.has_grants()
                             && !self.access.record().allows(
-                                &peer.who(),
+                                peer.certified_name().unwrap_or_default(),
                                 message.dataset(),
                                 write,
                             ) =>
@@ -226,8 +226,8 @@ impl Router {
             .is_some_and(|r| r.access().is_some_and(|a| a < net::tls::Access::Operate));
         match answer {
             (Reply::Datasets(mut datasets), body) if bound && self.access.has_grants() => {
-                let (record, who) = (self.access.record(), peer.who());
-                datasets.retain(|d| record.allows(&who, &d.name, false));
+                let (record, who) = (self.access.record(), peer.certified_name());
+                datasets.retain(|d| record.allows(who.unwrap_or_default(), &d.name, false));
                 (Reply::Datasets(datasets), body)
             }
             other => other,

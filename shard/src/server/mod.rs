@@ -197,13 +197,13 @@ pub async fn serve_with(
             .map(|log| (Arc::clone(log), peer.clone()));
         async move {
             if let Some(record) = granted {
-                if let Ok((message, _)) = wire::decode_request::<NodeMessage>(&bytes) {
-                    let dataset = message.dataset.as_deref().unwrap_or(wire::DEFAULT_DATASET);
+                if let Ok(dataset) = wire::node_request_dataset(&bytes) {
+                    let dataset = dataset.unwrap_or(wire::DEFAULT_DATASET);
                     if !record.allows(&who, dataset, false) {
                         let why = format!(
                             "the certificate named '{who}' has no grant to read dataset '{dataset}' (an operator grants it with `zr grant {who} read {dataset}`)"
                         );
-                        refused(&audit, message.request.kind(), dataset, &why);
+                        refused(&audit, "read", dataset, &why);
                         let (header, body) = error_reply(ErrorCode::Forbidden, why);
                         return (header, net::Body::Ready(body));
                     }
