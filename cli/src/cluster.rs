@@ -392,99 +392,8 @@ pub enum ClusterCommand {
     ReplaceNode(ReplaceNodeArgs),
     AddShard(AddShardArgs),
     DrainShard(DrainShardArgs),
-    Audit(AuditArgs),
-    Revoke(RevokeArgs),
-}
-
-/// Revoke the certificates issued under a name, on every router and node, within seconds.
-///
-/// A certificate of a job that leaked, or of a team that left, is refused from then on: its
-/// requests on connections already open and on new ones, through routers and one hop from
-/// nodes, within a few seconds (every router and node reads the list each second); a router
-/// or node that was down meanwhile refuses it from its start. The list is in the metadata
-/// store. The certificate this command connects with, and the cluster's own operator,
-/// router and node certificates, cannot be revoked. `--undo` serves the name again.
-#[derive(Args)]
-pub struct RevokeArgs {
-    /// The name the certificate was issued under (`zr cluster issue --name NAME`).
-    #[arg(long)]
-    name: String,
-    /// Serve the name again.
-    #[arg(long)]
-    undo: bool,
-    #[command(flatten)]
-    remote: RouterArgs,
-}
-
-fn revoke(args: RevokeArgs) -> CliResult {
-    let client = args
-        .remote
-        .client(Access::Operate)?
-        .ok_or("--router is missing: zr cluster revoke --name NAME --router ADDR --certs DIR")?;
-    let names = client.revoke(&args.name, args.undo)?;
-    if args.undo {
-        println!("'{}' is served again", args.name);
-    } else {
-        println!(
-            "'{}' is revoked: refused by every router and node within {} s",
-            args.name,
-            2 * zr_meta::access::WATCH_EVERY.as_secs()
-        );
-    }
-    if names.is_empty() {
-        println!("no certificate is revoked");
-    } else {
-        println!("revoked: {}", names.join(", "));
-    }
-    Ok(())
-}
-
-/// Read a router's audit log: who did what, when.
-///
-/// A router started with `[router] audit_log = "PATH"` in nodes.toml appends one JSON line
-/// there per admin action (dataset created, dropped or grown, scrub, node replaced, shards
-/// moved), per commit, and per refused request (at most one a minute per identity), and
-/// rotates it by size into PATH.1, PATH.2, …. This prints them, the rotated files first,
-/// oldest first: time, who (the certificate's name, or its role), action, dataset, outcome.
-#[derive(Args)]
-pub struct AuditArgs {
-    /// The audit log (the router's `[router] audit_log`).
-    #[arg(long, value_name = "PATH")]
-    file: PathBuf,
-    /// Only entries from then on: an RFC 3339 time (2026-11-27T10:00:00Z) or a span back
-    /// from now (90m, 2d).
-    #[arg(long)]
-    since: Option<String>,
-    /// Print the entries as their JSON lines.
-    #[arg(long)]
-    json: bool,
-}
-
-pub fn audit(args: AuditArgs) -> CliResult {
-    let since = match &args.since {
-        Some(text) => Some(zr_service::audit::since(text)?),
-        None => None,
-    };
-    let entries = zr_service::audit::read(&args.file, since)?;
-    for entry in &entries {
-        if args.json {
-            println!("{}", serde_json::to_string(entry)?);
-            continue;
-        }
-        let detail = if entry.detail.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", entry.detail)
-        };
-        println!(
-            "{}  {} ({})  {} {}  {}{detail}",
-            entry.time, entry.who, entry.role, entry.action, entry.dataset, entry.outcome
-        );
-    }
-    if !args.json {
-        eprintln!("{} entries", entries.len());
-    }
-    Ok(())
+    Audit(crate::grants::AuditArgs),
+    Revoke(crate::grants::RevokeArgs),
 }
 
 /// Add a shard to a running cluster, online, moving only the records it takes.
@@ -583,8 +492,8 @@ pub fn run(command: ClusterCommand) -> CliResult {
     match command {
         ClusterCommand::Status(args) => status(args),
         ClusterCommand::Issue(args) => issue(args),
-        ClusterCommand::Audit(args) => audit(args),
-        ClusterCommand::Revoke(args) => revoke(args),
+        ClusterCommand::Audit(args) => crate::grants::audit(args),
+        ClusterCommand::Revoke(args) => crate::grants::revoke(args),
         ClusterCommand::RestoreRecord(args) => restore_record(args),
         ClusterCommand::ReplaceNode(args) => replace_node(args),
         ClusterCommand::AddShard(args) => {

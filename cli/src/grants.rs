@@ -1,5 +1,8 @@
-//! `zr grant`, `zr revoke-grant`, `zr grants`: which certificate names may read or write
-//! which datasets (see `zr_meta::access`).
+//! Access control from the command line (see `zr_meta::access`): `zr grant`,
+//! `zr revoke-grant`, `zr grants` — which certificate names may read or write which
+//! datasets —, `zr cluster revoke` and `zr cluster audit`.
+
+use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use zr_net::tls::Access;
@@ -108,5 +111,96 @@ pub fn list(args: GrantsArgs) -> CliResult {
         .client(Access::Operate)?
         .ok_or("--router is missing: zr grants --router ADDR --certs DIR")?;
     show(&client.grants()?);
+    Ok(())
+}
+
+/// Revoke the certificates issued under a name, on every router and node, within seconds.
+///
+/// A certificate of a job that leaked, or of a team that left, is refused from then on: its
+/// requests on connections already open and on new ones, through routers and one hop from
+/// nodes, within a few seconds (every router and node reads the list each second); a router
+/// or node that was down meanwhile refuses it from its start. The list is in the metadata
+/// store. The certificate this command connects with, and the cluster's own operator,
+/// router and node certificates, cannot be revoked. `--undo` serves the name again.
+#[derive(Args)]
+pub struct RevokeArgs {
+    /// The name the certificate was issued under (`zr cluster issue --name NAME`).
+    #[arg(long)]
+    name: String,
+    /// Serve the name again.
+    #[arg(long)]
+    undo: bool,
+    #[command(flatten)]
+    remote: RouterArgs,
+}
+
+pub fn revoke(args: RevokeArgs) -> CliResult {
+    let client = args
+        .remote
+        .client(Access::Operate)?
+        .ok_or("--router is missing: zr cluster revoke --name NAME --router ADDR --certs DIR")?;
+    let names = client.revoke(&args.name, args.undo)?;
+    if args.undo {
+        println!("'{}' is served again", args.name);
+    } else {
+        println!(
+            "'{}' is revoked: refused by every router and node within {} s",
+            args.name,
+            2 * zr_meta::access::WATCH_EVERY.as_secs()
+        );
+    }
+    if names.is_empty() {
+        println!("no certificate is revoked");
+    } else {
+        println!("revoked: {}", names.join(", "));
+    }
+    Ok(())
+}
+
+/// Read a router's audit log: who did what, when.
+///
+/// A router started with `[router] audit_log = "PATH"` in nodes.toml appends one JSON line
+/// there per admin action (dataset created, dropped or grown, scrub, node replaced, shards
+/// moved), per commit, and per refused request (at most one a minute per identity), and
+/// rotates it by size into PATH.1, PATH.2, …. This prints them, the rotated files first,
+/// oldest first: time, who (the certificate's name, or its role), action, dataset, outcome.
+#[derive(Args)]
+pub struct AuditArgs {
+    /// The audit log (the router's `[router] audit_log`).
+    #[arg(long, value_name = "PATH")]
+    file: PathBuf,
+    /// Only entries from then on: an RFC 3339 time (2026-11-27T10:00:00Z) or a span back
+    /// from now (90m, 2d).
+    #[arg(long)]
+    since: Option<String>,
+    /// Print the entries as their JSON lines.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn audit(args: AuditArgs) -> CliResult {
+    let since = match &args.since {
+        Some(text) => Some(zr_service::audit::since(text)?),
+        None => None,
+    };
+    let entries = zr_service::audit::read(&args.file, since)?;
+    for entry in &entries {
+        if args.json {
+            println!("{}", serde_json::to_string(entry)?);
+            continue;
+        }
+        let detail = if entry.detail.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", entry.detail)
+        };
+        println!(
+            "{}  {} ({})  {} {}  {}{detail}",
+            entry.time, entry.who, entry.role, entry.action, entry.dataset, entry.outcome
+        );
+    }
+    if !args.json {
+        eprintln!("{} entries", entries.len());
+    }
     Ok(())
 }
