@@ -8,7 +8,8 @@
 //! - [`endpoint`]: sockets, endpoints, connecting within a deadline.
 //! - [`rpc`]: calls; messages sent whole or reset, never cut off to look whole.
 //! - [`serve`]: the accept loop (caps, budgets, deadlines, drain on shutdown);
-//!   `admission`: the request budget in total, per identity and for readers.
+//!   `admission`: the request budget in total, per identity and for readers; `rate`: bytes
+//!   per second per identity.
 //! - [`metrics`]: each connection's QUIC statistics as gauges.
 
 mod admission;
@@ -16,6 +17,7 @@ pub mod endpoint;
 mod error;
 mod link;
 pub mod metrics;
+mod rate;
 mod refusal;
 pub mod rpc;
 pub mod security;

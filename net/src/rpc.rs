@@ -46,18 +46,21 @@ pub(crate) enum SendFailed {
 
 impl Outgoing {
     async fn send(&mut self, header: Vec<u8>, body: Vec<Bytes>) -> Result<(), SendFailed> {
-        self.send_body(header, Body::Ready(body), None).await
+        self.send_body(header, Body::Ready(body), None)
+            .await
+            .map(|_| ())
     }
 
-    /// Sends `header` and `body`, then finishes. With `timeout` (a server's reply), each
-    /// write must make progress within it (waiting for a streamed body's producer is not
-    /// bounded here), and the call returns once the peer has read the reply to its end.
+    /// Sends `header` and `body`, then finishes; returns the bytes sent. With `timeout` (a
+    /// server's reply), each write must make progress within it (waiting for a streamed
+    /// body's producer is not bounded here), and the call returns once the peer has read the
+    /// reply to its end.
     pub(crate) async fn send_body(
         &mut self,
         header: Vec<u8>,
         body: Body,
         timeout: Option<Duration>,
-    ) -> Result<(), SendFailed> {
+    ) -> Result<u64, SendFailed> {
         let Some(stream) = self.0.as_mut() else {
             return Err(SendFailed::Finished);
         };
@@ -75,8 +78,11 @@ impl Outgoing {
                 },
             }
         }
+        let size = |pieces: &[Bytes]| pieces.iter().map(|p| p.len() as u64).sum::<u64>();
+        let mut sent = header.len() as u64;
         match body {
             Body::Ready(body) => {
+                sent += size(&body);
                 let pieces = std::iter::once(Bytes::from(header)).chain(body).collect();
                 write(stream, pieces, timeout).await?;
             }
@@ -84,7 +90,10 @@ impl Outgoing {
                 write(stream, vec![Bytes::from(header)], timeout).await?;
                 loop {
                     match pieces.recv().await {
-                        Some(Some(batch)) => write(stream, batch, timeout).await?,
+                        Some(Some(batch)) => {
+                            sent += size(&batch);
+                            write(stream, batch, timeout).await?
+                        }
                         Some(None) => break,
                         None => return Err(SendFailed::ProducerGone),
                     }
@@ -99,7 +108,7 @@ impl Outgoing {
         if let (Some(stream), Some(t)) = (finished, timeout) {
             let _ = tokio::time::timeout(t, stream.stopped()).await;
         }
-        Ok(())
+        Ok(sent)
     }
 }
 

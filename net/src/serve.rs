@@ -8,6 +8,7 @@ use quinn::{ConnectionError, Endpoint, VarInt};
 use zr_proto::wire::{self, MESSAGE_BYTES_MAX};
 
 use crate::admission::{Pools, RequestBudget, Share};
+use crate::rate::Rate;
 use crate::refusal::describe;
 use crate::rpc::{Body, Outgoing, PROTOCOL_VIOLATION};
 use crate::security::Peer;
@@ -68,6 +69,11 @@ pub struct Limits {
     /// is answered, so one job's flood or pile of waiters holds up its own requests, not
     /// another's. Peers of the [`Limits::reserved`] role are not capped.
     pub requests_per_identity: usize,
+    /// Bytes per second one identity's requests and replies may move through this server,
+    /// over all its connections (`None`: no limit). A request of an identity over its rate
+    /// waits before it is handled (see the `rate` module). Peers of the
+    /// [`Limits::reserved`] role are not limited.
+    pub bytes_per_second_per_identity: Option<u64>,
 }
 
 impl Limits {
@@ -83,6 +89,7 @@ impl Limits {
             timeout,
             reserved: None,
             requests_per_identity: REQUESTS_PER_IDENTITY_DEFAULT,
+            bytes_per_second_per_identity: None,
         }
     }
 }
@@ -111,6 +118,10 @@ struct Open {
     /// Each identity with a connection open: the requests it may still have in flight
     /// (see [`Limits::requests_per_identity`]).
     requests: std::collections::HashMap<u64, Arc<tokio::sync::Semaphore>>,
+    /// Each identity limited in bytes per second with a connection open or a debt unpaid
+    /// (see [`Limits::bytes_per_second_per_identity`]): kept past its last connection, so
+    /// that reconnecting does not forgive a debt.
+    rates: std::collections::HashMap<u64, Arc<Rate>>,
 }
 
 /// One open connection: whose, how busy, since when idle, and its slot (given back the
@@ -145,6 +156,16 @@ impl Open {
             self.requests
                 .entry(identity)
                 .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(most))),
+        )
+    }
+
+    /// The bytes per second `identity` may move, `bytes_per_second` (its bucket as it was if
+    /// it reconnects in debt).
+    fn rate_of(&mut self, identity: u64, bytes_per_second: u64) -> Arc<Rate> {
+        Arc::clone(
+            self.rates
+                .entry(identity)
+                .or_insert_with(|| Arc::new(Rate::new(bytes_per_second))),
         )
     }
 
@@ -269,6 +290,7 @@ pub async fn serve_peers<H, F>(
         timeout,
         reserved,
         requests_per_identity,
+        bytes_per_second_per_identity,
     } = limits;
     let connections = Arc::new(tokio::sync::Semaphore::new(connections_max));
     let open = Arc::new(std::sync::Mutex::new(Open::default()));
@@ -310,7 +332,7 @@ pub async fn serve_peers<H, F>(
                 tasks.spawn(async move {
                     let peer = incoming.remote_address();
                     let unprivileged_max = reserved.map(|(role, n)| (role, connections_max.saturating_sub(n)));
-                    let serving = Serving { handler, in_flight, budget, request_max, timeout, open, per_identity: connections_per_identity, unprivileged_max, requests_per_identity };
+                    let serving = Serving { handler, in_flight, budget, request_max, timeout, open, per_identity: connections_per_identity, unprivileged_max, requests_per_identity, bytes_per_second_per_identity };
                     if let Err(e) = connection(incoming, permit, serving).await {
                         tracing::debug!("connection from {peer} ended: {}", describe(&e));
                     }
@@ -346,6 +368,7 @@ struct Serving<H> {
     /// The reserved role, and the most connections peers of other roles may hold.
     unprivileged_max: Option<(Role, usize)>,
     requests_per_identity: usize,
+    bytes_per_second_per_identity: Option<u64>,
 }
 
 /// Takes a connection out of the open set when its task ends.
@@ -361,6 +384,10 @@ impl Drop for Registered {
             // Requests of its still running hold their permits (an Arc of their own).
             if open.count(gone.identity) == 0 {
                 open.requests.remove(&gone.identity);
+                let connected: std::collections::HashSet<u64> =
+                    open.connections.values().map(|t| t.identity).collect();
+                open.rates
+                    .retain(|identity, rate| connected.contains(identity) || !rate.settled());
             }
         }
     }
@@ -429,6 +456,7 @@ where
         per_identity,
         unprivileged_max,
         requests_per_identity,
+        bytes_per_second_per_identity,
     } = serving;
     let connection = incoming.await?;
     let peer = connection.remote_address();
@@ -437,7 +465,7 @@ where
     let idle_since = Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
     // On an `--insecure-dev` endpoint nobody has a role: every peer counts as privileged.
     let privileged = unprivileged_max.is_none_or(|(role, _)| who.role.is_none_or(|r| r == role));
-    let (_registered, allowed) = {
+    let (_registered, allowed, rate) = {
         let mut open_now = open.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((role, most)) = unprivileged_max.filter(|_| !privileged) {
             if open_now.unprivileged() >= most {
@@ -484,17 +512,21 @@ where
         );
         // Peers of the reserved role (a node's routers, which carry every client's requests
         // under one certificate) are not capped.
-        let most = if unprivileged_max.is_some() && privileged {
+        let exempt = unprivileged_max.is_some() && privileged;
+        let most = if exempt {
             usize::MAX
         } else {
             requests_per_identity
         };
         let allowed = open_now.requests_of(who.identity, most);
+        let rate = bytes_per_second_per_identity
+            .filter(|_| !exempt)
+            .map(|rate| open_now.rate_of(who.identity, rate));
         let registered = Registered {
             open: Arc::clone(&open),
             id,
         };
-        (registered, allowed)
+        (registered, allowed, rate)
     };
     let pools = budget.pools_of(&who);
     let mut requests = tokio::task::JoinSet::new();
@@ -533,6 +565,7 @@ where
         let pools = pools.clone();
         let connection = connection.clone();
         let who = Arc::clone(&who);
+        let rate = rate.clone();
         let counted = Busy::start(&busy, &idle_since);
         requests.spawn(async move {
             let (_counted, _permit) = (counted, permit);
@@ -560,12 +593,24 @@ where
                 );
                 return;
             }
+            // An identity over its bytes per second waits for its debt to be paid.
+            if let Some(rate) = &rate {
+                if rate.ready().await {
+                    metrics::counter!("zr_requests_paced_for_identity_total").increment(1);
+                }
+            }
+            let request_bytes = bytes.len() as u64;
             // A request that arrives while draining waits here and is reset at shutdown.
             let _guard = in_flight.read().await;
             let (header, body) = handler(&who, bytes).await;
             // On error `reply` is dropped unfinished, which resets the stream.
-            if let Err(e) = reply.send_body(header, body, Some(timeout)).await {
-                tracing::warn!("reply to {peer} not sent whole, reset: {e}");
+            match reply.send_body(header, body, Some(timeout)).await {
+                Ok(sent) => {
+                    if let Some(rate) = &rate {
+                        rate.charge(request_bytes + sent);
+                    }
+                }
+                Err(e) => tracing::warn!("reply to {peer} not sent whole, reset: {e}"),
             }
         });
     }
@@ -582,6 +627,8 @@ mod tests {
     use crate::link::Link;
     use crate::rpc::call;
     use crate::security::Security;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::time::Instant;
 
     const SECURITY: Security = Security::InsecureDev;
     const TIMEOUT: Duration = Duration::from_secs(5);
@@ -1072,6 +1119,85 @@ mod tests {
                 assert_eq!(task.await.unwrap().unwrap(), b"ZRW1".to_vec());
             }
             assert_eq!(most.load(Ordering::SeqCst), 3, "requests in flight at most");
+            served.abort();
+        });
+    }
+    /// One identity's bytes per second are capped over all its connections, and its debt is
+    /// its own: with 1 MiB/s, a client echoing 64 KiB messages moves no more than the rate
+    /// allows over the time it ran (plus a burst and what its requests in flight sent at
+    /// once), and another certificate's request is answered while the first's next request
+    /// still waits for its debt.
+    #[test]
+    fn one_identity_moves_at_most_its_bytes_per_second() {
+        use crate::tls::{init_certs, Role, CERT_VALID_DAYS};
+        const RATE: u64 = 1 << 20;
+        const MESSAGE: usize = 64 << 10;
+        const IN_FLIGHT: usize = 4;
+        let scratch = tempfile::tempdir().unwrap();
+        init_certs(scratch.path(), CERT_VALID_DAYS).unwrap();
+        let load = |role: Role| Security::load(&scratch.path().join(role.name()), role).unwrap();
+        runtime().block_on(async {
+            let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
+            let limits = Limits {
+                bytes_per_second_per_identity: Some(RATE),
+                ..Limits::new(8, TIMEOUT)
+            };
+            let (addr, client, served) =
+                start_as(&load(Role::Router), limits, std::future::pending(), echo);
+            let first = connect(&client, &load(Role::Reader), addr, TIMEOUT)
+                .await
+                .unwrap();
+            let message = |len: usize| {
+                let mut m = b"ZRW1".to_vec();
+                m.resize(len, 7);
+                m
+            };
+            let began = Instant::now();
+            let moved = Arc::new(AtomicU64::new(0));
+            let calls: Vec<_> = (0..IN_FLIGHT)
+                .map(|_| {
+                    let (c, moved) = (first.clone(), Arc::clone(&moved));
+                    tokio::spawn(async move {
+                        while began.elapsed() < Duration::from_millis(1500) {
+                            let m = message(MESSAGE);
+                            let reply = call(&c, m.clone(), Vec::new(), TIMEOUT).await.unwrap();
+                            assert_eq!(reply, m);
+                            moved.fetch_add(2 * MESSAGE as u64, Ordering::SeqCst);
+                        }
+                    })
+                })
+                .collect();
+            for task in calls {
+                task.await.unwrap();
+            }
+            let (moved, ran) = (moved.load(Ordering::SeqCst), began.elapsed());
+            let allowed =
+                RATE as f64 * (ran.as_secs_f64() + 0.25) + (IN_FLIGHT * 2 * MESSAGE) as f64;
+            assert!(
+                (moved as f64) <= allowed,
+                "{moved} bytes in {ran:?}; at most {allowed} allowed"
+            );
+            assert!(moved >= 4 * MESSAGE as u64, "it moved {moved} bytes at all");
+            // Two seconds of debt: its next request waits for them; another identity's
+            // does not.
+            call(&first, message(RATE as usize), Vec::new(), TIMEOUT)
+                .await
+                .unwrap();
+            let waiting = tokio::spawn({
+                let c = first.clone();
+                async move { call(&c, b"ZRW1".to_vec(), Vec::new(), TIMEOUT).await }
+            });
+            let other = connect(&client, &load(Role::Writer), addr, TIMEOUT)
+                .await
+                .unwrap();
+            call(&other, b"ZRW1 other".to_vec(), Vec::new(), TIMEOUT)
+                .await
+                .unwrap();
+            assert!(
+                !waiting.is_finished(),
+                "the first identity's debt was forgiven"
+            );
+            assert_eq!(waiting.await.unwrap().unwrap(), b"ZRW1".to_vec());
             served.abort();
         });
     }

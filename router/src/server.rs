@@ -146,6 +146,8 @@ pub struct Router {
     request_budget: usize,
     /// Requests one identity has in flight at once (`[router] requests_per_identity`).
     requests_per_identity: usize,
+    /// Bytes per second one identity moves through it (`[router] mib_per_second_per_identity`).
+    bytes_per_second_per_identity: Option<u64>,
     /// The failed requests' log lines each client identity may cause.
     log_budget: std::sync::Mutex<zr_service::logging::LogBudget>,
     /// The address this router serves clients on, once it does.

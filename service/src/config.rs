@@ -163,6 +163,10 @@ pub struct NodeConfig {
     /// so nodes sharing a host and a nodes.toml keep files of their own. None if unset.
     #[serde(default)]
     pub audit_log: Option<String>,
+    /// MiB per second one client certificate's requests and replies may move through this
+    /// node, over all its connections (routers are not limited); no limit if unset.
+    #[serde(default)]
+    pub mib_per_second_per_identity: Option<u64>,
 }
 
 impl Default for NodeConfig {
@@ -171,6 +175,7 @@ impl Default for NodeConfig {
             read: default_read(),
             uncached: false,
             audit_log: None,
+            mib_per_second_per_identity: None,
         }
     }
 }
@@ -219,6 +224,11 @@ pub struct RouterConfig {
     /// these are answered, so one job's flood waits on itself, not on others.
     #[serde(default = "default_requests_per_identity")]
     pub requests_per_identity: usize,
+    /// MiB per second one client certificate's requests and replies may move through this
+    /// router, over all its connections, so that one job cannot take another's bandwidth; no
+    /// limit if unset. (Its one-hop reads are bounded by `[node]`'s.)
+    #[serde(default)]
+    pub mib_per_second_per_identity: Option<u64>,
     /// Where the router appends its audit log (admin actions, commits, refused requests;
     /// see `zr_service::audit`); none if unset. A path that cannot be written stops the
     /// router at start, naming it.
@@ -228,6 +238,11 @@ pub struct RouterConfig {
 
 fn default_requests_per_identity() -> usize {
     zr_net::REQUESTS_PER_IDENTITY_DEFAULT
+}
+
+/// A `mib_per_second_per_identity` in bytes per second.
+pub fn bytes_per_second(mib: Option<u64>) -> Option<u64> {
+    mib.map(|mib| mib.saturating_mul(1 << 20))
 }
 
 /// The default of `[router] request_budget_mib`.
@@ -366,6 +381,17 @@ impl ClusterConfig {
                 "router.request_budget_mib must be 4..1048576, not {}",
                 config.router.request_budget_mib
             )));
+        }
+        for (section, rate) in [
+            ("router", config.router.mib_per_second_per_identity),
+            ("node", config.node.mib_per_second_per_identity),
+        ] {
+            if rate.is_some_and(|r| !(1..=1 << 20).contains(&r)) {
+                return Err(bad(format!(
+                    "{section}.mib_per_second_per_identity must be 1..1048576 (leave it out for no limit), not {}",
+                    rate.unwrap_or_default()
+                )));
+            }
         }
         config.placement().map_err(|e| bad(e.to_string()))?;
         Ok(config)
@@ -659,6 +685,14 @@ mod tests {
             (
                 format!("{GOOD}\n[node]\nread = \"fast\"\n"),
                 "node.read is 'fast'",
+            ),
+            (
+                GOOD.replace("[router]", "[router]\nmib_per_second_per_identity = 0"),
+                "router.mib_per_second_per_identity must be 1..1048576 (leave it out for no limit), not 0",
+            ),
+            (
+                format!("{GOOD}\n[node]\nmib_per_second_per_identity = -1\n"),
+                "mib_per_second_per_identity",
             ),
             (
                 format!("{GOOD}\n[metadata]\nprefix = \"/x\"\n"),

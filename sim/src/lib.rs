@@ -76,6 +76,8 @@ pub struct SimOptions {
     pub audit_log: Option<std::path::PathBuf>,
     /// The nodes' `[node] audit_log` (with `{shard}` and `{replica}`).
     pub node_audit_log: Option<String>,
+    /// The routers' and nodes' `mib_per_second_per_identity`.
+    pub mib_per_second_per_identity: Option<u64>,
 }
 
 /// `ZR_SIM_SEED`, or a seed from the clock.
@@ -107,6 +109,7 @@ impl Default for SimOptions {
             request_budget_mib: zr_service::config::REQUEST_BUDGET_MIB_DEFAULT,
             audit_log: None,
             node_audit_log: None,
+            mib_per_second_per_identity: None,
         }
     }
 }
@@ -236,10 +239,12 @@ impl SimCluster {
                 reply_budget_mib: options.reply_budget_mib,
                 request_budget_mib: options.request_budget_mib,
                 requests_per_identity: zr_net::REQUESTS_PER_IDENTITY_DEFAULT,
+                mib_per_second_per_identity: options.mib_per_second_per_identity,
                 audit_log: options.audit_log.clone(),
             },
             node: zr_service::config::NodeConfig {
                 audit_log: options.node_audit_log.clone(),
+                mib_per_second_per_identity: options.mib_per_second_per_identity,
                 ..Default::default()
             },
             metadata: Some(zr_service::config::MetadataConfig {
@@ -334,6 +339,8 @@ impl SimCluster {
             Some(path) => Some(Arc::new(zr_service::audit::AuditLog::open(&path)?)),
             None => None,
         };
+        let bytes_per_second_per_identity =
+            zr_service::config::bytes_per_second(self.config.node.mib_per_second_per_identity);
         let task = self.runtime.spawn(async move {
             // The node's liveness lease, stopped with the node (or its crash).
             let mut lease = tokio::task::JoinSet::new();
@@ -355,6 +362,7 @@ impl SimCluster {
                 ship_faults: Some(ship_faults),
                 access,
                 audit,
+                bytes_per_second_per_identity,
             };
             zr_shard::server::serve_with(endpoint, store, serving, async {
                 let _ = stopped.await;

@@ -12,6 +12,7 @@ impl Router {
         }
         let (timeout, request_budget) = (self.timeout, self.request_budget);
         let requests_per_identity = self.requests_per_identity;
+        let bytes_per_second_per_identity = self.bytes_per_second_per_identity;
         let handler = move |peer: &net::Peer, bytes: Vec<u8>| {
             let router = Arc::clone(&self);
             let peer = peer.clone();
@@ -23,6 +24,7 @@ impl Router {
             request_bytes_per_identity: request_budget / 2,
             request_bytes_kept_from_readers: request_budget / 4,
             requests_per_identity,
+            bytes_per_second_per_identity,
             ..net::Limits::new(CONNECTIONS_MAX, timeout)
         };
         net::serve_peers(&endpoint, limits, shutdown, handler).await;

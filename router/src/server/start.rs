@@ -76,6 +76,9 @@ impl Router {
             request_budget: usize::try_from(config.router.request_budget_mib << 20)
                 .unwrap_or(usize::MAX),
             requests_per_identity: config.router.requests_per_identity,
+            bytes_per_second_per_identity: zr_service::config::bytes_per_second(
+                config.router.mib_per_second_per_identity,
+            ),
             log_budget: Default::default(),
             listening: Default::default(),
             audit,

@@ -116,6 +116,9 @@ pub struct Serving {
     pub access: Arc<zr_meta::access::AccessControl>,
     /// Where access-control refusals are written (`[node] audit_log`), if anywhere.
     pub audit: Option<Arc<zr_service::audit::AuditLog>>,
+    /// Bytes per second one client certificate moves through the node
+    /// (`[node] mib_per_second_per_identity`; routers are not limited).
+    pub bytes_per_second_per_identity: Option<u64>,
 }
 
 /// Where a node runs its store calls.
@@ -154,6 +157,7 @@ pub async fn serve_with(
         ship_faults,
         access,
         audit,
+        bytes_per_second_per_identity,
     } = serving;
     let coordination = Coordination::open(store.dir())?;
     let shard = Shard::new(store, coordination, shard_runtime())?;
@@ -275,6 +279,7 @@ pub async fn serve_with(
     let limits = net::Limits {
         connections_per_identity: (CONNECTIONS_MAX - ROUTER_CONNECTIONS) / 2,
         reserved: Some((net::tls::Role::Router, ROUTER_CONNECTIONS)),
+        bytes_per_second_per_identity,
         ..net::Limits::new(CONNECTIONS_MAX, timeout)
     };
     net::serve_peers(&endpoint, limits, shutdown, handler).await;
@@ -706,6 +711,9 @@ pub async fn run_shard(
         ship_faults: None,
         access,
         audit,
+        bytes_per_second_per_identity: zr_service::config::bytes_per_second(
+            config.node.mib_per_second_per_identity,
+        ),
     };
     serve_with(endpoint, store, serving, shutdown).await?;
     tracing::info!("shard {shard} stopped");

@@ -555,3 +555,79 @@ fn issued(cluster: &SimCluster, role: Role, name: &str) -> Client {
     Client::connect_with_timeout(cluster.router_addr(), security, cluster.client_timeout())
         .expect("connect")
 }
+
+/// `mib_per_second_per_identity`: a reader's gathers move no more than the rate allows, one
+/// hop (each node's own allowance) and through the router (the router's; its own requests
+/// to the nodes are not limited), and its debt is its own: another reader is served while the
+/// first one's next gather still waits.
+#[test]
+fn a_reader_moves_at_most_its_bytes_per_second_and_others_do_not_wait_for_it() {
+    use std::time::{Duration, Instant};
+    const RECORD: usize = 64 << 10;
+    const RECORDS: u64 = 64; // 4 MiB, 2 MiB on each node
+    const RATE: u64 = 1 << 20;
+    let options = SimOptions {
+        mib_per_second_per_identity: Some(RATE >> 20),
+        ..options()
+    };
+    let cluster = SimCluster::start(2, options).expect("cluster");
+    let writer = cluster.client().expect("client");
+    let rows: Vec<Vec<u8>> = (0..RECORDS)
+        .map(|k| zr_tests::bytes(k, RECORD as u64, 1))
+        .collect();
+    let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
+    writer.append_many(&records).expect("append");
+    writer.commit().expect("commit");
+    let all: Vec<u64> = (0..RECORDS).collect();
+    let connect = |name: &str, direct: bool| {
+        let certs = cluster.certs_dir().expect("a secured cluster");
+        let home = zr_net::tls::issue_cert(&certs, Role::Reader, name, 1).expect("issue");
+        let security = zr_net::Security::load(&home, Role::Reader).expect("load");
+        let options = zr_router::ClientOptions {
+            direct,
+            timeout: Duration::from_secs(20),
+            ..zr_router::ClientOptions::default()
+        };
+        Client::connect_with(cluster.router_addr(), security, options).expect("connect")
+    };
+    // One server's allowance over `ran`: its burst, its rate, and one gather's share sent
+    // before the debt it leaves is known.
+    const GATHER: usize = 16; // 1 MiB
+    let allowed = |servers: u64, ran: Duration| {
+        let share = (GATHER * RECORD) as f64 / servers as f64;
+        servers as f64 * (RATE as f64 * (ran.as_secs_f64() + 0.25) + share)
+    };
+    let mut readers = Vec::new();
+    for (name, direct, servers) in [("team-a", true, 2), ("team-c", false, 1)] {
+        let reader = connect(name, direct);
+        assert_eq!(reader.reads_direct(), direct);
+        let (began, mut moved) = (Instant::now(), 0u64);
+        for batch in all.chunks(GATHER).cycle() {
+            if began.elapsed() >= Duration::from_secs(2) {
+                break;
+            }
+            moved += reader.gather(batch, &[]).expect("gather")[0].data.len() as u64;
+        }
+        let ran = began.elapsed();
+        println!("{name} (one hop: {direct}) moved {moved} bytes in {ran:?} at 1 MiB/s per server");
+        assert!(
+            (moved as f64) <= allowed(servers, ran),
+            "{name} moved {moved} bytes in {ran:?}"
+        );
+        readers.push(reader);
+    }
+    // Team A is in debt for seconds on each node; team B is not.
+    let team_a = std::sync::Arc::new(readers.swap_remove(0));
+    team_a.gather(&all, &[]).expect("gather");
+    let waiting = std::thread::spawn({
+        let (team_a, all) = (std::sync::Arc::clone(&team_a), all.clone());
+        move || team_a.gather(&all, &[]).map(|c| c[0].len())
+    });
+    let team_b = connect("team-b", true);
+    assert_eq!(team_b.gather(&all[..8], &[]).expect("gather")[0].len(), 8);
+    assert!(!waiting.is_finished(), "team-a's debt was forgiven");
+    assert_eq!(
+        waiting.join().expect("join").expect("gather"),
+        RECORDS as usize
+    );
+}

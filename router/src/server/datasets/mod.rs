@@ -416,6 +416,7 @@ impl Router {
             audit: self.audit.clone(),
             access: Arc::clone(&self.access),
             requests_per_identity: self.requests_per_identity,
+            bytes_per_second_per_identity: self.bytes_per_second_per_identity,
         });
         if let Err(e) = router.reload_committed().await {
             tracing::warn!("dataset '{}': {e}", dataset.name);
