@@ -3,10 +3,13 @@
 //! covering the dataset, beside others that do not), one hop and through the router, in
 //! alternating turns so the machine's load weighs on both alike. Then the time from
 //! `zr cluster revoke` (`Client::revoke`) to the first refused one-hop gather of the revoked
-//! certificate, over several revocations.
+//! certificate, over several revocations. Last, on a cluster whose routers and nodes limit
+//! each certificate's bytes per second: another reader's gather latency while one reader
+//! holds 2,000 waiting gathers and floods gathers one hop and through the router, beside
+//! the same reader's latency with the cluster idle.
 //!
 //! ```text
-//! cargo run --release -p zr-sim --example access_bench -- [--seconds 8] [--rounds 8] [--revocations 10]
+//! cargo run --release -p zr-sim --example access_bench -- [--seconds 8] [--rounds 8] [--revocations 10] [--flood-seconds 8]
 //! ```
 
 use std::time::{Duration, Instant};
@@ -44,10 +47,28 @@ struct Args {
     /// Revocations timed.
     #[arg(long, default_value_t = 10)]
     revocations: u32,
+    /// Seconds of latency samples, idle and under the flood, each.
+    #[arg(long, default_value_t = 8.0)]
+    flood_seconds: f64,
+    /// Waiting gathers the flooding reader holds.
+    #[arg(long, default_value_t = 2_000)]
+    waiters: usize,
+    /// Gathers the flooding reader keeps in flight besides.
+    #[arg(long, default_value_t = 16)]
+    flooders: usize,
+    /// `mib_per_second_per_identity` of the flood's cluster (routers and nodes).
+    #[arg(long, default_value_t = 64)]
+    mib_per_second: u64,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    grants_and_revocations(&args)?;
+    neighbours(&args)
+}
+
+/// Gathers with grants beside gathers without them, and revocation latency.
+fn grants_and_revocations(args: &Args) -> Result<()> {
     let options = SimOptions {
         fields: vec![("x".into(), "raw".into())],
         ..SimOptions::default()
@@ -71,16 +92,8 @@ fn main() -> Result<()> {
     let operator = connect(Role::Operator, "ops", true)?;
     let imgs = operator.create_dataset("imgs", vec![zr_router::FieldInfo::new("x", "raw")])?;
     operator.create_dataset("text", vec![zr_router::FieldInfo::new("x", "raw")])?;
-    let payload = |i: u64| -> Vec<u8> { (0..args.size as u64).map(|k| mix2(i, k) as u8).collect() };
-    let mut start = 0;
-    while start < args.records {
-        let end = (start + 2048).min(args.records);
-        let rows: Vec<Vec<u8>> = (start..end).map(payload).collect();
-        let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
-        imgs.append_many(&records)?;
-        start = end;
-    }
-    imgs.commit()?;
+    fill(&imgs, args)?;
+    let payload = |i: u64| payload(i, args.size);
     let one_hop = connect(Role::Reader, "team-a", true)?.dataset("imgs")?;
     let via_router = {
         let home = certs.join("reader-team-a");
@@ -207,5 +220,162 @@ fn main() -> Result<()> {
         ms(took[took.len() / 2]),
         ms(took[took.len() - 1])
     );
+    Ok(())
+}
+
+/// Another reader's gather latency (sampled every 10 ms, so that its own rate stays under
+/// the limit) idle, then while one reader holds `--waiters` waiting gathers and keeps
+/// `--flooders` gathers in flight, half one hop and half through the router.
+fn neighbours(args: &Args) -> Result<()> {
+    let options = SimOptions {
+        fields: vec![("x".into(), "raw".into())],
+        mib_per_second_per_identity: Some(args.mib_per_second),
+        ..SimOptions::default()
+    };
+    let cluster = SimCluster::start(args.shards, options)?;
+    let certs = cluster.certs_dir().ok_or("a secured cluster")?;
+    let writer = cluster.client()?;
+    fill(&writer, args)?;
+    let options = |direct: bool| ClientOptions {
+        direct,
+        timeout: Duration::from_secs(120),
+        ..ClientOptions::default()
+    };
+    let security = |name: &str| -> Result<zr_net::Security> {
+        let home = zr_net::tls::issue_cert(&certs, Role::Reader, name, 1)?;
+        Ok(zr_net::Security::load(&home, Role::Reader)?)
+    };
+    let team_b = Client::connect_with(cluster.router_addr(), security("team-b")?, options(true))?;
+    let (records, batch) = (args.records, args.batch);
+    let sample = |seconds: f64| -> Result<Vec<Duration>> {
+        let mut took = Vec::new();
+        let began = Instant::now();
+        let mut seed = 1u64 << 40;
+        while began.elapsed().as_secs_f64() < seconds {
+            seed += 1;
+            let indices: Vec<u64> = (0..batch).map(|k| mix2(seed, k) % records).collect();
+            let started = Instant::now();
+            team_b.gather(&indices, &[])?;
+            took.push(started.elapsed());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        took.sort();
+        Ok(took)
+    };
+    let idle = sample(args.flood_seconds)?;
+
+    // The flood, on a runtime of its own: one certificate, a client per path.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let flooder = security("team-x")?;
+    let clients = runtime.block_on(async {
+        let mut clients = Vec::new();
+        for direct in [true, false] {
+            let client = zr_router::AsyncClient::connect_with(
+                cluster.router_addr(),
+                flooder.clone(),
+                options(direct),
+            )
+            .await?;
+            clients.push(std::sync::Arc::new(client));
+        }
+        Ok::<_, zr_router::Error>(clients)
+    })?;
+    let past_end: std::sync::Arc<Vec<u64>> =
+        std::sync::Arc::new((records..records + 1000).collect());
+    let waiters: Vec<_> = (0..args.waiters)
+        .map(|k| {
+            let (client, indices) = (
+                std::sync::Arc::clone(&clients[1]),
+                std::sync::Arc::clone(&past_end),
+            );
+            runtime.spawn(async move {
+                let _ = client
+                    .gather_waiting(&indices, &[], Duration::from_secs(600))
+                    .await;
+                k
+            })
+        })
+        .collect();
+    let flooding = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flooded = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let flood: Vec<_> = (0..args.flooders)
+        .map(|k| {
+            let client = std::sync::Arc::clone(&clients[k % 2]);
+            let (flooding, flooded) = (
+                std::sync::Arc::clone(&flooding),
+                std::sync::Arc::clone(&flooded),
+            );
+            runtime.spawn(async move {
+                let mut seed = k as u64;
+                while flooding.load(std::sync::atomic::Ordering::Relaxed) {
+                    seed += 1 << 20; // apart from the other tasks' seeds
+                    let indices: Vec<u64> = (0..batch).map(|i| mix2(seed, i) % records).collect();
+                    if let Ok(columns) = client.gather(&indices, &[]).await {
+                        flooded.fetch_add(
+                            columns[0].data.len() as u64,
+                            std::sync::atomic::Ordering::Relaxed,
+                        );
+                    }
+                }
+            })
+        })
+        .collect();
+    // Every waiter's wait reaches the router, and the flood runs at its pace.
+    std::thread::sleep(Duration::from_secs(3));
+    let flood_began = (
+        Instant::now(),
+        flooded.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    let loaded = sample(args.flood_seconds)?;
+    let flood_rate = (flooded.load(std::sync::atomic::Ordering::Relaxed) - flood_began.1) as f64
+        / flood_began.0.elapsed().as_secs_f64();
+    let still_waiting = waiters.iter().filter(|w| !w.is_finished()).count();
+    flooding.store(false, std::sync::atomic::Ordering::Relaxed);
+    for task in waiters {
+        task.abort();
+    }
+    runtime.block_on(async {
+        for task in flood {
+            let _ = task.await;
+        }
+    });
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let at = |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q) as usize];
+    println!(
+        "neighbours, {} MiB/s per certificate per server: team-x holds {still_waiting} waiting gathers and {} gathers in flight ({:.0} MiB/s read); team-b gathers {batch} records every 10 ms",
+        args.mib_per_second,
+        args.flooders,
+        flood_rate / f64::from(1 << 20),
+    );
+    println!(
+        "{:<20} {:>12} {:>12} {:>10}",
+        "team-b latency", "idle ms", "flood ms", "ratio"
+    );
+    for (name, q) in [("median", 0.5), ("p99", 0.99)] {
+        let (i, l) = (ms(at(&idle, q)), ms(at(&loaded, q)));
+        println!("{name:<20} {i:>12.2} {l:>12.2} {:>9.2}x", l / i);
+    }
+    Ok(())
+}
+
+/// Record `i`'s bytes.
+fn payload(i: u64, size: usize) -> Vec<u8> {
+    (0..size as u64).map(|k| mix2(i, k) as u8).collect()
+}
+
+/// Appends and commits `--records` records through `client`.
+fn fill(client: &Client, args: &Args) -> Result<()> {
+    let mut start = 0;
+    while start < args.records {
+        let end = (start + 2048).min(args.records);
+        let rows: Vec<Vec<u8>> = (start..end).map(|i| payload(i, args.size)).collect();
+        let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
+        client.append_many(&records)?;
+        start = end;
+    }
+    client.commit()?;
     Ok(())
 }
