@@ -185,8 +185,11 @@ pub struct ClusterIssueArgs {
 
 pub fn issue(args: ClusterIssueArgs) -> CliResult {
     let home = tls::issue_cert(&args.certs, args.role, &args.name, args.days)?;
+    let cert = home.join(format!("{}.pem", args.role.name()));
+    let pem = std::fs::read(&cert).map_err(|e| format!("{}: {e}", cert.display()))?;
+    let serial = tls::serial_of(&pem).map_err(|e| format!("{}: {e}", cert.display()))?;
     println!(
-        "issued a {} certificate named {} in {} (valid for {} days)",
+        "issued a {} certificate named {} in {} (valid for {} days), serial number {serial}",
         args.role,
         args.name,
         home.display(),

@@ -114,20 +114,28 @@ pub fn list(args: GrantsArgs) -> CliResult {
     Ok(())
 }
 
-/// Revoke the certificates issued under a name, on every router and node, within seconds.
+/// Revoke a certificate, by the name it was issued under or by its serial number, on every
+/// router and node, within seconds.
 ///
 /// A certificate of a job that leaked, or of a team that left, is refused from then on: its
 /// requests on connections already open and on new ones, through routers and one hop from
 /// nodes, within a few seconds (every router and node reads the list each second); a router
 /// or node that was down meanwhile refuses it from its start. The list is in the metadata
-/// store. The certificate this command connects with, and the cluster's own operator,
-/// router and node certificates, cannot be revoked. `--undo` serves the name again.
+/// store. `--name` refuses every certificate issued under the name (renewed ones too);
+/// `--serial` one certificate (`zr cluster issue` prints its serial number; `openssl x509
+/// -serial -noout -in FILE` reads it). The certificate this command connects with, and the
+/// cluster's own operator, router and node certificates, cannot be revoked. `--undo` serves
+/// it again.
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["name", "serial"])))]
 pub struct RevokeArgs {
     /// The name the certificate was issued under (`zr cluster issue --name NAME`).
     #[arg(long)]
-    name: String,
-    /// Serve the name again.
+    name: Option<String>,
+    /// The serial number of one certificate `zr cluster issue` made (hex; colons allowed).
+    #[arg(long)]
+    serial: Option<String>,
+    /// Serve it again.
     #[arg(long)]
     undo: bool,
     #[command(flatten)]
@@ -135,24 +143,34 @@ pub struct RevokeArgs {
 }
 
 pub fn revoke(args: RevokeArgs) -> CliResult {
-    let client = args
-        .remote
-        .client(Access::Operate)?
-        .ok_or("--router is missing: zr cluster revoke --name NAME --router ADDR --certs DIR")?;
-    let names = client.revoke(&args.name, args.undo)?;
+    let client = args.remote.client(Access::Operate)?.ok_or(
+        "--router is missing: zr cluster revoke --name NAME|--serial HEX --router ADDR --certs DIR",
+    )?;
+    let (what, listed, revoked) = match (&args.name, &args.serial) {
+        (Some(name), _) => (
+            format!("'{name}'"),
+            "names",
+            client.revoke(name, args.undo)?,
+        ),
+        (None, Some(serial)) => (
+            format!("the certificate of serial number {serial}"),
+            "serial numbers",
+            client.revoke_serial(serial, args.undo)?,
+        ),
+        (None, None) => return Err("give --name NAME or --serial HEX".into()),
+    };
     if args.undo {
-        println!("'{}' is served again", args.name);
+        println!("{what} is served again");
     } else {
         println!(
-            "'{}' is revoked: refused by every router and node within {} s",
-            args.name,
+            "{what} is revoked: refused by every router and node within {} s",
             2 * zr_meta::access::WATCH_EVERY.as_secs()
         );
     }
-    if names.is_empty() {
-        println!("no certificate is revoked");
+    if revoked.is_empty() {
+        println!("no certificate is revoked by its {listed}");
     } else {
-        println!("revoked: {}", names.join(", "));
+        println!("revoked {listed}: {}", revoked.join(", "));
     }
     Ok(())
 }

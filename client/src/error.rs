@@ -87,8 +87,8 @@ pub enum Failure {
         dataset: String,
     },
     /// The sender's certificate was revoked (`zr cluster revoke`).
-    #[error("the certificate named '{name}' is revoked (an operator serves it again with `zr cluster revoke --name {name} --undo`)")]
-    Revoked { name: String },
+    #[error("{why}")]
+    Revoked { why: String },
     /// A delete that failed after it was recorded: the next write finishes it.
     #[error("{0}; the delete is recorded, and the next write through any router finishes it")]
     DeleteRecorded(Box<Failure>),

@@ -1,6 +1,7 @@
 //! Who may do what beyond their certificate's role, kept under [`ACCESS_KEY`] and changed
 //! only by compare-and-swap:
-//! - revoked certificate names (`zr cluster revoke`), refused everywhere;
+//! - revoked certificate names and serial numbers (`zr cluster revoke --name|--serial`),
+//!   refused everywhere;
 //! - grants (`zr grant`): read or write on datasets by name or prefix, per certificate name.
 //!   A cluster with no grant lets every role do what it does today; with grants, a reader
 //!   or writer reads (writes) only the datasets some grant of its name covers. Operators
@@ -31,6 +32,10 @@ pub struct AccessRecord {
     /// The certificate names refused.
     #[serde(default)]
     pub revoked: BTreeSet<String>,
+    /// The serial numbers of certificates refused (lower-case hex, see
+    /// `zr_net::tls::serial_hex`): one certificate, where its name may have several.
+    #[serde(default)]
+    pub revoked_serials: BTreeSet<String>,
     /// What names may read or write, where.
     #[serde(default)]
     pub grants: BTreeSet<Grant>,
@@ -87,6 +92,20 @@ pub async fn revoke(store: &dyn MetaStore, name: &str, undo: bool) -> Result<Acc
     .await
 }
 
+/// Adds `serial` to the revoked serial numbers (`undo`: takes it out); returns the record
+/// written.
+pub async fn revoke_serial(
+    store: &dyn MetaStore,
+    serial: &str,
+    undo: bool,
+) -> Result<AccessRecord, Error> {
+    let serial = serial.to_string();
+    update(store, |record| {
+        Ok::<_, Error>(toggled(record, |r| &mut r.revoked_serials, &serial, undo))
+    })
+    .await
+}
+
 /// Adds `grant` (`undo`: takes it out); returns the record written.
 pub async fn grant(
     store: &dyn MetaStore,
@@ -127,10 +146,25 @@ impl AccessControl {
         Arc::clone(&self.record.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Whether the certificate name `name` is revoked.
-    pub fn is_revoked(&self, name: &str) -> bool {
+    /// Whether a certificate named `name`, of serial number `serial` (if issued by `zr
+    /// cluster issue`), is revoked: by its name or by its serial.
+    pub fn is_revoked(&self, name: &str, serial: Option<&str>) -> bool {
+        self.revoked_why(name, serial).is_some()
+    }
+
+    /// Why a certificate named `name`, of serial number `serial`, is refused, if it is
+    /// revoked: the words routers and nodes answer with.
+    pub fn revoked_why(&self, name: &str, serial: Option<&str>) -> Option<String> {
         let record = self.record.read().unwrap_or_else(|e| e.into_inner());
-        !record.revoked.is_empty() && record.revoked.contains(name)
+        if record.revoked.contains(name) {
+            return Some(format!(
+                "the certificate named '{name}' is revoked (an operator serves it again with `zr cluster revoke --name {name} --undo`)"
+            ));
+        }
+        let serial = serial.filter(|s| record.revoked_serials.contains(*s))?;
+        Some(format!(
+            "the certificate named '{name}' of serial number {serial} is revoked (an operator serves it again with `zr cluster revoke --serial {serial} --undo`)"
+        ))
     }
 
     /// Whether there are grants (a cluster with none checks none).
@@ -226,16 +260,22 @@ mod tests {
             let g = grant_of("team-c", false, "imgs*");
             grant(&store, &g, false).await.unwrap();
             let control = AccessControl::default();
-            assert!(!control.is_revoked("team-a"), "not before it is read");
+            revoke_serial(&store, "0a1b", false).await.unwrap();
+            let revoked = |name: &str| control.is_revoked(name, None);
+            assert!(!revoked("team-a"), "not before it is read");
             control.refresh(&store).await.unwrap();
-            assert!(control.is_revoked("team-a") && control.is_revoked("team-b"));
-            assert!(!control.is_revoked("team-c") && control.has_grants());
+            assert!(revoked("team-a") && revoked("team-b"));
+            assert!(!revoked("team-c") && control.has_grants());
+            assert!(control.is_revoked("team-c", Some("0a1b")), "by its serial");
+            assert!(!control.is_revoked("team-c", Some("0a1c")));
             revoke(&store, "team-a", true).await.unwrap();
             grant(&store, &g, true).await.unwrap();
+            revoke_serial(&store, "0a1b", true).await.unwrap();
             drop(store);
             let store = crate::EmbeddedStore::open(dir.path()).unwrap();
             control.refresh(&store).await.unwrap();
-            assert!(!control.is_revoked("team-a") && control.is_revoked("team-b"));
+            assert!(!revoked("team-a") && revoked("team-b"));
+            assert!(!control.is_revoked("team-c", Some("0a1b")));
             assert!(!control.has_grants());
         });
     }

@@ -160,6 +160,7 @@ mod tests {
             role: Some(role),
             identity,
             name: None,
+            serial: None,
         }
     }
 

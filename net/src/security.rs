@@ -201,6 +201,10 @@ pub struct Peer {
     /// The name its certificate was issued under (`zr cluster issue --name`), or the role's
     /// own name for a role's shared certificate; `None` without a certificate.
     pub name: Option<String>,
+    /// The serial number of a certificate `zr cluster issue` made, in lower-case hex (see
+    /// [`crate::tls::serial_of`]); `None` for a role's shared certificate, which revocation
+    /// by serial does not reach.
+    pub serial: Option<String>,
 }
 
 impl Peer {
@@ -212,21 +216,23 @@ impl Peer {
             .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
             .and_then(|chain| chain.into_iter().next());
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        let (role, name) = match &certificate {
+        let (role, name, serial) = match &certificate {
             Some(cert) => {
                 cert.as_ref().hash(&mut hasher);
                 let role = Role::of_certificate(cert, accepts);
-                (role, role.and_then(|role| issued_name(cert, role)))
+                let (name, serial) = role.map(|role| issued(cert, role)).unwrap_or_default();
+                (role, name, serial)
             }
             None => {
                 connection.remote_address().ip().hash(&mut hasher);
-                (None, None)
+                (None, None, None)
             }
         };
         Peer {
             role,
             identity: hasher.finish(),
             name,
+            serial,
         }
     }
 
@@ -256,16 +262,28 @@ impl Peer {
     }
 }
 
-/// The name `cert` (of role `role`) was issued under: its common name is the role's DNS name,
-/// then a space and the name `zr cluster issue --name` gave it; the role's own name if it has
-/// none (the role's shared certificate).
-fn issued_name(cert: &CertificateDer<'_>, role: Role) -> Option<String> {
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    let common = parsed.subject().iter_common_name().next()?.as_str().ok()?;
-    let rest = common.strip_prefix(role.dns_name())?;
+/// The name `cert` (of role `role`) was issued under, and its serial if `zr cluster issue`
+/// made it. Its common name is the role's DNS name, then a space and the name `zr cluster
+/// issue --name` gave it; the role's own name if it has none (the role's shared
+/// certificate, whose serial is not given).
+fn issued(cert: &CertificateDer<'_>, role: Role) -> (Option<String>, Option<String>) {
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
+        return (None, None);
+    };
+    let common = parsed
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|c| c.as_str().ok());
+    let Some(rest) = common.and_then(|c| c.strip_prefix(role.dns_name())) else {
+        return (None, None);
+    };
     match rest.strip_prefix(' ') {
-        Some(name) if !name.is_empty() => Some(name.to_string()),
-        _ if rest.is_empty() => Some(role.name().to_string()),
-        _ => None,
+        Some(name) if !name.is_empty() => (
+            Some(name.to_string()),
+            Some(crate::tls::serial_hex(parsed.raw_serial())),
+        ),
+        _ if rest.is_empty() => (Some(role.name().to_string()), None),
+        _ => (None, None),
     }
 }

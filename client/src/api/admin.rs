@@ -120,6 +120,21 @@ impl AsyncClient {
         }
     }
 
+    /// Refuses the one certificate of serial number `serial` (hex, as `zr cluster issue`
+    /// prints it; colons allowed) on every router and node within seconds (`undo`: serves it
+    /// again); returns the serial numbers refused after it. Only certificates `zr cluster
+    /// issue` made are refused by serial. Operators only.
+    pub async fn revoke_serial(&self, serial: &str, undo: bool) -> Result<Vec<String>, Error> {
+        let request = ClientRequest::RevokeSerial {
+            serial: serial.to_string(),
+            undo,
+        };
+        match self.call(&request, Vec::new()).await?.0 {
+            Reply::Revoked { names } => Ok(names),
+            other => Err(unexpected("revoke-serial", &other)),
+        }
+    }
+
     /// Adds `grant` (`undo`: takes it out): once a cluster has grants, readers and writers
     /// reach only the datasets grants of their certificate's name cover, through routers
     /// and one hop (see `zr_meta::access`). A pattern without `*` must name a dataset the

@@ -235,6 +235,13 @@ impl Client {
         self.runtime.block_on(self.inner.revoke(name, undo))
     }
 
+    /// Revokes one certificate by its serial number, or serves it again (see
+    /// [`AsyncClient::revoke_serial`]).
+    pub fn revoke_serial(&self, serial: &str, undo: bool) -> Result<Vec<String>, Error> {
+        self.runtime
+            .block_on(self.inner.revoke_serial(serial, undo))
+    }
+
     /// Adds a grant, or takes it out (see [`AsyncClient::grant`]).
     pub fn grant(
         &self,

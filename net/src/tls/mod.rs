@@ -648,6 +648,51 @@ pub fn check_name(name: &str) -> Result<(), BadName> {
     }
 }
 
+/// A certificate serial number as revocation by serial names it: lower-case hex, without
+/// the leading zero bytes DER may add.
+pub fn serial_hex(raw: &[u8]) -> String {
+    let start = raw
+        .iter()
+        .position(|&b| b != 0)
+        .unwrap_or(raw.len().saturating_sub(1));
+    raw[start..].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The serial number of the certificate in `pem` (the first one), as [`serial_hex`] gives it.
+pub fn serial_of(pem: &[u8]) -> Result<String, String> {
+    let (_, block) =
+        x509_parser::pem::parse_x509_pem(pem).map_err(|e| format!("not a PEM certificate: {e}"))?;
+    let cert = block
+        .parse_x509()
+        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    Ok(serial_hex(cert.raw_serial()))
+}
+
+/// `serial` as [`serial_hex`] writes it (colons and case as `openssl x509 -serial` or a
+/// browser shows them are accepted), or why it is not a serial number.
+pub fn normalized_serial(serial: &str) -> Result<String, String> {
+    let digits: String = serial
+        .trim()
+        .trim_start_matches("serial=")
+        .chars()
+        .filter(|&c| c != ':')
+        .collect::<String>()
+        .to_ascii_lowercase();
+    if digits.is_empty() || digits.len() > 42 || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(format!(
+            "'{serial}' is not a certificate serial number (hex digits, at most 21 bytes; `zr cluster issue` prints it)"
+        ));
+    }
+    let digits = digits.trim_start_matches('0');
+    let digits = if digits.is_empty() { "0" } else { digits };
+    // Whole bytes, as [`serial_hex`] writes them.
+    Ok(if digits.len() % 2 == 1 {
+        format!("0{digits}")
+    } else {
+        digits.to_string()
+    })
+}
+
 /// Issues one more certificate of `role` named `name` from the CA in `dir`, valid for
 /// `days` (not past the CA), into a directory of its own, `dir/<role>-<name>/` (with a copy
 /// of `ca.pem`), which it returns. Refuses a name already issued and the server roles'

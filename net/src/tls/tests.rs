@@ -235,6 +235,29 @@ mod role_tests {
             issue_cert(&home, Role::Reader, "x", 30).is_err(),
             "no CA there"
         );
+        // Serial numbers: one per certificate, read back as revocation by serial names them.
+        let serial = |home: &Path, role: Role| {
+            serial_of(&std::fs::read(home.join(format!("{}.pem", role.name()))).unwrap()).unwrap()
+        };
+        let other = issue_cert(dir.path(), Role::Writer, "job-8", 30).unwrap();
+        let (first, second) = (serial(&home, Role::Reader), serial(&other, Role::Writer));
+        assert_ne!(first, second);
+        assert_eq!(normalized_serial(&first).unwrap(), first);
+        let colons = first
+            .as_bytes()
+            .chunks(2)
+            .map(|pair| std::str::from_utf8(pair).unwrap().to_ascii_uppercase())
+            .collect::<Vec<_>>()
+            .join(":");
+        assert_eq!(
+            normalized_serial(&colons).unwrap(),
+            first,
+            "as openssl prints it"
+        );
+        assert_eq!(normalized_serial("serial=00A").unwrap(), "0a");
+        for bad in ["", "xyz", &"f".repeat(43)] {
+            assert!(normalized_serial(bad).is_err(), "{bad:?}");
+        }
     }
 
     /// A flat certificate directory of a cluster made before roles loads as it did, its

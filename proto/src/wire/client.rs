@@ -128,6 +128,10 @@ pub enum ClientRequest {
     },
     /// Every grant. Reply: `Grants`.
     Grants,
+    /// Refuse the one certificate of serial number `serial` (lower-case hex, as `zr cluster
+    /// issue` prints it) on every router and node from now on (`undo`: serve it again).
+    /// Reply: `Revoked`, the serial numbers refused after it.
+    RevokeSerial { serial: String, undo: bool },
 }
 
 /// What a certificate name may do beyond its role's default: read (`write`: also write)
@@ -251,7 +255,8 @@ impl ClientRequest {
             | ClientRequest::MoveShards { .. }
             | ClientRequest::Revoke { .. }
             | ClientRequest::Grant { .. }
-            | ClientRequest::Grants => Access::Operate,
+            | ClientRequest::Grants
+            | ClientRequest::RevokeSerial { .. } => Access::Operate,
         }
     }
 
@@ -298,6 +303,7 @@ impl ClientRequest {
             ClientRequest::Grant { undo: false, .. } => "grant",
             ClientRequest::Grant { undo: true, .. } => "revoke-grant",
             ClientRequest::Grants => "grants",
+            ClientRequest::RevokeSerial { .. } => "revoke-serial",
         }
     }
 }

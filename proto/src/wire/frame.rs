@@ -46,6 +46,12 @@ impl Request for ClientMessage {
                     name.len()
                 )))
             }
+            ClientRequest::RevokeSerial { serial, .. } if serial.len() > CERT_NAME_BYTES_MAX => {
+                Err(Error::Malformed(format!(
+                    "a serial number of {} bytes (at most {CERT_NAME_BYTES_MAX})",
+                    serial.len()
+                )))
+            }
             ClientRequest::Grant { grant, .. } => grant.check().and_then(|()| expect_empty(body)),
             ClientRequest::MoveShards { nodes, .. } if nodes.len() > NODES_MAX => Err(
                 Error::Malformed(format!("{} nodes (at most {NODES_MAX})", nodes.len())),
@@ -68,6 +74,7 @@ impl Request for ClientMessage {
             | ClientRequest::MoveShards { .. }
             | ClientRequest::MoveProgress
             | ClientRequest::Revoke { .. }
+            | ClientRequest::RevokeSerial { .. }
             | ClientRequest::Grants
             | ClientRequest::Topology { .. } => expect_empty(body),
         }

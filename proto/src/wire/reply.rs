@@ -87,7 +87,8 @@ pub enum Reply {
     },
     /// How far a rebuild by files got (see `NodeRequest::ShipFrom`).
     Shipping(ShipStatus),
-    /// The certificate names the cluster refuses (see `ClientRequest::Revoke`).
+    /// The certificate names the cluster refuses (see `ClientRequest::Revoke`), or its
+    /// serial numbers (`ClientRequest::RevokeSerial`).
     Revoked {
         names: Vec<String>,
     },

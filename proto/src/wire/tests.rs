@@ -266,6 +266,21 @@ fn revocations_are_bounded() {
         },
     );
     assert_eq!(message.request.access(), Access::Operate);
+    // By serial number: as bounded, and an operator's too.
+    let by_serial = |serial: String| {
+        let message = ClientMessage::new(
+            None,
+            ClientRequest::RevokeSerial {
+                serial,
+                undo: false,
+            },
+        );
+        assert_eq!(message.request.access(), Access::Operate);
+        decode_request::<ClientMessage>(&encode_request(&message).unwrap()).map(|_| ())
+    };
+    assert!(by_serial("0a1b".into()).is_ok());
+    let e = by_serial("0".repeat(CERT_NAME_BYTES_MAX + 1)).unwrap_err();
+    assert!(e.to_string().contains("serial number of 65 bytes"), "{e}");
 }
 
 /// A node request's dataset is read from the start of its header alone, as the whole

@@ -37,6 +37,7 @@ impl Router {
             role: None,
             identity: 0,
             name: Some("in-process".into()),
+            serial: None,
         };
         self.handle_from(&anyone, bytes).await
     }
@@ -59,12 +60,13 @@ impl Router {
                 let started = std::time::Instant::now();
                 metrics::counter!("zr_router_received_bytes_total").increment(bytes.len() as u64);
                 let access = request.access();
-                let revoked = peer.role.is_some_and(|r| r.access().is_some())
-                    && peer
-                        .name
-                        .as_deref()
-                        .is_some_and(|name| self.access.is_revoked(name));
-                let allowed = !revoked && peer.access().is_some_and(|has| has >= access);
+                let revoked = match (peer.role, peer.name.as_deref()) {
+                    (Some(role), Some(name)) if role.access().is_some() => {
+                        self.access.revoked_why(name, peer.serial.as_deref())
+                    }
+                    _ => None,
+                };
+                let allowed = revoked.is_none() && peer.access().is_some_and(|has| has >= access);
                 // The audit names the dataset asked for if the caller may ask (a dataset being
                 // created is not known yet); a refused caller's name for it is not kept.
                 let asked: String = match (&self.audit, allowed) {
@@ -88,10 +90,19 @@ impl Router {
                     }
                     _ => None,
                 };
-                let revokes_itself = matches!(request, ClientRequest::Revoke { name, undo: false }
-                    if peer.name.as_deref() == Some(name.as_str()));
-                let executed = if revoked {
-                    Err(Failure::Revoked { name: peer.who() })
+                let revokes_itself = match request {
+                    ClientRequest::Revoke { name, undo: false } => peer.name.as_ref() == Some(name),
+                    ClientRequest::RevokeSerial {
+                        serial,
+                        undo: false,
+                    } => {
+                        peer.serial.is_some()
+                            && peer.serial == net::tls::normalized_serial(serial).ok()
+                    }
+                    _ => false,
+                };
+                let executed = if let Some(why) = revoked {
+                    Err(Failure::Revoked { why })
                 } else if !allowed {
                     Err(Failure::Forbidden {
                         request: kind,
@@ -190,6 +201,19 @@ impl Router {
         let names = record.revoked.iter().cloned().collect();
         self.access.set(record);
         Ok(Reply::Revoked { names })
+    }
+
+    /// Adds the serial number `serial` to those refused (`undo`: takes it out). Only
+    /// certificates `zr cluster issue` made are refused by serial: the cluster's own role
+    /// certificates, the way back in, are not.
+    async fn revoke_serial(&self, serial: &str, undo: bool) -> Result<Reply, Failure> {
+        let serial = net::tls::normalized_serial(serial).map_err(Failure::BadRequest)?;
+        let record = zr_meta::access::revoke_serial(&*self.meta, &serial, undo)
+            .await
+            .map_err(Failure::from)?;
+        let serials = record.revoked_serials.iter().cloned().collect();
+        self.access.set(record);
+        Ok(Reply::Revoked { names: serials })
     }
 
     /// Adds `grant` (`undo`: takes it out). A pattern without `*` must name a dataset the
@@ -399,6 +423,9 @@ impl Router {
                 Ok(ready(Reply::Topology(self.topology(covering).await?)))
             }
             ClientRequest::Revoke { name, undo } => self.revoke(&name, undo).await.map(ready),
+            ClientRequest::RevokeSerial { serial, undo } => {
+                self.revoke_serial(&serial, undo).await.map(ready)
+            }
             ClientRequest::Grant {
                 grant,
                 undo,

@@ -181,19 +181,20 @@ pub async fn serve_with(
         let warmth = Arc::clone(&warmth);
         let sender = Sender::of(peer);
         let reads = Arc::clone(&reads);
-        // A client (reader, writer, operator) whose certificate's name was revoked.
-        let revoked = matches!(sender, Sender::Client(role) if role.access().is_some())
-            && peer
-                .name
-                .as_deref()
-                .is_some_and(|name| access.is_revoked(name));
+        // A client (reader, writer, operator) whose certificate's name or serial was revoked.
+        let revoked = match (sender, peer.name.as_deref()) {
+            (Sender::Client(role), Some(name)) if role.access().is_some() => {
+                access.revoked_why(name, peer.serial.as_deref())
+            }
+            _ => None,
+        };
         // Under grants, a reader or writer reads one hop only the datasets its grants cover.
         let granted = (matches!(sender, Sender::Client(role) if role.access().is_some_and(|a| a < net::tls::Access::Operate))
             && access.has_grants())
         .then(|| access.record());
         // Who it is, and the audit log, only where a refusal may need them (a router's
         // requests, and a cluster without grants or revocations, pay nothing for them).
-        let checked = revoked || granted.is_some();
+        let checked = revoked.is_some() || granted.is_some();
         let who = if checked { peer.who() } else { String::new() };
         let audit = audit
             .as_ref()
@@ -213,10 +214,7 @@ pub async fn serve_with(
                     }
                 }
             }
-            if revoked {
-                let why = format!(
-                    "the certificate named '{who}' is revoked (an operator serves it again with `zr cluster revoke --name {who} --undo`)"
-                );
+            if let Some(why) = revoked {
                 refused(&audit, "request", "unknown", &why);
                 let (header, body) = error_reply(ErrorCode::Forbidden, why);
                 return (header, net::Body::Ready(body));

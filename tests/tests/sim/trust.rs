@@ -631,3 +631,66 @@ fn a_reader_moves_at_most_its_bytes_per_second_and_others_do_not_wait_for_it() {
         RECORDS as usize
     );
 }
+
+/// `zr cluster revoke --serial`: one certificate refused by its serial number, one hop and
+/// through the router, while another certificate is served; an operator cannot revoke its
+/// own certificate's serial, a serial that is not one is refused, and `--undo` serves it
+/// again.
+#[test]
+fn a_certificate_is_revoked_by_its_serial_number() {
+    let cluster = loaded(2, 100);
+    let certs = cluster.certs_dir().expect("a secured cluster");
+    let serial_of = |role: Role, name: &str| {
+        let pem = certs
+            .join(format!("{}-{name}", role.name()))
+            .join(format!("{}.pem", role.name()));
+        zr_net::tls::serial_of(&std::fs::read(pem).expect("read")).expect("serial")
+    };
+    let operator = issued(&cluster, Role::Operator, "ops-1");
+    let (team_a, team_b) = (
+        issued(&cluster, Role::Reader, "team-a"),
+        issued(&cluster, Role::Reader, "team-b"),
+    );
+    check_all_one_hop(&team_a, 100);
+    let (code, message) =
+        refusal(operator.revoke_serial(&serial_of(Role::Operator, "ops-1"), false));
+    assert_eq!(code, Some(ErrorCode::BadRequest), "{message}");
+    assert!(message.contains("comes with"), "{message}");
+    let (code, message) = refusal(operator.revoke_serial("not-hex", false));
+    assert_eq!(code, Some(ErrorCode::BadRequest), "{message}");
+    assert!(
+        message.contains("not a certificate serial number"),
+        "{message}"
+    );
+
+    let serial = serial_of(Role::Reader, "team-a");
+    assert_eq!(
+        operator
+            .revoke_serial(&serial.to_ascii_uppercase(), false)
+            .expect("revoke"),
+        std::slice::from_ref(&serial)
+    );
+    let (took, error) = refused_within(&team_a, std::time::Duration::from_secs(10));
+    assert!(
+        error.contains(&format!("serial number {serial} is revoked")),
+        "{error}"
+    );
+    println!("team-a refused one hop {took:?} after its serial's revocation");
+    let e = team_a.len().expect_err("the router refuses it too");
+    assert!(e.to_string().contains("revoke --serial"), "{e}");
+    check_all_one_hop(&team_b, 100);
+
+    assert!(operator
+        .revoke_serial(&serial, true)
+        .expect("undo")
+        .is_empty());
+    let started = std::time::Instant::now();
+    while team_a.gather(&[0], &[]).is_err() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "still refused"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    check_all(&team_a, 100);
+}
