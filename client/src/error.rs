@@ -135,9 +135,8 @@ impl Failure {
             Failure::Conflict(_) => ErrorCode::Conflict,
             Failure::Busy { .. } => ErrorCode::Conflict,
             Failure::BadRequest(_) => ErrorCode::BadRequest,
-            Failure::Forbidden { .. } | Failure::Revoked { .. } | Failure::NotGranted { .. } => {
-                ErrorCode::Forbidden
-            }
+            Failure::Forbidden { .. } | Failure::Revoked { .. } => ErrorCode::Forbidden,
+            Failure::NotGranted { .. } => ErrorCode::NotGranted,
             Failure::While { failure, .. } | Failure::DeleteRecorded(failure) => failure.code(),
         }
     }

@@ -254,6 +254,7 @@ mod tests {
         for code in [
             Some(ErrorCode::BadRequest),
             Some(ErrorCode::Forbidden),
+            Some(ErrorCode::NotGranted),
             None,
         ] {
             assert_eq!(one.refused(code, by(1, &[true; 2], 9), t0), Next::Fail);

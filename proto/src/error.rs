@@ -36,6 +36,9 @@ pub enum ErrorCode {
     /// A node asked by a client does not know itself in sync with its partners (marked
     /// behind, or cut off from the metadata store): read elsewhere, or through the router.
     NotInSync,
+    /// Grants exist (`zr grant`) and none of the sender's certificate name covers the
+    /// dataset: its role allows the request, on other datasets.
+    NotGranted,
 }
 
 impl ErrorCode {
@@ -56,6 +59,7 @@ impl ErrorCode {
             ErrorCode::NoSuchDataset => "no_such_dataset",
             ErrorCode::NotInSync => "not_in_sync",
             ErrorCode::WrongShard => "wrong_shard",
+            ErrorCode::NotGranted => "not_granted",
         }
     }
 }

@@ -2239,3 +2239,147 @@ fn one_reader_cannot_take_the_router_down() {
     stop_all(processes);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// Datasets as the unit of access, with the binaries as an operator runs them: `zr cluster
+/// issue` certificates for two teams, `zr grant` team A read on `imgs*` and team B on
+/// `text`; team A reads `imgs` one hop and through the router, is refused `text` both ways
+/// and does not see it in `zr dataset list`; `zr cluster revoke --name team-a` refuses its
+/// open one-hop client within seconds while team B reads on; a router restarted afterwards
+/// refuses team A from its first request; the audit log, read back with `zr cluster audit`,
+/// has the grants and the revocation in the order they were made.
+#[test]
+fn datasets_are_the_unit_of_access() {
+    let (node, router) = (binary("zr-node"), binary("zr-router"));
+    let tmp = tempfile_dir("access");
+    let (config, addr, certs) = cluster_init(&tmp);
+    let audit = tmp.join("audit.log");
+    let toml = std::fs::read_to_string(&config).unwrap().replacen(
+        "[router]\n",
+        &format!("[router]\naudit_log = \"{}\"\n", audit.display()),
+        1,
+    );
+    std::fs::write(&config, toml).unwrap();
+    let mut processes = start(&node, &router, &config);
+    let remote = [
+        "--router",
+        addr.as_str(),
+        "--certs",
+        certs.to_str().unwrap(),
+    ];
+    let zr_as = |args: &[&str]| zr(&[args, &remote[..]].concat());
+    for name in ["imgs", "text"] {
+        zr_as(&["dataset", "create", name, "--field", "x"]);
+        load_rows(&connect(&addr, &certs).dataset(name).unwrap(), 50);
+    }
+    let mut serials = Vec::new();
+    for team in ["team-a", "team-b"] {
+        let issued = zr(&[
+            "cluster",
+            "issue",
+            "--role",
+            "reader",
+            "--name",
+            team,
+            "--certs",
+            certs.to_str().unwrap(),
+        ]);
+        let serial = issued
+            .trim()
+            .rsplit("serial number ")
+            .next()
+            .unwrap()
+            .to_string();
+        assert!(serial.chars().all(|c| c.is_ascii_hexdigit()), "{issued}");
+        serials.push(serial);
+    }
+    let missing = zr_fails(&[&["grant", "team-a", "read", "nope"], &remote[..]].concat());
+    assert!(missing.contains("--create-later"), "{missing}");
+    zr_as(&["grant", "team-a", "read", "imgs*"]);
+    zr_as(&["grant", "team-b", "read", "text"]);
+
+    let home = |team: &str| certs.join(format!("reader-{team}"));
+    let as_team = |team: &str, direct: bool| {
+        let options = zr_router::ClientOptions {
+            timeout: Duration::from_secs(5),
+            direct,
+            ..zr_router::ClientOptions::default()
+        };
+        let security = Security::load(&home(team), Role::Reader).unwrap();
+        Client::connect_with(addr.parse().unwrap(), security, options).unwrap()
+    };
+    let listed = zr(&[
+        "dataset",
+        "list",
+        "--router",
+        &addr,
+        "--certs",
+        home("team-a").to_str().unwrap(),
+    ]);
+    assert!(
+        listed.contains("imgs") && !listed.contains("text"),
+        "{listed}"
+    );
+    let team_a = as_team("team-a", true).dataset("imgs").unwrap();
+    assert!(team_a.reads_direct());
+    assert_eq!(team_a.gather(&[0, 1, 49], &[]).unwrap()[0].len(), 3);
+    for direct in [true, false] {
+        let text = as_team("team-a", direct).dataset("text");
+        let e = text
+            .and_then(|t| t.gather(&[0], &[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no grant to read dataset 'text'"),
+            "one hop {direct}: {e}"
+        );
+    }
+    let team_b = as_team("team-b", true).dataset("text").unwrap();
+
+    zr_as(&["cluster", "revoke", "--name", "team-a"]);
+    let revoked = Instant::now();
+    while team_a.gather(&[0], &[]).is_ok() {
+        assert!(
+            revoked.elapsed() < Duration::from_secs(5),
+            "team-a still served"
+        );
+        assert_eq!(team_b.gather(&[0, 1], &[]).unwrap()[0].len(), 2);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "team-a refused one hop {:?} after zr cluster revoke",
+        revoked.elapsed()
+    );
+    assert_eq!(team_b.gather(&[0, 1], &[]).unwrap()[0].len(), 2);
+
+    // A router started after the revocation refuses team A from its first request.
+    terminate(processes.pop().unwrap());
+    let config_arg = config.to_str().unwrap();
+    processes.push(keep_starting(
+        || spawn(&router, &["--nodes", config_arg]),
+        || cluster_status(&addr, &certs).0,
+    ));
+    let info = |team: &str, dataset: &str| {
+        Command::new(binary("zr"))
+            .args(["info", "--dataset", dataset, "--router", &addr, "--certs"])
+            .arg(home(team))
+            .output()
+            .unwrap()
+    };
+    let out = info("team-a", "imgs");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("'team-a' is revoked"),
+        "{said}"
+    );
+    assert!(info("team-b", "text").status.success());
+
+    let read_back = zr(&["cluster", "audit", "--file", audit.to_str().unwrap()]);
+    let at = |needle: &str| {
+        read_back
+            .find(needle)
+            .unwrap_or_else(|| panic!("no '{needle}' in the audit log:\n{read_back}"))
+    };
+    assert!(at("grant") < at("revoke"), "{read_back}");
+    stop_all(processes);
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -15,6 +15,7 @@ use zr_net::{self as net, Security};
 use zr_proto::assemble::{decode_gather_parts, reassemble, PartReply};
 use zr_proto::chunks::Chunks;
 use zr_proto::wire::{self, ClientRequest, FieldDict, FieldInfo, Reply};
+use zr_proto::ErrorCode;
 
 use crate::direct::{self, Direct, Gathered};
 use crate::error::Error;
@@ -54,9 +55,13 @@ struct Link {
     addr: SocketAddr,
     connection: std::sync::Mutex<Connection>,
     timeout: Duration,
-    /// Gathers one hop, straight from the nodes (`None`: through the router); set once at
-    /// connect.
+    /// Gathers one hop, straight from the nodes (`None`: through the router); set once: at
+    /// connect, or by the first dataset handle if grants keep the default dataset from
+    /// this certificate.
     direct: std::sync::OnceLock<Option<Direct>>,
+    /// The links to the nodes to make for one-hop gathers, if wanted: connections per
+    /// node and how recent a topology must be.
+    direct_wanted: Option<(usize, Duration)>,
 }
 
 /// How a client connects.
@@ -137,24 +142,36 @@ impl AsyncClient {
                 connection: std::sync::Mutex::new(connection),
                 timeout,
                 direct: std::sync::OnceLock::new(),
+                direct_wanted: options
+                    .direct
+                    .then_some((options.connections_per_node, options.topology_every)),
             }),
             dataset: None,
             fields: Vec::new(),
         };
         // The first request also completes authentication: a router that refuses this
-        // client's certificate says so here.
-        let (_, fields) = client.info().await?;
-        client.fields = fields;
-        let direct = match options.direct {
-            true => {
-                client
-                    .connect_direct(options.connections_per_node, options.topology_every)
-                    .await
-            }
-            false => None,
-        };
-        let _ = client.link.direct.set(direct);
+        // client's certificate says so here. Under grants that do not cover the default
+        // dataset, the router still answered: a handle on a granted dataset reads it.
+        match client.info().await {
+            Ok((_, fields)) => client.fields = fields,
+            Err(e) if e.code() == Some(ErrorCode::NotGranted) => return Ok(client),
+            Err(e) => return Err(e),
+        }
+        client.link_direct().await;
         Ok(client)
+    }
+
+    /// Makes the links for one-hop gathers, if wanted and not made yet, through this
+    /// handle's dataset's topology.
+    async fn link_direct(&self) {
+        if self.link.direct.get().is_some() {
+            return;
+        }
+        let direct = match self.link.direct_wanted {
+            Some((connections, recent)) => self.connect_direct(connections, recent).await,
+            None => None,
+        };
+        let _ = self.link.direct.set(direct);
     }
 
     /// Links to the nodes for one-hop gathers, or `None` (said in the log) if the router
@@ -213,6 +230,7 @@ impl AsyncClient {
         wire::check_dataset_name(name).map_err(|e| Error::Proto(e.into()))?;
         let mut handle = self.addressing(name);
         handle.fields = handle.info().await?.1;
+        handle.link_direct().await;
         Ok(handle)
     }
 

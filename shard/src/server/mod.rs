@@ -209,7 +209,7 @@ pub async fn serve_with(
                             "the certificate named '{who}' has no grant to read dataset '{dataset}' (an operator grants it with `zr grant {who} read {dataset}`)"
                         );
                         refused(&audit, "read", dataset, &why);
-                        let (header, body) = error_reply(ErrorCode::Forbidden, why);
+                        let (header, body) = error_reply(ErrorCode::NotGranted, why);
                         return (header, net::Body::Ready(body));
                     }
                 }

@@ -479,7 +479,7 @@ fn grants_bound_readers_and_writers_to_their_datasets() {
     // Through the router.
     assert_eq!(imgs.len().expect("granted"), 50);
     let (code, message) = refusal(text.len());
-    assert_eq!(code, Some(ErrorCode::Forbidden), "{message}");
+    assert_eq!(code, Some(ErrorCode::NotGranted), "{message}");
     assert!(
         message.contains("no grant to read dataset 'text'"),
         "{message}"
@@ -533,7 +533,7 @@ fn grants_bound_readers_and_writers_to_their_datasets() {
         .append(&Record::new().with("x", &row(50)))
         .expect("granted write");
     let (code, message) = refusal(writer_text.append(&Record::new().with("x", &row(50))));
-    assert_eq!(code, Some(ErrorCode::Forbidden), "{message}");
+    assert_eq!(code, Some(ErrorCode::NotGranted), "{message}");
     assert!(
         message.contains("no grant to write dataset 'text'"),
         "{message}"
