@@ -60,6 +60,12 @@ enum Command {
     },
 }
 
+/// mimalloc for every Rust allocation of the CLI: a conversion through a tokenizer ran
+/// 1.4× as fast as on glibc's malloc, with a lower peak (`zr convert --jsonl`, 2 cores).
+/// The servers keep glibc's, tuned for their gathers (`zr_common::alloc`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     die_quietly_on_closed_pipes();
     zr_common::alloc::tune();

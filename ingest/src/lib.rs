@@ -363,12 +363,15 @@ fn convert(
             let (work, to_write) = (&work, to_write.clone());
             // A tokenizer each: its models' caches are not shared between threads.
             let tokenizer = tokenizer.clone();
-            scope.spawn(move || loop {
-                let next = work.lock().map(|w| w.recv());
-                let Ok(Ok((seq, lines))) = next else { return };
-                let out = tokenize(options, &tokenizer, eos, wide, lines);
-                if to_write.send((seq, out)).is_err() {
-                    return;
+            scope.spawn(move || {
+                let mut encoder = Encoder::new(&tokenizer);
+                loop {
+                    let next = work.lock().map(|w| w.recv());
+                    let Ok(Ok((seq, lines))) = next else { return };
+                    let out = tokenize(options, &mut encoder, eos, wide, lines);
+                    if to_write.send((seq, out)).is_err() {
+                        return;
+                    }
                 }
             });
         }
@@ -509,7 +512,7 @@ fn open_input(path: &Path) -> Result<Box<dyn Read + Send>> {
 /// Each line's text tokenized, as little-endian token bytes.
 fn tokenize(
     options: &JsonlOptions,
-    tokenizer: &tokenizers::Tokenizer,
+    encoder: &mut Encoder<'_>,
     eos: Option<u32>,
     wide: bool,
     lines: Vec<Line>,
@@ -547,13 +550,11 @@ fn tokenize(
             }
             Err(e) => return Err(e),
         };
-        // Ids only: no offsets kept.
-        let encoding = tokenizer
-            .encode_fast(text, false)
+        let ids = encoder
+            .encode(&text)
             .map_err(|e| bad(format!("the tokenizer failed: {e}")))?;
-        let ids = encoding.get_ids().iter().copied().chain(eos);
-        let mut out = Vec::with_capacity((encoding.len() + 1) * if wide { 4 } else { 2 });
-        for id in ids {
+        let mut out = Vec::with_capacity((ids.len() + 1) * if wide { 4 } else { 2 });
+        for &id in ids.iter().chain(eos.as_ref()) {
             if wide {
                 out.extend_from_slice(&id.to_le_bytes());
             } else {
@@ -579,6 +580,79 @@ fn tokenize(
         documents.push((out, metadata));
     }
     Ok((documents, skipped, bytes))
+}
+
+/// A tokenizer's ids for texts, as `encode_fast(text, false)` gives them, with each
+/// pre-token's ids remembered: the library's model tokenizes every pre-token (a word, as the
+/// pre-tokenizer split it) into tokens that each own their string, and then builds an
+/// encoding with offsets, masks and word indices, where only the ids are needed. A corpus
+/// repeats its words, so most pre-tokens are looked up here instead.
+///
+/// Exact where the ids are the model's for each pre-token in order, the added tokens'
+/// where the text holds them: so only without truncation or padding (which cut or add
+/// ids), and with a model that gives a word the same tokens every time (not BPE with
+/// dropout). Any other tokenizer goes through `encode_fast` whole.
+struct Encoder<'t> {
+    tokenizer: &'t tokenizers::Tokenizer,
+    /// Whether pre-tokens' ids may be remembered (see above).
+    memo: bool,
+    words: std::collections::HashMap<String, Vec<u32>, ahash::RandomState>,
+    ids: Vec<u32>,
+}
+
+/// Pre-tokens an [`Encoder`] remembers at most (then it remembers no more): about 40 MiB
+/// for a code or web corpus's words.
+const ENCODER_WORDS_MAX: usize = 1 << 19;
+
+impl<'t> Encoder<'t> {
+    fn new(tokenizer: &'t tokenizers::Tokenizer) -> Encoder<'t> {
+        let deterministic = match tokenizer.get_model() {
+            tokenizers::ModelWrapper::BPE(bpe) => bpe.dropout.is_none_or(|p| p == 0.0),
+            _ => true,
+        };
+        Encoder {
+            tokenizer,
+            memo: deterministic
+                && tokenizer.get_truncation().is_none()
+                && tokenizer.get_padding().is_none(),
+            words: Default::default(),
+            ids: Vec::new(),
+        }
+    }
+
+    /// `text`'s ids, without special tokens (the post-processor's), valid until the next call.
+    fn encode(&mut self, text: &str) -> tokenizers::Result<&[u32]> {
+        use tokenizers::{Model, OffsetReferential, OffsetType, PreTokenizer};
+        let tokenizer = self.tokenizer;
+        if !self.memo {
+            self.ids = tokenizer.encode_fast(text, false)?.get_ids().to_vec();
+            return Ok(&self.ids);
+        }
+        let mut pieces = tokenizer
+            .get_added_vocabulary()
+            .extract_and_normalize(tokenizer.get_normalizer(), text);
+        if let Some(pre) = tokenizer.get_pre_tokenizer() {
+            pre.pre_tokenize(&mut pieces)?;
+        }
+        self.ids.clear();
+        let model = tokenizer.get_model();
+        for (word, _, tokens) in pieces.get_splits(OffsetReferential::Normalized, OffsetType::None)
+        {
+            if let Some(tokens) = tokens {
+                // An added token, found in the text as it is.
+                self.ids.extend(tokens.iter().map(|t| t.id));
+            } else if let Some(ids) = self.words.get(word) {
+                self.ids.extend_from_slice(ids);
+            } else {
+                let ids: Vec<u32> = model.tokenize(word)?.iter().map(|t| t.id).collect();
+                self.ids.extend_from_slice(&ids);
+                if self.words.len() < ENCODER_WORDS_MAX {
+                    self.words.insert(word.to_string(), ids);
+                }
+            }
+        }
+        Ok(&self.ids)
+    }
 }
 
 #[cfg(test)]
@@ -624,6 +698,65 @@ mod tests {
                     .collect()
             })
             .collect()
+    }
+
+    /// The word-remembering encoder gives `encode_fast`'s ids, exactly: a byte-level BPE
+    /// trained here, with special tokens in the text, over code, prose, Unicode and runs of
+    /// whitespace, each text encoded twice (its words remembered the second time); a
+    /// normalizer and a non-special added token; and the fallback for BPE with dropout.
+    #[test]
+    fn the_encoder_gives_the_librarys_ids() {
+        use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+        use tokenizers::models::TrainerWrapper;
+        use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+        use tokenizers::{AddedToken, Tokenizer};
+        let texts: Vec<String> = (0..200)
+            .map(|k| {
+                format!(
+                    "fn item_{k}(x: u32) -> u32 {{ x * {k} }}   // the cat sat\n\n\tnaïve café {k} 🙂🙂 <|end|> tail<|end|>x  {}",
+                    "word ".repeat(k % 7)
+                )
+            })
+            .collect();
+        let mut tokenizer = Tokenizer::new(BPE::default());
+        tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+        let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+            .vocab_size(400)
+            .show_progress(false)
+            .special_tokens(vec![AddedToken::from("<|end|>", true)])
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build()
+            .into();
+        tokenizer.train(&mut trainer, texts.iter()).unwrap();
+        let check = |tokenizer: &Tokenizer, memo: bool| {
+            let mut encoder = Encoder::new(tokenizer);
+            assert_eq!(encoder.memo, memo);
+            for round in 0..2 {
+                for text in texts.iter().chain([&String::new(), &" \n ".to_string()]) {
+                    let want = tokenizer.encode_fast(text.as_str(), false).unwrap();
+                    let got = encoder.encode(text).unwrap();
+                    assert_eq!(got, want.get_ids(), "round {round}: {text:?}");
+                }
+            }
+            if memo {
+                assert!(!encoder.words.is_empty(), "words remembered");
+            }
+        };
+        check(&tokenizer, true);
+        // A normalizer, and an added token that is not special.
+        let mut normalized = tokenizer.clone();
+        normalized.with_normalizer(Some(tokenizers::normalizers::Lowercase));
+        normalized.add_tokens(&[AddedToken::from("item_1", false)]);
+        check(&normalized, true);
+        // Dropout: encode_fast whole, which is random; only checked to run.
+        let mut dropped = tokenizer.clone();
+        if let tokenizers::ModelWrapper::BPE(bpe) = dropped.get_model() {
+            let mut bpe = bpe.clone();
+            bpe.dropout = Some(0.5);
+            dropped.with_model(tokenizers::ModelWrapper::BPE(bpe));
+        }
+        let encoder = Encoder::new(&dropped);
+        assert!(!encoder.memo, "no memory under dropout");
     }
 
     #[test]

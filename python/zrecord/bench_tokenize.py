@@ -6,7 +6,8 @@ document lengths — on the same file, tokenizer and cores, in the same run::
     python -m zrecord.bench_tokenize --jsonl corpus.jsonl --tokenizer tokenizer.json [--zr PATH]
 
 Both add the end-of-document token (``--eos``) and write uint16 tokens when the vocabulary
-fits. The ratio is what to read: the machine may be shared and noisy.
+fits; their token files are compared byte for byte. The ratio is what to read: the machine
+may be shared and noisy.
 
 It also prints the conversion's peak resident memory beside the input's size. With
 ``--memory-limit-mib N`` (as root, where a cgroup memory controller is mounted) ``zr`` runs
@@ -17,6 +18,7 @@ shows the conversion streams; ``--only-zr`` leaves Megatron's method out.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import resource
 import multiprocessing
@@ -113,6 +115,10 @@ def main() -> None:
         started = time.perf_counter()
         docs, tokens = megatron_like(args.jsonl, args.tokenizer, args.eos, os.path.join(tmp, "megatron"), args.workers)
         theirs = time.perf_counter() - started
+        # The same tokens, in the same order: the stream's token file is the tokens as they
+        # lie, as Megatron's .bin is.
+        if not filecmp.cmp(os.path.join(tmp, "stream", "tokens.bin"), os.path.join(tmp, "megatron.bin"), shallow=False):
+            raise SystemExit("zr convert and Megatron's method made different tokens")
     assert tokens == stream_tokens, (tokens, stream_tokens)
     print(f"{docs:,} documents, {tokens:,} tokens, {size / (1 << 20):.0f} MiB of JSON lines, {args.workers} cores:")
     print(f"  zr convert --jsonl            {tokens / ours:>12,.0f} tokens/s  {size / ours / (1 << 20):7.1f} MiB/s  ({ours:.1f} s)")
