@@ -592,16 +592,62 @@ fn tokenize(
 /// where the text holds them: so only without truncation or padding (which cut or add
 /// ids), and with a model that gives a word the same tokens every time (not BPE with
 /// dropout). Any other tokenizer goes through `encode_fast` whole.
+///
+/// The byte-level pre-tokenizer of GPT-2's family (`ByteLevel` with its regex, no
+/// normalizer) is run here too, on texts holding no added token: its regex splits the text
+/// and each piece's bytes map to characters, as the library does, without the library's
+/// per-piece strings and alignments — most of what was left of the time.
 struct Encoder<'t> {
     tokenizer: &'t tokenizers::Tokenizer,
     /// Whether pre-tokens' ids may be remembered (see above).
     memo: bool,
-    words: std::collections::HashMap<String, Vec<u32>, ahash::RandomState>,
+    /// The byte-level split, where it applies (see above).
+    byte_level: Option<ByteLevelSplit>,
+    /// Pre-tokens' ids, as the library's pre-tokenizer gave the pre-tokens.
+    words: Words,
+    /// Byte-level pieces' ids, by the piece as the text holds it (apart from `words`: a
+    /// piece as written may read as another's characters, `Ġ` as a mapped space).
+    pieces: Words,
     ids: Vec<u32>,
+    /// A piece's bytes as characters (byte-level only).
+    mapped: String,
 }
 
-/// Pre-tokens an [`Encoder`] remembers at most (then it remembers no more): about 40 MiB
-/// for a code or web corpus's words.
+/// The byte-level pre-tokenizer as `tokenizers` runs it: its regex, whether it adds a space
+/// in front, and the added tokens to look for (a text holding one goes the library's way).
+struct ByteLevelSplit {
+    regex: onig::Regex,
+    add_prefix_space: bool,
+    added: Option<aho_corasick::AhoCorasick>,
+    chars: [char; 256],
+}
+
+/// The regex of `tokenizers`' `ByteLevel` pre-tokenizer (GPT-2's).
+const BYTE_LEVEL_REGEX: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// GPT-2's bytes as characters: the printable ones as themselves, the others as 256 on, in
+/// order.
+fn byte_chars() -> [char; 256] {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut chars = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        chars[b as usize] = if printable(b) {
+            char::from(b)
+        } else {
+            next += 1;
+            char::from_u32(next - 1).unwrap_or(char::REPLACEMENT_CHARACTER)
+        };
+    }
+    chars
+}
+
+/// Ids by pre-token.
+type Words = std::collections::HashMap<String, Vec<u32>, ahash::RandomState>;
+
+/// Pre-tokens an [`Encoder`] remembers at most of each kind (then it remembers no more):
+/// about 40 MiB for a code or web corpus's words.
 const ENCODER_WORDS_MAX: usize = 1 << 19;
 
 impl<'t> Encoder<'t> {
@@ -610,22 +656,81 @@ impl<'t> Encoder<'t> {
             tokenizers::ModelWrapper::BPE(bpe) => bpe.dropout.is_none_or(|p| p == 0.0),
             _ => true,
         };
+        let memo = deterministic
+            && tokenizer.get_truncation().is_none()
+            && tokenizer.get_padding().is_none();
+        let byte_level = match (tokenizer.get_normalizer(), tokenizer.get_pre_tokenizer()) {
+            (None, Some(tokenizers::PreTokenizerWrapper::ByteLevel(level)))
+                if memo && level.use_regex =>
+            {
+                let added: Vec<&String> = tokenizer
+                    .get_added_vocabulary()
+                    .get_vocab()
+                    .keys()
+                    .collect();
+                let added = match added.is_empty() {
+                    true => Ok(None),
+                    false => aho_corasick::AhoCorasick::new(added).map(Some),
+                };
+                match (onig::Regex::new(BYTE_LEVEL_REGEX), added) {
+                    (Ok(regex), Ok(added)) => Some(ByteLevelSplit {
+                        regex,
+                        add_prefix_space: level.add_prefix_space,
+                        added,
+                        chars: byte_chars(),
+                    }),
+                    _ => None, // the library's way, then
+                }
+            }
+            _ => None,
+        };
         Encoder {
             tokenizer,
-            memo: deterministic
-                && tokenizer.get_truncation().is_none()
-                && tokenizer.get_padding().is_none(),
+            memo,
+            byte_level,
             words: Default::default(),
+            pieces: Default::default(),
             ids: Vec::new(),
+            mapped: String::new(),
         }
     }
 
     /// `text`'s ids, without special tokens (the post-processor's), valid until the next call.
     fn encode(&mut self, text: &str) -> tokenizers::Result<&[u32]> {
-        use tokenizers::{Model, OffsetReferential, OffsetType, PreTokenizer};
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizer};
         let tokenizer = self.tokenizer;
         if !self.memo {
             self.ids = tokenizer.encode_fast(text, false)?.get_ids().to_vec();
+            return Ok(&self.ids);
+        }
+        self.ids.clear();
+        let plain = |split: &ByteLevelSplit| {
+            !text.is_empty() && split.added.as_ref().is_none_or(|a| !a.is_match(text))
+        };
+        if let Some(split) = self.byte_level.as_ref().filter(|s| plain(s)) {
+            let prefixed;
+            let text = if split.add_prefix_space && !text.starts_with(' ') {
+                prefixed = format!(" {text}");
+                prefixed.as_str()
+            } else {
+                text
+            };
+            // Matches and the gaps between them, each a piece, as the library isolates them.
+            let mut pieces = Vec::new();
+            let mut prev = 0;
+            for (start, end) in split.regex.find_iter(text) {
+                if prev != start {
+                    pieces.push(prev..start);
+                }
+                pieces.push(start..end);
+                prev = end;
+            }
+            if prev != text.len() {
+                pieces.push(prev..text.len());
+            }
+            for piece in pieces {
+                self.pre_token(&text[piece], true)?;
+            }
             return Ok(&self.ids);
         }
         let mut pieces = tokenizer
@@ -634,24 +739,48 @@ impl<'t> Encoder<'t> {
         if let Some(pre) = tokenizer.get_pre_tokenizer() {
             pre.pre_tokenize(&mut pieces)?;
         }
-        self.ids.clear();
-        let model = tokenizer.get_model();
         for (word, _, tokens) in pieces.get_splits(OffsetReferential::Normalized, OffsetType::None)
         {
             if let Some(tokens) = tokens {
                 // An added token, found in the text as it is.
                 self.ids.extend(tokens.iter().map(|t| t.id));
-            } else if let Some(ids) = self.words.get(word) {
-                self.ids.extend_from_slice(ids);
             } else {
-                let ids: Vec<u32> = model.tokenize(word)?.iter().map(|t| t.id).collect();
-                self.ids.extend_from_slice(&ids);
-                if self.words.len() < ENCODER_WORDS_MAX {
-                    self.words.insert(word.to_string(), ids);
-                }
+                self.pre_token(word, false)?;
             }
         }
         Ok(&self.ids)
+    }
+
+    /// Appends the ids of `word`, a pre-token (`raw`: a byte-level piece whose bytes are
+    /// still to be mapped to characters), remembered or tokenized by the model.
+    fn pre_token(&mut self, word: &str, raw: bool) -> tokenizers::Result<()> {
+        use tokenizers::Model;
+        let known = if raw { &self.pieces } else { &self.words };
+        if let Some(ids) = known.get(word) {
+            self.ids.extend_from_slice(ids);
+            return Ok(());
+        }
+        let model = self.tokenizer.get_model();
+        let tokens = match (raw, &self.byte_level) {
+            (true, Some(split)) => {
+                self.mapped.clear();
+                self.mapped
+                    .extend(word.bytes().map(|b| split.chars[b as usize]));
+                model.tokenize(&self.mapped)?
+            }
+            _ => model.tokenize(word)?,
+        };
+        let ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
+        self.ids.extend_from_slice(&ids);
+        let known = if raw {
+            &mut self.pieces
+        } else {
+            &mut self.words
+        };
+        if known.len() < ENCODER_WORDS_MAX {
+            known.insert(word.to_string(), ids);
+        }
+        Ok(())
     }
 }
 
@@ -710,10 +839,15 @@ mod tests {
         use tokenizers::models::TrainerWrapper;
         use tokenizers::pre_tokenizers::byte_level::ByteLevel;
         use tokenizers::{AddedToken, Tokenizer};
+        // Half with the special token, half without (the byte-level split's way); bytes of
+        // every kind: control characters, CRLF, no-break spaces, CJK, Arabic digits,
+        // combining marks, apostrophes in both cases, and the characters byte-level BPE maps
+        // spaces to, written out.
         let texts: Vec<String> = (0..200)
             .map(|k| {
+                let special = if k % 2 == 0 { "<|end|> tail<|end|>x" } else { "tail" };
                 format!(
-                    "fn item_{k}(x: u32) -> u32 {{ x * {k} }}   // the cat sat\n\n\tnaïve café {k} 🙂🙂 <|end|> tail<|end|>x  {}",
+                    "fn item_{k}(x: u32) -> u32 {{ x * {k} }}   // the cat's hat\r\n\n\tnaïve café {k} 🙂🙂 {special}  {}\u{a0}\u{1}漢字 ٣٤ e\u{301} IT'S Ġthe ĊĠ{k}   ",
                     "word ".repeat(k % 7)
                 )
             })
@@ -728,9 +862,10 @@ mod tests {
             .build()
             .into();
         tokenizer.train(&mut trainer, texts.iter()).unwrap();
-        let check = |tokenizer: &Tokenizer, memo: bool| {
+        let check = |tokenizer: &Tokenizer, memo: bool, byte_level: bool| {
             let mut encoder = Encoder::new(tokenizer);
             assert_eq!(encoder.memo, memo);
+            assert_eq!(encoder.byte_level.is_some(), byte_level);
             for round in 0..2 {
                 for text in texts.iter().chain([&String::new(), &" \n ".to_string()]) {
                     let want = tokenizer.encode_fast(text.as_str(), false).unwrap();
@@ -739,15 +874,23 @@ mod tests {
                 }
             }
             if memo {
-                assert!(!encoder.words.is_empty(), "words remembered");
+                assert!(
+                    !encoder.words.is_empty() || !encoder.pieces.is_empty(),
+                    "words remembered"
+                );
             }
         };
-        check(&tokenizer, true);
-        // A normalizer, and an added token that is not special.
+        check(&tokenizer, true, true);
+        // A space in front of each piece between added tokens.
+        let mut prefixed = tokenizer.clone();
+        prefixed.with_pre_tokenizer(Some(ByteLevel::new(true, true, true)));
+        check(&prefixed, true, true);
+        // A normalizer (the library's pre-tokenizer then), and an added token that is not
+        // special.
         let mut normalized = tokenizer.clone();
         normalized.with_normalizer(Some(tokenizers::normalizers::Lowercase));
         normalized.add_tokens(&[AddedToken::from("item_1", false)]);
-        check(&normalized, true);
+        check(&normalized, true, false);
         // Dropout: encode_fast whole, which is random; only checked to run.
         let mut dropped = tokenizer.clone();
         if let tokenizers::ModelWrapper::BPE(bpe) = dropped.get_model() {
