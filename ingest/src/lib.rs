@@ -593,8 +593,9 @@ fn tokenize(
 /// ids), and with a model that gives a word the same tokens every time (not BPE with
 /// dropout). Any other tokenizer goes through `encode_fast` whole.
 ///
-/// The byte-level pre-tokenizer of GPT-2's family (`ByteLevel` with its regex, no
-/// normalizer) is run here too, on texts holding no added token: its regex splits the text
+/// Byte-level pre-tokenizers with no normalizer are run here too, on texts holding no added
+/// token: GPT-2's (`ByteLevel` with its regex), and GPT-4's and Llama 3's (a `Split` by a
+/// regex, isolating its matches, then `ByteLevel` without one). The regex splits the text
 /// and each piece's bytes map to characters, as the library does, without the library's
 /// per-piece strings and alignments — most of what was left of the time.
 struct Encoder<'t> {
@@ -613,13 +614,56 @@ struct Encoder<'t> {
     mapped: String,
 }
 
-/// The byte-level pre-tokenizer as `tokenizers` runs it: its regex, whether it adds a space
-/// in front, and the added tokens to look for (a text holding one goes the library's way).
+/// A byte-level pre-tokenizer as `tokenizers` runs it: its regex, where it adds a space in
+/// front, and the added tokens to look for (a text holding one goes the library's way).
 struct ByteLevelSplit {
     regex: onig::Regex,
-    add_prefix_space: bool,
+    prefix: Prefix,
     added: Option<aho_corasick::AhoCorasick>,
     chars: [char; 256],
+}
+
+/// Where a byte-level pre-tokenizer adds a space (`add_prefix_space`) to what does not
+/// start with one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Prefix {
+    None,
+    /// The text, before its regex splits it (`ByteLevel` with its regex).
+    Text,
+    /// Each piece another pre-tokenizer split off (`ByteLevel` after a `Split`).
+    Piece,
+}
+
+impl ByteLevelSplit {
+    /// The split of `pre_tokenizer`, if it is one this knows: its regex and where it adds a
+    /// space.
+    fn of(pre_tokenizer: &tokenizers::PreTokenizerWrapper) -> Option<(String, Prefix)> {
+        use tokenizers::pre_tokenizers::split::SplitPattern;
+        use tokenizers::{PreTokenizerWrapper as P, SplitDelimiterBehavior};
+        let prefix = |on: bool, at: Prefix| if on { at } else { Prefix::None };
+        match pre_tokenizer {
+            P::ByteLevel(level) if level.use_regex => Some((
+                BYTE_LEVEL_REGEX.to_string(),
+                prefix(level.add_prefix_space, Prefix::Text),
+            )),
+            P::Sequence(sequence) => match sequence.as_ref() {
+                [P::Split(split), P::ByteLevel(level)]
+                    if !level.use_regex
+                        && !split.invert
+                        && split.behavior == SplitDelimiterBehavior::Isolated =>
+                {
+                    match &split.pattern {
+                        SplitPattern::Regex(regex) => {
+                            Some((regex.clone(), prefix(level.add_prefix_space, Prefix::Piece)))
+                        }
+                        SplitPattern::String(_) => None,
+                    }
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    }
 }
 
 /// The regex of `tokenizers`' `ByteLevel` pre-tokenizer (GPT-2's).
@@ -659,31 +703,28 @@ impl<'t> Encoder<'t> {
         let memo = deterministic
             && tokenizer.get_truncation().is_none()
             && tokenizer.get_padding().is_none();
-        let byte_level = match (tokenizer.get_normalizer(), tokenizer.get_pre_tokenizer()) {
-            (None, Some(tokenizers::PreTokenizerWrapper::ByteLevel(level)))
-                if memo && level.use_regex =>
-            {
-                let added: Vec<&String> = tokenizer
-                    .get_added_vocabulary()
-                    .get_vocab()
-                    .keys()
-                    .collect();
-                let added = match added.is_empty() {
-                    true => Ok(None),
-                    false => aho_corasick::AhoCorasick::new(added).map(Some),
-                };
-                match (onig::Regex::new(BYTE_LEVEL_REGEX), added) {
-                    (Ok(regex), Ok(added)) => Some(ByteLevelSplit {
-                        regex,
-                        add_prefix_space: level.add_prefix_space,
-                        added,
-                        chars: byte_chars(),
-                    }),
-                    _ => None, // the library's way, then
-                }
-            }
+        let split = match (tokenizer.get_normalizer(), tokenizer.get_pre_tokenizer()) {
+            (None, Some(pre)) if memo => ByteLevelSplit::of(pre),
             _ => None,
         };
+        let byte_level = split.and_then(|(regex, prefix)| {
+            let added: Vec<&String> = tokenizer
+                .get_added_vocabulary()
+                .get_vocab()
+                .keys()
+                .collect();
+            let added = match added.is_empty() {
+                true => Ok(None),
+                false => aho_corasick::AhoCorasick::new(added).map(Some),
+            };
+            // Any failure: the library's way.
+            Some(ByteLevelSplit {
+                regex: onig::Regex::new(&regex).ok()?,
+                prefix,
+                added: added.ok()?,
+                chars: byte_chars(),
+            })
+        });
         Encoder {
             tokenizer,
             memo,
@@ -709,7 +750,7 @@ impl<'t> Encoder<'t> {
         };
         if let Some(split) = self.byte_level.as_ref().filter(|s| plain(s)) {
             let prefixed;
-            let text = if split.add_prefix_space && !text.starts_with(' ') {
+            let text = if split.prefix == Prefix::Text && !text.starts_with(' ') {
                 prefixed = format!(" {text}");
                 prefixed.as_str()
             } else {
@@ -764,6 +805,9 @@ impl<'t> Encoder<'t> {
         let tokens = match (raw, &self.byte_level) {
             (true, Some(split)) => {
                 self.mapped.clear();
+                if split.prefix == Prefix::Piece && !word.starts_with(' ') {
+                    self.mapped.push(split.chars[usize::from(b' ')]);
+                }
                 self.mapped
                     .extend(word.bytes().map(|b| split.chars[b as usize]));
                 model.tokenize(&self.mapped)?
@@ -885,6 +929,21 @@ mod tests {
         let mut prefixed = tokenizer.clone();
         prefixed.with_pre_tokenizer(Some(ByteLevel::new(true, true, true)));
         check(&prefixed, true, true);
+        // GPT-4's and Llama 3's: a Split by their regex, then ByteLevel without one (with and
+        // without a space in front of each piece).
+        for prefix_space in [false, true] {
+            use tokenizers::pre_tokenizers::{sequence::Sequence, split};
+            let regex = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+            let pattern = split::SplitPattern::Regex(regex.into());
+            let behavior = tokenizers::SplitDelimiterBehavior::Isolated;
+            let pieces = split::Split::new(pattern, behavior, false).unwrap();
+            let mut gpt4 = tokenizer.clone();
+            gpt4.with_pre_tokenizer(Some(Sequence::new(vec![
+                pieces.into(),
+                ByteLevel::new(prefix_space, true, false).into(),
+            ])));
+            check(&gpt4, true, true);
+        }
         // A normalizer (the library's pre-tokenizer then), and an added token that is not
         // special.
         let mut normalized = tokenizer.clone();
