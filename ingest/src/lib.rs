@@ -691,8 +691,9 @@ fn byte_chars() -> [char; 256] {
 type Words = std::collections::HashMap<String, Vec<u32>, ahash::RandomState>;
 
 /// Pre-tokens an [`Encoder`] remembers at most of each kind (then it remembers no more):
-/// about 40 MiB for a code or web corpus's words.
-const ENCODER_WORDS_MAX: usize = 1 << 19;
+/// about 10 MiB a worker for a code or web corpus's words, the most frequent of which come
+/// first. (Memory grows with workers: 64 of them hold 640 MiB at most.)
+const ENCODER_WORDS_MAX: usize = 1 << 17;
 
 impl<'t> Encoder<'t> {
     fn new(tokenizer: &'t tokenizers::Tokenizer) -> Encoder<'t> {
