@@ -146,14 +146,9 @@ impl AccessControl {
         Arc::clone(&self.record.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Whether a certificate named `name`, of serial number `serial` (if issued by `zr
-    /// cluster issue`), is revoked: by its name or by its serial.
-    pub fn is_revoked(&self, name: &str, serial: Option<&str>) -> bool {
-        self.revoked_why(name, serial).is_some()
-    }
-
-    /// Why a certificate named `name`, of serial number `serial`, is refused, if it is
-    /// revoked: the words routers and nodes answer with.
+    /// Why a certificate named `name`, of serial number `serial` (if `zr cluster issue` made
+    /// it), is refused, if it is revoked by its name or its serial: the words routers and
+    /// nodes answer with.
     pub fn revoked_why(&self, name: &str, serial: Option<&str>) -> Option<String> {
         let record = self.record.read().unwrap_or_else(|e| e.into_inner());
         if record.revoked.contains(name) {
@@ -261,13 +256,16 @@ mod tests {
             grant(&store, &g, false).await.unwrap();
             let control = AccessControl::default();
             revoke_serial(&store, "0a1b", false).await.unwrap();
-            let revoked = |name: &str| control.is_revoked(name, None);
+            let revoked = |name: &str| control.revoked_why(name, None).is_some();
             assert!(!revoked("team-a"), "not before it is read");
             control.refresh(&store).await.unwrap();
             assert!(revoked("team-a") && revoked("team-b"));
             assert!(!revoked("team-c") && control.has_grants());
-            assert!(control.is_revoked("team-c", Some("0a1b")), "by its serial");
-            assert!(!control.is_revoked("team-c", Some("0a1c")));
+            assert!(
+                control.revoked_why("team-c", Some("0a1b")).is_some(),
+                "by its serial"
+            );
+            assert!(control.revoked_why("team-c", Some("0a1c")).is_none());
             revoke(&store, "team-a", true).await.unwrap();
             grant(&store, &g, true).await.unwrap();
             revoke_serial(&store, "0a1b", true).await.unwrap();
@@ -275,7 +273,7 @@ mod tests {
             let store = crate::EmbeddedStore::open(dir.path()).unwrap();
             control.refresh(&store).await.unwrap();
             assert!(!revoked("team-a") && revoked("team-b"));
-            assert!(!control.is_revoked("team-c", Some("0a1b")));
+            assert!(control.revoked_why("team-c", Some("0a1b")).is_none());
             assert!(!control.has_grants());
         });
     }

@@ -384,10 +384,14 @@ impl Drop for Registered {
             // Requests of its still running hold their permits (an Arc of their own).
             if open.count(gone.identity) == 0 {
                 open.requests.remove(&gone.identity);
-                let connected: std::collections::HashSet<u64> =
-                    open.connections.values().map(|t| t.identity).collect();
-                open.rates
-                    .retain(|identity, rate| connected.contains(identity) || !rate.settled());
+                // Buckets of identities with no connection are forgotten once settled (none
+                // exist without a bandwidth limit).
+                if !open.rates.is_empty() {
+                    let connected: std::collections::HashSet<u64> =
+                        open.connections.values().map(|t| t.identity).collect();
+                    open.rates
+                        .retain(|identity, rate| connected.contains(identity) || !rate.settled());
+                }
             }
         }
     }
