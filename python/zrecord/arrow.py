@@ -148,7 +148,7 @@ def from_arrow(data: Any, dest: Any, columns: Sequence[str] | None = None, compr
       each column to the field of its name; returned.
 
     ``columns`` picks and orders the columns (default: all)."""
-    from . import Dataset, create, open as open_dataset  # noqa: PLC0415
+    from .dataset import Dataset, create, open as open_dataset  # noqa: PLC0415
 
     schema, batches = _batches(data, columns)
     kinds = [(field.name, *_kind(field.name, field.type)) for field in schema]

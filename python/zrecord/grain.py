@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from . import Dataset, Mixture, Sampler, _mixture_fields
+from .dataset import Dataset
+from .sampling import Mixture, Sampler, _mixture_fields
 from .torch import MapDataset, gather_mixed
 
 

@@ -234,7 +234,7 @@ class Packed:
         (bool: the next token is the same piece's). Per batch: ``cu_seqlens`` (int32, the
         sequences of the inputs ``tokens[:, :-1]`` flattened, each row's padding one) and
         ``max_seqlen``."""
-        from . import Field
+        from .dataset import Field
 
         shape = (self.width,)
         return [
@@ -271,7 +271,7 @@ class Packed:
         """Rows ``indices`` as {"tokens": (B, W+1), "document", "segment_ids", "positions",
         "loss_mask": (B, W+1), "cu_seqlens": (S + 1,) int32, "max_seqlen": int}; ``fields``
         picks among them (default all)."""
-        from . import _as_indices
+        from .dataset import _as_indices
 
         idx = _as_indices(indices)
         n = len(self._handle)
@@ -282,7 +282,7 @@ class Packed:
         idx = idx.astype(np.uint64, copy=False)
         if idx.size and int(idx.max()) >= n:
             raise IndexError(f"index {int(idx.max())} is out of range: there are {n} rows")
-        from . import _names_of
+        from .dataset import _names_of
 
         known = self._names
         names = known if fields is None else _names_of(fields)
@@ -348,7 +348,7 @@ class Windows:
     def fields(self) -> list:
         """As a dataset's: ``tokens`` (seq_len + 1 of the stream's dtype), ``document``
         (seq_len + 1 int64) and, for document windows, ``mask`` (seq_len + 1 bool)."""
-        from . import Field
+        from .dataset import Field
 
         fields = [
             Field("tokens", "raw", self.stream.dtype, (self.width,)),
@@ -374,7 +374,7 @@ class Windows:
         tokens, document and mask (default all; spans come with the stream's spans);
         ``out`` gives caller-owned arrays to fill (C-contiguous, of the right dtype and
         shape, e.g. pinned tensors' NumPy views), returned as given."""
-        from . import _as_indices, _writable_bytes
+        from .dataset import _as_indices, _writable_bytes
 
         idx = _as_indices(indices)
         if idx.dtype.kind == "i":
@@ -384,7 +384,7 @@ class Windows:
                 raise IndexError(f"index {int(np.asarray(indices).reshape(-1)[int(np.argmin(idx))])} is out of range: there are {n} windows")
         idx = idx.astype(np.uint64, copy=False)
         known = self._names
-        from . import _names_of
+        from .dataset import _names_of
 
         names = list(known) if fields is None else _names_of(fields)
         for name in names:
@@ -447,7 +447,7 @@ def open_stream(path: Any, writable: bool = False) -> Stream:
     or for appending (one writer at a time). ``path`` may also be a cluster's dataset
     (``zrecord.connect(..., dataset=name)``) holding a stream: its windows are read from the
     cluster's blocks and joined here; appending needs a writer's certificate."""
-    from . import Dataset
+    from .dataset import Dataset
 
     if isinstance(path, Dataset):
         client = path._cluster("open_stream()")

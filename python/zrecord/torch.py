@@ -27,7 +27,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from . import Dataset, Mixture, Sampler, _mixture_fields
+from .dataset import Dataset
+from .sampling import Mixture, Sampler, _mixture_fields
 
 
 class Batch(_Sequence):
