@@ -16,6 +16,8 @@
 //! - [`catchup`] — how a behind replica is caught up, and how a copy of files is going.
 //! - [`onehop`] — a client's one-hop gather refused by a node: ask again, gather again, hand
 //!   it to the router, or fail.
+//! - [`scrub`] — a scrub's verdict on a range of records from each replica's digest: the
+//!   copies to replace, and from which, and the records no replica holds intact.
 //! - [`plan`] — a gather split by shard, for the router and for a client reading one hop.
 
 pub mod catchup;
@@ -28,6 +30,7 @@ pub mod plan;
 pub mod record;
 pub mod repair;
 pub mod replicas;
+pub mod scrub;
 pub mod startup;
 pub mod writer;
 

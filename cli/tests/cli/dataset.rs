@@ -252,60 +252,27 @@ fn bad_inputs_are_refused_with_reasons() {
         &[2305843009213693953],
         &encode(&[0, 1]),
     );
+    // `--npy FILE`, or `--values values.bin --offsets FILE`.
+    let npy = |file: &str| vec!["--npy".to_string(), p(&t(file)).into()];
+    let offsets = |file: &str| {
+        let values = p(&t("values.bin")).to_string();
+        vec![
+            "--values".into(),
+            values,
+            "--offsets".into(),
+            p(&t(file)).into(),
+        ]
+    };
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (
-            vec![
-                "--values".into(),
-                p(&t("values.bin")).into(),
-                "--offsets".into(),
-                p(&t("huge.npy")).into(),
-            ],
-            "2305843009213693953 offsets",
-        ),
-        (
-            vec!["--npy".into(), p(&t("junk.npy")).into()],
-            "not a .npy file",
-        ),
-        (vec!["--npy".into(), p(&t("short.npy")).into()], "truncated"),
-        (
-            vec!["--npy".into(), p(&t("object.npy")).into()],
-            "not supported",
-        ),
-        (
-            vec!["--npy".into(), p(&t("bad-header.npy")).into()],
-            "header",
-        ),
-        (
-            vec!["--npy".into(), p(&t("missing.npy")).into()],
-            "missing.npy",
-        ),
-        (
-            vec![
-                "--values".into(),
-                p(&t("values.bin")).into(),
-                "--offsets".into(),
-                p(&t("backwards.npy")).into(),
-            ],
-            "not monotonic",
-        ),
-        (
-            vec![
-                "--values".into(),
-                p(&t("values.bin")).into(),
-                "--offsets".into(),
-                p(&t("past.npy")).into(),
-            ],
-            "past the end",
-        ),
-        (
-            vec![
-                "--values".into(),
-                p(&t("values.bin")).into(),
-                "--offsets".into(),
-                p(&t("floats.npy")).into(),
-            ],
-            "64-bit integers",
-        ),
+        (offsets("huge.npy"), "2305843009213693953 offsets"),
+        (npy("junk.npy"), "not a .npy file"),
+        (npy("short.npy"), "truncated"),
+        (npy("object.npy"), "not supported"),
+        (npy("bad-header.npy"), "header"),
+        (npy("missing.npy"), "missing.npy"),
+        (offsets("backwards.npy"), "not monotonic"),
+        (offsets("past.npy"), "past the end"),
+        (offsets("floats.npy"), "64-bit integers"),
     ];
     for (mut args, needle) in cases {
         let dir = tmp.path().join("never");

@@ -3,13 +3,11 @@
 //! differs from the others replaced by a good one. `zr verify --router` runs it over the
 //! whole cluster, range by range.
 //!
-//! Which copy is good: of those that pass their check, the one most replicas hold (a tie
-//! goes to the lowest replica number). A record no replica holds intact is reported and
-//! left as it is.
-
-use std::collections::HashMap;
+//! Which copy is good, and which are replaced, is `zr_coord::scrub`'s to say; this file reads
+//! the digests and performs the repairs.
 
 use bytes::Bytes;
+use zr_coord::scrub::{verdicts, Digest, Verdict, Wrong};
 use zr_proto::wire::{self, NodeRequest, ScrubProblem, ScrubReport};
 
 use super::Router;
@@ -57,119 +55,89 @@ impl Router {
         let mut digests = Vec::with_capacity(nodes.len());
         for &node in &nodes {
             let (crcs, corrupt) = self.digest(node, start, end - start).await?;
-            digests.push((node, crcs, corrupt));
+            digests.push(Digest {
+                node,
+                crcs,
+                corrupt,
+            });
         }
-        for index in start..end {
-            let k = (index - start) as usize;
-            // Each replica's copy: its CRC, or None if it failed its check.
-            let copies: Vec<(NodeId, Option<u32>)> = digests
-                .iter()
-                .map(|(node, crcs, corrupt)| {
-                    let bad = corrupt.binary_search(&index).is_ok();
-                    (*node, (!bad).then_some(crcs[k]))
-                })
-                .collect();
-            let Some(good) = most_held(&copies) else {
-                for &(node, _) in &copies {
-                    report.problems.push(ScrubProblem {
-                        replica: self.nodes.replica(node),
-                        index,
-                        what: "fails its check, and no replica holds it intact".into(),
-                        repaired: false,
-                    });
+        for verdict in verdicts(start, &digests).map_err(Failure::Inconsistent)? {
+            match verdict {
+                Verdict::Lost { index, nodes } => {
+                    for node in nodes {
+                        report.problems.push(ScrubProblem {
+                            replica: self.nodes.replica(node),
+                            index,
+                            what: "fails its check, and no replica holds it intact".into(),
+                            repaired: false,
+                        });
+                    }
                 }
-                continue;
-            };
-            let wrong: Vec<(NodeId, &str)> = copies
-                .iter()
-                .filter(|(_, crc)| *crc != Some(good))
-                .map(|&(node, crc)| {
-                    let what = if crc.is_none() {
-                        "fails its check (CRC)"
-                    } else {
-                        "differs from its partners' copies"
-                    };
-                    (node, what)
-                })
-                .collect();
-            if wrong.is_empty() {
-                continue;
-            }
-            let source = copies
-                .iter()
-                .find(|(_, crc)| *crc == Some(good))
-                .map(|&(node, _)| node)
-                .ok_or_else(|| Failure::Inconsistent("no good copy after all".into()))?;
-            let address = placement.address_of(shard, index);
-            let (lengths, body) = self.read_records(source, vec![address]).await?;
-            let columns = wire::split_columns(&lengths, &body);
-            for (node, what) in wrong {
-                let request = NodeRequest::Modify {
-                    index: address,
-                    token: None, // write_node sets it
-                    fields: self.field_names(),
-                    lengths: lengths.iter().map(|l| l[0]).collect(),
-                };
-                let payload: Vec<Bytes> = columns
-                    .iter()
-                    .map(|column| Bytes::copy_from_slice(column[0]))
-                    .collect();
-                let repaired = match self.write_node(node, request, payload).await {
-                    Ok(_) => true,
-                    Err(e) => {
-                        tracing::warn!("repairing record {index} of shard {shard}: {e}");
-                        false
-                    }
-                };
-                let replica = self.nodes.replica(node);
-                tracing::warn!(
-                    "scrub: shard {shard} replica {replica} record {index} {what}{}",
-                    if repaired {
-                        "; repaired from replica ".to_string()
-                            + &self.nodes.replica(source).to_string()
-                    } else {
-                        String::new()
-                    }
-                );
-                report.problems.push(ScrubProblem {
-                    replica,
+                Verdict::Repair {
                     index,
-                    what: what.into(),
-                    repaired,
-                });
+                    source,
+                    wrong,
+                } => {
+                    let address = placement.address_of(shard, index);
+                    let problems = self
+                        .repair_copies(shard, (index, address), source, wrong)
+                        .await?;
+                    report.problems.extend(problems);
+                }
             }
         }
         metrics::counter!("zr_router_records_scrubbed_total").increment(report.records);
         Ok(report)
     }
-}
 
-/// The CRC most copies that passed their check have (a tie: the first such copy's);
-/// `None` if none passed.
-fn most_held(copies: &[(NodeId, Option<u32>)]) -> Option<u32> {
-    let mut counts: HashMap<u32, usize> = HashMap::new();
-    for crc in copies.iter().filter_map(|(_, crc)| *crc) {
-        *counts.entry(crc).or_default() += 1;
-    }
-    let most = counts.values().copied().max()?;
-    copies
-        .iter()
-        .filter_map(|(_, crc)| *crc)
-        .find(|crc| counts[crc] == most)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::most_held;
-
-    #[test]
-    fn the_good_copy_is_the_one_most_intact_replicas_hold() {
-        assert_eq!(
-            most_held(&[(0, Some(1)), (1, Some(2)), (2, Some(2))]),
-            Some(2)
-        );
-        assert_eq!(most_held(&[(0, None), (1, Some(5))]), Some(5));
-        assert_eq!(most_held(&[(0, Some(7)), (1, Some(5))]), Some(7));
-        assert_eq!(most_held(&[(0, None), (1, None)]), None);
+    /// Reads record `index` of shard `shard` (at node address `address`) from `source` and
+    /// writes it over each copy of `wrong`; returns what each was, and whether it was
+    /// repaired.
+    async fn repair_copies(
+        &self,
+        shard: u32,
+        (index, address): (u64, u64),
+        source: NodeId,
+        wrong: Vec<(NodeId, Wrong)>,
+    ) -> Result<Vec<ScrubProblem>, Failure> {
+        let (lengths, body) = self.read_records(source, vec![address]).await?;
+        let columns = wire::split_columns(&lengths, &body);
+        let mut problems = Vec::with_capacity(wrong.len());
+        for (node, what) in wrong {
+            let request = NodeRequest::Modify {
+                index: address,
+                token: None, // write_node sets it
+                fields: self.field_names(),
+                lengths: lengths.iter().map(|l| l[0]).collect(),
+            };
+            let payload: Vec<Bytes> = columns
+                .iter()
+                .map(|column| Bytes::copy_from_slice(column[0]))
+                .collect();
+            let repaired = match self.write_node(node, request, payload).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!("repairing record {index} of shard {shard}: {e}");
+                    false
+                }
+            };
+            let replica = self.nodes.replica(node);
+            let what = what.describe();
+            if repaired {
+                let from = self.nodes.replica(source);
+                tracing::warn!(
+                    "scrub: shard {shard} replica {replica} record {index} {what}; repaired from replica {from}"
+                );
+            } else {
+                tracing::warn!("scrub: shard {shard} replica {replica} record {index} {what}");
+            }
+            problems.push(ScrubProblem {
+                replica,
+                index,
+                what: what.into(),
+                repaired,
+            });
+        }
+        Ok(problems)
     }
 }
