@@ -8,6 +8,7 @@
 //! - [`lease`] — the nodes' liveness leases as an observer judges them; the read lease's terms.
 //! - [`record`] — the replica record: which replicas are behind, and which were moved.
 //! - [`cluster`] — the cluster record: map, datasets, fields, committed lengths, moves.
+//! - [`datasets`] — what a node lacks of the record's datasets, or holds that it dropped.
 //! - [`writer`] — the writer lease's state machine and the record of a write in progress.
 //! - [`repair`] — an interrupted write's repair, as actions, from the replicas' lengths.
 //! - [`startup`] — whether a starting router serves the stored record, makes the first one,
@@ -22,6 +23,7 @@
 
 pub mod catchup;
 pub mod cluster;
+pub mod datasets;
 pub mod lease;
 pub mod liveness;
 pub mod moveplan;

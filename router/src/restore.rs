@@ -346,7 +346,7 @@ async fn named_datasets(
             let record = DatasetRecord {
                 name: widest.name,
                 id,
-                fields: crate::server::record_fields(&widest.fields),
+                fields: zr_coord::datasets::record_fields(&widest.fields),
             };
             Some((record, lens))
         })

@@ -33,7 +33,6 @@ use zr_meta::MetaStore;
 mod datasets;
 mod lease;
 mod moves;
-pub(crate) use datasets::record_fields;
 pub(crate) use moves::placement_of;
 pub use moves::MoveStep;
 mod lens;

@@ -17,7 +17,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, DictRef, FieldRecord};
+use zr_coord::datasets::{record_fields, wire_fields};
+use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, DictRef};
 use zr_meta::writer::PendingWrite;
 use zr_net::Body;
 use zr_proto::wire::{
@@ -53,39 +54,6 @@ fn metadata(e: zr_meta::Error) -> Failure {
 
 fn ready(reply: Reply) -> (Reply, Body) {
     (reply, Body::Ready(Vec::new()))
-}
-
-/// `fields` as the cluster record keeps them.
-pub(crate) fn record_fields(fields: &[FieldInfo]) -> Vec<FieldRecord> {
-    fields
-        .iter()
-        .map(|f| FieldRecord {
-            name: f.name.clone(),
-            compress: f.compress.clone(),
-            dtype: f.dtype.clone(),
-            shape: f.shape.clone(),
-            dict: f.dict.map(|d| DictRef {
-                id: d.id,
-                crc: d.crc,
-            }),
-        })
-        .collect()
-}
-
-fn wire_fields(fields: &[FieldRecord]) -> Vec<FieldInfo> {
-    fields
-        .iter()
-        .map(|f| FieldInfo {
-            name: f.name.clone(),
-            compress: f.compress.clone(),
-            dtype: f.dtype.clone(),
-            shape: f.shape.clone(),
-            dict: f.dict.map(|d| wire::DictRef {
-                id: d.id,
-                crc: d.crc,
-            }),
-        })
-        .collect()
 }
 
 /// How the cluster record names a dictionary: its id and CRC32 (`None`: no dictionary).

@@ -1,5 +1,8 @@
 //! Every node brought in step with the cluster record: datasets created or removed where
-//! they were missed, fields added, and commits followed.
+//! they were missed, fields added (which, `zr_coord::datasets` decides), and commits
+//! followed.
+
+use zr_coord::datasets::{self, Change};
 
 use super::*;
 
@@ -160,22 +163,12 @@ impl Router {
         held: &[DatasetInfo],
     ) {
         let mut changes: Vec<(Option<&str>, NodeRequest)> = Vec::new();
-        let missing_fields = |want: &[FieldInfo], have: &[FieldInfo]| -> Vec<NodeRequest> {
-            want.iter()
-                .filter(|f| !have.iter().any(|h| h.name == f.name))
-                .map(|f| NodeRequest::AddField { field: f.clone() })
-                .collect()
-        };
-        for dataset in &record.datasets {
-            let fields = wire_fields(&dataset.fields);
-            match held.iter().find(|h| h.name == dataset.name) {
-                Some(h) if h.id == dataset.id => {
-                    for add in missing_fields(&fields, &h.fields) {
-                        changes.push((Some(&dataset.name), add));
-                    }
+        for change in datasets::node_changes(record, default_fields, held) {
+            match change {
+                Change::AddField { dataset, field } => {
+                    changes.push((dataset, NodeRequest::AddField { field }))
                 }
-                Some(h) if h.id > dataset.id => {} // made after this record was read
-                _ => match self.create_request(dataset).await {
+                Change::Create(dataset) => match self.create_request(dataset).await {
                     Ok(request) => changes.push((Some(&dataset.name), request)),
                     Err(e) => tracing::warn!(
                         "shard {} replica {} lacks dataset '{}', which cannot be made there: {e}",
@@ -184,20 +177,9 @@ impl Router {
                         dataset.name
                     ),
                 },
-            }
-        }
-        for h in held {
-            if h.name == DEFAULT_DATASET {
-                for add in missing_fields(default_fields, &h.fields) {
-                    changes.push((None, add));
+                Change::Drop { name, id } => {
+                    changes.push((Some(name), NodeRequest::DropDataset { id }))
                 }
-                continue;
-            }
-            // Ids only grow: one past the record's last was made after it was read.
-            let dropped =
-                h.id <= record.dataset_ids && record.dataset(&h.name).is_none_or(|d| d.id > h.id);
-            if dropped {
-                changes.push((Some(&h.name), NodeRequest::DropDataset { id: h.id }));
             }
         }
         for (dataset, request) in changes {

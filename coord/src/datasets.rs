@@ -1,0 +1,230 @@
+//! What a node lacks of the cluster record's datasets, and what it holds that the record
+//! dropped: the changes that bring it in step. A node that was away while datasets were
+//! made, dropped or given fields is told them when it is back.
+
+use zr_proto::wire::{self, DatasetInfo, FieldInfo, DEFAULT_DATASET};
+
+use crate::cluster::{ClusterRecord, DatasetRecord, DictRef, FieldRecord};
+
+/// One change that brings a node in step with the cluster record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change<'a> {
+    /// Add `field` to dataset `dataset` (`None`: the default one).
+    AddField {
+        dataset: Option<&'a str>,
+        field: FieldInfo,
+    },
+    /// Make the dataset, empty, as the record has it.
+    Create(&'a DatasetRecord),
+    /// Drop the dataset `name` the node holds under id `id`.
+    Drop { name: &'a str, id: u64 },
+}
+
+/// The changes that bring a node holding `held` in step with `record`, whose default
+/// dataset has the fields `default_fields`:
+/// - a dataset of the record the node lacks, or holds under an older id (dropped and made
+///   again while it was away), is made;
+/// - a field of the record's the node's copy lacks is added;
+/// - a dataset the node holds that the record dropped is dropped. Ids only grow, so one
+///   past the record's last id was made after the record was read, and is left alone; so
+///   is a copy newer than the record's.
+pub fn node_changes<'a>(
+    record: &'a ClusterRecord,
+    default_fields: &[FieldInfo],
+    held: &'a [DatasetInfo],
+) -> Vec<Change<'a>> {
+    let mut changes = Vec::new();
+    let missing = |want: &[FieldInfo], have: &[FieldInfo]| -> Vec<FieldInfo> {
+        want.iter()
+            .filter(|f| !have.iter().any(|h| h.name == f.name))
+            .cloned()
+            .collect()
+    };
+    for dataset in &record.datasets {
+        match held.iter().find(|h| h.name == dataset.name) {
+            Some(h) if h.id == dataset.id => {
+                for field in missing(&wire_fields(&dataset.fields), &h.fields) {
+                    changes.push(Change::AddField {
+                        dataset: Some(&dataset.name),
+                        field,
+                    });
+                }
+            }
+            Some(h) if h.id > dataset.id => {} // made after this record was read
+            _ => changes.push(Change::Create(dataset)),
+        }
+    }
+    for h in held {
+        if h.name == DEFAULT_DATASET {
+            for field in missing(default_fields, &h.fields) {
+                changes.push(Change::AddField {
+                    dataset: None,
+                    field,
+                });
+            }
+            continue;
+        }
+        let dropped =
+            h.id <= record.dataset_ids && record.dataset(&h.name).is_none_or(|d| d.id > h.id);
+        if dropped {
+            changes.push(Change::Drop {
+                name: &h.name,
+                id: h.id,
+            });
+        }
+    }
+    changes
+}
+
+/// `fields` as the cluster record keeps them.
+pub fn record_fields(fields: &[FieldInfo]) -> Vec<FieldRecord> {
+    fields
+        .iter()
+        .map(|f| FieldRecord {
+            name: f.name.clone(),
+            compress: f.compress.clone(),
+            dtype: f.dtype.clone(),
+            shape: f.shape.clone(),
+            dict: f.dict.map(|d| DictRef {
+                id: d.id,
+                crc: d.crc,
+            }),
+        })
+        .collect()
+}
+
+/// A dataset's fields as the wire describes them.
+pub fn wire_fields(fields: &[FieldRecord]) -> Vec<FieldInfo> {
+    fields
+        .iter()
+        .map(|f| FieldInfo {
+            name: f.name.clone(),
+            compress: f.compress.clone(),
+            dtype: f.dtype.clone(),
+            shape: f.shape.clone(),
+            dict: f.dict.map(|d| wire::DictRef {
+                id: d.id,
+                crc: d.crc,
+            }),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::cluster::MapRecord;
+
+    fn field(name: &str) -> FieldRecord {
+        FieldRecord {
+            name: name.into(),
+            compress: "raw".into(),
+            dtype: None,
+            shape: None,
+            dict: None,
+        }
+    }
+
+    fn dataset(name: &str, id: u64, fields: &[&str]) -> DatasetRecord {
+        DatasetRecord {
+            name: name.into(),
+            id,
+            fields: fields.iter().map(|f| field(f)).collect(),
+        }
+    }
+
+    fn held(name: &str, id: u64, fields: &[&str]) -> DatasetInfo {
+        DatasetInfo {
+            name: name.into(),
+            id,
+            fields: wire_fields(&fields.iter().map(|f| field(f)).collect::<Vec<_>>()),
+            len: 0,
+            committed: None,
+            bytes: 0,
+            commits: None,
+        }
+    }
+
+    fn record(datasets: Vec<DatasetRecord>, dataset_ids: u64) -> ClusterRecord {
+        ClusterRecord {
+            id: "c0ffee".into(),
+            map: MapRecord {
+                version: 1,
+                shards: 2,
+                extent_records: 64,
+                seed: 0,
+                replicas: 1,
+                changes: Vec::new(),
+            },
+            committed_len: 0,
+            moving: None,
+            added: Vec::new(),
+            datasets,
+            dataset_ids,
+            commits: 0,
+        }
+    }
+
+    /// A node back from a while away: it missed a dataset's making, a field added to
+    /// another, a field of the default dataset, and a drop; it holds one dataset made since
+    /// the record was read, which is left alone.
+    #[test]
+    fn a_node_back_is_told_what_it_missed_and_nothing_newer_is_undone() {
+        let record = record(
+            vec![
+                dataset("text", 3, &["a", "b"]),
+                dataset("images", 5, &["jpg"]),
+            ],
+            5,
+        );
+        let default_fields = wire_fields(&[field("x"), field("y")]);
+        let held = [
+            held(DEFAULT_DATASET, 0, &["x"]),
+            held("text", 3, &["a"]),
+            held("gone", 4, &["z"]),
+            held("newer", 6, &["q"]),
+        ];
+        let changes = node_changes(&record, &default_fields, &held);
+        assert_eq!(
+            changes,
+            vec![
+                Change::AddField {
+                    dataset: Some("text"),
+                    field: wire_fields(&[field("b")]).remove(0),
+                },
+                Change::Create(&record.datasets[1]),
+                Change::AddField {
+                    dataset: None,
+                    field: wire_fields(&[field("y")]).remove(0),
+                },
+                Change::Drop {
+                    name: "gone",
+                    id: 4
+                },
+            ]
+        );
+    }
+
+    /// A dataset dropped and made again under its name while the node was away: the old
+    /// copy is dropped and the new one made. A copy newer than the record's is left alone.
+    #[test]
+    fn a_dataset_made_again_replaces_the_old_copy_and_a_newer_copy_stays() {
+        let record_then = record(vec![dataset("text", 7, &["a"])], 7);
+        let held_old = [held("text", 2, &["a"])];
+        assert_eq!(
+            node_changes(&record_then, &[], &held_old),
+            vec![
+                Change::Create(&record_then.datasets[0]),
+                Change::Drop {
+                    name: "text",
+                    id: 2
+                },
+            ]
+        );
+        let held_newer = [held("text", 9, &["a", "b"])];
+        assert_eq!(node_changes(&record_then, &[], &held_newer), vec![]);
+        let in_step = [held("text", 7, &["a"])];
+        assert_eq!(node_changes(&record_then, &[], &in_step), vec![]);
+    }
+}
