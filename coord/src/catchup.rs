@@ -135,6 +135,66 @@ pub fn last_pass_from(
     }
 }
 
+/// What one slice of a catch-up by records does to a replica holding `len` records of a
+/// shard whose partner holds `partner_len`, for records `from..from + count`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlicePlan {
+    /// Where the slice ends (the next begins there): the partner's end at the latest.
+    pub end: u64,
+    /// Records both hold: their digests are compared, and those that differ copied.
+    pub compare: std::ops::Range<u64>,
+    /// Records the replica lacks: read from the partner and appended in one request.
+    pub append: std::ops::Range<u64>,
+    /// The replica holds records past the partner's end (it missed a delete): cut to this.
+    pub truncate_to: Option<u64>,
+}
+
+/// Plans the slice `from..from + count` (see [`SlicePlan`]). A replica holding fewer
+/// records than `from`, which the slices before caught up, changed under the catch-up:
+/// refused, naming its length.
+pub fn plan_slice(from: u64, count: u64, len: u64, partner_len: u64) -> Result<SlicePlan, String> {
+    let end = from.saturating_add(count).min(partner_len);
+    let common = len.min(end);
+    let compare = from..common.max(from);
+    let append = if len < end {
+        if from > len {
+            return Err(format!(
+                "it holds {len} records, fewer than the {from} already caught up"
+            ));
+        }
+        len..end
+    } else {
+        end..end
+    };
+    let len_after = len.max(append.end);
+    let truncate_to = (end == partner_len && len_after > partner_len).then_some(partner_len);
+    Ok(SlicePlan {
+        end,
+        compare,
+        append,
+        truncate_to,
+    })
+}
+
+/// The records of `range` whose copies differ, from the partner's CRCs and the replica's
+/// (one a record, in order); `Err` with the first record the partner's copy of fails its
+/// check (`corrupt`, ascending), which cannot be copied from.
+pub fn differing(
+    range: std::ops::Range<u64>,
+    theirs: &[u32],
+    corrupt: &[u64],
+    ours: &[u32],
+) -> Result<Vec<u64>, u64> {
+    if let Some(&bad) = corrupt.first() {
+        return Err(bad);
+    }
+    Ok(range
+        .zip(theirs.iter().zip(ours))
+        .filter(|(_, (a, b))| a != b)
+        .map(|(index, _)| index)
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,6 +309,72 @@ mod tests {
                 now + Duration::from_secs(9)
             ),
             ShipStep::Failed("refused".into())
+        );
+    }
+
+    /// A slice of 100 from record 200 over each case a replica can be in.
+    #[test]
+    fn a_slice_compares_what_both_hold_appends_what_it_lacks_and_cuts_what_the_partner_dropped() {
+        let plan = |len, partner_len| plan_slice(200, 100, len, partner_len);
+        // Holds it all: compared only.
+        assert_eq!(
+            plan(1000, 1000).unwrap(),
+            SlicePlan {
+                end: 300,
+                compare: 200..300,
+                append: 300..300,
+                truncate_to: None,
+            }
+        );
+        // Holds part: compared up to its end, the rest appended.
+        assert_eq!(
+            plan(250, 1000).unwrap(),
+            SlicePlan {
+                end: 300,
+                compare: 200..250,
+                append: 250..300,
+                truncate_to: None,
+            }
+        );
+        // Holds exactly the slices before: appended only.
+        let at_start = plan(200, 1000).unwrap();
+        assert_eq!((at_start.compare, at_start.append), (200..200, 200..300));
+        // The partner ends inside the slice, and the replica holds more: cut to the partner.
+        assert_eq!(
+            plan(400, 260).unwrap(),
+            SlicePlan {
+                end: 260,
+                compare: 200..260,
+                append: 260..260,
+                truncate_to: Some(260),
+            }
+        );
+        // The partner ends inside the slice and the replica short of it: appended, not cut.
+        assert_eq!(plan(230, 260).unwrap().truncate_to, None);
+        // Fewer records than the slices before caught up: refused.
+        let e = plan(150, 1000).unwrap_err();
+        assert!(e.contains("holds 150 records, fewer than the 200"), "{e}");
+        // A slice past the partner's end (the catch-up is done) does nothing.
+        let past = plan_slice(500, 100, 500, 500).unwrap();
+        assert_eq!(
+            (
+                past.compare.is_empty(),
+                past.append.is_empty(),
+                past.truncate_to
+            ),
+            (true, true, None)
+        );
+    }
+
+    #[test]
+    fn differing_copies_are_found_and_a_corrupt_partner_refused() {
+        assert_eq!(
+            differing(10..14, &[1, 2, 3, 4], &[], &[1, 9, 3, 8]),
+            Ok(vec![11, 13])
+        );
+        assert_eq!(
+            differing(10..14, &[1, 2, 3, 4], &[12, 13], &[1, 2, 3, 4]),
+            Err(12)
         );
     }
 }

@@ -510,33 +510,30 @@ impl Router {
         count: u64,
     ) -> Result<Slice, Failure> {
         let partner_len = self.node_len(partner).await?;
-        let mut len = self.node_len(node).await?;
-        let end = (from + count).min(partner_len);
+        let len = self.node_len(node).await?;
+        let plan = catchup::plan_slice(from, count, len, partner_len)
+            .map_err(|why| self.nodes.unavailable(node, why))?;
         let mut slice = Slice {
-            end,
+            end: plan.end,
             partner_len,
             copied: 0,
             bytes: 0,
         };
+        let placement = self.placement.load();
+        let shard = self.nodes.shard(node);
         // Records both hold: copy those that differ.
-        let common = len.min(end);
-        if from < common {
-            let theirs = self.digest(partner, from, common - from).await?;
-            let ours = self.digest(node, from, common - from).await?;
-            if let Some(&bad) = theirs.1.first() {
-                return Err(self.nodes.unavailable(
-                    partner,
-                    format!("its record {bad} fails its check, so it cannot be copied from (zr verify --router repairs it)"),
-                ));
-            }
-            let differ: Vec<u64> = (from..common)
-                .zip(theirs.0.iter().zip(&ours.0))
-                .filter(|(_, (a, b))| a != b)
-                .map(|(index, _)| index)
-                .collect();
+        if !plan.compare.is_empty() {
+            let (start, n) = (plan.compare.start, plan.compare.end - plan.compare.start);
+            let (theirs, corrupt) = self.digest(partner, start, n).await?;
+            let (ours, _) = self.digest(node, start, n).await?;
+            let differ = catchup::differing(plan.compare.clone(), &theirs, &corrupt, &ours)
+                .map_err(|bad| {
+                    self.nodes.unavailable(
+                        partner,
+                        format!("its record {bad} fails its check, so it cannot be copied from (zr verify --router repairs it)"),
+                    )
+                })?;
             if !differ.is_empty() {
-                let placement = self.placement.load();
-                let shard = self.nodes.shard(node);
                 let addresses: Vec<u64> = differ
                     .iter()
                     .map(|&local| placement.address_of(shard, local))
@@ -561,16 +558,8 @@ impl Router {
             }
         }
         // Records it lacks: appended in one request.
-        if len < end {
-            let start = len.max(from);
-            if start > len {
-                return Err(self.nodes.unavailable(
-                    node,
-                    format!("it holds {len} records, fewer than the {from} already caught up"),
-                ));
-            }
-            let placement = self.placement.load();
-            let shard = self.nodes.shard(node);
+        if !plan.append.is_empty() {
+            let (start, end) = (plan.append.start, plan.append.end);
             let addresses = (start..end)
                 .map(|local| placement.address_of(shard, local))
                 .collect();
@@ -593,11 +582,10 @@ impl Router {
             self.write_node(node, request, vec![Bytes::from(body)])
                 .await?;
             slice.copied += end - start;
-            len = end;
         }
         // Records past the partner's end (it missed a delete).
-        if end == partner_len && len > partner_len {
-            let cut = self.truncate_to(self.nodes.shard(node), partner_len);
+        if let Some(to) = plan.truncate_to {
+            let cut = self.truncate_to(shard, to);
             self.write_node(node, cut, Vec::new()).await?;
         }
         Ok(slice)
