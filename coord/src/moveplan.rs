@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use crate::cluster::{ClusterRecord, MapChange, MapMove, MapRecord};
-use zr_proto::placement::Run;
+use zr_proto::placement::{Placement, Run};
 
 /// What a shard gaining slots in a copy pass has to do, by the shard holding each slot:
 /// the slots to copy as files, and the records to copy (or cut) one by one.
@@ -110,6 +110,50 @@ fn done_already(map: &MapRecord, change: MapChange, listed_shards: u32) -> bool 
         MapChange::AddShard => listed_shards <= map.total_shards(),
         MapChange::DrainShard(_) => true,
     }
+}
+
+/// The shards whose slots differ between `from` and `to`: they build a dataset to switch to.
+pub fn changed_shards(from: &Placement, to: &Placement) -> Vec<u32> {
+    (0..to.shards().max(from.shards()))
+        .filter(|&s| from.slots(s) != to.slots(s))
+        .collect()
+}
+
+/// `runs` cut into batches of at most `most` records each (a run split where it must; runs
+/// of no records kept, in the batch they fall in).
+pub fn batches_of(runs: &[Run], most: u64) -> Vec<Vec<Run>> {
+    let mut batches: Vec<Vec<Run>> = vec![Vec::new()];
+    let mut room = most;
+    for &run in runs {
+        let mut run = run;
+        loop {
+            if room == 0 {
+                batches.push(Vec::new());
+                room = most;
+            }
+            let take = run.count.min(room);
+            if let Some(batch) = batches.last_mut() {
+                batch.push(Run { count: take, ..run });
+            }
+            room -= take;
+            run.at += take;
+            run.count -= take;
+            if run.count == 0 {
+                break;
+            }
+        }
+    }
+    batches.retain(|b| !b.is_empty());
+    batches
+}
+
+/// The slots shard `shard` owns with `new` and did not with `old`, in slot order.
+pub fn gained_slots(old: &Placement, new: &Placement, shard: u32) -> Vec<u32> {
+    new.slots(shard)
+        .iter()
+        .copied()
+        .filter(|&slot| old.map().owners[slot as usize] != shard)
+        .collect()
 }
 
 #[cfg(test)]
@@ -312,5 +356,32 @@ mod tests {
             prop_assert_eq!(&record.map, &before.with(change));
             prop_assert_eq!(next(&record, change, listed), Next::Done);
         }
+    }
+
+    /// Batches hold every record of the runs once, in order, at most `most` each; a run of
+    /// none stays, to cut.
+    #[test]
+    fn batches_cover_the_runs_in_order_within_the_bound() {
+        let run = |slot, at, count| Run { slot, at, count };
+        let runs = [run(3, 10, 5), run(7, 0, 0), run(9, 2, 9), run(11, 4, 3)];
+        for most in [1, 2, 4, 5, 100] {
+            let batches = batches_of(&runs, most);
+            let mut flat: Vec<(u32, u64)> = Vec::new();
+            let mut cuts = 0;
+            for batch in &batches {
+                assert!(batch.iter().map(|r| r.count).sum::<u64>() <= most);
+                for r in batch {
+                    cuts += usize::from(r.count == 0);
+                    flat.extend((r.at..r.at + r.count).map(|i| (r.slot, i)));
+                }
+            }
+            let expected: Vec<(u32, u64)> = runs
+                .iter()
+                .flat_map(|r| (r.at..r.at + r.count).map(move |i| (r.slot, i)))
+                .collect();
+            assert_eq!(flat, expected, "at most {most}");
+            assert_eq!(cuts, 1, "the cut is kept");
+        }
+        assert!(batches_of(&[], 4).is_empty());
     }
 }

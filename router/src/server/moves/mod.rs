@@ -26,14 +26,14 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use zr_meta::cluster::{self, AddedShard, ClusterRecord, MapChange, MapMove, MapRecord};
-use zr_proto::placement::{unit_address, Placement, Run};
+use zr_proto::placement::{unit_address, Placement};
 use zr_proto::wire::{self, MoveReport, NodeRequest, Reply};
 
 use super::rebuild::{SHIP_POLL, SHIP_STALL};
 use super::Router;
 use crate::catchup::{ShipStep, ShipWatch};
 use crate::error::Failure;
-use crate::moveplan::{self, Next};
+use crate::moveplan::{self, batches_of, changed_shards, gained_slots, Next};
 use crate::nodes::NodeId;
 
 mod copy;
@@ -67,49 +67,6 @@ pub(crate) fn placement_of(map: &MapRecord, shards: u32) -> Result<Placement, Fa
     Ok(Placement::new(built)
         .map_err(|e| Failure::Inconsistent(e.to_string()))?
         .padded(shards))
-}
-
-/// The shards whose slots differ between `from` and `to`: they build a dataset to switch to.
-fn changed_shards(from: &Placement, to: &Placement) -> Vec<u32> {
-    (0..to.shards().max(from.shards()))
-        .filter(|&s| from.slots(s) != to.slots(s))
-        .collect()
-}
-
-/// `runs` cut into batches of at most `most` records each (a run split where it must; runs
-/// of no records kept, in the batch they fall in).
-fn batches_of(runs: &[Run], most: u64) -> Vec<Vec<Run>> {
-    let mut batches: Vec<Vec<Run>> = vec![Vec::new()];
-    let mut room = most;
-    for &run in runs {
-        let mut run = run;
-        loop {
-            if room == 0 {
-                batches.push(Vec::new());
-                room = most;
-            }
-            let take = run.count.min(room);
-            let batch = batches.last_mut().expect("one at least");
-            batch.push(Run { count: take, ..run });
-            room -= take;
-            run.at += take;
-            run.count -= take;
-            if run.count == 0 {
-                break;
-            }
-        }
-    }
-    batches.retain(|b| !b.is_empty());
-    batches
-}
-
-/// The slots shard `shard` owns with `new` and did not with `old`, in slot order.
-fn gained_slots(old: &Placement, new: &Placement, shard: u32) -> Vec<u32> {
-    new.slots(shard)
-        .iter()
-        .copied()
-        .filter(|&slot| old.map().owners[slot as usize] != shard)
-        .collect()
 }
 
 /// Whether the move `report` tells of still runs.
@@ -736,37 +693,5 @@ impl Router {
             self.adopt_map(&record.map, placement);
         }
         Ok(record)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Batches hold every record of the runs once, in order, at most `most` each; a run of
-    /// none stays, to cut.
-    #[test]
-    fn batches_cover_the_runs_in_order_within_the_bound() {
-        let run = |slot, at, count| Run { slot, at, count };
-        let runs = [run(3, 10, 5), run(7, 0, 0), run(9, 2, 9), run(11, 4, 3)];
-        for most in [1, 2, 4, 5, 100] {
-            let batches = batches_of(&runs, most);
-            let mut flat: Vec<(u32, u64)> = Vec::new();
-            let mut cuts = 0;
-            for batch in &batches {
-                assert!(batch.iter().map(|r| r.count).sum::<u64>() <= most);
-                for r in batch {
-                    cuts += usize::from(r.count == 0);
-                    flat.extend((r.at..r.at + r.count).map(|i| (r.slot, i)));
-                }
-            }
-            let expected: Vec<(u32, u64)> = runs
-                .iter()
-                .flat_map(|r| (r.at..r.at + r.count).map(move |i| (r.slot, i)))
-                .collect();
-            assert_eq!(flat, expected, "at most {most}");
-            assert_eq!(cuts, 1, "the cut is kept");
-        }
-        assert!(batches_of(&[], 4).is_empty());
     }
 }
