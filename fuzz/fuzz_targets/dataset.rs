@@ -198,6 +198,7 @@ fn exercise(ds: &Path) -> Option<(u64, usize)> {
         readers: 1,
         writers: 1,
         cleaners: 1,
+        ..RuntimeOptions::default()
     };
     let store = Store::open_read_only_with(ds, runtime).ok()?;
     let problems = store

@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::disk::Disk;
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, write_atomically, FieldSpec};
 
@@ -84,12 +85,13 @@ pub fn check(field: &str, dict: &[u8]) -> Result<u32> {
 
 /// Writes `dict` as field `field`'s dictionary of the dataset at `dir` (durably); returns
 /// its id.
-pub(crate) fn write(dir: &Path, field: &str, dict: &[u8]) -> Result<u32> {
+pub(crate) fn write(disk: &Disk, dir: &Path, field: &str, dict: &[u8]) -> Result<u32> {
     let id = check(field, dict)?;
     let parent = dir.join(DICT_DIR);
-    crate::disk::create_dir_all(&parent).ctx("create directory", &parent)?;
-    write_atomically(&parent, &format!("{field}.zdict"), dict)?;
-    sync_dir(dir)?;
+    disk.create_dir_all(&parent)
+        .ctx("create directory", &parent)?;
+    write_atomically(disk, &parent, &format!("{field}.zdict"), dict)?;
+    sync_dir(disk, dir)?;
     Ok(id)
 }
 

@@ -1,11 +1,14 @@
-//! Every change the store makes to its files goes through here: writes, lengths, syncs,
-//! creations, renames and removals. Normally each call is the system call it names. Under a
-//! [`PowerCut`] recorder (tests), the changes under the recorder's directory are also
-//! logged with what they replaced, until a sync makes them durable, so that a test can
+//! Every change the store makes to its files goes through a [`Disk`]: writes, lengths,
+//! syncs, creations, renames and removals. A store is given its disk when it is opened
+//! (`RuntimeOptions::disk`), and so are the node's other files (fence, staged moves). The
+//! default disk is the file system: each call is the system call it names. A test passes
+//! instead a [`PowerCut`]'s disk, which also logs the changes under the recorder's
+//! directory with what they replaced, until a sync makes them durable, so that the test can
 //! stop the store at any change and then undo what a power cut may undo: any subset of the
 //! data written to a file since its last `fdatasync`, and a suffix of the name changes
 //! (creations, renames, removals) made in a directory since its last fsync, as a
-//! journalling file system persists them in order.
+//! journalling file system persists them in order. Nothing is global: stores on other
+//! disks in the same process are not touched.
 //!
 //! `kill -9` keeps the page cache, so it never tests the order of syncs; this does.
 
@@ -13,12 +16,28 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Recorders at work (checked without the lock: none in production).
-static RECORDING: AtomicUsize = AtomicUsize::new(0);
-static RECORDERS: Mutex<Vec<Arc<Recorder>>> = Mutex::new(Vec::new());
+/// Where a store's changes to its files go: the file system (the default), or the file
+/// system with a [`PowerCut`] recorder logging what a cut may undo. Cheap to clone; two
+/// disks are equal when they log to the same recorder, or to none.
+#[derive(Clone, Debug, Default)]
+pub struct Disk {
+    recorder: Option<Arc<Recorder>>,
+}
+
+impl PartialEq for Disk {
+    fn eq(&self, other: &Disk) -> bool {
+        match (&self.recorder, &other.recorder) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Disk {}
 
 /// One change not yet durable, with what it replaced.
 #[derive(Debug)]
@@ -138,16 +157,16 @@ impl Recorder {
     }
 }
 
-/// The recorder covering `path`, if any.
-fn recorder(path: &Path) -> Option<Arc<Recorder>> {
-    if RECORDING.load(Ordering::Acquire) == 0 {
-        return None;
+impl Disk {
+    /// The file system itself, as production runs.
+    pub fn real() -> Disk {
+        Disk::default()
     }
-    let recorders = RECORDERS.lock().unwrap_or_else(|e| e.into_inner());
-    recorders
-        .iter()
-        .find(|r| path.starts_with(&r.root))
-        .map(Arc::clone)
+
+    /// The recorder covering `path`, if any.
+    fn recorder(&self, path: &Path) -> Option<&Arc<Recorder>> {
+        self.recorder.as_ref().filter(|r| path.starts_with(&r.root))
+    }
 }
 
 fn power_failed() -> io::Error {
@@ -158,11 +177,12 @@ fn power_failed() -> io::Error {
 /// `record` describes (`None`: `make` changes nothing, as opening an existing file). Without
 /// a recorder, just `make`.
 fn change<T>(
+    disk: &Disk,
     path: &Path,
     record: impl FnOnce() -> Option<Change>,
     make: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
-    let Some(recorder) = recorder(path) else {
+    let Some(recorder) = disk.recorder(path) else {
         return make();
     };
     let mut log = recorder.log();
@@ -206,31 +226,42 @@ pub fn bytes_written() -> u64 {
     WRITTEN.load(Ordering::Relaxed)
 }
 
-/// `pwrite` of all of `bytes` at `offset`.
-pub fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> io::Result<()> {
-    write_parts_at(file, path, &[bytes], offset)
+impl Disk {
+    /// `pwrite` of all of `bytes` at `offset`.
+    pub fn write_at(&self, file: &File, path: &Path, bytes: &[u8], offset: u64) -> io::Result<()> {
+        self.write_parts_at(file, path, &[bytes], offset)
+    }
 }
 
-/// `pwritev` of all of `parts`, back to back, at `offset`: one system call for many
-/// pieces (as a network delivers them, a few KiB each) where a `pwrite` each would make the
-/// file system take the pages they share at their edges once per piece.
-pub fn write_parts_at(file: &File, path: &Path, parts: &[&[u8]], offset: u64) -> io::Result<()> {
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    WRITTEN.fetch_add(total as u64, Ordering::Relaxed);
-    change(
-        path,
-        || {
-            let (old, old_len) = read_range(path, offset, total);
-            Some(Change::Write {
-                path: path.to_path_buf(),
-                offset,
-                bytes: parts.concat(),
-                old,
-                old_len,
-            })
-        },
-        || write_all_vectored_at(file, parts, offset),
-    )
+impl Disk {
+    /// `pwritev` of all of `parts`, back to back, at `offset`: one system call for many
+    /// pieces (as a network delivers them, a few KiB each) where a `pwrite` each would make the
+    /// file system take the pages they share at their edges once per piece.
+    pub fn write_parts_at(
+        &self,
+        file: &File,
+        path: &Path,
+        parts: &[&[u8]],
+        offset: u64,
+    ) -> io::Result<()> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        WRITTEN.fetch_add(total as u64, Ordering::Relaxed);
+        change(
+            self,
+            path,
+            || {
+                let (old, old_len) = read_range(path, offset, total);
+                Some(Change::Write {
+                    path: path.to_path_buf(),
+                    offset,
+                    bytes: parts.concat(),
+                    old,
+                    old_len,
+                })
+            },
+            || write_all_vectored_at(file, parts, offset),
+        )
+    }
 }
 
 fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut offset: u64) -> io::Result<()> {
@@ -275,111 +306,130 @@ fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut offset: u64) -> io::R
     Ok(())
 }
 
-/// `ftruncate` to `len`.
-pub fn set_len(file: &File, path: &Path, len: u64) -> io::Result<()> {
-    change(
-        path,
-        || {
-            let old_len = file.metadata().map_or(0, |m| m.len());
-            let tail = if len < old_len {
-                read_range(path, len, (old_len - len) as usize).0
-            } else {
-                Vec::new()
-            };
-            Some(Change::SetLen {
-                path: path.to_path_buf(),
-                len,
-                old_len,
-                tail,
-            })
-        },
-        || file.set_len(len),
-    )
-}
-
-/// `fdatasync`: the file's data changes so far are durable.
-pub fn sync(file: &File, path: &Path) -> io::Result<()> {
-    let Some(recorder) = recorder(path) else {
-        return file.sync_data();
-    };
-    let mut log = recorder.log();
-    if log.cut {
-        return Err(power_failed());
+impl Disk {
+    /// `ftruncate` to `len`.
+    pub fn set_len(&self, file: &File, path: &Path, len: u64) -> io::Result<()> {
+        change(
+            self,
+            path,
+            || {
+                let old_len = file.metadata().map_or(0, |m| m.len());
+                let tail = if len < old_len {
+                    read_range(path, len, (old_len - len) as usize).0
+                } else {
+                    Vec::new()
+                };
+                Some(Change::SetLen {
+                    path: path.to_path_buf(),
+                    len,
+                    old_len,
+                    tail,
+                })
+            },
+            || file.set_len(len),
+        )
     }
-    file.sync_data()?;
-    log.pending.retain(|c| c.file() != Some(path));
-    Ok(())
 }
 
-/// Opens `path` with `options`, logging its creation if it did not exist (`options` must
-/// not truncate an existing file: that is [`create`]).
-pub fn open(path: &Path, options: &OpenOptions) -> io::Result<File> {
-    change(
-        path,
-        || {
-            (!path.exists()).then(|| Change::Create {
-                path: path.to_path_buf(),
-            })
-        },
-        || options.open(path),
-    )
+impl Disk {
+    /// `fdatasync`: the file's data changes so far are durable.
+    pub fn sync(&self, file: &File, path: &Path) -> io::Result<()> {
+        let Some(recorder) = self.recorder(path) else {
+            return file.sync_data();
+        };
+        let mut log = recorder.log();
+        if log.cut {
+            return Err(power_failed());
+        }
+        file.sync_data()?;
+        log.pending.retain(|c| c.file() != Some(path));
+        Ok(())
+    }
 }
 
-/// Creates `path` for reading and writing, or empties it (a length change) if it exists.
-pub fn create(path: &Path) -> io::Result<File> {
-    let file = open(
-        path,
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false),
-    )?;
-    set_len(&file, path, 0)?;
-    Ok(file)
+impl Disk {
+    /// Opens `path` with `options`, logging its creation if it did not exist (`options` must
+    /// not truncate an existing file: that is [`create`]).
+    pub fn open(&self, path: &Path, options: &OpenOptions) -> io::Result<File> {
+        change(
+            self,
+            path,
+            || {
+                (!path.exists()).then(|| Change::Create {
+                    path: path.to_path_buf(),
+                })
+            },
+            || options.open(path),
+        )
+    }
 }
 
-/// Renames `from` to `to` (replacing it).
-pub fn rename(from: &Path, to: &Path) -> io::Result<()> {
-    change(
-        to,
-        || {
-            Some(Change::Rename {
-                from: from.to_path_buf(),
-                to: to.to_path_buf(),
-                replaced: std::fs::read(to).ok(),
-            })
-        },
-        || std::fs::rename(from, to),
-    )
+impl Disk {
+    /// Creates `path` for reading and writing, or empties it (a length change) if it exists.
+    pub fn create(&self, path: &Path) -> io::Result<File> {
+        let file = self.open(
+            path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+        )?;
+        self.set_len(&file, path, 0)?;
+        Ok(file)
+    }
 }
 
-/// Removes the file `path`.
-pub fn remove(path: &Path) -> io::Result<()> {
-    change(
-        path,
-        || {
-            Some(Change::Remove {
-                path: path.to_path_buf(),
-                bytes: std::fs::read(path).unwrap_or_default(),
-            })
-        },
-        || std::fs::remove_file(path),
-    )
+impl Disk {
+    /// Renames `from` to `to` (replacing it).
+    pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        change(
+            self,
+            to,
+            || {
+                Some(Change::Rename {
+                    from: from.to_path_buf(),
+                    to: to.to_path_buf(),
+                    replaced: std::fs::read(to).ok(),
+                })
+            },
+            || std::fs::rename(from, to),
+        )
+    }
 }
 
-/// Swaps the directories `a` and `b` atomically (Linux `renameat2` with `RENAME_EXCHANGE`).
-pub fn exchange(a: &Path, b: &Path) -> io::Result<()> {
-    change(
-        b,
-        || {
-            Some(Change::Exchange {
-                a: a.to_path_buf(),
-                b: b.to_path_buf(),
-            })
-        },
-        || rename_exchange(a, b),
-    )
+impl Disk {
+    /// Removes the file `path`.
+    pub fn remove(&self, path: &Path) -> io::Result<()> {
+        change(
+            self,
+            path,
+            || {
+                Some(Change::Remove {
+                    path: path.to_path_buf(),
+                    bytes: std::fs::read(path).unwrap_or_default(),
+                })
+            },
+            || std::fs::remove_file(path),
+        )
+    }
+}
+
+impl Disk {
+    /// Swaps the directories `a` and `b` atomically (Linux `renameat2` with `RENAME_EXCHANGE`).
+    pub fn exchange(&self, a: &Path, b: &Path) -> io::Result<()> {
+        change(
+            self,
+            b,
+            || {
+                Some(Change::Exchange {
+                    a: a.to_path_buf(),
+                    b: b.to_path_buf(),
+                })
+            },
+            || rename_exchange(a, b),
+        )
+    }
 }
 
 fn rename_exchange(a: &Path, b: &Path) -> io::Result<()> {
@@ -405,81 +455,91 @@ fn rename_exchange(a: &Path, b: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Makes the directory `path` and any missing parents. A directory another process made
-/// meanwhile (nodes started together on a fresh cluster directory) is taken as made.
-pub fn create_dir_all(path: &Path) -> io::Result<()> {
-    // A relative path's last ancestor is "" (the working directory): never made.
-    let mut missing: Vec<&Path> = path
-        .ancestors()
-        .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
-        .collect();
-    missing.reverse();
-    for dir in missing {
-        let made = change(
-            dir,
+impl Disk {
+    /// Makes the directory `path` and any missing parents. A directory another process made
+    /// meanwhile (nodes started together on a fresh cluster directory) is taken as made.
+    pub fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        // A relative path's last ancestor is "" (the working directory): never made.
+        let mut missing: Vec<&Path> = path
+            .ancestors()
+            .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+            .collect();
+        missing.reverse();
+        for dir in missing {
+            let made = change(
+                self,
+                dir,
+                || {
+                    Some(Change::CreateDir {
+                        path: dir.to_path_buf(),
+                    })
+                },
+                || std::fs::create_dir(dir),
+            );
+            match made {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Disk {
+    /// Removes the directory `path` and everything in it.
+    pub fn remove_tree(&self, path: &Path) -> io::Result<()> {
+        let Some(recorder) = self.recorder(path) else {
+            return std::fs::remove_dir_all(path);
+        };
+        let stash = {
+            let log = recorder.log();
+            recorder.root.join(format!(".power-cut-stash-{}", log.made))
+        };
+        change(
+            self,
+            path,
             || {
-                Some(Change::CreateDir {
-                    path: dir.to_path_buf(),
+                Some(Change::RemoveTree {
+                    path: path.to_path_buf(),
+                    stash: stash.clone(),
                 })
             },
-            || std::fs::create_dir(dir),
-        );
-        match made {
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
-            other => other?,
+            || std::fs::rename(path, &stash),
+        )
+    }
+}
+
+impl Disk {
+    /// [`remove_tree`], where a tree already gone (or being removed by another thread, as a
+    /// dropped unit's files are while a store reopens) is not an error.
+    pub fn remove_tree_if_present(&self, path: &Path) -> io::Result<()> {
+        match self.remove_tree(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
         }
     }
-    Ok(())
 }
 
-/// Removes the directory `path` and everything in it.
-pub fn remove_tree(path: &Path) -> io::Result<()> {
-    let Some(recorder) = recorder(path) else {
-        return std::fs::remove_dir_all(path);
-    };
-    let stash = {
-        let log = recorder.log();
-        recorder.root.join(format!(".power-cut-stash-{}", log.made))
-    };
-    change(
-        path,
-        || {
-            Some(Change::RemoveTree {
-                path: path.to_path_buf(),
-                stash: stash.clone(),
-            })
-        },
-        || std::fs::rename(path, &stash),
-    )
-}
-
-/// [`remove_tree`], where a tree already gone (or being removed by another thread, as a
-/// dropped unit's files are while a store reopens) is not an error.
-pub fn remove_tree_if_present(path: &Path) -> io::Result<()> {
-    match remove_tree(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other,
+impl Disk {
+    /// `fsync` of the directory `dir`: its name changes so far are durable.
+    pub fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let recorder = self.recorder(dir);
+        if recorder.as_ref().is_some_and(|r| r.log().cut) {
+            return Err(power_failed());
+        }
+        File::open(dir).and_then(|d| d.sync_all())?;
+        if let Some(recorder) = recorder {
+            recorder
+                .log()
+                .pending
+                .retain(|c| c.directory() != Some(dir));
+        }
+        Ok(())
     }
 }
 
-/// `fsync` of the directory `dir`: its name changes so far are durable.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    let recorder = recorder(dir);
-    if recorder.as_ref().is_some_and(|r| r.log().cut) {
-        return Err(power_failed());
-    }
-    File::open(dir).and_then(|d| d.sync_all())?;
-    if let Some(recorder) = recorder {
-        recorder
-            .log()
-            .pending
-            .retain(|c| c.directory() != Some(dir));
-    }
-    Ok(())
-}
-
-/// A simulated power cut for the files under one directory (tests). From
-/// [`PowerCut::record`] on, the changes the store makes there are logged until durable;
+/// A simulated power cut for the files under one directory (tests). The changes a store
+/// given [`PowerCut::disk`] makes there are logged until durable;
 /// [`PowerCut::fail_after`] makes the power fail at a chosen change (that change and every
 /// later one fail with an error, as the store's process would stop); [`PowerCut::cut`]
 /// then undoes what the power cut loses. Drop the store before cutting.
@@ -489,19 +549,22 @@ pub struct PowerCut {
 }
 
 impl PowerCut {
-    /// Starts logging the changes under `root`.
+    /// A recorder of the changes under `root` made through its [`PowerCut::disk`].
     pub fn record(root: &Path) -> PowerCut {
         let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
         let recorder = Arc::new(Recorder {
             root,
             log: Mutex::new(Log::default()),
         });
-        RECORDERS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Arc::clone(&recorder));
-        RECORDING.fetch_add(1, Ordering::AcqRel);
         PowerCut { recorder }
+    }
+
+    /// The disk whose changes under the root this recorder logs: give it to the store (and
+    /// whatever else writes there) under test.
+    pub fn disk(&self) -> Disk {
+        Disk {
+            recorder: Some(Arc::clone(&self.recorder)),
+        }
     }
 
     /// Changes made under the root so far.
@@ -533,9 +596,15 @@ impl PowerCut {
     /// Undoes what a power cut loses, choosing with `keep(k)` for each pending change
     /// (numbered in the order they were made) whether it reached the disk anyway. Data
     /// changes are kept or lost one by one; each directory's name changes are kept up to
-    /// its first lost one. Then the power is back: changes are logged afresh.
+    /// its first lost one. Then the power is back: changes through its disk are logged
+    /// afresh, none refused.
     pub fn cut(self, mut keep: impl FnMut(usize) -> bool) -> io::Result<()> {
-        let pending = std::mem::take(&mut self.recorder.log().pending);
+        let pending = {
+            let mut log = self.recorder.log();
+            log.cut = false;
+            log.allowed = None;
+            std::mem::take(&mut log.pending)
+        };
         // Which survive: a directory's name changes only as a prefix.
         let mut lost_dirs: Vec<PathBuf> = Vec::new();
         let kept: Vec<bool> = pending
@@ -580,14 +649,6 @@ impl PowerCut {
             }
         }
         Ok(())
-    }
-}
-
-impl Drop for PowerCut {
-    fn drop(&mut self) {
-        let mut recorders = RECORDERS.lock().unwrap_or_else(|e| e.into_inner());
-        recorders.retain(|r| !Arc::ptr_eq(r, &self.recorder));
-        RECORDING.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -715,7 +776,7 @@ mod tests {
                         let (path, barrier) = (path.join(format!("r{k}")), &barrier);
                         s.spawn(move || {
                             barrier.wait();
-                            super::create_dir_all(&path)
+                            super::Disk::real().create_dir_all(&path)
                         })
                     })
                     .collect();
@@ -744,11 +805,16 @@ mod tests {
             .write(true)
             .open(&path)
             .expect("open");
-        super::write_parts_at(&file, &path, &parts, 60).expect("written");
+        super::Disk::real()
+            .write_parts_at(&file, &path, &parts, 60)
+            .expect("written");
         assert_eq!(std::fs::read(&path).expect("read"), expected);
 
         let power = super::PowerCut::record(scratch.path());
-        super::write_parts_at(&file, &path, &parts[..10], 0).expect("written");
+        power
+            .disk()
+            .write_parts_at(&file, &path, &parts[..10], 0)
+            .expect("written");
         assert_eq!(power.pending(), 1, "one change for all the pieces");
         drop(file);
         power.cut(|_| false).expect("cut");

@@ -14,7 +14,7 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::Path;
 
-use crate::disk;
+use crate::disk::Disk;
 use crate::error::{Error, IoContext, Result};
 
 /// Name of the lock file every reader and the writer hold, inside a dataset directory.
@@ -37,18 +37,18 @@ pub(crate) struct Locks {
 
 impl Locks {
     /// A reader's: `lock`, shared.
-    pub(crate) fn reader(dir: &Path) -> Result<Locks> {
+    pub(crate) fn reader(disk: &Disk, dir: &Path) -> Result<Locks> {
         Ok(Locks {
-            readers: take(dir, LOCK_FILE, Kind::Shared)?,
+            readers: take(disk, dir, LOCK_FILE, Kind::Shared)?,
             writer: None,
         })
     }
 
     /// The writer's: `writer.lock` alone, then `lock` shared.
-    pub(crate) fn writer(dir: &Path) -> Result<Locks> {
-        let writer = take(dir, WRITER_LOCK_FILE, Kind::Exclusive)?;
+    pub(crate) fn writer(disk: &Disk, dir: &Path) -> Result<Locks> {
+        let writer = take(disk, dir, WRITER_LOCK_FILE, Kind::Exclusive)?;
         Ok(Locks {
-            readers: take(dir, LOCK_FILE, Kind::Shared)?,
+            readers: take(disk, dir, LOCK_FILE, Kind::Shared)?,
             writer,
         })
     }
@@ -97,9 +97,9 @@ enum Kind {
 
 /// Takes lock file `name` of `dir`, made if missing (unless the directory is read-only and
 /// the lock is shared).
-fn take(dir: &Path, name: &str, kind: Kind) -> Result<Option<File>> {
+fn take(disk: &Disk, dir: &Path, name: &str, kind: Kind) -> Result<Option<File>> {
     let path = dir.join(name);
-    let opened = disk::open(
+    let opened = disk.open(
         &path,
         OpenOptions::new()
             .read(true)

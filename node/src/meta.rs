@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::disk;
+use crate::disk::Disk;
 use crate::error::{Error, IoContext, Result, SchemaError};
 use crate::unit::{chunk_unit, UNITS_MAX};
 
@@ -393,30 +393,30 @@ impl Meta {
     }
 
     /// Replaces `dir/meta.json` atomically and durably.
-    pub fn store(&self, dir: &Path) -> Result<()> {
+    pub fn store(&self, disk: &Disk, dir: &Path) -> Result<()> {
         let text = serde_json::to_vec_pretty(self).map_err(|e| Error::Corrupt {
             path: dir.join(META_FILE),
             reason: format!("cannot serialize metadata: {e}"),
         })?;
-        write_atomically(dir, META_FILE, &text)
+        write_atomically(disk, dir, META_FILE, &text)
     }
 }
 
 /// Writes `dir/name` as a whole or not at all: temp file, fsync, rename, fsync directory.
-pub fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+pub fn write_atomically(disk: &Disk, dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     let tmp: PathBuf = dir.join(format!("{name}.tmp"));
     let path = dir.join(name);
-    let file = disk::create(&tmp).ctx("create", &tmp)?;
-    disk::write_at(&file, &tmp, bytes, 0).ctx("write", &tmp)?;
-    disk::sync(&file, &tmp).ctx("fsync", &tmp)?;
+    let file = disk.create(&tmp).ctx("create", &tmp)?;
+    disk.write_at(&file, &tmp, bytes, 0).ctx("write", &tmp)?;
+    disk.sync(&file, &tmp).ctx("fsync", &tmp)?;
     drop(file);
-    disk::rename(&tmp, &path).ctx("rename into place", &path)?;
-    sync_dir(dir)
+    disk.rename(&tmp, &path).ctx("rename into place", &path)?;
+    sync_dir(disk, dir)
 }
 
 /// Makes renames and creations inside `dir` durable.
-pub fn sync_dir(dir: &Path) -> Result<()> {
-    disk::sync_dir(dir).ctx("fsync directory", dir)
+pub fn sync_dir(disk: &Disk, dir: &Path) -> Result<()> {
+    disk.sync_dir(dir).ctx("fsync directory", dir)
 }
 
 #[cfg(test)]

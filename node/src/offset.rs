@@ -67,7 +67,13 @@ pub fn offset_file_name(field: &str) -> String {
 }
 
 /// Writes `entries` as consecutive entries starting at entry `first`.
-pub(crate) fn write_entries(file: &File, path: &Path, first: u64, entries: &[Entry]) -> Result<()> {
+pub(crate) fn write_entries(
+    disk: &crate::disk::Disk,
+    file: &File,
+    path: &Path,
+    first: u64,
+    entries: &[Entry],
+) -> Result<()> {
     if entries.is_empty() {
         return Ok(());
     }
@@ -75,7 +81,8 @@ pub(crate) fn write_entries(file: &File, path: &Path, first: u64, entries: &[Ent
     for entry in entries {
         bytes.extend_from_slice(&entry.encode());
     }
-    crate::disk::write_at(file, path, &bytes, first * ENTRY_BYTES).ctx("write offset table", path)
+    disk.write_at(file, path, &bytes, first * ENTRY_BYTES)
+        .ctx("write offset table", path)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::disk;
+use crate::disk::Disk;
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, Meta};
 use crate::runtime::RuntimeOptions;
@@ -47,7 +47,17 @@ pub fn scratch_dir(dir: &Path) -> Result<PathBuf> {
 
 /// Rebalances the dataset at `dir`; `progress` gets the records copied so far.
 pub fn rebalance(dir: &Path, progress: impl FnMut(u64, u64)) -> Result<RebalanceReport> {
-    rewrite(dir, |_, _| Ok(None), progress)
+    rebalance_on(&Disk::real(), dir, progress)
+}
+
+/// [`rebalance`], its changes to the files going through `disk` (a test's power-cut
+/// recorder, see [`crate::disk::PowerCut`]).
+pub fn rebalance_on(
+    disk: &Disk,
+    dir: &Path,
+    progress: impl FnMut(u64, u64),
+) -> Result<RebalanceReport> {
+    rewrite(disk, dir, |_, _| Ok(None), progress)
 }
 
 /// What a dictionary training did.
@@ -75,6 +85,7 @@ pub fn train_dict(
 ) -> Result<DictReport> {
     let mut trained = None;
     let rewrite = rewrite(
+        &Disk::real(),
         dir,
         |old, fields| {
             let spec =
@@ -138,12 +149,17 @@ pub fn train_dict(
 /// (given the open dataset and its fields; it may return a new dictionary for a field),
 /// the other fields' dictionaries kept.
 fn rewrite(
+    disk: &Disk,
     dir: &Path,
     change: impl FnOnce(&Store, &mut Vec<crate::meta::FieldSpec>) -> Result<Option<(String, Vec<u8>)>>,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<RebalanceReport> {
     let dir = &fs::canonicalize(dir).ctx("resolve", dir)?;
-    let old = Store::open(dir)?;
+    let on_disk = RuntimeOptions {
+        disk: disk.clone(),
+        ..RuntimeOptions::default()
+    };
+    let old = Store::open_with(dir, on_disk.clone())?;
     let before = old.utilization()?;
     let meta = Meta::load(dir)?;
     let mut fields = meta.fields.clone();
@@ -158,7 +174,7 @@ fn rewrite(
     }
     let scratch = scratch_dir(dir)?;
     if scratch.exists() {
-        disk::remove_tree(&scratch)
+        disk.remove_tree(&scratch)
             .ctx("remove the leftover of an interrupted rebalance", &scratch)?;
     }
     let options = CreateOptions {
@@ -169,7 +185,7 @@ fn rewrite(
     // One writer: records land in index order, the layout `utilization` counts as live.
     let runtime = RuntimeOptions {
         writers: 1,
-        ..RuntimeOptions::default()
+        ..on_disk
     };
     let new = Store::create_with_dicts(&scratch, fields.clone(), options, runtime, &dicts)?;
     let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
@@ -210,13 +226,15 @@ fn rewrite(
     new.commit()?;
     let after = new.utilization()?;
     // The switch: both directories stay locked by this process until it is done.
-    disk::exchange(&scratch, dir).ctx("swap in the rebalanced dataset", dir)?;
+    disk.exchange(&scratch, dir)
+        .ctx("swap in the rebalanced dataset", dir)?;
     if let Some(parent) = dir.parent() {
-        sync_dir(parent)?;
+        sync_dir(disk, parent)?;
     }
     drop(old);
     drop(new);
-    disk::remove_tree(&scratch).ctx("remove the old dataset", &scratch)?;
+    disk.remove_tree(&scratch)
+        .ctx("remove the old dataset", &scratch)?;
     Ok(RebalanceReport {
         before,
         after,

@@ -26,6 +26,7 @@ const HEADER_BYTES: usize = 8 + 8 + 4 + 8 + 4;
 
 /// Writes the log of `changes` (index → one entry per field) for commit `generation`.
 pub(crate) fn write(
+    disk: &crate::disk::Disk,
     dir: &Path,
     generation: u64,
     fields: usize,
@@ -46,7 +47,7 @@ pub(crate) fn write(
     out.extend_from_slice(&(changes.len() as u64).to_le_bytes());
     out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
     out.extend_from_slice(&body);
-    write_atomically(dir, REDO_FILE, &out)
+    write_atomically(disk, dir, REDO_FILE, &out)
 }
 
 /// Entry changes of one commit: record index → one entry per field.
@@ -132,7 +133,7 @@ mod tests {
             },
             Entry::ABSENT,
         ];
-        write(dir.path(), 7, 2, &[(5, &e[..])]).unwrap();
+        write(&crate::disk::Disk::real(), dir.path(), 7, 2, &[(5, &e[..])]).unwrap();
         let back = read(dir.path(), 7, 2).unwrap().unwrap();
         assert_eq!(back, vec![(5, e.to_vec())]);
         assert!(read(dir.path(), 8, 2).unwrap().is_none());

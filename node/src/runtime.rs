@@ -3,6 +3,7 @@
 //! batches off the caller's thread. Pools start on first use, so a store that never needs
 //! one costs no threads.
 
+use crate::disk::Disk;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -17,8 +18,9 @@ pub const CLEANERS_MAX: usize = 16;
 /// Buffers smaller than this are freed on the spot: handing them over costs more.
 const CLEANER_MIN_BYTES: usize = 64 << 10;
 
-/// Sizes of the pools (each clamped to 1..=its maximum).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a store runs on: the sizes of its pools (each clamped to 1..=its maximum), and the
+/// disk its changes go through.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuntimeOptions {
     /// Threads that share a large gather (default: the machine's cores; more threads than
     /// cores only take turns, and made sequential reads slower).
@@ -27,6 +29,9 @@ pub struct RuntimeOptions {
     pub writers: usize,
     /// Threads that free dropped batches' buffers (default 2).
     pub cleaners: usize,
+    /// Where its changes to its files go (default: the file system; a test's power-cut
+    /// recorder, see [`crate::disk::PowerCut`]).
+    pub disk: Disk,
 }
 
 impl Default for RuntimeOptions {
@@ -35,6 +40,7 @@ impl Default for RuntimeOptions {
             readers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             writers: 2,
             cleaners: 2,
+            disk: Disk::real(),
         }
     }
 }
@@ -45,6 +51,7 @@ impl RuntimeOptions {
             readers: self.readers.clamp(1, READERS_MAX),
             writers: self.writers.clamp(1, WRITERS_MAX),
             cleaners: self.cleaners.clamp(1, CLEANERS_MAX),
+            disk: self.disk,
         }
     }
 }

@@ -198,7 +198,7 @@ impl Store {
         // Taken before a commit can run again: the entries below the committed length stay
         // as they are until it is let go.
         let held = Arc::new(Held {
-            _locks: crate::lock::Locks::reader(&dir)?,
+            _locks: crate::lock::Locks::reader(self.inner.disk(), &dir)?,
         });
         let meta_path = dir.join(META_FILE);
         let meta_bytes = std::fs::read(&meta_path).ctx("read", &meta_path)?;

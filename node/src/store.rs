@@ -14,7 +14,6 @@ use std::sync::{Arc, RwLock};
 
 use ahash::AHashMap;
 
-use crate::disk;
 use crate::error::{Error, IoContext, Result};
 use crate::io::IoBackend;
 use crate::lock::Locks;
@@ -229,6 +228,7 @@ impl Store {
             units: Vec::new(),
         };
         meta.validate()?;
+        let disk = &runtime.disk.clone();
         match fs::read_dir(dir) {
             Ok(mut entries) => {
                 if entries.next().is_some() {
@@ -238,31 +238,32 @@ impl Store {
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                disk::create_dir_all(dir).ctx("create directory", dir)?;
+                disk.create_dir_all(dir).ctx("create directory", dir)?;
             }
             Err(e) => return Err(e).ctx("read directory", dir),
         }
-        let lock = Locks::writer(dir)?;
-        disk::create_dir_all(&dir.join(CHUNK_DIR)).ctx("create directory", &dir.join(CHUNK_DIR))?;
+        let lock = Locks::writer(disk, dir)?;
+        disk.create_dir_all(&dir.join(CHUNK_DIR))
+            .ctx("create directory", &dir.join(CHUNK_DIR))?;
         for field in &meta.fields {
             let path = dir.join(offset_file_name(&field.name));
-            let file = disk::create(&path).ctx("create", &path)?;
-            disk::set_len(&file, &path, meta.offset_grow_entries * ENTRY_BYTES)
+            let file = disk.create(&path).ctx("create", &path)?;
+            disk.set_len(&file, &path, meta.offset_grow_entries * ENTRY_BYTES)
                 .ctx("grow", &path)?;
-            disk::sync(&file, &path).ctx("fsync", &path)?;
+            disk.sync(&file, &path).ctx("fsync", &path)?;
         }
-        sync_dir(&dir.join(CHUNK_DIR))?;
+        sync_dir(disk, &dir.join(CHUNK_DIR))?;
         for (name, dict) in dicts {
-            crate::dict::write(dir, name, dict)?;
+            crate::dict::write(disk, dir, name, dict)?;
         }
         // meta.json last: a directory without it is not a dataset yet.
-        meta.store(dir)?;
+        meta.store(disk, dir)?;
         // And the dataset's own entry in its parent, or a power cut could lose it whole.
         let parent = match dir.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
-        sync_dir(parent)?;
+        sync_dir(disk, parent)?;
         Store::open_locked(dir, lock, false, runtime)
     }
 
@@ -276,7 +277,7 @@ impl Store {
     pub fn open_with(dir: impl AsRef<Path>, runtime: RuntimeOptions) -> Result<Store> {
         let dir = dir.as_ref();
         Meta::load(dir)?; // a clear "not a dataset" before any lock file is created
-        let lock = Locks::writer(dir)?;
+        let lock = Locks::writer(&runtime.disk, dir)?;
         Store::open_locked(dir, lock, false, runtime)
     }
 
@@ -290,7 +291,7 @@ impl Store {
     pub fn open_read_only_with(dir: impl AsRef<Path>, runtime: RuntimeOptions) -> Result<Store> {
         let dir = dir.as_ref();
         Meta::load(dir)?;
-        let lock = Locks::reader(dir)?;
+        let lock = Locks::reader(&runtime.disk, dir)?;
         Store::open_locked(dir, lock, true, runtime)
     }
 
@@ -370,7 +371,13 @@ impl Store {
         let writers = if read_only {
             None
         } else {
-            let writers = Writers::new(dir, &meta, unit_files, runtime.options.writers)?;
+            let writers = Writers::new(
+                dir,
+                &meta,
+                unit_files,
+                runtime.options.writers,
+                runtime.options.disk.clone(),
+            )?;
             {
                 let mut shared = writers.shared();
                 shared.settle_redo(&mut view, &lock)?;
@@ -437,6 +444,7 @@ impl Store {
             )));
         }
         self.commit()?;
+        let disk = self.inner.disk();
         let writers = self.writers()?;
         let _slots: Vec<_> = (0..writers.slots.len()).map(|i| writers.slot(i)).collect();
         let mut shared = writers.shared();
@@ -461,25 +469,30 @@ impl Store {
                 .and_then(Option::as_ref)
                 .map_or(0, |u| u.capacity);
             let path = offset_path(&dir, unit.id, &spec.name);
-            let file = disk::create(&path).ctx("create offset table", &path)?;
-            disk::set_len(&file, &path, capacity.max(unit.length) * ENTRY_BYTES)
+            let file = disk.create(&path).ctx("create offset table", &path)?;
+            disk.set_len(&file, &path, capacity.max(unit.length) * ENTRY_BYTES)
                 .ctx("size offset table", &path)?;
-            disk::sync(&file, &path).ctx("fsync", &path)?;
+            disk.sync(&file, &path).ctx("fsync", &path)?;
         }
         let units = dir.join(crate::unit::UNITS_DIR);
         if units.exists() {
-            sync_dir(&units)?;
+            sync_dir(disk, &units)?;
         }
-        sync_dir(&dir)?;
-        meta.store(&dir)?;
+        sync_dir(disk, &dir)?;
+        meta.store(disk, &dir)?;
         shared.failed = Some(format!(
             "the dataset gained field '{}': this handle was replaced by the one add_field returned",
             spec.name
         ));
         let lock = self.inner.locks.try_clone(&dir)?;
         drop(shared);
-        let options = self.inner.runtime.options;
+        let options = self.inner.runtime.options.clone();
         Ok(Store::open_locked(&dir, lock, false, options)?.with_gather_options(self.defaults))
+    }
+
+    /// Where this store's changes to its files go (see [`crate::disk`]).
+    pub fn disk(&self) -> &crate::disk::Disk {
+        self.inner.disk()
     }
 
     /// The options gathers use unless told otherwise (see [`Store::with_gather_options`]).

@@ -211,6 +211,11 @@ pub(crate) struct ReadCounters {
 }
 
 impl Core {
+    /// Where this store's changes to its files go.
+    pub(crate) fn disk(&self) -> &crate::disk::Disk {
+        &self.runtime.options.disk
+    }
+
     pub(crate) fn read_view(&self) -> RwLockReadGuard<'_, View> {
         // A panic while holding the lock cannot leave the view half-changed: writers build a
         // change completely before taking the lock. So a poisoned lock is still consistent.

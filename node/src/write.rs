@@ -23,12 +23,12 @@ use crate::writer::{no_entries, Writers};
 pub(crate) const TRASH_PREFIX: &str = ".dropped-";
 
 /// Removes the folder `trash` on a thread of its own (at the next open if this fails).
-fn remove_in_background(trash: std::path::PathBuf) {
+fn remove_in_background(disk: crate::disk::Disk, trash: std::path::PathBuf) {
     // Without a thread, left for the next open.
     let _ = std::thread::Builder::new()
         .name("zr-drop".into())
         .spawn(move || {
-            if let Err(e) = crate::disk::remove_tree_if_present(&trash) {
+            if let Err(e) = disk.remove_tree_if_present(&trash) {
                 tracing::warn!(
                     "removing {}: {e} (removed at the next open)",
                     trash.display()
@@ -413,6 +413,7 @@ impl Store {
     /// lacks are passed over (only the commit, if it lacks them all). Batches gathered from
     /// them before stay valid.
     pub fn drop_units(&self, units: &[u32]) -> Result<()> {
+        let disk = self.inner.disk().clone();
         let inner = &*self.inner;
         let writers = self.writers()?;
         let mut slots: Vec<_> = (0..writers.slots.len()).map(|i| writers.slot(i)).collect();
@@ -465,10 +466,11 @@ impl Store {
         // unit's blocks takes a while, and a switch of the cluster's map waits on this.
         let dir = inner.dir.clone();
         let trash = dir.join(format!("{TRASH_PREFIX}{}", shared.generation));
-        crate::disk::create_dir_all(&trash).ctx("create directory", &trash)?;
+        disk.create_dir_all(&trash)
+            .ctx("create directory", &trash)?;
         for id in gone {
             let path = crate::view::chunk_path(&dir, id);
-            crate::disk::rename(&path, &trash.join(format!("{id}.zr")))
+            disk.rename(&path, &trash.join(format!("{id}.zr")))
                 .ctx("move a dropped unit's chunk aside", &path)?;
         }
         for &unit in units.iter().filter(|&&u| u > 0) {
@@ -476,7 +478,7 @@ impl Store {
                 let path = crate::unit::offset_path(&dir, unit, &field.name);
                 if path.exists() {
                     let aside = trash.join(format!("{unit}.{}", field.name));
-                    crate::disk::rename(&path, &aside)
+                    disk.rename(&path, &aside)
                         .ctx("move a dropped unit's table aside", &path)?;
                 }
             }
@@ -490,12 +492,12 @@ impl Store {
             dir.clone(),
         ] {
             if folder.exists() {
-                crate::meta::sync_dir(&folder)?;
+                crate::meta::sync_dir(&disk, &folder)?;
             }
         }
         drop(shared);
         drop(slots);
-        remove_in_background(trash);
+        remove_in_background(disk, trash);
         Ok(())
     }
 
@@ -507,6 +509,7 @@ impl Store {
     /// this one's fields. A crash leaves the files moved in uncommitted, removed at the
     /// next open.
     pub fn adopt_units(&self, source: &Path, units: &[u32]) -> Result<()> {
+        let disk = self.inner.disk().clone();
         let theirs = Meta::load(source)?;
         let inner = &*self.inner;
         if theirs.fields != *inner.fields {
@@ -537,7 +540,8 @@ impl Store {
             // The tables, then the chunks (every one sealed here: written no more).
             if unit > 0 {
                 let parent = inner.dir.join(crate::unit::UNITS_DIR);
-                crate::disk::create_dir_all(&parent).ctx("create directory", &parent)?;
+                disk.create_dir_all(&parent)
+                    .ctx("create directory", &parent)?;
             }
             let mut offset_files = Vec::with_capacity(inner.fields.len());
             let mut tables = Vec::with_capacity(inner.fields.len());
@@ -545,10 +549,11 @@ impl Store {
                 let from = crate::unit::offset_path(source, unit, &field.name);
                 let to = crate::unit::offset_path(&inner.dir, unit, &field.name);
                 if from.exists() {
-                    crate::disk::rename(&from, &to).ctx("move a unit's table in", &from)?;
+                    disk.rename(&from, &to)
+                        .ctx("move a unit's table in", &from)?;
                 } else {
                     // No records: an empty table.
-                    crate::disk::create(&to).ctx("create", &to)?;
+                    disk.create(&to).ctx("create", &to)?;
                 }
                 let file = std::fs::OpenOptions::new()
                     .read(true)
@@ -572,7 +577,8 @@ impl Store {
             for chunk in theirs.chunks.iter().filter(|c| chunk_unit(c.id) == unit) {
                 let from = crate::view::chunk_path(source, chunk.id);
                 let to = crate::view::chunk_path(&inner.dir, chunk.id);
-                crate::disk::rename(&from, &to).ctx("move a unit's chunk in", &from)?;
+                disk.rename(&from, &to)
+                    .ctx("move a unit's chunk in", &from)?;
                 let file = std::fs::File::open(&to).ctx("open chunk", &to)?;
                 if file.metadata().ctx("stat", &to)?.len() < chunk.bytes {
                     return Err(Error::Corrupt {

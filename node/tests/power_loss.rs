@@ -15,7 +15,7 @@ use std::path::Path;
 
 use workload::{fields, mix, op, options, read_all, record, Op, Row};
 use zr_node::disk::PowerCut;
-use zr_node::{Record, Store};
+use zr_node::{Record, RuntimeOptions, Store};
 
 /// Steps of the workload per cut.
 const STEPS: u64 = 40;
@@ -48,13 +48,18 @@ fn one_cut(seed: u64, allowed: u64, tally: &mut Tally) {
     let dir = tmp.path().join("ds");
     let power = PowerCut::record(tmp.path());
     power.fail_after(allowed);
+    let disk = power.disk();
+    let on_power = || RuntimeOptions {
+        disk: disk.clone(),
+        ..RuntimeOptions::default()
+    };
     // The committed states: before the first commit there is no dataset; `during` is the
     // state a commit in progress at the cut was writing.
     let mut committed: Option<Vec<Row>> = None;
     let mut during: Option<Vec<Row>> = None;
     let mut model: Vec<Row> = Vec::new();
     'run: {
-        let Ok(mut store) = Store::create(&dir, fields(), options()) else {
+        let Ok(mut store) = Store::create_with(&dir, fields(), options(), on_power()) else {
             // Cut while creating: meta.json, written last, may or may not have landed.
             during = Some(Vec::new());
             break 'run;
@@ -73,8 +78,8 @@ fn one_cut(seed: u64, allowed: u64, tally: &mut Tally) {
                 }
                 drop(store);
                 tally.rebalances += 1;
-                let rebalanced = zr_node::rebalance::rebalance(&dir, |_, _| {});
-                store = match (rebalanced, Store::open(&dir)) {
+                let rebalanced = zr_node::rebalance::rebalance_on(&disk, &dir, |_, _| {});
+                store = match (rebalanced, Store::open_with(&dir, on_power())) {
                     (Ok(_), Ok(store)) => store,
                     _ => {
                         assert!(

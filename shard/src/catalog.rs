@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fence::Coordination;
 use crate::stage::Shard;
-use zr_node::disk;
+use zr_node::disk::Disk;
 use zr_node::meta::{sync_dir, write_atomically, FieldSpec};
 use zr_node::RuntimeOptions;
 use zr_node::{CreateOptions, Store};
@@ -69,6 +69,7 @@ impl Catalog {
     /// The default dataset `root` (served from the data directory) and the named datasets
     /// beside it, opened with `runtime` and read as the default one is.
     pub fn open(root: Shard, runtime: RuntimeOptions) -> Result<Catalog> {
+        let disk = runtime.disk.clone();
         let dir = root.serving().store.dir().to_path_buf();
         let catalog = Catalog {
             root: Arc::new(root),
@@ -78,7 +79,7 @@ impl Catalog {
             dir,
             ships: Arc::default(),
         };
-        recover_named(&catalog.dir)?;
+        recover_named(&disk, &catalog.dir)?;
         // A rebuild or a move's copy cut short is started again from the beginning.
         crate::ship::remove_if_there(&crate::ship::ship_dir(&catalog.dir)?)?;
         let parent = catalog.dir.parent().unwrap_or(Path::new("."));
@@ -137,7 +138,7 @@ impl Catalog {
                 "removing {} (a create, drop, move or rebuild cut short)",
                 path.display()
             );
-            disk::remove_tree(&path).ctx("remove", &path)?;
+            disk.remove_tree(&path).ctx("remove", &path)?;
         }
         *catalog.write() = named;
         Ok(catalog)
@@ -157,10 +158,13 @@ impl Catalog {
 
     fn open_named(&self, path: &Path) -> Result<Shard> {
         let reads = self.root.serving().store.gather_options();
-        let store = Store::open_with(path, self.runtime)?.with_gather_options(reads);
-        let coordination =
-            Coordination::open_as(path, self.root.serving().coordination.incarnation)?;
-        Shard::new(store, coordination, self.runtime)
+        let store = Store::open_with(path, self.runtime.clone())?.with_gather_options(reads);
+        let coordination = Coordination::open_as(
+            &self.runtime.disk,
+            path,
+            self.root.serving().coordination.incarnation,
+        )?;
+        Shard::new(store, coordination, self.runtime.clone())
     }
 
     /// The default dataset.
@@ -226,6 +230,7 @@ impl Catalog {
         fields: Vec<FieldSpec>,
         dicts: &[(String, Vec<u8>)],
     ) -> Result<()> {
+        let disk = self.runtime.disk.clone();
         let _one = self.changes.lock().unwrap_or_else(|e| e.into_inner());
         let parent = self.datasets_dir();
         if name == DEFAULT {
@@ -250,16 +255,16 @@ impl Catalog {
             tracing::info!("dataset '{name}' was dropped and made again: replacing its data");
             self.remove(name)?;
         }
-        disk::create_dir_all(&parent).ctx("create", &parent)?;
+        disk.create_dir_all(&parent).ctx("create", &parent)?;
         let building = parent.join(format!(".{name}.creating"));
         if building.exists() {
-            disk::remove_tree(&building).ctx("remove", &building)?;
+            disk.remove_tree(&building).ctx("remove", &building)?;
         }
         drop(Store::create_with_dicts(
             &building,
             fields,
             CreateOptions::default(),
-            self.runtime,
+            self.runtime.clone(),
             dicts,
         )?);
         self.root
@@ -272,10 +277,11 @@ impl Catalog {
             id,
         })
         .map_err(|e| Error::InvalidRecord(e.to_string()))?;
-        write_atomically(&building, DATASET_FILE, &kept)?;
+        write_atomically(&disk, &building, DATASET_FILE, &kept)?;
         let path = parent.join(name);
-        disk::rename(&building, &path).ctx("rename into place", &path)?;
-        sync_dir(&parent)?;
+        disk.rename(&building, &path)
+            .ctx("rename into place", &path)?;
+        sync_dir(&disk, &parent)?;
         let shard = self.open_named(&path)?;
         self.write().insert(
             name.to_string(),
@@ -308,19 +314,20 @@ impl Catalog {
     }
 
     fn remove(&self, name: &str) -> Result<()> {
+        let disk = self.runtime.disk.clone();
         let parent = self.datasets_dir();
         let path = parent.join(name);
         let aside = parent.join(format!(".{name}.dropped"));
         if aside.exists() {
-            disk::remove_tree(&aside).ctx("remove", &aside)?;
+            disk.remove_tree(&aside).ctx("remove", &aside)?;
         }
-        disk::rename(&path, &aside).ctx("rename aside", &path)?;
-        sync_dir(&parent)?;
+        disk.rename(&path, &aside).ctx("rename aside", &path)?;
+        sync_dir(&disk, &parent)?;
         self.write().remove(name);
-        disk::remove_tree(&aside).ctx("remove", &aside)?;
+        disk.remove_tree(&aside).ctx("remove", &aside)?;
         // And what a move was building of it.
         for staged in crate::stage::staged_dirs(&path)? {
-            disk::remove_tree(&staged).ctx("remove", &staged)?;
+            disk.remove_tree(&staged).ctx("remove", &staged)?;
         }
         Ok(())
     }
@@ -339,7 +346,7 @@ impl Catalog {
 /// Puts the named datasets back into the data directory `dir` if a switch of the default
 /// dataset was cut short after carrying them into the directory built for the next map and
 /// before swapping that one in (`Shard::switch`).
-fn recover_named(dir: &Path) -> Result<()> {
+fn recover_named(disk: &Disk, dir: &Path) -> Result<()> {
     let named = dir.join(DATASETS_DIR);
     if named.exists() {
         return Ok(());
@@ -353,9 +360,10 @@ fn recover_named(dir: &Path) -> Result<()> {
                 "putting the named datasets back from {} (a switch or a rebuild cut short)",
                 staged.display()
             );
-            disk::rename(&carried, &named).ctx("put the named datasets back", &carried)?;
-            sync_dir(&staged)?;
-            sync_dir(dir)?;
+            disk.rename(&carried, &named)
+                .ctx("put the named datasets back", &carried)?;
+            sync_dir(disk, &staged)?;
+            sync_dir(disk, dir)?;
         }
     }
     Ok(())
@@ -403,7 +411,8 @@ mod tests {
         } else {
             Store::create(dir, fields(), CreateOptions::default()).expect("create")
         };
-        let coordination = Coordination::open(dir).expect("coordination");
+        let coordination =
+            Coordination::open(&zr_node::disk::Disk::real(), dir).expect("coordination");
         if coordination.identity.map_version().is_none() {
             coordination.identity.admit("c", 1).expect("identity");
         }

@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use zr_node::disk::Disk;
 use zr_node::{Error, IoContext, Result};
 
 /// File in a node's store directory holding its fence, as text: the highest token seen.
@@ -38,8 +39,9 @@ pub struct Coordination {
 }
 
 impl Coordination {
-    /// For the node whose store is in `dir`: the fence and identity kept there.
-    pub fn open(dir: &Path) -> Result<Coordination> {
+    /// For the node whose store is in `dir`: the fence and identity kept there, the fence's
+    /// changes going through `disk` (the store's).
+    pub fn open(disk: &Disk, dir: &Path) -> Result<Coordination> {
         for name in RETIRED_FILES {
             let path = dir.join(name);
             match std::fs::remove_file(&path) {
@@ -52,14 +54,14 @@ impl Coordination {
             &std::collections::hash_map::RandomState::new(),
             (std::process::id(), std::time::SystemTime::now()),
         );
-        Coordination::open_as(dir, incarnation)
+        Coordination::open_as(disk, dir, incarnation)
     }
 
     /// The fence and identity kept in `dir`, for a node of incarnation `incarnation` (a
     /// store it serves anew, or another dataset of the same node).
-    pub fn open_as(dir: &Path, incarnation: u64) -> Result<Coordination> {
+    pub fn open_as(disk: &Disk, dir: &Path, incarnation: u64) -> Result<Coordination> {
         Ok(Coordination {
-            fence: Fence::open(dir)?,
+            fence: Fence::open(disk, dir)?,
             identity: crate::identity::Identity::open(dir)?,
             incarnation,
         })
@@ -70,18 +72,19 @@ impl Coordination {
 /// made under its lock, so a write admitted before the fence rises is finished before the
 /// fence's holder reads the node's length. Kept in [`FENCE_FILE`] (`Default`: in memory):
 /// each rise writes the new number to a file of its own, syncs it, renames it over the old
-/// one and syncs the directory, all through [`zr_node::disk`], before the rise returns — so
+/// one and syncs the directory, all through its [`Disk`], before the rise returns — so
 /// no write under the new token is acknowledged before the fence is durable, and no power
 /// loss brings back an older fence (which would admit a late write of an older holder).
 #[derive(Debug, Default)]
 pub struct Fence {
     highest: Mutex<u64>,
     path: Option<PathBuf>,
+    disk: Disk,
 }
 
 impl Fence {
-    /// The fence kept in `dir` (down if none is kept).
-    pub fn open(dir: &Path) -> Result<Fence> {
+    /// The fence kept in `dir` (down if none is kept), its rises written through `disk`.
+    pub fn open(disk: &Disk, dir: &Path) -> Result<Fence> {
         let path = dir.join(FENCE_FILE);
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
@@ -98,6 +101,7 @@ impl Fence {
         Ok(Fence {
             highest: Mutex::new(highest),
             path: Some(path),
+            disk: disk.clone(),
         })
     }
 
@@ -107,7 +111,7 @@ impl Fence {
         let mut highest = self.highest.lock().unwrap_or_else(|e| e.into_inner());
         if token > *highest {
             if let Some(path) = &self.path {
-                keep(path, token).map_err(|source| FenceError::Storage {
+                keep(&self.disk, path, token).map_err(|source| FenceError::Storage {
                     path: path.clone(),
                     source,
                 })?;
@@ -122,7 +126,7 @@ impl Fence {
     pub fn copy_to(&self, dir: &Path) -> Result<()> {
         let highest = *self.highest.lock().unwrap_or_else(|e| e.into_inner());
         let path = dir.join(FENCE_FILE);
-        keep(&path, highest).ctx("keep the fence in", &path)
+        keep(&self.disk, &path, highest).ctx("keep the fence in", &path)
     }
 
     /// Runs `write` if `token` is not below the fence; refused, saying why, otherwise.
@@ -159,17 +163,17 @@ pub enum FenceError {
 /// Writes `token` to `path` durably: a new file, synced, renamed over the old one, its
 /// directory synced. A reader finds the old number or the new one, never a part, and once
 /// this returns, never the old one again.
-fn keep(path: &Path, token: u64) -> std::io::Result<()> {
+fn keep(disk: &Disk, path: &Path, token: u64) -> std::io::Result<()> {
     let mut temporary = path.as_os_str().to_owned();
     temporary.push(".new");
     let temporary = PathBuf::from(temporary);
-    let file = zr_node::disk::create(&temporary)?;
-    zr_node::disk::write_at(&file, &temporary, format!("{token:020}\n").as_bytes(), 0)?;
-    zr_node::disk::sync(&file, &temporary)?;
+    let file = disk.create(&temporary)?;
+    disk.write_at(&file, &temporary, format!("{token:020}\n").as_bytes(), 0)?;
+    disk.sync(&file, &temporary)?;
     drop(file);
-    zr_node::disk::rename(&temporary, path)?;
+    disk.rename(&temporary, path)?;
     match path.parent() {
-        Some(dir) => zr_node::disk::sync_dir(dir),
+        Some(dir) => disk.sync_dir(dir),
         None => Ok(()),
     }
 }
@@ -203,12 +207,12 @@ mod tests {
     fn a_fence_survives_a_restart_and_retired_files_go() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("cluster-fence"), "1700000000000000\n").unwrap();
-        let coordination = Coordination::open(dir.path()).unwrap();
+        let coordination = Coordination::open(&zr_node::disk::Disk::real(), dir.path()).unwrap();
         assert!(!dir.path().join("cluster-fence").exists());
         coordination.fence.raise(12, || ()).unwrap();
         drop(coordination);
 
-        let fence = Fence::open(dir.path()).unwrap();
+        let fence = Fence::open(&Disk::real(), dir.path()).unwrap();
         assert!(
             fence.admit(11, || ()).is_err(),
             "the old holder's late write"
@@ -217,7 +221,7 @@ mod tests {
         // As the previous version left it: a fixed-width number written in place, beside
         // nothing else. Read as before; the next rise replaces it whole.
         std::fs::write(dir.path().join(FENCE_FILE), format!("{:020}\n", 30)).unwrap();
-        let fence = Fence::open(dir.path()).unwrap();
+        let fence = Fence::open(&Disk::real(), dir.path()).unwrap();
         assert!(fence.admit(29, || ()).is_err() && fence.admit(30, || ()).is_ok());
         fence.raise(31, || ()).unwrap();
         assert_eq!(
@@ -226,7 +230,9 @@ mod tests {
         );
         assert!(!dir.path().join(format!("{FENCE_FILE}.new")).exists());
         std::fs::write(dir.path().join(FENCE_FILE), "twelve").unwrap();
-        let err = Fence::open(dir.path()).unwrap_err().to_string();
+        let err = Fence::open(&Disk::real(), dir.path())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(FENCE_FILE) && err.contains("twelve"), "{err}");
     }
 }

@@ -184,7 +184,7 @@ impl Identity {
             .ctx("fsync", &temporary)?;
         std::fs::rename(&temporary, path).ctx("rename", path)?;
         if let Some(dir) = path.parent() {
-            sync_dir(dir)?;
+            sync_dir(&zr_node::disk::Disk::real(), dir)?;
         }
         Ok(())
     }

@@ -20,7 +20,7 @@ use arc_swap::ArcSwap;
 use crate::fence::Coordination;
 use crate::identity::StagedSlots;
 use zr_common::Record;
-use zr_node::disk;
+use zr_node::disk::Disk;
 use zr_node::meta::sync_dir;
 use zr_node::RuntimeOptions;
 use zr_node::Store;
@@ -82,6 +82,7 @@ impl Shard {
     /// Serves `store` with `coordination`, finishing a change to its slots that a stop cut
     /// short.
     pub fn new(store: Store, coordination: Coordination, runtime: RuntimeOptions) -> Result<Shard> {
+        let disk = runtime.disk.clone();
         let dropping = coordination.identity.dropping();
         if !dropping.is_empty() {
             tracing::info!(
@@ -95,7 +96,8 @@ impl Shard {
         }
         for leftover in staged_dirs(store.dir())? {
             tracing::info!("removing {} (an older build's move)", leftover.display());
-            disk::remove_tree(&leftover).ctx("remove an older build's move", &leftover)?;
+            disk.remove_tree(&leftover)
+                .ctx("remove an older build's move", &leftover)?;
         }
         Ok(Shard {
             current: ArcSwap::from_pointee(Serving {
@@ -246,7 +248,8 @@ impl Shard {
         }
         let store = serving.store.add_field(field)?;
         let dir = store.dir().to_path_buf();
-        let coordination = Coordination::open_as(&dir, serving.coordination.incarnation)?;
+        let coordination =
+            Coordination::open_as(store.disk(), &dir, serving.coordination.incarnation)?;
         self.current.store(Arc::new(Serving {
             store,
             coordination,
@@ -334,16 +337,18 @@ impl Shard {
     /// Swaps the dataset in `path` in for `serving`'s, as the data of map `version`, and
     /// serves it; the one it replaces is removed.
     fn swap_in(&self, serving: &Serving, path: &Path, version: u64) -> Result<()> {
+        let disk = self.runtime.disk.clone();
         let dir = serving.store.dir().to_path_buf();
-        swap_dirs(&dir, path, &serving.coordination, version)?;
-        let store = Store::open_with(&dir, self.runtime)?
+        swap_dirs(&disk, &dir, path, &serving.coordination, version)?;
+        let store = Store::open_with(&dir, self.runtime.clone())?
             .with_gather_options(serving.store.gather_options());
-        let coordination = Coordination::open_as(&dir, serving.coordination.incarnation)?;
+        let coordination = Coordination::open_as(&disk, &dir, serving.coordination.incarnation)?;
         self.current.store(Arc::new(Serving {
             store,
             coordination,
         }));
-        disk::remove_tree(path).ctx("remove the dataset swapped out", path)?;
+        disk.remove_tree(path)
+            .ctx("remove the dataset swapped out", path)?;
         Ok(())
     }
 }
@@ -355,6 +360,7 @@ impl Shard {
 /// `built`. A crash between carrying the named datasets and the exchange leaves them in
 /// `built`, where the node finds them when it starts (`catalog::recover_named`, `upgrade`).
 pub(crate) fn swap_dirs(
+    disk: &Disk,
     dir: &Path,
     built: &Path,
     coordination: &Coordination,
@@ -365,18 +371,20 @@ pub(crate) fn swap_dirs(
     let kept = dir.join(crate::catalog::DATASET_FILE);
     if kept.exists() {
         let bytes = std::fs::read(&kept).ctx("read", &kept)?;
-        zr_node::meta::write_atomically(built, crate::catalog::DATASET_FILE, &bytes)?;
+        zr_node::meta::write_atomically(disk, built, crate::catalog::DATASET_FILE, &bytes)?;
     }
     let named = dir.join(crate::catalog::DATASETS_DIR);
     if named.exists() {
         let carried = built.join(crate::catalog::DATASETS_DIR);
-        disk::rename(&named, &carried).ctx("carry the named datasets along", &named)?;
-        sync_dir(dir)?;
-        sync_dir(built)?;
+        disk.rename(&named, &carried)
+            .ctx("carry the named datasets along", &named)?;
+        sync_dir(disk, dir)?;
+        sync_dir(disk, built)?;
     }
-    disk::exchange(built, dir).ctx("swap in the dataset built", dir)?;
+    disk.exchange(built, dir)
+        .ctx("swap in the dataset built", dir)?;
     if let Some(parent) = dir.parent() {
-        sync_dir(parent)?;
+        sync_dir(disk, parent)?;
     }
     Ok(())
 }
@@ -397,14 +405,14 @@ mod tests {
             store.append_to(slot, &rows).expect("append");
         }
         store.commit().expect("commit");
-        let coordination = Coordination::open(dir).expect("coordination");
+        let coordination = Coordination::open(&Disk::real(), dir).expect("coordination");
         coordination.identity.admit("c", 1).expect("identity");
         Shard::new(store, coordination, RuntimeOptions::default()).expect("shard")
     }
 
     fn shard_with_existing(dir: &Path) -> Shard {
         let store = Store::open(dir).expect("open");
-        let coordination = Coordination::open(dir).expect("coordination");
+        let coordination = Coordination::open(&Disk::real(), dir).expect("coordination");
         Shard::new(store, coordination, RuntimeOptions::default()).expect("shard")
     }
 

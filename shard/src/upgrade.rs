@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use crate::fence::Coordination;
 use crate::identity::Identity;
 use zr_common::Record;
-use zr_node::disk;
 use zr_node::meta::{sync_dir, Meta, META_FILE};
 use zr_node::{CreateOptions, GatherOptions, RuntimeOptions, Store};
 use zr_node::{Error, IoContext, Result};
@@ -73,6 +72,7 @@ pub fn convert(
     placement: &Placement,
     runtime: RuntimeOptions,
 ) -> Result<u64> {
+    let disk = runtime.disk.clone();
     let identity = Identity::open(dir)?;
     if let Some(version) = identity.map_version().filter(|&v| v != placement.version()) {
         return Err(Error::InvalidInput {
@@ -93,8 +93,9 @@ pub fn convert(
     let carried = scratch_of(dir)?.join(crate::catalog::DATASETS_DIR);
     let named = dir.join(crate::catalog::DATASETS_DIR);
     if carried.exists() && !named.exists() {
-        disk::rename(&carried, &named).ctx("put the named datasets back", &carried)?;
-        sync_dir(dir)?;
+        disk.rename(&carried, &named)
+            .ctx("put the named datasets back", &carried)?;
+        sync_dir(&disk, dir)?;
     }
     let mut converted = 0;
     for (path, len) in legacy_datasets(dir)? {
@@ -102,7 +103,7 @@ pub fn convert(
             "converting {} ({len} records) to one unit per slot",
             path.display()
         );
-        converted += convert_dataset(&path, shard, placement, runtime)?;
+        converted += convert_dataset(&path, shard, placement, runtime.clone())?;
     }
     Ok(converted)
 }
@@ -123,11 +124,13 @@ fn convert_dataset(
     placement: &Placement,
     runtime: RuntimeOptions,
 ) -> Result<u64> {
-    let old = Store::open_with(dir, runtime)?;
+    let disk = runtime.disk.clone();
+    let old = Store::open_with(dir, runtime.clone())?;
     let meta = Meta::load(dir)?;
     let scratch = scratch_of(dir)?;
     if scratch.exists() {
-        disk::remove_tree(&scratch).ctx("remove an unfinished conversion", &scratch)?;
+        disk.remove_tree(&scratch)
+            .ctx("remove an unfinished conversion", &scratch)?;
     }
     let options = CreateOptions {
         chunk_records: meta.chunk_records,
@@ -185,13 +188,14 @@ fn convert_dataset(
     // Swapped in with its identity (which says it is in this build's layout from then on),
     // fence and name, the default dataset carrying the named ones along.
     drop(old);
-    let coordination = Coordination::open(dir)?;
+    let coordination = Coordination::open(&disk, dir)?;
     let version = coordination
         .identity
         .map_version()
         .unwrap_or(placement.version());
-    crate::stage::swap_dirs(dir, &scratch, &coordination, version)?;
-    disk::remove_tree(&scratch).ctx("remove the dataset converted", &scratch)?;
+    crate::stage::swap_dirs(&disk, dir, &scratch, &coordination, version)?;
+    disk.remove_tree(&scratch)
+        .ctx("remove the dataset converted", &scratch)?;
     Ok(len)
 }
 

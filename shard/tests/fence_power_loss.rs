@@ -2,7 +2,7 @@
 //! `zr_node::disk::PowerCut` for what a cut undoes).
 
 use zr_common::hash::mix2;
-use zr_node::disk::PowerCut;
+use zr_node::disk::{Disk, PowerCut};
 use zr_shard::fence::Fence;
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -33,7 +33,7 @@ fn a_power_cut_never_lowers_the_writer_fence() {
         std::fs::create_dir(&dir).unwrap();
         let power = PowerCut::record(tmp.path());
         power.fail_after(k % 30);
-        let fence = Fence::open(&dir).unwrap();
+        let fence = Fence::open(&power.disk(), &dir).unwrap();
         let mut raised = 0;
         for token in 1..=6u64 {
             match fence.raise(token * 10, || ()) {
@@ -46,7 +46,7 @@ fn a_power_cut_never_lowers_the_writer_fence() {
         power
             .cut(|change| mix2(seed, change as u64).is_multiple_of(2))
             .unwrap();
-        let fence = Fence::open(&dir).unwrap();
+        let fence = Fence::open(&Disk::real(), &dir).unwrap();
         if raised > 0 {
             assert!(
                 fence.admit(raised - 1, || ()).is_err(),

@@ -131,7 +131,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
         Ok(())
     })?;
     local.commit()?;
-    let coordination = zr_shard::fence::Coordination::open(local_dir.path())?;
+    let coordination = zr_shard::fence::Coordination::open(local.disk(), local_dir.path())?;
     let batch_bytes = args.batch * size;
     let indices = |b: usize| -> Vec<u64> {
         (0..args.batch as u64)

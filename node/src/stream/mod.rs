@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
 
+use crate::disk::Disk;
 use crate::error::SchemaError;
 use crate::error::{Error, IoContext, Result};
 use crate::lock::Locks;
@@ -209,12 +210,12 @@ impl StreamMeta {
         Ok(meta)
     }
 
-    fn store(&self, dir: &Path) -> Result<()> {
+    fn store(&self, disk: &Disk, dir: &Path) -> Result<()> {
         let text = serde_json::to_vec_pretty(self).map_err(|e| Error::Corrupt {
             path: dir.join(STREAM_FILE),
             reason: format!("cannot serialize the stream's metadata: {e}"),
         })?;
-        write_atomically(dir, STREAM_FILE, &text)
+        write_atomically(disk, dir, STREAM_FILE, &text)
     }
 }
 
@@ -418,6 +419,16 @@ impl Stream {
     /// Creates an empty stream of `element`s in `dir`, which must not exist or be empty, and
     /// opens it for writing.
     pub fn create(dir: impl AsRef<Path>, element: Vec<Component>) -> Result<Stream> {
+        Stream::create_on(&Disk::real(), dir, element)
+    }
+
+    /// [`Stream::create`], its changes to its files going through `disk` (a test's
+    /// power-cut recorder, see [`crate::disk::PowerCut`]).
+    pub fn create_on(
+        disk: &Disk,
+        dir: impl AsRef<Path>,
+        element: Vec<Component>,
+    ) -> Result<Stream> {
         let dir = dir.as_ref();
         element_bytes(&element)?;
         if dir.exists() {
@@ -428,20 +439,26 @@ impl Stream {
                 });
             }
         }
-        crate::disk::create_dir_all(dir).ctx("create directory", dir)?;
+        disk.create_dir_all(dir).ctx("create directory", dir)?;
         for name in [TOKENS_FILE, CRC_FILE, DOCUMENTS_FILE, SPANS_FILE] {
-            crate::disk::create(&dir.join(name)).ctx("create", &dir.join(name))?;
+            disk.create(&dir.join(name))
+                .ctx("create", &dir.join(name))?;
         }
-        StreamMeta::empty(element).store(dir)?;
-        Stream::open(dir)
+        StreamMeta::empty(element).store(disk, dir)?;
+        Stream::open_on(disk, dir)
     }
 
     /// Opens the stream in `dir` for reading and appending (one writer at a time).
     pub fn open(dir: impl AsRef<Path>) -> Result<Stream> {
+        Stream::open_on(&Disk::real(), dir)
+    }
+
+    /// [`Stream::open`], its changes to its files going through `disk`.
+    pub fn open_on(disk: &Disk, dir: impl AsRef<Path>) -> Result<Stream> {
         let dir = dir.as_ref();
         StreamMeta::load(dir)?;
-        let locks = Locks::writer(dir)?;
-        let (tail, meta, metadata) = write::Tail::recover(dir)?;
+        let locks = Locks::writer(disk, dir)?;
+        let (tail, meta, metadata) = write::Tail::recover(disk, dir)?;
         let view = StreamView::open(dir, meta, None, metadata)?;
         Ok(Stream {
             dir: dir.to_path_buf(),
@@ -455,7 +472,7 @@ impl Stream {
     pub fn open_read_only(dir: impl AsRef<Path>) -> Result<Stream> {
         let dir = dir.as_ref();
         let meta = StreamMeta::load(dir)?;
-        let locks = Locks::reader(dir)?;
+        let locks = Locks::reader(&Disk::real(), dir)?;
         let view = StreamView::open(dir, meta, None, None)?;
         Ok(Stream {
             dir: dir.to_path_buf(),

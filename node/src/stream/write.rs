@@ -16,7 +16,7 @@ use super::{
     element_bytes, Stream, StreamMeta, StreamView, CRC_FILE, DOCUMENTS_FILE, METADATA_DIR,
     METADATA_FIELD, SPANS_FILE, SPAN_BYTES, TOKENS_FILE,
 };
-use crate::disk;
+use crate::disk::Disk;
 use crate::error::{Error, IoContext, Result};
 use crate::map::PAGE_BYTES;
 use crate::meta::FieldSpec;
@@ -38,6 +38,8 @@ pub struct Span<'a> {
 /// The writer's side: open files and everything appended since the last commit.
 pub(crate) struct Tail {
     dir: PathBuf,
+    /// Where its changes to the files go (the stream's).
+    disk: Disk,
     element_bytes: u64,
     tokens_file: File,
     crc_file: File,
@@ -73,7 +75,10 @@ impl Tail {
     /// Opens `dir`'s files for appending after what `stream.json` commits (bytes past it,
     /// left by a crash, are written over), and the metadata records, dropping any a crash
     /// left past the committed spans.
-    pub(crate) fn recover(dir: &Path) -> Result<(Tail, StreamMeta, Option<Arc<Store>>)> {
+    pub(crate) fn recover(
+        disk: &Disk,
+        dir: &Path,
+    ) -> Result<(Tail, StreamMeta, Option<Arc<Store>>)> {
         let meta = StreamMeta::load(dir)?;
         let e = element_bytes(&meta.element).map_err(|reason| Error::Corrupt {
             path: dir.join(super::STREAM_FILE),
@@ -81,7 +86,8 @@ impl Tail {
         })?;
         let open = |name: &str| {
             let path = dir.join(name);
-            disk::open(&path, OpenOptions::new().read(true).write(true)).ctx("open", &path)
+            disk.open(&path, OpenOptions::new().read(true).write(true))
+                .ctx("open", &path)
         };
         let tokens_file = open(TOKENS_FILE)?;
         let crc_file = open(CRC_FILE)?;
@@ -137,9 +143,10 @@ impl Tail {
             )?;
             u64::from_le_bytes(entry)
         };
-        let metadata = open_metadata(dir, meta.spans)?;
+        let metadata = open_metadata(disk, dir, meta.spans)?;
         let tail = Tail {
             dir: dir.to_path_buf(),
+            disk: disk.clone(),
             element_bytes: e,
             tokens_file,
             crc_file,
@@ -167,6 +174,7 @@ impl Tail {
 
     /// Appends token bytes to the open document.
     fn append_tokens(&mut self, bytes: &[u8]) -> Result<u64> {
+        let disk = self.disk.clone();
         let e = self.element_bytes;
         if !(bytes.len() as u64).is_multiple_of(e) {
             return Err(Error::InvalidRecord(format!(
@@ -176,7 +184,8 @@ impl Tail {
         }
         let path = self.dir.join(TOKENS_FILE);
         let at = self.tokens * e;
-        disk::write_at(&self.tokens_file, &path, bytes, at).ctx("write", &path)?;
+        disk.write_at(&self.tokens_file, &path, bytes, at)
+            .ctx("write", &path)?;
         // CRCs of the pages the bytes fill.
         let mut pos = at;
         let mut rest = bytes;
@@ -236,7 +245,7 @@ impl Tail {
         let store = match &self.metadata {
             Some(store) => store.clone(),
             None => {
-                let store = Arc::new(create_metadata(&self.dir)?);
+                let store = Arc::new(create_metadata(&self.disk, &self.dir)?);
                 self.metadata = Some(store.clone());
                 store
             }
@@ -271,12 +280,14 @@ impl Tail {
 
     /// Writes the pending entries to their files.
     fn write_pending(&mut self) -> Result<()> {
+        let disk = self.disk.clone();
         let write = |file: &File, name: &str, bytes: &mut Vec<u8>, at: &mut u64, unit: u64| {
             if bytes.is_empty() {
                 return Ok(());
             }
             let path = self.dir.join(name);
-            disk::write_at(file, &path, bytes, *at * unit).ctx("write", &path)?;
+            disk.write_at(file, &path, bytes, *at * unit)
+                .ctx("write", &path)?;
             *at += bytes.len() as u64 / unit;
             bytes.clear();
             Ok::<(), Error>(())
@@ -307,6 +318,7 @@ impl Tail {
 
     /// Makes everything appended durable; returns the metadata to commit.
     fn commit(&mut self, old: &StreamMeta) -> Result<Option<StreamMeta>> {
+        let disk = self.disk.clone();
         if !self.dirty {
             return Ok(None);
         }
@@ -324,7 +336,7 @@ impl Tail {
             (&self.spans_file, SPANS_FILE),
         ] {
             let path = self.dir.join(name);
-            disk::sync(file, &path).ctx("fdatasync", &path)?;
+            disk.sync(file, &path).ctx("fdatasync", &path)?;
         }
         if let Some(store) = &self.metadata {
             store.commit()?;
@@ -338,7 +350,7 @@ impl Tail {
             spans_crc: self.spans_crc.clone().finalize(),
             ..old.clone()
         };
-        meta.store(&self.dir)?;
+        meta.store(&disk, &self.dir)?;
         self.dirty = false;
         Ok(Some(meta))
     }
@@ -357,7 +369,7 @@ fn check_spans(len: u64, spans: &[Span]) -> Result<()> {
 
 /// The span metadata records of a stream with `spans` committed spans, opened for writing;
 /// records past `spans` (appended before a crash) are dropped. `None` if none was made.
-fn open_metadata(dir: &Path, spans: u64) -> Result<Option<Arc<Store>>> {
+fn open_metadata(disk: &Disk, dir: &Path, spans: u64) -> Result<Option<Arc<Store>>> {
     let path = dir.join(METADATA_DIR);
     if !path.exists() {
         if spans > 0 {
@@ -368,13 +380,13 @@ fn open_metadata(dir: &Path, spans: u64) -> Result<Option<Arc<Store>>> {
         }
         return Ok(None);
     }
-    let store = match Store::open(&path) {
+    let store = match Store::open_with(&path, runtime_on(disk)) {
         Ok(store) => store,
         // Made when the first span was added, before that span was committed: a crash
         // during its creation leaves a directory without meta.json.
         Err(Error::NotADataset { .. }) if spans == 0 => {
-            disk::remove_tree(&path).ctx("remove", &path)?;
-            super::super::meta::sync_dir(dir)?;
+            disk.remove_tree(&path).ctx("remove", &path)?;
+            super::super::meta::sync_dir(disk, dir)?;
             return Ok(None);
         }
         Err(e) => return Err(e),
@@ -398,19 +410,28 @@ fn open_metadata(dir: &Path, spans: u64) -> Result<Option<Arc<Store>>> {
     Ok(Some(Arc::new(store)))
 }
 
-fn create_metadata(dir: &Path) -> Result<Store> {
+fn create_metadata(disk: &Disk, dir: &Path) -> Result<Store> {
     let options = CreateOptions {
         chunk_grow_bytes: 16 << 20,
         offset_grow_entries: 1 << 16,
         ..CreateOptions::default()
     };
-    let store = Store::create(
+    let store = Store::create_with(
         dir.join(METADATA_DIR),
         vec![FieldSpec::raw(METADATA_FIELD)],
         options,
+        runtime_on(disk),
     )?;
-    super::super::meta::sync_dir(dir)?;
+    super::super::meta::sync_dir(disk, dir)?;
     Ok(store)
+}
+
+/// The metadata records' runtime: the default one, on the stream's disk.
+fn runtime_on(disk: &Disk) -> crate::RuntimeOptions {
+    crate::RuntimeOptions {
+        disk: disk.clone(),
+        ..crate::RuntimeOptions::default()
+    }
 }
 
 fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], at: u64) -> Result<()> {

@@ -4,7 +4,6 @@
 
 use std::fs;
 
-use crate::disk;
 use crate::lock::Locks;
 use crate::map::Mapped;
 
@@ -25,6 +24,7 @@ impl Shared {
     /// Applies a redo log found at open (it is in `view.overlay`) to the offset tables, then
     /// removes the log so no later commit can mistake it for its own.
     pub(crate) fn settle_redo(&mut self, view: &mut View, locks: &Locks) -> Result<()> {
+        let disk = self.disk.clone();
         if !view.overlay.is_empty() {
             let mut changes: Vec<_> = view.overlay.iter().map(|(&i, e)| (i, e.clone())).collect();
             changes.sort_unstable_by_key(|(i, _)| *i);
@@ -37,8 +37,8 @@ impl Shared {
             view.overlay.clear();
         }
         let path = self.dir.join(redo::REDO_FILE);
-        match disk::remove(&path) {
-            Ok(()) => sync_dir(&self.dir),
+        match disk.remove(&path) {
+            Ok(()) => sync_dir(&disk, &self.dir),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e).ctx("remove", &path),
         }
@@ -46,6 +46,7 @@ impl Shared {
 
     /// Deletes chunk files meta.json does not commit: leftovers of writes that never committed.
     pub(crate) fn remove_uncommitted_chunks(&mut self) -> Result<()> {
+        let disk = self.disk.clone();
         let chunk_dir = self.dir.join(CHUNK_DIR);
         let mut removed = false;
         for entry in fs::read_dir(&chunk_dir).ctx("read directory", &chunk_dir)? {
@@ -64,12 +65,13 @@ impl Shared {
                 .binary_search_by_key(&id, |c| c.id)
                 .is_err()
             {
-                disk::remove(&entry.path()).ctx("remove uncommitted chunk", &entry.path())?;
+                disk.remove(&entry.path())
+                    .ctx("remove uncommitted chunk", &entry.path())?;
                 removed = true;
             }
         }
         if removed {
-            sync_dir(&chunk_dir)?;
+            sync_dir(&disk, &chunk_dir)?;
         }
         Ok(())
     }
@@ -77,6 +79,7 @@ impl Shared {
     /// Removes dropped units' files left aside (see `Store::drop_units`) by a process that
     /// stopped before it removed them.
     pub(crate) fn remove_dropped(&mut self) -> Result<()> {
+        let disk = self.disk.clone();
         for entry in fs::read_dir(&self.dir).ctx("read directory", &self.dir)? {
             let entry = entry.ctx("read directory", &self.dir)?;
             if entry
@@ -85,7 +88,8 @@ impl Shared {
                 .starts_with(crate::write::TRASH_PREFIX)
             {
                 let path = entry.path();
-                disk::remove_tree_if_present(&path).ctx("remove dropped units", &path)?;
+                disk.remove_tree_if_present(&path)
+                    .ctx("remove dropped units", &path)?;
             }
         }
         Ok(())
@@ -94,12 +98,13 @@ impl Shared {
     /// Removes what units meta.json does not commit left: the directories of units made
     /// and never committed, or dropped (and unit 0's tables, if it was dropped).
     pub(crate) fn remove_uncommitted_units(&mut self) -> Result<()> {
+        let disk = self.disk.clone();
         let units = self.meta.units();
         let held = |id: u32| units.binary_search_by_key(&id, |u| u.id).is_ok();
         if !held(0) {
             for field in &self.meta.fields {
                 let path = offset_path(&self.dir, 0, &field.name);
-                match disk::remove(&path) {
+                match disk.remove(&path) {
                     Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => return Err(e).ctx("remove a dropped unit's table", &path),
@@ -129,13 +134,14 @@ impl Shared {
             removed = true;
         }
         if removed {
-            sync_dir(&units_dir)?;
+            sync_dir(&disk, &units_dir)?;
         }
         Ok(())
     }
 
     /// Makes unit `unit` if the dataset lacks it: its offset tables, all absent.
     pub(crate) fn ensure_unit(&mut self, inner: &Core, unit: u32) -> Result<()> {
+        let disk = self.disk.clone();
         if self.units.get(unit as usize).is_some_and(Option::is_some) {
             return Ok(());
         }
@@ -147,7 +153,7 @@ impl Shared {
         }
         if unit > 0 {
             let dir = self.dir.join(UNITS_DIR);
-            disk::create_dir_all(&dir).ctx("create directory", &dir)?;
+            disk.create_dir_all(&dir).ctx("create directory", &dir)?;
         }
         // Small at first, doubling up to the growth step (see `ensure_offset_capacity`).
         let capacity = self.meta.offset_grow_entries.min(UNIT_TABLE_START_ENTRIES);
@@ -155,8 +161,9 @@ impl Shared {
         let mut maps = Vec::with_capacity(self.meta.fields.len());
         for field in &self.meta.fields {
             let path = offset_path(&self.dir, unit, &field.name);
-            let file = disk::create(&path).ctx("create offset table", &path)?;
-            disk::set_len(&file, &path, capacity * ENTRY_BYTES).ctx("grow offset table", &path)?;
+            let file = disk.create(&path).ctx("create offset table", &path)?;
+            disk.set_len(&file, &path, capacity * ENTRY_BYTES)
+                .ctx("grow offset table", &path)?;
             maps.push(Mapped::of_unit(&file, &path, unit)?);
             let mut handle = Handle::new(path, file, unit);
             handle.done();
@@ -216,6 +223,7 @@ impl Shared {
         unit: u32,
         entries: u64,
     ) -> Result<()> {
+        let disk = self.disk.clone();
         let grow = self.meta.offset_grow_entries;
         let files = self.unit_files(unit)?;
         if entries <= files.capacity {
@@ -228,7 +236,8 @@ impl Shared {
         for handle in &mut files.offset_files {
             let path = handle.path.clone();
             let file = handle.file()?;
-            disk::set_len(file, &path, capacity * ENTRY_BYTES).ctx("grow offset table", &path)?;
+            disk.set_len(file, &path, capacity * ENTRY_BYTES)
+                .ctx("grow offset table", &path)?;
             maps.push(Mapped::of_unit(file, &path, unit)?);
             handle.done();
         }
@@ -260,6 +269,7 @@ impl Shared {
         entries: &[Vec<Entry>],
         new_len: Option<u64>,
     ) -> Result<()> {
+        let disk = self.disk.clone();
         let (unit, start) = split(first);
         let n = entries.first().map_or(0, Vec::len) as u64;
         self.ensure_offset_capacity(inner, unit, start + n)?;
@@ -273,7 +283,13 @@ impl Shared {
         if direct < start + n {
             for (field, handle) in files.offset_files.iter_mut().enumerate() {
                 let path = handle.path.clone();
-                write_entries(handle.file()?, &path, direct, &entries[field][skip..])?;
+                write_entries(
+                    &disk,
+                    handle.file()?,
+                    &path,
+                    direct,
+                    &entries[field][skip..],
+                )?;
                 handle.done();
             }
             files.dirty = true;
@@ -290,6 +306,7 @@ impl Shared {
 
     /// Writes committed entry changes (by address) into the offset tables and syncs them.
     pub(crate) fn apply_in_place(&mut self, changes: &[(u64, Box<[Entry]>)]) -> Result<()> {
+        let disk = self.disk.clone();
         let redo_path = self.dir.join(redo::REDO_FILE);
         let mut touched = Vec::new();
         for (at, entries) in changes {
@@ -314,7 +331,7 @@ impl Shared {
             for (field, handle) in files.offset_files.iter_mut().enumerate() {
                 let entry = entries.get(field).copied().unwrap_or(Entry::ABSENT);
                 let path = handle.path.clone();
-                write_entries(handle.file()?, &path, index, &[entry])?;
+                write_entries(&disk, handle.file()?, &path, index, &[entry])?;
             }
             if touched.last() != Some(&unit) {
                 touched.push(unit);
@@ -324,7 +341,7 @@ impl Shared {
         touched.dedup();
         for unit in touched {
             for handle in &mut self.unit_files(unit)?.offset_files {
-                handle.sync()?;
+                handle.sync(&disk)?;
             }
         }
         Ok(())
@@ -332,24 +349,25 @@ impl Shared {
 
     /// Steps 2–5 of the commit protocol (the caller has synced every chunk).
     pub(crate) fn commit(&mut self, inner: &Core, locks: &Locks) -> Result<()> {
+        let disk = self.disk.clone();
         if self.new_chunk_files {
-            sync_dir(&self.dir.join(CHUNK_DIR))?;
+            sync_dir(&disk, &self.dir.join(CHUNK_DIR))?;
             self.new_chunk_files = false;
         }
         // 2. Offset tables (entries past the committed length, and their growth), and the
         // names of new units' tables.
         for files in self.units.iter_mut().flatten().filter(|f| f.dirty) {
             for handle in &mut files.offset_files {
-                handle.sync()?;
+                handle.sync(&disk)?;
             }
             files.dirty = false;
         }
         if !self.new_units.is_empty() || self.adopted_units {
             let units = self.dir.join(UNITS_DIR);
             if (self.adopted_units || self.new_units.iter().any(|&u| u > 0)) && units.exists() {
-                sync_dir(&units)?;
+                sync_dir(&disk, &units)?;
             }
-            sync_dir(&self.dir)?;
+            sync_dir(&disk, &self.dir)?;
             self.new_units.clear();
             self.adopted_units = false;
         }
@@ -376,7 +394,7 @@ impl Shared {
         let generation = self.generation;
         if !changes.is_empty() {
             let refs: Vec<(u64, &[Entry])> = changes.iter().map(|(i, e)| (*i, &e[..])).collect();
-            redo::write(&self.dir, generation, self.meta.fields.len(), &refs)?;
+            redo::write(&disk, &self.dir, generation, self.meta.fields.len(), &refs)?;
         }
         // Every change to an existing record so far is in this commit (they are made while
         // the shared state is held, as it is here).
@@ -386,7 +404,7 @@ impl Shared {
         next.generation = generation;
         next.set_units(units.clone());
         next.chunks = self.chunks.clone();
-        next.store(&self.dir)?;
+        next.store(&disk, &self.dir)?;
         self.meta = next;
         self.committed_rewrites = rewrites;
         // 5. The committed changes, in place, unless another process reads the dataset

@@ -81,9 +81,9 @@ impl Handle {
     }
 
     /// Syncs what was written (fdatasync), and is done with it.
-    pub(crate) fn sync(&mut self) -> Result<()> {
+    pub(crate) fn sync(&mut self, disk: &crate::disk::Disk) -> Result<()> {
         let path = self.path.clone();
-        crate::disk::sync(self.file()?, &path).ctx("fdatasync", &path)?;
+        disk.sync(self.file()?, &path).ctx("fdatasync", &path)?;
         self.done();
         Ok(())
     }
@@ -124,6 +124,8 @@ pub(crate) struct Slot {
 /// State every writer shares: the chunk list, the offset tables, the commit protocol.
 pub(crate) struct Shared {
     pub(crate) dir: PathBuf,
+    /// Where the writers' changes to the files go (the store's).
+    pub(crate) disk: crate::disk::Disk,
     /// The last committed metadata (fields and parameters are fixed).
     pub(crate) meta: Meta,
     /// Every chunk as it is now, committed or not, ordered by id.
@@ -168,6 +170,7 @@ impl Writers {
         meta: &Meta,
         unit_files: Vec<(u32, UnitFiles)>,
         writers: usize,
+        disk: crate::disk::Disk,
     ) -> Result<Writers> {
         let mut chunks = meta.chunks.clone();
         let mut slots: Vec<Slot> = (0..writers).map(|_| Slot::default()).collect();
@@ -214,6 +217,7 @@ impl Writers {
             slots: slots.into_iter().map(Mutex::new).collect(),
             shared: Mutex::new(Shared {
                 dir: dir.to_path_buf(),
+                disk,
                 meta: meta.clone(),
                 chunks,
                 new_chunk_files: false,

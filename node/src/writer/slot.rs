@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use flate2::{Compress, FlushCompress, Status};
 
 use super::{publish, set_chunk_map, Handle, OpenChunk, Shared, Slot, Writers};
-use crate::disk;
+
 use crate::error::{Error, IoContext, Result};
 use crate::frame::encode_frame;
 use crate::map::Mapped;
@@ -26,6 +26,7 @@ impl Slot {
         writers: &Writers,
         unit: u32,
     ) -> Result<()> {
+        let disk = inner.disk().clone();
         let mut shared = writers.shared();
         let first = first_chunk(unit);
         // The unit's chunks end where the next unit's ids begin.
@@ -44,14 +45,15 @@ impl Slot {
             _ => first,
         };
         let path = chunk_path(&shared.dir, id);
-        let file = disk::create(&path).ctx("create chunk", &path)?;
+        let file = disk.create(&path).ctx("create chunk", &path)?;
         // A chunk of a unit other than 0 starts small and doubles up to the growth step (a
         // node holds hundreds of units, most of them small in a small dataset).
         let capacity = match unit {
             0 => shared.meta.chunk_grow_bytes,
             _ => shared.meta.chunk_grow_bytes.min(UNIT_CHUNK_START_BYTES),
         };
-        disk::set_len(&file, &path, capacity).ctx("grow chunk", &path)?;
+        disk.set_len(&file, &path, capacity)
+            .ctx("grow chunk", &path)?;
         let map = Mapped::of_unit(&file, &path, unit)?;
         publish(inner, |m| set_chunk_map(m, id, map));
         shared.chunks.insert(
@@ -223,6 +225,7 @@ impl Slot {
 
     /// Writes the frame buffer to the open chunk, growing the file if needed.
     pub(crate) fn flush_frames(&mut self, inner: &Core, grow: u64) -> Result<()> {
+        let disk = inner.disk().clone();
         if self.frames.is_empty() {
             return Ok(());
         }
@@ -237,13 +240,14 @@ impl Slot {
         if end > open.capacity {
             let capacity =
                 end.next_multiple_of(grow.min(open.capacity.max(UNIT_CHUNK_START_BYTES)));
-            disk::set_len(open.file.file()?, &path, capacity).ctx("grow chunk", &path)?;
+            disk.set_len(open.file.file()?, &path, capacity)
+                .ctx("grow chunk", &path)?;
             open.capacity = capacity;
             let map = Mapped::of_unit(open.file.file()?, &path, chunk_unit(open.id))?;
             let id = open.id;
             publish(inner, |m| set_chunk_map(m, id, map));
         }
-        disk::write_at(open.file.file()?, &path, &self.frames, open.pos)
+        disk.write_at(open.file.file()?, &path, &self.frames, open.pos)
             .ctx("write chunk", &path)?;
         open.file.done();
         open.pos = end;
@@ -254,11 +258,13 @@ impl Slot {
 
     /// Seals the open chunk: trims the file to its data and records it as full.
     pub(crate) fn seal(&mut self, inner: &Core, writers: &Writers) -> Result<()> {
+        let disk = inner.disk().clone();
         let Some(open) = self.open.as_mut() else {
             return Ok(());
         };
         let path = open.file.path.clone();
-        disk::set_len(open.file.file()?, &path, open.pos).ctx("trim sealed chunk", &path)?;
+        disk.set_len(open.file.file()?, &path, open.pos)
+            .ctx("trim sealed chunk", &path)?;
         let map = Mapped::of_unit(open.file.file()?, &path, chunk_unit(open.id))?;
         open.file.done();
         let (id, pos, records) = (open.id, open.pos, open.records);
@@ -273,15 +279,16 @@ impl Slot {
     /// Step 1 of a commit: this writer's chunk data on disk; reports its unfull chunks'
     /// state.
     pub(crate) fn sync(&mut self, shared: &mut Shared) -> Result<()> {
+        let disk = shared.disk.clone();
         for open in self.open.iter_mut().chain(self.parked.values_mut()) {
             if open.dirty {
-                open.file.sync()?;
+                open.file.sync(&disk)?;
                 open.dirty = false;
             }
             shared.update_chunk_meta(open.id, open.pos, open.records, false);
         }
         while let Some(file) = self.unsynced.last_mut() {
-            file.sync()?;
+            file.sync(&disk)?;
             self.unsynced.pop();
         }
         Ok(())

@@ -390,7 +390,10 @@ fn a_power_cut_at_any_change_keeps_exactly_the_last_commit() {
         let mut model = Model::default();
         fill(&stream, &mut model, &mut rng, 8, 1500);
         stream.commit().expect("commit");
+        drop(stream);
+        // Opened again on the recorder's disk: from here on its changes are logged.
         let recorder = PowerCut::record(dir.path());
+        let stream = Stream::open_on(&recorder.disk(), &path).expect("open on the recorder");
         recorder.fail_after(cut_at);
         let mut next = model.clone();
         let mut done = true;

@@ -457,11 +457,15 @@ fn one_cut(seed: u64, allowed: u64) {
     let dir = tmp.path().join("ds");
     let power = PowerCut::record(tmp.path());
     power.fail_after(allowed);
+    let on_power = zr_node::RuntimeOptions {
+        disk: power.disk(),
+        ..zr_node::RuntimeOptions::default()
+    };
     let mut committed: Option<Model> = None;
     let mut during: Option<Model> = None;
     let mut model: Model = [(0, Vec::new())].into();
     'run: {
-        let Ok(store) = Store::create(&dir, fields(), options()) else {
+        let Ok(store) = Store::create_with(&dir, fields(), options(), on_power) else {
             during = Some(model.clone());
             break 'run;
         };

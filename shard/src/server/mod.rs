@@ -159,7 +159,7 @@ pub async fn serve_with(
         audit,
         bytes_per_second_per_identity,
     } = serving;
-    let coordination = Coordination::open(store.dir())?;
+    let coordination = Coordination::open(store.disk(), store.dir())?;
     let shard = Shard::new(store, coordination, shard_runtime())?;
     let catalog = Arc::new(Catalog::open(shard, shard_runtime())?);
     if let Some(security) = security {

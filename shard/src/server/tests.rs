@@ -97,7 +97,8 @@ fn refusals_carry_their_codes() {
     bytes[16 + 12..16 + 16].copy_from_slice(&u32::MAX.to_le_bytes());
     std::fs::write(&table, bytes).expect("damage the entry");
     let store = Store::open(dir.path()).expect("open");
-    let coordination = Coordination::open(dir.path()).expect("coordination");
+    let coordination =
+        Coordination::open(&zr_node::disk::Disk::real(), dir.path()).expect("coordination");
     let code_of_reply = |request: Vec<u8>| {
         let (header, _) = handle(&store, &coordination, &request);
         match wire::decode_reply(&header).expect("reply").0 {
@@ -162,7 +163,8 @@ fn a_cold_gather_waits_for_the_disk_in_the_store_call() {
                 read,
                 ..GatherOptions::default()
             });
-        let coordination = Coordination::open(dir.path()).expect("coordination");
+        let coordination =
+            Coordination::open(&zr_node::disk::Disk::real(), dir.path()).expect("coordination");
         let request =
             wire::encode_request(&NodeMessage::unchecked(gather(64, &[]))).expect("encode");
         let warmth = Warmth::default();

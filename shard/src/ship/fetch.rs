@@ -523,7 +523,9 @@ impl Outs {
                 )));
             };
             let parts: Vec<&[u8]> = piece.range(at, end).collect();
-            zr_node::disk::write_parts_at(out, &path, &parts, offset).ctx("write", &path)?;
+            zr_node::disk::Disk::real()
+                .write_parts_at(out, &path, &parts, offset)
+                .ctx("write", &path)?;
             start_writeback(out, offset, u64::from(len));
             at = end;
             lock(&self.status).bytes += u64::from(len);

@@ -415,10 +415,14 @@ pub fn is_slots_dir(name: &str) -> bool {
         })
 }
 
-/// Removes `path` and all in it, if it is there (a rebuild cut short leaves it).
+/// Removes `path` and all in it, if it is there (a rebuild cut short leaves it). Shipped
+/// files are made and removed on the file system itself: power-cut tests cover the stores
+/// they are installed into, not the copy.
 pub fn remove_if_there(path: &Path) -> zr_node::Result<()> {
     match std::fs::symlink_metadata(path) {
-        Ok(_) => zr_node::disk::remove_tree(path).ctx("remove", path),
+        Ok(_) => zr_node::disk::Disk::real()
+            .remove_tree(path)
+            .ctx("remove", path),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e).ctx("stat", path),
     }

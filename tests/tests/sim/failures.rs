@@ -630,7 +630,7 @@ fn refusing_node(
     cluster.stop_node(shard).unwrap();
     let dir = cluster.data_dir(shard);
     let store = zr_shard::server::open_shard_store(cluster.config(), &dir, shard, 0).unwrap();
-    let coordination = Arc::new(zr_shard::fence::Coordination::open(&dir).unwrap());
+    let coordination = Arc::new(zr_shard::fence::Coordination::open(store.disk(), &dir).unwrap());
     let slot = Arc::new(Mutex::new(Some(store)));
     let serving = Arc::clone(&slot);
     cluster

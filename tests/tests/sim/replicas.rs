@@ -386,7 +386,8 @@ fn a_reply_broken_midway_is_finished_from_the_partner() {
     cluster.stop_node(broken).expect("stop");
     let dir = cluster.data_dir(broken);
     let store = zr_shard::server::open_shard_store(cluster.config(), &dir, 1, 1).expect("store");
-    let coordination = Arc::new(zr_shard::fence::Coordination::open(&dir).expect("coordination"));
+    let coordination =
+        Arc::new(zr_shard::fence::Coordination::open(store.disk(), &dir).expect("coordination"));
     let cut_off = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&cut_off);
     cluster
