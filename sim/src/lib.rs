@@ -140,7 +140,7 @@ impl Impostor {
 
 /// An in-process cluster. See the module documentation.
 pub struct SimCluster {
-    runtime: tokio::runtime::Runtime,
+    runtime: Arc<tokio::runtime::Runtime>,
     _data: tempfile::TempDir,
     config: ClusterConfig,
     nodes: Vec<Option<Running>>,
@@ -257,7 +257,7 @@ impl SimCluster {
             origin: "simulated cluster".into(),
         };
         let mut cluster = SimCluster {
-            runtime,
+            runtime: Arc::new(runtime),
             _data: data,
             config,
             nodes: Vec::new(),
@@ -429,8 +429,9 @@ impl SimCluster {
     }
 
     /// A client of the first router, with the operator role (everything: the tests drive
-    /// moves and repairs through it). A cluster on virtual time runs only while
-    /// [`SimCluster::run`] drives it: use [`SimCluster::async_client`] there.
+    /// moves and repairs through it). On a cluster on virtual time its calls run on the
+    /// cluster's runtime, and drive the cluster while they run: between calls the cluster
+    /// stands still, so a test waits with [`SimCluster::pause`], never a thread's sleep.
     pub fn client(&self) -> Result<Client, SimError> {
         self.client_with(true)
     }
@@ -443,15 +444,19 @@ impl SimCluster {
     /// A client of the first router connected as `options` say (its timeout: the
     /// cluster's client timeout), with the operator role.
     pub fn client_with_options(&self, options: ClientOptions) -> Result<Client, SimError> {
-        if self.virtual_time {
-            return Err(
-                "a cluster on virtual time has async clients only: use async_client".into(),
-            );
-        }
         let options = ClientOptions {
             timeout: self.client_timeout(),
             ..options
         };
+        if self.virtual_time {
+            let security = self.security(Role::Operator)?;
+            let inner = self.run(AsyncClient::connect_with(
+                self.router_addr(),
+                security,
+                options,
+            ))?;
+            return Ok(Client::on_runtime(Arc::clone(&self.runtime), inner));
+        }
         Ok(Client::connect_with(
             self.router_addr(),
             self.security(Role::Operator)?,
@@ -481,6 +486,20 @@ impl SimCluster {
             security,
             self.client_timeout(),
         ))?)
+    }
+
+    /// Lets the cluster run for `duration` on its clock: on virtual time, the clock moves on
+    /// that much (taking no real time) with every node and router running meanwhile; on
+    /// real time, a sleep.
+    pub fn pause(&self, duration: Duration) {
+        self.run(async move { tokio::time::sleep(duration).await });
+    }
+
+    /// The cluster's clock: virtual on virtual time. Deadlines of a test that waits with
+    /// [`SimCluster::pause`] are on this clock.
+    pub fn now(&self) -> tokio::time::Instant {
+        let _guard = self.runtime.enter();
+        tokio::time::Instant::now()
     }
 
     /// Runs `future` to completion on the cluster's runtime (on a cluster on virtual time,

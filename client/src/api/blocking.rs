@@ -80,6 +80,13 @@ impl Client {
         })
     }
 
+    /// A blocking client whose calls run on `runtime`, each as a `block_on` there: a cluster
+    /// simulated on virtual time (`zr_sim`) runs its nodes and routers only while a call on
+    /// its runtime runs, so its blocking clients must be driven by that runtime too.
+    pub fn on_runtime(runtime: Arc<tokio::runtime::Runtime>, inner: AsyncClient) -> Client {
+        Client { runtime, inner }
+    }
+
     /// A handle on dataset `name` over the same connection (refused if the cluster has no
     /// such dataset).
     pub fn dataset(&self, name: &str) -> Result<Client, Error> {

@@ -31,13 +31,26 @@ fn loaded_cluster() -> SimCluster {
     loaded_cluster_of(4, TIMEOUT_MS)
 }
 
-/// A cluster of `shards` shards, every wait `timeout_ms`, holding RECORDS committed records.
+/// A cluster of `shards` shards, every wait `timeout_ms`, holding RECORDS committed records,
+/// on virtual time: its waits take no real time, and a seed replays it.
 fn loaded_cluster_of(shards: u32, timeout_ms: u64) -> SimCluster {
+    loaded(shards, timeout_ms, true)
+}
+
+/// [`loaded_cluster`] on real time, for a test whose point is clients connecting over real
+/// sockets from runtimes of their own (which a cluster on virtual time does not serve: it
+/// runs only while its own runtime is driven).
+fn loaded_cluster_on_real_time() -> SimCluster {
+    loaded(4, TIMEOUT_MS, false)
+}
+
+fn loaded(shards: u32, timeout_ms: u64, virtual_time: bool) -> SimCluster {
     let cluster = SimCluster::start(
         shards,
         SimOptions {
             extent_records: 4,
             timeout_ms,
+            virtual_time,
             ..SimOptions::default()
         },
     )
@@ -99,7 +112,7 @@ fn a_stopped_node_fails_only_the_gathers_that_need_it() {
     check(&client, &elsewhere);
 
     cluster.start_node(2).unwrap();
-    wait_node_up(&client, 2);
+    wait_node_up(&cluster, &client, 2);
     let all: Vec<u64> = (0..RECORDS).collect();
     check(&client, &all);
 }
@@ -121,7 +134,7 @@ fn a_stalled_node_is_detected_by_the_timeout() {
     check(&client, &elsewhere);
 
     cluster.start_node(1).unwrap();
-    wait_node_up(&client, 1);
+    wait_node_up(&cluster, &client, 1);
     check(&client, &on_one);
 }
 
@@ -166,7 +179,7 @@ fn calls_waiting_on_a_node_found_down_fail_then_not_at_the_timeout() {
     );
     check(&client, &elsewhere);
     cluster.start_node(1).unwrap();
-    wait_node_up(&client, 1);
+    wait_node_up(&cluster, &client, 1);
     let all: Vec<u64> = (0..RECORDS).collect();
     check(&client, &all);
 }
@@ -187,12 +200,13 @@ fn impersonate(from: &Path, to: &Path, as_role: Role, claimed: Role) {
 }
 
 /// One raw request to `addr` as `security`: the connection error or the reply's bytes.
-fn raw_call(security: &Security, addr: SocketAddr, message: Vec<u8>) -> Result<Vec<u8>, String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+fn raw_call(
+    cluster: &SimCluster,
+    security: &Security,
+    addr: SocketAddr,
+    message: Vec<u8>,
+) -> Result<Vec<u8>, String> {
+    cluster.run(async {
         let endpoint = net::client_endpoint(addr).unwrap();
         let timeout = Duration::from_secs(5);
         let connection = net::connect(&endpoint, security, addr, timeout)
@@ -206,7 +220,7 @@ fn raw_call(security: &Security, addr: SocketAddr, message: Vec<u8>) -> Result<V
 
 #[test]
 fn only_the_right_certificates_get_in() {
-    let cluster = loaded_cluster();
+    let cluster = loaded_cluster_on_real_time();
     let certs = cluster.certs_dir().unwrap();
     let router = cluster.router_addr();
     let node = cluster.config().shard(0).unwrap().addr;
@@ -259,7 +273,7 @@ fn only_the_right_certificates_get_in() {
         "{err}"
     );
     // ... and a router certificate gets in.
-    let reply = raw_call(&Security::load(&certs, Role::Router).unwrap(), node, info).unwrap();
+    let reply = raw_call(&cluster, &Security::load(&certs, Role::Router).unwrap(), node, info).unwrap();
     assert!(matches!(
         wire::decode_reply(&reply).unwrap().0,
         Reply::Info { .. }
@@ -333,7 +347,7 @@ fn garbage_is_refused_while_a_client_keeps_gathering() {
         messages.push(other_protocol.clone());
         for (n, message) in messages.into_iter().enumerate() {
             let is_message = wire::is_message(&message);
-            match raw_call(security, *addr, message) {
+            match raw_call(&cluster, security, *addr, message) {
                 // A zrecord message, however broken, gets an error reply.
                 Ok(reply) => {
                     assert!(is_message, "garbage #{n} got a reply");
@@ -471,7 +485,7 @@ fn a_reply_broken_midway_fails_the_whole_gather() {
         }
         check(&client, &elsewhere);
         cluster.start_node(3).unwrap();
-        wait_node_up(&client, 3);
+        wait_node_up(&cluster, &client, 3);
         check(&client, &mixed);
     }
 }
@@ -480,25 +494,25 @@ fn a_reply_broken_midway_fails_the_whole_gather() {
 /// back 50 ms after its last write), up to 10 s.
 fn wait_lease_free(cluster: &SimCluster) {
     let meta = cluster.metadata().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = cluster.now() + Duration::from_secs(10);
     loop {
         let record = cluster.run(async { writer::load(&*meta, writer::WRITER_KEY).await.unwrap() });
         if record.is_none_or(|(r, _)| r.holder.is_none()) {
             return;
         }
         assert!(
-            Instant::now() < deadline,
+            cluster.now() < deadline,
             "the write lease was never given back"
         );
-        std::thread::sleep(Duration::from_millis(10));
+        cluster.pause(Duration::from_millis(10));
     }
 }
 
 /// Waits until `client`'s router reports shard `shard`'s node up, up to 10 s: a node just
 /// started again may still be down to the router's heartbeats for a moment, and a call
 /// that needs it meanwhile fails (after waiting half a second for it).
-fn wait_node_up(client: &Client, shard: u32) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+fn wait_node_up(cluster: &SimCluster, client: &Client, shard: u32) {
+    let deadline = cluster.now() + Duration::from_secs(10);
     loop {
         let status = client.status().unwrap();
         if status
@@ -509,16 +523,20 @@ fn wait_node_up(client: &Client, shard: u32) {
             return;
         }
         assert!(
-            Instant::now() < deadline,
+            cluster.now() < deadline,
             "shard {shard} never reported up: {status:?}"
         );
-        std::thread::sleep(Duration::from_millis(20));
+        cluster.pause(Duration::from_millis(20));
     }
 }
 
 /// Waits until `status` (a router's) reports shard `shard`'s node down, up to 10 s.
-fn wait_node_down(mut status: impl FnMut() -> zr_proto::wire::ClusterStatus, shard: u32) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+fn wait_node_down(
+    cluster: &SimCluster,
+    mut status: impl FnMut() -> zr_proto::wire::ClusterStatus,
+    shard: u32,
+) {
+    let deadline = cluster.now() + Duration::from_secs(10);
     loop {
         if status()
             .nodes
@@ -529,10 +547,10 @@ fn wait_node_down(mut status: impl FnMut() -> zr_proto::wire::ClusterStatus, sha
             return;
         }
         assert!(
-            Instant::now() < deadline,
+            cluster.now() < deadline,
             "shard {shard} never reported down"
         );
-        std::thread::sleep(Duration::from_millis(20));
+        cluster.pause(Duration::from_millis(20));
     }
 }
 
@@ -772,8 +790,9 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
     let as_router = cluster.security(Role::Router).unwrap();
     let config = cluster.config().clone();
     let node = |shard: u32| config.shard(shard).unwrap().addr;
-    let ask = |shard: u32, request: &NodeRequest| {
+    let ask = |cluster: &SimCluster, shard: u32, request: &NodeRequest| {
         let reply = raw_call(
+            cluster,
             &as_router,
             node(shard),
             wire::encode_request(&NodeMessage::unchecked(request.clone())).unwrap(),
@@ -795,6 +814,7 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
     // The stalled router's truncate arrives late, at every node: refused.
     for shard in 0..4 {
         let late = ask(
+            &cluster,
             shard,
             &NodeRequest::Truncate {
                 slots: config.placement().unwrap().slot_lens(shard, 0),
@@ -810,6 +830,7 @@ fn a_write_from_a_router_whose_lease_passed_on_is_refused() {
         }
     }
     let untokened = ask(
+        &cluster,
         1,
         &NodeRequest::Modify {
             index: 0,
@@ -841,7 +862,7 @@ fn a_crashed_node_loses_only_uncommitted_records_and_the_cluster_cuts_back_to_a_
     client.append_many(&records).unwrap();
     cluster.crash_node(2);
     cluster.start_node(2).unwrap();
-    wait_node_up(&client, 2);
+    wait_node_up(&cluster, &client, 2);
     // Shard 2 lost its share of the 40; the cluster keeps what comes before the first.
     let placement = cluster.config().placement().unwrap();
     let kept = (RECORDS..RECORDS + 40)
@@ -874,8 +895,8 @@ fn with_shard_zero_down_writes_fail_naming_it_and_resume_after() {
 
     cluster.crash_node(0);
     // Known down to both routers within a couple of seconds (heartbeats), then failing at once.
-    wait_node_down(|| client.status().unwrap(), 0);
-    wait_node_down(|| cluster.run(other.status()).unwrap(), 0);
+    wait_node_down(&cluster, || client.status().unwrap(), 0);
+    wait_node_down(&cluster, || cluster.run(other.status()).unwrap(), 0);
     check(&client, &elsewhere);
     let failures = [
         client.append_many(&records).unwrap_err().to_string(),
@@ -904,7 +925,7 @@ fn with_shard_zero_down_writes_fail_naming_it_and_resume_after() {
             Ok(range) => break range.start,
             Err(e) => {
                 assert!(e.to_string().contains("shard 0"), "{e}");
-                std::thread::sleep(Duration::from_millis(100));
+                cluster.pause(Duration::from_millis(100));
             }
         }
     };
@@ -978,7 +999,9 @@ fn abandoned_gathers_hold_no_more_than_the_reply_budget() {
         }
         (endpoint, connection, streams)
     });
-    // The router reads ahead until the budget is spent, never beyond.
+    // The router reads ahead until the budget is spent, never beyond. (Polled on real time:
+    // the point is a connection of real sockets whose reader, on a runtime of its own,
+    // never reads; a cluster on virtual time would not run while it waits.)
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut peak = 0;
     while peak < budget / 2 {
@@ -990,6 +1013,7 @@ fn abandoned_gathers_hold_no_more_than_the_reply_budget() {
     // abandoned streams are reset), byte-exact.
     let watching = std::sync::atomic::AtomicBool::new(true);
     std::thread::scope(|scope| {
+        // Real time, as above: a thread samples what the router holds while it serves.
         let watcher = scope.spawn(|| {
             let mut most = 0;
             while watching.load(std::sync::atomic::Ordering::SeqCst) {
@@ -1016,6 +1040,7 @@ fn abandoned_gathers_hold_no_more_than_the_reply_budget() {
     drop(streams);
     connection.close(0u32.into(), b"gone");
     drop(endpoint);
+    // Real time, as above: the router learns of the closed connection over real sockets.
     let deadline = Instant::now() + Duration::from_secs(20);
     while router.reply_bytes_held() != 0 {
         assert!(
