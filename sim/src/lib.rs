@@ -444,24 +444,28 @@ impl SimCluster {
     /// A client of the first router connected as `options` say (its timeout: the
     /// cluster's client timeout), with the operator role.
     pub fn client_with_options(&self, options: ClientOptions) -> Result<Client, SimError> {
+        self.client_of(self.router_addr(), Role::Operator, options)
+    }
+
+    /// A client of the router at `router` with `role`'s certificate, connected as `options`
+    /// say (its timeout: the cluster's client timeout). On virtual time its calls run on
+    /// the cluster's runtime (see [`SimCluster::client`]).
+    pub fn client_of(
+        &self,
+        router: SocketAddr,
+        role: Role,
+        options: ClientOptions,
+    ) -> Result<Client, SimError> {
         let options = ClientOptions {
             timeout: self.client_timeout(),
             ..options
         };
+        let security = self.security(role)?;
         if self.virtual_time {
-            let security = self.security(Role::Operator)?;
-            let inner = self.run(AsyncClient::connect_with(
-                self.router_addr(),
-                security,
-                options,
-            ))?;
+            let inner = self.run(AsyncClient::connect_with(router, security, options))?;
             return Ok(Client::on_runtime(Arc::clone(&self.runtime), inner));
         }
-        Ok(Client::connect_with(
-            self.router_addr(),
-            self.security(Role::Operator)?,
-            options,
-        )?)
+        Ok(Client::connect_with(router, security, options)?)
     }
 
     fn client_with(&self, direct: bool) -> Result<Client, SimError> {

@@ -3,7 +3,7 @@
 //! that keep the model, checks of gathers against it, loads of gathers and appends on the
 //! cluster's clock (a cluster on virtual time), and waits on a condition with a deadline.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use zr_common::hash::mix2;
 use zr_common::Record;
@@ -236,12 +236,19 @@ pub async fn serves_all_async(client: &AsyncClient, model: &[Row]) -> Result<(),
     Ok(())
 }
 
-/// Polls `done` every 100 ms until it holds; fails naming `what` after `within`.
-pub fn eventually(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
+/// Polls `done` every 100 ms of `cluster`'s clock until it holds; fails naming `what` after
+/// `within` of it. On virtual time the cluster runs meanwhile and the wait takes no real
+/// time.
+pub fn eventually(
+    cluster: &SimCluster,
+    what: &str,
+    within: Duration,
+    mut done: impl FnMut() -> bool,
+) {
+    let deadline = cluster.now() + within;
     while !done() {
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(100));
+        assert!(cluster.now() < deadline, "{what}: not within {within:?}");
+        cluster.pause(Duration::from_millis(100));
     }
 }
 
@@ -293,10 +300,9 @@ pub fn ask_node(
 }
 
 /// Waits until the move `client`'s router runs has ended, done or stopped by an error, and
-/// returns its last report; 60 s at most. A poll on real time: the move runs in the
-/// background on a cluster of real sockets.
-pub fn move_ended(client: &Client) -> zr_router::MoveReport {
-    let deadline = Instant::now() + Duration::from_secs(60);
+/// returns its last report; 60 s of `cluster`'s clock at most, polling every 20 ms of it.
+pub fn move_ended(cluster: &SimCluster, client: &Client) -> zr_router::MoveReport {
+    let deadline = cluster.now() + Duration::from_secs(60);
     loop {
         let report = client
             .move_progress()
@@ -306,9 +312,9 @@ pub fn move_ended(client: &Client) -> zr_router::MoveReport {
             return report;
         }
         assert!(
-            Instant::now() < deadline,
+            cluster.now() < deadline,
             "the move never ended: {report:?}"
         );
-        std::thread::sleep(Duration::from_millis(20));
+        cluster.pause(Duration::from_millis(20));
     }
 }

@@ -4,7 +4,7 @@
 //! set behind stops serving clients by itself; a node that stops answering is failed over
 //! (R = 2) at once, not at the end of the timeout.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use zr_common::hash::mix2;
 use zr_common::Record;
@@ -16,8 +16,12 @@ use zr_router::{Client, ClientOptions};
 use zr_sim::{SimCluster, SimOptions};
 use zr_tests as kit;
 
+/// On virtual time: waits take no real time, and a seed replays a run.
 fn options(replicas: u32, timeout_ms: u64) -> SimOptions {
-    kit::options(&[("x", "raw"), ("y", "flate")], 5, timeout_ms, replicas)
+    SimOptions {
+        virtual_time: true,
+        ..kit::options(&[("x", "raw"), ("y", "flate")], 5, timeout_ms, replicas)
+    }
 }
 
 fn row(k: u64) -> Vec<u8> {
@@ -217,42 +221,40 @@ fn a_client_that_cannot_reach_the_nodes_reads_through_the_router() {
         direct: true,
         ..ClientOptions::default()
     };
-    let started = Instant::now();
-    let client = Client::connect_with(
-        cluster.router_addr(),
-        cluster.security(Role::Reader).expect("certs"),
-        options,
-    )
-    .expect("the router answers");
+    let started = cluster.now();
+    let client = cluster
+        .client_of(cluster.router_addr(), Role::Reader, options)
+        .expect("the router answers");
     assert!(
         !client.reads_direct(),
         "no node answered: gathers should go through the router"
     );
     assert!(
-        started.elapsed() < Duration::from_secs(10),
+        (cluster.now() - started) < Duration::from_secs(10),
         "{:?}",
-        started.elapsed()
+        (cluster.now() - started)
     );
     for shard in 0..2 {
         cluster.start_node(shard).expect("start");
     }
     let all: Vec<u64> = (0..RECORDS).collect();
-    kit_eventually(|| check(&client, &all).is_ok());
-    let asked = Client::connect_with(
-        cluster.router_addr(),
-        cluster.security(Role::Reader).expect("certs"),
-        ClientOptions {
-            direct: false,
-            ..options
-        },
-    )
-    .expect("connect");
+    kit_eventually(&cluster, || check(&client, &all).is_ok());
+    let asked = cluster
+        .client_of(
+            cluster.router_addr(),
+            Role::Reader,
+            ClientOptions {
+                direct: false,
+                ..options
+            },
+        )
+        .expect("connect");
     assert!(!asked.reads_direct());
     check(&asked, &all).expect("through the router");
 }
 
-fn kit_eventually(mut done: impl FnMut() -> bool) {
-    zr_tests::eventually("gathers to be served", Duration::from_secs(30), &mut done);
+fn kit_eventually(cluster: &SimCluster, mut done: impl FnMut() -> bool) {
+    zr_tests::eventually(cluster, "gathers to be served", Duration::from_secs(30), &mut done);
 }
 
 /// A replica set behind in the metadata store stops serving clients by itself within its
@@ -296,6 +298,7 @@ fn a_replica_set_behind_stops_serving_clients_by_itself() {
     // Once past its start (see `zr_meta::nodes::START_HOLD`), an in-sync replica serves
     // clients.
     zr_tests::eventually(
+        &cluster,
         "the replica to serve clients",
         Duration::from_secs(10),
         || !refused(),
@@ -304,16 +307,17 @@ fn a_replica_set_behind_stops_serving_clients_by_itself() {
     cluster
         .run(zr_meta::replicas::mark_behind(&*meta, (1, 1), 2))
         .expect("mark behind");
-    let marked = Instant::now();
+    let marked = cluster.now();
     zr_tests::eventually(
+        &cluster,
         "the replica to refuse clients",
         Duration::from_secs(10),
         refused,
     );
     assert!(
-        marked.elapsed() < zr_meta::nodes::READ_LEASE + zr_meta::nodes::RENEW_EVERY * 2,
+        (cluster.now() - marked) < zr_meta::nodes::READ_LEASE + zr_meta::nodes::RENEW_EVERY * 2,
         "refused only after {:?}",
-        marked.elapsed()
+        (cluster.now() - marked)
     );
     // Meanwhile gathers go on, the partner serving what the replica refuses.
     for seed in 0..20 {
@@ -323,14 +327,14 @@ fn a_replica_set_behind_stops_serving_clients_by_itself() {
         .run(zr_meta::replicas::mark_in_sync(&*meta, (1, 1)))
         .expect("mark in sync");
     zr_tests::eventually(
+        &cluster,
         "the replica to serve again",
         Duration::from_secs(10),
         || !refused(),
     );
     check(&client, &(0..RECORDS).collect::<Vec<_>>()).expect("all");
-    // And with no router to ask, reads by the map it gave last go on past its refresh. (A
-    // real wait: the cluster's sockets and the client's clock are real here.)
-    std::thread::sleep(every * 2);
+    // And with no router to ask, reads by the map it gave last go on past its refresh.
+    cluster.pause(every * 2);
     check(&client, &batch(99, RECORDS)).expect("by the last map");
 }
 
@@ -345,23 +349,23 @@ fn a_node_that_stops_answering_is_failed_over_at_once() {
     assert!(client.reads_direct());
     check(&client, &batch(1, RECORDS)).expect("before");
     cluster.stall_node(cluster.node(0, 0)).expect("stall");
-    let started = Instant::now();
+    let started = cluster.now();
     let mut slowest = Duration::ZERO;
     for seed in 0..40 {
-        let one = Instant::now();
+        let one = cluster.now();
         check(&client, &batch(seed, RECORDS)).expect("the partner serves");
-        slowest = slowest.max(one.elapsed());
+        slowest = slowest.max(cluster.now() - one);
     }
     assert!(
         slowest < Duration::from_secs(5),
         "a gather waited {slowest:?} for a node that stopped answering"
     );
-    assert!(started.elapsed() < Duration::from_secs(30));
-    let info = Instant::now();
+    assert!((cluster.now() - started) < Duration::from_secs(30));
+    let info = cluster.now();
     assert_eq!(client.len().expect("info"), RECORDS);
     assert!(
-        info.elapsed() < Duration::from_secs(5),
+        (cluster.now() - info) < Duration::from_secs(5),
         "{:?}",
-        info.elapsed()
+        (cluster.now() - info)
     );
 }

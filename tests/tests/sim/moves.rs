@@ -424,7 +424,7 @@ fn a_node_written_in_the_older_layout_is_converted_when_it_starts() {
     cluster.stop_node(1).unwrap();
     rewrite_in_the_older_layout(&cluster.data_dir(1), 1, &placement);
     cluster.start_node(1).unwrap();
-    kit::eventually("node 1 to be up", Duration::from_secs(10), || {
+    kit::eventually(&cluster, "node 1 to be up", Duration::from_secs(10), || {
         client
             .status()
             .unwrap()

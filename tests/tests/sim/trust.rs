@@ -101,7 +101,7 @@ fn each_role_may_ask_what_it_is_for_and_nothing_more() {
             assert_ne!(code, Some(ErrorCode::Forbidden), "{message}");
             // A move runs in the background: it stops, naming the shard that is not there.
             drained.expect("a move is started");
-            let report = zr_tests::move_ended(&client);
+            let report = zr_tests::move_ended(&cluster, &client);
             let stopped = report.error.clone().unwrap_or_default();
             assert!(stopped.contains('9'), "{report:?}");
         } else {
@@ -190,7 +190,7 @@ fn a_move_never_reports_another_moves_result() {
         .move_shards(MapChange::DrainShard(1), Vec::new())
         .expect("first move");
     let (code, message) = refusal(client.move_shards(MapChange::DrainShard(0), Vec::new()));
-    let report = zr_tests::move_ended(&client);
+    let report = zr_tests::move_ended(&cluster, &client);
     assert_eq!(report.change, Some(MapChange::DrainShard(1)), "{report:?}");
     assert!(report.error.is_none(), "{report:?}");
     // Unless the first had ended before the second arrived (then it would have run), the
@@ -227,7 +227,7 @@ fn a_refused_add_shard_leaves_no_link_behind() {
     client
         .move_shards(MapChange::AddShard, nodes)
         .expect("a move is started");
-    let report = zr_tests::move_ended(&client);
+    let report = zr_tests::move_ended(&cluster, &client);
     assert!(!report.done, "a shard at {nobody} was added: {report:?}");
     let stopped = report.error.unwrap_or_default();
     assert!(stopped.contains(&nobody.to_string()), "{stopped}");
