@@ -56,6 +56,9 @@ const START_PROBE: Duration = Duration::from_secs(2);
 /// How often the router reads the cluster map, at the latest (a node refusing a request as
 /// placed by another map makes it read the map at once).
 const MAP_RELOAD_EVERY: Duration = Duration::from_secs(1);
+/// Shortest pause between two reloads: refusals that keep coming (a stopped move's switch
+/// failing the same way each time it is tried) are answered at this pace, not in a loop.
+const MAP_RELOAD_PAUSE: Duration = Duration::from_millis(20);
 
 /// How often the router's gauges are set.
 const GAUGES_EVERY: Duration = Duration::from_secs(5);

@@ -460,12 +460,28 @@ impl SimCluster {
             timeout: self.client_timeout(),
             ..options
         };
-        let security = self.security(role)?;
         if self.virtual_time {
-            let inner = self.run(AsyncClient::connect_with(router, security, options))?;
+            let inner = self.async_client_with(router, role, options)?;
             return Ok(Client::on_runtime(Arc::clone(&self.runtime), inner));
         }
-        Ok(Client::connect_with(router, security, options)?)
+        Ok(Client::connect_with(router, self.security(role)?, options)?)
+    }
+
+    /// An async client of the router at `router` with `role`'s certificate, connected as
+    /// `options` say (its timeout: the cluster's client timeout), on the cluster's runtime:
+    /// use it inside [`SimCluster::run`].
+    pub fn async_client_with(
+        &self,
+        router: SocketAddr,
+        role: Role,
+        options: ClientOptions,
+    ) -> Result<AsyncClient, SimError> {
+        let options = ClientOptions {
+            timeout: self.client_timeout(),
+            ..options
+        };
+        let security = self.security(role)?;
+        Ok(self.run(AsyncClient::connect_with(router, security, options))?)
     }
 
     fn client_with(&self, direct: bool) -> Result<Client, SimError> {

@@ -188,11 +188,11 @@ impl SimCluster {
         client
             .move_shards(change, self.listed_nodes())
             .map_err(|e| e.to_string())?;
-        let started = std::time::Instant::now();
+        let started = self.now();
         loop {
-            std::thread::sleep(Duration::from_millis(50));
+            self.pause(Duration::from_millis(50));
             let report = client.move_progress().map_err(|e| e.to_string())?;
-            if let Some(ended) = move_ended(report, started.elapsed())? {
+            if let Some(ended) = move_ended(report, self.now() - started)? {
                 return Ok(ended);
             }
         }

@@ -311,10 +311,7 @@ pub fn move_ended(cluster: &SimCluster, client: &Client) -> zr_router::MoveRepor
         if report.done || report.error.is_some() {
             return report;
         }
-        assert!(
-            cluster.now() < deadline,
-            "the move never ended: {report:?}"
-        );
+        assert!(cluster.now() < deadline, "the move never ended: {report:?}");
         cluster.pause(Duration::from_millis(20));
     }
 }

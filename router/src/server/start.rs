@@ -359,13 +359,15 @@ impl Router {
     }
 
     /// Reloads the map from the metadata store when a node refuses a request as placed by
-    /// another map, and every [`MAP_RELOAD_EVERY`] anyway; ends with the router.
+    /// another map, [`MAP_RELOAD_PAUSE`] after the last reload at the soonest, and every
+    /// [`MAP_RELOAD_EVERY`] anyway; ends with the router.
     pub(super) fn start_map_reloads(self: &Arc<Self>) {
         let router = Arc::downgrade(self);
         let stale = self.nodes.stale_map();
         tokio::spawn(async move {
             loop {
                 let _ = tokio::time::timeout(MAP_RELOAD_EVERY, stale.notified()).await;
+                tokio::time::sleep(MAP_RELOAD_PAUSE).await;
                 let Some(router) = router.upgrade() else {
                     return;
                 };

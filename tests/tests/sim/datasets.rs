@@ -6,16 +6,21 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use zr_common::hash::mix2;
 use zr_common::Record;
+use zr_net::tls::Role;
 use zr_router::server::MoveStep;
-use zr_router::{Client, Error, FieldInfo, MapChange};
+use zr_router::{AsyncClient, Client, ClientOptions, Error, FieldInfo, MapChange};
 use zr_sim::{SimCluster, SimOptions};
 
+/// On virtual time: waits take no real time, and a seed replays a run.
 fn options(replicas: u32) -> SimOptions {
-    zr_tests::options(&[("a", "raw")], 3, 5_000, replicas)
+    SimOptions {
+        virtual_time: true,
+        ..zr_tests::options(&[("a", "raw")], 3, 5_000, replicas)
+    }
 }
 
 fn field(name: &str, compress: &str) -> FieldInfo {
@@ -45,6 +50,27 @@ fn load(client: &Client, names: &[&str], salt: u64, count: u64) {
         .collect();
     assert_eq!(client.append_many(&records).unwrap(), start..start + count);
     client.commit().unwrap();
+}
+
+/// [`load`] through an async client.
+async fn load_async(client: &AsyncClient, names: &[&str], salt: u64, count: u64) {
+    let start = client.len().await.unwrap();
+    let rows: Vec<Vec<Vec<u8>>> = (start..start + count)
+        .map(|i| (0..names.len() as u64).map(|f| value(salt, f, i)).collect())
+        .collect();
+    let records: Vec<Record> = rows
+        .iter()
+        .map(|row| {
+            let mut record = Record::new();
+            for (name, v) in names.iter().zip(row) {
+                record.set(name, v);
+            }
+            record
+        })
+        .collect();
+    let appended = client.append_many(&records).await.unwrap();
+    assert_eq!(appended, start..start + count);
+    client.commit().await.unwrap();
 }
 
 fn check(client: &Client, names: &[&str], salt: u64, count: u64) {
@@ -77,12 +103,9 @@ fn side_by_side(replicas: u32) {
     let mut cluster = SimCluster::start(3, options(replicas)).unwrap();
     let second = cluster.add_router().unwrap();
     let one = cluster.client().unwrap();
-    let two = Client::connect_with_timeout(
-        second,
-        cluster.security(zr_net::tls::Role::Operator).unwrap(),
-        cluster.client_timeout(),
-    )
-    .unwrap();
+    let two = cluster
+        .client_of(second, Role::Operator, ClientOptions::default())
+        .unwrap();
     let images = one
         .create_dataset("images", vec![field("img", "raw"), field("label", "flate")])
         .unwrap();
@@ -235,52 +258,60 @@ fn text_two_or(text: &Client) -> Client {
 fn a_consumer_waits_for_what_a_producer_appends() {
     let mut cluster = SimCluster::start(3, options(1)).unwrap();
     let second = cluster.add_router().unwrap();
-    let producer = cluster
-        .client()
-        .unwrap()
-        .create_dataset("stream", vec![field("x", "raw")])
+    let writer = cluster.async_client().unwrap();
+    let reader = cluster
+        .async_client_with(second, Role::Reader, ClientOptions::default())
         .unwrap();
-    let consumer = Client::connect_with_timeout(
-        second,
-        cluster.security(zr_net::tls::Role::Reader).unwrap(),
-        cluster.client_timeout(),
-    )
-    .unwrap()
-    .dataset("stream")
-    .unwrap();
     const BATCHES: u64 = 12;
     const BATCH: u64 = 25;
     // Raised just before each commit: a record gathered earlier was not waited for.
-    let commit_begun = Arc::new(AtomicU64::new(0));
-    let begun = Arc::clone(&commit_begun);
-    let writer = std::thread::spawn(move || {
-        for b in 0..BATCHES {
-            let rows: Vec<Vec<u8>> = (b * BATCH..(b + 1) * BATCH)
-                .map(|i| value(7, 0, i))
-                .collect();
-            let records: Vec<Record> = rows.iter().map(|r| Record::new().with("x", r)).collect();
-            producer.append_many(&records).unwrap();
-            std::thread::sleep(Duration::from_millis(30));
-            begun.store((b + 1) * BATCH, Ordering::SeqCst);
-            producer.commit().unwrap();
-        }
-    });
-    let mut seen = 0u64;
-    while seen < BATCHES * BATCH {
-        let indices: Vec<u64> = (seen..seen + 10).collect();
-        let columns = consumer
-            .gather_waiting(&indices, &["x"], Duration::from_secs(20))
+    let commit_begun = AtomicU64::new(0);
+    let seen = cluster.run(async {
+        let producer = writer
+            .create_dataset("stream", vec![field("x", "raw")])
+            .await
             .unwrap();
-        assert!(
-            commit_begun.load(Ordering::SeqCst) > *indices.last().unwrap(),
-            "records {indices:?} were read before their commit began"
-        );
-        for (k, &i) in indices.iter().enumerate() {
-            assert_eq!(columns[0].get(k).unwrap(), value(7, 0, i).as_slice());
-        }
-        seen += indices.len() as u64;
-    }
-    writer.join().unwrap();
+        let consumer = reader.dataset("stream").await.unwrap();
+        let producing = async {
+            for b in 0..BATCHES {
+                let rows: Vec<Vec<u8>> = (b * BATCH..(b + 1) * BATCH)
+                    .map(|i| value(7, 0, i))
+                    .collect();
+                let records: Vec<Record> =
+                    rows.iter().map(|r| Record::new().with("x", r)).collect();
+                producer.append_many(&records).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                commit_begun.store((b + 1) * BATCH, Ordering::SeqCst);
+                producer.commit().await.unwrap();
+            }
+        };
+        let consuming = async {
+            let mut seen = 0u64;
+            while seen < BATCHES * BATCH {
+                let indices: Vec<u64> = (seen..seen + 10).collect();
+                let columns = consumer
+                    .gather_waiting(&indices, &["x"], Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                assert!(
+                    commit_begun.load(Ordering::SeqCst) > *indices.last().unwrap(),
+                    "records {indices:?} were read before their commit began"
+                );
+                for (k, &i) in indices.iter().enumerate() {
+                    assert_eq!(columns[0].get(k).unwrap(), value(7, 0, i).as_slice());
+                }
+                seen += indices.len() as u64;
+            }
+            seen
+        };
+        let ((), seen) = tokio::join!(producing, consuming);
+        seen
+    });
+    let consumer = cluster
+        .client_of(second, Role::Reader, ClientOptions::default())
+        .unwrap()
+        .dataset("stream")
+        .unwrap();
     assert_eq!(
         consumer.wait_len(seen, Duration::from_secs(1)).unwrap(),
         seen
@@ -293,15 +324,6 @@ fn a_consumer_waits_for_what_a_producer_appends() {
         waited.to_string().contains(&format!("has {seen}")),
         "{waited}"
     );
-}
-
-/// Polls `done` for up to ten seconds.
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within 10 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]
@@ -321,10 +343,14 @@ fn a_node_down_during_a_create_and_a_drop_learns_both_when_it_returns() {
     let dir = cluster.data_dir(node).join("datasets");
     assert!(dir.join("old").exists() && !dir.join("late").exists());
     cluster.start_node(node).unwrap();
-    eventually("the returned node takes the create and the drop", || {
-        dir.join("late").exists() && !dir.join("old").exists()
-    });
-    eventually("the returned node serves the new dataset", || {
+    let within = Duration::from_secs(10);
+    zr_tests::eventually(
+        &cluster,
+        "the returned node takes the create",
+        within,
+        || dir.join("late").exists() && !dir.join("old").exists(),
+    );
+    zr_tests::eventually(&cluster, "the returned node serves it", within, || {
         late.append(&Record::new().with("y", b"probe")).is_ok()
     });
     let start = late.len().unwrap();
@@ -400,31 +426,33 @@ fn moves_with_datasets(replicas: u32) {
         if change == MapChange::AddShard {
             cluster.add_shard_nodes().unwrap();
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let producer = {
-            let (text, stop) = (
-                cluster.client().unwrap().dataset("text").unwrap(),
-                Arc::clone(&stop),
+        // A producer appends to one dataset and a reader gathers another while the move
+        // runs, each pausing 2 ms between calls so that the cluster's clock moves on.
+        let (text, images, mover) = (
+            cluster.async_client().unwrap(),
+            cluster.async_client().unwrap(),
+            cluster.async_client().unwrap(),
+        );
+        let stop = AtomicBool::new(false);
+        let (report, appended, gathers) = cluster.run(async {
+            let (text, images) = (
+                text.dataset("text").await.unwrap(),
+                images.dataset("images").await.unwrap(),
             );
-            std::thread::spawn(move || {
+            let producing = async {
                 let mut appended = 0;
                 while !stop.load(Ordering::SeqCst) {
-                    load(&text, &["tokens"], 2, 7);
+                    load_async(&text, &["tokens"], 2, 7).await;
                     appended += 7;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
                 }
                 appended
-            })
-        };
-        let reader = {
-            let (images, stop) = (
-                cluster.client().unwrap().dataset("images").unwrap(),
-                Arc::clone(&stop),
-            );
-            std::thread::spawn(move || {
+            };
+            let reading = async {
                 let mut gathers = 0u64;
                 while !stop.load(Ordering::SeqCst) {
                     let indices: Vec<u64> = (0..32).map(|k| mix2(gathers, k) % 500).collect();
-                    let columns = images.gather(&indices, &["img", "label"]).unwrap();
+                    let columns = images.gather(&indices, &["img", "label"]).await.unwrap();
                     for (pos, &i) in indices.iter().enumerate() {
                         for (f, column) in columns.iter().enumerate() {
                             assert!(
@@ -434,16 +462,21 @@ fn moves_with_datasets(replicas: u32) {
                         }
                     }
                     gathers += 1;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
                 }
                 gathers
-            })
-        };
-        std::thread::sleep(Duration::from_millis(100));
-        let report = cluster.run_move(&client, change).unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-        stop.store(true, Ordering::SeqCst);
-        text_len += producer.join().unwrap();
-        assert!(reader.join().unwrap() > 0, "no gather ran during the move");
+            };
+            let moving = async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let report = cluster.run_move_async(&mover, change).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                stop.store(true, Ordering::SeqCst);
+                report
+            };
+            tokio::join!(moving, producing, reading)
+        });
+        text_len += appended;
+        assert!(gathers > 0, "no gather ran during the move");
         assert!(report.done && report.moved > 0, "{report:?}");
         check_all(&client, text_len);
         let status = client.status().unwrap();
@@ -468,17 +501,17 @@ fn moves_with_datasets(replicas: u32) {
     cluster.kill_router(0);
     cluster.add_router().unwrap();
     let client = cluster.client().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = cluster.now() + Duration::from_secs(30);
     while std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         check_all(&client, text_len)
     }))
     .is_err()
     {
         assert!(
-            Instant::now() < deadline,
+            cluster.now() < deadline,
             "the published map never served every dataset"
         );
-        std::thread::sleep(Duration::from_millis(200));
+        cluster.pause(Duration::from_millis(200));
     }
     let report = cluster.run_move(&client, MapChange::AddShard).unwrap();
     assert!(report.done && report.already, "{report:?}");
@@ -768,15 +801,15 @@ fn a_zstd_dictionary_reaches_every_node_now_and_later() {
                 .any(|n| (n.shard, n.replica) == (1, 1) && n.in_sync && n.state == "up")
         }
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = cluster.now() + Duration::from_secs(60);
     while !caught_up() {
         assert!(
-            Instant::now() < deadline,
+            cluster.now() < deadline,
             "the wiped node never caught up: {} vs {}",
             held(wiped),
             held(cluster.node(1, 0))
         );
-        std::thread::sleep(Duration::from_millis(200));
+        cluster.pause(Duration::from_millis(200));
     }
     assert!(held(wiped) > 0 && holds_dict(&cluster, wiped));
     cluster.crash_node(cluster.node(1, 0));

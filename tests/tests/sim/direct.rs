@@ -254,7 +254,12 @@ fn a_client_that_cannot_reach_the_nodes_reads_through_the_router() {
 }
 
 fn kit_eventually(cluster: &SimCluster, mut done: impl FnMut() -> bool) {
-    zr_tests::eventually(cluster, "gathers to be served", Duration::from_secs(30), &mut done);
+    zr_tests::eventually(
+        cluster,
+        "gathers to be served",
+        Duration::from_secs(30),
+        &mut done,
+    );
 }
 
 /// A replica set behind in the metadata store stops serving clients by itself within its

@@ -273,7 +273,13 @@ fn only_the_right_certificates_get_in() {
         "{err}"
     );
     // ... and a router certificate gets in.
-    let reply = raw_call(&cluster, &Security::load(&certs, Role::Router).unwrap(), node, info).unwrap();
+    let reply = raw_call(
+        &cluster,
+        &Security::load(&certs, Role::Router).unwrap(),
+        node,
+        info,
+    )
+    .unwrap();
     assert!(matches!(
         wire::decode_reply(&reply).unwrap().0,
         Reply::Info { .. }
