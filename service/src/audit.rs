@@ -1,7 +1,7 @@
 //! The audit log: who did what to the cluster, and when. One JSON line per admin action
 //! (dataset created, dropped or grown by a field, scrub, node replaced, shards moved), per
-//! commit, and per refused request — the last at most once a minute per identity, so that a
-//! client hammering a door it may not open cannot fill the disk. The file is the operator's
+//! commit, and per refused request — the last at most once a minute per identity and
+//! dataset, so that a client hammering a door it may not open cannot fill the disk. The file is the operator's
 //! choice (`[router] audit_log` in nodes.toml); it is appended to, and rotated by size into
 //! `PATH.1` … `PATH.K` (oldest last). `zr cluster audit` reads it back.
 //!
@@ -101,8 +101,8 @@ pub struct AuditLog {
     max_bytes: u64,
     keep: u32,
     file: Mutex<(File, u64)>,
-    /// When each identity's last refusal was logged.
-    refusals: Mutex<HashMap<u64, Instant>>,
+    /// When each identity's last refusal on each dataset was logged.
+    refusals: Mutex<HashMap<(u64, String), Instant>>,
 }
 
 impl AuditLog {
@@ -173,18 +173,20 @@ impl AuditLog {
             .map_err(|source| write_error(&self.path, source))
     }
 
-    /// Whether a refusal of `identity`'s at `now` is to be logged: the first, and then one
-    /// per [`REFUSALS_EVERY`].
-    pub fn refusal_due(&self, identity: u64, now: Instant) -> bool {
+    /// Whether a refusal of `identity`'s on `dataset` at `now` is to be logged: the first,
+    /// and then one per [`REFUSALS_EVERY`] (a refusal on another dataset is another fact,
+    /// logged on its own).
+    pub fn refusal_due(&self, identity: u64, dataset: &str, now: Instant) -> bool {
         let mut refusals = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
         // Forgets identities quiet for a while, so the map stays as small as the refusers.
         if refusals.len() > 4096 {
             refusals.retain(|_, at| now.saturating_duration_since(*at) < REFUSALS_EVERY);
         }
-        match refusals.get(&identity) {
+        let key = (identity, dataset.to_string());
+        match refusals.get(&key) {
             Some(at) if now.saturating_duration_since(*at) < REFUSALS_EVERY => false,
             _ => {
-                refusals.insert(identity, now);
+                refusals.insert(key, now);
                 true
             }
         }
@@ -337,17 +339,21 @@ mod tests {
     }
 
     #[test]
-    fn refusals_are_logged_once_a_minute_per_identity() {
+    fn refusals_are_logged_once_a_minute_per_identity_and_dataset() {
         let dir = tempfile::tempdir().unwrap();
         let log = AuditLog::open(&dir.path().join("audit.log")).unwrap();
         let t = Instant::now();
-        assert!(log.refusal_due(1, t));
-        assert!(!log.refusal_due(1, t + Duration::from_secs(59)));
+        assert!(log.refusal_due(1, "text", t));
+        assert!(!log.refusal_due(1, "text", t + Duration::from_secs(59)));
         assert!(
-            log.refusal_due(2, t + Duration::from_secs(1)),
+            log.refusal_due(2, "text", t + Duration::from_secs(1)),
             "another identity"
         );
-        assert!(log.refusal_due(1, t + REFUSALS_EVERY));
+        assert!(
+            log.refusal_due(1, "imgs", t + Duration::from_secs(2)),
+            "another dataset"
+        );
+        assert!(log.refusal_due(1, "text", t + REFUSALS_EVERY));
     }
 
     #[test]

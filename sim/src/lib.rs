@@ -460,11 +460,23 @@ impl SimCluster {
             timeout: self.client_timeout(),
             ..options
         };
+        self.client_with_security(router, self.security(role)?, options)
+    }
+
+    /// A client of the router at `router` presenting `security` (a certificate issued
+    /// under a name, say), connected as `options` say; on virtual time its calls run on the
+    /// cluster's runtime (see [`SimCluster::client`]).
+    pub fn client_with_security(
+        &self,
+        router: SocketAddr,
+        security: Security,
+        options: ClientOptions,
+    ) -> Result<Client, SimError> {
         if self.virtual_time {
-            let inner = self.async_client_with(router, role, options)?;
+            let inner = self.run(AsyncClient::connect_with(router, security, options))?;
             return Ok(Client::on_runtime(Arc::clone(&self.runtime), inner));
         }
-        Ok(Client::connect_with(router, self.security(role)?, options)?)
+        Ok(Client::connect_with(router, security, options)?)
     }
 
     /// An async client of the router at `router` with `role`'s certificate, connected as

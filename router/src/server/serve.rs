@@ -125,7 +125,7 @@ impl Router {
                         .await
                         .map(|answer| self.listed_for(peer, answer))
                 };
-                // Admin actions and commits, and refusals (once a minute per identity).
+                // Admin actions and commits, and refusals (once a minute per identity and dataset).
                 let audited = match (&executed, allowed && not_granted.is_none()) {
                     (_, false) => Some("refused"),
                     (Ok(_), true) => Some("ok"),
@@ -273,7 +273,8 @@ impl Router {
         let Some(audit) = &self.audit else {
             return;
         };
-        if outcome == "refused" && !audit.refusal_due(peer.identity, std::time::Instant::now()) {
+        let now = std::time::Instant::now();
+        if outcome == "refused" && !audit.refusal_due(peer.identity, dataset, now) {
             return;
         }
         audit.record(&zr_service::audit::Entry::of(

@@ -80,7 +80,7 @@ pub(super) fn code_of(e: &Error) -> ErrorCode {
 }
 
 /// Writes an access-control refusal of the peer's `action` on `dataset` to the node's audit
-/// log, if it keeps one (once a minute per identity).
+/// log, if it keeps one (once a minute per identity and dataset).
 pub(super) fn refused(
     audit: &Option<(std::sync::Arc<zr_service::audit::AuditLog>, zr_net::Peer)>,
     action: &str,
@@ -90,7 +90,7 @@ pub(super) fn refused(
     let Some((log, peer)) = audit else {
         return;
     };
-    if !log.refusal_due(peer.identity, std::time::Instant::now()) {
+    if !log.refusal_due(peer.identity, dataset, std::time::Instant::now()) {
         return;
     }
     log.record(&zr_service::audit::Entry::of(

@@ -9,8 +9,23 @@ use zr_proto::ErrorCode;
 use zr_router::Client;
 use zr_sim::{SimCluster, SimOptions};
 
+/// On virtual time: waits take no real time, and a seed replays a run.
 fn options() -> SimOptions {
-    zr_tests::options(&[("x", "raw")], 8, 5_000, 1)
+    SimOptions {
+        virtual_time: true,
+        ..zr_tests::options(&[("x", "raw")], 8, 5_000, 1)
+    }
+}
+
+/// A client of the router at `router` presenting `security`, with the cluster's timeout.
+fn connect_as(
+    cluster: &SimCluster,
+    router: std::net::SocketAddr,
+    security: zr_net::Security,
+) -> Client {
+    cluster
+        .client_with_security(router, security, zr_router::ClientOptions::default())
+        .expect("connect")
 }
 
 fn row(k: u64) -> Vec<u8> {
@@ -60,11 +75,11 @@ fn refusal<T: std::fmt::Debug>(result: Result<T, zr_router::Error>) -> (Option<E
 fn each_role_may_ask_what_it_is_for_and_nothing_more() {
     let cluster = loaded(2, 300);
     let as_role = |role: Role| {
-        Client::connect(
+        connect_as(
+            &cluster,
             cluster.router_addr(),
             cluster.security(role).expect("certs"),
         )
-        .expect("connect")
     };
     let one = [Record::new().with("x", b"appended")];
     let mut len = 300;
@@ -145,15 +160,15 @@ fn a_swapped_nodes_toml_fails_loudly_and_changes_nothing() {
         }
         Ok(second) => {
             let security = cluster.security(Role::Writer).expect("certs");
-            if let Ok(client) = Client::connect(second, security) {
+            let options = zr_router::ClientOptions::default();
+            if let Ok(client) = cluster.client_with_security(second, security, options) {
                 let all: Vec<u64> = (0..3000).collect();
-                let began = std::time::Instant::now();
+                let began = cluster.now();
                 let (code, message) = refusal(client.gather(&all, &[]));
                 // A refusal by the map the router gives is no stale map: the one-hop gather
                 // hands it to the router at once rather than retrying it for its timeout.
-                let waited = began.elapsed();
-                let timeout =
-                    std::time::Duration::from_millis(zr_service::config::CLIENT_TIMEOUT_MS_DEFAULT);
+                let waited = cluster.now() - began;
+                let timeout = cluster.client_timeout();
                 assert!(
                     waited < timeout,
                     "a misplaced node's refusal took {waited:?}, retried as a stale map"
@@ -316,20 +331,23 @@ fn the_audit_log_says_who_did_what() {
     assert!(e.to_string().contains("no-such-dir"), "{e}");
 }
 
-/// Gathers through `client` until one fails, `within` at most; the time it took and the
-/// error. A poll on real time: the nodes and routers read the revocation record on their own
-/// clock, beside the cluster's real sockets.
-fn refused_within(client: &Client, within: std::time::Duration) -> (std::time::Duration, String) {
-    let started = std::time::Instant::now();
+/// Gathers through `client` until one fails, `within` of the cluster's clock at most; the
+/// time it took and the error.
+fn refused_within(
+    cluster: &SimCluster,
+    client: &Client,
+    within: std::time::Duration,
+) -> (std::time::Duration, String) {
+    let started = cluster.now();
     loop {
         match client.gather(&[0, 1, 2], &[]) {
-            Err(e) => return (started.elapsed(), e.to_string()),
+            Err(e) => return (cluster.now() - started, e.to_string()),
             Ok(_) => assert!(
-                started.elapsed() < within,
+                cluster.now() - started < within,
                 "still served {within:?} after the revocation"
             ),
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        cluster.pause(std::time::Duration::from_millis(20));
     }
 }
 
@@ -371,7 +389,7 @@ fn a_revoked_certificate_is_refused_by_nodes_and_routers_within_seconds() {
         ["team-a"]
     );
     cluster.stop_router(0).expect("stop the router");
-    let (took, error) = refused_within(&team_a, std::time::Duration::from_secs(10));
+    let (took, error) = refused_within(&cluster, &team_a, std::time::Duration::from_secs(10));
     assert!(error.contains("'team-a' is revoked"), "{error}");
     println!("team-a refused one hop {took:?} after the revocation");
     check_all_one_hop(&team_b, 300);
@@ -382,9 +400,12 @@ fn a_revoked_certificate_is_refused_by_nodes_and_routers_within_seconds() {
     let reader = |name: &str| {
         let home = certs.join(format!("reader-{name}"));
         let security = zr_net::Security::load(&home, Role::Reader).expect("load");
-        Client::connect_with_timeout(fresh, security, cluster.client_timeout())
+        let options = zr_router::ClientOptions::default();
+        cluster.client_with_security(fresh, security, options)
     };
-    let e = reader("team-a").and_then(|c| c.len()).expect_err("refused");
+    let e: Box<dyn std::error::Error + Send + Sync> = reader("team-a")
+        .and_then(|c| c.len().map_err(Into::into))
+        .expect_err("refused");
     assert!(e.to_string().contains("revoked"), "{e}");
     assert_eq!(reader("team-b").expect("connect").len().expect("len"), 300);
 
@@ -392,27 +413,23 @@ fn a_revoked_certificate_is_refused_by_nodes_and_routers_within_seconds() {
     let operator = {
         let home = certs.join("operator-ops-1");
         let security = zr_net::Security::load(&home, Role::Operator).expect("load");
-        Client::connect_with_timeout(fresh, security, cluster.client_timeout()).expect("connect")
+        connect_as(&cluster, fresh, security)
     };
     assert!(operator.revoke("team-a", true).expect("undo").is_empty());
     let team_a = reader("team-a").expect("connect");
     assert_eq!(team_a.len().expect("the router serves it at once"), 300);
     // The nodes, once they read the record again (a poll on real time, as above).
-    served_again(&team_a);
+    served_again(&cluster, &team_a);
     check_all_one_hop(&team_a, 300);
 }
 
-/// Waits (within 10 s, on real time) until `client`'s gathers are served again after an
-/// undone revocation.
-fn served_again(client: &Client) {
-    let started = std::time::Instant::now();
-    while client.gather(&[0], &[]).is_err() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(10),
-            "still refused"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+/// Waits (within 10 s of the cluster's clock) until `client`'s gathers are served again
+/// after an undone revocation.
+fn served_again(cluster: &SimCluster, client: &Client) {
+    let within = std::time::Duration::from_secs(10);
+    zr_tests::eventually(cluster, "served again", within, || {
+        client.gather(&[0], &[]).is_ok()
+    });
 }
 
 /// Every record byte-exact through `client`, read one hop (no router needed).
@@ -453,7 +470,20 @@ fn grants_bound_readers_and_writers_to_their_datasets() {
         dataset.append_many(&records).expect("append");
         dataset.commit().expect("commit");
     }
-    let team_a = connect(Role::Reader, "team-a");
+    // Team A's client asks the router for the map no more than once a minute, so that the
+    // one-hop refusal below is the nodes' own, not the router's answer to a refresh.
+    let team_a = {
+        let certs = cluster.certs_dir().expect("a secured cluster");
+        let home = zr_net::tls::issue_cert(&certs, Role::Reader, "team-a", 1).expect("issue");
+        let security = zr_net::Security::load(&home, Role::Reader).expect("load");
+        let options = zr_router::ClientOptions {
+            topology_every: std::time::Duration::from_secs(60),
+            ..zr_router::ClientOptions::default()
+        };
+        cluster
+            .client_with_security(cluster.router_addr(), security, options)
+            .expect("connect")
+    };
     let writer = connect(Role::Writer, "ingest");
     let on = |client: &Client, name: &str| client.dataset(name).expect("a handle");
     // Handles made before any grant (their one-hop gathers know where the nodes are).
@@ -506,7 +536,7 @@ fn grants_bound_readers_and_writers_to_their_datasets() {
     assert!(imgs.reads_direct());
     let columns = imgs.gather(&[0, 49], &[]).expect("one hop, granted");
     assert!(columns[0].get(1) == Some(&row(49)[..]));
-    let started = std::time::Instant::now();
+    let started = cluster.now();
     loop {
         match text.gather(&[0], &[]) {
             Err(e) => {
@@ -514,11 +544,11 @@ fn grants_bound_readers_and_writers_to_their_datasets() {
                 break;
             }
             Ok(_) => assert!(
-                started.elapsed() < std::time::Duration::from_secs(10),
+                cluster.now() - started < std::time::Duration::from_secs(10),
                 "the nodes still serve text"
             ),
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        cluster.pause(std::time::Duration::from_millis(20));
     }
     // The node that refused it wrote it to its audit log.
     let refusals: Vec<zr_service::audit::Entry> = (0..2)
@@ -558,8 +588,7 @@ fn issued(cluster: &SimCluster, role: Role, name: &str) -> Client {
     let certs = cluster.certs_dir().expect("a secured cluster");
     let home = zr_net::tls::issue_cert(&certs, role, name, 1).expect("issue");
     let security = zr_net::Security::load(&home, role).expect("load");
-    Client::connect_with_timeout(cluster.router_addr(), security, cluster.client_timeout())
-        .expect("connect")
+    connect_as(cluster, cluster.router_addr(), security)
 }
 
 /// `mib_per_second_per_identity`: a reader's gathers move no more than the rate allows, one
@@ -572,8 +601,11 @@ fn a_reader_moves_at_most_its_bytes_per_second_and_others_do_not_wait_for_it() {
     const RECORD: usize = 64 << 10;
     const RECORDS: u64 = 64; // 4 MiB, 2 MiB on each node
     const RATE: u64 = 1 << 20;
+    // On real time: the rate is measured over real time, with a thread of its own gathering
+    // beside.
     let options = SimOptions {
         mib_per_second_per_identity: Some(RATE >> 20),
+        virtual_time: false,
         ..options()
     };
     let cluster = SimCluster::start(2, options).expect("cluster");
@@ -676,7 +708,7 @@ fn a_certificate_is_revoked_by_its_serial_number() {
             .expect("revoke"),
         std::slice::from_ref(&serial)
     );
-    let (took, error) = refused_within(&team_a, std::time::Duration::from_secs(10));
+    let (took, error) = refused_within(&cluster, &team_a, std::time::Duration::from_secs(10));
     assert!(
         error.contains(&format!("serial number {serial} is revoked")),
         "{error}"
@@ -690,6 +722,6 @@ fn a_certificate_is_revoked_by_its_serial_number() {
         .revoke_serial(&serial, true)
         .expect("undo")
         .is_empty());
-    served_again(&team_a);
+    served_again(&cluster, &team_a);
     check_all(&team_a, 100);
 }
