@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use zr_common::hash::mix2;
 use zr_common::Record;
@@ -377,7 +377,7 @@ fn a_reply_broken_midway_is_finished_from_the_partner() {
     use zr_net as net;
     use zr_proto::wire::{self, NodeMessage, NodeRequest};
 
-    let mut cluster = SimCluster::start(2, options()).expect("cluster");
+    let mut cluster = SimCluster::start(2, on_virtual_time()).expect("cluster");
     let client = cluster.client().expect("client");
     let mut model = Vec::new();
     append(&client, &mut model, 4, 600, LONGEST);
@@ -400,11 +400,8 @@ fn a_reply_broken_midway_is_finished_from_the_partner() {
             async move {
                 let gather = wire::decode_request::<NodeMessage>(&request)
                     .is_ok_and(|(m, _)| matches!(m.request, NodeRequest::Gather { .. }));
-                let (header, body) = tokio::task::spawn_blocking(move || {
-                    zr_shard::server::handle(&store, &coordination, &request)
-                })
-                .await
-                .expect("handled");
+                // Inline, as the nodes of a cluster on virtual time handle requests.
+                let (header, body) = zr_shard::server::handle(&store, &coordination, &request);
                 if !gather {
                     return (header, net::Body::Ready(body));
                 }
@@ -424,7 +421,7 @@ fn a_reply_broken_midway_is_finished_from_the_partner() {
         .expect("impostor");
     // Until the impostor has broken off a few replies (the router reconnects to a node that
     // closed its connections only once its heartbeats have).
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = cluster.now() + Duration::from_secs(20);
     for round in 0u64.. {
         let indices: Vec<u64> = (0..200)
             .map(|k| mix2(round, k) % model.len() as u64)
@@ -434,9 +431,10 @@ fn a_reply_broken_midway_is_finished_from_the_partner() {
             break;
         }
         assert!(
-            Instant::now() < deadline,
+            cluster.now() < deadline,
             "the broken replica was never read from"
         );
+        cluster.pause(Duration::from_millis(10));
     }
 }
 
