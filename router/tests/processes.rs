@@ -2,6 +2,9 @@
 //! `zr-node`s and a `zr-router` serve it, an authenticated client loads and gathers through
 //! them while one without credentials is refused, SIGTERM shuts them down cleanly, and the
 //! data is there again after a restart. Without certificates the binaries refuse to start.
+//!
+//! Every wait here is on real time: the point is separate processes on real sockets, whose
+//! clocks no test can move (the same behaviours on virtual time are `tests/tests/sim`'s).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
