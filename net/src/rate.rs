@@ -2,10 +2,11 @@
 //! through one server, so that one job cannot take a server's whole bandwidth from another.
 //!
 //! A token bucket that may go into debt. A request of an identity in debt waits, before it
-//! is handled, until the debt is paid; once handled, its request and reply bytes are charged.
-//! Charging after the fact needs no reply size in advance (a gather's is known only once it
-//! is read), and a waiting request holds no reply memory, only its place among the
-//! identity's requests in flight. Requests in flight together may overdraw by what they
+//! is handled, until the debt is paid; its bytes are charged as it is taken, and its
+//! reply's as each piece is handed to the transport — before the peer can have it, so the
+//! identity's next request finds them owed. Charging as it goes needs no reply size in
+//! advance (a gather's is known only once it is read), and a waiting request holds no reply
+//! memory, only its place among the identity's requests in flight. Requests in flight together may overdraw by what they
 //! send at once; the average over a second or more is the rate.
 
 use std::sync::Mutex;

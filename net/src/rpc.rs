@@ -46,7 +46,7 @@ pub(crate) enum SendFailed {
 
 impl Outgoing {
     async fn send(&mut self, header: Vec<u8>, body: Vec<Bytes>) -> Result<(), SendFailed> {
-        self.send_body(header, Body::Ready(body), None)
+        self.send_body(header, Body::Ready(body), None, &|_| {})
             .await
             .map(|_| ())
     }
@@ -60,6 +60,7 @@ impl Outgoing {
         header: Vec<u8>,
         body: Body,
         timeout: Option<Duration>,
+        charge: &(dyn Fn(u64) + Sync),
     ) -> Result<u64, SendFailed> {
         let Some(stream) = self.0.as_mut() else {
             return Err(SendFailed::Finished);
@@ -83,15 +84,18 @@ impl Outgoing {
         match body {
             Body::Ready(body) => {
                 sent += size(&body);
+                charge(sent);
                 let pieces = std::iter::once(Bytes::from(header)).chain(body).collect();
                 write(stream, pieces, timeout).await?;
             }
             Body::Streamed(mut pieces) => {
+                charge(sent);
                 write(stream, vec![Bytes::from(header)], timeout).await?;
                 loop {
                     match pieces.recv().await {
                         Some(Some(batch)) => {
                             sent += size(&batch);
+                            charge(size(&batch));
                             write(stream, batch, timeout).await?
                         }
                         Some(None) => break,

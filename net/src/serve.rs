@@ -603,18 +603,21 @@ where
                     metrics::counter!("zr_requests_paced_for_identity_total").increment(1);
                 }
             }
-            let request_bytes = bytes.len() as u64;
+            // Charged as they go: the request now, the reply's pieces as each is handed to
+            // the transport, so the identity's next request (which may follow the moment the
+            // last piece arrives) already finds them owed.
+            let charge = |bytes: u64| {
+                if let Some(rate) = &rate {
+                    rate.charge(bytes);
+                }
+            };
+            charge(bytes.len() as u64);
             // A request that arrives while draining waits here and is reset at shutdown.
             let _guard = in_flight.read().await;
             let (header, body) = handler(&who, bytes).await;
             // On error `reply` is dropped unfinished, which resets the stream.
-            match reply.send_body(header, body, Some(timeout)).await {
-                Ok(sent) => {
-                    if let Some(rate) = &rate {
-                        rate.charge(request_bytes + sent);
-                    }
-                }
-                Err(e) => tracing::warn!("reply to {peer} not sent whole, reset: {e}"),
+            if let Err(e) = reply.send_body(header, body, Some(timeout), &charge).await {
+                tracing::warn!("reply to {peer} not sent whole, reset: {e}");
             }
         });
     }
