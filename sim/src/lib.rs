@@ -456,11 +456,15 @@ impl SimCluster {
         role: Role,
         options: ClientOptions,
     ) -> Result<Client, SimError> {
-        let options = ClientOptions {
+        self.client_with_security(router, self.security(role)?, self.timed(options))
+    }
+
+    /// `options` with the cluster's client timeout.
+    fn timed(&self, options: ClientOptions) -> ClientOptions {
+        ClientOptions {
             timeout: self.client_timeout(),
             ..options
-        };
-        self.client_with_security(router, self.security(role)?, options)
+        }
     }
 
     /// A client of the router at `router` presenting `security` (a certificate issued
@@ -488,11 +492,7 @@ impl SimCluster {
         role: Role,
         options: ClientOptions,
     ) -> Result<AsyncClient, SimError> {
-        let options = ClientOptions {
-            timeout: self.client_timeout(),
-            ..options
-        };
-        let security = self.security(role)?;
+        let (security, options) = (self.security(role)?, self.timed(options));
         Ok(self.run(AsyncClient::connect_with(router, security, options))?)
     }
 

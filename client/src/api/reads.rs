@@ -121,9 +121,11 @@ impl AsyncClient {
             // the router) and its retries' pauses stay within the timeout
             // (`zr_coord::onehop`), but the whole is not: a failover across R replicas can
             // take R timeouts, each ask of the router one more. One-hop gathers were once
-            // seen to hang for good (3 in ~100 move_bench runs, cause not found since), so a
-            // gather still going at twice the timeout is handed to the router, logged and
-            // counted — which may also cut short a failover that was only slow.
+            // seen to hang for good (3 in ~100 move_bench runs); with the waits bounded since,
+            // 302 runs (2026-11-28, default move_bench, every gather watched) had none reach
+            // this bound, hang or slow. The cause was not pinned down, so a gather still going
+            // at twice the timeout is handed to the router, logged and counted: a guard that
+            // costs nothing unless it fires, and may cut short a failover that was only slow.
             let bound = self.link.timeout * 2;
             match tokio::time::timeout(bound, self.gather_direct(direct, indices, fields)).await {
                 Ok(gathered) => match gathered? {

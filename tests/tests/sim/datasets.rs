@@ -33,13 +33,16 @@ fn value(salt: u64, field: u64, i: u64) -> Vec<u8> {
     (0..len).map(|k| mix2(salt + i, k as u64) as u8).collect()
 }
 
-fn load(client: &Client, names: &[&str], salt: u64, count: u64) {
-    let start = client.len().unwrap();
-    let rows: Vec<Vec<Vec<u8>>> = (start..start + count)
+/// Records `start..start + count` of dataset `salt`: each a value per field of `names`.
+fn rows(names: &[&str], salt: u64, start: u64, count: u64) -> Vec<Vec<Vec<u8>>> {
+    (start..start + count)
         .map(|i| (0..names.len() as u64).map(|f| value(salt, f, i)).collect())
-        .collect();
-    let records: Vec<Record> = rows
-        .iter()
+        .collect()
+}
+
+/// `rows` as records of the fields `names`.
+fn records<'a>(names: &[&'a str], rows: &'a [Vec<Vec<u8>>]) -> Vec<Record<'a>> {
+    rows.iter()
         .map(|row| {
             let mut record = Record::new();
             for (name, v) in names.iter().zip(row) {
@@ -47,28 +50,22 @@ fn load(client: &Client, names: &[&str], salt: u64, count: u64) {
             }
             record
         })
-        .collect();
-    assert_eq!(client.append_many(&records).unwrap(), start..start + count);
+        .collect()
+}
+
+fn load(client: &Client, names: &[&str], salt: u64, count: u64) {
+    let start = client.len().unwrap();
+    let rows = rows(names, salt, start, count);
+    let appended = client.append_many(&records(names, &rows)).unwrap();
+    assert_eq!(appended, start..start + count);
     client.commit().unwrap();
 }
 
 /// [`load`] through an async client.
 async fn load_async(client: &AsyncClient, names: &[&str], salt: u64, count: u64) {
     let start = client.len().await.unwrap();
-    let rows: Vec<Vec<Vec<u8>>> = (start..start + count)
-        .map(|i| (0..names.len() as u64).map(|f| value(salt, f, i)).collect())
-        .collect();
-    let records: Vec<Record> = rows
-        .iter()
-        .map(|row| {
-            let mut record = Record::new();
-            for (name, v) in names.iter().zip(row) {
-                record.set(name, v);
-            }
-            record
-        })
-        .collect();
-    let appended = client.append_many(&records).await.unwrap();
+    let rows = rows(names, salt, start, count);
+    let appended = client.append_many(&records(names, &rows)).await.unwrap();
     assert_eq!(appended, start..start + count);
     client.commit().await.unwrap();
 }
