@@ -74,6 +74,11 @@ pub struct Limits {
     /// waits before it is handled (see the `rate` module). Peers of the
     /// [`Limits::reserved`] role are not limited.
     pub bytes_per_second_per_identity: Option<u64>,
+    /// Requests an identity in debt does not wait with (`None`: every request waits): a
+    /// node's liveness probes, whose answer a client needs within its heartbeat timeout
+    /// however far over its rate it is — else its own node would look down to it. Asked only
+    /// of a request that would wait.
+    pub unpaced: Option<fn(&[u8]) -> bool>,
 }
 
 impl Limits {
@@ -90,6 +95,7 @@ impl Limits {
             reserved: None,
             requests_per_identity: REQUESTS_PER_IDENTITY_DEFAULT,
             bytes_per_second_per_identity: None,
+            unpaced: None,
         }
     }
 }
@@ -291,6 +297,7 @@ pub async fn serve_peers<H, F>(
         reserved,
         requests_per_identity,
         bytes_per_second_per_identity,
+        unpaced,
     } = limits;
     let connections = Arc::new(tokio::sync::Semaphore::new(connections_max));
     let open = Arc::new(std::sync::Mutex::new(Open::default()));
@@ -332,7 +339,7 @@ pub async fn serve_peers<H, F>(
                 tasks.spawn(async move {
                     let peer = incoming.remote_address();
                     let unprivileged_max = reserved.map(|(role, n)| (role, connections_max.saturating_sub(n)));
-                    let serving = Serving { handler, in_flight, budget, request_max, timeout, open, per_identity: connections_per_identity, unprivileged_max, requests_per_identity, bytes_per_second_per_identity };
+                    let serving = Serving { handler, in_flight, budget, request_max, timeout, open, per_identity: connections_per_identity, unprivileged_max, requests_per_identity, bytes_per_second_per_identity, unpaced };
                     if let Err(e) = connection(incoming, permit, serving).await {
                         tracing::debug!("connection from {peer} ended: {}", describe(&e));
                     }
@@ -369,6 +376,7 @@ struct Serving<H> {
     unprivileged_max: Option<(Role, usize)>,
     requests_per_identity: usize,
     bytes_per_second_per_identity: Option<u64>,
+    unpaced: Option<fn(&[u8]) -> bool>,
 }
 
 /// Takes a connection out of the open set when its task ends.
@@ -461,6 +469,7 @@ where
         unprivileged_max,
         requests_per_identity,
         bytes_per_second_per_identity,
+        unpaced,
     } = serving;
     let connection = incoming.await?;
     let peer = connection.remote_address();
@@ -597,9 +606,11 @@ where
                 );
                 return;
             }
-            // An identity over its bytes per second waits for its debt to be paid.
+            // An identity over its bytes per second waits for its debt to be paid (but for
+            // what the server lets through unpaced).
             if let Some(rate) = &rate {
-                if rate.ready().await {
+                let exempt = |bytes: &[u8]| unpaced.is_some_and(|unpaced| unpaced(bytes));
+                if !rate.wait().is_zero() && !exempt(&bytes) && rate.ready().await {
                     metrics::counter!("zr_requests_paced_for_identity_total").increment(1);
                 }
             }

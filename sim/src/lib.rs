@@ -477,7 +477,7 @@ impl SimCluster {
         options: ClientOptions,
     ) -> Result<Client, SimError> {
         if self.virtual_time {
-            let inner = self.run(AsyncClient::connect_with(router, security, options))?;
+            let inner = self.async_client_with_security(router, security, options)?;
             return Ok(Client::on_runtime(Arc::clone(&self.runtime), inner));
         }
         Ok(Client::connect_with(router, security, options)?)
@@ -493,6 +493,17 @@ impl SimCluster {
         options: ClientOptions,
     ) -> Result<AsyncClient, SimError> {
         let (security, options) = (self.security(role)?, self.timed(options));
+        self.async_client_with_security(router, security, options)
+    }
+
+    /// An async client of the router at `router` presenting `security`, connected as
+    /// `options` say, on the cluster's runtime: use it inside [`SimCluster::run`].
+    pub fn async_client_with_security(
+        &self,
+        router: SocketAddr,
+        security: Security,
+        options: ClientOptions,
+    ) -> Result<AsyncClient, SimError> {
         Ok(self.run(AsyncClient::connect_with(router, security, options))?)
     }
 

@@ -87,6 +87,12 @@ impl Client {
         Client { runtime, inner }
     }
 
+    /// The async client beneath, to await on the runtime that drives this one (a simulated
+    /// cluster's, see [`Client::on_runtime`]).
+    pub fn as_async(&self) -> &AsyncClient {
+        &self.inner
+    }
+
     /// A handle on dataset `name` over the same connection (refused if the cluster has no
     /// such dataset).
     pub fn dataset(&self, name: &str) -> Result<Client, Error> {

@@ -512,8 +512,10 @@ fn one_identity_moves_at_most_its_bytes_per_second() {
     let load = |role: Role| Security::load(&scratch.path().join(role.name()), role).unwrap();
     runtime().block_on(async {
         let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
+        // Messages ending in `!` stand for liveness probes: answered however deep in debt.
         let limits = Limits {
             bytes_per_second_per_identity: Some(RATE),
+            unpaced: Some(|bytes: &[u8]| bytes.ends_with(b"!")),
             ..Limits::new(8, TIMEOUT)
         };
         let (addr, client, served) =
@@ -560,6 +562,14 @@ fn one_identity_moves_at_most_its_bytes_per_second() {
             let c = first.clone();
             async move { call(&c, b"ZRW1".to_vec(), Vec::new(), TIMEOUT).await }
         });
+        // Its probe is not paced: answered while its request still waits.
+        call(&first, b"ZRW1 probe!".to_vec(), Vec::new(), TIMEOUT)
+            .await
+            .unwrap();
+        assert!(
+            !waiting.is_finished(),
+            "the probe was answered only once the debt was paid"
+        );
         let other = connect(&client, &load(Role::Writer), addr, TIMEOUT)
             .await
             .unwrap();

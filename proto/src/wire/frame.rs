@@ -272,6 +272,13 @@ pub fn node_request_dataset(bytes: &[u8]) -> Result<Option<&str>, Error> {
     Ok(dataset)
 }
 
+/// True if `bytes` are a node request for the default dataset's `Info`: what a client's or a
+/// router's heartbeat asks (see `zr_net::Limits::unpaced`).
+pub fn is_liveness_probe(bytes: &[u8]) -> bool {
+    decode_request::<NodeMessage>(bytes)
+        .is_ok_and(|(m, _)| m.dataset.is_none() && matches!(m.request, NodeRequest::Info))
+}
+
 /// True if `bytes` start like a zrecord message (of any version or kind). Anything else is
 /// not a malformed request but another protocol, or garbage.
 pub fn is_message(bytes: &[u8]) -> bool {

@@ -278,6 +278,8 @@ pub async fn serve_with(
         connections_per_identity: (CONNECTIONS_MAX - ROUTER_CONNECTIONS) / 2,
         reserved: Some((net::tls::Role::Router, ROUTER_CONNECTIONS)),
         bytes_per_second_per_identity,
+        // A client's heartbeats are answered however far over its rate it is.
+        unpaced: Some(wire::is_liveness_probe),
         ..net::Limits::new(CONNECTIONS_MAX, timeout)
     };
     net::serve_peers(&endpoint, limits, shutdown, handler).await;
