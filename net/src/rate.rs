@@ -6,8 +6,9 @@
 //! reply's as each piece is handed to the transport — before the peer can have it, so the
 //! identity's next request finds them owed. Charging as it goes needs no reply size in
 //! advance (a gather's is known only once it is read), and a waiting request holds no reply
-//! memory, only its place among the identity's requests in flight. Requests in flight together may overdraw by what they
-//! send at once; the average over a second or more is the rate.
+//! memory, only its place among the identity's requests in flight. Requests in flight
+//! together may overdraw by what they send at once; the average over a second or more is
+//! the rate.
 
 use std::sync::Mutex;
 use std::time::Duration;

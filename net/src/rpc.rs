@@ -48,20 +48,19 @@ impl Outgoing {
     async fn send(&mut self, header: Vec<u8>, body: Vec<Bytes>) -> Result<(), SendFailed> {
         self.send_body(header, Body::Ready(body), None, &|_| {})
             .await
-            .map(|_| ())
     }
 
-    /// Sends `header` and `body`, then finishes; returns the bytes sent. With `timeout` (a
-    /// server's reply), each write must make progress within it (waiting for a streamed
-    /// body's producer is not bounded here), and the call returns once the peer has read the
-    /// reply to its end.
+    /// Sends `header` and `body`, then finishes, telling `charge` each piece's bytes before
+    /// it is handed to the transport. With `timeout` (a server's reply), each write must make
+    /// progress within it (waiting for a streamed body's producer is not bounded here), and
+    /// the call returns once the peer has read the reply to its end.
     pub(crate) async fn send_body(
         &mut self,
         header: Vec<u8>,
         body: Body,
         timeout: Option<Duration>,
         charge: &(dyn Fn(u64) + Sync),
-    ) -> Result<u64, SendFailed> {
+    ) -> Result<(), SendFailed> {
         let Some(stream) = self.0.as_mut() else {
             return Err(SendFailed::Finished);
         };
@@ -80,21 +79,18 @@ impl Outgoing {
             }
         }
         let size = |pieces: &[Bytes]| pieces.iter().map(|p| p.len() as u64).sum::<u64>();
-        let mut sent = header.len() as u64;
         match body {
             Body::Ready(body) => {
-                sent += size(&body);
-                charge(sent);
+                charge(header.len() as u64 + size(&body));
                 let pieces = std::iter::once(Bytes::from(header)).chain(body).collect();
                 write(stream, pieces, timeout).await?;
             }
             Body::Streamed(mut pieces) => {
-                charge(sent);
+                charge(header.len() as u64);
                 write(stream, vec![Bytes::from(header)], timeout).await?;
                 loop {
                     match pieces.recv().await {
                         Some(Some(batch)) => {
-                            sent += size(&batch);
                             charge(size(&batch));
                             write(stream, batch, timeout).await?
                         }
@@ -112,7 +108,7 @@ impl Outgoing {
         if let (Some(stream), Some(t)) = (finished, timeout) {
             let _ = tokio::time::timeout(t, stream.stopped()).await;
         }
-        Ok(sent)
+        Ok(())
     }
 }
 

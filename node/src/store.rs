@@ -228,7 +228,7 @@ impl Store {
             units: Vec::new(),
         };
         meta.validate()?;
-        let disk = &runtime.disk.clone();
+        let disk = &runtime.disk;
         match fs::read_dir(dir) {
             Ok(mut entries) => {
                 if entries.next().is_some() {

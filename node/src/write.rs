@@ -509,7 +509,7 @@ impl Store {
     /// this one's fields. A crash leaves the files moved in uncommitted, removed at the
     /// next open.
     pub fn adopt_units(&self, source: &Path, units: &[u32]) -> Result<()> {
-        let disk = self.inner.disk().clone();
+        let disk = self.inner.disk();
         let theirs = Meta::load(source)?;
         let inner = &*self.inner;
         if theirs.fields != *inner.fields {

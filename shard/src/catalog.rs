@@ -230,7 +230,7 @@ impl Catalog {
         fields: Vec<FieldSpec>,
         dicts: &[(String, Vec<u8>)],
     ) -> Result<()> {
-        let disk = self.runtime.disk.clone();
+        let disk = &self.runtime.disk;
         let _one = self.changes.lock().unwrap_or_else(|e| e.into_inner());
         let parent = self.datasets_dir();
         if name == DEFAULT {
@@ -277,11 +277,11 @@ impl Catalog {
             id,
         })
         .map_err(|e| Error::InvalidRecord(e.to_string()))?;
-        write_atomically(&disk, &building, DATASET_FILE, &kept)?;
+        write_atomically(disk, &building, DATASET_FILE, &kept)?;
         let path = parent.join(name);
         disk.rename(&building, &path)
             .ctx("rename into place", &path)?;
-        sync_dir(&disk, &parent)?;
+        sync_dir(disk, &parent)?;
         let shard = self.open_named(&path)?;
         self.write().insert(
             name.to_string(),
@@ -314,7 +314,7 @@ impl Catalog {
     }
 
     fn remove(&self, name: &str) -> Result<()> {
-        let disk = self.runtime.disk.clone();
+        let disk = &self.runtime.disk;
         let parent = self.datasets_dir();
         let path = parent.join(name);
         let aside = parent.join(format!(".{name}.dropped"));
@@ -322,7 +322,7 @@ impl Catalog {
             disk.remove_tree(&aside).ctx("remove", &aside)?;
         }
         disk.rename(&path, &aside).ctx("rename aside", &path)?;
-        sync_dir(&disk, &parent)?;
+        sync_dir(disk, &parent)?;
         self.write().remove(name);
         disk.remove_tree(&aside).ctx("remove", &aside)?;
         // And what a move was building of it.

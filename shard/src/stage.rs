@@ -82,7 +82,7 @@ impl Shard {
     /// Serves `store` with `coordination`, finishing a change to its slots that a stop cut
     /// short.
     pub fn new(store: Store, coordination: Coordination, runtime: RuntimeOptions) -> Result<Shard> {
-        let disk = runtime.disk.clone();
+        let disk = &runtime.disk;
         let dropping = coordination.identity.dropping();
         if !dropping.is_empty() {
             tracing::info!(
@@ -337,12 +337,12 @@ impl Shard {
     /// Swaps the dataset in `path` in for `serving`'s, as the data of map `version`, and
     /// serves it; the one it replaces is removed.
     fn swap_in(&self, serving: &Serving, path: &Path, version: u64) -> Result<()> {
-        let disk = self.runtime.disk.clone();
+        let disk = &self.runtime.disk;
         let dir = serving.store.dir().to_path_buf();
-        swap_dirs(&disk, &dir, path, &serving.coordination, version)?;
+        swap_dirs(disk, &dir, path, &serving.coordination, version)?;
         let store = Store::open_with(&dir, self.runtime.clone())?
             .with_gather_options(serving.store.gather_options());
-        let coordination = Coordination::open_as(&disk, &dir, serving.coordination.incarnation)?;
+        let coordination = Coordination::open_as(disk, &dir, serving.coordination.incarnation)?;
         self.current.store(Arc::new(Serving {
             store,
             coordination,

@@ -72,7 +72,7 @@ pub fn convert(
     placement: &Placement,
     runtime: RuntimeOptions,
 ) -> Result<u64> {
-    let disk = runtime.disk.clone();
+    let disk = &runtime.disk;
     let identity = Identity::open(dir)?;
     if let Some(version) = identity.map_version().filter(|&v| v != placement.version()) {
         return Err(Error::InvalidInput {
@@ -95,7 +95,7 @@ pub fn convert(
     if carried.exists() && !named.exists() {
         disk.rename(&carried, &named)
             .ctx("put the named datasets back", &carried)?;
-        sync_dir(&disk, dir)?;
+        sync_dir(disk, dir)?;
     }
     let mut converted = 0;
     for (path, len) in legacy_datasets(dir)? {

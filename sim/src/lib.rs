@@ -523,12 +523,7 @@ impl SimCluster {
     /// An async client of the router at `router` (see [`SimCluster::async_client`]), with
     /// the operator role.
     pub fn async_client_of(&self, router: SocketAddr) -> Result<AsyncClient, SimError> {
-        let security = self.security(Role::Operator)?;
-        Ok(self.runtime.block_on(AsyncClient::connect(
-            router,
-            security,
-            self.client_timeout(),
-        ))?)
+        self.async_client_with(router, Role::Operator, ClientOptions::default())
     }
 
     /// Lets the cluster run for `duration` on its clock: on virtual time, the clock moves on

@@ -174,7 +174,7 @@ impl Tail {
 
     /// Appends token bytes to the open document.
     fn append_tokens(&mut self, bytes: &[u8]) -> Result<u64> {
-        let disk = self.disk.clone();
+        let disk = &self.disk;
         let e = self.element_bytes;
         if !(bytes.len() as u64).is_multiple_of(e) {
             return Err(Error::InvalidRecord(format!(
@@ -280,7 +280,7 @@ impl Tail {
 
     /// Writes the pending entries to their files.
     fn write_pending(&mut self) -> Result<()> {
-        let disk = self.disk.clone();
+        let disk = &self.disk;
         let write = |file: &File, name: &str, bytes: &mut Vec<u8>, at: &mut u64, unit: u64| {
             if bytes.is_empty() {
                 return Ok(());

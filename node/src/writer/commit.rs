@@ -46,7 +46,7 @@ impl Shared {
 
     /// Deletes chunk files meta.json does not commit: leftovers of writes that never committed.
     pub(crate) fn remove_uncommitted_chunks(&mut self) -> Result<()> {
-        let disk = self.disk.clone();
+        let disk = &self.disk;
         let chunk_dir = self.dir.join(CHUNK_DIR);
         let mut removed = false;
         for entry in fs::read_dir(&chunk_dir).ctx("read directory", &chunk_dir)? {
@@ -71,7 +71,7 @@ impl Shared {
             }
         }
         if removed {
-            sync_dir(&disk, &chunk_dir)?;
+            sync_dir(disk, &chunk_dir)?;
         }
         Ok(())
     }
@@ -79,7 +79,7 @@ impl Shared {
     /// Removes dropped units' files left aside (see `Store::drop_units`) by a process that
     /// stopped before it removed them.
     pub(crate) fn remove_dropped(&mut self) -> Result<()> {
-        let disk = self.disk.clone();
+        let disk = &self.disk;
         for entry in fs::read_dir(&self.dir).ctx("read directory", &self.dir)? {
             let entry = entry.ctx("read directory", &self.dir)?;
             if entry
@@ -98,7 +98,7 @@ impl Shared {
     /// Removes what units meta.json does not commit left: the directories of units made
     /// and never committed, or dropped (and unit 0's tables, if it was dropped).
     pub(crate) fn remove_uncommitted_units(&mut self) -> Result<()> {
-        let disk = self.disk.clone();
+        let disk = &self.disk;
         let units = self.meta.units();
         let held = |id: u32| units.binary_search_by_key(&id, |u| u.id).is_ok();
         if !held(0) {
@@ -134,14 +134,14 @@ impl Shared {
             removed = true;
         }
         if removed {
-            sync_dir(&disk, &units_dir)?;
+            sync_dir(disk, &units_dir)?;
         }
         Ok(())
     }
 
     /// Makes unit `unit` if the dataset lacks it: its offset tables, all absent.
     pub(crate) fn ensure_unit(&mut self, inner: &Core, unit: u32) -> Result<()> {
-        let disk = self.disk.clone();
+        let disk = &self.disk;
         if self.units.get(unit as usize).is_some_and(Option::is_some) {
             return Ok(());
         }
@@ -349,25 +349,25 @@ impl Shared {
 
     /// Steps 2–5 of the commit protocol (the caller has synced every chunk).
     pub(crate) fn commit(&mut self, inner: &Core, locks: &Locks) -> Result<()> {
-        let disk = self.disk.clone();
+        let disk = &self.disk;
         if self.new_chunk_files {
-            sync_dir(&disk, &self.dir.join(CHUNK_DIR))?;
+            sync_dir(disk, &self.dir.join(CHUNK_DIR))?;
             self.new_chunk_files = false;
         }
         // 2. Offset tables (entries past the committed length, and their growth), and the
         // names of new units' tables.
         for files in self.units.iter_mut().flatten().filter(|f| f.dirty) {
             for handle in &mut files.offset_files {
-                handle.sync(&disk)?;
+                handle.sync(disk)?;
             }
             files.dirty = false;
         }
         if !self.new_units.is_empty() || self.adopted_units {
             let units = self.dir.join(UNITS_DIR);
             if (self.adopted_units || self.new_units.iter().any(|&u| u > 0)) && units.exists() {
-                sync_dir(&disk, &units)?;
+                sync_dir(disk, &units)?;
             }
-            sync_dir(&disk, &self.dir)?;
+            sync_dir(disk, &self.dir)?;
             self.new_units.clear();
             self.adopted_units = false;
         }
@@ -394,7 +394,7 @@ impl Shared {
         let generation = self.generation;
         if !changes.is_empty() {
             let refs: Vec<(u64, &[Entry])> = changes.iter().map(|(i, e)| (*i, &e[..])).collect();
-            redo::write(&disk, &self.dir, generation, self.meta.fields.len(), &refs)?;
+            redo::write(disk, &self.dir, generation, self.meta.fields.len(), &refs)?;
         }
         // Every change to an existing record so far is in this commit (they are made while
         // the shared state is held, as it is here).
@@ -404,7 +404,7 @@ impl Shared {
         next.generation = generation;
         next.set_units(units.clone());
         next.chunks = self.chunks.clone();
-        next.store(&disk, &self.dir)?;
+        next.store(disk, &self.dir)?;
         self.meta = next;
         self.committed_rewrites = rewrites;
         // 5. The committed changes, in place, unless another process reads the dataset

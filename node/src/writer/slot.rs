@@ -26,7 +26,7 @@ impl Slot {
         writers: &Writers,
         unit: u32,
     ) -> Result<()> {
-        let disk = inner.disk().clone();
+        let disk = inner.disk();
         let mut shared = writers.shared();
         let first = first_chunk(unit);
         // The unit's chunks end where the next unit's ids begin.
@@ -225,7 +225,7 @@ impl Slot {
 
     /// Writes the frame buffer to the open chunk, growing the file if needed.
     pub(crate) fn flush_frames(&mut self, inner: &Core, grow: u64) -> Result<()> {
-        let disk = inner.disk().clone();
+        let disk = inner.disk();
         if self.frames.is_empty() {
             return Ok(());
         }
@@ -258,7 +258,7 @@ impl Slot {
 
     /// Seals the open chunk: trims the file to its data and records it as full.
     pub(crate) fn seal(&mut self, inner: &Core, writers: &Writers) -> Result<()> {
-        let disk = inner.disk().clone();
+        let disk = inner.disk();
         let Some(open) = self.open.as_mut() else {
             return Ok(());
         };

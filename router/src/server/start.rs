@@ -367,7 +367,6 @@ impl Router {
         tokio::spawn(async move {
             loop {
                 let _ = tokio::time::timeout(MAP_RELOAD_EVERY, stale.notified()).await;
-                tokio::time::sleep(MAP_RELOAD_PAUSE).await;
                 let Some(router) = router.upgrade() else {
                     return;
                 };
@@ -376,6 +375,9 @@ impl Router {
                     Err(e) => tracing::warn!("reloading the cluster map: {e}"),
                 }
                 router.sync_datasets().await;
+                drop(router);
+                // A refusal meanwhile is kept (`notify_one`): answered after the pause.
+                tokio::time::sleep(MAP_RELOAD_PAUSE).await;
             }
         });
     }

@@ -473,9 +473,7 @@ fn grants_bound_readers_and_writers_to_their_datasets() {
     // Team A's client asks the router for the map no more than once a minute, so that the
     // one-hop refusal below is the nodes' own, not the router's answer to a refresh.
     let team_a = {
-        let certs = cluster.certs_dir().expect("a secured cluster");
-        let home = zr_net::tls::issue_cert(&certs, Role::Reader, "team-a", 1).expect("issue");
-        let security = zr_net::Security::load(&home, Role::Reader).expect("load");
+        let security = issued_security(&cluster, Role::Reader, "team-a");
         let options = zr_router::ClientOptions {
             topology_every: std::time::Duration::from_secs(60),
             ..zr_router::ClientOptions::default()
@@ -585,10 +583,18 @@ fn grants_bound_readers_and_writers_to_their_datasets() {
 
 /// A client of `cluster`'s first router with a certificate of `role` issued under `name`.
 fn issued(cluster: &SimCluster, role: Role, name: &str) -> Client {
+    connect_as(
+        cluster,
+        cluster.router_addr(),
+        issued_security(cluster, role, name),
+    )
+}
+
+/// A certificate of `role` issued under `name` in `cluster`'s certificate directory.
+fn issued_security(cluster: &SimCluster, role: Role, name: &str) -> zr_net::Security {
     let certs = cluster.certs_dir().expect("a secured cluster");
     let home = zr_net::tls::issue_cert(&certs, role, name, 1).expect("issue");
-    let security = zr_net::Security::load(&home, role).expect("load");
-    connect_as(cluster, cluster.router_addr(), security)
+    zr_net::Security::load(&home, role).expect("load")
 }
 
 /// `mib_per_second_per_identity`: a reader's gathers move no more than the rate allows, one
@@ -617,9 +623,7 @@ fn a_reader_moves_at_most_its_bytes_per_second_and_others_do_not_wait_for_it() {
     writer.commit().expect("commit");
     let all: Vec<u64> = (0..RECORDS).collect();
     let as_reader = |name: &str, direct: bool| {
-        let certs = cluster.certs_dir().expect("a secured cluster");
-        let home = zr_net::tls::issue_cert(&certs, Role::Reader, name, 1).expect("issue");
-        let security = zr_net::Security::load(&home, Role::Reader).expect("load");
+        let security = issued_security(&cluster, Role::Reader, name);
         let options = zr_router::ClientOptions {
             direct,
             timeout: Duration::from_secs(20),
