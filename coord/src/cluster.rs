@@ -197,6 +197,17 @@ impl MapRecord {
         next
     }
 
+    /// The version before: `self` without its last change (`None` for the map the cluster
+    /// was made with).
+    pub fn before(&self) -> Option<MapRecord> {
+        let (_, changes) = self.changes.split_last()?;
+        Some(MapRecord {
+            version: self.version.saturating_sub(1),
+            changes: changes.to_vec(),
+            ..self.clone()
+        })
+    }
+
     /// The first key in which `self` and `other` differ, with both values, for a message
     /// (`None` if they describe the same cluster; the version and changes are not compared,
     /// and `shards` counts every shard either has now).

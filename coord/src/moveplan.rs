@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::cluster::{ClusterRecord, MapChange, MapMove, MapRecord};
+use crate::cluster::{AddedShard, ClusterRecord, MapChange, MapMove, MapRecord};
 use zr_proto::placement::{Placement, Run};
 
 /// What a shard gaining slots in a copy pass has to do, by the shard holding each slot:
@@ -156,6 +156,129 @@ pub fn gained_slots(old: &Placement, new: &Placement, shard: u32) -> Vec<u32> {
         .collect()
 }
 
+/// `record` with the move to `to` recorded, and `added` (the nodes of the shard an add
+/// makes) among its added shards in place of any earlier entry for that shard: the copy
+/// starts from this.
+pub fn recording(
+    record: &ClusterRecord,
+    to: MapRecord,
+    added: Option<AddedShard>,
+) -> ClusterRecord {
+    let mut next = record.clone();
+    if let Some(added) = added {
+        next.added.retain(|a| a.shard != added.shard);
+        next.added.push(added);
+    }
+    next.moving = Some(MapMove {
+        to,
+        switched_at: None,
+        switched_lens: BTreeMap::new(),
+    });
+    next
+}
+
+/// `record` with its move's map `to` published, the cluster's from now on: the default
+/// dataset switches at `len` records, each named one at its length in `lens`.
+pub fn publishing(
+    record: &ClusterRecord,
+    to: MapRecord,
+    len: u64,
+    lens: BTreeMap<String, u64>,
+) -> ClusterRecord {
+    ClusterRecord {
+        map: to.clone(),
+        moving: Some(MapMove {
+            to,
+            switched_at: Some(len),
+            switched_lens: lens,
+        }),
+        ..record.clone()
+    }
+}
+
+/// `record` with its move done.
+pub fn cleared(record: &ClusterRecord) -> ClusterRecord {
+    ClusterRecord {
+        moving: None,
+        ..record.clone()
+    }
+}
+
+/// A published move, as its nodes switch to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Switch {
+    /// The map switched from (the one before `to`).
+    pub from: MapRecord,
+    /// The map switched to, published.
+    pub to: MapRecord,
+    /// The default dataset's length at the switch.
+    len: u64,
+    /// Each named dataset's.
+    lens: BTreeMap<String, u64>,
+}
+
+impl Switch {
+    /// The switch `record` has published; the error says why there is none to finish.
+    pub fn of(record: &ClusterRecord) -> Result<Switch, String> {
+        let Some(MapMove {
+            to,
+            switched_at: Some(len),
+            switched_lens,
+        }) = &record.moving
+        else {
+            return Err("no published move to finish".into());
+        };
+        let from = to.before().ok_or_else(|| {
+            format!(
+                "map version {} is published as a move, but records no change",
+                to.version
+            )
+        })?;
+        Ok(Switch {
+            from,
+            to: to.clone(),
+            len: *len,
+            lens: switched_lens.clone(),
+        })
+    }
+
+    /// The length dataset `dataset` (`None`: the default one) switches at; the error names
+    /// a dataset the move was published without.
+    pub fn len_of(&self, dataset: Option<&str>) -> Result<u64, String> {
+        match dataset {
+            None => Ok(self.len),
+            Some(name) => self.lens.get(name).copied().ok_or_else(|| {
+                format!(
+                    "map version {} was published without the length of dataset '{name}'",
+                    self.to.version
+                )
+            }),
+        }
+    }
+}
+
+/// What shard `shard` serves after a switch to `new` (the placement of the published map;
+/// `staged`: the shards that built slots for it), each slot with its share of a dataset of
+/// `len` records; `None` if it holds nothing before and after (drained, or not added yet)
+/// and takes the map with its next request instead.
+pub fn switch_slots(
+    new: &Placement,
+    staged: &[u32],
+    shard: u32,
+    len: u64,
+) -> Option<Vec<(u32, u64)>> {
+    let slots = new.slots(shard);
+    if slots.is_empty() && !staged.contains(&shard) {
+        return None;
+    }
+    Some(
+        slots
+            .iter()
+            .map(|&slot| (slot, new.slot_len(slot, len)))
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,11 +322,7 @@ mod tests {
             match step {
                 Next::Done | Next::Busy(_) => return first,
                 Next::Record { to } => {
-                    record.moving = Some(MapMove {
-                        to,
-                        switched_at: None,
-                        switched_lens: Default::default(),
-                    });
+                    *record = recording(record, to, None);
                     if stop == Stop::Recorded {
                         return first;
                     }
@@ -212,18 +331,16 @@ mod tests {
                     if stop == Stop::Copied {
                         return first;
                     }
-                    record.map = to.clone();
-                    record.moving = Some(MapMove {
-                        to,
-                        switched_at: Some(0),
-                        switched_lens: Default::default(),
-                    });
+                    *record = publishing(record, to, 0, BTreeMap::new());
                     if stop == Stop::Published {
                         return first;
                     }
                 }
                 Next::Switch => {
-                    record.moving = None;
+                    let switch = Switch::of(record).expect("published");
+                    assert_eq!(switch.to, record.map);
+                    assert_eq!(Some(&switch.from), record.map.before().as_ref());
+                    *record = cleared(record);
                     return first;
                 }
             }
@@ -264,6 +381,70 @@ mod tests {
             next(&record, MapChange::DrainShard(0), 3),
             Next::Record { .. }
         ));
+    }
+
+    /// A published switch names the map before and after, each dataset's length at the
+    /// switch (a dataset it lacks by name), and what each shard serves after it: its slots
+    /// with their share, nothing for a shard that holds none before and after.
+    #[test]
+    fn a_published_switch_tells_each_shard_its_slots() {
+        let record = cluster(2);
+        assert!(Switch::of(&record).is_err(), "no move");
+        let add = MapChange::AddShard;
+        let to = record.map.with(add);
+        assert_eq!(to.before(), Some(record.map.clone()));
+        assert_eq!(
+            record.map.before(),
+            None,
+            "the map the cluster was made with"
+        );
+        let added = AddedShard {
+            shard: 2,
+            addrs: vec!["127.0.0.1:1".into()],
+        };
+        let recorded = recording(&record, to.clone(), Some(added.clone()));
+        assert_eq!(
+            recorded.map, record.map,
+            "reads go by the old map while copying"
+        );
+        assert_eq!(recorded.added, vec![added.clone()]);
+        // Recorded again (a stopped add run again): one entry for the shard.
+        assert_eq!(recording(&recorded, to.clone(), Some(added)).added.len(), 1);
+        assert!(Switch::of(&recorded).is_err(), "not published");
+        let lens = BTreeMap::from([("images".to_string(), 40)]);
+        let published = publishing(&recorded, to.clone(), 100, lens);
+        let switch = Switch::of(&published).unwrap();
+        assert_eq!((&switch.from, &switch.to), (&record.map, &to));
+        assert_eq!(switch.len_of(None), Ok(100));
+        assert_eq!(switch.len_of(Some("images")), Ok(40));
+        assert!(switch.len_of(Some("text")).unwrap_err().contains("'text'"));
+        assert_eq!(cleared(&published).moving, None);
+
+        let old = Placement::new(record.map.cluster_map().unwrap())
+            .unwrap()
+            .padded(4);
+        let new = Placement::new(to.cluster_map().unwrap()).unwrap().padded(4);
+        let staged = changed_shards(&old, &new);
+        assert_eq!(staged, vec![0, 1, 2]);
+        let mut total = 0;
+        for shard in 0..3 {
+            let slots = switch_slots(&new, &staged, shard, 100).unwrap();
+            assert_eq!(
+                slots.iter().map(|s| s.0).collect::<Vec<_>>(),
+                new.slots(shard)
+            );
+            total += slots.iter().map(|s| s.1).sum::<u64>();
+        }
+        assert_eq!(total, 100, "the shards' shares make up the dataset");
+        // Shard 3 is in no map yet: it is not told.
+        assert_eq!(switch_slots(&new, &staged, 3, 100), None);
+        // A drained shard that built nothing either.
+        let drained = to.with(MapChange::DrainShard(1));
+        let after = Placement::new(drained.cluster_map().unwrap())
+            .unwrap()
+            .padded(4);
+        assert_eq!(switch_slots(&after, &[0, 2], 1, 100), None);
+        assert_eq!(switch_slots(&after, &[0, 1, 2], 1, 100), Some(Vec::new()));
     }
 
     fn stops() -> impl Strategy<Value = Stop> {

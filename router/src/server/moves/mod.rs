@@ -33,7 +33,7 @@ use super::rebuild::{SHIP_POLL, SHIP_STALL};
 use super::Router;
 use crate::catchup::{ShipStep, ShipWatch};
 use crate::error::Failure;
-use crate::moveplan::{self, batches_of, changed_shards, gained_slots, Next};
+use crate::moveplan::{self, batches_of, changed_shards, gained_slots, switch_slots, Next, Switch};
 use crate::nodes::NodeId;
 
 mod copy;
@@ -220,12 +220,11 @@ impl Router {
                 });
             }
             Next::Record { to } => {
-                let mut added = record.added.clone();
+                let mut added = None;
                 if change == MapChange::AddShard {
                     let shard = to.total_shards() - 1;
                     let addrs = self.new_shard_nodes(shard, listed).await?;
-                    added.retain(|a| a.shard != shard);
-                    added.push(AddedShard {
+                    added = Some(AddedShard {
                         shard,
                         addrs: addrs.iter().map(ToString::to_string).collect(),
                     });
@@ -253,15 +252,7 @@ impl Router {
                 }
                 placement_of(&to, self.nodes.shards())
                     .map_err(|e| Failure::BadRequest(e.to_string()))?;
-                let moving = ClusterRecord {
-                    moving: Some(MapMove {
-                        to: to.clone(),
-                        switched_at: None,
-                        switched_lens: Default::default(),
-                    }),
-                    added,
-                    ..record.clone()
-                };
+                let moving = moveplan::recording(&record, to.clone(), added);
                 cluster::store(&*self.meta, Some(revision), &moving)
                     .await
                     .map_err(metadata)?;
@@ -319,15 +310,7 @@ impl Router {
                 }
                 // Publish: from here on the new map is the cluster's.
                 let (record, revision) = self.load_cluster().await?;
-                let published = ClusterRecord {
-                    map: to.clone(),
-                    moving: Some(MapMove {
-                        to: to.clone(),
-                        switched_at: Some(len),
-                        switched_lens,
-                    }),
-                    ..record
-                };
+                let published = moveplan::publishing(&record, to.clone(), len, switched_lens);
                 let revision = cluster::store(&*self.meta, Some(revision), &published)
                     .await
                     .map_err(metadata)?;
@@ -508,24 +491,16 @@ impl Router {
         record: ClusterRecord,
         revision: zr_meta::Revision,
     ) -> Result<MoveReport, Failure> {
-        let Some(MapMove {
-            to,
-            switched_at: Some(len),
-            switched_lens,
-        }) = record.moving.clone()
-        else {
-            return Err(Failure::Inconsistent("no published move to finish".into()));
-        };
+        let switch = Switch::of(&record).map_err(Failure::Inconsistent)?;
+        let (to, len) = (
+            &switch.to,
+            switch.len_of(None).map_err(Failure::Inconsistent)?,
+        );
         let shards = self.nodes.shards();
-        let new = placement_of(&to, shards)?;
-        let previous = MapRecord {
-            version: to.version - 1,
-            changes: to.changes[..to.changes.len().saturating_sub(1)].to_vec(),
-            ..to.clone()
-        };
-        let old = placement_of(&previous, shards)?;
+        let new = placement_of(to, shards)?;
+        let old = placement_of(&switch.from, shards)?;
         let staged = changed_shards(&old, &new);
-        self.adopt_map(&to, new.clone());
+        self.adopt_map(to, new.clone());
         // Each dataset switches with its own lease's token (its nodes' fence) and its own
         // length at the switch.
         let mut switching = Vec::new();
@@ -538,15 +513,9 @@ impl Router {
                         shard: 0,
                         timeout_ms: self.timeout.as_millis(),
                     })?;
-            let len = match &router.dataset {
-                None => len,
-                Some(name) => *switched_lens.get(&**name).ok_or_else(|| {
-                    Failure::Inconsistent(format!(
-                        "map version {} was published without the length of dataset '{name}'",
-                        to.version
-                    ))
-                })?,
-            };
+            let len = switch
+                .len_of(router.dataset.as_deref())
+                .map_err(Failure::Inconsistent)?;
             switching.push((router, token, len));
         }
         self.stop_here(MoveStep::Published)?;
@@ -561,19 +530,15 @@ impl Router {
                     self.stop_here(MoveStep::SwitchedOne)?;
                 }
                 let shard = self.nodes.shard(node);
-                if new.slots(shard).is_empty() && !staged.contains(&shard) {
-                    // Holds nothing before and after (drained, or not added yet): it takes
-                    // the map with its next request.
-                    return Ok(());
-                }
                 for (router, token, len) in switching {
+                    // None: the shard holds nothing before and after (drained, or not added
+                    // yet), and takes the map with its next request.
+                    let Some(slots) = switch_slots(new, staged, shard, *len) else {
+                        return Ok(());
+                    };
                     let request = NodeRequest::Switch {
                         version: to.version,
-                        slots: new
-                            .slots(shard)
-                            .iter()
-                            .map(|&slot| (slot, new.slot_len(slot, *len)))
-                            .collect(),
+                        slots,
                         token: *token,
                     };
                     self.nodes.call(router.on(), node, &request, Vec::new()).await.map_err(|e| {
@@ -592,11 +557,7 @@ impl Router {
             .await
             .into_iter()
             .collect::<Result<Vec<()>, Failure>>()?;
-        let done = ClusterRecord {
-            moving: None,
-            ..record
-        };
-        cluster::store(&*self.meta, Some(revision), &done)
+        cluster::store(&*self.meta, Some(revision), &moveplan::cleared(&record))
             .await
             .map_err(metadata)?;
         let mut report = self.move_progress().unwrap_or_default();
