@@ -204,6 +204,140 @@ impl LeaseState {
     }
 }
 
+/// The first pause between two reads of a lease another router holds; each next is twice
+/// as long, up to [`PAUSE_MOST`].
+pub const PAUSE_FIRST: Duration = Duration::from_millis(1);
+/// Longest pause between two reads of a lease another router holds.
+pub const PAUSE_MOST: Duration = Duration::from_millis(20);
+
+/// What a router taking the lease for a write does next (see [`Acquire`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Do {
+    /// The lease is held: write. `taken`: it was just taken from whoever held it last, who
+    /// may have changed the replica record meanwhile; `pending`: the write they left, to
+    /// settle first.
+    Write {
+        taken: bool,
+        pending: Option<PendingWrite>,
+    },
+    /// Write `record` by compare-and-swap on `expected` (`None`: there is none yet), then
+    /// tell [`Acquire::stored`].
+    Store {
+        expected: Option<Revision>,
+        record: WriterRecord,
+    },
+    /// Read the record, then tell [`Acquire::read`] what it held when the answer came.
+    Read,
+    /// Wait this long, then read.
+    Pause(Duration),
+    /// `holder` holds the lease (for `left` more at most) and did not give it up within
+    /// the wait: the write is refused as busy.
+    Busy { holder: u64, left: Duration },
+}
+
+/// One taking of the lease before a write, as steps: the lease held is kept, or renewed
+/// once less than half of it is left; otherwise the record is read, and taken once free or
+/// lapsed, read again after pauses of [`PAUSE_FIRST`] doubling to [`PAUSE_MOST`] while
+/// another router holds it, for at most the router's timeout. A store's or read's failure
+/// other than a conflict ends the taking (the driver returns it): the state is as if the
+/// store had not been asked for, and a store that did land is found by the next read.
+#[derive(Debug)]
+pub struct Acquire {
+    deadline: Instant,
+    pause: Duration,
+    /// The store asked for: when, with which pending write, and whether it renews a lease
+    /// held.
+    storing: Option<(Instant, Option<PendingWrite>, bool)>,
+}
+
+impl Acquire {
+    /// Starts taking the lease at `now` for a router whose calls take at most `timeout`:
+    /// it holds a lease that runs that long more, or waits that long at most for one.
+    pub fn start(state: &LeaseState, timeout: Duration, now: Instant) -> (Acquire, Do) {
+        let mut acquire = Acquire {
+            deadline: now + timeout,
+            pause: PAUSE_FIRST,
+            storing: None,
+        };
+        if state.usable(now, timeout).is_some() && !state.needs_renewal(now) {
+            let keep = Do::Write {
+                taken: false,
+                pending: None,
+            };
+            return (acquire, keep);
+        }
+        let first = match state.held() {
+            // Renew it; if another router took it meanwhile (this one's lapsed), take it anew.
+            Some(held) => acquire.store(state, Some(held.revision), held.pending, true, now),
+            None => Do::Read,
+        };
+        (acquire, first)
+    }
+
+    fn store(
+        &mut self,
+        state: &LeaseState,
+        expected: Option<Revision>,
+        pending: Option<PendingWrite>,
+        renews: bool,
+        now: Instant,
+    ) -> Do {
+        self.storing = Some((now, pending, renews));
+        Do::Store {
+            expected,
+            record: state.record(pending),
+        }
+    }
+
+    /// The store asked for was done: the record is at `revision` now, or (`None`) another
+    /// router wrote it first.
+    pub fn stored(&mut self, state: &mut LeaseState, revision: Option<Revision>) -> Do {
+        let Some((asked, pending, renews)) = self.storing.take() else {
+            // Told of a store not asked for: read what there is.
+            return Do::Read;
+        };
+        let Some(revision) = revision else {
+            state.lost();
+            return Do::Read;
+        };
+        state.taken(revision, asked, pending);
+        match renews {
+            // This router's own writes are done.
+            true => Do::Write {
+                taken: false,
+                pending: None,
+            },
+            false => Do::Write {
+                taken: true,
+                pending,
+            },
+        }
+    }
+
+    /// The record read (`None`: the store holds none), as the answer that came at `now`
+    /// gave it: a revision another router holds counts from when this router first saw
+    /// it, and that is when an answer came, not when it was asked for (the holder may have
+    /// renewed in between, counting from later than the asking).
+    pub fn read(
+        &mut self,
+        state: &mut LeaseState,
+        read: Option<(&WriterRecord, Revision)>,
+        now: Instant,
+    ) -> Do {
+        match state.observe(read, now) {
+            Step::Take { expected, pending } => self.store(state, expected, pending, false, now),
+            Step::Wait { holder, left } => {
+                if now + self.pause > self.deadline {
+                    return Do::Busy { holder, left };
+                }
+                let pause = self.pause;
+                self.pause = (pause * 2).min(PAUSE_MOST);
+                Do::Pause(pause)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,5 +469,73 @@ mod tests {
         ));
         state.taken(5, t0, None);
         assert_eq!(state.held().map(|h| h.token), Some(5));
+    }
+
+    /// A taking keeps a lease that runs long enough, renews one half run out (and takes it
+    /// anew if another router wrote the record meanwhile), and otherwise reads: a free
+    /// record is taken with its pending write, a held one read again after pauses that
+    /// double, until the wait is over and the write is refused as busy.
+    #[test]
+    fn a_taking_keeps_renews_waits_or_refuses() {
+        let timeout = Duration::from_secs(10);
+        let mut state = LeaseState::new(1, LEASE);
+        let t0 = Instant::now();
+        let (mut acquire, first) = Acquire::start(&state, timeout, t0);
+        assert_eq!(first, Do::Read);
+        let free = WriterRecord {
+            pending: Some(A7),
+            ..WriterRecord::default()
+        };
+        let take = acquire.read(&mut state, Some((&free, 4)), t0);
+        assert!(
+            matches!(take, Do::Store { expected: Some(4), record } if record.holder == Some(1))
+        );
+        let taken = Do::Write {
+            taken: true,
+            pending: Some(A7),
+        };
+        assert_eq!(acquire.stored(&mut state, Some(5)), taken);
+        // Held and fresh: kept, nothing to settle.
+        let keep = Do::Write {
+            taken: false,
+            pending: None,
+        };
+        assert_eq!(Acquire::start(&state, timeout, t0).1, keep);
+        // Half run out: renewed by compare-and-swap on the revision it wrote.
+        let later = t0 + LEASE / 2 + Duration::from_millis(1);
+        let (mut acquire, renew) = Acquire::start(&state, timeout, later);
+        assert!(matches!(
+            renew,
+            Do::Store {
+                expected: Some(5),
+                ..
+            }
+        ));
+        // Another router wrote it first: not held any more, read anew.
+        assert_eq!(acquire.stored(&mut state, None), Do::Read);
+        assert_eq!(state.held(), None);
+        let other = held_by(2, None);
+        let mut pauses = Vec::new();
+        let mut now = later;
+        loop {
+            match acquire.read(&mut state, Some((&other, 9)), now) {
+                Do::Pause(pause) => {
+                    pauses.push(pause.as_millis());
+                    now += pause;
+                }
+                Do::Busy { holder, left } => {
+                    assert_eq!(holder, 2);
+                    assert_eq!(left, LEASE - (now - later));
+                    break;
+                }
+                step => panic!("{step:?} while another router holds the lease"),
+            }
+        }
+        assert_eq!(pauses[..6], [1, 2, 4, 8, 16, 20]);
+        assert!(pauses.iter().sum::<u128>() <= timeout.as_millis());
+        assert!(
+            now + PAUSE_MOST > later + timeout,
+            "waited the whole timeout"
+        );
     }
 }

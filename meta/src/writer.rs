@@ -24,9 +24,10 @@
 //! that gives the lease back with its writes done clears it.
 //!
 //! This module is the coordination's state machine, without I/O: [`LeaseState`] is told what
-//! the store answered and when, and says what to do next. The router drives it.
+//! the store answered and when, and [`Acquire`] takes it for a write, step by step. The
+//! router drives them.
 
-pub use zr_coord::writer::{Held, LeaseState, PendingWrite, Step, WriterRecord};
+pub use zr_coord::writer::{Acquire, Do, Held, LeaseState, PendingWrite, Step, WriterRecord};
 
 use crate::{Error, MetaStore, Revision};
 

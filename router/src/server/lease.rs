@@ -9,15 +9,13 @@
 
 use std::time::Duration;
 
-use zr_meta::writer::{self, Held, PendingWrite, Step};
+use zr_meta::writer::{self, Acquire, Do, Held, PendingWrite};
 
 use super::Router;
 use crate::error::Failure;
 
 /// The lease lasts this many router timeouts.
 pub(super) const LEASE_TIMEOUTS: u32 = 4;
-/// Longest pause between two reads of a lease another router holds.
-const LEASE_RETRY_MAX: Duration = Duration::from_millis(20);
 /// A router gives the lease back after writing nothing for this long.
 pub(super) const LINGER: Duration = Duration::from_millis(50);
 
@@ -43,72 +41,58 @@ impl Router {
     }
 
     /// Takes the writer lease, waiting up to the router's timeout while another router holds
-    /// it, or keeps the one this router holds (renewed when half run out). Returns the write
-    /// an earlier holder left pending, to settle before writing (`None` when the lease was
-    /// held already: this router's own writes are done).
+    /// it, or keeps the one this router holds (renewed when half run out): the steps are
+    /// `zr_meta::writer::Acquire`'s, performed here. Returns the write an earlier holder left
+    /// pending, to settle before writing (`None` when the lease was held already: this
+    /// router's own writes are done).
     pub(super) async fn acquire_lease(&self) -> Result<Option<PendingWrite>, Failure> {
-        let (held, keep) = {
-            let state = self.lease_state();
-            let now = now();
-            let keep = state.usable(now, self.timeout).is_some() && !state.needs_renewal(now);
-            (state.held(), keep)
-        };
-        if keep {
-            return Ok(None);
-        }
-        if let Some(held) = held {
-            // Renew it; if another router took it meanwhile (this one's lapsed), take it anew.
-            match self.write_record(Some(held.revision), held.pending).await {
-                Ok(()) => return Ok(None),
-                Err(zr_meta::Error::Conflict { .. }) => {}
-                Err(e) => return Err(metadata(e)),
-            }
-        }
-        let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut pause = Duration::from_millis(1);
+        let (mut acquire, mut next) = Acquire::start(&self.lease_state(), self.timeout, now());
         loop {
-            let asked = now();
-            let read = writer::load(&*self.meta, &self.writer_key)
-                .await
-                .map_err(metadata)?;
-            let step = self
-                .lease_state()
-                .observe(read.as_ref().map(|(r, revision)| (r, *revision)), asked);
-            match step {
-                Step::Take { expected, pending } => {
-                    match self.write_record(expected, pending).await {
-                        Ok(()) => {
-                            // Taken from whoever held it last, who may have changed which
-                            // replicas are in sync, or where one is, meanwhile (a catch-up
-                            // finished, a replacement recorded — both under every lease):
-                            // the writes go by the record as it is now.
-                            if self.nodes.replicas() > 1 {
-                                if let Err(e) = self.nodes.refresh_replicas().await {
-                                    self.release_lease(false).await;
-                                    return Err(e);
-                                }
-                            }
-                            return Ok(pending);
+            next = match next {
+                Do::Write { taken, pending } => {
+                    // Taken from whoever held it last, who may have changed which replicas
+                    // are in sync, or where one is, meanwhile (a catch-up finished, a
+                    // replacement recorded — both under every lease): the writes go by the
+                    // record as it is now.
+                    if taken && self.nodes.replicas() > 1 {
+                        if let Err(e) = self.nodes.refresh_replicas().await {
+                            self.release_lease(false).await;
+                            return Err(e);
                         }
-                        // Another router took it first: read again.
-                        Err(zr_meta::Error::Conflict { .. }) => {}
+                    }
+                    return Ok(pending);
+                }
+                Do::Store { expected, record } => {
+                    match writer::store(&*self.meta, &self.writer_key, expected, &record).await {
+                        Ok(revision) => acquire.stored(&mut self.lease_state(), Some(revision)),
+                        // Another router wrote it first.
+                        Err(zr_meta::Error::Conflict { .. }) => {
+                            acquire.stored(&mut self.lease_state(), None)
+                        }
                         Err(e) => return Err(metadata(e)),
                     }
                 }
-                Step::Wait { holder, left } => {
-                    if tokio::time::Instant::now() + pause > deadline {
-                        return Err(Failure::Busy {
-                            waited_ms: self.timeout.as_millis(),
-                            reason: format!(
-                                "router {holder:016x} holds the write lease (for {} ms more at most)",
-                                left.as_millis()
-                            ),
-                        });
-                    }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(LEASE_RETRY_MAX);
+                Do::Read => {
+                    let read = writer::load(&*self.meta, &self.writer_key)
+                        .await
+                        .map_err(metadata)?;
+                    let read = read.as_ref().map(|(r, revision)| (r, *revision));
+                    acquire.read(&mut self.lease_state(), read, now())
                 }
-            }
+                Do::Pause(pause) => {
+                    tokio::time::sleep(pause).await;
+                    Do::Read
+                }
+                Do::Busy { holder, left } => {
+                    return Err(Failure::Busy {
+                        waited_ms: self.timeout.as_millis(),
+                        reason: format!(
+                            "router {holder:016x} holds the write lease (for {} ms more at most)",
+                            left.as_millis()
+                        ),
+                    })
+                }
+            };
         }
     }
 
