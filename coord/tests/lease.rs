@@ -19,11 +19,13 @@
 //! A failure names its seed; `ZR_LEASE_SEED=N cargo test -p zr-coord --test lease` replays it,
 //! and `ZR_LEASE_SEEDS=N` runs seeds 0 to N - 1 (1000 by default).
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use zr_coord::writer::{Acquire, Do, LeaseState, WriterRecord};
+
+mod model;
+use model::{seeds, Rng, Timeline};
 
 /// Virtual time is counted in microseconds.
 const MS: u64 = 1000;
@@ -35,23 +37,6 @@ const LEASE: u64 = 4 * TIMEOUT;
 const LINGER: u64 = 50 * MS;
 /// How long each run lasts.
 const RUN: u64 = 4_000 * MS;
-
-/// A seeded sequence, the same on every machine: the engine's hash of (seed, draw).
-struct Rng {
-    seed: u64,
-    drawn: u64,
-}
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.drawn += 1;
-        zr_common::hash::mix2(self.seed, self.drawn) % n.max(1)
-    }
-
-    fn one_in(&mut self, n: u64) -> bool {
-        self.below(n) == 0
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Action {
@@ -125,8 +110,7 @@ struct Pair {
     rng: Rng,
     t0: Instant,
     now: u64,
-    queue: BinaryHeap<Reverse<(u64, u64, Action)>>,
-    queued: u64,
+    timeline: Timeline<Action>,
     routers: Vec<Router>,
     /// The store's record and its revision; the last revision given.
     record: Option<(WriterRecord, u64)>,
@@ -141,11 +125,10 @@ impl Pair {
     fn new(seed: u64, routers: usize) -> Pair {
         let mut pair = Pair {
             seed,
-            rng: Rng { seed, drawn: 0 },
+            rng: Rng::new(seed),
             t0: Instant::now(),
             now: 0,
-            queue: BinaryHeap::new(),
-            queued: 0,
+            timeline: Timeline::new(),
             routers: Vec::new(),
             record: None,
             revision: 0,
@@ -174,8 +157,7 @@ impl Pair {
     }
 
     fn at(&mut self, when: u64, action: Action) {
-        self.queued += 1;
-        self.queue.push(Reverse((when, self.queued, action)));
+        self.timeline.at(when, action);
     }
 
     fn instant(&self) -> Instant {
@@ -391,7 +373,7 @@ impl Pair {
     }
 
     fn step(&mut self) -> bool {
-        let Some(Reverse((when, _, action))) = self.queue.pop() else {
+        let Some((when, action)) = self.timeline.next() else {
             return false;
         };
         if when > RUN {
@@ -485,21 +467,10 @@ fn run(seed: u64, routers: usize) -> Pair {
     pair
 }
 
-fn seeds() -> Vec<u64> {
-    match std::env::var("ZR_LEASE_SEED") {
-        Ok(seed) => vec![seed.parse().expect("ZR_LEASE_SEED is a number")],
-        Err(_) => {
-            let count = std::env::var("ZR_LEASE_SEEDS")
-                .map_or(1000, |n| n.parse().expect("ZR_LEASE_SEEDS is a number"));
-            (0..count).collect()
-        }
-    }
-}
-
 #[test]
 fn two_routers_never_write_at_once() {
     let mut holders = 0;
-    for seed in seeds() {
+    for seed in seeds("ZR_LEASE_SEED", 1000) {
         let pair = run(seed, 2);
         let mut writers: Vec<_> = pair.calls.iter().map(|c| c.holder.0).collect();
         writers.dedup();
@@ -512,7 +483,7 @@ fn two_routers_never_write_at_once() {
 #[test]
 fn three_routers_never_write_at_once_and_some_wait() {
     let mut busy = 0;
-    for seed in seeds() {
+    for seed in seeds("ZR_LEASE_SEED", 1000) {
         busy += run(seed, 3).busy;
     }
     assert!(busy > 0, "no router ever waited out another's lease");

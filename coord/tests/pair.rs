@@ -12,8 +12,6 @@
 //!
 //! A failure names its seed; `ZR_PAIR_SEED=N cargo test -p zr-coord --test pair` replays it.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -22,18 +20,8 @@ use zr_coord::lease::READ_LEASE_WAIT;
 use zr_coord::liveness::{Health, DOWN_AFTER, EVERY_DOWN, EVERY_UP, HEARTBEAT_TIMEOUT};
 use zr_coord::{Effect, Event, ReplicaRecord, Replicas};
 
-/// A seeded sequence, the same on every machine: the engine's hash of (seed, draw).
-struct Rng {
-    seed: u64,
-    drawn: u64,
-}
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.drawn += 1;
-        zr_common::hash::mix2(self.seed, self.drawn) % n.max(1)
-    }
-}
+mod model;
+use model::{seeds, Rng, Timeline};
 
 /// A node as the model has it.
 #[derive(Clone, Debug, Default)]
@@ -69,8 +57,7 @@ struct Pair {
     t0: Instant,
     /// Virtual time, in milliseconds since `t0`.
     now: u64,
-    queue: BinaryHeap<Reverse<(u64, u64, Action)>>,
-    queued: u64,
+    timeline: Timeline<Action>,
     replicas: u32,
     state: Replicas,
     nodes: Vec<Model>,
@@ -99,11 +86,10 @@ impl Pair {
         }
         let mut pair = Pair {
             seed,
-            rng: Rng { seed, drawn: 0 },
+            rng: Rng::new(seed),
             t0: Instant::now(),
             now: 0,
-            queue: BinaryHeap::new(),
-            queued: 0,
+            timeline: Timeline::new(),
             replicas,
             state,
             nodes: vec![
@@ -130,8 +116,7 @@ impl Pair {
     }
 
     fn at(&mut self, when: u64, action: Action) {
-        self.queued += 1;
-        self.queue.push(Reverse((when, self.queued, action)));
+        self.timeline.at(when, action);
     }
 
     fn instant(&self, ms: u64) -> Instant {
@@ -196,7 +181,7 @@ impl Pair {
     }
 
     fn step(&mut self) -> bool {
-        let Some(Reverse((when, _, action))) = self.queue.pop() else {
+        let Some((when, action)) = self.timeline.next() else {
             return false;
         };
         self.now = when;
@@ -445,16 +430,9 @@ fn run(seed: u64, shards: u32, replicas: u32, millis: u64) -> Pair {
     pair
 }
 
-fn seeds() -> Vec<u64> {
-    match std::env::var("ZR_PAIR_SEED") {
-        Ok(seed) => vec![seed.parse().expect("ZR_PAIR_SEED is a number")],
-        Err(_) => (1..=40).collect(),
-    }
-}
-
 #[test]
 fn replicas_keep_acknowledged_writes_through_crashes_and_restarts() {
-    for seed in seeds() {
+    for seed in seeds("ZR_PAIR_SEED", 40) {
         let pair = run(seed, 2, 2, 60_000);
         // The run did what it is for: writes acknowledged, nodes lost and back.
         assert!(pair.acks > 100, "seed {seed}: {} acks", pair.acks);
@@ -467,7 +445,7 @@ fn replicas_keep_acknowledged_writes_through_crashes_and_restarts() {
 
 #[test]
 fn three_replicas_keep_acknowledged_writes_through_crashes_and_restarts() {
-    for seed in seeds() {
+    for seed in seeds("ZR_PAIR_SEED", 40) {
         let pair = run(seed ^ 0x5eed, 1, 3, 30_000);
         assert!(pair.acks > 50, "seed {seed}: {} acks", pair.acks);
     }
