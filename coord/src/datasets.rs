@@ -76,6 +76,55 @@ pub fn node_changes<'a>(
     changes
 }
 
+/// A named dataset as a router knows it: name, id and how many fields it serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Known<'a> {
+    pub name: &'a str,
+    pub id: u64,
+    pub fields: usize,
+}
+
+/// One change that brings a router's named datasets in step with the cluster record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Adopt<'a> {
+    /// Dataset `name`, served under id `id`, was dropped (or dropped and made again, under
+    /// another id): it serves nothing more, and those waiting on it are told.
+    Drop { name: &'a str, id: u64 },
+    /// A dataset the router does not serve yet (made, or made again after a drop).
+    Open(&'a DatasetRecord),
+    /// A dataset it serves has gained fields: these are its fields now.
+    Fields {
+        name: &'a str,
+        fields: Vec<FieldInfo>,
+    },
+}
+
+/// What a router serving `known` does to follow `record`: the drops first, then each
+/// dataset of the record it does not serve under the record's id opened, each that has
+/// more fields than it serves given them. A field is never taken away (fields only grow).
+pub fn router_changes<'a>(record: &'a ClusterRecord, known: &[Known<'a>]) -> Vec<Adopt<'a>> {
+    let current = |k: &Known| record.dataset(k.name).is_some_and(|d| d.id == k.id);
+    let mut changes: Vec<Adopt> = known
+        .iter()
+        .filter(|k| !current(k))
+        .map(|k| Adopt::Drop {
+            name: k.name,
+            id: k.id,
+        })
+        .collect();
+    for dataset in &record.datasets {
+        match known.iter().find(|k| k.name == dataset.name && current(k)) {
+            None => changes.push(Adopt::Open(dataset)),
+            Some(k) if k.fields < dataset.fields.len() => changes.push(Adopt::Fields {
+                name: &dataset.name,
+                fields: wire_fields(&dataset.fields),
+            }),
+            Some(_) => {}
+        }
+    }
+    changes
+}
+
 /// `fields` as the cluster record keeps them.
 pub fn record_fields(fields: &[FieldInfo]) -> Vec<FieldRecord> {
     fields
@@ -226,5 +275,56 @@ mod tests {
         assert_eq!(node_changes(&record_then, &[], &held_newer), vec![]);
         let in_step = [held("text", 7, &["a"])];
         assert_eq!(node_changes(&record_then, &[], &in_step), vec![]);
+    }
+
+    /// A router follows the record: a dropped dataset is dropped, one made again under a
+    /// new id dropped and opened anew, a new one opened, one given fields grown; fields it
+    /// serves beyond the record's (read before they were recorded) stay.
+    #[test]
+    fn a_router_drops_opens_and_grows_its_datasets_as_the_record_says() {
+        let record = record(
+            vec![
+                dataset("text", 3, &["a", "b"]),
+                dataset("images", 9, &["x"]),
+                dataset("new", 10, &["y"]),
+                dataset("wide", 4, &["p"]),
+            ],
+            10,
+        );
+        let known = |name, id, fields| Known { name, id, fields };
+        let serving = [
+            known("text", 3, 1),
+            known("images", 5, 1),
+            known("gone", 2, 1),
+            known("wide", 4, 3),
+        ];
+        let changes = router_changes(&record, &serving);
+        let fields = wire_fields(&[field("a"), field("b")]);
+        assert_eq!(
+            changes,
+            vec![
+                Adopt::Drop {
+                    name: "images",
+                    id: 5
+                },
+                Adopt::Drop {
+                    name: "gone",
+                    id: 2
+                },
+                Adopt::Fields {
+                    name: "text",
+                    fields
+                },
+                Adopt::Open(&record.datasets[1]),
+                Adopt::Open(&record.datasets[2]),
+            ]
+        );
+        let caught_up = [
+            known("text", 3, 2),
+            known("images", 9, 1),
+            known("new", 10, 1),
+            known("wide", 4, 3),
+        ];
+        assert_eq!(router_changes(&record, &caught_up), Vec::new());
     }
 }

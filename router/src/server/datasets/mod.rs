@@ -17,7 +17,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use zr_coord::datasets::{record_fields, wire_fields};
+use zr_coord::datasets::{record_fields, router_changes, wire_fields, Adopt, Known};
 use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, DictRef};
 use zr_meta::writer::PendingWrite;
 use zr_net::Body;
@@ -305,29 +305,36 @@ impl Router {
         }
         self.adopted.store(revision, Ordering::SeqCst);
         let known: Vec<Arc<Router>> = self.named_routers();
-        for gone in known.iter().filter(|r| {
-            record
-                .dataset(r.dataset_name())
-                .is_none_or(|d| d.id != r.dataset_id)
-        }) {
-            gone.dropped.store(true, Ordering::SeqCst);
-            gone.committed_watch.send_modify(|_| {}); // its waiters fail now
-            self.named
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(gone.dataset_name());
-            tracing::info!("dataset '{}' was dropped", gone.dataset_name());
-        }
-        for dataset in &record.datasets {
-            match self.named_router(&dataset.name) {
-                Some(router) => {
-                    let fields = wire_fields(&dataset.fields);
-                    let mut ours = router.fields.write().unwrap_or_else(|e| e.into_inner());
-                    if ours.len() < fields.len() {
-                        *ours = fields;
+        let fields: Vec<usize> = known.iter().map(|r| r.fields().len()).collect();
+        let views: Vec<Known> = known
+            .iter()
+            .zip(&fields)
+            .map(|(r, &fields)| Known {
+                name: r.dataset_name(),
+                id: r.dataset_id,
+                fields,
+            })
+            .collect();
+        for change in router_changes(record, &views) {
+            match change {
+                Adopt::Drop { name, id } => {
+                    let mut named = self.named.write().unwrap_or_else(|e| e.into_inner());
+                    if let Some(gone) = named.get(name).filter(|r| r.dataset_id == id) {
+                        gone.dropped.store(true, Ordering::SeqCst);
+                        gone.committed_watch.send_modify(|_| {}); // its waiters fail now
+                        named.remove(name);
+                        tracing::info!("dataset '{name}' was dropped");
                     }
                 }
-                None => {
+                Adopt::Fields { name, fields } => {
+                    if let Some(router) = self.named_router(name) {
+                        let mut ours = router.fields.write().unwrap_or_else(|e| e.into_inner());
+                        if ours.len() < fields.len() {
+                            *ours = fields;
+                        }
+                    }
+                }
+                Adopt::Open(dataset) => {
                     let router = self.open_named(dataset).await;
                     self.named
                         .write()
