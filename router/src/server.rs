@@ -88,43 +88,22 @@ pub(crate) fn links_of(
     )
 }
 
-/// The router's state, of one dataset: the router of the default dataset is the one that
-/// serves, and sends each request to its dataset's (`datasets.rs`). See the module
-/// documentation.
-pub struct Router {
-    /// The dataset served (`None`: the default one).
-    dataset: Option<Arc<str>>,
-    /// Its id (0 for the default dataset).
-    dataset_id: u64,
-    /// The named datasets' routers (the default dataset's router holds them).
-    named: std::sync::RwLock<std::collections::BTreeMap<String, Arc<Router>>>,
-    /// Set when the dataset was dropped: its router serves nothing more.
-    dropped: std::sync::atomic::AtomicBool,
-    /// The revision of the cluster record whose datasets `named` holds, and the lock its
-    /// adoption takes (`datasets.rs`).
-    adopted: AtomicU64,
-    adopting: Mutex<()>,
-    placement: ArcSwap<Placement>,
+/// What a router knows of the cluster as a whole, and how it serves: one per router,
+/// shared by every dataset's [`Router`].
+pub(crate) struct Cluster {
+    /// The links to the nodes, their liveness and the replica record.
     nodes: Arc<Nodes>,
-    len: AtomicU64,
-    writes: Mutex<()>,
-    /// The dataset's writer lease as this router knows it (see `lease.rs`), kept at
-    /// `writer_key` in the metadata store.
-    lease: std::sync::Mutex<zr_meta::writer::LeaseState>,
-    writer_key: String,
-    /// When this router's last write under the lease finished.
-    lease_used: std::sync::Mutex<Option<tokio::time::Instant>>,
-    fields: std::sync::RwLock<Vec<FieldInfo>>,
-    /// The committed length, for consumers waiting on records (`datasets.rs`).
-    committed_watch: tokio::sync::watch::Sender<u64>,
-    /// Whether a task reads commits through other routers for the waiters (`datasets.rs`).
-    watching_commits: std::sync::atomic::AtomicBool,
+    /// The longest a call to a node or to the metadata store takes.
     timeout: Duration,
     /// The cluster's metadata: its id, map and committed length.
     meta: Arc<dyn MetaStore>,
     cluster_id: String,
-    /// The version of the map placing reads and writes.
-    map_version: AtomicU64,
+    /// The named datasets' routers.
+    named: std::sync::RwLock<std::collections::BTreeMap<String, Arc<Router>>>,
+    /// The revision of the cluster record whose datasets `named` holds, and the lock its
+    /// adoption takes (`datasets.rs`).
+    adopted: AtomicU64,
+    adopting: Mutex<()>,
     /// The move this router runs, if any (see `moves.rs`).
     moving: std::sync::Mutex<Option<wire::MoveReport>>,
     /// Bytes a second each node gaining slots copies their files at in the move this
@@ -132,16 +111,8 @@ pub struct Router {
     move_rate: AtomicU64,
     /// Where moves stop (see [`Router::stop_moves_at`]).
     move_stop: std::sync::Mutex<Option<MoveStep>>,
-    /// The committed length as last read from or written to the metadata store.
-    committed: AtomicU64,
-    /// Records rewritten in place (modify, delete, write-field) since the last commit was
-    /// recorded: the next commit counts as a change even if the length stayed.
-    rewritten: std::sync::atomic::AtomicBool,
-    /// Per shard: `Some(records it holds)` while its node holds fewer records than the
-    /// committed length gives it (its data is missing); see [`Failure::MissingData`].
-    missing: std::sync::Mutex<Vec<Option<u64>>>,
     /// Catch-ups of behind replicas running here (see `rebuild.rs`), by node.
-    rebuilds: Arc<std::sync::Mutex<std::collections::HashMap<NodeId, rebuild::Progress>>>,
+    rebuilds: std::sync::Mutex<std::collections::HashMap<NodeId, rebuild::Progress>>,
     /// The bytes of gather replies held at once (see `budget.rs`).
     replies: Arc<ReplyBudget>,
     /// Bytes of requests read or handled at once (`[router] request_budget_mib`).
@@ -155,10 +126,47 @@ pub struct Router {
     /// The address this router serves clients on, once it does.
     listening: std::sync::OnceLock<SocketAddr>,
     /// Revoked certificate names and grants (`zr cluster revoke`, `zr grant`), as last read
-    /// from the metadata store (shared with the named datasets' routers).
+    /// from the metadata store.
     access: Arc<zr_meta::access::AccessControl>,
     /// Where admin actions, commits and refused requests are written (`[router] audit_log`).
     audit: Option<Arc<zr_service::audit::AuditLog>>,
+}
+
+/// The router's state of one dataset, beside the [`Cluster`] every dataset shares: the
+/// router of the default dataset is the one that serves, and sends each request to its
+/// dataset's (`datasets.rs`). See the module documentation.
+pub struct Router {
+    cluster: Arc<Cluster>,
+    /// The dataset served (`None`: the default one).
+    dataset: Option<Arc<str>>,
+    /// Its id (0 for the default dataset).
+    dataset_id: u64,
+    /// Set when the dataset was dropped: its router serves nothing more.
+    dropped: std::sync::atomic::AtomicBool,
+    placement: ArcSwap<Placement>,
+    /// The version of the map placing reads and writes.
+    map_version: AtomicU64,
+    len: AtomicU64,
+    writes: Mutex<()>,
+    /// The dataset's writer lease as this router knows it (see `lease.rs`), kept at
+    /// `writer_key` in the metadata store.
+    lease: std::sync::Mutex<zr_meta::writer::LeaseState>,
+    writer_key: String,
+    /// When this router's last write under the lease finished.
+    lease_used: std::sync::Mutex<Option<tokio::time::Instant>>,
+    fields: std::sync::RwLock<Vec<FieldInfo>>,
+    /// The committed length, for consumers waiting on records (`datasets.rs`).
+    committed_watch: tokio::sync::watch::Sender<u64>,
+    /// Whether a task reads commits through other routers for the waiters (`datasets.rs`).
+    watching_commits: std::sync::atomic::AtomicBool,
+    /// The committed length as last read from or written to the metadata store.
+    committed: AtomicU64,
+    /// Records rewritten in place (modify, delete, write-field) since the last commit was
+    /// recorded: the next commit counts as a change even if the length stayed.
+    rewritten: std::sync::atomic::AtomicBool,
+    /// Per shard: `Some(records it holds)` while its node holds fewer records than the
+    /// committed length gives it (its data is missing); see [`Failure::MissingData`].
+    missing: std::sync::Mutex<Vec<Option<u64>>>,
 }
 
 /// Opens the metadata store `config` names (`[metadata]`).
@@ -171,7 +179,7 @@ impl Router {
     /// Bytes of gather replies this router holds now: received from nodes and not yet
     /// acknowledged by their clients (at most `[router] reply_budget_mib`).
     pub fn reply_bytes_held(&self) -> usize {
-        self.replies.held()
+        self.cluster.replies.held()
     }
 
     /// The dataset this router's node requests address (`None`: the default one).
@@ -225,7 +233,7 @@ impl Router {
         replica: u32,
         addr: &str,
     ) -> Result<(), Failure> {
-        let (shards, replicas) = (self.nodes.shards(), self.nodes.replicas());
+        let (shards, replicas) = (self.cluster.nodes.shards(), self.cluster.nodes.replicas());
         if shard >= shards {
             return Err(Failure::BadRequest(format!(
                 "there is no shard {shard}: the cluster has {shards} (0..{shards})"
@@ -249,37 +257,40 @@ impl Router {
                 "{addr} is no address a node can be reached at: give its IP and port"
             )));
         }
-        if self.listening.get() == Some(&addr) {
+        if self.cluster.listening.get() == Some(&addr) {
             return Err(Failure::BadRequest(format!(
                 "{addr} is this router's own address, not a node's"
             )));
         }
-        if self.nodes.addr(self.nodes.id(shard, replica)) == addr {
+        if self
+            .cluster
+            .nodes
+            .addr(self.cluster.nodes.id(shard, replica))
+            == addr
+        {
             return Err(Failure::BadRequest(format!(
                 "{addr} is shard {shard} replica {replica}'s address already: a replacement is a node at another address (a node restarted at the same address with its data lost is rebuilt without one)"
             )));
         }
-        if let Some(other) = self
-            .nodes
-            .all()
-            .find(|&n| self.nodes.addr(n) == addr && self.nodes.id(shard, replica) != n)
-        {
+        if let Some(other) = self.cluster.nodes.all().find(|&n| {
+            self.cluster.nodes.addr(n) == addr && self.cluster.nodes.id(shard, replica) != n
+        }) {
             return Err(Failure::BadRequest(format!(
                 "{addr} already serves shard {} replica {}",
-                self.nodes.shard(other),
-                self.nodes.replica(other)
+                self.cluster.nodes.shard(other),
+                self.cluster.nodes.replica(other)
             )));
         }
         let all = self.all_routers();
         Router::exclusive_all(&all, || {
-            Box::pin(self.nodes.move_replica(shard, replica, addr))
+            Box::pin(self.cluster.nodes.move_replica(shard, replica, addr))
         })
         .await
     }
 
     /// The cluster as this router sees it now: every node asked at once.
     async fn status(&self) -> wire::ClusterStatus {
-        let moving = match cluster::load(&*self.meta).await {
+        let moving = match cluster::load(&*self.cluster.meta).await {
             Ok(Some((record, _))) => {
                 self.set_committed(record.committed_len);
                 record.moving.map(|moving| self.describe_move(&moving))
@@ -294,6 +305,7 @@ impl Router {
         let placement = self.placement.load_full();
         let answers = self.each_node_info(None).await;
         let rebuilds = self
+            .cluster
             .rebuilds
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -302,8 +314,8 @@ impl Router {
             .into_iter()
             .enumerate()
             .map(|(node, answer)| {
-                let shard = self.nodes.shard(node);
-                let in_sync = self.nodes.in_sync(node);
+                let shard = self.cluster.nodes.shard(node);
+                let in_sync = self.cluster.nodes.in_sync(node);
                 let share = placement.shard_len(shard, committed);
                 let (state, records) = match answer {
                     Ok((len, _)) if len < share && in_sync => (
@@ -319,20 +331,20 @@ impl Router {
                 };
                 wire::NodeStatus {
                     shard,
-                    replica: self.nodes.replica(node),
+                    replica: self.cluster.nodes.replica(node),
                     in_sync,
                     rebuild: rebuilds.get(&node).map(|p| p.describe()),
-                    addr: self.nodes.addr(node).to_string(),
+                    addr: self.cluster.nodes.addr(node).to_string(),
                     state,
                     records,
-                    last_seen_ms: self.nodes.last_seen(node).map(|d| d.as_millis() as u64),
-                    lease: self.nodes.lease(node),
-                    rtt_us: self.nodes.rtt(node).map(|d| d.as_micros() as u64),
+                    last_seen_ms: self.cluster.nodes.last_seen(node).map(|d| d.as_millis() as u64),
+                    lease: self.cluster.nodes.lease(node),
+                    rtt_us: self.cluster.nodes.rtt(node).map(|d| d.as_micros() as u64),
                 }
             })
             .collect();
         wire::ClusterStatus {
-            cluster: self.cluster_id.clone(),
+            cluster: self.cluster.cluster_id.clone(),
             map_version: self.map_version.load(Ordering::SeqCst),
             committed_len: committed,
             len: self.len(),
@@ -351,13 +363,14 @@ impl Router {
         let len = self.len_covering(covering).await?;
         let placement = self.placement.load_full();
         let nodes = self
+            .cluster
             .nodes
             .all()
             .map(|node| wire::NodeAddr {
-                shard: self.nodes.shard(node),
-                replica: self.nodes.replica(node),
-                addr: self.nodes.addr(node).to_string(),
-                in_sync: self.nodes.in_sync(node),
+                shard: self.cluster.nodes.shard(node),
+                replica: self.cluster.nodes.replica(node),
+                addr: self.cluster.nodes.addr(node).to_string(),
+                in_sync: self.cluster.nodes.in_sync(node),
             })
             .collect();
         let missing = self
@@ -370,14 +383,14 @@ impl Router {
             .map(|(shard, _)| shard as u32)
             .collect();
         Ok(wire::Topology {
-            cluster: self.cluster_id.clone(),
+            cluster: self.cluster.cluster_id.clone(),
             map: placement.map().clone(),
-            shards: self.nodes.shards(),
-            replicas: self.nodes.replicas(),
+            shards: self.cluster.nodes.shards(),
+            replicas: self.cluster.nodes.replicas(),
             nodes,
             len,
             missing,
-            timeout_ms: self.timeout.as_millis() as u64,
+            timeout_ms: self.cluster.timeout.as_millis() as u64,
         })
     }
 

@@ -37,7 +37,7 @@ impl Router {
     /// The lease this router holds, if it runs at least one more timeout (each call to a
     /// node takes at most that).
     pub(super) fn usable_lease(&self) -> Option<Held> {
-        self.lease_state().usable(now(), self.timeout)
+        self.lease_state().usable(now(), self.cluster.timeout)
     }
 
     /// Takes the writer lease, waiting up to the router's timeout while another router holds
@@ -46,7 +46,8 @@ impl Router {
     /// pending, to settle before writing (`None` when the lease was held already: this
     /// router's own writes are done).
     pub(super) async fn acquire_lease(&self) -> Result<Option<PendingWrite>, Failure> {
-        let (mut acquire, mut next) = Acquire::start(&self.lease_state(), self.timeout, now());
+        let (mut acquire, mut next) =
+            Acquire::start(&self.lease_state(), self.cluster.timeout, now());
         loop {
             next = match next {
                 Do::Write { taken, pending } => {
@@ -54,8 +55,8 @@ impl Router {
                     // are in sync, or where one is, meanwhile (a catch-up finished, a
                     // replacement recorded — both under every lease): the writes go by the
                     // record as it is now.
-                    if taken && self.nodes.replicas() > 1 {
-                        if let Err(e) = self.nodes.refresh_replicas().await {
+                    if taken && self.cluster.nodes.replicas() > 1 {
+                        if let Err(e) = self.cluster.nodes.refresh_replicas().await {
                             self.release_lease(false).await;
                             return Err(e);
                         }
@@ -63,7 +64,9 @@ impl Router {
                     return Ok(pending);
                 }
                 Do::Store { expected, record } => {
-                    match writer::store(&*self.meta, &self.writer_key, expected, &record).await {
+                    match writer::store(&*self.cluster.meta, &self.writer_key, expected, &record)
+                        .await
+                    {
                         Ok(revision) => acquire.stored(&mut self.lease_state(), Some(revision)),
                         // Another router wrote it first.
                         Err(zr_meta::Error::Conflict { .. }) => {
@@ -73,7 +76,7 @@ impl Router {
                     }
                 }
                 Do::Read => {
-                    let read = writer::load(&*self.meta, &self.writer_key)
+                    let read = writer::load(&*self.cluster.meta, &self.writer_key)
                         .await
                         .map_err(metadata)?;
                     let read = read.as_ref().map(|(r, revision)| (r, *revision));
@@ -85,7 +88,7 @@ impl Router {
                 }
                 Do::Busy { holder, left } => {
                     return Err(Failure::Busy {
-                        waited_ms: self.timeout.as_millis(),
+                        waited_ms: self.cluster.timeout.as_millis(),
                         reason: format!(
                             "router {holder:016x} holds the write lease (for {} ms more at most)",
                             left.as_millis()
@@ -107,7 +110,7 @@ impl Router {
     ) -> Result<(), zr_meta::Error> {
         let asked = now();
         let record = self.lease_state().record(pending);
-        match writer::store(&*self.meta, &self.writer_key, expected, &record).await {
+        match writer::store(&*self.cluster.meta, &self.writer_key, expected, &record).await {
             Ok(revision) => {
                 self.lease_state().taken(revision, asked, pending);
                 Ok(())
@@ -152,7 +155,13 @@ impl Router {
         let Some((expected, record)) = self.lease_state().released(settled) else {
             return;
         };
-        if let Err(e) = writer::store(&*self.meta, &self.writer_key, Some(expected), &record).await
+        if let Err(e) = writer::store(
+            &*self.cluster.meta,
+            &self.writer_key,
+            Some(expected),
+            &record,
+        )
+        .await
         {
             tracing::warn!("giving back the write lease: {e} (it lapses by itself)");
         }

@@ -47,10 +47,10 @@ impl Router {
         let committed = self.committed.load(Ordering::SeqCst);
         Failure::MissingData {
             shard,
-            addr: self.nodes.addr(self.nodes.id(shard, 0)),
+            addr: self.cluster.nodes.addr(self.cluster.nodes.id(shard, 0)),
             holds,
             committed: self.placement.load().shard_len(shard, committed),
-            cluster: self.cluster_id.clone(),
+            cluster: self.cluster.cluster_id.clone(),
         }
     }
 
@@ -96,11 +96,12 @@ impl Router {
     ) -> Result<(), Failure> {
         let meta = Failure::from;
         for _ in 0..8 {
-            let Some((mut record, revision)) = cluster::load(&*self.meta).await.map_err(meta)?
+            let Some((mut record, revision)) =
+                cluster::load(&*self.cluster.meta).await.map_err(meta)?
             else {
                 return Err(Failure::Inconsistent(format!(
                     "metadata store {} holds no cluster record any more",
-                    self.meta.describe()
+                    self.cluster.meta.describe()
                 )));
             };
             if record.committed_len == len && !rewritten {
@@ -116,7 +117,7 @@ impl Router {
             }
             record.committed_len = len;
             record.commits += 1;
-            match cluster::store(&*self.meta, Some(revision), &record).await {
+            match cluster::store(&*self.cluster.meta, Some(revision), &record).await {
                 Ok(_) => {
                     self.set_committed(len);
                     return Ok(());
@@ -127,7 +128,7 @@ impl Router {
         }
         Err(Failure::Contended(format!(
             "the cluster record in {} kept changing; the commit is not recorded",
-            self.meta.describe()
+            self.cluster.meta.describe()
         )))
     }
 
@@ -145,7 +146,12 @@ impl Router {
             .placement
             .load()
             .shard_len(shard, self.committed.load(Ordering::SeqCst));
-        match self.nodes.read(self.on(), shard, &NodeRequest::Info).await {
+        match self
+            .cluster
+            .nodes
+            .read(self.on(), shard, &NodeRequest::Info)
+            .await
+        {
             Ok((
                 _,
                 crate::nodes::NodeReply {
@@ -181,7 +187,8 @@ impl Router {
         &self,
         fence: Option<u64>,
     ) -> Vec<Result<(u64, Vec<FieldInfo>), Failure>> {
-        self.each_node_info_within(fence, self.timeout).await
+        self.each_node_info_within(fence, self.cluster.timeout)
+            .await
     }
 
     /// [`Self::each_node_info`], each node given `timeout` to answer. With replicas, one
@@ -195,13 +202,14 @@ impl Router {
             Some(token) => NodeRequest::Fence { token },
             None => NodeRequest::Info,
         };
-        let calls = self.nodes.all().map(|node| {
+        let calls = self.cluster.nodes.all().map(|node| {
             let request = &request;
             async move {
-                if self.nodes.replicas() > 1 && self.nodes.is_down(node) {
-                    return Err(self.nodes.unavailable(node, "down".into()));
+                if self.cluster.nodes.replicas() > 1 && self.cluster.nodes.is_down(node) {
+                    return Err(self.cluster.nodes.unavailable(node, "down".into()));
                 }
-                self.nodes
+                self.cluster
+                    .nodes
                     .call_within(self.on(), node, request, Vec::new(), timeout)
                     .await
             }
@@ -213,6 +221,7 @@ impl Router {
             .map(|(node, result)| match result?.reply {
                 Reply::Info { len, fields, .. } => Ok((len, fields)),
                 other => Err(self
+                    .cluster
                     .nodes
                     .unavailable(node, format!("answered Info with {other:?}"))),
             })
@@ -234,12 +243,12 @@ impl Router {
             .into_iter()
             .map(|answer| Some(answer.map(|(len, _)| len)))
             .collect();
-        let mut shards = Vec::with_capacity(self.nodes.shards() as usize);
+        let mut shards = Vec::with_capacity(self.cluster.nodes.shards() as usize);
         let placement = self.placement.load_full();
-        for shard in 0..self.nodes.shards() {
+        for shard in 0..self.cluster.nodes.shards() {
             let mut lens = ShardLens::default();
             let mut failed = Vec::new();
-            for node in self.nodes.in_sync_of(shard) {
+            for node in self.cluster.nodes.in_sync_of(shard) {
                 match answers.get_mut(node).and_then(Option::take) {
                     Some(Ok(len)) => {
                         lens.len = lens.len.max(len);
@@ -263,7 +272,10 @@ impl Router {
             }
             if mark {
                 for (node, failure) in failed {
-                    self.nodes.mark_behind(node, &failure.to_string()).await?;
+                    self.cluster
+                        .nodes
+                        .mark_behind(node, &failure.to_string())
+                        .await?;
                 }
             }
             shards.push(lens);
@@ -280,15 +292,16 @@ impl Router {
     /// Makes every write so far durable on shard `shard`'s in-sync replicas (one that
     /// fails it is marked behind).
     pub(super) async fn commit_shard(&self, shard: u32) -> Result<(), Failure> {
-        let targets = self.nodes.in_sync_of(shard);
+        let targets = self.cluster.nodes.in_sync_of(shard);
         let calls = targets.iter().map(|&node| {
-            self.nodes
+            self.cluster
+                .nodes
                 .call(self.on(), node, &NodeRequest::Commit, Vec::new())
         });
         let results = futures::future::join_all(calls).await;
         let (_, done) = self.all_or_behind(&targets, results).await?;
         for node in done {
-            self.nodes.note_committed(node);
+            self.cluster.nodes.note_committed(node);
         }
         Ok(())
     }

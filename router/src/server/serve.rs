@@ -8,11 +8,11 @@ impl Router {
     /// in flight finish.
     pub async fn serve(self: Arc<Self>, endpoint: Endpoint, shutdown: impl Future<Output = ()>) {
         if let Ok(addr) = endpoint.local_addr() {
-            let _ = self.listening.set(addr);
+            let _ = self.cluster.listening.set(addr);
         }
-        let (timeout, request_budget) = (self.timeout, self.request_budget);
-        let requests_per_identity = self.requests_per_identity;
-        let bytes_per_second_per_identity = self.bytes_per_second_per_identity;
+        let (timeout, request_budget) = (self.cluster.timeout, self.cluster.request_budget);
+        let requests_per_identity = self.cluster.requests_per_identity;
+        let bytes_per_second_per_identity = self.cluster.bytes_per_second_per_identity;
         let handler = move |peer: &net::Peer, bytes: Vec<u8>| {
             let router = Arc::clone(&self);
             let peer = peer.clone();
@@ -61,15 +61,16 @@ impl Router {
                 metrics::counter!("zr_router_received_bytes_total").increment(bytes.len() as u64);
                 let access = request.access();
                 let revoked = match (peer.role, peer.name.as_deref()) {
-                    (Some(role), Some(name)) if role.access().is_some() => {
-                        self.access.revoked_why(name, peer.serial.as_deref())
-                    }
+                    (Some(role), Some(name)) if role.access().is_some() => self
+                        .cluster
+                        .access
+                        .revoked_why(name, peer.serial.as_deref()),
                     _ => None,
                 };
                 let allowed = revoked.is_none() && peer.access().is_some_and(|has| has >= access);
                 // The audit names the dataset asked for if the caller may ask (a dataset being
                 // created is not known yet); a refused caller's name for it is not kept.
-                let asked: String = match (&self.audit, allowed) {
+                let asked: String = match (&self.cluster.audit, allowed) {
                     (None, _) => String::new(),
                     (Some(_), true) => message.dataset().chars().take(128).collect(),
                     (Some(_), false) => dataset.clone(),
@@ -79,8 +80,8 @@ impl Router {
                 let not_granted = match (request.on_records(), peer.role) {
                     (Some(write), Some(role))
                         if role.access().is_some_and(|a| a < net::tls::Access::Operate)
-                            && self.access.has_grants()
-                            && !self.access.record().allows(
+                            && self.cluster.access.has_grants()
+                            && !self.cluster.access.record().allows(
                                 peer.certified_name().unwrap_or_default(),
                                 message.dataset(),
                                 write,
@@ -195,11 +196,11 @@ impl Router {
                 "refusing to revoke '{name}': it is the cluster's own {name} certificate (made by `zr cluster-init`); revoke the names `zr cluster issue` gave"
             )));
         }
-        let record = zr_meta::access::revoke(&*self.meta, name, undo)
+        let record = zr_meta::access::revoke(&*self.cluster.meta, name, undo)
             .await
             .map_err(Failure::from)?;
         let names = record.revoked.iter().cloned().collect();
-        self.access.set(record);
+        self.cluster.access.set(record);
         Ok(Reply::Revoked { names })
     }
 
@@ -208,11 +209,11 @@ impl Router {
     /// certificates, the way back in, are not.
     async fn revoke_serial(&self, serial: &str, undo: bool) -> Result<Reply, Failure> {
         let serial = net::tls::normalized_serial(serial).map_err(Failure::BadRequest)?;
-        let record = zr_meta::access::revoke_serial(&*self.meta, &serial, undo)
+        let record = zr_meta::access::revoke_serial(&*self.cluster.meta, &serial, undo)
             .await
             .map_err(Failure::from)?;
         let serials = record.revoked_serials.iter().cloned().collect();
-        self.access.set(record);
+        self.cluster.access.set(record);
         Ok(Reply::Revoked { names: serials })
     }
 
@@ -232,11 +233,11 @@ impl Router {
                 grant.pattern
             )));
         }
-        let record = zr_meta::access::grant(&*self.meta, &grant, undo)
+        let record = zr_meta::access::grant(&*self.cluster.meta, &grant, undo)
             .await
             .map_err(Failure::from)?;
         let grants = record.grants.iter().cloned().collect();
-        self.access.set(record);
+        self.cluster.access.set(record);
         Ok(Reply::Grants { grants })
     }
 
@@ -251,8 +252,8 @@ impl Router {
             .role
             .is_some_and(|r| r.access().is_some_and(|a| a < net::tls::Access::Operate));
         match answer {
-            (Reply::Datasets(mut datasets), body) if bound && self.access.has_grants() => {
-                let (record, who) = (self.access.record(), peer.certified_name());
+            (Reply::Datasets(mut datasets), body) if bound && self.cluster.access.has_grants() => {
+                let (record, who) = (self.cluster.access.record(), peer.certified_name());
                 datasets.retain(|d| record.allows(who.unwrap_or_default(), &d.name, false));
                 (Reply::Datasets(datasets), body)
             }
@@ -270,7 +271,7 @@ impl Router {
         outcome: &str,
         detail: Option<String>,
     ) {
-        let Some(audit) = &self.audit else {
+        let Some(audit) = &self.cluster.audit else {
             return;
         };
         let now = std::time::Instant::now();
@@ -293,6 +294,7 @@ impl Router {
     pub(super) fn log_failure(&self, peer: &net::Peer, line: impl FnOnce() -> String) {
         let now = std::time::Instant::now();
         let said = self
+            .cluster
             .log_budget
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -377,7 +379,7 @@ impl Router {
             ClientRequest::WaitLen { len, wait_ms } => {
                 let committed = self.wait_committed(len, wait_ms).await?;
                 // A length reached tells of writes as their acknowledgment does.
-                self.nodes.acks_may_go().await;
+                self.cluster.nodes.acks_may_go().await;
                 Ok(ready(Reply::Info {
                     len: committed,
                     fields: self.fields(),
@@ -433,12 +435,19 @@ impl Router {
                 create_later,
             } => self.grant(grant, undo, create_later).await.map(ready),
             ClientRequest::Grants => Ok(ready(Reply::Grants {
-                grants: self.access.record().grants.iter().cloned().collect(),
+                grants: self
+                    .cluster
+                    .access
+                    .record()
+                    .grants
+                    .iter()
+                    .cloned()
+                    .collect(),
             })),
             ClientRequest::Commit => {
                 let commit = self.exclusive(|| async {
                     let placement = self.placement.load_full();
-                    for shard in 0..self.nodes.shards() {
+                    for shard in 0..self.cluster.nodes.shards() {
                         if !placement.slots(shard).is_empty() {
                             self.commit_shard(shard).await?;
                         }
@@ -460,7 +469,7 @@ impl Router {
     ) -> Result<T, Failure> {
         let outcome = write.await;
         if outcome.is_ok() {
-            self.nodes.acks_may_go().await;
+            self.cluster.nodes.acks_may_go().await;
         }
         outcome
     }
@@ -505,7 +514,7 @@ impl Router {
         // A few writes' worth queued: the shards' readers keep receiving meanwhile.
         let (frames, body) = tokio::sync::mpsc::channel(FRAMES_QUEUED);
         let forwarded = crate::forward::forward_parts(
-            Arc::clone(&self.nodes),
+            Arc::clone(&self.cluster.nodes),
             crate::forward::Placed {
                 dataset: self.dataset.clone(),
                 map_version: placement.version(),
@@ -513,7 +522,7 @@ impl Router {
             parts,
             fields,
             checked,
-            Some(self.replies.gather()),
+            Some(self.cluster.replies.gather()),
             frames,
         );
         // A failure midway is logged there; the client's stream is reset.

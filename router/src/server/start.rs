@@ -37,40 +37,17 @@ impl Router {
         let nodes = Arc::new(super::links_of(config, security, Arc::clone(&meta))?);
         nodes.watch();
         let shards = nodes.shards() as usize;
-        let mut router = Router {
-            dataset: None,
-            dataset_id: 0,
-            named: Default::default(),
-            dropped: Default::default(),
-            adopted: Default::default(),
-            adopting: Default::default(),
-            writer_key: zr_meta::writer::key(None),
-            committed_watch: tokio::sync::watch::Sender::new(0),
-            watching_commits: Default::default(),
-            placement: ArcSwap::from_pointee(placement),
+        let cluster = Cluster {
             nodes,
-            len: AtomicU64::new(0),
-            writes: Mutex::new(()),
-            lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(
-                // This router's name for the lease: random, one per router.
-                std::hash::BuildHasher::hash_one(
-                    &std::collections::hash_map::RandomState::new(),
-                    std::process::id(),
-                ),
-                Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
-            )),
-            lease_used: std::sync::Mutex::new(None),
-            fields: Default::default(),
             timeout: Duration::from_millis(config.router.timeout_ms),
             meta,
             cluster_id: String::new(),
-            map_version: AtomicU64::new(0),
+            named: Default::default(),
+            adopted: Default::default(),
+            adopting: Default::default(),
             moving: std::sync::Mutex::new(None),
             move_rate: AtomicU64::new(wire::MOVE_RATE_DEFAULT),
             move_stop: std::sync::Mutex::new(None),
-            committed: AtomicU64::new(0),
-            rewritten: Default::default(),
-            missing: std::sync::Mutex::new(vec![None; shards]),
             rebuilds: Default::default(),
             replies: Arc::new(ReplyBudget::new(config.router.reply_budget_mib)),
             request_budget: usize::try_from(config.router.request_budget_mib << 20)
@@ -84,15 +61,41 @@ impl Router {
             audit,
             access: Default::default(),
         };
+        let mut router = Router {
+            cluster: Arc::new(cluster),
+            dataset: None,
+            dataset_id: 0,
+            dropped: Default::default(),
+            writer_key: zr_meta::writer::key(None),
+            committed_watch: tokio::sync::watch::Sender::new(0),
+            watching_commits: Default::default(),
+            placement: ArcSwap::from_pointee(placement),
+            map_version: AtomicU64::new(0),
+            len: AtomicU64::new(0),
+            writes: Mutex::new(()),
+            lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(
+                // This router's name for the lease: random, one per router.
+                std::hash::BuildHasher::hash_one(
+                    &std::collections::hash_map::RandomState::new(),
+                    std::process::id(),
+                ),
+                Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
+            )),
+            lease_used: std::sync::Mutex::new(None),
+            fields: Default::default(),
+            committed: AtomicU64::new(0),
+            rewritten: Default::default(),
+            missing: std::sync::Mutex::new(vec![None; shards]),
+        };
         // Which replicas are behind (none if the store has no record of them).
-        if let Err(e) = router.nodes.refresh_replicas().await {
+        if let Err(e) = router.cluster.nodes.refresh_replicas().await {
             return Err(Error::Failed(e));
         }
         // Every node that answers; a router starts, and serves what it can, with some down
         // (found so within START_PROBE, not the whole timeout; heartbeats bring them in).
         let mut answers: Vec<Option<(u64, Vec<FieldInfo>)>> = Vec::new();
         let mut down = Vec::new();
-        let probe = START_PROBE.min(router.timeout);
+        let probe = START_PROBE.min(router.cluster.timeout);
         for answer in router.each_node_info_within(None, probe).await {
             match answer {
                 Ok(info) => answers.push(Some(info)),
@@ -103,9 +106,10 @@ impl Router {
             }
         }
         // Per shard: the most records an in-sync replica that answered holds, and its fields.
-        let infos: Vec<Option<(u64, Vec<FieldInfo>)>> = (0..router.nodes.shards())
+        let infos: Vec<Option<(u64, Vec<FieldInfo>)>> = (0..router.cluster.nodes.shards())
             .map(|shard| {
                 router
+                    .cluster
                     .nodes
                     .in_sync_of(shard)
                     .into_iter()
@@ -114,14 +118,15 @@ impl Router {
             })
             .collect();
         // A shard is down when none of its in-sync replicas answered.
-        let down: Vec<Failure> = if router.nodes.replicas() == 1 {
+        let down: Vec<Failure> = if router.cluster.nodes.replicas() == 1 {
             down
         } else {
-            (0..router.nodes.shards())
+            (0..router.cluster.nodes.shards())
                 .filter(|&shard| infos[shard as usize].is_none())
                 .map(|shard| {
-                    let node = router.nodes.id(shard, 0);
+                    let node = router.cluster.nodes.id(shard, 0);
                     router
+                        .cluster
                         .nodes
                         .unavailable(node, "no in-sync replica answered".into())
                 })
@@ -157,10 +162,16 @@ impl Router {
         let record = router
             .cluster_record(config, known.as_deref(), down.first())
             .await?;
-        router.cluster_id = record.id.clone();
+        // Nothing holds the cluster's state but this router yet.
+        let Some(cluster) = Arc::get_mut(&mut router.cluster) else {
+            return Err(Error::Failed(Failure::Inconsistent(
+                "the router's state was shared before it knew the cluster's id".into(),
+            )));
+        };
+        cluster.cluster_id = record.id.clone();
         router.grow_from(&record).map_err(Error::Failed)?;
-        let placement =
-            moves::placement_of(&record.map, router.nodes.shards()).map_err(Error::Failed)?;
+        let placement = moves::placement_of(&record.map, router.cluster.nodes.shards())
+            .map_err(Error::Failed)?;
         router.adopt_map(&record.map, placement);
         router.set_committed(record.committed_len);
         // A node that is down counts as holding its committed share until it answers.
@@ -198,7 +209,7 @@ impl Router {
             }
         }
         // Revoked certificates are refused from the first request on.
-        router.access.refresh(&*router.meta).await?;
+        router.cluster.access.refresh(&*router.cluster.meta).await?;
         let router = Arc::new(router);
         router.open_datasets(&record).await?;
         router.start_rebuilds();
@@ -234,7 +245,9 @@ impl Router {
     ) -> Result<ClusterRecord, Error> {
         let given = crate::restore::initial_map(config);
         loop {
-            let stored = cluster::load(&*self.meta).await?.map(|(record, _)| record);
+            let stored = cluster::load(&*self.cluster.meta)
+                .await?
+                .map(|(record, _)| record);
             let decision = startup::decide_record(
                 stored.as_ref(),
                 &given,
@@ -260,13 +273,13 @@ impl Router {
                         given,
                         stored,
                         version,
-                        store: self.meta.describe(),
+                        store: self.cluster.meta.describe(),
                     })
                 }
                 startup::RecordDecision::NodesMissing { why } => {
                     return Err(Error::Failed(Failure::Inconsistent(format!(
                         "the cluster is not recorded in {} yet, and recording it needs every node: {why}",
-                        self.meta.describe()
+                        self.cluster.meta.describe()
                     ))))
                 }
                 // Nodes holding records with no record to say whose: the record was lost. A
@@ -274,7 +287,7 @@ impl Router {
                 startup::RecordDecision::RecordLost { held } => {
                     return Err(Error::Failed(Failure::Inconsistent(format!(
                         "{} holds no cluster record, but the nodes hold {held} records: the record was lost (or [metadata] names another cluster's store). A new record would orphan their data, so none is made: rebuild it from the nodes with `zr cluster restore-record --nodes {}` (run where the router's certificate is), or point [metadata] at the store that holds it",
-                        self.meta.describe(),
+                        self.cluster.meta.describe(),
                         config.origin
                     ))))
                 }
@@ -290,12 +303,12 @@ impl Router {
                 dataset_ids: 0,
                 commits: 0,
             };
-            match cluster::store(&*self.meta, None, &record).await {
+            match cluster::store(&*self.cluster.meta, None, &record).await {
                 Ok(_) => {
                     tracing::info!(
                         "cluster {} recorded in {} ({} records committed)",
                         record.id,
-                        self.meta.describe(),
+                        self.cluster.meta.describe(),
                         record.committed_len
                     );
                     return Ok(record);
@@ -322,13 +335,14 @@ impl Router {
                 metrics::gauge!("zr_router_map_version")
                     .set(router.map_version.load(Ordering::SeqCst) as f64);
                 let behind = router
+                    .cluster
                     .nodes
                     .all()
-                    .filter(|&n| !router.nodes.in_sync(n))
+                    .filter(|&n| !router.cluster.nodes.in_sync(n))
                     .count();
                 metrics::gauge!("zr_router_replicas_behind").set(behind as f64);
-                router.nodes.refresh_in_flight();
-                metrics::gauge!("zr_router_reply_bytes").set(router.replies.held() as f64);
+                router.cluster.nodes.refresh_in_flight();
+                metrics::gauge!("zr_router_reply_bytes").set(router.cluster.replies.held() as f64);
                 drop(router);
                 tokio::time::sleep(GAUGES_EVERY).await;
             }
@@ -346,7 +360,7 @@ impl Router {
                 let Some(router) = router.upgrade() else {
                     return;
                 };
-                match router.access.refresh(&*router.meta).await {
+                match router.cluster.access.refresh(&*router.cluster.meta).await {
                     Ok(()) => failing = false,
                     Err(e) if !failing => {
                         tracing::warn!("cannot read the access record: {e}");
@@ -363,7 +377,7 @@ impl Router {
     /// [`MAP_RELOAD_EVERY`] anyway; ends with the router.
     pub(super) fn start_map_reloads(self: &Arc<Self>) {
         let router = Arc::downgrade(self);
-        let stale = self.nodes.stale_map();
+        let stale = self.cluster.nodes.stale_map();
         tokio::spawn(async move {
             loop {
                 let _ = tokio::time::timeout(MAP_RELOAD_EVERY, stale.notified()).await;

@@ -59,7 +59,7 @@ impl Router {
                     dataset
                         .fields
                         .extend(record_fields(std::slice::from_ref(&field)));
-                    match cluster::store(&*self.meta, Some(revision), &next).await {
+                    match cluster::store(&*self.cluster.meta, Some(revision), &next).await {
                         Ok(_) => break,
                         Err(zr_meta::Error::Conflict { .. }) => continue,
                         Err(e) => return Err(metadata(e)),
@@ -108,7 +108,7 @@ impl Router {
             return Ok(Reply::Done);
         }
         self.refuse_while_moving("write-field").await?;
-        if self.nodes.replicas() > 1 {
+        if self.cluster.nodes.replicas() > 1 {
             self.intend(Some(PendingWrite::WriteField { start, count }))
                 .await
                 .map_err(|e| e.while_("recording the write in the metadata store"))?;

@@ -237,7 +237,8 @@ impl Router {
             }
             return;
         }
-        let placed = (0..self.nodes.shards()).find(|&s| !self.placement.load().slots(s).is_empty());
+        let placed =
+            (0..self.cluster.nodes.shards()).find(|&s| !self.placement.load().slots(s).is_empty());
         let Some(shard) = placed else { return };
         if let Ok((
             _,
@@ -245,7 +246,11 @@ impl Router {
                 reply: Reply::Info { fields, .. },
                 ..
             },
-        )) = self.nodes.read(None, shard, &NodeRequest::Info).await
+        )) = self
+            .cluster
+            .nodes
+            .read(None, shard, &NodeRequest::Info)
+            .await
         {
             let mut ours = self.fields.write().unwrap_or_else(|e| e.into_inner());
             if fields.len() > ours.len() && fields.starts_with(&ours) {
@@ -261,7 +266,8 @@ impl Router {
     }
 
     pub(super) fn named_router(&self, name: &str) -> Option<Arc<Router>> {
-        self.named
+        self.cluster
+            .named
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
@@ -270,7 +276,8 @@ impl Router {
 
     /// The routers of the named datasets, by name.
     pub(super) fn named_routers(&self) -> Vec<Arc<Router>> {
-        self.named
+        self.cluster
+            .named
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .values()
@@ -278,8 +285,13 @@ impl Router {
             .collect()
     }
 
-    /// This router and those of the named datasets: every dataset, the default one first.
+    /// This router (the default dataset's) and those of the named datasets: every dataset,
+    /// the default one first.
     pub(super) fn all_routers(self: &Arc<Self>) -> Vec<Arc<Router>> {
+        debug_assert!(
+            self.dataset.is_none(),
+            "walked from the default dataset's router"
+        );
         let mut all = vec![Arc::clone(self)];
         all.extend(self.named_routers());
         all
@@ -299,11 +311,11 @@ impl Router {
     /// fields added since are taken. A record older (`revision`) than one adopted before is
     /// ignored: it would bring back a dataset dropped since.
     pub(super) async fn adopt_datasets(self: &Arc<Self>, record: &ClusterRecord, revision: u64) {
-        let _one = self.adopting.lock().await;
-        if revision < self.adopted.load(Ordering::SeqCst) {
+        let _one = self.cluster.adopting.lock().await;
+        if revision < self.cluster.adopted.load(Ordering::SeqCst) {
             return;
         }
-        self.adopted.store(revision, Ordering::SeqCst);
+        self.cluster.adopted.store(revision, Ordering::SeqCst);
         let known: Vec<Arc<Router>> = self.named_routers();
         let fields: Vec<usize> = known.iter().map(|r| r.fields().len()).collect();
         let views: Vec<Known> = known
@@ -318,7 +330,11 @@ impl Router {
         for change in router_changes(record, &views) {
             match change {
                 Adopt::Drop { name, id } => {
-                    let mut named = self.named.write().unwrap_or_else(|e| e.into_inner());
+                    let mut named = self
+                        .cluster
+                        .named
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner());
                     if let Some(gone) = named.get(name).filter(|r| r.dataset_id == id) {
                         gone.dropped.store(true, Ordering::SeqCst);
                         gone.committed_watch.send_modify(|_| {}); // its waiters fail now
@@ -336,7 +352,8 @@ impl Router {
                 }
                 Adopt::Open(dataset) => {
                     let router = self.open_named(dataset).await;
-                    self.named
+                    self.cluster
+                        .named
                         .write()
                         .unwrap_or_else(|e| e.into_inner())
                         .entry(dataset.name.clone())
@@ -357,14 +374,12 @@ impl Router {
         // The version before the placement (see `adopt_map`).
         let map_version = self.map_version.load(Ordering::SeqCst);
         let router = Arc::new(Router {
+            cluster: Arc::clone(&self.cluster),
             dataset: Some(Arc::from(dataset.name.as_str())),
             dataset_id: dataset.id,
-            named: Default::default(),
             dropped: Default::default(),
-            adopted: Default::default(),
-            adopting: Default::default(),
             placement: ArcSwap::new(self.placement.load_full()),
-            nodes: Arc::clone(&self.nodes),
+            map_version: map_version.into(),
             len: Default::default(),
             writes: Default::default(),
             lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(me, lease)),
@@ -373,25 +388,9 @@ impl Router {
             fields: std::sync::RwLock::new(wire_fields(&dataset.fields)),
             committed_watch: tokio::sync::watch::Sender::new(0),
             watching_commits: Default::default(),
-            timeout: self.timeout,
-            meta: Arc::clone(&self.meta),
-            cluster_id: self.cluster_id.clone(),
-            map_version: map_version.into(),
-            moving: Default::default(),
-            move_rate: zr_proto::wire::MOVE_RATE_DEFAULT.into(),
-            move_stop: Default::default(),
             committed: Default::default(),
             rewritten: Default::default(),
-            missing: std::sync::Mutex::new(vec![None; self.nodes.shards() as usize]),
-            rebuilds: Arc::clone(&self.rebuilds),
-            replies: Arc::clone(&self.replies),
-            request_budget: self.request_budget,
-            log_budget: Default::default(),
-            listening: Default::default(),
-            audit: self.audit.clone(),
-            access: Arc::clone(&self.access),
-            requests_per_identity: self.requests_per_identity,
-            bytes_per_second_per_identity: self.bytes_per_second_per_identity,
+            missing: std::sync::Mutex::new(vec![None; self.cluster.nodes.shards() as usize]),
         });
         if let Err(e) = router.reload_committed().await {
             tracing::warn!("dataset '{}': {e}", dataset.name);
@@ -412,7 +411,7 @@ impl Router {
         &self,
     ) -> Result<(CommittedRecord, Option<zr_meta::Revision>), Failure> {
         let name = self.dataset_name();
-        let read = cluster::load_committed(&*self.meta, name)
+        let read = cluster::load_committed(&*self.cluster.meta, name)
             .await
             .map_err(metadata)?;
         let nothing = CommittedRecord {
@@ -450,8 +449,13 @@ impl Router {
             }
             record.committed_len = len;
             record.commits += 1;
-            match cluster::store_committed(&*self.meta, self.dataset_name(), revision, &record)
-                .await
+            match cluster::store_committed(
+                &*self.cluster.meta,
+                self.dataset_name(),
+                revision,
+                &record,
+            )
+            .await
             {
                 Ok(_) => {
                     self.set_committed(len);
@@ -498,7 +502,7 @@ impl Router {
         // The bytes first: the record never names a dictionary the store lacks.
         for dict in &dicts {
             if let Some(at) = dict_ref(&dict.bytes) {
-                cluster::store_dict(&*self.meta, at, &dict.bytes)
+                cluster::store_dict(&*self.cluster.meta, at, &dict.bytes)
                     .await
                     .map_err(metadata)?;
             }
@@ -523,7 +527,7 @@ impl Router {
                 id,
                 fields: record_fields(&fields),
             });
-            match cluster::store(&*self.meta, Some(revision), &next).await {
+            match cluster::store(&*self.cluster.meta, Some(revision), &next).await {
                 Ok(_) => break id,
                 Err(zr_meta::Error::Conflict { .. }) => continue,
                 Err(e) => return Err(metadata(e)),
@@ -549,11 +553,16 @@ impl Router {
         let router = self.router_of(name).await?;
         // Writes in flight finish first; later ones find no dataset.
         let _writes = router.writes.lock().await;
-        if let Some(node) = self.nodes.all().find(|&n| !self.nodes.in_sync(n)) {
+        if let Some(node) = self
+            .cluster
+            .nodes
+            .all()
+            .find(|&n| !self.cluster.nodes.in_sync(n))
+        {
             return Err(Failure::Conflict(format!(
                 "shard {} replica {} is behind and being caught up: drop the dataset once it is in sync",
-                self.nodes.shard(node),
-                self.nodes.replica(node)
+                self.cluster.nodes.shard(node),
+                self.cluster.nodes.replica(node)
             )));
         }
         let id = loop {
@@ -570,9 +579,9 @@ impl Router {
             let mut next = record.clone();
             next.datasets.retain(|d| d.name != name);
             next.dataset_ids += 1;
-            match cluster::store(&*self.meta, Some(revision), &next).await {
+            match cluster::store(&*self.cluster.meta, Some(revision), &next).await {
                 Ok(stored) => {
-                    self.adopted.fetch_max(stored, Ordering::SeqCst);
+                    self.cluster.adopted.fetch_max(stored, Ordering::SeqCst);
                     break id;
                 }
                 Err(zr_meta::Error::Conflict { .. }) => continue,
@@ -581,7 +590,8 @@ impl Router {
         };
         router.dropped.store(true, Ordering::SeqCst);
         router.committed_watch.send_modify(|_| {}); // its waiters fail now
-        self.named
+        self.cluster
+            .named
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(name);
@@ -598,11 +608,13 @@ impl Router {
         let (record, revision) = self.load_cluster().await?;
         self.adopt_datasets(&record, revision).await;
         let asked = self
+            .cluster
             .nodes
             .all()
-            .filter(|&node| !self.nodes.is_down(node))
+            .filter(|&node| !self.cluster.nodes.is_down(node))
             .map(|node| {
-                self.nodes
+                self.cluster
+                    .nodes
                     .call(None, node, &NodeRequest::Datasets, Vec::new())
             });
         let mut bytes = std::collections::HashMap::<(String, u64), u64>::new();

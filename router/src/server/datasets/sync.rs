@@ -16,13 +16,17 @@ impl Router {
         what: &str,
     ) {
         let calls = self
+            .cluster
             .nodes
             .all()
-            .filter(|&node| !self.nodes.is_down(node))
+            .filter(|&node| !self.cluster.nodes.is_down(node))
             .map(|node| async move {
                 (
                     node,
-                    self.nodes.call(dataset, node, request, Vec::new()).await,
+                    self.cluster
+                        .nodes
+                        .call(dataset, node, request, Vec::new())
+                        .await,
                 )
             });
         for (node, result) in futures::future::join_all(calls).await {
@@ -30,8 +34,8 @@ impl Router {
                 tracing::warn!(
                     "{what} dataset '{}' on shard {} replica {}: {e} (done when it is back)",
                     dataset.unwrap_or(DEFAULT_DATASET),
-                    self.nodes.shard(node),
-                    self.nodes.replica(node)
+                    self.cluster.nodes.shard(node),
+                    self.cluster.nodes.replica(node)
                 );
             }
         }
@@ -127,16 +131,18 @@ impl Router {
             }
         };
         self.adopt_datasets(&record, revision).await;
-        if revision < self.adopted.load(Ordering::SeqCst) {
+        if revision < self.cluster.adopted.load(Ordering::SeqCst) {
             return; // a newer record was adopted meanwhile: the next sync uses it
         }
         let default_fields = self.fields();
         let asked = self
+            .cluster
             .nodes
             .all()
-            .filter(|&node| !self.nodes.is_down(node))
+            .filter(|&node| !self.cluster.nodes.is_down(node))
             .map(|node| async move {
                 let answer = self
+                    .cluster
                     .nodes
                     .call(None, node, &NodeRequest::Datasets, Vec::new())
                     .await;
@@ -172,8 +178,8 @@ impl Router {
                     Ok(request) => changes.push((Some(&dataset.name), request)),
                     Err(e) => tracing::warn!(
                         "shard {} replica {} lacks dataset '{}', which cannot be made there: {e}",
-                        self.nodes.shard(node),
-                        self.nodes.replica(node),
+                        self.cluster.nodes.shard(node),
+                        self.cluster.nodes.replica(node),
                         dataset.name
                     ),
                 },
@@ -184,17 +190,22 @@ impl Router {
         }
         for (dataset, request) in changes {
             let kind = request.kind();
-            match self.nodes.call(dataset, node, &request, Vec::new()).await {
+            match self
+                .cluster
+                .nodes
+                .call(dataset, node, &request, Vec::new())
+                .await
+            {
                 Ok(_) => tracing::info!(
                     "shard {} replica {}: {kind} of dataset '{}' done (it missed it)",
-                    self.nodes.shard(node),
-                    self.nodes.replica(node),
+                    self.cluster.nodes.shard(node),
+                    self.cluster.nodes.replica(node),
                     dataset.unwrap_or(DEFAULT_DATASET)
                 ),
                 Err(e) => tracing::warn!(
                     "shard {} replica {}: {kind} of dataset '{}': {e}",
-                    self.nodes.shard(node),
-                    self.nodes.replica(node),
+                    self.cluster.nodes.shard(node),
+                    self.cluster.nodes.replica(node),
                     dataset.unwrap_or(DEFAULT_DATASET)
                 ),
             }
@@ -215,14 +226,14 @@ impl Router {
             Box::pin(async move {
                 let mut copied = 0;
                 for (k, router) in all.iter().enumerate() {
-                    let partner = router.partner(router.nodes.shard(node))?;
+                    let partner = router.partner(router.cluster.nodes.shard(node))?;
                     let marks = (router.mark(partner).await?, router.mark(node).await?);
                     let from =
                         crate::catchup::last_pass_from(resumes.get(k), partner, marks.0, marks.1);
                     tracing::info!(
                         "shard {} replica {}: last pass over dataset '{}' from record {from}{}",
-                        router.nodes.shard(node),
-                        router.nodes.replica(node),
+                        router.cluster.nodes.shard(node),
+                        router.cluster.nodes.replica(node),
                         router.dataset_name(),
                         match from {
                             0 => " (records changed since the online pass began, or none ran)",
@@ -233,7 +244,7 @@ impl Router {
                     copied += step;
                 }
                 if let Some(first) = all.first() {
-                    first.nodes.mark_in_sync(node).await?;
+                    first.cluster.nodes.mark_in_sync(node).await?;
                 }
                 Ok(copied)
             })
@@ -250,7 +261,7 @@ impl Router {
         let mut dicts = Vec::new();
         for field in &dataset.fields {
             let Some(at) = field.dict else { continue };
-            let bytes = cluster::load_dict(&*self.meta, at)
+            let bytes = cluster::load_dict(&*self.cluster.meta, at)
                 .await
                 .map_err(metadata)?
                 .filter(|bytes| dict_ref(bytes) == Some(at))
@@ -289,8 +300,9 @@ impl Router {
         })?;
         let request = self.create_request(dataset).await?;
         for &shard in shards {
-            for node in self.nodes.of_shard(shard) {
-                self.nodes
+            for node in self.cluster.nodes.of_shard(shard) {
+                self.cluster
+                    .nodes
                     .call(self.on(), node, &request, Vec::new())
                     .await?;
             }

@@ -40,7 +40,7 @@ impl Router {
         len: u64,
     ) -> Result<u64, Failure> {
         let gained = gained_slots(old, new, shard);
-        let nodes: Vec<_> = self.nodes.of_shard(shard).collect();
+        let nodes: Vec<_> = self.cluster.nodes.of_shard(shard).collect();
         let mut have = self.open_stage(&nodes, version, &gained).await?;
         let target = |slot: u32| new.slot_len(slot, len);
         let holder = |slot: u32| old.map().owners[slot as usize];
@@ -55,7 +55,7 @@ impl Router {
                     Err(e) => {
                         tracing::warn!(
                             "shard {shard} replica {}: copying {} slots' files from shard {holder} failed ({e}); their records are copied one by one instead",
-                            self.nodes.replica(node),
+                            self.cluster.nodes.replica(node),
                             slots.len()
                         );
                         0
@@ -91,9 +91,9 @@ impl Router {
                         fields: Vec::new(),
                         checked: true,
                     };
-                    let (node, read) = self.nodes.read(self.on(), holder, &request).await?;
+                    let (node, read) = self.cluster.nodes.read(self.on(), holder, &request).await?;
                     let Reply::Gather { lengths } = read.reply.clone() else {
-                        return Err(self.nodes.unavailable(
+                        return Err(self.cluster.nodes.unavailable(
                             node,
                             format!("answered a gather with {:?}", read.reply),
                         ));
@@ -102,6 +102,7 @@ impl Router {
                         || lengths.iter().any(|l| l.len() as u64 != count)
                     {
                         return Err(self
+                            .cluster
                             .nodes
                             .unavailable(node, "answered a gather with the wrong shape".into()));
                     }
@@ -119,6 +120,7 @@ impl Router {
                     runs.iter().map(|r| (r.slot, r.at + r.count)).collect();
                 for &node in &nodes {
                     match self
+                        .cluster
                         .nodes
                         .call(self.on(), node, &request, vec![body.clone()])
                         .await?
@@ -126,7 +128,7 @@ impl Router {
                     {
                         Reply::Staged { slots } if slots == expected => {}
                         other => {
-                            return Err(self.nodes.unavailable(
+                            return Err(self.cluster.nodes.unavailable(
                                 node,
                                 format!("answered a stage of {count} records with {other:?}"),
                             ))
@@ -159,6 +161,7 @@ impl Router {
         };
         for &node in nodes {
             match self
+                .cluster
                 .nodes
                 .call(self.on(), node, &open, Vec::new())
                 .await?
@@ -173,6 +176,7 @@ impl Router {
                 }
                 other => {
                     return Err(self
+                        .cluster
                         .nodes
                         .unavailable(node, format!("answered StageOpen with {other:?}")))
                 }
@@ -193,18 +197,18 @@ impl Router {
     ) -> Result<u64, Failure> {
         let donor = self.partner(holder)?;
         let request = NodeRequest::ShipFrom {
-            addr: self.nodes.addr(donor).to_string(),
-            replica: self.nodes.replica(donor),
+            addr: self.cluster.nodes.addr(donor).to_string(),
+            replica: self.cluster.nodes.replica(donor),
             shard: Some(holder),
             slots: slots.to_vec(),
-            rate: progress.move_rate.load(Ordering::SeqCst),
+            rate: progress.cluster.move_rate.load(Ordering::SeqCst),
         };
         let mut watch = ShipWatch::new(Instant::now().into_std(), SHIP_STALL);
         loop {
             let status = self.ship_status(node, &request).await?;
             match watch.observe(&status, Instant::now().into_std()) {
                 ShipStep::Wait => tokio::time::sleep(SHIP_POLL).await,
-                ShipStep::Failed(why) => return Err(self.nodes.unavailable(node, why)),
+                ShipStep::Failed(why) => return Err(self.cluster.nodes.unavailable(node, why)),
                 ShipStep::Installed { len } => return Ok(len),
             }
         }
@@ -231,7 +235,11 @@ impl Router {
             })
             .sum();
         let len = lens.first().copied().unwrap_or(0);
-        let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
+        let mut moving = self
+            .cluster
+            .moving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         // The change it makes, as start_move noted it.
         let change = moving.as_ref().and_then(|m| m.change);
         *moving = Some(MoveReport {
@@ -245,6 +253,7 @@ impl Router {
 
     pub(crate) fn note_staged(&self, staged: u64, moved: u64) {
         if let Some(report) = self
+            .cluster
             .moving
             .lock()
             .unwrap_or_else(|e| e.into_inner())

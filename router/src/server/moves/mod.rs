@@ -100,11 +100,21 @@ impl Router {
     /// From now on, moves stop with an error at `step` (`None`: they run to their end).
     /// Fault injection for tests: a stopped move is what a router dying there leaves.
     pub fn stop_moves_at(&self, step: Option<MoveStep>) {
-        *self.move_stop.lock().unwrap_or_else(|e| e.into_inner()) = step;
+        *self
+            .cluster
+            .move_stop
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = step;
     }
 
     fn stop_here(&self, step: MoveStep) -> Result<(), Failure> {
-        if *self.move_stop.lock().unwrap_or_else(|e| e.into_inner()) == Some(step) {
+        if *self
+            .cluster
+            .move_stop
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            == Some(step)
+        {
             return Err(Failure::Inconsistent(format!(
                 "the move was stopped at step {step:?} (injected)"
             )));
@@ -123,9 +133,13 @@ impl Router {
         rate: u64,
     ) -> Result<(), Failure> {
         // The rate of the last command: running one again with another changes it.
-        self.move_rate.store(rate, Ordering::SeqCst);
+        self.cluster.move_rate.store(rate, Ordering::SeqCst);
         {
-            let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
+            let mut moving = self
+                .cluster
+                .moving
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             if let Some(running) = moving.as_ref().filter(|m| runs(m)) {
                 if running.change == Some(change) {
                     return Ok(());
@@ -147,7 +161,11 @@ impl Router {
         let router = Arc::clone(self);
         tokio::spawn(async move {
             let outcome = router.move_shards(change, &nodes).await;
-            let mut moving = router.moving.lock().unwrap_or_else(|e| e.into_inner());
+            let mut moving = router
+                .cluster
+                .moving
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             let mut report = match outcome {
                 Ok(report) => report,
                 Err(e) => {
@@ -184,7 +202,7 @@ impl Router {
             .iter()
             .map(|(shard, _, _)| *shard + 1)
             .max()
-            .unwrap_or_else(|| self.nodes.shards());
+            .unwrap_or_else(|| self.cluster.nodes.shards());
         let (from, to) = match moveplan::next(&record, change, listed_shards) {
             Next::Switch => {
                 // Published: what is left is switching the nodes that have not.
@@ -236,7 +254,7 @@ impl Router {
                             addr,
                             reason,
                         };
-                        match self.nodes.probe(addr, shard, replica as u32).await {
+                        match self.cluster.nodes.probe(addr, shard, replica as u32).await {
                             Ok(0) => {}
                             Ok(len) => {
                                 return Err(refused(format!(
@@ -246,30 +264,36 @@ impl Router {
                             Err(failure) => return Err(failure),
                         }
                     }
-                    self.nodes
+                    self.cluster
+                        .nodes
                         .grow(shard, &addrs)
                         .map_err(|e| Failure::BadRequest(e.to_string()))?;
                 }
-                placement_of(&to, self.nodes.shards())
+                placement_of(&to, self.cluster.nodes.shards())
                     .map_err(|e| Failure::BadRequest(e.to_string()))?;
                 let moving = moveplan::recording(&record, to.clone(), added);
-                cluster::store(&*self.meta, Some(revision), &moving)
+                cluster::store(&*self.cluster.meta, Some(revision), &moving)
                     .await
                     .map_err(metadata)?;
                 tracing::info!("move to map version {} ({change}) recorded", to.version);
                 (record.map.clone(), to)
             }
         };
-        let shards = self.nodes.shards();
+        let shards = self.cluster.nodes.shards();
         let old = placement_of(&from, shards)?;
         let new = placement_of(&to, shards)?;
-        if let Some(node) = self.nodes.all().find(|&n| !self.nodes.in_sync(n)) {
+        if let Some(node) = self
+            .cluster
+            .nodes
+            .all()
+            .find(|&n| !self.cluster.nodes.in_sync(n))
+        {
             return Err(Failure::Busy {
                 waited_ms: 0,
                 reason: format!(
                     "shard {} replica {} is behind: a move copies from and to in-sync replicas only; run the command again once it has caught up",
-                    self.nodes.shard(node),
-                    self.nodes.replica(node)
+                    self.cluster.nodes.shard(node),
+                    self.cluster.nodes.replica(node)
                 ),
             });
         }
@@ -311,7 +335,7 @@ impl Router {
                 // Publish: from here on the new map is the cluster's.
                 let (record, revision) = self.load_cluster().await?;
                 let published = moveplan::publishing(&record, to.clone(), len, switched_lens);
-                let revision = cluster::store(&*self.meta, Some(revision), &published)
+                let revision = cluster::store(&*self.cluster.meta, Some(revision), &published)
                     .await
                     .map_err(metadata)?;
                 tracing::info!(
@@ -343,11 +367,12 @@ impl Router {
         shard: u32,
         listed: &[(u32, u32, String)],
     ) -> Result<Vec<std::net::SocketAddr>, Failure> {
-        let replicas = self.nodes.replicas();
-        let addrs: Vec<std::net::SocketAddr> = if shard < self.nodes.shards() {
-            self.nodes
+        let replicas = self.cluster.nodes.replicas();
+        let addrs: Vec<std::net::SocketAddr> = if shard < self.cluster.nodes.shards() {
+            self.cluster
+                .nodes
                 .of_shard(shard)
-                .map(|n| self.nodes.addr(n))
+                .map(|n| self.cluster.nodes.addr(n))
                 .collect()
         } else {
             (0..replicas)
@@ -370,15 +395,13 @@ impl Router {
                 .collect::<Result<_, _>>()?
         };
         for (replica, addr) in addrs.iter().enumerate() {
-            if let Some(other) = self
-                .nodes
-                .all()
-                .find(|&n| self.nodes.shard(n) != shard && self.nodes.addr(n) == *addr)
-            {
+            if let Some(other) = self.cluster.nodes.all().find(|&n| {
+                self.cluster.nodes.shard(n) != shard && self.cluster.nodes.addr(n) == *addr
+            }) {
                 return Err(Failure::BadRequest(format!(
                     "shard {shard} replica {replica}'s address {addr} is shard {} replica {}'s",
-                    self.nodes.shard(other),
-                    self.nodes.replica(other)
+                    self.cluster.nodes.shard(other),
+                    self.cluster.nodes.replica(other)
                 )));
             }
         }
@@ -389,7 +412,10 @@ impl Router {
     pub(super) fn grow_from(self: &Router, record: &ClusterRecord) -> Result<(), Failure> {
         let mut added = record.added.clone();
         added.sort_by_key(|a| a.shard);
-        for shard in added.iter().filter(|a| a.shard >= self.nodes.shards()) {
+        for shard in added
+            .iter()
+            .filter(|a| a.shard >= self.cluster.nodes.shards())
+        {
             let addrs = shard
                 .addrs
                 .iter()
@@ -402,7 +428,7 @@ impl Router {
                     })
                 })
                 .collect::<Result<Vec<std::net::SocketAddr>, Failure>>()?;
-            self.nodes.grow(shard.shard, &addrs)?;
+            self.cluster.nodes.grow(shard.shard, &addrs)?;
         }
         Ok(())
     }
@@ -473,13 +499,13 @@ impl Router {
 
     /// The cluster record and its revision.
     pub(super) async fn load_cluster(&self) -> Result<(ClusterRecord, zr_meta::Revision), Failure> {
-        cluster::load(&*self.meta)
+        cluster::load(&*self.cluster.meta)
             .await
             .map_err(metadata)?
             .ok_or_else(|| {
                 Failure::Inconsistent(format!(
                     "metadata store {} holds no cluster record any more",
-                    self.meta.describe()
+                    self.cluster.meta.describe()
                 ))
             })
     }
@@ -496,7 +522,7 @@ impl Router {
             &switch.to,
             switch.len_of(None).map_err(Failure::Inconsistent)?,
         );
-        let shards = self.nodes.shards();
+        let shards = self.cluster.nodes.shards();
         let new = placement_of(to, shards)?;
         let old = placement_of(&switch.from, shards)?;
         let staged = changed_shards(&old, &new);
@@ -511,7 +537,7 @@ impl Router {
                     .map(|held| held.token)
                     .ok_or(Failure::LeaseRunningOut {
                         shard: 0,
-                        timeout_ms: self.timeout.as_millis(),
+                        timeout_ms: self.cluster.timeout.as_millis(),
                     })?;
             let len = switch
                 .len_of(router.dataset.as_deref())
@@ -522,14 +548,14 @@ impl Router {
         // The nodes switch side by side: each switch makes the node's new slots durable and
         // drops the old ones, a few syncs each, and a node waits for no other (one still on
         // the old map refuses what the new one places, and the caller asks again).
-        let switches = self.nodes.all().map(|node| {
+        let switches = self.cluster.nodes.all().map(|node| {
             let (new, staged, switching) = (&new, &staged, &switching);
             async move {
                 if node > 0 {
                     // Injected: the first node switched, the others not.
                     self.stop_here(MoveStep::SwitchedOne)?;
                 }
-                let shard = self.nodes.shard(node);
+                let shard = self.cluster.nodes.shard(node);
                 for (router, token, len) in switching {
                     // None: the shard holds nothing before and after (drained, or not added
                     // yet), and takes the map with its next request.
@@ -541,11 +567,11 @@ impl Router {
                         slots,
                         token: *token,
                     };
-                    self.nodes.call(router.on(), node, &request, Vec::new()).await.map_err(|e| {
+                    self.cluster.nodes.call(router.on(), node, &request, Vec::new()).await.map_err(|e| {
                         Failure::Inconsistent(format!(
                             "map version {} is published, but shard {shard} replica {} did not switch dataset '{}' to it: {e}; run the command again to finish",
                             to.version,
-                            self.nodes.replica(node),
+                            self.cluster.nodes.replica(node),
                             router.dataset_name()
                         ))
                     })?;
@@ -557,9 +583,13 @@ impl Router {
             .await
             .into_iter()
             .collect::<Result<Vec<()>, Failure>>()?;
-        cluster::store(&*self.meta, Some(revision), &moveplan::cleared(&record))
-            .await
-            .map_err(metadata)?;
+        cluster::store(
+            &*self.cluster.meta,
+            Some(revision),
+            &moveplan::cleared(&record),
+        )
+        .await
+        .map_err(metadata)?;
         let mut report = self.move_progress().unwrap_or_default();
         report.version = to.version;
         report.records = len;
@@ -592,7 +622,8 @@ impl Router {
 
     /// The move under way here, if any.
     pub(super) fn move_progress(&self) -> Option<MoveReport> {
-        self.moving
+        self.cluster
+            .moving
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -611,7 +642,9 @@ impl Router {
         }
         if self.map_version.load(Ordering::SeqCst) != map.version {
             self.placement.store(placement);
-            self.nodes.set_cluster(&self.cluster_id, map.version);
+            self.cluster
+                .nodes
+                .set_cluster(&self.cluster.cluster_id, map.version);
             self.map_version.store(map.version, Ordering::SeqCst);
             tracing::info!("placing by map version {}", map.version);
         }
@@ -633,12 +666,12 @@ impl Router {
         let (record, _) = self.load_cluster().await?;
         self.grow_from(&record)?;
         if self.behind(record.map.version) {
-            let placement = placement_of(&record.map, self.nodes.shards())?;
-            if record.map.total_shards() > self.nodes.shards() {
+            let placement = placement_of(&record.map, self.cluster.nodes.shards())?;
+            if record.map.total_shards() > self.cluster.nodes.shards() {
                 return Err(Failure::Inconsistent(format!(
                     "the cluster's map has {} shards, and this router's nodes.toml lists {}: add the new shards' nodes to it and restart the router",
                     record.map.total_shards(),
-                    self.nodes.shards()
+                    self.cluster.nodes.shards()
                 )));
             }
             // Not amid a write of this router's, to any dataset: a write places its records
