@@ -98,6 +98,12 @@ pub(crate) struct Cluster {
     /// The cluster's metadata: its id, map and committed length.
     meta: Arc<dyn MetaStore>,
     cluster_id: String,
+    /// Where every dataset's records are: the placement by the map version below (stored
+    /// before it, so that one who reads the version first never pairs a newer version with
+    /// an older placement).
+    placement: ArcSwap<Placement>,
+    /// The version of the map placing reads and writes.
+    map_version: AtomicU64,
     /// The named datasets' routers.
     named: std::sync::RwLock<std::collections::BTreeMap<String, Arc<Router>>>,
     /// The revision of the cluster record whose datasets `named` holds, and the lock its
@@ -143,9 +149,6 @@ pub struct Router {
     dataset_id: u64,
     /// Set when the dataset was dropped: its router serves nothing more.
     dropped: std::sync::atomic::AtomicBool,
-    placement: ArcSwap<Placement>,
-    /// The version of the map placing reads and writes.
-    map_version: AtomicU64,
     len: AtomicU64,
     writes: Mutex<()>,
     /// The dataset's writer lease as this router knows it (see `lease.rs`), kept at
@@ -302,7 +305,7 @@ impl Router {
             }
         };
         let committed = self.committed.load(Ordering::SeqCst);
-        let placement = self.placement.load_full();
+        let placement = self.cluster.placement.load_full();
         let answers = self.each_node_info(None).await;
         let rebuilds = self
             .cluster
@@ -345,7 +348,7 @@ impl Router {
             .collect();
         wire::ClusterStatus {
             cluster: self.cluster.cluster_id.clone(),
-            map_version: self.map_version.load(Ordering::SeqCst),
+            map_version: self.cluster.map_version.load(Ordering::SeqCst),
             committed_len: committed,
             len: self.len(),
             nodes,
@@ -361,7 +364,7 @@ impl Router {
     /// client asks again once this router has the new map).
     async fn topology(&self, covering: u64) -> Result<wire::Topology, Failure> {
         let len = self.len_covering(covering).await?;
-        let placement = self.placement.load_full();
+        let placement = self.cluster.placement.load_full();
         let nodes = self
             .cluster
             .nodes

@@ -7,7 +7,7 @@ impl Router {
     /// Marks the shards whose nodes hold fewer records (`lens`) than the committed length
     /// gives them, and clears the others; true if any is marked.
     pub(super) fn note_missing(&self, lens: &[u64]) -> bool {
-        let placement = self.placement.load();
+        let placement = self.cluster.placement.load();
         let committed = self.committed.load(Ordering::SeqCst);
         let mut missing = self.missing.lock().unwrap_or_else(|e| e.into_inner());
         if missing.len() < lens.len() {
@@ -23,7 +23,7 @@ impl Router {
     /// The length to serve with `lens`: a shard missing data counts as holding its share of
     /// the committed length (its records are refused at gather time, not made out of range).
     pub(super) fn served_len(&self, lens: &[u64]) -> u64 {
-        let placement = self.placement.load();
+        let placement = self.cluster.placement.load();
         let committed = self.committed.load(Ordering::SeqCst);
         let lens: Vec<u64> = lens
             .iter()
@@ -49,7 +49,7 @@ impl Router {
             shard,
             addr: self.cluster.nodes.addr(self.cluster.nodes.id(shard, 0)),
             holds,
-            committed: self.placement.load().shard_len(shard, committed),
+            committed: self.cluster.placement.load().shard_len(shard, committed),
             cluster: self.cluster.cluster_id.clone(),
         }
     }
@@ -143,6 +143,7 @@ impl Router {
             .copied()
             .flatten()?;
         let share = self
+            .cluster
             .placement
             .load()
             .shard_len(shard, self.committed.load(Ordering::SeqCst));
@@ -244,7 +245,7 @@ impl Router {
             .map(|answer| Some(answer.map(|(len, _)| len)))
             .collect();
         let mut shards = Vec::with_capacity(self.cluster.nodes.shards() as usize);
-        let placement = self.placement.load_full();
+        let placement = self.cluster.placement.load_full();
         for shard in 0..self.cluster.nodes.shards() {
             let mut lens = ShardLens::default();
             let mut failed = Vec::new();

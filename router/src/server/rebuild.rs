@@ -163,7 +163,7 @@ impl Router {
 
     /// [`Self::find_short`] of this router's dataset.
     async fn find_short_of(&self) {
-        let placement = self.placement.load_full();
+        let placement = self.cluster.placement.load_full();
         let committed = self.committed.load(std::sync::atomic::Ordering::SeqCst);
         for shard in 0..self.cluster.nodes.shards() {
             let share = placement.shard_len(shard, committed);
@@ -213,7 +213,7 @@ impl Router {
             };
             let shard = self.cluster.nodes.shard(node);
             // Read by node address: scrubbed by local index.
-            let placement = router.placement.load();
+            let placement = router.cluster.placement.load();
             indices = indices
                 .iter()
                 .filter_map(|&address| placement.local_of(shard, address))
@@ -532,7 +532,7 @@ impl Router {
             copied: 0,
             bytes: 0,
         };
-        let placement = self.placement.load();
+        let placement = self.cluster.placement.load();
         let shard = self.cluster.nodes.shard(node);
         // Records both hold: copy those that differ.
         if !plan.compare.is_empty() {
@@ -649,6 +649,7 @@ impl Router {
         count: u64,
     ) -> Result<(Vec<u32>, Vec<u64>), Failure> {
         let runs = self
+            .cluster
             .placement
             .load()
             .runs(self.cluster.nodes.shard(node), start, count);

@@ -40,7 +40,7 @@ impl Router {
         count: u64,
     ) -> Result<ScrubReport, Failure> {
         let nodes = self.cluster.nodes.in_sync_of(shard);
-        let placement = self.placement.load_full();
+        let placement = self.cluster.placement.load_full();
         let shard_len = placement.shard_len(shard, self.len());
         let end = start.saturating_add(count).min(shard_len);
         let mut report = ScrubReport {

@@ -446,7 +446,7 @@ impl Router {
             })),
             ClientRequest::Commit => {
                 let commit = self.exclusive(|| async {
-                    let placement = self.placement.load_full();
+                    let placement = self.cluster.placement.load_full();
                     for shard in 0..self.cluster.nodes.shards() {
                         if !placement.slots(shard).is_empty() {
                             self.commit_shard(shard).await?;
@@ -490,7 +490,7 @@ impl Router {
             return Err(Failure::OutOfRange { index, len });
         }
         // One snapshot of the map for the plan and for the version its requests carry.
-        let placement = self.placement.load_full();
+        let placement = self.cluster.placement.load_full();
         let parts = plan_gather(&placement, indices);
         for part in &parts {
             if let Some(refusal) = self.still_missing(part.shard).await {

@@ -42,6 +42,8 @@ impl Router {
             timeout: Duration::from_millis(config.router.timeout_ms),
             meta,
             cluster_id: String::new(),
+            placement: ArcSwap::from_pointee(placement),
+            map_version: AtomicU64::new(0),
             named: Default::default(),
             adopted: Default::default(),
             adopting: Default::default(),
@@ -69,8 +71,6 @@ impl Router {
             writer_key: zr_meta::writer::key(None),
             committed_watch: tokio::sync::watch::Sender::new(0),
             watching_commits: Default::default(),
-            placement: ArcSwap::from_pointee(placement),
-            map_version: AtomicU64::new(0),
             len: AtomicU64::new(0),
             writes: Mutex::new(()),
             lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(
@@ -181,6 +181,7 @@ impl Router {
             .map(|(shard, info)| match info {
                 Some((len, _)) => *len,
                 None => router
+                    .cluster
                     .placement
                     .load()
                     .shard_len(shard as u32, record.committed_len),
@@ -254,7 +255,7 @@ impl Router {
                 config.cluster.shards,
                 lens,
                 || down.map_or_else(|| "a node did not answer".to_string(), |f| f.to_string()),
-                |lens| self.placement.load().consistent_len(lens),
+                |lens| self.cluster.placement.load().consistent_len(lens),
             );
             let committed_len = match decision {
                 startup::RecordDecision::Use => {
@@ -333,7 +334,7 @@ impl Router {
                     .set(router.committed.load(Ordering::SeqCst) as f64);
                 metrics::gauge!("zr_router_records").set(router.len() as f64);
                 metrics::gauge!("zr_router_map_version")
-                    .set(router.map_version.load(Ordering::SeqCst) as f64);
+                    .set(router.cluster.map_version.load(Ordering::SeqCst) as f64);
                 let behind = router
                     .cluster
                     .nodes

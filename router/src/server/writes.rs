@@ -165,7 +165,7 @@ impl Router {
         let lens: Vec<u64> = shards.iter().map(|s| s.len).collect();
         let replicas: Vec<repair::ReplicaLens<'_>> =
             shards.iter().map(|s| s.replicas.as_slice()).collect();
-        let placement = self.placement.load_full();
+        let placement = self.cluster.placement.load_full();
         // Committed data is never cut. When there is nothing to cut or settle, the cached
         // committed length does; otherwise it is read afresh first (another router may have
         // committed more), once per such write, not per record.
@@ -233,14 +233,14 @@ impl Router {
     /// local indices `0..len`): each of its slots to its part of them.
     pub(super) fn truncate_to(&self, shard: u32, len: u64) -> NodeRequest {
         NodeRequest::Truncate {
-            slots: self.placement.load().slot_lens(shard, len),
+            slots: self.cluster.placement.load().slot_lens(shard, len),
             token: 0, // write_node or write_call sets it
         }
     }
 
     /// Record `index` as one in-sync replica holds it, written to every in-sync replica.
     async fn copy_record(&self, index: u64) -> Result<(), Failure> {
-        let place = self.placement.load().locate_address(index);
+        let place = self.cluster.placement.load().locate_address(index);
         self.copy_record_to(place, place).await
     }
 
@@ -313,7 +313,7 @@ impl Router {
                 .await
                 .map_err(|e| e.while_("recording the modify in the metadata store"))?;
         }
-        let (shard, address) = self.placement.load().locate_address(index);
+        let (shard, address) = self.cluster.placement.load().locate_address(index);
         let request = NodeRequest::Modify {
             index: address,
             token: None, // write_call sets it
@@ -389,7 +389,7 @@ impl Router {
                 .await
                 .map_err(|e| e.while_("recording the append in the metadata store"))?;
         }
-        let placement = self.placement.load();
+        let placement = self.cluster.placement.load();
         let parts = plan_append(&placement, start, count);
         let calls = parts.iter().map(|part| {
             let lengths: Vec<Vec<u32>> = lengths
@@ -469,7 +469,7 @@ impl Router {
     /// this again.
     async fn finish_delete(&self, index: u64, len: u64) -> Result<(), Failure> {
         let last = len - 1;
-        let placement = self.placement.load();
+        let placement = self.cluster.placement.load();
         let (last_shard, last_local) = placement.locate(last);
         let truncate = self.truncate_to(last_shard, last_local);
         if index == last {

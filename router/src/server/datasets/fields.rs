@@ -114,7 +114,7 @@ impl Router {
                 .map_err(|e| e.while_("recording the write in the metadata store"))?;
         }
         // Per shard: its records' addresses, their lengths and their bytes, in order.
-        let placement = self.placement.load_full();
+        let placement = self.cluster.placement.load_full();
         let mut parts: std::collections::BTreeMap<u32, ShardValues> = Default::default();
         let mut at = 0usize;
         for (k, &length) in lengths.iter().enumerate() {

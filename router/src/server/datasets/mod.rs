@@ -14,7 +14,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use zr_coord::datasets::{record_fields, router_changes, wire_fields, Adopt, Known};
@@ -237,8 +236,8 @@ impl Router {
             }
             return;
         }
-        let placed =
-            (0..self.cluster.nodes.shards()).find(|&s| !self.placement.load().slots(s).is_empty());
+        let placed = (0..self.cluster.nodes.shards())
+            .find(|&s| !self.cluster.placement.load().slots(s).is_empty());
         let Some(shard) = placed else { return };
         if let Ok((
             _,
@@ -371,15 +370,11 @@ impl Router {
             let state = self.lease_state();
             (state.me(), state.lease())
         };
-        // The version before the placement (see `adopt_map`).
-        let map_version = self.map_version.load(Ordering::SeqCst);
         let router = Arc::new(Router {
             cluster: Arc::clone(&self.cluster),
             dataset: Some(Arc::from(dataset.name.as_str())),
             dataset_id: dataset.id,
             dropped: Default::default(),
-            placement: ArcSwap::new(self.placement.load_full()),
-            map_version: map_version.into(),
             len: Default::default(),
             writes: Default::default(),
             lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(me, lease)),

@@ -629,35 +629,22 @@ impl Router {
             .clone()
     }
 
-    /// Places every dataset by `map` (with `placement`) from now on.
-    /// Each router's placement is stored before its version: one that reads the version
-    /// first never pairs a newer version with an older placement.
+    /// Places every dataset by `map` (with `placement`) from now on. The placement is
+    /// stored before its version: one that reads the version first never pairs a newer
+    /// version with an older placement.
     pub(super) fn adopt_map(&self, map: &MapRecord, placement: Placement) {
-        let placement = Arc::new(placement);
-        for named in self.named_routers() {
-            if named.map_version.load(Ordering::SeqCst) != map.version {
-                named.placement.store(Arc::clone(&placement));
-                named.map_version.store(map.version, Ordering::SeqCst);
-            }
-        }
-        if self.map_version.load(Ordering::SeqCst) != map.version {
-            self.placement.store(placement);
-            self.cluster
-                .nodes
-                .set_cluster(&self.cluster.cluster_id, map.version);
-            self.map_version.store(map.version, Ordering::SeqCst);
+        let cluster = &self.cluster;
+        if cluster.map_version.load(Ordering::SeqCst) != map.version {
+            cluster.placement.store(Arc::new(placement));
+            cluster.nodes.set_cluster(&cluster.cluster_id, map.version);
+            cluster.map_version.store(map.version, Ordering::SeqCst);
             tracing::info!("placing by map version {}", map.version);
         }
     }
 
-    /// True if this router or one of its named datasets' places by an older map than
-    /// `version`.
+    /// True if the datasets are placed by an older map than `version`.
     fn behind(&self, version: u64) -> bool {
-        self.map_version.load(Ordering::SeqCst) < version
-            || self
-                .named_routers()
-                .iter()
-                .any(|r| r.map_version.load(Ordering::SeqCst) < version)
+        self.cluster.map_version.load(Ordering::SeqCst) < version
     }
 
     /// Reads the map from the metadata store and adopts it if it is newer than the one this
