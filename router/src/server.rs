@@ -185,6 +185,11 @@ impl Router {
         self.cluster.replies.held()
     }
 
+    /// The links to the nodes, shared by every dataset.
+    pub(crate) fn nodes(&self) -> &Arc<Nodes> {
+        &self.cluster.nodes
+    }
+
     /// The dataset this router's node requests address (`None`: the default one).
     pub(crate) fn on(&self) -> Option<&str> {
         self.dataset.as_deref()
@@ -236,7 +241,7 @@ impl Router {
         replica: u32,
         addr: &str,
     ) -> Result<(), Failure> {
-        let (shards, replicas) = (self.cluster.nodes.shards(), self.cluster.nodes.replicas());
+        let (shards, replicas) = (self.nodes().shards(), self.nodes().replicas());
         if shard >= shards {
             return Err(Failure::BadRequest(format!(
                 "there is no shard {shard}: the cluster has {shards} (0..{shards})"
@@ -265,28 +270,25 @@ impl Router {
                 "{addr} is this router's own address, not a node's"
             )));
         }
-        if self
-            .cluster
-            .nodes
-            .addr(self.cluster.nodes.id(shard, replica))
-            == addr
-        {
+        if self.nodes().addr(self.nodes().id(shard, replica)) == addr {
             return Err(Failure::BadRequest(format!(
                 "{addr} is shard {shard} replica {replica}'s address already: a replacement is a node at another address (a node restarted at the same address with its data lost is rebuilt without one)"
             )));
         }
-        if let Some(other) = self.cluster.nodes.all().find(|&n| {
-            self.cluster.nodes.addr(n) == addr && self.cluster.nodes.id(shard, replica) != n
-        }) {
+        if let Some(other) = self
+            .nodes()
+            .all()
+            .find(|&n| self.nodes().addr(n) == addr && self.nodes().id(shard, replica) != n)
+        {
             return Err(Failure::BadRequest(format!(
                 "{addr} already serves shard {} replica {}",
-                self.cluster.nodes.shard(other),
-                self.cluster.nodes.replica(other)
+                self.nodes().shard(other),
+                self.nodes().replica(other)
             )));
         }
         let all = self.all_routers();
         Router::exclusive_all(&all, || {
-            Box::pin(self.cluster.nodes.move_replica(shard, replica, addr))
+            Box::pin(self.nodes().move_replica(shard, replica, addr))
         })
         .await
     }
@@ -317,8 +319,8 @@ impl Router {
             .into_iter()
             .enumerate()
             .map(|(node, answer)| {
-                let shard = self.cluster.nodes.shard(node);
-                let in_sync = self.cluster.nodes.in_sync(node);
+                let shard = self.nodes().shard(node);
+                let in_sync = self.nodes().in_sync(node);
                 let share = placement.shard_len(shard, committed);
                 let (state, records) = match answer {
                     Ok((len, _)) if len < share && in_sync => (
@@ -334,15 +336,15 @@ impl Router {
                 };
                 wire::NodeStatus {
                     shard,
-                    replica: self.cluster.nodes.replica(node),
+                    replica: self.nodes().replica(node),
                     in_sync,
                     rebuild: rebuilds.get(&node).map(|p| p.describe()),
-                    addr: self.cluster.nodes.addr(node).to_string(),
+                    addr: self.nodes().addr(node).to_string(),
                     state,
                     records,
-                    last_seen_ms: self.cluster.nodes.last_seen(node).map(|d| d.as_millis() as u64),
-                    lease: self.cluster.nodes.lease(node),
-                    rtt_us: self.cluster.nodes.rtt(node).map(|d| d.as_micros() as u64),
+                    last_seen_ms: self.nodes().last_seen(node).map(|d| d.as_millis() as u64),
+                    lease: self.nodes().lease(node),
+                    rtt_us: self.nodes().rtt(node).map(|d| d.as_micros() as u64),
                 }
             })
             .collect();
@@ -366,14 +368,13 @@ impl Router {
         let len = self.len_covering(covering).await?;
         let placement = self.cluster.placement.load_full();
         let nodes = self
-            .cluster
-            .nodes
+            .nodes()
             .all()
             .map(|node| wire::NodeAddr {
-                shard: self.cluster.nodes.shard(node),
-                replica: self.cluster.nodes.replica(node),
-                addr: self.cluster.nodes.addr(node).to_string(),
-                in_sync: self.cluster.nodes.in_sync(node),
+                shard: self.nodes().shard(node),
+                replica: self.nodes().replica(node),
+                addr: self.nodes().addr(node).to_string(),
+                in_sync: self.nodes().in_sync(node),
             })
             .collect();
         let missing = self
@@ -388,8 +389,8 @@ impl Router {
         Ok(wire::Topology {
             cluster: self.cluster.cluster_id.clone(),
             map: placement.map().clone(),
-            shards: self.cluster.nodes.shards(),
-            replicas: self.cluster.nodes.replicas(),
+            shards: self.nodes().shards(),
+            replicas: self.nodes().replicas(),
             nodes,
             len,
             missing,

@@ -55,8 +55,8 @@ impl Router {
                     // are in sync, or where one is, meanwhile (a catch-up finished, a
                     // replacement recorded — both under every lease): the writes go by the
                     // record as it is now.
-                    if taken && self.cluster.nodes.replicas() > 1 {
-                        if let Err(e) = self.cluster.nodes.refresh_replicas().await {
+                    if taken && self.nodes().replicas() > 1 {
+                        if let Err(e) = self.nodes().refresh_replicas().await {
                             self.release_lease(false).await;
                             return Err(e);
                         }

@@ -47,7 +47,7 @@ impl Router {
         let committed = self.committed.load(Ordering::SeqCst);
         Failure::MissingData {
             shard,
-            addr: self.cluster.nodes.addr(self.cluster.nodes.id(shard, 0)),
+            addr: self.nodes().addr(self.nodes().id(shard, 0)),
             holds,
             committed: self.cluster.placement.load().shard_len(shard, committed),
             cluster: self.cluster.cluster_id.clone(),
@@ -148,8 +148,7 @@ impl Router {
             .load()
             .shard_len(shard, self.committed.load(Ordering::SeqCst));
         match self
-            .cluster
-            .nodes
+            .nodes()
             .read(self.on(), shard, &NodeRequest::Info)
             .await
         {
@@ -203,14 +202,13 @@ impl Router {
             Some(token) => NodeRequest::Fence { token },
             None => NodeRequest::Info,
         };
-        let calls = self.cluster.nodes.all().map(|node| {
+        let calls = self.nodes().all().map(|node| {
             let request = &request;
             async move {
-                if self.cluster.nodes.replicas() > 1 && self.cluster.nodes.is_down(node) {
-                    return Err(self.cluster.nodes.unavailable(node, "down".into()));
+                if self.nodes().replicas() > 1 && self.nodes().is_down(node) {
+                    return Err(self.nodes().unavailable(node, "down".into()));
                 }
-                self.cluster
-                    .nodes
+                self.nodes()
                     .call_within(self.on(), node, request, Vec::new(), timeout)
                     .await
             }
@@ -222,8 +220,7 @@ impl Router {
             .map(|(node, result)| match result?.reply {
                 Reply::Info { len, fields, .. } => Ok((len, fields)),
                 other => Err(self
-                    .cluster
-                    .nodes
+                    .nodes()
                     .unavailable(node, format!("answered Info with {other:?}"))),
             })
             .collect()
@@ -244,12 +241,12 @@ impl Router {
             .into_iter()
             .map(|answer| Some(answer.map(|(len, _)| len)))
             .collect();
-        let mut shards = Vec::with_capacity(self.cluster.nodes.shards() as usize);
+        let mut shards = Vec::with_capacity(self.nodes().shards() as usize);
         let placement = self.cluster.placement.load_full();
-        for shard in 0..self.cluster.nodes.shards() {
+        for shard in 0..self.nodes().shards() {
             let mut lens = ShardLens::default();
             let mut failed = Vec::new();
-            for node in self.cluster.nodes.in_sync_of(shard) {
+            for node in self.nodes().in_sync_of(shard) {
                 match answers.get_mut(node).and_then(Option::take) {
                     Some(Ok(len)) => {
                         lens.len = lens.len.max(len);
@@ -273,10 +270,7 @@ impl Router {
             }
             if mark {
                 for (node, failure) in failed {
-                    self.cluster
-                        .nodes
-                        .mark_behind(node, &failure.to_string())
-                        .await?;
+                    self.nodes().mark_behind(node, &failure.to_string()).await?;
                 }
             }
             shards.push(lens);
@@ -293,16 +287,15 @@ impl Router {
     /// Makes every write so far durable on shard `shard`'s in-sync replicas (one that
     /// fails it is marked behind).
     pub(super) async fn commit_shard(&self, shard: u32) -> Result<(), Failure> {
-        let targets = self.cluster.nodes.in_sync_of(shard);
+        let targets = self.nodes().in_sync_of(shard);
         let calls = targets.iter().map(|&node| {
-            self.cluster
-                .nodes
+            self.nodes()
                 .call(self.on(), node, &NodeRequest::Commit, Vec::new())
         });
         let results = futures::future::join_all(calls).await;
         let (_, done) = self.all_or_behind(&targets, results).await?;
         for node in done {
-            self.cluster.nodes.note_committed(node);
+            self.nodes().note_committed(node);
         }
         Ok(())
     }

@@ -116,13 +116,13 @@ impl Router {
     /// Starts the task that catches up behind replicas that answer, one at a time; it ends
     /// with the router.
     pub(super) fn start_rebuilds(self: &Arc<Self>) {
-        if self.cluster.nodes.replicas() < 2 {
+        if self.nodes().replicas() < 2 {
             return;
         }
         let router = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
-                let Some(wake) = router.upgrade().map(|r| r.cluster.nodes.catch_up_wanted()) else {
+                let Some(wake) = router.upgrade().map(|r| r.nodes().catch_up_wanted()) else {
                     return;
                 };
                 let _ = tokio::time::timeout(LOOK_EVERY, wake.notified()).await;
@@ -131,15 +131,15 @@ impl Router {
                 };
                 router.find_short().await;
                 router.repair_suspects().await;
-                for node in router.cluster.nodes.all() {
-                    if router.cluster.nodes.in_sync(node) || router.cluster.nodes.is_down(node) {
+                for node in router.nodes().all() {
+                    if router.nodes().in_sync(node) || router.nodes().is_down(node) {
                         continue;
                     }
                     if let Err(e) = router.catch_up(node).await {
                         tracing::warn!(
                             "catching up shard {} replica {}: {e} (tried again in a moment)",
-                            router.cluster.nodes.shard(node),
-                            router.cluster.nodes.replica(node)
+                            router.nodes().shard(node),
+                            router.nodes().replica(node)
                         );
                     }
                 }
@@ -154,7 +154,7 @@ impl Router {
     /// asked for (with one replica there is no partner, and nothing to ask).
     async fn find_short(self: &Arc<Self>) {
         self.find_short_of().await;
-        if self.cluster.nodes.replicas() > 1 {
+        if self.nodes().replicas() > 1 {
             for named in self.named_routers() {
                 named.find_short_of().await;
             }
@@ -165,13 +165,13 @@ impl Router {
     async fn find_short_of(&self) {
         let placement = self.cluster.placement.load_full();
         let committed = self.committed.load(std::sync::atomic::Ordering::SeqCst);
-        for shard in 0..self.cluster.nodes.shards() {
+        for shard in 0..self.nodes().shards() {
             let share = placement.shard_len(shard, committed);
             let mut heard: Vec<(NodeId, Option<u64>)> = Vec::new();
-            for node in self.cluster.nodes.in_sync_of(shard) {
+            for node in self.nodes().in_sync_of(shard) {
                 let len = match self.dataset {
-                    None => self.cluster.nodes.heard_len(node),
-                    Some(_) if self.cluster.nodes.is_down(node) => None,
+                    None => self.nodes().heard_len(node),
+                    Some(_) if self.nodes().is_down(node) => None,
                     Some(_) => self.node_len(node).await.ok(),
                 };
                 heard.push((node, len));
@@ -195,7 +195,7 @@ impl Router {
                         "it holds {len} of the {share} records of dataset '{}' committed on it",
                         self.dataset_name()
                     );
-                    if let Err(e) = self.cluster.nodes.mark_behind(node, &why).await {
+                    if let Err(e) = self.nodes().mark_behind(node, &why).await {
                         tracing::warn!("{e}");
                     }
                 }
@@ -206,12 +206,12 @@ impl Router {
     /// Scrubs the records checked reads found damaged (see `Nodes::suspect`), repairing the
     /// bad copies from good ones.
     async fn repair_suspects(self: &Arc<Self>) {
-        for (dataset, node, mut indices) in self.cluster.nodes.take_suspects() {
+        for (dataset, node, mut indices) in self.nodes().take_suspects() {
             let name = dataset.as_deref().unwrap_or(wire::DEFAULT_DATASET);
             let Ok(router) = self.router_of(name).await else {
                 continue; // dropped meanwhile
             };
-            let shard = self.cluster.nodes.shard(node);
+            let shard = self.nodes().shard(node);
             // Read by node address: scrubbed by local index.
             let placement = router.cluster.placement.load();
             indices = indices
@@ -247,11 +247,11 @@ impl Router {
     /// Catches up behind node `node` from an in-sync partner and marks it in sync (see the
     /// module documentation).
     pub(crate) async fn catch_up(self: &Arc<Self>, node: NodeId) -> Result<(), Failure> {
-        let shard = self.cluster.nodes.shard(node);
-        let replica = self.cluster.nodes.replica(node);
+        let shard = self.nodes().shard(node);
+        let replica = self.nodes().replica(node);
         tracing::info!(
             "shard {shard} replica {replica} at {}: catching up",
-            self.cluster.nodes.addr(node)
+            self.nodes().addr(node)
         );
         let started = Instant::now();
         // Every dataset: online passes until little is left, then one last pass of all of
@@ -334,15 +334,15 @@ impl Router {
     /// written since the partner's snapshot, comparing digests as for any behind replica.
     /// Returns what it installed, if it ran.
     async fn ship(&self, node: NodeId) -> Result<Option<catchup::Shipped>, Failure> {
-        let shard = self.cluster.nodes.shard(node);
+        let shard = self.nodes().shard(node);
         let partner = self.partner(shard)?;
         let (len, partner_len) = (self.node_len(node).await?, self.node_len(partner).await?);
         if !catchup::from_files(len, partner_len) {
             return Ok(None);
         }
         let request = NodeRequest::ShipFrom {
-            addr: self.cluster.nodes.addr(partner).to_string(),
-            replica: self.cluster.nodes.replica(partner),
+            addr: self.nodes().addr(partner).to_string(),
+            replica: self.nodes().replica(partner),
             shard: None,
             slots: Vec::new(),
             // A lost replica is rebuilt as fast as it can be.
@@ -360,46 +360,30 @@ impl Router {
             .map_or(0, |p| p.bytes);
         loop {
             let status = self.ship_status(node, &request).await?;
-            {
-                let mut rebuilds = self
-                    .cluster
-                    .rebuilds
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                let progress = rebuilds.entry(node).or_insert_with(|| Progress {
-                    partner: self.cluster.nodes.replica(partner),
-                    pass: 0,
-                    last_pass: false,
-                    done: 0,
-                    total: 0,
-                    copied: 0,
-                    bytes: 0,
-                    started,
-                    files_total: None,
-                });
+            self.progress(node, partner, started, |progress| {
                 progress.files_total = Some(status.total);
                 progress.bytes = before + status.bytes;
                 if status.done && status.error.is_none() {
                     progress.copied += status.len;
                     progress.files_total = None;
                 }
-            }
+            });
             match watch.observe(&status, Instant::now().into_std()) {
                 ShipStep::Wait => tokio::time::sleep(SHIP_POLL).await,
-                ShipStep::Failed(why) => return Err(self.cluster.nodes.unavailable(node, why)),
+                ShipStep::Failed(why) => return Err(self.nodes().unavailable(node, why)),
                 ShipStep::Installed { len } => {
                     tracing::info!(
                         "shard {shard} replica {}: dataset '{}' rebuilt from replica {}'s files in {:.1} s: {len} records ({:.1} MiB)",
-                        self.cluster.nodes.replica(node),
+                        self.nodes().replica(node),
                         self.dataset_name(),
-                        self.cluster.nodes.replica(partner),
+                        self.nodes().replica(partner),
                         started.elapsed().as_secs_f64(),
                         status.total as f64 / (1 << 20) as f64
                     );
                     if status.mark.is_none() {
                         tracing::info!(
                             "shard {shard} replica {}: dataset '{}': the partner's snapshot was taken with changes to existing records waiting for a commit, so every record copied is compared",
-                            self.cluster.nodes.replica(node),
+                            self.nodes().replica(node),
                             self.dataset_name()
                         );
                     }
@@ -409,6 +393,35 @@ impl Router {
                 }
             }
         }
+    }
+
+    /// Updates node `node`'s catch-up progress with `update`, copying from `partner` (begun
+    /// at `started` if this is its first news).
+    fn progress(
+        &self,
+        node: NodeId,
+        partner: NodeId,
+        started: Instant,
+        update: impl FnOnce(&mut Progress),
+    ) {
+        let mut rebuilds = self
+            .cluster
+            .rebuilds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let progress = rebuilds.entry(node).or_insert_with(|| Progress {
+            partner: 0,
+            pass: 0,
+            last_pass: false,
+            done: 0,
+            total: 0,
+            copied: 0,
+            bytes: 0,
+            started,
+            files_total: None,
+        });
+        progress.partner = self.nodes().replica(partner);
+        update(progress);
     }
 
     /// One pass over the shard from record `from` on: every slice compared and copied, each
@@ -421,7 +434,7 @@ impl Router {
         locked: bool,
         from: u64,
     ) -> Result<(u64, u64), Failure> {
-        let shard = self.cluster.nodes.shard(node);
+        let shard = self.nodes().shard(node);
         let mut from = from;
         let mut copied = 0;
         let mut slice = SLICE_FIRST;
@@ -447,31 +460,15 @@ impl Router {
                 // Compared only: digests are small, take the most.
                 slice = SLICE_MAX.min(slice * 4);
             }
-            let mut rebuilds = self
-                .cluster
-                .rebuilds
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let progress = rebuilds.entry(node).or_insert_with(|| Progress {
-                partner: self.cluster.nodes.replica(partner),
-                pass,
-                last_pass: locked,
-                done: 0,
-                total: 0,
-                copied: 0,
-                bytes: 0,
-                started: Instant::now(),
-                files_total: None,
+            self.progress(node, partner, Instant::now(), |progress| {
+                progress.files_total = None;
+                progress.pass = pass;
+                progress.last_pass = locked;
+                progress.done = step.end;
+                progress.total = step.partner_len;
+                progress.copied += step.copied;
+                progress.bytes += step.bytes;
             });
-            progress.files_total = None;
-            progress.partner = self.cluster.nodes.replica(partner);
-            progress.pass = pass;
-            progress.last_pass = locked;
-            progress.done = step.end;
-            progress.total = step.partner_len;
-            progress.copied += step.copied;
-            progress.bytes += step.bytes;
-            drop(rebuilds);
             if step.end >= step.partner_len {
                 return Ok((copied, step.end));
             }
@@ -486,26 +483,23 @@ impl Router {
         request: &NodeRequest,
     ) -> Result<wire::ShipStatus, Failure> {
         let reply = self
-            .cluster
-            .nodes
+            .nodes()
             .call(self.on(), node, request, Vec::new())
             .await?;
         match reply.reply {
             Reply::Shipping(status) => Ok(status),
             other => Err(self
-                .cluster
-                .nodes
+                .nodes()
                 .unavailable(node, format!("answered ship-from with {other:?}"))),
         }
     }
 
     /// An in-sync replica of `shard` to copy from: one not known down.
     pub(super) fn partner(&self, shard: u32) -> Result<NodeId, Failure> {
-        self.cluster
-            .nodes
+        self.nodes()
             .read_order(shard)
             .into_iter()
-            .find(|&n| !self.cluster.nodes.is_down(n))
+            .find(|&n| !self.nodes().is_down(n))
             .ok_or_else(|| {
                 Failure::Inconsistent(format!(
                     "shard {shard} has no in-sync replica up to copy from"
@@ -525,7 +519,7 @@ impl Router {
         let partner_len = self.node_len(partner).await?;
         let len = self.node_len(node).await?;
         let plan = catchup::plan_slice(from, count, len, partner_len)
-            .map_err(|why| self.cluster.nodes.unavailable(node, why))?;
+            .map_err(|why| self.nodes().unavailable(node, why))?;
         let mut slice = Slice {
             end: plan.end,
             partner_len,
@@ -533,7 +527,7 @@ impl Router {
             bytes: 0,
         };
         let placement = self.cluster.placement.load();
-        let shard = self.cluster.nodes.shard(node);
+        let shard = self.nodes().shard(node);
         // Records both hold: copy those that differ.
         if !plan.compare.is_empty() {
             let (start, n) = (plan.compare.start, plan.compare.end - plan.compare.start);
@@ -541,7 +535,7 @@ impl Router {
             let (ours, _) = self.digest(node, start, n).await?;
             let differ = catchup::differing(plan.compare.clone(), &theirs, &corrupt, &ours)
                 .map_err(|bad| {
-                    self.cluster.nodes.unavailable(
+                    self.nodes().unavailable(
                         partner,
                         format!("its record {bad} fails its check, so it cannot be copied from (zr verify --router repairs it)"),
                     )
@@ -579,8 +573,7 @@ impl Router {
             let read = self.gather_all(partner, addresses).await?;
             let Reply::Gather { lengths } = &read.reply else {
                 return Err(self
-                    .cluster
-                    .nodes
+                    .nodes()
                     .unavailable(partner, format!("answered a gather with {:?}", read.reply)));
             };
             let mut body = zr_proto::chunks::Chunks::new(&read.chunks);
@@ -608,16 +601,14 @@ impl Router {
     /// Node `node`'s length.
     async fn node_len(&self, node: NodeId) -> Result<u64, Failure> {
         match self
-            .cluster
-            .nodes
+            .nodes()
             .call(self.on(), node, &NodeRequest::Info, Vec::new())
             .await?
             .reply
         {
             Reply::Info { len, .. } => Ok(len),
             other => Err(self
-                .cluster
-                .nodes
+                .nodes()
                 .unavailable(node, format!("answered Info with {other:?}"))),
         }
     }
@@ -626,14 +617,13 @@ impl Router {
     pub(super) async fn mark(&self, node: NodeId) -> Result<wire::DataMark, Failure> {
         let request = NodeRequest::Digest { runs: Vec::new() };
         match self
-            .cluster
-            .nodes
+            .nodes()
             .call(self.on(), node, &request, Vec::new())
             .await?
             .reply
         {
             Reply::Digest { mark, .. } => Ok(mark),
-            other => Err(self.cluster.nodes.unavailable(
+            other => Err(self.nodes().unavailable(
                 node,
                 format!("answered a digest of no records with {other:?}"),
             )),
@@ -652,11 +642,10 @@ impl Router {
             .cluster
             .placement
             .load()
-            .runs(self.cluster.nodes.shard(node), start, count);
+            .runs(self.nodes().shard(node), start, count);
         let request = NodeRequest::Digest { runs };
         match self
-            .cluster
-            .nodes
+            .nodes()
             .call(self.on(), node, &request, Vec::new())
             .await?
             .reply
@@ -664,7 +653,7 @@ impl Router {
             Reply::Digest { crcs, corrupt, .. } if crcs.len() as u64 == count => {
                 Ok((crcs, corrupt.into_iter().map(|k| start + k).collect()))
             }
-            other => Err(self.cluster.nodes.unavailable(
+            other => Err(self.nodes().unavailable(
                 node,
                 format!("answered a digest of {count} records from {start} with {other:?}"),
             )),
@@ -679,8 +668,7 @@ impl Router {
             fields: Vec::new(),
             checked: true,
         };
-        self.cluster
-            .nodes
+        self.nodes()
             .call(self.on(), node, &request, Vec::new())
             .await
     }
@@ -695,8 +683,7 @@ impl Router {
         match &read.reply {
             Reply::Gather { lengths } => Ok((lengths.clone(), read.body())),
             other => Err(self
-                .cluster
-                .nodes
+                .nodes()
                 .unavailable(node, format!("answered a gather with {other:?}"))),
         }
     }

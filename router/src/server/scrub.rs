@@ -23,10 +23,10 @@ impl Router {
         start: u64,
         count: u64,
     ) -> Result<ScrubReport, Failure> {
-        if shard >= self.cluster.nodes.shards() {
+        if shard >= self.nodes().shards() {
             return Err(Failure::BadRequest(format!(
                 "shard {shard} does not exist (the cluster has {})",
-                self.cluster.nodes.shards()
+                self.nodes().shards()
             )));
         }
         self.exclusive(|| self.scrub_locked(shard, start, count))
@@ -39,7 +39,7 @@ impl Router {
         start: u64,
         count: u64,
     ) -> Result<ScrubReport, Failure> {
-        let nodes = self.cluster.nodes.in_sync_of(shard);
+        let nodes = self.nodes().in_sync_of(shard);
         let placement = self.cluster.placement.load_full();
         let shard_len = placement.shard_len(shard, self.len());
         let end = start.saturating_add(count).min(shard_len);
@@ -66,7 +66,7 @@ impl Router {
                 Verdict::Lost { index, nodes } => {
                     for node in nodes {
                         report.problems.push(ScrubProblem {
-                            replica: self.cluster.nodes.replica(node),
+                            replica: self.nodes().replica(node),
                             index,
                             what: "fails its check, and no replica holds it intact".into(),
                             repaired: false,
@@ -121,10 +121,10 @@ impl Router {
                     false
                 }
             };
-            let replica = self.cluster.nodes.replica(node);
+            let replica = self.nodes().replica(node);
             let what = what.describe();
             if repaired {
-                let from = self.cluster.nodes.replica(source);
+                let from = self.nodes().replica(source);
                 tracing::warn!(
                     "scrub: shard {shard} replica {replica} record {index} {what}; repaired from replica {from}"
                 );

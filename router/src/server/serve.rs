@@ -379,7 +379,7 @@ impl Router {
             ClientRequest::WaitLen { len, wait_ms } => {
                 let committed = self.wait_committed(len, wait_ms).await?;
                 // A length reached tells of writes as their acknowledgment does.
-                self.cluster.nodes.acks_may_go().await;
+                self.nodes().acks_may_go().await;
                 Ok(ready(Reply::Info {
                     len: committed,
                     fields: self.fields(),
@@ -447,7 +447,7 @@ impl Router {
             ClientRequest::Commit => {
                 let commit = self.exclusive(|| async {
                     let placement = self.cluster.placement.load_full();
-                    for shard in 0..self.cluster.nodes.shards() {
+                    for shard in 0..self.nodes().shards() {
                         if !placement.slots(shard).is_empty() {
                             self.commit_shard(shard).await?;
                         }
@@ -469,7 +469,7 @@ impl Router {
     ) -> Result<T, Failure> {
         let outcome = write.await;
         if outcome.is_ok() {
-            self.cluster.nodes.acks_may_go().await;
+            self.nodes().acks_may_go().await;
         }
         outcome
     }
@@ -514,7 +514,7 @@ impl Router {
         // A few writes' worth queued: the shards' readers keep receiving meanwhile.
         let (frames, body) = tokio::sync::mpsc::channel(FRAMES_QUEUED);
         let forwarded = crate::forward::forward_parts(
-            Arc::clone(&self.cluster.nodes),
+            Arc::clone(self.nodes()),
             crate::forward::Placed {
                 dataset: self.dataset.clone(),
                 map_version: placement.version(),

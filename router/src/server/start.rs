@@ -88,7 +88,7 @@ impl Router {
             missing: std::sync::Mutex::new(vec![None; shards]),
         };
         // Which replicas are behind (none if the store has no record of them).
-        if let Err(e) = router.cluster.nodes.refresh_replicas().await {
+        if let Err(e) = router.nodes().refresh_replicas().await {
             return Err(Error::Failed(e));
         }
         // Every node that answers; a router starts, and serves what it can, with some down
@@ -106,11 +106,10 @@ impl Router {
             }
         }
         // Per shard: the most records an in-sync replica that answered holds, and its fields.
-        let infos: Vec<Option<(u64, Vec<FieldInfo>)>> = (0..router.cluster.nodes.shards())
+        let infos: Vec<Option<(u64, Vec<FieldInfo>)>> = (0..router.nodes().shards())
             .map(|shard| {
                 router
-                    .cluster
-                    .nodes
+                    .nodes()
                     .in_sync_of(shard)
                     .into_iter()
                     .filter_map(|node| answers[node].clone())
@@ -118,16 +117,15 @@ impl Router {
             })
             .collect();
         // A shard is down when none of its in-sync replicas answered.
-        let down: Vec<Failure> = if router.cluster.nodes.replicas() == 1 {
+        let down: Vec<Failure> = if router.nodes().replicas() == 1 {
             down
         } else {
-            (0..router.cluster.nodes.shards())
+            (0..router.nodes().shards())
                 .filter(|&shard| infos[shard as usize].is_none())
                 .map(|shard| {
-                    let node = router.cluster.nodes.id(shard, 0);
+                    let node = router.nodes().id(shard, 0);
                     router
-                        .cluster
-                        .nodes
+                        .nodes()
                         .unavailable(node, "no in-sync replica answered".into())
                 })
                 .collect()
@@ -170,8 +168,8 @@ impl Router {
         };
         cluster.cluster_id = record.id.clone();
         router.grow_from(&record).map_err(Error::Failed)?;
-        let placement = moves::placement_of(&record.map, router.cluster.nodes.shards())
-            .map_err(Error::Failed)?;
+        let placement =
+            moves::placement_of(&record.map, router.nodes().shards()).map_err(Error::Failed)?;
         router.adopt_map(&record.map, placement);
         router.set_committed(record.committed_len);
         // A node that is down counts as holding its committed share until it answers.
@@ -336,13 +334,12 @@ impl Router {
                 metrics::gauge!("zr_router_map_version")
                     .set(router.cluster.map_version.load(Ordering::SeqCst) as f64);
                 let behind = router
-                    .cluster
-                    .nodes
+                    .nodes()
                     .all()
-                    .filter(|&n| !router.cluster.nodes.in_sync(n))
+                    .filter(|&n| !router.nodes().in_sync(n))
                     .count();
                 metrics::gauge!("zr_router_replicas_behind").set(behind as f64);
-                router.cluster.nodes.refresh_in_flight();
+                router.nodes().refresh_in_flight();
                 metrics::gauge!("zr_router_reply_bytes").set(router.cluster.replies.held() as f64);
                 drop(router);
                 tokio::time::sleep(GAUGES_EVERY).await;
@@ -378,7 +375,7 @@ impl Router {
     /// [`MAP_RELOAD_EVERY`] anyway; ends with the router.
     pub(super) fn start_map_reloads(self: &Arc<Self>) {
         let router = Arc::downgrade(self);
-        let stale = self.cluster.nodes.stale_map();
+        let stale = self.nodes().stale_map();
         tokio::spawn(async move {
             loop {
                 let _ = tokio::time::timeout(MAP_RELOAD_EVERY, stale.notified()).await;

@@ -59,7 +59,7 @@ impl Router {
         request: NodeRequest,
         body: Vec<Bytes>,
     ) -> Result<NodeReply, Failure> {
-        let targets = self.cluster.nodes.in_sync_of(shard);
+        let targets = self.nodes().in_sync_of(shard);
         let several = targets.len() > 1;
         let calls = targets.iter().map(|&node| {
             let (request, body) = (request.clone(), body.clone());
@@ -69,12 +69,12 @@ impl Router {
                 }
                 // A replica known down, or found down meanwhile, is not waited for while
                 // another takes the write: it is marked behind instead.
-                if self.cluster.nodes.is_down(node) {
-                    return Err(self.cluster.nodes.unavailable(node, "down".into()));
+                if self.nodes().is_down(node) {
+                    return Err(self.nodes().unavailable(node, "down".into()));
                 }
                 tokio::select! {
                     written = self.write_node(node, request, body) => written,
-                    _ = self.cluster.nodes.wait_down(node) => Err(self.cluster.nodes.unavailable(
+                    _ = self.nodes().wait_down(node) => Err(self.nodes().unavailable(
                         node,
                         "its heartbeats found it down during the write".into(),
                     )),
@@ -113,10 +113,7 @@ impl Router {
             ));
         };
         for (node, failure) in failed {
-            self.cluster
-                .nodes
-                .mark_behind(node, &failure.to_string())
-                .await?;
+            self.nodes().mark_behind(node, &failure.to_string()).await?;
         }
         Ok((reply, done))
     }
@@ -132,8 +129,8 @@ impl Router {
     ) -> Result<NodeReply, Failure> {
         let Some(token) = self.usable_lease().map(|held| held.token) else {
             return Err(Failure::LeaseRunningOut {
-                shard: self.cluster.nodes.shard(node),
-                timeout_ms: self.cluster.nodes.timeout().as_millis(),
+                shard: self.nodes().shard(node),
+                timeout_ms: self.nodes().timeout().as_millis(),
             });
         };
         match &mut request {
@@ -145,12 +142,8 @@ impl Router {
             }
             _ => {}
         }
-        let reply = self
-            .cluster
-            .nodes
-            .call(self.on(), node, &request, body)
-            .await?;
-        self.cluster.nodes.note_written(node);
+        let reply = self.nodes().call(self.on(), node, &request, body).await?;
+        self.nodes().note_written(node);
         Ok(reply)
     }
 
@@ -199,7 +192,7 @@ impl Router {
                 } => {
                     tracing::warn!(
                         "shard {shard} at {} holds {have} records but a cluster of {} gives it {want}: dropping its last {} (a write that did not reach every shard)",
-                        self.cluster.nodes.addr(node),
+                        self.nodes().addr(node),
                         plan.len,
                         have - want
                     );
@@ -211,7 +204,7 @@ impl Router {
                 } => {
                     // Its partners hold records it lacks: it missed a write.
                     let why = format!("it holds {have} records, its partners {want}");
-                    self.cluster.nodes.mark_behind(node, &why).await?;
+                    self.nodes().mark_behind(node, &why).await?;
                 }
                 repair::Action::SetLen { len } => self.len.store(len, Ordering::SeqCst),
                 repair::Action::FinishDelete { index, len } => {
@@ -271,8 +264,7 @@ impl Router {
         address: u64,
     ) -> Result<(Vec<u32>, Vec<Bytes>), Failure> {
         let (node, read) = self
-            .cluster
-            .nodes
+            .nodes()
             .read(
                 self.on(),
                 shard,
@@ -286,8 +278,7 @@ impl Router {
             .await?;
         let Reply::Gather { lengths } = &read.reply else {
             return Err(self
-                .cluster
-                .nodes
+                .nodes()
                 .unavailable(node, format!("answered a gather with {:?}", read.reply)));
         };
         let lengths: Vec<u32> = lengths
@@ -307,7 +298,7 @@ impl Router {
     ) -> Result<Reply, Failure> {
         self.check_index(index)?;
         self.refuse_while_moving("modify").await?;
-        if self.cluster.nodes.replicas() > 1 {
+        if self.nodes().replicas() > 1 {
             // Should it stop halfway, its replicas would differ: the next write settles it.
             self.intend(Some(PendingWrite::Modify { index }))
                 .await

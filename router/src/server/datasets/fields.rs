@@ -108,7 +108,7 @@ impl Router {
             return Ok(Reply::Done);
         }
         self.refuse_while_moving("write-field").await?;
-        if self.cluster.nodes.replicas() > 1 {
+        if self.nodes().replicas() > 1 {
             self.intend(Some(PendingWrite::WriteField { start, count }))
                 .await
                 .map_err(|e| e.while_("recording the write in the metadata store"))?;

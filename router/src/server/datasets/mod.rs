@@ -236,7 +236,7 @@ impl Router {
             }
             return;
         }
-        let placed = (0..self.cluster.nodes.shards())
+        let placed = (0..self.nodes().shards())
             .find(|&s| !self.cluster.placement.load().slots(s).is_empty());
         let Some(shard) = placed else { return };
         if let Ok((
@@ -245,11 +245,7 @@ impl Router {
                 reply: Reply::Info { fields, .. },
                 ..
             },
-        )) = self
-            .cluster
-            .nodes
-            .read(None, shard, &NodeRequest::Info)
-            .await
+        )) = self.nodes().read(None, shard, &NodeRequest::Info).await
         {
             let mut ours = self.fields.write().unwrap_or_else(|e| e.into_inner());
             if fields.len() > ours.len() && fields.starts_with(&ours) {
@@ -385,7 +381,7 @@ impl Router {
             watching_commits: Default::default(),
             committed: Default::default(),
             rewritten: Default::default(),
-            missing: std::sync::Mutex::new(vec![None; self.cluster.nodes.shards() as usize]),
+            missing: std::sync::Mutex::new(vec![None; self.nodes().shards() as usize]),
         });
         if let Err(e) = router.reload_committed().await {
             tracing::warn!("dataset '{}': {e}", dataset.name);
@@ -548,16 +544,11 @@ impl Router {
         let router = self.router_of(name).await?;
         // Writes in flight finish first; later ones find no dataset.
         let _writes = router.writes.lock().await;
-        if let Some(node) = self
-            .cluster
-            .nodes
-            .all()
-            .find(|&n| !self.cluster.nodes.in_sync(n))
-        {
+        if let Some(node) = self.nodes().all().find(|&n| !self.nodes().in_sync(n)) {
             return Err(Failure::Conflict(format!(
                 "shard {} replica {} is behind and being caught up: drop the dataset once it is in sync",
-                self.cluster.nodes.shard(node),
-                self.cluster.nodes.replica(node)
+                self.nodes().shard(node),
+                self.nodes().replica(node)
             )));
         }
         let id = loop {
@@ -602,18 +593,8 @@ impl Router {
     async fn list_datasets(self: &Arc<Self>) -> Result<Vec<DatasetInfo>, Failure> {
         let (record, revision) = self.load_cluster().await?;
         self.adopt_datasets(&record, revision).await;
-        let asked = self
-            .cluster
-            .nodes
-            .all()
-            .filter(|&node| !self.cluster.nodes.is_down(node))
-            .map(|node| {
-                self.cluster
-                    .nodes
-                    .call(None, node, &NodeRequest::Datasets, Vec::new())
-            });
         let mut bytes = std::collections::HashMap::<(String, u64), u64>::new();
-        for answer in futures::future::join_all(asked).await {
+        for (_, answer) in self.ask_nodes_up(None, &NodeRequest::Datasets).await {
             if let Ok(crate::nodes::NodeReply {
                 reply: Reply::Datasets(held),
                 ..

@@ -7,6 +7,23 @@ use zr_coord::datasets::{self, Change};
 use super::*;
 
 impl Router {
+    /// Asks every node not known down `request` of dataset `dataset`, at once: each node's
+    /// answer.
+    pub(crate) async fn ask_nodes_up(
+        &self,
+        dataset: Option<&str>,
+        request: &NodeRequest,
+    ) -> Vec<(NodeId, Result<crate::nodes::NodeReply, Failure>)> {
+        let nodes = self.nodes();
+        let calls = nodes
+            .all()
+            .filter(|&node| !nodes.is_down(node))
+            .map(
+                |node| async move { (node, nodes.call(dataset, node, request, Vec::new()).await) },
+            );
+        futures::future::join_all(calls).await
+    }
+
     /// Sends `request` to every node not known down, at once; a node that fails it is
     /// brought in step by the next sync (`sync_datasets`).
     pub(crate) async fn on_every_node(
@@ -15,27 +32,13 @@ impl Router {
         request: &NodeRequest,
         what: &str,
     ) {
-        let calls = self
-            .cluster
-            .nodes
-            .all()
-            .filter(|&node| !self.cluster.nodes.is_down(node))
-            .map(|node| async move {
-                (
-                    node,
-                    self.cluster
-                        .nodes
-                        .call(dataset, node, request, Vec::new())
-                        .await,
-                )
-            });
-        for (node, result) in futures::future::join_all(calls).await {
+        for (node, result) in self.ask_nodes_up(dataset, request).await {
             if let Err(e) = result {
                 tracing::warn!(
                     "{what} dataset '{}' on shard {} replica {}: {e} (done when it is back)",
                     dataset.unwrap_or(DEFAULT_DATASET),
-                    self.cluster.nodes.shard(node),
-                    self.cluster.nodes.replica(node)
+                    self.nodes().shard(node),
+                    self.nodes().replica(node)
                 );
             }
         }
@@ -135,21 +138,7 @@ impl Router {
             return; // a newer record was adopted meanwhile: the next sync uses it
         }
         let default_fields = self.fields();
-        let asked = self
-            .cluster
-            .nodes
-            .all()
-            .filter(|&node| !self.cluster.nodes.is_down(node))
-            .map(|node| async move {
-                let answer = self
-                    .cluster
-                    .nodes
-                    .call(None, node, &NodeRequest::Datasets, Vec::new())
-                    .await;
-                (node, answer)
-            })
-            .collect::<Vec<_>>();
-        for (node, answer) in futures::future::join_all(asked).await {
+        for (node, answer) in self.ask_nodes_up(None, &NodeRequest::Datasets).await {
             let Ok(crate::nodes::NodeReply {
                 reply: Reply::Datasets(held),
                 ..
@@ -178,8 +167,8 @@ impl Router {
                     Ok(request) => changes.push((Some(&dataset.name), request)),
                     Err(e) => tracing::warn!(
                         "shard {} replica {} lacks dataset '{}', which cannot be made there: {e}",
-                        self.cluster.nodes.shard(node),
-                        self.cluster.nodes.replica(node),
+                        self.nodes().shard(node),
+                        self.nodes().replica(node),
                         dataset.name
                     ),
                 },
@@ -190,22 +179,17 @@ impl Router {
         }
         for (dataset, request) in changes {
             let kind = request.kind();
-            match self
-                .cluster
-                .nodes
-                .call(dataset, node, &request, Vec::new())
-                .await
-            {
+            match self.nodes().call(dataset, node, &request, Vec::new()).await {
                 Ok(_) => tracing::info!(
                     "shard {} replica {}: {kind} of dataset '{}' done (it missed it)",
-                    self.cluster.nodes.shard(node),
-                    self.cluster.nodes.replica(node),
+                    self.nodes().shard(node),
+                    self.nodes().replica(node),
                     dataset.unwrap_or(DEFAULT_DATASET)
                 ),
                 Err(e) => tracing::warn!(
                     "shard {} replica {}: {kind} of dataset '{}': {e}",
-                    self.cluster.nodes.shard(node),
-                    self.cluster.nodes.replica(node),
+                    self.nodes().shard(node),
+                    self.nodes().replica(node),
                     dataset.unwrap_or(DEFAULT_DATASET)
                 ),
             }
@@ -226,14 +210,14 @@ impl Router {
             Box::pin(async move {
                 let mut copied = 0;
                 for (k, router) in all.iter().enumerate() {
-                    let partner = router.partner(router.cluster.nodes.shard(node))?;
+                    let partner = router.partner(router.nodes().shard(node))?;
                     let marks = (router.mark(partner).await?, router.mark(node).await?);
                     let from =
                         crate::catchup::last_pass_from(resumes.get(k), partner, marks.0, marks.1);
                     tracing::info!(
                         "shard {} replica {}: last pass over dataset '{}' from record {from}{}",
-                        router.cluster.nodes.shard(node),
-                        router.cluster.nodes.replica(node),
+                        router.nodes().shard(node),
+                        router.nodes().replica(node),
                         router.dataset_name(),
                         match from {
                             0 => " (records changed since the online pass began, or none ran)",
@@ -244,7 +228,7 @@ impl Router {
                     copied += step;
                 }
                 if let Some(first) = all.first() {
-                    first.cluster.nodes.mark_in_sync(node).await?;
+                    first.nodes().mark_in_sync(node).await?;
                 }
                 Ok(copied)
             })
@@ -300,9 +284,8 @@ impl Router {
         })?;
         let request = self.create_request(dataset).await?;
         for &shard in shards {
-            for node in self.cluster.nodes.of_shard(shard) {
-                self.cluster
-                    .nodes
+            for node in self.nodes().of_shard(shard) {
+                self.nodes()
                     .call(self.on(), node, &request, Vec::new())
                     .await?;
             }

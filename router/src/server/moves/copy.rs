@@ -40,7 +40,7 @@ impl Router {
         len: u64,
     ) -> Result<u64, Failure> {
         let gained = gained_slots(old, new, shard);
-        let nodes: Vec<_> = self.cluster.nodes.of_shard(shard).collect();
+        let nodes: Vec<_> = self.nodes().of_shard(shard).collect();
         let mut have = self.open_stage(&nodes, version, &gained).await?;
         let target = |slot: u32| new.slot_len(slot, len);
         let holder = |slot: u32| old.map().owners[slot as usize];
@@ -55,7 +55,7 @@ impl Router {
                     Err(e) => {
                         tracing::warn!(
                             "shard {shard} replica {}: copying {} slots' files from shard {holder} failed ({e}); their records are copied one by one instead",
-                            self.cluster.nodes.replica(node),
+                            self.nodes().replica(node),
                             slots.len()
                         );
                         0
@@ -91,9 +91,9 @@ impl Router {
                         fields: Vec::new(),
                         checked: true,
                     };
-                    let (node, read) = self.cluster.nodes.read(self.on(), holder, &request).await?;
+                    let (node, read) = self.nodes().read(self.on(), holder, &request).await?;
                     let Reply::Gather { lengths } = read.reply.clone() else {
-                        return Err(self.cluster.nodes.unavailable(
+                        return Err(self.nodes().unavailable(
                             node,
                             format!("answered a gather with {:?}", read.reply),
                         ));
@@ -102,8 +102,7 @@ impl Router {
                         || lengths.iter().any(|l| l.len() as u64 != count)
                     {
                         return Err(self
-                            .cluster
-                            .nodes
+                            .nodes()
                             .unavailable(node, "answered a gather with the wrong shape".into()));
                     }
                     (lengths, bytes::Bytes::from(read.body()))
@@ -120,15 +119,14 @@ impl Router {
                     runs.iter().map(|r| (r.slot, r.at + r.count)).collect();
                 for &node in &nodes {
                     match self
-                        .cluster
-                        .nodes
+                        .nodes()
                         .call(self.on(), node, &request, vec![body.clone()])
                         .await?
                         .reply
                     {
                         Reply::Staged { slots } if slots == expected => {}
                         other => {
-                            return Err(self.cluster.nodes.unavailable(
+                            return Err(self.nodes().unavailable(
                                 node,
                                 format!("answered a stage of {count} records with {other:?}"),
                             ))
@@ -161,8 +159,7 @@ impl Router {
         };
         for &node in nodes {
             match self
-                .cluster
-                .nodes
+                .nodes()
                 .call(self.on(), node, &open, Vec::new())
                 .await?
                 .reply
@@ -176,8 +173,7 @@ impl Router {
                 }
                 other => {
                     return Err(self
-                        .cluster
-                        .nodes
+                        .nodes()
                         .unavailable(node, format!("answered StageOpen with {other:?}")))
                 }
             }
@@ -197,8 +193,8 @@ impl Router {
     ) -> Result<u64, Failure> {
         let donor = self.partner(holder)?;
         let request = NodeRequest::ShipFrom {
-            addr: self.cluster.nodes.addr(donor).to_string(),
-            replica: self.cluster.nodes.replica(donor),
+            addr: self.nodes().addr(donor).to_string(),
+            replica: self.nodes().replica(donor),
             shard: Some(holder),
             slots: slots.to_vec(),
             rate: progress.cluster.move_rate.load(Ordering::SeqCst),
@@ -208,7 +204,7 @@ impl Router {
             let status = self.ship_status(node, &request).await?;
             match watch.observe(&status, Instant::now().into_std()) {
                 ShipStep::Wait => tokio::time::sleep(SHIP_POLL).await,
-                ShipStep::Failed(why) => return Err(self.cluster.nodes.unavailable(node, why)),
+                ShipStep::Failed(why) => return Err(self.nodes().unavailable(node, why)),
                 ShipStep::Installed { len } => return Ok(len),
             }
         }

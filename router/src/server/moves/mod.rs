@@ -202,7 +202,7 @@ impl Router {
             .iter()
             .map(|(shard, _, _)| *shard + 1)
             .max()
-            .unwrap_or_else(|| self.cluster.nodes.shards());
+            .unwrap_or_else(|| self.nodes().shards());
         let (from, to) = match moveplan::next(&record, change, listed_shards) {
             Next::Switch => {
                 // Published: what is left is switching the nodes that have not.
@@ -254,7 +254,7 @@ impl Router {
                             addr,
                             reason,
                         };
-                        match self.cluster.nodes.probe(addr, shard, replica as u32).await {
+                        match self.nodes().probe(addr, shard, replica as u32).await {
                             Ok(0) => {}
                             Ok(len) => {
                                 return Err(refused(format!(
@@ -264,12 +264,11 @@ impl Router {
                             Err(failure) => return Err(failure),
                         }
                     }
-                    self.cluster
-                        .nodes
+                    self.nodes()
                         .grow(shard, &addrs)
                         .map_err(|e| Failure::BadRequest(e.to_string()))?;
                 }
-                placement_of(&to, self.cluster.nodes.shards())
+                placement_of(&to, self.nodes().shards())
                     .map_err(|e| Failure::BadRequest(e.to_string()))?;
                 let moving = moveplan::recording(&record, to.clone(), added);
                 cluster::store(&*self.cluster.meta, Some(revision), &moving)
@@ -279,21 +278,16 @@ impl Router {
                 (record.map.clone(), to)
             }
         };
-        let shards = self.cluster.nodes.shards();
+        let shards = self.nodes().shards();
         let old = placement_of(&from, shards)?;
         let new = placement_of(&to, shards)?;
-        if let Some(node) = self
-            .cluster
-            .nodes
-            .all()
-            .find(|&n| !self.cluster.nodes.in_sync(n))
-        {
+        if let Some(node) = self.nodes().all().find(|&n| !self.nodes().in_sync(n)) {
             return Err(Failure::Busy {
                 waited_ms: 0,
                 reason: format!(
                     "shard {} replica {} is behind: a move copies from and to in-sync replicas only; run the command again once it has caught up",
-                    self.cluster.nodes.shard(node),
-                    self.cluster.nodes.replica(node)
+                    self.nodes().shard(node),
+                    self.nodes().replica(node)
                 ),
             });
         }
@@ -367,12 +361,11 @@ impl Router {
         shard: u32,
         listed: &[(u32, u32, String)],
     ) -> Result<Vec<std::net::SocketAddr>, Failure> {
-        let replicas = self.cluster.nodes.replicas();
-        let addrs: Vec<std::net::SocketAddr> = if shard < self.cluster.nodes.shards() {
-            self.cluster
-                .nodes
+        let replicas = self.nodes().replicas();
+        let addrs: Vec<std::net::SocketAddr> = if shard < self.nodes().shards() {
+            self.nodes()
                 .of_shard(shard)
-                .map(|n| self.cluster.nodes.addr(n))
+                .map(|n| self.nodes().addr(n))
                 .collect()
         } else {
             (0..replicas)
@@ -395,13 +388,15 @@ impl Router {
                 .collect::<Result<_, _>>()?
         };
         for (replica, addr) in addrs.iter().enumerate() {
-            if let Some(other) = self.cluster.nodes.all().find(|&n| {
-                self.cluster.nodes.shard(n) != shard && self.cluster.nodes.addr(n) == *addr
-            }) {
+            if let Some(other) = self
+                .nodes()
+                .all()
+                .find(|&n| self.nodes().shard(n) != shard && self.nodes().addr(n) == *addr)
+            {
                 return Err(Failure::BadRequest(format!(
                     "shard {shard} replica {replica}'s address {addr} is shard {} replica {}'s",
-                    self.cluster.nodes.shard(other),
-                    self.cluster.nodes.replica(other)
+                    self.nodes().shard(other),
+                    self.nodes().replica(other)
                 )));
             }
         }
@@ -412,10 +407,7 @@ impl Router {
     pub(super) fn grow_from(self: &Router, record: &ClusterRecord) -> Result<(), Failure> {
         let mut added = record.added.clone();
         added.sort_by_key(|a| a.shard);
-        for shard in added
-            .iter()
-            .filter(|a| a.shard >= self.cluster.nodes.shards())
-        {
+        for shard in added.iter().filter(|a| a.shard >= self.nodes().shards()) {
             let addrs = shard
                 .addrs
                 .iter()
@@ -428,7 +420,7 @@ impl Router {
                     })
                 })
                 .collect::<Result<Vec<std::net::SocketAddr>, Failure>>()?;
-            self.cluster.nodes.grow(shard.shard, &addrs)?;
+            self.nodes().grow(shard.shard, &addrs)?;
         }
         Ok(())
     }
@@ -522,7 +514,7 @@ impl Router {
             &switch.to,
             switch.len_of(None).map_err(Failure::Inconsistent)?,
         );
-        let shards = self.cluster.nodes.shards();
+        let shards = self.nodes().shards();
         let new = placement_of(to, shards)?;
         let old = placement_of(&switch.from, shards)?;
         let staged = changed_shards(&old, &new);
@@ -548,14 +540,14 @@ impl Router {
         // The nodes switch side by side: each switch makes the node's new slots durable and
         // drops the old ones, a few syncs each, and a node waits for no other (one still on
         // the old map refuses what the new one places, and the caller asks again).
-        let switches = self.cluster.nodes.all().map(|node| {
+        let switches = self.nodes().all().map(|node| {
             let (new, staged, switching) = (&new, &staged, &switching);
             async move {
                 if node > 0 {
                     // Injected: the first node switched, the others not.
                     self.stop_here(MoveStep::SwitchedOne)?;
                 }
-                let shard = self.cluster.nodes.shard(node);
+                let shard = self.nodes().shard(node);
                 for (router, token, len) in switching {
                     // None: the shard holds nothing before and after (drained, or not added
                     // yet), and takes the map with its next request.
@@ -567,11 +559,11 @@ impl Router {
                         slots,
                         token: *token,
                     };
-                    self.cluster.nodes.call(router.on(), node, &request, Vec::new()).await.map_err(|e| {
+                    self.nodes().call(router.on(), node, &request, Vec::new()).await.map_err(|e| {
                         Failure::Inconsistent(format!(
                             "map version {} is published, but shard {shard} replica {} did not switch dataset '{}' to it: {e}; run the command again to finish",
                             to.version,
-                            self.cluster.nodes.replica(node),
+                            self.nodes().replica(node),
                             router.dataset_name()
                         ))
                     })?;
@@ -653,12 +645,12 @@ impl Router {
         let (record, _) = self.load_cluster().await?;
         self.grow_from(&record)?;
         if self.behind(record.map.version) {
-            let placement = placement_of(&record.map, self.cluster.nodes.shards())?;
-            if record.map.total_shards() > self.cluster.nodes.shards() {
+            let placement = placement_of(&record.map, self.nodes().shards())?;
+            if record.map.total_shards() > self.nodes().shards() {
                 return Err(Failure::Inconsistent(format!(
                     "the cluster's map has {} shards, and this router's nodes.toml lists {}: add the new shards' nodes to it and restart the router",
                     record.map.total_shards(),
-                    self.cluster.nodes.shards()
+                    self.nodes().shards()
                 )));
             }
             // Not amid a write of this router's, to any dataset: a write places its records
