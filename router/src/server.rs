@@ -136,6 +136,9 @@ pub(crate) struct Cluster {
     access: Arc<zr_meta::access::AccessControl>,
     /// Where admin actions, commits and refused requests are written (`[router] audit_log`).
     audit: Option<Arc<zr_service::audit::AuditLog>>,
+    /// Set once by [`Router::kill`]: every task the router runs in the background ends at
+    /// once (see [`Router::spawn`]).
+    killed: tokio::sync::watch::Sender<bool>,
 }
 
 /// The router's state of one dataset, beside the [`Cluster`] every dataset shares: the
@@ -183,6 +186,30 @@ impl Router {
     /// acknowledged by their clients (at most `[router] reply_budget_mib`).
     pub fn reply_bytes_held(&self) -> usize {
         self.cluster.replies.held()
+    }
+
+    /// Runs `task` in the background until it ends or the router is killed, whichever
+    /// comes first: every task the router starts goes through here, so that a killed
+    /// router runs nothing more.
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let mut killed = self.cluster.killed.subscribe();
+        tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                // Killed (or the router gone: nothing of it is left to run for).
+                _ = killed.wait_for(|killed| *killed) => {}
+                () = task => {}
+            }
+        });
+    }
+
+    /// Ends everything the router runs in the background at once, wherever it is, as a
+    /// process's death would: a move goes no further, the writer lease is not given back
+    /// (it lapses), nothing more is written to the nodes or the metadata store by it. For
+    /// tests that kill a router (the simulator's `kill_router`); its serving is stopped by
+    /// its caller, and its links end once the last of it is dropped.
+    pub fn kill(&self) {
+        self.cluster.killed.send_replace(true);
     }
 
     /// The links to the nodes, shared by every dataset.

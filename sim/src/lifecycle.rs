@@ -61,10 +61,12 @@ impl SimCluster {
     }
 
     /// Kills router `index` (in the order of [`Self::router_addrs`]) as `kill -9` would:
-    /// its requests in flight stop wherever they are, and it gives nothing back (the writer
-    /// lease stays held until it lapses).
+    /// its requests in flight and its background tasks (a move, catch-ups, the lease's
+    /// release) stop wherever they are, and it gives nothing back (the writer lease stays
+    /// held until it lapses).
     pub fn kill_router(&mut self, index: usize) {
-        let (_, running, _) = self.routers.remove(index);
+        let (_, running, router) = self.routers.remove(index);
+        router.kill();
         running.task.abort();
         let _ = self.runtime.block_on(running.task);
     }

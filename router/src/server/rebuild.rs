@@ -120,7 +120,7 @@ impl Router {
             return;
         }
         let router = Arc::downgrade(self);
-        tokio::spawn(async move {
+        self.spawn(async move {
             loop {
                 let Some(wake) = router.upgrade().map(|r| r.nodes().catch_up_wanted()) else {
                     return;

@@ -526,7 +526,7 @@ impl Router {
             frames,
         );
         // A failure midway is logged there; the client's stream is reset.
-        tokio::spawn(async move {
+        self.spawn(async move {
             let _ = forwarded.await;
         });
         Ok((reply, Body::Streamed(body)))

@@ -62,6 +62,7 @@ impl Router {
             listening: Default::default(),
             audit,
             access: Default::default(),
+            killed: tokio::sync::watch::Sender::new(false),
         };
         let mut router = Router {
             cluster: Arc::new(cluster),
@@ -218,7 +219,7 @@ impl Router {
         // Gives the writer lease back once the router has been idle for a moment; ends with
         // the router.
         let keeper = Arc::downgrade(&router);
-        tokio::spawn(async move {
+        router.spawn(async move {
             loop {
                 tokio::time::sleep(lease::LINGER).await;
                 let Some(router) = keeper.upgrade() else {
@@ -323,7 +324,7 @@ impl Router {
     /// committed and served lengths, the map version, the replicas behind.
     pub(super) fn start_gauges(self: &Arc<Self>) {
         let router = Arc::downgrade(self);
-        tokio::spawn(async move {
+        self.spawn(async move {
             loop {
                 let Some(router) = router.upgrade() else {
                     return;
@@ -351,7 +352,7 @@ impl Router {
     /// router. A store that cannot be read keeps the names read last.
     pub(super) fn start_access_reads(self: &Arc<Self>) {
         let router = Arc::downgrade(self);
-        tokio::spawn(async move {
+        self.spawn(async move {
             let mut failing = false;
             loop {
                 tokio::time::sleep(zr_meta::access::WATCH_EVERY).await;
@@ -376,7 +377,7 @@ impl Router {
     pub(super) fn start_map_reloads(self: &Arc<Self>) {
         let router = Arc::downgrade(self);
         let stale = self.nodes().stale_map();
-        tokio::spawn(async move {
+        self.spawn(async move {
             loop {
                 let _ = tokio::time::timeout(MAP_RELOAD_EVERY, stale.notified()).await;
                 let Some(router) = router.upgrade() else {

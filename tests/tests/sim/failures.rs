@@ -643,6 +643,90 @@ fn a_write_lease_left_behind_runs_out() {
     });
 }
 
+/// A router killed as `kill -9` would runs nothing more: the write lease it held stays
+/// recorded as its until it lapses (no task of its gives it back after its idle 50 ms, as
+/// a stopped router's would), the move it ran goes no further (no task of its copies or
+/// publishes), and another router writes once the lease has lapsed.
+#[test]
+fn a_killed_router_gives_nothing_back() {
+    let mut cluster = SimCluster::start(
+        2,
+        SimOptions {
+            extent_records: 4,
+            timeout_ms: TIMEOUT_MS,
+            virtual_time: true,
+            ..SimOptions::default()
+        },
+    )
+    .unwrap();
+    let other = cluster.add_router().unwrap();
+    cluster.add_shard_nodes().unwrap();
+    let meta = cluster.metadata().unwrap();
+    let client = cluster.async_client().unwrap();
+    let listed = cluster.listed_nodes();
+    cluster.run(async {
+        let rows: Vec<Vec<u8>> = (0..RECORDS).map(|i| vec![i as u8; 4096]).collect();
+        let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
+        client.append_many(&records).await.unwrap();
+        client.commit().await.unwrap();
+        // A slow move: files copied at 16 KiB a second.
+        client
+            .move_shards_at(wire::MapChange::AddShard, listed, Some(16 << 10))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let report = client.move_progress().await.unwrap().expect("a move");
+        assert!(!report.done && report.error.is_none(), "{report:?}");
+        // Appends go on while records are copied, and take the lease.
+        let last = vec![7; 4096];
+        client
+            .append(&Record::new().with("data", &last))
+            .await
+            .unwrap();
+    });
+    drop(client);
+    let load = |cluster: &SimCluster| {
+        let writer = cluster.run(async { writer::load(&*meta, writer::WRITER_KEY).await.unwrap() });
+        let record = cluster.run(async { zr_meta::cluster::load(&*meta).await.unwrap() });
+        let record = record.expect("a cluster record").0;
+        (
+            writer.and_then(|(w, _)| w.holder),
+            record.map.version,
+            record.moving,
+        )
+    };
+    let (holder, version, moving) = load(&cluster);
+    assert!(
+        holder.is_some() && moving.is_some(),
+        "the move holds the lease"
+    );
+    cluster.kill_router(0);
+    // Long enough for the move to have ended, had it gone on.
+    cluster.pause(Duration::from_secs(120));
+    let (after, version_after, moving_after) = load(&cluster);
+    assert_eq!(after, holder, "a killed router gave its lease back");
+    assert_eq!(version_after, version, "a killed router's move went on");
+    assert_eq!(moving_after, moving, "a killed router's move went on");
+    // Lapsed (four timeouts unchanged, by the other router's count): it takes it and writes.
+    let client = cluster.async_client_of(other).unwrap();
+    cluster.run(async {
+        let payload = payload(1);
+        let row = Record::new().with("data", &payload);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let appended = loop {
+            match client.append(&row).await {
+                Ok(index) => break index,
+                Err(e) if e.code() == Some(ErrorCode::Conflict) => {
+                    assert!(tokio::time::Instant::now() < deadline, "{e}");
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(appended, RECORDS + 1);
+    });
+    assert_ne!(load(&cluster).0, holder);
+}
+
 /// Replaces shard `shard`'s node with one serving the same store through the same request
 /// handler, except that it refuses the requests `refuse` picks ("the disk refuses"). Drop
 /// the handle before `start_node(shard)`: it holds the store.

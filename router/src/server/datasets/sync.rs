@@ -100,7 +100,7 @@ impl Router {
             return;
         }
         let router = Arc::downgrade(self);
-        tokio::spawn(async move {
+        self.spawn(async move {
             loop {
                 tokio::time::sleep(WAIT_POLL).await;
                 let Some(router) = router.upgrade() else {

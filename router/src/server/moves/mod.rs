@@ -159,7 +159,7 @@ impl Router {
             });
         }
         let router = Arc::clone(self);
-        tokio::spawn(async move {
+        self.spawn(async move {
             let outcome = router.move_shards(change, &nodes).await;
             let mut moving = router
                 .cluster
