@@ -21,6 +21,8 @@ use zr_net as net;
 use zr_proto::assemble::push_frame;
 use zr_proto::wire::{self, NodeRequest, Reply};
 
+use zr_coord::failover::{self, Failover, Head, Relay};
+
 use crate::budget::{GatherBudget, Turn};
 use crate::error::Failure;
 use crate::nodes::{NodeId, Nodes};
@@ -287,7 +289,8 @@ impl Charge {
 /// — before its reply or midway — the next replica is asked the same: replicas hold the same
 /// records, so their replies are the same bytes, and the part goes on from where the failed
 /// one stopped (checked: the new reply must announce the same lengths). Fails only when
-/// every replica did; a replica known down is tried last.
+/// every replica did; a replica known down is tried last. `zr_coord::failover` decides the
+/// order, who is passed over and which bytes are passed on.
 async fn read_part(
     nodes: Arc<Nodes>,
     placed: Placed,
@@ -297,15 +300,18 @@ async fn read_part(
     charge: Charge,
     pieces: mpsc::UnboundedSender<Piece>,
 ) {
-    let order = nodes.read_order(shard);
-    let mut progress = Progress::default();
+    let mut replicas = Failover::new(nodes.read_order(shard));
+    let mut relay = Relay::default();
     let mut failure = None;
-    for (k, &node) in order.iter().enumerate() {
-        let last = k + 1 == order.len();
-        if !last && nodes.is_down(node) {
-            failure = Some(nodes.unavailable(node, "down".into()));
-            continue;
-        }
+    loop {
+        let (node, last) = match replicas.next(|node| nodes.is_down(node)) {
+            failover::Turn::Ask { node, last } => (node, last),
+            failover::Turn::PassOver(node) => {
+                failure = Some(nodes.unavailable(node, "down".into()));
+                continue;
+            }
+            failover::Turn::Exhausted => break,
+        };
         if let Some(down) = nodes.down(node).await {
             failure = Some(down);
             continue;
@@ -325,17 +331,7 @@ async fn read_part(
                 return;
             }
         };
-        match attempt(
-            &nodes,
-            node,
-            header,
-            records,
-            &charge,
-            &pieces,
-            &mut progress,
-        )
-        .await
-        {
+        match attempt(&nodes, node, header, records, &charge, &pieces, &mut relay).await {
             Ok(()) => {
                 let _ = pieces.send(Piece::End);
                 return;
@@ -352,7 +348,7 @@ async fn read_part(
                     metrics::counter!("zr_router_gather_retries_total").increment(1);
                     tracing::info!(
                         "{failed}; asking another replica of shard {shard} (after {} bytes)",
-                        progress.sent
+                        relay.sent()
                     );
                 }
                 failure = Some(failed);
@@ -363,15 +359,6 @@ async fn read_part(
     let _ = pieces.send(Piece::Failed(failure));
 }
 
-/// How far a part's reply has been passed on, across the replicas asked.
-#[derive(Default)]
-struct Progress {
-    /// Bytes of the reply's message passed on.
-    sent: u64,
-    /// What the first reply's head announced: its lengths and its message's length.
-    head: Option<(Vec<Vec<u32>>, u64)>,
-}
-
 /// One replica's exchange of [`read_part`], within the router's timeout.
 async fn attempt(
     nodes: &Nodes,
@@ -380,7 +367,7 @@ async fn attempt(
     records: usize,
     charge: &Charge,
     pieces: &mpsc::UnboundedSender<Piece>,
-    progress: &mut Progress,
+    relay: &mut Relay,
 ) -> Result<(), Failure> {
     let shard = nodes.shard(node);
     let _counted = nodes.in_flight(node);
@@ -391,16 +378,7 @@ async fn attempt(
             .await
             .map_err(|e| Received::Net(e.to_string()))?;
         used = Some(connection.clone());
-        receive(
-            &connection,
-            header,
-            shard,
-            records,
-            charge,
-            pieces,
-            progress,
-        )
-        .await
+        receive(&connection, header, shard, records, charge, pieces, relay).await
     };
     let bounded = async {
         tokio::time::timeout(nodes.timeout(), exchange)
@@ -467,7 +445,7 @@ enum Received {
 }
 
 /// The exchange of [`attempt`], without its deadline: passes on the reply's bytes past the
-/// `progress.sent` already passed on (from a replica asked before).
+/// `relay` says were passed on already (from a replica asked before).
 async fn receive(
     connection: &quinn::Connection,
     header: Vec<u8>,
@@ -475,7 +453,7 @@ async fn receive(
     records: usize,
     charge: &Charge,
     pieces: &mpsc::UnboundedSender<Piece>,
-    progress: &mut Progress,
+    relay: &mut Relay,
 ) -> Result<(), Received> {
     let net = |e: zr_net::Error| Received::Net(e.to_string());
     let mut recv = net::send_request(connection, header, Vec::new())
@@ -528,26 +506,21 @@ async fn receive(
         return Err(too_long());
     }
     // Bytes of this reply already passed on from an earlier replica's, to be skipped.
-    let mut skip = match &progress.head {
-        None => {
-            progress.sent = received;
-            progress.head = Some((lengths, message_len));
+    let mut skip = match relay
+        .head(lengths, message_len, received)
+        .map_err(Received::Protocol)?
+    {
+        Head::First => {
             let _ = pieces.send(Piece::Head {
                 chunks,
                 message_len,
             });
             0
         }
-        Some((first, first_len)) => {
-            if *first != lengths || *first_len != message_len {
-                return Err(Received::Protocol(
-                    "its reply differs from another replica's for the same records".into(),
-                ));
-            }
-            let mut skip = progress.sent;
+        Head::Resume { mut skip } => {
             let mut batch = Vec::new();
             for chunk in chunks {
-                pass_on(chunk, &mut skip, &mut batch, progress);
+                pass_on(chunk, &mut skip, &mut batch, relay);
             }
             if !send_batch(batch, pieces) {
                 return Ok(());
@@ -572,7 +545,7 @@ async fn receive(
             } else {
                 charge.charge(chunk).await?
             };
-            pass_on(chunk, &mut skip, &mut batch, progress);
+            pass_on(chunk, &mut skip, &mut batch, relay);
         }
         if !send_batch(batch, pieces) {
             // The gather was abandoned: nobody reads on.
@@ -589,16 +562,10 @@ async fn receive(
 
 /// Adds `chunk` to `batch`, less the first `skip` bytes (already passed on from another
 /// replica).
-fn pass_on(chunk: Bytes, skip: &mut u64, batch: &mut Vec<Bytes>, progress: &mut Progress) {
-    let len = chunk.len() as u64;
-    if *skip >= len {
-        *skip -= len;
-        return;
+fn pass_on(chunk: Bytes, skip: &mut u64, batch: &mut Vec<Bytes>, relay: &mut Relay) {
+    if let Some(from) = relay.pass(chunk.len() as u64, skip) {
+        batch.push(chunk.slice(from as usize..));
     }
-    let rest = chunk.slice(*skip as usize..);
-    *skip = 0;
-    progress.sent += rest.len() as u64;
-    batch.push(rest);
 }
 
 /// Passes `batch` on (if it holds anything); false if nobody reads on.

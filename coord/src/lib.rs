@@ -15,6 +15,8 @@
 //!   or refuses, naming the cure.
 //! - [`moveplan`] — a move's next step from the cluster record; the copy pass of each node.
 //! - [`catchup`] — how a behind replica is caught up, and how a copy of files is going.
+//! - [`failover`] — a shard's part of a gather read from its replicas in turn: the order,
+//!   who is passed over, and a reply that failed midway gone on with from another.
 //! - [`onehop`] — a client's one-hop gather refused by a node: ask again, gather again, hand
 //!   it to the router, or fail.
 //! - [`scrub`] — a scrub's verdict on a range of records from each replica's digest: the
@@ -24,6 +26,7 @@
 pub mod catchup;
 pub mod cluster;
 pub mod datasets;
+pub mod failover;
 pub mod lease;
 pub mod liveness;
 pub mod moveplan;

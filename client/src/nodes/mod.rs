@@ -477,13 +477,12 @@ impl Nodes {
     /// The nodes to read shard `shard` from, best first: its in-sync replicas, each read
     /// taking the next in turn (so every replica serves), those known down last.
     pub fn read_order(&self, shard: u32) -> Vec<NodeId> {
-        let mut order = self.in_sync_of(shard);
-        if order.len() > 1 {
-            let turn = self.turn.fetch_add(1, Ordering::Relaxed) as usize % order.len();
-            order.rotate_left(turn);
-            order.sort_by_key(|&n| self.is_down(n));
+        let in_sync = self.in_sync_of(shard);
+        if in_sync.len() < 2 {
+            return in_sync;
         }
-        order
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed) as usize;
+        zr_coord::failover::read_order(in_sync, turn, |node| self.is_down(node))
     }
 
     /// Waits until node `node`'s heartbeats find it down (forever, if they never do).
