@@ -44,17 +44,19 @@ fn loaded_cluster_on_real_time() -> SimCluster {
     loaded(4, TIMEOUT_MS, false)
 }
 
+/// An empty cluster of `shards` shards, every wait `timeout_ms`, extents of 4 records.
+fn empty(shards: u32, timeout_ms: u64, virtual_time: bool) -> SimCluster {
+    let options = SimOptions {
+        extent_records: 4,
+        timeout_ms,
+        virtual_time,
+        ..SimOptions::default()
+    };
+    SimCluster::start(shards, options).unwrap()
+}
+
 fn loaded(shards: u32, timeout_ms: u64, virtual_time: bool) -> SimCluster {
-    let cluster = SimCluster::start(
-        shards,
-        SimOptions {
-            extent_records: 4,
-            timeout_ms,
-            virtual_time,
-            ..SimOptions::default()
-        },
-    )
-    .unwrap();
+    let cluster = empty(shards, timeout_ms, virtual_time);
     let client = cluster.client().unwrap();
     let rows: Vec<Vec<u8>> = (0..RECORDS).map(payload).collect();
     let records: Vec<Record> = rows.iter().map(|r| Record::new().with("data", r)).collect();
@@ -586,16 +588,7 @@ fn take_lease_as_another_router(cluster: &SimCluster, lease_ms: u64) -> u64 {
 /// none.
 #[test]
 fn a_write_lease_left_behind_runs_out() {
-    let cluster = SimCluster::start(
-        4,
-        SimOptions {
-            extent_records: 4,
-            timeout_ms: TIMEOUT_MS,
-            virtual_time: true,
-            ..SimOptions::default()
-        },
-    )
-    .unwrap();
+    let cluster = empty(4, TIMEOUT_MS, true);
     let client = cluster.async_client().unwrap();
     let meta = cluster.metadata().unwrap();
     let lease_ms = 2_000;
@@ -649,16 +642,7 @@ fn a_write_lease_left_behind_runs_out() {
 /// publishes), and another router writes once the lease has lapsed.
 #[test]
 fn a_killed_router_gives_nothing_back() {
-    let mut cluster = SimCluster::start(
-        2,
-        SimOptions {
-            extent_records: 4,
-            timeout_ms: TIMEOUT_MS,
-            virtual_time: true,
-            ..SimOptions::default()
-        },
-    )
-    .unwrap();
+    let mut cluster = empty(2, TIMEOUT_MS, true);
     let other = cluster.add_router().unwrap();
     cluster.add_shard_nodes().unwrap();
     let meta = cluster.metadata().unwrap();
