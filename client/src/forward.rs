@@ -17,11 +17,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
+use zr_coord::failover::{self, Failover, Head, Relay};
 use zr_net as net;
 use zr_proto::assemble::push_frame;
 use zr_proto::wire::{self, NodeRequest, Reply};
-
-use zr_coord::failover::{self, Failover, Head, Relay};
 
 use crate::budget::{GatherBudget, Turn};
 use crate::error::Failure;

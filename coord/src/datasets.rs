@@ -113,7 +113,10 @@ pub fn router_changes<'a>(record: &'a ClusterRecord, known: &[Known<'a>]) -> Vec
         })
         .collect();
     for dataset in &record.datasets {
-        match known.iter().find(|k| k.name == dataset.name && current(k)) {
+        match known
+            .iter()
+            .find(|k| k.name == dataset.name && k.id == dataset.id)
+        {
             None => changes.push(Adopt::Open(dataset)),
             Some(k) if k.fields < dataset.fields.len() => changes.push(Adopt::Fields {
                 name: &dataset.name,

@@ -1,9 +1,9 @@
 //! The audit log: who did what to the cluster, and when. One JSON line per admin action
 //! (dataset created, dropped or grown by a field, scrub, node replaced, shards moved), per
 //! commit, and per refused request — the last at most once a minute per identity and
-//! dataset, so that a client hammering a door it may not open cannot fill the disk. The file is the operator's
-//! choice (`[router] audit_log` in nodes.toml); it is appended to, and rotated by size into
-//! `PATH.1` … `PATH.K` (oldest last). `zr cluster audit` reads it back.
+//! dataset, so that a client hammering a door it may not open cannot fill the disk. The file
+//! is the operator's choice (`[router] audit_log` in nodes.toml); it is appended to, and
+//! rotated by size into `PATH.1` … `PATH.K` (oldest last). `zr cluster audit` reads it back.
 //!
 //! Lines are written as the actions end, in the order they ended, and not synced one by one:
 //! a machine that loses power may lose the last lines, never reorder them.

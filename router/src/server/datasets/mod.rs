@@ -312,14 +312,12 @@ impl Router {
         }
         self.cluster.adopted.store(revision, Ordering::SeqCst);
         let known: Vec<Arc<Router>> = self.named_routers();
-        let fields: Vec<usize> = known.iter().map(|r| r.fields().len()).collect();
         let views: Vec<Known> = known
             .iter()
-            .zip(&fields)
-            .map(|(r, &fields)| Known {
+            .map(|r| Known {
                 name: r.dataset_name(),
                 id: r.dataset_id,
-                fields,
+                fields: r.fields.read().unwrap_or_else(|e| e.into_inner()).len(),
             })
             .collect();
         for change in router_changes(record, &views) {
