@@ -207,9 +207,16 @@ impl Router {
     /// process's death would: a move goes no further, the writer lease is not given back
     /// (it lapses), nothing more is written to the nodes or the metadata store by it. For
     /// tests that kill a router (the simulator's `kill_router`); its serving is stopped by
-    /// its caller, and its links end once the last of it is dropped.
+    /// its caller. Its heartbeats end too, whoever still holds the router; its links close
+    /// once the last of it is dropped.
     pub fn kill(&self) {
         self.cluster.killed.send_replace(true);
+        self.nodes().stop();
+    }
+
+    /// Heartbeats this router has sent its nodes so far.
+    pub fn heartbeats(&self) -> u64 {
+        self.nodes().heartbeats()
     }
 
     /// The links to the nodes, shared by every dataset.

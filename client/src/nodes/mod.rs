@@ -120,6 +120,10 @@ pub struct Nodes {
     /// reading one hop has none; it learns which replicas are in sync from its router
     /// ([`Nodes::adopt`]).
     meta: Option<Arc<dyn zr_meta::MetaStore>>,
+    /// Set by [`Nodes::stop`]: the heartbeat tasks end.
+    stopped: tokio::sync::watch::Sender<bool>,
+    /// Heartbeats sent so far (see [`Nodes::heartbeats`]).
+    beats: AtomicU64,
 }
 
 impl Nodes {
@@ -215,6 +219,8 @@ impl Nodes {
             tag: arc_swap::ArcSwapOption::empty(),
             stale_map: Arc::new(tokio::sync::Notify::new()),
             meta,
+            stopped: tokio::sync::watch::Sender::new(false),
+            beats: AtomicU64::new(0),
         })
     }
 

@@ -4,40 +4,57 @@
 use super::*;
 
 impl Nodes {
-    /// Starts a heartbeat task per node; each ends when the `Nodes` are dropped.
+    /// Starts a heartbeat task per node; each ends when the `Nodes` are dropped or
+    /// [`Nodes::stop`] is called.
     pub fn watch(self: &Arc<Self>) {
         for node in self.all() {
             self.watch_node(node);
         }
     }
 
-    /// Starts node `node`'s heartbeat task; it ends when the `Nodes` are dropped.
+    /// Ends every heartbeat task at once (a killed router's: nothing of it may go on
+    /// reading leases or telling liveness, whoever still holds it).
+    pub fn stop(&self) {
+        self.stopped.send_replace(true);
+    }
+
+    /// Starts node `node`'s heartbeat task; it ends when the `Nodes` are dropped or stopped.
     pub(super) fn watch_node(self: &Arc<Self>, node: NodeId) {
-        {
-            let nodes: Weak<Nodes> = Arc::downgrade(self);
-            tokio::spawn(async move {
+        let nodes: Weak<Nodes> = Arc::downgrade(self);
+        let mut stopped = self.stopped.subscribe();
+        tokio::spawn(async move {
+            let beats = async {
                 for beat in 0u32.. {
-                    let Some(pause) = (match nodes.upgrade() {
-                        Some(nodes) => {
-                            if beat % liveness::LEASE_READ_EVERY == 0 {
-                                nodes.read_lease(node).await;
-                                if node == 0 && nodes.replicas > 1 && nodes.meta.is_some() {
-                                    // Marks other routers made.
-                                    if let Err(e) = nodes.refresh_replicas().await {
-                                        tracing::debug!("replica record: {e}");
-                                    }
-                                }
-                            }
-                            Some(nodes.heartbeat(node).await)
-                        }
-                        None => None,
-                    }) else {
+                    let Some(nodes) = nodes.upgrade() else {
                         return;
                     };
+                    if beat % liveness::LEASE_READ_EVERY == 0 {
+                        nodes.read_lease(node).await;
+                        if node == 0 && nodes.replicas > 1 && nodes.meta.is_some() {
+                            // Marks other routers made.
+                            if let Err(e) = nodes.refresh_replicas().await {
+                                tracing::debug!("replica record: {e}");
+                            }
+                        }
+                    }
+                    let pause = nodes.heartbeat(node).await;
+                    // Not held over the pause: dropping the last other reference ends
+                    // the task at its next beat.
+                    drop(nodes);
                     tokio::time::sleep(pause).await;
                 }
-            });
-        }
+            };
+            tokio::select! {
+                biased;
+                _ = stopped.wait_for(|stopped| *stopped) => {}
+                () = beats => {}
+            }
+        });
+    }
+
+    /// Heartbeats sent so far, to every node: a stopped `Nodes` sends no more.
+    pub fn heartbeats(&self) -> u64 {
+        self.beats.load(Ordering::Relaxed)
     }
 
     /// Reads node `node`'s liveness lease into its liveness (a store that cannot say
@@ -64,6 +81,7 @@ impl Nodes {
     /// One heartbeat to node `node`, its outcome told to the node's liveness; returns the
     /// pause before the next.
     pub(super) async fn heartbeat(&self, node: NodeId) -> Duration {
+        self.beats.fetch_add(1, Ordering::Relaxed);
         let sent = tokio::time::Instant::now();
         let wall = SystemTime::now();
         let link = &self.links[node];

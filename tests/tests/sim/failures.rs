@@ -636,10 +636,11 @@ fn a_write_lease_left_behind_runs_out() {
     });
 }
 
-/// A router killed as `kill -9` would runs nothing more: the write lease it held stays
-/// recorded as its until it lapses (no task of its gives it back after its idle 50 ms, as
-/// a stopped router's would), the move it ran goes no further (no task of its copies or
-/// publishes), and another router writes once the lease has lapsed.
+/// A router killed as `kill -9` would runs nothing more, even while a caller still holds
+/// it: the write lease it held stays recorded as its until it lapses (no task of its gives
+/// it back after its idle 50 ms, as a stopped router's would), the move it ran goes no
+/// further (no task of its copies or publishes), its heartbeats stop, and another router
+/// writes once the lease has lapsed.
 #[test]
 fn a_killed_router_gives_nothing_back() {
     let mut cluster = empty(2, TIMEOUT_MS, true);
@@ -684,9 +685,17 @@ fn a_killed_router_gives_nothing_back() {
         holder.is_some() && moving.is_some(),
         "the move holds the lease"
     );
+    // Held past its kill, as a caller may: it still runs nothing.
+    let killed = cluster.router(0).expect("router 0");
     cluster.kill_router(0);
+    let beats = killed.heartbeats();
     // Long enough for the move to have ended, had it gone on.
     cluster.pause(Duration::from_secs(120));
+    assert_eq!(
+        killed.heartbeats(),
+        beats,
+        "a killed router's heartbeats went on"
+    );
     let (after, version_after, moving_after) = load(&cluster);
     assert_eq!(after, holder, "a killed router gave its lease back");
     assert_eq!(version_after, version, "a killed router's move went on");
