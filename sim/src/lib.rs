@@ -18,7 +18,8 @@
 //! clock read that clock, so timeouts and delays of any length take no real time. Nodes run
 //! their store calls inline, and every endpoint draws quinn's random numbers from the seed,
 //! so a seed names the whole run, the order of events included: `ZR_SIM_SEED` replays it
-//! exactly. Such a cluster runs only inside [`SimCluster::run`], and its clients are
+//! exactly; each such cluster prints its seed as it starts (seen with a failing test's output).
+//! Such a cluster runs only inside [`SimCluster::run`], and its clients are
 //! [`SimCluster::async_client`]s.
 
 use std::net::SocketAddr;
@@ -162,6 +163,12 @@ impl SimCluster {
         let replicas = options.replicas.max(1);
         let count = shards * replicas;
         let runtime = if options.virtual_time {
+            // Printed for every cluster on virtual time: a test that fails shows the seed
+            // that replays it.
+            eprintln!(
+                "a cluster on virtual time, seed {0} (ZR_SIM_SEED={0} replays this run)",
+                options.seed
+            );
             // Everything runs on this thread, its endpoints' randomness drawn from the seed.
             net::seed_endpoints_on_this_thread(Some(options.seed));
             tokio::runtime::Builder::new_current_thread()

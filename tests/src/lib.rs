@@ -34,6 +34,15 @@ pub fn options(
     }
 }
 
+/// The options of the tests of rebuilding a replica from its partner's files: two fields
+/// (one raw, one compressed), small extents, two replicas, on virtual time.
+pub fn shipping_options() -> SimOptions {
+    SimOptions {
+        virtual_time: true,
+        ..options(&[("a", "raw"), ("b", "flate")], 3, 2_000, 2)
+    }
+}
+
 /// `min` to `min + spread - 1` bytes, as many as `seed` hashes to, each a hash of `seed`
 /// and its place: a test's record, the same every time.
 pub fn bytes(seed: u64, min: u64, spread: u64) -> Vec<u8> {

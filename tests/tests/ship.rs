@@ -7,29 +7,12 @@ use std::time::Duration;
 
 use zr_common::hash::mix2;
 use zr_router::AsyncClient;
-use zr_sim::{SimCluster, SimOptions};
+use zr_sim::SimCluster;
 use zr_tests as kit;
 use zr_tests::Row;
 
 /// Longest field `a` of a row.
 const LONGEST: u64 = 2_000;
-
-fn on_virtual_time() -> SimOptions {
-    if std::env::var("ZR_TEST_LOG").is_ok() {
-        zr_service::logging::init_logging("info", zr_service::logging::LogFormat::Text);
-    }
-    let seed = SimOptions::default().seed;
-    eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run)");
-    SimOptions {
-        fields: vec![("a".into(), "raw".into()), ("b".into(), "flate".into())],
-        extent_records: 3,
-        timeout_ms: 2_000,
-        replicas: 2,
-        virtual_time: true,
-        seed,
-        ..SimOptions::default()
-    }
-}
 
 /// Node `node` crashed, its data directory removed, and started again empty.
 fn wipe(cluster: &mut SimCluster, node: u32) {
@@ -70,7 +53,7 @@ fn served_without(cluster: &mut SimCluster, partner: u32, datasets: &[(&AsyncCli
 
 #[test]
 fn a_wiped_replica_is_rebuilt_from_its_partners_files_and_a_damaged_piece_sent_again() {
-    let mut cluster = SimCluster::start(2, on_virtual_time()).expect("cluster");
+    let mut cluster = SimCluster::start(2, kit::shipping_options()).expect("cluster");
     let client = cluster.async_client().expect("client");
     let named = cluster.run(async {
         client

@@ -6,28 +6,14 @@ use std::time::Duration;
 
 use zr_net::tls::Role;
 use zr_proto::wire::{NodeRequest, Reply};
-use zr_sim::{SimCluster, SimOptions};
+use zr_sim::SimCluster;
 use zr_tests as kit;
 
 const LONGEST: u64 = 2_000;
 
 #[test]
 fn a_finished_rebuild_is_reported_to_a_second_router_not_started_again() {
-    if std::env::var("ZR_TEST_LOG").is_ok() {
-        zr_service::logging::init_logging("info", zr_service::logging::LogFormat::Text);
-    }
-    let seed = SimOptions::default().seed;
-    eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run)");
-    let options = SimOptions {
-        fields: vec![("a".into(), "raw".into()), ("b".into(), "flate".into())],
-        extent_records: 3,
-        timeout_ms: 2_000,
-        replicas: 2,
-        virtual_time: true,
-        seed,
-        ..SimOptions::default()
-    };
-    let mut cluster = SimCluster::start(2, options).expect("cluster");
+    let mut cluster = SimCluster::start(2, kit::shipping_options()).expect("cluster");
     let client = cluster.async_client().expect("client");
     let mut model = Vec::new();
     cluster.run(async {

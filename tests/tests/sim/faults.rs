@@ -165,7 +165,6 @@ fn writes_cut_off_by_faults(seed: u64) -> (u32, u32) {
         },
     )
     .unwrap();
-    eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run exactly)");
     let client = cluster.async_client().unwrap();
     // A second router: each write goes through one of the two, and the other repairs.
     let second = cluster.add_router().unwrap();

@@ -161,11 +161,8 @@ async fn wait_for_lease(client: &AsyncClient) {
 
 /// A cluster of `shards` shards on virtual time (the seed orders the whole run).
 fn on_virtual_time(shards: u32, options: SimOptions) -> SimCluster {
-    let seed = SimOptions::default().seed;
-    eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run)");
     let options = SimOptions {
         virtual_time: true,
-        seed,
         ..options
     };
     SimCluster::start(shards, options).expect("cluster")

@@ -98,11 +98,8 @@ fn any_one_node_killed_in_turn_costs_nothing() {
 
 /// The options of a cluster on virtual time (a seed orders the whole run).
 fn on_virtual_time() -> SimOptions {
-    let seed = SimOptions::default().seed;
-    eprintln!("seed {seed} (ZR_SIM_SEED={seed} replays this run)");
     SimOptions {
         virtual_time: true,
-        seed,
         ..options()
     }
 }

@@ -95,14 +95,7 @@ fn check_streams(replicas: u32) {
     let local = Arc::new(
         Stream::create(dir.path().join("s"), vec![Component::new("token", "<u4")]).unwrap(),
     );
-    let reader = Client::connect_with_timeout(
-        cluster.router_addrs()[0],
-        cluster.security(zr_net::tls::Role::Reader).unwrap(),
-        cluster.client_timeout(),
-    )
-    .unwrap()
-    .dataset("corpus")
-    .unwrap();
+    let reader = corpus_reader(&cluster);
     let mut reader = ClusterStream::open(reader).unwrap();
     assert_eq!((reader.len(), reader.documents()), (0, 0));
 
@@ -153,14 +146,7 @@ fn check_streams(replicas: u32) {
     }
     assert!(reader.len() > 10 * block, "the stream spans many blocks");
     // Packed rows: the same plan from the same document lengths, byte for byte the rows.
-    let packing = Client::connect_with_timeout(
-        cluster.router_addrs()[0],
-        cluster.security(zr_net::tls::Role::Reader).unwrap(),
-        cluster.client_timeout(),
-    )
-    .unwrap()
-    .dataset("corpus")
-    .unwrap();
+    let packing = corpus_reader(&cluster);
     compare_packed(&local, ClusterStream::open(packing).unwrap());
 
     // Two replicas: a node away, and every window still reads.
@@ -263,4 +249,16 @@ fn a_clusters_token_stream_reads_as_the_same_local_stream() {
 #[test]
 fn a_replicated_token_stream_reads_through_a_node_away() {
     check_streams(2);
+}
+
+/// A reader of dataset `corpus`, with a reader's certificate.
+fn corpus_reader(cluster: &SimCluster) -> Client {
+    Client::connect_with_timeout(
+        cluster.router_addrs()[0],
+        cluster.security(zr_net::tls::Role::Reader).unwrap(),
+        cluster.client_timeout(),
+    )
+    .unwrap()
+    .dataset("corpus")
+    .unwrap()
 }
