@@ -8,6 +8,8 @@
 //! - [`lease`] — the nodes' liveness leases as an observer judges them; the read lease's terms.
 //! - [`record`] — the replica record: which replicas are behind, and which were moved.
 //! - [`cluster`] — the cluster record: map, datasets, fields, committed lengths, moves.
+//! - [`lengths`] — one dataset's lengths: served, committed, rewritten since, the shards
+//!   missing data; and whether a commit is stored, unchanged or refused.
 //! - [`datasets`] — what a node lacks of the record's datasets, or holds that it dropped.
 //! - [`writer`] — the writer lease's state machine and the record of a write in progress.
 //! - [`repair`] — an interrupted write's repair, as actions, from the replicas' lengths.
@@ -28,6 +30,7 @@ pub mod cluster;
 pub mod datasets;
 pub mod failover;
 pub mod lease;
+pub mod lengths;
 pub mod liveness;
 pub mod moveplan;
 pub mod onehop;

@@ -27,6 +27,7 @@ use crate::error::{Error, Failure};
 use crate::nodes::{NodeId, Nodes};
 use crate::plan::plan_gather;
 use crate::startup;
+use zr_coord::lengths::Lengths;
 use zr_meta::cluster::{self, ClusterRecord};
 use zr_meta::MetaStore;
 
@@ -152,7 +153,9 @@ pub struct Router {
     dataset_id: u64,
     /// Set when the dataset was dropped: its router serves nothing more.
     dropped: std::sync::atomic::AtomicBool,
-    len: AtomicU64,
+    /// Its lengths: served, committed, rewritten since the last commit, the shards missing
+    /// data (see [`zr_coord::lengths`]). Locked for a moment, never across an await.
+    lengths: std::sync::Mutex<Lengths>,
     writes: Mutex<()>,
     /// The dataset's writer lease as this router knows it (see `lease.rs`), kept at
     /// `writer_key` in the metadata store.
@@ -165,14 +168,6 @@ pub struct Router {
     committed_watch: tokio::sync::watch::Sender<u64>,
     /// Whether a task reads commits through other routers for the waiters (`datasets.rs`).
     watching_commits: std::sync::atomic::AtomicBool,
-    /// The committed length as last read from or written to the metadata store.
-    committed: AtomicU64,
-    /// Records rewritten in place (modify, delete, write-field) since the last commit was
-    /// recorded: the next commit counts as a change even if the length stayed.
-    rewritten: std::sync::atomic::AtomicBool,
-    /// Per shard: `Some(records it holds)` while its node holds fewer records than the
-    /// committed length gives it (its data is missing); see [`Failure::MissingData`].
-    missing: std::sync::Mutex<Vec<Option<u64>>>,
 }
 
 /// Opens the metadata store `config` names (`[metadata]`).
@@ -242,9 +237,15 @@ impl Router {
             .clone()
     }
 
+    /// The dataset's lengths, locked for a moment (the guard cannot be held across an
+    /// await: it is not `Send`).
+    pub(crate) fn lengths(&self) -> std::sync::MutexGuard<'_, Lengths> {
+        self.lengths.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Notes `len` as the committed length, waking the consumers it lets go on.
     pub(crate) fn set_committed(&self, len: u64) {
-        self.committed.store(len, Ordering::SeqCst);
+        self.lengths().set_committed(len);
         self.committed_watch.send_if_modified(|seen| {
             let changed = *seen != len;
             *seen = len;
@@ -259,7 +260,7 @@ impl Router {
     ) -> Result<T, Failure> {
         let outcome = write.await;
         if outcome.is_ok() {
-            self.rewritten.store(true, Ordering::SeqCst);
+            self.lengths().rewrote();
         }
         outcome
     }
@@ -340,7 +341,7 @@ impl Router {
                 None
             }
         };
-        let committed = self.committed.load(Ordering::SeqCst);
+        let committed = self.lengths().committed();
         let placement = self.cluster.placement.load_full();
         let answers = self.each_node_info(None).await;
         let rebuilds = self
@@ -411,15 +412,7 @@ impl Router {
                 in_sync: self.nodes().in_sync(node),
             })
             .collect();
-        let missing = self
-            .missing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .enumerate()
-            .filter(|(_, holds)| holds.is_some())
-            .map(|(shard, _)| shard as u32)
-            .collect();
+        let missing = self.lengths().missing_shards();
         Ok(wire::Topology {
             cluster: self.cluster.cluster_id.clone(),
             map: placement.map().clone(),
@@ -434,7 +427,7 @@ impl Router {
 
     /// The global length.
     pub fn len(&self) -> u64 {
-        self.len.load(Ordering::SeqCst)
+        self.lengths().len()
     }
 
     /// True if the cluster holds no records.

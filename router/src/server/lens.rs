@@ -2,54 +2,55 @@
 //! store), and the shards whose nodes hold less than their share.
 
 use super::*;
+use zr_coord::lengths::Commit;
+
+/// Where a dataset's committed length is recorded, as read: in the cluster record (the
+/// default dataset) or under the dataset's own key.
+enum CommittedAt {
+    Cluster(Box<ClusterRecord>, zr_meta::Revision),
+    Named(cluster::CommittedRecord, Option<zr_meta::Revision>),
+}
+
+impl CommittedAt {
+    fn committed_len(&self) -> u64 {
+        match self {
+            CommittedAt::Cluster(record, _) => record.committed_len,
+            CommittedAt::Named(record, _) => record.committed_len,
+        }
+    }
+}
 
 impl Router {
     /// Marks the shards whose nodes hold fewer records (`lens`) than the committed length
     /// gives them, and clears the others; true if any is marked.
     pub(super) fn note_missing(&self, lens: &[u64]) -> bool {
         let placement = self.cluster.placement.load();
-        let committed = self.committed.load(Ordering::SeqCst);
-        let mut missing = self.missing.lock().unwrap_or_else(|e| e.into_inner());
-        if missing.len() < lens.len() {
-            missing.resize(lens.len(), None);
-        }
-        for (shard, (&have, slot)) in lens.iter().zip(missing.iter_mut()).enumerate() {
-            let share = placement.shard_len(shard as u32, committed);
-            *slot = (have < share).then_some(have);
-        }
-        missing.iter().any(Option::is_some)
+        self.lengths().note_missing(&placement, lens)
     }
 
-    /// The length to serve with `lens`: a shard missing data counts as holding its share of
-    /// the committed length (its records are refused at gather time, not made out of range).
-    pub(super) fn served_len(&self, lens: &[u64]) -> u64 {
+    /// Serves the length the nodes' `lens` give: a shard missing data counts as holding its
+    /// share of the committed length (its records are refused at gather time, not made out
+    /// of range).
+    pub(super) fn serve_len_of(&self, lens: &[u64]) {
         let placement = self.cluster.placement.load();
-        let committed = self.committed.load(Ordering::SeqCst);
-        let lens: Vec<u64> = lens
-            .iter()
-            .enumerate()
-            .map(|(shard, &have)| have.max(placement.shard_len(shard as u32, committed)))
-            .collect();
-        placement.consistent_len(&lens)
+        let mut lengths = self.lengths();
+        let len = lengths.served(&placement, lens);
+        lengths.set_len(len);
     }
 
     /// The refusal of the first shard missing data, if any.
     pub(super) fn missing_failure(&self) -> Option<Failure> {
-        let missing = self.missing.lock().unwrap_or_else(|e| e.into_inner());
-        let (shard, holds) = missing
-            .iter()
-            .enumerate()
-            .find_map(|(shard, m)| m.map(|holds| (shard as u32, holds)))?;
+        let (shard, holds) = self.lengths().missing()?;
         Some(self.missing_data(shard, holds))
     }
 
     pub(super) fn missing_data(&self, shard: u32, holds: u64) -> Failure {
-        let committed = self.committed.load(Ordering::SeqCst);
+        let committed = self.lengths().share(&self.cluster.placement.load(), shard);
         Failure::MissingData {
             shard,
             addr: self.nodes().addr(self.nodes().id(shard, 0)),
             holds,
-            committed: self.cluster.placement.load().shard_len(shard, committed),
+            committed,
             cluster: self.cluster.cluster_id.clone(),
         }
     }
@@ -57,14 +58,9 @@ impl Router {
     /// Re-reads the committed length from the metadata store (another router may have
     /// committed since).
     pub(crate) async fn reload_committed(&self) -> Result<u64, Failure> {
-        if self.dataset.is_some() {
-            let (record, _) = self.load_named_committed().await?;
-            self.set_committed(record.committed_len);
-            return Ok(record.committed_len);
-        }
-        let (record, _) = self.load_cluster().await?;
-        self.set_committed(record.committed_len);
-        Ok(record.committed_len)
+        let len = self.load_committed_at().await?.committed_len();
+        self.set_committed(len);
+        Ok(len)
     }
 
     /// Records `len` as the committed length in the metadata store. The caller holds the
@@ -73,81 +69,88 @@ impl Router {
     pub(crate) async fn record_committed(&self, len: u64, lowering: bool) -> Result<(), Failure> {
         // Records rewritten since the last commit make this one count as a change even if
         // the length stayed; a change this commit fails to record is kept for the next.
-        let rewritten = self.rewritten.swap(false, Ordering::SeqCst);
-        let recorded = match self.dataset {
-            Some(_) => self.record_named_committed(len, lowering, rewritten).await,
-            None => {
-                self.record_default_committed(len, lowering, rewritten)
-                    .await
-            }
-        };
-        if recorded.is_err() && rewritten {
-            self.rewritten.store(true, Ordering::SeqCst);
+        let rewritten = self.lengths().take_rewritten();
+        let recorded = self.store_committed(len, lowering, rewritten).await;
+        if recorded.is_err() {
+            self.lengths().commit_failed(rewritten);
         }
         recorded
     }
 
-    /// [`Router::record_committed`] of the default dataset: in the cluster record.
-    pub(super) async fn record_default_committed(
+    /// [`Router::record_committed`]'s compare-and-swap, tried again while other routers
+    /// change the record under it.
+    async fn store_committed(
         &self,
         len: u64,
         lowering: bool,
         rewritten: bool,
     ) -> Result<(), Failure> {
-        let meta = Failure::from;
         for _ in 0..8 {
-            let Some((mut record, revision)) =
-                cluster::load(&*self.cluster.meta).await.map_err(meta)?
-            else {
-                return Err(Failure::Inconsistent(format!(
-                    "metadata store {} holds no cluster record any more",
-                    self.cluster.meta.describe()
-                )));
-            };
-            if record.committed_len == len && !rewritten {
-                self.set_committed(len);
-                return Ok(());
-            }
-            if record.committed_len > len && !lowering {
-                self.set_committed(record.committed_len);
-                return Err(Failure::Inconsistent(format!(
-                    "cluster {} has committed {} records but its shards hold {len}: data is missing; the commit is refused",
-                    record.id, record.committed_len
-                )));
-            }
-            record.committed_len = len;
-            record.commits += 1;
-            match cluster::store(&*self.cluster.meta, Some(revision), &record).await {
-                Ok(_) => {
-                    self.set_committed(len);
-                    return Ok(());
+            let at = self.load_committed_at().await?;
+            match Commit::decide(at.committed_len(), len, lowering, rewritten) {
+                Commit::Unchanged => {}
+                Commit::Refused { recorded } => {
+                    self.set_committed(recorded);
+                    let whose = match &at {
+                        CommittedAt::Cluster(record, _) => format!("cluster {}", record.id),
+                        CommittedAt::Named(..) => format!("dataset '{}'", self.dataset_name()),
+                    };
+                    return Err(Failure::Inconsistent(format!(
+                        "{whose} has committed {recorded} records but its shards hold {len}: data is missing; the commit is refused"
+                    )));
                 }
-                Err(zr_meta::Error::Conflict { .. }) => continue,
-                Err(e) => return Err(meta(e)),
+                Commit::Store => {
+                    let meta = &*self.cluster.meta;
+                    let stored = match at {
+                        CommittedAt::Cluster(mut record, revision) => {
+                            record.committed_len = len;
+                            record.commits += 1;
+                            cluster::store(meta, Some(revision), &record).await
+                        }
+                        CommittedAt::Named(mut record, revision) => {
+                            record.committed_len = len;
+                            record.commits += 1;
+                            let name = self.dataset_name();
+                            cluster::store_committed(meta, name, revision, &record).await
+                        }
+                    };
+                    match stored {
+                        Ok(_) => {}
+                        Err(zr_meta::Error::Conflict { .. }) => continue,
+                        Err(e) => return Err(Failure::from(e)),
+                    }
+                }
             }
+            self.set_committed(len);
+            return Ok(());
         }
         Err(Failure::Contended(format!(
-            "the cluster record in {} kept changing; the commit is not recorded",
+            "the committed length of dataset '{}' in {} kept changing; the commit is not recorded",
+            self.dataset_name(),
             self.cluster.meta.describe()
         )))
+    }
+
+    /// Where this dataset's committed length is recorded, read from the metadata store.
+    async fn load_committed_at(&self) -> Result<CommittedAt, Failure> {
+        if self.dataset.is_some() {
+            let (record, revision) = self.load_named_committed().await?;
+            return Ok(CommittedAt::Named(record, revision));
+        }
+        match cluster::load(&*self.cluster.meta).await? {
+            Some((record, revision)) => Ok(CommittedAt::Cluster(Box::new(record), revision)),
+            None => Err(Failure::Inconsistent(format!(
+                "metadata store {} holds no cluster record any more",
+                self.cluster.meta.describe()
+            ))),
+        }
     }
 
     /// Shard `shard` is missing data: `Some(refusal)` unless its node holds its share of the
     /// committed length again (its directory was restored), which clears the mark.
     pub(super) async fn still_missing(&self, shard: u32) -> Option<Failure> {
-        let holds = self
-            .missing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(shard as usize)
-            .copied()
-            .flatten()?;
-        let share = self
-            .cluster
-            .placement
-            .load()
-            .shard_len(shard, self.committed.load(Ordering::SeqCst));
-        match self
+        let holds = self.lengths().missing_on(shard)?;
+        let holds = match self
             .nodes()
             .read(self.on(), shard, &NodeRequest::Info)
             .await
@@ -158,26 +161,13 @@ impl Router {
                     reply: Reply::Info { len, .. },
                     ..
                 },
-            )) if len >= share => {
-                if let Some(slot) = self
-                    .missing
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_mut(shard as usize)
-                {
-                    *slot = None;
-                }
-                None
+            )) => {
+                let placement = self.cluster.placement.load();
+                self.lengths().holds_now(&placement, shard, len)?
             }
-            Ok((
-                _,
-                crate::nodes::NodeReply {
-                    reply: Reply::Info { len, .. },
-                    ..
-                },
-            )) => Some(self.missing_data(shard, len)),
-            _ => Some(self.missing_data(shard, holds)),
-        }
+            _ => holds,
+        };
+        Some(self.missing_data(shard, holds))
     }
 
     /// Every node's length and fields, or why it did not say, asked concurrently, in node
@@ -307,10 +297,8 @@ impl Router {
     pub(super) async fn refresh_len(&self) -> Result<u64, Failure> {
         let _writes = self.writes.lock().await;
         let lens = self.node_lens(None).await?;
-        self.note_missing(&lens);
-        let len = self.served_len(&lens);
-        self.len.store(len, Ordering::SeqCst);
-        Ok(len)
+        let placement = self.cluster.placement.load();
+        Ok(self.lengths().nodes_hold(&placement, &lens))
     }
 
     /// The global length as the nodes have it now if `index` is past the cached one (another

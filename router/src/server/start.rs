@@ -72,7 +72,7 @@ impl Router {
             writer_key: zr_meta::writer::key(None),
             committed_watch: tokio::sync::watch::Sender::new(0),
             watching_commits: Default::default(),
-            len: AtomicU64::new(0),
+            lengths: std::sync::Mutex::new(Lengths::new(shards)),
             writes: Mutex::new(()),
             lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(
                 // This router's name for the lease: random, one per router.
@@ -84,9 +84,6 @@ impl Router {
             )),
             lease_used: std::sync::Mutex::new(None),
             fields: Default::default(),
-            committed: AtomicU64::new(0),
-            rewritten: Default::default(),
-            missing: std::sync::Mutex::new(vec![None; shards]),
         };
         // Which replicas are behind (none if the store has no record of them).
         if let Err(e) = router.nodes().refresh_replicas().await {
@@ -188,7 +185,7 @@ impl Router {
             .collect();
         if router.note_missing(&lens) || !down.is_empty() {
             // Serve what is there; writes wait for the missing data and the nodes down.
-            router.len.store(router.served_len(&lens), Ordering::SeqCst);
+            router.serve_len_of(&lens);
             if let Some(failure) = router.missing_failure() {
                 tracing::error!("{failure}");
             }
@@ -203,7 +200,7 @@ impl Router {
                 Ok(()) => {}
                 Err(busy @ Failure::Busy { .. }) => {
                     tracing::warn!("{busy}: serving meanwhile; the first write repairs");
-                    router.len.store(router.served_len(&lens), Ordering::SeqCst);
+                    router.serve_len_of(&lens);
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -330,7 +327,7 @@ impl Router {
                     return;
                 };
                 metrics::gauge!("zr_router_committed_records")
-                    .set(router.committed.load(Ordering::SeqCst) as f64);
+                    .set(router.lengths().committed() as f64);
                 metrics::gauge!("zr_router_records").set(router.len() as f64);
                 metrics::gauge!("zr_router_map_version")
                     .set(router.cluster.map_version.load(Ordering::SeqCst) as f64);

@@ -15,7 +15,6 @@
 //! is refused by the nodes instead of landing late on top of the next holder's.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use zr_meta::writer::PendingWrite;
@@ -162,7 +161,7 @@ impl Router {
         // Committed data is never cut. When there is nothing to cut or settle, the cached
         // committed length does; otherwise it is read afresh first (another router may have
         // committed more), once per such write, not per record.
-        let cached = self.committed.load(Ordering::SeqCst);
+        let cached = self.lengths().committed();
         let committed = if repair::needs_fresh_committed(&placement, &replicas, pending, cached) {
             self.reload_committed().await?
         } else {
@@ -206,14 +205,14 @@ impl Router {
                     let why = format!("it holds {have} records, its partners {want}");
                     self.nodes().mark_behind(node, &why).await?;
                 }
-                repair::Action::SetLen { len } => self.len.store(len, Ordering::SeqCst),
+                repair::Action::SetLen { len } => self.lengths().set_len(len),
                 repair::Action::FinishDelete { index, len } => {
                     tracing::warn!(
                         "finishing the delete of record {index} that a router left half done"
                     );
                     self.withdraw_last(len).await?;
                     self.finish_delete(index, len).await?;
-                    self.len.store(len - 1, Ordering::SeqCst);
+                    self.lengths().set_len(len - 1);
                 }
                 repair::Action::CopyRecord { index } => self.copy_record(index).await?,
                 repair::Action::ClearPending => self.intend(None).await?,
@@ -350,7 +349,7 @@ impl Router {
             attempt = self.append_at(start, &fields, &lengths, &columns).await;
         }
         attempt?;
-        self.len.store(start + count as u64, Ordering::SeqCst);
+        self.lengths().set_len(start + count as u64);
         metrics::counter!("zr_router_records_appended_total").increment(count as u64);
         Ok((
             Reply::Appended {
@@ -428,7 +427,7 @@ impl Router {
     /// the committed length must not promise it any more, or that shard would look as if it
     /// had lost data.
     async fn withdraw_last(&self, len: u64) -> Result<(), Failure> {
-        if self.committed.load(Ordering::SeqCst) >= len {
+        if self.lengths().committed() >= len {
             self.record_committed(len - 1, true).await?;
         }
         Ok(())
@@ -451,7 +450,7 @@ impl Router {
         self.finish_delete(index, len)
             .await
             .map_err(|e| Failure::DeleteRecorded(Box::new(e)))?;
-        self.len.store(len - 1, Ordering::SeqCst);
+        self.lengths().set_len(len - 1);
         Ok((Reply::Done, Vec::new()))
     }
 

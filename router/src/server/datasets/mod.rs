@@ -17,6 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use zr_coord::datasets::{record_fields, router_changes, wire_fields, Adopt, Known};
+use zr_coord::lengths::Lengths;
 use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, DictRef};
 use zr_meta::writer::PendingWrite;
 use zr_net::Body;
@@ -369,7 +370,7 @@ impl Router {
             dataset: Some(Arc::from(dataset.name.as_str())),
             dataset_id: dataset.id,
             dropped: Default::default(),
-            len: Default::default(),
+            lengths: std::sync::Mutex::new(Lengths::new(self.nodes().shards() as usize)),
             writes: Default::default(),
             lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(me, lease)),
             writer_key: zr_meta::writer::key(Some(&dataset.name)),
@@ -377,18 +378,15 @@ impl Router {
             fields: std::sync::RwLock::new(wire_fields(&dataset.fields)),
             committed_watch: tokio::sync::watch::Sender::new(0),
             watching_commits: Default::default(),
-            committed: Default::default(),
-            rewritten: Default::default(),
-            missing: std::sync::Mutex::new(vec![None; self.nodes().shards() as usize]),
         });
         if let Err(e) = router.reload_committed().await {
             tracing::warn!("dataset '{}': {e}", dataset.name);
         }
         if let Err(e) = router.refresh_len().await {
             tracing::debug!("dataset '{}': its length: {e}", dataset.name);
-            router
-                .len
-                .store(router.committed.load(Ordering::SeqCst), Ordering::SeqCst);
+            let mut lengths = router.lengths();
+            let committed = lengths.committed();
+            lengths.set_len(committed);
         }
         router
     }
@@ -413,51 +411,6 @@ impl Router {
             Some((_, revision)) => (nothing, Some(revision)),
             None => (nothing, None),
         })
-    }
-
-    /// [`Router::record_committed`] of a named dataset: its own key.
-    pub(super) async fn record_named_committed(
-        &self,
-        len: u64,
-        lowering: bool,
-        rewritten: bool,
-    ) -> Result<(), Failure> {
-        for _ in 0..8 {
-            let (mut record, revision) = self.load_named_committed().await?;
-            let committed = record.committed_len;
-            if committed == len && !rewritten {
-                self.set_committed(len);
-                return Ok(());
-            }
-            if committed > len && !lowering {
-                self.set_committed(committed);
-                return Err(Failure::Inconsistent(format!(
-                    "dataset '{}' has committed {committed} records but its shards hold {len}: data is missing; the commit is refused",
-                    self.dataset_name()
-                )));
-            }
-            record.committed_len = len;
-            record.commits += 1;
-            match cluster::store_committed(
-                &*self.cluster.meta,
-                self.dataset_name(),
-                revision,
-                &record,
-            )
-            .await
-            {
-                Ok(_) => {
-                    self.set_committed(len);
-                    return Ok(());
-                }
-                Err(zr_meta::Error::Conflict { .. }) => continue,
-                Err(e) => return Err(metadata(e)),
-            }
-        }
-        Err(Failure::Contended(format!(
-            "dataset '{}''s committed length kept changing; the commit is not recorded",
-            self.dataset_name()
-        )))
     }
 
     /// `zr dataset create`: records dataset `name` with `fields` in the cluster record, then
@@ -631,7 +584,7 @@ impl Router {
                 id: router.dataset_id,
                 fields: router.fields(),
                 len,
-                committed: Some(router.committed.load(Ordering::SeqCst)),
+                committed: Some(router.lengths().committed()),
                 commits,
             });
         }

@@ -59,7 +59,7 @@ impl Router {
         let mut commits = self.committed_watch.subscribe();
         let mut watched = false;
         loop {
-            let committed = self.committed.load(Ordering::SeqCst);
+            let committed = self.lengths().committed();
             if committed >= needed {
                 return Ok(committed);
             }
@@ -85,7 +85,7 @@ impl Router {
                         dataset: self.dataset_name().to_string(),
                         waited_ms: wait_ms,
                         needed,
-                        committed: self.committed.load(Ordering::SeqCst),
+                        committed: self.lengths().committed(),
                     });
                 }
             }

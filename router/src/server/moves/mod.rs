@@ -211,7 +211,7 @@ impl Router {
                     // Finished meanwhile by another router.
                     None => Ok(MoveReport {
                         version: record.map.version,
-                        records: self.len.load(Ordering::SeqCst),
+                        records: self.len(),
                         done: true,
                         already: true,
                         ..MoveReport::default()
@@ -231,7 +231,7 @@ impl Router {
             Next::Done => {
                 return Ok(MoveReport {
                     version: record.map.version,
-                    records: self.len.load(Ordering::SeqCst),
+                    records: self.len(),
                     done: true,
                     already: true,
                     ..MoveReport::default()
@@ -300,7 +300,7 @@ impl Router {
         }
         // Copy up to the lengths now while writes go on, then the rest with every dataset's
         // writes held.
-        let lens: Vec<u64> = all.iter().map(|r| r.len.load(Ordering::SeqCst)).collect();
+        let lens: Vec<u64> = all.iter().map(|r| r.len()).collect();
         self.set_moving(to.version, (&old, &new), &staged, &lens);
         self.stop_here(MoveStep::Recorded)?;
         let mut moved = 0;
@@ -315,7 +315,7 @@ impl Router {
                 let mut len = 0;
                 let mut switched_lens = std::collections::BTreeMap::new();
                 for router in &all {
-                    let at = router.len.load(Ordering::SeqCst);
+                    let at = router.len();
                     moved += router
                         .copy_shards(self, &staged, &old, &new, to.version, at)
                         .await?;
