@@ -16,6 +16,8 @@
 //! - [`startup`] — whether a starting router serves the stored record, makes the first one,
 //!   or refuses, naming the cure.
 //! - [`moveplan`] — a move's next step from the cluster record; the copy pass of each node.
+//! - [`moving`] — the move a router runs, as its commands report it: started once per change,
+//!   its copy counted, how it ended, how a recorded move reads.
 //! - [`catchup`] — how a behind replica is caught up, and how a copy of files is going.
 //! - [`failover`] — a shard's part of a gather read from its replicas in turn: the order,
 //!   who is passed over, and a reply that failed midway gone on with from another.
@@ -33,6 +35,7 @@ pub mod lease;
 pub mod lengths;
 pub mod liveness;
 pub mod moveplan;
+pub mod moving;
 pub mod onehop;
 pub mod plan;
 pub mod record;

@@ -156,6 +156,20 @@ pub fn gained_slots(old: &Placement, new: &Placement, shard: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The records a move from `old` to `new` writes into the slots the shards of `staged` gain,
+/// for datasets of `lens` records each.
+pub fn records_to_stage(old: &Placement, new: &Placement, staged: &[u32], lens: &[u64]) -> u64 {
+    lens.iter()
+        .flat_map(|&len| {
+            staged.iter().flat_map(move |&shard| {
+                gained_slots(old, new, shard)
+                    .into_iter()
+                    .map(move |slot| new.slot_len(slot, len))
+            })
+        })
+        .sum()
+}
+
 /// `record` with the move to `to` recorded, and `added` (the nodes of the shard an add
 /// makes) among its added shards in place of any earlier entry for that shard: the copy
 /// starts from this.
@@ -436,6 +450,14 @@ mod tests {
             total += slots.iter().map(|s| s.1).sum::<u64>();
         }
         assert_eq!(total, 100, "the shards' shares make up the dataset");
+        // An add only takes slots from the shards there: what it writes is the new shard's
+        // share of each dataset.
+        assert_eq!(
+            records_to_stage(&old, &new, &staged, &[100, 40]),
+            new.shard_len(2, 100) + new.shard_len(2, 40)
+        );
+        assert!(new.shard_len(2, 100) > 0);
+        assert_eq!(records_to_stage(&old, &old, &staged, &[100]), 0);
         // Shard 3 is in no map yet: it is not told.
         assert_eq!(switch_slots(&new, &staged, 3, 100), None);
         // A drained shard that built nothing either.

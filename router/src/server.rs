@@ -111,11 +111,8 @@ pub(crate) struct Cluster {
     /// adoption takes (`datasets.rs`).
     adopted: AtomicU64,
     adopting: Mutex<()>,
-    /// The move this router runs, if any (see `moves.rs`).
-    moving: std::sync::Mutex<Option<wire::MoveReport>>,
-    /// Bytes a second each node gaining slots copies their files at in the move this
-    /// router runs (0: as fast as it can).
-    move_rate: AtomicU64,
+    /// The move this router runs or ran last, its report and copy rate (see `moves.rs`).
+    moving: std::sync::Mutex<zr_coord::moving::MoveRun>,
     /// Where moves stop (see [`Router::stop_moves_at`]).
     move_stop: std::sync::Mutex<Option<MoveStep>>,
     /// Catch-ups of behind replicas running here (see `rebuild.rs`), by node.

@@ -197,7 +197,7 @@ impl Router {
             replica: self.nodes().replica(donor),
             shard: Some(holder),
             slots: slots.to_vec(),
-            rate: progress.cluster.move_rate.load(Ordering::SeqCst),
+            rate: progress.moving().rate(),
         };
         let mut watch = ShipWatch::new(Instant::now().into_std(), SHIP_STALL);
         loop {
@@ -220,43 +220,12 @@ impl Router {
         staged: &[u32],
         lens: &[u64],
     ) {
-        let total: u64 = lens
-            .iter()
-            .flat_map(|&len| {
-                staged.iter().flat_map(move |&shard| {
-                    gained_slots(old, new, shard)
-                        .into_iter()
-                        .map(move |slot| new.slot_len(slot, len))
-                })
-            })
-            .sum();
+        let total = moveplan::records_to_stage(old, new, staged, lens);
         let len = lens.first().copied().unwrap_or(0);
-        let mut moving = self
-            .cluster
-            .moving
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        // The change it makes, as start_move noted it.
-        let change = moving.as_ref().and_then(|m| m.change);
-        *moving = Some(MoveReport {
-            version,
-            records: len,
-            staged_total: total,
-            change,
-            ..MoveReport::default()
-        });
+        self.moving().copying(version, len, total);
     }
 
     pub(crate) fn note_staged(&self, staged: u64, moved: u64) {
-        if let Some(report) = self
-            .cluster
-            .moving
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-        {
-            report.staged += staged;
-            report.moved += moved;
-        }
+        self.moving().staged(staged, moved);
     }
 }

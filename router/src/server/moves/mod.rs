@@ -35,6 +35,7 @@ use crate::catchup::{ShipStep, ShipWatch};
 use crate::error::Failure;
 use crate::moveplan::{self, batches_of, changed_shards, gained_slots, switch_slots, Next, Switch};
 use crate::nodes::NodeId;
+use zr_coord::moving::{recorded, target, MoveRun, Start};
 
 mod copy;
 
@@ -67,29 +68,6 @@ pub(crate) fn placement_of(map: &MapRecord, shards: u32) -> Result<Placement, Fa
     Ok(Placement::new(built)
         .map_err(|e| Failure::Inconsistent(e.to_string()))?
         .padded(shards))
-}
-
-/// Whether the move `report` tells of still runs.
-fn runs(report: &MoveReport) -> bool {
-    !report.done && report.error.is_none()
-}
-
-/// Where `moving` goes, for messages: "to map version N (add a shard)".
-fn target(moving: &MapMove) -> String {
-    let change = moving
-        .to
-        .changes
-        .last()
-        .map_or_else(String::new, ToString::to_string);
-    format!("to map version {} ({change})", moving.to.version)
-}
-
-/// The map change a client asked for, as the cluster record keeps it.
-fn recorded(change: wire::MapChange) -> MapChange {
-    match change {
-        wire::MapChange::AddShard => MapChange::AddShard,
-        wire::MapChange::DrainShard(shard) => MapChange::DrainShard(shard),
-    }
 }
 
 fn metadata(e: zr_meta::Error) -> Failure {
@@ -132,51 +110,23 @@ impl Router {
         nodes: Vec<(u32, u32, String)>,
         rate: u64,
     ) -> Result<(), Failure> {
-        // The rate of the last command: running one again with another changes it.
-        self.cluster.move_rate.store(rate, Ordering::SeqCst);
-        {
-            let mut moving = self
-                .cluster
-                .moving
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if let Some(running) = moving.as_ref().filter(|m| runs(m)) {
-                if running.change == Some(change) {
-                    return Ok(());
-                }
+        match self.moving().start(change, rate) {
+            Ok(Start::Run) => {}
+            Ok(Start::Joined) => return Ok(()),
+            Err(reason) => {
                 return Err(Failure::Busy {
                     waited_ms: 0,
-                    reason: format!(
-                        "another move ({}) is under way; this one ({}) was not started: run it again once that one has ended",
-                        running.change.map_or_else(String::new, |c| recorded(c).to_string()),
-                        recorded(change)
-                    ),
-                });
+                    reason,
+                })
             }
-            *moving = Some(MoveReport {
-                change: Some(change),
-                ..MoveReport::default()
-            });
         }
         let router = Arc::clone(self);
         self.spawn(async move {
-            let outcome = router.move_shards(change, &nodes).await;
-            let mut moving = router
-                .cluster
-                .moving
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let mut report = match outcome {
-                Ok(report) => report,
-                Err(e) => {
-                    tracing::warn!("moving records ({change:?}): {e}");
-                    let mut report = moving.take().unwrap_or_default();
-                    report.error = Some(e.to_string());
-                    report
-                }
-            };
-            report.change = Some(change);
-            *moving = Some(report);
+            let outcome = router.move_shards(change, &nodes).await.map_err(|e| {
+                tracing::warn!("moving records ({change:?}): {e}");
+                e.to_string()
+            });
+            router.moving().ended(change, outcome);
         });
         Ok(())
     }
@@ -469,11 +419,9 @@ impl Router {
     /// router died there), unless a move runs here: the cluster serves every shard again
     /// without waiting for the command to be run again.
     pub(super) async fn finish_stopped_switch(self: &Arc<Self>, record: ClusterRecord) {
-        if self.move_progress().as_ref().is_some_and(runs)
-            || record
-                .moving
-                .as_ref()
-                .is_none_or(|m| m.switched_at.is_none())
+        if !self
+            .moving()
+            .finishes_stopped_switch(record.moving.as_ref())
         {
             return;
         }
@@ -591,34 +539,20 @@ impl Router {
 
     /// `moving` in words, with its progress if this router runs it.
     pub(super) fn describe_move(&self, moving: &MapMove) -> String {
-        let what = target(moving);
-        if moving.switched_at.is_some() {
-            return format!("{what}: published, nodes switching");
-        }
-        match self.move_progress() {
-            Some(report) if report.version == moving.to.version && !report.done => {
-                let progress = format!(
-                    "{what}: {} of {} records copied",
-                    report.staged, report.staged_total
-                );
-                match report.error {
-                    Some(error) => format!("{progress}; stopped: {error}"),
-                    None => progress,
-                }
-            }
-            _ => {
-                format!("{what}: stopped or run by another router (run the command again to go on)")
-            }
-        }
+        self.moving().describe(moving)
     }
 
     /// The move under way here, if any.
     pub(super) fn move_progress(&self) -> Option<MoveReport> {
+        self.moving().report()
+    }
+
+    /// The move this router runs, locked for a moment.
+    pub(crate) fn moving(&self) -> std::sync::MutexGuard<'_, MoveRun> {
         self.cluster
             .moving
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
     }
 
     /// Places every dataset by `map` (with `placement`) from now on. The placement is
