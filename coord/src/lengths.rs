@@ -10,6 +10,8 @@
 
 use zr_proto::placement::Placement;
 
+use crate::NodeId;
+
 /// One dataset's lengths; see the module documentation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Lengths {
@@ -174,6 +176,66 @@ impl Lengths {
     }
 }
 
+/// A shard's length, from what its in-sync replicas hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardLens {
+    /// The most records one of its in-sync replicas holds.
+    pub len: u64,
+    /// What each in-sync replica that answered holds.
+    pub replicas: Vec<(NodeId, u64)>,
+}
+
+/// Every shard's length, and the in-sync replicas that failed where a partner answered.
+#[derive(Debug)]
+pub struct Answered<F> {
+    pub shards: Vec<ShardLens>,
+    /// A write that goes on without them marks them behind.
+    pub behind: Vec<(NodeId, F)>,
+}
+
+/// Every shard's length from its in-sync replicas' answers: `in_sync[shard]` are the
+/// replicas asked, `answers[node]` what each said (its length, or why it did not). A shard
+/// none of whose in-sync replicas answered fails the whole with the first of their failures
+/// (`none_in_sync(shard)` if it had none to ask), unless the map places nothing on it
+/// (`places_nothing(shard)`: drained, or not added yet; its nodes may be gone). Returns the
+/// lengths, and the in-sync replicas that failed where a partner answered: a write that goes
+/// on without them marks them behind.
+pub fn shard_lens<F>(
+    in_sync: &[Vec<NodeId>],
+    mut answers: Vec<Option<Result<u64, F>>>,
+    places_nothing: impl Fn(u32) -> bool,
+    none_in_sync: impl Fn(u32) -> F,
+) -> Result<Answered<F>, F> {
+    let mut shards = Vec::with_capacity(in_sync.len());
+    let mut behind = Vec::new();
+    for (shard, nodes) in in_sync.iter().enumerate() {
+        let shard = shard as u32;
+        let mut lens = ShardLens::default();
+        let mut failed = Vec::new();
+        for &node in nodes {
+            match answers.get_mut(node).and_then(Option::take) {
+                Some(Ok(len)) => {
+                    lens.len = lens.len.max(len);
+                    lens.replicas.push((node, len));
+                }
+                Some(Err(failure)) => failed.push((node, failure)),
+                None => {}
+            }
+        }
+        if lens.replicas.is_empty() && !places_nothing(shard) {
+            return Err(failed
+                .into_iter()
+                .next()
+                .map_or_else(|| none_in_sync(shard), |(_, failure)| failure));
+        }
+        if !lens.replicas.is_empty() {
+            behind.extend(failed);
+        }
+        shards.push(lens);
+    }
+    Ok(Answered { shards, behind })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +314,50 @@ mod tests {
         let placement = placement_padded(3, 4);
         assert!(!lengths.note_missing(&placement, &[shares[0], shares[1], shares[2], 0]));
         assert_eq!(lengths.missing_shards(), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_shard_is_as_long_as_its_longest_in_sync_replica_and_fails_with_none() {
+        // Shard 0: nodes 0 and 1; shard 1: nodes 2 and 3; shard 2: node 4 (drained).
+        let in_sync = vec![vec![0, 1], vec![2, 3], vec![4]];
+        let none = |shard: u32| format!("shard {shard} has no replica in sync");
+        let answers = || -> Vec<Option<Result<u64, String>>> {
+            vec![
+                Some(Ok(10)),
+                Some(Ok(12)),
+                Some(Err("node 2 down".into())),
+                Some(Ok(7)),
+                Some(Err("node 4 gone".into())),
+            ]
+        };
+        let drained = |shard: u32| shard == 2;
+        let Answered {
+            shards: lens,
+            behind,
+        } = shard_lens(&in_sync, answers(), drained, none).unwrap();
+        assert_eq!(lens[0].len, 12);
+        assert_eq!(lens[0].replicas, vec![(0, 10), (1, 12)]);
+        assert_eq!((lens[1].len, lens[1].replicas.clone()), (7, vec![(3, 7)]));
+        assert_eq!(
+            lens[2],
+            ShardLens::default(),
+            "a drained shard holds nothing"
+        );
+        // Node 2 failed where its partner answered: behind. Node 4's shard places nothing.
+        assert_eq!(behind, vec![(2, "node 2 down".to_string())]);
+        // A shard the map places records on, with none of its replicas answering: the
+        // first failure, and nothing is marked.
+        let placed = |_: u32| false;
+        assert_eq!(
+            shard_lens(&in_sync, answers(), placed, none).unwrap_err(),
+            "node 4 gone"
+        );
+        // With no in-sync replica to ask: named.
+        let in_sync = vec![vec![0, 1], vec![]];
+        assert_eq!(
+            shard_lens(&in_sync, answers(), placed, none).unwrap_err(),
+            "shard 1 has no replica in sync"
+        );
     }
 
     fn placement_padded(shards: u32, to: u32) -> Placement {

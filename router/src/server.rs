@@ -433,15 +433,6 @@ impl Router {
     }
 }
 
-/// A shard's length (see [`Router::shard_lens`]).
-#[derive(Debug, Default)]
-pub(crate) struct ShardLens {
-    /// The most records one of its in-sync replicas holds.
-    pub(crate) len: u64,
-    /// What each in-sync replica that answered holds.
-    pub(crate) replicas: Vec<(NodeId, u64)>,
-}
-
 /// Starts a router for `config` listening on `listen` (the binary's path).
 pub async fn run_router(
     config: &ClusterConfig,

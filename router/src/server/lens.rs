@@ -2,7 +2,7 @@
 //! store), and the shards whose nodes hold less than their share.
 
 use super::*;
-use zr_coord::lengths::Commit;
+use zr_coord::lengths::{self, Commit, ShardLens};
 
 /// Where a dataset's committed length is recorded, as read: in the cluster record (the
 /// default dataset) or under the dataset's own key.
@@ -225,45 +225,26 @@ impl Router {
         fence: Option<u64>,
         mark: bool,
     ) -> Result<Vec<ShardLens>, Failure> {
-        let mut answers: Vec<Option<Result<u64, Failure>>> = self
+        let answers = self
             .each_node_info(fence)
             .await
             .into_iter()
             .map(|answer| Some(answer.map(|(len, _)| len)))
             .collect();
-        let mut shards = Vec::with_capacity(self.nodes().shards() as usize);
         let placement = self.cluster.placement.load_full();
-        for shard in 0..self.nodes().shards() {
-            let mut lens = ShardLens::default();
-            let mut failed = Vec::new();
-            for node in self.nodes().in_sync_of(shard) {
-                match answers.get_mut(node).and_then(Option::take) {
-                    Some(Ok(len)) => {
-                        lens.len = lens.len.max(len);
-                        lens.replicas.push((node, len));
-                    }
-                    Some(Err(failure)) => failed.push((node, failure)),
-                    None => {}
-                }
+        let in_sync: Vec<Vec<NodeId>> = (0..self.nodes().shards())
+            .map(|shard| self.nodes().in_sync_of(shard))
+            .collect();
+        let lengths::Answered { shards, behind } = lengths::shard_lens(
+            &in_sync,
+            answers,
+            |shard| placement.slots(shard).is_empty(),
+            |shard| Failure::NoReplicaInSync { shard: Some(shard) },
+        )?;
+        if mark {
+            for (node, failure) in behind {
+                self.nodes().mark_behind(node, &failure.to_string()).await?;
             }
-            if placement.slots(shard).is_empty() && lens.replicas.is_empty() {
-                // A shard the map places nothing on (drained, or not added yet) holds
-                // nothing: its nodes may be gone.
-                shards.push(lens);
-                continue;
-            }
-            if lens.replicas.is_empty() {
-                return Err(failed.into_iter().next().map_or_else(
-                    || Failure::NoReplicaInSync { shard: Some(shard) },
-                    |(_, failure)| failure,
-                ));
-            }
-            if mark {
-                for (node, failure) in failed {
-                    self.nodes().mark_behind(node, &failure.to_string()).await?;
-                }
-            }
-            shards.push(lens);
         }
         Ok(shards)
     }
