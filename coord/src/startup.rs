@@ -3,7 +3,87 @@
 //! stored record, make the cluster's first record, or refuse, naming why and the cure.
 //! I/O-free; `server` performs it.
 
+use zr_proto::placement::Placement;
+use zr_proto::wire::FieldInfo;
+
 use crate::cluster::{ClusterRecord, MapRecord};
+use crate::NodeId;
+
+/// What a starting router heard of each shard: its length (the most records an in-sync
+/// replica that answered holds; `None`: none answered) and the fields the shards hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Heard {
+    pub lens: Vec<Option<u64>>,
+    /// The fields of the first shard that answered (`None`: no shard answered).
+    pub fields: Option<Vec<FieldInfo>>,
+}
+
+/// Two shards answered with different fields: `shard`'s differ from `first`'s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FieldsDiffer {
+    pub shard: u32,
+    pub first: u32,
+}
+
+impl Heard {
+    /// From each node's answer (`answers[node]`: its length and fields, `None` if it did not
+    /// answer), each shard's by its in-sync replicas (`in_sync[shard]`). Shards that answered
+    /// with different fields are refused, naming both.
+    pub fn of(
+        in_sync: &[Vec<NodeId>],
+        answers: &[Option<(u64, Vec<FieldInfo>)>],
+    ) -> Result<Heard, FieldsDiffer> {
+        let best: Vec<Option<&(u64, Vec<FieldInfo>)>> = in_sync
+            .iter()
+            .map(|nodes| {
+                nodes
+                    .iter()
+                    .filter_map(|&node| answers.get(node).and_then(Option::as_ref))
+                    .max_by_key(|(len, _)| *len)
+            })
+            .collect();
+        let mut fields: Option<(u32, &Vec<FieldInfo>)> = None;
+        for (shard, (_, theirs)) in best
+            .iter()
+            .enumerate()
+            .filter_map(|(shard, b)| Some((shard as u32, (*b)?)))
+        {
+            match fields {
+                Some((first, ours)) if ours != theirs => {
+                    return Err(FieldsDiffer { shard, first });
+                }
+                Some(_) => {}
+                None => fields = Some((shard, theirs)),
+            }
+        }
+        Ok(Heard {
+            lens: best.iter().map(|b| b.map(|(len, _)| *len)).collect(),
+            fields: fields.map(|(_, fields)| fields.clone()),
+        })
+    }
+
+    /// The shards none of whose in-sync replicas answered.
+    pub fn down(&self) -> Vec<u32> {
+        (0..self.lens.len() as u32)
+            .filter(|&shard| self.lens[shard as usize].is_none())
+            .collect()
+    }
+
+    /// Every shard's length, if every shard answered.
+    pub fn all(&self) -> Option<Vec<u64>> {
+        self.lens.iter().copied().collect()
+    }
+
+    /// Every shard's length, a shard that did not answer counted as holding its share of
+    /// `committed` under `placement` until it does.
+    pub fn counting_down_as_committed(&self, placement: &Placement, committed: u64) -> Vec<u64> {
+        self.lens
+            .iter()
+            .enumerate()
+            .map(|(shard, len)| len.unwrap_or_else(|| placement.shard_len(shard as u32, committed)))
+            .collect()
+    }
+}
 
 /// What start-up does with the cluster record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +198,49 @@ mod tests {
             || "shard 1 is down".into(),
             |l| l.iter().sum(),
         )
+    }
+
+    #[test]
+    fn each_shard_is_heard_by_its_longest_in_sync_replica_and_fields_must_agree() {
+        use zr_proto::placement::ClusterMap;
+        let fields = |names: &[&str]| -> Vec<FieldInfo> {
+            names.iter().map(|n| FieldInfo::new(*n, "raw")).collect()
+        };
+        let xy = fields(&["x", "y"]);
+        // Shard 0: nodes 0, 1; shard 1: nodes 2, 3 (node 3 behind: not in sync); shard 2: 4.
+        let in_sync = vec![vec![0, 1], vec![2], vec![4]];
+        let answers = vec![
+            Some((5, xy.clone())),
+            Some((9, xy.clone())),
+            None,
+            Some((50, xy.clone())),
+            Some((4, xy.clone())),
+        ];
+        let heard = Heard::of(&in_sync, &answers).unwrap();
+        assert_eq!(heard.lens, vec![Some(9), None, Some(4)]);
+        assert_eq!(heard.fields.as_ref(), Some(&xy));
+        assert_eq!(heard.down(), vec![1]);
+        assert_eq!(heard.all(), None);
+        let placement = Placement::new(ClusterMap::balanced(3, 4, 1).unwrap()).unwrap();
+        let lens = heard.counting_down_as_committed(&placement, 30);
+        assert_eq!(lens, vec![9, placement.shard_len(1, 30), 4]);
+        // Every shard answered.
+        let answers: Vec<_> = (0..5).map(|n| Some((n as u64, xy.clone()))).collect();
+        assert_eq!(
+            Heard::of(&in_sync, &answers).unwrap().all(),
+            Some(vec![1, 2, 4])
+        );
+        // Shard 2 holds other fields than shard 0.
+        let mut answers = answers;
+        answers[4] = Some((4, fields(&["x"])));
+        assert_eq!(
+            Heard::of(&in_sync, &answers),
+            Err(FieldsDiffer { shard: 2, first: 0 })
+        );
+        // Nobody answered.
+        let silent = Heard::of(&in_sync, &[None, None, None, None, None]).unwrap();
+        assert_eq!(silent.fields, None);
+        assert_eq!(silent.down(), vec![0, 1, 2]);
     }
 
     #[test]

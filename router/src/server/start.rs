@@ -103,22 +103,19 @@ impl Router {
             }
         }
         // Per shard: the most records an in-sync replica that answered holds, and its fields.
-        let infos: Vec<Option<(u64, Vec<FieldInfo>)>> = (0..router.nodes().shards())
-            .map(|shard| {
-                router
-                    .nodes()
-                    .in_sync_of(shard)
-                    .into_iter()
-                    .filter_map(|node| answers[node].clone())
-                    .max_by_key(|(len, _)| *len)
-            })
+        let in_sync: Vec<Vec<NodeId>> = (0..router.nodes().shards())
+            .map(|shard| router.nodes().in_sync_of(shard))
             .collect();
+        let heard = startup::Heard::of(&in_sync, &answers).map_err(
+            |startup::FieldsDiffer { shard, first }| Error::FieldsDiffer { shard, first },
+        )?;
         // A shard is down when none of its in-sync replicas answered.
         let down: Vec<Failure> = if router.nodes().replicas() == 1 {
             down
         } else {
-            (0..router.nodes().shards())
-                .filter(|&shard| infos[shard as usize].is_none())
+            heard
+                .down()
+                .into_iter()
                 .map(|shard| {
                     let node = router.nodes().id(shard, 0);
                     router
@@ -127,22 +124,8 @@ impl Router {
                 })
                 .collect()
         };
-        let mut fields: Option<(u32, &Vec<FieldInfo>)> = None;
-        for (shard, info) in infos.iter().enumerate() {
-            let Some((_, theirs)) = info else { continue };
-            match fields {
-                Some((first, ours)) if ours != theirs => {
-                    return Err(Error::FieldsDiffer {
-                        shard: shard as u32,
-                        first,
-                    })
-                }
-                Some(_) => {}
-                None => fields = Some((shard as u32, theirs)),
-            }
-        }
-        *router.fields.get_mut().unwrap_or_else(|e| e.into_inner()) = match fields {
-            Some((_, fields)) => fields.clone(),
+        *router.fields.get_mut().unwrap_or_else(|e| e.into_inner()) = match &heard.fields {
+            Some(fields) => fields.clone(),
             // No node answered: the fields nodes.toml gives them.
             None => config
                 .fields
@@ -150,10 +133,7 @@ impl Router {
                 .map(|f| FieldInfo::new(f.name.clone(), f.compress.clone()))
                 .collect(),
         };
-        let known: Option<Vec<u64>> = infos
-            .iter()
-            .map(|i| i.as_ref().map(|(len, _)| *len))
-            .collect();
+        let known = heard.all();
         let record = router
             .cluster_record(config, known.as_deref(), down.first())
             .await?;
@@ -170,18 +150,8 @@ impl Router {
         router.adopt_map(&record.map, placement);
         router.set_committed(record.committed_len);
         // A node that is down counts as holding its committed share until it answers.
-        let lens: Vec<u64> = infos
-            .iter()
-            .enumerate()
-            .map(|(shard, info)| match info {
-                Some((len, _)) => *len,
-                None => router
-                    .cluster
-                    .placement
-                    .load()
-                    .shard_len(shard as u32, record.committed_len),
-            })
-            .collect();
+        let lens = heard
+            .counting_down_as_committed(&router.cluster.placement.load(), record.committed_len);
         if router.note_missing(&lens) || !down.is_empty() {
             // Serve what is there; writes wait for the missing data and the nodes down.
             router.serve_len_of(&lens);
