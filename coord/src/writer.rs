@@ -78,6 +78,8 @@ pub struct LeaseState {
     /// The revision last read while another router held the lease, and when it was first
     /// seen.
     seen: Option<(Revision, Instant)>,
+    /// When this router's last write under the lease finished.
+    used: Option<Instant>,
 }
 
 impl LeaseState {
@@ -88,6 +90,7 @@ impl LeaseState {
             lease,
             held: None,
             seen: None,
+            used: None,
         }
     }
 
@@ -187,6 +190,20 @@ impl LeaseState {
     pub fn needs_renewal(&self, now: Instant) -> bool {
         self.held
             .is_some_and(|held| held.until.saturating_duration_since(now) < self.lease / 2)
+    }
+
+    /// This router's write under the lease finished at `now`.
+    pub fn used(&mut self, now: Instant) {
+        self.used = Some(now);
+    }
+
+    /// True if this router holds the lease but has written nothing under it for `linger`
+    /// at `now`: it gives it back, so that other routers need not wait for it to lapse.
+    pub fn idle(&self, now: Instant, linger: Duration) -> bool {
+        self.held.is_some()
+            && self
+                .used
+                .is_none_or(|used| now.saturating_duration_since(used) >= linger)
     }
 
     /// The record with which this router gives the lease back: nobody holds it, and the
@@ -354,6 +371,24 @@ mod tests {
             lease_ms: LEASE.as_millis() as u64,
             pending,
         }
+    }
+
+    #[test]
+    fn a_held_lease_unused_for_the_linger_is_idle() {
+        let linger = Duration::from_millis(50);
+        let t0 = Instant::now();
+        let mut state = LeaseState::new(1, LEASE);
+        assert!(!state.idle(t0, linger), "not held: nothing to give back");
+        state.taken(3, t0, None);
+        assert!(state.idle(t0, linger), "held, never written under");
+        state.used(t0 + linger);
+        assert!(!state.idle(t0 + linger, linger));
+        assert!(!state.idle(t0 + linger + linger / 2, linger));
+        assert!(state.idle(t0 + linger * 2, linger));
+        // A clock read before the write finished counts no time.
+        assert!(!state.idle(t0, linger));
+        state.released(true);
+        assert!(!state.idle(t0 + linger * 9, linger), "given back");
     }
 
     #[test]

@@ -158,8 +158,6 @@ pub struct Router {
     /// `writer_key` in the metadata store.
     lease: std::sync::Mutex<zr_meta::writer::LeaseState>,
     writer_key: String,
-    /// When this router's last write under the lease finished.
-    lease_used: std::sync::Mutex<Option<tokio::time::Instant>>,
     fields: std::sync::RwLock<Vec<FieldInfo>>,
     /// The committed length, for consumers waiting on records (`datasets.rs`).
     committed_watch: tokio::sync::watch::Sender<u64>,

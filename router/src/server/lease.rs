@@ -144,8 +144,7 @@ impl Router {
 
     /// Notes that this router's write under the lease is done, for [`Self::release_if_idle`].
     pub(super) fn lease_used(&self) {
-        *self.lease_used.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(tokio::time::Instant::now());
+        self.lease_state().used(now());
     }
 
     /// Gives the writer lease back, `settled` if this router's writes are done (which clears
@@ -173,12 +172,8 @@ impl Router {
         let Ok(_writes) = self.writes.try_lock() else {
             return;
         };
-        let idle = self
-            .lease_used
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_none_or(|used| used.elapsed() >= LINGER);
-        if idle && self.lease_state().held().is_some() {
+        let idle = self.lease_state().idle(now(), LINGER);
+        if idle {
             self.release_lease(true).await;
         }
     }

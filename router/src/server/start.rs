@@ -81,7 +81,6 @@ impl Router {
                 ),
                 Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
             )),
-            lease_used: std::sync::Mutex::new(None),
             fields: Default::default(),
         };
         // Which replicas are behind (none if the store has no record of them).

@@ -374,7 +374,6 @@ impl Router {
             writes: Default::default(),
             lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(me, lease)),
             writer_key: zr_meta::writer::key(Some(&dataset.name)),
-            lease_used: std::sync::Mutex::new(None),
             fields: std::sync::RwLock::new(wire_fields(&dataset.fields)),
             committed_watch: tokio::sync::watch::Sender::new(0),
             watching_commits: Default::default(),
