@@ -8,6 +8,7 @@
 //! - [`lease`] — the nodes' liveness leases as an observer judges them; the read lease's terms.
 //! - [`record`] — the replica record: which replicas are behind, and which were moved.
 //! - [`cluster`] — the cluster record: map, datasets, fields, committed lengths, moves.
+//! - [`dataset`] — one dataset as a router knows it: its fields, lengths, and whether dropped.
 //! - [`lengths`] — one dataset's lengths: served, committed, rewritten since, the shards
 //!   missing data; and whether a commit is stored, unchanged or refused.
 //! - [`datasets`] — what a node lacks of the record's datasets, or holds that it dropped.
@@ -29,6 +30,7 @@
 
 pub mod catchup;
 pub mod cluster;
+pub mod dataset;
 pub mod datasets;
 pub mod failover;
 pub mod lease;

@@ -27,7 +27,7 @@ use crate::error::{Error, Failure};
 use crate::nodes::{NodeId, Nodes};
 use crate::plan::plan_gather;
 use crate::startup;
-use zr_coord::lengths::Lengths;
+use zr_coord::dataset::DatasetState;
 use zr_meta::cluster::{self, ClusterRecord};
 use zr_meta::MetaStore;
 
@@ -148,17 +148,15 @@ pub struct Router {
     dataset: Option<Arc<str>>,
     /// Its id (0 for the default dataset).
     dataset_id: u64,
-    /// Set when the dataset was dropped: its router serves nothing more.
-    dropped: std::sync::atomic::AtomicBool,
-    /// Its lengths: served, committed, rewritten since the last commit, the shards missing
-    /// data (see [`zr_coord::lengths`]). Locked for a moment, never across an await.
-    lengths: std::sync::Mutex<Lengths>,
+    /// What is known of the dataset: its fields, its lengths (served, committed, rewritten
+    /// since the last commit, the shards missing data) and whether it was dropped (see
+    /// [`zr_coord::dataset`]). Locked for a moment, never across an await.
+    state: std::sync::Mutex<DatasetState>,
     writes: Mutex<()>,
     /// The dataset's writer lease as this router knows it (see `lease.rs`), kept at
     /// `writer_key` in the metadata store.
     lease: std::sync::Mutex<zr_meta::writer::LeaseState>,
     writer_key: String,
-    fields: std::sync::RwLock<Vec<FieldInfo>>,
     /// The committed length, for consumers waiting on records (`datasets.rs`).
     committed_watch: tokio::sync::watch::Sender<u64>,
     /// Whether a task reads commits through other routers for the waiters (`datasets.rs`).
@@ -226,21 +224,18 @@ impl Router {
 
     /// The dataset's fields now.
     pub(crate) fn fields(&self) -> Vec<FieldInfo> {
-        self.fields
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.state().fields().to_vec()
     }
 
-    /// The dataset's lengths, locked for a moment (the guard cannot be held across an
-    /// await: it is not `Send`).
-    pub(crate) fn lengths(&self) -> std::sync::MutexGuard<'_, Lengths> {
-        self.lengths.lock().unwrap_or_else(|e| e.into_inner())
+    /// What is known of the dataset, locked for a moment (the guard cannot be held across
+    /// an await: it is not `Send`).
+    pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, DatasetState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Notes `len` as the committed length, waking the consumers it lets go on.
     pub(crate) fn set_committed(&self, len: u64) {
-        self.lengths().set_committed(len);
+        self.state().lengths.set_committed(len);
         self.committed_watch.send_if_modified(|seen| {
             let changed = *seen != len;
             *seen = len;
@@ -255,7 +250,7 @@ impl Router {
     ) -> Result<T, Failure> {
         let outcome = write.await;
         if outcome.is_ok() {
-            self.lengths().rewrote();
+            self.state().lengths.rewrote();
         }
         outcome
     }
@@ -336,7 +331,7 @@ impl Router {
                 None
             }
         };
-        let committed = self.lengths().committed();
+        let committed = self.state().lengths.committed();
         let placement = self.cluster.placement.load_full();
         let answers = self.each_node_info(None).await;
         let rebuilds = self
@@ -407,7 +402,7 @@ impl Router {
                 in_sync: self.nodes().in_sync(node),
             })
             .collect();
-        let missing = self.lengths().missing_shards();
+        let missing = self.state().lengths.missing_shards();
         Ok(wire::Topology {
             cluster: self.cluster.cluster_id.clone(),
             map: placement.map().clone(),
@@ -422,7 +417,7 @@ impl Router {
 
     /// The global length.
     pub fn len(&self) -> u64 {
-        self.lengths().len()
+        self.state().lengths.len()
     }
 
     /// True if the cluster holds no records.

@@ -25,7 +25,7 @@ impl Router {
     /// gives them, and clears the others; true if any is marked.
     pub(super) fn note_missing(&self, lens: &[u64]) -> bool {
         let placement = self.cluster.placement.load();
-        self.lengths().note_missing(&placement, lens)
+        self.state().lengths.note_missing(&placement, lens)
     }
 
     /// Serves the length the nodes' `lens` give: a shard missing data counts as holding its
@@ -33,19 +33,22 @@ impl Router {
     /// of range).
     pub(super) fn serve_len_of(&self, lens: &[u64]) {
         let placement = self.cluster.placement.load();
-        let mut lengths = self.lengths();
-        let len = lengths.served(&placement, lens);
-        lengths.set_len(len);
+        let mut state = self.state();
+        let len = state.lengths.served(&placement, lens);
+        state.lengths.set_len(len);
     }
 
     /// The refusal of the first shard missing data, if any.
     pub(super) fn missing_failure(&self) -> Option<Failure> {
-        let (shard, holds) = self.lengths().missing()?;
+        let (shard, holds) = self.state().lengths.missing()?;
         Some(self.missing_data(shard, holds))
     }
 
     pub(super) fn missing_data(&self, shard: u32, holds: u64) -> Failure {
-        let committed = self.lengths().share(&self.cluster.placement.load(), shard);
+        let committed = self
+            .state()
+            .lengths
+            .share(&self.cluster.placement.load(), shard);
         Failure::MissingData {
             shard,
             addr: self.nodes().addr(self.nodes().id(shard, 0)),
@@ -69,10 +72,10 @@ impl Router {
     pub(crate) async fn record_committed(&self, len: u64, lowering: bool) -> Result<(), Failure> {
         // Records rewritten since the last commit make this one count as a change even if
         // the length stayed; a change this commit fails to record is kept for the next.
-        let rewritten = self.lengths().take_rewritten();
+        let rewritten = self.state().lengths.take_rewritten();
         let recorded = self.store_committed(len, lowering, rewritten).await;
         if recorded.is_err() {
-            self.lengths().commit_failed(rewritten);
+            self.state().lengths.commit_failed(rewritten);
         }
         recorded
     }
@@ -149,7 +152,7 @@ impl Router {
     /// Shard `shard` is missing data: `Some(refusal)` unless its node holds its share of the
     /// committed length again (its directory was restored), which clears the mark.
     pub(super) async fn still_missing(&self, shard: u32) -> Option<Failure> {
-        let holds = self.lengths().missing_on(shard)?;
+        let holds = self.state().lengths.missing_on(shard)?;
         let holds = match self
             .nodes()
             .read(self.on(), shard, &NodeRequest::Info)
@@ -163,7 +166,7 @@ impl Router {
                 },
             )) => {
                 let placement = self.cluster.placement.load();
-                self.lengths().holds_now(&placement, shard, len)?
+                self.state().lengths.holds_now(&placement, shard, len)?
             }
             _ => holds,
         };
@@ -279,7 +282,7 @@ impl Router {
         let _writes = self.writes.lock().await;
         let lens = self.node_lens(None).await?;
         let placement = self.cluster.placement.load();
-        Ok(self.lengths().nodes_hold(&placement, &lens))
+        Ok(self.state().lengths.nodes_hold(&placement, &lens))
     }
 
     /// The global length as the nodes have it now if `index` is past the cached one (another

@@ -164,7 +164,7 @@ impl Router {
     /// [`Self::find_short`] of this router's dataset.
     async fn find_short_of(&self) {
         let placement = self.cluster.placement.load_full();
-        let committed = self.lengths().committed();
+        let committed = self.state().lengths.committed();
         for shard in 0..self.nodes().shards() {
             let share = placement.shard_len(shard, committed);
             let mut heard: Vec<(NodeId, Option<u64>)> = Vec::new();

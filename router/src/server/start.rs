@@ -67,11 +67,10 @@ impl Router {
             cluster: Arc::new(cluster),
             dataset: None,
             dataset_id: 0,
-            dropped: Default::default(),
             writer_key: zr_meta::writer::key(None),
             committed_watch: tokio::sync::watch::Sender::new(0),
             watching_commits: Default::default(),
-            lengths: std::sync::Mutex::new(Lengths::new(shards)),
+            state: std::sync::Mutex::new(DatasetState::new(shards, Vec::new())),
             writes: Mutex::new(()),
             lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(
                 // This router's name for the lease: random, one per router.
@@ -81,7 +80,6 @@ impl Router {
                 ),
                 Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
             )),
-            fields: Default::default(),
         };
         // Which replicas are behind (none if the store has no record of them).
         if let Err(e) = router.nodes().refresh_replicas().await {
@@ -123,7 +121,7 @@ impl Router {
                 })
                 .collect()
         };
-        *router.fields.get_mut().unwrap_or_else(|e| e.into_inner()) = match &heard.fields {
+        router.state().set_fields(match &heard.fields {
             Some(fields) => fields.clone(),
             // No node answered: the fields nodes.toml gives them.
             None => config
@@ -131,7 +129,7 @@ impl Router {
                 .iter()
                 .map(|f| FieldInfo::new(f.name.clone(), f.compress.clone()))
                 .collect(),
-        };
+        });
         let known = heard.all();
         let record = router
             .cluster_record(config, known.as_deref(), down.first())
@@ -295,7 +293,7 @@ impl Router {
                     return;
                 };
                 metrics::gauge!("zr_router_committed_records")
-                    .set(router.lengths().committed() as f64);
+                    .set(router.state().lengths.committed() as f64);
                 metrics::gauge!("zr_router_records").set(router.len() as f64);
                 metrics::gauge!("zr_router_map_version")
                     .set(router.cluster.map_version.load(Ordering::SeqCst) as f64);

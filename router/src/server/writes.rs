@@ -161,7 +161,7 @@ impl Router {
         // Committed data is never cut. When there is nothing to cut or settle, the cached
         // committed length does; otherwise it is read afresh first (another router may have
         // committed more), once per such write, not per record.
-        let cached = self.lengths().committed();
+        let cached = self.state().lengths.committed();
         let committed = if repair::needs_fresh_committed(&placement, &replicas, pending, cached) {
             self.reload_committed().await?
         } else {
@@ -205,14 +205,14 @@ impl Router {
                     let why = format!("it holds {have} records, its partners {want}");
                     self.nodes().mark_behind(node, &why).await?;
                 }
-                repair::Action::SetLen { len } => self.lengths().set_len(len),
+                repair::Action::SetLen { len } => self.state().lengths.set_len(len),
                 repair::Action::FinishDelete { index, len } => {
                     tracing::warn!(
                         "finishing the delete of record {index} that a router left half done"
                     );
                     self.withdraw_last(len).await?;
                     self.finish_delete(index, len).await?;
-                    self.lengths().set_len(len - 1);
+                    self.state().lengths.set_len(len - 1);
                 }
                 repair::Action::CopyRecord { index } => self.copy_record(index).await?,
                 repair::Action::ClearPending => self.intend(None).await?,
@@ -349,7 +349,7 @@ impl Router {
             attempt = self.append_at(start, &fields, &lengths, &columns).await;
         }
         attempt?;
-        self.lengths().set_len(start + count as u64);
+        self.state().lengths.set_len(start + count as u64);
         metrics::counter!("zr_router_records_appended_total").increment(count as u64);
         Ok((
             Reply::Appended {
@@ -427,7 +427,7 @@ impl Router {
     /// the committed length must not promise it any more, or that shard would look as if it
     /// had lost data.
     async fn withdraw_last(&self, len: u64) -> Result<(), Failure> {
-        if self.lengths().committed() >= len {
+        if self.state().lengths.committed() >= len {
             self.record_committed(len - 1, true).await?;
         }
         Ok(())
@@ -450,7 +450,7 @@ impl Router {
         self.finish_delete(index, len)
             .await
             .map_err(|e| Failure::DeleteRecorded(Box::new(e)))?;
-        self.lengths().set_len(len - 1);
+        self.state().lengths.set_len(len - 1);
         Ok((Reply::Done, Vec::new()))
     }
 

@@ -71,10 +71,7 @@ impl Router {
             };
             self.on_every_node(self.on(), &request, "add a field to")
                 .await;
-            self.fields
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(field.clone());
+            self.state().field_added(field.clone());
             Ok(())
         })
         .await

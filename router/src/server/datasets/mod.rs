@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use zr_coord::dataset::DatasetState;
 use zr_coord::datasets::{record_fields, router_changes, wire_fields, Adopt, Known};
-use zr_coord::lengths::Lengths;
 use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, DictRef};
 use zr_meta::writer::PendingWrite;
 use zr_net::Body;
@@ -206,7 +206,7 @@ impl Router {
                         self.adopt_datasets(&record, revision).await;
                     }
                 }
-                if router.dropped.load(Ordering::SeqCst) {
+                if router.state().dropped() {
                     return Err(self.no_such(&name));
                 }
                 executed
@@ -248,10 +248,7 @@ impl Router {
             },
         )) = self.nodes().read(None, shard, &NodeRequest::Info).await
         {
-            let mut ours = self.fields.write().unwrap_or_else(|e| e.into_inner());
-            if fields.len() > ours.len() && fields.starts_with(&ours) {
-                *ours = fields;
-            }
+            self.state().node_fields(fields);
         }
     }
 
@@ -318,7 +315,7 @@ impl Router {
             .map(|r| Known {
                 name: r.dataset_name(),
                 id: r.dataset_id,
-                fields: r.fields.read().unwrap_or_else(|e| e.into_inner()).len(),
+                fields: r.state().fields().len(),
             })
             .collect();
         for change in router_changes(record, &views) {
@@ -330,7 +327,7 @@ impl Router {
                         .write()
                         .unwrap_or_else(|e| e.into_inner());
                     if let Some(gone) = named.get(name).filter(|r| r.dataset_id == id) {
-                        gone.dropped.store(true, Ordering::SeqCst);
+                        gone.state().drop_it();
                         gone.committed_watch.send_modify(|_| {}); // its waiters fail now
                         named.remove(name);
                         tracing::info!("dataset '{name}' was dropped");
@@ -338,10 +335,7 @@ impl Router {
                 }
                 Adopt::Fields { name, fields } => {
                     if let Some(router) = self.named_router(name) {
-                        let mut ours = router.fields.write().unwrap_or_else(|e| e.into_inner());
-                        if ours.len() < fields.len() {
-                            *ours = fields;
-                        }
+                        router.state().recorded_fields(fields);
                     }
                 }
                 Adopt::Open(dataset) => {
@@ -369,12 +363,13 @@ impl Router {
             cluster: Arc::clone(&self.cluster),
             dataset: Some(Arc::from(dataset.name.as_str())),
             dataset_id: dataset.id,
-            dropped: Default::default(),
-            lengths: std::sync::Mutex::new(Lengths::new(self.nodes().shards() as usize)),
+            state: std::sync::Mutex::new(DatasetState::new(
+                self.nodes().shards() as usize,
+                wire_fields(&dataset.fields),
+            )),
             writes: Default::default(),
             lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(me, lease)),
             writer_key: zr_meta::writer::key(Some(&dataset.name)),
-            fields: std::sync::RwLock::new(wire_fields(&dataset.fields)),
             committed_watch: tokio::sync::watch::Sender::new(0),
             watching_commits: Default::default(),
         });
@@ -383,9 +378,9 @@ impl Router {
         }
         if let Err(e) = router.refresh_len().await {
             tracing::debug!("dataset '{}': its length: {e}", dataset.name);
-            let mut lengths = router.lengths();
-            let committed = lengths.committed();
-            lengths.set_len(committed);
+            let mut state = router.state();
+            let committed = state.lengths.committed();
+            state.lengths.set_len(committed);
         }
         router
     }
@@ -524,7 +519,7 @@ impl Router {
                 Err(e) => return Err(metadata(e)),
             }
         };
-        router.dropped.store(true, Ordering::SeqCst);
+        router.state().drop_it();
         router.committed_watch.send_modify(|_| {}); // its waiters fail now
         self.cluster
             .named
@@ -583,7 +578,7 @@ impl Router {
                 id: router.dataset_id,
                 fields: router.fields(),
                 len,
-                committed: Some(router.lengths().committed()),
+                committed: Some(router.state().lengths.committed()),
                 commits,
             });
         }

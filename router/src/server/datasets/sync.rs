@@ -59,11 +59,11 @@ impl Router {
         let mut commits = self.committed_watch.subscribe();
         let mut watched = false;
         loop {
-            let committed = self.lengths().committed();
+            let committed = self.state().lengths.committed();
             if committed >= needed {
                 return Ok(committed);
             }
-            if self.dropped.load(Ordering::SeqCst) {
+            if self.state().dropped() {
                 return Err(Failure::NoSuchDataset {
                     name: self.dataset_name().to_string(),
                 });
@@ -85,7 +85,7 @@ impl Router {
                         dataset: self.dataset_name().to_string(),
                         waited_ms: wait_ms,
                         needed,
-                        committed: self.lengths().committed(),
+                        committed: self.state().lengths.committed(),
                     });
                 }
             }

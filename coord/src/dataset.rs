@@ -1,0 +1,118 @@
+//! What a router knows of one dataset, as one value: its fields, its lengths (see
+//! [`crate::lengths`]) and whether it was dropped. The router keeps one per dataset it
+//! serves, the default one and each named one, and tells it what it learns: fields added
+//! here or by another router, lengths, a drop.
+
+use zr_proto::wire::FieldInfo;
+
+use crate::lengths::Lengths;
+
+/// One dataset as a router knows it; see the module documentation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DatasetState {
+    /// Its lengths: served, committed, rewritten since the last commit, shards missing data.
+    pub lengths: Lengths,
+    /// Its fields, in order. Fields are only ever added, at the end.
+    fields: Vec<FieldInfo>,
+    /// Dropped: it serves nothing more, and its waiters fail.
+    dropped: bool,
+}
+
+impl DatasetState {
+    /// A dataset of `fields` on `shards` shards, nothing known yet of its lengths.
+    pub fn new(shards: usize, fields: Vec<FieldInfo>) -> DatasetState {
+        DatasetState {
+            lengths: Lengths::new(shards),
+            fields,
+            dropped: false,
+        }
+    }
+
+    /// Its fields, in order.
+    pub fn fields(&self) -> &[FieldInfo] {
+        &self.fields
+    }
+
+    /// Takes `fields` as its fields (at start, from the nodes or nodes.toml).
+    pub fn set_fields(&mut self, fields: Vec<FieldInfo>) {
+        self.fields = fields;
+    }
+
+    /// Field `field` was added here (on every node and, for a named dataset, in the record).
+    pub fn field_added(&mut self, field: FieldInfo) {
+        self.fields.push(field);
+    }
+
+    /// The fields as the cluster record lists them (another router may have added some):
+    /// taken if they are more than it knows. Returns whether they were.
+    pub fn recorded_fields(&mut self, fields: Vec<FieldInfo>) -> bool {
+        let more = fields.len() > self.fields.len();
+        if more {
+            self.fields = fields;
+        }
+        more
+    }
+
+    /// The fields as a node holds them (the default dataset's, which no record lists): taken
+    /// if they are the known ones and more, after them. Returns whether they were.
+    pub fn node_fields(&mut self, fields: Vec<FieldInfo>) -> bool {
+        let more = fields.len() > self.fields.len() && fields.starts_with(&self.fields);
+        if more {
+            self.fields = fields;
+        }
+        more
+    }
+
+    /// Whether it was dropped.
+    pub fn dropped(&self) -> bool {
+        self.dropped
+    }
+
+    /// It was dropped: it serves nothing more.
+    pub fn drop_it(&mut self) {
+        self.dropped = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(names: &[&str]) -> Vec<FieldInfo> {
+        names.iter().map(|n| FieldInfo::new(*n, "raw")).collect()
+    }
+
+    #[test]
+    fn fields_are_only_added_whoever_tells_of_them() {
+        let mut state = DatasetState::new(2, fields(&["x"]));
+        assert_eq!(state.fields(), fields(&["x"]).as_slice());
+        state.field_added(FieldInfo::new("y", "zstd"));
+        assert_eq!(state.fields().len(), 2);
+        // A record listing fewer (read before the add) changes nothing; more are taken.
+        assert!(!state.recorded_fields(fields(&["x"])));
+        assert_eq!(state.fields().len(), 2);
+        let three = vec![
+            FieldInfo::new("x", "raw"),
+            FieldInfo::new("y", "zstd"),
+            FieldInfo::new("z", "raw"),
+        ];
+        assert!(state.recorded_fields(three.clone()));
+        assert_eq!(state.fields(), three.as_slice());
+        // A node's fields are taken only where they extend the known ones.
+        let mut default = DatasetState::new(2, fields(&["x"]));
+        assert!(!default.node_fields(fields(&["a", "b"])), "not after ours");
+        assert!(!default.node_fields(fields(&["x"])), "no more");
+        assert!(default.node_fields(fields(&["x", "b"])));
+        assert_eq!(default.fields(), fields(&["x", "b"]).as_slice());
+    }
+
+    #[test]
+    fn a_dropped_dataset_stays_dropped() {
+        let mut state = DatasetState::new(1, fields(&["x"]));
+        assert!(!state.dropped());
+        state.drop_it();
+        assert!(state.dropped());
+        state.recorded_fields(fields(&["x", "y"]));
+        assert!(state.dropped());
+    }
+}
