@@ -1,17 +1,21 @@
 //! What a router knows of one dataset, as one value: its fields, its lengths (see
-//! [`crate::lengths`]) and whether it was dropped. The router keeps one per dataset it
-//! serves, the default one and each named one, and tells it what it learns: fields added
-//! here or by another router, lengths, a drop.
+//! [`crate::lengths`]), its writer lease (see [`crate::writer`]) and whether it was
+//! dropped. The router keeps one per dataset it serves, the default one and each named one,
+//! and tells it what it learns: fields added here or by another router, lengths, the
+//! lease's reads and writes, a drop.
 
 use zr_proto::wire::FieldInfo;
 
 use crate::lengths::Lengths;
+use crate::writer::LeaseState;
 
 /// One dataset as a router knows it; see the module documentation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct DatasetState {
     /// Its lengths: served, committed, rewritten since the last commit, shards missing data.
     pub lengths: Lengths,
+    /// Its writer lease as this router knows it.
+    pub lease: LeaseState,
     /// Its fields, in order. Fields are only ever added, at the end.
     fields: Vec<FieldInfo>,
     /// Dropped: it serves nothing more, and its waiters fail.
@@ -19,10 +23,12 @@ pub struct DatasetState {
 }
 
 impl DatasetState {
-    /// A dataset of `fields` on `shards` shards, nothing known yet of its lengths.
-    pub fn new(shards: usize, fields: Vec<FieldInfo>) -> DatasetState {
+    /// A dataset of `fields` on `shards` shards, its writer lease known as `lease` says,
+    /// nothing known yet of its lengths.
+    pub fn new(shards: usize, fields: Vec<FieldInfo>, lease: LeaseState) -> DatasetState {
         DatasetState {
             lengths: Lengths::new(shards),
+            lease,
             fields,
             dropped: false,
         }
@@ -78,13 +84,18 @@ impl DatasetState {
 mod tests {
     use super::*;
 
+    fn known(fields: Vec<FieldInfo>) -> DatasetState {
+        let lease = LeaseState::new(1, std::time::Duration::from_secs(8));
+        DatasetState::new(2, fields, lease)
+    }
+
     fn fields(names: &[&str]) -> Vec<FieldInfo> {
         names.iter().map(|n| FieldInfo::new(*n, "raw")).collect()
     }
 
     #[test]
     fn fields_are_only_added_whoever_tells_of_them() {
-        let mut state = DatasetState::new(2, fields(&["x"]));
+        let mut state = known(fields(&["x"]));
         assert_eq!(state.fields(), fields(&["x"]).as_slice());
         state.field_added(FieldInfo::new("y", "zstd"));
         assert_eq!(state.fields().len(), 2);
@@ -99,7 +110,7 @@ mod tests {
         assert!(state.recorded_fields(three.clone()));
         assert_eq!(state.fields(), three.as_slice());
         // A node's fields are taken only where they extend the known ones.
-        let mut default = DatasetState::new(2, fields(&["x"]));
+        let mut default = known(fields(&["x"]));
         assert!(!default.node_fields(fields(&["a", "b"])), "not after ours");
         assert!(!default.node_fields(fields(&["x"])), "no more");
         assert!(default.node_fields(fields(&["x", "b"])));
@@ -108,7 +119,7 @@ mod tests {
 
     #[test]
     fn a_dropped_dataset_stays_dropped() {
-        let mut state = DatasetState::new(1, fields(&["x"]));
+        let mut state = known(fields(&["x"]));
         assert!(!state.dropped());
         state.drop_it();
         assert!(state.dropped());

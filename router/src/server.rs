@@ -149,13 +149,12 @@ pub struct Router {
     /// Its id (0 for the default dataset).
     dataset_id: u64,
     /// What is known of the dataset: its fields, its lengths (served, committed, rewritten
-    /// since the last commit, the shards missing data) and whether it was dropped (see
-    /// [`zr_coord::dataset`]). Locked for a moment, never across an await.
+    /// since the last commit, the shards missing data), its writer lease (`lease.rs`) and
+    /// whether it was dropped (see [`zr_coord::dataset`]). Locked for a moment, never across
+    /// an await.
     state: std::sync::Mutex<DatasetState>,
     writes: Mutex<()>,
-    /// The dataset's writer lease as this router knows it (see `lease.rs`), kept at
-    /// `writer_key` in the metadata store.
-    lease: std::sync::Mutex<zr_meta::writer::LeaseState>,
+    /// Where the dataset's writer lease is kept in the metadata store.
     writer_key: String,
     /// The committed length, for consumers waiting on records (`datasets.rs`).
     committed_watch: tokio::sync::watch::Sender<u64>,

@@ -30,14 +30,10 @@ fn metadata(e: zr_meta::Error) -> Failure {
 }
 
 impl Router {
-    pub(super) fn lease_state(&self) -> std::sync::MutexGuard<'_, writer::LeaseState> {
-        self.lease.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The lease this router holds, if it runs at least one more timeout (each call to a
     /// node takes at most that).
     pub(super) fn usable_lease(&self) -> Option<Held> {
-        self.lease_state().usable(now(), self.cluster.timeout)
+        self.state().lease.usable(now(), self.cluster.timeout)
     }
 
     /// Takes the writer lease, waiting up to the router's timeout while another router holds
@@ -47,7 +43,7 @@ impl Router {
     /// router's own writes are done).
     pub(super) async fn acquire_lease(&self) -> Result<Option<PendingWrite>, Failure> {
         let (mut acquire, mut next) =
-            Acquire::start(&self.lease_state(), self.cluster.timeout, now());
+            Acquire::start(&self.state().lease, self.cluster.timeout, now());
         loop {
             next = match next {
                 Do::Write { taken, pending } => {
@@ -67,10 +63,10 @@ impl Router {
                     match writer::store(&*self.cluster.meta, &self.writer_key, expected, &record)
                         .await
                     {
-                        Ok(revision) => acquire.stored(&mut self.lease_state(), Some(revision)),
+                        Ok(revision) => acquire.stored(&mut self.state().lease, Some(revision)),
                         // Another router wrote it first.
                         Err(zr_meta::Error::Conflict { .. }) => {
-                            acquire.stored(&mut self.lease_state(), None)
+                            acquire.stored(&mut self.state().lease, None)
                         }
                         Err(e) => return Err(metadata(e)),
                     }
@@ -80,7 +76,7 @@ impl Router {
                         .await
                         .map_err(metadata)?;
                     let read = read.as_ref().map(|(r, revision)| (r, *revision));
-                    acquire.read(&mut self.lease_state(), read, now())
+                    acquire.read(&mut self.state().lease, read, now())
                 }
                 Do::Pause(pause) => {
                     tokio::time::sleep(pause).await;
@@ -109,15 +105,15 @@ impl Router {
         pending: Option<PendingWrite>,
     ) -> Result<(), zr_meta::Error> {
         let asked = now();
-        let record = self.lease_state().record(pending);
+        let record = self.state().lease.record(pending);
         match writer::store(&*self.cluster.meta, &self.writer_key, expected, &record).await {
             Ok(revision) => {
-                self.lease_state().taken(revision, asked, pending);
+                self.state().lease.taken(revision, asked, pending);
                 Ok(())
             }
             Err(e) => {
                 if matches!(e, zr_meta::Error::Conflict { .. }) {
-                    self.lease_state().lost();
+                    self.state().lease.lost();
                 }
                 Err(e)
             }
@@ -144,14 +140,14 @@ impl Router {
 
     /// Notes that this router's write under the lease is done, for [`Self::release_if_idle`].
     pub(super) fn lease_used(&self) {
-        self.lease_state().used(now());
+        self.state().lease.used(now());
     }
 
     /// Gives the writer lease back, `settled` if this router's writes are done (which clears
     /// the pending write); if that fails, the lease lapses by itself and the next holder
     /// settles the pending write.
     pub(super) async fn release_lease(&self, settled: bool) {
-        let Some((expected, record)) = self.lease_state().released(settled) else {
+        let Some((expected, record)) = self.state().lease.released(settled) else {
             return;
         };
         if let Err(e) = writer::store(
@@ -172,7 +168,7 @@ impl Router {
         let Ok(_writes) = self.writes.try_lock() else {
             return;
         };
-        let idle = self.lease_state().idle(now(), LINGER);
+        let idle = self.state().lease.idle(now(), LINGER);
         if idle {
             self.release_lease(true).await;
         }

@@ -70,16 +70,19 @@ impl Router {
             writer_key: zr_meta::writer::key(None),
             committed_watch: tokio::sync::watch::Sender::new(0),
             watching_commits: Default::default(),
-            state: std::sync::Mutex::new(DatasetState::new(shards, Vec::new())),
-            writes: Mutex::new(()),
-            lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(
-                // This router's name for the lease: random, one per router.
-                std::hash::BuildHasher::hash_one(
-                    &std::collections::hash_map::RandomState::new(),
-                    std::process::id(),
+            state: std::sync::Mutex::new(DatasetState::new(
+                shards,
+                Vec::new(),
+                zr_meta::writer::LeaseState::new(
+                    // This router's name for the lease: random, one per router.
+                    std::hash::BuildHasher::hash_one(
+                        &std::collections::hash_map::RandomState::new(),
+                        std::process::id(),
+                    ),
+                    Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
                 ),
-                Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
             )),
+            writes: Mutex::new(()),
         };
         // Which replicas are behind (none if the store has no record of them).
         if let Err(e) = router.nodes().refresh_replicas().await {

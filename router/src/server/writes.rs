@@ -152,7 +152,7 @@ impl Router {
     /// off, a delete is finished); stores the global length. The caller holds the write
     /// lease, which told it `pending`.
     async fn repair_locked(&self, pending: Option<PendingWrite>) -> Result<(), Failure> {
-        let token = self.lease_state().held().map(|held| held.token);
+        let token = self.state().lease.held().map(|held| held.token);
         let shards = self.shard_lens(token, true).await?;
         let lens: Vec<u64> = shards.iter().map(|s| s.len).collect();
         let replicas: Vec<repair::ReplicaLens<'_>> =

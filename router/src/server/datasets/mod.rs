@@ -356,8 +356,8 @@ impl Router {
     /// the nodes (the committed one while they cannot say).
     async fn open_named(self: &Arc<Self>, dataset: &DatasetRecord) -> Arc<Router> {
         let (me, lease) = {
-            let state = self.lease_state();
-            (state.me(), state.lease())
+            let state = self.state();
+            (state.lease.me(), state.lease.lease())
         };
         let router = Arc::new(Router {
             cluster: Arc::clone(&self.cluster),
@@ -366,9 +366,9 @@ impl Router {
             state: std::sync::Mutex::new(DatasetState::new(
                 self.nodes().shards() as usize,
                 wire_fields(&dataset.fields),
+                zr_meta::writer::LeaseState::new(me, lease),
             )),
             writes: Default::default(),
-            lease: std::sync::Mutex::new(zr_meta::writer::LeaseState::new(me, lease)),
             writer_key: zr_meta::writer::key(Some(&dataset.name)),
             committed_watch: tokio::sync::watch::Sender::new(0),
             watching_commits: Default::default(),
