@@ -140,13 +140,8 @@ impl Router {
             let (record, revision) = self.load_named_committed().await?;
             return Ok(CommittedAt::Named(record, revision));
         }
-        match cluster::load(&*self.cluster.meta).await? {
-            Some((record, revision)) => Ok(CommittedAt::Cluster(Box::new(record), revision)),
-            None => Err(Failure::Inconsistent(format!(
-                "metadata store {} holds no cluster record any more",
-                self.cluster.meta.describe()
-            ))),
-        }
+        let (record, revision) = self.load_cluster().await?;
+        Ok(CommittedAt::Cluster(Box::new(record), revision))
     }
 
     /// Shard `shard` is missing data: `Some(refusal)` unless its node holds its share of the
