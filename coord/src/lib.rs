@@ -2,6 +2,8 @@
 //! a client's one-hop links) tells them what happened and performs what they answer; tests
 //! step them on a clock of their own.
 //!
+//! - [`admission`] — whether a client's request is carried out: revoked, its role, its
+//!   grants, a self-revocation; and what the audit log keeps.
 //! - [`replicas`] — each node's liveness, incarnation and address, the replica record, and
 //!   when write acknowledgments may go: [`Replicas`], `handle(event, now)` / `poll()`.
 //! - [`liveness`] — one node's heartbeats and the health they give.
@@ -28,6 +30,7 @@
 //!   copies to replace, and from which, and the records no replica holds intact.
 //! - [`plan`] — a gather split by shard, for the router and for a client reading one hop.
 
+pub mod admission;
 pub mod catchup;
 pub mod cluster;
 pub mod dataset;

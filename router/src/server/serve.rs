@@ -2,6 +2,7 @@
 //! dataset and carried out, and gathers streamed from the nodes to the client.
 
 use super::*;
+use zr_coord::admission::{self, Asked, Verdict};
 
 impl Router {
     /// Accepts clients on `endpoint` until `shutdown`; then stops accepting and lets requests
@@ -67,27 +68,18 @@ impl Router {
                         .revoked_why(name, peer.serial.as_deref()),
                     _ => None,
                 };
-                let allowed = revoked.is_none() && peer.access().is_some_and(|has| has >= access);
-                // The audit names the dataset asked for if the caller may ask (a dataset being
-                // created is not known yet); a refused caller's name for it is not kept.
-                let asked: String = match (&self.cluster.audit, allowed) {
-                    (None, _) => String::new(),
-                    (Some(_), true) => message.dataset().chars().take(128).collect(),
-                    (Some(_), false) => dataset.clone(),
-                };
                 // Grants bound readers and writers to the datasets they cover, once any exist
                 // (operators and in-process callers are not bound).
-                let not_granted = match (request.on_records(), peer.role) {
-                    (Some(write), Some(role))
-                        if role.access().is_some_and(|a| a < net::tls::Access::Operate)
-                            && self.cluster.access.has_grants()
-                            && !self.cluster.access.record().allows(
-                                peer.certified_name().unwrap_or_default(),
-                                message.dataset(),
-                                write,
-                            ) =>
+                let granted = match request.on_records() {
+                    Some(write)
+                        if admission::bound_by_grants(peer.role.and_then(|r| r.access()))
+                            && self.cluster.access.has_grants() =>
                     {
-                        Some(write)
+                        Some(self.cluster.access.record().allows(
+                            peer.certified_name().unwrap_or_default(),
+                            message.dataset(),
+                            write,
+                        ))
                     }
                     _ => None,
                 };
@@ -102,39 +94,46 @@ impl Router {
                     }
                     _ => false,
                 };
-                let executed = if let Some(why) = revoked {
-                    Err(Failure::Revoked { why })
-                } else if !allowed {
-                    Err(Failure::Forbidden {
+                let verdict = Verdict::of(&Asked {
+                    has: peer.access(),
+                    needs: access,
+                    revoked,
+                    granted,
+                    writes: request.on_records() == Some(true),
+                    revokes_itself,
+                });
+                // The audit names the dataset asked for if the caller's role may ask (a
+                // dataset being created is not known yet); a refused caller's name for it is
+                // not kept.
+                let allowed = !matches!(verdict, Verdict::Revoked(_) | Verdict::Forbidden { .. });
+                let asked: String = match (&self.cluster.audit, allowed) {
+                    (None, _) => String::new(),
+                    (Some(_), true) => message.dataset().chars().take(128).collect(),
+                    (Some(_), false) => dataset.clone(),
+                };
+                let executed = match &verdict {
+                    Verdict::Revoked(why) => Err(Failure::Revoked { why: why.clone() }),
+                    Verdict::Forbidden { needs } => Err(Failure::Forbidden {
                         request: kind,
-                        needs: access.role_name(),
+                        needs: needs.role_name(),
                         has: peer.role.map_or("unknown".into(), |r| r.name().to_string()),
-                    })
-                } else if let Some(write) = not_granted {
-                    Err(Failure::NotGranted {
+                    }),
+                    Verdict::NotGranted { write } => Err(Failure::NotGranted {
                         who: peer.who(),
-                        doing: if write { "write" } else { "read" },
+                        doing: if *write { "write" } else { "read" },
                         dataset: message.dataset().to_string(),
-                    })
-                } else if revokes_itself {
-                    Err(Failure::BadRequest(format!(
+                    }),
+                    Verdict::RevokesItself => Err(Failure::BadRequest(format!(
                         "refusing to revoke '{}': it is the certificate this request comes with",
                         peer.who()
-                    )))
-                } else {
-                    self.dispatch(message, body)
+                    ))),
+                    Verdict::Admit => self
+                        .dispatch(message, body)
                         .await
-                        .map(|answer| self.listed_for(peer, answer))
+                        .map(|answer| self.listed_for(peer, answer)),
                 };
                 // Admin actions and commits, and refusals (once a minute per identity and dataset).
-                let audited = match (&executed, allowed && not_granted.is_none()) {
-                    (_, false) => Some("refused"),
-                    (Ok(_), true) => Some("ok"),
-                    (Err(_), true) => Some("error"),
-                }
-                .filter(|&outcome| {
-                    outcome == "refused" || access == net::tls::Access::Operate || kind == "commit"
-                });
+                let audited = verdict.audited(access, kind, executed.is_ok());
                 if let Some(outcome) = audited {
                     let detail = executed.as_ref().err().map(ToString::to_string);
                     self.audit(peer, kind, &asked, outcome, detail);
