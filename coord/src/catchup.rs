@@ -195,6 +195,90 @@ pub fn differing(
         .collect())
 }
 
+/// A catch-up's progress, for `zr cluster status`.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    /// The partner copied from (its replica number).
+    pub partner: u32,
+    /// The pass running (the last holds writes off).
+    pub pass: u32,
+    pub last_pass: bool,
+    /// Records compared (or copied) in this pass, of `total`.
+    pub done: u64,
+    pub total: u64,
+    /// Records copied so far, over all passes, and their bytes.
+    pub copied: u64,
+    pub bytes: u64,
+    pub started: Instant,
+    /// Copying the partner's files, `bytes` of `files_total` so far (before the passes).
+    pub files_total: Option<u64>,
+}
+
+impl Progress {
+    /// A catch-up begun at `started`, nothing done yet.
+    pub fn new(started: Instant) -> Progress {
+        Progress {
+            partner: 0,
+            pass: 0,
+            last_pass: false,
+            done: 0,
+            total: 0,
+            copied: 0,
+            bytes: 0,
+            started,
+            files_total: None,
+        }
+    }
+
+    /// At `now`, e.g. "catching up from replica 0, pass 1: 40960 of 100000 records (41%), 12000
+    /// records copied (11.7 MiB, 52.1 MiB/s), about 2 s left".
+    pub fn describe(&self, now: Instant) -> String {
+        let elapsed = now
+            .saturating_duration_since(self.started)
+            .as_secs_f64()
+            .max(1e-3);
+        let rate = self.bytes as f64 / elapsed;
+        let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+        if let Some(total) = self.files_total {
+            return format!(
+                "copying replica {}'s files: {:.1} of {:.1} MiB ({:.1} MiB/s)",
+                self.partner,
+                mib(self.bytes),
+                mib(total),
+                rate / (1 << 20) as f64
+            );
+        }
+        let percent = if self.total == 0 {
+            100.0
+        } else {
+            100.0 * self.done as f64 / self.total as f64
+        };
+        let pass = if self.last_pass {
+            format!("last pass {} (writes wait)", self.pass)
+        } else {
+            format!("pass {}", self.pass)
+        };
+        let left = if self.done > 0 && self.done < self.total {
+            let per_record = elapsed / self.done as f64;
+            format!(
+                ", about {:.0} s left in this pass",
+                per_record * (self.total - self.done) as f64
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "catching up from replica {}, {pass}: {} of {} records ({percent:.0}%), {} records copied ({:.1} MiB, {:.1} MiB/s){left}",
+            self.partner,
+            self.done,
+            self.total,
+            self.copied,
+            self.bytes as f64 / (1 << 20) as f64,
+            rate / (1 << 20) as f64,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,5 +460,40 @@ mod tests {
             differing(10..14, &[1, 2, 3, 4], &[12, 13], &[1, 2, 3, 4]),
             Err(12)
         );
+    }
+
+    #[test]
+    fn a_catch_up_reads_as_its_files_its_pass_and_what_is_left() {
+        let t0 = Instant::now();
+        let mut progress = Progress::new(t0);
+        progress.partner = 1;
+        progress.files_total = Some(4 << 20);
+        progress.bytes = 1 << 20;
+        assert_eq!(
+            progress.describe(t0 + Duration::from_secs(2)),
+            "copying replica 1's files: 1.0 of 4.0 MiB (0.5 MiB/s)"
+        );
+        progress.files_total = None;
+        progress.pass = 1;
+        progress.total = 1000;
+        progress.done = 250;
+        progress.copied = 100;
+        assert_eq!(
+            progress.describe(t0 + Duration::from_secs(2)),
+            "catching up from replica 1, pass 1: 250 of 1000 records (25%), 100 records copied (1.0 MiB, 0.5 MiB/s), about 6 s left in this pass"
+        );
+        progress.last_pass = true;
+        progress.pass = 3;
+        progress.done = 1000;
+        let done = progress.describe(t0 + Duration::from_secs(4));
+        assert!(
+            done.starts_with("catching up from replica 1, last pass 3 (writes wait): 1000 of 1000 records (100%)")
+                && !done.contains("left"),
+            "{done}"
+        );
+        // A clock read before the start counts no time, and divides by none.
+        assert!(progress
+            .describe(t0 - Duration::from_millis(1))
+            .contains("MiB/s"));
     }
 }

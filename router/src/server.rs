@@ -116,7 +116,7 @@ pub(crate) struct Cluster {
     /// Where moves stop (see [`Router::stop_moves_at`]).
     move_stop: std::sync::Mutex<Option<MoveStep>>,
     /// Catch-ups of behind replicas running here (see `rebuild.rs`), by node.
-    rebuilds: std::sync::Mutex<std::collections::HashMap<NodeId, rebuild::Progress>>,
+    rebuilds: std::sync::Mutex<std::collections::HashMap<NodeId, zr_coord::catchup::Progress>>,
     /// The bytes of gather replies held at once (see `budget.rs`).
     replies: Arc<ReplyBudget>,
     /// Bytes of requests read or handled at once (`[router] request_budget_mib`).
@@ -362,7 +362,9 @@ impl Router {
                     shard,
                     replica: self.nodes().replica(node),
                     in_sync,
-                    rebuild: rebuilds.get(&node).map(|p| p.describe()),
+                    rebuild: rebuilds
+                        .get(&node)
+                        .map(|p| p.describe(tokio::time::Instant::now().into_std())),
                     addr: self.nodes().addr(node).to_string(),
                     state,
                     records,

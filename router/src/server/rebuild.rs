@@ -24,7 +24,7 @@ use bytes::Bytes;
 use zr_proto::wire::{self, NodeRequest, Reply};
 
 use super::Router;
-use crate::catchup::{self, ShipStep, ShipWatch};
+use crate::catchup::{self, Progress, ShipStep, ShipWatch};
 use crate::error::Failure;
 use crate::nodes::{NodeId, NodeReply};
 
@@ -45,72 +45,6 @@ pub(super) const SHIP_STALL: Duration = Duration::from_secs(60);
 /// How often the router looks for behind replicas to catch up, at the latest (a replica
 /// marked behind, or a node back up, starts a look at once).
 const LOOK_EVERY: Duration = Duration::from_secs(1);
-
-/// A catch-up's progress, for `zr cluster status`.
-#[derive(Clone, Debug)]
-pub(crate) struct Progress {
-    /// The partner copied from (its replica number).
-    pub(crate) partner: u32,
-    /// The pass running (the last holds writes off).
-    pub(crate) pass: u32,
-    pub(crate) last_pass: bool,
-    /// Records compared (or copied) in this pass, of `total`.
-    pub(crate) done: u64,
-    pub(crate) total: u64,
-    /// Records copied so far, over all passes, and their bytes.
-    pub(crate) copied: u64,
-    pub(crate) bytes: u64,
-    pub(crate) started: Instant,
-    /// Copying the partner's files, `bytes` of `files_total` so far (before the passes).
-    pub(crate) files_total: Option<u64>,
-}
-
-impl Progress {
-    /// E.g. "catching up from replica 0, pass 1: 40960 of 100000 records (41%), 12000
-    /// records copied (11.7 MiB, 52.1 MiB/s), about 2 s left".
-    pub(crate) fn describe(&self) -> String {
-        let elapsed = self.started.elapsed().as_secs_f64().max(1e-3);
-        let rate = self.bytes as f64 / elapsed;
-        let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
-        if let Some(total) = self.files_total {
-            return format!(
-                "copying replica {}'s files: {:.1} of {:.1} MiB ({:.1} MiB/s)",
-                self.partner,
-                mib(self.bytes),
-                mib(total),
-                rate / (1 << 20) as f64
-            );
-        }
-        let percent = if self.total == 0 {
-            100.0
-        } else {
-            100.0 * self.done as f64 / self.total as f64
-        };
-        let pass = if self.last_pass {
-            format!("last pass {} (writes wait)", self.pass)
-        } else {
-            format!("pass {}", self.pass)
-        };
-        let left = if self.done > 0 && self.done < self.total {
-            let per_record = elapsed / self.done as f64;
-            format!(
-                ", about {:.0} s left in this pass",
-                per_record * (self.total - self.done) as f64
-            )
-        } else {
-            String::new()
-        };
-        format!(
-            "catching up from replica {}, {pass}: {} of {} records ({percent:.0}%), {} records copied ({:.1} MiB, {:.1} MiB/s){left}",
-            self.partner,
-            self.done,
-            self.total,
-            self.copied,
-            self.bytes as f64 / (1 << 20) as f64,
-            rate / (1 << 20) as f64,
-        )
-    }
-}
 
 impl Router {
     /// Starts the task that catches up behind replicas that answer, one at a time; it ends
@@ -409,17 +343,9 @@ impl Router {
             .rebuilds
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let progress = rebuilds.entry(node).or_insert_with(|| Progress {
-            partner: 0,
-            pass: 0,
-            last_pass: false,
-            done: 0,
-            total: 0,
-            copied: 0,
-            bytes: 0,
-            started,
-            files_total: None,
-        });
+        let progress = rebuilds
+            .entry(node)
+            .or_insert_with(|| Progress::new(started.into_std()));
         progress.partner = self.nodes().replica(partner);
         update(progress);
     }
