@@ -10,6 +10,8 @@
 //! - [`lease`] — the nodes' liveness leases as an observer judges them; the read lease's terms.
 //! - [`record`] — the replica record: which replicas are behind, and which were moved.
 //! - [`cluster`] — the cluster record: map, datasets, fields, committed lengths, moves.
+//! - [`router`] — what a router knows of the cluster beside each dataset: the move it runs,
+//!   the catch-ups running, the revision of the record whose datasets it follows.
 //! - [`dataset`] — one dataset as a router knows it: its fields, lengths, and whether dropped.
 //! - [`lengths`] — one dataset's lengths: served, committed, rewritten since, the shards
 //!   missing data; and whether a commit is stored, unchanged or refused.
@@ -46,6 +48,7 @@ pub mod plan;
 pub mod record;
 pub mod repair;
 pub mod replicas;
+pub mod router;
 pub mod scrub;
 pub mod startup;
 pub mod writer;

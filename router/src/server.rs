@@ -28,6 +28,7 @@ use crate::nodes::{NodeId, Nodes};
 use crate::plan::plan_gather;
 use crate::startup;
 use zr_coord::dataset::DatasetState;
+use zr_coord::router::RouterState;
 use zr_meta::cluster::{self, ClusterRecord};
 use zr_meta::MetaStore;
 
@@ -107,16 +108,13 @@ pub(crate) struct Cluster {
     map_version: AtomicU64,
     /// The named datasets' routers.
     named: std::sync::RwLock<std::collections::BTreeMap<String, Arc<Router>>>,
-    /// The revision of the cluster record whose datasets `named` holds, and the lock its
-    /// adoption takes (`datasets.rs`).
-    adopted: AtomicU64,
+    /// The lock an adoption of the record's datasets takes (`datasets.rs`).
     adopting: Mutex<()>,
-    /// The move this router runs or ran last, its report and copy rate (see `moves.rs`).
-    moving: std::sync::Mutex<zr_coord::moving::MoveRun>,
+    /// The move it runs, the catch-ups running, the revision of the record whose datasets
+    /// it follows (see [`zr_coord::router`]). Locked for a moment, never across an await.
+    state: std::sync::Mutex<RouterState>,
     /// Where moves stop (see [`Router::stop_moves_at`]).
     move_stop: std::sync::Mutex<Option<MoveStep>>,
-    /// Catch-ups of behind replicas running here (see `rebuild.rs`), by node.
-    rebuilds: std::sync::Mutex<std::collections::HashMap<NodeId, zr_coord::catchup::Progress>>,
     /// The bytes of gather replies held at once (see `budget.rs`).
     replies: Arc<ReplyBudget>,
     /// Bytes of requests read or handled at once (`[router] request_budget_mib`).
@@ -204,6 +202,11 @@ impl Router {
     /// Heartbeats this router has sent its nodes so far.
     pub fn heartbeats(&self) -> u64 {
         self.nodes().heartbeats()
+    }
+
+    /// What the router knows of the cluster beside each dataset, locked for a moment.
+    pub(crate) fn cluster_state(&self) -> std::sync::MutexGuard<'_, RouterState> {
+        self.cluster.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The links to the nodes, shared by every dataset.
@@ -333,12 +336,7 @@ impl Router {
         let committed = self.state().lengths.committed();
         let placement = self.cluster.placement.load_full();
         let answers = self.each_node_info(None).await;
-        let rebuilds = self
-            .cluster
-            .rebuilds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let rebuilds = self.cluster_state().catch_ups.clone();
         let nodes = answers
             .into_iter()
             .enumerate()

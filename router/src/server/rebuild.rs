@@ -244,12 +244,7 @@ impl Router {
             Ok::<u64, Failure>(copied)
         }
         .await;
-        let progress = self
-            .cluster
-            .rebuilds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&node);
+        let progress = self.cluster_state().catch_ups.remove(&node);
         if result.is_ok() {
             let (copied, bytes) = progress.map_or((0, 0), |p| (p.copied, p.bytes));
             tracing::info!(
@@ -286,10 +281,8 @@ impl Router {
         let mut watch = ShipWatch::new(started.into_std(), SHIP_STALL);
         // Bytes copied for earlier datasets of this catch-up, which stay counted.
         let before = self
-            .cluster
-            .rebuilds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .cluster_state()
+            .catch_ups
             .get(&node)
             .map_or(0, |p| p.bytes);
         loop {
@@ -338,15 +331,13 @@ impl Router {
         started: Instant,
         update: impl FnOnce(&mut Progress),
     ) {
-        let mut rebuilds = self
-            .cluster
-            .rebuilds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let progress = rebuilds
+        let replica = self.nodes().replica(partner);
+        let mut state = self.cluster_state();
+        let progress = state
+            .catch_ups
             .entry(node)
             .or_insert_with(|| Progress::new(started.into_std()));
-        progress.partner = self.nodes().replica(partner);
+        progress.partner = replica;
         update(progress);
     }
 

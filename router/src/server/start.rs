@@ -45,11 +45,9 @@ impl Router {
             placement: ArcSwap::from_pointee(placement),
             map_version: AtomicU64::new(0),
             named: Default::default(),
-            adopted: Default::default(),
             adopting: Default::default(),
-            moving: Default::default(),
+            state: Default::default(),
             move_stop: std::sync::Mutex::new(None),
-            rebuilds: Default::default(),
             replies: Arc::new(ReplyBudget::new(config.router.reply_budget_mib)),
             request_budget: usize::try_from(config.router.request_budget_mib << 20)
                 .unwrap_or(usize::MAX),

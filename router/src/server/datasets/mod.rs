@@ -305,10 +305,9 @@ impl Router {
     /// ignored: it would bring back a dataset dropped since.
     pub(super) async fn adopt_datasets(self: &Arc<Self>, record: &ClusterRecord, revision: u64) {
         let _one = self.cluster.adopting.lock().await;
-        if revision < self.cluster.adopted.load(Ordering::SeqCst) {
+        if !self.cluster_state().follow(revision) {
             return;
         }
-        self.cluster.adopted.store(revision, Ordering::SeqCst);
         let known: Vec<Arc<Router>> = self.named_routers();
         let views: Vec<Known> = known
             .iter()
@@ -512,7 +511,7 @@ impl Router {
             next.dataset_ids += 1;
             match cluster::store(&*self.cluster.meta, Some(revision), &next).await {
                 Ok(stored) => {
-                    self.cluster.adopted.fetch_max(stored, Ordering::SeqCst);
+                    self.cluster_state().wrote(stored);
                     break id;
                 }
                 Err(zr_meta::Error::Conflict { .. }) => continue,

@@ -35,7 +35,7 @@ use crate::catchup::{ShipStep, ShipWatch};
 use crate::error::Failure;
 use crate::moveplan::{self, batches_of, changed_shards, gained_slots, switch_slots, Next, Switch};
 use crate::nodes::NodeId;
-use zr_coord::moving::{recorded, target, MoveRun, Start};
+use zr_coord::moving::{recorded, target, Start};
 
 mod copy;
 
@@ -110,7 +110,7 @@ impl Router {
         nodes: Vec<(u32, u32, String)>,
         rate: u64,
     ) -> Result<(), Failure> {
-        match self.moving().start(change, rate) {
+        match self.cluster_state().moving.start(change, rate) {
             Ok(Start::Run) => {}
             Ok(Start::Joined) => return Ok(()),
             Err(reason) => {
@@ -126,7 +126,7 @@ impl Router {
                 tracing::warn!("moving records ({change:?}): {e}");
                 e.to_string()
             });
-            router.moving().ended(change, outcome);
+            router.cluster_state().moving.ended(change, outcome);
         });
         Ok(())
     }
@@ -420,7 +420,8 @@ impl Router {
     /// without waiting for the command to be run again.
     pub(super) async fn finish_stopped_switch(self: &Arc<Self>, record: ClusterRecord) {
         if !self
-            .moving()
+            .cluster_state()
+            .moving
             .finishes_stopped_switch(record.moving.as_ref())
         {
             return;
@@ -539,20 +540,12 @@ impl Router {
 
     /// `moving` in words, with its progress if this router runs it.
     pub(super) fn describe_move(&self, moving: &MapMove) -> String {
-        self.moving().describe(moving)
+        self.cluster_state().moving.describe(moving)
     }
 
     /// The move under way here, if any.
     pub(super) fn move_progress(&self) -> Option<MoveReport> {
-        self.moving().report()
-    }
-
-    /// The move this router runs, locked for a moment.
-    pub(crate) fn moving(&self) -> std::sync::MutexGuard<'_, MoveRun> {
-        self.cluster
-            .moving
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.cluster_state().moving.report()
     }
 
     /// Places every dataset by `map` (with `placement`) from now on. The placement is
