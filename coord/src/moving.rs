@@ -17,6 +17,20 @@ pub enum Start {
     Joined,
 }
 
+/// A point in a move at which the router's `stop_moves_at` stops it, as if the router died
+/// there: for tests of restarting a move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoveStep {
+    /// The move is recorded; nothing is copied.
+    Recorded,
+    /// The first copy (writes going on) is done.
+    Copied,
+    /// The new map is published; no node switched.
+    Published,
+    /// One node switched.
+    SwitchedOne,
+}
+
 /// The move this router runs, or ran last; see the module documentation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MoveRun {
@@ -25,6 +39,9 @@ pub struct MoveRun {
     /// Bytes a second each node gaining slots copies their files at (0: as fast as it can):
     /// the last command's.
     rate: u64,
+    /// Where moves stop with an error, as if their router died there (fault injection for
+    /// tests; `None`: they run to their end).
+    pub stop_at: Option<MoveStep>,
 }
 
 impl Default for MoveRun {
@@ -32,6 +49,7 @@ impl Default for MoveRun {
         MoveRun {
             report: None,
             rate: wire::MOVE_RATE_DEFAULT,
+            stop_at: None,
         }
     }
 }

@@ -36,7 +36,7 @@ mod datasets;
 mod lease;
 mod moves;
 pub(crate) use moves::placement_of;
-pub use moves::MoveStep;
+pub use zr_coord::moving::MoveStep;
 mod lens;
 mod rebuild;
 mod scrub;
@@ -113,8 +113,6 @@ pub(crate) struct Cluster {
     /// The move it runs, the catch-ups running, the revision of the record whose datasets
     /// it follows (see [`zr_coord::router`]). Locked for a moment, never across an await.
     state: std::sync::Mutex<RouterState>,
-    /// Where moves stop (see [`Router::stop_moves_at`]).
-    move_stop: std::sync::Mutex<Option<MoveStep>>,
     /// The bytes of gather replies held at once (see `budget.rs`).
     replies: Arc<ReplyBudget>,
     /// Bytes of requests read or handled at once (`[router] request_budget_mib`).

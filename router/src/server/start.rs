@@ -47,7 +47,6 @@ impl Router {
             named: Default::default(),
             adopting: Default::default(),
             state: Default::default(),
-            move_stop: std::sync::Mutex::new(None),
             replies: Arc::new(ReplyBudget::new(config.router.reply_budget_mib)),
             request_budget: usize::try_from(config.router.request_budget_mib << 20)
                 .unwrap_or(usize::MAX),

@@ -35,23 +35,9 @@ use crate::catchup::{ShipStep, ShipWatch};
 use crate::error::Failure;
 use crate::moveplan::{self, batches_of, changed_shards, gained_slots, switch_slots, Next, Switch};
 use crate::nodes::NodeId;
-use zr_coord::moving::{recorded, target, Start};
+use zr_coord::moving::{recorded, target, MoveStep, Start};
 
 mod copy;
-
-/// A point in a move at which [`Router::stop_moves_at`] stops it, as if the router died
-/// there: for tests of restarting a move.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MoveStep {
-    /// The move is recorded; nothing is copied.
-    Recorded,
-    /// The first copy (writes going on) is done.
-    Copied,
-    /// The new map is published; no node switched.
-    Published,
-    /// One node switched.
-    SwitchedOne,
-}
 
 /// Records staged per request.
 const STAGE_RECORDS: u64 = 4096;
@@ -78,21 +64,11 @@ impl Router {
     /// From now on, moves stop with an error at `step` (`None`: they run to their end).
     /// Fault injection for tests: a stopped move is what a router dying there leaves.
     pub fn stop_moves_at(&self, step: Option<MoveStep>) {
-        *self
-            .cluster
-            .move_stop
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = step;
+        self.cluster_state().moving.stop_at = step;
     }
 
     fn stop_here(&self, step: MoveStep) -> Result<(), Failure> {
-        if *self
-            .cluster
-            .move_stop
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            == Some(step)
-        {
+        if self.cluster_state().moving.stop_at == Some(step) {
             return Err(Failure::Inconsistent(format!(
                 "the move was stopped at step {step:?} (injected)"
             )));
