@@ -123,22 +123,22 @@ impl Lengths {
         self.missing.iter().any(Option::is_some)
     }
 
-    /// The length to serve when the nodes hold `lens`: a shard missing data counts as
-    /// holding its share of the committed length.
-    pub fn served(&self, placement: &Placement, lens: &[u64]) -> u64 {
+    /// Serves the length the nodes' `lens` give, and returns it: a shard missing data
+    /// counts as holding its share of the committed length.
+    pub fn serve(&mut self, placement: &Placement, lens: &[u64]) -> u64 {
         let lens: Vec<u64> = lens
             .iter()
             .enumerate()
             .map(|(shard, &have)| have.max(placement.shard_len(shard as u32, self.committed)))
             .collect();
-        placement.consistent_len(&lens)
+        self.len = placement.consistent_len(&lens);
+        self.len
     }
 
-    /// [`Lengths::note_missing`], then serves what [`Lengths::served`] gives; returns it.
+    /// [`Lengths::note_missing`], then [`Lengths::serve`].
     pub fn nodes_hold(&mut self, placement: &Placement, lens: &[u64]) -> u64 {
         self.note_missing(placement, lens);
-        self.len = self.served(placement, lens);
-        self.len
+        self.serve(placement, lens)
     }
 
     /// The first shard missing data and what its node holds, if any.

@@ -152,8 +152,9 @@ pub struct Router {
     writes: Mutex<()>,
     /// Where the dataset's writer lease is kept in the metadata store.
     writer_key: String,
-    /// The committed length, for consumers waiting on records (`datasets.rs`).
-    committed_watch: tokio::sync::watch::Sender<u64>,
+    /// Wakes the consumers waiting on records (`datasets.rs`) when the committed length
+    /// changes, or the dataset is dropped; they read both from `state`.
+    committed_watch: tokio::sync::watch::Sender<()>,
     /// Whether a task reads commits through other routers for the waiters (`datasets.rs`).
     watching_commits: std::sync::atomic::AtomicBool,
 }
@@ -233,14 +234,12 @@ impl Router {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Notes `len` as the committed length, waking the consumers it lets go on.
+    /// Notes `len` as the committed length, waking the consumers waiting if it changed.
     pub(crate) fn set_committed(&self, len: u64) {
-        self.state().lengths.set_committed(len);
-        self.committed_watch.send_if_modified(|seen| {
-            let changed = *seen != len;
-            *seen = len;
-            changed
-        });
+        let changed = self.state().lengths.set_committed(len);
+        if changed {
+            self.committed_watch.send_modify(|_| {});
+        }
     }
 
     /// A write's outcome; a rewrite in place is noted for the next commit to count.

@@ -33,9 +33,7 @@ impl Router {
     /// of range).
     pub(super) fn serve_len_of(&self, lens: &[u64]) {
         let placement = self.cluster.placement.load();
-        let mut state = self.state();
-        let len = state.lengths.served(&placement, lens);
-        state.lengths.set_len(len);
+        self.state().lengths.serve(&placement, lens);
     }
 
     /// The refusal of the first shard missing data, if any.

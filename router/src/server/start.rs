@@ -65,7 +65,7 @@ impl Router {
             dataset: None,
             dataset_id: 0,
             writer_key: zr_meta::writer::key(None),
-            committed_watch: tokio::sync::watch::Sender::new(0),
+            committed_watch: tokio::sync::watch::Sender::new(()),
             watching_commits: Default::default(),
             state: std::sync::Mutex::new(DatasetState::new(
                 shards,

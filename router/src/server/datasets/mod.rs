@@ -369,7 +369,7 @@ impl Router {
             )),
             writes: Default::default(),
             writer_key: zr_meta::writer::key(Some(&dataset.name)),
-            committed_watch: tokio::sync::watch::Sender::new(0),
+            committed_watch: tokio::sync::watch::Sender::new(()),
             watching_commits: Default::default(),
         });
         if let Err(e) = router.reload_committed().await {
