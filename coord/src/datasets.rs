@@ -163,7 +163,7 @@ pub fn wire_fields(fields: &[FieldRecord]) -> Vec<FieldInfo> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     use crate::cluster::MapRecord;
@@ -178,7 +178,7 @@ mod tests {
         }
     }
 
-    fn dataset(name: &str, id: u64, fields: &[&str]) -> DatasetRecord {
+    pub(crate) fn dataset(name: &str, id: u64, fields: &[&str]) -> DatasetRecord {
         DatasetRecord {
             name: name.into(),
             id,
@@ -198,7 +198,7 @@ mod tests {
         }
     }
 
-    fn record(datasets: Vec<DatasetRecord>, dataset_ids: u64) -> ClusterRecord {
+    pub(crate) fn record(datasets: Vec<DatasetRecord>, dataset_ids: u64) -> ClusterRecord {
         ClusterRecord {
             id: "c0ffee".into(),
             map: MapRecord {

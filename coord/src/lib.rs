@@ -10,9 +10,11 @@
 //! - [`lease`] — the nodes' liveness leases as an observer judges them; the read lease's terms.
 //! - [`record`] — the replica record: which replicas are behind, and which were moved.
 //! - [`cluster`] — the cluster record: map, datasets, fields, committed lengths, moves.
-//! - [`router`] — what a router knows of the cluster beside each dataset: the move it runs,
-//!   the catch-ups running, the revision of the record whose datasets it follows.
-//! - [`dataset`] — one dataset as a router knows it: its fields, lengths, and whether dropped.
+//! - [`coordinator`] — what a router knows and decides, as one value: the move it runs, the
+//!   catch-ups running, the revision of the record whose datasets it follows, and each
+//!   dataset it serves.
+//! - [`dataset`] — one dataset as a router knows it: its fields, lengths, writer lease, and
+//!   whether dropped.
 //! - [`lengths`] — one dataset's lengths: served, committed, rewritten since, the shards
 //!   missing data; and whether a commit is stored, unchanged or refused.
 //! - [`datasets`] — what a node lacks of the record's datasets, or holds that it dropped.
@@ -35,6 +37,7 @@
 pub mod admission;
 pub mod catchup;
 pub mod cluster;
+pub mod coordinator;
 pub mod dataset;
 pub mod datasets;
 pub mod failover;
@@ -48,10 +51,10 @@ pub mod plan;
 pub mod record;
 pub mod repair;
 pub mod replicas;
-pub mod router;
 pub mod scrub;
 pub mod startup;
 pub mod writer;
 
+pub use coordinator::{Coordinator, DatasetKey};
 pub use record::ReplicaRecord;
 pub use replicas::{Effect, Event, NodeId, Replicas};

@@ -28,7 +28,7 @@ use crate::nodes::{NodeId, Nodes};
 use crate::plan::plan_gather;
 use crate::startup;
 use zr_coord::dataset::DatasetState;
-use zr_coord::router::RouterState;
+use zr_coord::{Coordinator, DatasetKey};
 use zr_meta::cluster::{self, ClusterRecord};
 use zr_meta::MetaStore;
 
@@ -110,9 +110,11 @@ pub(crate) struct Cluster {
     named: std::sync::RwLock<std::collections::BTreeMap<String, Arc<Router>>>,
     /// The lock an adoption of the record's datasets takes (`datasets.rs`).
     adopting: Mutex<()>,
-    /// The move it runs, the catch-ups running, the revision of the record whose datasets
-    /// it follows (see [`zr_coord::router`]). Locked for a moment, never across an await.
-    state: std::sync::Mutex<RouterState>,
+    /// What it knows and decides: the move it runs, the catch-ups running, the revision of
+    /// the record whose datasets it follows, and each dataset's state, the default one's and
+    /// every named one's (see [`zr_coord::coordinator`]). Locked for a moment, never across
+    /// an await.
+    coordinator: std::sync::Mutex<Coordinator>,
     /// The bytes of gather replies held at once (see `budget.rs`).
     replies: Arc<ReplyBudget>,
     /// Bytes of requests read or handled at once (`[router] request_budget_mib`).
@@ -144,11 +146,11 @@ pub struct Router {
     dataset: Option<Arc<str>>,
     /// Its id (0 for the default dataset).
     dataset_id: u64,
-    /// What is known of the dataset: its fields, its lengths (served, committed, rewritten
+    /// Its state in the coordinator: its fields, its lengths (served, committed, rewritten
     /// since the last commit, the shards missing data), its writer lease (`lease.rs`) and
-    /// whether it was dropped (see [`zr_coord::dataset`]). Locked for a moment, never across
-    /// an await.
-    state: std::sync::Mutex<DatasetState>,
+    /// whether it was dropped (see [`zr_coord::dataset`]). Opened with the router, closed
+    /// when the last handle of it is dropped.
+    key: DatasetKey,
     writes: Mutex<()>,
     /// Where the dataset's writer lease is kept in the metadata store.
     writer_key: String,
@@ -157,6 +159,42 @@ pub struct Router {
     committed_watch: tokio::sync::watch::Sender<()>,
     /// Whether a task reads commits through other routers for the waiters (`datasets.rs`).
     watching_commits: std::sync::atomic::AtomicBool,
+}
+
+impl Cluster {
+    fn coordinator(&self) -> std::sync::MutexGuard<'_, Coordinator> {
+        self.coordinator.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One dataset's state in the coordinator, its lock held: see [`Router::state`].
+pub(crate) struct DatasetGuard<'a> {
+    coordinator: std::sync::MutexGuard<'a, Coordinator>,
+    key: DatasetKey,
+}
+
+/// A router's dataset is open in the coordinator from the router's making to its drop.
+const OPEN: &str = "a router's dataset is open in its coordinator while the router lives";
+
+impl std::ops::Deref for DatasetGuard<'_> {
+    type Target = DatasetState;
+
+    fn deref(&self) -> &DatasetState {
+        self.coordinator.dataset(self.key).expect(OPEN)
+    }
+}
+
+impl std::ops::DerefMut for DatasetGuard<'_> {
+    fn deref_mut(&mut self) -> &mut DatasetState {
+        self.coordinator.dataset_mut(self.key).expect(OPEN)
+    }
+}
+
+impl Drop for Router {
+    /// Its dataset's state leaves the coordinator with its last handle.
+    fn drop(&mut self) {
+        self.cluster.coordinator().close(self.key);
+    }
 }
 
 /// Opens the metadata store `config` names (`[metadata]`).
@@ -203,9 +241,11 @@ impl Router {
         self.nodes().heartbeats()
     }
 
-    /// What the router knows of the cluster beside each dataset, locked for a moment.
-    pub(crate) fn cluster_state(&self) -> std::sync::MutexGuard<'_, RouterState> {
-        self.cluster.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// What the router knows and decides, every dataset's state among it, locked for a
+    /// moment (the guard cannot be held across an await: it is not `Send`). Never taken
+    /// twice in one statement or while [`Self::state`]'s guard is held: it is one lock.
+    pub(crate) fn cluster_state(&self) -> std::sync::MutexGuard<'_, Coordinator> {
+        self.cluster.coordinator()
     }
 
     /// The links to the nodes, shared by every dataset.
@@ -228,10 +268,13 @@ impl Router {
         self.state().fields().to_vec()
     }
 
-    /// What is known of the dataset, locked for a moment (the guard cannot be held across
-    /// an await: it is not `Send`).
-    pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, DatasetState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// What is known of the dataset, locked for a moment: the coordinator's lock (the guard
+    /// cannot be held across an await: it is not `Send`).
+    pub(crate) fn state(&self) -> DatasetGuard<'_> {
+        DatasetGuard {
+            coordinator: self.cluster.coordinator(),
+            key: self.key,
+        }
     }
 
     /// Notes `len` as the committed length, waking the consumers waiting if it changed.

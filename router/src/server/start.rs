@@ -37,6 +37,23 @@ impl Router {
         let nodes = Arc::new(super::links_of(config, security, Arc::clone(&meta))?);
         nodes.watch();
         let shards = nodes.shards() as usize;
+        // The default dataset's state, the first in the coordinator.
+        let mut coordinator = Coordinator::default();
+        let key = coordinator.open(
+            None,
+            DatasetState::new(
+                shards,
+                Vec::new(),
+                zr_meta::writer::LeaseState::new(
+                    // This router's name for the lease: random, one per router.
+                    std::hash::BuildHasher::hash_one(
+                        &std::collections::hash_map::RandomState::new(),
+                        std::process::id(),
+                    ),
+                    Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
+                ),
+            ),
+        );
         let cluster = Cluster {
             nodes,
             timeout: Duration::from_millis(config.router.timeout_ms),
@@ -46,7 +63,7 @@ impl Router {
             map_version: AtomicU64::new(0),
             named: Default::default(),
             adopting: Default::default(),
-            state: Default::default(),
+            coordinator: std::sync::Mutex::new(coordinator),
             replies: Arc::new(ReplyBudget::new(config.router.reply_budget_mib)),
             request_budget: usize::try_from(config.router.request_budget_mib << 20)
                 .unwrap_or(usize::MAX),
@@ -67,18 +84,7 @@ impl Router {
             writer_key: zr_meta::writer::key(None),
             committed_watch: tokio::sync::watch::Sender::new(()),
             watching_commits: Default::default(),
-            state: std::sync::Mutex::new(DatasetState::new(
-                shards,
-                Vec::new(),
-                zr_meta::writer::LeaseState::new(
-                    // This router's name for the lease: random, one per router.
-                    std::hash::BuildHasher::hash_one(
-                        &std::collections::hash_map::RandomState::new(),
-                        std::process::id(),
-                    ),
-                    Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
-                ),
-            )),
+            key,
             writes: Mutex::new(()),
         };
         // Which replicas are behind (none if the store has no record of them).

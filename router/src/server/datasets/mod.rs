@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use zr_coord::coordinator::Follow;
 use zr_coord::dataset::DatasetState;
-use zr_coord::datasets::{record_fields, router_changes, wire_fields, Adopt, Known};
+use zr_coord::datasets::{record_fields, wire_fields};
 use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, DictRef};
 use zr_meta::writer::PendingWrite;
 use zr_net::Body;
@@ -305,39 +306,22 @@ impl Router {
     /// ignored: it would bring back a dataset dropped since.
     pub(super) async fn adopt_datasets(self: &Arc<Self>, record: &ClusterRecord, revision: u64) {
         let _one = self.cluster.adopting.lock().await;
-        if !self.cluster_state().follow(revision) {
-            return;
-        }
-        let known: Vec<Arc<Router>> = self.named_routers();
-        let views: Vec<Known> = known
-            .iter()
-            .map(|r| Known {
-                name: r.dataset_name(),
-                id: r.dataset_id,
-                fields: r.state().fields().len(),
-            })
-            .collect();
-        for change in router_changes(record, &views) {
-            match change {
-                Adopt::Drop { name, id } => {
+        let follow = self.cluster_state().follow_record(record, revision);
+        for step in follow {
+            match step {
+                Follow::Dropped { name, id } => {
                     let mut named = self
                         .cluster
                         .named
                         .write()
                         .unwrap_or_else(|e| e.into_inner());
-                    if let Some(gone) = named.get(name).filter(|r| r.dataset_id == id) {
-                        gone.state().drop_it();
+                    if let Some(gone) = named.get(&name).filter(|r| r.dataset_id == id) {
                         gone.committed_watch.send_modify(|_| {}); // its waiters fail now
-                        named.remove(name);
+                        named.remove(&name);
                         tracing::info!("dataset '{name}' was dropped");
                     }
                 }
-                Adopt::Fields { name, fields } => {
-                    if let Some(router) = self.named_router(name) {
-                        router.state().recorded_fields(fields);
-                    }
-                }
-                Adopt::Open(dataset) => {
+                Follow::Open(dataset) => {
                     let router = self.open_named(dataset).await;
                     self.cluster
                         .named
@@ -358,15 +342,19 @@ impl Router {
             let state = self.state();
             (state.lease.me(), state.lease.lease())
         };
+        let key = self.cluster_state().open(
+            Some((&dataset.name, dataset.id)),
+            DatasetState::new(
+                self.nodes().shards() as usize,
+                wire_fields(&dataset.fields),
+                zr_meta::writer::LeaseState::new(me, lease),
+            ),
+        );
         let router = Arc::new(Router {
             cluster: Arc::clone(&self.cluster),
             dataset: Some(Arc::from(dataset.name.as_str())),
             dataset_id: dataset.id,
-            state: std::sync::Mutex::new(DatasetState::new(
-                self.nodes().shards() as usize,
-                wire_fields(&dataset.fields),
-                zr_meta::writer::LeaseState::new(me, lease),
-            )),
+            key,
             writes: Default::default(),
             writer_key: zr_meta::writer::key(Some(&dataset.name)),
             committed_watch: tokio::sync::watch::Sender::new(()),

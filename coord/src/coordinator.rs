@@ -1,0 +1,316 @@
+//! What a router knows and decides, as one value: the move it runs, the catch-ups of behind
+//! replicas running, the revision of the cluster record whose datasets it follows, and each
+//! dataset it serves ([`crate::dataset`]: fields, lengths, writer lease, dropped) — the
+//! default one and every named one alike. The router keeps it under one lock, held for a
+//! moment and never across an await, and performs what it decides.
+//!
+//! Two parts of what a router knows sit beside it, because others share them: the replica
+//! set with its liveness ([`crate::Replicas`], which a client reading one hop keeps too,
+//! stepped by `handle`/`poll`), and the placement every dataset is read and written by,
+//! published as an immutable snapshot that gathers read without a lock.
+
+use std::collections::HashMap;
+
+use crate::catchup::Progress;
+use crate::cluster::{ClusterRecord, DatasetRecord};
+use crate::dataset::DatasetState;
+use crate::datasets::{router_changes, Adopt, Known};
+use crate::moving::MoveRun;
+use crate::NodeId;
+
+/// Which of a coordinator's datasets: given by [`Coordinator::open`], good until
+/// [`Coordinator::close`]. A dataset dropped and made again under the same name is another
+/// one, with another key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DatasetKey(u64);
+
+/// What a router does to follow a cluster record (see [`Coordinator::follow_record`]); the
+/// fields a record adds to a dataset are taken by the coordinator itself.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Follow<'a> {
+    /// Named dataset `name` of id `id` was dropped: it is marked so (it serves nothing
+    /// more); its handle is to be let go and its waiters woken, to fail.
+    Dropped { name: String, id: u64 },
+    /// A dataset the router does not serve yet: open it (its lengths are read from the
+    /// metadata store and the nodes, then [`Coordinator::open`]).
+    Open(&'a DatasetRecord),
+}
+
+/// A dataset served: which (`None`: the default one; else its name and id) and its state.
+#[derive(Debug)]
+struct Served {
+    named: Option<(String, u64)>,
+    state: DatasetState,
+}
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub struct Coordinator {
+    /// The move this router runs, or ran last.
+    pub moving: MoveRun,
+    /// The catch-ups running here, by the node caught up.
+    pub catch_ups: HashMap<NodeId, Progress>,
+    /// The revision of the cluster record whose datasets this router follows.
+    followed: u64,
+    /// Each dataset served, by its key.
+    datasets: HashMap<DatasetKey, Served>,
+    /// The key the next dataset opened gets.
+    next_key: u64,
+}
+
+impl Coordinator {
+    /// Serves `dataset` from now on, under the key returned: the default dataset (`named`
+    /// is `None`) or the named dataset of that name and id.
+    pub fn open(&mut self, named: Option<(&str, u64)>, dataset: DatasetState) -> DatasetKey {
+        let key = DatasetKey(self.next_key);
+        self.next_key += 1;
+        let named = named.map(|(name, id)| (name.to_string(), id));
+        let served = Served {
+            named,
+            state: dataset,
+        };
+        self.datasets.insert(key, served);
+        key
+    }
+
+    /// Serves dataset `key` no more (its last handle is gone): what was known of it.
+    pub fn close(&mut self, key: DatasetKey) -> Option<DatasetState> {
+        self.datasets.remove(&key).map(|served| served.state)
+    }
+
+    /// Dataset `key`, if it is served.
+    pub fn dataset(&self, key: DatasetKey) -> Option<&DatasetState> {
+        self.datasets.get(&key).map(|served| &served.state)
+    }
+
+    /// Dataset `key`, if it is served, to change.
+    pub fn dataset_mut(&mut self, key: DatasetKey) -> Option<&mut DatasetState> {
+        self.datasets.get_mut(&key).map(|served| &mut served.state)
+    }
+
+    /// The named dataset `name` of id `id` served and not dropped.
+    fn named_mut(&mut self, name: &str, id: u64) -> Option<&mut DatasetState> {
+        self.datasets
+            .values_mut()
+            .find_map(|served| match &served.named {
+                Some((n, i)) if n == name && *i == id && !served.state.dropped() => {
+                    Some(&mut served.state)
+                }
+                _ => None,
+            })
+    }
+
+    /// The cluster record of `revision` was read: its named datasets are followed, unless
+    /// it is older than one followed before (it could bring back a dataset dropped since).
+    /// A dataset it no longer lists, or lists under another id (dropped and made again), is
+    /// marked dropped; one it lists with more fields takes them; what the router does beside
+    /// — let go of the dropped, open what it does not serve — is returned, the drops first.
+    pub fn follow_record<'a>(
+        &mut self,
+        record: &'a ClusterRecord,
+        revision: u64,
+    ) -> Vec<Follow<'a>> {
+        if !self.follow(revision) {
+            return Vec::new();
+        }
+        // What it serves, owned, so that the datasets can be changed as the changes come.
+        let serving: Vec<(String, u64, usize)> = self
+            .datasets
+            .values()
+            .filter(|served| !served.state.dropped())
+            .filter_map(|served| {
+                let (name, id) = served.named.clone()?;
+                Some((name, id, served.state.fields().len()))
+            })
+            .collect();
+        let known: Vec<Known> = serving
+            .iter()
+            .map(|(name, id, fields)| Known {
+                name,
+                id: *id,
+                fields: *fields,
+            })
+            .collect();
+        let mut follow = Vec::new();
+        for change in router_changes(record, &known) {
+            match change {
+                Adopt::Drop { name, id } => {
+                    if let Some(dataset) = self.named_mut(name, id) {
+                        dataset.drop_it();
+                    }
+                    let name = name.to_string();
+                    follow.push(Follow::Dropped { name, id });
+                }
+                Adopt::Fields { name, fields } => {
+                    let id = record.dataset(name).map_or(0, |d| d.id);
+                    if let Some(dataset) = self.named_mut(name, id) {
+                        dataset.recorded_fields(fields);
+                    }
+                }
+                Adopt::Open(dataset) => {
+                    // The record's own (the change may borrow from what is served too).
+                    if let Some(dataset) = record.dataset(&dataset.name) {
+                        follow.push(Follow::Open(dataset));
+                    }
+                }
+            }
+        }
+        follow
+    }
+
+    /// How many datasets are served (the default one among them).
+    pub fn datasets(&self) -> usize {
+        self.datasets.len()
+    }
+
+    /// A cluster record of `revision` was read: true if its datasets are to be followed
+    /// (it is no older than the one followed, which it now is); an older one is ignored,
+    /// since it would bring back a dataset dropped since.
+    pub fn follow(&mut self, revision: u64) -> bool {
+        if revision < self.followed {
+            return false;
+        }
+        self.followed = revision;
+        true
+    }
+
+    /// This router wrote the cluster record at `revision` itself (a drop): records older
+    /// than that are not followed from now on.
+    pub fn wrote(&mut self, revision: u64) {
+        self.followed = self.followed.max(revision);
+    }
+
+    /// Whether a record of `revision` is older than the one followed.
+    pub fn outdated(&self, revision: u64) -> bool {
+        revision < self.followed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_record_is_never_followed() {
+        let mut state = Coordinator::default();
+        assert!(state.follow(0), "the first read");
+        assert!(state.follow(5));
+        assert!(state.follow(5), "the same record again");
+        assert!(
+            !state.follow(4),
+            "older: it may list a dataset dropped since"
+        );
+        assert!(state.outdated(4) && !state.outdated(5));
+        // A drop this router wrote at 9: what it read before is outdated.
+        state.wrote(9);
+        assert!(!state.follow(7));
+        assert!(state.follow(9));
+        state.wrote(3);
+        assert!(
+            state.outdated(8),
+            "a write of an older revision moves nothing back"
+        );
+    }
+
+    #[test]
+    fn each_dataset_opened_is_its_own_until_closed() {
+        use crate::writer::LeaseState;
+        use std::time::Duration;
+        let dataset = |shards| {
+            let lease = LeaseState::new(1, Duration::from_secs(8));
+            DatasetState::new(shards, Vec::new(), lease)
+        };
+        let mut coordinator = Coordinator::default();
+        let default = coordinator.open(None, dataset(2));
+        let named = coordinator.open(Some(("text", 1)), dataset(2));
+        assert_ne!(default, named);
+        assert_eq!(coordinator.datasets(), 2);
+        // What one is told stays its own.
+        coordinator
+            .dataset_mut(named)
+            .map(|d| d.lengths.set_len(7))
+            .expect("named is open");
+        assert_eq!(coordinator.dataset(named).map(|d| d.lengths.len()), Some(7));
+        assert_eq!(
+            coordinator.dataset(default).map(|d| d.lengths.len()),
+            Some(0)
+        );
+        // Closed (its last handle gone), it is served no more; one made again under the
+        // same name is another, with a key of its own.
+        let closed = coordinator.close(named).expect("it was open");
+        assert_eq!(closed.lengths.len(), 7);
+        assert!(coordinator.dataset(named).is_none());
+        assert!(coordinator.close(named).is_none(), "closed once");
+        let again = coordinator.open(Some(("text", 2)), dataset(2));
+        assert_ne!(again, named);
+        assert_eq!(coordinator.dataset(again).map(|d| d.lengths.len()), Some(0));
+        assert_eq!(coordinator.datasets(), 2);
+    }
+
+    #[test]
+    fn a_record_is_followed_by_drops_opens_and_fields_never_an_older_one() {
+        use crate::datasets::tests::{dataset, record};
+        use crate::writer::LeaseState;
+        use std::time::Duration;
+        use zr_proto::wire::FieldInfo;
+        let state = |fields: &[&str]| {
+            let lease = LeaseState::new(1, Duration::from_secs(8));
+            let fields = fields.iter().map(|f| FieldInfo::new(*f, "raw")).collect();
+            DatasetState::new(2, fields, lease)
+        };
+        let mut coordinator = Coordinator::default();
+        let default = coordinator.open(None, state(&["x"]));
+        let text = coordinator.open(Some(("text", 3)), state(&["a"]));
+        let images = coordinator.open(Some(("images", 5)), state(&["p"]));
+        let read = record(
+            vec![
+                dataset("text", 3, &["a", "b"]),
+                dataset("images", 8, &["p"]),
+                dataset("new", 9, &["y"]),
+            ],
+            9,
+        );
+        let follow = coordinator.follow_record(&read, 20);
+        assert_eq!(
+            follow,
+            vec![
+                Follow::Dropped {
+                    name: "images".into(),
+                    id: 5
+                },
+                Follow::Open(&read.datasets[1]),
+                Follow::Open(&read.datasets[2]),
+            ],
+            "images made again under id 8 is another dataset"
+        );
+        let fields = |key| coordinator.dataset(key).map(|d| d.fields().len());
+        assert_eq!(fields(text), Some(2), "the fields added are taken");
+        assert_eq!(
+            fields(default),
+            Some(1),
+            "the default dataset is no record's"
+        );
+        assert!(coordinator.dataset(images).is_some_and(|d| d.dropped()));
+        // The new ones opened: the same record again asks for nothing.
+        coordinator.open(Some(("images", 8)), state(&["p"]));
+        coordinator.open(Some(("new", 9)), state(&["y"]));
+        assert_eq!(coordinator.follow_record(&read, 20), Vec::new());
+        // An older record, read before a drop, brings nothing back and drops nothing.
+        let older = record(vec![dataset("text", 3, &["a", "b"])], 9);
+        assert_eq!(coordinator.follow_record(&older, 19), Vec::new());
+        assert!(coordinator.dataset(text).is_some_and(|d| !d.dropped()));
+        // A newer one without "text": dropped once, and the handle let go closes it.
+        let newer = record(
+            vec![dataset("images", 8, &["p"]), dataset("new", 9, &["y"])],
+            10,
+        );
+        let dropped = vec![Follow::Dropped {
+            name: "text".into(),
+            id: 3,
+        }];
+        assert_eq!(coordinator.follow_record(&newer, 21), dropped);
+        assert_eq!(coordinator.follow_record(&newer, 21), Vec::new());
+        assert!(coordinator.close(text).is_some());
+        assert_eq!(coordinator.datasets(), 4);
+    }
+}
