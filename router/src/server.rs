@@ -9,7 +9,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,12 +99,9 @@ pub(crate) struct Cluster {
     /// The cluster's metadata: its id, map and committed length.
     meta: Arc<dyn MetaStore>,
     cluster_id: String,
-    /// Where every dataset's records are: the placement by the map version below (stored
-    /// before it, so that one who reads the version first never pairs a newer version with
-    /// an older placement).
+    /// Where every dataset's records are: the placement by the cluster's map, and that
+    /// map's version (`Placement::version`), published whole.
     placement: ArcSwap<Placement>,
-    /// The version of the map placing reads and writes.
-    map_version: AtomicU64,
     /// The named datasets' routers.
     named: std::sync::RwLock<std::collections::BTreeMap<String, Arc<Router>>>,
     /// The lock an adoption of the record's datasets takes (`datasets.rs`).
@@ -414,7 +410,7 @@ impl Router {
             .collect();
         wire::ClusterStatus {
             cluster: self.cluster.cluster_id.clone(),
-            map_version: self.cluster.map_version.load(Ordering::SeqCst),
+            map_version: self.cluster.placement.load().version(),
             committed_len: committed,
             len: self.len(),
             nodes,

@@ -60,7 +60,6 @@ impl Router {
             meta,
             cluster_id: String::new(),
             placement: ArcSwap::from_pointee(placement),
-            map_version: AtomicU64::new(0),
             named: Default::default(),
             adopting: Default::default(),
             coordinator: std::sync::Mutex::new(coordinator),
@@ -150,7 +149,7 @@ impl Router {
         router.grow_from(&record).map_err(Error::Failed)?;
         let placement =
             moves::placement_of(&record.map, router.nodes().shards()).map_err(Error::Failed)?;
-        router.adopt_map(&record.map, placement);
+        router.place_by(&record.map, placement);
         router.set_committed(record.committed_len);
         // A node that is down counts as holding its committed share until it answers.
         let lens = heard
@@ -302,7 +301,7 @@ impl Router {
                     .set(router.state().lengths.committed() as f64);
                 metrics::gauge!("zr_router_records").set(router.len() as f64);
                 metrics::gauge!("zr_router_map_version")
-                    .set(router.cluster.map_version.load(Ordering::SeqCst) as f64);
+                    .set(router.cluster.placement.load().version() as f64);
                 let behind = router
                     .nodes()
                     .all()

@@ -19,7 +19,6 @@
 //! command again: the copy goes on from where each slot ends, and a published map is
 //! switched to by the nodes that have not yet.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 // The runtime's clock: virtual in a simulated cluster on virtual time, so a seed replays a
 // move's pacing too.
@@ -524,22 +523,26 @@ impl Router {
         self.cluster_state().moving.report()
     }
 
-    /// Places every dataset by `map` (with `placement`) from now on. The placement is
-    /// stored before its version: one that reads the version first never pairs a newer
-    /// version with an older placement.
+    /// Places every dataset by `map` (with `placement`) from now on, unless it places by
+    /// that map already.
     pub(super) fn adopt_map(&self, map: &MapRecord, placement: Placement) {
-        let cluster = &self.cluster;
-        if cluster.map_version.load(Ordering::SeqCst) != map.version {
-            cluster.placement.store(Arc::new(placement));
-            cluster.nodes.set_cluster(&cluster.cluster_id, map.version);
-            cluster.map_version.store(map.version, Ordering::SeqCst);
-            tracing::info!("placing by map version {}", map.version);
+        if self.cluster.placement.load().version() != map.version {
+            self.place_by(map, placement);
         }
+    }
+
+    /// Places every dataset by `map` (with `placement`) from now on, whatever it placed by
+    /// before (at start: by nodes.toml's map, of no cluster yet).
+    pub(super) fn place_by(&self, map: &MapRecord, placement: Placement) {
+        let cluster = &self.cluster;
+        cluster.placement.store(Arc::new(placement));
+        cluster.nodes.set_cluster(&cluster.cluster_id, map.version);
+        tracing::info!("placing by map version {}", map.version);
     }
 
     /// True if the datasets are placed by an older map than `version`.
     fn behind(&self, version: u64) -> bool {
-        self.cluster.map_version.load(Ordering::SeqCst) < version
+        self.cluster.placement.load().version() < version
     }
 
     /// Reads the map from the metadata store and adopts it if it is newer than the one this
