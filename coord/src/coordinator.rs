@@ -158,6 +158,18 @@ impl Coordinator {
         follow
     }
 
+    /// The named datasets served and not dropped, as (name, id), by name.
+    pub fn serving(&self) -> Vec<(&str, u64)> {
+        let mut serving: Vec<(&str, u64)> = self
+            .datasets
+            .values()
+            .filter(|served| !served.state.dropped())
+            .filter_map(|served| served.named.as_ref().map(|(n, id)| (n.as_str(), *id)))
+            .collect();
+        serving.sort_unstable();
+        serving
+    }
+
     /// How many datasets are served (the default one among them).
     pub fn datasets(&self) -> usize {
         self.datasets.len()
@@ -226,10 +238,8 @@ mod tests {
         assert_ne!(default, named);
         assert_eq!(coordinator.datasets(), 2);
         // What one is told stays its own.
-        coordinator
-            .dataset_mut(named)
-            .map(|d| d.lengths.set_len(7))
-            .expect("named is open");
+        let named_state = coordinator.dataset_mut(named).expect("named is open");
+        named_state.lengths.set_len(7);
         assert_eq!(coordinator.dataset(named).map(|d| d.lengths.len()), Some(7));
         assert_eq!(
             coordinator.dataset(default).map(|d| d.lengths.len()),
@@ -312,5 +322,193 @@ mod tests {
         assert_eq!(coordinator.follow_record(&newer, 21), Vec::new());
         assert!(coordinator.close(text).is_some());
         assert_eq!(coordinator.datasets(), 4);
+    }
+
+    /// A router as a driver runs one: its coordinator, and the handle (key) of each named
+    /// dataset it opened, by name and id, let go when the coordinator says it was dropped.
+    #[derive(Default)]
+    struct Driver {
+        /// The run's seed, for the failures to name.
+        seed: u64,
+        coordinator: Coordinator,
+        handles: Vec<(String, u64, DatasetKey)>,
+        /// The revision of the newest record it followed by reading it.
+        read: u64,
+        /// Every (name, id) it ever let go of: none is opened again.
+        let_go: Vec<(String, u64)>,
+    }
+
+    impl Driver {
+        fn lease() -> crate::writer::LeaseState {
+            crate::writer::LeaseState::new(1, std::time::Duration::from_secs(8))
+        }
+
+        /// Reads `record` of `revision` and does what the coordinator answers.
+        fn read(&mut self, record: &ClusterRecord, revision: u64) {
+            if !self.coordinator.outdated(revision) {
+                self.read = revision;
+            }
+            for step in self.coordinator.follow_record(record, revision) {
+                match step {
+                    Follow::Dropped { name, id } => self.let_go(&name, id),
+                    Follow::Open(dataset) => {
+                        let (name, id) = (dataset.name.as_str(), dataset.id);
+                        assert!(
+                            !self.let_go.iter().any(|(n, i)| n == name && *i == id),
+                            "seed {}: {name} (id {id}) opened again after it was dropped",
+                            self.seed
+                        );
+                        let fields = crate::datasets::wire_fields(&dataset.fields);
+                        let state = DatasetState::new(2, fields, Driver::lease());
+                        let key = self.coordinator.open(Some((name, id)), state);
+                        self.handles.push((name.to_string(), id, key));
+                    }
+                }
+            }
+        }
+
+        /// Lets go of the handle of `name` of id `id`: its state leaves the coordinator.
+        fn let_go(&mut self, name: &str, id: u64) {
+            let at = self
+                .handles
+                .iter()
+                .position(|(n, i, _)| n == name && *i == id);
+            let (_, _, key) = self.handles.remove(at.expect("a handle for each drop"));
+            assert!(self.coordinator.close(key).is_some_and(|d| d.dropped()));
+            self.let_go.push((name.to_string(), id));
+        }
+    }
+
+    /// Routers read a cluster record that datasets are made in, dropped from (by the
+    /// routers themselves too) and given fields, each read answered late, so that they come
+    /// in any order: after every step each router serves exactly the datasets of the
+    /// newest record it followed, with its fields; none is ever opened again once dropped;
+    /// once every router reads the newest record, all serve the same. Seeded
+    /// (`ZR_FOLLOW_SEED` replays one).
+    #[test]
+    fn routers_reading_records_out_of_order_serve_the_newest_they_followed() {
+        use crate::datasets::tests::{dataset, record};
+        let seeds = match std::env::var("ZR_FOLLOW_SEED") {
+            Ok(seed) => vec![seed.parse().expect("ZR_FOLLOW_SEED is a number")],
+            Err(_) => (0..200).collect::<Vec<u64>>(),
+        };
+        for seed in seeds {
+            let mut drawn = 0u64;
+            let mut below = |n: u64| {
+                drawn += 1;
+                zr_common::hash::mix2(seed, drawn) % n.max(1)
+            };
+            // The store's history: the record at each revision (revision = position).
+            let mut history = vec![record(Vec::new(), 0)];
+            let mut routers: Vec<Driver> = (0..3)
+                .map(|_| Driver {
+                    seed,
+                    ..Driver::default()
+                })
+                .collect();
+            // Reads under way: (router, revision read), answered in any order.
+            let mut reads: Vec<(usize, u64)> = Vec::new();
+            let names = ["a", "b", "c"];
+            for _ in 0..120 {
+                let newest = history.len() as u64 - 1;
+                let mut next = history[newest as usize].clone();
+                match below(6) {
+                    // A dataset made (again, under a new id, if it was before).
+                    0 => {
+                        let name = names[below(3) as usize];
+                        if next.dataset(name).is_none() {
+                            next.dataset_ids += 1;
+                            next.datasets.push(dataset(name, next.dataset_ids, &["x"]));
+                            history.push(next);
+                        }
+                    }
+                    // A field added to a dataset.
+                    1 => {
+                        let name = names[below(3) as usize];
+                        let grown = next.datasets.iter_mut().find(|d| d.name == name);
+                        if let Some(grown) = grown {
+                            let mut field = grown.fields[0].clone();
+                            field.name = format!("f{}", grown.fields.len());
+                            grown.fields.push(field);
+                            history.push(next);
+                        }
+                    }
+                    // A router drops a dataset it serves: it stores the record, notes it
+                    // wrote that revision, and lets go of the dataset at once.
+                    2 => {
+                        let r = below(3) as usize;
+                        let serving = routers[r].coordinator.serving();
+                        let current = serving
+                            .into_iter()
+                            .find(|(name, id)| next.dataset(name).is_some_and(|d| d.id == *id))
+                            .map(|(name, id)| (name.to_string(), id));
+                        if let Some((name, id)) = current {
+                            next.datasets.retain(|d| d.name != name);
+                            next.dataset_ids += 1;
+                            history.push(next);
+                            let router = &mut routers[r];
+                            router.coordinator.wrote(newest + 1);
+                            let key = router.handles.iter().find(|h| h.0 == name && h.1 == id);
+                            let key = key.expect("a handle of each dataset served").2;
+                            if let Some(dropped) = router.coordinator.dataset_mut(key) {
+                                dropped.drop_it();
+                            }
+                            router.let_go(&name, id);
+                        }
+                    }
+                    // A read begins, of the record as it is now.
+                    3 | 4 => reads.push((below(3) as usize, newest)),
+                    // A read under way is answered.
+                    _ => {
+                        if !reads.is_empty() {
+                            let (r, revision) = reads.remove(below(reads.len() as u64) as usize);
+                            routers[r].read(&history[revision as usize], revision);
+                        }
+                    }
+                }
+                for (r, router) in routers.iter().enumerate() {
+                    check(seed, r, router, &history);
+                }
+            }
+            let newest = history.len() as u64 - 1;
+            for (r, router) in routers.iter_mut().enumerate() {
+                router.read(&history[newest as usize], newest);
+                check(seed, r, router, &history);
+            }
+            let serving: Vec<_> = routers.iter().map(|r| r.coordinator.serving()).collect();
+            assert!(
+                serving.windows(2).all(|w| w[0] == w[1]),
+                "seed {seed}: {serving:?}"
+            );
+        }
+    }
+
+    /// Router `r` serves what the newest record it read lists, but for the drops it wrote
+    /// itself, each with that record's fields, and holds a handle of each.
+    fn check(seed: u64, r: usize, router: &Driver, history: &[ClusterRecord]) {
+        let followed = &history[router.read as usize];
+        let mut listed: Vec<(&str, u64)> = followed
+            .datasets
+            .iter()
+            .map(|d| (d.name.as_str(), d.id))
+            .collect();
+        listed.sort_unstable();
+        let serving = router.coordinator.serving();
+        let said = format!(
+            "seed {seed} router {r} having read revision {}",
+            router.read
+        );
+        // A drop this router wrote itself is served no more even before it reads it back.
+        let dropped_here =
+            |(name, id): &(&str, u64)| router.let_go.iter().any(|(n, i)| n == name && i == id);
+        listed.retain(|d| !dropped_here(d));
+        assert_eq!(serving, listed, "{said}");
+        assert_eq!(router.handles.len(), serving.len(), "{said}");
+        for (name, id, key) in &router.handles {
+            let state = router.coordinator.dataset(*key).expect("open while held");
+            let recorded = followed.dataset(name).filter(|d| d.id == *id);
+            let recorded = recorded.map_or(0, |d| d.fields.len());
+            assert_eq!(state.fields().len(), recorded, "{said}: {name}'s fields");
+        }
     }
 }
