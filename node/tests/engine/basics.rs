@@ -3,23 +3,11 @@
 
 use zr_node::{CreateOptions, Error, FieldSpec, GatherOptions, Record, Store};
 
-fn small() -> CreateOptions {
-    CreateOptions {
-        chunk_records: 4,
-        chunk_grow_bytes: 4096,
-        offset_grow_entries: 3,
-    }
-}
-
-fn schema() -> Vec<FieldSpec> {
-    vec![FieldSpec::raw("a"), FieldSpec::flate("b")]
-}
+use crate::kit::{column, schema, small, small_store};
 
 #[test]
 fn append_gather_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ds");
-    let store = Store::create(&path, schema(), small()).unwrap();
+    let (_dir, path, store) = small_store();
     let payloads: Vec<Vec<u8>> = (0..20u32)
         .map(|i| vec![i as u8; (i * 37 % 300) as usize + 1])
         .collect();
@@ -61,9 +49,7 @@ fn append_gather_reopen() {
 
 #[test]
 fn errors_name_the_problem() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ds");
-    let store = Store::create(&path, schema(), small()).unwrap();
+    let (dir, path, store) = small_store();
     store.append(&Record::new().with("a", b"x")).unwrap();
     let err = store.gather(&[0, 7], &[]).unwrap_err();
     assert!(
@@ -152,9 +138,7 @@ fn typed_fields_check_record_length() {
 
 #[test]
 fn read_only_stores_refuse_writes_and_share() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ds");
-    let store = Store::create(&path, schema(), small()).unwrap();
+    let (_dir, path, store) = small_store();
     store.append(&Record::new().with("a", b"hello")).unwrap();
     store.commit().unwrap();
     drop(store);
@@ -183,9 +167,7 @@ fn read_only_stores_refuse_writes_and_share() {
 
 #[test]
 fn corruption_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ds");
-    let store = Store::create(&path, schema(), small()).unwrap();
+    let (_dir, path, store) = small_store();
     for i in 0..6u8 {
         store
             .append(&Record::new().with("a", &[i; 100]).with("b", &[i; 100]))
@@ -288,15 +270,6 @@ fn parallel_gathers_match_serial_ones() {
     assert_eq!(results[0], results[1]);
 }
 
-fn column(store: &Store, field: &str) -> Vec<Vec<u8>> {
-    let all: Vec<u64> = (0..store.len()).collect();
-    let batch = store.gather(&all, &[field]).unwrap();
-    let view = batch.field(field).unwrap();
-    (0..all.len())
-        .map(|k| view.get(k).unwrap().to_vec())
-        .collect()
-}
-
 /// Readers open beside the writer, each seeing the dataset as of the last commit before it
 /// opened: appends since lie past its length, and a modify or delete committed while it
 /// reads waits for it to go before it is written in place — readers opened after the commit
@@ -325,7 +298,7 @@ fn readers_beside_a_writer_see_the_commit_they_opened_at() {
     writer.commit().unwrap();
 
     assert_eq!(
-        column(&early, "a"),
+        column(&early, "a", early.len()),
         rows(0, 10),
         "a reader's snapshot changed"
     );
@@ -333,8 +306,8 @@ fn readers_beside_a_writer_see_the_commit_they_opened_at() {
     let mut expected = rows(0, 19);
     expected[0] = vec![19; 3];
     expected[3] = b"changed".to_vec();
-    assert_eq!(column(&late, "a"), expected);
-    assert_eq!(column(&writer, "a"), expected);
+    assert_eq!(column(&late, "a", late.len()), expected);
+    assert_eq!(column(&writer, "a", writer.len()), expected);
 
     // Alone again, the next commit writes the changes in place; a writer reopened after
     // that, and readers, see the same.
@@ -344,11 +317,11 @@ fn readers_beside_a_writer_see_the_commit_they_opened_at() {
     drop(writer);
     std::fs::remove_file(path.join(zr_node::redo::REDO_FILE)).unwrap();
     expected.push(b"last".to_vec());
-    assert_eq!(
-        column(&Store::open_read_only(&path).unwrap(), "a"),
-        expected
-    );
-    assert_eq!(column(&Store::open(&path).unwrap(), "a"), expected);
+    let reader = Store::open_read_only(&path).unwrap();
+    assert_eq!(column(&reader, "a", reader.len()), expected);
+    drop(reader);
+    let reopened = Store::open(&path).unwrap();
+    assert_eq!(column(&reopened, "a", reopened.len()), expected);
 }
 
 /// Zstandard fields round-trip every kind of record — absent, empty, one byte, random

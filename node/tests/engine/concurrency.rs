@@ -31,12 +31,7 @@ fn options() -> CreateOptions {
 #[test]
 fn readers_see_whole_records_during_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::create(
-        dir.path().join("ds"),
-        vec![FieldSpec::raw("a"), FieldSpec::flate("b")],
-        options(),
-    )
-    .unwrap();
+    let store = crate::kit::store_ab(&dir, options());
     let (pa, pb) = (payload(0, 1), payload(0, 2));
     store
         .append(&Record::new().with("a", &pa).with("b", &pb))

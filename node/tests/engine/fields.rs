@@ -1,23 +1,8 @@
 //! Growing a dataset's fields and writing one field of stored records.
 
-use zr_node::{CreateOptions, Error, FieldSpec, Record, Store};
+use zr_node::{Error, FieldSpec, Record, Store};
 
-fn small() -> CreateOptions {
-    CreateOptions {
-        chunk_records: 4,
-        chunk_grow_bytes: 4096,
-        offset_grow_entries: 3,
-    }
-}
-
-fn column(store: &Store, field: &str, n: u64) -> Vec<Vec<u8>> {
-    let indices: Vec<u64> = (0..n).collect();
-    let batch = store.gather(&indices, &[field]).unwrap();
-    let view = batch.field(field).unwrap();
-    (0..n as usize)
-        .map(|k| view.get(k).unwrap_or_default().to_vec())
-        .collect()
-}
+use crate::kit::{column, small, store_ab};
 
 #[test]
 fn a_field_added_later_is_absent_until_written_and_survives_reopen() {
@@ -83,12 +68,7 @@ fn adding_a_field_that_exists_or_is_typed_is_refused_and_changes_nothing() {
 #[test]
 fn modify_keeps_the_fields_it_does_not_name() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::create(
-        dir.path().join("ds"),
-        vec![FieldSpec::raw("a"), FieldSpec::flate("b")],
-        small(),
-    )
-    .unwrap();
+    let store = store_ab(&dir, small());
     for i in 0..6u8 {
         store
             .append(&Record::new().with("a", &[i; 3]).with("b", &[i + 100; 9]))

@@ -3,17 +3,12 @@
 use std::sync::Arc;
 
 use zr_common::{Loader, LoaderOptions, Order, Sampler, SamplerConfig, Tail};
-use zr_node::{CreateOptions, FieldSpec, Record, Store};
+use zr_node::CreateOptions;
 
 #[test]
 fn loader_over_a_store_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::create(
-        dir.path().join("ds"),
-        vec![FieldSpec::raw("x"), FieldSpec::flate("y")],
-        CreateOptions::default(),
-    )
-    .unwrap();
+    let store = crate::kit::store_ab(&dir, CreateOptions::default());
     let rows: Vec<(Vec<u8>, Vec<u8>)> = (0..257u32)
         .map(|i| {
             (
@@ -22,12 +17,7 @@ fn loader_over_a_store_resumes_exactly() {
             )
         })
         .collect();
-    let records: Vec<Record> = rows
-        .iter()
-        .map(|(x, y)| Record::new().with("x", x).with("y", y))
-        .collect();
-    store.append_many(&records).unwrap();
-    store.commit().unwrap();
+    crate::kit::append_ab(&store, &rows);
     let store = Arc::new(store);
 
     let sampler = Sampler::new(SamplerConfig {
@@ -41,7 +31,7 @@ fn loader_over_a_store_resumes_exactly() {
     })
     .unwrap();
     let options = LoaderOptions {
-        fields: vec!["y".into(), "x".into()],
+        fields: vec!["b".into(), "a".into()],
         prefetch: 3,
         workers: 2,
         end_epoch: Some(2),

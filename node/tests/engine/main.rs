@@ -9,6 +9,7 @@ mod basics;
 mod cold;
 mod concurrency;
 mod fields;
+mod kit;
 mod loader;
 mod model;
 mod stream;

@@ -2,7 +2,7 @@
 //! spans, refreshes, crashes and power cuts, damage found, and the converters (Megatron-LM
 //! `.bin/.idx` written here as Megatron writes it, NumPy tokens + document lengths).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use zr_node::disk::PowerCut;
@@ -43,6 +43,17 @@ impl Model {
 
 fn u32_element() -> Vec<Component> {
     vec![Component::new("token", "<u4")]
+}
+
+/// A new stream of u32 tokens in `dir`, `docs` random documents of at most `max_len` tokens
+/// appended and committed; its path and the model of what it holds.
+fn committed(dir: &Path, rng: &mut Rng, docs: usize, max_len: u64) -> (PathBuf, Stream, Model) {
+    let path = dir.join("s");
+    let stream = Stream::create(&path, u32_element()).expect("create");
+    let mut model = Model::default();
+    fill(&stream, &mut model, rng, docs, max_len);
+    stream.commit().expect("commit");
+    (path, stream, model)
 }
 
 /// Appends `docs` random documents (some empty, some with spans) to `stream` and `model`.
@@ -172,12 +183,8 @@ fn window_count(model: &Model, seq_len: u64, stride: u64) -> u64 {
 #[test]
 fn windows_match_slices_of_the_concatenated_tokens() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("s");
-    let stream = Stream::create(&path, u32_element()).expect("create");
-    let mut model = Model::default();
     let mut rng = Rng(7);
-    fill(&stream, &mut model, &mut rng, 300, 200);
-    stream.commit().expect("commit");
+    let (path, stream, model) = committed(dir.path(), &mut rng, 300, 200);
     assert_eq!(stream.len(), model.tokens.len() as u64);
     assert_eq!(stream.documents(), model.documents());
     drop(stream);
@@ -357,12 +364,8 @@ fn readers_see_commits_when_they_refresh_and_the_writer_at_once() {
 #[test]
 fn uncommitted_appends_are_gone_after_a_crash_and_the_stream_goes_on() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("s");
-    let stream = Stream::create(&path, u32_element()).expect("create");
-    let mut model = Model::default();
     let mut rng = Rng(5);
-    fill(&stream, &mut model, &mut rng, 50, 3000);
-    stream.commit().expect("commit");
+    let (path, stream, mut model) = committed(dir.path(), &mut rng, 50, 3000);
     let mut lost = model.clone();
     fill(&stream, &mut lost, &mut rng, 20, 3000);
     drop(stream); // no commit: as if the process died
@@ -385,11 +388,7 @@ fn a_power_cut_at_any_change_keeps_exactly_the_last_commit() {
     let mut rng = Rng(99);
     for cut_at in 0..60u64 {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("s");
-        let stream = Stream::create(&path, u32_element()).expect("create");
-        let mut model = Model::default();
-        fill(&stream, &mut model, &mut rng, 8, 1500);
-        stream.commit().expect("commit");
+        let (path, stream, mut model) = committed(dir.path(), &mut rng, 8, 1500);
         drop(stream);
         // Opened again on the recorder's disk: from here on its changes are logged.
         let recorder = PowerCut::record(dir.path());
@@ -453,10 +452,7 @@ fn flip(file: &Path, at: u64) {
 #[test]
 fn counts_past_any_file_size_are_refused_at_open() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("s");
-    let stream = Stream::create(&path, u32_element()).expect("create");
-    fill(&stream, &mut Model::default(), &mut Rng(3), 30, 500);
-    stream.commit().expect("commit");
+    let (path, stream, _) = committed(dir.path(), &mut Rng(3), 30, 500);
     drop(stream);
     let json_path = path.join("stream.json");
     let good = std::fs::read_to_string(&json_path).expect("stream.json");
@@ -479,11 +475,7 @@ fn counts_past_any_file_size_are_refused_at_open() {
 #[test]
 fn damage_is_found_by_verify_and_by_checked_reads() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("s");
-    let stream = Stream::create(&path, u32_element()).expect("create");
-    let mut model = Model::default();
-    fill(&stream, &mut model, &mut Rng(1), 40, 2000);
-    stream.commit().expect("commit");
+    let (path, stream, _) = committed(dir.path(), &mut Rng(1), 40, 2000);
     drop(stream);
     flip(&path.join("tokens.bin"), 5000);
     flip(&path.join("documents.bin"), 8);
