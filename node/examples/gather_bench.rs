@@ -41,7 +41,7 @@ struct Args {
 #[path = "bench_util/mod.rs"]
 mod bench_util;
 
-use bench_util::{build_dataset, median, time_batches, Rng};
+use bench_util::{build_dataset, median, time_batches, warm, Rng};
 
 const ROUNDS: usize = 5;
 
@@ -91,16 +91,7 @@ fn run_size(args: &Args, dir: &Path, size: usize) -> Result<(), Box<dyn std::err
         .collect();
 
     // Warm: touch every page of both through the code paths timed below.
-    let all: Vec<u64> = (0..n).collect();
-    let mut data = Vec::new();
-    let mut offsets = Vec::new();
-    for part in all.chunks(4096) {
-        store
-            .gather(part, &["data"])?
-            .field("data")
-            .ok_or("no field")?
-            .write_contiguous(&mut data, &mut offsets);
-    }
+    let (mut data, mut offsets) = warm(&store)?;
     let mut sum = 0u64;
     for page in rows_map.chunks(4096) {
         sum = sum.wrapping_add(page[0] as u64);

@@ -18,7 +18,7 @@ use zr_common::{Loader, LoaderOptions, Order, Sampler, SamplerConfig, Tail};
 #[path = "bench_util/mod.rs"]
 mod bench_util;
 
-use bench_util::{build_dataset, median, time_batches, Rng};
+use bench_util::{build_dataset, median, time_batches, warm, Rng};
 
 #[derive(Parser)]
 #[command(about = "Feistel shuffle vs a precomputed permutation; loader vs direct gathers")]
@@ -115,15 +115,7 @@ fn loading(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         tail: Tail::Drop,
     })?;
     // Warm the page cache and the mappings.
-    let all: Vec<u64> = (0..n).collect();
-    let (mut data, mut offsets) = (Vec::new(), Vec::new());
-    for part in all.chunks(4096) {
-        store
-            .gather(part, &["data"])?
-            .field("data")
-            .ok_or("no field")?
-            .write_contiguous(&mut data, &mut offsets);
-    }
+    let (mut data, mut offsets) = warm(&store)?;
 
     let per_epoch = sampler.batches_per_epoch();
     let mut indices = Vec::new();

@@ -132,14 +132,14 @@ fn text_and_shards_convert_into_a_cluster() {
         samples.extend(part);
     }
     let pattern = tmp.path().join("train-{0..1}.tar");
-    let args = [
+    let webdataset = [
         "convert",
         "--webdataset",
         pattern.to_str().unwrap(),
         "--dataset",
         "images",
     ];
-    let (ok, out, err) = zr(&[&args[..], &remote[..]].concat());
+    let (ok, out, err) = zr(&[&webdataset[..], &remote[..]].concat());
     assert!(ok, "{err}");
     assert!(out.contains("80 samples"), "{out}");
     let images = client.dataset("images").unwrap();
@@ -173,14 +173,7 @@ fn text_and_shards_convert_into_a_cluster() {
         .collect();
     assert!(!listed.contains(&"bad".to_string()), "{listed:?}");
     // A dataset of that name exists already: refused, and the one there is kept.
-    let args = [
-        "convert",
-        "--webdataset",
-        pattern.to_str().unwrap(),
-        "--dataset",
-        "images",
-    ];
-    let (ok, _, err) = zr(&[&args[..], &remote[..]].concat());
+    let (ok, _, err) = zr(&[&webdataset[..], &remote[..]].concat());
     assert!(!ok && err.contains("images"), "{err}");
     assert_eq!(client.dataset("images").unwrap().len().unwrap(), 80);
     // No name: refused before anything is read.

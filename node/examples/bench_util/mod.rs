@@ -62,6 +62,21 @@ pub fn build_dataset(
 }
 
 /// Runs `step` (one batch) repeatedly for about `seconds`; returns batches per second.
+/// Gathers every record of field "data" once, through the mappings (every page read, the
+/// mappings warm), into the buffers returned, which a benchmark may reuse.
+pub fn warm(store: &Store) -> Result<(Vec<u8>, Vec<u64>), Box<dyn std::error::Error>> {
+    let all: Vec<u64> = (0..store.len()).collect();
+    let (mut data, mut offsets) = (Vec::new(), Vec::new());
+    for part in all.chunks(4096) {
+        store
+            .gather(part, &["data"])?
+            .field("data")
+            .ok_or("no field")?
+            .write_contiguous(&mut data, &mut offsets);
+    }
+    Ok((data, offsets))
+}
+
 pub fn time_batches(seconds: f64, mut step: impl FnMut(usize)) -> f64 {
     let budget = Duration::from_secs_f64(seconds);
     let start = Instant::now();
