@@ -9,11 +9,16 @@
 //!
 //! Every router and node reads it before it serves and every [`WATCH_EVERY`] after
 //! ([`watch`]), so a change reaches every open connection within a few seconds, and a
-//! server that was down when it was made applies it from its start.
+//! server that was down when it was made applies it from its start. A refusal is never made
+//! by a record read before the request arrived: a server about to refuse reads the record
+//! again first ([`AccessControl::confirmed_since`]), so a certificate granted (or served
+//! again) a moment ago is served at once by every router and node.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde::{Deserialize, Serialize};
 pub use zr_proto::wire::Grant;
@@ -25,6 +30,11 @@ pub const ACCESS_KEY: &str = "access";
 
 /// How often routers and nodes read the record.
 pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Fewest time between two reads that confirm refusals: requests refused in a stream (a
+/// misconfigured job, a hostile one) read the store at most this often, each waiting for
+/// the next read.
+pub const CONFIRM_EVERY: Duration = Duration::from_millis(50);
 
 /// The access record.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,12 +145,65 @@ fn toggled<T: Ord + Clone>(
 }
 
 /// The access record as a server last read it; shared by its request handlers.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct AccessControl {
     record: RwLock<Arc<AccessRecord>>,
+    /// Where the record is kept, once told ([`Self::keep_store`], [`watch`]).
+    store: OnceLock<Arc<dyn MetaStore>>,
+    /// When the newest read that ended began.
+    read_began: Mutex<Option<Instant>>,
+    /// Held by the one read that confirms refusals at a time.
+    confirming: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for AccessControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccessControl")
+            .field("record", &self.record())
+            .finish_non_exhaustive()
+    }
 }
 
 impl AccessControl {
+    /// Reads the record from `store` to confirm refusals from now on (the first store told
+    /// is kept).
+    pub fn keep_store(&self, store: Arc<dyn MetaStore>) {
+        let _ = self.store.set(store);
+    }
+
+    /// The record to judge a request that arrived at `arrived` by, before refusing it: the
+    /// one last read if that read began after `arrived`, else the record read again. One
+    /// such read runs at a time for every caller, and at most one every [`CONFIRM_EVERY`].
+    /// Without a store to read (none told) or if it does not answer, the record last read.
+    pub async fn confirmed_since(&self, arrived: Instant) -> Arc<AccessRecord> {
+        let Some(store) = self.store.get() else {
+            return self.record();
+        };
+        let _one = self.confirming.lock().await;
+        let last = *self.read_began.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|began| began > arrived) {
+            return self.record();
+        }
+        if let Some(began) = last {
+            tokio::time::sleep_until(began + CONFIRM_EVERY).await;
+        }
+        let began = Instant::now();
+        match load(&**store).await {
+            Ok((record, _)) => self.read(record, began),
+            Err(e) => tracing::debug!("cannot read the access record to confirm a refusal: {e}"),
+        }
+        self.record()
+    }
+
+    /// `record` was read by a read begun at `began`.
+    fn read(&self, record: AccessRecord, began: Instant) {
+        let mut last = self.read_began.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|last| last <= began) {
+            self.set(record);
+            *last = Some(began);
+        }
+    }
+
     /// The record as last read.
     pub fn record(&self) -> Arc<AccessRecord> {
         Arc::clone(&self.record.read().unwrap_or_else(|e| e.into_inner()))
@@ -179,8 +242,9 @@ impl AccessControl {
 
     /// Reads the record into this once.
     pub async fn refresh(&self, store: &dyn MetaStore) -> Result<(), Error> {
+        let began = Instant::now();
         let (record, _) = load(store).await?;
-        self.set(record);
+        self.read(record, began);
         Ok(())
     }
 }
@@ -188,6 +252,7 @@ impl AccessControl {
 /// Reads the record into `control` every [`WATCH_EVERY`], for as long as it runs. A store
 /// that cannot be read keeps the record last read (logged once until it answers again).
 pub async fn watch(store: Arc<dyn MetaStore>, control: Arc<AccessControl>) {
+    control.keep_store(Arc::clone(&store));
     let mut failing = false;
     loop {
         match control.refresh(&*store).await {
@@ -275,6 +340,93 @@ mod tests {
             assert!(!revoked("team-a") && revoked("team-b"));
             assert!(control.revoked_why("team-c", Some("0a1b")).is_none());
             assert!(!control.has_grants());
+        });
+    }
+
+    /// A store that counts its reads.
+    #[derive(Debug)]
+    struct Counting {
+        inner: crate::EmbeddedStore,
+        gets: std::sync::atomic::AtomicUsize,
+    }
+
+    impl MetaStore for Counting {
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+
+        fn get<'a>(&'a self, key: &'a str) -> crate::Call<'a, Option<(String, Revision)>> {
+            self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.get(key)
+        }
+
+        fn put_if<'a>(
+            &'a self,
+            key: &'a str,
+            expected: Option<Revision>,
+            value: &'a str,
+        ) -> crate::Call<'a, Revision> {
+            self.inner.put_if(key, expected, value)
+        }
+    }
+
+    /// A refusal is confirmed by a record read after the request arrived: a grant stored
+    /// since the last read holds at once. Refusals arriving together share one read, and
+    /// reads to confirm come no more often than every `CONFIRM_EVERY`.
+    #[test]
+    fn refusals_are_confirmed_by_a_fresh_read_shared_and_paced() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        run.block_on(async {
+            let store = Arc::new(Counting {
+                inner: crate::EmbeddedStore::open(dir.path()).unwrap(),
+                gets: Default::default(),
+            });
+            let gets = || store.gets.load(std::sync::atomic::Ordering::SeqCst);
+            let control = Arc::new(AccessControl::default());
+            control.keep_store(Arc::clone(&store) as Arc<dyn MetaStore>);
+            grant(&*store, &grant_of("team-a", false, "imgs"), false)
+                .await
+                .unwrap();
+            control.refresh(&*store).await.unwrap();
+            // Team B is granted after the server's last read; its requests arrive after.
+            grant(&*store, &grant_of("team-b", false, "text"), false)
+                .await
+                .unwrap();
+            let read = gets();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let arrived = Instant::now();
+            assert!(!control.record().allows("team-b", "text", false), "stale");
+            let confirming: Vec<_> = (0..50)
+                .map(|_| {
+                    let control = Arc::clone(&control);
+                    tokio::spawn(async move { control.confirmed_since(arrived).await })
+                })
+                .collect();
+            for confirmed in confirming {
+                assert!(confirmed.await.unwrap().allows("team-b", "text", false));
+            }
+            assert_eq!(gets(), read + 1, "fifty refusals, one read");
+            assert!(
+                arrived.elapsed() >= CONFIRM_EVERY - Duration::from_millis(10),
+                "paced: {:?}",
+                arrived.elapsed()
+            );
+            // Without a store told, the record last read (none: nothing read yet).
+            let (control, since) = (AccessControl::default(), Instant::now());
+            assert_eq!(
+                *control.confirmed_since(since).await,
+                AccessRecord::default()
+            );
+            // A refusal that still holds after the read is one.
+            let control = AccessControl::default();
+            control.keep_store(Arc::clone(&store) as Arc<dyn MetaStore>);
+            let record = control.confirmed_since(Instant::now()).await;
+            assert!(!record.allows("team-c", "text", false));
         });
     }
 }

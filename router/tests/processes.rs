@@ -1119,9 +1119,14 @@ fn routers_and_nodes_serve_prometheus_metrics() {
     client.gather(&(0..100).collect::<Vec<_>>(), &[]).unwrap();
     assert!(client.gather(&[500], &[]).is_err());
     drop(client);
-    // Heartbeats have run (every 250 ms) and their figures are out.
+    // Heartbeats have run (every 250 ms) and their figures are out: the round-trip time of
+    // a link is set by a heartbeat that finds its connection free, so it may take a few.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !scrape(router_metrics).contains("zr_router_node_heartbeat_seconds_count") {
+    let beaten = |text: String| {
+        text.contains("zr_router_node_heartbeat_seconds_count")
+            && text.contains("zr_router_node_rtt_seconds{shard=\"0\"}")
+    };
+    while !beaten(scrape(router_metrics)) {
         assert!(Instant::now() < deadline, "no heartbeat figures");
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -59,30 +59,41 @@ impl Router {
                     _ => "unknown".to_string(),
                 };
                 let started = std::time::Instant::now();
+                let arrived = tokio::time::Instant::now();
                 metrics::counter!("zr_router_received_bytes_total").increment(bytes.len() as u64);
                 let access = request.access();
-                let revoked = match (peer.role, peer.name.as_deref()) {
-                    (Some(role), Some(name)) if role.access().is_some() => self
-                        .cluster
-                        .access
-                        .revoked_why(name, peer.serial.as_deref()),
-                    _ => None,
+                let judged = || {
+                    let revoked = match (peer.role, peer.name.as_deref()) {
+                        (Some(role), Some(name)) if role.access().is_some() => self
+                            .cluster
+                            .access
+                            .revoked_why(name, peer.serial.as_deref()),
+                        _ => None,
+                    };
+                    // Grants bound readers and writers to the datasets they cover, once any
+                    // exist (operators and in-process callers are not bound).
+                    let granted = match request.on_records() {
+                        Some(write)
+                            if admission::bound_by_grants(peer.role.and_then(|r| r.access()))
+                                && self.cluster.access.has_grants() =>
+                        {
+                            Some(self.cluster.access.record().allows(
+                                peer.certified_name().unwrap_or_default(),
+                                message.dataset(),
+                                write,
+                            ))
+                        }
+                        _ => None,
+                    };
+                    (revoked, granted)
                 };
-                // Grants bound readers and writers to the datasets they cover, once any exist
-                // (operators and in-process callers are not bound).
-                let granted = match request.on_records() {
-                    Some(write)
-                        if admission::bound_by_grants(peer.role.and_then(|r| r.access()))
-                            && self.cluster.access.has_grants() =>
-                    {
-                        Some(self.cluster.access.record().allows(
-                            peer.certified_name().unwrap_or_default(),
-                            message.dataset(),
-                            write,
-                        ))
-                    }
-                    _ => None,
-                };
+                let (mut revoked, mut granted) = judged();
+                if revoked.is_some() || granted == Some(false) {
+                    // Not refused by a record read before the request arrived: a grant made,
+                    // or a revocation undone, a moment ago through another router holds here.
+                    self.cluster.access.confirmed_since(arrived).await;
+                    (revoked, granted) = judged();
+                }
                 let revokes_itself = match request {
                     ClientRequest::Revoke { name, undo: false } => peer.name.as_ref() == Some(name),
                     ClientRequest::RevokeSerial {

@@ -178,6 +178,10 @@ impl Router {
         }
         // Revoked certificates are refused from the first request on.
         router.cluster.access.refresh(&*router.cluster.meta).await?;
+        router
+            .cluster
+            .access
+            .keep_store(Arc::clone(&router.cluster.meta));
         let router = Arc::new(router);
         router.open_datasets(&record).await?;
         router.start_rebuilds();

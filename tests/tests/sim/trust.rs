@@ -446,7 +446,8 @@ fn check_all_one_hop(client: &Client, records: u64) {
 /// both ways (the nodes within seconds), and its dataset listing shows `imgs` only; a
 /// writer granted write on `imgs` writes there and not in `text`; operators see all. A grant
 /// of a dataset the cluster lacks is refused unless `create_later`; a malformed pattern is
-/// refused; taking the grants back restores the cluster as it was.
+/// refused; a grant holds on the nodes at once; taking the grants back restores the cluster as
+/// it was.
 #[test]
 fn grants_bound_readers_and_writers_to_their_datasets() {
     let logs = tempfile::tempdir().expect("dir");
@@ -562,6 +563,13 @@ fn grants_bound_readers_and_writers_to_their_datasets() {
             && e.outcome == "refused"),
         "{refusals:?}"
     );
+    // A grant holds on the nodes at once: one that refused `text` a moment ago reads the
+    // grants again before it refuses, rather than refusing until its next read.
+    grant("team-a", false, "text", false).expect("grant");
+    let columns = text
+        .gather(&[0], &[])
+        .expect("one hop, granted a moment ago");
+    assert!(columns[0].get(0) == Some(&row(0)[..]));
     // A writer granted write on imgs writes there, and not in text.
     writer_imgs
         .append(&Record::new().with("x", &row(50)))
