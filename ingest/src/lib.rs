@@ -710,15 +710,8 @@ mod tests {
         let schema =
             std::sync::Arc::new(Schema::new(vec![Field::new("body", DataType::Utf8, true)]));
         let column: ArrayRef = std::sync::Arc::new(StringArray::from(texts.clone()));
-        let batch = RecordBatch::try_new(schema.clone(), vec![column]).unwrap();
-        let mut writer = ::parquet::arrow::ArrowWriter::try_new(
-            std::fs::File::create(&path).unwrap(),
-            schema,
-            None,
-        )
-        .unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
+        let batch = RecordBatch::try_new(schema, vec![column]).unwrap();
+        crate::parquet::tests::write_parquet(&path, &batch);
         let opts = JsonlOptions {
             text_key: "body".into(),
             ..options(dir.path(), vec![path])

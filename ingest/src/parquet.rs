@@ -374,10 +374,18 @@ pub(crate) fn read_texts(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use super::*;
+
+    /// Writes `batch` as the Parquet file `path`.
+    pub(crate) fn write_parquet(path: &std::path::Path, batch: &RecordBatch) {
+        let file = std::fs::File::create(path).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        writer.write(batch).unwrap();
+        writer.close().unwrap();
+    }
     use arrow_array::builder::{BinaryBuilder, FixedSizeListBuilder, Float32Builder};
     use arrow_array::{Int64Array, StringArray};
     use arrow_schema::{Field, Schema};
@@ -418,14 +426,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let mut writer = parquet::arrow::ArrowWriter::try_new(
-            std::fs::File::create(&path).unwrap(),
-            schema,
-            None,
-        )
-        .unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
+        write_parquet(&path, &batch);
         let options = ParquetOptions {
             inputs: vec![path.clone(), path],
             columns: Vec::new(),
