@@ -15,7 +15,9 @@
 //! for a batch without the network (decode, gather, build the reply), on one thread. Every
 //! call runs as a task on its runtime, one per connection, as the router and the client
 //! library run theirs. Each method also shows the process's CPU time per batch (all threads)
-//! and the cores busy on average while it ran.
+//! and the cores busy on average while it ran; a last line per size sets the one-hop
+//! client's CPU per batch (client and nodes) against plain quinn's plus the nodes' own
+//! handling, from one server and from four.
 
 mod bench_common;
 
@@ -264,6 +266,22 @@ fn run(args: &Args, size: usize) -> Result<()> {
             "{:>8} router p99 / one-hop p99 = {:.2}",
             size,
             methods[0].2.quantile_ms(0.99) / methods[1].2.quantile_ms(0.99)
+        );
+    }
+    // The one-hop client's CPU (client and nodes, one process) against what the transport
+    // and the nodes' own handling cost: plain quinn from one server, and from four.
+    let [_, one_hop, _, quinn, four_quinn, _, _, handling] = &methods;
+    if [one_hop, quinn, four_quinn, handling]
+        .iter()
+        .all(|(name, _, _)| chosen(name))
+    {
+        let cpu = one_hop.2.cpu_ms();
+        let against = |plain: &Figures| cpu / (plain.cpu_ms() + handling.2.cpu_ms());
+        println!(
+            "{:>8} one-hop CPU per batch / (plain quinn + node handling) = {:.2} (from 4 servers: {:.2})",
+            size,
+            against(&quinn.2),
+            against(&four_quinn.2)
         );
     }
     drop(methods);

@@ -145,6 +145,11 @@ impl Figures {
         self.latencies.len() as f64 / self.seconds
     }
 
+    /// The process's CPU time per batch, in milliseconds.
+    pub fn cpu_ms(&self) -> f64 {
+        self.cpu_seconds * 1e3 / self.latencies.len() as f64
+    }
+
     pub fn quantile_ms(&self, q: f64) -> f64 {
         let mut sorted = self.latencies.clone();
         sorted.sort_unstable();
@@ -180,7 +185,7 @@ impl Figures {
             self.quantile_ms(0.5),
             self.quantile_ms(0.99),
             rate / baseline,
-            self.cpu_seconds * 1e3 / self.latencies.len() as f64,
+            self.cpu_ms(),
             self.cpu_seconds / self.seconds
         )
     }
