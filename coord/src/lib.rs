@@ -32,6 +32,7 @@
 //!   it to the router, or fail.
 //! - [`scrub`] — a scrub's verdict on a range of records from each replica's digest: the
 //!   copies to replace, and from which, and the records no replica holds intact.
+//! - [`status`] — a node as `zr cluster status` shows it: up, behind, refused or down.
 //! - [`plan`] — a gather split by shard, for the router and for a client reading one hop.
 
 pub mod admission;
@@ -53,6 +54,7 @@ pub mod repair;
 pub mod replicas;
 pub mod scrub;
 pub mod startup;
+pub mod status;
 pub mod writer;
 
 pub use coordinator::{Coordinator, DatasetKey};

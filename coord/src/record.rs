@@ -98,6 +98,66 @@ impl ReplicaRecord {
     }
 }
 
+/// Where shard `shard`'s replica `replica` is served today, with every node of the cluster
+/// (shard, replica, address) and the router's own address: what a replacement is checked
+/// against ([`replacement`]).
+pub struct Layout<'a> {
+    pub shards: u32,
+    pub replicas: u32,
+    /// Every node: (shard, replica, address).
+    pub nodes: &'a [(u32, u32, std::net::SocketAddr)],
+    /// The address the router serves clients on, once it does.
+    pub router: Option<std::net::SocketAddr>,
+}
+
+/// Where `zr cluster replace-node` may serve shard `shard`'s replica `replica` from: `addr`,
+/// if the replica exists, has a partner to be rebuilt from, and `addr` is an address a
+/// node can be reached at that no other node nor the router serves, and not the replica's
+/// own. Else why not, in words an operator acts on.
+pub fn replacement(
+    shard: u32,
+    replica: u32,
+    addr: &str,
+    layout: &Layout,
+) -> Result<std::net::SocketAddr, String> {
+    let Layout {
+        shards, replicas, ..
+    } = *layout;
+    if shard >= shards {
+        return Err(format!(
+            "there is no shard {shard}: the cluster has {shards} (0..{shards})"
+        ));
+    }
+    if replicas < 2 {
+        return Err(format!(
+            "shard {shard} has a single replica (nodes.toml: replicas = 1): a replacement is rebuilt from a partner replica, and there is none; restore the node's data directory instead"
+        ));
+    }
+    if replica >= replicas {
+        return Err(format!(
+            "shard {shard} has replicas 0..{replicas}, not {replica}"
+        ));
+    }
+    let addr: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|e| format!("'{addr}' is not an address (IP:PORT): {e}"))?;
+    if addr.ip().is_unspecified() || addr.port() == 0 {
+        return Err(format!(
+            "{addr} is no address a node can be reached at: give its IP and port"
+        ));
+    }
+    if layout.router == Some(addr) {
+        return Err(format!("{addr} is this router's own address, not a node's"));
+    }
+    match layout.nodes.iter().find(|n| n.2 == addr) {
+        Some(&(s, r, _)) if (s, r) == (shard, replica) => Err(format!(
+            "{addr} is shard {shard} replica {replica}'s address already: a replacement is a node at another address (a node restarted at the same address with its data lost is rebuilt without one)"
+        )),
+        Some(&(s, r, _)) => Err(format!("{addr} already serves shard {s} replica {r}")),
+        None => Ok(addr),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,5 +200,35 @@ mod tests {
         assert!(!text.contains("moved"), "{text}");
         let old: ReplicaRecord = serde_json::from_str(r#"{"behind":[[0,1]]}"#).unwrap();
         assert!(!old.in_sync((0, 1)) && old.moved.is_empty());
+    }
+
+    #[test]
+    fn a_replacement_is_a_new_address_for_a_replica_with_a_partner() {
+        let at = |port: u16| std::net::SocketAddr::from(([10, 0, 0, 1], port));
+        let nodes = [(0, 0, at(1)), (0, 1, at(2)), (1, 0, at(3)), (1, 1, at(4))];
+        let layout = Layout {
+            shards: 2,
+            replicas: 2,
+            nodes: &nodes,
+            router: Some(at(9)),
+        };
+        let refused = |shard, replica, addr: &str| {
+            replacement(shard, replica, addr, &layout).expect_err("refused")
+        };
+        assert_eq!(replacement(1, 0, "10.0.0.1:5", &layout), Ok(at(5)));
+        assert!(refused(2, 0, "10.0.0.1:5").contains("no shard 2"));
+        assert!(refused(0, 2, "10.0.0.1:5").contains("replicas 0..2, not 2"));
+        assert!(refused(0, 0, "nowhere").contains("not an address"));
+        assert!(refused(0, 0, "0.0.0.0:5").contains("no address a node can be reached at"));
+        assert!(refused(0, 0, "10.0.0.1:0").contains("no address a node can be reached at"));
+        assert!(refused(0, 0, "10.0.0.1:9").contains("router's own address"));
+        assert!(refused(0, 0, "10.0.0.1:1").contains("replica 0's address already"));
+        assert!(refused(0, 0, "10.0.0.1:4").contains("already serves shard 1 replica 1"));
+        let single = Layout {
+            replicas: 1,
+            ..layout
+        };
+        let e = replacement(0, 0, "10.0.0.1:5", &single).expect_err("no partner");
+        assert!(e.contains("single replica"), "{e}");
     }
 }

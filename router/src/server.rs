@@ -27,6 +27,7 @@ use crate::nodes::{NodeId, Nodes};
 use crate::plan::plan_gather;
 use crate::startup;
 use zr_coord::dataset::DatasetState;
+use zr_coord::status::Answer;
 use zr_coord::{Coordinator, DatasetKey};
 use zr_meta::cluster::{self, ClusterRecord};
 use zr_meta::MetaStore;
@@ -304,51 +305,25 @@ impl Router {
         replica: u32,
         addr: &str,
     ) -> Result<(), Failure> {
-        let (shards, replicas) = (self.nodes().shards(), self.nodes().replicas());
-        if shard >= shards {
-            return Err(Failure::BadRequest(format!(
-                "there is no shard {shard}: the cluster has {shards} (0..{shards})"
-            )));
-        }
-        if replicas < 2 {
-            return Err(Failure::BadRequest(format!(
-                "shard {shard} has a single replica (nodes.toml: replicas = 1): a replacement is rebuilt from a partner replica, and there is none; restore the node's data directory instead"
-            )));
-        }
-        if replica >= replicas {
-            return Err(Failure::BadRequest(format!(
-                "shard {shard} has replicas 0..{replicas}, not {replica}"
-            )));
-        }
-        let addr: std::net::SocketAddr = addr.parse().map_err(|e| {
-            Failure::BadRequest(format!("'{addr}' is not an address (IP:PORT): {e}"))
-        })?;
-        if addr.ip().is_unspecified() || addr.port() == 0 {
-            return Err(Failure::BadRequest(format!(
-                "{addr} is no address a node can be reached at: give its IP and port"
-            )));
-        }
-        if self.cluster.listening.get() == Some(&addr) {
-            return Err(Failure::BadRequest(format!(
-                "{addr} is this router's own address, not a node's"
-            )));
-        }
-        if self.nodes().addr(self.nodes().id(shard, replica)) == addr {
-            return Err(Failure::BadRequest(format!(
-                "{addr} is shard {shard} replica {replica}'s address already: a replacement is a node at another address (a node restarted at the same address with its data lost is rebuilt without one)"
-            )));
-        }
-        if let Some(other) = self
+        let nodes: Vec<_> = self
             .nodes()
             .all()
-            .find(|&n| self.nodes().addr(n) == addr && self.nodes().id(shard, replica) != n)
-        {
-            return Err(Failure::BadRequest(format!(
-                "{addr} already serves shard {} replica {}",
-                self.nodes().shard(other),
-                self.nodes().replica(other)
-            )));
-        }
+            .map(|n| {
+                (
+                    self.nodes().shard(n),
+                    self.nodes().replica(n),
+                    self.nodes().addr(n),
+                )
+            })
+            .collect();
+        let layout = zr_coord::record::Layout {
+            shards: self.nodes().shards(),
+            replicas: self.nodes().replicas(),
+            nodes: &nodes,
+            router: self.cluster.listening.get().copied(),
+        };
+        let addr = zr_coord::record::replacement(shard, replica, addr, &layout)
+            .map_err(Failure::BadRequest)?;
         let all = self.all_routers();
         Router::exclusive_all(&all, || {
             Box::pin(self.nodes().move_replica(shard, replica, addr))
@@ -380,18 +355,12 @@ impl Router {
                 let shard = self.nodes().shard(node);
                 let in_sync = self.nodes().in_sync(node);
                 let share = placement.shard_len(shard, committed);
-                let (state, records) = match answer {
-                    Ok((len, _)) if len < share && in_sync => (
-                        format!("refused: holds {len} of the {share} records committed on it (its data is missing)"),
-                        Some(len),
-                    ),
-                    Ok((len, _)) if in_sync => ("up".to_string(), Some(len)),
-                    Ok((len, _)) => ("behind: catching up, serves nothing meanwhile".to_string(), Some(len)),
-                    Err(Failure::ShardRefused { message, .. }) => {
-                        (format!("refused: {message}"), None)
-                    }
-                    Err(failure) => (format!("down: {failure}"), None),
+                let answer = match answer {
+                    Ok((len, _)) => Answer::Holds(len),
+                    Err(Failure::ShardRefused { message, .. }) => Answer::Refused(message),
+                    Err(failure) => Answer::Down(failure.to_string()),
                 };
+                let (state, records) = zr_coord::status::node_state(answer, in_sync, share);
                 wire::NodeStatus {
                     shard,
                     replica: self.nodes().replica(node),
