@@ -150,8 +150,10 @@ pub struct AccessControl {
     record: RwLock<Arc<AccessRecord>>,
     /// Where the record is kept, once told ([`Self::keep_store`], [`watch`]).
     store: OnceLock<Arc<dyn MetaStore>>,
-    /// When the newest read that ended began.
+    /// When the newest read whose record was taken began.
     read_began: Mutex<Option<Instant>>,
+    /// When the newest read that ended, answered or not, began.
+    tried_began: Mutex<Option<Instant>>,
     /// Held by the one read that confirms refusals at a time.
     confirming: tokio::sync::Mutex<()>,
 }
@@ -180,26 +182,31 @@ impl AccessControl {
             return self.record();
         };
         let _one = self.confirming.lock().await;
-        let last = *self.read_began.lock().unwrap_or_else(|e| e.into_inner());
+        // A read begun since, answered or not (a store that does not answer fails each
+        // refusal waiting once, not once each).
+        let last = *self.tried_began.lock().unwrap_or_else(|e| e.into_inner());
         if last.is_some_and(|began| began > arrived) {
             return self.record();
         }
         if let Some(began) = last {
             tokio::time::sleep_until(began + CONFIRM_EVERY).await;
         }
-        let began = Instant::now();
-        match load(&**store).await {
-            Ok((record, _)) => self.read(record, began),
-            Err(e) => tracing::debug!("cannot read the access record to confirm a refusal: {e}"),
+        if let Err(e) = self.refresh(&**store).await {
+            tracing::debug!("cannot read the access record to confirm a refusal: {e}");
         }
         self.record()
     }
 
-    /// `record` was read by a read begun at `began`.
-    fn read(&self, record: AccessRecord, began: Instant) {
+    /// `read`, the outcome of a read of the record begun at `began`: the record is taken
+    /// unless one read by a later read was taken already.
+    fn read(&self, read: &Result<(AccessRecord, Option<Revision>), Error>, began: Instant) {
+        let mut tried = self.tried_began.lock().unwrap_or_else(|e| e.into_inner());
+        *tried = (*tried).max(Some(began));
+        drop(tried);
+        let Ok((record, _)) = read else { return };
         let mut last = self.read_began.lock().unwrap_or_else(|e| e.into_inner());
         if last.is_none_or(|last| last <= began) {
-            self.set(record);
+            self.set(record.clone());
             *last = Some(began);
         }
     }
@@ -243,9 +250,9 @@ impl AccessControl {
     /// Reads the record into this once.
     pub async fn refresh(&self, store: &dyn MetaStore) -> Result<(), Error> {
         let began = Instant::now();
-        let (record, _) = load(store).await?;
-        self.read(record, began);
-        Ok(())
+        let read = load(store).await;
+        self.read(&read, began);
+        read.map(|_| ())
     }
 }
 
@@ -343,11 +350,12 @@ mod tests {
         });
     }
 
-    /// A store that counts its reads.
+    /// A store that counts its reads, and fails them while `down`.
     #[derive(Debug)]
     struct Counting {
         inner: crate::EmbeddedStore,
         gets: std::sync::atomic::AtomicUsize,
+        down: std::sync::atomic::AtomicBool,
     }
 
     impl MetaStore for Counting {
@@ -357,6 +365,13 @@ mod tests {
 
         fn get<'a>(&'a self, key: &'a str) -> crate::Call<'a, Option<(String, Revision)>> {
             self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                let down = Error::Unavailable {
+                    store: self.describe(),
+                    reason: "down".into(),
+                };
+                return Box::pin(async move { Err(down) });
+            }
             self.inner.get(key)
         }
 
@@ -385,6 +400,7 @@ mod tests {
             let store = Arc::new(Counting {
                 inner: crate::EmbeddedStore::open(dir.path()).unwrap(),
                 gets: Default::default(),
+                down: Default::default(),
             });
             let gets = || store.gets.load(std::sync::atomic::Ordering::SeqCst);
             let control = Arc::new(AccessControl::default());
@@ -416,6 +432,21 @@ mod tests {
                 "paced: {:?}",
                 arrived.elapsed()
             );
+            // A store that does not answer: the refusals waiting fail its read once, together,
+            // and keep the record last read.
+            store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+            let (read, arrived) = (gets(), Instant::now());
+            let confirming: Vec<_> = (0..20)
+                .map(|_| {
+                    let control = Arc::clone(&control);
+                    tokio::spawn(async move { control.confirmed_since(arrived).await })
+                })
+                .collect();
+            for confirmed in confirming {
+                assert!(confirmed.await.unwrap().allows("team-b", "text", false));
+            }
+            assert_eq!(gets(), read + 1, "twenty refusals, one failed read");
+            store.down.store(false, std::sync::atomic::Ordering::SeqCst);
             // Without a store told, the record last read (none: nothing read yet).
             let (control, since) = (AccessControl::default(), Instant::now());
             assert_eq!(
