@@ -1,6 +1,6 @@
-//! What a router knows and decides, as one value: the move it runs, the catch-ups of behind
-//! replicas running, the revision of the cluster record whose datasets it follows, and each
-//! dataset it serves ([`crate::dataset`]: fields, lengths, writer lease, dropped) — the
+//! What a router knows and decides, as one value: its name for the writer leases it takes,
+//! the move it runs, the catch-ups of behind replicas running, the revision of the cluster
+//! record whose datasets it follows, and each dataset it serves ([`crate::dataset`]: fields, lengths, writer lease, dropped) — the
 //! default one and every named one alike. The router keeps it under one lock, held for a
 //! moment and never across an await, and performs what it decides.
 //!
@@ -10,6 +10,9 @@
 //! published as an immutable snapshot that gathers read without a lock.
 
 use std::collections::HashMap;
+use std::time::Duration;
+
+use zr_proto::wire::FieldInfo;
 
 use crate::catchup::Progress;
 use crate::cluster::{ClusterRecord, DatasetRecord};
@@ -44,8 +47,12 @@ struct Served {
 }
 
 /// See the module documentation.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Coordinator {
+    /// This router's name for the writer leases it takes, one per router.
+    me: u64,
+    /// How long a writer lease it takes is held.
+    lease: Duration,
     /// The move this router runs, or ran last.
     pub moving: MoveRun,
     /// The catch-ups running here, by the node caught up.
@@ -59,15 +66,36 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// Serves `dataset` from now on, under the key returned: the default dataset (`named`
-    /// is `None`) or the named dataset of that name and id.
-    pub fn open(&mut self, named: Option<(&str, u64)>, dataset: DatasetState) -> DatasetKey {
+    /// A router's, whose name for the writer leases it takes is `me` (one per router), each
+    /// lease held for `lease`; serving no dataset yet.
+    pub fn new(me: u64, lease: Duration) -> Coordinator {
+        Coordinator {
+            me,
+            lease,
+            moving: MoveRun::default(),
+            catch_ups: HashMap::new(),
+            followed: 0,
+            datasets: HashMap::new(),
+            next_key: 0,
+        }
+    }
+
+    /// Serves a dataset of `fields` on `shards` shards from now on, under the key returned:
+    /// the default dataset (`named` is `None`) or the named dataset of that name and id.
+    /// Nothing is known yet of its lengths; its writer lease is this router's to take.
+    pub fn open(
+        &mut self,
+        named: Option<(&str, u64)>,
+        shards: usize,
+        fields: Vec<FieldInfo>,
+    ) -> DatasetKey {
         let key = DatasetKey(self.next_key);
         self.next_key += 1;
         let named = named.map(|(name, id)| (name.to_string(), id));
+        let lease = crate::writer::LeaseState::new(self.me, self.lease);
         let served = Served {
             named,
-            state: dataset,
+            state: DatasetState::new(shards, fields, lease),
         };
         self.datasets.insert(key, served);
         key
@@ -204,7 +232,7 @@ mod tests {
 
     #[test]
     fn an_older_record_is_never_followed() {
-        let mut state = Coordinator::default();
+        let mut state = coordinator();
         assert!(state.follow(0), "the first read");
         assert!(state.follow(5));
         assert!(state.follow(5), "the same record again");
@@ -226,15 +254,11 @@ mod tests {
 
     #[test]
     fn each_dataset_opened_is_its_own_until_closed() {
-        use crate::writer::LeaseState;
-        use std::time::Duration;
-        let dataset = |shards| {
-            let lease = LeaseState::new(1, Duration::from_secs(8));
-            DatasetState::new(shards, Vec::new(), lease)
-        };
-        let mut coordinator = Coordinator::default();
-        let default = coordinator.open(None, dataset(2));
-        let named = coordinator.open(Some(("text", 1)), dataset(2));
+        let mut coordinator = coordinator();
+        let default = coordinator.open(None, 2, Vec::new());
+        let named = coordinator.open(Some(("text", 1)), 2, Vec::new());
+        let lease = coordinator.dataset(named).map(|d| d.lease.me());
+        assert_eq!(lease, Some(1), "the router's own name for its leases");
         assert_ne!(default, named);
         assert_eq!(coordinator.datasets(), 2);
         // What one is told stays its own.
@@ -251,7 +275,7 @@ mod tests {
         assert_eq!(closed.lengths.len(), 7);
         assert!(coordinator.dataset(named).is_none());
         assert!(coordinator.close(named).is_none(), "closed once");
-        let again = coordinator.open(Some(("text", 2)), dataset(2));
+        let again = coordinator.open(Some(("text", 2)), 2, Vec::new());
         assert_ne!(again, named);
         assert_eq!(coordinator.dataset(again).map(|d| d.lengths.len()), Some(0));
         assert_eq!(coordinator.datasets(), 2);
@@ -260,18 +284,11 @@ mod tests {
     #[test]
     fn a_record_is_followed_by_drops_opens_and_fields_never_an_older_one() {
         use crate::datasets::tests::{dataset, record};
-        use crate::writer::LeaseState;
-        use std::time::Duration;
-        use zr_proto::wire::FieldInfo;
-        let state = |fields: &[&str]| {
-            let lease = LeaseState::new(1, Duration::from_secs(8));
-            let fields = fields.iter().map(|f| FieldInfo::new(*f, "raw")).collect();
-            DatasetState::new(2, fields, lease)
-        };
-        let mut coordinator = Coordinator::default();
-        let default = coordinator.open(None, state(&["x"]));
-        let text = coordinator.open(Some(("text", 3)), state(&["a"]));
-        let images = coordinator.open(Some(("images", 5)), state(&["p"]));
+        let raw = |names: &[&str]| names.iter().map(|f| FieldInfo::new(*f, "raw")).collect();
+        let mut coordinator = coordinator();
+        let default = coordinator.open(None, 2, raw(&["x"]));
+        let text = coordinator.open(Some(("text", 3)), 2, raw(&["a"]));
+        let images = coordinator.open(Some(("images", 5)), 2, raw(&["p"]));
         let read = record(
             vec![
                 dataset("text", 3, &["a", "b"]),
@@ -302,8 +319,8 @@ mod tests {
         );
         assert!(coordinator.dataset(images).is_some_and(|d| d.dropped()));
         // The new ones opened: the same record again asks for nothing.
-        coordinator.open(Some(("images", 8)), state(&["p"]));
-        coordinator.open(Some(("new", 9)), state(&["y"]));
+        coordinator.open(Some(("images", 8)), 2, raw(&["p"]));
+        coordinator.open(Some(("new", 9)), 2, raw(&["y"]));
         assert_eq!(coordinator.follow_record(&read, 20), Vec::new());
         // An older record, read before a drop, brings nothing back and drops nothing.
         let older = record(vec![dataset("text", 3, &["a", "b"])], 9);
@@ -324,9 +341,13 @@ mod tests {
         assert_eq!(coordinator.datasets(), 4);
     }
 
+    /// A coordinator for the tests.
+    fn coordinator() -> Coordinator {
+        Coordinator::new(1, Duration::from_secs(8))
+    }
+
     /// A router as a driver runs one: its coordinator, and the handle (key) of each named
     /// dataset it opened, by name and id, let go when the coordinator says it was dropped.
-    #[derive(Default)]
     struct Driver {
         /// The run's seed, for the failures to name.
         seed: u64,
@@ -339,8 +360,14 @@ mod tests {
     }
 
     impl Driver {
-        fn lease() -> crate::writer::LeaseState {
-            crate::writer::LeaseState::new(1, std::time::Duration::from_secs(8))
+        fn new(seed: u64) -> Driver {
+            Driver {
+                seed,
+                coordinator: coordinator(),
+                handles: Vec::new(),
+                read: 0,
+                let_go: Vec::new(),
+            }
         }
 
         /// Reads `record` of `revision` and does what the coordinator answers.
@@ -359,8 +386,7 @@ mod tests {
                             self.seed
                         );
                         let fields = crate::datasets::wire_fields(&dataset.fields);
-                        let state = DatasetState::new(2, fields, Driver::lease());
-                        let key = self.coordinator.open(Some((name, id)), state);
+                        let key = self.coordinator.open(Some((name, id)), 2, fields);
                         self.handles.push((name.to_string(), id, key));
                     }
                 }
@@ -400,12 +426,7 @@ mod tests {
             };
             // The store's history: the record at each revision (revision = position).
             let mut history = vec![record(Vec::new(), 0)];
-            let mut routers: Vec<Driver> = (0..3)
-                .map(|_| Driver {
-                    seed,
-                    ..Driver::default()
-                })
-                .collect();
+            let mut routers: Vec<Driver> = (0..3).map(|_| Driver::new(seed)).collect();
             // Reads under way: (router, revision read), answered in any order.
             let mut reads: Vec<(usize, u64)> = Vec::new();
             let names = ["a", "b", "c"];

@@ -37,23 +37,16 @@ impl Router {
         let nodes = Arc::new(super::links_of(config, security, Arc::clone(&meta))?);
         nodes.watch();
         let shards = nodes.shards() as usize;
-        // The default dataset's state, the first in the coordinator.
-        let mut coordinator = Coordinator::default();
-        let key = coordinator.open(
-            None,
-            DatasetState::new(
-                shards,
-                Vec::new(),
-                zr_meta::writer::LeaseState::new(
-                    // This router's name for the lease: random, one per router.
-                    std::hash::BuildHasher::hash_one(
-                        &std::collections::hash_map::RandomState::new(),
-                        std::process::id(),
-                    ),
-                    Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
-                ),
+        // The coordinator, with the default dataset's state first.
+        let mut coordinator = Coordinator::new(
+            // This router's name for the writer leases it takes: random, one per router.
+            std::hash::BuildHasher::hash_one(
+                &std::collections::hash_map::RandomState::new(),
+                std::process::id(),
             ),
+            Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
         );
+        let key = coordinator.open(None, shards, Vec::new());
         let cluster = Cluster {
             nodes,
             timeout: Duration::from_millis(config.router.timeout_ms),

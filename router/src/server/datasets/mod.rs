@@ -17,7 +17,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use zr_coord::coordinator::Follow;
-use zr_coord::dataset::DatasetState;
 use zr_coord::datasets::{record_fields, wire_fields};
 use zr_meta::cluster::{self, ClusterRecord, CommittedRecord, DatasetRecord, DictRef};
 use zr_meta::writer::PendingWrite;
@@ -338,17 +337,10 @@ impl Router {
     /// reply budget; its committed length read from the metadata store and its length from
     /// the nodes (the committed one while they cannot say).
     async fn open_named(self: &Arc<Self>, dataset: &DatasetRecord) -> Arc<Router> {
-        let (me, lease) = {
-            let state = self.state();
-            (state.lease.me(), state.lease.lease())
-        };
         let key = self.cluster_state().open(
             Some((&dataset.name, dataset.id)),
-            DatasetState::new(
-                self.nodes().shards() as usize,
-                wire_fields(&dataset.fields),
-                zr_meta::writer::LeaseState::new(me, lease),
-            ),
+            self.nodes().shards() as usize,
+            wire_fields(&dataset.fields),
         );
         let router = Arc::new(Router {
             cluster: Arc::clone(&self.cluster),
