@@ -385,6 +385,25 @@ mod tests {
         }
     }
 
+    /// `count` refusals of requests that arrived at `arrived`, confirmed at once.
+    async fn together(
+        control: &Arc<AccessControl>,
+        arrived: Instant,
+        count: usize,
+    ) -> Vec<Arc<AccessRecord>> {
+        let confirming: Vec<_> = (0..count)
+            .map(|_| {
+                let control = Arc::clone(control);
+                tokio::spawn(async move { control.confirmed_since(arrived).await })
+            })
+            .collect();
+        let mut confirmed = Vec::new();
+        for task in confirming {
+            confirmed.push(task.await.unwrap());
+        }
+        confirmed
+    }
+
     /// A refusal is confirmed by a record read after the request arrived: a grant stored
     /// since the last read holds at once. Refusals arriving together share one read, and
     /// reads to confirm come no more often than every `CONFIRM_EVERY`.
@@ -417,14 +436,8 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
             let arrived = Instant::now();
             assert!(!control.record().allows("team-b", "text", false), "stale");
-            let confirming: Vec<_> = (0..50)
-                .map(|_| {
-                    let control = Arc::clone(&control);
-                    tokio::spawn(async move { control.confirmed_since(arrived).await })
-                })
-                .collect();
-            for confirmed in confirming {
-                assert!(confirmed.await.unwrap().allows("team-b", "text", false));
+            for confirmed in together(&control, arrived, 50).await {
+                assert!(confirmed.allows("team-b", "text", false));
             }
             assert_eq!(gets(), read + 1, "fifty refusals, one read");
             assert!(
@@ -436,14 +449,8 @@ mod tests {
             // and keep the record last read.
             store.down.store(true, std::sync::atomic::Ordering::SeqCst);
             let (read, arrived) = (gets(), Instant::now());
-            let confirming: Vec<_> = (0..20)
-                .map(|_| {
-                    let control = Arc::clone(&control);
-                    tokio::spawn(async move { control.confirmed_since(arrived).await })
-                })
-                .collect();
-            for confirmed in confirming {
-                assert!(confirmed.await.unwrap().allows("team-b", "text", false));
+            for confirmed in together(&control, arrived, 20).await {
+                assert!(confirmed.allows("team-b", "text", false));
             }
             assert_eq!(gets(), read + 1, "twenty refusals, one failed read");
             store.down.store(false, std::sync::atomic::Ordering::SeqCst);
