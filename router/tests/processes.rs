@@ -32,17 +32,24 @@ fn free_ports() -> u16 {
     free_port_run(3)
 }
 
-/// A port P with P..P+count free.
+/// A port P with P..P+count free. Taken below the ephemeral range (Linux: 32768 and up), so
+/// that no socket another test binds to port 0 meanwhile takes one before the process it is
+/// for binds it: the tests beside this one open hundreds of client sockets. Each call of this
+/// process gets a run of its own, from a start set by the process id.
 fn free_port_run(count: u16) -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const LOW: u16 = 10_000;
+    const SPAN: u16 = 22_000;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = (std::process::id() % u32::from(SPAN)) as u16;
     loop {
-        let base = std::net::UdpSocket::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if base < 60000
-            && (0..count).all(|k| std::net::UdpSocket::bind(("127.0.0.1", base + k)).is_ok())
-        {
+        let offset = NEXT.fetch_add(count, Ordering::Relaxed);
+        let base = LOW + (start.wrapping_add(offset) % (SPAN - count));
+        let free = |port: u16| {
+            std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+                && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+        };
+        if (0..count).all(|k| free(base + k)) {
             return base;
         }
     }
