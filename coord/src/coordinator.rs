@@ -1,8 +1,9 @@
 //! What a router knows and decides, as one value: its name for the writer leases it takes,
 //! the move it runs, the catch-ups of behind replicas running, the revision of the cluster
-//! record whose datasets it follows, and each dataset it serves ([`crate::dataset`]: fields, lengths, writer lease, dropped) — the
-//! default one and every named one alike. The router keeps it under one lock, held for a
-//! moment and never across an await, and performs what it decides.
+//! record whose datasets it follows, and each dataset it serves ([`crate::dataset`]:
+//! fields, lengths, writer lease, dropped) — the default one and every named one alike. The
+//! router keeps it under one lock, held for a moment and never across an await, and
+//! performs what it decides.
 //!
 //! Two parts of what a router knows sit beside it, because others share them: the replica
 //! set with its liveness ([`crate::Replicas`], which a client reading one hop keeps too,
@@ -17,7 +18,7 @@ use zr_proto::wire::FieldInfo;
 use crate::catchup::Progress;
 use crate::cluster::{ClusterRecord, DatasetRecord};
 use crate::dataset::DatasetState;
-use crate::datasets::{router_changes, Adopt, Known};
+use crate::datasets::{router_changes, wire_fields, Adopt, Known};
 use crate::moving::MoveRun;
 use crate::NodeId;
 
@@ -143,13 +144,8 @@ impl Coordinator {
         }
         // What it serves, owned, so that the datasets can be changed as the changes come.
         let serving: Vec<(String, u64, usize)> = self
-            .datasets
-            .values()
-            .filter(|served| !served.state.dropped())
-            .filter_map(|served| {
-                let (name, id) = served.named.clone()?;
-                Some((name, id, served.state.fields().len()))
-            })
+            .named()
+            .map(|(name, id, state)| (name.to_string(), id, state.fields().len()))
             .collect();
         let known: Vec<Known> = serving
             .iter()
@@ -169,31 +165,28 @@ impl Coordinator {
                     let name = name.to_string();
                     follow.push(Follow::Dropped { name, id });
                 }
-                Adopt::Fields { name, fields } => {
-                    let id = record.dataset(name).map_or(0, |d| d.id);
-                    if let Some(dataset) = self.named_mut(name, id) {
-                        dataset.recorded_fields(fields);
+                Adopt::Fields(dataset) => {
+                    if let Some(served) = self.named_mut(&dataset.name, dataset.id) {
+                        served.recorded_fields(wire_fields(&dataset.fields));
                     }
                 }
-                Adopt::Open(dataset) => {
-                    // The record's own (the change may borrow from what is served too).
-                    if let Some(dataset) = record.dataset(&dataset.name) {
-                        follow.push(Follow::Open(dataset));
-                    }
-                }
+                Adopt::Open(dataset) => follow.push(Follow::Open(dataset)),
             }
         }
         follow
     }
 
+    /// The named datasets served and not dropped: name, id and state.
+    fn named(&self) -> impl Iterator<Item = (&str, u64, &DatasetState)> {
+        self.datasets.values().filter_map(|served| {
+            let (name, id) = served.named.as_ref()?;
+            (!served.state.dropped()).then_some((name.as_str(), *id, &served.state))
+        })
+    }
+
     /// The named datasets served and not dropped, as (name, id), by name.
     pub fn serving(&self) -> Vec<(&str, u64)> {
-        let mut serving: Vec<(&str, u64)> = self
-            .datasets
-            .values()
-            .filter(|served| !served.state.dropped())
-            .filter_map(|served| served.named.as_ref().map(|(n, id)| (n.as_str(), *id)))
-            .collect();
+        let mut serving: Vec<(&str, u64)> = self.named().map(|(name, id, _)| (name, id)).collect();
         serving.sort_unstable();
         serving
     }

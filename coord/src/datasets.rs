@@ -84,25 +84,26 @@ pub struct Known<'a> {
     pub fields: usize,
 }
 
-/// One change that brings a router's named datasets in step with the cluster record.
+/// One change that brings a router's named datasets in step with the cluster record `'r`,
+/// the router serving the datasets `'k` names.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Adopt<'a> {
+pub enum Adopt<'r, 'k> {
     /// Dataset `name`, served under id `id`, was dropped (or dropped and made again, under
     /// another id): it serves nothing more, and those waiting on it are told.
-    Drop { name: &'a str, id: u64 },
+    Drop { name: &'k str, id: u64 },
     /// A dataset the router does not serve yet (made, or made again after a drop).
-    Open(&'a DatasetRecord),
-    /// A dataset it serves has gained fields: these are its fields now.
-    Fields {
-        name: &'a str,
-        fields: Vec<FieldInfo>,
-    },
+    Open(&'r DatasetRecord),
+    /// A dataset it serves has gained fields: the record's are its fields now.
+    Fields(&'r DatasetRecord),
 }
 
 /// What a router serving `known` does to follow `record`: the drops first, then each
 /// dataset of the record it does not serve under the record's id opened, each that has
 /// more fields than it serves given them. A field is never taken away (fields only grow).
-pub fn router_changes<'a>(record: &'a ClusterRecord, known: &[Known<'a>]) -> Vec<Adopt<'a>> {
+pub fn router_changes<'r, 'k>(
+    record: &'r ClusterRecord,
+    known: &[Known<'k>],
+) -> Vec<Adopt<'r, 'k>> {
     let current = |k: &Known| record.dataset(k.name).is_some_and(|d| d.id == k.id);
     let mut changes: Vec<Adopt> = known
         .iter()
@@ -118,10 +119,7 @@ pub fn router_changes<'a>(record: &'a ClusterRecord, known: &[Known<'a>]) -> Vec
             .find(|k| k.name == dataset.name && k.id == dataset.id)
         {
             None => changes.push(Adopt::Open(dataset)),
-            Some(k) if k.fields < dataset.fields.len() => changes.push(Adopt::Fields {
-                name: &dataset.name,
-                fields: wire_fields(&dataset.fields),
-            }),
+            Some(k) if k.fields < dataset.fields.len() => changes.push(Adopt::Fields(dataset)),
             Some(_) => {}
         }
     }
@@ -302,7 +300,6 @@ pub(crate) mod tests {
             known("wide", 4, 3),
         ];
         let changes = router_changes(&record, &serving);
-        let fields = wire_fields(&[field("a"), field("b")]);
         assert_eq!(
             changes,
             vec![
@@ -314,10 +311,7 @@ pub(crate) mod tests {
                     name: "gone",
                     id: 2
                 },
-                Adopt::Fields {
-                    name: "text",
-                    fields
-                },
+                Adopt::Fields(&record.datasets[0]),
                 Adopt::Open(&record.datasets[1]),
                 Adopt::Open(&record.datasets[2]),
             ]
