@@ -197,20 +197,6 @@ impl AccessControl {
         self.record()
     }
 
-    /// `read`, the outcome of a read of the record begun at `began`: the record is taken
-    /// unless one read by a later read was taken already.
-    fn read(&self, read: &Result<(AccessRecord, Option<Revision>), Error>, began: Instant) {
-        let mut tried = self.tried_began.lock().unwrap_or_else(|e| e.into_inner());
-        *tried = (*tried).max(Some(began));
-        drop(tried);
-        let Ok((record, _)) = read else { return };
-        let mut last = self.read_began.lock().unwrap_or_else(|e| e.into_inner());
-        if last.is_none_or(|last| last <= began) {
-            self.set(record.clone());
-            *last = Some(began);
-        }
-    }
-
     /// The record as last read.
     pub fn record(&self) -> Arc<AccessRecord> {
         Arc::clone(&self.record.read().unwrap_or_else(|e| e.into_inner()))
@@ -247,12 +233,23 @@ impl AccessControl {
         *self.record.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(record);
     }
 
-    /// Reads the record into this once.
+    /// Reads the record into this once. The record is taken unless one read by a later
+    /// read was taken already; the read counts as tried for [`Self::confirmed_since`]
+    /// whether or not the store answered.
     pub async fn refresh(&self, store: &dyn MetaStore) -> Result<(), Error> {
         let began = Instant::now();
         let read = load(store).await;
-        self.read(&read, began);
-        read.map(|_| ())
+        {
+            let mut tried = self.tried_began.lock().unwrap_or_else(|e| e.into_inner());
+            *tried = (*tried).max(Some(began));
+        }
+        let (record, _) = read?;
+        let mut last = self.read_began.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|last| last <= began) {
+            self.set(record);
+            *last = Some(began);
+        }
+        Ok(())
     }
 }
 

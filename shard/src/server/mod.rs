@@ -201,20 +201,28 @@ pub async fn serve_with(
             .filter(|_| checked)
             .map(|log| (Arc::clone(log), peer.clone()));
         // A refusal is confirmed by the record read again if it was read before the request
-        // arrived: a grant made, or a revocation undone, a moment ago holds at once.
-        let arrived = tokio::time::Instant::now();
-        let access = Arc::clone(&access);
-        let (name, serial) = (peer.name.clone(), peer.serial.clone());
+        // arrived: a grant made, or a revocation undone, a moment ago holds at once. Only
+        // a request that may be refused pays for what that needs.
+        let confirm = checked.then(|| {
+            let arrived = tokio::time::Instant::now();
+            (
+                Arc::clone(&access),
+                arrived,
+                peer.name.clone(),
+                peer.serial.clone(),
+            )
+        });
         async move {
             if let Some(record) = granted {
                 if let Ok(dataset) = wire::node_request_dataset(&bytes) {
                     let dataset = dataset.unwrap_or(wire::DEFAULT_DATASET);
-                    if !record.allows(&who, dataset, false)
-                        && !access
-                            .confirmed_since(arrived)
-                            .await
-                            .allows(&who, dataset, false)
-                    {
+                    let confirmed = match &confirm {
+                        Some((access, arrived, ..)) if !record.allows(&who, dataset, false) => {
+                            access.confirmed_since(*arrived).await
+                        }
+                        _ => record,
+                    };
+                    if !confirmed.allows(&who, dataset, false) {
                         let why = format!(
                             "the certificate named '{who}' has no grant to read dataset '{dataset}' (an operator grants it with `zr grant {who} read {dataset}`)"
                         );
@@ -224,9 +232,9 @@ pub async fn serve_with(
                     }
                 }
             }
-            let revoked = match (revoked, &name) {
-                (Some(_), Some(name)) => {
-                    access.confirmed_since(arrived).await;
+            let revoked = match (revoked, &confirm) {
+                (Some(_), Some((access, arrived, Some(name), serial))) => {
+                    access.confirmed_since(*arrived).await;
                     access.revoked_why(name, serial.as_deref())
                 }
                 (revoked, _) => revoked,
