@@ -241,7 +241,7 @@ impl Router {
     /// What the router knows and decides, every dataset's state among it, locked for a
     /// moment (the guard cannot be held across an await: it is not `Send`). Never taken
     /// twice in one statement or while [`Self::state`]'s guard is held: it is one lock.
-    pub(crate) fn cluster_state(&self) -> std::sync::MutexGuard<'_, Coordinator> {
+    pub(crate) fn coordinator(&self) -> std::sync::MutexGuard<'_, Coordinator> {
         self.cluster.coordinator()
     }
 
@@ -347,7 +347,7 @@ impl Router {
         let committed = self.state().lengths.committed();
         let placement = self.cluster.placement.load_full();
         let answers = self.each_node_info(None).await;
-        let rebuilds = self.cluster_state().catch_ups.clone();
+        let rebuilds = self.coordinator().catch_ups.clone();
         let nodes = answers
             .into_iter()
             .enumerate()

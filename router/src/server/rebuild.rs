@@ -244,7 +244,7 @@ impl Router {
             Ok::<u64, Failure>(copied)
         }
         .await;
-        let progress = self.cluster_state().catch_ups.remove(&node);
+        let progress = self.coordinator().catch_ups.remove(&node);
         if result.is_ok() {
             let (copied, bytes) = progress.map_or((0, 0), |p| (p.copied, p.bytes));
             tracing::info!(
@@ -281,7 +281,7 @@ impl Router {
         let mut watch = ShipWatch::new(started.into_std(), SHIP_STALL);
         // Bytes copied for earlier datasets of this catch-up, which stay counted.
         let before = self
-            .cluster_state()
+            .coordinator()
             .catch_ups
             .get(&node)
             .map_or(0, |p| p.bytes);
@@ -332,7 +332,7 @@ impl Router {
         update: impl FnOnce(&mut Progress),
     ) {
         let replica = self.nodes().replica(partner);
-        let mut state = self.cluster_state();
+        let mut state = self.coordinator();
         let progress = state
             .catch_ups
             .entry(node)

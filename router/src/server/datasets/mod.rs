@@ -305,7 +305,7 @@ impl Router {
     /// ignored: it would bring back a dataset dropped since.
     pub(super) async fn adopt_datasets(self: &Arc<Self>, record: &ClusterRecord, revision: u64) {
         let _one = self.cluster.adopting.lock().await;
-        let follow = self.cluster_state().follow_record(record, revision);
+        let follow = self.coordinator().follow_record(record, revision);
         for step in follow {
             match step {
                 Follow::Dropped { name, id } => {
@@ -337,7 +337,7 @@ impl Router {
     /// reply budget; its committed length read from the metadata store and its length from
     /// the nodes (the committed one while they cannot say).
     async fn open_named(self: &Arc<Self>, dataset: &DatasetRecord) -> Arc<Router> {
-        let key = self.cluster_state().open(
+        let key = self.coordinator().open(
             Some((&dataset.name, dataset.id)),
             self.nodes().shards() as usize,
             wire_fields(&dataset.fields),
@@ -491,7 +491,7 @@ impl Router {
             next.dataset_ids += 1;
             match cluster::store(&*self.cluster.meta, Some(revision), &next).await {
                 Ok(stored) => {
-                    self.cluster_state().wrote(stored);
+                    self.coordinator().wrote(stored);
                     break id;
                 }
                 Err(zr_meta::Error::Conflict { .. }) => continue,

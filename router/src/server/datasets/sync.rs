@@ -134,7 +134,7 @@ impl Router {
             }
         };
         self.adopt_datasets(&record, revision).await;
-        if self.cluster_state().outdated(revision) {
+        if self.coordinator().outdated(revision) {
             return; // a newer record was adopted meanwhile: the next sync uses it
         }
         let default_fields = self.fields();

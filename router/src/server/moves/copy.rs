@@ -197,7 +197,7 @@ impl Router {
             replica: self.nodes().replica(donor),
             shard: Some(holder),
             slots: slots.to_vec(),
-            rate: progress.cluster_state().moving.rate(),
+            rate: progress.coordinator().moving.rate(),
         };
         let mut watch = ShipWatch::new(Instant::now().into_std(), SHIP_STALL);
         loop {
@@ -222,10 +222,10 @@ impl Router {
     ) {
         let total = moveplan::records_to_stage(old, new, staged, lens);
         let len = lens.first().copied().unwrap_or(0);
-        self.cluster_state().moving.copying(version, len, total);
+        self.coordinator().moving.copying(version, len, total);
     }
 
     pub(crate) fn note_staged(&self, staged: u64, moved: u64) {
-        self.cluster_state().moving.staged(staged, moved);
+        self.coordinator().moving.staged(staged, moved);
     }
 }

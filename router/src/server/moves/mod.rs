@@ -63,11 +63,11 @@ impl Router {
     /// From now on, moves stop with an error at `step` (`None`: they run to their end).
     /// Fault injection for tests: a stopped move is what a router dying there leaves.
     pub fn stop_moves_at(&self, step: Option<MoveStep>) {
-        self.cluster_state().moving.stop_at = step;
+        self.coordinator().moving.stop_at = step;
     }
 
     fn stop_here(&self, step: MoveStep) -> Result<(), Failure> {
-        if self.cluster_state().moving.stop_at == Some(step) {
+        if self.coordinator().moving.stop_at == Some(step) {
             return Err(Failure::Inconsistent(format!(
                 "the move was stopped at step {step:?} (injected)"
             )));
@@ -85,7 +85,7 @@ impl Router {
         nodes: Vec<(u32, u32, String)>,
         rate: u64,
     ) -> Result<(), Failure> {
-        match self.cluster_state().moving.start(change, rate) {
+        match self.coordinator().moving.start(change, rate) {
             Ok(Start::Run) => {}
             Ok(Start::Joined) => return Ok(()),
             Err(reason) => {
@@ -101,7 +101,7 @@ impl Router {
                 tracing::warn!("moving records ({change:?}): {e}");
                 e.to_string()
             });
-            router.cluster_state().moving.ended(change, outcome);
+            router.coordinator().moving.ended(change, outcome);
         });
         Ok(())
     }
@@ -395,7 +395,7 @@ impl Router {
     /// without waiting for the command to be run again.
     pub(super) async fn finish_stopped_switch(self: &Arc<Self>, record: ClusterRecord) {
         if !self
-            .cluster_state()
+            .coordinator()
             .moving
             .finishes_stopped_switch(record.moving.as_ref())
         {
@@ -515,12 +515,12 @@ impl Router {
 
     /// `moving` in words, with its progress if this router runs it.
     pub(super) fn describe_move(&self, moving: &MapMove) -> String {
-        self.cluster_state().moving.describe(moving)
+        self.coordinator().moving.describe(moving)
     }
 
     /// The move under way here, if any.
     pub(super) fn move_progress(&self) -> Option<MoveReport> {
-        self.cluster_state().moving.report()
+        self.coordinator().moving.report()
     }
 
     /// Places every dataset by `map` (with `placement`) from now on, unless it places by
