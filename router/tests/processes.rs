@@ -103,6 +103,14 @@ fn spawn(binary: &Path, args: &[&str]) -> Child {
         .unwrap()
 }
 
+/// The metadata store in `tmp` lost while nodes run: moved away in one step and then removed,
+/// since a node reading the store meanwhile opens (and so makes) its lock file.
+fn lose_metadata(tmp: &Path) {
+    let lost = tmp.join("metadata.lost");
+    std::fs::rename(tmp.join("metadata"), &lost).unwrap();
+    std::fs::remove_dir_all(&lost).unwrap();
+}
+
 fn terminate(mut child: Child) {
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -1500,7 +1508,7 @@ fn a_lost_cluster_record_is_restored_from_the_nodes_not_replaced() {
     zr(&[&["dataset", "add-field", "extra", "y"], &remote[..]].concat());
     let extra = load_rows(&connect(&addr, &certs).dataset("extra").unwrap(), 120);
     terminate(processes.pop().unwrap());
-    std::fs::remove_dir_all(tmp.join("metadata")).unwrap();
+    lose_metadata(&tmp);
 
     let config_arg = config.to_str().unwrap();
     let out = Command::new(&router)
@@ -1737,7 +1745,7 @@ fn zr_convert_makes_a_cluster_dataset_with_a_trained_dictionary() {
     // The metadata store lost: `zr cluster restore-record` puts the dictionaries back, read
     // from the nodes, byte-exact, and the dataset reads as before.
     terminate(processes.pop().unwrap());
-    std::fs::remove_dir_all(tmp.join("metadata")).unwrap();
+    lose_metadata(&tmp);
     let config_arg = config.to_str().unwrap();
     let restored = zr(&["cluster", "restore-record", "--nodes", config_arg]);
     // Both datasets were made with the one dictionary: put back once.
