@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use zr_node::{GatherOptions, ReadPath, Store};
 
-use bench_util::{build_dataset, uring_read, Cgroup, Rng};
+use bench_util::{build_dataset, uring_read, BoxResult, Cgroup, Rng};
 
 #[derive(Parser)]
 #[command(
@@ -60,8 +60,6 @@ struct Args {
     #[arg(long)]
     dir: Option<PathBuf>,
 }
-
-type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> BoxResult<()> {
     let args = Args::parse();

@@ -41,9 +41,7 @@ struct Args {
 #[path = "bench_util/mod.rs"]
 mod bench_util;
 
-use bench_util::{build_dataset, median, time_batches, warm, Rng};
-
-const ROUNDS: usize = 5;
+use bench_util::{build_dataset, gather_data, median, time_batches, warm, Rng, ROUNDS};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
@@ -125,14 +123,8 @@ fn run_size(args: &Args, dir: &Path, size: usize) -> Result<(), Box<dyn std::err
             black_box(&batch);
         });
         rates[2][round] = time_batches(round_seconds, |b| {
-            let batch = store
-                .gather(&batches[b % batches.len()], &["data"])
+            gather_data(&store, &batches[b % batches.len()], &mut data, &mut offsets)
                 .expect("gather");
-            batch
-                .field("data")
-                .expect("field")
-                .write_contiguous(&mut data, &mut offsets);
-            black_box(&data);
         });
     }
     let [baseline, zero_copy, materialized] = rates.map(|r| median(r.to_vec()));

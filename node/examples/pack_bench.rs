@@ -29,7 +29,7 @@ use zr_node::stream::{
     Windows,
 };
 
-use bench_util::{median, time_batches, Rng};
+use bench_util::{median, time_batches, BoxResult, Rng, ROUNDS};
 
 #[derive(Parser)]
 #[command(about = "Packed rows vs fixed windows from a warm stream; padding; plan build time")]
@@ -56,10 +56,6 @@ struct Args {
     #[arg(long, default_value_t = 10_000_000)]
     plan_documents: u64,
 }
-
-type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
-
-const ROUNDS: usize = 5;
 
 fn main() -> BoxResult<()> {
     let args = Args::parse();

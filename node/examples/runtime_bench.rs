@@ -21,7 +21,7 @@ use zr_node::{Compression, CreateOptions, FieldSpec, Record, RuntimeOptions, Sto
 #[path = "bench_util/mod.rs"]
 mod bench_util;
 
-use bench_util::{median, time_batches, Rng};
+use bench_util::{build_field, gather_data, median, time_batches, Rng};
 
 #[derive(Parser)]
 #[command(about = "Gather throughput by reader count, append throughput by writer count")]
@@ -95,27 +95,23 @@ fn gathers(
     std::fs::create_dir_all(dir)?;
     let rows_path = dir.join("rows.bin");
     let mut rows = std::io::BufWriter::new(File::create(&rows_path)?);
-    {
-        let store = Store::create(
-            dir.join("ds"),
-            vec![FieldSpec::new("data", compress)],
-            CreateOptions::default(),
-        )?;
-        let mut rng = Rng(size as u64);
-        let mut buf = vec![0u8; BATCH * size];
-        let mut written = 0;
-        while written < n {
-            let count = BATCH.min((n - written) as usize);
-            fill(&mut rng, &mut buf[..count * size], compress);
-            rows.write_all(&buf[..count * size])?;
-            let records: Vec<Record> = buf[..count * size]
-                .chunks(size)
-                .map(|r| Record::new().with("data", r))
-                .collect();
-            store.append_many(&records)?;
-            written += count as u64;
-        }
-        store.commit()?;
+    let mut row_error = None;
+    let spec = FieldSpec::new("data", compress);
+    let fill = |rng: &mut Rng, bytes: &mut [u8]| fill(rng, bytes, compress);
+    drop(build_field(
+        &dir.join("ds"),
+        n,
+        size,
+        spec,
+        fill,
+        |bytes| {
+            if let Err(e) = rows.write_all(bytes) {
+                row_error.get_or_insert(e);
+            }
+        },
+    )?);
+    if let Some(e) = row_error {
+        return Err(e.into());
     }
     rows.flush()?;
     drop(rows);
@@ -141,11 +137,7 @@ fn gathers(
     let all: Vec<u64> = (0..n).collect();
     for (_, store) in &stores {
         for part in all.chunks(4096) {
-            store
-                .gather(part, &[])?
-                .field("data")
-                .ok_or("no field")?
-                .write_contiguous(&mut data, &mut offsets);
+            gather_data(store, part, &mut data, &mut offsets)?;
         }
     }
     black_box(rows_map.chunks(4096).map(|p| p[0] as u64).sum::<u64>());
@@ -165,14 +157,8 @@ fn gathers(
         }));
         for (k, (_, store)) in stores.iter().enumerate() {
             rates[k + 1].push(time_batches(round_seconds, |b| {
-                let batch = store
-                    .gather(&batches[b % batches.len()], &[])
+                gather_data(store, &batches[b % batches.len()], &mut data, &mut offsets)
                     .expect("gather");
-                batch
-                    .field("data")
-                    .expect("field")
-                    .write_contiguous(&mut data, &mut offsets);
-                black_box(&data);
             }));
         }
     }

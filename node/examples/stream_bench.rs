@@ -31,7 +31,7 @@ use clap::Parser;
 use zr_node::stream::{Component, Stream, WindowMode, Windows};
 use zr_node::{GatherOptions, ReadPath};
 
-use bench_util::{evict, median, time_batches, uring_read, Cgroup, Rng};
+use bench_util::{evict, median, time_batches, uring_read, BoxResult, Cgroup, Rng, ROUNDS};
 
 #[derive(Parser)]
 #[command(
@@ -63,10 +63,6 @@ struct Args {
     #[arg(long, default_value_t = 128)]
     queue_depth: u32,
 }
-
-type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
-
-const ROUNDS: usize = 5;
 
 fn main() -> BoxResult<()> {
     let args = Args::parse();

@@ -105,6 +105,39 @@ impl NpyHeader {
     }
 }
 
+/// A `.npy` file (format 1.0, C order) of dtype `descr` and `shape` holding `data`, as
+/// NumPy writes it: the header padded with spaces to a multiple of 64 bytes.
+pub fn npy_bytes(descr: &str, shape: &[u64], data: &[u8]) -> Vec<u8> {
+    let mut header = format!(
+        "{{'descr': '{descr}', 'fortran_order': False, 'shape': {}, }}",
+        shape_tuple(shape)
+    );
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    bytes
+}
+
+/// A shape as a Python tuple: `(5,)`, `(2, 3)`, `()`.
+fn shape_tuple(shape: &[u64]) -> String {
+    match shape {
+        [one] => format!("({one},)"),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 /// The text of `key`'s value in a Python dict literal such as NumPy writes.
 fn dict_value<'a>(dict: &'a str, key: &str) -> Option<&'a str> {
     let at = dict.find(&format!("'{key}'"))? + key.len() + 2;
@@ -275,15 +308,7 @@ impl LocalDataset {
 fn describe_type(dtype: &Option<String>, shape: &Option<Vec<u64>>) -> String {
     let dtype = dtype.as_deref().unwrap_or("none");
     match shape {
-        Some(shape) if shape.len() == 1 => format!("dtype {dtype} shape ({},)", shape[0]),
-        Some(shape) => format!(
-            "dtype {dtype} shape ({})",
-            shape
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        Some(shape) => format!("dtype {dtype} shape {}", shape_tuple(shape)),
         None => format!("dtype {dtype}, no shape"),
     }
 }
@@ -558,4 +583,25 @@ pub fn train_dict_on_values(
         });
     }
     Ok((crate::dict::train(&samples, max_bytes)?, samples.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npy_bytes_parse_back() {
+        for shape in [vec![3], vec![2, 3], vec![]] {
+            let data: Vec<u8> = (0..shape.iter().product::<u64>() * 4)
+                .map(|b| b as u8)
+                .collect();
+            let bytes = npy_bytes("<i4", &shape, &data);
+            let header = NpyHeader::parse(&bytes, Path::new("x.npy")).unwrap();
+            assert_eq!(header.descr, "<i4");
+            assert!(!header.fortran_order);
+            assert_eq!(header.shape, shape);
+            assert_eq!(header.data_offset % 64, 0);
+            assert_eq!(&bytes[header.data_offset as usize..], &data[..]);
+        }
+    }
 }

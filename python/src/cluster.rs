@@ -224,17 +224,14 @@ impl Client {
 
     /// Appends the records of `columns` ({field: (bytes, offsets)}); returns the first index.
     fn append_columns(&self, py: Python<'_>, columns: Columns<'_>) -> PyResult<u64> {
-        let (columns, count) = columns_of(&columns)?;
-        let range = py
-            .detach(|| self.inner.append_many(&records_of(&columns, count)))
-            .map_err(cluster_error)?;
-        Ok(range.start)
+        let records = records_of(&columns)?;
+        let range = py.detach(|| self.inner.append_many(&records));
+        Ok(range.map_err(cluster_error)?.start)
     }
 
     /// Replaces record `index` with the one record of `columns`.
     fn modify(&self, py: Python<'_>, index: u64, columns: Columns<'_>) -> PyResult<()> {
-        let (columns, count) = columns_of(&columns)?;
-        let record = only_record(&columns, count)?;
+        let record = only_record(&columns)?;
         py.detach(|| self.inner.modify(index, &record))
             .map_err(cluster_error)
     }

@@ -148,16 +148,18 @@ fn record_of<'a>(columns: &[Column<'a>], k: usize) -> Record<'a> {
 }
 
 /// Every record of `columns` (see [`columns_of`]).
-fn records_of<'a>(columns: &[Column<'a>], count: usize) -> Vec<Record<'a>> {
-    (0..count).map(|k| record_of(columns, k)).collect()
+fn records_of<'a>(columns: &'a Columns<'_>) -> PyResult<Vec<Record<'a>>> {
+    let (columns, count) = columns_of(columns)?;
+    Ok((0..count).map(|k| record_of(&columns, k)).collect())
 }
 
-/// The one record of `columns`, for a modify.
-fn only_record<'a>(columns: &[Column<'a>], count: usize) -> PyResult<Record<'a>> {
+/// The one record of `columns`, checked, for a modify.
+fn only_record<'a>(columns: &'a Columns<'_>) -> PyResult<Record<'a>> {
+    let (columns, count) = columns_of(columns)?;
     if count != 1 {
         return Err(PyValueError::new_err("modify takes exactly one record"));
     }
-    Ok(record_of(columns, 0))
+    Ok(record_of(&columns, 0))
 }
 
 /// A column as NumPy arrays: its bytes (moved, not copied) and its offsets.
@@ -371,17 +373,14 @@ impl Store {
     /// Appends the records of `columns` ({field: (bytes, offsets)}); returns the first
     /// index. Fields not given are absent in these records.
     fn append_columns(&self, py: Python<'_>, columns: Columns<'_>) -> PyResult<u64> {
-        let (columns, count) = columns_of(&columns)?;
-        let range = py
-            .detach(|| self.inner.append_many(&records_of(&columns, count)))
-            .map_err(node_error)?;
-        Ok(range.start)
+        let records = records_of(&columns)?;
+        let range = py.detach(|| self.inner.append_many(&records));
+        Ok(range.map_err(node_error)?.start)
     }
 
     /// Replaces record `index` with the one record of `columns`.
     fn modify(&self, py: Python<'_>, index: u64, columns: Columns<'_>) -> PyResult<()> {
-        let (columns, count) = columns_of(&columns)?;
-        let record = only_record(&columns, count)?;
+        let record = only_record(&columns)?;
         py.detach(|| self.inner.modify(index, &record))
             .map_err(node_error)
     }

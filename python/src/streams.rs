@@ -140,56 +140,31 @@ impl Stream {
     }
 
     /// Observations: windows of `seq_len + 1` tokens every `stride`, or (`documents`) one
-    /// per document, cut or padded to `seq_len + 1`; `read` is mmap, direct or auto.
-    #[pyo3(signature = (seq_len, stride, documents, read="mmap", uncached=false, checked=false))]
-    fn windows(
-        &self,
-        seq_len: u64,
-        stride: u64,
-        documents: bool,
-        read: &str,
-        uncached: bool,
-        checked: bool,
-    ) -> PyResult<StreamWindows> {
+    /// per document, cut or padded to `seq_len + 1`, read as `read` says.
+    fn windows(&self, windows: WindowsTuple, read: ReadTuple) -> PyResult<StreamWindows> {
+        let (seq_len, stride, documents) = windows;
         let mode = if documents {
             zr_node::stream::WindowMode::Documents { seq_len }
         } else {
             zr_node::stream::WindowMode::Windows { seq_len, stride }
         };
-        let read: zr_node::ReadPath = read
-            .parse()
-            .map_err(|e: zr_node::UnknownReadPath| PyValueError::new_err(e.to_string()))?;
         let inner = zr_node::stream::Windows::new(self.inner.clone(), mode)
             .map_err(node_error)?
-            .with_options(zr_node::GatherOptions {
-                read,
-                uncached,
-                verify: checked,
-                ..zr_node::GatherOptions::default()
-            });
+            .with_options(gather_options(read)?);
         Ok(StreamWindows { inner })
     }
 
-    /// Documents packed whole into rows of `seq_len + 1` tokens: `packer` best_fit or
-    /// first_fit, `lookahead` documents at a time, in the order `seed` shuffles them into.
-    #[pyo3(signature = (seq_len, packer="best_fit", lookahead=1024, seed=0, read="mmap", uncached=false, checked=false, blocked=Vec::new()))]
-    #[allow(clippy::too_many_arguments)]
+    /// Documents packed whole into rows as `pack` says (see [`pack_config`]), read as `read`
+    /// says, documents `blocked` left out.
     fn packed(
         &self,
         py: Python<'_>,
-        seq_len: u64,
-        packer: &str,
-        lookahead: usize,
-        seed: u64,
-        read: &str,
-        uncached: bool,
-        checked: bool,
+        pack: PackTuple,
+        read: ReadTuple,
         blocked: Vec<u64>,
     ) -> PyResult<StreamPacked> {
-        let config = pack_config(seq_len, packer, lookahead, seed)?;
-        let read: zr_node::ReadPath = read
-            .parse()
-            .map_err(|e: zr_node::UnknownReadPath| PyValueError::new_err(e.to_string()))?;
+        let config = pack_config(pack)?;
+        let options = gather_options(read)?;
         let stream = self.inner.clone();
         let inner = py
             .detach(|| zr_node::stream::Packed::new(stream, config)?.block(&blocked))
@@ -197,24 +172,37 @@ impl Stream {
                 zr_node::Error::InvalidRecord(reason) => PyValueError::new_err(reason),
                 other => node_error(other),
             })?
-            .with_options(zr_node::GatherOptions {
-                read,
-                uncached,
-                verify: checked,
-                ..zr_node::GatherOptions::default()
-            });
+            .with_options(options);
         Ok(StreamPacked {
             inner: PackedRows::Local(inner),
         })
     }
 }
 
-/// A packing asked for from Python, checked.
+/// Observations asked for from Python: (seq_len, stride, one per document).
+type WindowsTuple = (u64, u64, bool);
+/// A packing asked for from Python: (seq_len, packer, lookahead, seed).
+type PackTuple = (u64, String, usize, u64);
+/// How a local stream is read, from Python: (read path: mmap, direct or auto; uncached;
+/// checked against the CRCs). A cluster's nodes choose how they read.
+type ReadTuple = (String, bool, bool);
+
+fn gather_options((read, uncached, checked): ReadTuple) -> PyResult<zr_node::GatherOptions> {
+    let read: zr_node::ReadPath = read
+        .parse()
+        .map_err(|e: zr_node::UnknownReadPath| PyValueError::new_err(e.to_string()))?;
+    Ok(zr_node::GatherOptions {
+        read,
+        uncached,
+        verify: checked,
+        ..zr_node::GatherOptions::default()
+    })
+}
+
+/// A packing asked for from Python (`packer` best_fit or first_fit, `lookahead` documents
+/// at a time, in the order `seed` shuffles them into), checked.
 pub(crate) fn pack_config(
-    seq_len: u64,
-    packer: &str,
-    lookahead: usize,
-    seed: u64,
+    (seq_len, packer, lookahead, seed): PackTuple,
 ) -> PyResult<zr_node::stream::PackConfig> {
     let packer: zr_node::stream::Packer = packer
         .parse()
@@ -515,18 +503,10 @@ impl ClusterStream {
         py.detach(|| self.write().commit()).map_err(cluster_error)
     }
 
-    /// Windows of `seq_len + 1` tokens every `stride` (document windows are local only).
-    #[pyo3(signature = (seq_len, stride, documents, read="mmap", uncached=false, checked=false))]
-    fn windows(
-        &self,
-        seq_len: u64,
-        stride: u64,
-        documents: bool,
-        read: &str,
-        uncached: bool,
-        checked: bool,
-    ) -> PyResult<ClusterStreamWindows> {
-        let _ = (read, uncached, checked); // the nodes choose how they read
+    /// Windows of `seq_len + 1` tokens every `stride` (document windows are local only);
+    /// the nodes choose how they read.
+    fn windows(&self, windows: WindowsTuple, _read: ReadTuple) -> PyResult<ClusterStreamWindows> {
+        let (seq_len, stride, documents) = windows;
         if documents {
             return Err(local_only("document_windows()"));
         }
@@ -538,24 +518,16 @@ impl ClusterStream {
         })
     }
 
-    /// Documents packed whole into rows of `seq_len + 1` tokens (see the local stream's
-    /// `packed`); the rows are the local stream's, byte for byte.
-    #[pyo3(signature = (seq_len, packer="best_fit", lookahead=1024, seed=0, read="mmap", uncached=false, checked=false, blocked=Vec::new()))]
-    #[allow(clippy::too_many_arguments)]
+    /// Documents packed whole into rows (see the local stream's `packed`); the rows are the
+    /// local stream's, byte for byte. The nodes choose how they read.
     fn packed(
         &self,
         py: Python<'_>,
-        seq_len: u64,
-        packer: &str,
-        lookahead: usize,
-        seed: u64,
-        read: &str,
-        uncached: bool,
-        checked: bool,
+        pack: PackTuple,
+        _read: ReadTuple,
         blocked: Vec<u64>,
     ) -> PyResult<StreamPacked> {
-        let _ = (read, uncached, checked); // the nodes choose how they read
-        let config = pack_config(seq_len, packer, lookahead, seed)?;
+        let config = pack_config(pack)?;
         let stream = self.read();
         let handle = stream
             .client()

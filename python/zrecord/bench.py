@@ -24,6 +24,7 @@ Warm cache: both files are read once before timing.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import tempfile
 import time
@@ -222,11 +223,19 @@ def _mixture(tmp, ds, args) -> None:
     print(f"loader over a 3-dataset mixture {mixed:,.0f} batches/s vs over one dataset of the same records {one:,.0f}: mixture/one {mixed / one:.2f}x")
 
 
-def _torch(ds, args) -> None:
+def _optional(module: str, package: str):
+    """The module ``module``, or None (said) when it is not installed: the comparisons with
+    optional frameworks are skipped without them."""
     try:
-        import torch  # noqa: PLC0415 - optional
+        return importlib.import_module(module)
     except ImportError:
-        print("torch: not installed, skipped")
+        print(f"{module}: not installed (pip install {package}), skipped")
+        return None
+
+
+def _torch(ds, args) -> None:
+    torch = _optional("torch", "torch")
+    if torch is None:
         return
     from zrecord.torch import MapDataset, StatefulSampler, collate  # noqa: PLC0415
 
@@ -251,10 +260,8 @@ def _torch(ds, args) -> None:
 
 
 def _grain(ds, args) -> None:
-    try:
-        import grain  # noqa: PLC0415 - optional
-    except ImportError:
-        print("grain: not installed (pip install grain), skipped")
+    grain = _optional("grain", "grain")
+    if grain is None:
         return
     from zrecord.grain import batches  # noqa: PLC0415
 

@@ -51,6 +51,15 @@ def _dtype_of(element: list[tuple[str, str]]) -> np.dtype:
     return np.dtype([(name, dtype) for name, dtype in element])
 
 
+def _field_named(fields: Sequence[Any], name: str, what: str) -> Any:
+    """The field ``name`` of ``fields``; a KeyError naming the ones there are otherwise."""
+    for f in fields:
+        if f.name == name:
+            return f
+    names = ", ".join(f.name for f in fields)
+    raise KeyError(f"{what} have no field '{name}' (they have: {names})")
+
+
 class Stream:
     """A token stream (see the module documentation). Read-only handles see the stream as
     of a commit: the last one when opened, and again at ``len()`` or ``refresh()``."""
@@ -201,7 +210,8 @@ class Packed:
         #: Documents not read (see ``Stream.packed``).
         self.blocklist = sorted({int(d) for d in blocklist})
         self._args = (self.seq_len, packer, self.lookahead, self.seed, read, uncached, checked, self.blocklist)
-        self._handle = stream._native().packed(*self._args)
+        pack = (self.seq_len, packer, self.lookahead, self.seed)
+        self._handle = stream._native().packed(pack, (read, uncached, checked), self.blocklist)
         self.width = self.seq_len + 1
 
     def _native(self) -> Any:
@@ -252,10 +262,7 @@ class Packed:
         return [f.name for f in self.fields]
 
     def _field(self, name: str) -> Any:
-        for f in self.fields:
-            if f.name == name:
-                return f
-        raise KeyError(f"packed rows have no field '{name}' (they have: {', '.join(self._names)})")
+        return _field_named(self.fields, name, "packed rows")
 
     def _finish(self, batch: dict) -> dict:
         """A batch the engine's loader read: the per-batch fields as arrays."""
@@ -322,7 +329,7 @@ class Windows:
         self.stride = stride
         self.by_document = documents
         self._args = (seq_len, stride, documents, read, uncached, checked)
-        self._handle = stream._native().windows(*self._args)
+        self._handle = stream._native().windows((seq_len, stride, documents), (read, uncached, checked))
         self.width = seq_len + 1
 
     def _native(self) -> Any:
@@ -363,10 +370,7 @@ class Windows:
         return [f.name for f in self.fields]
 
     def _field(self, name: str) -> Any:
-        for f in self.fields:
-            if f.name == name:
-                return f
-        raise KeyError(f"windows have no field '{name}' (they have: {', '.join(self._names)})")
+        return _field_named(self.fields, name, "windows")
 
     def gather(self, indices: Any, fields: Sequence[str] | None = None, out: Mapping[str, Any] | None = None) -> dict:
         """Observations ``indices`` as {"tokens": (B, W+1), "document": (B, W+1) int64,

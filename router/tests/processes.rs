@@ -396,22 +396,12 @@ fn zr_fails(args: &[&str]) -> String {
 
 /// A `.npy` of `rows` x `width` unsigned bytes.
 fn write_npy(path: &Path, rows: usize, width: usize, data: &[u8]) {
-    write_npy_of(path, "|u1", &format!("({rows}, {width})"), data);
+    write_npy_of(path, "|u1", &[rows as u64, width as u64], data);
 }
 
-/// A .npy of dtype `descr` and shape `shape` (as NumPy writes it, e.g. "(5,)") holding
-/// `data`.
-fn write_npy_of(path: &Path, descr: &str, shape: &str, data: &[u8]) {
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
-    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    bytes.extend_from_slice(header.as_bytes());
-    bytes.extend_from_slice(data);
-    std::fs::write(path, bytes).unwrap();
+/// A .npy of dtype `descr` and `shape` holding `data`.
+fn write_npy_of(path: &Path, descr: &str, shape: &[u64], data: &[u8]) {
+    std::fs::write(path, zr_node::convert::npy_bytes(descr, shape, data)).unwrap();
 }
 
 #[test]
@@ -1663,8 +1653,12 @@ fn zr_convert_makes_a_cluster_dataset_with_a_trained_dictionary() {
     }
     let offsets_path = tmp.join("offsets.npy");
     let offsets_bytes: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
-    let shape = format!("({},)", offsets.len());
-    write_npy_of(&offsets_path, "<u8", &shape, &offsets_bytes);
+    write_npy_of(
+        &offsets_path,
+        "<u8",
+        &[offsets.len() as u64],
+        &offsets_bytes,
+    );
     let input = [
         "convert",
         "--values",

@@ -83,10 +83,11 @@ impl Started {
 /// What resolves when a signal asks a server process to stop.
 pub type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Runs server process `name` as `role`: started as [`start`] does, its metrics served at
-/// `--metrics` or where `metrics` finds them in the configuration, then `serve` on its
-/// runtime until it returns. Every failure is one line on stderr, and the exit code says
-/// whether there was one.
+/// Runs server process `name` as `role`: the allocator set for a server (see
+/// [`zr_common::alloc`]: buffers kept while busy, memory returned when idle), started as
+/// [`start`] does, its metrics served at `--metrics` or where `metrics` finds them in the
+/// configuration, then `serve` on its runtime until it returns. Every failure is one line on
+/// stderr, and the exit code says whether there was one.
 pub fn run<F, Fut>(
     args: &ServerArgs,
     nodes: &Path,
@@ -99,6 +100,8 @@ where
     F: FnOnce(ClusterConfig, Security, Shutdown) -> Fut,
     Fut: Future<Output = Result<(), String>>,
 {
+    zr_common::alloc::tune();
+    zr_common::alloc::trim_when_idle(zr_net::requests);
     let started = match start(args, nodes, role, name) {
         Ok(started) => started,
         Err(line) => {

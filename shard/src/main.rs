@@ -43,8 +43,6 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    zr_common::alloc::tune();
-    zr_common::alloc::trim_when_idle(zr_net::requests);
     let args = Args::parse();
     let (shard, replica) = (args.shard, args.replica);
     process::run(

@@ -14,28 +14,7 @@ fn p(path: &Path) -> &str {
 
 /// Writes a .npy file (format 1.0) of `descr` and `shape` holding `data`.
 fn write_npy(path: &Path, descr: &str, shape: &[u64], data: &[u8]) {
-    let shape_text = match shape {
-        [one] => format!("({one},)"),
-        _ => format!(
-            "({})",
-            shape
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    };
-    let mut header =
-        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
-    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    bytes.extend_from_slice(header.as_bytes());
-    bytes.extend_from_slice(data);
-    std::fs::write(path, bytes).unwrap();
+    std::fs::write(path, zr_node::convert::npy_bytes(descr, shape, data)).unwrap();
 }
 
 /// `dir/values.bin` holding `values` and `dir/offsets.npy` cutting it into records of

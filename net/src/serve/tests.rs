@@ -15,27 +15,14 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
         .enable_all()
         .build()
         .unwrap()
 }
 
-/// A loopback server running `handler` under `limits` until `shutdown`, and a client
-/// endpoint: (the server's address, the client endpoint, the server's task).
-fn start<H, F>(
-    limits: Limits,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    handler: H,
-) -> (SocketAddr, Endpoint, tokio::task::JoinHandle<()>)
-where
-    H: Fn(Vec<u8>) -> F + Clone + Send + Sync + 'static,
-    F: std::future::Future<Output = (Vec<u8>, Body)> + Send + 'static,
-{
-    start_as(&SECURITY, limits, shutdown, handler)
-}
-
-/// [`start`], the server presenting `security`.
+/// A loopback server presenting `security`, running `handler` under `limits` until
+/// `shutdown`, and a client endpoint: (the server's address, the client endpoint, the
+/// server's task).
 fn start_as<H, F>(
     security: &Security,
     limits: Limits,
@@ -59,7 +46,12 @@ where
 fn loopback_connections_use_large_packets() {
     runtime().block_on(async {
         let echo = |bytes: Vec<u8>| async move { (bytes, Body::Ready(Vec::new())) };
-        let (addr, client, _served) = start(Limits::new(4, TIMEOUT), std::future::pending(), echo);
+        let (addr, client, _served) = start_as(
+            &SECURITY,
+            Limits::new(4, TIMEOUT),
+            std::future::pending(),
+            echo,
+        );
         assert!(client.local_addr().unwrap().ip().is_loopback());
         let connection = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
         let mut message: Vec<u8> = (0..8u32 << 20).map(|k| (k * 7 + k / 4099) as u8).collect();
@@ -254,7 +246,8 @@ fn shutdown_drains_requests_in_flight() {
         let stopped = async {
             let _ = stopped.await;
         };
-        let (addr, client, served) = start(Limits::new(4, TIMEOUT), stopped, slow_echo);
+        let (addr, client, served) =
+            start_as(&SECURITY, Limits::new(4, TIMEOUT), stopped, slow_echo);
         let connection = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
         let message = b"ZRW1 echo".to_vec();
         let call = tokio::spawn({
@@ -289,7 +282,8 @@ fn a_request_cut_off_by_a_timeout_never_reaches_the_handler() {
             }
         };
         let limits = Limits::new(4, TIMEOUT);
-        let (addr, client, served) = start(limits, std::future::pending(), record_len);
+        let (addr, client, served) =
+            start_as(&SECURITY, limits, std::future::pending(), record_len);
         let connection = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
         // Larger than the stream's flow-control window: the send is cut off midway.
         let body = vec![Bytes::from(vec![7u8; 160 << 20])];
@@ -329,7 +323,7 @@ fn echo_server(
         connections_per_identity: per_identity,
         ..Limits::new(connections, TIMEOUT)
     };
-    let (addr, client, served) = start(limits, std::future::pending(), echo);
+    let (addr, client, served) = start_as(&SECURITY, limits, std::future::pending(), echo);
     (addr, client, served, b"ZRW1 hello".to_vec())
 }
 
@@ -429,7 +423,7 @@ fn requests_share_a_byte_budget() {
             request_bytes_per_identity: 256 << 10,
             ..Limits::new(4, TIMEOUT)
         };
-        let (addr, client, served) = start(limits, std::future::pending(), slow_len);
+        let (addr, client, served) = start_as(&SECURITY, limits, std::future::pending(), slow_len);
         let c = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
         let request = |len: usize| {
             let c = c.clone();
@@ -475,7 +469,7 @@ fn one_identity_has_at_most_its_requests_in_flight() {
             requests_per_identity: 3,
             ..Limits::new(8, TIMEOUT)
         };
-        let (addr, client, served) = start(limits, std::future::pending(), handler);
+        let (addr, client, served) = start_as(&SECURITY, limits, std::future::pending(), handler);
         // On an `--insecure-dev` endpoint, one address is one identity.
         let first = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();
         let second = connect(&client, &SECURITY, addr, TIMEOUT).await.unwrap();

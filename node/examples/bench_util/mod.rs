@@ -6,6 +6,12 @@ use std::time::{Duration, Instant};
 
 use zr_node::{CreateOptions, FieldSpec, Record, Store};
 
+/// What a benchmark's steps return.
+pub type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Rounds a timed comparison alternates over (the median is printed).
+pub const ROUNDS: usize = 5;
+
 /// SplitMix64: fast, reproducible pseudo-random data for benchmarks.
 pub struct Rng(pub u64);
 
@@ -28,13 +34,21 @@ impl Rng {
 
 /// Creates a dataset of `n` random records of `size` bytes in one raw field "data", calling
 /// `also` with every run of records' bytes (to build a baseline from the same bytes).
-pub fn build_dataset(
+pub fn build_dataset(dir: &Path, n: u64, size: usize, also: impl FnMut(&[u8])) -> BoxResult<Store> {
+    build_field(dir, n, size, FieldSpec::raw("data"), Rng::fill, also)
+}
+
+/// [`build_dataset`] with the field `spec` (named "data") and the records' bytes made by
+/// `fill`.
+pub fn build_field(
     dir: &Path,
     n: u64,
     size: usize,
+    spec: FieldSpec,
+    mut fill: impl FnMut(&mut Rng, &mut [u8]),
     mut also: impl FnMut(&[u8]),
-) -> Result<Store, Box<dyn std::error::Error>> {
-    let store = Store::create(dir, vec![FieldSpec::raw("data")], CreateOptions::default())?;
+) -> BoxResult<Store> {
+    let store = Store::create(dir, vec![spec], CreateOptions::default())?;
     let started = Instant::now();
     let mut rng = Rng(size as u64);
     let per_call = 1024usize;
@@ -43,7 +57,7 @@ pub fn build_dataset(
     while written < n {
         let count = per_call.min((n - written) as usize);
         let bytes = &mut buf[..count * size];
-        rng.fill(bytes);
+        fill(&mut rng, bytes);
         also(bytes);
         let records: Vec<Record> = bytes
             .chunks(size)
@@ -61,22 +75,35 @@ pub fn build_dataset(
     Ok(store)
 }
 
-/// Runs `step` (one batch) repeatedly for about `seconds`; returns batches per second.
 /// Gathers every record of field "data" once, through the mappings (every page read, the
 /// mappings warm), into the buffers returned, which a benchmark may reuse.
-pub fn warm(store: &Store) -> Result<(Vec<u8>, Vec<u64>), Box<dyn std::error::Error>> {
+pub fn warm(store: &Store) -> BoxResult<(Vec<u8>, Vec<u64>)> {
     let all: Vec<u64> = (0..store.len()).collect();
     let (mut data, mut offsets) = (Vec::new(), Vec::new());
     for part in all.chunks(4096) {
-        store
-            .gather(part, &["data"])?
-            .field("data")
-            .ok_or("no field")?
-            .write_contiguous(&mut data, &mut offsets);
+        gather_data(store, part, &mut data, &mut offsets)?;
     }
     Ok((data, offsets))
 }
 
+/// One materialized gather: records `indices` of field "data" copied into `data`, their
+/// ends into `offsets`.
+pub fn gather_data(
+    store: &Store,
+    indices: &[u64],
+    data: &mut Vec<u8>,
+    offsets: &mut Vec<u64>,
+) -> BoxResult<()> {
+    store
+        .gather(indices, &["data"])?
+        .field("data")
+        .ok_or("no field")?
+        .write_contiguous(data, offsets);
+    std::hint::black_box(&data);
+    Ok(())
+}
+
+/// Runs `step` (one batch) repeatedly for about `seconds`; returns batches per second.
 pub fn time_batches(seconds: f64, mut step: impl FnMut(usize)) -> f64 {
     let budget = Duration::from_secs_f64(seconds);
     let start = Instant::now();

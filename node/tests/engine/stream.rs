@@ -712,16 +712,7 @@ fn malformed_megatron_indexes_are_refused_and_leave_nothing() {
 }
 
 fn write_npy(path: &Path, descr: &str, count: usize, data: &[u8]) {
-    let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({count},), }}");
-    let mut header = dict.into_bytes();
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(b' ');
-    }
-    header.push(b'\n');
-    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
-    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    bytes.extend_from_slice(&header);
-    bytes.extend_from_slice(data);
+    let bytes = zr_node::convert::npy_bytes(descr, &[count as u64], data);
     std::fs::write(path, bytes).expect("npy");
 }
 

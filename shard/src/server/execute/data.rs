@@ -68,7 +68,7 @@ pub(crate) fn append(
         body,
         ..
     } = *ctx;
-    fenced(coordination, token, || {
+    ctx.fenced(token, || {
         let building = coordination.identity.staged();
         // Where each slot's next record goes: its length, then past the runs before.
         let mut next_at: std::collections::HashMap<u32, u64> = Default::default();
@@ -125,13 +125,8 @@ pub(crate) fn modify(
     fields: Vec<String>,
     lengths: Vec<u32>,
 ) -> Outcome {
-    let Ctx {
-        store,
-        coordination,
-        body,
-        ..
-    } = *ctx;
-    fenced(coordination, token, || {
+    let (store, body) = (ctx.store, ctx.body);
+    ctx.fenced(token, || {
         let columns =
             wire::split_columns(&lengths.iter().map(|&l| vec![l]).collect::<Vec<_>>(), body);
         let mut record = Record::new();
@@ -151,13 +146,8 @@ pub(crate) fn write_field(
     indices: Vec<u64>,
     lengths: Vec<u32>,
 ) -> Outcome {
-    let Ctx {
-        store,
-        coordination,
-        body,
-        ..
-    } = *ctx;
-    fenced(coordination, Some(token), || {
+    let (store, body) = (ctx.store, ctx.body);
+    ctx.fenced(Some(token), || {
         let values = wire::split_columns(&[lengths], body);
         let values = values.first().map_or(&[][..], Vec::as_slice);
         store
@@ -169,12 +159,8 @@ pub(crate) fn write_field(
 
 /// Cuts each slot of `slots` to its length, under the fence (a repair).
 pub(crate) fn truncate(ctx: &Ctx<'_>, slots: Vec<(u32, u64)>, token: u64) -> Outcome {
-    let Ctx {
-        store,
-        coordination,
-        ..
-    } = *ctx;
-    fenced(coordination, Some(token), || {
+    let store = ctx.store;
+    ctx.fenced(Some(token), || {
         for (slot, len) in slots {
             store.truncate_unit(slot, len).map_err(Refusal::Store)?;
         }

@@ -11,21 +11,6 @@ mod state;
 
 pub(super) type Outcome = Result<(Reply, Vec<Bytes>), Refusal>;
 
-/// Runs `write` if it carries a lease token the node's fence admits.
-pub(super) fn fenced(
-    coordination: &Coordination,
-    token: Option<u64>,
-    write: impl FnOnce() -> Outcome,
-) -> Outcome {
-    let Some(token) = token else {
-        return Err(Refusal::NoLeaseToken);
-    };
-    coordination
-        .fence
-        .admit(token, write)
-        .map_err(Refusal::Fenced)?
-}
-
 /// What a request is carried out with: the node's store, its coordination state, the
 /// shard server around it (none for a server of one dataset), the dataset named, the body.
 #[derive(Clone, Copy)]
@@ -38,6 +23,17 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
+    /// Runs `write` if it carries a lease token the node's fence admits.
+    fn fenced(&self, token: Option<u64>, write: impl FnOnce() -> Outcome) -> Outcome {
+        let Some(token) = token else {
+            return Err(Refusal::NoLeaseToken);
+        };
+        self.coordination
+            .fence
+            .admit(token, write)
+            .map_err(Refusal::Fenced)?
+    }
+
     /// The node's datasets; refused by a server of one dataset.
     pub(crate) fn node(&self) -> Result<&'a Catalog, Refusal> {
         self.on.map(|(_, catalog)| catalog).ok_or_else(|| {

@@ -32,9 +32,8 @@ pub(crate) fn stage(
 /// Serves the slots built for map `version` and drops those given, each slot's length checked;
 /// the token checked against the fence.
 pub(crate) fn switch(ctx: &Ctx<'_>, version: u64, slots: Vec<(u32, u64)>, token: u64) -> Outcome {
-    let Ctx { coordination, .. } = *ctx;
     // Checked, not held: a switch is no write.
-    fenced(coordination, Some(token), || Ok((Reply::Done, Vec::new())))?;
+    ctx.fenced(Some(token), || Ok((Reply::Done, Vec::new())))?;
     ctx.mover()?
         .switch(version, &slots)
         .map_err(Refusal::Store)?;
