@@ -108,8 +108,6 @@ struct Call {
 struct Pair {
     seed: u64,
     rng: Rng,
-    t0: Instant,
-    now: u64,
     timeline: Timeline<Action>,
     routers: Vec<Router>,
     /// The store's record and its revision; the last revision given.
@@ -126,9 +124,7 @@ impl Pair {
         let mut pair = Pair {
             seed,
             rng: Rng::new(seed),
-            t0: Instant::now(),
-            now: 0,
-            timeline: Timeline::new(),
+            timeline: Timeline::new(Duration::from_micros(1)),
             routers: Vec::new(),
             record: None,
             revision: 0,
@@ -161,7 +157,7 @@ impl Pair {
     }
 
     fn instant(&self) -> Instant {
-        self.t0 + Duration::from_micros(self.now)
+        self.timeline.instant(self.timeline.now)
     }
 
     /// Sends `request` to the store: it arrives after a while, or is lost on the way.
@@ -181,10 +177,10 @@ impl Pair {
         if self.rng.one_in(25) {
             // Lost on the way: the router times out.
             self.flights.get_mut(&id).expect("sent").answer = Some(Answer::TimedOut);
-            self.at(self.now + TIMEOUT, Action::Answer(id));
+            self.at(self.timeline.now + TIMEOUT, Action::Answer(id));
         } else {
             let delay = self.delay();
-            self.at(self.now + delay, Action::Arrive(id));
+            self.at(self.timeline.now + delay, Action::Arrive(id));
         }
     }
 
@@ -216,9 +212,9 @@ impl Pair {
         };
         let (answer, when) = if self.rng.one_in(25) {
             // Done, but the answer is lost: the router times out.
-            (Answer::TimedOut, self.now + TIMEOUT)
+            (Answer::TimedOut, self.timeline.now + TIMEOUT)
         } else {
-            (answer, self.now + self.delay())
+            (answer, self.timeline.now + self.delay())
         };
         self.flights.get_mut(&id).expect("in flight").answer = Some(answer);
         self.at(when, Action::Answer(id));
@@ -287,7 +283,7 @@ impl Pair {
             Do::Pause(pause) => {
                 let incarnation = self.routers[r].incarnation;
                 self.at(
-                    self.now + pause.as_micros() as u64,
+                    self.timeline.now + pause.as_micros() as u64,
                     Action::Resume(r, incarnation),
                 );
             }
@@ -314,11 +310,11 @@ impl Pair {
         self.calls.push(Call {
             holder: (r, router.incarnation),
             token: held.token,
-            start: self.now,
-            end: self.now + length,
+            start: self.timeline.now,
+            end: self.timeline.now + length,
         });
         let incarnation = router.incarnation;
-        self.at(self.now + length, Action::CallDone(r, incarnation));
+        self.at(self.timeline.now + length, Action::CallDone(r, incarnation));
     }
 
     fn call_done(&mut self, r: usize) {
@@ -331,9 +327,9 @@ impl Pair {
             return;
         }
         self.routers[r].phase = Phase::Idle;
-        self.routers[r].used = Some(self.now);
+        self.routers[r].used = Some(self.timeline.now);
         let incarnation = self.routers[r].incarnation;
-        self.at(self.now + LINGER, Action::Linger(r, incarnation));
+        self.at(self.timeline.now + LINGER, Action::Linger(r, incarnation));
         self.want_later(r);
     }
 
@@ -355,7 +351,9 @@ impl Pair {
 
     fn linger(&mut self, r: usize) {
         let router = &self.routers[r];
-        let idle = router.used.is_none_or(|used| self.now - used >= LINGER);
+        let idle = router
+            .used
+            .is_none_or(|used| self.timeline.now - used >= LINGER);
         if matches!(router.phase, Phase::Idle) && idle && router.state.held().is_some() {
             self.release(r, true);
         }
@@ -369,7 +367,7 @@ impl Pair {
             1..=3 => self.rng.below(20 * MS),
             _ => self.rng.below(2 * MS),
         };
-        self.at(self.now + pause, Action::Want(r));
+        self.at(self.timeline.now + pause, Action::Want(r));
     }
 
     fn step(&mut self) -> bool {
@@ -379,11 +377,10 @@ impl Pair {
         if when > RUN {
             return false;
         }
-        self.now = when;
         match action {
             Action::Want(r) => {
                 if self.rng.one_in(150) {
-                    self.at(self.now, Action::Bounce(r));
+                    self.at(self.timeline.now, Action::Bounce(r));
                 }
                 self.want(r);
             }
@@ -413,7 +410,7 @@ impl Pair {
                 router.phase = Phase::Idle;
                 router.used = None;
                 let pause = self.rng.below(50 * MS);
-                self.at(self.now + pause, Action::Want(r));
+                self.at(self.timeline.now + pause, Action::Want(r));
             }
         }
         true

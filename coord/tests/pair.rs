@@ -54,9 +54,6 @@ enum Action {
 struct Pair {
     seed: u64,
     rng: Rng,
-    t0: Instant,
-    /// Virtual time, in milliseconds since `t0`.
-    now: u64,
     timeline: Timeline<Action>,
     replicas: u32,
     state: Replicas,
@@ -87,9 +84,7 @@ impl Pair {
         let mut pair = Pair {
             seed,
             rng: Rng::new(seed),
-            t0: Instant::now(),
-            now: 0,
-            timeline: Timeline::new(),
+            timeline: Timeline::new(Duration::from_millis(1)),
             replicas,
             state,
             nodes: vec![
@@ -120,7 +115,7 @@ impl Pair {
     }
 
     fn instant(&self, ms: u64) -> Instant {
-        self.t0 + Duration::from_millis(ms)
+        self.timeline.instant(ms)
     }
 
     fn shard(&self, node: usize) -> u32 {
@@ -139,7 +134,7 @@ impl Pair {
     /// Tells the state `event` and performs everything that follows, as the router's links
     /// do (marks go to the store by compare-and-swap, and the record written is told back).
     fn tell(&mut self, event: Event) {
-        self.state.handle(event, self.instant(self.now));
+        self.state.handle(event, self.instant(self.timeline.now));
         while let Some(effect) = self.state.poll() {
             match effect {
                 Effect::Publish(record) => {
@@ -148,7 +143,7 @@ impl Pair {
                         let left = (self.published.in_sync(id) && !record.in_sync(id))
                             || self.published.moved_to(id) != record.moved_to(id);
                         if left {
-                            self.left_at[node] = Some(self.now);
+                            self.left_at[node] = Some(self.timeline.now);
                         }
                     }
                     self.published = record;
@@ -181,10 +176,9 @@ impl Pair {
     }
 
     fn step(&mut self) -> bool {
-        let Some((when, action)) = self.timeline.next() else {
+        let Some((_, action)) = self.timeline.next() else {
             return false;
         };
-        self.now = when;
         match action {
             Action::Beat(node) => {
                 if self.nodes[node].up {
@@ -192,10 +186,16 @@ impl Pair {
                     let len = Some(self.nodes[node].held);
                     self.tell(Event::Answered { node, len });
                     let pause = self.state.heartbeat(node).0;
-                    self.at(self.now + pause.as_millis() as u64, Action::Beat(node));
+                    self.at(
+                        self.timeline.now + pause.as_millis() as u64,
+                        Action::Beat(node),
+                    );
                 } else {
                     let timeout = self.state.heartbeat(node).1.as_millis() as u64;
-                    self.at(self.now + timeout, Action::BeatFailed(node, self.now));
+                    self.at(
+                        self.timeline.now + timeout,
+                        Action::BeatFailed(node, self.timeline.now),
+                    );
                 }
             }
             Action::BeatFailed(node, sent) => {
@@ -206,11 +206,14 @@ impl Pair {
                     reason: "no reply".into(),
                 });
                 let pause = self.state.heartbeat(node).0;
-                self.at(self.now + pause.as_millis() as u64, Action::Beat(node));
+                self.at(
+                    self.timeline.now + pause.as_millis() as u64,
+                    Action::Beat(node),
+                );
             }
             Action::Write => {
                 self.write();
-                let next = self.now + 1 + self.rng.below(40);
+                let next = self.timeline.now + 1 + self.rng.below(40);
                 let action = match self.rng.below(20) {
                     0..=10 => Action::Write,
                     11 | 12 => Action::Commit,
@@ -256,7 +259,7 @@ impl Pair {
                     let model = &mut self.nodes[node];
                     model.up = true;
                     model.incarnation += 1;
-                    model.changed_at = self.now;
+                    model.changed_at = self.timeline.now;
                 }
             }
             Action::CatchUp => self.catch_up(),
@@ -300,12 +303,12 @@ impl Pair {
             return;
         }
         self.written[shard as usize] += 1;
-        let now = self.instant(self.now);
+        let now = self.instant(self.timeline.now);
         let wait = self.state.acks_after().map_or(0, |until| {
             until.saturating_duration_since(now).as_millis() as u64
         });
         self.at(
-            self.now + wait,
+            self.timeline.now + wait,
             Action::Ack(shard, self.written[shard as usize]),
         );
     }
@@ -328,7 +331,7 @@ impl Pair {
         let model = &mut self.nodes[node];
         model.up = false;
         model.held = model.durable;
-        model.changed_at = self.now;
+        model.changed_at = self.timeline.now;
         self.connected[node] = false;
         Some(node)
     }
@@ -372,10 +375,10 @@ impl Pair {
             }
             if let Some(left) = self.left_at[node] {
                 assert!(
-                    self.now >= left + READ_LEASE_WAIT.as_millis() as u64,
+                    self.timeline.now >= left + READ_LEASE_WAIT.as_millis() as u64,
                     "seed {}: at {} ms a write to shard {shard} is acknowledged, which node {node} misses; it left the in-sync set at {left} ms and may serve reads until its read lease runs out",
                     self.seed,
-                    self.now
+                    self.timeline.now
                 );
             }
         }
@@ -383,7 +386,7 @@ impl Pair {
 
     fn check(&self) {
         let seed = self.seed;
-        let now = self.instant(self.now);
+        let now = self.instant(self.timeline.now);
         assert_eq!(
             **self.state.record(),
             self.store,
@@ -397,12 +400,12 @@ impl Pair {
                 assert!(
                     model.held >= self.acked[shard as usize],
                     "seed {seed}: at {} ms node {node} is in sync and reachable, yet holds {} of the {} records acknowledged for shard {shard}",
-                    self.now,
+                    self.timeline.now,
                     model.held,
                     self.acked[shard as usize]
                 );
             }
-            let since = self.now - model.changed_at;
+            let since = self.timeline.now - model.changed_at;
             let health = self.state.health(node).expect("added");
             // Found down within: its next heartbeat, two that fail, the pause between.
             let down_within = EVERY_UP + HEARTBEAT_TIMEOUT * 2 + EVERY_UP + DOWN_AFTER;
@@ -426,7 +429,7 @@ impl Pair {
 
 fn run(seed: u64, shards: u32, replicas: u32, millis: u64) -> Pair {
     let mut pair = Pair::new(seed, shards, replicas);
-    while pair.now < millis && pair.step() {}
+    while pair.timeline.now < millis && pair.step() {}
     pair
 }
 

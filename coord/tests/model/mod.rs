@@ -1,8 +1,9 @@
-//! What the pair tests share: a seeded sequence of draws, the queue of what happens next on
-//! virtual time, and the seeds a run takes.
+//! What the pair tests share: a seeded sequence of draws, virtual time with the queue of
+//! what happens next on it, and the seeds a run takes.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::time::{Duration, Instant};
 
 /// A seeded sequence, the same on every machine: the engine's hash of (seed, draw).
 pub struct Rng {
@@ -28,15 +29,23 @@ impl Rng {
     }
 }
 
-/// What is to happen, by virtual time; at the same time, in the order it was queued.
+/// Virtual time and what is to happen on it; at the same time, in the order it was queued.
 pub struct Timeline<A: Ord> {
+    /// Now, in `unit`s since the start: the time of the last thing taken by [`Self::next`].
+    pub now: u64,
+    start: Instant,
+    unit: Duration,
     queue: BinaryHeap<Reverse<(u64, u64, A)>>,
     queued: u64,
 }
 
 impl<A: Ord> Timeline<A> {
-    pub fn new() -> Timeline<A> {
+    /// Nothing queued yet, time counted in `unit`s from now.
+    pub fn new(unit: Duration) -> Timeline<A> {
         Timeline {
+            now: 0,
+            start: Instant::now(),
+            unit,
             queue: BinaryHeap::new(),
             queued: 0,
         }
@@ -48,11 +57,17 @@ impl<A: Ord> Timeline<A> {
         self.queue.push(Reverse((when, self.queued, action)));
     }
 
-    /// The next thing to happen, and when.
+    /// The next thing to happen, and when; time is then when it happens.
     pub fn next(&mut self) -> Option<(u64, A)> {
-        self.queue
-            .pop()
-            .map(|Reverse((when, _, action))| (when, action))
+        let Reverse((when, _, action)) = self.queue.pop()?;
+        self.now = when;
+        Some((when, action))
+    }
+
+    /// Virtual time `when` as the clock the code under test takes.
+    pub fn instant(&self, when: u64) -> Instant {
+        let nanos = self.unit.as_nanos() as u64 * when;
+        self.start + Duration::from_nanos(nanos)
     }
 }
 
