@@ -1,14 +1,15 @@
 //! What a router knows and decides, as one value: its name for the writer leases it takes,
-//! the move it runs, the catch-ups of behind replicas running, the revision of the cluster
-//! record whose datasets it follows, and each dataset it serves ([`crate::dataset`]:
-//! fields, lengths, writer lease, dropped) — the default one and every named one alike. The
-//! router keeps it under one lock, held for a moment and never across an await, and
-//! performs what it decides.
+//! the replica set with each node's liveness and the replica record ([`crate::Replicas`],
+//! stepped by `handle`/`poll`), the move it runs, the catch-ups of behind replicas running,
+//! the revision of the cluster record whose datasets it follows, and each dataset it serves
+//! ([`crate::dataset`]: fields, lengths, writer lease, dropped) — the default one and every
+//! named one alike. The router keeps it under one lock, held for a moment and never across
+//! an await, and performs what it decides; its links to the nodes step the replica set
+//! through the same lock.
 //!
-//! Two parts of what a router knows sit beside it, because others share them: the replica
-//! set with its liveness ([`crate::Replicas`], which a client reading one hop keeps too,
-//! stepped by `handle`/`poll`), and the placement every dataset is read and written by,
-//! published as an immutable snapshot that gathers read without a lock.
+//! A client reading one hop keeps a replica set of its own, without the rest. The placement
+//! every dataset is read and written by sits beside, published as an immutable snapshot that
+//! gathers read without a lock.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -20,6 +21,7 @@ use crate::cluster::{ClusterRecord, DatasetRecord};
 use crate::dataset::DatasetState;
 use crate::datasets::{router_changes, wire_fields, Adopt, Known};
 use crate::moving::MoveRun;
+use crate::replicas::Replicas;
 use crate::NodeId;
 
 /// Which of a coordinator's datasets: given by [`Coordinator::open`], good until
@@ -54,6 +56,8 @@ pub struct Coordinator {
     me: u64,
     /// How long a writer lease it takes is held.
     lease: Duration,
+    /// The nodes, their liveness and the replica record.
+    replicas: Replicas,
     /// The move this router runs, or ran last.
     pub moving: MoveRun,
     /// The catch-ups running here, by the node caught up.
@@ -68,17 +72,28 @@ pub struct Coordinator {
 
 impl Coordinator {
     /// A router's, whose name for the writer leases it takes is `me` (one per router), each
-    /// lease held for `lease`; serving no dataset yet.
-    pub fn new(me: u64, lease: Duration) -> Coordinator {
+    /// lease held for `lease`, knowing the nodes as `replicas` says; serving no dataset yet.
+    pub fn new(me: u64, lease: Duration, replicas: Replicas) -> Coordinator {
         Coordinator {
             me,
             lease,
+            replicas,
             moving: MoveRun::default(),
             catch_ups: HashMap::new(),
             followed: 0,
             datasets: HashMap::new(),
             next_key: 0,
         }
+    }
+
+    /// The nodes, their liveness and the replica record.
+    pub fn replicas(&self) -> &Replicas {
+        &self.replicas
+    }
+
+    /// The same, to step (`Replicas::handle`, `Replicas::poll`) or to add nodes to.
+    pub fn replicas_mut(&mut self) -> &mut Replicas {
+        &mut self.replicas
     }
 
     /// Serves a dataset of `fields` on `shards` shards from now on, under the key returned:
@@ -336,7 +351,7 @@ mod tests {
 
     /// A coordinator for the tests.
     fn coordinator() -> Coordinator {
-        Coordinator::new(1, Duration::from_secs(8))
+        Coordinator::new(1, Duration::from_secs(8), Replicas::new(1))
     }
 
     /// A router as a driver runs one: its coordinator, and the handle (key) of each named

@@ -55,7 +55,7 @@ pub async fn restore_record(
         ))
         .into());
     }
-    let nodes = crate::server::links_of(config, security, Arc::clone(&meta))?;
+    let nodes = crate::server::links_of(config, security, Arc::clone(&meta), None)?;
     let mut found: Option<(String, u64)> = None;
     let mut lens = vec![u64::MAX; config.cluster.shards as usize];
     for node in nodes.all() {

@@ -74,6 +74,7 @@ pub(crate) fn links_of(
     config: &ClusterConfig,
     security: net::Security,
     meta: Arc<dyn MetaStore>,
+    coordinator: Option<Arc<std::sync::Mutex<Coordinator>>>,
 ) -> Result<Nodes, Error> {
     let entries: Vec<_> = config
         .shards
@@ -87,13 +88,14 @@ pub(crate) fn links_of(
         security,
         Duration::from_millis(config.router.timeout_ms),
         meta,
+        coordinator,
     )
 }
 
 /// What a router knows of the cluster as a whole, and how it serves: one per router,
 /// shared by every dataset's [`Router`].
 pub(crate) struct Cluster {
-    /// The links to the nodes, their liveness and the replica record.
+    /// The links to the nodes; what they learn is decided in `coordinator`.
     nodes: Arc<Nodes>,
     /// The longest a call to a node or to the metadata store takes.
     timeout: Duration,
@@ -107,11 +109,12 @@ pub(crate) struct Cluster {
     named: std::sync::RwLock<std::collections::BTreeMap<String, Arc<Router>>>,
     /// The lock an adoption of the record's datasets takes (`datasets.rs`).
     adopting: Mutex<()>,
-    /// What it knows and decides: the move it runs, the catch-ups running, the revision of
-    /// the record whose datasets it follows, and each dataset's state, the default one's and
-    /// every named one's (see [`zr_coord::coordinator`]). Locked for a moment, never across
-    /// an await.
-    coordinator: std::sync::Mutex<Coordinator>,
+    /// What it knows and decides: the replica set with the nodes' liveness (which `nodes`
+    /// steps), the move it runs, the catch-ups running, the revision of the record whose
+    /// datasets it follows, and each dataset's state, the default one's and every named
+    /// one's (see [`zr_coord::coordinator`]). Locked for a moment, never across an await,
+    /// and never while calling on `nodes`.
+    coordinator: Arc<std::sync::Mutex<Coordinator>>,
     /// The bytes of gather replies held at once (see `budget.rs`).
     replies: Arc<ReplyBudget>,
     /// Bytes of requests read or handled at once (`[router] request_budget_mib`).

@@ -7,7 +7,9 @@
 //! which node is down, which restarted after this router wrote to it and must be marked
 //! behind, which is reached elsewhere now, until when write acknowledgments wait. The links
 //! perform what it answers ([`Nodes::tell`]). Reads and writes go to in-sync replicas only,
-//! by the record it last published.
+//! by the record it last published. A router's [`Replicas`] is part of its
+//! [`Coordinator`], under the one lock of everything else it decides; a client's reading one
+//! hop is its own.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +25,7 @@ use zr_proto::wire::{self, NodeRequest, Reply};
 
 use arc_swap::ArcSwap;
 use zr_coord::replicas::{Effect, Event, Replicas};
+use zr_coord::Coordinator;
 use zr_meta::replicas::{self, ReplicaRecord};
 
 use crate::error::{Error, Failure};
@@ -101,7 +104,7 @@ pub struct Nodes {
     growing: std::sync::Mutex<()>,
     replicas: u32,
     /// What is known of the nodes and the replica record, and decided from it.
-    state: std::sync::Mutex<Replicas>,
+    state: Held,
     /// Which replicas are behind, as `state` last published it: what reads and writes go by.
     replica_record: ArcSwap<ReplicaRecord>,
     /// Turns reads among a shard's replicas.
@@ -130,7 +133,9 @@ impl Nodes {
     /// A router's links to the nodes at `entries` — (shard, replica, address) of each, in
     /// nodes.toml — with `shards` shards of `replicas` replicas, every wait bounded by
     /// `timeout`; the replica marks and liveness leases are kept in `meta`. Connections are
-    /// made on first use.
+    /// made on first use. What they learn is stepped in the router's `coordinator` (its
+    /// replica set made anew here, from `entries`), or, without one, in a replica set of
+    /// their own.
     pub fn for_router(
         entries: &[(u32, u32, SocketAddr)],
         shards: u32,
@@ -138,10 +143,26 @@ impl Nodes {
         security: Security,
         timeout: Duration,
         meta: Arc<dyn zr_meta::MetaStore>,
+        coordinator: Option<Arc<std::sync::Mutex<Coordinator>>>,
     ) -> Result<Nodes, Error> {
         let mut entries = entries.to_vec();
         entries.sort_by_key(|&(shard, replica, _)| (shard, replica));
-        Nodes::with_links(&entries, shards, replicas, security, timeout, Some(meta))
+        let state = match coordinator {
+            Some(coordinator) => {
+                *lock(&coordinator).replicas_mut() = Replicas::new(replicas);
+                Held::Coordinator(coordinator)
+            }
+            None => Held::Own(std::sync::Mutex::new(Replicas::new(replicas))),
+        };
+        Nodes::with_links(
+            &entries,
+            shards,
+            replicas,
+            security,
+            timeout,
+            Some(meta),
+            state,
+        )
     }
 
     /// A client's links to the nodes of `topology`, as its router gave it: reads go to the
@@ -183,6 +204,7 @@ impl Nodes {
             security,
             timeout,
             None,
+            Held::Own(std::sync::Mutex::new(Replicas::new(topology.replicas))),
         )?;
         nodes.set_cluster(&topology.cluster, topology.map.version);
         // Nothing to perform: the links were made at the addresses the record gives.
@@ -197,11 +219,14 @@ impl Nodes {
         security: Security,
         timeout: Duration,
         meta: Option<Arc<dyn zr_meta::MetaStore>>,
+        state: Held,
     ) -> Result<Nodes, Error> {
         let links = boxcar::Vec::new();
-        let mut state = Replicas::new(replicas);
         for &(shard, replica, addr) in entries {
-            state.add(shard, replica, addr).map_err(Error::Client)?;
+            state
+                .lock()
+                .add(shard, replica, addr)
+                .map_err(Error::Client)?;
             links.push(NodeLink::new(shard, replica, addr, replicas)?);
         }
         Ok(Nodes {
@@ -209,7 +234,7 @@ impl Nodes {
             shards: std::sync::atomic::AtomicU32::new(shards),
             growing: std::sync::Mutex::new(()),
             replicas,
-            state: std::sync::Mutex::new(state),
+            state,
             replica_record: ArcSwap::from_pointee(ReplicaRecord::default()),
             turn: AtomicU64::new(0),
             catch_up: Arc::new(tokio::sync::Notify::new()),
@@ -587,9 +612,10 @@ impl Nodes {
         self.timeout
     }
 
-    /// The decisions' state, locked (briefly: nothing waits while it is held).
-    fn state(&self) -> std::sync::MutexGuard<'_, Replicas> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// The decisions' state, locked (briefly: nothing waits while it is held). A router's
+    /// is its coordinator's lock: never taken while the router holds that.
+    fn state(&self) -> StateGuard<'_> {
+        self.state.lock()
     }
 
     /// Tells the state `event`, performs what follows at once (publishing the record and
@@ -627,6 +653,54 @@ impl Nodes {
         }
         later
     }
+}
+
+/// Where a set of links keeps its replica state: a client reading one hop, its own; a
+/// router, in its coordinator, beside everything else it decides (one lock for all).
+enum Held {
+    Own(std::sync::Mutex<Replicas>),
+    Coordinator(Arc<std::sync::Mutex<Coordinator>>),
+}
+
+impl Held {
+    fn lock(&self) -> StateGuard<'_> {
+        match self {
+            Held::Own(own) => StateGuard::Own(lock(own)),
+            Held::Coordinator(coordinator) => StateGuard::Coordinator(lock(coordinator)),
+        }
+    }
+}
+
+/// The replica state, locked where it is held.
+enum StateGuard<'a> {
+    Own(std::sync::MutexGuard<'a, Replicas>),
+    Coordinator(std::sync::MutexGuard<'a, Coordinator>),
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = Replicas;
+
+    fn deref(&self) -> &Replicas {
+        match self {
+            StateGuard::Own(own) => own,
+            StateGuard::Coordinator(coordinator) => coordinator.replicas(),
+        }
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Replicas {
+        match self {
+            StateGuard::Own(own) => own,
+            StateGuard::Coordinator(coordinator) => coordinator.replicas_mut(),
+        }
+    }
+}
+
+/// `mutex` locked; a panic while it was held poisons nothing here (every state it guards is
+/// whole between statements).
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Now, by the runtime's clock (virtual in tests on paused time), as the state takes it.

@@ -34,19 +34,31 @@ impl Router {
             )),
             None => None,
         };
-        let nodes = Arc::new(super::links_of(config, security, Arc::clone(&meta))?);
-        nodes.watch();
-        let shards = nodes.shards() as usize;
-        // The coordinator, with the default dataset's state first.
-        let mut coordinator = Coordinator::new(
+        // The coordinator, its replica set stepped by the links to the nodes, the default
+        // dataset's state first.
+        let coordinator = Arc::new(std::sync::Mutex::new(Coordinator::new(
             // This router's name for the writer leases it takes: random, one per router.
             std::hash::BuildHasher::hash_one(
                 &std::collections::hash_map::RandomState::new(),
                 std::process::id(),
             ),
             Duration::from_millis(config.router.timeout_ms) * lease::LEASE_TIMEOUTS,
-        );
-        let key = coordinator.open(None, shards, Vec::new());
+            zr_coord::Replicas::new(config.cluster.replicas),
+        )));
+        let links = super::links_of(
+            config,
+            security,
+            Arc::clone(&meta),
+            Some(Arc::clone(&coordinator)),
+        )?;
+        let nodes = Arc::new(links);
+        nodes.watch();
+        let shards = nodes.shards() as usize;
+        let key =
+            coordinator
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .open(None, shards, Vec::new());
         let cluster = Cluster {
             nodes,
             timeout: Duration::from_millis(config.router.timeout_ms),
@@ -55,7 +67,7 @@ impl Router {
             placement: ArcSwap::from_pointee(placement),
             named: Default::default(),
             adopting: Default::default(),
-            coordinator: std::sync::Mutex::new(coordinator),
+            coordinator,
             replies: Arc::new(ReplyBudget::new(config.router.reply_budget_mib)),
             request_budget: usize::try_from(config.router.request_budget_mib << 20)
                 .unwrap_or(usize::MAX),
