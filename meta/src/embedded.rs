@@ -92,7 +92,13 @@ fn locked_blocking<T>(
         .truncate(false)
         .write(true)
         .open(dir.join(LOCK_FILE))
-        .map_err(|e| io("cannot open the lock file", e))?;
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound if !dir.exists() => Error::Unavailable {
+                store: name.clone(),
+                reason: "its directory is gone (removed since the store was opened)".into(),
+            },
+            _ => io("cannot open the lock file", e),
+        })?;
     lock.lock().map_err(|e| io("cannot lock", e))?;
     let path = dir.join(STATE_FILE);
     let mut state = match fs::read(&path) {

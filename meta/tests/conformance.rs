@@ -221,6 +221,22 @@ fn the_embedded_store_names_a_damaged_file() {
     });
 }
 
+/// A store whose directory was removed under it says so, and makes nothing again.
+#[test]
+fn the_embedded_store_names_its_removed_directory() {
+    let dir = tempfile::tempdir().expect("scratch");
+    let path = dir.path().join("metadata");
+    runtime().block_on(async {
+        let store = EmbeddedStore::open(&path).expect("open");
+        store.put_if("k", None, "v").await.expect("put");
+        std::fs::remove_dir_all(&path).expect("remove");
+        let e = store.get("k").await.expect_err("removed");
+        assert!(matches!(e, Error::Unavailable { .. }), "{e}");
+        assert!(e.to_string().contains("directory is gone"), "{e}");
+        assert!(!path.exists(), "a read made the directory again");
+    });
+}
+
 #[test]
 fn etcd_conforms_and_a_stopped_etcd_is_named() {
     let Some(mut etcd) = TestEtcd::start() else {

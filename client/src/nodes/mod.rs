@@ -6,7 +6,7 @@
 //! (`zr_meta::replicas`) — is told to one [`Replicas`] (`zr_coord`), which decides without I/O:
 //! which node is down, which restarted after this router wrote to it and must be marked
 //! behind, which is reached elsewhere now, until when write acknowledgments wait. The links
-//! perform what it answers ([`Nodes::tell`]). Reads and writes go to in-sync replicas only,
+//! perform what it answers (`Nodes::tell`). Reads and writes go to in-sync replicas only,
 //! by the record it last published. A router's [`Replicas`] is part of its
 //! [`Coordinator`], under the one lock of everything else it decides; a client's reading one
 //! hop is its own.
@@ -595,7 +595,8 @@ impl Nodes {
         }
     }
 
-    /// What wakes the router's catch-up task (see [`Self::catch_up`]).
+    /// What wakes the router's catch-up task: a replica may want catching up (marked
+    /// behind, moved, or back up).
     pub fn catch_up_wanted(&self) -> Arc<tokio::sync::Notify> {
         Arc::clone(&self.catch_up)
     }
