@@ -223,18 +223,18 @@ def _mixture(tmp, ds, args) -> None:
     print(f"loader over a 3-dataset mixture {mixed:,.0f} batches/s vs over one dataset of the same records {one:,.0f}: mixture/one {mixed / one:.2f}x")
 
 
-def _optional(module: str, package: str):
+def _optional(module: str):
     """The module ``module``, or None (said) when it is not installed: the comparisons with
     optional frameworks are skipped without them."""
     try:
         return importlib.import_module(module)
     except ImportError:
-        print(f"{module}: not installed (pip install {package}), skipped")
+        print(f"{module}: not installed (pip install {module}), skipped")
         return None
 
 
 def _torch(ds, args) -> None:
-    torch = _optional("torch", "torch")
+    torch = _optional("torch")
     if torch is None:
         return
     from zrecord.torch import MapDataset, StatefulSampler, collate  # noqa: PLC0415
@@ -260,7 +260,7 @@ def _torch(ds, args) -> None:
 
 
 def _grain(ds, args) -> None:
-    grain = _optional("grain", "grain")
+    grain = _optional("grain")
     if grain is None:
         return
     from zrecord.grain import batches  # noqa: PLC0415

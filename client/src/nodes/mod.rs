@@ -133,9 +133,9 @@ impl Nodes {
     /// A router's links to the nodes at `entries` — (shard, replica, address) of each, in
     /// nodes.toml — with `shards` shards of `replicas` replicas, every wait bounded by
     /// `timeout`; the replica marks and liveness leases are kept in `meta`. Connections are
-    /// made on first use. What they learn is stepped in the router's `coordinator` (its
-    /// replica set made anew here, from `entries`), or, without one, in a replica set of
-    /// their own.
+    /// made on first use. What they learn is stepped in the router's `coordinator` (whose
+    /// replica set, empty, of `replicas` per shard, gets `entries` here), or, without one, in
+    /// a replica set of their own.
     pub fn for_router(
         entries: &[(u32, u32, SocketAddr)],
         shards: u32,
@@ -148,10 +148,7 @@ impl Nodes {
         let mut entries = entries.to_vec();
         entries.sort_by_key(|&(shard, replica, _)| (shard, replica));
         let state = match coordinator {
-            Some(coordinator) => {
-                *lock(&coordinator).replicas_mut() = Replicas::new(replicas);
-                Held::Coordinator(coordinator)
-            }
+            Some(coordinator) => Held::Coordinator(coordinator),
             None => Held::Own(std::sync::Mutex::new(Replicas::new(replicas))),
         };
         Nodes::with_links(

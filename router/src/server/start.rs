@@ -34,8 +34,8 @@ impl Router {
             )),
             None => None,
         };
-        // The coordinator, its replica set stepped by the links to the nodes, the default
-        // dataset's state first.
+        // The coordinator: its replica set empty (the links to the nodes fill it and step
+        // it), the default dataset's state first.
         let coordinator = Arc::new(std::sync::Mutex::new(Coordinator::new(
             // This router's name for the writer leases it takes: random, one per router.
             std::hash::BuildHasher::hash_one(
