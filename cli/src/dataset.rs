@@ -283,8 +283,8 @@ impl Drop for Partial {
 
 /// Check every record's CRC32 and every offset entry's bounds.
 ///
-/// A dataset directory is checked, never repaired: each bad record is printed as `field
-/// index reason`, and the exit status is non-zero if there is any.
+/// A dataset directory is checked, never repaired: each bad record is printed as `bad
+/// field: record index: reason`, and the exit status is non-zero if there is any.
 ///
 /// With --router, every record of the cluster is checked on every in-sync replica of its
 /// shard (the copies compared too), throttled to --rate records a second, with progress;
@@ -315,27 +315,34 @@ pub fn verify(args: VerifyArgs) -> CliResult {
     bar.set_message("verifying");
     let report = store.verify(|done| bar.set_position(done))?;
     bar.finish_and_clear();
-    for problem in &report.problems {
-        println!(
-            "bad record: field '{}' index {}: {}",
-            problem.field, problem.index, problem.reason
-        );
-    }
-    if report.problems.is_empty() {
-        println!(
-            "ok: {} records, {} fields, {} of payload verified",
+    let ok = || {
+        format!(
+            "{} records, {} fields, {} of payload",
             report.records,
             store.fields().len(),
             human_bytes(report.bytes)
-        );
+        )
+    };
+    verdict(&report.problems, ("record", "bad record(s)"), dir, ok)
+}
+
+/// Prints each problem `zr verify` found (at an `entry`, e.g. "record"), then "ok: {ok}
+/// verified" if there is none, or fails counting them as `what`.
+fn verdict(
+    problems: &[zr_node::Problem],
+    (entry, what): (&str, &str),
+    dir: &Path,
+    ok: impl FnOnce() -> String,
+) -> CliResult {
+    for problem in problems {
+        let (field, index, reason) = (&problem.field, problem.index, &problem.reason);
+        println!("bad {field}: {entry} {index}: {reason}");
+    }
+    if problems.is_empty() {
+        println!("ok: {} verified", ok());
         Ok(())
     } else {
-        Err(format!(
-            "{} bad record(s) in {}",
-            report.problems.len(),
-            dir.display()
-        )
-        .into())
+        Err(format!("{} {what} in {}", problems.len(), dir.display()).into())
     }
 }
 
@@ -548,27 +555,19 @@ fn stream_verify(dir: &std::path::Path) -> CliResult {
     bar.set_message("verifying");
     let report = stream.verify(|done| bar.set_position(done))?;
     bar.finish_and_clear();
-    for problem in &report.problems {
-        println!(
-            "bad {}: entry {}: {}",
-            problem.field, problem.index, problem.reason
-        );
-    }
-    if report.problems.is_empty() {
-        println!(
-            "ok: {} tokens ({}), {} documents, {} spans verified",
+    let ok = || {
+        format!(
+            "{} tokens ({}), {} documents, {} spans",
             report.tokens,
             human_bytes(report.bytes),
             stream.documents(),
             stream.spans()
-        );
-        Ok(())
-    } else {
-        Err(format!(
-            "{} problem(s) in the token stream {}",
-            report.problems.len(),
-            dir.display()
         )
-        .into())
-    }
+    };
+    verdict(
+        &report.problems,
+        ("entry", "problem(s) in the token stream"),
+        dir,
+        ok,
+    )
 }

@@ -61,6 +61,21 @@ pub struct SamplerConfig {
     pub tail: Tail,
 }
 
+impl SamplerConfig {
+    /// One rank reading `len` records in the shuffled order of `seed`, one a batch.
+    pub fn shuffle(len: u64, seed: u64) -> SamplerConfig {
+        SamplerConfig {
+            len,
+            order: Order::Shuffle,
+            seed,
+            rank: 0,
+            ranks: 1,
+            batch: 1,
+            tail: Tail::Drop,
+        }
+    }
+}
+
 /// Where a run is in its stream of batches: enough to resume exactly. Every rank's batch k of
 /// an epoch is its part of the epoch's global batch k, so the state is the same on every
 /// rank, and resumes under other ranks with the same global batch (`batch × ranks`; see

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::mixture::Mixture;
-use crate::sampler::{Order, Sampler, SamplerConfig, Tail};
+use crate::sampler::{Sampler, SamplerConfig};
 
 /// How the global batch size goes with the samples consumed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -229,15 +229,7 @@ impl RampSampler {
                 "the schedule's global batch of {size} does not divide among {ranks} ranks"
             )));
         }
-        let order = Sampler::new(SamplerConfig {
-            len,
-            order: Order::Shuffle,
-            seed,
-            rank: 0,
-            ranks: 1,
-            batch: 1,
-            tail: Tail::Drop,
-        })?;
+        let order = Sampler::new(SamplerConfig::shuffle(len, seed))?;
         Ok(RampSampler {
             order: RunOrder::Dataset(order),
             schedule,

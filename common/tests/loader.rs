@@ -280,16 +280,7 @@ fn shuffle_is_well_mixed() {
     let n = 100_000u64;
     for seed in [0u64, 1, 99] {
         for epoch in [0u64, 5] {
-            let sampler = Sampler::new(SamplerConfig {
-                len: n,
-                order: Order::Shuffle,
-                seed,
-                rank: 0,
-                ranks: 1,
-                batch: 1,
-                tail: Tail::Drop,
-            })
-            .unwrap();
+            let sampler = Sampler::new(SamplerConfig::shuffle(n, seed)).unwrap();
             let e = sampler.epoch(epoch);
             let perm: Vec<f64> = (0..n).map(|p| e.index(p) as f64).collect();
             // Mean displacement |π(i) − i| of a uniform permutation is n/3.

@@ -45,15 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 fn permutation(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let n = args.perm_len;
-    let sampler = Sampler::new(SamplerConfig {
-        len: n,
-        order: Order::Shuffle,
-        seed: 1,
-        rank: 0,
-        ranks: 1,
-        batch: 1,
-        tail: Tail::Drop,
-    })?;
+    let sampler = Sampler::new(SamplerConfig::shuffle(n, 1))?;
     let epoch = sampler.epoch(0);
     let started = Instant::now();
     let mut sum = 0u64;

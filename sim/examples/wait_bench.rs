@@ -48,10 +48,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 async fn connect(cluster: &SimCluster, router: std::net::SocketAddr) -> Result<AsyncClient> {
-    let options = ClientOptions {
-        timeout: Duration::from_secs(60),
-        ..ClientOptions::default()
-    };
+    let options = ClientOptions::with_timeout(Duration::from_secs(60));
     Ok(AsyncClient::connect_with(router, cluster.security(Role::Writer)?, options).await?)
 }
 

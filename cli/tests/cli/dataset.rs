@@ -316,7 +316,7 @@ fn verify_reports_a_bit_flip_and_a_truncated_chunk() {
     let (ok, out, err) = zr(&["verify", p(&dir)]);
     assert!(!ok, "verify passed a flipped bit");
     assert!(
-        out.contains("field 'a' index 7: CRC mismatch") && out.lines().count() == 1,
+        out.contains("bad a: record 7: CRC mismatch") && out.lines().count() == 1,
         "{out}"
     );
     assert!(err.contains("1 bad record"), "{err}");

@@ -54,10 +54,7 @@ impl Client {
         security: Security,
         timeout: Duration,
     ) -> Result<Client, Error> {
-        let options = ClientOptions {
-            timeout,
-            ..ClientOptions::default()
-        };
+        let options = ClientOptions::with_timeout(timeout);
         Client::connect_with(addr, security, options)
     }
 

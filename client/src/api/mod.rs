@@ -84,6 +84,16 @@ pub struct ClientOptions {
     pub topology_every: Duration,
 }
 
+impl ClientOptions {
+    /// The defaults, with `timeout` for every network wait.
+    pub fn with_timeout(timeout: Duration) -> ClientOptions {
+        ClientOptions {
+            timeout,
+            ..ClientOptions::default()
+        }
+    }
+}
+
 impl Default for ClientOptions {
     fn default() -> ClientOptions {
         ClientOptions {
@@ -115,10 +125,7 @@ impl AsyncClient {
         security: Security,
         timeout: Duration,
     ) -> Result<AsyncClient, Error> {
-        let options = ClientOptions {
-            timeout,
-            ..ClientOptions::default()
-        };
+        let options = ClientOptions::with_timeout(timeout);
         AsyncClient::connect_with(addr, security, options).await
     }
 
