@@ -12,6 +12,7 @@ mod sinks;
 mod stream;
 
 use std::process::ExitCode;
+pub use zr_common::human_bytes;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -123,20 +124,4 @@ pub fn progress_bar(total: u64, bytes: bool) -> ProgressBar {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
-}
-
-/// `n` bytes in the unit that reads best.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.2} {}", UNITS[unit])
-    }
 }

@@ -36,3 +36,31 @@ pub use record::Record;
 pub use sampler::{Order, Sampler, SamplerConfig, SamplerState, Tail};
 pub use schedule::{BatchSchedule, RampSampler, RampState};
 pub use windows::{WindowColumns, WindowMode};
+
+/// `bytes` in the binary unit that reads best: "512 B", "1.50 GiB".
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn human_bytes_picks_the_unit() {
+        assert_eq!(super::human_bytes(0), "0 B");
+        assert_eq!(super::human_bytes(1023), "1023 B");
+        assert_eq!(super::human_bytes(1536), "1.50 KiB");
+        assert_eq!(super::human_bytes(3 << 40), "3.00 TiB");
+        assert_eq!(super::human_bytes(u64::MAX), "16.00 EiB");
+    }
+}

@@ -65,12 +65,7 @@ impl AccessRecord {
 
 /// The record and its revision (`None`: there is none yet).
 pub async fn load(store: &dyn MetaStore) -> Result<(AccessRecord, Option<Revision>), Error> {
-    Ok(
-        match crate::load_json(store, ACCESS_KEY, "the access record").await? {
-            Some((record, revision)) => (record, Some(revision)),
-            None => (AccessRecord::default(), None),
-        },
-    )
+    crate::load_or_default(store, ACCESS_KEY, "the access record").await
 }
 
 /// Applies `change` to the record by compare-and-swap, read afresh after each conflict;
@@ -79,18 +74,7 @@ pub async fn update<E: From<Error>>(
     store: &dyn MetaStore,
     change: impl Fn(&AccessRecord) -> Result<AccessRecord, E>,
 ) -> Result<AccessRecord, E> {
-    loop {
-        let (record, revision) = load(store).await?;
-        let next = change(&record)?;
-        if next == record {
-            return Ok(record);
-        }
-        match crate::store_json(store, ACCESS_KEY, revision, &next, "the access record").await {
-            Ok(_) => return Ok(next),
-            Err(Error::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
+    crate::update_json(store, ACCESS_KEY, "the access record", change).await
 }
 
 /// Adds `name` to the revoked names (`undo`: takes it out); returns the record written.

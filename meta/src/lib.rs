@@ -99,6 +99,44 @@ pub(crate) async fn load_json<T: serde::de::DeserializeOwned>(
     Ok(Some((value, revision)))
 }
 
+/// [`load_json`], with the value's default (and no revision) where the key has none.
+pub(crate) async fn load_or_default<T: serde::de::DeserializeOwned + Default>(
+    store: &dyn MetaStore,
+    key: &str,
+    what: &str,
+) -> Result<(T, Option<Revision>), Error> {
+    Ok(match load_json(store, key, what).await? {
+        Some((value, revision)) => (value, Some(revision)),
+        None => (T::default(), None),
+    })
+}
+
+/// Applies `change` to the JSON value under `key` by compare-and-swap, read afresh after
+/// each conflict; returns the value written (or as it was, if `change` left it so).
+pub(crate) async fn update_json<T, E>(
+    store: &dyn MetaStore,
+    key: &str,
+    what: &str,
+    change: impl Fn(&T) -> Result<T, E>,
+) -> Result<T, E>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + Default + PartialEq,
+    E: From<Error>,
+{
+    loop {
+        let (value, revision) = load_or_default::<T>(store, key, what).await?;
+        let next = change(&value)?;
+        if next == value {
+            return Ok(value);
+        }
+        match store_json(store, key, revision, &next, what).await {
+            Ok(_) => return Ok(next),
+            Err(Error::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Writes `value` as JSON under `key` if the key's revision is still `expected` (`None`: if
 /// it has none yet); `what` names the value in errors.
 pub(crate) async fn store_json<T: serde::Serialize>(

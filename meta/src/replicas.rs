@@ -18,12 +18,7 @@ pub use zr_coord::record::{LastInSync, Moved, ReplicaId, ReplicaRecord};
 /// The replica record and its revision (`None`: there is none yet, so every replica is in
 /// sync).
 pub async fn load(store: &dyn MetaStore) -> Result<(ReplicaRecord, Option<Revision>), Error> {
-    Ok(
-        match crate::load_json(store, REPLICAS_KEY, "the replica record").await? {
-            Some((record, revision)) => (record, Some(revision)),
-            None => (ReplicaRecord::default(), None),
-        },
-    )
+    crate::load_or_default(store, REPLICAS_KEY, "the replica record").await
 }
 
 /// Why a replica could not be marked.
@@ -77,18 +72,7 @@ async fn update<E: From<Error>>(
     store: &dyn MetaStore,
     change: impl Fn(&ReplicaRecord) -> Result<ReplicaRecord, E>,
 ) -> Result<ReplicaRecord, E> {
-    loop {
-        let (record, revision) = load(store).await?;
-        let next = change(&record)?;
-        if next == record {
-            return Ok(record);
-        }
-        match crate::store_json(store, REPLICAS_KEY, revision, &next, "the replica record").await {
-            Ok(_) => return Ok(next),
-            Err(Error::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
+    crate::update_json(store, REPLICAS_KEY, "the replica record", change).await
 }
 
 #[cfg(test)]

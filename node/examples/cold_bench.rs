@@ -249,21 +249,9 @@ impl DatasetFiles {
     fn resident(&self) -> BoxResult<f64> {
         let (mut resident, mut pages) = (0usize, 0usize);
         for file in &self.chunks {
-            let len = file.metadata()?.len() as usize;
-            if len == 0 {
-                continue;
-            }
-            // SAFETY: a read-only mapping of a file nothing writes to during the benchmark.
-            let map = unsafe { memmap2::Mmap::map(file) }?;
-            let mut vec = vec![0u8; len.div_ceil(4096)];
-            // SAFETY: the range is the mapping; `vec` has a byte per page of it.
-            let status =
-                unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, len, vec.as_mut_ptr()) };
-            if status != 0 {
-                return Err(std::io::Error::last_os_error().into());
-            }
-            resident += vec.iter().filter(|&&v| v & 1 == 1).count();
-            pages += vec.len();
+            let (held, all) = zr_node::page_cache::resident_pages(file)?;
+            resident += held;
+            pages += all;
         }
         Ok(resident as f64 / pages.max(1) as f64)
     }

@@ -236,28 +236,12 @@ fn check_room(dest: &dyn Destination, input: &Path, records: u64, data_bytes: u6
             path: input.to_path_buf(),
             reason: format!(
                 "{records} records of {data_bytes} bytes in all need about {} on disk (32 bytes of index and framing per record, plus the data), but {place} has {} free",
-                human_bytes(needed),
-                human_bytes(free)
+                zr_common::human_bytes(needed),
+                zr_common::human_bytes(free)
             ),
         });
     }
     Ok(())
-}
-
-/// `bytes` as "1.5 TiB" and the like.
-fn human_bytes(bytes: u64) -> String {
-    let units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < units.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} bytes")
-    } else {
-        format!("{value:.1} {}", units[unit])
-    }
 }
 
 /// Bytes an unprivileged writer may still use on the filesystem holding `path` (or its

@@ -36,6 +36,7 @@ mod lock;
 mod map;
 pub mod meta;
 pub mod offset;
+pub mod page_cache;
 pub mod prefetch;
 pub mod rebalance;
 pub mod redo;

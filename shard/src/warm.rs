@@ -142,7 +142,7 @@ pub(crate) mod tests {
         file.write_all(&vec![1u8; bytes]).expect("write");
         file.sync_all().expect("sync");
         drop(file);
-        if !evict(&path) {
+        if !zr_node::page_cache::evict(&path).expect("evict") {
             eprintln!("skipped: the page cache keeps {} in memory", path.display());
             return;
         }
@@ -166,35 +166,5 @@ pub(crate) mod tests {
             warmth.is_warm(),
             "the same pages, now in memory, count as warm"
         );
-    }
-
-    /// Drops the clean, unmapped pages of the file at `path` from the page cache; returns whether
-    /// none of them is left there (false on a file system that keeps files in memory, as tmpfs).
-    #[cfg(target_os = "linux")]
-    pub(crate) fn evict(path: &std::path::Path) -> bool {
-        use std::os::fd::AsRawFd;
-
-        let file = std::fs::File::open(path).expect("open");
-        let bytes = file.metadata().expect("metadata").len() as usize;
-        // SAFETY: plain advice on an open descriptor; it changes no memory of ours.
-        let advised =
-            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        assert_eq!(advised, 0, "posix_fadvise");
-        if bytes == 0 {
-            return true;
-        }
-        // SAFETY: the file is a test's own; nothing writes to it while it is mapped here.
-        let map = unsafe { memmap2::Mmap::map(&file) }.expect("map");
-        let mut resident = vec![0u8; bytes.div_ceil(4096)];
-        // SAFETY: the range is the mapping; `resident` has one byte per page of it.
-        let status = unsafe {
-            libc::mincore(
-                map.as_ptr() as *mut libc::c_void,
-                bytes,
-                resident.as_mut_ptr(),
-            )
-        };
-        assert_eq!(status, 0, "mincore");
-        resident.iter().all(|r| r & 1 == 0)
     }
 }

@@ -186,15 +186,8 @@ pub fn uring_read(
 
 /// Drops the pages of `paths` from the page cache, so that the next method starts cold.
 pub fn evict(paths: &[std::path::PathBuf]) -> Result<(), Box<dyn std::error::Error>> {
-    use std::os::fd::AsRawFd;
     for path in paths {
-        let file = std::fs::File::open(path)?;
-        // SAFETY: plain advice on an open descriptor.
-        let status =
-            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        if status != 0 {
-            return Err(format!("{}: posix_fadvise failed ({status})", path.display()).into());
-        }
+        zr_node::page_cache::evict(path).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
 }

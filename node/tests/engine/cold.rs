@@ -3,7 +3,6 @@
 //! cut short under it is an error naming the file; `Auto` turns to it when the pages a
 //! gather needs are not in memory.
 
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use zr_node::{CreateOptions, Error, FieldSpec, GatherOptions, IoBackend, ReadPath, Record, Store};
@@ -170,38 +169,12 @@ fn a_chunk_cut_short_under_an_open_store_is_an_error_naming_it() {
     }
 }
 
-/// Drops the file's clean, unmapped pages from the page cache; false where the file system
-/// keeps them anyway (tmpfs).
-fn evict(path: &Path) -> bool {
-    let file = std::fs::File::open(path).expect("open");
-    // SAFETY: plain advice on an open descriptor.
-    let advised = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(advised, 0, "posix_fadvise");
-    let len = file.metadata().expect("metadata").len() as usize;
-    if len == 0 {
-        return true;
-    }
-    // SAFETY: the file is this test's own; nothing writes to it while it is mapped here.
-    let map = unsafe { memmap2::Mmap::map(&file) }.expect("map");
-    let mut resident = vec![0u8; len.div_ceil(4096)];
-    // SAFETY: the range is the mapping; `resident` has a byte per page.
-    let status = unsafe {
-        libc::mincore(
-            map.as_ptr() as *mut libc::c_void,
-            len,
-            resident.as_mut_ptr(),
-        )
-    };
-    assert_eq!(status, 0, "mincore");
-    resident.iter().all(|r| r & 1 == 0)
-}
-
 #[test]
 fn auto_reads_explicitly_while_the_pages_are_not_in_memory() {
     let dir = scratch();
     drop(build(dir.path(), 2000));
     for entry in walk(dir.path()) {
-        if !evict(&entry) {
+        if !zr_node::page_cache::evict(&entry).expect("evict") {
             eprintln!(
                 "skipped: the page cache keeps {} in memory",
                 entry.display()

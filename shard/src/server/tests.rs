@@ -152,7 +152,7 @@ fn a_cold_gather_waits_for_the_disk_in_the_store_call() {
         store.commit().expect("commit");
         drop(store);
         for chunk in std::fs::read_dir(dir.path().join(zr_node::CHUNK_DIR)).expect("chunks") {
-            if !crate::warm::tests::evict(&chunk.expect("chunk").path()) {
+            if !zr_node::page_cache::evict(&chunk.expect("chunk").path()).expect("evict") {
                 eprintln!("skipped: the page cache keeps the chunks in memory");
                 return;
             }
