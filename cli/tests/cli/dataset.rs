@@ -560,7 +560,7 @@ fn zeroed_entries_and_a_raised_length_are_found() {
     assert!(!ok, "verify passed zeroed entries: {out}");
     assert_eq!(out.matches("zeroed offset entry").count(), 10, "{out}");
     assert!(
-        out.contains("index 10") && out.contains("index 19"),
+        out.contains("record 10:") && out.contains("record 19:"),
         "{out}"
     );
     let out_file = tmp.path().join("g.bin");
@@ -582,7 +582,7 @@ fn zeroed_entries_and_a_raised_length_are_found() {
     let (ok, out, err) = zr(&["verify", p(&dir)]);
     assert!(!ok, "verify passed a raised length: {out} {err}");
     assert!(
-        out.contains("index 44") || err.contains("45"),
+        out.contains("record 44:") || err.contains("45"),
         "{out} {err}"
     );
 }
