@@ -449,6 +449,13 @@ impl Drop for Busy {
     }
 }
 
+/// Closes a connection refused as too many, saying `why` in the log and `reason` to the peer.
+fn refuse(connection: &quinn::Connection, why: &str, reason: &[u8]) {
+    let peer = connection.remote_address();
+    tracing::warn!("refusing a connection from {peer}: {why}");
+    connection.close(VarInt::from_u32(TOO_MANY), reason);
+}
+
 async fn connection<H, F>(
     incoming: quinn::Incoming,
     slot: tokio::sync::OwnedSemaphorePermit,
@@ -485,11 +492,10 @@ where
                 let over = open_now.unprivileged() + 1 - most;
                 if open_now.reclaim_where(|t| !t.privileged, over) < over {
                     drop(open_now);
-                    tracing::warn!(
-                        "refusing a connection from {peer}: {most} connections are open from peers other than {role}s, and the rest are kept for {role}s"
-                    );
-                    connection.close(
-                        VarInt::from_u32(TOO_MANY),
+                    let why = format!("{most} connections are open from peers other than {role}s, and the rest are kept for {role}s");
+                    refuse(
+                        &connection,
+                        &why,
                         b"too many connections from clients; the rest are kept for routers",
                     );
                     return Ok(());
@@ -500,11 +506,10 @@ where
             let over = open_now.count(who.identity) + 1 - per_identity;
             if open_now.reclaim(Some(who.identity), over) < over {
                 drop(open_now);
-                tracing::warn!(
-                    "refusing a connection from {peer}: its certificate already holds {per_identity} connections"
-                );
-                connection.close(
-                    VarInt::from_u32(TOO_MANY),
+                let why = format!("its certificate already holds {per_identity} connections");
+                refuse(
+                    &connection,
+                    &why,
                     b"too many connections with this certificate",
                 );
                 return Ok(());

@@ -34,6 +34,21 @@ pub struct Serving {
     pub coordination: Coordination,
 }
 
+impl Serving {
+    /// Refuses to `what` (e.g. "add the field") while a move builds slots on this node.
+    fn refuse_while_staged(&self, what: &str) -> Result<()> {
+        if self.coordination.identity.staged().is_none() {
+            return Ok(());
+        }
+        Err(Error::InvalidInput {
+            path: self.store.dir().to_path_buf(),
+            reason: format!(
+                "a shard move is building slots on this node: {what} once the move is done"
+            ),
+        })
+    }
+}
+
 /// The records a node serves of `store`: every slot's but those a move is building.
 pub fn served_len(store: &Store, coordination: &Coordination) -> u64 {
     let building: u64 = coordination
@@ -238,14 +253,7 @@ impl Shard {
                 field.name, have.compress
             )));
         }
-        if serving.coordination.identity.staged().is_some() {
-            return Err(Error::InvalidInput {
-                path: serving.store.dir().to_path_buf(),
-                reason:
-                    "a shard move is building slots on this node: add the field once it is done"
-                        .into(),
-            });
-        }
+        serving.refuse_while_staged("add the field")?;
         let store = serving.store.add_field(field)?;
         let dir = store.dir().to_path_buf();
         let coordination =
@@ -320,14 +328,7 @@ impl Shard {
     pub fn install(&self, path: &Path) -> Result<()> {
         let _held = self.lock_slots();
         let serving = self.serving();
-        if serving.coordination.identity.staged().is_some() {
-            return Err(Error::InvalidInput {
-                path: serving.store.dir().to_path_buf(),
-                reason:
-                    "a shard move is building slots on this node: rebuild it once the move is done"
-                        .into(),
-            });
-        }
+        serving.refuse_while_staged("rebuild it")?;
         let version = serving.coordination.identity.map_version().ok_or_else(|| {
             Error::InvalidRecord("this node belongs to no cluster yet: nothing to rebuild".into())
         })?;

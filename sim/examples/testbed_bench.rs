@@ -393,22 +393,17 @@ fn client(args: &Args) -> Result<()> {
                 .map(|k| start + reduce(mix2(b as u64, k), count))
                 .collect()
         };
-        let mut router = |b: usize| -> Result<()> {
+        // A gather by `client`, its size checked.
+        let gather = |client: &zr_router::Client, what: &str, b: usize| -> Result<()> {
             let got = client.gather(&indices(b), &[])?;
             let bytes: usize = got.iter().map(|c| c.data.len()).sum();
             if bytes != batch_bytes {
-                return Err(format!("router gather: {bytes} bytes, not {batch_bytes}").into());
+                return Err(format!("{what} gather: {bytes} bytes, not {batch_bytes}").into());
             }
             Ok(())
         };
-        let mut client_one_hop = |b: usize| -> Result<()> {
-            let got = one_hop.gather(&indices(b), &[])?;
-            let bytes: usize = got.iter().map(|c| c.data.len()).sum();
-            if bytes != batch_bytes {
-                return Err(format!("one-hop gather: {bytes} bytes, not {batch_bytes}").into());
-            }
-            Ok(())
-        };
+        let mut router = |b: usize| gather(&client, "router", b);
+        let mut client_one_hop = |b: usize| gather(&one_hop, "one-hop", b);
         let mut direct =
             |b: usize| direct_gather(&runtime, &placement, &nodes, &indices(b), timeout);
         let mut plain_quinn = |_: usize| transfer(&runtime, &quinn, batch_bytes, timeout);

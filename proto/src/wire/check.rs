@@ -149,27 +149,25 @@ pub(super) fn check_append(
     lengths: &[Vec<u32>],
     body: usize,
 ) -> Result<(), Error> {
-    check_fields(fields)?;
-    if lengths.len() != fields.len() {
-        return Err(Error::Malformed(format!(
-            "{} fields but {} length lists",
-            fields.len(),
-            lengths.len()
-        )));
-    }
+    check_per_field(fields, lengths.len(), "length lists")?;
     check_columns(lengths, body)
 }
 
 pub(super) fn check_modify(fields: &[String], lengths: &[u32], body: usize) -> Result<(), Error> {
+    check_per_field(fields, lengths.len(), "lengths")?;
+    check_body(lengths, body)
+}
+
+/// Valid field names, and `given` of `what` (e.g. "lengths"): one per field.
+fn check_per_field(fields: &[String], given: usize, what: &str) -> Result<(), Error> {
     check_fields(fields)?;
-    if lengths.len() != fields.len() {
+    if given != fields.len() {
         return Err(Error::Malformed(format!(
-            "{} fields but {} lengths",
-            fields.len(),
-            lengths.len()
+            "{} fields but {given} {what}",
+            fields.len()
         )));
     }
-    check_body(lengths, body)
+    Ok(())
 }
 
 /// One field's values of many records: at most `RECORDS_MAX`, their lengths adding up to

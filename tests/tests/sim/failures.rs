@@ -432,14 +432,7 @@ async fn break_gathers(
     )) = wire::decode_request::<NodeMessage>(&request)
     else {
         // The router's heartbeats: any answer will do.
-        let refusal = Reply::Error {
-            code: ErrorCode::BadRequest,
-            message: "this impostor answers only gathers".into(),
-        };
-        return (
-            wire::encode_reply(&refusal).unwrap(),
-            net::Body::Ready(Vec::new()),
-        );
+        return refusal(ErrorCode::BadRequest, "this impostor answers only gathers");
     };
     let lengths = vec![vec![record_len; indices.len()]];
     let header = wire::encode_reply(&Reply::Gather { lengths }).unwrap();
@@ -742,14 +735,7 @@ fn refusing_node(
                 let refused = wire::decode_request::<NodeMessage>(&request)
                     .is_ok_and(|(m, _)| refuse(&m.request));
                 let Some(store) = store.filter(|_| !refused) else {
-                    let refusal = Reply::Error {
-                        code: ErrorCode::Storage,
-                        message: "the disk refuses".into(),
-                    };
-                    return (
-                        wire::encode_reply(&refusal).unwrap(),
-                        net::Body::Ready(Vec::new()),
-                    );
+                    return refusal(ErrorCode::Storage, "the disk refuses");
                 };
                 let (header, body) = tokio::task::spawn_blocking(move || {
                     zr_shard::server::handle(&store, &coordination, &request)
@@ -1134,4 +1120,16 @@ fn abandoned_gathers_hold_no_more_than_the_reply_budget() {
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(runtime);
+}
+
+/// A fake node's refusal: `code`, saying `message`.
+fn refusal(code: ErrorCode, message: &str) -> (Vec<u8>, net::Body) {
+    let refusal = Reply::Error {
+        code,
+        message: message.into(),
+    };
+    (
+        wire::encode_reply(&refusal).unwrap(),
+        net::Body::Ready(Vec::new()),
+    )
 }
