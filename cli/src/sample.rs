@@ -201,10 +201,7 @@ fn run_mixture(args: &SampleArgs, mixture: &str) -> CliResult {
         );
         first.extend(weights(weight, "--mixture")?);
     }
-    let mut stages = vec![Stage {
-        start: 0,
-        weights: first,
-    }];
+    let mut stages = vec![Stage::new(0, first)];
     for stage in &args.stages {
         let (start, ws) = stage.split_once(':').ok_or_else(|| {
             format!("--stage: '{stage}' is not BATCH:W,W,... (e.g. 1000:0.5,0.5)")

@@ -41,14 +41,8 @@ fn main() {
     let mixture = Mixture::new(MixtureConfig {
         lengths: vec![70_000_000, 20_000_000, 10_000_000],
         stages: vec![
-            Stage {
-                start: 0,
-                weights: vec![0.7, 0.2, 0.1],
-            },
-            Stage {
-                start: batches / 2,
-                weights: vec![0.5, 0.3, 0.2],
-            },
+            Stage::new(0, vec![0.7, 0.2, 0.1]),
+            Stage::new(batches / 2, vec![0.5, 0.3, 0.2]),
         ],
         seed: 1,
         rank: 0,

@@ -44,6 +44,13 @@ pub struct Stage {
     pub weights: Vec<f64>,
 }
 
+impl Stage {
+    /// From global batch `start` on, `weights`.
+    pub fn new(start: u64, weights: Vec<f64>) -> Stage {
+        Stage { start, weights }
+    }
+}
+
 /// Everything that fixes a mixture's stream and this rank's part of it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MixtureConfig {
@@ -485,10 +492,7 @@ mod tests {
     fn mixture(lengths: &[u64], weights: &[f64], rank: u64, ranks: u64, batch: u64) -> Mixture {
         Mixture::new(MixtureConfig {
             lengths: lengths.to_vec(),
-            stages: vec![Stage {
-                start: 0,
-                weights: weights.to_vec(),
-            }],
+            stages: vec![Stage::new(0, weights.to_vec())],
             seed: 11,
             rank,
             ranks,
@@ -584,18 +588,9 @@ mod tests {
         let staged = Mixture::new(MixtureConfig {
             lengths: vec![500, 500],
             stages: vec![
-                Stage {
-                    start: 0,
-                    weights: vec![1.0, 0.0],
-                },
-                Stage {
-                    start: 3,
-                    weights: vec![0.5, 0.5],
-                },
-                Stage {
-                    start: 7,
-                    weights: vec![0.0, 1.0],
-                },
+                Stage::new(0, vec![1.0, 0.0]),
+                Stage::new(3, vec![0.5, 0.5]),
+                Stage::new(7, vec![0.0, 1.0]),
             ],
             seed: 3,
             rank: 0,
@@ -615,10 +610,7 @@ mod tests {
         assert_eq!(distinct.len(), 200);
         assert_eq!(staged.drawn_before(12), vec![200, 280]);
         let e = Mixture::new(MixtureConfig {
-            stages: vec![Stage {
-                start: 0,
-                weights: vec![0.0, 0.0],
-            }],
+            stages: vec![Stage::new(0, vec![0.0, 0.0])],
             ..staged.config().clone()
         })
         .unwrap_err();

@@ -413,14 +413,8 @@ mod tests {
         let config = MixtureConfig {
             lengths: vec![100, 50],
             stages: vec![
-                Stage {
-                    start: 0,
-                    weights: vec![1.0, 1.0],
-                },
-                Stage {
-                    start: 10,
-                    weights: vec![1.0, 3.0],
-                },
+                Stage::new(0, vec![1.0, 1.0]),
+                Stage::new(10, vec![1.0, 3.0]),
             ],
             seed: 2,
             rank: 0,
@@ -471,10 +465,7 @@ mod tests {
     fn a_mixture_position_says_its_datasets_epoch() {
         let config = MixtureConfig {
             lengths: vec![30, 7],
-            stages: vec![Stage {
-                start: 0,
-                weights: vec![1.0, 1.0],
-            }],
+            stages: vec![Stage::new(0, vec![1.0, 1.0])],
             seed: 3,
             rank: 0,
             ranks: 3,

@@ -508,14 +508,8 @@ mod tests {
         let config = MixtureConfig {
             lengths: vec![50, 80],
             stages: vec![
-                Stage {
-                    start: 0,
-                    weights: vec![1.0, 1.0],
-                },
-                Stage {
-                    start: 100,
-                    weights: vec![1.0, 4.0],
-                },
+                Stage::new(0, vec![1.0, 1.0]),
+                Stage::new(100, vec![1.0, 4.0]),
             ],
             seed: 3,
             rank: 0,

@@ -350,14 +350,8 @@ fn mixture(rank: u64, ranks: u64) -> zr_common::Mixture {
     zr_common::Mixture::new(zr_common::MixtureConfig {
         lengths: vec![300, 70, 20],
         stages: vec![
-            zr_common::Stage {
-                start: 0,
-                weights: vec![0.6, 0.3, 0.1],
-            },
-            zr_common::Stage {
-                start: 8,
-                weights: vec![0.1, 0.1, 0.8],
-            },
+            zr_common::Stage::new(0, vec![0.6, 0.3, 0.1]),
+            zr_common::Stage::new(8, vec![0.1, 0.1, 0.8]),
         ],
         seed: 5,
         rank,

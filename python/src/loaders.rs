@@ -99,7 +99,7 @@ impl Mixture {
             lengths,
             stages: stages
                 .into_iter()
-                .map(|(start, weights)| zr_common::Stage { start, weights })
+                .map(|(start, weights)| zr_common::Stage::new(start, weights))
                 .collect(),
             seed,
             rank,
