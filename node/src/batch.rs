@@ -96,6 +96,17 @@ impl Batch {
     pub fn field(&self, name: &str) -> Option<FieldView<'_>> {
         self.fields().find(|f| f.name() == name)
     }
+
+    /// Record `i` as a [`Record`] of every field gathered (a field it lacks is empty), its
+    /// payloads borrowed from the batch; `None` if `i >= len()`. How a gathered record is
+    /// written again elsewhere.
+    pub fn record(&self, i: usize) -> Option<zr_common::Record<'_>> {
+        let mut record = zr_common::Record::new();
+        for field in self.fields() {
+            record.set(field.name(), field.get(i)?);
+        }
+        (i < self.len).then_some(record)
+    }
 }
 
 /// One field of a [`Batch`].

@@ -188,7 +188,6 @@ fn rewrite(
         ..on_disk
     };
     let new = Store::create_with_dicts(&scratch, fields.clone(), options, runtime, &dicts)?;
-    let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
     let len = old.len();
     let mut done = 0;
     // Unit by unit (a dataset on one host has one): each keeps its indices.
@@ -206,16 +205,7 @@ fn rewrite(
     for (unit, first, last) in steps {
         let indices: Vec<u64> = (first..last).map(|i| address(unit, i)).collect();
         let batch = old.gather_with(&indices, &[], crate::GatherOptions::verified())?;
-        let columns: Vec<_> = batch.fields().collect();
-        let records: Vec<Record> = (0..indices.len())
-            .map(|k| {
-                let mut record = Record::new();
-                for (name, column) in names.iter().zip(&columns) {
-                    record.set(name, column.get(k).unwrap_or_default());
-                }
-                record
-            })
-            .collect();
+        let records: Vec<Record> = (0..indices.len()).filter_map(|k| batch.record(k)).collect();
         new.append_to(unit, &records)?;
         done += last - first;
         progress(done, len);

@@ -144,25 +144,18 @@ fn convert_dataset(
         runtime,
         &old.dicts(),
     )?;
-    let names: Vec<&str> = old.fields().iter().map(|f| f.name.as_str()).collect();
     let len = old.len();
     let mut first = 0;
     while first < len {
         let last = (first + STEP_RECORDS).min(len);
         let indices: Vec<u64> = (first..last).collect();
         let batch = old.gather_with(&indices, &[], GatherOptions::verified())?;
-        let columns: Vec<_> = batch.fields().collect();
-        let record = |k: usize| {
-            let mut record = Record::new();
-            for (name, column) in names.iter().zip(&columns) {
-                record.set(name, column.get(k).unwrap_or_default());
-            }
-            record
-        };
         // Runs of one slot each, in local order, appended where placement puts them.
         let mut from = 0;
         for run in placement.runs(shard, first, last - first) {
-            let records: Vec<Record> = (from..from + run.count as usize).map(record).collect();
+            let records: Vec<Record> = (from..from + run.count as usize)
+                .filter_map(|k| batch.record(k))
+                .collect();
             from += run.count as usize;
             let range = new.append_to(run.slot, &records)?;
             if range.start != run.at {

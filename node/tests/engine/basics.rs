@@ -557,3 +557,34 @@ fn bytes_on_disk_are_what_was_written() {
         "{held} bytes held for 100 KB written (files span {spanned})"
     );
 }
+
+/// A gathered record, taken whole from its batch, writes back as it was: every field, the
+/// one it lacks empty; past the batch's end there is none.
+#[test]
+fn a_batch_gives_each_record_back_whole() {
+    let (dir, _path, store) = small_store();
+    crate::kit::append_ab(
+        &store,
+        &[
+            (b"one".to_vec(), b"uno".to_vec()),
+            (b"two".to_vec(), Vec::new()),
+        ],
+    );
+    let batch = store.gather(&[1, 0, 1], &[]).unwrap();
+    let second = batch.record(0).unwrap();
+    assert_eq!(second.values(), &[("a", &b"two"[..]), ("b", &b""[..])]);
+    assert_eq!(batch.record(1).unwrap().get("b"), Some(&b"uno"[..]));
+    assert_eq!(batch.record(2), batch.record(0));
+    assert!(batch.record(3).is_none());
+    let copy = Store::create(dir.path().join("copy"), schema(), small()).unwrap();
+    let records: Vec<Record> = (0..batch.len()).filter_map(|k| batch.record(k)).collect();
+    copy.append_many(&records).unwrap();
+    assert_eq!(
+        column(&copy, "a", 3),
+        [b"two".to_vec(), b"one".to_vec(), b"two".to_vec()]
+    );
+    assert_eq!(
+        column(&copy, "b", 3),
+        [Vec::new(), b"uno".to_vec(), Vec::new()]
+    );
+}

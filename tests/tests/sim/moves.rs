@@ -349,16 +349,8 @@ fn rewrite_in_the_older_layout(dir: &std::path::Path, shard: u32, placement: &Pl
         let batch = store
             .gather_with(&addresses, &[], GatherOptions::verified())
             .unwrap();
-        let names: Vec<String> = store.fields().iter().map(|f| f.name.clone()).collect();
-        let columns: Vec<_> = batch.fields().collect();
         let records: Vec<Record> = (0..len as usize)
-            .map(|k| {
-                let mut record = Record::new();
-                for (name, column) in names.iter().zip(&columns) {
-                    record.set(name, column.get(k).unwrap());
-                }
-                record
-            })
+            .map(|k| batch.record(k).unwrap())
             .collect();
         let old = dir.with_file_name(".older");
         let older = Store::create(&old, store.fields().to_vec(), CreateOptions::default()).unwrap();
