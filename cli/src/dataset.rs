@@ -311,10 +311,7 @@ pub fn verify(args: VerifyArgs) -> CliResult {
         return stream_verify(dir);
     }
     let store = Store::open_read_only(dir)?;
-    let bar = progress_bar(store.len(), false);
-    bar.set_message("verifying");
-    let report = store.verify(|done| bar.set_position(done))?;
-    bar.finish_and_clear();
+    let report = verifying(store.len(), false, |shown| store.verify(shown))?;
     let ok = || {
         format!(
             "{} records, {} fields, {} of payload",
@@ -324,6 +321,16 @@ pub fn verify(args: VerifyArgs) -> CliResult {
         )
     };
     verdict(&report.problems, ("record", "bad record(s)"), dir, ok)
+}
+
+/// Runs `verify` under a progress bar of `total` records (bytes if `bytes`), which it moves
+/// on with the count done; the bar is cleared after.
+fn verifying<T>(total: u64, bytes: bool, verify: impl FnOnce(&dyn Fn(u64)) -> T) -> T {
+    let bar = progress_bar(total, bytes);
+    bar.set_message("verifying");
+    let report = verify(&|done| bar.set_position(done));
+    bar.finish_and_clear();
+    report
 }
 
 /// Prints each problem `zr verify` found (at an `entry`, e.g. "record"), then "ok: {ok}
@@ -551,10 +558,8 @@ fn stream_info(dir: &std::path::Path) -> CliResult {
 /// `zr verify` of a token stream.
 fn stream_verify(dir: &std::path::Path) -> CliResult {
     let stream = zr_node::stream::Stream::open_read_only(dir)?;
-    let bar = progress_bar(stream.len() * stream.element_bytes(), true);
-    bar.set_message("verifying");
-    let report = stream.verify(|done| bar.set_position(done))?;
-    bar.finish_and_clear();
+    let total = stream.len() * stream.element_bytes();
+    let report = verifying(total, true, |shown| stream.verify(shown))?;
     let ok = || {
         format!(
             "{} tokens ({}), {} documents, {} spans",

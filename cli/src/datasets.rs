@@ -131,6 +131,14 @@ pub fn parse_field(spec: &str) -> Result<FieldInfo, String> {
     })
 }
 
+/// The cluster's datasets, as a reader of the router `remote` names sees them.
+fn datasets(
+    remote: &RouterArgs,
+    usage: &str,
+) -> Result<Vec<DatasetInfo>, Box<dyn std::error::Error>> {
+    Ok(connect(remote, Access::Read, usage)?.datasets()?)
+}
+
 fn connect(
     remote: &RouterArgs,
     needs: Access,
@@ -224,12 +232,7 @@ pub fn run(command: DatasetCommand) -> CliResult {
             Ok(())
         }
         DatasetCommand::List(args) => {
-            let client = connect(
-                &args.remote,
-                Access::Read,
-                "zr dataset list --router ADDR --certs DIR",
-            )?;
-            let all = client.datasets()?;
+            let all = datasets(&args.remote, "zr dataset list --router ADDR --certs DIR")?;
             println!(
                 "{:<24} {:>12} {:>12} {:>10}  fields",
                 "name", "records", "committed", "bytes"
@@ -247,12 +250,10 @@ pub fn run(command: DatasetCommand) -> CliResult {
             Ok(())
         }
         DatasetCommand::Info(args) => {
-            let client = connect(
+            let all = datasets(
                 &args.remote,
-                Access::Read,
                 "zr dataset info NAME --router ADDR --certs DIR",
             )?;
-            let all = client.datasets()?;
             let Some(dataset) = all.iter().find(|d| d.name == args.name) else {
                 let names: Vec<&str> = all.iter().map(|d| d.name.as_str()).collect();
                 return Err(format!(

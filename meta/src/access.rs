@@ -79,11 +79,7 @@ pub async fn update<E: From<Error>>(
 
 /// Adds `name` to the revoked names (`undo`: takes it out); returns the record written.
 pub async fn revoke(store: &dyn MetaStore, name: &str, undo: bool) -> Result<AccessRecord, Error> {
-    let name = name.to_string();
-    update(store, |record| {
-        Ok::<_, Error>(toggled(record, |r| &mut r.revoked, &name, undo))
-    })
-    .await
+    toggle(store, |r| &mut r.revoked, &name.to_string(), undo).await
 }
 
 /// Adds `serial` to the revoked serial numbers (`undo`: takes it out); returns the record
@@ -93,11 +89,7 @@ pub async fn revoke_serial(
     serial: &str,
     undo: bool,
 ) -> Result<AccessRecord, Error> {
-    let serial = serial.to_string();
-    update(store, |record| {
-        Ok::<_, Error>(toggled(record, |r| &mut r.revoked_serials, &serial, undo))
-    })
-    .await
+    toggle(store, |r| &mut r.revoked_serials, &serial.to_string(), undo).await
 }
 
 /// Adds `grant` (`undo`: takes it out); returns the record written.
@@ -106,8 +98,19 @@ pub async fn grant(
     grant: &Grant,
     undo: bool,
 ) -> Result<AccessRecord, Error> {
+    toggle(store, |r| &mut r.grants, grant, undo).await
+}
+
+/// Puts `item` in the set `set` picks (`undo`: takes it out), by compare-and-swap; returns
+/// the record written.
+async fn toggle<T: Ord + Clone>(
+    store: &dyn MetaStore,
+    set: impl Fn(&mut AccessRecord) -> &mut BTreeSet<T>,
+    item: &T,
+    undo: bool,
+) -> Result<AccessRecord, Error> {
     update(store, |record| {
-        Ok::<_, Error>(toggled(record, |r| &mut r.grants, grant, undo))
+        Ok::<_, Error>(toggled(record, &set, item, undo))
     })
     .await
 }

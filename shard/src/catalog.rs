@@ -398,11 +398,7 @@ mod tests {
     fn rows(shard: &Shard) -> Vec<Vec<u8>> {
         let store = &shard.serving().store;
         let all: Vec<u64> = (0..store.len()).collect();
-        let batch = store.gather(&all, &[]).expect("gather");
-        let column = batch.fields().next().expect("a field");
-        (0..all.len())
-            .map(|k| column.get(k).unwrap_or_default().to_vec())
-            .collect()
+        crate::testkit::first_field(store, &all)
     }
 
     fn open(dir: &Path) -> Catalog {

@@ -16,5 +16,7 @@ pub mod identity;
 pub mod server;
 pub mod ship;
 pub mod stage;
+#[cfg(test)]
+mod testkit;
 pub mod upgrade;
 mod warm;

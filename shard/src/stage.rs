@@ -422,11 +422,7 @@ mod tests {
         let store = &shard.serving().store;
         let len = store.unit_len(slot).unwrap_or(0);
         let all: Vec<u64> = (0..len).map(|i| address(slot, i)).collect();
-        let batch = store.gather(&all, &[]).expect("gather");
-        let column = batch.fields().next().expect("a field");
-        (0..all.len())
-            .map(|k| column.get(k).unwrap_or_default().to_vec())
-            .collect()
+        crate::testkit::first_field(store, &all)
     }
 
     /// The records `shard` serves.

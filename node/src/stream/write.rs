@@ -110,17 +110,9 @@ impl Tail {
                 ),
             });
         }
-        let last_end = if meta.documents == 0 {
-            0
-        } else {
-            let mut entry = [0u8; 8];
-            read_exact_at(
-                &documents_file,
-                &dir.join(DOCUMENTS_FILE),
-                &mut entry,
-                (meta.documents - 1) * 8,
-            )?;
-            u64::from_le_bytes(entry)
+        let last_end = match meta.documents.checked_sub(1) {
+            None => 0,
+            Some(last) => read_u64_at(&documents_file, &dir.join(DOCUMENTS_FILE), last * 8)?,
         };
         if last_end != meta.tokens {
             return Err(Error::Corrupt {
@@ -131,17 +123,10 @@ impl Tail {
                 ),
             });
         }
-        let reach = if meta.spans == 0 {
-            0
-        } else {
-            let mut entry = [0u8; 8];
-            read_exact_at(
-                &spans_file,
-                &dir.join(SPANS_FILE),
-                &mut entry,
-                (meta.spans - 1) * SPAN_BYTES + 16,
-            )?;
-            u64::from_le_bytes(entry)
+        // The last span's end: its third field.
+        let reach = match meta.spans.checked_sub(1) {
+            None => 0,
+            Some(last) => read_u64_at(&spans_file, &dir.join(SPANS_FILE), last * SPAN_BYTES + 16)?,
         };
         let metadata = open_metadata(disk, dir, meta.spans)?;
         let tail = Tail {
@@ -432,6 +417,13 @@ fn runtime_on(disk: &Disk) -> crate::RuntimeOptions {
         disk: disk.clone(),
         ..crate::RuntimeOptions::default()
     }
+}
+
+/// The little-endian u64 at byte `at` of `file` (at `path`).
+fn read_u64_at(file: &File, path: &Path, at: u64) -> Result<u64> {
+    let mut entry = [0u8; 8];
+    read_exact_at(file, path, &mut entry, at)?;
+    Ok(u64::from_le_bytes(entry))
 }
 
 fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], at: u64) -> Result<()> {
