@@ -10,18 +10,32 @@ use zr_common::{
     BoxError, Contiguous, GatherSource, Loader, LoaderOptions, Order, Sampler, SamplerConfig, Tail,
 };
 
-/// A source whose record i is `i` as 8 little-endian bytes; fails on `fail_at`.
+/// A source whose record i is `salt + i` as 8 little-endian bytes, `i % 5 + 1` times over
+/// if `varying` (else once); fails on `fail_at`.
 struct Echo {
+    salt: u64,
+    varying: bool,
     fail_at: Option<u64>,
     gathers: AtomicU64,
 }
 
 impl Echo {
     fn new() -> Arc<Echo> {
-        Arc::new(Echo {
-            fail_at: None,
+        Arc::new(Echo::with(0, false, None))
+    }
+
+    /// Records `salt + i` of varying lengths.
+    fn salted(salt: u64) -> Arc<Echo> {
+        Arc::new(Echo::with(salt, true, None))
+    }
+
+    fn with(salt: u64, varying: bool, fail_at: Option<u64>) -> Echo {
+        Echo {
+            salt,
+            varying,
+            fail_at,
             gathers: AtomicU64::new(0),
-        })
+        }
     }
 }
 
@@ -44,7 +58,12 @@ impl GatherSource for Echo {
         column.offsets.clear();
         column.offsets.push(0);
         for &i in indices {
-            column.data.extend_from_slice(&i.to_le_bytes());
+            let copies = if self.varying { i % 5 + 1 } else { 1 };
+            for _ in 0..copies {
+                column
+                    .data
+                    .extend_from_slice(&(self.salt + i).to_le_bytes());
+            }
             column.offsets.push(column.data.len() as u64);
         }
         Ok(())
@@ -162,10 +181,7 @@ fn a_failed_gather_ends_the_run_with_its_error() {
         tail: Tail::Drop,
     })
     .unwrap();
-    let source = Arc::new(Echo {
-        fail_at: Some(35),
-        gathers: AtomicU64::new(0),
-    });
+    let source = Arc::new(Echo::with(0, false, Some(35)));
     let mut loader = Loader::new(
         source,
         sampler.clone(),
@@ -321,31 +337,6 @@ fn shuffle_is_well_mixed() {
     }
 }
 
-/// A source whose record i holds `salt + i` (varying lengths: `i % 5 + 1` copies).
-struct Salted(u64);
-
-impl GatherSource for Salted {
-    fn gather_into(
-        &self,
-        indices: &[u64],
-        _fields: &[String],
-        columns: &mut Vec<Contiguous>,
-    ) -> Result<(), BoxError> {
-        columns.resize_with(1, Contiguous::default);
-        let column = &mut columns[0];
-        column.data.clear();
-        column.offsets.clear();
-        column.offsets.push(0);
-        for &i in indices {
-            for _ in 0..i % 5 + 1 {
-                column.data.extend_from_slice(&(self.0 + i).to_le_bytes());
-            }
-            column.offsets.push(column.data.len() as u64);
-        }
-        Ok(())
-    }
-}
-
 fn mixture(rank: u64, ranks: u64) -> zr_common::Mixture {
     zr_common::Mixture::new(zr_common::MixtureConfig {
         lengths: vec![300, 70, 20],
@@ -363,9 +354,9 @@ fn mixture(rank: u64, ranks: u64) -> zr_common::Mixture {
 
 fn sources() -> Vec<Arc<dyn GatherSource>> {
     vec![
-        Arc::new(Salted(0)),
-        Arc::new(Salted(1_000_000)),
-        Arc::new(Salted(2_000_000)),
+        Echo::salted(0),
+        Echo::salted(1_000_000),
+        Echo::salted(2_000_000),
     ]
 }
 
@@ -487,7 +478,7 @@ fn ramp_run(
 /// other numbers of ranks (with prefetch running ahead) it reads the same global stream.
 #[test]
 fn a_ramp_loader_resumes_exactly_under_other_ranks() {
-    let lone = || -> Vec<Arc<dyn GatherSource>> { vec![Arc::new(Salted(0))] };
+    let lone = || -> Vec<Arc<dyn GatherSource>> { vec![Echo::salted(0)] };
     let start = ramp(0, 1).start();
     let (whole, _) = ramp_run(&ramp, &lone, 1, &start, 12);
     let sizes: Vec<usize> = whole.iter().map(Vec::len).collect();
@@ -584,14 +575,9 @@ fn a_budget_loader_resumes_exactly_under_other_ranks() {
         for rank in 0..ranks {
             let budget =
                 zr_common::TokenBudget::new(lengths.clone(), config(ranks, accumulation)).unwrap();
-            let mut loader = zr_common::BudgetLoader::new(
-                Arc::new(Salted(0)),
-                budget,
-                rank,
-                state,
-                options.clone(),
-            )
-            .unwrap();
+            let mut loader =
+                zr_common::BudgetLoader::new(Echo::salted(0), budget, rank, state, options.clone())
+                    .unwrap();
             for (k, step) in loader.by_ref().take(steps).enumerate() {
                 let step = step.unwrap();
                 assert_eq!(step.micro.len(), accumulation as usize, "rank {rank}");
@@ -624,7 +610,7 @@ fn a_budget_loader_resumes_exactly_under_other_ranks() {
     assert_eq!(chained[..], whole[..chained.len()]);
     assert!(chained.len() >= 100);
     let budget = zr_common::TokenBudget::new(lengths.clone(), config(2, 1)).unwrap();
-    let e = zr_common::BudgetLoader::new(Arc::new(Salted(0)), budget, 2, state, options)
+    let e = zr_common::BudgetLoader::new(Echo::salted(0), budget, 2, state, options)
         .err()
         .unwrap();
     assert!(e.to_string().contains("rank 2"), "{e}");

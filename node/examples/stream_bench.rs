@@ -124,6 +124,21 @@ fn batch_starts(number: usize, batch: usize, windows: u64, stride: u64, out: &mu
     out.extend((0..batch).map(|_| rng.next() % windows * stride));
 }
 
+/// The windows starting at `starts` (`seq_len` apart) gathered into `out` by zrecord.
+fn gather_windows(
+    windows: &Windows,
+    starts: &[u64],
+    seq_len: u64,
+    indices: &mut Vec<u64>,
+    out: &mut [u8],
+) {
+    indices.clear();
+    indices.extend(starts.iter().map(|s| s / seq_len));
+    windows
+        .gather_to(indices, out, None, None, None)
+        .expect("gather");
+}
+
 /// Windows of `--seq-len` at that stride over a new stream of `tokens` tokens, and its
 /// document ends.
 fn windows_of(args: &Args, dir: &Path, tokens: u64) -> BoxResult<(Windows, Vec<u64>)> {
@@ -179,11 +194,7 @@ fn warm(args: &Args, dir: &Path) -> BoxResult<()> {
         }));
         rates[1].push(time_batches(round, |b| {
             batch_starts(b, args.batch, n, args.seq_len, &mut starts);
-            indices.clear();
-            indices.extend(starts.iter().map(|s| s / args.seq_len));
-            windows
-                .gather_to(&indices, &mut out, None, None, None)
-                .expect("gather");
+            gather_windows(&windows, &starts, args.seq_len, &mut indices, &mut out);
             std::hint::black_box(&out);
         }));
         rates[2].push(time_batches(round, |b| {
@@ -297,13 +308,7 @@ fn cold(args: &Args, dir: &Path) -> BoxResult<()> {
                         .collect();
                     uring_read(&reads, args.queue_depth).expect("read");
                 }
-                Some(_) => {
-                    indices.clear();
-                    indices.extend(starts.iter().map(|s| s / args.seq_len));
-                    windows
-                        .gather_to(&indices, &mut out, None, None, None)
-                        .expect("gather");
-                }
+                Some(_) => gather_windows(&windows, &starts, args.seq_len, &mut indices, &mut out),
             }
             std::hint::black_box(&out);
         });
