@@ -191,6 +191,39 @@ fn out_slice<'a, T: numpy::Element>(
         .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
 }
 
+/// [`borrow_out`] of an array that may not be given.
+fn borrow_optional<'py, T: numpy::Element>(
+    array: Option<&Bound<'py, PyArray1<T>>>,
+    what: &str,
+) -> PyResult<Option<numpy::PyReadwriteArray1<'py, T>>> {
+    array.map(|a| borrow_out(a, what)).transpose()
+}
+
+/// [`out_slice`] of an array that may not be given.
+fn optional_slice<'a, T: numpy::Element>(
+    array: &'a mut Option<numpy::PyReadwriteArray1<'_, T>>,
+    what: &str,
+) -> PyResult<Option<&'a mut [T]>> {
+    array.as_mut().map(|a| out_slice(a, what)).transpose()
+}
+
+/// The value `options` names `given`; a ValueError saying which `what` may be otherwise.
+fn one_of<T: Copy>(what: &str, given: &str, options: &[(&str, T)]) -> PyResult<T> {
+    if let Some(&(_, value)) = options.iter().find(|(name, _)| *name == given) {
+        return Ok(value);
+    }
+    let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
+    let (last, rest) = names.split_last().unwrap_or((&"", &[]));
+    let choices = if rest.is_empty() {
+        last.to_string()
+    } else {
+        format!("{} or {last}", rest.join(", "))
+    };
+    Err(PyValueError::new_err(format!(
+        "{what} must be {choices}, not '{given}'"
+    )))
+}
+
 /// Indices as a slice (a copy only if the array is not contiguous).
 fn indices_of(indices: &PyReadonlyArray1<'_, u64>) -> Vec<u64> {
     match indices.as_slice() {
@@ -463,17 +496,13 @@ impl Sampler {
         stride: u64,
         blocklist: Vec<u64>,
     ) -> PyResult<Sampler> {
-        let order = match order {
-            "sequential" => Order::Sequential,
-            "shuffle" => Order::Shuffle,
-            "random" => Order::Random,
-            "sliding" => Order::Sliding { window, stride },
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "order must be sequential, shuffle, random or sliding, not '{other}'"
-                )))
-            }
-        };
+        let orders = [
+            ("sequential", Order::Sequential),
+            ("shuffle", Order::Shuffle),
+            ("random", Order::Random),
+            ("sliding", Order::Sliding { window, stride }),
+        ];
+        let order = one_of("order", order, &orders)?;
         let config = SamplerConfig {
             len,
             order,

@@ -6,7 +6,7 @@ use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::Mixture;
+use crate::{one_of, Mixture};
 
 /// Token-budget micro-batches of examples of known lengths (`zr_common::budget`).
 #[pyclass(module = "zrecord._zrecord", frozen)]
@@ -33,34 +33,25 @@ impl TokenBudget {
         seed: u64,
     ) -> PyResult<TokenBudget> {
         use zr_common::budget::{Cost, Remainder, TooLong};
-        let cost = match cost {
-            "padded" => Cost::Padded,
-            "packed" => Cost::Packed,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "cost must be padded or packed, not '{other}'"
-                )))
-            }
-        };
-        let remainder = match remainder {
-            "carry" => Remainder::Carry,
-            "pad" => Remainder::Pad,
-            "drop" => Remainder::Drop,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "remainder must be carry, pad or drop, not '{other}'"
-                )))
-            }
-        };
-        let too_long = match too_long {
-            "refuse" => TooLong::Refuse,
-            "skip" => TooLong::Skip,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "too_long must be refuse or skip, not '{other}'"
-                )))
-            }
-        };
+        let cost = one_of(
+            "cost",
+            cost,
+            &[("padded", Cost::Padded), ("packed", Cost::Packed)],
+        )?;
+        let remainder = one_of(
+            "remainder",
+            remainder,
+            &[
+                ("carry", Remainder::Carry),
+                ("pad", Remainder::Pad),
+                ("drop", Remainder::Drop),
+            ],
+        )?;
+        let too_long = one_of(
+            "too_long",
+            too_long,
+            &[("refuse", TooLong::Refuse), ("skip", TooLong::Skip)],
+        )?;
         let config = zr_common::BudgetConfig {
             max_tokens,
             cost,

@@ -357,13 +357,10 @@ impl StreamWindows {
         let indices = indices_of(&indices);
         let mut tokens = borrow_out(tokens, "tokens")?;
         let tokens = out_slice(&mut tokens, "tokens")?;
-        let mut document = document.map(|d| borrow_out(d, "document")).transpose()?;
-        let document = document
-            .as_mut()
-            .map(|d| out_slice(d, "document"))
-            .transpose()?;
-        let mut mask = mask.map(|m| borrow_out(m, "mask")).transpose()?;
-        let mask = mask.as_mut().map(|m| out_slice(m, "mask")).transpose()?;
+        let mut document = borrow_optional(document, "document")?;
+        let document = optional_slice(&mut document, "document")?;
+        let mut mask = borrow_optional(mask, "mask")?;
+        let mask = optional_slice(&mut mask, "mask")?;
         let mut sink = zr_node::stream::SpanSink::default();
         py.detach(|| {
             self.inner
@@ -596,11 +593,8 @@ impl ClusterStreamWindows {
         let indices = indices_of(&indices);
         let mut tokens = borrow_out(tokens, "tokens")?;
         let tokens = out_slice(&mut tokens, "tokens")?;
-        let mut document = document.map(|d| borrow_out(d, "document")).transpose()?;
-        let document = document
-            .as_mut()
-            .map(|d| out_slice(d, "document"))
-            .transpose()?;
+        let mut document = borrow_optional(document, "document")?;
+        let document = optional_slice(&mut document, "document")?;
         py.detach(|| {
             let stream = self.stream.read().unwrap_or_else(|e| e.into_inner());
             stream.gather(self.mode, &indices, tokens, document)

@@ -46,6 +46,16 @@ def _rate(fn, seconds: float) -> float:
             return calls / elapsed
 
 
+def _in_turns(rounds: int, *methods) -> list[float]:
+    """Each of ``methods`` (each returning a rate) called once a round, in turns, so that a
+    shared machine's changing load weighs on all alike: their mean rates."""
+    totals = [0.0] * len(methods)
+    for _ in range(rounds):
+        for k, method in enumerate(methods):
+            totals[k] += method()
+    return [total / rounds for total in totals]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000, help="records per dataset (1 KiB); 16 KiB ones get a sixteenth")
@@ -90,23 +100,7 @@ def main() -> None:
             print(f"  the same gathers in a Rust loop {direct:>11,.0f} rec/s  {direct * gib:6.2f} GiB/s   Python/Rust {zr / direct:.2f}x")
         # The loader vs a bare loop over the same batches.
         ds = zrecord.open(os.path.join(tmp, "zr-1024"))
-        sampler = zrecord.Sampler(len(ds), order="shuffle", seed=1, batch=args.batch)
-        batches = [sampler.batch_at(0, p) for p in range(0, min(len(ds), 200 * args.batch), args.batch)]
-        for b in batches:  # warm: every record read once
-            ds.gather(b)
-        bare = looped = 0.0
-        for _ in range(args.rounds):  # in turns
-            started = time.perf_counter()
-            for b in batches:
-                ds.gather(b)
-            bare += time.perf_counter() - started
-            loader = zrecord.Loader(ds, zrecord.Sampler(len(ds), order="shuffle", seed=1, batch=args.batch), prefetch=2, workers=2)
-            started = time.perf_counter()
-            for i, _ in enumerate(loader):
-                if i + 1 == len(batches):
-                    break
-            looped += time.perf_counter() - started
-        print(f"loader (prefetch 2, 2 workers) {len(batches) / looped:,.0f} batches/s vs a bare gather loop {len(batches) / bare:,.0f}: loader/bare {bare / looped:.2f}x")
+        print(f"loader (prefetch 2, 2 workers) {_loader_vs_bare(ds, args.batch, 200, args.rounds)}")
         _mixture(tmp, ds, args)
         _stream(tmp, args)
         _packed(tmp, args)
@@ -170,26 +164,33 @@ def _packed(tmp, args, seq_len: int = 2048, batch: int = 32, count: int = 300) -
     packed = stream.packed(seq_len)
     stats = packed.stats()
 
-    def sampler():
-        return zrecord.Sampler(len(packed), order="shuffle", seed=1, batch=batch)
+    print(f"packed rows of {seq_len + 1} tokens ({stats['rows']:,} rows, {100 * stats['padding_fraction']:.2f}% padding), batches of {batch}, every column:")
+    print(f"  loader (prefetch 2, 2 workers) {_loader_vs_bare(packed, batch, count, args.rounds)}")
 
-    batches = [sampler().batch_at(0, p) for p in range(0, min(len(packed), count * batch), batch)]
-    for b in batches:  # warm
-        packed.gather(b)
+
+def _loader_vs_bare(source, batch: int, count: int, rounds: int) -> str:
+    """A loader over ``source`` (prefetch 2, 2 workers) vs a bare loop gathering the same
+    ``count`` shuffled batches of ``batch``, in turns, warm: their rates, said."""
+
+    def sampler():
+        return zrecord.Sampler(len(source), order="shuffle", seed=1, batch=batch)
+
+    batches = [sampler().batch_at(0, p) for p in range(0, min(len(source), count * batch), batch)]
+    for b in batches:  # warm: every record read once
+        source.gather(b)
     bare = looped = 0.0
-    for _ in range(args.rounds):  # in turns
+    for _ in range(rounds):  # in turns
         started = time.perf_counter()
         for b in batches:
-            packed.gather(b)
+            source.gather(b)
         bare += time.perf_counter() - started
-        loader = zrecord.Loader(packed, sampler(), prefetch=2, workers=2)
+        loader = zrecord.Loader(source, sampler(), prefetch=2, workers=2)
         started = time.perf_counter()
         for i, _ in enumerate(loader):
             if i + 1 == len(batches):
                 break
         looped += time.perf_counter() - started
-    print(f"packed rows of {seq_len + 1} tokens ({stats['rows']:,} rows, {100 * stats['padding_fraction']:.2f}% padding), batches of {batch}, every column:")
-    print(f"  loader (prefetch 2, 2 workers) {len(batches) / looped:,.0f} batches/s vs a bare gather loop {len(batches) / bare:,.0f}: loader/bare {bare / looped:.2f}x")
+    return f"{len(batches) / looped:,.0f} batches/s vs a bare gather loop {len(batches) / bare:,.0f}: loader/bare {bare / looped:.2f}x"
 
 
 def _mixture(tmp, ds, args) -> None:
@@ -203,23 +204,23 @@ def _mixture(tmp, ds, args) -> None:
         parts.append(zrecord.from_numpy(rows, os.path.join(tmp, f"part-{k}")))
     lengths = [len(p) for p in parts]
     count = min(200, n // args.batch)
-    one = mixed = 0.0
-    for _ in range(args.rounds):
-        for which in ("one", "mixed"):
-            if which == "one":
-                loader = zrecord.Loader(ds, zrecord.Sampler(n, seed=4, batch=args.batch), prefetch=2, workers=2)
-            else:
-                loader = zrecord.Loader(parts, zrecord.Mixture(lengths, lengths, seed=4, batch=args.batch), prefetch=2, workers=2)
+
+    def batches_per_second(make_loader):
+        def run() -> float:
+            loader = make_loader()
             started = time.perf_counter()
             for i, _ in enumerate(loader):
                 if i + 1 == count:
                     break
-            rate = count / (time.perf_counter() - started)
-            if which == "one":
-                one += rate
-            else:
-                mixed += rate
-    one, mixed = one / args.rounds, mixed / args.rounds
+            return count / (time.perf_counter() - started)
+
+        return run
+
+    one, mixed = _in_turns(
+        args.rounds,
+        batches_per_second(lambda: zrecord.Loader(ds, zrecord.Sampler(n, seed=4, batch=args.batch), prefetch=2, workers=2)),
+        batches_per_second(lambda: zrecord.Loader(parts, zrecord.Mixture(lengths, lengths, seed=4, batch=args.batch), prefetch=2, workers=2)),
+    )
     print(f"loader over a 3-dataset mixture {mixed:,.0f} batches/s vs over one dataset of the same records {one:,.0f}: mixture/one {mixed / one:.2f}x")
 
 
@@ -250,12 +251,15 @@ def _torch(ds, args) -> None:
             next(it)
         return count / (time.perf_counter() - started)
 
-    zr = npy = 0.0
-    for _ in range(args.rounds):
+    def ours() -> float:
         sampler = StatefulSampler(zrecord.Sampler(len(ds), seed=3, batch=batch))
-        zr += rate(torch.utils.data.DataLoader(MapDataset(ds), batch_sampler=sampler, num_workers=2, collate_fn=collate))
-        npy += rate(torch.utils.data.DataLoader(tensors, batch_size=batch, shuffle=True, num_workers=2))
-    zr, npy = zr / args.rounds, npy / args.rounds
+        return rate(torch.utils.data.DataLoader(MapDataset(ds), batch_sampler=sampler, num_workers=2, collate_fn=collate))
+
+    zr, npy = _in_turns(
+        args.rounds,
+        ours,
+        lambda: rate(torch.utils.data.DataLoader(tensors, batch_size=batch, shuffle=True, num_workers=2)),
+    )
     print(f"torch DataLoader, 2 workers, batches of {batch} (1 KiB records): zrecord {zr:,.0f} batches/s vs an in-memory TensorDataset {npy:,.0f}: {zr / npy:.2f}x")
 
 
@@ -268,24 +272,25 @@ def _grain(ds, args) -> None:
     count = min(200, len(ds) // args.batch)
     rows = ds.gather(np.arange(len(ds)))["data"]  # the same records, in memory
     sampler = zrecord.Sampler(len(ds), order="shuffle", seed=2, batch=args.batch)
-    zr = npy = 0.0
-    for _ in range(args.rounds):
-        for which in ("zr", "npy"):
-            # A fresh iterator for each turn, its start timed too: one made earlier fills its
-            # prefetch buffer on Grain's threads while the other is timed.
+    steps = count // args.rounds
+
+    def batches_per_second(make_iter):
+        # A fresh iterator for each turn, its start timed too: one made earlier fills its
+        # prefetch buffer on Grain's threads while the other is timed.
+        def run() -> float:
             started = time.perf_counter()
-            if which == "zr":
-                it = iter(batches(ds, sampler).to_iter_dataset())
-            else:
-                it = iter(grain.MapDataset.source(rows).shuffle(seed=2).batch(args.batch).to_iter_dataset())
-            for _ in range(count // args.rounds):
+            it = make_iter()
+            for _ in range(steps):
                 next(it)
-            rate = (count // args.rounds) / (time.perf_counter() - started)
-            if which == "zr":
-                zr += rate
-            else:
-                npy += rate
-    zr, npy = zr / args.rounds, npy / args.rounds
+            return steps / (time.perf_counter() - started)
+
+        return run
+
+    zr, npy = _in_turns(
+        args.rounds,
+        batches_per_second(lambda: iter(batches(ds, sampler).to_iter_dataset())),
+        batches_per_second(lambda: iter(grain.MapDataset.source(rows).shuffle(seed=2).batch(args.batch).to_iter_dataset())),
+    )
     print(f"grain, batches of {args.batch} (1 KiB records): zrecord.grain.batches {zr:,.0f} batches/s vs a NumPy array source batched by Grain {npy:,.0f}: {zr / npy:.2f}x")
 
 
