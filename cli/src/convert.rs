@@ -551,13 +551,17 @@ fn convert_jsonl(args: &ConvertArgs) -> CliResult {
         report.dtype,
         target,
         report.tokens as f64 / seconds.max(1e-9),
-        if report.skipped > 0 {
-            format!("; {} bad lines skipped", report.skipped)
-        } else {
-            String::new()
-        }
+        skipped(report.skipped, "bad lines")
     );
     Ok(())
+}
+
+/// "; N {what} skipped" where a conversion skipped any, else nothing.
+fn skipped(count: u64, what: &str) -> String {
+    if count == 0 {
+        return String::new();
+    }
+    format!("; {count} {what} skipped")
 }
 
 /// `--webdataset`: tar shards into a local record dataset, with a progress line.
@@ -591,11 +595,7 @@ fn convert_webdataset(args: &ConvertArgs) -> CliResult {
         options.shards.len(),
         target,
         started.elapsed().as_secs_f64(),
-        if report.skipped > 0 {
-            format!("; {} samples lacking a member skipped", report.skipped)
-        } else {
-            String::new()
-        }
+        skipped(report.skipped, "samples lacking a member")
     );
     Ok(())
 }

@@ -119,12 +119,7 @@ impl EpochPlan {
 
     /// Micro-batch `m`'s examples.
     pub fn micro(&self, m: u64) -> Option<&[u64]> {
-        let end = *self.ends.get(m as usize)? as usize;
-        let start = match m {
-            0 => 0,
-            m => self.ends[m as usize - 1] as usize,
-        };
-        Some(&self.examples[start..end])
+        crate::run_of(&self.examples, &self.ends, m)
     }
 }
 

@@ -37,6 +37,18 @@ pub use sampler::{Order, Sampler, SamplerConfig, SamplerState, Tail};
 pub use schedule::{BatchSchedule, RampSampler, RampState};
 pub use windows::{WindowColumns, WindowMode};
 
+/// Run `k` of `items` cut at `ends` (run k is `items[ends[k - 1]..ends[k]]`, run 0 from the
+/// start); `None` past the last run, or where `ends` overruns `items`.
+pub fn run_of<'a, T>(items: &'a [T], ends: &[u64], k: u64) -> Option<&'a [T]> {
+    let k = usize::try_from(k).ok()?;
+    let end = usize::try_from(*ends.get(k)?).ok()?;
+    let start = match k.checked_sub(1) {
+        None => 0,
+        Some(before) => usize::try_from(ends[before]).ok()?,
+    };
+    items.get(start..end)
+}
+
 /// `bytes` in the binary unit that reads best: "512 B", "1.50 GiB".
 pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
@@ -55,6 +67,17 @@ pub fn human_bytes(bytes: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn runs_are_cut_at_their_ends() {
+        let items = [1, 2, 3, 4, 5];
+        let ends = [2, 2, 5];
+        assert_eq!(super::run_of(&items, &ends, 0), Some(&[1, 2][..]));
+        assert_eq!(super::run_of(&items, &ends, 1), Some(&[][..]));
+        assert_eq!(super::run_of(&items, &ends, 2), Some(&[3, 4, 5][..]));
+        assert_eq!(super::run_of(&items, &ends, 3), None);
+        assert_eq!(super::run_of(&items, &[7], 0), None);
+    }
+
     #[test]
     fn human_bytes_picks_the_unit() {
         assert_eq!(super::human_bytes(0), "0 B");

@@ -237,12 +237,7 @@ impl PackPlan {
 
     /// The pieces of row `row`, in the order they lie in it; `None` past the last row.
     pub fn row(&self, row: u64) -> Option<&[Piece]> {
-        let end = *self.row_ends.get(row as usize)? as usize;
-        let start = match row {
-            0 => 0,
-            r => self.row_ends[r as usize - 1] as usize,
-        };
-        Some(&self.pieces[start..end])
+        crate::run_of(&self.pieces, &self.row_ends, row)
     }
 
     /// The plan with `documents` not read: each row that holds a piece of one keeps its

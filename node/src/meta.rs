@@ -258,6 +258,16 @@ pub struct Meta {
 }
 
 impl Meta {
+    /// The layout this dataset was created with: a copy made with them lays its files out
+    /// the same way.
+    pub fn create_options(&self) -> crate::CreateOptions {
+        crate::CreateOptions {
+            chunk_records: self.chunk_records,
+            chunk_grow_bytes: self.chunk_grow_bytes,
+            offset_grow_entries: self.offset_grow_entries,
+        }
+    }
+
     /// Every unit and its length, ordered by id: for version 1, unit 0 alone.
     pub fn units(&self) -> Vec<UnitMeta> {
         if self.version == FORMAT_VERSION {

@@ -14,7 +14,7 @@ use crate::disk::Disk;
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, Meta};
 use crate::runtime::RuntimeOptions;
-use crate::store::{CreateOptions, Store};
+use crate::store::Store;
 use crate::unit::address;
 use crate::verify::Utilization;
 use zr_common::Record;
@@ -177,11 +177,7 @@ fn rewrite(
         disk.remove_tree(&scratch)
             .ctx("remove the leftover of an interrupted rebalance", &scratch)?;
     }
-    let options = CreateOptions {
-        chunk_records: meta.chunk_records,
-        chunk_grow_bytes: meta.chunk_grow_bytes,
-        offset_grow_entries: meta.offset_grow_entries,
-    };
+    let options = meta.create_options();
     // One writer: records land in index order, the layout `utilization` counts as live.
     let runtime = RuntimeOptions {
         writers: 1,

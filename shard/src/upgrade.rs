@@ -15,8 +15,8 @@ use crate::fence::Coordination;
 use crate::identity::Identity;
 use zr_common::Record;
 use zr_node::meta::{sync_dir, Meta, META_FILE};
-use zr_node::{CreateOptions, GatherOptions, RuntimeOptions, Store};
 use zr_node::{Error, IoContext, Result};
+use zr_node::{GatherOptions, RuntimeOptions, Store};
 use zr_proto::placement::Placement;
 
 /// Records copied per step of a conversion.
@@ -132,11 +132,7 @@ fn convert_dataset(
         disk.remove_tree(&scratch)
             .ctx("remove an unfinished conversion", &scratch)?;
     }
-    let options = CreateOptions {
-        chunk_records: meta.chunk_records,
-        chunk_grow_bytes: meta.chunk_grow_bytes,
-        offset_grow_entries: meta.offset_grow_entries,
-    };
+    let options = meta.create_options();
     let new = Store::create_with_dicts(
         &scratch,
         old.fields().to_vec(),
@@ -205,7 +201,7 @@ mod tests {
         let store = Store::create(
             dir.path(),
             vec![zr_node::FieldSpec::raw("a")],
-            CreateOptions::default(),
+            zr_node::CreateOptions::default(),
         )
         .expect("create");
         for k in 0..100u32 {
