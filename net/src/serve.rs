@@ -449,11 +449,17 @@ impl Drop for Busy {
     }
 }
 
+/// What a client is told when the connections left are kept for routers.
+const KEPT_FOR_ROUTERS: &[u8] = b"too many connections from clients; the rest are kept for routers";
+/// What a peer is told when its certificate holds all the connections it may.
+const TOO_MANY_WITH_CERTIFICATE: &[u8] = b"too many connections with this certificate";
+
 /// Closes a connection refused as too many, saying `why` in the log and `reason` to the peer.
-fn refuse(connection: &quinn::Connection, why: &str, reason: &[u8]) {
+fn refuse(connection: &quinn::Connection, why: &str, reason: &[u8]) -> Result<(), ConnectionError> {
     let peer = connection.remote_address();
     tracing::warn!("refusing a connection from {peer}: {why}");
     connection.close(VarInt::from_u32(TOO_MANY), reason);
+    Ok(())
 }
 
 async fn connection<H, F>(
@@ -493,12 +499,7 @@ where
                 if open_now.reclaim_where(|t| !t.privileged, over) < over {
                     drop(open_now);
                     let why = format!("{most} connections are open from peers other than {role}s, and the rest are kept for {role}s");
-                    refuse(
-                        &connection,
-                        &why,
-                        b"too many connections from clients; the rest are kept for routers",
-                    );
-                    return Ok(());
+                    return refuse(&connection, &why, KEPT_FOR_ROUTERS);
                 }
             }
         }
@@ -507,12 +508,7 @@ where
             if open_now.reclaim(Some(who.identity), over) < over {
                 drop(open_now);
                 let why = format!("its certificate already holds {per_identity} connections");
-                refuse(
-                    &connection,
-                    &why,
-                    b"too many connections with this certificate",
-                );
-                return Ok(());
+                return refuse(&connection, &why, TOO_MANY_WITH_CERTIFICATE);
             }
         }
         let id = open_now.next;

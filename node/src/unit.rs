@@ -23,8 +23,12 @@ use std::path::{Path, PathBuf};
 
 use crate::offset::offset_file_name;
 
-/// Bits of an address that hold the index inside its unit.
-pub const UNIT_SHIFT: u32 = 48;
+/// Bits of an address that hold the index inside its unit: a record's address is its unit
+/// in the top bits, its index inside the unit below; `address(unit, index)` makes one and
+/// `split` takes it apart. A cluster's slot is a node's unit, so these are the placement's
+/// own.
+pub use zr_proto::placement::UNIT_SHIFT;
+pub use zr_proto::placement::{split_address as split, unit_address as address};
 /// Largest index inside a unit, plus one.
 pub const UNIT_INDEX_LIMIT: u64 = 1 << UNIT_SHIFT;
 /// Bits of a chunk id that number the chunk inside its unit.
@@ -33,21 +37,6 @@ pub const CHUNK_SEQ_BITS: u32 = 20;
 pub const UNITS_MAX: u32 = 1 << (32 - CHUNK_SEQ_BITS);
 /// The folder of the units other than 0, inside a dataset directory.
 pub const UNITS_DIR: &str = "units";
-
-/// The address of record `index` of unit `unit`.
-#[inline]
-pub fn address(unit: u32, index: u64) -> u64 {
-    (u64::from(unit) << UNIT_SHIFT) | index
-}
-
-/// The unit and the index inside it of `address`.
-#[inline]
-pub fn split(address: u64) -> (u32, u64) {
-    (
-        (address >> UNIT_SHIFT) as u32,
-        address & (UNIT_INDEX_LIMIT - 1),
-    )
-}
 
 /// The unit chunk `id` belongs to.
 #[inline]

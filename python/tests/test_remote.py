@@ -6,8 +6,6 @@ import gzip
 import io
 import json
 import os
-import pathlib
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,14 +22,6 @@ TOKENIZER = {
     "normalizer": None, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
     "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "</s>": 1, "the": 2, "cat": 3, "sat": 4}, "unk_token": "[UNK]"},
 }
-
-
-def _zr():
-    here = pathlib.Path(__file__).resolve().parents[2] / "target"
-    for candidate in (shutil.which("zr"), here / "debug" / "zr", here / "release" / "zr"):
-        if candidate and pathlib.Path(candidate).exists():
-            return str(candidate)
-    return None
 
 
 @pytest.fixture
@@ -62,8 +52,8 @@ def s3():
         server.wait(10)
 
 
-def test_zr_convert_reads_inputs_from_s3(tmp_path, s3):
-    zr = _zr()
+def test_zr_convert_reads_inputs_from_s3(tmp_path, s3, zr_binary):
+    zr = zr_binary
     if zr is None:
         pytest.skip("the zr binary is not built")
     pa = pytest.importorskip("pyarrow")

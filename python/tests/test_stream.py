@@ -2,9 +2,7 @@
 structured elements, readers beside a writer, loaders and resume, Megatron files."""
 
 import json
-import pathlib
 import pickle
-import shutil
 import struct
 import subprocess
 
@@ -199,12 +197,8 @@ def _write_megatron(prefix, docs, code):
         f.write(np.arange(len(docs) + 1, dtype=np.int64).tobytes())
 
 
-def test_megatron_files_convert_with_the_cli(tmp_path):
-    zr = shutil.which("zr")
-    for build in ("release", "debug"):
-        built = pathlib.Path(__file__).resolve().parents[2] / "target" / build / "zr"
-        if zr is None and built.exists():
-            zr = str(built)
+def test_megatron_files_convert_with_the_cli(tmp_path, zr_binary):
+    zr = zr_binary
     if zr is None:
         pytest.skip("no zr command: install it or build the workspace (cargo build)")
     rng = np.random.default_rng(4)
@@ -463,7 +457,7 @@ def test_best_fit_pads_no_more_than_grains_best_fit(tmp_path):
     assert ours <= first
 
 
-def test_a_ramped_loader_over_packed_rows_resumes_across_a_stage_on_other_ranks(tmp_path):
+def test_a_ramped_loader_over_packed_rows_resumes_across_a_stage_on_other_ranks(tmp_path, zr_binary):
     rng = np.random.default_rng(9)
     docs = [rng.integers(0, 50_000, size=int(n)).astype(np.uint32) for n in _long_tailed(rng, 400, 64)]
     stream = _make(tmp_path / "s", docs)
@@ -496,7 +490,7 @@ def test_a_ramped_loader_over_packed_rows_resumes_across_a_stage_on_other_ranks(
         assert [m["rank"] for m in manifest] == sorted(m["rank"] for m in manifest)
         records = [m["record"] for m in manifest]
         np.testing.assert_array_equal(packed.gather(records, ["tokens"])["tokens"], whole[step])
-    zr = _zr_binary()
+    zr = zr_binary
     if zr is not None:
         run_json = tmp_path / "run.json"
         run_json.write_text(json.dumps(described.describe()))
@@ -560,19 +554,9 @@ def test_a_token_weighted_mixture_of_packed_streams_with_budgets(tmp_path):
         zrecord.Mixture.by_tokens([(1.0, a)])
 
 
-def _zr_binary():
-    import shutil
-
-    here = pathlib.Path(__file__).resolve().parents[2] / "target"
-    for candidate in (shutil.which("zr"), here / "debug" / "zr", here / "release" / "zr"):
-        if candidate and pathlib.Path(candidate).exists():
-            return str(candidate)
-    return None
-
-
-def test_text_tokenized_by_zr_convert_equals_the_tokenizers_package(tmp_path):
+def test_text_tokenized_by_zr_convert_equals_the_tokenizers_package(tmp_path, zr_binary):
     tokenizers = pytest.importorskip("tokenizers")
-    zr = _zr_binary()
+    zr = zr_binary
     if zr is None:
         pytest.skip("the zr binary is not built")
     import gzip
