@@ -144,6 +144,16 @@ impl AuditLog {
         }
     }
 
+    /// [`Self::record`]s `entry` of the peer of `identity`, but a refusal only if one is
+    /// due ([`Self::refusal_due`]): a peer refused over and over leaves a line a minute, not
+    /// one a request.
+    pub fn note(&self, identity: u64, entry: &Entry) {
+        let due = || self.refusal_due(identity, &entry.dataset, Instant::now());
+        if entry.outcome != "refused" || due() {
+            self.record(entry);
+        }
+    }
+
     fn write(&self, entry: &Entry) -> Result<(), AuditError> {
         let mut line = serde_json::to_vec(entry)
             .map_err(|e| write_error(&self.path, io::Error::new(io::ErrorKind::InvalidData, e)))?;
@@ -354,6 +364,37 @@ mod tests {
             "another dataset"
         );
         assert!(log.refusal_due(1, "text", t + REFUSALS_EVERY));
+    }
+
+    #[test]
+    fn a_noted_refusal_is_written_once_a_minute_and_the_rest_always() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let log = AuditLog::open(&path).unwrap();
+        let refused = Entry {
+            outcome: "refused".into(),
+            ..entry("read", "2026-11-27T10:00:00Z")
+        };
+        for _ in 0..3 {
+            log.note(1, &refused);
+            log.note(1, &entry("commit", "2026-11-27T10:00:01Z"));
+        }
+        log.note(2, &refused);
+        let actions: Vec<String> = read(&path, None)
+            .unwrap()
+            .into_iter()
+            .map(|e| format!("{} {}", e.action, e.outcome))
+            .collect();
+        assert_eq!(
+            actions,
+            [
+                "read refused",
+                "commit ok",
+                "commit ok",
+                "commit ok",
+                "read refused"
+            ]
+        );
     }
 
     #[test]

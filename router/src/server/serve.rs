@@ -281,21 +281,12 @@ impl Router {
         outcome: &str,
         detail: Option<String>,
     ) {
-        let Some(audit) = &self.cluster.audit else {
-            return;
-        };
-        let now = std::time::Instant::now();
-        if outcome == "refused" && !audit.refusal_due(peer.identity, dataset, now) {
-            return;
+        if let Some(audit) = &self.cluster.audit {
+            let detail = detail.unwrap_or_default();
+            let entry =
+                zr_service::audit::Entry::of("router", peer, action, dataset, outcome, detail);
+            audit.note(peer.identity, &entry);
         }
-        audit.record(&zr_service::audit::Entry::of(
-            "router",
-            peer,
-            action,
-            dataset,
-            outcome,
-            detail.unwrap_or_default(),
-        ));
     }
 
     /// Logs a failed request of `peer`'s, unless its identity has had its lines for now

@@ -87,18 +87,9 @@ pub(super) fn refused(
     dataset: &str,
     why: &str,
 ) {
-    let Some((log, peer)) = audit else {
-        return;
-    };
-    if !log.refusal_due(peer.identity, dataset, std::time::Instant::now()) {
-        return;
+    if let Some((log, peer)) = audit {
+        let entry =
+            zr_service::audit::Entry::of("node", peer, action, dataset, "refused", why.into());
+        log.note(peer.identity, &entry);
     }
-    log.record(&zr_service::audit::Entry::of(
-        "node",
-        peer,
-        action,
-        dataset,
-        "refused",
-        why.into(),
-    ));
 }
