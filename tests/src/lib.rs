@@ -111,6 +111,23 @@ pub async fn append_async(
     model.extend(rows);
 }
 
+/// `count` rows of `seed` appended through `client` of `cluster` and committed: the model
+/// of the records, to check against.
+pub fn loaded(
+    cluster: &SimCluster,
+    client: &AsyncClient,
+    seed: u64,
+    count: u64,
+    longest: u64,
+) -> Vec<Row> {
+    let mut model = Vec::new();
+    cluster.run(async {
+        append_async(client, &mut model, seed, count, longest).await;
+        client.commit().await.expect("commit");
+    });
+    model
+}
+
 /// [`check`] through an async client (a cluster on virtual time).
 pub async fn check_async(client: &AsyncClient, model: &[Row], indices: &[u64]) {
     let columns = client.gather(indices, &[]).await.expect("gather");

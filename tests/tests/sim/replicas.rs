@@ -55,11 +55,7 @@ fn served_without(
 fn any_one_node_killed_in_turn_costs_nothing() {
     let mut cluster = SimCluster::start(2, on_virtual_time()).expect("cluster");
     let client = cluster.async_client().expect("client");
-    let mut model = Vec::new();
-    cluster.run(async {
-        kit::append_async(&client, &mut model, 1, 300, LONGEST).await;
-        client.commit().await.expect("commit");
-    });
+    let mut model = kit::loaded(&cluster, &client, 1, 300, LONGEST);
     let mut gathers = 0;
     for node in 0..cluster.node_count() {
         let seed = mix2(node.into(), 0x5eed);
@@ -108,11 +104,7 @@ fn on_virtual_time() -> SimOptions {
 fn a_wiped_node_rebuilds_online_and_then_serves_alone() {
     let mut cluster = SimCluster::start(3, on_virtual_time()).expect("cluster");
     let client = cluster.async_client().expect("client");
-    let mut model = Vec::new();
-    cluster.run(async {
-        kit::append_async(&client, &mut model, 2, 3_000, LONGEST).await;
-        client.commit().await.expect("commit");
-    });
+    let mut model = kit::loaded(&cluster, &client, 2, 3_000, LONGEST);
     let wiped = cluster.node(1, 1);
     cluster.crash_node(wiped);
     std::fs::remove_dir_all(cluster.data_dir(wiped)).expect("wipe");
@@ -182,11 +174,7 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
     // A second router, started before the move, learns of it from the metadata store.
     let second = cluster.add_router().expect("second router");
     let client = cluster.async_client().expect("client");
-    let mut model = Vec::new();
-    cluster.run(async {
-        kit::append_async(&client, &mut model, 3, 2_000, LONGEST).await;
-        client.commit().await.expect("commit");
-    });
+    let mut model = kit::loaded(&cluster, &client, 3, 2_000, LONGEST);
     let lost = cluster.node(2, 0);
     let old_addr = cluster.config().node(2, 0).expect("node").addr;
     let new_addr = cluster.replace_node(lost).expect("replacement");
@@ -210,36 +198,20 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
     ));
     cluster.run(async {
         // Wrong requests are refused, naming what is wrong, and change nothing.
-        let refused = |shard, replica, addr| {
-            let client = &client;
-            async move {
-                client
-                    .replace_node(shard, replica, addr)
-                    .await
-                    .expect_err("refused")
-                    .to_string()
-            }
-        };
-        assert!(refused(3, 0, new_addr)
-            .await
-            .contains("there is no shard 3"));
-        assert!(refused(2, 2, new_addr)
-            .await
-            .contains("replicas 0..2, not 2"));
-        assert!(refused(2, 0, taken)
-            .await
-            .contains("already serves shard 0 replica 1"));
-        assert!(refused(2, 0, old_addr)
-            .await
-            .contains("shard 2 replica 0's address already"));
-        let router = cluster.router_addr();
-        assert!(refused(2, 0, router)
-            .await
-            .contains("this router's own address"));
         let anywhere = "0.0.0.0:7100".parse().expect("addr");
-        assert!(refused(2, 0, anywhere)
-            .await
-            .contains("no address a node can be reached at"));
+        let wrong = [
+            (3, 0, new_addr, "there is no shard 3"),
+            (2, 2, new_addr, "replicas 0..2, not 2"),
+            (2, 0, taken, "already serves shard 0 replica 1"),
+            (2, 0, old_addr, "shard 2 replica 0's address already"),
+            (2, 0, cluster.router_addr(), "this router's own address"),
+            (2, 0, anywhere, "no address a node can be reached at"),
+        ];
+        for (shard, replica, addr, says) in wrong {
+            let refused = client.replace_node(shard, replica, addr).await;
+            let e = refused.expect_err("refused").to_string();
+            assert!(e.contains(says), "{shard}/{replica} at {addr}: {e}");
+        }
         let began = tokio::time::Instant::now();
         let status = client.replace_node(2, 0, new_addr).await.expect("replace");
         assert_eq!(node(&status).addr, new_addr.to_string());
@@ -249,7 +221,9 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
         );
         // Its partner cannot be replaced while it rebuilds from it.
         if !node(&client.status().await.expect("status")).in_sync {
-            let message = refused(2, 1, "127.0.0.1:9".parse().expect("addr")).await;
+            let elsewhere = "127.0.0.1:9".parse().expect("addr");
+            let refused = client.replace_node(2, 1, elsewhere).await;
+            let message = refused.expect_err("refused").to_string();
             assert!(
                 message.contains("no other replica of shard 2 is in sync"),
                 "{message}"
@@ -294,11 +268,7 @@ fn a_replaced_node_is_rebuilt_at_its_new_address_online_and_then_serves_alone() 
 fn a_replacement_survives_its_router_and_itself_restarting_before_it_is_rebuilt() {
     let mut cluster = SimCluster::start(2, on_virtual_time()).expect("cluster");
     let client = cluster.async_client().expect("client");
-    let mut model = Vec::new();
-    cluster.run(async {
-        kit::append_async(&client, &mut model, 4, 1_000, LONGEST).await;
-        client.commit().await.expect("commit");
-    });
+    let mut model = kit::loaded(&cluster, &client, 4, 1_000, LONGEST);
     let lost = cluster.node(1, 1);
     let new_addr = cluster.replace_node(lost).expect("replacement");
     // The replacement goes down before anything is copied to it, and the router that
@@ -604,11 +574,7 @@ fn a_router_taking_the_lease_writes_by_the_replica_record_as_it_is_then() {
 fn a_read_waiting_on_a_dead_node_turns_to_its_partner_at_the_first_failed_heartbeat() {
     let mut cluster = SimCluster::start(2, on_virtual_time()).expect("cluster");
     let client = cluster.async_client().expect("client");
-    let mut model = Vec::new();
-    cluster.run(async {
-        kit::append_async(&client, &mut model, 8, 200, LONGEST).await;
-        client.commit().await.expect("commit");
-    });
+    let model = kit::loaded(&cluster, &client, 8, 200, LONGEST);
     let all: Vec<u64> = (0..model.len() as u64).collect();
     cluster.stall_node(cluster.node(1, 0)).expect("stall");
     let slowest = cluster.run(async {
