@@ -469,8 +469,10 @@ mod tests {
         progress.partner = 1;
         progress.files_total = Some(4 << 20);
         progress.bytes = 1 << 20;
+        let at = |seconds| t0 + Duration::from_secs(seconds);
+        let files = progress.describe(at(2));
         assert_eq!(
-            progress.describe(t0 + Duration::from_secs(2)),
+            files,
             "copying replica 1's files: 1.0 of 4.0 MiB (0.5 MiB/s)"
         );
         progress.files_total = None;
@@ -479,13 +481,13 @@ mod tests {
         progress.done = 250;
         progress.copied = 100;
         assert_eq!(
-            progress.describe(t0 + Duration::from_secs(2)),
+            progress.describe(at(2)),
             "catching up from replica 1, pass 1: 250 of 1000 records (25%), 100 records copied (1.0 MiB, 0.5 MiB/s), about 6 s left in this pass"
         );
         progress.last_pass = true;
         progress.pass = 3;
         progress.done = 1000;
-        let done = progress.describe(t0 + Duration::from_secs(4));
+        let done = progress.describe(at(4));
         assert!(
             done.starts_with("catching up from replica 1, last pass 3 (writes wait): 1000 of 1000 records (100%)")
                 && !done.contains("left"),

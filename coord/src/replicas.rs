@@ -409,36 +409,42 @@ mod tests {
         assert_eq!(state.add(1, 0, addr(3)), Ok(2));
     }
 
+    /// Node `node` connected as incarnation `first`, written to, committed if `committed`,
+    /// then connected again as `then`: the effects.
+    fn reconnected(
+        state: &mut Replicas,
+        node: NodeId,
+        (first, then): (u64, u64),
+        committed: bool,
+    ) -> Vec<Effect> {
+        let t = Instant::now();
+        connect(state, node, first, t);
+        state.handle(Event::Wrote { node }, t);
+        if committed {
+            state.handle(Event::Committed { node }, t);
+        }
+        connect(state, node, then, t);
+        drain(state)
+    }
+
     #[test]
     fn a_restart_after_writes_not_made_durable_marks_the_node_behind() {
         let mut state = two_by_two();
-        let t = Instant::now();
-        connect(&mut state, 1, 5, t);
-        state.handle(Event::Wrote { node: 1 }, t);
         // Reconnected to the same process: nothing lost.
-        connect(&mut state, 1, 5, t);
-        assert_eq!(drain(&mut state), vec![]);
+        assert_eq!(reconnected(&mut state, 1, (5, 5), false), vec![]);
         // Another process, before a commit: it may have lost the write.
-        connect(&mut state, 1, 6, t);
         let why = "it restarted, losing writes it had not made durable";
-        assert_eq!(drain(&mut state), vec![Effect::MarkBehind { node: 1, why }]);
+        let effects = reconnected(&mut state, 1, (5, 6), false);
+        assert_eq!(effects, vec![Effect::MarkBehind { node: 1, why }]);
         // Committed first: a restart loses nothing.
-        state.handle(Event::Wrote { node: 0 }, t);
-        connect(&mut state, 0, 1, t);
-        state.handle(Event::Committed { node: 0 }, t);
-        connect(&mut state, 0, 2, t);
-        assert_eq!(drain(&mut state), vec![]);
+        assert_eq!(reconnected(&mut state, 0, (1, 2), true), vec![]);
     }
 
     #[test]
     fn a_shard_with_one_replica_is_never_marked_behind() {
         let mut state = Replicas::new(1);
         state.add(0, 0, addr(1)).unwrap();
-        let t = Instant::now();
-        connect(&mut state, 0, 1, t);
-        state.handle(Event::Wrote { node: 0 }, t);
-        connect(&mut state, 0, 2, t);
-        assert_eq!(drain(&mut state), vec![]);
+        assert_eq!(reconnected(&mut state, 0, (1, 2), false), vec![]);
     }
 
     #[test]
