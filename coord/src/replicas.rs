@@ -97,6 +97,25 @@ struct Node {
     failing_told: bool,
 }
 
+impl Node {
+    /// Shard `shard`'s replica `replica`, at `configured` in nodes.toml, reached at `target`:
+    /// nothing known of it yet but from its heartbeats to come.
+    fn new(shard: u32, replica: u32, configured: SocketAddr, target: SocketAddr) -> Node {
+        Node {
+            shard,
+            replica,
+            configured,
+            target,
+            liveness: Liveness::default(),
+            incarnation: None,
+            written: false,
+            len: None,
+            last_seen: None,
+            failing_told: false,
+        }
+    }
+}
+
 /// Every node's state, and the replica record (see the module's description).
 #[derive(Debug)]
 pub struct Replicas {
@@ -131,18 +150,7 @@ impl Replicas {
                 "shard {shard} replica {replica} added as node {id}, out of (shard, replica) order"
             ));
         }
-        self.nodes.push(Node {
-            shard,
-            replica,
-            configured: addr,
-            target: addr,
-            liveness: Liveness::default(),
-            incarnation: None,
-            written: false,
-            len: None,
-            last_seen: None,
-            failing_told: false,
-        });
+        self.nodes.push(Node::new(shard, replica, addr, addr));
         Ok(id)
     }
 
@@ -275,18 +283,7 @@ impl Replicas {
                 continue;
             }
             // Another node there: known afresh, from its heartbeats.
-            *n = Node {
-                shard: n.shard,
-                replica: n.replica,
-                configured: n.configured,
-                target: wanted,
-                liveness: Liveness::default(),
-                incarnation: None,
-                written: false,
-                len: None,
-                last_seen: None,
-                failing_told: false,
-            };
+            *n = Node::new(n.shard, n.replica, n.configured, wanted);
             self.effects.push_back(Effect::Retarget {
                 node: id,
                 addr: wanted,
@@ -538,16 +535,11 @@ mod tests {
             },
             t,
         );
-        assert_eq!(
-            drain(&mut state),
-            vec![
-                Effect::Health {
-                    node: 2,
-                    health: Health::Up
-                },
-                Effect::CatchUp
-            ]
-        );
+        let up = Effect::Health {
+            node: 2,
+            health: Health::Up,
+        };
+        assert_eq!(drain(&mut state), vec![up.clone(), Effect::CatchUp]);
         state.handle(Event::Answered { node: 2, len: None }, t);
         assert_eq!(drain(&mut state), vec![]);
         assert_eq!(state.len(2), Some(4));
@@ -583,10 +575,7 @@ mod tests {
         assert_eq!(
             drain(&mut state),
             vec![
-                Effect::Health {
-                    node: 2,
-                    health: Health::Up
-                },
+                up,
                 Effect::CatchUp,
                 Effect::Failing {
                     node: 2,
