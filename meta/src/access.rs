@@ -359,12 +359,12 @@ mod tests {
             self.inner.get(key)
         }
 
-        fn put_if<'a>(
-            &'a self,
-            key: &'a str,
+        fn put_if(
+            &self,
+            key: &str,
             expected: Option<Revision>,
-            value: &'a str,
-        ) -> crate::Call<'a, Revision> {
+            value: &str,
+        ) -> crate::Call<'_, Revision> {
             self.inner.put_if(key, expected, value)
         }
     }

@@ -147,12 +147,7 @@ impl MetaStore for EmbeddedStore {
         })
     }
 
-    fn put_if<'a>(
-        &'a self,
-        key: &'a str,
-        expected: Option<Revision>,
-        value: &'a str,
-    ) -> Call<'a, Revision> {
+    fn put_if(&self, key: &str, expected: Option<Revision>, value: &str) -> Call<'_, Revision> {
         let (key, value) = (key.to_string(), value.to_string());
         self.locked(move |state, name| {
             let found = state.keys.get(&key).map(|e| e.revision);

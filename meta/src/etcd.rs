@@ -217,30 +217,25 @@ impl MetaStore for EtcdStore {
         })
     }
 
-    fn put_if<'a>(
-        &'a self,
-        key: &'a str,
-        expected: Option<Revision>,
-        value: &'a str,
-    ) -> Call<'a, Revision> {
+    fn put_if(&self, key: &str, expected: Option<Revision>, value: &str) -> Call<'_, Revision> {
+        let (full, key) = (self.key(key), key.to_string());
+        let encoded = BASE64.encode(&full);
+        let compare = match expected {
+            Some(revision) => json!({
+                "key": encoded, "result": "EQUAL", "target": "MOD",
+                "mod_revision": revision.to_string(),
+            }),
+            None => json!({
+                "key": encoded, "result": "EQUAL", "target": "CREATE",
+                "create_revision": "0",
+            }),
+        };
+        let txn = json!({
+            "compare": [compare],
+            "success": [{ "request_put": { "key": encoded, "value": BASE64.encode(value) } }],
+            "failure": [{ "request_range": { "key": encoded } }],
+        });
         Box::pin(async move {
-            let full = self.key(key);
-            let encoded = BASE64.encode(&full);
-            let compare = match expected {
-                Some(revision) => json!({
-                    "key": encoded, "result": "EQUAL", "target": "MOD",
-                    "mod_revision": revision.to_string(),
-                }),
-                None => json!({
-                    "key": encoded, "result": "EQUAL", "target": "CREATE",
-                    "create_revision": "0",
-                }),
-            };
-            let txn = json!({
-                "compare": [compare],
-                "success": [{ "request_put": { "key": encoded, "value": BASE64.encode(value) } }],
-                "failure": [{ "request_range": { "key": encoded } }],
-            });
             let answer = self.call("/v3/kv/txn", txn).await?;
             // The JSON mapping leaves out false.
             let succeeded = answer
@@ -259,7 +254,7 @@ impl MetaStore for EtcdStore {
                 };
                 return Err(Error::Conflict {
                     store: self.describe(),
-                    key: key.to_string(),
+                    key,
                     expected,
                     found,
                 });

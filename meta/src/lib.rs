@@ -73,13 +73,9 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     fn get<'a>(&'a self, key: &'a str) -> Call<'a, Option<(String, Revision)>>;
 
     /// Writes `value` under `key` if the key's revision is still `expected` (`None`: if the
-    /// key does not exist yet); returns the new revision, or [`Error::Conflict`].
-    fn put_if<'a>(
-        &'a self,
-        key: &'a str,
-        expected: Option<Revision>,
-        value: &'a str,
-    ) -> Call<'a, Revision>;
+    /// key does not exist yet); returns the new revision, or [`Error::Conflict`]. The call
+    /// borrows the store alone: what it needs of `key` and `value` it takes at once.
+    fn put_if(&self, key: &str, expected: Option<Revision>, value: &str) -> Call<'_, Revision>;
 }
 
 /// The value under `key`, kept as JSON, and its revision; `None` if the key has none. `what`

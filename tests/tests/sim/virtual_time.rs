@@ -296,15 +296,11 @@ impl MetaStore for Distant {
         })
     }
 
-    fn put_if<'a>(
-        &'a self,
-        key: &'a str,
-        expected: Option<Revision>,
-        value: &'a str,
-    ) -> Call<'a, Revision> {
+    fn put_if(&self, key: &str, expected: Option<Revision>, value: &str) -> Call<'_, Revision> {
+        let (key, value) = (key.to_string(), value.to_string());
         Box::pin(async move {
             tokio::time::sleep(self.latency).await;
-            self.inner.put_if(key, expected, value).await
+            self.inner.put_if(&key, expected, &value).await
         })
     }
 }
