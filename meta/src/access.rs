@@ -347,7 +347,7 @@ mod tests {
             self.inner.describe()
         }
 
-        fn get<'a>(&'a self, key: &'a str) -> crate::Call<'a, Option<(String, Revision)>> {
+        fn get(&self, key: &str) -> crate::Call<'_, Option<(String, Revision)>> {
             self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             if self.down.load(std::sync::atomic::Ordering::SeqCst) {
                 let down = Error::Unavailable {

@@ -134,7 +134,7 @@ impl MetaStore for EmbeddedStore {
         self.dir.display().to_string()
     }
 
-    fn get<'a>(&'a self, key: &'a str) -> Call<'a, Option<(String, Revision)>> {
+    fn get(&self, key: &str) -> Call<'_, Option<(String, Revision)>> {
         let key = key.to_string();
         self.locked(move |state, _| {
             Ok((

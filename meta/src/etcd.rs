@@ -207,9 +207,9 @@ impl MetaStore for EtcdStore {
         format!("etcd {}", self.endpoints.join(","))
     }
 
-    fn get<'a>(&'a self, key: &'a str) -> Call<'a, Option<(String, Revision)>> {
+    fn get(&self, key: &str) -> Call<'_, Option<(String, Revision)>> {
+        let full = self.key(key);
         Box::pin(async move {
-            let full = self.key(key);
             let answer = self
                 .call("/v3/kv/range", json!({ "key": BASE64.encode(&full) }))
                 .await?;

@@ -69,12 +69,12 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// Where the store is, for messages.
     fn describe(&self) -> String;
 
-    /// The value of `key` and its revision, or `None` if the key does not exist.
-    fn get<'a>(&'a self, key: &'a str) -> Call<'a, Option<(String, Revision)>>;
+    /// The value of `key` and its revision, or `None` if the key does not exist. A call
+    /// borrows the store alone: what it needs of its arguments it takes at once.
+    fn get(&self, key: &str) -> Call<'_, Option<(String, Revision)>>;
 
     /// Writes `value` under `key` if the key's revision is still `expected` (`None`: if the
-    /// key does not exist yet); returns the new revision, or [`Error::Conflict`]. The call
-    /// borrows the store alone: what it needs of `key` and `value` it takes at once.
+    /// key does not exist yet); returns the new revision, or [`Error::Conflict`].
     fn put_if(&self, key: &str, expected: Option<Revision>, value: &str) -> Call<'_, Revision>;
 }
 

@@ -289,10 +289,11 @@ impl MetaStore for Distant {
         self.inner.describe()
     }
 
-    fn get<'a>(&'a self, key: &'a str) -> Call<'a, Option<(String, Revision)>> {
+    fn get(&self, key: &str) -> Call<'_, Option<(String, Revision)>> {
+        let key = key.to_string();
         Box::pin(async move {
             tokio::time::sleep(self.latency).await;
-            self.inner.get(key).await
+            self.inner.get(&key).await
         })
     }
 
