@@ -1899,8 +1899,9 @@ fn a_megatron_corpus_converts_into_a_clusters_token_stream() {
 }
 
 /// Memory goes back: a router that served gathers its clients abandoned (never read, then
-/// the connection dropped) returns to near its idle resident size within 10 s — the
-/// servers give freed memory back to the system once a burst is over. Prints the figures.
+/// the connection dropped) returns to near its idle resident size (within 32 MiB of it,
+/// after holding over 128 MiB) within 10 s — the servers give freed memory back to the
+/// system once a burst is over. Prints the figures.
 #[test]
 fn router_memory_returns_after_abandoned_gathers() {
     use zr_proto::wire::{self, ClientRequest};
@@ -2001,9 +2002,16 @@ fn router_memory_returns_after_abandoned_gathers() {
     });
     drop(endpoint);
     drop(runtime);
+    // Polled on real time: the point is the separate processes' resident memory.
     let gone = Instant::now();
-    std::thread::sleep(Duration::from_secs(10));
-    let after = rss_bytes(router_pid);
+    let mut after = rss_bytes(router_pid);
+    // Near idle: within 32 MiB of it (a burst holds over 128 MiB; the idle level itself
+    // varies by some 30 MiB with what the allocator kept of the earlier reads).
+    let near_idle = idle + (32 << 20);
+    while after > near_idle && gone.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(250));
+        after = rss_bytes(router_pid);
+    }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!(
         "nodes resident (both): idle {:.1} MiB, serving the gathers {:.1} MiB, after {:.1} MiB",
@@ -2026,7 +2034,7 @@ fn router_memory_returns_after_abandoned_gathers() {
         mib(idle)
     );
     assert!(
-        after as f64 <= idle as f64 * 1.2,
+        after <= near_idle,
         "the router kept {:.1} MiB, idle was {:.1} MiB",
         mib(after),
         mib(idle)
