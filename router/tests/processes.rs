@@ -1899,8 +1899,8 @@ fn a_megatron_corpus_converts_into_a_clusters_token_stream() {
 }
 
 /// Memory goes back: a router that served gathers its clients abandoned (never read, then
-/// the connection dropped) returns to near its idle resident size (within 32 MiB of it,
-/// after holding over 128 MiB) within 10 s — the servers give freed memory back to the
+/// the connection dropped) gives back at least three quarters of what they took, back to
+/// near its idle resident size, within 10 s — the servers give freed memory back to the
 /// system once a burst is over. Prints the figures.
 #[test]
 fn router_memory_returns_after_abandoned_gathers() {
@@ -2005,9 +2005,10 @@ fn router_memory_returns_after_abandoned_gathers() {
     // Polled on real time: the point is the separate processes' resident memory.
     let gone = Instant::now();
     let mut after = rss_bytes(router_pid);
-    // Near idle: within 32 MiB of it (a burst holds over 128 MiB; the idle level itself
-    // varies by some 30 MiB with what the allocator kept of the earlier reads).
-    let near_idle = idle + (32 << 20);
+    // Near idle: three quarters of what the burst took given back (the idle level itself
+    // varies by some 30 MiB from run to run, with what the allocator kept of the earlier
+    // reads and what the links to the nodes keep of their buffers).
+    let near_idle = idle + peak.saturating_sub(idle) / 4;
     while after > near_idle && gone.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(250));
         after = rss_bytes(router_pid);
@@ -2035,8 +2036,9 @@ fn router_memory_returns_after_abandoned_gathers() {
     );
     assert!(
         after <= near_idle,
-        "the router kept {:.1} MiB, idle was {:.1} MiB",
+        "the router kept {:.1} MiB of a peak of {:.1} MiB, idle was {:.1} MiB",
         mib(after),
+        mib(peak),
         mib(idle)
     );
     drop(client);
