@@ -97,9 +97,9 @@ impl Batch {
         self.fields().find(|f| f.name() == name)
     }
 
-    /// Record `i` as a [`Record`](zr_common::Record) of every field gathered (a field it lacks is empty), its
-    /// payloads borrowed from the batch; `None` if `i >= len()`. How a gathered record is
-    /// written again elsewhere.
+    /// Record `i` as a [`Record`](zr_common::Record) of every field gathered (a field it
+    /// lacks is empty), its payloads borrowed from the batch; `None` if `i >= len()`. How a
+    /// gathered record is written again elsewhere.
     pub fn record(&self, i: usize) -> Option<zr_common::Record<'_>> {
         let mut record = zr_common::Record::new();
         for field in self.fields() {

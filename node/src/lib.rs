@@ -10,8 +10,9 @@
 //! ```
 //!
 //! A dataset may keep its records in several independent index spaces, *units* (see
-//! [`unit`](mod@unit)): how a cluster node keeps each slot it holds, so that slots come and go as
-//! files. A dataset on one host has one, unit 0, whose addresses are the plain indices.
+//! [`unit`](mod@unit)): how a cluster node keeps each slot it holds, so that slots come and
+//! go as files. A dataset on one host has one, unit 0, whose addresses are the plain
+//! indices.
 //!
 //! [`Store`] appends, modifies (append + repoint) and deletes (swap-remove) records, commits
 //! them durably, and gathers any list of indices: raw fields as zero-copy slices of the mapped
