@@ -44,6 +44,51 @@ enum Piece {
     Failed(Failure),
 }
 
+/// Where a part's reader passes its pieces: a queue that a forwarder reads as they come
+/// (the router's streamed gathers), or the reader's own [`Whole`] message (a client reading
+/// one hop, which needs the message whole: nobody is woken for each piece).
+trait PassOn: Send {
+    /// Passes `piece` on; false if nobody reads on.
+    fn pass(&mut self, piece: Piece) -> bool;
+}
+
+impl PassOn for mpsc::UnboundedSender<Piece> {
+    fn pass(&mut self, piece: Piece) -> bool {
+        self.send(piece).is_ok()
+    }
+}
+
+/// A part's reply as its own reader collects it: the message's chunks, and how it ended.
+#[derive(Default)]
+struct Whole {
+    chunks: Vec<Bytes>,
+    ended: Option<Result<(), Failure>>,
+}
+
+impl PassOn for Whole {
+    fn pass(&mut self, piece: Piece) -> bool {
+        match piece {
+            Piece::Head { chunks, .. } | Piece::Chunks(chunks) => self.chunks.extend(chunks),
+            Piece::End => self.ended = Some(Ok(())),
+            Piece::Failed(failure) => self.ended = Some(Err(failure)),
+        }
+        true
+    }
+}
+
+impl Whole {
+    /// Shard `shard`'s message, once its reader has passed on its end.
+    fn message(self, shard: u32) -> Result<Vec<Bytes>, Failure> {
+        match self.ended {
+            Some(Ok(())) => Ok(self.chunks),
+            Some(Err(failure)) => Err(failure),
+            None => Err(Failure::Inconsistent(format!(
+                "shard {shard}'s reader stopped before the end of its reply"
+            ))),
+        }
+    }
+}
+
 /// What a gather's node requests address: the dataset (`None`: the default one) and the
 /// version of the map its plan was made by.
 #[derive(Clone, Debug)]
@@ -180,11 +225,21 @@ pub(crate) async fn read_parts(
         checked: false,
         budget: &None,
     };
-    let wholes = parts.into_iter().map(|part| {
-        let (shard, positions, queue, _) = reading.spawn(&mut readers, part);
-        async move { Ok((positions, whole(shard, queue).await?)) }
-    });
-    futures::future::try_join_all(wholes).await
+    let mut messages: Vec<Option<(Vec<u32>, Vec<Bytes>)>> = vec![None; parts.len()];
+    for (k, part) in parts.into_iter().enumerate() {
+        let (shard, positions, read, _) = reading.reader(part, Whole::default());
+        readers.spawn(async move {
+            let whole = read.await;
+            (k, whole.message(shard).map(|message| (positions, message)))
+        });
+    }
+    while let Some(joined) = readers.join_next().await {
+        let (k, message) = joined.map_err(|e| {
+            Failure::Inconsistent(format!("a gather's reader stopped before its reply: {e}"))
+        })?;
+        messages[k] = Some(message?);
+    }
+    Ok(messages.into_iter().flatten().collect())
 }
 
 /// What each part of one gather is read with.
@@ -205,6 +260,25 @@ impl Reading<'_> {
         part: Part,
     ) -> (u32, Vec<u32>, mpsc::UnboundedReceiver<Piece>, Arc<Turn>) {
         let (pieces, queue) = mpsc::unbounded_channel();
+        let (shard, positions, read, turn) = self.reader(part, pieces);
+        readers.spawn(async move {
+            read.await;
+        });
+        (shard, positions, queue, turn)
+    }
+
+    /// `part`'s reader, passing its pieces to `pieces` (and returning it once the part is
+    /// read), with its shard, its positions and the turn its charges wait for.
+    fn reader<P: PassOn + 'static>(
+        &self,
+        part: Part,
+        pieces: P,
+    ) -> (
+        u32,
+        Vec<u32>,
+        impl std::future::Future<Output = P> + Send + 'static,
+        Arc<Turn>,
+    ) {
         let request = NodeRequest::Gather {
             indices: part.addresses,
             fields: self.fields.to_vec(),
@@ -215,7 +289,7 @@ impl Reading<'_> {
             turn: Arc::new(Turn::default()),
         };
         let turn = Arc::clone(&charge.turn);
-        readers.spawn(read_part(
+        let read = read_part(
             Arc::clone(self.nodes),
             self.placed.clone(),
             part.shard,
@@ -223,28 +297,8 @@ impl Reading<'_> {
             part.positions.len(),
             charge,
             pieces,
-        ));
-        (part.shard, part.positions, queue, turn)
-    }
-}
-
-/// A part's reply as its reader passes it on, whole: the message's chunks.
-async fn whole(
-    shard: u32,
-    mut queue: mpsc::UnboundedReceiver<Piece>,
-) -> Result<Vec<Bytes>, Failure> {
-    let mut message = Vec::new();
-    loop {
-        match queue.recv().await {
-            Some(Piece::Head { chunks, .. } | Piece::Chunks(chunks)) => message.extend(chunks),
-            Some(Piece::End) => return Ok(message),
-            Some(Piece::Failed(failure)) => return Err(failure),
-            None => {
-                return Err(Failure::Inconsistent(format!(
-                    "shard {shard}'s reader stopped before the end of its reply"
-                )))
-            }
-        }
+        );
+        (part.shard, part.positions, read, turn)
     }
 }
 
@@ -290,15 +344,15 @@ impl Charge {
 /// one stopped (checked: the new reply must announce the same lengths). Fails only when
 /// every replica did; a replica known down is tried last. `zr_coord::failover` decides the
 /// order, who is passed over and which bytes are passed on.
-async fn read_part(
+async fn read_part<P: PassOn>(
     nodes: Arc<Nodes>,
     placed: Placed,
     shard: u32,
     request: NodeRequest,
     records: usize,
     charge: Charge,
-    pieces: mpsc::UnboundedSender<Piece>,
-) {
+    mut pieces: P,
+) -> P {
     let mut replicas = Failover::new(nodes.read_order(shard));
     let mut relay = Relay::default();
     let mut failure = None;
@@ -326,14 +380,24 @@ async fn read_part(
         ) {
             Ok(header) => header,
             Err(e) => {
-                let _ = pieces.send(Piece::Failed(Failure::BadRequest(e.to_string())));
-                return;
+                pieces.pass(Piece::Failed(Failure::BadRequest(e.to_string())));
+                return pieces;
             }
         };
-        match attempt(&nodes, node, header, records, &charge, &pieces, &mut relay).await {
+        match attempt(
+            &nodes,
+            node,
+            header,
+            records,
+            &charge,
+            &mut pieces,
+            &mut relay,
+        )
+        .await
+        {
             Ok(()) => {
-                let _ = pieces.send(Piece::End);
-                return;
+                pieces.pass(Piece::End);
+                return pieces;
             }
             Err(failed) => {
                 if failed.code() == zr_proto::ErrorCode::CorruptRecord {
@@ -355,7 +419,8 @@ async fn read_part(
         }
     }
     let failure = failure.unwrap_or(Failure::NoReplicaInSync { shard: Some(shard) });
-    let _ = pieces.send(Piece::Failed(failure));
+    pieces.pass(Piece::Failed(failure));
+    pieces
 }
 
 /// One replica's exchange of [`read_part`], within the router's timeout.
@@ -365,7 +430,7 @@ async fn attempt(
     header: Vec<u8>,
     records: usize,
     charge: &Charge,
-    pieces: &mpsc::UnboundedSender<Piece>,
+    pieces: &mut impl PassOn,
     relay: &mut Relay,
 ) -> Result<(), Failure> {
     let shard = nodes.shard(node);
@@ -451,7 +516,7 @@ async fn receive(
     shard: u32,
     records: usize,
     charge: &Charge,
-    pieces: &mpsc::UnboundedSender<Piece>,
+    pieces: &mut impl PassOn,
     relay: &mut Relay,
 ) -> Result<(), Received> {
     let net = |e: zr_net::Error| Received::Net(e.to_string());
@@ -510,7 +575,7 @@ async fn receive(
         .map_err(Received::Protocol)?
     {
         Head::First => {
-            let _ = pieces.send(Piece::Head {
+            pieces.pass(Piece::Head {
                 chunks,
                 message_len,
             });
@@ -568,6 +633,6 @@ fn pass_on(chunk: Bytes, skip: &mut u64, batch: &mut Vec<Bytes>, relay: &mut Rel
 }
 
 /// Passes `batch` on (if it holds anything); false if nobody reads on.
-fn send_batch(batch: Vec<Bytes>, pieces: &mpsc::UnboundedSender<Piece>) -> bool {
-    batch.is_empty() || pieces.send(Piece::Chunks(batch)).is_ok()
+fn send_batch(batch: Vec<Bytes>, pieces: &mut impl PassOn) -> bool {
+    batch.is_empty() || pieces.pass(Piece::Chunks(batch))
 }
