@@ -208,8 +208,9 @@ pub async fn forward_parts(
 /// Reads each part's reply whole, all at once, each from its shard's in-sync replicas with
 /// the failover [`forward_parts`] has (a replica failing midway is replaced from the byte
 /// where it stopped): for a client reading one hop, which reassembles the messages itself
-/// rather than through frames. Returns each part's positions and its shard's message, in
-/// the order of `parts`; the first failure if a part fails.
+/// rather than through frames. Each reader collects its own message, so nobody is woken
+/// for its pieces. Returns each part's positions and its shard's message, in the order of
+/// `parts`; or the first failure to arrive, the other readers then abandoned.
 pub(crate) async fn read_parts(
     nodes: Arc<Nodes>,
     placed: Placed,
