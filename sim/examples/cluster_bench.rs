@@ -12,7 +12,10 @@
 //! quinn from 4 servers a quarter each (what the transport alone costs a 4-way gather) and
 //! with server and client on one runtime (fewer threads than separate processes have); the
 //! baseline's server runs on a runtime of its own, as the nodes do. And what the nodes do
-//! for a batch without the network (decode, gather, build the reply), on one thread. Every
+//! for a batch without the network (decode, gather, build the reply), on one thread; and the
+//! nodes' request loop from 4 servers, answering requests of a gather's size with a
+//! ready-made reply of a gather's shape (what serving costs beyond plain quinn, without
+//! decoding or gathering). `--dataset-mib 4` keeps the records in the CPU's caches. Every
 //! call runs as a task on its runtime, one per connection, as the router and the client
 //! library run theirs. Each method also shows the process's CPU time per batch (all threads)
 //! and the cores busy on average while it ran; a last line per size sets the one-hop
@@ -25,8 +28,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bench_common::{
-    connect_all, direct_gather, quinn_server, take_turns, tcp_server, transfer, Figures, Result,
-    Step, TcpLink,
+    connect_all, direct_gather, exchange, loop_server, quinn_server, take_turns, tcp_server,
+    transfer, Figures, Result, Step, TcpLink,
 };
 use bytes::Bytes;
 use clap::Parser;
@@ -46,6 +49,10 @@ struct Args {
     /// Shards.
     #[arg(long, default_value_t = 4)]
     shards: u32,
+    /// Records loaded, in MiB of payload: small enough to stay in the CPU's caches (4), the
+    /// nodes' copies cost no memory reads.
+    #[arg(long, default_value_t = 256)]
+    dataset_mib: u64,
     /// Records per batch.
     #[arg(long, default_value_t = 1024)]
     batch: usize,
@@ -85,7 +92,7 @@ fn main() -> Result<()> {
 }
 
 fn run(args: &Args, size: usize) -> Result<()> {
-    let records = (256u64 << 20) / size as u64;
+    let records = ((args.dataset_mib << 20) / size as u64).max(1);
     let cluster = SimCluster::start(args.shards, SimOptions::default())?;
     let client = cluster.client()?;
     let mut payload = vec![0u8; size * 1024];
@@ -214,6 +221,24 @@ fn run(args: &Args, size: usize) -> Result<()> {
     let shared = runtime.block_on(connect_all(&shared, &as_router, timeout))?;
     let mut shared_quinn = |_: usize| transfer(&runtime, &shared, batch_bytes, timeout);
     let mut four_quinn = |_: usize| transfer(&runtime, &four, batch_bytes / 4, timeout);
+    // The nodes' request loop from 4 servers: a gather request's size in, a gather reply's
+    // shape out (a quarter of the batch each), ready-made.
+    let quarter = args.batch / 4;
+    let request = wire::encode_request(&NodeMessage::unchecked(NodeRequest::Gather {
+        indices: (0..quarter as u64).collect(),
+        fields: Vec::new(),
+        checked: false,
+    }))?;
+    let header = wire::encode_reply(&wire::Reply::Gather {
+        lengths: vec![vec![size as u32; quarter]],
+    })?;
+    let reply = (header.clone(), pool.slice(..quarter * size));
+    let looped = (0..4)
+        .map(|_| loop_server(&servers, loopback, &as_node, reply.clone(), timeout))
+        .collect::<Result<Vec<_>>>()?;
+    let looped = runtime.block_on(connect_all(&looped, &as_router, timeout))?;
+    let reply_bytes = header.len() + quarter * size;
+    let mut request_loop = |_: usize| exchange(&runtime, &looped, &request, reply_bytes, timeout);
 
     // 4. Plain TCP: request a batch, read `batch_bytes`.
     let tcp_addr = tcp_server(&runtime, loopback, pool)?;
@@ -221,7 +246,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
     let mut tcp = |_: usize| tcp_link.transfer(&runtime, batch_bytes);
 
     // The methods take turns, so that the machine's changing load weighs on all alike.
-    let mut methods: [(&str, Step, Figures); 8] = [
+    let mut methods: [(&str, Step, Figures); 9] = [
         ("router gather (2 hops)", &mut router, Figures::default()),
         ("client one hop", &mut one_hop, Figures::default()),
         (
@@ -244,6 +269,11 @@ fn run(args: &Args, size: usize) -> Result<()> {
         (
             "node handling, no network",
             &mut handling,
+            Figures::default(),
+        ),
+        (
+            "zr request loop, 4 x 1/4",
+            &mut request_loop,
             Figures::default(),
         ),
     ];
@@ -270,7 +300,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
     }
     // The one-hop client's CPU (client and nodes, one process) against what the transport
     // and the nodes' own handling cost: plain quinn from one server, and from four.
-    let [_, one_hop, _, quinn, four_quinn, _, _, handling] = &methods;
+    let [_, one_hop, _, quinn, four_quinn, _, _, handling, _] = &methods;
     if [one_hop, quinn, four_quinn, handling]
         .iter()
         .all(|(name, _, _)| chosen(name))
@@ -285,7 +315,7 @@ fn run(args: &Args, size: usize) -> Result<()> {
         );
     }
     drop(methods);
-    drop((one, four, shared, connections));
+    drop((one, four, shared, looped, connections));
     servers.shutdown_background();
     Ok(())
 }

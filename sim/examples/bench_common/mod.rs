@@ -255,6 +255,33 @@ pub fn quinn_server(
     Ok(addr)
 }
 
+/// A server on `addr`, on `runtime`, through the nodes' own request loop
+/// (`zr_net::serve_peers`, with the limits of `timeout`) whose handler answers every request
+/// with `header` and `body`, ready-made: what the loop costs beyond plain quinn, without a
+/// node's decoding and gathering. Returns its address.
+pub fn loop_server(
+    runtime: &tokio::runtime::Runtime,
+    addr: SocketAddr,
+    security: &net::Security,
+    (header, body): (Vec<u8>, Bytes),
+    timeout: Duration,
+) -> Result<SocketAddr> {
+    let endpoint = {
+        let _guard = runtime.enter();
+        net::server_endpoint(addr, security)?
+    };
+    let addr = endpoint.local_addr()?;
+    let limits = net::Limits::new(1024, timeout);
+    runtime.spawn(async move {
+        let answer = move |_: &net::Peer, _: Vec<u8>| {
+            let (header, body) = (header.clone(), body.clone());
+            async move { (header, net::Body::Ready(vec![body])) }
+        };
+        net::serve_peers(&endpoint, limits, std::future::pending(), answer).await
+    });
+    Ok(addr)
+}
+
 /// A plain TCP server on `addr`, on `runtime`: each request of 8 bytes (a length) is
 /// answered with that many bytes of `pool`. Returns its address.
 pub fn tcp_server(
@@ -307,12 +334,25 @@ pub fn transfer(
     bytes: usize,
     timeout: Duration,
 ) -> Result<()> {
+    let request = (bytes as u64).to_le_bytes().to_vec();
+    exchange(runtime, links, &request, bytes, timeout)
+}
+
+/// `request` sent to each of `links` at once, on `runtime` (a task per link); each reply
+/// must be `bytes` long.
+pub fn exchange(
+    runtime: &tokio::runtime::Runtime,
+    links: &[(quinn::Endpoint, quinn::Connection)],
+    request: &[u8],
+    bytes: usize,
+    timeout: Duration,
+) -> Result<()> {
     runtime.block_on(async {
         let calls: Vec<_> = links
             .iter()
             .map(|(_, connection)| {
                 let connection = connection.clone();
-                let request = (bytes as u64).to_le_bytes().to_vec();
+                let request = request.to_vec();
                 tokio::spawn(
                     async move { net::call(&connection, request, Vec::new(), timeout).await },
                 )
