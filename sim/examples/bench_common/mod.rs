@@ -222,6 +222,20 @@ fn reply_of(pool: &Bytes, request: &[u8]) -> Bytes {
     }
 }
 
+/// A server endpoint bound to `addr` on `runtime`, and the address it got.
+fn bound(
+    runtime: &tokio::runtime::Runtime,
+    addr: SocketAddr,
+    security: &net::Security,
+) -> Result<(quinn::Endpoint, SocketAddr)> {
+    let endpoint = {
+        let _guard = runtime.enter();
+        net::server_endpoint(addr, security)?
+    };
+    let addr = endpoint.local_addr()?;
+    Ok((endpoint, addr))
+}
+
 /// A plain quinn server on `addr`, on `runtime`: every stream it accepts is answered with
 /// as many bytes of `pool` as the request asks (see [`transfer`]). Returns its address.
 pub fn quinn_server(
@@ -230,11 +244,7 @@ pub fn quinn_server(
     security: &net::Security,
     pool: Bytes,
 ) -> Result<SocketAddr> {
-    let server = {
-        let _guard = runtime.enter();
-        net::server_endpoint(addr, security)?
-    };
-    let addr = server.local_addr()?;
+    let (server, addr) = bound(runtime, addr, security)?;
     runtime.spawn(async move {
         while let Some(incoming) = server.accept().await {
             let pool = pool.clone();
@@ -256,7 +266,7 @@ pub fn quinn_server(
 }
 
 /// A server on `addr`, on `runtime`, through the nodes' own request loop
-/// (`zr_net::serve_peers`, with the limits of `timeout`) whose handler answers every request
+/// (`zr_net::serve_peers`, with a node's connection cap and `timeout`) whose handler answers every request
 /// with `header` and `body`, ready-made: what the loop costs beyond plain quinn, without a
 /// node's decoding and gathering. Returns its address.
 pub fn loop_server(
@@ -266,12 +276,8 @@ pub fn loop_server(
     (header, body): (Vec<u8>, Bytes),
     timeout: Duration,
 ) -> Result<SocketAddr> {
-    let endpoint = {
-        let _guard = runtime.enter();
-        net::server_endpoint(addr, security)?
-    };
-    let addr = endpoint.local_addr()?;
-    let limits = net::Limits::new(1024, timeout);
+    let (endpoint, addr) = bound(runtime, addr, security)?;
+    let limits = net::Limits::new(zr_shard::server::CONNECTIONS_MAX, timeout);
     runtime.spawn(async move {
         let answer = move |_: &net::Peer, _: Vec<u8>| {
             let (header, body) = (header.clone(), body.clone());
