@@ -18,9 +18,11 @@
 //! decoding or gathering). `--dataset-mib 4` keeps the records in the CPU's caches. Every
 //! call runs as a task on its runtime, one per connection, as the router and the client
 //! library run theirs. Each method also shows the process's CPU time per batch (all threads)
-//! and the cores busy on average while it ran; a last line per size sets the one-hop
-//! client's CPU per batch (client and nodes) against plain quinn's plus the nodes' own
-//! handling, from one server and from four.
+//! and the cores busy on average while it ran, then split by side: the servers' threads
+//! (nodes and router, or plain servers) and the clients' (the client library's, the
+//! bench's, the calling thread). A last line per size sets the one-hop client's CPU per
+//! batch (client and nodes) against plain quinn's plus the nodes' own handling, from one
+//! server and from four, and says on which side the rest lies.
 
 mod bench_common;
 
@@ -291,6 +293,23 @@ fn run(args: &Args, size: usize) -> Result<()> {
     for (name, _, f) in methods.iter().filter(|(name, _, _)| chosen(name)) {
         println!("{}", f.row(size, name, args.batch, quinn_rate));
     }
+    // Each row's CPU split by side: the servers' threads (nodes and router, or the plain
+    // servers) and the clients' (the client library's or the bench's, and the calling
+    // thread). Not for the rows whose server runs on the client's threads (TCP, one
+    // runtime) or that have none (the local handling).
+    let own_servers = [0, 1, 2, 3, 4, 8];
+    for (k, (name, _, f)) in methods.iter().enumerate() {
+        if own_servers.contains(&k) && chosen(name) {
+            let servers = f.server_cpu_ms();
+            println!(
+                "{:>8} {:<30} CPU ms per batch: servers {:.2} + clients {:.2}",
+                size,
+                name,
+                servers,
+                f.cpu_ms() - servers
+            );
+        }
+    }
     if chosen(methods[0].0) && chosen(methods[1].0) {
         println!(
             "{:>8} router p99 / one-hop p99 = {:.2}",
@@ -312,6 +331,17 @@ fn run(args: &Args, size: usize) -> Result<()> {
             size,
             against(&quinn.2),
             against(&four_quinn.2)
+        );
+        // Where the one-hop client's CPU goes beyond plain quinn from four servers: on the
+        // servers' side (the nodes, beyond their handling alone) and on the clients'.
+        let (nodes, plain) = (one_hop.2.server_cpu_ms(), four_quinn.2.server_cpu_ms());
+        let own = handling.2.cpu_ms();
+        let (client, plain_client) = (cpu - nodes, four_quinn.2.cpu_ms() - plain);
+        println!(
+            "{:>8} one-hop servers {nodes:.2} = 4 servers' {plain:.2} + node handling {own:.2} {:+.2}; clients {client:.2} = 4 servers' {plain_client:.2} {:+.2}",
+            size,
+            nodes - plain - own,
+            client - plain_client
         );
     }
     drop(methods);

@@ -29,7 +29,51 @@ pub struct Figures {
     seconds: f64,
     /// CPU time of the whole process (every thread) while this method ran.
     cpu_seconds: f64,
+    /// The part of it the servers' threads spent (see [`server_cpu_since`]).
+    server_cpu_seconds: f64,
     latencies: Vec<Duration>,
+}
+
+/// Names of the threads that serve: the simulated cluster's runtime (nodes and router) and
+/// the benchmarks' plain servers. Every other thread of the process is a client's: the
+/// client library's, a benchmark's own, the thread that calls them.
+pub const SERVER_THREADS: [&str; 2] = ["zr-sim", "bench-servers"];
+
+/// The CPU time each thread named in [`SERVER_THREADS`] has used so far, in nanoseconds,
+/// by thread id, from each thread's `schedstat` (Linux; none elsewhere).
+pub fn server_threads_cpu() -> std::collections::HashMap<u64, u64> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Default::default();
+    };
+    let mut threads = std::collections::HashMap::new();
+    for task in tasks.flatten() {
+        let path = task.path();
+        let serves = std::fs::read_to_string(path.join("comm"))
+            .is_ok_and(|name| SERVER_THREADS.contains(&name.trim_end()));
+        let tid = task.file_name().to_str().and_then(|t| t.parse().ok());
+        if let (true, Some(tid)) = (serves, tid) {
+            // The first of schedstat's fields: nanoseconds on a core.
+            let stat = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
+            let on_cpu = stat
+                .split_whitespace()
+                .next()
+                .and_then(|ns| ns.parse().ok());
+            threads.insert(tid, on_cpu.unwrap_or(0));
+        }
+    }
+    threads
+}
+
+/// Seconds of CPU the servers' threads used since `before` (a [`server_threads_cpu`]): of
+/// each one still running, what it used since then (all it used, if it started since). A
+/// thread that ended meanwhile is not counted, so its time falls to the clients' side (a
+/// runtime's idle blocking threads end after 10 s; its workers do not).
+pub fn server_cpu_since(before: &std::collections::HashMap<u64, u64>) -> f64 {
+    let used: u64 = server_threads_cpu()
+        .into_iter()
+        .map(|(tid, now)| now.saturating_sub(before.get(&tid).copied().unwrap_or(0)))
+        .sum();
+    used as f64 / 1e9
 }
 
 /// CPU time this process has used so far, all threads, user and system (Linux; 0 elsewhere).
@@ -131,6 +175,7 @@ impl Figures {
     pub fn measure(&mut self, seconds: f64, batches: usize, step: Step) -> Result<()> {
         let started = Instant::now();
         let cpu = process_cpu_seconds();
+        let served = server_threads_cpu();
         while started.elapsed().as_secs_f64() < seconds || self.latencies.len() < batches {
             let t = Instant::now();
             step(self.latencies.len())?;
@@ -138,6 +183,7 @@ impl Figures {
         }
         self.seconds += started.elapsed().as_secs_f64();
         self.cpu_seconds += process_cpu_seconds() - cpu;
+        self.server_cpu_seconds += server_cpu_since(&served);
         Ok(())
     }
 
@@ -148,6 +194,11 @@ impl Figures {
     /// The process's CPU time per batch, in milliseconds.
     pub fn cpu_ms(&self) -> f64 {
         self.cpu_seconds * 1e3 / self.latencies.len() as f64
+    }
+
+    /// The servers' part of [`Figures::cpu_ms`]: their threads' CPU time per batch.
+    pub fn server_cpu_ms(&self) -> f64 {
+        self.server_cpu_seconds * 1e3 / self.latencies.len() as f64
     }
 
     pub fn quantile_ms(&self, q: f64) -> f64 {
