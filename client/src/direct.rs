@@ -23,8 +23,7 @@ use std::time::Duration;
 
 use zr_common::Contiguous;
 use zr_net::Security;
-use zr_proto::assemble::{reassemble, reassemble_decoded};
-use zr_proto::chunks::Chunks;
+use zr_proto::assemble::reassemble;
 use zr_proto::placement::Placement;
 use zr_proto::wire::{self, Topology};
 
@@ -243,29 +242,21 @@ impl Direct {
             dataset: dataset.map(Arc::from),
             map_version: view.placement.version(),
         };
-        // Each shard's message decoded where it lies, straight into the batch: no frames.
-        // A part's failure reads as the router's reply would say it (with its code).
-        let messages = read_parts(Arc::clone(self.next_set()), placed, parts, fields)
-            .await
-            .map_err(|failure| zr_proto::Error::Remote {
-                code: failure.code(),
-                message: failure.to_string(),
-            })?;
-        let mut decoded = Vec::with_capacity(messages.len());
-        for (positions, chunks) in &messages {
-            let (reply, body_start) = wire::decode_reply_chunks(chunks)?;
-            let wire::Reply::Gather { lengths } = reply else {
-                return Err(zr_proto::Error::Malformed(format!(
-                    "a node answered a gather with {reply:?}"
-                ))
-                .into());
-            };
-            let mut body = Chunks::new(chunks);
-            body.skip(body_start);
-            decoded.push((positions, lengths, body));
-        }
-        let columns = reassemble_decoded(indices.len(), field_count, &decoded)
-            .map_err(|e| zr_proto::Error::Malformed(format!("gather reply: {e}")))?;
+        // Each shard's records placed into the batch by its reader as they arrive: no
+        // frames. A part's failure reads as the router's reply would say it (with its code).
+        let columns = read_parts(
+            Arc::clone(self.next_set()),
+            placed,
+            parts,
+            indices.len(),
+            fields,
+        )
+        .await
+        .map_err(|failure| zr_proto::Error::Remote {
+            code: failure.code(),
+            message: failure.to_string(),
+        })?
+        .map_err(|e| zr_proto::Error::Malformed(format!("gather reply: {e}")))?;
         Ok(Gathered::Columns(columns))
     }
 

@@ -17,14 +17,16 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
+use zr_common::Contiguous;
 use zr_coord::failover::{self, Failover, Head, Relay};
 use zr_net as net;
-use zr_proto::assemble::push_frame;
+use zr_proto::assemble::{push_frame, Misfit};
 use zr_proto::wire::{self, NodeRequest, Reply};
 
 use crate::budget::{GatherBudget, Turn};
 use crate::error::Failure;
 use crate::nodes::{NodeId, Nodes};
+use crate::place::{Batch, Placing};
 use crate::plan::Part;
 
 /// Most pieces handed to the client's stream in one write.
@@ -33,10 +35,12 @@ const PIECES_PER_WRITE_MAX: usize = 256;
 /// What a shard's reader passes on, in order: its head, then the rest of its message, then
 /// the end — or a failure at any point.
 enum Piece {
-    /// The message's first chunks (holding its head) and its whole length.
+    /// The message's first chunks (holding its head), its whole length and the lengths
+    /// its head announces.
     Head {
         chunks: Vec<Bytes>,
         message_len: u64,
+        lengths: Vec<Vec<u32>>,
     },
     /// The next pieces, as they were read together.
     Chunks(Vec<Bytes>),
@@ -58,34 +62,20 @@ impl PassOn for mpsc::UnboundedSender<Piece> {
     }
 }
 
-/// A part's reply as its own reader collects it: the message's chunks, and how it ended.
-#[derive(Default)]
-struct Whole {
-    chunks: Vec<Bytes>,
-    ended: Option<Result<(), Failure>>,
-}
-
-impl PassOn for Whole {
+/// A one-hop gather's part, placed into the batch by its own reader as it arrives.
+impl PassOn for Placing {
     fn pass(&mut self, piece: Piece) -> bool {
         match piece {
-            Piece::Head { chunks, .. } | Piece::Chunks(chunks) => self.chunks.extend(chunks),
-            Piece::End => self.ended = Some(Ok(())),
-            Piece::Failed(failure) => self.ended = Some(Err(failure)),
+            Piece::Head {
+                chunks,
+                message_len,
+                lengths,
+            } => self.head(chunks, lengths, message_len),
+            Piece::Chunks(chunks) => self.received(chunks),
+            Piece::End => self.ended(Ok(())),
+            Piece::Failed(failure) => self.ended(Err(failure)),
         }
         true
-    }
-}
-
-impl Whole {
-    /// Shard `shard`'s message, once its reader has passed on its end.
-    fn message(self, shard: u32) -> Result<Vec<Bytes>, Failure> {
-        match self.ended {
-            Some(Ok(())) => Ok(self.chunks),
-            Some(Err(failure)) => Err(failure),
-            None => Err(Failure::Inconsistent(format!(
-                "shard {shard}'s reader stopped before the end of its reply"
-            ))),
-        }
     }
 }
 
@@ -138,6 +128,7 @@ pub async fn forward_parts(
             Some(Piece::Head {
                 chunks,
                 message_len,
+                ..
             }) => (chunks, message_len),
             Some(Piece::Failed(failure)) => {
                 fail(&frames, failure).await;
@@ -205,18 +196,18 @@ pub async fn forward_parts(
     Ok(())
 }
 
-/// Reads each part's reply whole, all at once, each from its shard's in-sync replicas with
-/// the failover [`forward_parts`] has (a replica failing midway is replaced from the byte
-/// where it stopped): for a client reading one hop, which reassembles the messages itself
-/// rather than through frames. Each reader collects its own message, so nobody is woken
-/// for its pieces. Returns each part's positions and its shard's message, in the order of
-/// `parts`; or the first failure to arrive, the other readers then abandoned.
+/// Reads each part's reply, all at once, each from its shard's in-sync replicas with the
+/// failover [`forward_parts`] has (a replica failing midway is replaced from the byte where
+/// it stopped), straight into the columns of a batch of `records` records (see
+/// [`crate::place`]): for a client reading one hop. Returns the columns, or why the parts
+/// do not make a batch; or the first failure to arrive, the other readers then abandoned.
 pub(crate) async fn read_parts(
     nodes: Arc<Nodes>,
     placed: Placed,
     parts: Vec<Part>,
+    records: usize,
     fields: Vec<String>,
-) -> Result<Vec<(Vec<u32>, Vec<Bytes>)>, Failure> {
+) -> Result<Result<Vec<Contiguous>, Misfit>, Failure> {
     // Dropping the set (a part failed) abandons the other readers.
     let mut readers = tokio::task::JoinSet::new();
     let reading = Reading {
@@ -226,21 +217,22 @@ pub(crate) async fn read_parts(
         checked: false,
         budget: &None,
     };
-    let mut messages: Vec<Option<(Vec<u32>, Vec<Bytes>)>> = vec![None; parts.len()];
+    let batch = Batch::new(records, parts.iter().map(|p| p.positions.clone()).collect());
+    let mut placings: Vec<Option<Placing>> = (0..parts.len()).map(|_| None).collect();
     for (k, part) in parts.into_iter().enumerate() {
-        let (shard, positions, read, _) = reading.reader(part, Whole::default());
-        readers.spawn(async move {
-            let whole = read.await;
-            (k, whole.message(shard).map(|message| (positions, message)))
-        });
+        let (_, _, read, _) = reading.reader(part, batch.placing(k));
+        readers.spawn(async move { (k, read.await) });
     }
     while let Some(joined) = readers.join_next().await {
-        let (k, message) = joined.map_err(|e| {
+        let (k, mut placing) = joined.map_err(|e| {
             Failure::Inconsistent(format!("a gather's reader stopped before its reply: {e}"))
         })?;
-        messages[k] = Some(message?);
+        if let Some(failure) = placing.failure() {
+            return Err(failure);
+        }
+        placings[k] = Some(placing);
     }
-    Ok(messages.into_iter().flatten().collect())
+    batch.finish(placings.into_iter().flatten().collect())
 }
 
 /// What each part of one gather is read with.
@@ -572,13 +564,14 @@ async fn receive(
     }
     // Bytes of this reply already passed on from an earlier replica's, to be skipped.
     let mut skip = match relay
-        .head(lengths, message_len, received)
+        .head(lengths.clone(), message_len, received)
         .map_err(Received::Protocol)?
     {
         Head::First => {
             pieces.pass(Piece::Head {
                 chunks,
                 message_len,
+                lengths,
             });
             0
         }

@@ -9,7 +9,8 @@
 //! - [`nodes`] — links to the nodes, their heartbeats, and what is known of them, told to
 //!   `zr_coord::Replicas` and its effects performed;
 //! - [`forward`] — a gather's parts read from the nodes, failed over between replicas, and
-//!   passed on frame by frame; [`budget`] — the router's reply budget for them;
+//!   passed on frame by frame, or placed straight into a one-hop gather's batch (`place`);
+//!   [`budget`] — the router's reply budget for them;
 //! - [`error`] — why an operation failed ([`Failure`], with its wire code) and what calls
 //!   return ([`Error`]);
 //! - [`plan`] (from `zr_coord`) — a gather split by shard.
@@ -20,6 +21,7 @@ mod direct;
 pub mod error;
 pub mod forward;
 pub mod nodes;
+mod place;
 pub mod stream;
 
 use zr_coord::liveness;

@@ -48,6 +48,171 @@ pub enum Misfit {
     Short,
 }
 
+/// What a part's head says of it: where its records go, their lengths per field
+/// (`lengths[f][k]`) and its body's length.
+pub struct PartHead<'a> {
+    pub positions: &'a [u32],
+    pub lengths: &'a [Vec<u32>],
+    pub body_len: u64,
+}
+
+/// Where every byte of a gather goes, once every part's head is known: each field's column
+/// offsets (`records + 1` of them), position `p`'s record at `offsets[f][p]..offsets[f][p + 1]`.
+/// Made only for parts that fit: so the records' slots tile each column, one part's each.
+pub struct Layout {
+    offsets: Vec<Vec<u64>>,
+}
+
+impl Layout {
+    /// Checks that `parts` make a batch of `records` — every position covered exactly once,
+    /// every part with the same fields, each body as long as its lengths — and lays out its
+    /// columns. `fields` is the number of columns when there are no parts.
+    pub fn new(records: usize, fields: usize, parts: &[PartHead]) -> Result<Layout, Misfit> {
+        let fields = parts.first().map_or(fields, |p| p.lengths.len());
+        let mut covered = vec![false; records];
+        for part in parts {
+            if part.lengths.len() != fields {
+                return Err(Misfit::Columns(part.lengths.len(), fields));
+            }
+            if part.lengths.iter().any(|l| l.len() != part.positions.len()) {
+                return Err(Misfit::Positions {
+                    positions: part.positions.len(),
+                    columns: part.lengths.iter().map(Vec::len).collect(),
+                });
+            }
+            let total: u64 = part.lengths.iter().flatten().map(|&l| l as u64).sum();
+            if total != part.body_len {
+                return Err(Misfit::Body {
+                    total,
+                    body: part.body_len as usize,
+                });
+            }
+            for &pos in part.positions {
+                match covered.get_mut(pos as usize) {
+                    Some(seen) if !*seen => *seen = true,
+                    Some(_) => return Err(Misfit::Twice(pos)),
+                    None => {
+                        return Err(Misfit::Outside {
+                            position: pos,
+                            records,
+                        })
+                    }
+                }
+            }
+        }
+        if let Some(missing) = covered.iter().position(|&c| !c) {
+            return Err(Misfit::Missing {
+                position: missing,
+                records,
+            });
+        }
+        let offsets = (0..fields)
+            .map(|f| {
+                let mut lengths = vec![0u32; records];
+                for part in parts {
+                    for (&pos, &len) in part.positions.iter().zip(&part.lengths[f]) {
+                        lengths[pos as usize] = len;
+                    }
+                }
+                let mut offsets = Vec::with_capacity(records + 1);
+                let mut total = 0u64;
+                offsets.push(0);
+                for &len in &lengths {
+                    total += len as u64;
+                    offsets.push(total);
+                }
+                offsets
+            })
+            .collect();
+        Ok(Layout { offsets })
+    }
+
+    /// The number of columns.
+    pub fn fields(&self) -> usize {
+        self.offsets.len()
+    }
+
+    /// Column `field`'s length in bytes.
+    pub fn column_len(&self, field: usize) -> usize {
+        self.offsets[field].last().copied().unwrap_or(0) as usize
+    }
+
+    /// The columns, given their bytes (`data[f]`, each [`Layout::column_len`] long).
+    pub fn columns(self, data: Vec<Vec<u8>>) -> Vec<Contiguous> {
+        data.into_iter()
+            .zip(self.offsets)
+            .map(|(data, offsets)| Contiguous { data, offsets })
+            .collect()
+    }
+}
+
+/// How far a part's body has been placed into its [`Layout`]: the field and the record its
+/// next byte belongs to, and how much of that record is placed already. The body holds
+/// field 0's payloads in the part's order, then field 1's, and so on.
+#[derive(Clone, Debug, Default)]
+pub struct Placer {
+    field: usize,
+    record: usize,
+    within: u64,
+}
+
+impl Placer {
+    /// Places `bytes`, the next of the body of the part whose records go to `positions`
+    /// with `lengths`: hands `put` each piece as (field, byte in that column, piece). Every
+    /// piece lies inside its record's slot. False if `bytes` run past the body (the pieces
+    /// up to its end are handed over).
+    pub fn place(
+        &mut self,
+        layout: &Layout,
+        positions: &[u32],
+        lengths: &[Vec<u32>],
+        mut bytes: &[u8],
+        put: &mut impl FnMut(usize, usize, &[u8]),
+    ) -> bool {
+        while !bytes.is_empty() {
+            let Some(len) = self.current(lengths) else {
+                return false;
+            };
+            let n = ((len - self.within) as usize).min(bytes.len());
+            let Some(&start) = positions
+                .get(self.record)
+                .and_then(|&pos| layout.offsets.get(self.field)?.get(pos as usize))
+            else {
+                return false;
+            };
+            put(self.field, (start + self.within) as usize, &bytes[..n]);
+            self.within += n as u64;
+            bytes = &bytes[n..];
+        }
+        true
+    }
+
+    /// Whether the whole body of a part with `lengths` is placed.
+    pub fn done(&mut self, lengths: &[Vec<u32>]) -> bool {
+        self.current(lengths).is_none()
+    }
+
+    /// The length of the record the next byte belongs to (records placed whole, and empty
+    /// ones, passed over); `None` once the body is placed.
+    fn current(&mut self, lengths: &[Vec<u32>]) -> Option<u64> {
+        loop {
+            let column = lengths.get(self.field)?;
+            match column.get(self.record) {
+                Some(&len) if (len as u64) > self.within => return Some(len as u64),
+                Some(_) => {
+                    self.record += 1;
+                    self.within = 0;
+                }
+                None => {
+                    self.field += 1;
+                    self.record = 0;
+                    self.within = 0;
+                }
+            }
+        }
+    }
+}
+
 /// The columns of `records` records from `parts`, in position order. `fields` is the number
 /// of columns to return when there are no parts (an empty gather).
 pub fn reassemble(
@@ -55,80 +220,46 @@ pub fn reassemble(
     fields: usize,
     parts: &[PartReply],
 ) -> Result<Vec<Contiguous>, Misfit> {
-    let fields = parts.first().map_or(fields, |p| p.lengths.len());
-    let mut covered = vec![false; records];
+    let heads: Vec<PartHead> = parts
+        .iter()
+        .map(|part| PartHead {
+            positions: part.positions,
+            lengths: part.lengths,
+            body_len: part.body.len() as u64,
+        })
+        .collect();
+    let layout = Layout::new(records, fields, &heads)?;
+    // Filled in place, not zeroed first: the slots of the positions tile each column.
+    let mut data: Vec<Vec<u8>> = (0..layout.fields())
+        .map(|f| Vec::with_capacity(layout.column_len(f)))
+        .collect();
     for part in parts {
-        if part.lengths.len() != fields {
-            return Err(Misfit::Columns(part.lengths.len(), fields));
-        }
-        if part.lengths.iter().any(|l| l.len() != part.positions.len()) {
-            return Err(Misfit::Positions {
-                positions: part.positions.len(),
-                columns: part.lengths.iter().map(Vec::len).collect(),
-            });
-        }
-        let total: u64 = part.lengths.iter().flatten().map(|&l| l as u64).sum();
-        if total != part.body.len() as u64 {
-            return Err(Misfit::Body {
-                total,
-                body: part.body.len(),
-            });
-        }
-        for &pos in part.positions {
-            match covered.get_mut(pos as usize) {
-                Some(seen) if !*seen => *seen = true,
-                Some(_) => return Err(Misfit::Twice(pos)),
-                None => {
-                    return Err(Misfit::Outside {
-                        position: pos,
-                        records,
-                    })
-                }
-            }
-        }
-    }
-    if let Some(missing) = covered.iter().position(|&c| !c) {
-        return Err(Misfit::Missing {
-            position: missing,
-            records,
+        let mut placer = Placer::default();
+        let mut fits = true;
+        part.body.clone().read_pieces(part.body.len(), |_, piece| {
+            fits &= placer.place(
+                &layout,
+                part.positions,
+                part.lengths,
+                piece,
+                &mut |f, at, bytes| {
+                    data[f].spare_capacity_mut()[at..at + bytes.len()].write_copy_of_slice(bytes);
+                },
+            );
         });
+        if !fits || !placer.done(part.lengths) {
+            // Unreachable: each body's length was checked against its lengths.
+            return Err(Misfit::Short);
+        }
     }
-    let mut columns = Vec::with_capacity(fields);
-    // Each part's body holds field 0's payloads, then field 1's, ...: walk them in step.
-    let mut cursors: Vec<Chunks> = parts.iter().map(|p| p.body.clone()).collect();
-    for f in 0..fields {
-        let mut lengths = vec![0u32; records];
-        for part in parts {
-            for (&pos, &len) in part.positions.iter().zip(&part.lengths[f]) {
-                lengths[pos as usize] = len;
-            }
-        }
-        let mut offsets = Vec::with_capacity(records + 1);
-        let mut total = 0u64;
-        offsets.push(0);
-        for &len in &lengths {
-            total += len as u64;
-            offsets.push(total);
-        }
-        // Filled in place, not zeroed first: the slots of the positions tile the column.
-        let mut data: Vec<u8> = Vec::with_capacity(total as usize);
-        let slots = data.spare_capacity_mut();
-        for (part, cursor) in parts.iter().zip(cursors.iter_mut()) {
-            for (&pos, &len) in part.positions.iter().zip(&part.lengths[f]) {
-                let at = offsets[pos as usize] as usize;
-                if !cursor.read_into_uninit(&mut slots[at..at + len as usize]) {
-                    // Unreachable: each body's length was checked against its lengths.
-                    return Err(Misfit::Short);
-                }
-            }
-        }
-        // SAFETY: every position in 0..records is covered exactly once (checked above), and
-        // position p's slot is offsets[p]..offsets[p + 1], of its part's length for p: so the
-        // slots tile 0..total, and each was written whole (`read_into_uninit` returned true).
-        unsafe { data.set_len(total as usize) };
-        columns.push(Contiguous { data, offsets });
+    for (f, column) in data.iter_mut().enumerate() {
+        // SAFETY: every position in 0..records is covered exactly once (the layout checked),
+        // position p's slot is offsets[p]..offsets[p + 1], of its part's length for p, so the
+        // slots tile the column; and every part's body was placed whole, each byte in its
+        // record's slot (`done`): every byte of the column was written.
+        unsafe { column.set_len(layout.column_len(f)) };
     }
-    Ok(columns)
+    Ok(layout.columns(data))
 }
 
 /// Appends one frame (length, then the message pieces) to `out`.
@@ -212,7 +343,7 @@ pub fn decode_gather_parts(
 
 /// [`reassemble`] from parts decoded apart: each its positions, its shard's lengths and the
 /// body after its shard's head.
-pub fn reassemble_decoded<P: AsRef<[u32]>>(
+fn reassemble_decoded<P: AsRef<[u32]>>(
     records: usize,
     fields: usize,
     decoded: &[(P, Vec<Vec<u32>>, Chunks<'_>)],

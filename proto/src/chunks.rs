@@ -66,7 +66,7 @@ impl<'a> Chunks<'a> {
 
     /// Hands the next `n` bytes to `put` as (offset in the `n`, piece), in order; `false`
     /// (handing over nothing) if fewer are left.
-    fn read_pieces(&mut self, n: usize, mut put: impl FnMut(usize, &[u8])) -> bool {
+    pub fn read_pieces(&mut self, n: usize, mut put: impl FnMut(usize, &[u8])) -> bool {
         if n > self.len {
             return false;
         }
