@@ -121,15 +121,23 @@ impl Batch {
                 body_len: *body_len,
             })
             .collect();
-        let laid = Layout::new(self.records, 0, &parts).map(|layout| {
+        let laid = Layout::new(self.records, 0, &parts).and_then(|layout| {
+            // Reserved as the heads announce, before the bytes arrive: a size the process
+            // cannot hold fails the gather rather than the process.
             let data = (0..layout.fields())
                 .map(|f| {
-                    let mut buffer = Vec::with_capacity(layout.column_len(f));
+                    let mut buffer = Vec::new();
+                    buffer
+                        .try_reserve_exact(layout.column_len(f))
+                        .map_err(|_| {
+                            let bytes = (0..layout.fields()).map(|f| layout.column_len(f) as u64);
+                            Misfit::TooLarge { bytes: bytes.sum() }
+                        })?;
                     let base = buffer.as_mut_ptr();
-                    Column { buffer, base }
+                    Ok(Column { buffer, base })
                 })
-                .collect();
-            Columns { layout, data }
+                .collect::<Result<_, Misfit>>()?;
+            Ok(Columns { layout, data })
         });
         let _ = self.laid.set(laid);
     }
@@ -336,6 +344,24 @@ mod tests {
         assert!(matches!(run(&long, Ok(())), Ok(Err(Misfit::Short))));
         let failed = run(&message, Err(Failure::BadRequest("gone".into())));
         assert!(matches!(failed, Err(Failure::BadRequest(_))));
+    }
+
+    #[test]
+    fn a_batch_too_large_to_hold_fails_the_gather_not_the_process() {
+        // A part announcing 2^20 records of 4 GiB - 1 each: 4 PiB, more than a process
+        // can map (128 TiB with 4-level page tables).
+        let records = 1 << 20;
+        let lengths = vec![vec![u32::MAX; records]];
+        let positions: Vec<u32> = (0..records as u32).collect();
+        let batch = Batch::new(records, vec![positions]);
+        let mut part = batch.placing(0);
+        let body: u64 = u32::MAX as u64 * records as u64;
+        part.head(pieces(b"head!", 64), lengths, 5 + body);
+        part.ended(Ok(()));
+        assert!(matches!(
+            batch.finish(vec![part]),
+            Ok(Err(Misfit::TooLarge { .. }))
+        ));
     }
 
     #[test]

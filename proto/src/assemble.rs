@@ -46,6 +46,8 @@ pub enum Misfit {
     Missing { position: usize, records: usize },
     #[error("a part's body ends early")]
     Short,
+    #[error("its {bytes} bytes do not fit in this process's memory")]
+    TooLarge { bytes: u64 },
 }
 
 /// What a part's head says of it: where its records go, their lengths per field
