@@ -49,8 +49,8 @@ enum Piece {
 }
 
 /// Where a part's reader passes its pieces: a queue that a forwarder reads as they come
-/// (the router's streamed gathers), or the reader's own [`Whole`] message (a client reading
-/// one hop, which needs the message whole: nobody is woken for each piece).
+/// (the router's streamed gathers), or the reader's own [`Placing`], which places them into
+/// the batch itself (a client reading one hop: nobody else is woken for each piece).
 trait PassOn: Send {
     /// Passes `piece` on; false if nobody reads on.
     fn pass(&mut self, piece: Piece) -> bool;
@@ -224,7 +224,7 @@ pub(crate) async fn read_parts(
         readers.spawn(async move { (k, read.await) });
     }
     while let Some(joined) = readers.join_next().await {
-        let (k, mut placing) = joined.map_err(|e| {
+        let (k, placing) = joined.map_err(|e| {
             Failure::Inconsistent(format!("a gather's reader stopped before its reply: {e}"))
         })?;
         if let Some(failure) = placing.failure() {

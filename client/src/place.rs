@@ -8,7 +8,8 @@
 //! then on each reader places what it has received and what it receives. What a reader
 //! still holds when it ends is placed by the gathering task ([`Batch::finish`]).
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use zr_common::Contiguous;
@@ -21,14 +22,13 @@ pub(crate) struct Batch {
     records: usize,
     /// Each part's positions in the batch, by part.
     positions: Vec<Vec<u32>>,
-    /// Each part's head, as it arrives.
-    heads: Mutex<Vec<Option<Announced>>>,
+    /// The lengths each part's head announced (`lengths[f][k]`), by part, as they arrive.
+    heads: Vec<OnceLock<Vec<Vec<u32>>>>,
+    /// Heads arrived so far: the last one in lays out the columns.
+    arrived: AtomicUsize,
     /// Laid out once every head is in (or why the parts do not fit).
     laid: OnceLock<Result<Columns, Misfit>>,
 }
-
-/// What a part's head announced: its records' lengths per field, and its body's length.
-type Announced = (Vec<Vec<u32>>, u64);
 
 /// The columns being filled: their layout and their buffers.
 struct Columns {
@@ -81,7 +81,8 @@ impl Batch {
     pub(crate) fn new(records: usize, positions: Vec<Vec<u32>>) -> Arc<Batch> {
         Arc::new(Batch {
             records,
-            heads: Mutex::new(vec![None; positions.len()]),
+            heads: positions.iter().map(|_| OnceLock::new()).collect(),
+            arrived: AtomicUsize::new(0),
             positions,
             laid: OnceLock::new(),
         })
@@ -92,7 +93,6 @@ impl Batch {
         Placing {
             batch: Arc::clone(self),
             part,
-            lengths: Vec::new(),
             head: 0,
             pending: Vec::new(),
             placer: Placer::default(),
@@ -101,24 +101,32 @@ impl Batch {
         }
     }
 
-    /// Part `part`'s head said `lengths` and a body of `body_len` bytes: the last head in
-    /// lays out the columns.
-    fn head(&self, part: usize, lengths: Vec<Vec<u32>>, body_len: u64) {
-        let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(slot) = heads.get_mut(part) {
-            *slot = Some((lengths, body_len));
+    /// Part `part`'s head announced `lengths`: the last head in lays out the columns. False
+    /// if `part` is not one of this batch's, or its head came before.
+    fn head(&self, part: usize, lengths: Vec<Vec<u32>>) -> bool {
+        let Some(Ok(())) = self.heads.get(part).map(|head| head.set(lengths)) else {
+            return false;
+        };
+        // AcqRel: the last head in sees every other part's lengths, set before their count.
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 < self.heads.len() {
+            return true;
         }
-        if heads.iter().any(Option::is_none) {
-            return;
-        }
-        let parts: Vec<PartHead> = heads
+        let Some(heads) = self
+            .heads
             .iter()
-            .flatten()
+            .map(OnceLock::get)
+            .collect::<Option<Vec<_>>>()
+        else {
+            return true; // unreachable: the count covers only heads set
+        };
+        // Each body as long as its head implies: the reader checks what arrives against it.
+        let parts: Vec<PartHead> = heads
+            .into_iter()
             .zip(&self.positions)
-            .map(|((lengths, body_len), positions)| PartHead {
+            .map(|(lengths, positions)| PartHead {
                 positions,
                 lengths,
-                body_len: *body_len,
+                body_len: lengths.iter().flatten().map(|&l| l as u64).sum(),
             })
             .collect();
         let laid = Layout::new(self.records, 0, &parts).and_then(|layout| {
@@ -140,6 +148,7 @@ impl Batch {
             Ok(Columns { layout, data })
         });
         let _ = self.laid.set(laid);
+        true
     }
 
     /// The batch's columns, once every part's reader has ended and returned its `placings`
@@ -148,6 +157,14 @@ impl Batch {
         self: Arc<Self>,
         placings: Vec<Placing>,
     ) -> Result<Result<Vec<Contiguous>, Misfit>, Failure> {
+        let by_part = placings.iter().enumerate().all(|(k, p)| p.part == k);
+        if placings.len() != self.positions.len() || !by_part {
+            return Err(Failure::Inconsistent(format!(
+                "a gather of {} parts finished with {} readers",
+                self.positions.len(),
+                placings.len()
+            )));
+        }
         for placing in &placings {
             match &placing.ended {
                 Some(Ok(())) => {}
@@ -200,13 +217,12 @@ impl Batch {
 pub(crate) struct Placing {
     batch: Arc<Batch>,
     part: usize,
-    lengths: Vec<Vec<u32>>,
     /// Bytes of the head still to pass over before the body.
     head: u64,
     /// Received, not placed yet.
     pending: Vec<Bytes>,
     placer: Placer,
-    /// Bytes arrived past the body.
+    /// Bytes arrived past the body (or a second head).
     overran: bool,
     /// How the reader ended.
     ended: Option<Result<(), Failure>>,
@@ -218,8 +234,7 @@ impl Placing {
     pub(crate) fn head(&mut self, chunks: Vec<Bytes>, lengths: Vec<Vec<u32>>, message_len: u64) {
         let body: u64 = lengths.iter().flatten().map(|&l| l as u64).sum();
         self.head = message_len.saturating_sub(body);
-        self.lengths = lengths.clone();
-        self.batch.head(self.part, lengths, body);
+        self.overran |= !self.batch.head(self.part, lengths);
         self.received(chunks);
     }
 
@@ -235,14 +250,8 @@ impl Placing {
     }
 
     /// Why the reader failed, if it did.
-    pub(crate) fn failure(&mut self) -> Option<Failure> {
-        match self.ended.take()? {
-            Ok(()) => {
-                self.ended = Some(Ok(()));
-                None
-            }
-            Err(failure) => Some(failure),
-        }
+    pub(crate) fn failure(&self) -> Option<Failure> {
+        self.ended.as_ref()?.as_ref().err().cloned()
     }
 
     /// Places what is pending, if the columns are laid out.
@@ -250,7 +259,10 @@ impl Placing {
         let Some(Ok(columns)) = self.batch.laid.get() else {
             return;
         };
-        let Some(positions) = self.batch.positions.get(self.part) else {
+        let (Some(positions), Some(Some(lengths))) = (
+            self.batch.positions.get(self.part),
+            self.batch.heads.get(self.part).map(OnceLock::get),
+        ) else {
             self.overran = true;
             return;
         };
@@ -262,14 +274,16 @@ impl Placing {
             let body = &chunk[from as usize..];
             fits &= self
                 .placer
-                .place(&columns.layout, positions, &self.lengths, body, &mut put);
+                .place(&columns.layout, positions, lengths, body, &mut put);
         }
         self.overran |= !fits;
     }
 
     /// Whether the whole body is placed, and nothing past it arrived.
     fn complete(&mut self) -> bool {
-        self.pending.is_empty() && !self.overran && self.placer.done(&self.lengths)
+        let lengths = self.batch.heads.get(self.part).and_then(OnceLock::get);
+        let lengths = lengths.map_or(&[][..], Vec::as_slice);
+        self.pending.is_empty() && !self.overran && self.placer.done(lengths)
     }
 }
 
@@ -364,16 +378,32 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn parts_that_do_not_fit_are_refused() {
-        // Both parts claim position 0.
+    /// A batch of two parts, one record each at `positions`, both read whole.
+    fn two_read(positions: [u32; 2]) -> (Arc<Batch>, Placing, Placing) {
         let (message, lengths) = reply(&[vec![b"a"]]);
-        let batch = Batch::new(2, vec![vec![0], vec![0]]);
+        let batch = Batch::new(2, positions.map(|p| vec![p]).to_vec());
         let (mut zero, mut one) = (batch.placing(0), batch.placing(1));
         for part in [&mut zero, &mut one] {
             part.head(pieces(&message, 64), lengths.clone(), message.len() as u64);
             part.ended(Ok(()));
         }
+        (batch, zero, one)
+    }
+
+    #[test]
+    fn a_batch_finished_without_every_part_is_refused() {
+        let (batch, _zero, one) = two_read([0, 1]);
+        // Part 1's reader handed back in part 0's place, and part 0's missing.
+        assert!(matches!(
+            Arc::clone(&batch).finish(vec![one]),
+            Err(Failure::Inconsistent(_))
+        ));
+    }
+
+    #[test]
+    fn parts_that_do_not_fit_are_refused() {
+        // Both parts claim position 0.
+        let (batch, zero, one) = two_read([0, 0]);
         assert!(matches!(
             batch.finish(vec![zero, one]),
             Ok(Err(Misfit::Twice(0)))
