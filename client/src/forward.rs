@@ -218,21 +218,112 @@ pub(crate) async fn read_parts(
         budget: &None,
     };
     let batch = Batch::new(records, parts.iter().map(|p| p.positions.clone()).collect());
-    let mut placings: Vec<Option<Placing>> = (0..parts.len()).map(|_| None).collect();
+    let ended = Ended::new(parts.len());
     for (k, part) in parts.into_iter().enumerate() {
         let (_, _, read, _) = reading.reader(part, batch.placing(k));
-        readers.spawn(async move { (k, read.await) });
+        let slot = Ended::slot(&ended, k);
+        readers.spawn(async move { slot.fill(read.await) });
     }
-    while let Some(joined) = readers.join_next().await {
-        let (k, placing) = joined.map_err(|e| {
-            Failure::Inconsistent(format!("a gather's reader stopped before its reply: {e}"))
-        })?;
-        if let Some(failure) = placing.failure() {
-            return Err(failure);
+    let placings = ended.all().await?;
+    drop(readers);
+    batch.finish(placings)
+}
+
+/// Where a one-hop gather's readers hand back their [`Placing`]s: the gathering task is woken
+/// once, when the last has ended or one has failed, rather than once per reader (each wake
+/// of a blocking caller's thread is a thread switch).
+struct Ended {
+    state: std::sync::Mutex<Returns>,
+    done: tokio::sync::Notify,
+}
+
+struct Returns {
+    placings: Vec<Option<Placing>>,
+    left: usize,
+    failure: Option<Failure>,
+}
+
+impl Ended {
+    fn new(parts: usize) -> Arc<Ended> {
+        Arc::new(Ended {
+            state: std::sync::Mutex::new(Returns {
+                placings: (0..parts).map(|_| None).collect(),
+                left: parts,
+                failure: None,
+            }),
+            done: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Part `part`'s place: filled by its reader, or, if the reader stops before it returns
+    /// (aborted, or a panic), marked as stopped.
+    fn slot(this: &Arc<Ended>, part: usize) -> Slot {
+        Slot {
+            ended: Arc::clone(this),
+            part,
+            placing: None,
         }
-        placings[k] = Some(placing);
     }
-    batch.finish(placings.into_iter().flatten().collect())
+
+    /// Every part's `Placing`, by part, once all have ended; the first failure as soon as a
+    /// part fails.
+    async fn all(&self) -> Result<Vec<Placing>, Failure> {
+        loop {
+            // Registered before the state is read: a wake between the two is not lost.
+            let woken = self.done.notified();
+            {
+                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(failure) = state.failure.take() {
+                    return Err(failure);
+                }
+                if state.left == 0 {
+                    return Ok(state.placings.drain(..).flatten().collect());
+                }
+            }
+            woken.await;
+        }
+    }
+
+    fn put(&self, part: usize, placing: Option<Placing>) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let failure = match &placing {
+            Some(placing) => placing.failure(),
+            None => Some(Failure::Inconsistent(format!(
+                "part {part} of a gather: its reader stopped before its reply"
+            ))),
+        };
+        if let Some(place) = state.placings.get_mut(part) {
+            *place = placing;
+        }
+        state.left = state.left.saturating_sub(1);
+        let wake = state.left == 0 || failure.is_some();
+        if state.failure.is_none() {
+            state.failure = failure;
+        }
+        drop(state);
+        if wake {
+            self.done.notify_one();
+        }
+    }
+}
+
+/// One reader's place in [`Ended`].
+struct Slot {
+    ended: Arc<Ended>,
+    part: usize,
+    placing: Option<Placing>,
+}
+
+impl Slot {
+    fn fill(mut self, placing: Placing) {
+        self.placing = Some(placing);
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.ended.put(self.part, self.placing.take());
+    }
 }
 
 /// What each part of one gather is read with.
@@ -629,4 +720,71 @@ fn pass_on(chunk: Bytes, skip: &mut u64, batch: &mut Vec<Bytes>, relay: &mut Rel
 /// Passes `batch` on (if it holds anything); false if nobody reads on.
 fn send_batch(batch: Vec<Bytes>, pieces: &mut impl PassOn) -> bool {
     batch.is_empty() || pieces.pass(Piece::Chunks(batch))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_gathering_task_has_every_placing_by_part_once_the_last_reader_ends() {
+        runtime().block_on(async {
+            let batch = Batch::new(3, vec![vec![0], vec![1], vec![2]]);
+            let ended = Ended::new(3);
+            let slots: Vec<Slot> = (0..3).map(|k| Ended::slot(&ended, k)).collect();
+            let mut readers = tokio::task::JoinSet::new();
+            // Ended in reverse order, each on a task of its own.
+            for (k, slot) in slots.into_iter().enumerate().rev() {
+                let mut placing = batch.placing(k);
+                placing.ended(Ok(()));
+                readers.spawn(async move { slot.fill(placing) });
+            }
+            let placings = ended.all().await.unwrap();
+            let parts: Vec<usize> = placings.iter().map(Placing::part).collect();
+            assert_eq!(parts, [0, 1, 2]);
+        });
+    }
+
+    #[test]
+    fn a_failed_part_ends_the_wait_while_others_still_read() {
+        runtime().block_on(async {
+            let batch = Batch::new(2, vec![vec![0], vec![1]]);
+            let ended = Ended::new(2);
+            let _still_reading = Ended::slot(&ended, 0);
+            let mut failed = batch.placing(1);
+            failed.ended(Err(Failure::BadRequest("gone".into())));
+            Ended::slot(&ended, 1).fill(failed);
+            let waited = tokio::time::timeout(Duration::from_secs(5), ended.all()).await;
+            assert!(matches!(waited, Ok(Err(Failure::BadRequest(_)))));
+        });
+    }
+
+    #[test]
+    fn a_reader_that_stops_without_its_reply_fails_the_gather_rather_than_hanging_it() {
+        runtime().block_on(async {
+            let batch = Batch::new(2, vec![vec![0], vec![1]]);
+            let ended = Ended::new(2);
+            let mut whole = batch.placing(0);
+            whole.ended(Ok(()));
+            Ended::slot(&ended, 0).fill(whole);
+            // A reader aborted or panicking drops its slot unfilled.
+            let stopped = Ended::slot(&ended, 1);
+            let reader = tokio::spawn(async move {
+                let _slot = stopped;
+                panic!("a reader's bug");
+            });
+            assert!(reader.await.is_err());
+            let waited = tokio::time::timeout(Duration::from_secs(5), ended.all()).await;
+            assert!(matches!(waited, Ok(Err(Failure::Inconsistent(_)))));
+        });
+    }
 }

@@ -249,6 +249,12 @@ impl Placing {
         self.ended = Some(ended);
     }
 
+    /// The part this reads.
+    #[cfg(test)]
+    pub(crate) fn part(&self) -> usize {
+        self.part
+    }
+
     /// Why the reader failed, if it did.
     pub(crate) fn failure(&self) -> Option<Failure> {
         self.ended.as_ref()?.as_ref().err().cloned()
