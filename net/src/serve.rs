@@ -547,11 +547,13 @@ where
     let mut stats = tokio::time::interval(crate::metrics::PEER_STATS_EVERY);
     stats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // Finished requests reaped as the next one comes, so the set stays small on
+        // long-lived connections; never awaited, so that no request's end wakes this task
+        // (on a busy node, a thread woken per request).
+        while requests.try_join_next().is_some() {}
         // `biased`: polled in this order, not a random one, so that a simulation replays.
         let (send, mut recv) = tokio::select! {
             biased;
-            // Reap finished requests so the set stays small on long-lived connections.
-            Some(_) = requests.join_next(), if !requests.is_empty() => continue,
             stream = connection.accept_bi() => stream?,
             _ = stats.tick() => {
                 crate::metrics::record_peer_stats(&connection);
