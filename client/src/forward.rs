@@ -238,8 +238,8 @@ struct Ended {
 }
 
 struct Returns {
+    /// Each part's, once its reader has ended.
     placings: Vec<Option<Placing>>,
-    left: usize,
     failure: Option<Failure>,
 }
 
@@ -248,7 +248,6 @@ impl Ended {
         Arc::new(Ended {
             state: std::sync::Mutex::new(Returns {
                 placings: (0..parts).map(|_| None).collect(),
-                left: parts,
                 failure: None,
             }),
             done: tokio::sync::Notify::new(),
@@ -276,7 +275,7 @@ impl Ended {
                 if let Some(failure) = state.failure.take() {
                     return Err(failure);
                 }
-                if state.left == 0 {
+                if state.placings.iter().all(Option::is_some) {
                     return Ok(state.placings.drain(..).flatten().collect());
                 }
             }
@@ -285,18 +284,17 @@ impl Ended {
     }
 
     fn put(&self, part: usize, placing: Option<Placing>) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let failure = match &placing {
             Some(placing) => placing.failure(),
             None => Some(Failure::Inconsistent(format!(
                 "part {part} of a gather: its reader stopped before its reply"
             ))),
         };
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(place) = state.placings.get_mut(part) {
             *place = placing;
         }
-        state.left = state.left.saturating_sub(1);
-        let wake = state.left == 0 || failure.is_some();
+        let wake = failure.is_some() || state.placings.iter().all(Option::is_some);
         if state.failure.is_none() {
             state.failure = failure;
         }
