@@ -277,8 +277,18 @@ impl AsyncClient {
         request: &ClientRequest,
         body: Vec<Bytes>,
     ) -> Result<(Reply, Vec<Bytes>, usize), Error> {
+        self.call_within(request, body, self.link.timeout).await
+    }
+
+    /// [`Self::call`] bounded by `timeout` rather than the client's: for requests the router
+    /// holds on purpose (a wait for commits).
+    async fn call_within(
+        &self,
+        request: &ClientRequest,
+        body: Vec<Bytes>,
+        timeout: Duration,
+    ) -> Result<(Reply, Vec<Bytes>, usize), Error> {
         let mut connection = self.connection().await?;
-        let timeout = self.link.timeout;
         let chunks = loop {
             let header = wire::encode_client_request(self.dataset.as_deref(), request)?;
             // The exchange runs as a task of its own, beside the connection's driver: each

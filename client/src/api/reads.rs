@@ -69,11 +69,13 @@ impl AsyncClient {
     }
 
     /// Waits until the dataset has committed at least `len` records, `timeout` at most;
-    /// returns its committed length then.
+    /// returns its committed length then. The router holds the request that long, so the
+    /// call's own bound is the wait plus the client's timeout, not the timeout alone.
     pub async fn wait_len(&self, len: u64, timeout: Duration) -> Result<u64, Error> {
         let wait_ms = timeout.as_millis().min(wire::WAIT_MS_MAX as u128) as u32;
+        let bound = self.link.timeout + Duration::from_millis(wait_ms.into());
         match self
-            .call(&ClientRequest::WaitLen { len, wait_ms }, Vec::new())
+            .call_within(&ClientRequest::WaitLen { len, wait_ms }, Vec::new(), bound)
             .await?
             .0
         {

@@ -323,6 +323,40 @@ fn a_consumer_waits_for_what_a_producer_appends() {
     );
 }
 
+/// A wait for commits may outlast the client's own timeout: the call is bounded by the wait
+/// it asks for plus that timeout. (It was bounded by the timeout alone: a reader's long
+/// wait failed with "no reply" once the client's timeout had passed.)
+#[test]
+fn a_wait_for_commits_outlasts_the_clients_timeout() {
+    let cluster = SimCluster::start(2, options(1)).unwrap();
+    let writer = cluster.async_client().unwrap();
+    let reader = cluster
+        .async_client_with(
+            cluster.router_addr(),
+            Role::Reader,
+            ClientOptions::default(),
+        )
+        .unwrap();
+    let timeout = cluster.client_timeout();
+    let (waited, gathered) = cluster.run(async {
+        let began = tokio::time::Instant::now();
+        let waiting = reader.gather_waiting(&[0], &["a"], timeout * 4);
+        let producing = async {
+            tokio::time::sleep(timeout * 3).await;
+            writer
+                .append(&Record::new().with("a", b"late"))
+                .await
+                .unwrap();
+            writer.commit().await.unwrap();
+        };
+        let (gathered, ()) = tokio::join!(waiting, producing);
+        (began.elapsed(), gathered)
+    });
+    let columns = gathered.unwrap();
+    assert_eq!(columns[0].get(0).unwrap(), b"late");
+    assert!(waited >= timeout * 3, "answered after {waited:?}");
+}
+
 #[test]
 fn a_node_down_during_a_create_and_a_drop_learns_both_when_it_returns() {
     let mut cluster = SimCluster::start(3, options(1)).unwrap();
