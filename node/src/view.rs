@@ -197,6 +197,9 @@ pub(crate) struct Core {
     pub(crate) instance: u64,
     /// Changes to existing records (modifies, field writes, deletes) through this open.
     pub(crate) rewrites: std::sync::atomic::AtomicU64,
+    /// The last bytes-on-disk figure and what it was taken of (see
+    /// `Store::chunk_bytes_on_disk`): (fingerprint, bytes).
+    pub(crate) disk_bytes: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
 /// How gathers read their records; see `Store::read_stats`.

@@ -556,6 +556,18 @@ fn bytes_on_disk_are_what_was_written() {
         held < 1 << 20,
         "{held} bytes held for 100 KB written (files span {spanned})"
     );
+    // Asked again, the figure follows what was written since (it is kept between asks
+    // only while nothing changes).
+    assert_eq!(store.chunk_bytes_on_disk(), held);
+    store
+        .append_many(&vec![Record::new().with("a", &record); 200])
+        .unwrap();
+    store.commit().unwrap();
+    let grown = store.chunk_bytes_on_disk();
+    assert!(
+        grown >= held + 200 * 1000,
+        "{grown} bytes held after 200 KB more, {held} before"
+    );
 }
 
 /// A gathered record, taken whole from its batch, writes back as it was: every field, the
