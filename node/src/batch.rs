@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use zr_common::Contiguous;
 
 use crate::runtime::{part_len, Runtime};
-use crate::view::Maps;
+use crate::view::{Maps, Published};
 
 /// How many records ahead of the copy `write_contiguous` prefetches.
 const PREFETCH_RECORDS_AHEAD: usize = 4;
@@ -50,7 +50,7 @@ pub(crate) struct Column {
 
 /// The records of one gather. See the module documentation.
 pub struct Batch {
-    pub(crate) maps: Arc<Maps>,
+    pub(crate) maps: Arc<Published>,
     /// Pools: the readers split large copies, the cleaners free owned buffers on drop.
     pub(crate) runtime: Arc<Runtime>,
     pub(crate) len: usize,

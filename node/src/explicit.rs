@@ -26,7 +26,7 @@ use crate::meta::Compression;
 use crate::offset::{Entry, ENTRY_BYTES};
 use crate::store::{GatherOptions, Store};
 use crate::unit::split;
-use crate::view::{Maps, View};
+use crate::view::{Maps, Published, View};
 
 /// Records of a gather whose pages `Auto` checks.
 const RESIDENCY_SAMPLES: usize = 4;
@@ -251,7 +251,7 @@ impl Store {
     /// Reads the frames of `spans` explicitly and builds the batch from them.
     pub(crate) fn read_explicit(
         &self,
-        maps: Arc<Maps>,
+        maps: Arc<Published>,
         fields: Vec<usize>,
         indices: &[u64],
         resolved: Vec<Vec<Span>>,

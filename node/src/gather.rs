@@ -13,13 +13,13 @@ use rayon::prelude::*;
 use crate::batch::{Batch, Column, ColumnData, Span};
 use crate::error::{Error, Result};
 use crate::frame::{frame_crc, FrameHeader, FRAME_HEADER_BYTES};
-use crate::map::Mapped;
+use crate::map::{Mapped, Region};
 use crate::meta::Compression;
 use crate::offset::{Entry, ENTRY_BYTES};
 use crate::runtime::part_len;
 use crate::store::{GatherOptions, ReadPath, Store};
 use crate::unit::{first_chunk, split};
-use crate::view::{out_of_range, Maps, UnitMaps, View};
+use crate::view::{out_of_range, Maps, View};
 
 /// How many indices ahead of the one being resolved a gather prefetches offset entries.
 const ENTRY_PREFETCH_AHEAD: usize = 16;
@@ -247,30 +247,30 @@ impl Store {
 
     /// Turns `indices` into checked spans of `field`, written to `out` (same length).
     /// Consecutive indices of one unit (every index, in a dataset on one host) share the
-    /// lookup of the unit's mappings: the loop is a zero-copy gather's whole cost.
+    /// lookup of the unit's regions: the loop is a zero-copy gather's whole cost.
     fn resolve(&self, view: &View, field: usize, indices: &[u64], out: &mut [Span]) -> Result<()> {
         let overlay = !view.overlay.is_empty();
-        // The unit of the last index, its mappings and its table of `field`.
-        let mut current: Option<(u32, &UnitMaps, Option<&Mapped>)> = None;
+        let maps = &*view.maps;
+        // The unit of the last index, its table of `field` and its chunks.
+        let mut current: Option<(u32, &Region, &[Region])> = None;
         for (k, (&index, slot)) in indices.iter().zip(out.iter_mut()).enumerate() {
             let (unit, at) = split(index);
-            let (maps, table) = match current {
-                Some((u, maps, table)) if u == unit => (maps, table),
+            let (table, chunks) = match current {
+                Some((u, table, chunks)) if u == unit => (table, chunks),
                 _ => {
-                    let Some(maps) = view.maps.unit(unit) else {
+                    let Some((table, chunks)) = maps.regions(unit, field) else {
                         return Err(out_of_range(index, 0));
                     };
-                    let table = maps.offsets.get(field).and_then(|t| t.as_deref());
-                    current = Some((unit, maps, table));
-                    (maps, table)
+                    current = Some((unit, table, chunks));
+                    (table, chunks)
                 }
             };
             if let Some(&ahead) = indices.get(k + ENTRY_PREFETCH_AHEAD) {
                 let (ahead_unit, ahead) = split(ahead);
                 let ahead_table = if ahead_unit == unit {
-                    table
+                    Some(table)
                 } else {
-                    view.maps.table(ahead_unit, field)
+                    maps.table_region(ahead_unit, field)
                 };
                 if let Some(table) = ahead_table {
                     table.prefetch(ahead.wrapping_mul(ENTRY_BYTES), ENTRY_BYTES);
@@ -279,9 +279,11 @@ impl Store {
             let entry = if overlay {
                 view.entry(field, index)
             } else {
-                table.and_then(|t| t.read16(at.checked_mul(ENTRY_BYTES)?).map(Entry::decode))
+                at.checked_mul(ENTRY_BYTES)
+                    .and_then(|at| table.read16(at))
+                    .map(Entry::decode)
             };
-            *slot = self.span_in(maps, unit, field, index, entry)?;
+            *slot = self.span_in(|seq| chunks.get(seq), unit, field, index, entry)?;
         }
         Ok(())
     }
@@ -298,19 +300,22 @@ impl Store {
     ) -> Result<Span> {
         let unit = split(index).0;
         match maps.unit(unit) {
-            Some(maps) => self.span_in(maps, unit, field, index, entry),
+            Some(maps) => {
+                let chunk = |seq: usize| maps.chunks.get(seq)?.as_deref().map(Mapped::region);
+                self.span_in(chunk, unit, field, index, entry)
+            }
             None => Err(out_of_range(index, 0)),
         }
     }
 
-    /// [`Store::span_of`] with the mappings of the record's unit. Inlined: it is the body
-    /// of the resolve loop, and its cold error paths must not make it a call per record
-    /// (measured: a zero-copy gather of 1,024 records took 16 µs with the call, 6 µs
+    /// [`Store::span_of`] with the record's unit's chunks by number (`chunk`). Inlined: it is
+    /// the body of the resolve loop, and its cold error paths must not make it a call per
+    /// record (measured: a zero-copy gather of 1,024 records took 16 µs with the call, 6 µs
     /// inlined).
     #[inline(always)]
-    fn span_in(
+    fn span_in<'m>(
         &self,
-        maps: &UnitMaps,
+        chunk: impl FnOnce(usize) -> Option<&'m Region>,
         unit: u32,
         field: usize,
         index: u64,
@@ -322,22 +327,18 @@ impl Store {
             return Ok(Span::default());
         }
         // A unit's entries point into its own chunks: an id of another unit's wraps past
-        // the end of this one's.
+        // the end of this one's. A number with no chunk has an empty region.
         let seq = entry.chunk_id.wrapping_sub(first_chunk(unit));
-        let chunk = maps
-            .chunks
-            .get(seq as usize)
-            .and_then(|c| c.as_deref())
-            .ok_or_else(|| {
-                self.bad(
-                    field,
-                    index,
-                    format!(
-                        "entry points to chunk {}, which does not exist",
-                        entry.chunk_id
-                    ),
-                )
-            })?;
+        let chunk = chunk(seq as usize).filter(|c| c.len() > 0).ok_or_else(|| {
+            self.bad(
+                field,
+                index,
+                format!(
+                    "entry points to chunk {}, which does not exist",
+                    entry.chunk_id
+                ),
+            )
+        })?;
         let start = entry.offset.saturating_add(FRAME_HEADER_BYTES);
         if start.saturating_add(entry.len as u64) > chunk.len() {
             return Err(self.bad(
@@ -374,7 +375,7 @@ impl Store {
         }
         let bytes = maps
             .chunk(span.chunk)
-            .and_then(|c| c.read16(span.start - FRAME_HEADER_BYTES))
+            .and_then(|c| c.region().read16(span.start - FRAME_HEADER_BYTES))
             .ok_or_else(|| self.bad(field, index, "frame header lies outside the chunk".into()))?;
         self.check_header(field, index, span, bytes).map(Some)
     }

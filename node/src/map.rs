@@ -23,6 +23,8 @@ pub(crate) const PAGE_BYTES: u64 = 4096;
 /// explicit reads (see `io`).
 pub(crate) struct Mapped {
     map: Mmap,
+    /// The mapping's address and length, for reads.
+    region: Region,
     /// The file, for explicit reads: kept from the start for unit 0, opened on first use for
     /// the others (see [`Mapped::of_unit`]).
     file: OnceLock<std::result::Result<File, std::sync::Arc<std::io::Error>>>,
@@ -61,6 +63,10 @@ impl Mapped {
             let _ = kept.set(Ok(file.try_clone().ctx("dup", path)?));
         }
         Ok(Some(Arc::new(Mapped {
+            region: Region {
+                addr: map.as_ptr() as usize,
+                len: map.len() as u64,
+            },
             map,
             file: kept,
             path: path.to_path_buf(),
@@ -139,7 +145,13 @@ impl Mapped {
 
     /// Mapped length in bytes.
     pub(crate) fn len(&self) -> u64 {
-        self.map.len() as u64
+        self.region.len
+    }
+
+    /// The mapping's bytes as a [`Region`], to read 16 bytes from or prefetch.
+    #[inline]
+    pub(crate) fn region(&self) -> &Region {
+        &self.region
     }
 
     /// The bytes `[start, start + len)`, or `None` if the range is not inside the mapping.
@@ -157,24 +169,42 @@ impl Mapped {
             std::slice::from_raw_parts(self.map.as_ptr().add(start as usize), len as usize)
         })
     }
+}
 
-    /// The address of byte `start` of the mapping (for a range checked to lie inside it).
+/// A mapping's bytes as their address and length: what a gather reads offset entries
+/// through and places records by. Each is held beside the mapping it describes — in its [`Mapped`], or in the
+/// published maps (`view::Published`) that hold the `Mapped` too — and is only lent out by
+/// reference from there, so the bytes are mapped while it is in reach.
+#[derive(Clone, Default)]
+pub(crate) struct Region {
+    /// 0 (with `len` 0) for no mapping.
+    addr: usize,
+    len: u64,
+}
+
+impl Region {
+    /// Length in bytes.
+    #[inline]
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The address of byte `start` (for a range checked to lie inside the mapping).
     #[inline]
     pub(crate) fn addr(&self, start: u64) -> usize {
-        (self.map.as_ptr() as usize).wrapping_add(start as usize)
+        self.addr.wrapping_add(start as usize)
     }
 
     /// The 16 bytes at `start`, copied out, or `None` if they are not inside the mapping.
     #[inline]
     pub(crate) fn read16(&self, start: u64) -> Option<[u8; 16]> {
-        if start.checked_add(16)? > self.len() {
+        if start.checked_add(16)? > self.len {
             return None;
         }
-        // SAFETY: the 16 bytes lie inside the mapping (checked above); `read_unaligned` copies
-        // them without forming a reference and without an alignment requirement.
-        Some(unsafe {
-            std::ptr::read_unaligned(self.map.as_ptr().add(start as usize) as *const [u8; 16])
-        })
+        // SAFETY: the 16 bytes lie inside the mapping (checked above), which is mapped while
+        // this region is in reach (see the type); `read_unaligned` copies them without
+        // forming a reference and without an alignment requirement.
+        Some(unsafe { std::ptr::read_unaligned(self.addr(start) as *const [u8; 16]) })
     }
 
     /// Hints the CPU to start loading `[start, start + len)` (capped at `PREFETCH_BYTES_MAX`)
@@ -183,14 +213,14 @@ impl Mapped {
     #[inline]
     pub(crate) fn prefetch(&self, start: u64, len: u64) {
         let len = len.min(PREFETCH_BYTES_MAX);
-        if start.saturating_add(len) > self.len() {
+        if start.saturating_add(len) > self.len {
             return;
         }
         prefetch_at(self.addr(start), len);
     }
 }
 
-/// [`Mapped::prefetch`] of the bytes at address `at` (inside a mapping; 0: nothing).
+/// [`Region::prefetch`] of the bytes at address `at` (inside a mapping; 0: nothing).
 #[inline]
 pub(crate) fn prefetch_at(at: usize, len: u64) {
     if at == 0 {
@@ -204,7 +234,7 @@ pub(crate) fn prefetch_at(at: usize, len: u64) {
     }
 }
 
-/// Longest prefix of a record that `Mapped::prefetch` touches: past this, the hardware
+/// Longest prefix of a record that `Region::prefetch` touches: past this, the hardware
 /// prefetcher follows the copy on its own.
 const PREFETCH_BYTES_MAX: u64 = 2048;
 

@@ -24,7 +24,7 @@ use crate::redo;
 use crate::runtime::{Runtime, RuntimeOptions};
 use crate::unit::{chunk_unit, offset_path};
 pub use crate::view::{chunk_path, CHUNK_DIR};
-use crate::view::{Core, Lengths, Maps, View};
+use crate::view::{Core, Lengths, Maps, Published, View};
 use crate::writer::{set_chunk_map, Handle, UnitFiles, Writers};
 
 pub use crate::lock::{LOCK_FILE, WRITER_LOCK_FILE};
@@ -312,7 +312,7 @@ impl Store {
         let mut maps = Maps::default();
         let mut view = View {
             units: Vec::new(),
-            maps: Arc::new(Maps::default()),
+            maps: Published::new(Maps::default()),
             overlay: AHashMap::new(),
         };
         let mut unit_files = Vec::new();
@@ -359,7 +359,7 @@ impl Store {
             let map = Mapped::of_unit(&file, &path, chunk_unit(chunk.id))?;
             set_chunk_map(&mut maps, chunk.id, map);
         }
-        view.maps = Arc::new(maps);
+        view.maps = Published::new(maps);
 
         // A redo log of the last commit may not have been applied in place yet.
         if let Some(changes) = redo::read(dir, meta.generation, meta.fields.len())? {

@@ -8,14 +8,13 @@ use rayon::prelude::*;
 use zr_common::Record;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use crate::error::{Error, IoContext, Result};
 use crate::meta::Meta;
 use crate::offset::Entry;
 use crate::store::Store;
 use crate::unit::{address, chunk_unit, split, UNIT_INDEX_LIMIT};
-use crate::view::View;
+use crate::view::{Published, View};
 use crate::writer::{no_entries, Writers};
 
 /// What dropped units' files are moved into (`.dropped-<generation>`), inside the dataset
@@ -441,7 +440,7 @@ impl Store {
         }
         if !units.is_empty() {
             let mut view = inner.write_view();
-            let mut maps = (*view.maps).clone();
+            let mut maps = view.maps.edit();
             for &unit in &units {
                 if let Some(lengths) = view.units.get_mut(unit as usize) {
                     *lengths = None;
@@ -451,7 +450,7 @@ impl Store {
                 }
             }
             view.overlay.retain(|&a, _| !units.contains(&split(a).0));
-            view.maps = Arc::new(maps);
+            view.maps = Published::new(maps);
         }
         for slot in &mut slots {
             slot.sync(&mut shared)?;
@@ -609,7 +608,7 @@ impl Store {
         }
         {
             let mut view = inner.write_view();
-            let mut maps = (*view.maps).clone();
+            let mut maps = view.maps.edit();
             for (unit, length, tables, chunk_maps) in adopted {
                 maps.unit_mut(unit).offsets = tables;
                 for (id, map) in chunk_maps {
@@ -620,7 +619,7 @@ impl Store {
                     committed: 0,
                 };
             }
-            view.maps = Arc::new(maps);
+            view.maps = Published::new(maps);
         }
         for slot in &mut slots {
             slot.sync(&mut shared)?;

@@ -7,15 +7,13 @@ use std::fs;
 use crate::lock::Locks;
 use crate::map::Mapped;
 
-use std::sync::Arc;
-
 use super::{publish, Handle, Shared, UnitFiles};
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{sync_dir, ChunkMeta, UnitMeta};
 use crate::offset::{write_entries, Entry, ENTRY_BYTES};
 use crate::redo;
 use crate::unit::{address, offset_path, split, unit_of_table, UNITS_DIR, UNITS_MAX};
-use crate::view::{Core, Lengths, View, CHUNK_DIR};
+use crate::view::{Core, Lengths, Published, View, CHUNK_DIR};
 
 /// Entries a unit's offset tables start with, when it is made (see `ensure_unit`).
 const UNIT_TABLE_START_ENTRIES: u64 = 4096;
@@ -179,9 +177,9 @@ impl Shared {
         });
         self.new_units.push(unit);
         let mut view = inner.write_view();
-        let mut edited = (*view.maps).clone();
+        let mut edited = view.maps.edit();
         edited.unit_mut(unit).offsets = maps;
-        view.maps = Arc::new(edited);
+        view.maps = Published::new(edited);
         *view.lengths_mut(unit) = Lengths::default();
         Ok(())
     }

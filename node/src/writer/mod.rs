@@ -36,7 +36,7 @@ use crate::map::Mapped;
 use crate::meta::{ChunkMeta, Meta};
 use crate::offset::Entry;
 use crate::unit::{chunk_seq, chunk_unit};
-use crate::view::{chunk_path, Core, Maps};
+use crate::view::{chunk_path, Core, Maps, Published};
 
 /// A file the writers write. Unit 0's stay open; the files of other units are open only
 /// while used (see [`Handle::done`]): a node holding hundreds of slots, each a unit with its
@@ -270,9 +270,9 @@ impl Writers {
 
 pub(crate) fn publish(inner: &Core, edit: impl FnOnce(&mut Maps)) {
     let mut view = inner.write_view();
-    let mut maps = (*view.maps).clone();
+    let mut maps = view.maps.edit();
     edit(&mut maps);
-    view.maps = Arc::new(maps);
+    view.maps = Published::new(maps);
 }
 
 pub(crate) fn set_chunk_map(maps: &mut Maps, id: u32, map: Option<Arc<Mapped>>) {
