@@ -183,6 +183,9 @@ pub(crate) struct Region {
 }
 
 impl Region {
+    /// No mapping: nothing lies inside it.
+    pub(crate) const NONE: Region = Region { addr: 0, len: 0 };
+
     /// Length in bytes.
     #[inline]
     pub(crate) fn len(&self) -> u64 {

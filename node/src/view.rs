@@ -151,9 +151,8 @@ impl Published {
     #[inline]
     pub(crate) fn regions(&self, unit: u32, field: usize) -> Option<(&Region, &[Region])> {
         let (first, count) = (*self.units.get(unit as usize)?)?;
-        let table = self.table_region(unit, field)?;
-        let chunks = self.chunks.get(first..first + count)?;
-        Some((table, chunks))
+        let table = self.table_region(unit, field).unwrap_or(&Region::NONE);
+        Some((table, self.chunks.get(first..first + count)?))
     }
 
     /// Unit `unit`'s offset table of `field`, if the dataset has the unit.
