@@ -30,9 +30,9 @@ pub(crate) struct Span {
     pub(crate) chunk: u32,
     pub(crate) len: u32,
     /// Where its bytes are in the mapping of its chunk in the gather's `Maps` (0 when
-    /// absent): checked when the span was made (`Store::span_in`), so that copying it
-    /// needs no lookup of its chunk (measured: a node's 1 KiB gathers over 1,024 units ran
-    /// at 0.78x of one unit's with a lookup per record).
+    /// absent): checked when the span was made (`Store::span_in`), so that copying or
+    /// reading it needs no lookup of its chunk (measured: a node's 1 KiB gathers over 1,024
+    /// units ran at 0.78x of one unit's with a lookup per record).
     pub(crate) at: usize,
 }
 
