@@ -36,6 +36,33 @@ pub(crate) struct Span {
     pub(crate) at: usize,
 }
 
+impl Span {
+    /// The span's bytes, read from its address (`at`), not found again through `maps`:
+    /// on a node, finding the chunk again cost a chase through the unit's `Arc`s per record.
+    ///
+    /// # Safety
+    ///
+    /// The span was made from `maps` (by `Store::span_in`), so `at..at + len` lies inside
+    /// a mapping `maps` holds for `'m`.
+    #[inline]
+    pub(crate) unsafe fn bytes<'m>(&self, maps: &'m Maps) -> &'m [u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        debug_assert_eq!(
+            maps.chunk(self.chunk)
+                .and_then(|c| c.bytes(self.start, self.len as u64))
+                .map(|b| b.as_ptr() as usize),
+            Some(self.at),
+            "a span's address is in its chunk's mapping"
+        );
+        // SAFETY: `at..at + len` lies inside the mapping of chunk `chunk` in `maps`, which
+        // lives for `'m` (the caller's contract); a chunk's bytes never change once a reader
+        // can reach them.
+        unsafe { std::slice::from_raw_parts(self.at as *const u8, self.len as usize) }
+    }
+}
+
 pub(crate) enum ColumnData {
     /// Zero-copy spans into the mapped chunks.
     Mapped(Vec<Span>),
@@ -138,25 +165,9 @@ impl<'a> FieldView<'a> {
         match &self.column.data {
             ColumnData::Mapped(spans) => {
                 let span = spans.get(i)?;
-                if span.len == 0 {
-                    return Some(&[]);
-                }
-                debug_assert_eq!(
-                    self.batch
-                        .maps
-                        .chunk(span.chunk)
-                        .and_then(|c| c.bytes(span.start, span.len as u64))
-                        .map(|b| b.as_ptr() as usize),
-                    Some(span.at),
-                    "a span's address is in its chunk's mapping"
-                );
-                // SAFETY: `span.at..span.at + span.len` lies inside the mapping of chunk
-                // `span.chunk` in this batch's maps (checked when the span was made, from
-                // these maps), which the batch holds as long as the slice's lifetime `'a`;
-                // a chunk's bytes never change once a reader can reach them. Read from the
-                // span, not the maps: on a node, finding the chunk again cost a chase
-                // through the unit's `Arc`s per record.
-                Some(unsafe { std::slice::from_raw_parts(span.at as *const u8, span.len as usize) })
+                // SAFETY: the batch's spans were made from its maps, which it holds as long
+                // as the slice's lifetime `'a`.
+                Some(unsafe { span.bytes(&self.batch.maps) })
             }
             ColumnData::Owned { bytes, offsets } => {
                 let start = *offsets.get(i)? as usize;
@@ -294,17 +305,9 @@ fn copy_spans(maps: &Maps, spans: &[Span], out: &mut [MaybeUninit<u8>]) {
         if len == 0 {
             continue;
         }
-        debug_assert_eq!(
-            maps.chunk(span.chunk)
-                .and_then(|c| c.bytes(span.start, len as u64))
-                .map(|b| b.as_ptr() as usize),
-            Some(span.at),
-            "a span's address is in its chunk's mapping"
-        );
-        // SAFETY: `span.at..span.at + len` lies inside the mapping of chunk `span.chunk` in
-        // `maps` (checked when the span was made, from these maps), which the caller's batch
-        // holds while this runs; a chunk's bytes never change once a reader can reach them.
-        let bytes = unsafe { std::slice::from_raw_parts(span.at as *const u8, len) };
+        // SAFETY: the spans were made from `maps` (the caller's batch's, held while this
+        // runs).
+        let bytes = unsafe { span.bytes(maps) };
         out[at..at + len].write_copy_of_slice(bytes);
         at += len;
     }

@@ -172,9 +172,10 @@ impl Mapped {
 }
 
 /// A mapping's bytes as their address and length: what a gather reads offset entries
-/// through and places records by. Each is held beside the mapping it describes — in its [`Mapped`], or in the
-/// published maps (`view::Published`) that hold the `Mapped` too — and is only lent out by
-/// reference from there, so the bytes are mapped while it is in reach.
+/// through and places records by. Each is held beside the mapping it describes — in its
+/// [`Mapped`], or in the published maps (`view::Published`) that hold the `Mapped` too —
+/// and is only lent out by reference from there, so the bytes are mapped while it is in
+/// reach.
 #[derive(Clone, Default)]
 pub(crate) struct Region {
     /// 0 (with `len` 0) for no mapping.

@@ -609,26 +609,26 @@ impl Store {
         use std::hash::{Hash, Hasher};
         use std::os::unix::fs::MetadataExt;
         let view = self.inner.read_view();
-        let (fingerprint, chunks) = {
+        let fingerprint = {
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
             self.mark().rewrites.hash(&mut hasher);
             for lengths in &view.units {
                 lengths.map(|l| l.len).hash(&mut hasher);
             }
-            let chunks: Vec<Arc<Mapped>> = view.maps.all_chunks().cloned().collect();
-            for chunk in &chunks {
+            for chunk in view.maps.all_chunks() {
                 (chunk.path(), chunk.len()).hash(&mut hasher);
             }
-            (hasher.finish(), chunks)
+            hasher.finish()
         };
-        // The files' metadata is read without the view: a writer's commit need not wait
-        // for it.
-        drop(view);
         let last = &self.inner.disk_bytes;
         let taken = *last.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, bytes)) = taken.filter(|&(of, _)| of == fingerprint) {
             return bytes;
         }
+        // The files' metadata is read without the view: a writer's commit need not wait
+        // for it.
+        let chunks: Vec<Arc<Mapped>> = view.maps.all_chunks().cloned().collect();
+        drop(view);
         let bytes = chunks
             .iter()
             .filter_map(|chunk| std::fs::metadata(chunk.path()).ok())

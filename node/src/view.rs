@@ -253,8 +253,7 @@ impl View {
             }
         }
         self.maps
-            .table(unit, field)?
-            .region()
+            .table_region(unit, field)?
             .read16(index.checked_mul(ENTRY_BYTES)?)
             .map(Entry::decode)
     }
