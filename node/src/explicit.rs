@@ -31,11 +31,14 @@ use crate::view::{Maps, Published, View};
 /// Records of a gather whose pages `Auto` checks.
 const RESIDENCY_SAMPLES: usize = 4;
 /// After a check finds a gather's pages in memory, `Auto` reads through the mappings for
-/// this long without checking again. The check costs a few system calls (measured: a
-/// zero-copy gather of 1,024 warm records went from about 6 to 23 µs with a check on every
-/// gather); once per window it costs nothing that shows. A dataset that goes cold meanwhile
-/// costs at most the gathers of one window read through page faults.
-const WARM_RECHECK_NS: u64 = 2_000_000;
+/// this long without checking again. A check costs up to eight system calls (the sampled
+/// offset entries, then the sampled frames): measured, a zero-copy gather of 1,024 warm
+/// records went from about 6 to 23 µs with a check on every gather. A node of a cluster
+/// serves a gather every millisecond or two, so at 2 ms it checked on nearly every one:
+/// 4-5% of the nodes' CPU in `cluster_bench --sizes 1024` (one hop), gone at 20 ms. A
+/// dataset that goes cold meanwhile costs at most the gathers of one window read through
+/// page faults; a gather that faults takes longer than the window itself.
+const WARM_RECHECK_NS: u64 = 20_000_000;
 
 /// Nanoseconds on a monotonic clock since this process first asked.
 pub(crate) fn now_ns() -> u64 {

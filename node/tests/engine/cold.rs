@@ -156,10 +156,10 @@ fn a_chunk_cut_short_under_an_open_store_is_an_error_naming_it() {
                 uncached,
                 ..GatherOptions::default()
             };
-            // Auto reads through the mappings for 2 ms after a check finds pages in memory
+            // Auto reads through the mappings for 20 ms after a check finds pages in memory
             // (`WARM_RECHECK_NS`), without looking again: past that, it checks and reads
             // explicitly (a zero-copy batch through the mappings would fault only when read).
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(std::time::Duration::from_millis(50));
             let e = store
                 .gather_with(&indices, &[], options)
                 .expect_err("a gather past the file's end");
