@@ -268,13 +268,11 @@ impl Store {
             if let Some(&ahead) = indices.get(k + ENTRY_PREFETCH_AHEAD) {
                 let (ahead_unit, ahead) = split(ahead);
                 let ahead_table = if ahead_unit == unit {
-                    Some(table)
+                    table
                 } else {
                     maps.table_region(ahead_unit, field)
                 };
-                if let Some(table) = ahead_table {
-                    table.prefetch(ahead.wrapping_mul(ENTRY_BYTES), ENTRY_BYTES);
-                }
+                ahead_table.prefetch(ahead.wrapping_mul(ENTRY_BYTES), ENTRY_BYTES);
             }
             let entry = if overlay {
                 view.entry(field, index)

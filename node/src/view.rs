@@ -146,23 +146,28 @@ impl Published {
         self.maps.clone()
     }
 
-    /// Unit `unit`'s offset table of `field` (an empty region for an empty file) and its
+    /// Unit `unit`'s offset table of `field` (see [`Published::table_region`]) and its
     /// chunks by number; `None` if the dataset lacks the unit.
     #[inline]
     pub(crate) fn regions(&self, unit: u32, field: usize) -> Option<(&Region, &[Region])> {
         let (first, count) = (*self.units.get(unit as usize)?)?;
-        let table = self.table_region(unit, field).unwrap_or(&Region::NONE);
-        Some((table, self.chunks.get(first..first + count)?))
+        Some((
+            self.table_region(unit, field),
+            self.chunks.get(first..first + count)?,
+        ))
     }
 
-    /// Unit `unit`'s offset table of `field`, if the dataset has the unit.
+    /// Unit `unit`'s offset table of `field`: an empty region where there is none (no such
+    /// unit, or no table of the field in it), which holds no entry.
     #[inline]
-    pub(crate) fn table_region(&self, unit: u32, field: usize) -> Option<&Region> {
+    pub(crate) fn table_region(&self, unit: u32, field: usize) -> &Region {
         if field >= self.fields {
-            return None;
+            return &Region::NONE;
         }
-        self.tables
-            .get((unit as usize).checked_mul(self.fields)? + field)
+        (unit as usize)
+            .checked_mul(self.fields)
+            .and_then(|first| self.tables.get(first + field))
+            .unwrap_or(&Region::NONE)
     }
 }
 
@@ -253,7 +258,7 @@ impl View {
             }
         }
         self.maps
-            .table_region(unit, field)?
+            .table_region(unit, field)
             .read16(index.checked_mul(ENTRY_BYTES)?)
             .map(Entry::decode)
     }
@@ -318,5 +323,40 @@ impl Core {
         self.view
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_table_is_an_empty_region_and_a_missing_unit_has_none() {
+        // Unit 0 without any offset table (no field written yet), unit 1 absent, unit 2
+        // with two fields' tables, both empty files.
+        let mut maps = Maps::default();
+        maps.unit_mut(0);
+        maps.unit_mut(2).offsets = vec![None, None];
+        maps.units[1] = None;
+        let published = Published::new(maps);
+        let (table, chunks) = published
+            .regions(0, 0)
+            .expect("a unit present without tables still has its regions");
+        assert_eq!(table.len(), 0);
+        assert!(table.read16(0).is_none(), "an empty table holds no entry");
+        assert!(chunks.is_empty());
+        assert!(published.regions(1, 0).is_none(), "unit 1 is absent");
+        assert!(published.regions(2, 3).is_some());
+        assert!(published.regions(3, 0).is_none(), "past the last unit");
+        for (unit, field) in [
+            (0, 0),
+            (0, 1),
+            (1, 0),
+            (2, 1),
+            (2, 7),
+            (u32::MAX, usize::MAX),
+        ] {
+            assert_eq!(published.table_region(unit, field).len(), 0);
+        }
     }
 }
