@@ -4,6 +4,8 @@
 //! and tells it what it learns: fields added here or by another router, lengths, the
 //! lease's reads and writes, a drop.
 
+use std::time::{Duration, Instant};
+
 use zr_proto::wire::FieldInfo;
 
 use crate::lengths::Lengths;
@@ -20,6 +22,9 @@ pub struct DatasetState {
     fields: Vec<FieldInfo>,
     /// Dropped: it serves nothing more, and its waiters fail.
     dropped: bool,
+    /// The writer lease (its token) under which this router last read every shard's length
+    /// and served what they gave (a write's repair does, before the write).
+    len_read_under: Option<u64>,
 }
 
 impl DatasetState {
@@ -31,7 +36,23 @@ impl DatasetState {
             lease,
             fields,
             dropped: false,
+            len_read_under: None,
         }
+    }
+
+    /// Every shard's length was just read, and the length served set from them, under the
+    /// writer lease taken at `token`.
+    pub fn len_read_under(&mut self, token: u64) {
+        self.len_read_under = Some(token);
+    }
+
+    /// The length served, if it is the cluster's without asking the nodes: this router
+    /// holds the writer lease (with `margin` left at `now`) and read every shard's length
+    /// under it, so no other router has written since. Its own write in flight is not
+    /// counted until it is done, as if the question came just before it. `None` otherwise.
+    pub fn own_len(&self, now: Instant, margin: Duration) -> Option<u64> {
+        let held = self.lease.usable(now, margin)?;
+        (self.len_read_under == Some(held.token)).then(|| self.lengths.len())
     }
 
     /// Its fields, in order.
@@ -91,6 +112,36 @@ mod tests {
 
     fn fields(names: &[&str]) -> Vec<FieldInfo> {
         names.iter().map(|n| FieldInfo::new(*n, "raw")).collect()
+    }
+
+    #[test]
+    fn the_length_is_its_own_only_under_the_lease_it_was_read_under() {
+        let (t0, margin) = (Instant::now(), Duration::from_secs(2));
+        let mut state = known(fields(&["x"]));
+        state.lengths.set_len(10);
+        assert_eq!(state.own_len(t0, margin), None, "no lease held");
+        state.lease.taken(3, t0, None);
+        assert_eq!(state.own_len(t0, margin), None, "not read under it yet");
+        state.len_read_under(3);
+        assert_eq!(state.own_len(t0, margin), Some(10));
+        // Renewed: the same lease, the same token.
+        state.lease.taken(5, t0 + Duration::from_secs(1), None);
+        assert_eq!(state.own_len(t0, margin), Some(10));
+        // Too little of it left: another router may take it before the answer arrives.
+        assert_eq!(state.own_len(t0 + Duration::from_secs(8), margin), None);
+        // Given back and taken anew: another router may have written in between.
+        state.lease.released(true);
+        assert_eq!(state.own_len(t0, margin), None);
+        state.lease.taken(9, t0, None);
+        assert_eq!(
+            state.own_len(t0, margin),
+            None,
+            "read under token 3, held 9"
+        );
+        state.len_read_under(9);
+        assert_eq!(state.own_len(t0, margin), Some(10));
+        state.lease.lost();
+        assert_eq!(state.own_len(t0, margin), None);
     }
 
     #[test]

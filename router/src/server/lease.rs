@@ -21,7 +21,7 @@ pub(super) const LINGER: Duration = Duration::from_millis(50);
 
 /// The runtime's clock (virtual in a simulated cluster on virtual time), as the lease's
 /// state machine reads it.
-fn now() -> std::time::Instant {
+pub(super) fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
 }
 

@@ -321,9 +321,10 @@ impl Router {
         let ready_body = |(reply, body): (Reply, Vec<Bytes>)| (reply, Body::Ready(body));
         match request {
             ClientRequest::Info => {
-                // Fresh from the nodes (another router may have written); the cached length
-                // if a node cannot answer, so a client can still connect.
-                let len = match self.refresh_len().await {
+                // Fresh from the nodes (another router may have written), or this router's
+                // own while it writes under the lease; the cached length if a node cannot
+                // answer, so a client can still connect.
+                let len = match self.current_len().await {
                     Ok(len) => len,
                     Err(e) => {
                         tracing::debug!("cannot refresh the length: {e}");

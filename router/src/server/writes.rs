@@ -218,6 +218,9 @@ impl Router {
                 repair::Action::ClearPending => self.intend(None).await?,
             }
         }
+        if let Some(token) = token {
+            self.state().len_read_under(token);
+        }
         Ok(())
     }
 

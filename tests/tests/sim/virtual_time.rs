@@ -562,3 +562,50 @@ fn interleaved_move_run(seed: u64) {
         }
     });
 }
+
+/// A client asking for the length while the router writes (a load whose first shard answers
+/// slowly) is answered before the write in flight is done, with the length before it: a
+/// load on a busy host made `len` outlast a client's timeout.
+#[test]
+fn the_length_is_answered_during_a_write() {
+    let cluster = start(zr_sim::SimOptions::default().seed, 5_000);
+    let (writer, reader) = (
+        cluster.async_client().unwrap(),
+        cluster.async_client().unwrap(),
+    );
+    let rows: Vec<Vec<u8>> = (0..60).map(row).collect();
+    let records = |from: usize| -> Vec<Record> {
+        rows[from..from + 30]
+            .iter()
+            .map(|r| Record::new().with("data", r))
+            .collect()
+    };
+    cluster.run(async {
+        writer.append_many(&records(0)).await.unwrap();
+        // Below the heartbeats' deadline: the node stays up, only slow.
+        let slow = Faults {
+            delay: Duration::from_millis(500),
+            ..Faults::default()
+        };
+        cluster.set_faults(0, slow).unwrap();
+        let more = records(30);
+        let load = async {
+            let loaded = writer.append_many(&more).await;
+            (loaded, Instant::now())
+        };
+        let ask = async {
+            // The append under way (within the lease's linger, so the router keeps it).
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let len = reader.len().await.unwrap();
+            (len, Instant::now())
+        };
+        let ((loaded, loaded_at), (len, answered_at)) = tokio::join!(load, ask);
+        assert_eq!(loaded.unwrap(), 30..60);
+        assert_eq!(len, 30, "the length before the write in flight");
+        assert!(
+            answered_at < loaded_at,
+            "the length was answered once the write was done"
+        );
+        assert_eq!(reader.len().await.unwrap(), 60);
+    });
+}
