@@ -273,34 +273,22 @@ impl Router {
     /// them cannot overwrite theirs.
     pub(super) async fn refresh_len(&self) -> Result<u64, Failure> {
         let _writes = self.writes.lock().await;
-        self.refresh_len_locked().await
-    }
-
-    /// [`Self::refresh_len`] under this router's write lock, taken by the caller.
-    async fn refresh_len_locked(&self) -> Result<u64, Failure> {
         let lens = self.node_lens(None).await?;
         let placement = self.cluster.placement.load();
         Ok(self.state().lengths.nodes_hold(&placement, &lens))
     }
 
-    /// The global length a client asks for: [`Self::refresh_len`], except while this
-    /// router writes under the lease it read the length under (a bulk load): then no other
-    /// router has written since, and its own length is the answer, at once, not after the
-    /// write in flight (which a client's timeout may not outlast on a loaded host).
+    /// The global length a client asks for: this router's own while it holds the lease it
+    /// read the length under (no other router has written since; a write of its own in
+    /// flight, a bulk load's, is not waited for), else [`Self::refresh_len`].
     pub(super) async fn current_len(&self) -> Result<u64, Failure> {
-        let _writes = match self.writes.try_lock() {
-            Ok(writes) => writes,
-            Err(_) => {
-                let own = self
-                    .state()
-                    .own_len(super::lease::now(), self.cluster.timeout);
-                match own {
-                    Some(len) => return Ok(len),
-                    None => self.writes.lock().await,
-                }
-            }
-        };
-        self.refresh_len_locked().await
+        let own = self
+            .state()
+            .own_len(super::lease::now(), self.cluster.timeout);
+        match own {
+            Some(len) => Ok(len),
+            None => self.refresh_len().await,
+        }
     }
 
     /// The global length as the nodes have it now if `index` is past the cached one (another
